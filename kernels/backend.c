@@ -1,0 +1,29 @@
+#include "kernels/backend.h"
+
+#include <string.h>
+
+tsr_status tsr_backend_create(const char *name, int threads, tsr_backend **out) {
+    *out = NULL;
+    if (!name || !strcmp(name, "auto")) {
+#ifdef TSR_HAVE_CUDA
+        if (tsr_backend_cuda_create(0, out) == TSR_OK) return TSR_OK;
+#endif
+        return tsr_backend_cpu_create(threads, out);
+    }
+    if (!strcmp(name, "cpu")) return tsr_backend_cpu_create(threads, out);
+    if (!strcmp(name, "cuda")) {
+#ifdef TSR_HAVE_CUDA
+        return tsr_backend_cuda_create(0, out);
+#else
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "backend 'cuda': this build has no CUDA (configure with "
+                             "-DTESSERA_CUDA=ON)");
+#endif
+    }
+    return tsr_error_set(TSR_ERR_INVALID, "unknown backend '%s' (expected auto, cpu or cuda)",
+                         name);
+}
+
+void tsr_backend_destroy(tsr_backend *be) {
+    if (be) be->ops->destroy(be);
+}

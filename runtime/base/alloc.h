@@ -1,0 +1,23 @@
+/* Checked allocation. Sizes are multiplied with overflow checks; failures record an error
+ * line and return NULL, so callers turn them into TSR_ERR_NOMEM. */
+#ifndef TSR_RUNTIME_BASE_ALLOC_H
+#define TSR_RUNTIME_BASE_ALLOC_H
+
+#include <stddef.h>
+#include <stdbool.h>
+
+void *tsr_malloc(size_t size);
+void *tsr_calloc(size_t count, size_t size);
+void *tsr_realloc(void *ptr, size_t size);
+/* 64-byte aligned (SIMD loads, cache lines); free with tsr_free. */
+void *tsr_malloc_aligned(size_t size);
+void tsr_free(void *ptr);
+char *tsr_strdup(const char *s);
+
+/* a*b into *out; false on overflow. */
+bool tsr_mul_size(size_t a, size_t b, size_t *out);
+
+/* Bytes currently held through tsr_malloc* (for tests and --stats). */
+size_t tsr_alloc_live_bytes(void);
+
+#endif

@@ -1,0 +1,42 @@
+/* Element types of weights and activations, and scalar conversions. */
+#ifndef TSR_RUNTIME_BASE_DTYPE_H
+#define TSR_RUNTIME_BASE_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef enum tsr_dtype {
+    TSR_F32 = 0,
+    TSR_F16 = 1,
+    TSR_BF16 = 2,
+} tsr_dtype;
+
+size_t tsr_dtype_size(tsr_dtype t);
+const char *tsr_dtype_name(tsr_dtype t);
+/* Parses "f32"/"float32"/"F32", "f16"/"float16", "bf16"/"bfloat16"; -1 when unknown. */
+int tsr_dtype_parse(const char *s);
+
+static inline float tsr_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Round to nearest even, NaN kept quiet (the same rounding as torch). */
+static inline uint16_t tsr_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float tsr_f16_to_f32(uint16_t h);
+uint16_t tsr_f32_to_f16(float f);
+
+/* Converts n elements of type `t` at `src` to f32. */
+void tsr_dtype_to_f32(tsr_dtype t, const void *src, float *dst, size_t n);
+
+#endif

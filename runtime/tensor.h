@@ -1,0 +1,26 @@
+/* A 1-D or 2-D weight tensor: a typed view of memory owned elsewhere (mmap or buffer). */
+#ifndef TSR_RUNTIME_TENSOR_H
+#define TSR_RUNTIME_TENSOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/base/dtype.h"
+
+typedef struct tsr_tensor {
+    tsr_dtype dtype;
+    int64_t rows; /* out features (matrices) or 1 (vectors) */
+    int64_t cols; /* in features, contiguous */
+    const void *data;
+} tsr_tensor;
+
+static inline size_t tsr_tensor_bytes(const tsr_tensor *t) {
+    return (size_t)t->rows * (size_t)t->cols * tsr_dtype_size(t->dtype);
+}
+
+/* Pointer to row r. */
+static inline const void *tsr_tensor_row(const tsr_tensor *t, int64_t r) {
+    return (const char *)t->data + (size_t)r * (size_t)t->cols * tsr_dtype_size(t->dtype);
+}
+
+#endif
