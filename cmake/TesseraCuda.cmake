@@ -1,16 +1,60 @@
-# CUDA backend: compiled and linked in CI even without a GPU.
+# CUDA backend (kernels/cuda), compiled and linked in CI even without a GPU.
+#
+# Layout, chosen so that no static-library cycle exists: the host code kernels/cuda/*.c
+# (vtable, cuBLAS, error translation through runtime/base) is compiled into tessera_core
+# like every other C file, and the device code kernels/cuda/*.cu goes into tessera_cuda,
+# which calls nothing of ours (its launchers return cudaError_t, see launch.h). So the
+# graph is tessera_core -> tessera_cuda -> CUDA::cudart, one way.
+
+# sm_80 (A100) and sm_90 (H100/H200). Set before enable_language, else CMake picks the
+# compiler's default (sm_75 for CUDA 13, which dropped sm_5x..7x). -DCMAKE_CUDA_ARCHITECTURES
+# or the CUDAARCHS environment variable override it ("native" on a GPU machine).
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
+  set(CMAKE_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures to build for")
+endif()
+# The shared cudart: the C host code links CUDA::cudart, and one process must not hold two
+# runtimes (CMake would add cudart_static to CUDA-linked executables).
+set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
-if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "52")
-  set(CMAKE_CUDA_ARCHITECTURES "80;90")
+set(CMAKE_CUDA_STANDARD 17)
+set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+set(CMAKE_CUDA_EXTENSIONS OFF)
+message(STATUS "tessera: CUDA ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}")
+
+# nvcc: its own warnings as errors, and the host compiler's C++-valid warning flags.
+set(TSR_CUDA_WARN "SHELL:-Werror all-warnings" -Xcompiler=-Wall,-Wextra,-Wshadow,-Wvla)
+if(TESSERA_WERROR)
+  list(APPEND TSR_CUDA_WARN -Xcompiler=-Werror)
 endif()
+
 file(GLOB TSR_CU_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/cuda/*.cu)
-add_library(tessera_cuda STATIC ${TSR_CUDA_SOURCES} ${TSR_CU_SOURCES})
-target_include_directories(tessera_cuda PUBLIC ${CMAKE_SOURCE_DIR})
-target_compile_definitions(tessera_cuda PUBLIC _POSIX_C_SOURCE=200809L)
-target_compile_options(tessera_cuda PRIVATE
-  $<$<COMPILE_LANGUAGE:C>:${TSR_WARN}>
-  $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>)
-target_link_libraries(tessera_cuda PUBLIC CUDA::cudart CUDA::cublas)
-target_link_libraries(tessera_core PUBLIC tessera_cuda)
+add_library(tessera_cuda STATIC ${TSR_CU_SOURCES})
+target_include_directories(tessera_cuda PRIVATE ${CMAKE_SOURCE_DIR})
+target_compile_options(tessera_cuda PRIVATE ${TSR_CUDA_WARN})
+target_link_libraries(tessera_cuda PUBLIC CUDA::cudart)
+# Elementwise ops round like the CPU backend (no fused multiply-add); they are memory-bound.
+set_source_files_properties(${CMAKE_SOURCE_DIR}/kernels/cuda/ops.cu PROPERTIES
+  COMPILE_OPTIONS --fmad=false)
+
+# TSR_CUDA_SOURCES (kernels/cuda/*.c) is globbed by the top-level CMakeLists.txt.
+target_sources(tessera_core PRIVATE ${TSR_CUDA_SOURCES})
+# tessera_core was created before CUDA was enabled, so its CUDA_ARCHITECTURES is empty,
+# which CMake rejects at generate time once the language is on.
+set_target_properties(tessera_core PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
+  CUDA_RUNTIME_LIBRARY Shared)
+target_link_libraries(tessera_core PUBLIC tessera_cuda CUDA::cudart CUDA::cublas)
 target_compile_definitions(tessera_core PUBLIC TSR_HAVE_CUDA=1)
+
+# NCCL (comm/comm_nccl.c uses it): linked when found; -DNCCL_ROOT=<prefix> helps finding a
+# pip-installed copy (site-packages/nvidia/nccl).
+option(TESSERA_NCCL "Link NCCL with the CUDA backend" ON)
+if(TESSERA_NCCL)
+  find_package(NCCL)
+  if(NCCL_FOUND)
+    target_link_libraries(tessera_core PUBLIC NCCL::NCCL)
+    target_compile_definitions(tessera_core PUBLIC TSR_HAVE_NCCL=1)
+  else()
+    message(WARNING "tessera: NCCL not found (set NCCL_ROOT); building without it")
+  endif()
+endif()

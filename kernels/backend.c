@@ -27,3 +27,9 @@ tsr_status tsr_backend_create(const char *name, int threads, tsr_backend **out) 
 void tsr_backend_destroy(tsr_backend *be) {
     if (be) be->ops->destroy(be);
 }
+
+tsr_status tsr_backend_copy(tsr_backend *be, void *dst, const void *src, size_t bytes) {
+    if (be->ops->copy) return be->ops->copy(be, dst, src, bytes);
+    memcpy(dst, src, bytes);
+    return TSR_OK;
+}

@@ -67,7 +67,12 @@ typedef struct tsr_backend_ops {
     tsr_status (*embed)(tsr_backend *be, const tsr_tensor *emb, const int32_t *ids, int64_t n,
                         float *out);
     tsr_status (*attention)(tsr_backend *be, const tsr_attn_args *a);
+    /* Optional (NULL: memcpy, host memory): copy between this backend's buffers. */
+    tsr_status (*copy)(tsr_backend *be, void *dst, const void *src, size_t bytes);
 } tsr_backend_ops;
+
+/* Copies bytes between buffers of `be` (memcpy when the backend has no copy op). */
+tsr_status tsr_backend_copy(tsr_backend *be, void *dst, const void *src, size_t bytes);
 
 struct tsr_backend {
     const tsr_backend_ops *ops;

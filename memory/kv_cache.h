@@ -44,8 +44,13 @@ typedef struct tsr_kv_cache_ops {
     /* Optional (may be NULL): the per-key accumulated attention of the last attention
      * call over these spans ([n_kv_heads][keys]), for score-driven policies. */
     tsr_status (*observe)(tsr_kv_cache *kv, int layer, int seq, const float *key_scores);
-    /* Advances the sequence by n tokens after all layers wrote them. */
-    tsr_status (*commit)(tsr_kv_cache *kv, int seq, int32_t n);
+    /* Advances the sequence by the n tokens (ids given, so a block cache can hash full
+     * blocks for prefix sharing) after all layers wrote them. */
+    tsr_status (*commit)(tsr_kv_cache *kv, int seq, const int32_t *tokens, int32_t n);
+    /* Optional (may be NULL): attaches cached blocks holding a prefix of `tokens` to the
+     * (empty) sequence and returns how many tokens are already computed (at most n - 1, so
+     * the last prompt token still produces logits); the caller then feeds only the rest. */
+    int32_t (*prefix_attach)(tsr_kv_cache *kv, int seq, const int32_t *tokens, int32_t n);
     void (*stats)(const tsr_kv_cache *kv, tsr_kv_stats *out);
 } tsr_kv_cache_ops;
 

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Prefill and decode speed of tessera against the machine's own ceilings.
+#
+# usage: bench/decode.sh [BUILD_DIR]    (default ./build; builds nothing)
+#
+# Runs tsr_membw (streaming-read GB/s at 1 and 2 threads), then `tessera bench --json` for
+# each model/dtype at 1 and 2 threads, and tsr_sgemm at the model's biggest per-layer
+# matmul (M = prompt tokens, N = hidden_dim, K = dim: w_gate/w_up) with the same threads.
+# Prints one table; the raw JSON lines go to $BUILD_DIR/bench-decode.jsonl.
+# Targets: decode >= 80 % of streaming bandwidth at 1 thread; prefill >= 50 % of SGEMM.
+# Environment: PROMPT (default 128), GEN (128), REPEAT (3), THREADS ("1 2"),
+# MODELS (space-separated "spec:dtype" list, see the default below).
+set -uo pipefail
+
+build=${1:-./build}
+if ! build=$(cd "$build" 2>/dev/null && pwd); then
+    echo "decode.sh: build directory '${1:-./build}' not found" >&2
+    exit 2
+fi
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2 # model paths are relative to the repo root
+
+tessera=$build/tessera
+membw=$build/bench/tsr_membw
+sgemm=$build/bench/tsr_sgemm
+for exe in "$tessera" "$membw" "$sgemm"; do
+    if [[ ! -x $exe ]]; then
+        echo "decode.sh: $exe not built (cmake --build $build)" >&2
+        exit 2
+    fi
+done
+
+prompt=${PROMPT:-128}
+gen=${GEN:-128}
+repeat=${REPEAT:-3}
+threads_list=${THREADS:-1 2}
+models=${MODELS:-"models/stories260K.bin|f32 synthetic:stories15M|f32 synthetic:stories15M|bf16
+synthetic:stories110M|f32 synthetic:stories110M|bf16"}
+log=$build/bench-decode.jsonl
+: >"$log"
+
+# jget KEY JSON: the value of a number or string key in a flat one-line JSON object.
+jget() { sed -n "s/.*\"$1\":\"\\{0,1\\}\\([^,\"}]*\\).*/\\1/p" <<<"$2"; }
+# calc EXPR: floating-point arithmetic through awk.
+calc() { awk "BEGIN { printf \"%.1f\", $1 }"; }
+
+# Last-level cache size: weights that fit it are not streamed from memory each token.
+llc=$(sed -n 's/K$//p' /sys/devices/system/cpu/cpu0/cache/index3/size 2>/dev/null)
+llc_bytes=$(( ${llc:-32768} * 1024 ))
+
+start=$(date +%s)
+bw_json=$("$membw") || { echo "decode.sh: tsr_membw failed" >&2; exit 1; }
+echo "$bw_json" >>"$log"
+declare -A bw
+for t in $threads_list; do
+    bw[$t]=$(jget "read_gb_s_${t}t" "$bw_json")
+    [[ -n ${bw[$t]} ]] || bw[$t]=$(jget read_gb_s_2t "$bw_json") # more threads than measured
+done
+
+declare -A sg # "M N K T" -> median GFLOP/s
+rows=()
+for entry in $models; do
+    spec=${entry%|*}
+    dtype=${entry##*|}
+    for t in $threads_list; do
+        if ! out=$("$tessera" bench --model "$spec" --dtype "$dtype" --threads "$t" \
+                   --prompt-tokens "$prompt" --gen-tokens "$gen" --repeat "$repeat" --json \
+                   2>&1); then
+            rows+=("$spec|$dtype|$t|FAILED: ${out//|/\/}")
+            continue
+        fi
+        echo "$out" >>"$log"
+        key="$prompt $(jget hidden_dim "$out") $(jget dim "$out") $t"
+        if [[ -z ${sg[$key]:-} ]]; then
+            read -r m n k _ <<<"$key"
+            sj=$("$sgemm" --m "$m" --n "$n" --k "$k" --threads "$t") || sj=""
+            echo "$sj" >>"$log"
+            sg[$key]=$(jget gflops "$sj")
+        fi
+        pre_tok=$(jget prefill_tok_s "$out")
+        pre_gf=$(jget prefill_gflops "$out")
+        dec_tok=$(jget decode_tok_s "$out")
+        dec_gb=$(jget decode_gb_s "$out")
+        wbytes=$(jget weight_bytes "$out")
+        pct_sg=$(calc "100 * $pre_gf / ${sg[$key]:-0}")
+        pct_bw=$(calc "100 * $dec_gb / ${bw[$t]}")
+        note=""
+        if awk "BEGIN { exit !($wbytes <= $llc_bytes) }"; then note=" (fits L3)"; fi
+        rows+=("$spec|$dtype|$t|$(calc "$pre_tok")|$(calc "$pre_gf")|$pct_sg|${sg[$key]:-?}|$(calc "$dec_tok")|$(calc "$dec_gb")|$pct_bw$note")
+    done
+done
+
+echo "# tessera decode.sh: prompt $prompt tokens (one chunk), $gen decode tokens, median of $repeat"
+echo "# streaming read: ${bw[1]:-?} GB/s at 1 thread, $(jget read_gb_s_2t "$bw_json") GB/s at 2 threads"
+echo "# SGEMM reference: M=$prompt N=hidden K=dim (the biggest per-layer matmul), same threads"
+echo "# targets: decode >= 80 % of streaming bandwidth at 1 thread; prefill >= 50 % of SGEMM"
+echo
+fmt="| %-24s | %-5s | %7s | %13s | %15s | %16s | %13s | %12s | %11s | %18s |\n"
+# shellcheck disable=SC2059
+printf "$fmt" model dtype threads "prefill tok/s" "prefill GFLOP/s" "% of SGEMM (50)" \
+    "SGEMM GFLOP/s" "decode tok/s" "decode GB/s" "% of bw (80 @1t)"
+# shellcheck disable=SC2059
+printf "$fmt" "---" "---" "---" "---" "---" "---" "---" "---" "---" "---"
+for r in "${rows[@]}"; do
+    IFS='|' read -r -a f <<<"$r"
+    if [[ ${f[3]} == FAILED* ]]; then
+        printf "| %-24s | %-5s | %7s | %s |\n" "${f[0]}" "${f[1]}" "${f[2]}" "${f[3]}"
+        continue
+    fi
+    miss_pre=$(awk "BEGIN { print (${f[5]} < 50) ? \" MISS\" : \"\" }")
+    miss_dec=""
+    if [[ ${f[2]} == 1 && ${f[9]} != *L3* ]]; then
+        miss_dec=$(awk "BEGIN { print (${f[9]} < 80) ? \" MISS\" : \"\" }")
+    fi
+    # shellcheck disable=SC2059
+    printf "$fmt" "${f[0]}" "${f[1]}" "${f[2]}" "${f[3]}" "${f[4]}" "${f[5]}$miss_pre" \
+        "${f[6]}" "${f[7]}" "${f[8]}" "${f[9]}$miss_dec"
+done
+echo
+echo "# (fits L3): weights <= the $((llc_bytes >> 20)) MiB L3 need not come from memory, so the"
+echo "# bandwidth % is not a memory figure there and no target applies."
+echo "# raw JSON: $log; elapsed $(($(date +%s) - start)) s"

@@ -1,0 +1,122 @@
+/* tsr_sgemm: OpenBLAS cblas_sgemm throughput at one shape, the reference a batched
+ * prefill is measured against.
+ *
+ * The shape is the one the forward uses: Y[M][N] = X[M][K] . W[N][K]^T, with M = prompt
+ * tokens, N = out features, K = in features (row-major, W transposed as a linear layer
+ * stores it). One warm-up call, then R timed runs of enough calls to last >= 50 ms each;
+ * reports the median and best GFLOP/s (2*M*N*K flops per call). Prints one JSON line. */
+#include <cblas.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double tsr__now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int tsr__parse_int(const char *s, int lo, int hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* Uniform in [-0.5, 0.5): values that neither overflow nor go denormal. */
+static float tsr__rand(uint32_t *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return (float)(*s >> 8) * 0x1p-24f - 0.5f;
+}
+
+static int tsr__cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void tsr__usage(FILE *f) {
+    fprintf(f,
+            "usage: tsr_sgemm --m M --n N --k K [--threads T] [--repeat R]\n"
+            "OpenBLAS cblas_sgemm GFLOP/s for Y[M][N] = X[M][K] . W[N][K]^T (row-major; M =\n"
+            "prompt tokens, N = out features, K = in features), T OpenBLAS threads (default\n"
+            "1). One warm-up call, then R (default 5) timed runs of >= 50 ms each; flops =\n"
+            "2*M*N*K per call. Output: one JSON line {\"bench\":\"sgemm\",\"m\":..,\"n\":..,\n"
+            "\"k\":..,\"threads\":..,\"gflops\":<median>,\"gflops_best\":..}.\n");
+}
+
+int main(int argc, char **argv) {
+    int m = 0, n = 0, k = 0, threads = 1, repeat = 5;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int *dst = NULL, lo = 1, hi = 1 << 20;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            tsr__usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--m")) {
+            dst = &m;
+        } else if (!strcmp(a, "--n")) {
+            dst = &n;
+        } else if (!strcmp(a, "--k")) {
+            dst = &k;
+        } else if (!strcmp(a, "--threads")) {
+            dst = &threads, hi = 1024;
+        } else if (!strcmp(a, "--repeat")) {
+            dst = &repeat, hi = 1000;
+        } else {
+            fprintf(stderr, "tsr_sgemm: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+        if (i + 1 >= argc || tsr__parse_int(argv[i + 1], lo, hi, dst)) {
+            fprintf(stderr, "tsr_sgemm: %s needs an integer in [%d, %d]\n", a, lo, hi);
+            return 2;
+        }
+        i++;
+    }
+    if (!m || !n || !k) {
+        fprintf(stderr, "tsr_sgemm: --m, --n and --k are required (see --help)\n");
+        return 2;
+    }
+    if ((double)m * k + (double)n * k + (double)m * n > 1e9) {
+        fprintf(stderr, "tsr_sgemm: shape %dx%dx%d needs more than 4 GB\n", m, n, k);
+        return 2;
+    }
+
+    size_t sx = (size_t)m * k, sw = (size_t)n * k, sy = (size_t)m * n;
+    float *x = malloc(sx * sizeof *x), *w = malloc(sw * sizeof *w), *y = malloc(sy * sizeof *y);
+    double *gf = malloc((size_t)repeat * sizeof *gf);
+    if (!x || !w || !y || !gf) {
+        fprintf(stderr, "tsr_sgemm: out of memory\n");
+        return 1;
+    }
+    uint32_t s = 12345;
+    for (size_t i = 0; i < sx; i++) x[i] = tsr__rand(&s);
+    for (size_t i = 0; i < sw; i++) w[i] = tsr__rand(&s);
+
+    openblas_set_num_threads(threads);
+    double flops = 2.0 * m * n * k;
+    double t0 = tsr__now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f, y, n);
+    double one = tsr__now() - t0;
+    int iters = one > 0 ? (int)(0.05 / one) + 1 : 1000;
+    for (int r = 0; r < repeat; r++) {
+        t0 = tsr__now();
+        for (int it = 0; it < iters; it++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f,
+                        y, n);
+        gf[r] = flops * iters / (tsr__now() - t0) * 1e-9;
+    }
+    qsort(gf, (size_t)repeat, sizeof *gf, tsr__cmp_double);
+    printf("{\"bench\":\"sgemm\",\"m\":%d,\"n\":%d,\"k\":%d,\"threads\":%d,\"repeat\":%d,"
+           "\"gflops\":%.2f,\"gflops_best\":%.2f,\"check\":%.4g}\n",
+           m, n, k, threads, repeat, gf[repeat / 2], gf[repeat - 1], (double)y[sy / 2]);
+    free(x);
+    free(w);
+    free(y);
+    free(gf);
+    return 0;
+}

@@ -1,0 +1,115 @@
+#include "jobs/cli.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+tsr_cli_result tsr_cli_usage_error(const tsr_cli *cli, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "tessera %s: ", cli->cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see tessera %s --help)\n", cli->cmd);
+    va_end(ap);
+    return TSR_CLI_USAGE;
+}
+
+const tsr_cli_opt *tsr_cli_find(const tsr_cli *cli, const char *name) {
+    for (int i = 0; i < cli->n_opts; i++)
+        if (!strcmp(cli->opts[i].name, name)) return &cli->opts[i];
+    return NULL;
+}
+
+static void tsr__print_default(const tsr_cli_opt *o) {
+    switch (o->kind) {
+    case TSR_OPT_FLAG: break;
+    case TSR_OPT_STRING:
+        if (*(const char **)o->dest) printf(" (default: %s)", *(const char **)o->dest);
+        break;
+    case TSR_OPT_INT: printf(" (default: %d)", *(int *)o->dest); break;
+    case TSR_OPT_FLOAT: printf(" (default: %g)", (double)*(float *)o->dest); break;
+    case TSR_OPT_U64: printf(" (default: %" PRIu64 ")", *(uint64_t *)o->dest); break;
+    }
+}
+
+void tsr_cli_print_help(const tsr_cli *cli) {
+    printf("usage: tessera %s %s\n\n%s\n\noptions:\n", cli->cmd, cli->synopsis, cli->about);
+    for (int i = 0; i < cli->n_opts; i++) {
+        const tsr_cli_opt *o = &cli->opts[i];
+        char left[64];
+        if (o->kind == TSR_OPT_FLAG)
+            snprintf(left, sizeof left, "--%s", o->name);
+        else
+            snprintf(left, sizeof left, "--%s %s", o->name, o->metavar ? o->metavar : "X");
+        printf("  %-26s %s", left, o->help);
+        tsr__print_default(o);
+        printf("\n");
+    }
+    printf("  %-26s %s\n", "--help", "print this help and exit");
+}
+
+static int tsr__set(tsr_cli *cli, tsr_cli_opt *o, const char *val) {
+    char *end = NULL;
+    errno = 0;
+    switch (o->kind) {
+    case TSR_OPT_FLAG: *(bool *)o->dest = true; return 0;
+    case TSR_OPT_STRING: *(const char **)o->dest = val; return 0;
+    case TSR_OPT_INT: {
+        long v = strtol(val, &end, 10);
+        if (errno || end == val || *end || v < -2147483647L || v > 2147483647L) break;
+        *(int *)o->dest = (int)v;
+        return 0;
+    }
+    case TSR_OPT_FLOAT: {
+        float v = strtof(val, &end);
+        if (errno || end == val || *end || !isfinite(v)) break;
+        *(float *)o->dest = v;
+        return 0;
+    }
+    case TSR_OPT_U64: {
+        if (val[0] == '-') break;
+        unsigned long long v = strtoull(val, &end, 10);
+        if (errno || end == val || *end) break;
+        *(uint64_t *)o->dest = (uint64_t)v;
+        return 0;
+    }
+    }
+    tsr_cli_usage_error(cli, "invalid value '%s' for --%s", val, o->name);
+    return -1;
+}
+
+tsr_cli_result tsr_cli_parse(tsr_cli *cli, int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            tsr_cli_print_help(cli);
+            return TSR_CLI_HELP;
+        }
+        if (strncmp(a, "--", 2) != 0)
+            return tsr_cli_usage_error(cli, "unexpected argument '%s'", a);
+        char name[64];
+        const char *eq = strchr(a + 2, '=');
+        size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        if (len >= sizeof name) return tsr_cli_usage_error(cli, "unknown option '%s'", a);
+        memcpy(name, a + 2, len);
+        name[len] = '\0';
+        tsr_cli_opt *o = (tsr_cli_opt *)tsr_cli_find(cli, name);
+        if (!o) return tsr_cli_usage_error(cli, "unknown option '--%s'", name);
+        const char *val = NULL;
+        if (o->kind == TSR_OPT_FLAG) {
+            if (eq) return tsr_cli_usage_error(cli, "option --%s takes no value", name);
+        } else if (eq) {
+            val = eq + 1;
+        } else {
+            if (i + 1 >= argc) return tsr_cli_usage_error(cli, "option --%s needs a value", name);
+            val = argv[++i];
+        }
+        if (tsr__set(cli, o, val) != 0) return TSR_CLI_USAGE;
+        o->seen = true;
+    }
+    return TSR_CLI_OK;
+}

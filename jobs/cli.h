@@ -1,0 +1,48 @@
+/* Option tables for subcommands: one table gives parsing, validation and --help, so the
+ * help cannot drift from what is parsed. */
+#ifndef TSR_JOBS_CLI_H
+#define TSR_JOBS_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum tsr_opt_kind {
+    TSR_OPT_FLAG,   /* bool, no argument */
+    TSR_OPT_STRING, /* const char * */
+    TSR_OPT_INT,    /* int */
+    TSR_OPT_FLOAT,  /* float */
+    TSR_OPT_U64,    /* uint64_t */
+} tsr_opt_kind;
+
+typedef struct tsr_cli_opt {
+    const char *name; /* "max-tokens" for --max-tokens */
+    tsr_opt_kind kind;
+    void *dest;       /* holds the default before parsing */
+    const char *metavar;
+    const char *help;
+    bool seen;        /* set by the parser */
+} tsr_cli_opt;
+
+typedef struct tsr_cli {
+    const char *cmd;      /* "generate" */
+    const char *synopsis; /* one line after "usage: tessera generate " */
+    const char *about;    /* a paragraph */
+    tsr_cli_opt *opts;
+    int n_opts;
+} tsr_cli;
+
+typedef enum tsr_cli_result {
+    TSR_CLI_OK = 0,
+    TSR_CLI_HELP = 1,  /* --help printed to stdout: exit 0 */
+    TSR_CLI_USAGE = 2, /* one-line error printed to stderr: exit 2 */
+} tsr_cli_result;
+
+/* Parses argv[1..] (argv[0] is the subcommand name). Positional arguments are rejected. */
+tsr_cli_result tsr_cli_parse(tsr_cli *cli, int argc, char **argv);
+void tsr_cli_print_help(const tsr_cli *cli);
+/* Prints "tessera CMD: message" to stderr and returns TSR_CLI_USAGE (for post-parse checks). */
+tsr_cli_result tsr_cli_usage_error(const tsr_cli *cli, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+const tsr_cli_opt *tsr_cli_find(const tsr_cli *cli, const char *name);
+
+#endif

@@ -1,0 +1,371 @@
+/* `tessera bench`: prefill and decode throughput of one model on the CPU backend.
+ *
+ * One sequence: N pseudo-random prompt ids as one prefill chunk (logits for the last row
+ * only), then M greedy decode steps of one token each. Prefill and decode are timed
+ * separately; R repeats, each on a fresh sequence, report the median. The derived figures
+ * (bytes per decode token, flops per prefill token) are stated in --help and docs/perf.md
+ * so that bench/decode.sh can set them against the measured ceilings. */
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "jobs/cli.h"
+#include "jobs/commands.h"
+#include "kernels/backend.h"
+#include "memory/kv_cache.h"
+#include "runtime/base/alloc.h"
+#include "runtime/base/dtype.h"
+#include "runtime/forward.h"
+#include "runtime/model.h"
+#include "runtime/sampler.h"
+
+typedef struct tsr__bench_opts {
+    const char *model;
+    int prompt_tokens;
+    int gen_tokens;
+    int threads;
+    const char *dtype_name;
+    int dtype; /* -1: as loaded */
+    int repeat;
+    int warmup;
+    bool json;
+} tsr__bench_opts;
+
+static const char tsr__bench_about[] =
+    "Measures prefill and decode throughput on the CPU backend. Feeds N pseudo-random prompt\n"
+    "token ids (fixed seed) as ONE prefill chunk (logits for the last row only), then decodes\n"
+    "M tokens greedily, one token per forward call. Prefill and decode are timed separately\n"
+    "(CLOCK_MONOTONIC); each repeat uses a fresh sequence and the median is reported.\n"
+    "SPEC: a llama2.c .bin, a Hugging Face directory, or synthetic:NAME[,dtype=bf16].\n"
+    "--dtype is appended as ,dtype= to a synthetic SPEC; a file holding another dtype is\n"
+    "converted in memory (matrices only; norms stay f32).\n"
+    "\n"
+    "Derived figures (L layers, d dim, h hidden, H heads, G kv heads, hd head dim, V vocab,\n"
+    "N prompt tokens, M gen tokens):\n"
+    "  decode_bytes_per_token = weight_bytes (layer matrices and norms, final norm,\n"
+    "      classifier) + one embedding row + the KV bytes read, averaged over the M steps:\n"
+    "      2 (K and V) * L * G*hd * 4 bytes * (N + (M+1)/2)\n"
+    "  prefill_flops_per_token = 2*P + 4*L*H*hd*(N+1)/2 + 2*V*d/N, where\n"
+    "      P = L*(d*H*hd + 2*d*G*hd + H*hd*d + 3*d*h) counts the layer matrices (not the\n"
+    "      classifier), the middle term is QK^T and PV over the causal average of (N+1)/2\n"
+    "      keys, and the classifier runs once per chunk\n"
+    "  prefill_gflops = prefill_flops_per_token * prefill_tok_s / 1e9\n"
+    "  decode_gb_s = decode_bytes_per_token * decode_tok_s / 1e9\n"
+    "  peak_rss_bytes = getrusage ru_maxrss of the whole process\n"
+    "\n"
+    "JSON keys: model, dtype, threads, prompt_tokens, gen_tokens, repeat, prefill_s,\n"
+    "prefill_tok_s, prefill_gflops, decode_s, decode_tok_s, decode_gb_s, weight_bytes,\n"
+    "decode_bytes_per_token, prefill_flops_per_token, peak_rss_bytes, dim, hidden_dim,\n"
+    "n_layers, n_heads, n_kv_heads, head_dim, vocab_size, last_token (the final greedy token,\n"
+    "a determinism check). Exit status: 0 success, 1 runtime failure, 2 usage error.";
+
+static int tsr__check_range(tsr_cli *cli, const char *name, int v, int lo, int hi) {
+    if (v >= lo && v <= hi) return 0;
+    return tsr_cli_usage_error(cli, "--%s %d: expected an integer in [%d, %d]", name, v, lo, hi);
+}
+
+/* Returns 0 to run, else the exit code (0 after --help, 2 on a usage error). */
+static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit_code) {
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    *o = (tsr__bench_opts){.prompt_tokens = 128, .gen_tokens = 128,
+                           .threads = ncpu > 0 ? (int)ncpu : 1, .dtype = -1, .repeat = 3,
+                           .warmup = 1};
+    tsr_cli_opt opts[] = {
+        {"model", TSR_OPT_STRING, &o->model, "SPEC", "model to load (required)", false},
+        {"prompt-tokens", TSR_OPT_INT, &o->prompt_tokens, "N", "prefill chunk length", false},
+        {"gen-tokens", TSR_OPT_INT, &o->gen_tokens, "M", "decode steps (0: prefill only)",
+         false},
+        {"threads", TSR_OPT_INT, &o->threads, "T", "CPU kernel threads (default: online CPUs)",
+         false},
+        {"dtype", TSR_OPT_STRING, &o->dtype_name, "f32|bf16",
+         "weight dtype (default: as the model stores it)", false},
+        {"repeat", TSR_OPT_INT, &o->repeat, "R", "timed repeats, median reported", false},
+        {"warmup", TSR_OPT_INT, &o->warmup, "W", "untimed prefill + one decode step rounds",
+         false},
+        {"json", TSR_OPT_FLAG, &o->json, NULL, "print one JSON line instead of text", false},
+    };
+    tsr_cli cli = {"bench", "--model SPEC [options]", tsr__bench_about, opts,
+                   (int)(sizeof opts / sizeof opts[0])};
+    *exit_code = 0;
+    tsr_cli_result res = tsr_cli_parse(&cli, argc, argv);
+    if (res != TSR_CLI_OK) {
+        *exit_code = res == TSR_CLI_HELP ? 0 : 2;
+        return 1;
+    }
+    *exit_code = 2;
+    if (!o->model || !*o->model) return tsr_cli_usage_error(&cli, "--model SPEC is required");
+    if (tsr__check_range(&cli, "prompt-tokens", o->prompt_tokens, 1, 1 << 20) ||
+        tsr__check_range(&cli, "gen-tokens", o->gen_tokens, 0, 1 << 20) ||
+        tsr__check_range(&cli, "threads", o->threads, 1, 4096) ||
+        tsr__check_range(&cli, "repeat", o->repeat, 1, 1000) ||
+        tsr__check_range(&cli, "warmup", o->warmup, 0, 1000))
+        return 1;
+    if (o->dtype_name) {
+        o->dtype = tsr_dtype_parse(o->dtype_name);
+        if (o->dtype != TSR_F32 && o->dtype != TSR_BF16)
+            return tsr_cli_usage_error(&cli, "--dtype '%s': expected f32 or bf16",
+                                       o->dtype_name);
+    }
+    *exit_code = 0;
+    return 0;
+}
+
+/* One-line usage error after parsing (same shape as tsr_cli_usage_error). */
+__attribute__((format(printf, 1, 2))) static int tsr__bench_usage_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "tessera bench: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see tessera bench --help)\n");
+    va_end(ap);
+    return 2;
+}
+
+static double tsr__now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int tsr__cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double tsr__median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, tsr__cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Re-stores one matrix in `dt` (model-owned memory); the old data stays with its owner. */
+static tsr_status tsr__convert_tensor(tsr_model *m, tsr_tensor *t, tsr_dtype dt) {
+    if (t->dtype == dt) return TSR_OK;
+    size_t n = (size_t)t->rows * (size_t)t->cols;
+    void *dst;
+    TSR_TRY(tsr_model_alloc(m, n * tsr_dtype_size(dt), &dst));
+    if (dt == TSR_F32) {
+        tsr_dtype_to_f32(t->dtype, t->data, dst, n);
+    } else {
+        float *row = tsr_malloc((size_t)t->cols * sizeof *row);
+        if (!row) return TSR_ERR_NOMEM;
+        for (int64_t r = 0; r < t->rows; r++) {
+            tsr_dtype_to_f32(t->dtype, tsr_tensor_row(t, r), row, (size_t)t->cols);
+            uint16_t *out = (uint16_t *)dst + (size_t)r * (size_t)t->cols;
+            for (int64_t c = 0; c < t->cols; c++)
+                out[c] = dt == TSR_BF16 ? tsr_f32_to_bf16(row[c]) : tsr_f32_to_f16(row[c]);
+        }
+        tsr_free(row);
+    }
+    t->data = dst;
+    t->dtype = dt;
+    return TSR_OK;
+}
+
+/* Matrices only: norms stay f32, as every loader keeps them. */
+static tsr_status tsr__convert_model(tsr_model *m, tsr_dtype dt) {
+    int tied = m->classifier.data == m->tok_emb.data;
+    TSR_TRY(tsr__convert_tensor(m, &m->tok_emb, dt));
+    if (tied)
+        m->classifier = m->tok_emb;
+    else
+        TSR_TRY(tsr__convert_tensor(m, &m->classifier, dt));
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        tsr_layer_weights *w = &m->layers[l];
+        tsr_tensor *ts[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            TSR_TRY(tsr__convert_tensor(m, ts[i], dt));
+    }
+    m->cfg.dtype = dt;
+    return TSR_OK;
+}
+
+/* Loads SPEC; a synthetic SPEC gets ",dtype=" appended, a file is converted in memory. */
+static int tsr__bench_load(const tsr__bench_opts *o, tsr_model **out) {
+    *out = NULL;
+    const char *spec = o->model;
+    char buf[1024];
+    int synthetic = !strncmp(spec, "synthetic:", 10);
+    if (synthetic && o->dtype >= 0) {
+        const char *have = strstr(spec, ",dtype=");
+        if (have) {
+            char given[16];
+            size_t len = strcspn(have + 7, ",");
+            snprintf(given, sizeof given, "%.*s", (int)(len < 15 ? len : 15), have + 7);
+            if (tsr_dtype_parse(given) != o->dtype)
+                return tsr__bench_usage_error("--dtype %s conflicts with the model spec '%s'",
+                                              tsr_dtype_name((tsr_dtype)o->dtype), spec);
+        } else {
+            if ((size_t)snprintf(buf, sizeof buf, "%s,dtype=%s", spec,
+                                 tsr_dtype_name((tsr_dtype)o->dtype)) >= sizeof buf)
+                return tsr__bench_usage_error("model spec too long: '%s'", spec);
+            spec = buf;
+        }
+    }
+    tsr_model *m;
+    if (tsr_model_load(spec, &m) != TSR_OK) return tsr_cmd_fail("bench");
+    if (o->dtype >= 0 && m->cfg.dtype != (tsr_dtype)o->dtype) {
+        if (tsr__convert_model(m, (tsr_dtype)o->dtype) != TSR_OK) {
+            tsr_model_destroy(m);
+            return tsr_cmd_fail("bench");
+        }
+    }
+    *out = m;
+    return 0;
+}
+
+typedef struct tsr__bench_run {
+    tsr_forward *fwd;
+    tsr_kv_cache *kv;
+    float *logits;
+    int32_t *prompt;
+    int vocab;
+} tsr__bench_run;
+
+/* One fresh sequence: prefill of n_prompt tokens, then n_gen greedy steps. */
+static tsr_status tsr__bench_once(tsr__bench_run *r, int n_prompt, int n_gen, double *prefill_s,
+                                  double *decode_s, int32_t *last) {
+    tsr_status st = TSR_OK;
+    TSR_TRY(r->kv->ops->seq_add(r->kv, 0));
+    int rows = 0;
+    tsr_batch_seq b = {.seq = 0, .tokens = r->prompt, .n_tokens = n_prompt,
+                       .want_logits = true, .all_logits = false};
+    double t0 = tsr__now();
+    TSR_TRY_GOTO(tsr_forward_run(r->fwd, r->kv, &b, 1, r->logits, &rows), st, done);
+    int32_t tok = tsr_argmax(r->logits, r->vocab);
+    double t1 = tsr__now();
+    for (int g = 0; g < n_gen; g++) {
+        b.tokens = &tok;
+        b.n_tokens = 1;
+        TSR_TRY_GOTO(tsr_forward_run(r->fwd, r->kv, &b, 1, r->logits, &rows), st, done);
+        tok = tsr_argmax(r->logits, r->vocab);
+    }
+    double t2 = tsr__now();
+    *prefill_s = t1 - t0;
+    *decode_s = t2 - t1;
+    *last = tok;
+done:
+    r->kv->ops->seq_free(r->kv, 0);
+    return st;
+}
+
+static void tsr__json_string(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            printf("\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            printf("\\u%04x", (unsigned char)*s);
+        else
+            putchar(*s);
+    }
+    putchar('"');
+}
+
+int tsr_cmd_bench(int argc, char **argv) {
+    tsr__bench_opts o;
+    int rc;
+    if (tsr__bench_parse(argc, argv, &o, &rc)) return rc;
+
+    tsr_model *m = NULL;
+    tsr_backend *be = NULL;
+    tsr__bench_run r = {0};
+    double *pre = NULL, *dec = NULL;
+    rc = tsr__bench_load(&o, &m);
+    if (rc) return rc;
+    const tsr_model_config *c = &m->cfg;
+    int n = o.prompt_tokens, g = o.gen_tokens;
+    if ((int64_t)n + g > c->max_seq_len) {
+        tsr__bench_usage_error("--prompt-tokens %d + --gen-tokens %d exceed the model's "
+                               "context of %d tokens", n, g, c->max_seq_len);
+        tsr_model_destroy(m);
+        return 2;
+    }
+
+    rc = 1;
+    r.vocab = c->vocab_size;
+    r.logits = tsr_malloc((size_t)c->vocab_size * sizeof *r.logits);
+    r.prompt = tsr_malloc((size_t)n * sizeof *r.prompt);
+    pre = tsr_calloc((size_t)o.repeat, sizeof *pre);
+    dec = tsr_calloc((size_t)o.repeat, sizeof *dec);
+    if (!r.logits || !r.prompt || !pre || !dec) goto fail;
+    uint64_t s = 0x243f6a8885a308d3ull; /* xorshift64: the same ids every run */
+    for (int i = 0; i < n; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        r.prompt[i] = (int32_t)(s % (uint64_t)c->vocab_size);
+    }
+    if (tsr_backend_cpu_create(o.threads, &be) != TSR_OK) goto fail;
+    if (tsr_kv_dense_create(c->n_layers, c->n_kv_heads, c->head_dim, n + g, 1, &r.kv) != TSR_OK)
+        goto fail;
+    if (tsr_forward_create(m, be, n, &r.fwd) != TSR_OK) goto fail;
+
+    int32_t last = -1;
+    for (int w = 0; w < o.warmup; w++) {
+        double a, b;
+        if (tsr__bench_once(&r, n, g > 0 ? 1 : 0, &a, &b, &last) != TSR_OK) goto fail;
+    }
+    for (int i = 0; i < o.repeat; i++)
+        if (tsr__bench_once(&r, n, g, &pre[i], &dec[i], &last) != TSR_OK) goto fail;
+    double prefill_s = tsr__median(pre, o.repeat), decode_s = tsr__median(dec, o.repeat);
+
+    size_t wsz = tsr_dtype_size(c->dtype);
+    double hd = c->head_dim, q = (double)c->n_heads * hd, kvd = (double)c->n_kv_heads * hd;
+    double weight_bytes = (double)tsr_model_weight_bytes(m);
+    double kv_read = 2.0 * c->n_layers * kvd * sizeof(float) * (n + (g + 1) / 2.0);
+    double dec_bytes = weight_bytes + (double)c->dim * (double)wsz + kv_read;
+    double params = (double)c->n_layers *
+                    ((double)c->dim * q + 2.0 * c->dim * kvd + q * c->dim +
+                     3.0 * c->dim * (double)c->hidden_dim);
+    double attn = 4.0 * c->n_layers * q * (n + 1) / 2.0;
+    double pre_flops = 2.0 * params + attn + 2.0 * (double)c->vocab_size * c->dim / n;
+    double pre_tps = n / prefill_s, dec_tps = g > 0 ? g / decode_s : 0.0;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double rss = (double)ru.ru_maxrss * 1024.0; /* Linux reports KiB */
+    const char *dtn = tsr_dtype_name(c->dtype);
+
+    if (o.json) {
+        printf("{\"model\":");
+        tsr__json_string(o.model);
+        printf(",\"dtype\":\"%s\",\"threads\":%d,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
+               "\"repeat\":%d,\"prefill_s\":%.6f,\"prefill_tok_s\":%.2f,\"prefill_gflops\":%.3f,"
+               "\"decode_s\":%.6f,\"decode_tok_s\":%.2f,\"decode_gb_s\":%.3f,"
+               "\"weight_bytes\":%.0f,\"decode_bytes_per_token\":%.0f,"
+               "\"prefill_flops_per_token\":%.0f,\"peak_rss_bytes\":%.0f,\"dim\":%d,"
+               "\"hidden_dim\":%d,\"n_layers\":%d,\"n_heads\":%d,\"n_kv_heads\":%d,"
+               "\"head_dim\":%d,\"vocab_size\":%d,\"last_token\":%d}\n",
+               dtn, be->threads > 0 ? be->threads : o.threads, n, g, o.repeat, prefill_s,
+               pre_tps, pre_flops * pre_tps * 1e-9, decode_s, dec_tps,
+               dec_bytes * dec_tps * 1e-9, weight_bytes, dec_bytes, pre_flops, rss,
+               c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim,
+               c->vocab_size, last);
+    } else {
+        printf("model   %s (%s, %.1f MB of weights, dim %d, %d layers, vocab %d), %d thread%s\n",
+               o.model, dtn, weight_bytes * 1e-6, c->dim, c->n_layers, c->vocab_size,
+               o.threads, o.threads == 1 ? "" : "s");
+        printf("prefill %d tokens in %.4f s: %.1f tok/s, %.2f GFLOP/s (%.2f MFLOP/token)\n", n,
+               prefill_s, pre_tps, pre_flops * pre_tps * 1e-9, pre_flops * 1e-6);
+        if (g > 0)
+            printf("decode  %d tokens in %.4f s: %.1f tok/s, %.2f GB/s (%.2f MB/token)\n", g,
+                   decode_s, dec_tps, dec_bytes * dec_tps * 1e-9, dec_bytes * 1e-6);
+        printf("median of %d repeat%s; peak RSS %.1f MiB\n", o.repeat, o.repeat == 1 ? "" : "s",
+               rss / 1048576.0);
+    }
+    rc = 0;
+fail:
+    if (rc) rc = tsr_cmd_fail("bench");
+    tsr_forward_destroy(r.fwd);
+    tsr_kv_cache_destroy(r.kv);
+    tsr_backend_destroy(be);
+    tsr_model_destroy(m);
+    tsr_free(r.logits);
+    tsr_free(r.prompt);
+    tsr_free(pre);
+    tsr_free(dec);
+    return rc;
+}

@@ -1,0 +1,269 @@
+/* `tessera generate`: one prompt in, its continuation out (stdout), a summary line on
+ * stderr. The single-sequence path of the engine, kept small so that it doubles as the
+ * reference the bulk job is compared with. */
+#define _GNU_SOURCE /* sched_getaffinity */
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "jobs/cli.h"
+#include "jobs/commands.h"
+#include "kernels/backend.h"
+#include "memory/kv_cache.h"
+#include "runtime/base/alloc.h"
+#include "runtime/base/log.h"
+#include "runtime/forward.h"
+#include "runtime/model.h"
+#include "runtime/sampler.h"
+#include "runtime/tokenizer.h"
+
+int tsr_cmd_fail(const char *cmd) {
+    const char *msg = tsr_last_error();
+    fprintf(stderr, "tessera %s: %s\n", cmd, *msg ? msg : "failed");
+    return 1;
+}
+
+static double tsr__now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPUs this process may run on (what Slurm/cgroups gave the job), not the machine's. */
+static int tsr__default_threads(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* Reads a whole file (or stdin for "-") into a NUL-terminated buffer. */
+static tsr_status tsr__read_all(const char *path, char **out, size_t *len) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) return tsr_error_set(TSR_ERR_IO, "%s: cannot open prompt file: %s", path,
+                                 strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *buf = tsr_malloc(cap);
+    tsr_status st = buf ? TSR_OK : TSR_ERR_NOMEM;
+    while (st == TSR_OK) {
+        if (n + 1 >= cap) {
+            char *nb = tsr_realloc(buf, cap * 2);
+            if (!nb) {
+                st = TSR_ERR_NOMEM;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) {
+            if (ferror(f)) st = tsr_error_set(TSR_ERR_IO, "%s: read error", path);
+            break;
+        }
+    }
+    if (f != stdin) fclose(f);
+    if (st != TSR_OK) {
+        tsr_free(buf);
+        return st;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return TSR_OK;
+}
+
+typedef struct tsr__gen_opts {
+    const char *model, *tokenizer, *prompt, *prompt_file, *backend;
+    int max_tokens, top_k, threads, max_context, chunk;
+    float temperature, top_p;
+    uint64_t seed;
+    bool no_bos, verbose;
+} tsr__gen_opts;
+
+typedef struct tsr__gen {
+    tsr_model *model;
+    tsr_tokenizer *tok;
+    tsr_backend *be;
+    tsr_kv_cache *kv;
+    tsr_forward *fwd;
+    tsr_sampler sampler;
+    float *logits;
+    int32_t *ids;
+    char *prompt_buf;
+} tsr__gen;
+
+static void tsr__gen_free(tsr__gen *g) {
+    tsr_forward_destroy(g->fwd);
+    tsr_kv_cache_destroy(g->kv);
+    tsr_backend_destroy(g->be);
+    tsr_sampler_free(&g->sampler);
+    if (g->tok) tsr_tokenizer_destroy(g->tok);
+    tsr_model_destroy(g->model);
+    tsr_free(g->logits);
+    tsr_free(g->ids);
+    tsr_free(g->prompt_buf);
+}
+
+static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
+    const char *text = o->prompt;
+    size_t text_len = text ? strlen(text) : 0;
+    if (o->prompt_file) {
+        TSR_TRY(tsr__read_all(o->prompt_file, &g->prompt_buf, &text_len));
+        text = g->prompt_buf;
+    }
+    if (text_len == 0)
+        return tsr_error_set(TSR_ERR_INVALID, "%s: empty prompt",
+                             o->prompt_file ? o->prompt_file : "--prompt");
+
+    TSR_TRY(tsr_model_load(o->model, &g->model));
+    const tsr_model_config *c = &g->model->cfg;
+    char tok_path[4096];
+    if (o->tokenizer)
+        snprintf(tok_path, sizeof tok_path, "%s", o->tokenizer);
+    else
+        TSR_TRY(tsr_tokenizer_find(o->model, c->vocab_size, tok_path, sizeof tok_path));
+    TSR_TRY(tsr_tokenizer_load(tok_path, &g->tok));
+    if (g->tok->vocab_size > c->vocab_size)
+        return tsr_error_set(TSR_ERR_INVALID,
+                             "%s: tokenizer has %d tokens but the model's vocabulary is %d",
+                             tok_path, g->tok->vocab_size, c->vocab_size);
+
+    int ctx = o->max_context > 0 && o->max_context < c->max_seq_len ? o->max_context
+                                                                    : c->max_seq_len;
+    size_t n_ids = 0;
+    TSR_TRY(tsr_tokenizer_encode(g->tok, text, text_len, !o->no_bos && g->tok->bos_id >= 0,
+                                 false, &g->ids, &n_ids));
+    if (n_ids == 0) return tsr_error_set(TSR_ERR_INVALID, "prompt encodes to no tokens");
+    if ((int64_t)n_ids >= ctx)
+        return tsr_error_set(TSR_ERR_BUDGET,
+                             "prompt of %zu tokens does not fit the context of %d tokens "
+                             "(leaves no room to generate; see --max-context)",
+                             n_ids, ctx);
+
+    TSR_TRY(tsr_backend_create(o->backend, o->threads, &g->be));
+    int chunk = o->chunk < (int)n_ids ? o->chunk : (int)n_ids;
+    TSR_TRY(tsr_kv_dense_create(c->n_layers, c->n_kv_heads, c->head_dim, ctx, 1, &g->kv));
+    TSR_TRY(g->kv->ops->seq_add(g->kv, 0));
+    TSR_TRY(tsr_forward_create(g->model, g->be, chunk, &g->fwd));
+    g->logits = tsr_malloc((size_t)c->vocab_size * sizeof(float));
+    if (!g->logits) return TSR_ERR_NOMEM;
+    tsr_sampler_params sp = {.temperature = o->temperature, .top_p = o->top_p,
+                             .top_k = o->top_k, .seed = o->seed};
+    TSR_TRY(tsr_sampler_init(&g->sampler, c->vocab_size, &sp));
+    if (o->verbose)
+        TSR_LOG_INFO("model %s: dim %d, %d layers, %d heads (%d kv), vocab %d, %s; "
+                     "backend %s, %d threads; prompt %zu tokens",
+                     o->model, c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size,
+                     tsr_dtype_name(c->dtype), g->be->ops->name, g->be->threads, n_ids);
+
+    /* Prefill in chunks; logits only for the last prompt token. */
+    double t0 = tsr__now();
+    int rows = 0;
+    for (size_t done = 0; done < n_ids;) {
+        int n = (int)(n_ids - done) < chunk ? (int)(n_ids - done) : chunk;
+        tsr_batch_seq b = {.seq = 0, .tokens = g->ids + done, .n_tokens = n,
+                           .want_logits = done + (size_t)n == n_ids};
+        TSR_TRY(tsr_forward_run(g->fwd, g->kv, &b, 1, g->logits, &rows));
+        done += (size_t)n;
+    }
+    double t1 = tsr__now();
+
+    int generated = 0;
+    int32_t prev = g->ids[n_ids - 1];
+    const char *stop = "length";
+    char piece[512];
+    int32_t pos = (int32_t)n_ids;
+    while (generated < o->max_tokens) {
+        int32_t next = tsr_sampler_sample(&g->sampler, g->logits);
+        if (tsr_tokenizer_is_eos(g->tok, next)) {
+            stop = "eos";
+            break;
+        }
+        int nb = tsr_tokenizer_decode(g->tok, prev, next, piece, sizeof piece);
+        if (nb > 0) {
+            fwrite(piece, 1, (size_t)nb, stdout);
+            fflush(stdout);
+        }
+        generated++;
+        prev = next;
+        if (generated == o->max_tokens) break;
+        if (pos + 1 > ctx) {
+            stop = "context";
+            break;
+        }
+        tsr_batch_seq b = {.seq = 0, .tokens = &next, .n_tokens = 1, .want_logits = true};
+        TSR_TRY(tsr_forward_run(g->fwd, g->kv, &b, 1, g->logits, &rows));
+        pos++;
+    }
+    double t2 = tsr__now();
+    printf("\n");
+    fflush(stdout);
+    double tp = t1 - t0, td = t2 - t1;
+    fprintf(stderr,
+            "tessera generate: prompt %zu tokens in %.3f s (%.1f tok/s), generated %d tokens "
+            "in %.3f s (%.1f tok/s), stop: %s\n",
+            n_ids, tp, tp > 0 ? (double)n_ids / tp : 0.0, generated, td,
+            td > 0 ? generated / td : 0.0, stop);
+    return TSR_OK;
+}
+
+int tsr_cmd_generate(int argc, char **argv) {
+    tsr__gen_opts o = {.max_tokens = 256, .temperature = 1.0f, .top_p = 0.9f, .top_k = 0,
+                       .seed = 42, .threads = tsr__default_threads(), .chunk = 512,
+                       .backend = "auto"};
+    tsr_cli_opt opts[] = {
+        {"model", TSR_OPT_STRING, &o.model, "PATH",
+         "model: llama2.c .bin, Hugging Face directory, or synthetic:NAME (required)", false},
+        {"tokenizer", TSR_OPT_STRING, &o.tokenizer, "PATH",
+         "tokenizer.bin or tokenizer.json (default: found next to the model)", false},
+        {"prompt", TSR_OPT_STRING, &o.prompt, "TEXT", "the prompt", false},
+        {"prompt-file", TSR_OPT_STRING, &o.prompt_file, "PATH",
+         "read the prompt from a file ('-' for stdin)", false},
+        {"max-tokens", TSR_OPT_INT, &o.max_tokens, "N", "tokens to generate at most", false},
+        {"temperature", TSR_OPT_FLOAT, &o.temperature, "T", "sampling temperature; 0 = greedy",
+         false},
+        {"top-p", TSR_OPT_FLOAT, &o.top_p, "P", "nucleus sampling mass, 1 = off", false},
+        {"top-k", TSR_OPT_INT, &o.top_k, "K", "sample among the K most likely, 0 = off", false},
+        {"seed", TSR_OPT_U64, &o.seed, "S", "random seed (same seed, same tokens)", false},
+        {"threads", TSR_OPT_INT, &o.threads, "N", "CPU threads (default: CPUs given to the job)",
+         false},
+        {"max-context", TSR_OPT_INT, &o.max_context, "N",
+         "context length in tokens, prompt included (0 = the model's maximum)", false},
+        {"chunk", TSR_OPT_INT, &o.chunk, "N", "prefill chunk size in tokens", false},
+        {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu or cuda", false},
+        {"no-bos", TSR_OPT_FLAG, &o.no_bos, NULL, "do not prepend the BOS token", false},
+        {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
+    };
+    tsr_cli cli = {.cmd = "generate",
+                   .synopsis = "--model PATH (--prompt TEXT | --prompt-file PATH|-) [options]",
+                   .about = "Generates a continuation of one prompt. The continuation goes to "
+                            "stdout, a summary line\n(tokens, tokens/s) to stderr.",
+                   .opts = opts,
+                   .n_opts = (int)(sizeof opts / sizeof opts[0])};
+    tsr_cli_result r = tsr_cli_parse(&cli, argc, argv);
+    if (r == TSR_CLI_HELP) return 0;
+    if (r != TSR_CLI_OK) return 2;
+    if (!o.model) return tsr_cli_usage_error(&cli, "--model is required");
+    if (!o.prompt == !o.prompt_file)
+        return tsr_cli_usage_error(&cli, "give exactly one of --prompt and --prompt-file");
+    if (o.max_tokens < 0) return tsr_cli_usage_error(&cli, "--max-tokens must be >= 0");
+    if (o.threads < 1) return tsr_cli_usage_error(&cli, "--threads must be >= 1");
+    if (o.chunk < 1) return tsr_cli_usage_error(&cli, "--chunk must be >= 1");
+    if (o.max_context < 0) return tsr_cli_usage_error(&cli, "--max-context must be >= 0");
+    if (o.temperature < 0) return tsr_cli_usage_error(&cli, "--temperature must be >= 0");
+    if (!(o.top_p > 0 && o.top_p <= 1)) return tsr_cli_usage_error(&cli, "--top-p must be in (0, 1]");
+    if (o.top_k < 0) return tsr_cli_usage_error(&cli, "--top-k must be >= 0");
+    if (o.verbose) tsr_log_set_level(TSR_LOG_INFO);
+
+    tsr__gen g = {0};
+    tsr_status st = tsr__generate(&o, &g);
+    tsr__gen_free(&g);
+    return st == TSR_OK ? 0 : tsr_cmd_fail("generate");
+}

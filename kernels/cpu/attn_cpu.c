@@ -1,0 +1,192 @@
+/* Causal GQA attention over KV spans with an online softmax (FlashAttention's running max,
+ * sum and output accumulator): keys are visited in tiles of TSR__ATTN_TILE, so memory is
+ * O(tile) per task and no n_q x n_k matrix exists. One task is a (query row, kv head)
+ * pair, and it carries every query head of that GQA group, so each K/V tile is read once
+ * per group. The optional per-key score pass recomputes q.k per key tile with each query's
+ * final max and sum; each (kv head, key tile) belongs to one task and sums queries and heads
+ * in a fixed order, so it is race-free and independent of the thread count. */
+#include <math.h>
+
+#include "kernels/cpu/cpu_internal.h"
+
+#define TSR__ATTN_TILE 64
+/* Query heads carried together by one task (larger groups are split into chunks). */
+#define TSR__ATTN_GROUP 8
+
+typedef struct tsr__attn_geom {
+    const tsr_attn_args *a;
+    const tsr__cpu_kernels *k;
+    int group;      /* query heads per kv head */
+    int64_t q_ld;   /* floats per query row */
+    float scale;
+} tsr__attn_geom;
+
+static inline int32_t tsr__span_pos(const tsr_kv_span *s, int64_t j) {
+    return s->pos ? s->pos[j] : s->pos0 + (int32_t)j;
+}
+
+/* Keys of span s worth visiting for query position qp: contiguous spans stop at qp. */
+static inline int64_t tsr__span_limit(const tsr_kv_span *s, int32_t qp) {
+    if (s->pos) return s->n;
+    int64_t lim = (int64_t)qp - s->pos0 + 1;
+    return lim < 0 ? 0 : lim > s->n ? s->n : lim;
+}
+
+/* Attention of query row i for heads [h0, h0+nh) of kv head g. m/l receive each head's final
+ * running max and sum (for the score pass). */
+static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int g, int h0, int nh,
+                           float *m_out, float *l_out) {
+    const tsr_attn_args *a = G->a;
+    const int hd = a->head_dim;
+    const int32_t qp = a->q_pos[i];
+    float acc[TSR__ATTN_GROUP][TSR__CPU_MAX_HEAD_DIM];
+    float m[TSR__ATTN_GROUP], l[TSR__ATTN_GROUP];
+    float sc[TSR__ATTN_TILE];
+    for (int hh = 0; hh < nh; hh++) {
+        m[hh] = -INFINITY;
+        l[hh] = 0.0f;
+        for (int t = 0; t < hd; t++) acc[hh][t] = 0.0f;
+    }
+    for (int s = 0; s < a->n_spans; s++) {
+        const tsr_kv_span *sp = &a->spans[s];
+        int64_t lim = tsr__span_limit(sp, qp);
+        for (int64_t j0 = 0; j0 < lim; j0 += TSR__ATTN_TILE) {
+            int nt = lim - j0 < TSR__ATTN_TILE ? (int)(lim - j0) : TSR__ATTN_TILE;
+            const float *kt = sp->k + (size_t)j0 * (size_t)sp->stride + (size_t)g * hd;
+            const float *vt = sp->v + (size_t)j0 * (size_t)sp->stride + (size_t)g * hd;
+            for (int hh = 0; hh < nh; hh++) {
+                const float *q = a->q + (size_t)i * G->q_ld + (size_t)(h0 + hh) * hd;
+                G->k->dot_rows(q, kt, sp->stride, nt, hd, G->scale, sc);
+                if (sp->pos) {
+                    for (int j = 0; j < nt; j++)
+                        if (sp->pos[j0 + j] > qp) sc[j] = -INFINITY;
+                }
+                float mt = -INFINITY;
+                for (int j = 0; j < nt; j++) mt = sc[j] > mt ? sc[j] : mt;
+                if (mt == -INFINITY) continue; /* nothing visible in this tile */
+                float mn = m[hh] > mt ? m[hh] : mt;
+                float corr = expf(m[hh] - mn); /* 0 on the first visible tile */
+                float sum = 0.0f;
+                for (int j = 0; j < nt; j++) {
+                    sc[j] = expf(sc[j] - mn);
+                    sum += sc[j];
+                }
+                l[hh] = l[hh] * corr + sum;
+                m[hh] = mn;
+                G->k->acc_rows(acc[hh], corr, sc, vt, sp->stride, nt, hd);
+            }
+        }
+    }
+    for (int hh = 0; hh < nh; hh++) {
+        float *o = a->out + (size_t)i * G->q_ld + (size_t)(h0 + hh) * hd;
+        float inv = l[hh] > 0.0f ? 1.0f / l[hh] : 0.0f;
+        for (int t = 0; t < hd; t++) o[t] = acc[hh][t] * inv;
+        m_out[hh] = m[hh];
+        l_out[hh] = l[hh];
+    }
+}
+
+/* Adds to key_scores[g][off + j0 .. +nt) the probabilities of keys j0.. of span sp. */
+static void tsr__attn_scores_tile(const tsr__attn_geom *G, const float *ml, int g,
+                                  const tsr_kv_span *sp, int64_t j0, int nt, float *ks) {
+    const tsr_attn_args *a = G->a;
+    const int hd = a->head_dim;
+    float sc[TSR__ATTN_TILE];
+    const float *kt = sp->k + (size_t)j0 * (size_t)sp->stride + (size_t)g * hd;
+    int32_t kmin = INT32_MAX;
+    for (int j = 0; j < nt; j++) {
+        int32_t p = tsr__span_pos(sp, j0 + j);
+        kmin = p < kmin ? p : kmin;
+    }
+    for (int64_t i = 0; i < a->n_q; i++) {
+        int32_t qp = a->q_pos[i];
+        if (qp < kmin) continue;
+        for (int hh = 0; hh < G->group; hh++) {
+            int h = g * G->group + hh;
+            float m = ml[2 * ((size_t)i * a->n_heads + h)];
+            float l = ml[2 * ((size_t)i * a->n_heads + h) + 1];
+            if (!(l > 0.0f)) continue;
+            float inv = 1.0f / l;
+            const float *q = a->q + (size_t)i * G->q_ld + (size_t)h * hd;
+            G->k->dot_rows(q, kt, sp->stride, nt, hd, G->scale, sc);
+            for (int j = 0; j < nt; j++) {
+                if (tsr__span_pos(sp, j0 + j) > qp) continue;
+                ks[j] += expf(sc[j] - m) * inv;
+            }
+        }
+    }
+}
+
+tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
+    tsr__cpu_ctx *c = be->ctx;
+    if (a->head_dim <= 0 || a->head_dim > TSR__CPU_MAX_HEAD_DIM)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu attention: head_dim %d (max %d)",
+                             a->head_dim, TSR__CPU_MAX_HEAD_DIM);
+    if (a->n_kv_heads <= 0 || a->n_heads <= 0 || a->n_heads % a->n_kv_heads != 0)
+        return tsr_error_set(TSR_ERR_INVALID, "cpu attention: %d heads over %d kv heads",
+                             a->n_heads, a->n_kv_heads);
+    if (a->n_q <= 0) return TSR_OK;
+    tsr__attn_geom G = {
+        .a = a,
+        .k = tsr__cpu_kernels_get(),
+        .group = a->n_heads / a->n_kv_heads,
+        .q_ld = (int64_t)a->n_heads * a->head_dim,
+        .scale = 1.0f / sqrtf((float)a->head_dim),
+    };
+    /* Running max and sum per (query, head), kept for the score pass. */
+    size_t nml = 2 * (size_t)a->n_q * (size_t)a->n_heads;
+    TSR_TRY(tsr__cpu_scratch(&c->lse, &c->lse_cap, nml));
+    float *ml = c->lse;
+    int chunks = (G.group + TSR__ATTN_GROUP - 1) / TSR__ATTN_GROUP;
+    int64_t ntask = (int64_t)a->n_q * a->n_kv_heads * chunks;
+    int64_t work = 0;
+    for (int s = 0; s < a->n_spans; s++) work += a->spans[s].n;
+    work *= (int64_t)a->n_q * a->n_heads * a->head_dim;
+    int par = c->threads > 1 && ntask > 1 && work >= 32768;
+    /* Dynamic: causal rows differ in length; results do not depend on the assignment. */
+#pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1) if (par)
+    for (int64_t t = 0; t < ntask; t++) {
+        int64_t i = t / ((int64_t)a->n_kv_heads * chunks);
+        int rem = (int)(t % ((int64_t)a->n_kv_heads * chunks));
+        int g = rem / chunks, ch = rem % chunks;
+        int h0 = g * G.group + ch * TSR__ATTN_GROUP;
+        int nh = G.group - ch * TSR__ATTN_GROUP;
+        nh = nh > TSR__ATTN_GROUP ? TSR__ATTN_GROUP : nh;
+        float mo[TSR__ATTN_GROUP], lo[TSR__ATTN_GROUP];
+        tsr__attn_task(&G, i, g, h0, nh, mo, lo);
+        for (int hh = 0; hh < nh; hh++) {
+            size_t idx = (size_t)i * a->n_heads + (size_t)(h0 + hh);
+            ml[2 * idx] = mo[hh];
+            ml[2 * idx + 1] = lo[hh];
+        }
+    }
+    if (!a->key_scores) return TSR_OK;
+
+    int64_t total = 0;
+    int64_t ntiles = 0;
+    for (int s = 0; s < a->n_spans; s++) {
+        total += a->spans[s].n;
+        ntiles += (a->spans[s].n + TSR__ATTN_TILE - 1) / TSR__ATTN_TILE;
+    }
+    int64_t nst = ntiles * a->n_kv_heads;
+#pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1) if (par && nst > 1)
+    for (int64_t t = 0; t < nst; t++) {
+        int g = (int)(t / ntiles);
+        int64_t tile = t % ntiles;
+        /* Find the span and key offset of this tile. */
+        int64_t off = 0;
+        int s = 0;
+        for (;; s++) {
+            int64_t nts = (a->spans[s].n + TSR__ATTN_TILE - 1) / TSR__ATTN_TILE;
+            if (tile < nts) break;
+            tile -= nts;
+            off += a->spans[s].n;
+        }
+        const tsr_kv_span *sp = &a->spans[s];
+        int64_t j0 = tile * TSR__ATTN_TILE;
+        int nt = sp->n - j0 < TSR__ATTN_TILE ? (int)(sp->n - j0) : TSR__ATTN_TILE;
+        tsr__attn_scores_tile(&G, ml, g, sp, j0, nt,
+                              a->key_scores + (size_t)g * (size_t)total + (size_t)(off + j0));
+    }
+    return TSR_OK;
+}

@@ -1,0 +1,93 @@
+/* The CPU backend: host buffers, the vtable, and OpenMP/OpenBLAS thread setup. Kernels are
+ * in gemm_cpu.c (matmul), ops_cpu.c (elementwise, norms, rope, embed), attn_cpu.c
+ * (attention) and simd_cpu.c (runtime-dispatched SIMD). */
+#include <cblas.h>
+
+#include "kernels/cpu/cpu_internal.h"
+#include "runtime/base/alloc.h"
+#include "runtime/base/log.h"
+
+tsr_status tsr__cpu_scratch(float **buf, size_t *cap, size_t n) {
+    if (n <= *cap) return TSR_OK;
+    size_t bytes;
+    if (!tsr_mul_size(n, sizeof(float), &bytes))
+        return tsr_error_set(TSR_ERR_NOMEM, "cpu backend: scratch of %zu floats overflows", n);
+    float *p = tsr_malloc_aligned(bytes);
+    if (!p) return tsr_error_set(TSR_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", bytes);
+    tsr_free(*buf);
+    *buf = p;
+    *cap = n;
+    return TSR_OK;
+}
+
+static void tsr__cpu_destroy(tsr_backend *be) {
+    if (!be) return;
+    tsr__cpu_ctx *c = be->ctx;
+    if (c) {
+        tsr_free(c->panel);
+        tsr_free(c->lse);
+        tsr_free(c->inv_freq);
+        tsr_free(c);
+    }
+    tsr_free(be);
+}
+
+static tsr_status tsr__cpu_buffer_alloc(tsr_backend *be, size_t bytes, void **out) {
+    (void)be;
+    *out = tsr_malloc_aligned(bytes ? bytes : 1);
+    if (!*out)
+        return tsr_error_set(TSR_ERR_NOMEM, "cpu backend: cannot allocate a %zu-byte buffer",
+                             bytes);
+    return TSR_OK;
+}
+
+static void tsr__cpu_buffer_free(tsr_backend *be, void *ptr) {
+    (void)be;
+    tsr_free(ptr);
+}
+
+static tsr_status tsr__cpu_synchronize(tsr_backend *be) {
+    (void)be;
+    return TSR_OK;
+}
+
+static const tsr_backend_ops tsr__cpu_ops = {
+    .name = "cpu",
+    .destroy = tsr__cpu_destroy,
+    .buffer_alloc = tsr__cpu_buffer_alloc,
+    .buffer_free = tsr__cpu_buffer_free,
+    .synchronize = tsr__cpu_synchronize,
+    .matmul = tsr__cpu_matmul,
+    .rmsnorm = tsr__cpu_rmsnorm,
+    .rope = tsr__cpu_rope,
+    .swiglu = tsr__cpu_swiglu,
+    .add = tsr__cpu_add,
+    .embed = tsr__cpu_embed,
+    .attention = tsr__cpu_attention,
+};
+
+tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {
+    *out = NULL;
+    if (threads < 0)
+        return tsr_error_set(TSR_ERR_INVALID, "cpu backend: threads must be >= 0 (got %d)",
+                             threads);
+    if (threads == 0) threads = 1;
+    tsr_backend *be = tsr_calloc(1, sizeof *be);
+    tsr__cpu_ctx *c = tsr_calloc(1, sizeof *c);
+    if (!be || !c) {
+        tsr_free(be);
+        tsr_free(c);
+        return TSR_ERR_NOMEM;
+    }
+    c->threads = threads;
+    be->ops = &tsr__cpu_ops;
+    be->ctx = c;
+    be->device = -1;
+    be->threads = threads;
+    /* Prefill GEMMs run on OpenBLAS's own pool; size it like the OpenMP kernels. */
+    openblas_set_num_threads(threads);
+    TSR_LOG_DEBUG("cpu backend: %d threads, %s kernels", threads,
+                  tsr__cpu_kernels_get()->name);
+    *out = be;
+    return TSR_OK;
+}

@@ -1,0 +1,88 @@
+/* Internals of the CPU backend shared by its files: the context, the per-op entry points
+ * the vtable points at, and the runtime-dispatched SIMD kernels (simd_cpu.c). */
+#ifndef TSR_KERNELS_CPU_CPU_INTERNAL_H
+#define TSR_KERNELS_CPU_CPU_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/backend.h"
+
+/* Largest head_dim the attention and rope kernels keep on the stack. */
+#define TSR__CPU_MAX_HEAD_DIM 512
+
+typedef struct tsr__cpu_ctx {
+    int threads;
+    /* Prefill scratch: a panel of BF16/F16 weight rows converted to f32. */
+    float *panel;
+    size_t panel_cap; /* floats */
+    /* Attention scratch: per (query, head) log-sum-exp for the key-score pass. */
+    float *lse;
+    size_t lse_cap;
+    /* rope: inv_freq of the last config seen (recomputed when the parameters change). */
+    float *inv_freq;
+    size_t inv_freq_cap;
+    int inv_freq_hd;
+    float inv_freq_theta;
+    int inv_freq_scaling;
+    float inv_freq_params[3];
+    int inv_freq_orig;
+} tsr__cpu_ctx;
+
+/* Grows a float scratch buffer to at least n floats. */
+tsr_status tsr__cpu_scratch(float **buf, size_t *cap, size_t n);
+
+tsr_status tsr__cpu_matmul(tsr_backend *be, const float *x, int64_t n, const tsr_tensor *w,
+                           float *y);
+tsr_status tsr__cpu_rmsnorm(tsr_backend *be, const float *x, const tsr_tensor *w, int64_t n,
+                            int dim, float eps, float *out);
+tsr_status tsr__cpu_rope(tsr_backend *be, float *x, const int32_t *pos, int64_t n,
+                         int n_heads, const tsr_model_config *cfg);
+tsr_status tsr__cpu_swiglu(tsr_backend *be, float *gate, const float *up, int64_t n);
+tsr_status tsr__cpu_add(tsr_backend *be, float *x, const float *y, int64_t n);
+tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t *ids,
+                          int64_t n, float *out);
+tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a);
+
+/* Computes the f32 inverse frequencies of rope for cfg (head_dim/2 values) the way Hugging
+ * Face does in float32, including Llama-3.1 smoothing. */
+void tsr__cpu_rope_inv_freq(const tsr_model_config *cfg, float *inv_freq);
+
+/* --- SIMD kernels, chosen once at runtime (AVX-512F, AVX2+FMA+F16C, or scalar) --- */
+
+typedef enum tsr__cpu_isa {
+    TSR__ISA_SCALAR = 0,
+    TSR__ISA_AVX2 = 1,
+    TSR__ISA_AVX512 = 2,
+} tsr__cpu_isa;
+
+typedef struct tsr__cpu_kernels {
+    tsr__cpu_isa isa;
+    const char *name;
+    /* y[r*ldy + i] = dot(w row r, x[i]) for rows r in [r0, r1), i < nx (nx <= 4): one pass
+     * over the weight rows serves all nx input rows. w rows are `cols` elements of the
+     * kernel's dtype. The per-element summation order does not depend on nx or r0/r1. */
+    void (*matvec_f32)(const float *w, int64_t cols, int64_t r0, int64_t r1, const float *x,
+                       int nx, float *y, int64_t ldy);
+    void (*matvec_bf16)(const uint16_t *w, int64_t cols, int64_t r0, int64_t r1,
+                        const float *x, int nx, float *y, int64_t ldy);
+    void (*matvec_f16)(const uint16_t *w, int64_t cols, int64_t r0, int64_t r1,
+                       const float *x, int nx, float *y, int64_t ldy);
+    /* dst[i] = f32(src[i]) */
+    void (*cvt_bf16)(const uint16_t *src, float *dst, int64_t n);
+    void (*cvt_f16)(const uint16_t *src, float *dst, int64_t n);
+    /* out[j] = dot(q, k + j*stride) * scale for j < nk, over d elements. */
+    void (*dot_rows)(const float *q, const float *k, int64_t stride, int nk, int d,
+                     float scale, float *out);
+    /* acc[0..d) = acc * c + sum_j p[j] * v[j*stride .. +d) (j in order). */
+    void (*acc_rows)(float *acc, float c, const float *p, const float *v, int64_t stride,
+                     int nk, int d);
+} tsr__cpu_kernels;
+
+/* The kernels for this CPU (cached after the first call). TSR_CPU_ISA=scalar|avx2|avx512 in
+ * the environment caps the choice (tests and benchmarks compare the paths). */
+const tsr__cpu_kernels *tsr__cpu_kernels_get(void);
+/* The kernels for one ISA, or NULL when this CPU lacks it. */
+const tsr__cpu_kernels *tsr__cpu_kernels_for(tsr__cpu_isa isa);
+
+#endif

@@ -1,0 +1,191 @@
+/* Row-wise and elementwise ops: rmsnorm, rope (incl. Llama-3.1 scaling), swiglu, add,
+ * embed. They follow PyTorch's float32 arithmetic step by step (same rounding points, no
+ * fused multiply-adds) so that outputs match a Hugging Face reference closely. */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_internal.h"
+
+/* Elementwise loops shorter than this stay on one thread. */
+#define TSR__CPU_EW_PAR_MIN 65536
+
+static float tsr__w_at(const tsr_tensor *w, int64_t i) {
+    switch (w->dtype) {
+    case TSR_F32: return ((const float *)w->data)[i];
+    case TSR_BF16: return tsr_bf16_to_f32(((const uint16_t *)w->data)[i]);
+    case TSR_F16: return tsr_f16_to_f32(((const uint16_t *)w->data)[i]);
+    }
+    return 0.0f;
+}
+
+tsr_status tsr__cpu_rmsnorm(tsr_backend *be, const float *x, const tsr_tensor *w, int64_t n,
+                            int dim, float eps, float *out) {
+    tsr__cpu_ctx *c = be->ctx;
+    if (dim <= 0 || n < 0 || !w || w->rows * w->cols < dim)
+        return tsr_error_set(TSR_ERR_INVALID, "cpu rmsnorm: bad shape (dim=%d)", dim);
+    int par = c->threads > 1 && n * dim >= TSR__CPU_EW_PAR_MIN;
+    const float *wf = w->dtype == TSR_F32 ? w->data : NULL;
+#pragma omp parallel for num_threads(c->threads) schedule(static) if (par)
+    for (int64_t r = 0; r < n; r++) {
+        const float *xr = x + (size_t)r * (size_t)dim;
+        float *o = out + (size_t)r * (size_t)dim;
+        /* Sum of squares in double: the correctly rounded f32 mean, which is what torch's
+         * pairwise f32 reduction approximates. */
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        int i = 0;
+        for (; i + 4 <= dim; i += 4) {
+            s0 += (double)xr[i] * xr[i];
+            s1 += (double)xr[i + 1] * xr[i + 1];
+            s2 += (double)xr[i + 2] * xr[i + 2];
+            s3 += (double)xr[i + 3] * xr[i + 3];
+        }
+        for (; i < dim; i++) s0 += (double)xr[i] * xr[i];
+        float var = (float)(((s0 + s1) + (s2 + s3)) / dim);
+        float rs = 1.0f / sqrtf(var + eps);
+        if (wf) {
+            for (i = 0; i < dim; i++) o[i] = (xr[i] * rs) * wf[i];
+        } else {
+            for (i = 0; i < dim; i++) o[i] = (xr[i] * rs) * tsr__w_at(w, i);
+        }
+    }
+    return TSR_OK;
+}
+
+void tsr__cpu_rope_inv_freq(const tsr_model_config *cfg, float *inv_freq) {
+    int hd = cfg->head_dim;
+    int half = hd / 2;
+    /* HF: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all in float32. */
+    for (int j = 0; j < half; j++) {
+        float e = (float)(2 * j) / (float)hd;
+        float p = (float)pow((double)cfg->rope_theta, (double)e);
+        inv_freq[j] = 1.0f / p;
+    }
+    if (cfg->rope_scaling != TSR_ROPE_LLAMA3) return;
+    /* HF _compute_llama3_parameters, with torch's f32 rounding: `scalar / tensor` is
+     * tensor.reciprocal() * scalar, every other op is a plain f32 op. */
+    float factor = cfg->rope_factor;
+    float low_ff = cfg->rope_low_freq_factor;
+    float high_ff = cfg->rope_high_freq_factor;
+    double old_ctx = (double)cfg->rope_original_max_pos;
+    double low_wavelen = old_ctx / (double)low_ff;
+    double high_wavelen = old_ctx / (double)high_ff;
+    float two_pi = (float)(2.0 * 3.14159265358979323846);
+    float ff_span = (float)((double)high_ff - (double)low_ff);
+    for (int j = 0; j < half; j++) {
+        float f = inv_freq[j];
+        float wavelen = (1.0f / f) * two_pi;
+        float g = (double)wavelen > low_wavelen ? f / factor : f;
+        float smooth = ((1.0f / wavelen) * (float)old_ctx - low_ff) / ff_span;
+        float smoothed = ((1.0f - smooth) * g) / factor + smooth * g;
+        int medium = !((double)wavelen < high_wavelen) && !((double)wavelen > low_wavelen);
+        inv_freq[j] = medium ? smoothed : g;
+    }
+}
+
+/* inv_freq cached per rope parameters (the forward calls rope twice per layer). */
+static tsr_status tsr__rope_table(tsr__cpu_ctx *c, const tsr_model_config *cfg,
+                                  const float **out) {
+    float params[3] = {cfg->rope_factor, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor};
+    int scaling = (int)cfg->rope_scaling;
+    if (!c->inv_freq || c->inv_freq_hd != cfg->head_dim ||
+        c->inv_freq_theta != cfg->rope_theta || c->inv_freq_scaling != scaling ||
+        (scaling && (memcmp(params, c->inv_freq_params, sizeof params) != 0 ||
+                     c->inv_freq_orig != cfg->rope_original_max_pos))) {
+        TSR_TRY(tsr__cpu_scratch(&c->inv_freq, &c->inv_freq_cap, (size_t)cfg->head_dim));
+        tsr__cpu_rope_inv_freq(cfg, c->inv_freq);
+        c->inv_freq_hd = cfg->head_dim;
+        c->inv_freq_theta = cfg->rope_theta;
+        c->inv_freq_scaling = scaling;
+        memcpy(c->inv_freq_params, params, sizeof params);
+        c->inv_freq_orig = cfg->rope_original_max_pos;
+    }
+    *out = c->inv_freq;
+    return TSR_OK;
+}
+
+tsr_status tsr__cpu_rope(tsr_backend *be, float *x, const int32_t *pos, int64_t n,
+                         int n_heads, const tsr_model_config *cfg) {
+    tsr__cpu_ctx *c = be->ctx;
+    int hd = cfg->head_dim;
+    if (hd <= 0 || (hd & 1) || hd > TSR__CPU_MAX_HEAD_DIM || n_heads <= 0 || n < 0)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu rope: head_dim %d (even, <= %d)", hd,
+                             TSR__CPU_MAX_HEAD_DIM);
+    if (cfg->rope_scaling == TSR_ROPE_LLAMA3 &&
+        (cfg->rope_factor <= 0 || cfg->rope_original_max_pos <= 0 ||
+         cfg->rope_high_freq_factor == cfg->rope_low_freq_factor))
+        return tsr_error_set(TSR_ERR_INVALID, "cpu rope: bad llama3 scaling parameters");
+    const float *inv_freq;
+    TSR_TRY(tsr__rope_table(c, cfg, &inv_freq));
+    int half = hd / 2;
+    int inter = cfg->rope_interleaved;
+    int par = c->threads > 1 && n * n_heads * hd >= TSR__CPU_EW_PAR_MIN;
+#pragma omp parallel for num_threads(c->threads) schedule(static) if (par)
+    for (int64_t r = 0; r < n; r++) {
+        float cs[TSR__CPU_MAX_HEAD_DIM / 2], sn[TSR__CPU_MAX_HEAD_DIM / 2];
+        float p = (float)pos[r];
+        for (int j = 0; j < half; j++) {
+            float a = p * inv_freq[j];
+            cs[j] = cosf(a);
+            sn[j] = sinf(a);
+        }
+        float *xr = x + (size_t)r * (size_t)n_heads * (size_t)hd;
+        for (int h = 0; h < n_heads; h++) {
+            float *v = xr + (size_t)h * (size_t)hd;
+            if (inter) {
+                for (int j = 0; j < half; j++) {
+                    float a = v[2 * j], b = v[2 * j + 1];
+                    v[2 * j] = a * cs[j] - b * sn[j];
+                    v[2 * j + 1] = a * sn[j] + b * cs[j];
+                }
+            } else {
+                for (int j = 0; j < half; j++) {
+                    float a = v[j], b = v[j + half];
+                    v[j] = a * cs[j] - b * sn[j];
+                    v[j + half] = b * cs[j] + a * sn[j];
+                }
+            }
+        }
+    }
+    return TSR_OK;
+}
+
+tsr_status tsr__cpu_swiglu(tsr_backend *be, float *gate, const float *up, int64_t n) {
+    tsr__cpu_ctx *c = be->ctx;
+    int par = c->threads > 1 && n >= TSR__CPU_EW_PAR_MIN;
+#pragma omp parallel for num_threads(c->threads) schedule(static) if (par)
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = (g / (1.0f + expf(-g))) * up[i];
+    }
+    return TSR_OK;
+}
+
+tsr_status tsr__cpu_add(tsr_backend *be, float *x, const float *y, int64_t n) {
+    tsr__cpu_ctx *c = be->ctx;
+    int par = c->threads > 1 && n >= TSR__CPU_EW_PAR_MIN;
+#pragma omp parallel for num_threads(c->threads) schedule(static) if (par)
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+    return TSR_OK;
+}
+
+tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t *ids,
+                          int64_t n, float *out) {
+    (void)be;
+    const tsr__cpu_kernels *k = tsr__cpu_kernels_get();
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= emb->rows)
+            return tsr_error_set(TSR_ERR_INVALID, "cpu embed: token id %d out of range [0, %lld)",
+                                 (int)ids[i], (long long)emb->rows);
+    }
+    int64_t d = emb->cols;
+    for (int64_t i = 0; i < n; i++) {
+        const void *src = tsr_tensor_row(emb, ids[i]);
+        float *o = out + (size_t)i * (size_t)d;
+        switch (emb->dtype) {
+        case TSR_F32: memcpy(o, src, (size_t)d * 4); break;
+        case TSR_BF16: k->cvt_bf16(src, o, d); break;
+        case TSR_F16: k->cvt_f16(src, o, d); break;
+        }
+    }
+    return TSR_OK;
+}

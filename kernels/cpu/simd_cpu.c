@@ -1,0 +1,449 @@
+/* Runtime-dispatched SIMD kernels of the CPU backend. The project is built for the baseline
+ * x86-64 (no -march=native), so the AVX2 and AVX-512 variants are compiled with GCC target
+ * pragmas and picked with __builtin_cpu_supports; the scalar variant runs anywhere. Each
+ * kernel sums in a fixed order per output element (independent of row ranges and of how
+ * many input rows share the pass), so results do not depend on the thread count. */
+#include "kernels/cpu/cpu_internal.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/base/dtype.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define TSR__X86 1
+#include <immintrin.h>
+#endif
+
+enum { TSR__DT_F32 = 0, TSR__DT_BF16 = 1, TSR__DT_F16 = 2 };
+
+#define TSR__INLINE static inline __attribute__((always_inline))
+
+/* ---------------------------------------------------------------- scalar ---- */
+
+TSR__INLINE float tsr__s_load(const void *w, int64_t k, int dt) {
+    if (dt == TSR__DT_F32) return ((const float *)w)[k];
+    uint16_t h = ((const uint16_t *)w)[k];
+    return dt == TSR__DT_BF16 ? tsr_bf16_to_f32(h) : tsr_f16_to_f32(h);
+}
+
+TSR__INLINE void tsr__s_matvec(const void *w, int64_t cols, int64_t r0, int64_t r1,
+                               const float *x, int nx, float *y, int64_t ldy, int dt) {
+    size_t esz = dt == TSR__DT_F32 ? 4 : 2;
+    for (int64_t r = r0; r < r1; r++) {
+        const char *wr = (const char *)w + (size_t)r * (size_t)cols * esz;
+        for (int i = 0; i < nx; i++) {
+            const float *xi = x + (size_t)i * (size_t)cols;
+            float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+            int64_t k = 0;
+            for (; k + 4 <= cols; k += 4) {
+                a0 += tsr__s_load(wr, k, dt) * xi[k];
+                a1 += tsr__s_load(wr, k + 1, dt) * xi[k + 1];
+                a2 += tsr__s_load(wr, k + 2, dt) * xi[k + 2];
+                a3 += tsr__s_load(wr, k + 3, dt) * xi[k + 3];
+            }
+            for (; k < cols; k++) a0 += tsr__s_load(wr, k, dt) * xi[k];
+            y[(size_t)i * (size_t)ldy + (size_t)r] = (a0 + a1) + (a2 + a3);
+        }
+    }
+}
+
+static void tsr__s_matvec_f32(const float *w, int64_t cols, int64_t r0, int64_t r1,
+                              const float *x, int nx, float *y, int64_t ldy) {
+    tsr__s_matvec(w, cols, r0, r1, x, nx, y, ldy, TSR__DT_F32);
+}
+static void tsr__s_matvec_bf16(const uint16_t *w, int64_t cols, int64_t r0, int64_t r1,
+                               const float *x, int nx, float *y, int64_t ldy) {
+    tsr__s_matvec(w, cols, r0, r1, x, nx, y, ldy, TSR__DT_BF16);
+}
+static void tsr__s_matvec_f16(const uint16_t *w, int64_t cols, int64_t r0, int64_t r1,
+                              const float *x, int nx, float *y, int64_t ldy) {
+    tsr__s_matvec(w, cols, r0, r1, x, nx, y, ldy, TSR__DT_F16);
+}
+
+static void tsr__s_cvt_bf16(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = tsr_bf16_to_f32(src[i]);
+}
+static void tsr__s_cvt_f16(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = tsr_f16_to_f32(src[i]);
+}
+
+static void tsr__s_dot_rows(const float *q, const float *k, int64_t stride, int nk, int d,
+                            float scale, float *out) {
+    for (int j = 0; j < nk; j++) {
+        const float *kj = k + (size_t)j * (size_t)stride;
+        float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        int t = 0;
+        for (; t + 4 <= d; t += 4) {
+            a0 += q[t] * kj[t];
+            a1 += q[t + 1] * kj[t + 1];
+            a2 += q[t + 2] * kj[t + 2];
+            a3 += q[t + 3] * kj[t + 3];
+        }
+        for (; t < d; t++) a0 += q[t] * kj[t];
+        out[j] = ((a0 + a1) + (a2 + a3)) * scale;
+    }
+}
+
+static void tsr__s_acc_rows(float *acc, float c, const float *p, const float *v,
+                            int64_t stride, int nk, int d) {
+    for (int t = 0; t < d; t++) acc[t] *= c;
+    for (int j = 0; j < nk; j++) {
+        const float *vj = v + (size_t)j * (size_t)stride;
+        float pj = p[j];
+        for (int t = 0; t < d; t++) acc[t] += pj * vj[t];
+    }
+}
+
+static const tsr__cpu_kernels tsr__k_scalar = {
+    TSR__ISA_SCALAR, "scalar", tsr__s_matvec_f32, tsr__s_matvec_bf16, tsr__s_matvec_f16,
+    tsr__s_cvt_bf16, tsr__s_cvt_f16, tsr__s_dot_rows, tsr__s_acc_rows,
+};
+
+#ifdef TSR__X86
+
+/* ------------------------------------------------------------------ AVX2 ---- */
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+TSR__INLINE __m256 tsr__y_load(const void *w, int64_t k, int dt) {
+    if (dt == TSR__DT_F32) return _mm256_loadu_ps((const float *)w + k);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + k));
+    if (dt == TSR__DT_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+/* The last rem (< 8) elements, zero padded. */
+TSR__INLINE __m256 tsr__y_load_tail(const void *w, int64_t k, int rem, int dt) {
+    if (dt == TSR__DT_F32) {
+        float buf[8] = {0};
+        memcpy(buf, (const float *)w + k, (size_t)rem * 4);
+        return _mm256_loadu_ps(buf);
+    }
+    uint16_t buf[8] = {0};
+    memcpy(buf, (const uint16_t *)w + k, (size_t)rem * 2);
+    return tsr__y_load(buf, 0, dt);
+}
+
+TSR__INLINE float tsr__y_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+TSR__INLINE void tsr__y_matvec(const void *w, int64_t cols, int64_t r0, int64_t r1,
+                               const float *x, const int nx, float *y, int64_t ldy,
+                               const int dt) {
+    size_t esz = dt == TSR__DT_F32 ? 4 : 2;
+    int rem = (int)(cols & 7);
+    for (int64_t r = r0; r < r1; r++) {
+        const char *wr = (const char *)w + (size_t)r * (size_t)cols * esz;
+        __m256 acc[4][4];
+#pragma GCC unroll 4
+        for (int i = 0; i < nx; i++) {
+            acc[i][0] = _mm256_setzero_ps();
+            acc[i][1] = _mm256_setzero_ps();
+            acc[i][2] = _mm256_setzero_ps();
+            acc[i][3] = _mm256_setzero_ps();
+        }
+        int64_t k = 0;
+        for (; k + 32 <= cols; k += 32) {
+            __m256 w0 = tsr__y_load(wr, k, dt), w1 = tsr__y_load(wr, k + 8, dt);
+            __m256 w2 = tsr__y_load(wr, k + 16, dt), w3 = tsr__y_load(wr, k + 24, dt);
+#pragma GCC unroll 4
+            for (int i = 0; i < nx; i++) {
+                const float *xi = x + (size_t)i * (size_t)cols + k;
+                acc[i][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xi), acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xi + 8), acc[i][1]);
+                acc[i][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xi + 16), acc[i][2]);
+                acc[i][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xi + 24), acc[i][3]);
+            }
+        }
+        for (; k + 8 <= cols; k += 8) {
+            __m256 w0 = tsr__y_load(wr, k, dt);
+#pragma GCC unroll 4
+            for (int i = 0; i < nx; i++)
+                acc[i][0] = _mm256_fmadd_ps(
+                    w0, _mm256_loadu_ps(x + (size_t)i * (size_t)cols + k), acc[i][0]);
+        }
+        if (rem) {
+            __m256 w0 = tsr__y_load_tail(wr, k, rem, dt);
+#pragma GCC unroll 4
+            for (int i = 0; i < nx; i++) {
+                __m256 xv = tsr__y_load_tail(x + (size_t)i * (size_t)cols, k, rem,
+                                             TSR__DT_F32);
+                acc[i][1] = _mm256_fmadd_ps(w0, xv, acc[i][1]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < nx; i++) {
+            __m256 s = _mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]),
+                                     _mm256_add_ps(acc[i][2], acc[i][3]));
+            y[(size_t)i * (size_t)ldy + (size_t)r] = tsr__y_hsum(s);
+        }
+    }
+}
+
+#define TSR__Y_MATVEC(NAME, T, DT)                                                       \
+    static void NAME(const T *w, int64_t cols, int64_t r0, int64_t r1, const float *x,   \
+                     int nx, float *y, int64_t ldy) {                                    \
+        switch (nx) {                                                                    \
+        case 1: tsr__y_matvec(w, cols, r0, r1, x, 1, y, ldy, DT); break;                 \
+        case 2: tsr__y_matvec(w, cols, r0, r1, x, 2, y, ldy, DT); break;                 \
+        case 3: tsr__y_matvec(w, cols, r0, r1, x, 3, y, ldy, DT); break;                 \
+        default: tsr__y_matvec(w, cols, r0, r1, x, 4, y, ldy, DT); break;                \
+        }                                                                                \
+    }
+TSR__Y_MATVEC(tsr__y_matvec_f32, float, TSR__DT_F32)
+TSR__Y_MATVEC(tsr__y_matvec_bf16, uint16_t, TSR__DT_BF16)
+TSR__Y_MATVEC(tsr__y_matvec_f16, uint16_t, TSR__DT_F16)
+
+static void tsr__y_cvt_bf16(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, tsr__y_load(src, i, TSR__DT_BF16));
+    for (; i < n; i++) dst[i] = tsr_bf16_to_f32(src[i]);
+}
+static void tsr__y_cvt_f16(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, tsr__y_load(src, i, TSR__DT_F16));
+    for (; i < n; i++) dst[i] = tsr_f16_to_f32(src[i]);
+}
+
+static void tsr__y_dot_rows(const float *q, const float *k, int64_t stride, int nk, int d,
+                            float scale, float *out) {
+    int rem = d & 7;
+    __m256 qt = rem ? tsr__y_load_tail(q, d - rem, rem, TSR__DT_F32) : _mm256_setzero_ps();
+    for (int j = 0; j < nk; j++) {
+        const float *kj = k + (size_t)j * (size_t)stride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        int t = 0;
+        for (; t + 16 <= d; t += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + t), _mm256_loadu_ps(kj + t), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + t + 8), _mm256_loadu_ps(kj + t + 8), a1);
+        }
+        for (; t + 8 <= d; t += 8)
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + t), _mm256_loadu_ps(kj + t), a0);
+        if (rem) a1 = _mm256_fmadd_ps(qt, tsr__y_load_tail(kj, t, rem, TSR__DT_F32), a1);
+        out[j] = tsr__y_hsum(_mm256_add_ps(a0, a1)) * scale;
+    }
+}
+
+static void tsr__y_acc_rows(float *acc, float c, const float *p, const float *v,
+                            int64_t stride, int nk, int d) {
+    int t = 0;
+    __m256 cv = _mm256_set1_ps(c);
+    for (; t + 8 <= d; t += 8) {
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + t), cv);
+        for (int j = 0; j < nk; j++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]),
+                                _mm256_loadu_ps(v + (size_t)j * (size_t)stride + t), a);
+        _mm256_storeu_ps(acc + t, a);
+    }
+    for (; t < d; t++) {
+        float a = acc[t] * c;
+        for (int j = 0; j < nk; j++) a = __builtin_fmaf(p[j], v[(size_t)j * (size_t)stride + t], a);
+        acc[t] = a;
+    }
+}
+
+static const tsr__cpu_kernels tsr__k_avx2 = {
+    TSR__ISA_AVX2, "avx2", tsr__y_matvec_f32, tsr__y_matvec_bf16, tsr__y_matvec_f16,
+    tsr__y_cvt_bf16, tsr__y_cvt_f16, tsr__y_dot_rows, tsr__y_acc_rows,
+};
+
+#pragma GCC pop_options
+
+/* --------------------------------------------------------------- AVX-512 ---- */
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+
+TSR__INLINE __m512 tsr__z_cvt16(__m256i h, int dt) {
+    if (dt == TSR__DT_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+TSR__INLINE __m512 tsr__z_load(const void *w, int64_t k, int dt) {
+    if (dt == TSR__DT_F32) return _mm512_loadu_ps((const float *)w + k);
+    return tsr__z_cvt16(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + k)), dt);
+}
+
+/* The last rem (< 16) elements, zero padded, with masked loads (no over-read). */
+TSR__INLINE __m512 tsr__z_load_tail(const void *w, int64_t k, int rem, int dt) {
+    __mmask16 m = (__mmask16)((1u << rem) - 1u);
+    if (dt == TSR__DT_F32) return _mm512_maskz_loadu_ps(m, (const float *)w + k);
+    return tsr__z_cvt16(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + k), dt);
+}
+
+TSR__INLINE void tsr__z_matvec(const void *w, int64_t cols, int64_t r0, int64_t r1,
+                               const float *x, const int nx, float *y, int64_t ldy,
+                               const int dt) {
+    size_t esz = dt == TSR__DT_F32 ? 4 : 2;
+    int rem = (int)(cols & 15);
+    for (int64_t r = r0; r < r1; r++) {
+        const char *wr = (const char *)w + (size_t)r * (size_t)cols * esz;
+        __m512 acc[4][4];
+#pragma GCC unroll 4
+        for (int i = 0; i < nx; i++) {
+            acc[i][0] = _mm512_setzero_ps();
+            acc[i][1] = _mm512_setzero_ps();
+            acc[i][2] = _mm512_setzero_ps();
+            acc[i][3] = _mm512_setzero_ps();
+        }
+        int64_t k = 0;
+        for (; k + 64 <= cols; k += 64) {
+            __m512 w0 = tsr__z_load(wr, k, dt), w1 = tsr__z_load(wr, k + 16, dt);
+            __m512 w2 = tsr__z_load(wr, k + 32, dt), w3 = tsr__z_load(wr, k + 48, dt);
+#pragma GCC unroll 4
+            for (int i = 0; i < nx; i++) {
+                const float *xi = x + (size_t)i * (size_t)cols + k;
+                acc[i][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xi), acc[i][0]);
+                acc[i][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xi + 16), acc[i][1]);
+                acc[i][2] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(xi + 32), acc[i][2]);
+                acc[i][3] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(xi + 48), acc[i][3]);
+            }
+        }
+        for (; k + 16 <= cols; k += 16) {
+            __m512 w0 = tsr__z_load(wr, k, dt);
+#pragma GCC unroll 4
+            for (int i = 0; i < nx; i++)
+                acc[i][0] = _mm512_fmadd_ps(
+                    w0, _mm512_loadu_ps(x + (size_t)i * (size_t)cols + k), acc[i][0]);
+        }
+        if (rem) {
+            __m512 w0 = tsr__z_load_tail(wr, k, rem, dt);
+#pragma GCC unroll 4
+            for (int i = 0; i < nx; i++) {
+                __m512 xv = tsr__z_load_tail(x + (size_t)i * (size_t)cols, k, rem,
+                                             TSR__DT_F32);
+                acc[i][1] = _mm512_fmadd_ps(w0, xv, acc[i][1]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < nx; i++) {
+            __m512 s = _mm512_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]),
+                                     _mm512_add_ps(acc[i][2], acc[i][3]));
+            y[(size_t)i * (size_t)ldy + (size_t)r] = _mm512_reduce_add_ps(s);
+        }
+    }
+}
+
+#define TSR__Z_MATVEC(NAME, T, DT)                                                       \
+    static void NAME(const T *w, int64_t cols, int64_t r0, int64_t r1, const float *x,   \
+                     int nx, float *y, int64_t ldy) {                                    \
+        switch (nx) {                                                                    \
+        case 1: tsr__z_matvec(w, cols, r0, r1, x, 1, y, ldy, DT); break;                 \
+        case 2: tsr__z_matvec(w, cols, r0, r1, x, 2, y, ldy, DT); break;                 \
+        case 3: tsr__z_matvec(w, cols, r0, r1, x, 3, y, ldy, DT); break;                 \
+        default: tsr__z_matvec(w, cols, r0, r1, x, 4, y, ldy, DT); break;                \
+        }                                                                                \
+    }
+TSR__Z_MATVEC(tsr__z_matvec_f32, float, TSR__DT_F32)
+TSR__Z_MATVEC(tsr__z_matvec_bf16, uint16_t, TSR__DT_BF16)
+TSR__Z_MATVEC(tsr__z_matvec_f16, uint16_t, TSR__DT_F16)
+
+static void tsr__z_cvt_bf16(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, tsr__z_load(src, i, TSR__DT_BF16));
+    for (; i < n; i++) dst[i] = tsr_bf16_to_f32(src[i]);
+}
+static void tsr__z_cvt_f16(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, tsr__z_load(src, i, TSR__DT_F16));
+    for (; i < n; i++) dst[i] = tsr_f16_to_f32(src[i]);
+}
+
+static void tsr__z_dot_rows(const float *q, const float *k, int64_t stride, int nk, int d,
+                            float scale, float *out) {
+    int rem = d & 15;
+    __m512 qt = rem ? tsr__z_load_tail(q, d - rem, rem, TSR__DT_F32) : _mm512_setzero_ps();
+    for (int j = 0; j < nk; j++) {
+        const float *kj = k + (size_t)j * (size_t)stride;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        int t = 0;
+        for (; t + 32 <= d; t += 32) {
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + t), _mm512_loadu_ps(kj + t), a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + t + 16), _mm512_loadu_ps(kj + t + 16),
+                                 a1);
+        }
+        for (; t + 16 <= d; t += 16)
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + t), _mm512_loadu_ps(kj + t), a0);
+        if (rem) a1 = _mm512_fmadd_ps(qt, tsr__z_load_tail(kj, t, rem, TSR__DT_F32), a1);
+        out[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
+    }
+}
+
+static void tsr__z_acc_rows(float *acc, float c, const float *p, const float *v,
+                            int64_t stride, int nk, int d) {
+    __m512 cv = _mm512_set1_ps(c);
+    for (int t = 0; t < d; t += 16) {
+        int rem = d - t < 16 ? d - t : 16;
+        __mmask16 m = (__mmask16)((1u << rem) - 1u);
+        __m512 a = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, acc + t), cv);
+        for (int j = 0; j < nk; j++)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]),
+                                _mm512_maskz_loadu_ps(m, v + (size_t)j * (size_t)stride + t),
+                                a);
+        _mm512_mask_storeu_ps(acc + t, m, a);
+    }
+}
+
+static const tsr__cpu_kernels tsr__k_avx512 = {
+    TSR__ISA_AVX512, "avx512", tsr__z_matvec_f32, tsr__z_matvec_bf16, tsr__z_matvec_f16,
+    tsr__z_cvt_bf16, tsr__z_cvt_f16, tsr__z_dot_rows, tsr__z_acc_rows,
+};
+
+#pragma GCC pop_options
+
+#endif /* TSR__X86 */
+
+const tsr__cpu_kernels *tsr__cpu_kernels_for(tsr__cpu_isa isa) {
+    switch (isa) {
+    case TSR__ISA_SCALAR: return &tsr__k_scalar;
+#ifdef TSR__X86
+    case TSR__ISA_AVX2:
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            __builtin_cpu_supports("f16c"))
+            return &tsr__k_avx2;
+        return NULL;
+    case TSR__ISA_AVX512:
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && tsr__cpu_kernels_for(TSR__ISA_AVX2))
+            return &tsr__k_avx512;
+        return NULL;
+#else
+    default: return NULL;
+#endif
+    }
+    return NULL;
+}
+
+static const tsr__cpu_kernels *tsr__cpu_kernels_pick(void) {
+    int cap = TSR__ISA_AVX512;
+    const char *env = getenv("TSR_CPU_ISA");
+    if (env && !strcmp(env, "scalar")) cap = TSR__ISA_SCALAR;
+    if (env && !strcmp(env, "avx2")) cap = TSR__ISA_AVX2;
+    for (int isa = cap; isa > TSR__ISA_SCALAR; isa--) {
+        const tsr__cpu_kernels *k = tsr__cpu_kernels_for((tsr__cpu_isa)isa);
+        if (k) return k;
+    }
+    return &tsr__k_scalar;
+}
+
+const tsr__cpu_kernels *tsr__cpu_kernels_get(void) {
+    /* Every thread that races on the first call computes the same pointer. */
+    static _Atomic(const tsr__cpu_kernels *) picked;
+    const tsr__cpu_kernels *k = atomic_load_explicit(&picked, memory_order_acquire);
+    if (!k) {
+        k = tsr__cpu_kernels_pick();
+        atomic_store_explicit(&picked, k, memory_order_release);
+    }
+    return k;
+}

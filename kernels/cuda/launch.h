@@ -1,0 +1,72 @@
+/* Launchers of the CUDA kernels (ops.cu, attn.cu), callable from the backend's C host code.
+ * Each enqueues on `stream` and returns the launch status (cudaGetLastError), never
+ * synchronizing; all pointers are device pointers unless a comment says otherwise. Dtype
+ * arguments carry tsr_dtype values (runtime/base/dtype.h). */
+#ifndef TSR_KERNELS_CUDA_LAUNCH_H
+#define TSR_KERNELS_CUDA_LAUNCH_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Largest head_dim the attention kernel supports (its per-thread accumulator size). */
+#define TSR__CUDA_MAX_HEAD_DIM 1024
+
+/* One tsr_kv_span as the attention kernel reads it: the device copy of the host array,
+ * plus the index of its first key among all keys of the call (for key_scores). */
+typedef struct tsr__cuda_span {
+    const float *k;
+    const float *v;
+    const int32_t *pos; /* NULL: contiguous from pos0 */
+    int64_t stride;     /* floats between rows */
+    int64_t key_off;    /* keys in the spans before this one */
+    int32_t pos0;
+    int32_t n;
+} tsr__cuda_span;
+
+typedef struct tsr__cuda_attn {
+    const float *q;
+    const int32_t *q_pos;
+    int n_q;
+    const tsr__cuda_span *spans; /* device array */
+    int n_spans;
+    int64_t n_keys; /* sum of spans' n */
+    /* Non-zero when every span is contiguous (pos NULL) and positions increase across
+     * spans: the kernel then stops at the first key past the query's position. */
+    int monotone;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;
+    float scale;
+    float *out;
+    float *key_scores; /* NULL or [n_kv_heads][n_keys], added to */
+} tsr__cuda_attn;
+
+/* out[i] = f32(emb[ids[i]]); an id outside [0, rows) writes zeros and sets *bad_id = 1. */
+cudaError_t tsr__cuda_launch_embed(const void *emb, int dtype, int64_t rows, int64_t cols,
+                                   const int32_t *ids, int64_t n, float *out, int *bad_id,
+                                   cudaStream_t stream);
+/* out[i] = x[i] / rms(x[i]) * w for n rows of dim (out may equal x); w has dtype wdtype. */
+cudaError_t tsr__cuda_launch_rmsnorm(const float *x, const void *w, int wdtype, int64_t n, int dim,
+                                     float eps, float *out, cudaStream_t stream);
+/* In-place rotary embedding; inv_freq holds head_dim/2 frequencies (device). */
+cudaError_t tsr__cuda_launch_rope(float *x, const int32_t *pos, int64_t n, int n_heads,
+                                  int head_dim, const float *inv_freq, int interleaved,
+                                  cudaStream_t stream);
+cudaError_t tsr__cuda_launch_swiglu(float *gate, const float *up, int64_t n, cudaStream_t stream);
+cudaError_t tsr__cuda_launch_add(float *x, const float *y, int64_t n, cudaStream_t stream);
+/* dst[i] = (dtype) src[i], round to nearest even (BF16 or F16) */
+cudaError_t tsr__cuda_launch_convert_f32(void *dst, int dtype, const float *src, int64_t n,
+                                         cudaStream_t stream);
+/* Causal GQA attention with an online softmax (attn.cu). `a` itself is host memory. */
+cudaError_t tsr__cuda_launch_attention(const tsr__cuda_attn *a, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,177 @@
+// Element-wise and row kernels of the CUDA backend: embed, rmsnorm, rope, swiglu, add and
+// the f32 -> bf16/f16 conversion in front of reduced-precision GEMMs. Semantics follow the
+// CPU backend (kernels/backend.h); accurate libm calls (expf, sincosf), never fast-math,
+// so results stay within float rounding of the CPU; this file is built with --fmad=false
+// (cmake/TesseraCuda.cmake) so that products round like the CPU's, unfused.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/launch.h"
+#include "runtime/base/dtype.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float tsr_load(const void *p, int dtype, int64_t i) {
+    if (dtype == TSR_F32) return static_cast<const float *>(p)[i];
+    const unsigned short h = static_cast<const unsigned short *>(p)[i];
+    if (dtype == TSR_BF16) return __uint_as_float(static_cast<unsigned>(h) << 16);
+    return __half2float(__ushort_as_half(h));
+}
+
+// Grid-stride count of blocks for n elements, capped so the grid stays legal.
+unsigned blocks_for(int64_t n) {
+    int64_t b = (n + kThreads - 1) / kThreads;
+    if (b < 1) b = 1;
+    if (b > 65535LL * 16) b = 65535LL * 16;
+    return static_cast<unsigned>(b);
+}
+
+__global__ void embed_kernel(const void *emb, int dtype, int64_t rows, int64_t cols,
+                             const int32_t *ids, float *out, int *bad_id) {
+    const int64_t i = blockIdx.x;
+    const int32_t id = ids[i];
+    float *o = out + i * cols;
+    if (id < 0 || id >= rows) {
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) o[c] = 0.0f;
+        if (threadIdx.x == 0) *bad_id = 1;
+        return;
+    }
+    const int64_t base = static_cast<int64_t>(id) * cols;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) o[c] = tsr_load(emb, dtype, base + c);
+}
+
+// Sum over the block; every thread gets the result. `red` holds one float per warp.
+__device__ float block_sum(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    const int nw = (blockDim.x + 31) / 32;
+    float t = 0.0f;
+    for (int w = 0; w < nw; w++) t += red[w];
+    __syncthreads();
+    return t;
+}
+
+__global__ void rmsnorm_kernel(const float *x, const void *w, int wdtype, int dim, float eps,
+                               float *out) {
+    __shared__ float red[32];
+    const int64_t row = blockIdx.x;
+    const float *xr = x + row * dim;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) ss += xr[c] * xr[c];
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+    float *orow = out + row * dim;
+    // Each element is read and written by the same thread, so out == x is safe.
+    for (int c = threadIdx.x; c < dim; c += blockDim.x)
+        orow[c] = xr[c] * inv * tsr_load(w, wdtype, c);
+}
+
+// One thread per rotated pair (row, head, i).
+__global__ void rope_kernel(float *x, const int32_t *pos, int64_t pairs, int n_heads, int head_dim,
+                            const float *inv_freq, int interleaved) {
+    const int half = head_dim / 2;
+    for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < pairs;
+         t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int i = static_cast<int>(t % half);
+        const int64_t rh = t / half; // row * n_heads + head
+        const int64_t row = rh / n_heads;
+        float *h = x + rh * head_dim;
+        const float angle = static_cast<float>(pos[row]) * inv_freq[i];
+        float s, c;
+        sincosf(angle, &s, &c);
+        float *a = interleaved ? h + 2 * i : h + i;
+        float *b = interleaved ? h + 2 * i + 1 : h + i + half;
+        const float x0 = *a, x1 = *b;
+        *a = x0 * c - x1 * s;
+        *b = interleaved ? x0 * s + x1 * c : x1 * c + x0 * s; // the CPU's operand order
+    }
+}
+
+__global__ void swiglu_kernel(float *gate, const float *up, int64_t n) {
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+__global__ void add_kernel(float *x, const float *y, int64_t n) {
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        x[i] += y[i];
+}
+
+__global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, int64_t n) {
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+__global__ void to_f16_kernel(__half *dst, const float *src, int64_t n) {
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        dst[i] = __float2half_rn(src[i]);
+}
+
+} // namespace
+
+extern "C" cudaError_t tsr__cuda_launch_embed(const void *emb, int dtype, int64_t rows,
+                                              int64_t cols, const int32_t *ids, int64_t n,
+                                              float *out, int *bad_id, cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    if (n > 0x7fffffffLL) return cudaErrorInvalidValue;
+    embed_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(emb, dtype, rows, cols, ids,
+                                                                    out, bad_id);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tsr__cuda_launch_rmsnorm(const float *x, const void *w, int wdtype,
+                                                int64_t n, int dim, float eps, float *out,
+                                                cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    if (n > 0x7fffffffLL) return cudaErrorInvalidValue;
+    rmsnorm_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, w, wdtype, dim, eps, out);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tsr__cuda_launch_rope(float *x, const int32_t *pos, int64_t n, int n_heads,
+                                             int head_dim, const float *inv_freq, int interleaved,
+                                             cudaStream_t stream) {
+    const int64_t pairs = n * n_heads * (head_dim / 2);
+    if (pairs <= 0) return cudaSuccess;
+    rope_kernel<<<blocks_for(pairs), kThreads, 0, stream>>>(x, pos, pairs, n_heads, head_dim,
+                                                            inv_freq, interleaved);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tsr__cuda_launch_swiglu(float *gate, const float *up, int64_t n,
+                                               cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    swiglu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(gate, up, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tsr__cuda_launch_add(float *x, const float *y, int64_t n,
+                                            cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tsr__cuda_launch_convert_f32(void *dst, int dtype, const float *src,
+                                                    int64_t n, cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    if (dtype == TSR_BF16)
+        to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<__nv_bfloat16 *>(dst),
+                                                               src, n);
+    else if (dtype == TSR_F16)
+        to_f16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<__half *>(dst), src, n);
+    else
+        return cudaErrorInvalidValue;
+    return cudaGetLastError();
+}

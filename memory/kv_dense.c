@@ -1,0 +1,219 @@
+/* The dense KV cache: per sequence and layer, contiguous K and V rows grown by doubling up
+ * to max_tokens. It is the exact reference the block-managed policies are tested against. */
+#include <string.h>
+
+#include "memory/kv_cache.h"
+#include "runtime/base/alloc.h"
+
+typedef struct tsr__dense_seq {
+    int active;
+    int32_t len;      /* committed tokens */
+    int32_t reserved; /* tokens with storage */
+    int32_t cap;      /* allocated rows per layer */
+    float **k;        /* [n_layers] -> [cap][kv_dim] */
+    float **v;
+    int32_t pending;  /* rows written this step (same for every layer) */
+} tsr__dense_seq;
+
+typedef struct tsr__dense {
+    tsr_kv_cache base;
+    int max_tokens;
+    int max_seqs;
+    tsr__dense_seq *seqs;
+    tsr_kv_span span; /* the one span spans() returns */
+    int64_t bytes_used, bytes_peak;
+} tsr__dense;
+
+static tsr__dense_seq *tsr__seq(const tsr__dense *d, int seq) {
+    if (seq < 0 || seq >= d->max_seqs || !d->seqs[seq].active) return NULL;
+    return &d->seqs[seq];
+}
+
+static size_t tsr__row_bytes(const tsr__dense *d) { return (size_t)d->base.kv_dim * 4; }
+
+static void tsr__seq_release(tsr__dense *d, tsr__dense_seq *s) {
+    for (int l = 0; l < d->base.n_layers; l++) {
+        if (s->k) tsr_free(s->k[l]);
+        if (s->v) tsr_free(s->v[l]);
+    }
+    d->bytes_used -= (int64_t)s->cap * (int64_t)tsr__row_bytes(d) * 2 * d->base.n_layers;
+    tsr_free(s->k);
+    tsr_free(s->v);
+    memset(s, 0, sizeof *s);
+}
+
+static void tsr__dense_destroy(tsr_kv_cache *kv) {
+    tsr__dense *d = (tsr__dense *)kv;
+    for (int i = 0; i < d->max_seqs; i++)
+        if (d->seqs[i].active) tsr__seq_release(d, &d->seqs[i]);
+    tsr_free(d->seqs);
+    tsr_free(d);
+}
+
+static tsr_status tsr__dense_seq_add(tsr_kv_cache *kv, int seq) {
+    tsr__dense *d = (tsr__dense *)kv;
+    if (seq < 0 || seq >= d->max_seqs)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: sequence id %d out of range [0, %d)",
+                             seq, d->max_seqs);
+    if (d->seqs[seq].active)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: sequence %d already exists", seq);
+    tsr__dense_seq *s = &d->seqs[seq];
+    s->k = tsr_calloc((size_t)kv->n_layers, sizeof *s->k);
+    s->v = tsr_calloc((size_t)kv->n_layers, sizeof *s->v);
+    if (!s->k || !s->v) {
+        tsr_free(s->k);
+        tsr_free(s->v);
+        memset(s, 0, sizeof *s);
+        return TSR_ERR_NOMEM;
+    }
+    s->active = 1;
+    return TSR_OK;
+}
+
+static void tsr__dense_seq_free(tsr_kv_cache *kv, int seq) {
+    tsr__dense *d = (tsr__dense *)kv;
+    tsr__dense_seq *s = tsr__seq(d, seq);
+    if (s) tsr__seq_release(d, s);
+}
+
+static int32_t tsr__dense_seq_len(const tsr_kv_cache *kv, int seq) {
+    const tsr__dense_seq *s = tsr__seq((const tsr__dense *)kv, seq);
+    return s ? s->len : 0;
+}
+
+static tsr_status tsr__dense_reserve(tsr_kv_cache *kv, int seq, int32_t n) {
+    tsr__dense *d = (tsr__dense *)kv;
+    tsr__dense_seq *s = tsr__seq(d, seq);
+    if (!s) return tsr_error_set(TSR_ERR_INVALID, "KV cache: no sequence %d", seq);
+    int64_t need = (int64_t)s->len + n;
+    if (n < 0 || need > d->max_tokens)
+        return tsr_error_set(TSR_ERR_BUDGET,
+                             "KV cache: sequence %d needs %lld tokens, the context holds %d",
+                             seq, (long long)need, d->max_tokens);
+    if (need > s->cap) {
+        int32_t cap = s->cap ? s->cap : 64;
+        while (cap < need) cap = cap > d->max_tokens / 2 ? d->max_tokens : cap * 2;
+        if (cap > d->max_tokens) cap = d->max_tokens;
+        size_t bytes = (size_t)cap * tsr__row_bytes(d);
+        /* Allocate every layer first, so a failure leaves the sequence as it was. */
+        for (int l = 0; l < kv->n_layers; l++) {
+            float *nk = tsr_malloc_aligned(bytes), *nv = tsr_malloc_aligned(bytes);
+            if (!nk || !nv) {
+                tsr_free(nk);
+                tsr_free(nv);
+                return tsr_error_set(TSR_ERR_NOMEM,
+                                     "KV cache: out of memory growing sequence %d to %d tokens",
+                                     seq, cap);
+            }
+            size_t used = (size_t)s->len * tsr__row_bytes(d);
+            if (s->k[l]) {
+                memcpy(nk, s->k[l], used);
+                memcpy(nv, s->v[l], used);
+                tsr_free(s->k[l]);
+                tsr_free(s->v[l]);
+            }
+            s->k[l] = nk;
+            s->v[l] = nv;
+        }
+        d->bytes_used += (int64_t)(cap - s->cap) * (int64_t)tsr__row_bytes(d) * 2 * kv->n_layers;
+        if (d->bytes_used > d->bytes_peak) d->bytes_peak = d->bytes_used;
+        s->cap = cap;
+    }
+    s->reserved = (int32_t)need;
+    return TSR_OK;
+}
+
+static tsr_status tsr__dense_write(tsr_kv_cache *kv, int layer, int seq, int32_t n,
+                                   const float *k, const float *v) {
+    tsr__dense *d = (tsr__dense *)kv;
+    tsr__dense_seq *s = tsr__seq(d, seq);
+    if (!s || layer < 0 || layer >= kv->n_layers)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: bad write (seq %d, layer %d)", seq,
+                             layer);
+    if (s->len + n > s->reserved)
+        return tsr_error_set(TSR_ERR_INTERNAL, "KV cache: write of %d rows past reservation",
+                             n);
+    size_t off = (size_t)s->len * (size_t)kv->kv_dim;
+    memcpy(s->k[layer] + off, k, (size_t)n * tsr__row_bytes(d));
+    memcpy(s->v[layer] + off, v, (size_t)n * tsr__row_bytes(d));
+    s->pending = n;
+    return TSR_OK;
+}
+
+static tsr_status tsr__dense_spans(tsr_kv_cache *kv, int layer, int seq,
+                                   const tsr_kv_span **spans, int *n_spans) {
+    tsr__dense *d = (tsr__dense *)kv;
+    tsr__dense_seq *s = tsr__seq(d, seq);
+    if (!s || layer < 0 || layer >= kv->n_layers)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: bad spans (seq %d, layer %d)", seq,
+                             layer);
+    d->span = (tsr_kv_span){.k = s->k[layer], .v = s->v[layer], .pos = NULL, .pos0 = 0,
+                            .n = s->len + s->pending, .stride = kv->kv_dim};
+    *spans = &d->span;
+    *n_spans = 1;
+    return TSR_OK;
+}
+
+static tsr_status tsr__dense_commit(tsr_kv_cache *kv, int seq, const int32_t *tokens,
+                                    int32_t n) {
+    (void)tokens;
+    tsr__dense *d = (tsr__dense *)kv;
+    tsr__dense_seq *s = tsr__seq(d, seq);
+    if (!s || s->len + n > s->reserved)
+        return tsr_error_set(TSR_ERR_INTERNAL, "KV cache: bad commit (seq %d, %d tokens)", seq,
+                             n);
+    s->len += n;
+    s->pending = 0;
+    return TSR_OK;
+}
+
+static void tsr__dense_stats(const tsr_kv_cache *kv, tsr_kv_stats *out) {
+    const tsr__dense *d = (const tsr__dense *)kv;
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < d->max_seqs; i++)
+        if (d->seqs[i].active) out->tokens_resident += d->seqs[i].len;
+    out->bytes_used = d->bytes_used;
+    out->bytes_peak = d->bytes_peak;
+    out->bytes_capacity =
+        (int64_t)d->max_seqs * d->max_tokens * (int64_t)tsr__row_bytes(d) * 2 * kv->n_layers;
+}
+
+static const tsr_kv_cache_ops tsr__dense_ops = {
+    .name = "dense",
+    .destroy = tsr__dense_destroy,
+    .seq_add = tsr__dense_seq_add,
+    .seq_free = tsr__dense_seq_free,
+    .seq_len = tsr__dense_seq_len,
+    .reserve = tsr__dense_reserve,
+    .write = tsr__dense_write,
+    .spans = tsr__dense_spans,
+    .observe = NULL,
+    .commit = tsr__dense_commit,
+    .stats = tsr__dense_stats,
+    .prefix_attach = NULL,
+};
+
+tsr_status tsr_kv_dense_create(int n_layers, int n_kv_heads, int head_dim, int max_tokens,
+                               int max_seqs, tsr_kv_cache **out) {
+    *out = NULL;
+    if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || max_tokens <= 0 || max_seqs <= 0)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: invalid geometry");
+    tsr__dense *d = tsr_calloc(1, sizeof *d);
+    if (!d) return TSR_ERR_NOMEM;
+    d->seqs = tsr_calloc((size_t)max_seqs, sizeof *d->seqs);
+    if (!d->seqs) {
+        tsr_free(d);
+        return TSR_ERR_NOMEM;
+    }
+    d->base = (tsr_kv_cache){.ops = &tsr__dense_ops, .n_layers = n_layers,
+                             .kv_dim = n_kv_heads * head_dim, .n_kv_heads = n_kv_heads,
+                             .max_seq_len = max_tokens, .wants_scores = 0};
+    d->max_tokens = max_tokens;
+    d->max_seqs = max_seqs;
+    *out = &d->base;
+    return TSR_OK;
+}
+
+void tsr_kv_cache_destroy(tsr_kv_cache *kv) {
+    if (kv) kv->ops->destroy(kv);
+}

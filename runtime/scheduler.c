@@ -1,0 +1,416 @@
+/* Continuous batching over one KV cache (see scheduler.h). A request's tokens (prompt plus
+ * what it generated) are kept whole, so a preempted request is recomputed by prefilling
+ * them again; its sampler state travels with it, so preemption does not change the draws. */
+#include "runtime/scheduler.h"
+
+#include <string.h>
+
+#include "runtime/base/alloc.h"
+
+typedef struct tsr__req {
+    uint64_t tag;
+    int32_t *tokens;     /* prompt + generated */
+    int32_t n_tokens, cap;
+    int32_t n_prompt;
+    int32_t n_computed;  /* tokens held by the KV cache */
+    int32_t n_generated;
+    int32_t max_new;
+    tsr_sampler_params sp;
+    tsr_sampler sampler; /* initialised at first admission */
+    bool sampler_ready;
+    int slot;            /* KV sequence id, -1 when not resident */
+} tsr__req;
+
+struct tsr_sched {
+    tsr_sched_config cfg;
+    tsr_kv_cache *kv;
+    tsr_sched_exec_fn exec;
+    void *exec_ctx;
+    /* waiting: a ring of request pointers (preempted requests go back to the front) */
+    tsr__req **wq;
+    int wq_cap, wq_head, wq_len;
+    /* running, in admission order (the last is the newest: preempted first) */
+    tsr__req **run;
+    int n_run;
+    bool *slot_used;
+    /* per step */
+    tsr_batch_seq *plan;
+    tsr__req **plan_req;
+    float *logits;
+    tsr_sched_event *ev;
+    int n_ev, ev_cap;
+    tsr_sched_totals totals;
+};
+
+tsr_status tsr_sched_exec_forward(void *exec_ctx, tsr_kv_cache *kv, const tsr_batch_seq *seqs,
+                                  int n_seqs, float *logits, int *n_rows) {
+    return tsr_forward_run((tsr_forward *)exec_ctx, kv, seqs, n_seqs, logits, n_rows);
+}
+
+static void tsr__req_free(tsr__req *r) {
+    if (!r) return;
+    if (r->sampler_ready) tsr_sampler_free(&r->sampler);
+    tsr_free(r->tokens);
+    tsr_free(r);
+}
+
+void tsr_sched_destroy(tsr_sched *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n_run; i++) {
+        if (s->run[i]->slot >= 0) s->kv->ops->seq_free(s->kv, s->run[i]->slot);
+        tsr__req_free(s->run[i]);
+    }
+    for (int i = 0; i < s->wq_len; i++) tsr__req_free(s->wq[(s->wq_head + i) % s->wq_cap]);
+    tsr_free(s->wq);
+    tsr_free(s->run);
+    tsr_free(s->slot_used);
+    tsr_free(s->plan);
+    tsr_free(s->plan_req);
+    tsr_free(s->logits);
+    tsr_free(s->ev);
+    tsr_free(s);
+}
+
+tsr_status tsr_sched_create(const tsr_sched_config *cfg, tsr_kv_cache *kv, tsr_sched_exec_fn exec,
+                            void *exec_ctx, tsr_sched **out) {
+    *out = NULL;
+    if (!kv || !exec || cfg->max_seqs < 1 || cfg->max_tokens < cfg->max_seqs ||
+        cfg->max_context < 2 || cfg->vocab_size < 1 || cfg->n_eos < 0 || cfg->n_eos > 9)
+        return tsr_error_set(TSR_ERR_INVALID,
+                             "scheduler: need max_seqs >= 1, max_tokens >= max_seqs (%d, %d), "
+                             "context >= 2 (%d)",
+                             cfg->max_seqs, cfg->max_tokens, cfg->max_context);
+    tsr_sched *s = tsr_calloc(1, sizeof *s);
+    if (!s) return TSR_ERR_NOMEM;
+    s->cfg = *cfg;
+    s->kv = kv;
+    s->exec = exec;
+    s->exec_ctx = exec_ctx;
+    size_t n = (size_t)cfg->max_seqs;
+    s->wq_cap = 64;
+    s->wq = tsr_malloc((size_t)s->wq_cap * sizeof *s->wq);
+    s->run = tsr_calloc(n, sizeof *s->run);
+    s->slot_used = tsr_calloc(n, sizeof *s->slot_used);
+    s->plan = tsr_calloc(n, sizeof *s->plan);
+    s->plan_req = tsr_calloc(n, sizeof *s->plan_req);
+    s->ev_cap = (int)n + 16;
+    s->ev = tsr_calloc((size_t)s->ev_cap, sizeof *s->ev);
+    size_t nl;
+    if (tsr_mul_size(n, (size_t)cfg->vocab_size * sizeof(float), &nl))
+        s->logits = tsr_malloc(nl);
+    if (!s->wq || !s->run || !s->slot_used || !s->plan || !s->plan_req || !s->ev ||
+        !s->logits) {
+        tsr_sched_destroy(s);
+        return TSR_ERR_NOMEM;
+    }
+    *out = s;
+    return TSR_OK;
+}
+
+int tsr_sched_n_waiting(const tsr_sched *s) { return s->wq_len; }
+int tsr_sched_n_running(const tsr_sched *s) { return s->n_run; }
+
+void tsr_sched_get_totals(const tsr_sched *s, tsr_sched_totals *out) { *out = s->totals; }
+
+static tsr_status tsr__wq_grow(tsr_sched *s) {
+    if (s->wq_len < s->wq_cap) return TSR_OK;
+    int cap = s->wq_cap * 2;
+    tsr__req **q = tsr_malloc((size_t)cap * sizeof *q);
+    if (!q) return TSR_ERR_NOMEM;
+    for (int i = 0; i < s->wq_len; i++) q[i] = s->wq[(s->wq_head + i) % s->wq_cap];
+    tsr_free(s->wq);
+    s->wq = q;
+    s->wq_cap = cap;
+    s->wq_head = 0;
+    return TSR_OK;
+}
+
+static tsr_status tsr__wq_push_back(tsr_sched *s, tsr__req *r) {
+    TSR_TRY(tsr__wq_grow(s));
+    s->wq[(s->wq_head + s->wq_len) % s->wq_cap] = r;
+    s->wq_len++;
+    return TSR_OK;
+}
+
+static tsr_status tsr__wq_push_front(tsr_sched *s, tsr__req *r) {
+    TSR_TRY(tsr__wq_grow(s));
+    s->wq_head = (s->wq_head + s->wq_cap - 1) % s->wq_cap;
+    s->wq[s->wq_head] = r;
+    s->wq_len++;
+    return TSR_OK;
+}
+
+static tsr__req *tsr__wq_pop_front(tsr_sched *s) {
+    tsr__req *r = s->wq[s->wq_head];
+    s->wq_head = (s->wq_head + 1) % s->wq_cap;
+    s->wq_len--;
+    return r;
+}
+
+tsr_status tsr_sched_submit(tsr_sched *s, const tsr_sched_request *r) {
+    if (r->n_prompt < 1 || !r->prompt)
+        return tsr_error_set(TSR_ERR_INVALID, "scheduler: request %llu has an empty prompt",
+                             (unsigned long long)r->tag);
+    if (r->n_prompt >= s->cfg.max_context)
+        return tsr_error_set(TSR_ERR_BUDGET,
+                             "prompt of %d tokens does not fit the context of %d tokens "
+                             "(leaves no room to generate)",
+                             r->n_prompt, s->cfg.max_context);
+    if (r->max_new_tokens < 0)
+        return tsr_error_set(TSR_ERR_INVALID, "scheduler: max_new_tokens must be >= 0");
+    tsr_sampler_params sp = r->sampling;
+    if (sp.temperature < 0.0f || !(sp.top_p > 0.0f && sp.top_p <= 1.0f) || sp.top_k < 0)
+        return tsr_error_set(TSR_ERR_INVALID,
+                             "sampler: need temperature >= 0, 0 < top-p <= 1, top-k >= 0");
+    tsr__req *q = tsr_calloc(1, sizeof *q);
+    if (!q) return TSR_ERR_NOMEM;
+    /* Never more than the context holds, plus the last sampled token (never fed). */
+    int64_t cap = (int64_t)r->n_prompt + r->max_new_tokens;
+    if (cap > s->cfg.max_context) cap = s->cfg.max_context;
+    q->cap = (int32_t)cap + 1;
+    q->tokens = tsr_malloc((size_t)q->cap * sizeof *q->tokens);
+    if (!q->tokens) {
+        tsr_free(q);
+        return TSR_ERR_NOMEM;
+    }
+    memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof *q->tokens);
+    q->tag = r->tag;
+    q->n_tokens = q->n_prompt = r->n_prompt;
+    q->max_new = r->max_new_tokens;
+    q->sp = sp;
+    q->slot = -1;
+    tsr_status st = tsr__wq_push_back(s, q);
+    if (st != TSR_OK) tsr__req_free(q);
+    return st;
+}
+
+static tsr_status tsr__emit(tsr_sched *s, const tsr__req *r, int32_t token,
+                            tsr_finish_reason fin) {
+    if (s->n_ev == s->ev_cap) {
+        tsr_sched_event *e = tsr_realloc(s->ev, (size_t)s->ev_cap * 2 * sizeof *e);
+        if (!e) return TSR_ERR_NOMEM;
+        s->ev = e;
+        s->ev_cap *= 2;
+    }
+    s->ev[s->n_ev++] = (tsr_sched_event){.tag = r->tag, .token = token,
+                                         .n_generated = r->n_generated, .finish = fin};
+    return TSR_OK;
+}
+
+/* Removes running[i] (order kept), releasing its KV; returns the request. */
+static tsr__req *tsr__run_remove(tsr_sched *s, int i) {
+    tsr__req *r = s->run[i];
+    if (r->slot >= 0) {
+        s->kv->ops->seq_free(s->kv, r->slot);
+        s->slot_used[r->slot] = false;
+        r->slot = -1;
+    }
+    memmove(&s->run[i], &s->run[i + 1], (size_t)(s->n_run - i - 1) * sizeof *s->run);
+    s->n_run--;
+    return r;
+}
+
+/* The newest running request goes back to the front of the queue; its KV is dropped and
+ * recomputed from its tokens when it is admitted again. */
+static tsr_status tsr__preempt_newest(tsr_sched *s, tsr_sched_step_info *info) {
+    tsr__req *r = tsr__run_remove(s, s->n_run - 1);
+    r->n_computed = 0;
+    s->totals.preemptions++;
+    info->n_preempted++;
+    return tsr__wq_push_front(s, r);
+}
+
+bool tsr_sched_finish(tsr_sched *s, uint64_t tag) {
+    for (int i = 0; i < s->n_run; i++)
+        if (s->run[i]->tag == tag) {
+            tsr__req_free(tsr__run_remove(s, i));
+            return true;
+        }
+    for (int i = 0; i < s->wq_len; i++) {
+        int at = (s->wq_head + i) % s->wq_cap;
+        if (s->wq[at]->tag != tag) continue;
+        tsr__req_free(s->wq[at]);
+        for (int j = i; j + 1 < s->wq_len; j++)
+            s->wq[(s->wq_head + j) % s->wq_cap] = s->wq[(s->wq_head + j + 1) % s->wq_cap];
+        s->wq_len--;
+        return true;
+    }
+    return false;
+}
+
+/* Moves waiting requests into free sequence slots until the running set is full or the
+ * cache is short (TSR_ERR_NO_BLOCKS: try again after something finishes). */
+static tsr_status tsr__admit(tsr_sched *s, tsr_sched_step_info *info) {
+    tsr_kv_cache *kv = s->kv;
+    while (s->wq_len > 0 && s->n_run < s->cfg.max_seqs) {
+        tsr__req *r = s->wq[s->wq_head];
+        if (r->max_new == 0) { /* nothing to compute: done at once */
+            tsr__wq_pop_front(s);
+            tsr_status st = tsr__emit(s, r, -1, TSR_FINISH_LENGTH);
+            tsr__req_free(r);
+            TSR_TRY(st);
+            continue;
+        }
+        int slot = 0;
+        while (s->slot_used[slot]) slot++;
+        tsr_status st = kv->ops->seq_add(kv, slot);
+        if (st == TSR_ERR_NO_BLOCKS) break;
+        TSR_TRY(st);
+        if (!r->sampler_ready) {
+            st = tsr_sampler_init(&r->sampler, s->cfg.vocab_size, &r->sp);
+            if (st != TSR_OK) {
+                kv->ops->seq_free(kv, slot);
+                return st;
+            }
+            r->sampler_ready = true;
+        }
+        tsr__wq_pop_front(s);
+        s->slot_used[slot] = true;
+        r->slot = slot;
+        r->n_computed = 0;
+        if (kv->ops->prefix_attach) {
+            int32_t got = kv->ops->prefix_attach(kv, slot, r->tokens, r->n_tokens);
+            if (got > 0 && got < r->n_tokens) r->n_computed = got;
+        }
+        s->run[s->n_run++] = r;
+        info->n_admitted++;
+    }
+    if (s->n_run > s->totals.max_running) s->totals.max_running = s->n_run;
+    return TSR_OK;
+}
+
+/* Builds the batch: decodes first (one token each), then prefill chunks in admission order
+ * while the token budget lasts. Reserves KV for every entry before anything runs. */
+static tsr_status tsr__plan(tsr_sched *s, int *n_plan, tsr_sched_step_info *info) {
+    tsr_kv_cache *kv = s->kv;
+    for (;;) {
+        int n = 0, budget = s->cfg.max_tokens;
+        bool restart = false;
+        for (int pass = 0; pass < 2 && !restart; pass++) {
+            for (int i = 0; i < s->n_run && budget > 0; i++) {
+                tsr__req *r = s->run[i];
+                int32_t rem = r->n_tokens - r->n_computed;
+                if ((pass == 0) != (rem == 1)) continue;
+                int32_t chunk = rem < budget ? rem : budget;
+                tsr_status st = kv->ops->reserve(kv, r->slot, chunk);
+                if (st == TSR_ERR_NO_BLOCKS) {
+                    if (pass == 1) continue; /* this prefill waits a step */
+                    /* A decode must progress: make room by preempting the newest. */
+                    TSR_TRY(tsr__preempt_newest(s, info));
+                    restart = true;
+                    break;
+                }
+                if (st == TSR_ERR_BUDGET) {
+                    /* Never fits: report it and drop it. */
+                    tsr__req *q = tsr__run_remove(s, i);
+                    st = tsr__emit(s, q, -1, TSR_FINISH_ERROR);
+                    tsr__req_free(q);
+                    TSR_TRY(st);
+                    restart = true;
+                    break;
+                }
+                TSR_TRY(st);
+                s->plan[n] = (tsr_batch_seq){.seq = r->slot,
+                                             .tokens = r->tokens + r->n_computed,
+                                             .n_tokens = chunk,
+                                             .want_logits = r->n_computed + chunk == r->n_tokens};
+                s->plan_req[n] = r;
+                n++;
+                budget -= chunk;
+            }
+        }
+        if (restart) continue;
+        if (n == 0 && s->n_run > 1) {
+            /* Every prefill is short of blocks: free the newest and try again. */
+            TSR_TRY(tsr__preempt_newest(s, info));
+            continue;
+        }
+        if (n == 0 && s->n_run == 1) {
+            tsr__req *q = tsr__run_remove(s, 0);
+            tsr_status st = tsr__emit(s, q, -1, TSR_FINISH_ERROR);
+            tsr__req_free(q);
+            TSR_TRY(st);
+        }
+        *n_plan = n;
+        return TSR_OK;
+    }
+}
+
+static bool tsr__is_eos(const tsr_sched *s, int32_t id) {
+    for (int i = 0; i < s->cfg.n_eos; i++)
+        if (s->cfg.eos_ids[i] == id) return true;
+    return false;
+}
+
+tsr_status tsr_sched_step(tsr_sched *s, const tsr_sched_event **events, int *n_events,
+                          tsr_sched_step_info *info) {
+    tsr_sched_step_info local = {0};
+    if (!info) info = &local;
+    memset(info, 0, sizeof *info);
+    s->n_ev = 0;
+    *events = s->ev;
+    *n_events = 0;
+
+    TSR_TRY(tsr__admit(s, info));
+    int n = 0;
+    TSR_TRY(tsr__plan(s, &n, info));
+    if (n == 0 && s->n_run == 0 && s->wq_len > 0) {
+        /* Nothing runs and the front request cannot even be admitted: it never fits. */
+        tsr__req *r = tsr__wq_pop_front(s);
+        tsr_status st = tsr__emit(s, r, -1, TSR_FINISH_ERROR);
+        tsr__req_free(r);
+        TSR_TRY(st);
+    }
+    if (n > 0) {
+        int rows = 0;
+        TSR_TRY(s->exec(s->exec_ctx, s->kv, s->plan, n, s->logits, &rows));
+        int row = 0;
+        for (int i = 0; i < n; i++) {
+            tsr__req *r = s->plan_req[i];
+            int32_t chunk = s->plan[i].n_tokens;
+            r->n_computed += chunk;
+            info->n_tokens += chunk;
+            if (r->n_tokens - (r->n_computed - chunk) == 1) {
+                info->n_decode++;
+                s->totals.decode_tokens += chunk;
+            } else {
+                info->n_prefill++;
+                s->totals.prefill_tokens += chunk;
+            }
+            if (!s->plan[i].want_logits) continue;
+            if (row >= rows)
+                return tsr_error_set(TSR_ERR_INTERNAL, "scheduler: forward returned %d rows",
+                                     rows);
+            float *lg = s->logits + (size_t)row * (size_t)s->cfg.vocab_size;
+            row++;
+            int32_t t = tsr_sampler_sample(&r->sampler, lg);
+            tsr_finish_reason fin = TSR_FINISH_NONE;
+            if (tsr__is_eos(s, t)) {
+                fin = TSR_FINISH_EOS;
+                t = -1;
+            } else {
+                r->tokens[r->n_tokens++] = t;
+                r->n_generated++;
+                if (r->n_generated >= r->max_new)
+                    fin = TSR_FINISH_LENGTH;
+                else if (r->n_computed + 1 > s->cfg.max_context || r->n_tokens >= r->cap)
+                    fin = TSR_FINISH_CONTEXT;
+            }
+            TSR_TRY(tsr__emit(s, r, t, fin));
+        }
+        info->n_seqs = n;
+        s->totals.steps++;
+        s->totals.batch_tokens += info->n_tokens;
+        /* Finished sequences leave now, so their slots are free for the next step. */
+        for (int e = 0; e < s->n_ev; e++) {
+            if (s->ev[e].finish == TSR_FINISH_NONE) continue;
+            for (int i = 0; i < s->n_run; i++)
+                if (s->run[i]->tag == s->ev[e].tag) {
+                    tsr__req_free(tsr__run_remove(s, i));
+                    break;
+                }
+        }
+    }
+    *n_events = s->n_ev;
+    return TSR_OK;
+}

@@ -1,0 +1,101 @@
+/* Continuous batching. Requests wait in a FIFO queue and join the running set (at most
+ * max_seqs) as others finish; every step builds one forward batch in which each decoding
+ * sequence contributes its one new token and prefilling sequences contribute prompt chunks,
+ * so that a step never carries more than max_tokens tokens (chunked prefill mixed with
+ * decode). Each request has its own sampler (seeded per request), so its tokens do not
+ * depend on its batch neighbours. KV memory is used only through memory/kv_cache.h ops: a
+ * cache that is short (TSR_ERR_NO_BLOCKS) defers admission, and when a running sequence
+ * cannot grow the newest one is preempted (its KV dropped, its tokens recomputed later). */
+#ifndef TSR_RUNTIME_SCHEDULER_H
+#define TSR_RUNTIME_SCHEDULER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "memory/kv_cache.h"
+#include "runtime/forward.h"
+#include "runtime/sampler.h"
+
+typedef enum tsr_finish_reason {
+    TSR_FINISH_NONE = 0, /* still running */
+    TSR_FINISH_EOS,      /* the model produced an end-of-sequence token (not reported) */
+    TSR_FINISH_LENGTH,   /* max_new_tokens generated */
+    TSR_FINISH_CONTEXT,  /* the context is full */
+    TSR_FINISH_ERROR,    /* can never fit the KV cache (TSR_ERR_BUDGET from reserve) */
+} tsr_finish_reason;
+
+typedef struct tsr_sched_config {
+    int max_seqs;    /* running sequences at most (KV sequence ids 0 .. max_seqs-1) */
+    int max_tokens;  /* tokens per forward call at most; >= max_seqs */
+    int max_context; /* positions per sequence, prompt included */
+    int vocab_size;  /* logits row width */
+    int n_eos;       /* ids that end generation */
+    int32_t eos_ids[9];
+} tsr_sched_config;
+
+/* Runs one batch (tsr_forward_run's contract). Tests pass their own. */
+typedef tsr_status (*tsr_sched_exec_fn)(void *ctx, tsr_kv_cache *kv, const tsr_batch_seq *seqs,
+                                        int n_seqs, float *logits, int *n_rows);
+
+/* exec_ctx is a tsr_forward *. */
+tsr_status tsr_sched_exec_forward(void *exec_ctx, tsr_kv_cache *kv, const tsr_batch_seq *seqs,
+                                  int n_seqs, float *logits, int *n_rows);
+
+typedef struct tsr_sched_request {
+    uint64_t tag;           /* the caller's handle, echoed in events */
+    const int32_t *prompt;  /* copied at submit */
+    int32_t n_prompt;       /* 1 .. max_context-1 */
+    int32_t max_new_tokens; /* >= 0 */
+    tsr_sampler_params sampling;
+} tsr_sched_request;
+
+typedef struct tsr_sched_event {
+    uint64_t tag;
+    int32_t token;            /* the new token; -1 when the event carries none */
+    int32_t n_generated;      /* tokens generated so far (EOS not counted) */
+    tsr_finish_reason finish; /* TSR_FINISH_NONE while the request goes on */
+} tsr_sched_event;
+
+typedef struct tsr_sched_step_info {
+    int n_seqs;           /* sequences in the batch */
+    int n_tokens;         /* tokens in the batch */
+    int n_decode;         /* sequences contributing one decode token */
+    int n_prefill;        /* sequences contributing a prefill chunk */
+    int n_preempted;      /* sequences preempted during this step */
+    int n_admitted;       /* sequences that joined the running set */
+} tsr_sched_step_info;
+
+typedef struct tsr_sched_totals {
+    int64_t steps, batch_tokens, prefill_tokens, decode_tokens, preemptions;
+    int max_running;      /* largest running set seen */
+} tsr_sched_totals;
+
+typedef struct tsr_sched tsr_sched;
+
+/* kv must have room for max_seqs sequences; the scheduler does not own kv or exec_ctx. */
+tsr_status tsr_sched_create(const tsr_sched_config *cfg, tsr_kv_cache *kv, tsr_sched_exec_fn exec,
+                            void *exec_ctx, tsr_sched **out);
+void tsr_sched_destroy(tsr_sched *s);
+
+/* Queues a request (TSR_ERR_BUDGET when its prompt leaves no room in the context). */
+tsr_status tsr_sched_submit(tsr_sched *s, const tsr_sched_request *r);
+
+/* Ends a request between steps (a stop string matched): frees its KV, no more events.
+ * Returns false when the tag is unknown or already finished. */
+bool tsr_sched_finish(tsr_sched *s, uint64_t tag);
+
+int tsr_sched_n_waiting(const tsr_sched *s);
+int tsr_sched_n_running(const tsr_sched *s);
+static inline bool tsr_sched_has_work(const tsr_sched *s) {
+    return tsr_sched_n_waiting(s) + tsr_sched_n_running(s) > 0;
+}
+
+/* Admits, runs one batch, samples, and reports one event per sequence that produced a
+ * token or finished. *events is owned by the scheduler, valid until the next call. A
+ * non-OK status is fatal (the forward failed); info may be NULL. */
+tsr_status tsr_sched_step(tsr_sched *s, const tsr_sched_event **events, int *n_events,
+                          tsr_sched_step_info *info);
+
+void tsr_sched_get_totals(const tsr_sched *s, tsr_sched_totals *out);
+
+#endif

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs tessera's Debian build dependencies (when run as root with apt) and builds it
+# into ./build. Usage: tools/setup.sh [extra cmake args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PKGS="cmake make gcc libc6-dev pkg-config libopenmpi-dev openmpi-bin libhwloc-dev
+      libhdf5-openmpi-dev libopenblas-dev libcjson-dev libpcre2-dev"
+if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    missing=$(for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
+    if [ -n "$missing" ]; then
+        echo "tools/setup.sh: installing $(echo $missing)" >&2
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $missing >/dev/null
+    fi
+fi
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+cmake --build build -j"$(nproc)" >/dev/null
+echo "tools/setup.sh: built build/tessera" >&2
