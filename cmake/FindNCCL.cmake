@@ -9,7 +9,8 @@ find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
   PATH_SUFFIXES lib lib64)
 
 if(NCCL_INCLUDE_DIR AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")
-  file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _nccl_ver REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) +[0-9]+")
+  file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _nccl_ver
+    REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) +[0-9]+")
   foreach(_part MAJOR MINOR PATCH)
     string(REGEX MATCH "NCCL_${_part} +([0-9]+)" _m "${_nccl_ver}")
     set(_nccl_${_part} "${CMAKE_MATCH_1}")

@@ -20,7 +20,8 @@ find_package(CUDAToolkit REQUIRED)
 set(CMAKE_CUDA_STANDARD 17)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 set(CMAKE_CUDA_EXTENSIONS OFF)
-message(STATUS "tessera: CUDA ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}")
+message(STATUS
+  "tessera: CUDA ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}")
 
 # nvcc: its own warnings as errors, and the host compiler's C++-valid warning flags.
 set(TSR_CUDA_WARN "SHELL:-Werror all-warnings" -Xcompiler=-Wall,-Wextra,-Wshadow,-Wvla)

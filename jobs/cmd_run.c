@@ -1,11 +1,592 @@
-/* placeholder until the bulk-generation job lands */
+/* `tessera run`: offline bulk generation. OpenAI batch JSONL in, one record per input line
+ * out (appended, flushed and fsynced as each request finishes), continuous batching through
+ * runtime/scheduler.h, progress on stderr and an optional metrics JSON. A restarted job
+ * skips the lines whose records are already in the output (jobs/batch_io.h), so it can be
+ * killed at any moment. Exit codes: 0 when the job ran (bad lines are error records, not
+ * failures), 1 for fatal errors (unreadable input or model, unwritable output, a failed
+ * forward pass), 2 for usage errors. */
+#define _GNU_SOURCE /* sched_getaffinity */
+#include <errno.h>
+#include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "jobs/batch_io.h"
+#include "jobs/cli.h"
 #include "jobs/commands.h"
+#include "jobs/metrics.h"
+#include "jobs/progress.h"
+#include "kernels/backend.h"
+#include "memory/kv_cache.h"
+#include "runtime/base/alloc.h"
+#include "runtime/base/log.h"
+#include "runtime/chat_template.h"
+#include "runtime/forward.h"
+#include "runtime/model.h"
+#include "runtime/scheduler.h"
+#include "runtime/tokenizer.h"
+
+static double tsr__now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int tsr__default_threads(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+typedef struct tsr__run_opts {
+    const char *model, *tokenizer, *input, *output, *errors, *metrics, *backend;
+    int max_batch_seqs, max_batch_tokens, max_context, threads;
+    float progress_interval;
+    uint64_t seed;
+    bool no_bos, quiet, verbose;
+} tsr__run_opts;
+
+/* A request between submit and its record. */
+typedef struct tsr__job_req {
+    bool used;
+    char *custom_id;
+    int64_t line;
+    tsr_batch_kind kind;
+    char *stops[TSR_BATCH_MAX_STOPS];
+    int n_stops;
+    char *text;
+    size_t len, cap;
+    int32_t prev;
+    int n_prompt, n_gen;
+    double t_submit, t_first;
+} tsr__job_req;
+
+typedef struct tsr__run {
+    const tsr__run_opts *o;
+    char model_name[256];
+    char err_path[4096];
+    tsr_model *model;
+    tsr_tokenizer *tok;
+    tsr_backend *be;
+    tsr_kv_cache *kv;
+    tsr_forward *fwd;
+    tsr_sched *sched;
+    tsr_chat_template chat;
+    int ctx;
+    FILE *in;
+    tsr_batch_writer out, err;
+    tsr_batch_resume resume;
+    tsr_strset *seen;
+    tsr__job_req *reqs;
+    int n_reqs;
+    tsr_metrics m;
+    tsr_progress prog;
+    int64_t records_this_run, kill_after, processed;
+    double t_start;
+} tsr__run;
+
+static void tsr__job_req_clear(tsr__job_req *r) {
+    tsr_free(r->custom_id);
+    for (int i = 0; i < r->n_stops; i++) tsr_free(r->stops[i]);
+    tsr_free(r->text);
+    memset(r, 0, sizeof *r);
+}
+
+static void tsr__run_free(tsr__run *g) {
+    tsr_sched_destroy(g->sched);
+    tsr_forward_destroy(g->fwd);
+    tsr_kv_cache_destroy(g->kv);
+    tsr_backend_destroy(g->be);
+    if (g->tok) tsr_tokenizer_destroy(g->tok);
+    tsr_model_destroy(g->model);
+    if (g->in) fclose(g->in);
+    tsr_batch_writer_close(&g->out);
+    tsr_batch_writer_close(&g->err);
+    tsr_batch_resume_free(&g->resume);
+    tsr_strset_destroy(g->seen);
+    if (g->reqs)
+        for (int i = 0; i < g->n_reqs; i++) tsr__job_req_clear(&g->reqs[i]);
+    tsr_free(g->reqs);
+    tsr_metrics_free(&g->m);
+}
+
+/* One record written: output first (the source of truth), then the errors file. */
+static tsr_status tsr__put(tsr__run *g, char *line, bool is_error) {
+    if (!line) return tsr_error_set(TSR_ERR_NOMEM, "cannot format an output record");
+    tsr_status st = tsr_batch_writer_put(&g->out, line);
+    if (st == TSR_OK && is_error) st = tsr_batch_writer_put(&g->err, line);
+    tsr_free(line);
+    TSR_TRY(st);
+    g->records_this_run++;
+    g->processed++;
+    /* Test hook: die like a SIGKILL after N records, to exercise restart. */
+    if (g->kill_after > 0 && g->records_this_run >= g->kill_after) _exit(137);
+    return TSR_OK;
+}
+
+static tsr_status tsr__put_error(tsr__run *g, const char *custom_id, int64_t line,
+                                 const char *code, const char *msg) {
+    g->m.failed++;
+    return tsr__put(g, tsr_batch_format_error(custom_id, line, code, msg), true);
+}
+
+static const char *tsr__basename(const char *p, char *buf, size_t cap) {
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/') n--;
+    size_t s = n;
+    while (s > 0 && p[s - 1] != '/') s--;
+    snprintf(buf, cap, "%.*s", (int)(n - s), p + s);
+    return buf;
+}
+
+static tsr_status tsr__setup(tsr__run *g) {
+    const tsr__run_opts *o = g->o;
+    g->in = fopen(o->input, "rb");
+    if (!g->in)
+        return tsr_error_set(TSR_ERR_IO, "%s: cannot open the input: %s", o->input,
+                             strerror(errno));
+    /* Count the requests (non-blank lines) for progress. */
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while ((n = getline(&buf, &cap, g->in)) >= 0) {
+        ssize_t k = 0;
+        while (k < n && (buf[k] == ' ' || buf[k] == '\t' || buf[k] == '\r' || buf[k] == '\n'))
+            k++;
+        if (k < n) g->m.lines++;
+    }
+    free(buf);
+    if (ferror(g->in) || fseek(g->in, 0, SEEK_SET) != 0)
+        return tsr_error_set(TSR_ERR_IO, "%s: read error", o->input);
+
+    if (o->errors) {
+        snprintf(g->err_path, sizeof g->err_path, "%s", o->errors);
+    } else {
+        size_t l = strlen(o->output);
+        int stem = l > 6 && !strcmp(o->output + l - 6, ".jsonl") ? (int)(l - 6) : (int)l;
+        snprintf(g->err_path, sizeof g->err_path, "%.*s.errors.jsonl", stem, o->output);
+    }
+    TSR_TRY(tsr_batch_resume_scan(o->output, &g->resume));
+    if (g->resume.n_ignored > 0)
+        TSR_LOG_WARN("%s: %" PRId64 " complete lines are not batch records (left in place)",
+                     o->output, g->resume.n_ignored);
+    TSR_TRY(tsr_batch_rebuild_errors(o->output, g->err_path));
+    TSR_TRY(tsr_batch_writer_open(&g->out, o->output));
+    TSR_TRY(tsr_batch_writer_open(&g->err, g->err_path));
+    TSR_TRY(tsr_strset_create(&g->seen));
+
+    TSR_TRY(tsr_model_load(o->model, &g->model));
+    const tsr_model_config *c = &g->model->cfg;
+    char tok_path[4096];
+    if (o->tokenizer)
+        snprintf(tok_path, sizeof tok_path, "%s", o->tokenizer);
+    else
+        TSR_TRY(tsr_tokenizer_find(o->model, c->vocab_size, tok_path, sizeof tok_path));
+    TSR_TRY(tsr_tokenizer_load(tok_path, &g->tok));
+    if (g->tok->vocab_size > c->vocab_size)
+        return tsr_error_set(TSR_ERR_INVALID,
+                             "%s: tokenizer has %d tokens but the model's vocabulary is %d",
+                             tok_path, g->tok->vocab_size, c->vocab_size);
+    TSR_TRY(tsr_chat_template_detect(o->model, &g->chat));
+    tsr__basename(o->model, g->model_name, sizeof g->model_name);
+
+    g->ctx = o->max_context > 0 && o->max_context < c->max_seq_len ? o->max_context
+                                                                   : c->max_seq_len;
+    TSR_TRY(tsr_backend_create(o->backend, o->threads, &g->be));
+    TSR_TRY(tsr_kv_dense_create(c->n_layers, c->n_kv_heads, c->head_dim, g->ctx,
+                                o->max_batch_seqs, &g->kv));
+    TSR_TRY(tsr_forward_create(g->model, g->be, o->max_batch_tokens, &g->fwd));
+    tsr_sched_config sc = {.max_seqs = o->max_batch_seqs, .max_tokens = o->max_batch_tokens,
+                           .max_context = g->ctx, .vocab_size = c->vocab_size};
+    if (g->tok->eos_id >= 0) sc.eos_ids[sc.n_eos++] = g->tok->eos_id;
+    for (int i = 0; i < g->tok->n_eos_ids && i < 8; i++) {
+        bool dup = false;
+        for (int j = 0; j < sc.n_eos; j++) dup |= sc.eos_ids[j] == g->tok->eos_ids[i];
+        if (!dup && sc.n_eos < 9) sc.eos_ids[sc.n_eos++] = g->tok->eos_ids[i];
+    }
+    TSR_TRY(tsr_sched_create(&sc, g->kv, tsr_sched_exec_forward, g->fwd, &g->sched));
+    /* Running plus waiting requests never exceed 2 * max_batch_seqs (lazy feeding). */
+    g->n_reqs = 2 * o->max_batch_seqs + 1;
+    g->reqs = tsr_calloc((size_t)g->n_reqs, sizeof *g->reqs);
+    if (!g->reqs) return TSR_ERR_NOMEM;
+    if (o->verbose)
+        TSR_LOG_INFO("model %s: dim %d, %d layers, vocab %d, context %d; backend %s, %d "
+                     "threads; chat template: %s; output has %" PRId64 " records",
+                     o->model, c->dim, c->n_layers, c->vocab_size, g->ctx, g->be->ops->name,
+                     g->be->threads,
+                     g->chat.kind == TSR_CHAT_NONE ? "none"
+                     : g->chat.kind == TSR_CHAT_LLAMA3 ? "llama3" : "llama3.1",
+                     g->resume.n_records);
+    return TSR_OK;
+}
+
+/* Encodes and submits one parsed request, or writes its error record. */
+static tsr_status tsr__submit(tsr__run *g, tsr_batch_request *r) {
+    char *rendered = NULL;
+    const char *text = r->prompt;
+    size_t text_len = text ? strlen(text) : 0;
+    bool bos = !g->o->no_bos && g->tok->bos_id >= 0;
+    if (r->kind == TSR_BATCH_CHAT) {
+        if (g->chat.kind == TSR_CHAT_NONE)
+            return tsr__put_error(g, r->custom_id, r->line, TSR_BATCH_E_TEMPLATE,
+                                  "model has no chat template (use /v1/completions)");
+        TSR_TRY(tsr_chat_render(&g->chat, r->messages, r->n_messages, &rendered, &text_len));
+        text = rendered;
+        bos = false; /* the template starts with bos_token */
+    }
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    tsr_status st = tsr_tokenizer_encode(g->tok, text, text_len, bos, false, &ids, &n_ids);
+    tsr_free(rendered);
+    if (st == TSR_ERR_NOMEM) return st;
+    if (st != TSR_OK) {
+        tsr_free(ids);
+        return tsr__put_error(g, r->custom_id, r->line, TSR_BATCH_E_PROMPT, tsr_last_error());
+    }
+    if (n_ids == 0) {
+        tsr_free(ids);
+        return tsr__put_error(g, r->custom_id, r->line, TSR_BATCH_E_PROMPT,
+                              "prompt encodes to no tokens");
+    }
+    if ((int64_t)n_ids >= g->ctx) {
+        char msg[256];
+        snprintf(msg, sizeof msg,
+                 "prompt of %zu tokens does not fit the context of %d tokens (leaves no room "
+                 "to generate)",
+                 n_ids, g->ctx);
+        tsr_free(ids);
+        return tsr__put_error(g, r->custom_id, r->line, TSR_BATCH_E_TOO_LONG, msg);
+    }
+    int slot = 0;
+    while (slot < g->n_reqs && g->reqs[slot].used) slot++;
+    TSR_ASSERT(slot < g->n_reqs);
+    tsr_sched_request sr = {.tag = (uint64_t)slot, .prompt = ids, .n_prompt = (int32_t)n_ids,
+                            .max_new_tokens = r->max_tokens,
+                            .sampling = {.temperature = r->temperature, .top_p = r->top_p,
+                                         .top_k = 0,
+                                         .seed = r->has_seed ? r->seed : g->o->seed}};
+    int32_t last = ids[n_ids - 1];
+    st = tsr_sched_submit(g->sched, &sr);
+    tsr_free(ids);
+    if (st == TSR_ERR_NOMEM) return st;
+    if (st != TSR_OK)
+        return tsr__put_error(g, r->custom_id, r->line, TSR_BATCH_E_PARAM, tsr_last_error());
+    tsr__job_req *q = &g->reqs[slot];
+    q->used = true;
+    q->custom_id = r->custom_id; /* ownership moves */
+    r->custom_id = NULL;
+    q->line = r->line;
+    q->kind = r->kind;
+    for (int i = 0; i < r->n_stops; i++) q->stops[i] = r->stops[i];
+    q->n_stops = r->n_stops;
+    r->n_stops = 0;
+    q->prev = last; /* SentencePiece's leading-space rule looks at it, as in generate */
+    q->n_prompt = (int)n_ids;
+    q->t_submit = tsr__now();
+    g->m.prompt_tokens += (int64_t)n_ids;
+    return TSR_OK;
+}
+
+/* Reads and handles input lines until the waiting queue holds max_batch_seqs requests or
+ * the input ends. */
+static tsr_status tsr__feed(tsr__run *g, int64_t *line_no, bool *eof) {
+    char *buf = NULL;
+    size_t cap = 0;
+    tsr_status st = TSR_OK;
+    while (!*eof && tsr_sched_n_waiting(g->sched) < g->o->max_batch_seqs) {
+        errno = 0;
+        ssize_t n = getline(&buf, &cap, g->in);
+        if (n < 0) {
+            if (ferror(g->in))
+                st = tsr_error_set(TSR_ERR_IO, "%s: read error: %s", g->o->input,
+                                   strerror(errno));
+            *eof = true;
+            break;
+        }
+        (*line_no)++;
+        while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) n--;
+        ssize_t k = 0;
+        while (k < n && (buf[k] == ' ' || buf[k] == '\t')) k++;
+        if (k == n) continue; /* blank lines are not requests */
+        tsr_batch_request r;
+        tsr_batch_error e;
+        tsr_status pst = tsr_batch_parse_line(buf, (size_t)n, *line_no, &r, &e);
+        if (pst != TSR_OK && pst != TSR_ERR_INVALID) {
+            tsr_batch_request_free(&r);
+            st = pst;
+            break;
+        }
+        if (r.custom_id) {
+            bool added = false;
+            st = tsr_strset_add(g->seen, r.custom_id, &added);
+            if (st != TSR_OK) {
+                tsr_batch_request_free(&r);
+                break;
+            }
+            if (!added) { /* keyed by line from here on */
+                snprintf(e.code, sizeof e.code, "%s", TSR_BATCH_E_DUPLICATE);
+                snprintf(e.message, sizeof e.message,
+                         "line %" PRId64 ": custom_id \"%.200s\" is used by an earlier line",
+                         *line_no, r.custom_id);
+                pst = TSR_ERR_INVALID;
+                tsr_free(r.custom_id);
+                r.custom_id = NULL;
+            }
+        }
+        if (tsr_batch_resume_has(&g->resume, r.custom_id, *line_no)) {
+            g->m.skipped++;
+        } else if (pst != TSR_OK) {
+            st = tsr__put_error(g, r.custom_id, *line_no, e.code, e.message);
+        } else {
+            st = tsr__submit(g, &r);
+        }
+        tsr_batch_request_free(&r);
+        if (st != TSR_OK) break;
+    }
+    free(buf);
+    return st;
+}
+
+/* Appends `piece` and reports whether a stop string now occurs (text trimmed there). */
+static tsr_status tsr__append(tsr__job_req *q, const char *piece, size_t n, bool *stopped) {
+    *stopped = false;
+    if (q->len + n + 1 > q->cap) {
+        size_t cap = q->cap ? q->cap : 256;
+        while (cap < q->len + n + 1) cap *= 2;
+        char *t = tsr_realloc(q->text, cap);
+        if (!t) return TSR_ERR_NOMEM;
+        q->text = t;
+        q->cap = cap;
+    }
+    size_t old = q->len;
+    memcpy(q->text + q->len, piece, n);
+    q->len += n;
+    q->text[q->len] = '\0';
+    size_t best = SIZE_MAX;
+    for (int i = 0; i < q->n_stops; i++) {
+        size_t L = strlen(q->stops[i]);
+        if (L > q->len) continue;
+        /* A new match must end inside the new piece. */
+        size_t from = old + 1 > L ? old + 1 - L : 0;
+        for (size_t at = from; at + L <= q->len && at < best; at++)
+            if (!memcmp(q->text + at, q->stops[i], L)) {
+                best = at;
+                break;
+            }
+    }
+    if (best != SIZE_MAX) {
+        q->len = best;
+        q->text[best] = '\0';
+        *stopped = true;
+    }
+    return TSR_OK;
+}
+
+static tsr_status tsr__finish(tsr__run *g, int tag, const char *reason, double now) {
+    tsr__job_req *q = &g->reqs[tag];
+    tsr_batch_result res = {.custom_id = q->custom_id, .kind = q->kind,
+                            .model = g->model_name, .text = q->text, .text_len = q->len,
+                            .finish_reason = reason, .prompt_tokens = q->n_prompt,
+                            .completion_tokens = q->n_gen};
+    g->m.ok++;
+    if (!strcmp(reason, "stop"))
+        g->m.finish_stop++;
+    else
+        g->m.finish_length++;
+    g->m.completion_tokens += q->n_gen;
+    if (q->t_first > 0) TSR_TRY(tsr_samples_add(&g->m.ttft, q->t_first - q->t_submit));
+    if (q->n_gen > 1)
+        TSR_TRY(tsr_samples_add(&g->m.tpot, (now - q->t_first) / (double)(q->n_gen - 1)));
+    TSR_TRY(tsr_samples_add(&g->m.e2e, now - q->t_submit));
+    tsr_status st = tsr__put(g, tsr_batch_format_result(&res), false);
+    tsr__job_req_clear(q);
+    return st;
+}
+
+static tsr_status tsr__events(tsr__run *g, const tsr_sched_event *ev, int n_ev) {
+    double now = tsr__now();
+    char piece[512];
+    for (int i = 0; i < n_ev; i++) {
+        int tag = (int)ev[i].tag;
+        tsr__job_req *q = &g->reqs[tag];
+        TSR_ASSERT(tag < g->n_reqs && q->used);
+        if (q->t_first == 0) q->t_first = now;
+        bool stopped = false;
+        if (ev[i].token >= 0) {
+            int nb = tsr_tokenizer_decode(g->tok, q->prev, ev[i].token, piece,
+                                          sizeof piece);
+            q->prev = ev[i].token;
+            q->n_gen++;
+            if (nb > 0) TSR_TRY(tsr__append(q, piece, (size_t)nb, &stopped));
+        }
+        if (stopped) {
+            if (ev[i].finish == TSR_FINISH_NONE) tsr_sched_finish(g->sched, ev[i].tag);
+            TSR_TRY(tsr__finish(g, tag, "stop", now));
+            continue;
+        }
+        switch (ev[i].finish) {
+        case TSR_FINISH_NONE: break;
+        case TSR_FINISH_EOS: TSR_TRY(tsr__finish(g, tag, "stop", now)); break;
+        case TSR_FINISH_LENGTH:
+        case TSR_FINISH_CONTEXT: TSR_TRY(tsr__finish(g, tag, "length", now)); break;
+        case TSR_FINISH_ERROR: {
+            tsr_status st = tsr__put_error(g, q->custom_id, q->line, TSR_BATCH_E_TOO_LONG,
+                                           "request does not fit the KV cache");
+            tsr__job_req_clear(q);
+            TSR_TRY(st);
+            break;
+        }
+        }
+    }
+    return TSR_OK;
+}
+
+static tsr_status tsr__job(tsr__run *g) {
+    const tsr__run_opts *o = g->o;
+    double t_setup = tsr__now();
+    const char *kill = getenv("TSR_TEST_KILL_AFTER");
+    g->kill_after = kill ? strtoll(kill, NULL, 10) : 0;
+    TSR_TRY(tsr__setup(g));
+    int64_t todo = g->m.lines - g->resume.n_records;
+    if (todo < 0) todo = 0;
+    g->t_start = tsr__now();
+    g->m.setup_s = g->t_start - t_setup;
+    tsr_progress_init(&g->prog, stderr, "tessera run", todo, o->progress_interval, o->quiet,
+                      g->t_start);
+    if (!o->quiet && g->resume.n_records > 0)
+        fprintf(stderr,
+                "tessera run: resuming: %s holds %" PRId64 " records%s; %" PRId64
+                " requests left\n",
+                o->output, g->resume.n_records,
+                g->resume.truncated_bytes ? " (a partial last record was removed)" : "", todo);
+
+    int64_t line_no = 0;
+    bool eof = false;
+    for (;;) {
+        TSR_TRY(tsr__feed(g, &line_no, &eof));
+        if (!tsr_sched_has_work(g->sched)) {
+            if (eof) break;
+            continue;
+        }
+        const tsr_sched_event *ev;
+        int n_ev;
+        TSR_TRY(tsr_sched_step(g->sched, &ev, &n_ev, NULL));
+        TSR_TRY(tsr__events(g, ev, n_ev));
+        int64_t toks = g->m.completion_tokens;
+        for (int i = 0; i < g->n_reqs; i++) toks += g->reqs[i].n_gen;
+        tsr_progress_update(&g->prog, tsr__now(), g->processed, toks);
+    }
+    double t_end = tsr__now();
+    tsr_progress_finish(&g->prog, t_end, g->processed, g->m.completion_tokens);
+
+    tsr_metrics *m = &g->m;
+    m->wall_s = t_end - g->t_start;
+    m->model = o->model;
+    m->input = o->input;
+    m->output = o->output;
+    m->backend = g->be->ops->name;
+    m->kv_policy = g->kv->ops->name;
+    m->threads = g->be->threads;
+    m->max_batch_seqs = o->max_batch_seqs;
+    m->max_batch_tokens = o->max_batch_tokens;
+    m->max_context = g->ctx;
+    tsr_sched_totals t;
+    tsr_sched_get_totals(g->sched, &t);
+    m->steps = t.steps;
+    m->batch_tokens = t.batch_tokens;
+    m->prefill_tokens = t.prefill_tokens;
+    m->decode_tokens = t.decode_tokens;
+    m->preemptions = t.preemptions;
+    m->max_running = t.max_running;
+    m->peak_host_rss_bytes = tsr_peak_rss_bytes();
+    m->peak_device_bytes = 0; /* host backends; device backends expose no counter yet */
+    if (g->kv->ops->stats) g->kv->ops->stats(g->kv, &m->kv);
+    if (o->metrics) TSR_TRY(tsr_metrics_write(m, o->metrics));
+    if (!o->quiet)
+        fprintf(stderr,
+                "tessera run: %" PRId64 " requests: %" PRId64 " ok, %" PRId64 " failed, %" PRId64
+                " skipped (already in the output) in %.2f s; %" PRId64 " prompt + %" PRId64
+                " completion tokens (%.0f tok/s out); records in %s, errors also in %s\n",
+                m->lines, m->ok, m->failed, m->skipped, m->wall_s, m->prompt_tokens,
+                m->completion_tokens,
+                m->wall_s > 0 ? (double)m->completion_tokens / m->wall_s : 0.0, o->output,
+                g->err_path);
+    return TSR_OK;
+}
 
 int tsr_cmd_run(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "tessera run: not implemented yet\n");
-    return 2;
+    tsr__run_opts o = {.max_batch_seqs = 16, .max_batch_tokens = 512, .max_context = 0,
+                       .threads = tsr__default_threads(), .progress_interval = 10.0f,
+                       .seed = 42, .backend = "auto"};
+    tsr_cli_opt opts[] = {
+        {"model", TSR_OPT_STRING, &o.model, "PATH",
+         "model: llama2.c .bin, Hugging Face directory, or synthetic:NAME (required)", false},
+        {"tokenizer", TSR_OPT_STRING, &o.tokenizer, "PATH",
+         "tokenizer.bin or tokenizer.json (default: found next to the model)", false},
+        {"input", TSR_OPT_STRING, &o.input, "IN.jsonl",
+         "OpenAI batch requests, one JSON object a line (required)", false},
+        {"output", TSR_OPT_STRING, &o.output, "OUT.jsonl",
+         "records are appended here; a rerun skips requests already in it (required)", false},
+        {"errors", TSR_OPT_STRING, &o.errors, "ERR.jsonl",
+         "copy of the error records (default: OUT with .jsonl -> .errors.jsonl)", false},
+        {"max-batch-seqs", TSR_OPT_INT, &o.max_batch_seqs, "N",
+         "sequences decoded together at most", false},
+        {"max-batch-tokens", TSR_OPT_INT, &o.max_batch_tokens, "N",
+         "tokens per forward step at most (prefill chunks + decodes); >= max-batch-seqs",
+         false},
+        {"max-context", TSR_OPT_INT, &o.max_context, "N",
+         "context length in tokens, prompt included (0 = the model's maximum)", false},
+        {"threads", TSR_OPT_INT, &o.threads, "N", "CPU threads (default: CPUs given to the job)",
+         false},
+        {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu or cuda", false},
+        {"seed", TSR_OPT_U64, &o.seed, "S", "seed of requests whose body has no \"seed\"",
+         false},
+        {"metrics", TSR_OPT_STRING, &o.metrics, "FILE.json",
+         "write totals, latency percentiles, throughput, memory and KV stats here", false},
+        {"progress-interval", TSR_OPT_FLOAT, &o.progress_interval, "S",
+         "seconds between progress lines when stderr is not a terminal (0 = final only)",
+         false},
+        {"no-bos", TSR_OPT_FLAG, &o.no_bos, NULL, "do not prepend BOS to completion prompts",
+         false},
+        {"quiet", TSR_OPT_FLAG, &o.quiet, NULL, "no progress or summary on stderr", false},
+        {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
+    };
+    tsr_cli cli = {.cmd = "run",
+                   .synopsis = "--model PATH --input IN.jsonl --output OUT.jsonl [options]",
+                   .about = "Bulk generation: OpenAI batch lines (/v1/completions, "
+                            "/v1/chat/completions) in, one record per line out,\n"
+                            "in completion order. Bad lines become error records and the job "
+                            "goes on; exit status 0\nwhen the job ran, 1 on fatal errors "
+                            "(input, model, output), 2 on usage errors.",
+                   .opts = opts,
+                   .n_opts = (int)(sizeof opts / sizeof opts[0])};
+    tsr_cli_result r = tsr_cli_parse(&cli, argc, argv);
+    if (r == TSR_CLI_HELP) return 0;
+    if (r != TSR_CLI_OK) return 2;
+    if (!o.model) return tsr_cli_usage_error(&cli, "--model is required");
+    if (!o.input) return tsr_cli_usage_error(&cli, "--input is required");
+    if (!o.output) return tsr_cli_usage_error(&cli, "--output is required");
+    if (o.max_batch_seqs < 1) return tsr_cli_usage_error(&cli, "--max-batch-seqs must be >= 1");
+    if (o.max_batch_tokens < o.max_batch_seqs)
+        return tsr_cli_usage_error(&cli, "--max-batch-tokens must be >= --max-batch-seqs");
+    if (o.max_context < 0) return tsr_cli_usage_error(&cli, "--max-context must be >= 0");
+    if (o.threads < 1) return tsr_cli_usage_error(&cli, "--threads must be >= 1");
+    if (o.progress_interval < 0)
+        return tsr_cli_usage_error(&cli, "--progress-interval must be >= 0");
+    if (!strcmp(o.input, o.output))
+        return tsr_cli_usage_error(&cli, "--input and --output must differ");
+    if (o.verbose) tsr_log_set_level(TSR_LOG_INFO);
+
+    tsr__run g = {.o = &o};
+    tsr_status st = tsr__job(&g);
+    tsr__run_free(&g);
+    return st == TSR_OK ? 0 : tsr_cmd_fail("run");
 }

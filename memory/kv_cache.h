@@ -52,6 +52,12 @@ typedef struct tsr_kv_cache_ops {
      * the last prompt token still produces logits); the caller then feeds only the rest. */
     int32_t (*prefix_attach)(tsr_kv_cache *kv, int seq, const int32_t *tokens, int32_t n);
     void (*stats)(const tsr_kv_cache *kv, tsr_kv_stats *out);
+    /* Optional (may be NULL): this call's rotated queries of `layer` ([n_q][n_heads *
+     * head_dim], positions q_pos), given before spans() so that a cache can choose what to
+     * make resident (offload's speculative selection) or rebuild scores (h2o's
+     * materialize baseline). */
+    tsr_status (*queries)(tsr_kv_cache *kv, int layer, int seq, const float *q,
+                          const int32_t *q_pos, int n_q, int n_heads);
 } tsr_kv_cache_ops;
 
 struct tsr_kv_cache {

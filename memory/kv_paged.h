@@ -92,7 +92,7 @@ tsr_status tsr_kv_paged_swap_out(tsr_kv_cache *kv, int seq);
 tsr_status tsr_kv_paged_swap_in(tsr_kv_cache *kv, int seq);
 int tsr_kv_paged_is_swapped(const tsr_kv_cache *kv, int seq);
 /* Preemption by recompute: frees seq's blocks (full ones stay prefix-cache hits) and empties
- * it; *tokens/*n get its token history, to be fed again (prefix_attach first). The pointer
+ * it; *tokens and *n get its token history, to be fed again (prefix_attach first). The pointer
  * stays valid until the sequence grows past that length or is freed. */
 tsr_status tsr_kv_paged_drop(tsr_kv_cache *kv, int seq, const int32_t **tokens, int32_t *n);
 

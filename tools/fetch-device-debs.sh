@@ -20,4 +20,5 @@ if [ "$(id -u)" = 0 ] && [ -z "${NO_APT_UPDATE:-}" ]; then apt-get update -qq; f
 cd .debs
 rm -f ./*.deb
 apt-get download -q "${PKGS[@]}"
-ls -l ./*.deb | awk '{s += $5} END {printf "fetch-device-debs: %d packages, %.1f MiB in .debs/\n", NR, s / 1048576}'
+ls -l ./*.deb |
+    awk '{s += $5} END {printf "fetch-device-debs: %d packages, %.1f MiB in .debs/\n", NR, s / 1048576}'

@@ -26,7 +26,6 @@ versions may change the last digits of the logits (far below the test tolerances
 
 import argparse
 import json
-import math
 import os
 import shutil
 import struct

@@ -96,7 +96,8 @@ say "configure ($B, sm_$ARCH)"
 rm -rf "$B"
 cmake -S . -B "$B" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DTESSERA_WERROR=OFF \
     -DTESSERA_CUDA=ON -DTESSERA_MPI=OFF -DTESSERA_HDF5=OFF -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
-    "${CMAKE_DEPS[@]}" 2>&1 | tee "$OUT/configure.log" | grep -E "tessera|NCCL|CUDA|Warn|Error" || true
+    "${CMAKE_DEPS[@]}" 2>&1 | tee "$OUT/configure.log" |
+    grep -E "tessera|NCCL|CUDA|Warn|Error" || true
 [ -f "$B/CMakeCache.txt" ] && grep -q "^TESSERA_CUDA:BOOL=ON" "$B/CMakeCache.txt"
 if [ -n "${CONFIGURE_ONLY:-}" ]; then
     say "configured (CONFIGURE_ONLY)"

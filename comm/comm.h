@@ -1,0 +1,166 @@
+/* Communication between ranks: bootstrap (MPI or a single process), the tensor- and
+ * pipeline-parallel groups of a tp x pp layout, collectives and stage-to-stage messages.
+ *
+ * Rank layout (Megatron order): world rank = pp_rank * tp + tp_rank, so the ranks of one
+ * tensor-parallel group are consecutive (the same node, the fastest links) and a pipeline
+ * group strides by tp. runtime/parallel.h uses the same mapping.
+ *
+ * Backends. A job launched by mpirun/srun (detected from the launcher's environment) runs
+ * over MPI; anything else is a single process that needs no MPI at all (world size 1, no
+ * MPI_Init). With the CUDA backend and NCCL built, tsr_comm_options.nccl puts the data
+ * plane of each group on NCCL.
+ *
+ * Two families of operations:
+ *  - data plane (allreduce_sum_f32*, allgather, send/recv/isend/irecv): buffers live in the
+ *    backend's memory, host memory on CPU, device memory when the comm uses NCCL;
+ *  - control plane (bcast, allreduce_i64, barrier, agree, abort): host memory, always MPI.
+ *
+ * Determinism: on the MPI/CPU path allreduce_sum_f32 gathers every rank's vector and sums
+ * them in group-rank order, ((p0 + p1) + p2) + ..., so the result does not depend on the
+ * MPI library's reduction tree. allreduce_sum_f32_parts extends this to a canonical list
+ * of partial sums that does not depend on tp at all (see its comment). NCCL sums in its own
+ * order (see docs/scaling.md for the GPU tolerance).
+ *
+ * Every MPI communicator uses MPI_ERRORS_RETURN; MPI failures come back as TSR_ERR_MPI with
+ * MPI_Error_string's text. Calls on a group are collective over that group unless said
+ * otherwise. One control thread per rank (MPI_THREAD_FUNNELED). */
+#ifndef TSR_COMM_COMM_H
+#define TSR_COMM_COMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/base/status.h"
+
+typedef struct tsr_comm tsr_comm;
+
+typedef enum tsr_comm_group {
+    TSR_COMM_WORLD = 0,
+    TSR_COMM_TP = 1, /* the ranks sharing my pipeline stage: same pp_rank */
+    TSR_COMM_PP = 2, /* the stages of my tensor slice: same tp_rank */
+    TSR_COMM_GROUP_COUNT
+} tsr_comm_group;
+
+typedef enum tsr_comm_backend {
+    TSR_COMM_AUTO = 0, /* MPI when launched by mpirun/srun (and built with MPI), else self */
+    TSR_COMM_SELF = 1, /* one process, no MPI */
+    TSR_COMM_MPI = 2,  /* MPI even without a launcher (a singleton MPI job) */
+} tsr_comm_backend;
+
+typedef struct tsr_comm_options {
+    tsr_comm_backend backend;
+    /* NCCL for the data plane (needs a build with TSR_HAVE_NCCL; an error otherwise). */
+    bool nccl;
+    int device;        /* CUDA device for NCCL; < 0: the local rank */
+    void *cuda_stream; /* cudaStream_t the NCCL ops are ordered on; NULL: the default stream */
+    int *argc;         /* passed to MPI_Init_thread; may be NULL */
+    char ***argv;
+} tsr_comm_options;
+
+/* Bootstraps the job: MPI_Init_thread when the backend is MPI (unless MPI was already
+ * initialized by the caller), world and node-local ranks (MPI_Comm_split_type SHARED).
+ * The TP and PP groups exist only after tsr_comm_set_layout. opt may be NULL (AUTO).
+ * The environment variable TSR_COMM=self|mpi overrides AUTO. */
+tsr_status tsr_comm_init(const tsr_comm_options *opt, tsr_comm **out);
+
+/* Builds the TP and PP groups of a tp x pp layout (collective over the world). Checks
+ * tp >= 1, pp >= 1 and tp * pp == world size, with an error line naming the numbers. On
+ * failure the comm stays usable for world operations (agree, abort) and destroy. May be
+ * called again to replace the layout. With NCCL on, creates one NCCL communicator per
+ * group (ncclGetUniqueId on group rank 0, MPI_Bcast, ncclCommInitRank). */
+tsr_status tsr_comm_set_layout(tsr_comm *c, int tp, int pp);
+
+/* Tears down NCCL (synchronize, finalize, destroy), then the MPI communicators, then
+ * MPI_Finalize when tsr_comm_init called MPI_Init. NULL is accepted. */
+void tsr_comm_destroy(tsr_comm *c);
+
+/* "self" or "mpi", and whether the data plane is on NCCL. */
+const char *tsr_comm_backend_name(const tsr_comm *c);
+bool tsr_comm_uses_nccl(const tsr_comm *c);
+
+int tsr_comm_world_rank(const tsr_comm *c);
+int tsr_comm_world_size(const tsr_comm *c);
+/* Rank among the ranks of this node, and their number (rank -> GPU mapping, pinning). */
+int tsr_comm_local_rank(const tsr_comm *c);
+int tsr_comm_local_size(const tsr_comm *c);
+/* Layout: 0 before tsr_comm_set_layout. */
+int tsr_comm_tp(const tsr_comm *c);
+int tsr_comm_pp(const tsr_comm *c);
+int tsr_comm_tp_rank(const tsr_comm *c);
+int tsr_comm_pp_rank(const tsr_comm *c);
+/* My rank in / the size of a group; -1 / 0 when the group does not exist yet. */
+int tsr_comm_rank(const tsr_comm *c, tsr_comm_group g);
+int tsr_comm_size(const tsr_comm *c, tsr_comm_group g);
+
+/* ---- data plane ---------------------------------------------------------------------- */
+
+/* In place: buf[i] = sum over group ranks r, in rank order, of rank r's buf[i]. */
+tsr_status tsr_comm_allreduce_sum_f32(tsr_comm *c, tsr_comm_group g, float *buf, size_t n);
+
+/* Sums a canonical list of partial vectors. Each rank contributes n_local parts of n floats
+ * (parts[p * n + i]); all ranks give the same n_local. The global list is rank 0's parts,
+ * then rank 1's, ...; out[i] = ((P0[i] + P1[i]) + P2[i]) + ... over that list. When the
+ * parts are per-shard partial products with a fixed shard count S, tp = 1 (n_local = S),
+ * tp = 2 (S/2) and tp = 4 (S/4) give bit-identical results. out may not alias parts.
+ * On a group of size 1 this is the local sum, so single-process code calls it too. */
+tsr_status tsr_comm_allreduce_sum_f32_parts(tsr_comm *c, tsr_comm_group g, const float *parts,
+                                            int n_local, size_t n, float *out);
+
+/* recv[r * bytes .. (r+1) * bytes) = rank r's send (bytes each). */
+tsr_status tsr_comm_allgather(tsr_comm *c, tsr_comm_group g, const void *send, size_t bytes,
+                              void *recv);
+
+/* Blocking point-to-point within a group (peer = group rank). Tags are >= 0. */
+tsr_status tsr_comm_send(tsr_comm *c, tsr_comm_group g, const void *buf, size_t bytes,
+                         int peer, int tag);
+tsr_status tsr_comm_recv(tsr_comm *c, tsr_comm_group g, void *buf, size_t bytes, int peer,
+                         int tag);
+
+/* A pending non-blocking operation, embedded by the caller (no allocation per message). */
+typedef struct tsr_comm_request {
+    int kind; /* 0: none/complete; internal otherwise */
+    union {
+        void *p;
+        int64_t i;
+        unsigned char bytes[32];
+    } impl;
+} tsr_comm_request;
+
+/* Non-blocking send/recv: the buffer must stay untouched until tsr_comm_wait. With NCCL
+ * they are enqueued on the stream (wait then synchronizes it). */
+tsr_status tsr_comm_isend(tsr_comm *c, tsr_comm_group g, const void *buf, size_t bytes,
+                          int peer, int tag, tsr_comm_request *req);
+tsr_status tsr_comm_irecv(tsr_comm *c, tsr_comm_group g, void *buf, size_t bytes, int peer,
+                          int tag, tsr_comm_request *req);
+/* Completes a request (a completed or zeroed one returns at once). */
+tsr_status tsr_comm_wait(tsr_comm *c, tsr_comm_request *req);
+
+/* ---- control plane (host memory, MPI) ------------------------------------------------ */
+
+tsr_status tsr_comm_bcast(tsr_comm *c, tsr_comm_group g, void *buf, size_t bytes, int root);
+
+typedef enum tsr_comm_op { TSR_COMM_SUM = 0, TSR_COMM_MIN = 1, TSR_COMM_MAX = 2 } tsr_comm_op;
+/* In place over n int64 values (admission headroom MIN, counters SUM, digests MAX). */
+tsr_status tsr_comm_allreduce_i64(tsr_comm *c, tsr_comm_group g, int64_t *buf, size_t n,
+                                  tsr_comm_op op);
+
+tsr_status tsr_comm_barrier(tsr_comm *c, tsr_comm_group g);
+
+/* Collective over the world: every rank passes its own status and gets the same answer.
+ * TSR_OK when all ranks passed TSR_OK; else the status of the lowest failing rank, and on
+ * every rank the error line becomes that rank's line prefixed "rank R: ", so rank 0 can
+ * print the reason and all ranks take the same exit. If the agreement itself fails,
+ * returns TSR_ERR_MPI. */
+tsr_status tsr_comm_agree(tsr_comm *c, tsr_status st);
+
+/* Ends the whole job now: prints "tessera: rank R: msg" to stderr and calls MPI_Abort
+ * (exit(code) in a single process). For failures that cannot be agreed on. c may be NULL. */
+_Noreturn void tsr_comm_abort(tsr_comm *c, int code, const char *msg);
+
+/* True when the environment says a launcher started us (OMPI_COMM_WORLD_SIZE, PMI_SIZE,
+ * PMIX_RANK, SLURM_PROCID, ...). Sets *n_ranks to the launcher's world size when known
+ * (else 0). */
+bool tsr_comm_launched_by_mpi(int *n_ranks);
+
+#endif

@@ -1,0 +1,77 @@
+/* Internals shared by comm.c and its backends (comm_self.c, comm_mpi.c, comm_nccl.c).
+ * comm.c dispatches: a group of one rank is handled locally (comm_self.c), a group with an
+ * NCCL communicator runs its data plane there, everything else goes to MPI. */
+#ifndef TSR_COMM_COMM_IMPL_H
+#define TSR_COMM_COMM_IMPL_H
+
+#include "comm/comm.h"
+
+typedef struct tsr__comm_grp {
+    int rank, size; /* size 0: not created */
+    void *mpi;      /* MPI_Comm * (heap), NULL without MPI */
+    void *nccl;     /* ncclComm_t, NULL without NCCL */
+} tsr__comm_grp;
+
+struct tsr_comm {
+    tsr_comm_backend backend; /* resolved: SELF or MPI */
+    int world_rank, world_size;
+    int local_rank, local_size;
+    int tp, pp, tp_rank, pp_rank; /* 0 before set_layout */
+    tsr__comm_grp grp[TSR_COMM_GROUP_COUNT];
+    void *mpi_node; /* MPI_Comm * of the ranks on this node */
+    bool owns_mpi;  /* we called MPI_Init, so we call MPI_Finalize */
+    bool nccl;      /* data plane on NCCL */
+    int device;
+    void *stream;
+    float *scratch; /* gathered parts of the deterministic sum */
+    size_t scratch_cap;
+};
+
+enum { TSR__REQ_NONE = 0, TSR__REQ_MPI = 1, TSR__REQ_NCCL = 2 };
+
+/* comm_self.c: world size 1, no MPI; and the local paths of one-rank groups. */
+void tsr__comm_self_init(tsr_comm *c);
+void tsr__comm_self_sum_parts(const float *parts, int n_parts, size_t n, float *out);
+
+#ifdef TSR_HAVE_MPI
+/* comm_mpi.c */
+tsr_status tsr__comm_mpi_init(tsr_comm *c, const tsr_comm_options *o);
+void tsr__comm_mpi_finalize(tsr_comm *c);
+tsr_status tsr__comm_mpi_split(tsr_comm *c, int color, int key, tsr__comm_grp *out,
+                               const char *what);
+void tsr__comm_mpi_grp_free(tsr__comm_grp *g);
+tsr_status tsr__comm_mpi_allgather(tsr__comm_grp *g, const void *send, size_t bytes,
+                                   void *recv);
+tsr_status tsr__comm_mpi_bcast(tsr__comm_grp *g, void *buf, size_t bytes, int root);
+tsr_status tsr__comm_mpi_allreduce_i64(tsr__comm_grp *g, int64_t *buf, size_t n,
+                                       tsr_comm_op op);
+tsr_status tsr__comm_mpi_barrier(tsr__comm_grp *g);
+tsr_status tsr__comm_mpi_send(tsr__comm_grp *g, const void *buf, size_t bytes, int peer,
+                              int tag);
+tsr_status tsr__comm_mpi_recv(tsr__comm_grp *g, void *buf, size_t bytes, int peer, int tag);
+tsr_status tsr__comm_mpi_isend(tsr__comm_grp *g, const void *buf, size_t bytes, int peer,
+                               int tag, tsr_comm_request *req);
+tsr_status tsr__comm_mpi_irecv(tsr__comm_grp *g, void *buf, size_t bytes, int peer, int tag,
+                               tsr_comm_request *req);
+tsr_status tsr__comm_mpi_wait(tsr_comm_request *req);
+_Noreturn void tsr__comm_mpi_abort(int code);
+#endif
+
+#if defined(TSR_HAVE_NCCL) && defined(TSR_HAVE_MPI)
+#define TSR__COMM_NCCL 1
+/* comm_nccl.c: one NCCL communicator per group, ops ordered on c->stream. */
+tsr_status tsr__comm_nccl_setup(tsr_comm *c);
+tsr_status tsr__comm_nccl_grp_init(tsr_comm *c, tsr__comm_grp *g, const char *what);
+void tsr__comm_nccl_grp_free(tsr_comm *c, tsr__comm_grp *g);
+tsr_status tsr__comm_nccl_allreduce_sum_f32(tsr_comm *c, tsr__comm_grp *g, const float *in,
+                                            float *out, size_t n);
+tsr_status tsr__comm_nccl_allgather(tsr_comm *c, tsr__comm_grp *g, const void *send,
+                                    size_t bytes, void *recv);
+tsr_status tsr__comm_nccl_send(tsr_comm *c, tsr__comm_grp *g, const void *buf, size_t bytes,
+                               int peer, bool wait);
+tsr_status tsr__comm_nccl_recv(tsr_comm *c, tsr__comm_grp *g, void *buf, size_t bytes,
+                               int peer, bool wait);
+tsr_status tsr__comm_nccl_sync(tsr_comm *c);
+#endif
+
+#endif

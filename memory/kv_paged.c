@@ -1,0 +1,786 @@
+/* The paged KV cache over the block pool. Block b of the pool owns slots
+ * [b*bs, (b+1)*bs) of the K, V, position and score stores; a sequence's layer table lists
+ * its blocks, and slot s of the layer lives at table[s / bs], offset s % bs. While a layer
+ * never lost a token ("dense"), slot s holds position s: its full blocks are hashed for
+ * prefix sharing and spans are contiguous (pos0). */
+#include "memory/kv_paged.h"
+
+#include <string.h>
+
+#include "memory/block_pool.h"
+#include "runtime/base/alloc.h"
+
+typedef struct tsr__player {
+    int32_t *blocks;
+    int32_t nb, cap;
+    int32_t slots;  /* rows present */
+    int32_t base;   /* rows before this step's write (set by reserve) */
+    int dense;      /* slot s holds position s */
+} tsr__player;
+
+typedef struct tsr__pseq {
+    int active;
+    int swapped;
+    int in_step;       /* reserve done, commit pending */
+    int32_t len;       /* committed tokens (the next position) */
+    int32_t *tokens;   /* [len] ids (prefix hashing, recompute) */
+    int32_t tok_cap;
+    uint64_t *hashes;  /* chain hash of each full block (layer-free) */
+    int32_t n_hashed, hash_cap;
+    tsr__player *layers;
+    void *swap_buf;
+    size_t swap_bytes;
+} tsr__pseq;
+
+typedef struct tsr__paged {
+    tsr_kv_cache base;
+    tsr_kv_paged_config cfg;
+    int bs;
+    tsr_block_pool *pool;
+    float *k_store, *v_store;
+    int32_t *pos_store;
+    float *score_store;
+    tsr__pseq *seqs;
+    tsr_kv_span *spans;
+    int32_t spans_cap;
+    tsr_kv_paged_stats st;
+} tsr__paged;
+
+static const tsr_kv_cache_ops tsr__paged_ops;
+
+int64_t tsr_kv_paged_block_bytes(const tsr_kv_paged_config *cfg) {
+    int64_t bs = cfg->block_size > 0 ? cfg->block_size : 16;
+    int64_t kvd = (int64_t)cfg->n_kv_heads * cfg->head_dim;
+    return bs * (2 * kvd * 4 + 4 + (cfg->keep_scores ? 4 : 0));
+}
+
+int tsr_kv_is_paged(const tsr_kv_cache *kv) { return kv && kv->ops == &tsr__paged_ops; }
+
+static tsr__paged *tsr__P(const tsr_kv_cache *kv) {
+    TSR_ASSERT(tsr_kv_is_paged(kv));
+    return (tsr__paged *)kv;
+}
+
+static tsr__pseq *tsr__seq(const tsr__paged *p, int seq) {
+    if (seq < 0 || seq >= p->cfg.max_seqs || !p->seqs[seq].active) return NULL;
+    return &p->seqs[seq];
+}
+
+static size_t tsr__kvd(const tsr__paged *p) { return (size_t)p->base.kv_dim; }
+
+/* Slot address: index into the stores. */
+static size_t tsr__slot(const tsr__paged *p, const tsr__player *L, int32_t s) {
+    return (size_t)L->blocks[s / p->bs] * (size_t)p->bs + (size_t)(s % p->bs);
+}
+
+static void tsr__note_peak(tsr__paged *p) {
+    int32_t used = p->pool->n_blocks - p->pool->n_free;
+    if (used > p->st.blocks_peak) p->st.blocks_peak = used;
+}
+
+static tsr_status tsr__grow_i32(int32_t **a, int32_t *cap, int32_t need) {
+    if (need <= *cap) return TSR_OK;
+    int32_t c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    int32_t *n = tsr_realloc(*a, (size_t)c * sizeof *n);
+    if (!n) return TSR_ERR_NOMEM;
+    *a = n;
+    *cap = c;
+    return TSR_OK;
+}
+
+static void tsr__copy_slot(tsr__paged *p, size_t dst, size_t src) {
+    size_t kvd = tsr__kvd(p);
+    memcpy(p->k_store + dst * kvd, p->k_store + src * kvd, kvd * 4);
+    memcpy(p->v_store + dst * kvd, p->v_store + src * kvd, kvd * 4);
+    p->pos_store[dst] = p->pos_store[src];
+    if (p->score_store) p->score_store[dst] = p->score_store[src];
+}
+
+/* Releases every block of a layer, tail first. */
+static void tsr__layer_release(tsr__paged *p, tsr__player *L) {
+    for (int32_t i = L->nb - 1; i >= 0; i--) tsr_block_pool_unref(p->pool, &L->blocks[i], 1);
+    L->nb = 0;
+}
+
+static void tsr__seq_release(tsr__paged *p, tsr__pseq *s) {
+    if (s->layers) {
+        for (int l = p->base.n_layers - 1; l >= 0; l--) {
+            tsr__layer_release(p, &s->layers[l]);
+            tsr_free(s->layers[l].blocks);
+        }
+    }
+    if (s->swap_buf) tsr_host_pool_free(p->cfg.host, s->swap_buf, s->swap_bytes);
+    tsr_free(s->layers);
+    tsr_free(s->tokens);
+    tsr_free(s->hashes);
+    memset(s, 0, sizeof *s);
+}
+
+static void tsr__paged_destroy(tsr_kv_cache *kv) {
+    tsr__paged *p = (tsr__paged *)kv;
+    if (p->seqs)
+        for (int i = 0; i < p->cfg.max_seqs; i++)
+            if (p->seqs[i].active) tsr__seq_release(p, &p->seqs[i]);
+    tsr_free(p->seqs);
+    tsr_free(p->spans);
+    tsr_free(p->k_store);
+    tsr_free(p->v_store);
+    tsr_free(p->pos_store);
+    tsr_free(p->score_store);
+    tsr_block_pool_destroy(p->pool);
+    tsr_free(p);
+}
+
+static tsr_status tsr__paged_seq_add(tsr_kv_cache *kv, int seq) {
+    tsr__paged *p = (tsr__paged *)kv;
+    if (seq < 0 || seq >= p->cfg.max_seqs)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: sequence id %d out of range [0, %d)",
+                             seq, p->cfg.max_seqs);
+    tsr__pseq *s = &p->seqs[seq];
+    if (s->active)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: sequence %d already exists", seq);
+    s->layers = tsr_calloc((size_t)kv->n_layers, sizeof *s->layers);
+    if (!s->layers) return TSR_ERR_NOMEM;
+    for (int l = 0; l < kv->n_layers; l++) s->layers[l].dense = 1;
+    s->active = 1;
+    return TSR_OK;
+}
+
+static void tsr__paged_seq_free(tsr_kv_cache *kv, int seq) {
+    tsr__paged *p = (tsr__paged *)kv;
+    tsr__pseq *s = tsr__seq(p, seq);
+    if (s) tsr__seq_release(p, s);
+}
+
+static int32_t tsr__paged_seq_len(const tsr_kv_cache *kv, int seq) {
+    const tsr__pseq *s = tsr__seq((const tsr__paged *)kv, seq);
+    return s ? s->len : 0;
+}
+
+static int32_t tsr__ceil_div(int64_t a, int32_t b) { return (int32_t)((a + b - 1) / b); }
+
+/* Blocks layer L must gain to hold `rows` more slots, and whether its partial last block is
+ * shared (then written rows need a private copy first). */
+static int32_t tsr__layer_need(const tsr__paged *p, const tsr__player *L, int32_t rows,
+                               int *cow) {
+    int32_t want = tsr__ceil_div((int64_t)L->slots + rows, p->bs);
+    *cow = rows > 0 && L->slots % p->bs != 0 && L->nb > 0 &&
+           L->slots / p->bs == L->nb - 1 && p->pool->blocks[L->blocks[L->nb - 1]].ref_cnt > 1;
+    return (want > L->nb ? want - L->nb : 0) + *cow;
+}
+
+/* Makes the partial last block of L private (copy-on-write). A free block must exist. */
+static void tsr__layer_cow(tsr__paged *p, tsr__player *L) {
+    int32_t old = L->blocks[L->nb - 1], nw;
+    tsr_status st = tsr_block_pool_alloc(p->pool, 1, &nw);
+    TSR_ASSERT(st == TSR_OK);
+    int32_t used = L->slots - (L->nb - 1) * p->bs;
+    for (int32_t j = 0; j < used; j++)
+        tsr__copy_slot(p, (size_t)nw * p->bs + j, (size_t)old * p->bs + j);
+    tsr_block_pool_unref(p->pool, &old, 1);
+    L->blocks[L->nb - 1] = nw;
+    p->st.cow_copies++;
+}
+
+/* Check-then-commit growth of the layers in [l0, l1) by `rows` slots each. */
+static tsr_status tsr__reserve_layers(tsr__paged *p, tsr__pseq *s, int seq, int l0, int l1,
+                                      int32_t rows) {
+    int64_t need = 0, total = 0;
+    for (int l = l0; l < l1; l++) {
+        int cow;
+        need += tsr__layer_need(p, &s->layers[l], rows, &cow);
+        total += tsr__ceil_div((int64_t)s->layers[l].slots + rows, p->bs);
+    }
+    for (int l = 0; l < p->base.n_layers; l++)
+        if (l < l0 || l >= l1) total += s->layers[l].nb;
+    if (total > p->pool->n_blocks)
+        return tsr_error_set(TSR_ERR_BUDGET,
+                             "KV cache: sequence %d needs %lld blocks, the pool holds %d "
+                             "(--kv-memory)", seq, (long long)total, p->pool->n_blocks);
+    if (need > p->pool->n_free)
+        return tsr_error_set(TSR_ERR_NO_BLOCKS,
+                             "KV cache: sequence %d needs %lld more blocks, %d free", seq,
+                             (long long)need, p->pool->n_free);
+    for (int l = l0; l < l1; l++) {
+        tsr__player *L = &s->layers[l];
+        int32_t want = tsr__ceil_div((int64_t)L->slots + rows, p->bs);
+        TSR_TRY(tsr__grow_i32(&L->blocks, &L->cap, want));
+    }
+    for (int l = l0; l < l1; l++) {
+        tsr__player *L = &s->layers[l];
+        int cow;
+        int32_t add = tsr__layer_need(p, L, rows, &cow) - cow;
+        if (cow) tsr__layer_cow(p, L);
+        tsr_status st = tsr_block_pool_alloc(p->pool, add, L->blocks + L->nb);
+        TSR_ASSERT(st == TSR_OK);
+        L->nb += add;
+    }
+    tsr__note_peak(p);
+    return TSR_OK;
+}
+
+static tsr_status tsr__paged_reserve(tsr_kv_cache *kv, int seq, int32_t n) {
+    tsr__paged *p = (tsr__paged *)kv;
+    tsr__pseq *s = tsr__seq(p, seq);
+    if (!s) return tsr_error_set(TSR_ERR_INVALID, "KV cache: no sequence %d", seq);
+    if (s->swapped)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: sequence %d is swapped out", seq);
+    if (n < 0 || (int64_t)s->len + n > p->cfg.max_seq_len)
+        return tsr_error_set(TSR_ERR_BUDGET,
+                             "KV cache: sequence %d needs %lld tokens, the context holds %d",
+                             seq, (long long)s->len + n, p->cfg.max_seq_len);
+    if (s->in_step) /* a retried step: drop the rows of the failed one */
+        for (int l = 0; l < kv->n_layers; l++) s->layers[l].slots = s->layers[l].base;
+    TSR_TRY(tsr__reserve_layers(p, s, seq, 0, kv->n_layers, n));
+    TSR_TRY(tsr__grow_i32(&s->tokens, &s->tok_cap, s->len + n));
+    for (int l = 0; l < kv->n_layers; l++) s->layers[l].base = s->layers[l].slots;
+    s->in_step = 1;
+    return TSR_OK;
+}
+
+static tsr_status tsr__paged_write(tsr_kv_cache *kv, int layer, int seq, int32_t n,
+                                   const float *k, const float *v) {
+    tsr__paged *p = (tsr__paged *)kv;
+    tsr__pseq *s = tsr__seq(p, seq);
+    if (!s || layer < 0 || layer >= kv->n_layers || !s->in_step || n < 0)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: bad write (seq %d, layer %d)", seq,
+                             layer);
+    tsr__player *L = &s->layers[layer];
+    if ((int64_t)L->base + n > (int64_t)L->nb * p->bs)
+        return tsr_error_set(TSR_ERR_INTERNAL, "KV cache: write of %d rows past reservation",
+                             n);
+    size_t kvd = tsr__kvd(p);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t slot = L->base + i;
+        size_t at = tsr__slot(p, L, slot);
+        TSR_ASSERT(p->pool->blocks[L->blocks[slot / p->bs]].ref_cnt == 1);
+        memcpy(p->k_store + at * kvd, k + (size_t)i * kvd, kvd * 4);
+        memcpy(p->v_store + at * kvd, v + (size_t)i * kvd, kvd * 4);
+        p->pos_store[at] = s->len + i;
+        if (p->score_store) p->score_store[at] = 0.0f;
+    }
+    L->slots = L->base + n;
+    return TSR_OK;
+}
+
+static tsr_status tsr__paged_spans(tsr_kv_cache *kv, int layer, int seq,
+                                   const tsr_kv_span **spans, int *n_spans) {
+    tsr__paged *p = (tsr__paged *)kv;
+    tsr__pseq *s = tsr__seq(p, seq);
+    if (!s || layer < 0 || layer >= kv->n_layers || s->swapped)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: bad spans (seq %d, layer %d)", seq,
+                             layer);
+    tsr__player *L = &s->layers[layer];
+    int32_t nsp = tsr__ceil_div(L->slots, p->bs);
+    if (nsp > p->spans_cap) {
+        tsr_kv_span *ns = tsr_realloc(p->spans, (size_t)nsp * sizeof *ns);
+        if (!ns) return TSR_ERR_NOMEM;
+        p->spans = ns;
+        p->spans_cap = nsp;
+    }
+    size_t kvd = tsr__kvd(p);
+    for (int32_t j = 0; j < nsp; j++) {
+        size_t at = (size_t)L->blocks[j] * p->bs;
+        int32_t n = L->slots - j * p->bs < p->bs ? L->slots - j * p->bs : p->bs;
+        const int32_t *pos = p->pos_store + at;
+        int contiguous = 1;
+        if (!L->dense)
+            for (int32_t i = 1; i < n && contiguous; i++) contiguous = pos[i] == pos[0] + i;
+        p->spans[j] = (tsr_kv_span){.k = p->k_store + at * kvd, .v = p->v_store + at * kvd,
+                                    .pos = contiguous ? NULL : pos,
+                                    .pos0 = L->dense ? j * p->bs : pos[0], .n = n,
+                                    .stride = kv->kv_dim};
+    }
+    *spans = p->spans;
+    *n_spans = nsp;
+    return TSR_OK;
+}
+
+/* Per-layer hash of full block i: the sequence's chain hash keyed by the layer. */
+static uint64_t tsr__layer_hash(uint64_t chain, int layer) {
+    return tsr_block_hash(chain, NULL, 0, (uint64_t)layer + 1);
+}
+
+static tsr_status tsr__hash_full_blocks(tsr__paged *p, tsr__pseq *s) {
+    int32_t full = s->len / p->bs;
+    if (full <= s->n_hashed) return TSR_OK;
+    if (full > s->hash_cap) {
+        int32_t c = s->hash_cap ? s->hash_cap : 16;
+        while (c < full) c *= 2;
+        uint64_t *nh = tsr_realloc(s->hashes, (size_t)c * sizeof *nh);
+        if (!nh) return TSR_ERR_NOMEM;
+        s->hashes = nh;
+        s->hash_cap = c;
+    }
+    for (int32_t i = s->n_hashed; i < full; i++) {
+        s->hashes[i] = tsr_block_hash(i ? s->hashes[i - 1] : 0, s->tokens + (size_t)i * p->bs,
+                                      p->bs, 0);
+        for (int l = 0; l < p->base.n_layers; l++) {
+            tsr__player *L = &s->layers[l];
+            if (L->dense && i < L->nb)
+                tsr_block_pool_set_hash(p->pool, L->blocks[i], tsr__layer_hash(s->hashes[i], l));
+        }
+    }
+    s->n_hashed = full;
+    return TSR_OK;
+}
+
+static tsr_status tsr__paged_commit(tsr_kv_cache *kv, int seq, const int32_t *tokens,
+                                    int32_t n) {
+    tsr__paged *p = (tsr__paged *)kv;
+    tsr__pseq *s = tsr__seq(p, seq);
+    if (!s || !s->in_step || (int64_t)s->len + n > s->tok_cap)
+        return tsr_error_set(TSR_ERR_INTERNAL, "KV cache: bad commit (seq %d, %d tokens)", seq,
+                             n);
+    if (tokens) memmove(s->tokens + s->len, tokens, (size_t)n * sizeof *tokens);
+    else memset(s->tokens + s->len, 0, (size_t)n * sizeof *tokens);
+    s->len += n;
+    s->in_step = 0;
+    for (int l = 0; l < kv->n_layers; l++) {
+        tsr__player *L = &s->layers[l];
+        L->base = L->slots;
+        if (L->dense && L->slots != s->len) L->dense = 0;
+    }
+    if (p->cfg.prefix_caching && tokens) TSR_TRY(tsr__hash_full_blocks(p, s));
+    return TSR_OK;
+}
+
+static int32_t tsr__paged_prefix_attach(tsr_kv_cache *kv, int seq, const int32_t *tokens,
+                                        int32_t n) {
+    tsr__paged *p = (tsr__paged *)kv;
+    tsr__pseq *s = tsr__seq(p, seq);
+    if (!s || s->len != 0 || s->swapped || n <= 0) return 0;
+    p->st.prefix_query_tokens += n;
+    if (!p->cfg.prefix_caching) return 0;
+    int32_t max_blocks = (n - 1) / p->bs, hit = 0;
+    uint64_t chain = 0;
+    uint64_t *chains = tsr_malloc((size_t)(max_blocks ? max_blocks : 1) * sizeof *chains);
+    if (!chains) return 0;
+    for (; hit < max_blocks; hit++) {
+        chain = tsr_block_hash(chain, tokens + (size_t)hit * p->bs, p->bs, 0);
+        int all = 1;
+        for (int l = 0; l < kv->n_layers && all; l++)
+            all = tsr_block_pool_lookup(p->pool, tsr__layer_hash(chain, l)) >= 0;
+        if (!all) break;
+        chains[hit] = chain;
+    }
+    int ok = hit > 0;
+    for (int l = 0; l < kv->n_layers && ok; l++)
+        ok = tsr__grow_i32(&s->layers[l].blocks, &s->layers[l].cap, hit) == TSR_OK;
+    ok = ok && tsr__grow_i32(&s->tokens, &s->tok_cap, hit * p->bs) == TSR_OK;
+    if (ok && hit > s->hash_cap) {
+        uint64_t *nh = tsr_realloc(s->hashes, (size_t)hit * sizeof *nh);
+        ok = nh != NULL;
+        if (ok) {
+            s->hashes = nh;
+            s->hash_cap = hit;
+        }
+    }
+    if (!ok) {
+        tsr_free(chains);
+        return 0;
+    }
+    for (int l = 0; l < kv->n_layers; l++) {
+        tsr__player *L = &s->layers[l];
+        for (int32_t i = 0; i < hit; i++) {
+            int32_t b = tsr_block_pool_lookup(p->pool, tsr__layer_hash(chains[i], l));
+            tsr_block_pool_ref(p->pool, b);
+            L->blocks[i] = b;
+        }
+        L->nb = hit;
+        L->slots = L->base = hit * p->bs;
+    }
+    memcpy(s->hashes, chains, (size_t)hit * sizeof *chains);
+    tsr_free(chains);
+    s->n_hashed = hit;
+    s->len = hit * p->bs;
+    memcpy(s->tokens, tokens, (size_t)s->len * sizeof *tokens);
+    p->st.prefix_hit_tokens += s->len;
+    tsr__note_peak(p);
+    return s->len;
+}
+
+void tsr_kv_paged_get_stats(const tsr_kv_cache *kv, tsr_kv_paged_stats *out) {
+    const tsr__paged *p = tsr__P(kv);
+    *out = p->st;
+    out->block_size = p->bs;
+    out->blocks_total = p->pool->n_blocks;
+    out->blocks_used = p->pool->n_blocks - p->pool->n_free;
+    out->blocks_cached = 0;
+    for (int32_t i = p->pool->free_head; i >= 0; i = p->pool->blocks[i].next)
+        if (p->pool->blocks[i].hash) out->blocks_cached++;
+    out->block_bytes = tsr_kv_paged_block_bytes(&p->cfg);
+    out->cached_evictions = p->pool->cached_evictions;
+}
+
+static void tsr__paged_stats(const tsr_kv_cache *kv, tsr_kv_stats *out) {
+    const tsr__paged *p = (const tsr__paged *)kv;
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < p->cfg.max_seqs; i++)
+        if (p->seqs[i].active && !p->seqs[i].swapped)
+            out->tokens_resident += p->seqs[i].layers[0].slots;
+    int64_t bb = tsr_kv_paged_block_bytes(&p->cfg);
+    out->bytes_used = (int64_t)(p->pool->n_blocks - p->pool->n_free) * bb;
+    out->bytes_peak = (int64_t)p->st.blocks_peak * bb;
+    out->bytes_capacity = (int64_t)p->pool->n_blocks * bb;
+    out->evictions = p->st.evicted_tokens;
+}
+
+int32_t tsr_kv_paged_block_size(const tsr_kv_cache *kv) { return tsr__P(kv)->bs; }
+int32_t tsr_kv_paged_free_blocks(const tsr_kv_cache *kv) { return tsr__P(kv)->pool->n_free; }
+
+int32_t tsr_kv_paged_seq_blocks(const tsr_kv_cache *kv, int layer, int seq,
+                                const int32_t **ids) {
+    const tsr__paged *p = tsr__P(kv);
+    const tsr__pseq *s = tsr__seq(p, seq);
+    if (!s || layer < 0 || layer >= kv->n_layers) return 0;
+    if (ids) *ids = s->layers[layer].blocks;
+    return s->layers[layer].nb;
+}
+
+/* --- slot mechanism ------------------------------------------------------------------- */
+
+static tsr_status tsr__layer_of(const tsr_kv_cache *kv, int layer, int seq, tsr__pseq **s,
+                                tsr__player **L) {
+    const tsr__paged *p = tsr__P(kv);
+    *s = tsr__seq(p, seq);
+    if (!*s || layer < 0 || layer >= kv->n_layers || (*s)->swapped)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: no layer %d of sequence %d", layer,
+                             seq);
+    *L = &(*s)->layers[layer];
+    return TSR_OK;
+}
+
+int32_t tsr_kv_paged_slots(const tsr_kv_cache *kv, int layer, int seq) {
+    tsr__pseq *s;
+    tsr__player *L;
+    return tsr__layer_of(kv, layer, seq, &s, &L) == TSR_OK ? L->slots : 0;
+}
+
+tsr_status tsr_kv_paged_add_scores(tsr_kv_cache *kv, int layer, int seq,
+                                   const float *key_scores) {
+    tsr__paged *p = tsr__P(kv);
+    tsr__pseq *s;
+    tsr__player *L;
+    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
+    if (!p->score_store)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: created without keep_scores");
+    for (int32_t i = 0; i < L->slots; i++) {
+        float sum = 0.0f;
+        for (int g = 0; g < kv->n_kv_heads; g++) sum += key_scores[(size_t)g * L->slots + i];
+        p->score_store[tsr__slot(p, L, i)] += sum;
+    }
+    return TSR_OK;
+}
+
+tsr_status tsr_kv_paged_read_slots(const tsr_kv_cache *kv, int layer, int seq, int32_t *pos,
+                                   float *score) {
+    const tsr__paged *p = tsr__P(kv);
+    tsr__pseq *s;
+    tsr__player *L;
+    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
+    for (int32_t i = 0; i < L->slots; i++) {
+        size_t at = tsr__slot(p, L, i);
+        if (pos) pos[i] = p->pos_store[at];
+        if (score) score[i] = p->score_store ? p->score_store[at] : 0.0f;
+    }
+    return TSR_OK;
+}
+
+tsr_status tsr_kv_paged_row(const tsr_kv_cache *kv, int layer, int seq, int32_t slot,
+                            float **k, float **v) {
+    const tsr__paged *p = tsr__P(kv);
+    tsr__pseq *s;
+    tsr__player *L;
+    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
+    if (slot < 0 || slot >= L->nb * p->bs)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: slot %d out of range", slot);
+    size_t at = tsr__slot(p, L, slot);
+    *k = p->k_store + at * tsr__kvd(p);
+    *v = p->v_store + at * tsr__kvd(p);
+    return TSR_OK;
+}
+
+tsr_status tsr_kv_paged_evict(tsr_kv_cache *kv, int layer, int seq, const int32_t *slots,
+                              int32_t n) {
+    tsr__paged *p = tsr__P(kv);
+    tsr__pseq *s;
+    tsr__player *L;
+    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
+    if (n <= 0) return TSR_OK;
+    uint8_t *gone = tsr_calloc((size_t)L->slots, 1);
+    if (!gone) return TSR_ERR_NOMEM;
+    for (int32_t i = 0; i < n; i++) {
+        if (slots[i] < 0 || slots[i] >= L->slots || gone[slots[i]]) {
+            tsr_free(gone);
+            return tsr_error_set(TSR_ERR_INVALID, "KV cache: bad eviction slot %d", slots[i]);
+        }
+        gone[slots[i]] = 1;
+    }
+    /* Blocks that receive rows must be private; shared ones are copied first. */
+    int32_t keep = L->slots - n, t = L->slots - 1;
+    for (int32_t h = 0; h < keep; h++) {
+        if (!gone[h]) continue;
+        while (gone[t]) t--;
+        int32_t bi = h / p->bs;
+        if (p->pool->blocks[L->blocks[bi]].ref_cnt > 1) {
+            int32_t nw, old = L->blocks[bi];
+            tsr_status st = tsr_block_pool_alloc(p->pool, 1, &nw);
+            if (st != TSR_OK) {
+                tsr_free(gone);
+                return st;
+            }
+            for (int32_t j = 0; j < p->bs; j++)
+                tsr__copy_slot(p, (size_t)nw * p->bs + j, (size_t)old * p->bs + j);
+            tsr_block_pool_unref(p->pool, &old, 1);
+            L->blocks[bi] = nw;
+            p->st.cow_copies++;
+        }
+        tsr__copy_slot(p, tsr__slot(p, L, h), tsr__slot(p, L, t));
+        gone[t] = 1;
+        t--;
+    }
+    tsr_free(gone);
+    L->slots = keep;
+    if (L->base > keep) L->base = keep;
+    L->dense = 0;
+    int32_t nb = tsr__ceil_div(keep, p->bs);
+    for (int32_t i = L->nb - 1; i >= nb; i--) tsr_block_pool_unref(p->pool, &L->blocks[i], 1);
+    L->nb = nb;
+    p->st.evicted_tokens += n;
+    return TSR_OK;
+}
+
+tsr_status tsr_kv_paged_reserve_rows(tsr_kv_cache *kv, int layer, int seq, int32_t rows) {
+    tsr__paged *p = tsr__P(kv);
+    tsr__pseq *s;
+    tsr__player *L;
+    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
+    return tsr__reserve_layers(p, s, seq, layer, layer + 1, rows);
+}
+
+tsr_status tsr_kv_paged_insert(tsr_kv_cache *kv, int layer, int seq, int32_t pos,
+                               const float *k, const float *v) {
+    tsr__paged *p = tsr__P(kv);
+    tsr__pseq *s;
+    tsr__player *L;
+    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
+    if (L->slots >= L->nb * p->bs)
+        return tsr_error_set(TSR_ERR_INTERNAL, "KV cache: insert past reservation");
+    size_t at = tsr__slot(p, L, L->slots), kvd = tsr__kvd(p);
+    memcpy(p->k_store + at * kvd, k, kvd * 4);
+    memcpy(p->v_store + at * kvd, v, kvd * 4);
+    p->pos_store[at] = pos;
+    if (p->score_store) p->score_store[at] = 0.0f;
+    if (L->dense && pos != L->slots) L->dense = 0;
+    L->slots++;
+    return TSR_OK;
+}
+
+/* --- sharing and preemption ----------------------------------------------------------- */
+
+tsr_status tsr_kv_paged_fork(tsr_kv_cache *kv, int src, int dst) {
+    tsr__paged *p = tsr__P(kv);
+    tsr__pseq *a = tsr__seq(p, src);
+    if (!a || a->swapped || a->in_step)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: cannot fork sequence %d", src);
+    TSR_TRY(tsr__paged_seq_add(kv, dst));
+    tsr__pseq *b = &p->seqs[dst];
+    tsr_status st = tsr__grow_i32(&b->tokens, &b->tok_cap, a->len > 0 ? a->len : 1);
+    if (st == TSR_OK && a->n_hashed) {
+        b->hashes = tsr_malloc((size_t)a->n_hashed * sizeof *b->hashes);
+        if (!b->hashes) st = TSR_ERR_NOMEM;
+        else b->hash_cap = a->n_hashed;
+    }
+    for (int l = 0; l < kv->n_layers && st == TSR_OK; l++)
+        st = tsr__grow_i32(&b->layers[l].blocks, &b->layers[l].cap, a->layers[l].nb);
+    if (st != TSR_OK) {
+        tsr__seq_release(p, b);
+        return st;
+    }
+    for (int l = 0; l < kv->n_layers; l++) {
+        tsr__player *La = &a->layers[l], *Lb = &b->layers[l];
+        for (int32_t i = 0; i < La->nb; i++) tsr_block_pool_ref(p->pool, La->blocks[i]);
+        memcpy(Lb->blocks, La->blocks, (size_t)La->nb * sizeof *La->blocks);
+        Lb->nb = La->nb;
+        Lb->slots = Lb->base = La->slots;
+        Lb->dense = La->dense;
+    }
+    memcpy(b->tokens, a->tokens, (size_t)a->len * sizeof *a->tokens);
+    if (a->n_hashed) memcpy(b->hashes, a->hashes, (size_t)a->n_hashed * sizeof *a->hashes);
+    b->n_hashed = a->n_hashed;
+    b->len = a->len;
+    return TSR_OK;
+}
+
+static size_t tsr__row_bytes(const tsr__paged *p) { return tsr__kvd(p) * 8 + 8; }
+
+tsr_status tsr_kv_paged_swap_out(tsr_kv_cache *kv, int seq) {
+    tsr__paged *p = tsr__P(kv);
+    tsr__pseq *s = tsr__seq(p, seq);
+    if (!s || s->swapped || s->in_step)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: cannot swap out sequence %d", seq);
+    if (!p->cfg.host)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: no host pool to swap sequence %d to",
+                             seq);
+    size_t rows = 0;
+    for (int l = 0; l < kv->n_layers; l++) rows += (size_t)s->layers[l].slots;
+    size_t bytes = rows * tsr__row_bytes(p);
+    void *buf;
+    TSR_TRY(tsr_host_pool_alloc(p->cfg.host, bytes, &buf));
+    /* The sequence's references pin its blocks until the copy is done. */
+    size_t kvd = tsr__kvd(p);
+    char *w = buf;
+    for (int l = 0; l < kv->n_layers; l++) {
+        tsr__player *L = &s->layers[l];
+        for (int32_t i = 0; i < L->slots; i++) {
+            size_t at = tsr__slot(p, L, i);
+            memcpy(w, p->k_store + at * kvd, kvd * 4);
+            memcpy(w + kvd * 4, p->v_store + at * kvd, kvd * 4);
+            memcpy(w + kvd * 8, &p->pos_store[at], 4);
+            float sc = p->score_store ? p->score_store[at] : 0.0f;
+            memcpy(w + kvd * 8 + 4, &sc, 4);
+            w += tsr__row_bytes(p);
+        }
+    }
+    for (int l = kv->n_layers - 1; l >= 0; l--) tsr__layer_release(p, &s->layers[l]);
+    s->swap_buf = buf;
+    s->swap_bytes = bytes;
+    s->swapped = 1;
+    p->st.swap_out_bytes += (int64_t)bytes;
+    return TSR_OK;
+}
+
+tsr_status tsr_kv_paged_swap_in(tsr_kv_cache *kv, int seq) {
+    tsr__paged *p = tsr__P(kv);
+    tsr__pseq *s = tsr__seq(p, seq);
+    if (!s || !s->swapped)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: sequence %d is not swapped out", seq);
+    int64_t need = 0;
+    for (int l = 0; l < kv->n_layers; l++) need += tsr__ceil_div(s->layers[l].slots, p->bs);
+    if (need > p->pool->n_free)
+        return tsr_error_set(TSR_ERR_NO_BLOCKS,
+                             "KV cache: swap-in of sequence %d needs %lld blocks, %d free", seq,
+                             (long long)need, p->pool->n_free);
+    for (int l = 0; l < kv->n_layers; l++) {
+        tsr__player *L = &s->layers[l];
+        TSR_TRY(tsr__grow_i32(&L->blocks, &L->cap, tsr__ceil_div(L->slots, p->bs)));
+    }
+    size_t kvd = tsr__kvd(p);
+    const char *r = s->swap_buf;
+    for (int l = 0; l < kv->n_layers; l++) {
+        tsr__player *L = &s->layers[l];
+        int32_t nb = tsr__ceil_div(L->slots, p->bs);
+        tsr_status st = tsr_block_pool_alloc(p->pool, nb, L->blocks);
+        TSR_ASSERT(st == TSR_OK);
+        L->nb = nb;
+        for (int32_t i = 0; i < L->slots; i++) {
+            size_t at = tsr__slot(p, L, i);
+            memcpy(p->k_store + at * kvd, r, kvd * 4);
+            memcpy(p->v_store + at * kvd, r + kvd * 4, kvd * 4);
+            memcpy(&p->pos_store[at], r + kvd * 8, 4);
+            if (p->score_store) memcpy(&p->score_store[at], r + kvd * 8 + 4, 4);
+            r += tsr__row_bytes(p);
+        }
+        if (p->cfg.prefix_caching && L->dense)
+            for (int32_t i = 0; i < s->n_hashed && i < nb; i++)
+                tsr_block_pool_set_hash(p->pool, L->blocks[i], tsr__layer_hash(s->hashes[i], l));
+    }
+    tsr_host_pool_free(p->cfg.host, s->swap_buf, s->swap_bytes);
+    p->st.swap_in_bytes += (int64_t)s->swap_bytes;
+    s->swap_buf = NULL;
+    s->swap_bytes = 0;
+    s->swapped = 0;
+    tsr__note_peak(p);
+    return TSR_OK;
+}
+
+int tsr_kv_paged_is_swapped(const tsr_kv_cache *kv, int seq) {
+    const tsr__pseq *s = tsr__seq(tsr__P(kv), seq);
+    return s && s->swapped;
+}
+
+tsr_status tsr_kv_paged_drop(tsr_kv_cache *kv, int seq, const int32_t **tokens, int32_t *n) {
+    tsr__paged *p = tsr__P(kv);
+    tsr__pseq *s = tsr__seq(p, seq);
+    if (!s || s->in_step)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: cannot drop sequence %d", seq);
+    if (s->swapped) {
+        tsr_host_pool_free(p->cfg.host, s->swap_buf, s->swap_bytes);
+        s->swap_buf = NULL;
+        s->swapped = 0;
+    }
+    for (int l = kv->n_layers - 1; l >= 0; l--) {
+        tsr__player *L = &s->layers[l];
+        tsr__layer_release(p, L);
+        L->slots = L->base = 0;
+        L->dense = 1;
+    }
+    *tokens = s->tokens;
+    *n = s->len;
+    s->len = 0;
+    s->n_hashed = 0;
+    p->st.preempt_drops++;
+    return TSR_OK;
+}
+
+static const tsr_kv_cache_ops tsr__paged_ops = {
+    .name = "paged",
+    .destroy = tsr__paged_destroy,
+    .seq_add = tsr__paged_seq_add,
+    .seq_free = tsr__paged_seq_free,
+    .seq_len = tsr__paged_seq_len,
+    .reserve = tsr__paged_reserve,
+    .write = tsr__paged_write,
+    .spans = tsr__paged_spans,
+    .observe = NULL,
+    .commit = tsr__paged_commit,
+    .prefix_attach = tsr__paged_prefix_attach,
+    .stats = tsr__paged_stats,
+};
+
+tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **out) {
+    *out = NULL;
+    if (cfg->n_layers <= 0 || cfg->n_kv_heads <= 0 || cfg->head_dim <= 0 ||
+        cfg->max_seqs <= 0 || cfg->max_seq_len <= 0 || cfg->block_size < 0)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: invalid geometry");
+    int64_t bb = tsr_kv_paged_block_bytes(cfg);
+    int64_t nblocks = cfg->memory_bytes / bb;
+    if (nblocks <= 0)
+        return tsr_error_set(TSR_ERR_BUDGET,
+                             "KV cache: --kv-memory %lld bytes holds no block of %lld bytes",
+                             (long long)cfg->memory_bytes, (long long)bb);
+    if (nblocks > INT32_MAX / 1024) nblocks = INT32_MAX / 1024;
+    tsr__paged *p = tsr_calloc(1, sizeof *p);
+    if (!p) return TSR_ERR_NOMEM;
+    p->cfg = *cfg;
+    p->bs = cfg->block_size > 0 ? cfg->block_size : 16;
+    p->cfg.block_size = p->bs;
+    p->base = (tsr_kv_cache){.ops = &tsr__paged_ops, .n_layers = cfg->n_layers,
+                             .kv_dim = cfg->n_kv_heads * cfg->head_dim,
+                             .n_kv_heads = cfg->n_kv_heads, .max_seq_len = cfg->max_seq_len,
+                             .wants_scores = 0};
+    size_t slots = (size_t)nblocks * (size_t)p->bs, fbytes;
+    tsr_status st = tsr_block_pool_create((int32_t)nblocks, &p->pool);
+    if (st == TSR_OK && !tsr_mul_size(slots, tsr__kvd(p) * 4, &fbytes))
+        st = tsr_error_set(TSR_ERR_NOMEM, "KV cache: pool size overflow");
+    if (st == TSR_OK) {
+        /* Pages are touched only when blocks are first used, so RSS follows usage. */
+        p->k_store = tsr_malloc_aligned(fbytes);
+        p->v_store = tsr_malloc_aligned(fbytes);
+        p->pos_store = tsr_malloc_aligned(slots * 4);
+        if (cfg->keep_scores) p->score_store = tsr_malloc_aligned(slots * 4);
+        p->seqs = tsr_calloc((size_t)cfg->max_seqs, sizeof *p->seqs);
+        if (!p->k_store || !p->v_store || !p->pos_store || !p->seqs ||
+            (cfg->keep_scores && !p->score_store))
+            st = tsr_error_set(TSR_ERR_NOMEM, "KV cache: cannot allocate a pool of %lld bytes",
+                               (long long)(nblocks * bb));
+    }
+    if (st != TSR_OK) {
+        tsr__paged_destroy(&p->base);
+        return st;
+    }
+    *out = &p->base;
+    return TSR_OK;
+}

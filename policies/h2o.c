@@ -1,0 +1,238 @@
+/* The `h2o` policy (Zhang et al. 2023, "H2O: Heavy-Hitter Oracle"): per layer, keep the
+ * recent window plus the heavy hitters, the tokens with the largest accumulated attention,
+ * within --kv-budget. Scores come from the attention kernel's tiled per-key accumulation
+ * (kernels/cpu/attn_cpu.c), [n_kv_heads][keys] per call, and are summed over the KV groups
+ * into one float per token slot: a slot row holds every KV head, so eviction is per
+ * (layer, token) and a group-level choice could not free any memory (docs/kv-cache.md).
+ * Evicted slots are refilled by compaction in the paged cache, so block tables stay dense
+ * and emptied blocks return to the pool.
+ *
+ * --h2o-scores=materialize is the faithful baseline: like the original code it builds the
+ * [heads][n_q][n_k] probability matrix and sums it, after checking that it fits. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "policies/policy.h"
+#include "runtime/base/alloc.h"
+
+typedef struct tsr__h2o {
+    tsr_kv_policy_config cfg;
+    tsr_kv_cache *mech;
+    int32_t *pending; /* per seq: tokens of the step in flight */
+    int n_seqs;
+    /* the queries of the current layer call (materialize), valid until observe */
+    const float *q;
+    const int32_t *q_pos;
+    int q_n, q_layer, q_seq, q_heads;
+    tsr_kv_policy_stats st;
+} tsr__h2o;
+
+typedef struct tsr__cand {
+    float score;
+    int32_t pos;
+    int32_t slot;
+} tsr__cand;
+
+static int tsr__by_pos_desc(const void *a, const void *b) {
+    const tsr__cand *x = a, *y = b;
+    return (x->pos < y->pos) - (x->pos > y->pos);
+}
+
+/* Highest score first; on ties the newer token first (so the older is evicted). */
+static int tsr__by_score_desc(const void *a, const void *b) {
+    const tsr__cand *x = a, *y = b;
+    if (x->score != y->score) return (x->score < y->score) - (x->score > y->score);
+    return (x->pos < y->pos) - (x->pos > y->pos);
+}
+
+static tsr_status tsr__h2o_create(const tsr_kv_policy_config *cfg, tsr_kv_cache *mech,
+                                  void **state) {
+    tsr__h2o *h = tsr_calloc(1, sizeof *h);
+    if (!h) return TSR_ERR_NOMEM;
+    h->cfg = *cfg;
+    if (!(h->cfg.recent > 0.0)) h->cfg.recent = 0.5;
+    if (h->cfg.recent > 1.0) h->cfg.recent = 1.0;
+    h->mech = mech;
+    h->q_layer = -1;
+    *state = h;
+    return TSR_OK;
+}
+
+static void tsr__h2o_destroy(void *state) {
+    tsr__h2o *h = state;
+    tsr_free(h->pending);
+    tsr_free(h);
+}
+
+static tsr_status tsr__h2o_append(void *state, int seq, int32_t n) {
+    tsr__h2o *h = state;
+    if (seq < 0) return tsr_error_set(TSR_ERR_INVALID, "h2o: bad sequence %d", seq);
+    if (seq >= h->n_seqs) {
+        int32_t *p = tsr_realloc(h->pending, (size_t)(seq + 1) * sizeof *p);
+        if (!p) return TSR_ERR_NOMEM;
+        for (int i = h->n_seqs; i <= seq; i++) p[i] = 0;
+        h->pending = p;
+        h->n_seqs = seq + 1;
+    }
+    h->pending[seq] = n;
+    return TSR_OK;
+}
+
+static tsr_status tsr__h2o_queries(void *state, int layer, int seq, const float *q,
+                                   const int32_t *q_pos, int n_q, int n_heads) {
+    tsr__h2o *h = state;
+    h->q = q;
+    h->q_pos = q_pos;
+    h->q_n = n_q;
+    h->q_layer = layer;
+    h->q_seq = seq;
+    h->q_heads = n_heads;
+    return TSR_OK;
+}
+
+static int64_t tsr__avail_bytes(void) {
+    long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (int64_t)pages * psz : INT64_MAX;
+}
+
+/* The baseline: the full [heads][n_q][n_k] probability matrix, then its sums. */
+static tsr_status tsr__h2o_materialize(tsr__h2o *h, int layer, int seq, int32_t n_keys,
+                                       float *scores) {
+    tsr_kv_cache *m = h->mech;
+    int have_q = h->q && h->q_layer == layer && h->q_seq == seq;
+    int n_heads = have_q ? h->q_heads : (h->cfg.n_heads > 0 ? h->cfg.n_heads : m->n_kv_heads);
+    int64_t n_q = have_q ? h->q_n : h->pending[seq];
+    double bytes = (double)n_heads * (double)n_q * (double)n_keys * 4.0;
+    int64_t limit = h->cfg.materialize_limit > 0 ? h->cfg.materialize_limit : tsr__avail_bytes();
+    if (bytes > (double)limit)
+        return tsr_error_set(TSR_ERR_NOMEM,
+                             "h2o --h2o-scores=materialize: the %d x %lld x %d score matrix "
+                             "needs %.0f bytes, only %lld available",
+                             n_heads, (long long)n_q, n_keys, bytes, (long long)limit);
+    float *att = tsr_malloc((size_t)bytes > 0 ? (size_t)bytes : 4);
+    if (!att)
+        return tsr_error_set(TSR_ERR_NOMEM,
+                             "h2o --h2o-scores=materialize: cannot allocate the %.0f-byte "
+                             "score matrix", bytes);
+    if ((double)(int64_t)bytes > (double)h->st.score_matrix_bytes_peak)
+        h->st.score_matrix_bytes_peak = (int64_t)bytes;
+    if (!have_q) {
+        /* Without the queries only the footprint can be reproduced; the sums are the
+         * kernel's. */
+        memset(att, 0, (size_t)bytes);
+        tsr_free(att);
+        return TSR_OK;
+    }
+    int hd = m->kv_dim / m->n_kv_heads, group = n_heads / m->n_kv_heads;
+    float scale = 1.0f / sqrtf((float)hd);
+    int32_t *pos = tsr_malloc((size_t)n_keys * sizeof *pos);
+    if (!pos) {
+        tsr_free(att);
+        return TSR_ERR_NOMEM;
+    }
+    TSR_TRY(tsr_kv_paged_read_slots(m, layer, seq, pos, NULL));
+    memset(scores, 0, (size_t)m->n_kv_heads * n_keys * sizeof *scores);
+    for (int hh = 0; hh < n_heads; hh++) {
+        int g = hh / group;
+        for (int64_t i = 0; i < n_q; i++) {
+            float *row = att + ((size_t)hh * n_q + i) * n_keys;
+            const float *qi = h->q + (size_t)i * n_heads * hd + (size_t)hh * hd;
+            float mx = -INFINITY;
+            for (int32_t j = 0; j < n_keys; j++) {
+                float *kr, *vr;
+                tsr_kv_paged_row(m, layer, seq, j, &kr, &vr);
+                float d = 0.0f;
+                for (int t = 0; t < hd; t++) d += qi[t] * kr[g * hd + t];
+                row[j] = pos[j] <= h->q_pos[i] ? d * scale : -INFINITY;
+                mx = row[j] > mx ? row[j] : mx;
+            }
+            float sum = 0.0f;
+            for (int32_t j = 0; j < n_keys; j++) {
+                row[j] = expf(row[j] - mx);
+                sum += row[j];
+            }
+            for (int32_t j = 0; j < n_keys; j++) scores[(size_t)g * n_keys + j] += row[j] / sum;
+        }
+    }
+    tsr_free(pos);
+    tsr_free(att);
+    return TSR_OK;
+}
+
+/* Keeps the `recent` newest slots plus the highest-scored others, `budget` in all. */
+static tsr_status tsr__h2o_evict(tsr__h2o *h, int layer, int seq, int32_t budget) {
+    tsr_kv_cache *m = h->mech;
+    int32_t n = tsr_kv_paged_slots(m, layer, seq);
+    if (n <= budget) return TSR_OK;
+    tsr__cand *c = tsr_malloc((size_t)n * sizeof *c);
+    int32_t *pos = tsr_malloc((size_t)n * sizeof *pos);
+    float *sc = tsr_malloc((size_t)n * sizeof *sc);
+    int32_t *ev = tsr_malloc((size_t)n * sizeof *ev);
+    tsr_status st = c && pos && sc && ev ? TSR_OK : TSR_ERR_NOMEM;
+    if (st == TSR_OK) st = tsr_kv_paged_read_slots(m, layer, seq, pos, sc);
+    if (st == TSR_OK) {
+        for (int32_t i = 0; i < n; i++) c[i] = (tsr__cand){sc[i], pos[i], i};
+        int32_t recent = (int32_t)floor(budget * h->cfg.recent + 0.5);
+        if (recent > budget) recent = budget;
+        int32_t heavy = budget - recent;
+        qsort(c, (size_t)n, sizeof *c, tsr__by_pos_desc);
+        qsort(c + recent, (size_t)(n - recent), sizeof *c, tsr__by_score_desc);
+        int32_t ne = 0;
+        for (int32_t i = recent + heavy; i < n; i++) ev[ne++] = c[i].slot;
+        st = tsr_kv_paged_evict(m, layer, seq, ev, ne);
+        if (st == TSR_OK) h->st.evictions += ne;
+    }
+    tsr_free(c);
+    tsr_free(pos);
+    tsr_free(sc);
+    tsr_free(ev);
+    return st;
+}
+
+static tsr_status tsr__h2o_observe(void *state, int layer, int seq, const float *key_scores) {
+    tsr__h2o *h = state;
+    tsr_kv_cache *m = h->mech;
+    if (seq < 0 || seq >= h->n_seqs)
+        return tsr_error_set(TSR_ERR_INVALID, "h2o: observe before reserve (seq %d)", seq);
+    int32_t n = tsr_kv_paged_slots(m, layer, seq);
+    if (h->cfg.scores_materialize) {
+        float *ms = tsr_malloc((size_t)m->n_kv_heads * (n ? n : 1) * sizeof *ms);
+        if (!ms) return TSR_ERR_NOMEM;
+        tsr_status st = tsr__h2o_materialize(h, layer, seq, n, ms);
+        int rebuilt = h->q && h->q_layer == layer && h->q_seq == seq;
+        if (st == TSR_OK) st = tsr_kv_paged_add_scores(m, layer, seq, rebuilt ? ms : key_scores);
+        tsr_free(ms);
+        TSR_TRY(st);
+    } else if (key_scores) {
+        TSR_TRY(tsr_kv_paged_add_scores(m, layer, seq, key_scores));
+    }
+    h->q = NULL;
+    int32_t len = m->ops->seq_len(m, seq) + h->pending[seq];
+    return tsr__h2o_evict(h, layer, seq, tsr_kv_policy_budget(&h->cfg, len));
+}
+
+static tsr_status tsr__h2o_commit(void *state, int seq, int32_t n) {
+    tsr__h2o *h = state;
+    if (seq >= 0 && seq < h->n_seqs) h->pending[seq] = 0;
+    h->st.tokens_processed += n;
+    return TSR_OK;
+}
+
+static void tsr__h2o_stats(const void *state, tsr_kv_policy_stats *out) {
+    *out = ((const tsr__h2o *)state)->st;
+}
+
+const tsr_kv_policy_ops tsr_kv_policy_h2o = {
+    .name = "h2o",
+    .wants_scores = 1,
+    .allows_prefix_cache = 0,
+    .create = tsr__h2o_create,
+    .destroy = tsr__h2o_destroy,
+    .append = tsr__h2o_append,
+    .queries = tsr__h2o_queries,
+    .observe = tsr__h2o_observe,
+    .commit = tsr__h2o_commit,
+    .stats = tsr__h2o_stats,
+};

@@ -1,0 +1,376 @@
+/* The `offload` policy, InfiniGen-style (Lee et al. 2024): the full KV of every layer lives
+ * in the host pool; the paged cache holds only a budgeted resident set (on the CPU backend a
+ * separately budgeted arena, so the copies and the bytes moved are real). Before a layer's
+ * attention, a cheap speculative score - partial q.k over a few rotary channel pairs per KV
+ * head, kept as a small "partial key" cache - picks the prior tokens to make resident; the
+ * tokens of the current step are always resident. Channel pairs are chosen per layer from
+ * the first keys written (largest energy), the data-driven stand-in for InfiniGen's offline
+ * choice from the weights; a pair is rotation-invariant, so partial scores match RoPE'd keys.
+ * The queries come through the cache's `queries` hook; without them the selection falls
+ * back to the most recent tokens. */
+#include <math.h>
+#include <string.h>
+
+#include "policies/policy.h"
+#include "runtime/base/alloc.h"
+
+typedef struct tsr__olayer {
+    float *hk, *hv;  /* host copy: [cap][kv_dim] */
+    float *pk;       /* partial keys: [cap][n_kv_heads][2 * pairs] */
+    uint8_t *res;    /* [cap] resident flag */
+    size_t cap;
+    int32_t n;       /* rows in the host copy */
+} tsr__olayer;
+
+typedef struct tsr__oseq {
+    int active;
+    int32_t pending;
+    tsr__olayer *layers;
+} tsr__oseq;
+
+typedef struct tsr__off {
+    tsr_kv_policy_config cfg;
+    tsr_kv_cache *mech;
+    int L, G, hd, kvd, pairs;
+    int *chan;        /* [L][G][2 * pairs] channel indices within the head */
+    uint8_t *chan_set;
+    tsr__oseq *seqs;
+    int n_seqs;
+    const float *q;
+    const int32_t *q_pos;
+    int q_n, q_layer, q_seq, q_heads;
+    int64_t resident_meta_bytes;
+    tsr_kv_policy_stats st;
+} tsr__off;
+
+typedef struct tsr__ocand {
+    float score;
+    int32_t pos;
+} tsr__ocand;
+
+static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache *mech,
+                                  void **state) {
+    if (!cfg->host)
+        return tsr_error_set(TSR_ERR_INVALID, "offload: the policy needs a host pool");
+    tsr__off *o = tsr_calloc(1, sizeof *o);
+    if (!o) return TSR_ERR_NOMEM;
+    o->cfg = *cfg;
+    o->mech = mech;
+    o->L = mech->n_layers;
+    o->G = mech->n_kv_heads;
+    o->kvd = mech->kv_dim;
+    o->hd = o->kvd / o->G;
+    o->pairs = cfg->spec_pairs > 0 ? cfg->spec_pairs : 4;
+    if (o->pairs > o->hd / 2) o->pairs = o->hd / 2;
+    o->chan = tsr_calloc((size_t)o->L * o->G * 2 * o->pairs, sizeof *o->chan);
+    o->chan_set = tsr_calloc((size_t)o->L, 1);
+    if (!o->chan || !o->chan_set) {
+        tsr_free(o->chan);
+        tsr_free(o->chan_set);
+        tsr_free(o);
+        return TSR_ERR_NOMEM;
+    }
+    o->q_layer = -1;
+    *state = o;
+    return TSR_OK;
+}
+
+static void tsr__off_release(void *state, int seq) {
+    tsr__off *o = state;
+    if (seq < 0 || seq >= o->n_seqs || !o->seqs[seq].active) return;
+    tsr__oseq *s = &o->seqs[seq];
+    size_t pw = (size_t)o->G * 2 * o->pairs;
+    for (int l = 0; l < o->L; l++) {
+        tsr__olayer *L = &s->layers[l];
+        tsr_host_pool_free(o->cfg.host, L->hk, L->cap * o->kvd * 4);
+        tsr_host_pool_free(o->cfg.host, L->hv, L->cap * o->kvd * 4);
+        o->resident_meta_bytes -= (int64_t)(L->cap * (pw * 4 + 1));
+        tsr_free(L->pk);
+        tsr_free(L->res);
+    }
+    tsr_free(s->layers);
+    memset(s, 0, sizeof *s);
+}
+
+static void tsr__off_destroy(void *state) {
+    tsr__off *o = state;
+    for (int i = 0; i < o->n_seqs; i++) tsr__off_release(o, i);
+    tsr_free(o->seqs);
+    tsr_free(o->chan);
+    tsr_free(o->chan_set);
+    tsr_free(o);
+}
+
+static tsr_status tsr__off_admit(void *state, int seq) {
+    tsr__off *o = state;
+    if (seq >= o->n_seqs) {
+        tsr__oseq *ns = tsr_realloc(o->seqs, (size_t)(seq + 1) * sizeof *ns);
+        if (!ns) return TSR_ERR_NOMEM;
+        memset(ns + o->n_seqs, 0, (size_t)(seq + 1 - o->n_seqs) * sizeof *ns);
+        o->seqs = ns;
+        o->n_seqs = seq + 1;
+    }
+    tsr__oseq *s = &o->seqs[seq];
+    s->layers = tsr_calloc((size_t)o->L, sizeof *s->layers);
+    if (!s->layers) return TSR_ERR_NOMEM;
+    s->active = 1;
+    return TSR_OK;
+}
+
+static tsr__oseq *tsr__oseq_get(tsr__off *o, int seq) {
+    return seq >= 0 && seq < o->n_seqs && o->seqs[seq].active ? &o->seqs[seq] : NULL;
+}
+
+static tsr_status tsr__off_append(void *state, int seq, int32_t n) {
+    tsr__off *o = state;
+    tsr__oseq *s = tsr__oseq_get(o, seq);
+    if (!s) return tsr_error_set(TSR_ERR_INVALID, "offload: no sequence %d", seq);
+    s->pending = n;
+    return TSR_OK;
+}
+
+/* Per KV head, the `pairs` rotary pairs with the most energy in these keys. */
+static void tsr__off_choose(tsr__off *o, int layer, const float *k, int32_t n) {
+    int half = o->hd / 2;
+    double e[256];
+    for (int g = 0; g < o->G; g++) {
+        for (int p = 0; p < half; p++) {
+            int a = o->cfg.rope_interleaved ? 2 * p : p;
+            int b = o->cfg.rope_interleaved ? 2 * p + 1 : p + half;
+            double sum = 0;
+            for (int32_t i = 0; i < n; i++) {
+                const float *r = k + (size_t)i * o->kvd + (size_t)g * o->hd;
+                sum += (double)r[a] * r[a] + (double)r[b] * r[b];
+            }
+            e[p] = sum;
+        }
+        int *ch = o->chan + ((size_t)layer * o->G + g) * 2 * o->pairs;
+        for (int c = 0; c < o->pairs; c++) {
+            int best = 0;
+            for (int p = 1; p < half; p++)
+                if (e[p] > e[best]) best = p;
+            ch[2 * c] = o->cfg.rope_interleaved ? 2 * best : best;
+            ch[2 * c + 1] = o->cfg.rope_interleaved ? 2 * best + 1 : best + half;
+            e[best] = -1.0;
+        }
+    }
+    o->chan_set[layer] = 1;
+}
+
+static tsr_status tsr__off_grow(tsr__off *o, tsr__olayer *L, int32_t rows) {
+    if ((size_t)rows <= L->cap) return TSR_OK;
+    size_t cap = L->cap ? L->cap : 256;
+    while (cap < (size_t)rows) cap *= 2;
+    size_t kb = (size_t)o->kvd * 4, pw = (size_t)o->G * 2 * o->pairs;
+    TSR_TRY(tsr_host_pool_realloc(o->cfg.host, (void **)&L->hk, L->cap * kb, cap * kb));
+    TSR_TRY(tsr_host_pool_realloc(o->cfg.host, (void **)&L->hv, L->cap * kb, cap * kb));
+    float *pk = tsr_realloc(L->pk, cap * pw * 4);
+    if (!pk) return TSR_ERR_NOMEM;
+    L->pk = pk;
+    uint8_t *res = tsr_realloc(L->res, cap);
+    if (!res) return TSR_ERR_NOMEM;
+    L->res = res;
+    o->resident_meta_bytes += (int64_t)((cap - L->cap) * (pw * 4 + 1));
+    L->cap = cap;
+    if (o->cfg.host->peak > o->st.host_bytes_peak) o->st.host_bytes_peak = o->cfg.host->peak;
+    return TSR_OK;
+}
+
+static tsr_status tsr__off_write(void *state, int layer, int seq, int32_t n, const float *k,
+                                 const float *v) {
+    tsr__off *o = state;
+    tsr__oseq *s = tsr__oseq_get(o, seq);
+    if (!s) return tsr_error_set(TSR_ERR_INVALID, "offload: no sequence %d", seq);
+    tsr__olayer *L = &s->layers[layer];
+    int32_t at = o->mech->ops->seq_len(o->mech, seq);
+    TSR_TRY(tsr__off_grow(o, L, at + n));
+    if (!o->chan_set[layer]) tsr__off_choose(o, layer, k, n);
+    size_t kvd = (size_t)o->kvd, pw = (size_t)o->G * 2 * o->pairs;
+    memcpy(L->hk + (size_t)at * kvd, k, (size_t)n * kvd * 4);
+    memcpy(L->hv + (size_t)at * kvd, v, (size_t)n * kvd * 4);
+    const int *chan = o->chan + (size_t)layer * o->G * 2 * o->pairs;
+    for (int32_t i = 0; i < n; i++) {
+        float *pk = L->pk + (size_t)(at + i) * pw;
+        for (int g = 0; g < o->G; g++)
+            for (int c = 0; c < 2 * o->pairs; c++)
+                pk[g * 2 * o->pairs + c] = k[(size_t)i * kvd + (size_t)g * o->hd + chan[g * 2 * o->pairs + c]];
+        L->res[at + i] = 1;
+    }
+    L->n = at + n;
+    o->st.bytes_offloaded += (int64_t)n * (int64_t)kvd * 8;
+    return TSR_OK;
+}
+
+static tsr_status tsr__off_queries(void *state, int layer, int seq, const float *q,
+                                   const int32_t *q_pos, int n_q, int n_heads) {
+    tsr__off *o = state;
+    o->q = q;
+    o->q_pos = q_pos;
+    o->q_n = n_q;
+    o->q_layer = layer;
+    o->q_seq = seq;
+    o->q_heads = n_heads;
+    return TSR_OK;
+}
+
+static int tsr__ocand_gt(const tsr__ocand *a, const tsr__ocand *b) {
+    return a->score > b->score || (a->score == b->score && a->pos > b->pos);
+}
+
+/* Partially orders c so that its first k entries are the k largest (quickselect). */
+static void tsr__oselect(tsr__ocand *c, int32_t n, int32_t k) {
+    int32_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        tsr__ocand piv = c[lo + (hi - lo) / 2];
+        int32_t i = lo, j = hi;
+        while (i <= j) {
+            while (tsr__ocand_gt(&c[i], &piv)) i++;
+            while (tsr__ocand_gt(&piv, &c[j])) j--;
+            if (i <= j) {
+                tsr__ocand t = c[i];
+                c[i++] = c[j];
+                c[j--] = t;
+            }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+}
+
+/* Scores of prior positions [0, len): softmax over partial (or exact) logits of the last
+ * few query rows, summed over rows and heads. */
+static void tsr__off_scores(tsr__off *o, const tsr__olayer *L, int layer, int32_t len,
+                            int exact, tsr__ocand *c) {
+    int rows = o->q_n < 4 ? o->q_n : 4, heads = o->q_heads, group = heads / o->G;
+    int pw = 2 * o->pairs;
+    const int *chan = o->chan + (size_t)layer * o->G * pw;
+    float *lg = tsr_malloc((size_t)len * sizeof *lg);
+    for (int32_t j = 0; j < len; j++) c[j] = (tsr__ocand){0.0f, j};
+    if (!lg) return;
+    for (int r = o->q_n - rows; r < o->q_n; r++) {
+        for (int h = 0; h < heads; h++) {
+            int g = h / group;
+            const float *q = o->q + ((size_t)r * heads + h) * o->hd;
+            float mx = -INFINITY;
+            for (int32_t j = 0; j < len; j++) {
+                float d = 0.0f;
+                if (exact) {
+                    const float *k = L->hk + (size_t)j * o->kvd + (size_t)g * o->hd;
+                    for (int t = 0; t < o->hd; t++) d += q[t] * k[t];
+                } else {
+                    const float *pk = L->pk + (size_t)j * o->G * pw + (size_t)g * pw;
+                    for (int t = 0; t < pw; t++) d += q[chan[g * pw + t]] * pk[t];
+                }
+                lg[j] = d;
+                mx = d > mx ? d : mx;
+            }
+            float scale = 1.0f / sqrtf((float)o->hd), sum = 0.0f;
+            for (int32_t j = 0; j < len; j++) {
+                lg[j] = expf((lg[j] - mx) * scale);
+                sum += lg[j];
+            }
+            for (int32_t j = 0; j < len; j++) c[j].score += lg[j] / sum;
+        }
+    }
+    tsr_free(lg);
+}
+
+static tsr_status tsr__off_select(void *state, int layer, int seq) {
+    tsr__off *o = state;
+    tsr__oseq *s = tsr__oseq_get(o, seq);
+    if (!s) return tsr_error_set(TSR_ERR_INVALID, "offload: no sequence %d", seq);
+    tsr__olayer *L = &s->layers[layer];
+    tsr_kv_cache *m = o->mech;
+    int32_t len = m->ops->seq_len(m, seq), total = L->n;
+    int32_t budget = tsr_kv_policy_budget(&o->cfg, total);
+    int32_t keep = budget - (total - len);
+    if (keep < 0) keep = 0;
+    if (keep > len) keep = len;
+    uint8_t *want = tsr_calloc((size_t)(len ? len : 1), 1);
+    if (!want) return TSR_ERR_NOMEM;
+    if (keep == len) {
+        memset(want, 1, (size_t)len);
+    } else if (keep > 0) {
+        tsr__ocand *c = tsr_malloc((size_t)len * sizeof *c);
+        if (!c) {
+            tsr_free(want);
+            return TSR_ERR_NOMEM;
+        }
+        int have_q = o->q && o->q_layer == layer && o->q_seq == seq && o->q_n > 0;
+        if (have_q) tsr__off_scores(o, L, layer, len, 0, c);
+        else
+            for (int32_t j = 0; j < len; j++) c[j] = (tsr__ocand){(float)j, j};
+        tsr__oselect(c, len, keep);
+        for (int32_t j = 0; j < keep; j++) want[c[j].pos] = 1;
+        o->st.selections++;
+        if (have_q && o->cfg.measure_recall) {
+            tsr__off_scores(o, L, layer, len, 1, c);
+            tsr__oselect(c, len, keep);
+            int32_t hit = 0;
+            for (int32_t j = 0; j < keep; j++) hit += want[c[j].pos];
+            o->st.recall_sum += (double)hit / keep;
+            o->st.recall_n++;
+        }
+        tsr_free(c);
+    }
+    /* Evict resident prior tokens that are not wanted, then fetch the missing ones. */
+    int32_t ns = tsr_kv_paged_slots(m, layer, seq), ne = 0, nf = 0;
+    int32_t *pos = tsr_malloc((size_t)(ns ? ns : 1) * sizeof *pos);
+    int32_t *ev = tsr_malloc((size_t)(ns ? ns : 1) * sizeof *ev);
+    tsr_status st = pos && ev ? TSR_OK : TSR_ERR_NOMEM;
+    if (st == TSR_OK) st = tsr_kv_paged_read_slots(m, layer, seq, pos, NULL);
+    if (st == TSR_OK) {
+        for (int32_t i = 0; i < ns; i++)
+            if (pos[i] < len && !want[pos[i]]) {
+                ev[ne++] = i;
+                L->res[pos[i]] = 0;
+            }
+        st = tsr_kv_paged_evict(m, layer, seq, ev, ne);
+        o->st.evictions += ne;
+    }
+    for (int32_t j = 0; j < len && st == TSR_OK; j++) nf += want[j] && !L->res[j];
+    if (st == TSR_OK && nf > 0) st = tsr_kv_paged_reserve_rows(m, layer, seq, nf);
+    for (int32_t j = 0; j < len && st == TSR_OK; j++) {
+        if (!want[j] || L->res[j]) continue;
+        st = tsr_kv_paged_insert(m, layer, seq, j, L->hk + (size_t)j * o->kvd,
+                                 L->hv + (size_t)j * o->kvd);
+        L->res[j] = 1;
+        o->st.bytes_fetched += (int64_t)o->kvd * 8;
+    }
+    tsr_free(pos);
+    tsr_free(ev);
+    tsr_free(want);
+    o->q = NULL;
+    return st;
+}
+
+static tsr_status tsr__off_commit(void *state, int seq, int32_t n) {
+    tsr__off *o = state;
+    tsr__oseq *s = tsr__oseq_get(o, seq);
+    if (s) s->pending = 0;
+    o->st.tokens_processed += n;
+    return TSR_OK;
+}
+
+static void tsr__off_stats(const void *state, tsr_kv_policy_stats *out) {
+    const tsr__off *o = state;
+    *out = o->st;
+    if (o->cfg.host->peak > out->host_bytes_peak) out->host_bytes_peak = o->cfg.host->peak;
+}
+
+const tsr_kv_policy_ops tsr_kv_policy_offload = {
+    .name = "offload",
+    .wants_scores = 0,
+    .allows_prefix_cache = 0,
+    .create = tsr__off_create,
+    .destroy = tsr__off_destroy,
+    .admit = tsr__off_admit,
+    .append = tsr__off_append,
+    .write = tsr__off_write,
+    .queries = tsr__off_queries,
+    .select = tsr__off_select,
+    .commit = tsr__off_commit,
+    .release = tsr__off_release,
+    .stats = tsr__off_stats,
+};

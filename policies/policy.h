@@ -1,0 +1,85 @@
+/* KV-cache policies: one vtable, so that a new policy is one file plus one line in
+ * registry.c. A policy decides; the paged cache (memory/kv_paged.h) is the mechanism. The
+ * registry wraps a paged cache into a tsr_kv_cache that calls the policy's hooks in the
+ * forward pass's order: admit (seq_add) -> append (before reserve) -> write -> queries ->
+ * select (before spans) -> observe (after attention) -> commit. */
+#ifndef TSR_POLICIES_POLICY_H
+#define TSR_POLICIES_POLICY_H
+
+#include <stdint.h>
+
+#include "memory/host_pool.h"
+#include "memory/kv_cache.h"
+#include "memory/kv_paged.h"
+
+typedef struct tsr_kv_policy_config {
+    /* --kv-budget: >= 1 a token count; in (0, 1) a fraction of the sequence; 0 (or >= the
+     * sequence) keeps everything. */
+    double budget;
+    double recent;           /* --h2o-recent: share of the budget for recent tokens (0: 0.5) */
+    int scores_materialize;  /* --h2o-scores=materialize: the original n x n score matrix */
+    int64_t materialize_limit; /* bytes the matrix may take; 0: the available memory */
+    int spec_pairs;          /* offload: rotary channel pairs per head to speculate on (0: 4) */
+    int measure_recall;      /* offload: also compute exact scores to report recall (slow) */
+    int n_heads;             /* query heads */
+    int rope_interleaved;    /* rotary pairs (2i, 2i+1) rather than (i, i + hd/2) */
+    tsr_host_pool *host;     /* offload: where the full KV lives (not owned) */
+} tsr_kv_policy_config;
+
+typedef struct tsr_kv_policy_stats {
+    int64_t evictions;        /* token slots dropped (h2o) or moved out of residence */
+    int64_t bytes_offloaded;  /* written to the host copy */
+    int64_t bytes_fetched;    /* host -> resident */
+    int64_t tokens_processed; /* tokens committed (denominator of bytes per token) */
+    int64_t selections;       /* speculative selections made */
+    double recall_sum;        /* sum of per-selection recall of the exact top tokens */
+    int64_t recall_n;
+    int64_t score_matrix_bytes_peak; /* materialize baseline */
+    int64_t host_bytes_peak;
+} tsr_kv_policy_stats;
+
+typedef struct tsr_kv_policy_ops {
+    const char *name;
+    int wants_scores;        /* attention must produce key_scores for observe */
+    int allows_prefix_cache; /* sharing blocks needs an unmodified layout (paged only) */
+    /* `mech` is the paged cache the policy steers (owned by the wrapper). */
+    tsr_status (*create)(const tsr_kv_policy_config *cfg, tsr_kv_cache *mech, void **state);
+    void (*destroy)(void *state);
+    /* All hooks below are optional (NULL: nothing to do). */
+    tsr_status (*admit)(void *state, int seq);
+    tsr_status (*append)(void *state, int seq, int32_t n);
+    tsr_status (*write)(void *state, int layer, int seq, int32_t n, const float *k,
+                        const float *v);
+    tsr_status (*queries)(void *state, int layer, int seq, const float *q,
+                          const int32_t *q_pos, int n_q, int n_heads);
+    tsr_status (*select)(void *state, int layer, int seq);
+    tsr_status (*observe)(void *state, int layer, int seq, const float *key_scores);
+    tsr_status (*commit)(void *state, int seq, int32_t n);
+    void (*release)(void *state, int seq);
+    void (*stats)(const void *state, tsr_kv_policy_stats *out);
+} tsr_kv_policy_ops;
+
+/* The policy named `name` ("paged", "h2o", "offload"), or NULL. */
+const tsr_kv_policy_ops *tsr_kv_policy_find(const char *name);
+/* "paged|h2o|offload", for --help and error lines. */
+const char *tsr_kv_policy_names(void);
+
+/* A tsr_kv_cache: a paged cache made from `kcfg`, steered by policy `ops`. */
+tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_ops *ops,
+                                      const tsr_kv_policy_config *pcfg,
+                                      const tsr_kv_paged_config *kcfg, tsr_kv_cache **out);
+/* Non-zero when kv was made by tsr_kv_policy_cache_create. */
+int tsr_kv_is_policy(const tsr_kv_cache *kv);
+/* The paged cache underneath, and the policy's stats. */
+tsr_kv_cache *tsr_kv_policy_mech(const tsr_kv_cache *kv);
+void tsr_kv_policy_get_stats(const tsr_kv_cache *kv, tsr_kv_policy_stats *out);
+const char *tsr_kv_policy_name(const tsr_kv_cache *kv);
+
+/* The budget in tokens for a sequence of `len` tokens (len when everything is kept). */
+int32_t tsr_kv_policy_budget(const tsr_kv_policy_config *cfg, int32_t len);
+
+extern const tsr_kv_policy_ops tsr_kv_policy_paged;
+extern const tsr_kv_policy_ops tsr_kv_policy_h2o;
+extern const tsr_kv_policy_ops tsr_kv_policy_offload;
+
+#endif
