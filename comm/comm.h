@@ -52,7 +52,8 @@ typedef struct tsr_comm_options {
     tsr_comm_backend backend;
     /* NCCL for the data plane (needs a build with TSR_HAVE_NCCL; an error otherwise). */
     bool nccl;
-    int device;        /* CUDA device for NCCL; < 0: the local rank */
+    bool set_device;   /* use `device` for NCCL; else the GPU is the local rank */
+    int device;
     void *cuda_stream; /* cudaStream_t the NCCL ops are ordered on; NULL: the default stream */
     int *argc;         /* passed to MPI_Init_thread; may be NULL */
     char ***argv;

@@ -113,3 +113,27 @@ tsr_cli_result tsr_cli_parse(tsr_cli *cli, int argc, char **argv) {
     }
     return TSR_CLI_OK;
 }
+
+int tsr_cli_parse_bytes(const char *s, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v >= 0) || !isfinite(v)) return -1;
+    double mult = 1;
+    switch (*end) {
+    case 'k': case 'K': mult = 1024.0; end++; break;
+    case 'm': case 'M': mult = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mult = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': mult = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (mult > 1 && (end[0] == 'i' || end[0] == 'I') && (end[1] == 'b' || end[1] == 'B'))
+        end += 2;
+    else if (mult > 1 && (end[0] == 'b' || end[0] == 'B'))
+        end++;
+    else if (mult == 1 && (end[0] == 'b' || end[0] == 'B'))
+        end++;
+    if (*end || v * mult > 9.0e18) return -1;
+    *out = (int64_t)(v * mult);
+    return 0;
+}

@@ -45,4 +45,8 @@ tsr_cli_result tsr_cli_usage_error(const tsr_cli *cli, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 const tsr_cli_opt *tsr_cli_find(const tsr_cli *cli, const char *name);
 
+/* Parses a byte count: "1048576", "512M", "4G", "1.5GiB" (K/M/G/T are powers of 1024).
+ * Returns 0 on success, -1 when malformed. */
+int tsr_cli_parse_bytes(const char *s, int64_t *out);
+
 #endif

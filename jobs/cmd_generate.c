@@ -16,6 +16,7 @@
 #include "runtime/base/alloc.h"
 #include "runtime/base/log.h"
 #include "runtime/forward.h"
+#include "runtime/kv_setup.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
@@ -84,7 +85,10 @@ typedef struct tsr__gen_opts {
     int max_tokens, top_k, threads, max_context, chunk;
     float temperature, top_p;
     uint64_t seed;
-    bool no_bos, verbose;
+    bool no_bos, verbose, stats;
+    tsr_kv_options kv;
+    const char *kv_memory;
+    float kv_budget, h2o_recent;
 } tsr__gen_opts;
 
 typedef struct tsr__gen {
@@ -149,7 +153,10 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
 
     TSR_TRY(tsr_backend_create(o->backend, o->threads, &g->be));
     int chunk = o->chunk < (int)n_ids ? o->chunk : (int)n_ids;
-    TSR_TRY(tsr_kv_dense_create(c->n_layers, c->n_kv_heads, c->head_dim, ctx, 1, &g->kv));
+    tsr_kv_options kvo = o->kv;
+    kvo.chunk_tokens = chunk;
+    kvo.max_seqs = 1;
+    TSR_TRY(tsr_kv_setup(&kvo, c, &g->kv));
     TSR_TRY(g->kv->ops->seq_add(g->kv, 0));
     TSR_TRY(tsr_forward_create(g->model, g->be, chunk, &g->fwd));
     g->logits = tsr_malloc((size_t)c->vocab_size * sizeof(float));
@@ -211,13 +218,19 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
             "in %.3f s (%.1f tok/s), stop: %s\n",
             n_ids, tp, tp > 0 ? (double)n_ids / tp : 0.0, generated, td,
             td > 0 ? generated / td : 0.0, stop);
+    if (o->stats) {
+        char js[2048];
+        tsr_kv_stats_json(g->kv, js, sizeof js);
+        fprintf(stderr, "%s\n", js);
+    }
     return TSR_OK;
 }
 
 int tsr_cmd_generate(int argc, char **argv) {
     tsr__gen_opts o = {.max_tokens = 256, .temperature = 1.0f, .top_p = 0.9f, .top_k = 0,
                        .seed = 42, .threads = tsr__default_threads(), .chunk = 512,
-                       .backend = "auto"};
+                       .backend = "auto", .h2o_recent = 0.5f};
+    o.kv = (tsr_kv_options){.policy = "paged", .block_size = 16, .h2o_scores = "tiled"};
     tsr_cli_opt opts[] = {
         {"model", TSR_OPT_STRING, &o.model, "PATH",
          "model: llama2.c .bin, Hugging Face directory, or synthetic:NAME (required)", false},
@@ -238,6 +251,22 @@ int tsr_cmd_generate(int argc, char **argv) {
          "context length in tokens, prompt included (0 = the model's maximum)", false},
         {"chunk", TSR_OPT_INT, &o.chunk, "N", "prefill chunk size in tokens", false},
         {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu or cuda", false},
+        {"kv-policy", TSR_OPT_STRING, &o.kv.policy, "NAME",
+         "KV-cache policy: paged (keep all), h2o (heavy hitters + recent), offload "
+         "(host tier + speculative fetch)", false},
+        {"kv-memory", TSR_OPT_STRING, &o.kv_memory, "BYTES",
+         "KV block pool size, e.g. 512M or 4G (default: half the free memory less the "
+         "prefill workspace)", false},
+        {"block-size", TSR_OPT_INT, &o.kv.block_size, "N", "tokens per KV block", false},
+        {"kv-budget", TSR_OPT_FLOAT, &o.kv_budget, "B",
+         "h2o/offload: tokens kept per layer (> 1) or a fraction of the sequence (<= 1); "
+         "0 = keep all", false},
+        {"h2o-recent", TSR_OPT_FLOAT, &o.h2o_recent, "F",
+         "h2o: share of the budget for the recent window", false},
+        {"h2o-scores", TSR_OPT_STRING, &o.kv.h2o_scores, "MODE",
+         "h2o: tiled (never materialized) or materialize (the original n x n baseline)", false},
+        {"stats", TSR_OPT_FLAG, &o.stats, NULL, "print a JSON line of KV-cache stats to stderr",
+         false},
         {"no-bos", TSR_OPT_FLAG, &o.no_bos, NULL, "do not prepend the BOS token", false},
         {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
     };
@@ -260,6 +289,14 @@ int tsr_cmd_generate(int argc, char **argv) {
     if (o.temperature < 0) return tsr_cli_usage_error(&cli, "--temperature must be >= 0");
     if (!(o.top_p > 0 && o.top_p <= 1)) return tsr_cli_usage_error(&cli, "--top-p must be in (0, 1]");
     if (o.top_k < 0) return tsr_cli_usage_error(&cli, "--top-k must be >= 0");
+    if (o.kv_memory && tsr_cli_parse_bytes(o.kv_memory, &o.kv.memory_bytes) != 0)
+        return tsr_cli_usage_error(&cli, "invalid size '%s' for --kv-memory", o.kv_memory);
+    if (o.kv.block_size < 1) return tsr_cli_usage_error(&cli, "--block-size must be >= 1");
+    if (o.kv_budget < 0) return tsr_cli_usage_error(&cli, "--kv-budget must be >= 0");
+    if (!(o.h2o_recent >= 0 && o.h2o_recent <= 1))
+        return tsr_cli_usage_error(&cli, "--h2o-recent must be in [0, 1]");
+    o.kv.budget = o.kv_budget;
+    o.kv.recent = o.h2o_recent;
     if (o.verbose) tsr_log_set_level(TSR_LOG_INFO);
 
     tsr__gen g = {0};

@@ -66,6 +66,11 @@ static void tsr__h2o_destroy(void *state) {
     tsr_free(h);
 }
 
+static int64_t tsr__avail_bytes(void) {
+    long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (int64_t)pages * psz : INT64_MAX;
+}
+
 static tsr_status tsr__h2o_append(void *state, int seq, int32_t n) {
     tsr__h2o *h = state;
     if (seq < 0) return tsr_error_set(TSR_ERR_INVALID, "h2o: bad sequence %d", seq);
@@ -77,6 +82,20 @@ static tsr_status tsr__h2o_append(void *state, int seq, int32_t n) {
         h->n_seqs = seq + 1;
     }
     h->pending[seq] = n;
+    if (h->cfg.scores_materialize) {
+        /* Fail before any work when the step's n_q x n_k matrix cannot fit. */
+        tsr_kv_cache *m = h->mech;
+        int heads = h->cfg.n_heads > 0 ? h->cfg.n_heads : m->n_kv_heads;
+        double keys = (double)tsr_kv_paged_slots(m, 0, seq) + n;
+        double bytes = (double)heads * n * keys * 4.0;
+        int64_t limit =
+            h->cfg.materialize_limit > 0 ? h->cfg.materialize_limit : tsr__avail_bytes();
+        if (bytes > (double)limit)
+            return tsr_error_set(TSR_ERR_NOMEM,
+                                 "h2o --h2o-scores=materialize: the %d x %d x %.0f score "
+                                 "matrix needs %.0f bytes, only %lld available",
+                                 heads, n, keys, bytes, (long long)limit);
+    }
     return TSR_OK;
 }
 
@@ -90,11 +109,6 @@ static tsr_status tsr__h2o_queries(void *state, int layer, int seq, const float 
     h->q_seq = seq;
     h->q_heads = n_heads;
     return TSR_OK;
-}
-
-static int64_t tsr__avail_bytes(void) {
-    long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    return pages > 0 && psz > 0 ? (int64_t)pages * psz : INT64_MAX;
 }
 
 /* The baseline: the full [heads][n_q][n_k] probability matrix, then its sums. */

@@ -13,8 +13,8 @@
 #include "memory/kv_paged.h"
 
 typedef struct tsr_kv_policy_config {
-    /* --kv-budget: >= 1 a token count; in (0, 1) a fraction of the sequence; 0 (or >= the
-     * sequence) keeps everything. */
+    /* --kv-budget: > 1 a token count; in (0, 1] a fraction of the sequence (1: 100 %); 0
+     * (or a count >= the sequence) keeps everything. */
     double budget;
     double recent;           /* --h2o-recent: share of the budget for recent tokens (0: 0.5) */
     int scores_materialize;  /* --h2o-scores=materialize: the original n x n score matrix */
@@ -23,7 +23,8 @@ typedef struct tsr_kv_policy_config {
     int measure_recall;      /* offload: also compute exact scores to report recall (slow) */
     int n_heads;             /* query heads */
     int rope_interleaved;    /* rotary pairs (2i, 2i+1) rather than (i, i + hd/2) */
-    tsr_host_pool *host;     /* offload: where the full KV lives (not owned) */
+    tsr_host_pool *host;     /* offload: where the full KV lives */
+    int owns_host;           /* the cache destroys `host` with itself */
 } tsr_kv_policy_config;
 
 typedef struct tsr_kv_policy_stats {

@@ -23,7 +23,7 @@ const char *tsr_kv_policy_names(void) { return "paged|h2o|offload"; }
 int32_t tsr_kv_policy_budget(const tsr_kv_policy_config *cfg, int32_t len) {
     double b = cfg->budget;
     if (b <= 0.0) return len;
-    int64_t t = b < 1.0 ? (int64_t)ceil(b * len) : (int64_t)b;
+    int64_t t = b <= 1.0 ? (int64_t)ceil(b * len) : (int64_t)b;
     if (t < 1) t = 1;
     return t < len ? (int32_t)t : len;
 }
@@ -33,6 +33,7 @@ typedef struct tsr__pcache {
     tsr_kv_cache *mech;
     const tsr_kv_policy_ops *pol;
     void *state;
+    tsr_host_pool *owned_host;
 } tsr__pcache;
 
 static const tsr_kv_cache_ops tsr__pcache_ops;
@@ -61,6 +62,7 @@ static void tsr__pc_destroy(tsr_kv_cache *kv) {
     tsr__pcache *c = TSR__C(kv);
     if (c->state && c->pol->destroy) c->pol->destroy(c->state);
     tsr_kv_cache_destroy(c->mech);
+    tsr_host_pool_destroy(c->owned_host);
     tsr_free(c);
 }
 
@@ -178,6 +180,7 @@ tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_ops *ops,
         tsr_free(c);
         return st;
     }
+    if (pcfg->owns_host) c->owned_host = pcfg->host;
     c->base = *c->mech;
     c->base.ops = &tsr__pcache_ops;
     c->base.wants_scores = ops->wants_scores;

@@ -104,6 +104,9 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
         const tsr_batch_seq *s = &seqs[i];
         TSR_TRY(kv->ops->write(kv, layer, s->seq, s->n_tokens, f->k + row * kvd,
                                f->v + row * kvd));
+        if (kv->ops->queries)
+            TSR_TRY(kv->ops->queries(kv, layer, s->seq, f->q + row * qd, f->pos + row,
+                                     s->n_tokens, c->n_heads));
         const tsr_kv_span *spans;
         int n_spans;
         TSR_TRY(kv->ops->spans(kv, layer, s->seq, &spans, &n_spans));

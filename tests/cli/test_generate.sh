@@ -38,6 +38,9 @@ expect no_prompt 2 "give exactly one of --prompt and --prompt-file" -- "$BIN" ge
 expect no_model 2 "--model is required" -- "$BIN" generate --prompt hi
 expect bad_top_p 2 "--top-p must be in (0, 1]" -- "$BIN" generate --model "$MODEL" --prompt hi --top-p 0
 expect missing_tokenizer 1 "tokenizer" -- "$BIN" generate --model "$MODEL" --prompt hi --tokenizer "$TMP/none.bin"
+expect bad_policy 1 "--kv-policy bogus: unknown (use paged|h2o|offload)" -- "$BIN" generate --model "$MODEL" --prompt hi --kv-policy bogus
+expect tiny_kv_memory 1 "holds no block" -- "$BIN" generate --model "$MODEL" --prompt hi --kv-memory 1K
+expect bad_kv_memory 2 "invalid size '12Q' for --kv-memory" -- "$BIN" generate --model "$MODEL" --prompt hi --kv-memory 12Q
 expect unknown_command 2 "unknown command 'frob'" -- "$BIN" frob
 
 # --help tells the truth: every option the parser knows is listed.
@@ -56,6 +59,16 @@ if [ -f "$GOLD" ]; then
     else
         echo "FAIL greedy_matches_reference"; diff "$TMP/story" "$GOLD" | head; cat "$TMP/err"; fails=$((fails + 1))
     fi
+    # Every KV policy with a 100 % budget gives the reference tokens.
+    for pol in paged h2o offload; do
+        if "$BIN" generate --model "$MODEL" --prompt "Once upon a time" --max-tokens 64 --temperature 0 \
+            --kv-policy $pol --kv-budget 1 --block-size 8 --stats >"$TMP/story_$pol" 2>"$TMP/err" &&
+            cmp -s "$TMP/story_$pol" "$GOLD" && grep -q "\"policy\":\"$pol\"" "$TMP/err"; then
+            echo "ok   greedy_policy_$pol"; passes=$((passes + 1))
+        else
+            echo "FAIL greedy_policy_$pol"; cat "$TMP/err"; fails=$((fails + 1))
+        fi
+    done
     # Same tokens again through the converted Hugging Face directory.
     if "$BIN" convert --model "$MODEL" --output "$TMP/hf" >/dev/null 2>"$TMP/err" &&
         "$BIN" generate --model "$TMP/hf" --prompt "Once upon a time" --max-tokens 64 --temperature 0 >"$TMP/story_hf" 2>>"$TMP/err" &&

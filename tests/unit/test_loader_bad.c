@@ -221,7 +221,9 @@ TSR_TEST(test_hf_wrong_shape) {
                  "model.layers.0.mlp.down_proj.weight has shape [172, 64], expected [64, 172]");
 }
 
-static void write_text(const char *path, const char *text) { write_bytes(path, text, strlen(text)); }
+static void write_text(const char *path, const char *text) {
+    write_bytes(path, text, strlen(text));
+}
 
 TSR_TEST(test_hf_unknown_architecture) {
     const char *dir = BAD "/hf_arch";

@@ -113,7 +113,8 @@ static tsr_status fx_write_dir(const char *dir, tsr_dtype dt, bool tied, int n_s
         int k = 0;
         for (int i = s; i < n; i += n_shards) {
             if (skip && !strcmp(ts[i].name, skip)) continue;
-            tsr_dtype tdt = (mixed && strstr(ts[i].name, "layers.0.self_attn.q_proj")) ? TSR_BF16 : dt;
+            bool odd = mixed && strstr(ts[i].name, "layers.0.self_attn.q_proj");
+            tsr_dtype tdt = odd ? TSR_BF16 : dt;
             e[k] = (tsr_st_entry){.name = ts[i].name, .dtype = tdt,
                                   .n_dims = ts[i].rows ? 2 : 1};
             if (ts[i].rows) {

@@ -1,0 +1,484 @@
+/* tsr_comm: backend choice, the tp x pp layout and dispatch of every operation to the
+ * local path (one-rank groups), NCCL (data plane when on) or MPI. */
+#include "comm/comm.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_impl.h"
+#include "runtime/base/alloc.h"
+#include "runtime/base/log.h"
+
+static const char *const tsr__group_names[TSR_COMM_GROUP_COUNT] = {"world", "tp", "pp"};
+
+static int tsr__env_int(const char *name, bool *found) {
+    const char *v = getenv(name);
+    *found = v && *v;
+    return *found ? atoi(v) : 0;
+}
+
+bool tsr_comm_launched_by_mpi(int *n_ranks) {
+    /* Size variables first (they give the world size), then rank-only markers. */
+    static const char *const sizes[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                                        "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS",
+                                        "PMIX_SIZE"};
+    bool found = false;
+    if (n_ranks) *n_ranks = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        int n = tsr__env_int(sizes[i], &found);
+        /* SLURM_STEP_NUM_TASKS is only meaningful inside an srun step (SLURM_PROCID set);
+         * a batch script's own shell has neither and runs single-process. */
+        if (found && strcmp(sizes[i], "SLURM_STEP_NUM_TASKS") == 0 && !getenv("SLURM_PROCID"))
+            found = false;
+        if (found) {
+            if (n_ranks) *n_ranks = n;
+            return true;
+        }
+    }
+    if (getenv("PMIX_RANK") || getenv("PMI_RANK") || getenv("OMPI_COMM_WORLD_RANK")) return true;
+    return false;
+}
+
+tsr_status tsr_comm_init(const tsr_comm_options *opt, tsr_comm **out) {
+    tsr_comm_options o = {0};
+    if (opt) o = *opt;
+    if (!o.set_device) o.device = -1;
+    *out = NULL;
+
+    const char *env = getenv("TSR_COMM");
+    if (o.backend == TSR_COMM_AUTO && env && *env) {
+        if (strcmp(env, "self") == 0) o.backend = TSR_COMM_SELF;
+        else if (strcmp(env, "mpi") == 0) o.backend = TSR_COMM_MPI;
+        else if (strcmp(env, "auto") != 0)
+            return tsr_error_set(TSR_ERR_INVALID, "TSR_COMM=%s: expected self, mpi or auto", env);
+    }
+    int launched_n = 0;
+    bool launched = tsr_comm_launched_by_mpi(&launched_n);
+    if (o.backend == TSR_COMM_AUTO) o.backend = launched ? TSR_COMM_MPI : TSR_COMM_SELF;
+#ifndef TSR_HAVE_MPI
+    if (o.backend == TSR_COMM_MPI) {
+        if (launched && launched_n <= 1) {
+            o.backend = TSR_COMM_SELF; /* mpirun -np 1 of an MPI-less build: fine */
+        } else if (launched) {
+            return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                                 "launched as %d ranks, but this tessera was built with "
+                                 "TESSERA_MPI=OFF (rebuild with MPI)", launched_n);
+        } else {
+            return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                                 "MPI requested, but this tessera was built with TESSERA_MPI=OFF");
+        }
+    }
+#endif
+    if (o.backend == TSR_COMM_SELF && launched && launched_n > 1)
+        return tsr_error_set(TSR_ERR_INVALID, "launched as %d ranks, but TSR_COMM=self asks for "
+                             "a single process", launched_n);
+#ifndef TSR__COMM_NCCL
+    if (o.nccl)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "NCCL requested, but this tessera was built without NCCL%s",
+#ifdef TSR_HAVE_MPI
+                             ""
+#else
+                             " (NCCL also needs TESSERA_MPI=ON)"
+#endif
+        );
+#endif
+
+    tsr_comm *c = tsr_calloc(1, sizeof *c);
+    if (!c) return TSR_ERR_NOMEM;
+    c->device = o.device;
+    c->stream = o.cuda_stream;
+    c->nccl = o.nccl;
+    tsr_status st = TSR_OK;
+    if (o.backend == TSR_COMM_SELF) {
+        tsr__comm_self_init(c);
+    } else {
+#ifdef TSR_HAVE_MPI
+        st = tsr__comm_mpi_init(c, &o);
+#endif
+    }
+#ifdef TSR__COMM_NCCL
+    if (st == TSR_OK && c->nccl && c->backend == TSR_COMM_MPI) st = tsr__comm_nccl_setup(c);
+#endif
+    if (st != TSR_OK) {
+        tsr_comm_destroy(c);
+        return st;
+    }
+    if (c->world_size > 1) tsr_log_set_rank(c->world_rank);
+    *out = c;
+    return TSR_OK;
+}
+
+static void tsr__grp_free(tsr_comm *c, tsr__comm_grp *g) {
+#ifdef TSR__COMM_NCCL
+    if (g->nccl) tsr__comm_nccl_grp_free(c, g);
+#endif
+#ifdef TSR_HAVE_MPI
+    if (g->mpi) tsr__comm_mpi_grp_free(g);
+#endif
+    (void)c;
+    memset(g, 0, sizeof *g);
+}
+
+tsr_status tsr_comm_set_layout(tsr_comm *c, int tp, int pp) {
+    if (tp < 1 || pp < 1)
+        return tsr_error_set(TSR_ERR_INVALID, "layout --tp %d x --pp %d: both must be >= 1", tp,
+                             pp);
+    if ((long long)tp * pp != c->world_size)
+        return tsr_error_set(TSR_ERR_INVALID,
+                             "layout --tp %d x --pp %d needs %lld ranks, but the job has %d "
+                             "(world size must equal tp x pp)",
+                             tp, pp, (long long)tp * pp, c->world_size);
+    tsr__grp_free(c, &c->grp[TSR_COMM_TP]);
+    tsr__grp_free(c, &c->grp[TSR_COMM_PP]);
+    c->tp = c->pp = c->tp_rank = c->pp_rank = 0;
+
+    int tp_rank = c->world_rank % tp, pp_rank = c->world_rank / tp;
+    tsr_status st = TSR_OK;
+    if (c->backend == TSR_COMM_SELF) {
+        c->grp[TSR_COMM_TP] = (tsr__comm_grp){.rank = 0, .size = 1};
+        c->grp[TSR_COMM_PP] = (tsr__comm_grp){.rank = 0, .size = 1};
+    } else {
+#ifdef TSR_HAVE_MPI
+        st = tsr__comm_mpi_split(c, pp_rank, tp_rank, &c->grp[TSR_COMM_TP], "tp group");
+        if (st == TSR_OK)
+            st = tsr__comm_mpi_split(c, tp_rank, pp_rank, &c->grp[TSR_COMM_PP], "pp group");
+#endif
+    }
+#ifdef TSR__COMM_NCCL
+    if (st == TSR_OK && c->nccl && c->backend == TSR_COMM_MPI) {
+        if (!c->grp[TSR_COMM_WORLD].nccl && c->world_size > 1)
+            st = tsr__comm_nccl_grp_init(c, &c->grp[TSR_COMM_WORLD], "world");
+        if (st == TSR_OK && c->grp[TSR_COMM_TP].size > 1)
+            st = tsr__comm_nccl_grp_init(c, &c->grp[TSR_COMM_TP], "tp group");
+        if (st == TSR_OK && c->grp[TSR_COMM_PP].size > 1)
+            st = tsr__comm_nccl_grp_init(c, &c->grp[TSR_COMM_PP], "pp group");
+    }
+#endif
+    if (st != TSR_OK) {
+        tsr__grp_free(c, &c->grp[TSR_COMM_TP]);
+        tsr__grp_free(c, &c->grp[TSR_COMM_PP]);
+        return st;
+    }
+    c->tp = tp;
+    c->pp = pp;
+    c->tp_rank = tp_rank;
+    c->pp_rank = pp_rank;
+    return TSR_OK;
+}
+
+void tsr_comm_destroy(tsr_comm *c) {
+    if (!c) return;
+#ifdef TSR__COMM_NCCL
+    /* NCCL's order: drain the stream, then finalize/destroy each communicator, all before
+     * MPI goes away. */
+    if (c->nccl) (void)tsr__comm_nccl_sync(c);
+#endif
+    for (int g = TSR_COMM_GROUP_COUNT - 1; g >= 0; g--) tsr__grp_free(c, &c->grp[g]);
+#ifdef TSR_HAVE_MPI
+    if (c->backend == TSR_COMM_MPI) tsr__comm_mpi_finalize(c);
+#endif
+    tsr_free(c->scratch);
+    tsr_free(c);
+}
+
+const char *tsr_comm_backend_name(const tsr_comm *c) {
+    return c->backend == TSR_COMM_MPI ? "mpi" : "self";
+}
+bool tsr_comm_uses_nccl(const tsr_comm *c) { return c->nccl; }
+int tsr_comm_world_rank(const tsr_comm *c) { return c->world_rank; }
+int tsr_comm_world_size(const tsr_comm *c) { return c->world_size; }
+int tsr_comm_local_rank(const tsr_comm *c) { return c->local_rank; }
+int tsr_comm_local_size(const tsr_comm *c) { return c->local_size; }
+int tsr_comm_tp(const tsr_comm *c) { return c->tp; }
+int tsr_comm_pp(const tsr_comm *c) { return c->pp; }
+int tsr_comm_tp_rank(const tsr_comm *c) { return c->tp_rank; }
+int tsr_comm_pp_rank(const tsr_comm *c) { return c->pp_rank; }
+
+int tsr_comm_rank(const tsr_comm *c, tsr_comm_group g) {
+    if ((int)g < 0 || g >= TSR_COMM_GROUP_COUNT || c->grp[g].size == 0) return -1;
+    return c->grp[g].rank;
+}
+int tsr_comm_size(const tsr_comm *c, tsr_comm_group g) {
+    if ((int)g < 0 || g >= TSR_COMM_GROUP_COUNT) return 0;
+    return c->grp[g].size;
+}
+
+/* The group, or an error line when it does not exist (no layout yet, bad enum). */
+static tsr_status tsr__grp(tsr_comm *c, tsr_comm_group g, const char *op, tsr__comm_grp **out) {
+    if ((int)g < 0 || g >= TSR_COMM_GROUP_COUNT)
+        return tsr_error_set(TSR_ERR_INVALID, "%s: no communicator group %d", op, (int)g);
+    if (c->grp[g].size == 0)
+        return tsr_error_set(TSR_ERR_INVALID, "%s on the %s group: no layout set yet "
+                             "(call tsr_comm_set_layout)", op, tsr__group_names[g]);
+    *out = &c->grp[g];
+    return TSR_OK;
+}
+
+static tsr_status tsr__peer_check(tsr__comm_grp *g, tsr_comm_group which, int peer, int tag,
+                                  const char *op) {
+    if (peer < 0 || peer >= g->size || peer == g->rank)
+        return tsr_error_set(TSR_ERR_INVALID, "%s on the %s group (rank %d of %d): bad peer %d",
+                             op, tsr__group_names[which], g->rank, g->size, peer);
+    if (tag < 0) return tsr_error_set(TSR_ERR_INVALID, "%s: negative tag %d", op, tag);
+    return TSR_OK;
+}
+
+static tsr_status tsr__scratch(tsr_comm *c, size_t count) {
+    if (count <= c->scratch_cap) return TSR_OK;
+    size_t bytes;
+    if (!tsr_mul_size(count, sizeof(float), &bytes)) return TSR_ERR_NOMEM;
+    float *p = tsr_realloc(c->scratch, bytes);
+    if (!p) return TSR_ERR_NOMEM;
+    c->scratch = p;
+    c->scratch_cap = count;
+    return TSR_OK;
+}
+
+tsr_status tsr_comm_allreduce_sum_f32_parts(tsr_comm *c, tsr_comm_group which,
+                                            const float *parts, int n_local, size_t n,
+                                            float *out) {
+    tsr__comm_grp *g = NULL;
+    TSR_TRY(tsr__grp(c, which, "allreduce_sum_f32_parts", &g));
+    if (n_local < 1)
+        return tsr_error_set(TSR_ERR_INVALID, "allreduce_sum_f32_parts: %d parts", n_local);
+    if (n == 0) return TSR_OK;
+    if (g->size == 1) {
+        tsr__comm_self_sum_parts(parts, n_local, n, out);
+        return TSR_OK;
+    }
+#ifdef TSR__COMM_NCCL
+    if (g->nccl) {
+        if (n_local != 1)
+            return tsr_error_set(TSR_ERR_UNSUPPORTED, "allreduce_sum_f32_parts on NCCL: sum the "
+                                 "%d local parts on the device first", n_local);
+        return tsr__comm_nccl_allreduce_sum_f32(c, g, parts, out, n);
+    }
+#endif
+#ifdef TSR_HAVE_MPI
+    size_t per_rank, total;
+    if (!tsr_mul_size((size_t)n_local, n, &per_rank) ||
+        !tsr_mul_size(per_rank, (size_t)g->size, &total))
+        return tsr_error_set(TSR_ERR_NOMEM, "allreduce_sum_f32_parts: size overflow");
+    TSR_TRY(tsr__scratch(c, total));
+    TSR_TRY(tsr__comm_mpi_allgather(g, parts, per_rank * sizeof(float), c->scratch));
+    tsr__comm_self_sum_parts(c->scratch, n_local * g->size, n, out);
+    return TSR_OK;
+#else
+    return tsr_error_set(TSR_ERR_INTERNAL, "allreduce: a %d-rank group without MPI", g->size);
+#endif
+}
+
+tsr_status tsr_comm_allreduce_sum_f32(tsr_comm *c, tsr_comm_group which, float *buf, size_t n) {
+    tsr__comm_grp *g = NULL;
+    TSR_TRY(tsr__grp(c, which, "allreduce_sum_f32", &g));
+    if (g->size == 1 || n == 0) return TSR_OK;
+#ifdef TSR__COMM_NCCL
+    if (g->nccl) return tsr__comm_nccl_allreduce_sum_f32(c, g, buf, buf, n);
+#endif
+#ifdef TSR_HAVE_MPI
+    size_t total;
+    if (!tsr_mul_size(n, (size_t)g->size, &total))
+        return tsr_error_set(TSR_ERR_NOMEM, "allreduce_sum_f32: size overflow");
+    TSR_TRY(tsr__scratch(c, total));
+    TSR_TRY(tsr__comm_mpi_allgather(g, buf, n * sizeof(float), c->scratch));
+    tsr__comm_self_sum_parts(c->scratch, g->size, n, buf);
+    return TSR_OK;
+#else
+    return tsr_error_set(TSR_ERR_INTERNAL, "allreduce: a %d-rank group without MPI", g->size);
+#endif
+}
+
+tsr_status tsr_comm_allgather(tsr_comm *c, tsr_comm_group which, const void *send, size_t bytes,
+                              void *recv) {
+    tsr__comm_grp *g = NULL;
+    TSR_TRY(tsr__grp(c, which, "allgather", &g));
+    if (bytes == 0) return TSR_OK;
+#ifdef TSR__COMM_NCCL
+    if (g->nccl) return tsr__comm_nccl_allgather(c, g, send, bytes, recv);
+#endif
+    if (g->size == 1) {
+        if (recv != send) memmove(recv, send, bytes);
+        return TSR_OK;
+    }
+#ifdef TSR_HAVE_MPI
+    return tsr__comm_mpi_allgather(g, send, bytes, recv);
+#else
+    return tsr_error_set(TSR_ERR_INTERNAL, "allgather: a %d-rank group without MPI", g->size);
+#endif
+}
+
+tsr_status tsr_comm_send(tsr_comm *c, tsr_comm_group which, const void *buf, size_t bytes,
+                         int peer, int tag) {
+    tsr__comm_grp *g = NULL;
+    TSR_TRY(tsr__grp(c, which, "send", &g));
+    TSR_TRY(tsr__peer_check(g, which, peer, tag, "send"));
+#ifdef TSR__COMM_NCCL
+    if (g->nccl) return tsr__comm_nccl_send(c, g, buf, bytes, peer, true);
+#endif
+#ifdef TSR_HAVE_MPI
+    return tsr__comm_mpi_send(g, buf, bytes, peer, tag);
+#else
+    (void)buf, (void)bytes;
+    return TSR_ERR_INTERNAL; /* unreachable: peer_check rejects every peer of a 1-rank group */
+#endif
+}
+
+tsr_status tsr_comm_recv(tsr_comm *c, tsr_comm_group which, void *buf, size_t bytes, int peer,
+                         int tag) {
+    tsr__comm_grp *g = NULL;
+    TSR_TRY(tsr__grp(c, which, "recv", &g));
+    TSR_TRY(tsr__peer_check(g, which, peer, tag, "recv"));
+#ifdef TSR__COMM_NCCL
+    if (g->nccl) return tsr__comm_nccl_recv(c, g, buf, bytes, peer, true);
+#endif
+#ifdef TSR_HAVE_MPI
+    return tsr__comm_mpi_recv(g, buf, bytes, peer, tag);
+#else
+    (void)buf, (void)bytes;
+    return TSR_ERR_INTERNAL;
+#endif
+}
+
+tsr_status tsr_comm_isend(tsr_comm *c, tsr_comm_group which, const void *buf, size_t bytes,
+                          int peer, int tag, tsr_comm_request *req) {
+    tsr__comm_grp *g = NULL;
+    memset(req, 0, sizeof *req);
+    TSR_TRY(tsr__grp(c, which, "isend", &g));
+    TSR_TRY(tsr__peer_check(g, which, peer, tag, "isend"));
+#ifdef TSR__COMM_NCCL
+    if (g->nccl) {
+        req->kind = TSR__REQ_NCCL;
+        return tsr__comm_nccl_send(c, g, buf, bytes, peer, false);
+    }
+#endif
+#ifdef TSR_HAVE_MPI
+    return tsr__comm_mpi_isend(g, buf, bytes, peer, tag, req);
+#else
+    (void)buf, (void)bytes;
+    return TSR_ERR_INTERNAL;
+#endif
+}
+
+tsr_status tsr_comm_irecv(tsr_comm *c, tsr_comm_group which, void *buf, size_t bytes, int peer,
+                          int tag, tsr_comm_request *req) {
+    tsr__comm_grp *g = NULL;
+    memset(req, 0, sizeof *req);
+    TSR_TRY(tsr__grp(c, which, "irecv", &g));
+    TSR_TRY(tsr__peer_check(g, which, peer, tag, "irecv"));
+#ifdef TSR__COMM_NCCL
+    if (g->nccl) {
+        req->kind = TSR__REQ_NCCL;
+        return tsr__comm_nccl_recv(c, g, buf, bytes, peer, false);
+    }
+#endif
+#ifdef TSR_HAVE_MPI
+    return tsr__comm_mpi_irecv(g, buf, bytes, peer, tag, req);
+#else
+    (void)buf, (void)bytes;
+    return TSR_ERR_INTERNAL;
+#endif
+}
+
+tsr_status tsr_comm_wait(tsr_comm *c, tsr_comm_request *req) {
+    (void)c;
+    switch (req->kind) {
+    case TSR__REQ_NONE:
+        return TSR_OK;
+#ifdef TSR_HAVE_MPI
+    case TSR__REQ_MPI:
+        return tsr__comm_mpi_wait(req);
+#endif
+#ifdef TSR__COMM_NCCL
+    case TSR__REQ_NCCL:
+        req->kind = TSR__REQ_NONE;
+        return tsr__comm_nccl_sync(c);
+#endif
+    default:
+        return tsr_error_set(TSR_ERR_INVALID, "wait: unknown request kind %d", req->kind);
+    }
+}
+
+tsr_status tsr_comm_bcast(tsr_comm *c, tsr_comm_group which, void *buf, size_t bytes, int root) {
+    tsr__comm_grp *g = NULL;
+    TSR_TRY(tsr__grp(c, which, "bcast", &g));
+    if (root < 0 || root >= g->size)
+        return tsr_error_set(TSR_ERR_INVALID, "bcast on the %s group: root %d of %d ranks",
+                             tsr__group_names[which], root, g->size);
+    if (g->size == 1 || bytes == 0) return TSR_OK;
+#ifdef TSR_HAVE_MPI
+    return tsr__comm_mpi_bcast(g, buf, bytes, root);
+#else
+    (void)buf;
+    return TSR_ERR_INTERNAL;
+#endif
+}
+
+tsr_status tsr_comm_allreduce_i64(tsr_comm *c, tsr_comm_group which, int64_t *buf, size_t n,
+                                  tsr_comm_op op) {
+    tsr__comm_grp *g = NULL;
+    TSR_TRY(tsr__grp(c, which, "allreduce_i64", &g));
+    if (op != TSR_COMM_SUM && op != TSR_COMM_MIN && op != TSR_COMM_MAX)
+        return tsr_error_set(TSR_ERR_INVALID, "allreduce_i64: unknown op %d", (int)op);
+    if (g->size == 1 || n == 0) return TSR_OK;
+#ifdef TSR_HAVE_MPI
+    return tsr__comm_mpi_allreduce_i64(g, buf, n, op);
+#else
+    (void)buf;
+    return TSR_ERR_INTERNAL;
+#endif
+}
+
+tsr_status tsr_comm_barrier(tsr_comm *c, tsr_comm_group which) {
+    tsr__comm_grp *g = NULL;
+    TSR_TRY(tsr__grp(c, which, "barrier", &g));
+    if (g->size == 1) return TSR_OK;
+#ifdef TSR_HAVE_MPI
+    return tsr__comm_mpi_barrier(g);
+#else
+    return TSR_ERR_INTERNAL;
+#endif
+}
+
+/* What the failing rank sends to everyone: its status and its error line. */
+typedef struct tsr__agree_msg {
+    int32_t status;
+    char line[500];
+} tsr__agree_msg;
+
+tsr_status tsr_comm_agree(tsr_comm *c, tsr_status st) {
+    if (c->world_size == 1) return st;
+    /* One MAX over -rank of the failing ranks finds the lowest failing rank (or none). */
+    int64_t v = st != TSR_OK ? -(int64_t)c->world_rank : INT64_MIN;
+    char mine[sizeof(((tsr__agree_msg *)0)->line)];
+    snprintf(mine, sizeof mine, "%s", tsr_last_error());
+    if (tsr_comm_allreduce_i64(c, TSR_COMM_WORLD, &v, 1, TSR_COMM_MAX) != TSR_OK)
+        return TSR_ERR_MPI;
+    if (v == INT64_MIN) return TSR_OK;
+    int root = (int)-v;
+    tsr__agree_msg m;
+    memset(&m, 0, sizeof m);
+    if (root == c->world_rank) {
+        m.status = (int32_t)st;
+        snprintf(m.line, sizeof m.line, "%s", *mine ? mine : tsr_strerror(st));
+    }
+    if (tsr_comm_bcast(c, TSR_COMM_WORLD, &m, sizeof m, root) != TSR_OK) return TSR_ERR_MPI;
+    tsr_status agreed = (m.status > TSR_OK && m.status < TSR_STATUS_COUNT) ? (tsr_status)m.status
+                                                                         : TSR_ERR_INTERNAL;
+    return tsr_error_set(agreed, "rank %d: %s", root, m.line);
+}
+
+_Noreturn void tsr_comm_abort(tsr_comm *c, int code, const char *msg) {
+    if (code == 0) code = 1;
+    if (c && c->world_size > 1)
+        fprintf(stderr, "tessera: rank %d: %s\n", c->world_rank, msg ? msg : "aborted");
+    else
+        fprintf(stderr, "tessera: %s\n", msg ? msg : "aborted");
+    fflush(stderr);
+#ifdef TSR_HAVE_MPI
+    if (c && c->backend == TSR_COMM_MPI) tsr__comm_mpi_abort(code);
+#endif
+    exit(code);
+}

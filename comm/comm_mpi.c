@@ -1,0 +1,205 @@
+/* The MPI backend: bootstrap, group communicators and host-memory collectives. Every
+ * communicator has MPI_ERRORS_RETURN, and failures become TSR_ERR_MPI lines carrying
+ * MPI_Error_string's text. Compiled only with TESSERA_MPI=ON. */
+#include "comm/comm_impl.h"
+
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/base/alloc.h"
+
+_Static_assert(sizeof(MPI_Request) <= sizeof(((tsr_comm_request *)0)->impl),
+               "tsr_comm_request too small for MPI_Request");
+
+static tsr_status tsr__mpi_err(int rc, const char *what) {
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "MPI error %d", rc);
+    return tsr_error_set(TSR_ERR_MPI, "%s: %s", what, s);
+}
+
+#define TSR__MPI_TRY(call, what)                                                         \
+    do {                                                                                 \
+        int rc_ = (call);                                                                \
+        if (rc_ != MPI_SUCCESS) return tsr__mpi_err(rc_, what);                          \
+    } while (0)
+
+static MPI_Comm tsr__mc(const tsr__comm_grp *g) { return *(MPI_Comm *)g->mpi; }
+
+static tsr_status tsr__count(size_t bytes, const char *what, int *out) {
+    if (bytes > (size_t)INT_MAX)
+        return tsr_error_set(TSR_ERR_INVALID, "%s: %zu bytes exceed MPI's int count", what,
+                             bytes);
+    *out = (int)bytes;
+    return TSR_OK;
+}
+
+/* Takes ownership of `comm` into a heap handle with MPI_ERRORS_RETURN. */
+static tsr_status tsr__wrap(MPI_Comm comm, const char *what, void **out) {
+    TSR__MPI_TRY(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), what);
+    MPI_Comm *h = tsr_malloc(sizeof *h);
+    if (!h) {
+        MPI_Comm_free(&comm);
+        return TSR_ERR_NOMEM;
+    }
+    *h = comm;
+    *out = h;
+    return TSR_OK;
+}
+
+tsr_status tsr__comm_mpi_init(tsr_comm *c, const tsr_comm_options *o) {
+    c->backend = TSR_COMM_MPI;
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (finalized) return tsr_error_set(TSR_ERR_MPI, "MPI was already finalized");
+    if (!inited) {
+        int provided = 0;
+        int rc = MPI_Init_thread(o->argc, o->argv, MPI_THREAD_FUNNELED, &provided);
+        if (rc != MPI_SUCCESS) return tsr__mpi_err(rc, "MPI_Init_thread");
+        c->owns_mpi = true;
+        if (provided < MPI_THREAD_FUNNELED)
+            return tsr_error_set(TSR_ERR_MPI, "MPI_Init_thread: MPI_THREAD_FUNNELED not "
+                                 "provided (got level %d)", provided);
+    }
+    TSR__MPI_TRY(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN),
+                 "MPI_Comm_set_errhandler(world)");
+    /* Our own duplicate, so that tessera's messages never match another library's. */
+    MPI_Comm world;
+    TSR__MPI_TRY(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup(world)");
+    TSR_TRY(tsr__wrap(world, "world communicator", &c->grp[TSR_COMM_WORLD].mpi));
+    TSR__MPI_TRY(MPI_Comm_rank(world, &c->world_rank), "MPI_Comm_rank");
+    TSR__MPI_TRY(MPI_Comm_size(world, &c->world_size), "MPI_Comm_size");
+    c->grp[TSR_COMM_WORLD].rank = c->world_rank;
+    c->grp[TSR_COMM_WORLD].size = c->world_size;
+
+    MPI_Comm node;
+    TSR__MPI_TRY(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, c->world_rank, MPI_INFO_NULL,
+                                     &node),
+                 "MPI_Comm_split_type(SHARED)");
+    TSR_TRY(tsr__wrap(node, "node communicator", &c->mpi_node));
+    TSR__MPI_TRY(MPI_Comm_rank(node, &c->local_rank), "MPI_Comm_rank(node)");
+    TSR__MPI_TRY(MPI_Comm_size(node, &c->local_size), "MPI_Comm_size(node)");
+    return TSR_OK;
+}
+
+void tsr__comm_mpi_grp_free(tsr__comm_grp *g) {
+    if (!g->mpi) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free((MPI_Comm *)g->mpi);
+    tsr_free(g->mpi);
+    g->mpi = NULL;
+}
+
+void tsr__comm_mpi_finalize(tsr_comm *c) {
+    tsr__comm_grp node = {.mpi = c->mpi_node};
+    tsr__comm_mpi_grp_free(&node);
+    c->mpi_node = NULL;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (c->owns_mpi && !finalized) MPI_Finalize();
+    c->owns_mpi = false;
+}
+
+tsr_status tsr__comm_mpi_split(tsr_comm *c, int color, int key, tsr__comm_grp *out,
+                               const char *what) {
+    MPI_Comm sub;
+    TSR__MPI_TRY(MPI_Comm_split(tsr__mc(&c->grp[TSR_COMM_WORLD]), color, key, &sub), what);
+    TSR_TRY(tsr__wrap(sub, what, &out->mpi));
+    TSR__MPI_TRY(MPI_Comm_rank(sub, &out->rank), what);
+    TSR__MPI_TRY(MPI_Comm_size(sub, &out->size), what);
+    return TSR_OK;
+}
+
+tsr_status tsr__comm_mpi_allgather(tsr__comm_grp *g, const void *send, size_t bytes,
+                                   void *recv) {
+    int n = 0;
+    TSR_TRY(tsr__count(bytes, "MPI_Allgather", &n));
+    TSR__MPI_TRY(MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, tsr__mc(g)),
+                 "MPI_Allgather");
+    return TSR_OK;
+}
+
+tsr_status tsr__comm_mpi_bcast(tsr__comm_grp *g, void *buf, size_t bytes, int root) {
+    int n = 0;
+    TSR_TRY(tsr__count(bytes, "MPI_Bcast", &n));
+    TSR__MPI_TRY(MPI_Bcast(buf, n, MPI_BYTE, root, tsr__mc(g)), "MPI_Bcast");
+    return TSR_OK;
+}
+
+tsr_status tsr__comm_mpi_allreduce_i64(tsr__comm_grp *g, int64_t *buf, size_t n,
+                                       tsr_comm_op op) {
+    int cnt = 0;
+    TSR_TRY(tsr__count(n, "MPI_Allreduce", &cnt));
+    MPI_Op mop = op == TSR_COMM_MIN ? MPI_MIN : op == TSR_COMM_MAX ? MPI_MAX : MPI_SUM;
+    TSR__MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, buf, cnt, MPI_INT64_T, mop, tsr__mc(g)),
+                 "MPI_Allreduce");
+    return TSR_OK;
+}
+
+tsr_status tsr__comm_mpi_barrier(tsr__comm_grp *g) {
+    TSR__MPI_TRY(MPI_Barrier(tsr__mc(g)), "MPI_Barrier");
+    return TSR_OK;
+}
+
+tsr_status tsr__comm_mpi_send(tsr__comm_grp *g, const void *buf, size_t bytes, int peer,
+                              int tag) {
+    int n = 0;
+    TSR_TRY(tsr__count(bytes, "MPI_Send", &n));
+    TSR__MPI_TRY(MPI_Send(buf, n, MPI_BYTE, peer, tag, tsr__mc(g)), "MPI_Send");
+    return TSR_OK;
+}
+
+tsr_status tsr__comm_mpi_recv(tsr__comm_grp *g, void *buf, size_t bytes, int peer, int tag) {
+    int n = 0, got = 0;
+    MPI_Status s;
+    TSR_TRY(tsr__count(bytes, "MPI_Recv", &n));
+    TSR__MPI_TRY(MPI_Recv(buf, n, MPI_BYTE, peer, tag, tsr__mc(g), &s), "MPI_Recv");
+    MPI_Get_count(&s, MPI_BYTE, &got);
+    if (got != n)
+        return tsr_error_set(TSR_ERR_MPI, "MPI_Recv from rank %d (tag %d): %d bytes, expected %d",
+                             peer, tag, got, n);
+    return TSR_OK;
+}
+
+tsr_status tsr__comm_mpi_isend(tsr__comm_grp *g, const void *buf, size_t bytes, int peer,
+                               int tag, tsr_comm_request *req) {
+    int n = 0;
+    MPI_Request r;
+    TSR_TRY(tsr__count(bytes, "MPI_Isend", &n));
+    TSR__MPI_TRY(MPI_Isend(buf, n, MPI_BYTE, peer, tag, tsr__mc(g), &r), "MPI_Isend");
+    memcpy(req->impl.bytes, &r, sizeof r);
+    req->kind = TSR__REQ_MPI;
+    return TSR_OK;
+}
+
+tsr_status tsr__comm_mpi_irecv(tsr__comm_grp *g, void *buf, size_t bytes, int peer, int tag,
+                               tsr_comm_request *req) {
+    int n = 0;
+    MPI_Request r;
+    TSR_TRY(tsr__count(bytes, "MPI_Irecv", &n));
+    TSR__MPI_TRY(MPI_Irecv(buf, n, MPI_BYTE, peer, tag, tsr__mc(g), &r), "MPI_Irecv");
+    memcpy(req->impl.bytes, &r, sizeof r);
+    req->kind = TSR__REQ_MPI;
+    return TSR_OK;
+}
+
+tsr_status tsr__comm_mpi_wait(tsr_comm_request *req) {
+    MPI_Request r;
+    memcpy(&r, req->impl.bytes, sizeof r);
+    req->kind = TSR__REQ_NONE;
+    TSR__MPI_TRY(MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
+    return TSR_OK;
+}
+
+_Noreturn void tsr__comm_mpi_abort(int code) {
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (inited && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);
+}

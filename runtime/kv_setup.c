@@ -1,0 +1,99 @@
+/* KV cache construction from options, and the --stats JSON line. */
+#include "runtime/kv_setup.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "memory/host_pool.h"
+#include "memory/kv_paged.h"
+#include "policies/policy.h"
+#include "runtime/forward.h"
+
+size_t tsr_kv_workspace_bytes(const tsr_model_config *cfg, int chunk_tokens) {
+    size_t chunk = chunk_tokens > 0 ? (size_t)chunk_tokens : 512;
+    size_t ws = tsr_forward_workspace_bytes(cfg, (int)chunk);
+    ws += 2 * chunk * (size_t)cfg->n_heads * 4;             /* attention max/sum per row */
+    ws += (size_t)cfg->n_kv_heads * (size_t)cfg->max_seq_len * 4; /* per-key scores */
+    return ws;
+}
+
+static int64_t tsr__free_memory(void) {
+    long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (int64_t)pages * psz : 0;
+}
+
+tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
+                        tsr_kv_cache **out) {
+    *out = NULL;
+    const char *name = opt->policy ? opt->policy : "paged";
+    const tsr_kv_policy_ops *pol = tsr_kv_policy_find(name);
+    if (!pol)
+        return tsr_error_set(TSR_ERR_INVALID, "--kv-policy %s: unknown (use %s)", name,
+                             tsr_kv_policy_names());
+    int materialize = 0;
+    if (opt->h2o_scores && strcmp(opt->h2o_scores, "materialize") == 0) materialize = 1;
+    else if (opt->h2o_scores && strcmp(opt->h2o_scores, "tiled") != 0)
+        return tsr_error_set(TSR_ERR_INVALID, "--h2o-scores %s: use tiled or materialize",
+                             opt->h2o_scores);
+    if (opt->budget < 0 || opt->recent < 0 || opt->recent > 1)
+        return tsr_error_set(TSR_ERR_INVALID, "--kv-budget/--h2o-recent out of range");
+    int64_t mem = opt->memory_bytes;
+    if (mem <= 0) {
+        double frac = opt->memory_fraction > 0 ? opt->memory_fraction : 0.5;
+        mem = (int64_t)((double)tsr__free_memory() * frac) -
+              (int64_t)tsr_kv_workspace_bytes(cfg, opt->chunk_tokens);
+        if (mem <= 0)
+            return tsr_error_set(TSR_ERR_BUDGET,
+                                 "KV cache: free memory does not cover the prefill workspace");
+    }
+    tsr_kv_paged_config kc = {.n_layers = cfg->n_layers, .n_kv_heads = cfg->n_kv_heads,
+                              .head_dim = cfg->head_dim, .block_size = opt->block_size,
+                              .memory_bytes = mem, .max_seqs = opt->max_seqs > 0 ? opt->max_seqs : 1,
+                              .max_seq_len = cfg->max_seq_len,
+                              .prefix_caching = !opt->no_prefix_cache};
+    tsr_host_pool *host = NULL;
+    TSR_TRY(tsr_host_pool_create(opt->host_bytes, &host));
+    kc.host = host;
+    tsr_kv_policy_config pc = {.budget = opt->budget, .recent = opt->recent,
+                               .scores_materialize = materialize, .spec_pairs = opt->spec_pairs,
+                               .measure_recall = opt->measure_recall, .n_heads = cfg->n_heads,
+                               .rope_interleaved = cfg->rope_interleaved, .host = host,
+                               .owns_host = 1};
+    tsr_status st = tsr_kv_policy_cache_create(pol, &pc, &kc, out);
+    if (st != TSR_OK) tsr_host_pool_destroy(host);
+    return st;
+}
+
+int tsr_kv_stats_json(const tsr_kv_cache *kv, char *buf, size_t size) {
+    tsr_kv_stats s;
+    kv->ops->stats(kv, &s);
+    const tsr_kv_cache *mech = tsr_kv_is_policy(kv) ? tsr_kv_policy_mech(kv) : kv;
+    tsr_kv_paged_stats ps;
+    memset(&ps, 0, sizeof ps);
+    if (tsr_kv_is_paged(mech)) tsr_kv_paged_get_stats(mech, &ps);
+    tsr_kv_policy_stats pol;
+    tsr_kv_policy_get_stats(kv, &pol);
+    double recall = pol.recall_n ? pol.recall_sum / (double)pol.recall_n : -1.0;
+    double per_tok = pol.tokens_processed
+                         ? (double)(pol.bytes_offloaded + pol.bytes_fetched) / pol.tokens_processed
+                         : 0.0;
+    return snprintf(buf, size,
+                    "{\"policy\":\"%s\",\"block_size\":%d,\"blocks_used\":%d,"
+                    "\"blocks_total\":%d,\"blocks_peak\":%d,\"bytes_used\":%lld,"
+                    "\"bytes_peak\":%lld,\"bytes_capacity\":%lld,\"tokens_resident\":%lld,"
+                    "\"evictions\":%lld,\"prefix_query_tokens\":%lld,\"prefix_hit_tokens\":%lld,"
+                    "\"cow_copies\":%lld,\"swap_out_bytes\":%lld,\"swap_in_bytes\":%lld,"
+                    "\"bytes_offloaded\":%lld,\"bytes_fetched\":%lld,"
+                    "\"bytes_moved_per_token\":%.1f,\"host_bytes_peak\":%lld,"
+                    "\"spec_recall\":%.4f,\"score_matrix_bytes_peak\":%lld}",
+                    tsr_kv_policy_name(kv), ps.block_size, ps.blocks_used, ps.blocks_total,
+                    ps.blocks_peak, (long long)s.bytes_used, (long long)s.bytes_peak,
+                    (long long)s.bytes_capacity, (long long)s.tokens_resident,
+                    (long long)s.evictions, (long long)ps.prefix_query_tokens,
+                    (long long)ps.prefix_hit_tokens, (long long)ps.cow_copies,
+                    (long long)ps.swap_out_bytes, (long long)ps.swap_in_bytes,
+                    (long long)pol.bytes_offloaded, (long long)pol.bytes_fetched, per_tok,
+                    (long long)pol.host_bytes_peak, recall,
+                    (long long)pol.score_matrix_bytes_peak);
+}

@@ -1,0 +1,41 @@
+/* Builds the KV cache `tessera generate` and the benches use, from command-line options:
+ * policy, pool memory, block size, budget. One call, one cache; the cache owns its host
+ * pool. */
+#ifndef TSR_RUNTIME_KV_SETUP_H
+#define TSR_RUNTIME_KV_SETUP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "memory/kv_cache.h"
+#include "runtime/config.h"
+
+typedef struct tsr_kv_options {
+    const char *policy;      /* --kv-policy paged|h2o|offload (NULL: paged) */
+    int64_t memory_bytes;    /* --kv-memory BYTES for the block pool; 0: a fraction of free
+                              * memory, less the prefill workspace */
+    double memory_fraction;  /* used when memory_bytes is 0 (0: 0.5) */
+    int block_size;          /* --block-size (0: 16) */
+    double budget;           /* --kv-budget: tokens (> 1) or fraction (<= 1); 0: keep all */
+    double recent;           /* --h2o-recent share of the budget (0: 0.5) */
+    const char *h2o_scores;  /* --h2o-scores tiled|materialize (NULL: tiled) */
+    int max_seqs;            /* concurrent sequences (0: 1) */
+    int no_prefix_cache;     /* disable prefix sharing (paged) */
+    int64_t host_bytes;      /* host pool budget for swap and offload (0: unlimited) */
+    int spec_pairs;          /* offload: channel pairs per head (0: 4) */
+    int measure_recall;      /* offload: report recall of exact top tokens (slow) */
+    int chunk_tokens;        /* prefill chunk (workspace budgeting; 0: 512) */
+} tsr_kv_options;
+
+/* Bytes of transient prefill workspace for one chunk: forward activations, attention
+ * scratch and the per-key score buffer. Counted against the memory budget at setup. */
+size_t tsr_kv_workspace_bytes(const tsr_model_config *cfg, int chunk_tokens);
+
+tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
+                        tsr_kv_cache **out);
+
+/* One JSON object (no newline) of KV stats: policy, blocks used/total/peak, peak bytes,
+ * evictions, bytes offloaded and fetched, prefix hits. Returns the length written. */
+int tsr_kv_stats_json(const tsr_kv_cache *kv, char *buf, size_t size);
+
+#endif

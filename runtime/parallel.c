@@ -1,0 +1,102 @@
+/* tp x pp layout checks and per-rank shard ranges. */
+#include "runtime/parallel.h"
+
+#include <stdio.h>
+
+tsr_status tsr_parallel_layout_init(int tp, int pp, int world_size, tsr_parallel_layout *out) {
+    if (tp < 1 || pp < 1)
+        return tsr_error_set(TSR_ERR_INVALID, "layout --tp %d x --pp %d: both must be >= 1", tp,
+                             pp);
+    long long need = (long long)tp * pp;
+    if (need > 1 << 20)
+        return tsr_error_set(TSR_ERR_INVALID, "layout --tp %d x --pp %d: too many ranks", tp, pp);
+    if (world_size > 0 && need != world_size)
+        return tsr_error_set(TSR_ERR_INVALID,
+                             "layout --tp %d x --pp %d needs %lld ranks, but the job has %d "
+                             "(world size must equal tp x pp)", tp, pp, need, world_size);
+    out->tp = tp;
+    out->pp = pp;
+    out->world_size = (int)need;
+    return TSR_OK;
+}
+
+int tsr_parallel_tp_rank(const tsr_parallel_layout *l, int rank) { return rank % l->tp; }
+int tsr_parallel_pp_rank(const tsr_parallel_layout *l, int rank) { return rank / l->tp; }
+int tsr_parallel_world_rank(const tsr_parallel_layout *l, int tp_rank, int pp_rank) {
+    return pp_rank * l->tp + tp_rank;
+}
+
+void tsr_parallel_split(int n, int parts, int i, int *begin, int *end) {
+    int base = n / parts, extra = n % parts;
+    *begin = i * base + (i < extra ? i : extra);
+    *end = *begin + base + (i < extra ? 1 : 0);
+}
+
+tsr_status tsr_parallel_validate(const tsr_parallel_layout *l, const tsr_model_config *c,
+                                 const char *what) {
+    if (!what) what = "the model";
+    int tp = l->tp, pp = l->pp;
+    if (c->n_heads <= 0 || c->n_kv_heads <= 0 || c->n_layers <= 0 || c->hidden_dim <= 0)
+        return tsr_error_set(TSR_ERR_INVALID, "%s: config has no heads/layers to split", what);
+    if (c->n_heads % tp != 0)
+        return tsr_error_set(TSR_ERR_INVALID, "--tp %d does not divide the %d attention heads "
+                             "of %s", tp, c->n_heads, what);
+    if (c->n_kv_heads % tp != 0 && tp % c->n_kv_heads != 0)
+        return tsr_error_set(TSR_ERR_INVALID, "--tp %d neither divides the %d KV heads of %s "
+                             "nor is a multiple of them (needed to replicate them)", tp,
+                             c->n_kv_heads, what);
+    if (c->n_heads % c->n_kv_heads != 0)
+        return tsr_error_set(TSR_ERR_INVALID, "%s: %d heads are not a multiple of %d KV heads",
+                             what, c->n_heads, c->n_kv_heads);
+    if (c->hidden_dim < tp)
+        return tsr_error_set(TSR_ERR_INVALID, "--tp %d exceeds the %d MLP columns of %s", tp,
+                             c->hidden_dim, what);
+    if (pp > c->n_layers)
+        return tsr_error_set(TSR_ERR_INVALID, "--pp %d exceeds the %d layers of %s "
+                             "(each stage needs at least one layer)", pp, c->n_layers, what);
+    return TSR_OK;
+}
+
+tsr_status tsr_parallel_shard_of(const tsr_parallel_layout *l, const tsr_model_config *c,
+                                 int rank, const char *what, tsr_parallel_shard *out) {
+    TSR_TRY(tsr_parallel_validate(l, c, what));
+    if (rank < 0 || rank >= l->world_size)
+        return tsr_error_set(TSR_ERR_INVALID, "rank %d outside a layout of %d ranks", rank,
+                             l->world_size);
+    tsr_parallel_shard s = {0};
+    s.rank = rank;
+    s.tp_rank = tsr_parallel_tp_rank(l, rank);
+    s.pp_rank = tsr_parallel_pp_rank(l, rank);
+    int hpr = c->n_heads / l->tp;
+    s.head_begin = s.tp_rank * hpr;
+    s.head_end = s.head_begin + hpr;
+    if (c->n_kv_heads % l->tp == 0) {
+        int kpr = c->n_kv_heads / l->tp;
+        s.kv_head_begin = s.tp_rank * kpr;
+        s.kv_head_end = s.kv_head_begin + kpr;
+        s.kv_replicated = false;
+    } else {
+        /* tp = m * n_kv_heads: m consecutive ranks share one KV head; their query heads
+         * all belong to its group because hpr divides the group size n_heads/n_kv. */
+        int group = c->n_heads / c->n_kv_heads;
+        s.kv_head_begin = s.head_begin / group;
+        s.kv_head_end = s.kv_head_begin + 1;
+        s.kv_replicated = true;
+    }
+    tsr_parallel_split(c->hidden_dim, l->tp, s.tp_rank, &s.hidden_begin, &s.hidden_end);
+    tsr_parallel_split(c->n_layers, l->pp, s.pp_rank, &s.layer_begin, &s.layer_end);
+    s.first_stage = s.pp_rank == 0;
+    s.last_stage = s.pp_rank == l->pp - 1;
+    *out = s;
+    return TSR_OK;
+}
+
+int tsr_parallel_shard_format(const tsr_parallel_shard *s, char *buf, int cap) {
+    return snprintf(buf, (size_t)(cap > 0 ? cap : 0),
+                    "rank %d (tp %d, pp %d): heads %d-%d, kv heads %d-%d%s, hidden cols %d-%d, "
+                    "layers %d-%d%s%s",
+                    s->rank, s->tp_rank, s->pp_rank, s->head_begin, s->head_end - 1,
+                    s->kv_head_begin, s->kv_head_end - 1, s->kv_replicated ? " (replicated)" : "",
+                    s->hidden_begin, s->hidden_end - 1, s->layer_begin, s->layer_end - 1,
+                    s->first_stage ? ", embeds" : "", s->last_stage ? ", classifier" : "");
+}

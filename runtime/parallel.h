@@ -1,0 +1,64 @@
+/* The tp x pp parallel layout and what each rank holds of a model.
+ *
+ * Rank mapping (the same as comm/comm.h): world rank = pp_rank * tp + tp_rank; the ranks
+ * of one tensor-parallel group are consecutive.
+ *
+ * Tensor parallelism (Megatron): query heads split evenly (tp must divide n_heads); KV
+ * heads split when tp divides n_kv_heads, else each KV head is replicated on the tp /
+ * n_kv_heads ranks whose query heads use it (tp must then be a multiple of n_kv_heads).
+ * The MLP splits by hidden columns: w1/w3 rows and w2 columns [hidden_begin, hidden_end).
+ * hidden_dim need not be a multiple of tp: the first hidden_dim % tp ranks take one
+ * column more (stories260K: hidden 172, tp 8 -> 22,22,22,22,21,21,21,21). Embedding,
+ * norms and classifier are replicated on every rank of a stage.
+ *
+ * Pipeline parallelism: contiguous layer ranges, as even as possible; the first
+ * n_layers % pp stages take one layer more (the last stage also runs the classifier). */
+#ifndef TSR_RUNTIME_PARALLEL_H
+#define TSR_RUNTIME_PARALLEL_H
+
+#include <stdbool.h>
+
+#include "runtime/base/status.h"
+#include "runtime/config.h"
+
+typedef struct tsr_parallel_layout {
+    int tp, pp;
+    int world_size; /* tp * pp */
+} tsr_parallel_layout;
+
+/* What one rank computes. Ranges are [begin, end). */
+typedef struct tsr_parallel_shard {
+    int rank, tp_rank, pp_rank;
+    int head_begin, head_end;       /* query heads */
+    int kv_head_begin, kv_head_end; /* KV heads held (and computed) by this rank */
+    bool kv_replicated;             /* the KV heads are also held by other TP ranks */
+    int hidden_begin, hidden_end;   /* MLP intermediate columns */
+    int layer_begin, layer_end;     /* this stage's layers */
+    bool first_stage, last_stage;   /* embeds the tokens / runs the classifier */
+} tsr_parallel_shard;
+
+/* Checks tp >= 1, pp >= 1 and, when world_size > 0, tp * pp == world_size (world_size
+ * <= 0: taken as tp * pp). */
+tsr_status tsr_parallel_layout_init(int tp, int pp, int world_size, tsr_parallel_layout *out);
+
+int tsr_parallel_tp_rank(const tsr_parallel_layout *l, int rank);
+int tsr_parallel_pp_rank(const tsr_parallel_layout *l, int rank);
+int tsr_parallel_world_rank(const tsr_parallel_layout *l, int tp_rank, int pp_rank);
+
+/* Checks the layout against a model; `what` (the model path) names it in the error line:
+ * "--tp 3 does not divide the 8 attention heads of models/stories260K.bin". */
+tsr_status tsr_parallel_validate(const tsr_parallel_layout *l, const tsr_model_config *c,
+                                 const char *what);
+
+/* The shard of `rank` (validates first). */
+tsr_status tsr_parallel_shard_of(const tsr_parallel_layout *l, const tsr_model_config *c,
+                                 int rank, const char *what, tsr_parallel_shard *out);
+
+/* [*begin, *end) of part `i` of `n` items split in `parts` contiguous ranges, the first
+ * n % parts ranges one longer. */
+void tsr_parallel_split(int n, int parts, int i, int *begin, int *end);
+
+/* One line describing a shard ("rank 1 (tp 1/2, pp 0/1): heads 4-7, kv heads 2-3, ..."). */
+int tsr_parallel_shard_format(const tsr_parallel_shard *s, char *buf, int cap);
+
+#endif

@@ -1,0 +1,331 @@
+/* OpenAI batch JSONL: every bad-line case, the output record shapes, the resume scan of a
+ * truncated output file, the errors-file rebuild, and the chat template. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "jobs/batch_io.h"
+#include "runtime/base/alloc.h"
+#include "runtime/chat_template.h"
+#include "tests/test.h"
+
+/* Parses `line`; returns the error code ("" when valid) and keeps custom_id presence. */
+static const char *parse_code(const char *line, bool *has_id) {
+    static tsr_batch_error e;
+    tsr_batch_request r;
+    tsr_status st = tsr_batch_parse_line(line, strlen(line), 7, &r, &e);
+    *has_id = r.custom_id != NULL;
+    tsr_batch_request_free(&r);
+    if (st == TSR_OK) return "";
+    return e.code;
+}
+
+TSR_TEST(test_parse_valid_completion_and_defaults) {
+    const char *l = "{\"custom_id\":\"r1\",\"method\":\"POST\",\"url\":\"/v1/completions\","
+                    "\"body\":{\"prompt\":\"Once\",\"stop\":[\"\\n\",\"The end\"],\"seed\":-3}}";
+    tsr_batch_request r;
+    tsr_batch_error e;
+    ASSERT_OK(tsr_batch_parse_line(l, strlen(l), 1, &r, &e));
+    ASSERT_STR_EQ(r.custom_id, "r1");
+    ASSERT_EQ_INT(r.kind, TSR_BATCH_COMPLETION);
+    ASSERT_STR_EQ(r.prompt, "Once");
+    ASSERT_EQ_INT(r.max_tokens, 16);
+    ASSERT_NEAR(r.temperature, 1.0, 0);
+    ASSERT_NEAR(r.top_p, 1.0, 0);
+    ASSERT_TRUE(r.has_seed);
+    ASSERT_EQ_INT((int64_t)r.seed, -3);
+    ASSERT_EQ_INT(r.n_stops, 2);
+    ASSERT_STR_EQ(r.stops[0], "\n");
+    ASSERT_STR_EQ(r.stops[1], "The end");
+    tsr_batch_request_free(&r);
+
+    const char *c = "{\"custom_id\":\"c1\",\"url\":\"/v1/chat/completions\",\"body\":{"
+                    "\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                    "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi \"},"
+                    "{\"type\":\"text\",\"text\":\"there\"}]}],\"max_tokens\":3,"
+                    "\"temperature\":0,\"top_p\":0.5,\"stop\":\"x\"}}";
+    ASSERT_OK(tsr_batch_parse_line(c, strlen(c), 2, &r, &e));
+    ASSERT_EQ_INT(r.kind, TSR_BATCH_CHAT);
+    ASSERT_EQ_INT(r.n_messages, 2);
+    ASSERT_STR_EQ(r.messages[0].role, "system");
+    ASSERT_STR_EQ(r.messages[1].content, "Hi there");
+    ASSERT_EQ_INT(r.max_tokens, 3);
+    ASSERT_NEAR(r.temperature, 0.0, 0);
+    ASSERT_NEAR(r.top_p, 0.5, 1e-7);
+    ASSERT_EQ_INT(r.n_stops, 1);
+    ASSERT_TRUE(!r.has_seed);
+    tsr_batch_request_free(&r);
+}
+
+TSR_TEST(test_parse_each_bad_line) {
+    static const struct {
+        const char *line, *code;
+        bool keyed_by_id;
+    } cases[] = {
+        {"{not json", TSR_BATCH_E_JSON, false},
+        {"[1,2]", TSR_BATCH_E_JSON, false},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"x\"}} junk",
+         TSR_BATCH_E_JSON, false},
+        {"{\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"x\"}}", TSR_BATCH_E_CUSTOM_ID,
+         false},
+        {"{\"custom_id\":5,\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"x\"}}",
+         TSR_BATCH_E_CUSTOM_ID, false},
+        {"{\"custom_id\":\"\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"x\"}}",
+         TSR_BATCH_E_CUSTOM_ID, false},
+        {"{\"custom_id\":\"a\",\"method\":\"GET\",\"url\":\"/v1/completions\","
+         "\"body\":{\"prompt\":\"x\"}}", TSR_BATCH_E_METHOD, true},
+        {"{\"custom_id\":\"a\",\"body\":{\"prompt\":\"x\"}}", TSR_BATCH_E_URL, true},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/embeddings\",\"body\":{\"input\":\"x\"}}",
+         TSR_BATCH_E_URL, true},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/completions\"}", TSR_BATCH_E_BODY, true},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/completions\",\"body\":\"x\"}", TSR_BATCH_E_BODY,
+         true},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/completions\",\"body\":{}}", TSR_BATCH_E_PROMPT,
+         true},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"\"}}",
+         TSR_BATCH_E_PROMPT, true},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":[1,2]}}",
+         TSR_BATCH_E_PROMPT, true},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/chat/completions\",\"body\":{\"prompt\":\"x\"}}",
+         TSR_BATCH_E_MESSAGES, true},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/chat/completions\",\"body\":{\"messages\":"
+         "[{\"role\":\"wizard\",\"content\":\"x\"}]}}", TSR_BATCH_E_MESSAGES, true},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/chat/completions\",\"body\":{\"messages\":"
+         "[{\"role\":\"user\"}]}}", TSR_BATCH_E_MESSAGES, true},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"x\","
+         "\"max_tokens\":-1}}", TSR_BATCH_E_PARAM, true},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"x\","
+         "\"max_tokens\":2.5}}", TSR_BATCH_E_PARAM, true},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"x\","
+         "\"temperature\":-1}}", TSR_BATCH_E_PARAM, true},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"x\","
+         "\"top_p\":0}}", TSR_BATCH_E_PARAM, true},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"x\","
+         "\"seed\":\"s\"}}", TSR_BATCH_E_PARAM, true},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"x\","
+         "\"stop\":[1]}}", TSR_BATCH_E_PARAM, true},
+        {"{\"custom_id\":\"a\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"x\","
+         "\"n\":2}}", TSR_BATCH_E_PARAM, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        bool has_id = false;
+        const char *code = parse_code(cases[i].line, &has_id);
+        if (strcmp(code, cases[i].code) != 0)
+            TSR_FAIL_("case %zu (%s): code \"%s\", want \"%s\"", i, cases[i].line, code,
+                      cases[i].code);
+        ASSERT_EQ_INT(has_id, cases[i].keyed_by_id);
+    }
+}
+
+TSR_TEST(test_record_shapes) {
+    tsr_batch_result r = {.custom_id = "q\"1", .kind = TSR_BATCH_COMPLETION, .model = "m.bin",
+                          .text = "hi\xff there", .text_len = 9, .finish_reason = "length",
+                          .prompt_tokens = 4, .completion_tokens = 3};
+    char *line = tsr_batch_format_result(&r);
+    ASSERT_TRUE(line != NULL);
+    size_t n = strlen(line);
+    ASSERT_TRUE(n > 0 && line[n - 1] == '\n');
+    ASSERT_TRUE(strchr(line, '\n') == line + n - 1); /* one line */
+    cJSON *d = cJSON_Parse(line);
+    ASSERT_TRUE(d != NULL);
+    ASSERT_STR_EQ(cJSON_GetObjectItem(d, "custom_id")->valuestring, "q\"1");
+    ASSERT_STR_CONTAINS(cJSON_GetObjectItem(d, "id")->valuestring, "batch_req_");
+    ASSERT_TRUE(cJSON_IsNull(cJSON_GetObjectItem(d, "error")));
+    cJSON *resp = cJSON_GetObjectItem(d, "response");
+    ASSERT_EQ_INT(cJSON_GetObjectItem(resp, "status_code")->valueint, 200);
+    ASSERT_TRUE(cJSON_IsString(cJSON_GetObjectItem(resp, "request_id")));
+    cJSON *body = cJSON_GetObjectItem(resp, "body");
+    ASSERT_STR_EQ(cJSON_GetObjectItem(body, "object")->valuestring, "text_completion");
+    ASSERT_STR_EQ(cJSON_GetObjectItem(body, "model")->valuestring, "m.bin");
+    cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(body, "choices"), 0);
+    ASSERT_EQ_INT(cJSON_GetObjectItem(ch, "index")->valueint, 0);
+    /* invalid UTF-8 became U+FFFD */
+    ASSERT_STR_EQ(cJSON_GetObjectItem(ch, "text")->valuestring, "hi\xef\xbf\xbd there");
+    ASSERT_STR_EQ(cJSON_GetObjectItem(ch, "finish_reason")->valuestring, "length");
+    cJSON *u = cJSON_GetObjectItem(body, "usage");
+    ASSERT_EQ_INT(cJSON_GetObjectItem(u, "prompt_tokens")->valueint, 4);
+    ASSERT_EQ_INT(cJSON_GetObjectItem(u, "completion_tokens")->valueint, 3);
+    ASSERT_EQ_INT(cJSON_GetObjectItem(u, "total_tokens")->valueint, 7);
+    cJSON_Delete(d);
+    tsr_free(line);
+
+    r.kind = TSR_BATCH_CHAT;
+    r.finish_reason = "stop";
+    line = tsr_batch_format_result(&r);
+    d = cJSON_Parse(line);
+    body = cJSON_GetObjectItem(cJSON_GetObjectItem(d, "response"), "body");
+    ASSERT_STR_EQ(cJSON_GetObjectItem(body, "object")->valuestring, "chat.completion");
+    ch = cJSON_GetArrayItem(cJSON_GetObjectItem(body, "choices"), 0);
+    cJSON *msg = cJSON_GetObjectItem(ch, "message");
+    ASSERT_STR_EQ(cJSON_GetObjectItem(msg, "role")->valuestring, "assistant");
+    ASSERT_TRUE(cJSON_IsString(cJSON_GetObjectItem(msg, "content")));
+    ASSERT_TRUE(cJSON_GetObjectItem(ch, "text") == NULL);
+    cJSON_Delete(d);
+    tsr_free(line);
+
+    line = tsr_batch_format_error(NULL, 12, TSR_BATCH_E_JSON, "line 12: not a JSON object");
+    d = cJSON_Parse(line);
+    ASSERT_TRUE(cJSON_IsNull(cJSON_GetObjectItem(d, "custom_id")));
+    ASSERT_TRUE(cJSON_IsNull(cJSON_GetObjectItem(d, "response")));
+    cJSON *e = cJSON_GetObjectItem(d, "error");
+    ASSERT_STR_EQ(cJSON_GetObjectItem(e, "code")->valuestring, "invalid_json");
+    ASSERT_STR_EQ(cJSON_GetObjectItem(e, "message")->valuestring, "line 12: not a JSON object");
+    ASSERT_EQ_INT(cJSON_GetObjectItem(e, "line")->valueint, 12);
+    cJSON_Delete(d);
+    tsr_free(line);
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    static char buf[65536];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return buf;
+}
+
+TSR_TEST(test_resume_scan_truncated_output) {
+    char path[512], errp[600];
+    snprintf(path, sizeof path, "%s/test_batch_io_out.%d.jsonl", TSR_BINARY_DIR, (int)getpid());
+    snprintf(errp, sizeof errp, "%s.errors", path);
+    tsr_batch_result ok = {.custom_id = "A", .model = "m", .text = "x", .text_len = 1,
+                           .finish_reason = "stop", .prompt_tokens = 1, .completion_tokens = 1};
+    char *l1 = tsr_batch_format_result(&ok);
+    char *l2 = tsr_batch_format_error("B", 2, TSR_BATCH_E_PROMPT, "no prompt");
+    char *l3 = tsr_batch_format_error(NULL, 3, TSR_BATCH_E_JSON, "bad");
+    char *l4 = tsr_batch_format_error(NULL, 4, TSR_BATCH_E_DUPLICATE, "dup of A");
+    ok.custom_id = "C";
+    char *l5 = tsr_batch_format_result(&ok);
+    ASSERT_TRUE(l1 && l2 && l3 && l4 && l5);
+    char content[8192];
+    /* the last record was cut by a kill: no newline, half its bytes */
+    snprintf(content, sizeof content, "%s%s%s\n%s%.*s", l1, l2, l3, l4, (int)(strlen(l5) / 2),
+             l5);
+    write_file(path, content);
+    size_t good = strlen(l1) + strlen(l2) + strlen(l3) + 1 + strlen(l4);
+
+    tsr_batch_resume r;
+    ASSERT_OK(tsr_batch_resume_scan(path, &r));
+    ASSERT_EQ_INT(r.n_records, 4);
+    ASSERT_EQ_INT(r.n_errors, 3);
+    ASSERT_EQ_INT(r.truncated_bytes, (int64_t)(strlen(l5) / 2));
+    ASSERT_TRUE(tsr_batch_resume_has(&r, "A", 1));
+    ASSERT_TRUE(tsr_batch_resume_has(&r, "B", 2));
+    ASSERT_TRUE(!tsr_batch_resume_has(&r, "C", 5)); /* truncated: not done */
+    ASSERT_TRUE(tsr_batch_resume_has(&r, NULL, 3));  /* line-keyed (no custom_id) */
+    ASSERT_TRUE(tsr_batch_resume_has(&r, NULL, 4));  /* line-keyed (duplicate) */
+    ASSERT_TRUE(!tsr_batch_resume_has(&r, NULL, 2));
+    tsr_batch_resume_free(&r);
+    char *now = read_file(path);
+    ASSERT_TRUE(now != NULL);
+    ASSERT_EQ_INT(strlen(now), good); /* cut back to the last complete line */
+    ASSERT_TRUE(now[good - 1] == '\n');
+
+    /* appending after the scan gives well-formed lines; rescan sees the new record */
+    tsr_batch_writer w;
+    ASSERT_OK(tsr_batch_writer_open(&w, path));
+    ASSERT_OK(tsr_batch_writer_put(&w, l5));
+    tsr_batch_writer_close(&w);
+    ASSERT_OK(tsr_batch_resume_scan(path, &r));
+    ASSERT_EQ_INT(r.n_records, 5);
+    ASSERT_EQ_INT(r.truncated_bytes, 0);
+    ASSERT_TRUE(tsr_batch_resume_has(&r, "C", 5));
+    tsr_batch_resume_free(&r);
+
+    /* the errors file is rebuilt from the output's error records */
+    write_file(errp, "stale\n");
+    ASSERT_OK(tsr_batch_rebuild_errors(path, errp));
+    char expect[8192];
+    snprintf(expect, sizeof expect, "%s%s%s", l2, l3, l4);
+    ASSERT_STR_EQ(read_file(errp), expect);
+
+    /* a missing output file is an empty scan */
+    remove(path);
+    ASSERT_OK(tsr_batch_resume_scan(path, &r));
+    ASSERT_EQ_INT(r.n_records, 0);
+    tsr_batch_resume_free(&r);
+    remove(errp);
+    tsr_free(l1);
+    tsr_free(l2);
+    tsr_free(l3);
+    tsr_free(l4);
+    tsr_free(l5);
+}
+
+TSR_TEST(test_strset) {
+    tsr_strset *s = NULL;
+    ASSERT_OK(tsr_strset_create(&s));
+    char k[32];
+    for (int i = 0; i < 1000; i++) {
+        snprintf(k, sizeof k, "id-%d", i);
+        bool added = false;
+        ASSERT_OK(tsr_strset_add(s, k, &added));
+        ASSERT_TRUE(added);
+    }
+    bool added = true;
+    ASSERT_OK(tsr_strset_add(s, "id-7", &added));
+    ASSERT_TRUE(!added);
+    ASSERT_EQ_INT(tsr_strset_count(s), 1000);
+    ASSERT_TRUE(tsr_strset_has(s, "id-999"));
+    ASSERT_TRUE(!tsr_strset_has(s, "id-1000"));
+    tsr_strset_destroy(s);
+}
+
+TSR_TEST(test_chat_template_llama3) {
+    /* The Llama-3-8B-Instruct tokenizer_config.json template. */
+    const char *cfg =
+        "{\"bos_token\": \"<|begin_of_text|>\", \"chat_template\": \"{% set loop_messages = "
+        "messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+        "message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + "
+        "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% "
+        "endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+        "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}\"}";
+    tsr_chat_template t;
+    ASSERT_OK(tsr_chat_template_parse(cfg, strlen(cfg), "cfg", &t));
+    ASSERT_EQ_INT(t.kind, TSR_CHAT_LLAMA3);
+    tsr_chat_message m[] = {{"system", "Be brief. "}, {"user", "\n Hello!"}};
+    char *out = NULL;
+    size_t n = 0;
+    ASSERT_OK(tsr_chat_render(&t, m, 2, &out, &n));
+    ASSERT_STR_EQ(out, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                       "Be brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
+                       "Hello!<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    ASSERT_EQ_INT(n, strlen(out));
+    tsr_free(out);
+
+    const char *cfg31 = "{\"chat_template\": \"{{- bos_token }}<|start_header_id|>system"
+                        "<|end_header_id|>Cutting Knowledge Date: December 2023<|eot_id|>\"}";
+    ASSERT_OK(tsr_chat_template_parse(cfg31, strlen(cfg31), "cfg31", &t));
+    ASSERT_EQ_INT(t.kind, TSR_CHAT_LLAMA31);
+    ASSERT_OK(tsr_chat_render(&t, m + 1, 1, &out, &n));
+    ASSERT_STR_EQ(out, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                       "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+                       "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello!<|eot_id|>"
+                       "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    tsr_free(out);
+
+    const char *none = "{\"model_max_length\": 512}";
+    ASSERT_OK(tsr_chat_template_parse(none, strlen(none), "none", &t));
+    ASSERT_EQ_INT(t.kind, TSR_CHAT_NONE);
+    ASSERT_EQ_INT(tsr_chat_render(&t, m, 2, &out, &n), TSR_ERR_INVALID);
+    const char *other = "{\"chat_template\": \"{% for m in messages %}[INST]{% endfor %}\"}";
+    ASSERT_EQ_INT(tsr_chat_template_parse(other, strlen(other), "other", &t),
+                  TSR_ERR_UNSUPPORTED);
+    /* a llama2.c model file is not a directory: no template, no error */
+    ASSERT_OK(tsr_chat_template_detect(TSR_SOURCE_DIR "/models/stories260K.bin", &t));
+    ASSERT_EQ_INT(t.kind, TSR_CHAT_NONE);
+}
+
+TSR_TEST_MAIN(test_parse_valid_completion_and_defaults, test_parse_each_bad_line,
+              test_record_shapes, test_resume_scan_truncated_output, test_strset,
+              test_chat_template_llama3)

@@ -1,0 +1,254 @@
+#include <stdint.h>
+
+#include "kernels/backend.h"
+#include "memory/kv_paged.h"
+#include "policies/policy.h"
+#include "runtime/base/alloc.h"
+#include "runtime/base/status.h"
+#include "runtime/forward.h"
+#include "runtime/kv_setup.h"
+#include "runtime/model.h"
+#include "tests/test.h"
+
+/* Greedy generation through the forward pass: prefill in chunks of `chunk`, then `gen`
+ * decode steps; returns the tokens and the logits of the last step. */
+static tsr_status tsr__greedy(tsr_model *m, tsr_backend *be, tsr_kv_cache *kv,
+                              const int32_t *prompt, int np, int chunk, int gen,
+                              int32_t *out_toks, float *last_logits) {
+    tsr_forward *f = NULL;
+    const int V = m->cfg.vocab_size;
+    TSR_TRY(tsr_forward_create(m, be, chunk, &f));
+    float *logits = tsr_malloc((size_t)V * 4);
+    tsr_status st = kv->ops->seq_add(kv, 0);
+    int32_t cur[1];
+    int pos = 0, rows = 0;
+    while (st == TSR_OK && pos < np) {
+        int n = np - pos < chunk ? np - pos : chunk;
+        tsr_batch_seq b = {.seq = 0, .tokens = prompt + pos, .n_tokens = n, .want_logits = 1};
+        st = tsr_forward_run(f, kv, &b, 1, logits, &rows);
+        pos += n;
+    }
+    for (int g = 0; st == TSR_OK && g < gen; g++) {
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            if (logits[i] > logits[best]) best = i;
+        out_toks[g] = best;
+        cur[0] = best;
+        tsr_batch_seq b = {.seq = 0, .tokens = cur, .n_tokens = 1, .want_logits = 1};
+        st = tsr_forward_run(f, kv, &b, 1, logits, &rows);
+    }
+    if (st == TSR_OK && last_logits) memcpy(last_logits, logits, (size_t)V * 4);
+    tsr_free(logits);
+    tsr_forward_destroy(f);
+    return st;
+}
+
+static tsr_status tsr__policy_kv(const tsr_model_config *c, const char *policy, double budget,
+                                 tsr_kv_cache **kv) {
+    tsr_kv_options o = {.policy = policy, .memory_bytes = 8 << 20, .block_size = 16,
+                        .budget = budget, .max_seqs = 1, .measure_recall = 1};
+    return tsr_kv_setup(&o, c, kv);
+}
+
+#define G_ 2
+#define HD_ 4
+#define KVD_ (G_ * HD_)
+
+static tsr_status tsr__mk_h2o(double budget, double recent, int materialize, int64_t limit,
+                              tsr_kv_cache **kv) {
+    tsr_kv_paged_config kc = {.n_layers = 1, .n_kv_heads = G_, .head_dim = HD_,
+                              .block_size = 4, .max_seqs = 1, .max_seq_len = 4096};
+    kc.memory_bytes = 64 * tsr_kv_paged_block_bytes(&kc) * 2;
+    tsr_kv_policy_config pc = {.budget = budget, .recent = recent, .n_heads = 2 * G_,
+                               .scores_materialize = materialize, .materialize_limit = limit};
+    return tsr_kv_policy_cache_create(tsr_kv_policy_find("h2o"), &pc, &kc, kv);
+}
+
+/* One step of n tokens with hand-built key scores for the spans' keys (in span order,
+ * looked up by position through score_of_pos, split over the two KV groups). */
+static tsr_status tsr__h2o_step(tsr_kv_cache *kv, int32_t n, const float *score_of_pos) {
+    TSR_TRY(kv->ops->reserve(kv, 0, n));
+    int32_t len = kv->ops->seq_len(kv, 0);
+    float k[64 * KVD_], v[64 * KVD_];
+    for (int32_t i = 0; i < n * KVD_; i++) k[i] = v[i] = (float)(len + i / KVD_);
+    TSR_TRY(kv->ops->write(kv, 0, 0, n, k, v));
+    const tsr_kv_span *sp;
+    int ns;
+    TSR_TRY(kv->ops->spans(kv, 0, 0, &sp, &ns));
+    int32_t total = 0;
+    for (int j = 0; j < ns; j++) total += sp[j].n;
+    float ks[2 * 256];
+    int32_t t = 0;
+    for (int j = 0; j < ns; j++)
+        for (int32_t i = 0; i < sp[j].n; i++, t++) {
+            int32_t pos = sp[j].pos ? sp[j].pos[i] : sp[j].pos0 + i;
+            ks[t] = 0.25f * score_of_pos[pos];
+            ks[total + t] = 0.75f * score_of_pos[pos];
+        }
+    TSR_TRY(kv->ops->observe(kv, 0, 0, ks));
+    int32_t toks[64] = {0};
+    return kv->ops->commit(kv, 0, toks, n);
+}
+
+static void tsr__resident(tsr_kv_cache *kv, int *present, int n) {
+    tsr_kv_cache *m = tsr_kv_policy_mech(kv);
+    int32_t pos[256];
+    int32_t ns = tsr_kv_paged_slots(m, 0, 0);
+    tsr_kv_paged_read_slots(m, 0, 0, pos, NULL);
+    memset(present, 0, (size_t)n * sizeof *present);
+    for (int32_t i = 0; i < ns; i++) present[pos[i]] = 1;
+}
+
+TSR_TEST(test_heavy_hitters_and_recent_kept) {
+    tsr_kv_cache *kv = NULL;
+    ASSERT_OK(tsr__mk_h2o(6, 0.5, 0, 0, &kv)); /* 3 recent + 3 heavy */
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    float sc[64] = {0};
+    for (int i = 0; i < 64; i++) sc[i] = 0.01f * (float)(i % 5);
+    sc[1] = 5.0f;
+    sc[4] = 3.0f;
+    sc[2] = 4.0f;
+    sc[8] = 9.0f; /* recent anyway */
+    ASSERT_OK(tsr__h2o_step(kv, 10, sc));
+    int present[64];
+    tsr__resident(kv, present, 64);
+    int expect[10] = {0, 1, 1, 0, 1, 0, 0, 1, 1, 1};
+    for (int i = 0; i < 10; i++) ASSERT_EQ_INT(present[i], expect[i]);
+    tsr_kv_stats s;
+    kv->ops->stats(kv, &s);
+    ASSERT_EQ_INT(s.evictions, 4);
+    ASSERT_EQ_INT(s.tokens_resident, 6);
+    /* Eviction order: with 3 more tokens the window moves to 10..12; among the heavy
+     * candidates (1, 2, 4 and the aged-out 7, 8, 9) the accumulated sums decide: 8 has 9.0,
+     * then 1 (5.0) and 2 (4.0); 4 (3.0) and 7, 9 go. */
+    memset(sc, 0, sizeof sc);
+    ASSERT_OK(tsr__h2o_step(kv, 3, sc));
+    tsr__resident(kv, present, 64);
+    int expect2[13] = {0, 1, 1, 0, 0, 0, 0, 0, 1, 0, 1, 1, 1};
+    for (int i = 0; i < 13; i++) ASSERT_EQ_INT(present[i], expect2[i]);
+    ASSERT_EQ_INT(kv->ops->seq_len(kv, 0), 13);
+    tsr_kv_cache_destroy(kv);
+}
+
+TSR_TEST(test_budget_fraction_and_blocks_freed) {
+    tsr_kv_cache *kv = NULL;
+    ASSERT_OK(tsr__mk_h2o(0.25, 0.5, 0, 0, &kv));
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    float sc[256] = {0};
+    for (int step = 0; step < 4; step++) ASSERT_OK(tsr__h2o_step(kv, 40, sc));
+    tsr_kv_cache *m = tsr_kv_policy_mech(kv);
+    ASSERT_EQ_INT(tsr_kv_paged_slots(m, 0, 0), 40); /* 25 % of 160 */
+    ASSERT_EQ_INT(tsr_kv_paged_seq_blocks(m, 0, 0, NULL), 10);
+    tsr_kv_stats s;
+    kv->ops->stats(kv, &s);
+    ASSERT_EQ_INT(s.evictions, 120);
+    /* With no scores at all the recent window and then the newest others are kept. */
+    int present[256];
+    tsr__resident(kv, present, 256);
+    for (int i = 140; i < 160; i++) ASSERT_EQ_INT(present[i], 1);
+    tsr_kv_cache_destroy(kv);
+}
+
+TSR_TEST(test_materialize_fails_cleanly) {
+    tsr_kv_cache *kv = NULL;
+    ASSERT_OK(tsr__mk_h2o(0, 0.5, 1, 1000, &kv)); /* matrix may take 1000 bytes */
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    float sc[256] = {0};
+    ASSERT_OK(tsr__h2o_step(kv, 7, sc)); /* 4 heads x 7 x 7 x 4 = 784 bytes fit */
+    tsr_kv_cache_destroy(kv);
+    ASSERT_OK(tsr__mk_h2o(0, 0.5, 1, 1000, &kv));
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    /* 4 heads x 8 x 8 x 4 = 1024 > 1000: refused before any work, nothing reserved. */
+    ASSERT_EQ_INT(kv->ops->reserve(kv, 0, 8), TSR_ERR_NOMEM);
+    ASSERT_EQ_INT(tsr_kv_paged_seq_blocks(tsr_kv_policy_mech(kv), 0, 0, NULL), 0);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "materialize");
+    ASSERT_STR_CONTAINS(tsr_last_error(), "score matrix");
+    tsr_kv_cache_destroy(kv);
+}
+
+/* The kernel's tiled per-key sums equal the naive n x n matrix (materialize) sums. */
+TSR_TEST(test_tiled_scores_equal_materialized) {
+    tsr_backend *be = NULL;
+    ASSERT_OK(tsr_backend_cpu_create(1, &be));
+    tsr_kv_cache *kv = NULL;
+    ASSERT_OK(tsr__mk_h2o(0, 0.5, 1, 0, &kv));
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    enum { N = 150, H = 2 * G_ };
+    static float q[N * H * HD_], k[N * KVD_], v[N * KVD_], out[N * H * HD_], ks[G_ * N];
+    int32_t qpos[N], toks[N] = {0};
+    uint32_t r = 12345;
+    for (int i = 0; i < N * H * HD_; i++) {
+        r = r * 1664525u + 1013904223u;
+        q[i] = (float)((r >> 8) % 2000) / 500.0f - 2.0f;
+    }
+    for (int i = 0; i < N * KVD_; i++) {
+        r = r * 1664525u + 1013904223u;
+        k[i] = (float)((r >> 8) % 2000) / 500.0f - 2.0f;
+        v[i] = k[i] * 0.5f;
+    }
+    for (int i = 0; i < N; i++) qpos[i] = i;
+    ASSERT_OK(kv->ops->reserve(kv, 0, N));
+    ASSERT_OK(kv->ops->write(kv, 0, 0, N, k, v));
+    ASSERT_OK(kv->ops->queries(kv, 0, 0, q, qpos, N, H));
+    const tsr_kv_span *sp;
+    int ns;
+    ASSERT_OK(kv->ops->spans(kv, 0, 0, &sp, &ns));
+    memset(ks, 0, sizeof ks);
+    tsr_attn_args a = {.q = q, .q_pos = qpos, .n_q = N, .spans = sp, .n_spans = ns,
+                       .n_heads = H, .n_kv_heads = G_, .head_dim = HD_, .out = out,
+                       .key_scores = ks};
+    ASSERT_OK(be->ops->attention(be, &a));
+    ASSERT_OK(kv->ops->observe(kv, 0, 0, ks)); /* stores the materialized sums */
+    ASSERT_OK(kv->ops->commit(kv, 0, toks, N));
+    float slot_scores[N];
+    int32_t pos[N];
+    ASSERT_OK(tsr_kv_paged_read_slots(tsr_kv_policy_mech(kv), 0, 0, pos, slot_scores));
+    double total = 0;
+    for (int i = 0; i < N; i++) {
+        ASSERT_EQ_INT(pos[i], i);
+        ASSERT_NEAR(slot_scores[i], ks[i] + ks[N + i], 1e-3 * (1 + fabs(slot_scores[i])));
+        total += slot_scores[i];
+    }
+    ASSERT_NEAR(total, (double)N * H, 1e-2); /* every query row's probabilities sum to 1 */
+    tsr_kv_policy_stats ps;
+    tsr_kv_policy_get_stats(kv, &ps);
+    ASSERT_EQ_INT(ps.score_matrix_bytes_peak, (int64_t)H * N * N * 4);
+    tsr_kv_cache_destroy(kv);
+    tsr_backend_destroy(be);
+}
+
+TSR_TEST(test_forward_full_budget_equals_paged) {
+    tsr_model *m = NULL;
+    ASSERT_OK(tsr_model_load(TSR_SOURCE_DIR "/models/stories260K.bin", &m));
+    tsr_backend *be = NULL;
+    ASSERT_OK(tsr_backend_cpu_create(1, &be));
+    int32_t prompt[48];
+    for (int i = 0; i < 48; i++) prompt[i] = 1 + (i * 53) % (m->cfg.vocab_size - 1);
+    enum { GEN = 50 };
+    int32_t tp[GEN], th[GEN], tb[GEN];
+    tsr_kv_cache *paged = NULL, *h2o = NULL, *small = NULL;
+    ASSERT_OK(tsr__policy_kv(&m->cfg, "paged", 0, &paged));
+    ASSERT_OK(tsr__policy_kv(&m->cfg, "h2o", 1.0, &h2o));
+    ASSERT_OK(tsr__greedy(m, be, paged, prompt, 48, 16, GEN, tp, NULL));
+    ASSERT_OK(tsr__greedy(m, be, h2o, prompt, 48, 16, GEN, th, NULL));
+    for (int g = 0; g < GEN; g++) ASSERT_EQ_INT(tp[g], th[g]);
+    tsr_kv_stats s;
+    h2o->ops->stats(h2o, &s);
+    ASSERT_EQ_INT(s.evictions, 0);
+    /* A 32-token budget holds the resident set at 32 per layer (+ the step in flight). */
+    ASSERT_OK(tsr__policy_kv(&m->cfg, "h2o", 32, &small));
+    ASSERT_OK(tsr__greedy(m, be, small, prompt, 48, 16, GEN, tb, NULL));
+    small->ops->stats(small, &s);
+    ASSERT_EQ_INT(s.tokens_resident, 32);
+    ASSERT_EQ_INT(small->ops->seq_len(small, 0), 48 + GEN);
+    ASSERT_EQ_INT(s.evictions, (int64_t)(48 + GEN - 32) * m->cfg.n_layers);
+    tsr_kv_cache_destroy(paged);
+    tsr_kv_cache_destroy(h2o);
+    tsr_kv_cache_destroy(small);
+    tsr_backend_destroy(be);
+    tsr_model_destroy(m);
+}
+
+TSR_TEST_MAIN(test_heavy_hitters_and_recent_kept, test_budget_fraction_and_blocks_freed,
+              test_materialize_fails_cleanly, test_tiled_scores_equal_materialized,
+              test_forward_full_budget_equals_paged)

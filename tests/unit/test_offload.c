@@ -1,0 +1,178 @@
+#include <stdint.h>
+
+#include "kernels/backend.h"
+#include "memory/kv_paged.h"
+#include "policies/policy.h"
+#include "runtime/base/alloc.h"
+#include "runtime/base/status.h"
+#include "runtime/forward.h"
+#include "runtime/kv_setup.h"
+#include "runtime/model.h"
+#include "tests/test.h"
+
+/* Greedy generation through the forward pass: prefill in chunks of `chunk`, then `gen`
+ * decode steps; returns the tokens and the logits of the last step. */
+static tsr_status tsr__greedy(tsr_model *m, tsr_backend *be, tsr_kv_cache *kv,
+                              const int32_t *prompt, int np, int chunk, int gen,
+                              int32_t *out_toks, float *last_logits) {
+    tsr_forward *f = NULL;
+    const int V = m->cfg.vocab_size;
+    TSR_TRY(tsr_forward_create(m, be, chunk, &f));
+    float *logits = tsr_malloc((size_t)V * 4);
+    tsr_status st = kv->ops->seq_add(kv, 0);
+    int32_t cur[1];
+    int pos = 0, rows = 0;
+    while (st == TSR_OK && pos < np) {
+        int n = np - pos < chunk ? np - pos : chunk;
+        tsr_batch_seq b = {.seq = 0, .tokens = prompt + pos, .n_tokens = n, .want_logits = 1};
+        st = tsr_forward_run(f, kv, &b, 1, logits, &rows);
+        pos += n;
+    }
+    for (int g = 0; st == TSR_OK && g < gen; g++) {
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            if (logits[i] > logits[best]) best = i;
+        out_toks[g] = best;
+        cur[0] = best;
+        tsr_batch_seq b = {.seq = 0, .tokens = cur, .n_tokens = 1, .want_logits = 1};
+        st = tsr_forward_run(f, kv, &b, 1, logits, &rows);
+    }
+    if (st == TSR_OK && last_logits) memcpy(last_logits, logits, (size_t)V * 4);
+    tsr_free(logits);
+    tsr_forward_destroy(f);
+    return st;
+}
+
+static tsr_status tsr__policy_kv(const tsr_model_config *c, const char *policy, double budget,
+                                 tsr_kv_cache **kv) {
+    tsr_kv_options o = {.policy = policy, .memory_bytes = 8 << 20, .block_size = 16,
+                        .budget = budget, .max_seqs = 1, .measure_recall = 1};
+    return tsr_kv_setup(&o, c, kv);
+}
+
+#define HD_ 8
+
+/* One layer, one KV head, two query heads; keys are small noise except `hot` positions,
+ * which point along the query direction: the speculative score must find them. */
+TSR_TEST(test_speculative_selection_and_bytes) {
+    tsr_host_pool *host = NULL;
+    ASSERT_OK(tsr_host_pool_create(0, &host));
+    tsr_kv_paged_config kc = {.n_layers = 1, .n_kv_heads = 1, .head_dim = HD_,
+                              .block_size = 4, .max_seqs = 1, .max_seq_len = 4096};
+    kc.memory_bytes = 32 * tsr_kv_paged_block_bytes(&kc);
+    tsr_kv_policy_config pc = {.budget = 12, .spec_pairs = 2, .measure_recall = 1,
+                               .n_heads = 2, .rope_interleaved = 1, .host = host,
+                               .owns_host = 1};
+    tsr_kv_cache *kv = NULL;
+    ASSERT_OK(tsr_kv_policy_cache_create(tsr_kv_policy_find("offload"), &pc, &kc, &kv));
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    enum { N = 100 };
+    static float k[N * HD_], v[N * HD_];
+    int hot[6] = {3, 17, 42, 55, 71, 90};
+    uint32_t r = 7;
+    for (int i = 0; i < N * HD_; i++) {
+        r = r * 1664525u + 1013904223u;
+        k[i] = ((float)((r >> 8) % 1000) / 1000.0f - 0.5f) * 0.2f;
+        v[i] = (float)(i / HD_);
+    }
+    for (int h = 0; h < 6; h++) {
+        k[hot[h] * HD_ + 2] = 4.0f; /* channel pair (2, 3): the high-energy pair */
+        k[hot[h] * HD_ + 3] = 4.0f;
+    }
+    int32_t toks[N] = {0};
+    ASSERT_OK(kv->ops->reserve(kv, 0, N));
+    ASSERT_OK(kv->ops->write(kv, 0, 0, N, k, v));
+    const tsr_kv_span *sp;
+    int ns;
+    ASSERT_OK(kv->ops->spans(kv, 0, 0, &sp, &ns)); /* prefill: all current tokens resident */
+    ASSERT_OK(kv->ops->commit(kv, 0, toks, N));
+    tsr_kv_policy_stats ps;
+    tsr_kv_policy_get_stats(kv, &ps);
+    ASSERT_EQ_INT(ps.bytes_offloaded, N * HD_ * 8);
+    /* Decode one token whose queries align with the hot keys. */
+    float q[2 * HD_] = {0}, k1[HD_] = {0}, v1[HD_] = {0};
+    q[2] = q[3] = 1.0f;
+    q[HD_ + 2] = q[HD_ + 3] = 1.0f;
+    int32_t qpos = N;
+    ASSERT_OK(kv->ops->reserve(kv, 0, 1));
+    ASSERT_OK(kv->ops->write(kv, 0, 0, 1, k1, v1));
+    ASSERT_OK(kv->ops->queries(kv, 0, 0, q, &qpos, 1, 2));
+    ASSERT_OK(kv->ops->spans(kv, 0, 0, &sp, &ns));
+    int present[N + 1] = {0}, total = 0;
+    for (int j = 0; j < ns; j++)
+        for (int32_t i = 0; i < sp[j].n; i++, total++) {
+            int32_t pos = sp[j].pos ? sp[j].pos[i] : sp[j].pos0 + i;
+            present[pos] = 1;
+            ASSERT_NEAR(sp[j].v[i * sp[j].stride], pos < N ? (float)pos : 0.0f, 0);
+        }
+    ASSERT_EQ_INT(total, 12); /* budget: 11 prior + the new token */
+    for (int h = 0; h < 6; h++) ASSERT_EQ_INT(present[hot[h]], 1);
+    ASSERT_EQ_INT(present[N], 1);
+    ASSERT_OK(kv->ops->commit(kv, 0, toks, 1));
+    tsr_kv_policy_get_stats(kv, &ps);
+    ASSERT_EQ_INT(ps.selections, 1);
+    ASSERT_TRUE(ps.recall_n == 1 && ps.recall_sum >= 6.0 / 11.0);
+    ASSERT_EQ_INT(ps.evictions, N - 11);
+    ASSERT_EQ_INT(ps.bytes_fetched, 0); /* all 11 were resident from the prefill */
+    /* Next step with queries pointing elsewhere: some tokens must be fetched back. */
+    float q2[2 * HD_] = {0};
+    q2[0] = q2[1] = 1.0f;
+    q2[HD_] = q2[HD_ + 1] = 1.0f;
+    for (int i = 0; i < 8; i++) k[10 * HD_ + i] = 0.0f;
+    qpos = N + 1;
+    ASSERT_OK(kv->ops->reserve(kv, 0, 1));
+    ASSERT_OK(kv->ops->write(kv, 0, 0, 1, k1, v1));
+    ASSERT_OK(kv->ops->queries(kv, 0, 0, q2, &qpos, 1, 2));
+    ASSERT_OK(kv->ops->spans(kv, 0, 0, &sp, &ns));
+    ASSERT_OK(kv->ops->commit(kv, 0, toks, 1));
+    tsr_kv_policy_get_stats(kv, &ps);
+    ASSERT_TRUE(ps.bytes_fetched > 0 && ps.bytes_fetched % (HD_ * 8) == 0);
+    ASSERT_EQ_INT(tsr_kv_paged_slots(tsr_kv_policy_mech(kv), 0, 0), 12);
+    ASSERT_TRUE(host->used >= (N + 2) * HD_ * 8);
+    char json[1024];
+    ASSERT_TRUE(tsr_kv_stats_json(kv, json, sizeof json) > 0);
+    ASSERT_STR_CONTAINS(json, "\"policy\":\"offload\"");
+    ASSERT_STR_CONTAINS(json, "\"bytes_fetched\":");
+    tsr_kv_cache_destroy(kv);
+}
+
+TSR_TEST(test_forward_full_budget_equals_paged) {
+    tsr_model *m = NULL;
+    ASSERT_OK(tsr_model_load(TSR_SOURCE_DIR "/models/stories260K.bin", &m));
+    tsr_backend *be = NULL;
+    ASSERT_OK(tsr_backend_cpu_create(1, &be));
+    int32_t prompt[48];
+    for (int i = 0; i < 48; i++) prompt[i] = 1 + (i * 53) % (m->cfg.vocab_size - 1);
+    enum { GEN = 50 };
+    int32_t tp[GEN], to[GEN], tb[GEN];
+    float *lp = tsr_malloc((size_t)m->cfg.vocab_size * 4);
+    float *lo = tsr_malloc((size_t)m->cfg.vocab_size * 4);
+    tsr_kv_cache *paged = NULL, *off = NULL, *small = NULL;
+    ASSERT_OK(tsr__policy_kv(&m->cfg, "paged", 0, &paged));
+    ASSERT_OK(tsr__policy_kv(&m->cfg, "offload", 1.0, &off));
+    ASSERT_OK(tsr__greedy(m, be, paged, prompt, 48, 16, GEN, tp, lp));
+    ASSERT_OK(tsr__greedy(m, be, off, prompt, 48, 16, GEN, to, lo));
+    for (int g = 0; g < GEN; g++) ASSERT_EQ_INT(tp[g], to[g]);
+    for (int i = 0; i < m->cfg.vocab_size; i++) ASSERT_NEAR(lp[i], lo[i], 1e-5);
+    tsr_kv_policy_stats ps;
+    tsr_kv_policy_get_stats(off, &ps);
+    ASSERT_EQ_INT(ps.bytes_offloaded,
+                  (int64_t)(48 + GEN) * m->cfg.n_layers * m->cfg.n_kv_heads * m->cfg.head_dim * 8);
+    ASSERT_EQ_INT(ps.evictions, 0);
+    /* 24-token budget: the resident set stays bounded, the host copy holds everything. */
+    ASSERT_OK(tsr__policy_kv(&m->cfg, "offload", 24, &small));
+    ASSERT_OK(tsr__greedy(m, be, small, prompt, 48, 16, GEN, tb, NULL));
+    tsr_kv_stats s;
+    small->ops->stats(small, &s);
+    ASSERT_TRUE(s.tokens_resident <= 24);
+    ASSERT_EQ_INT(small->ops->seq_len(small, 0), 48 + GEN);
+    tsr_kv_cache_destroy(paged);
+    tsr_kv_cache_destroy(off);
+    tsr_kv_cache_destroy(small);
+    tsr_free(lp);
+    tsr_free(lo);
+    tsr_backend_destroy(be);
+    tsr_model_destroy(m);
+}
+
+TSR_TEST_MAIN(test_speculative_selection_and_bytes, test_forward_full_budget_equals_paged)
