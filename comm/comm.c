@@ -450,14 +450,15 @@ typedef struct tsr__agree_msg {
 
 tsr_status tsr_comm_agree(tsr_comm *c, tsr_status st) {
     if (c->world_size == 1) return st;
-    /* One MAX over -rank of the failing ranks finds the lowest failing rank (or none). */
-    int64_t v = st != TSR_OK ? -(int64_t)c->world_rank : INT64_MIN;
+    /* One MAX over {-rank of the failing ranks, "I passed"} finds the lowest failing rank
+     * (or none) and whether every rank failed. */
+    int64_t v[2] = {st != TSR_OK ? -(int64_t)c->world_rank : INT64_MIN, st == TSR_OK};
     char mine[sizeof(((tsr__agree_msg *)0)->line)];
     snprintf(mine, sizeof mine, "%s", tsr_last_error());
-    if (tsr_comm_allreduce_i64(c, TSR_COMM_WORLD, &v, 1, TSR_COMM_MAX) != TSR_OK)
+    if (tsr_comm_allreduce_i64(c, TSR_COMM_WORLD, v, 2, TSR_COMM_MAX) != TSR_OK)
         return TSR_ERR_MPI;
-    if (v == INT64_MIN) return TSR_OK;
-    int root = (int)-v;
+    if (v[0] == INT64_MIN) return TSR_OK;
+    int root = (int)-v[0];
     tsr__agree_msg m;
     memset(&m, 0, sizeof m);
     if (root == c->world_rank) {
@@ -467,6 +468,9 @@ tsr_status tsr_comm_agree(tsr_comm *c, tsr_status st) {
     if (tsr_comm_bcast(c, TSR_COMM_WORLD, &m, sizeof m, root) != TSR_OK) return TSR_ERR_MPI;
     tsr_status agreed = (m.status > TSR_OK && m.status < TSR_STATUS_COUNT) ? (tsr_status)m.status
                                                                          : TSR_ERR_INTERNAL;
+    /* All ranks failed (a bad layout, a bad model file): the same reason everywhere, which
+     * needs no rank to be named. */
+    if (v[1] == 0) return tsr_error_set(agreed, "%s", m.line);
     return tsr_error_set(agreed, "rank %d: %s", root, m.line);
 }
 

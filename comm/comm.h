@@ -150,9 +150,9 @@ tsr_status tsr_comm_barrier(tsr_comm *c, tsr_comm_group g);
 
 /* Collective over the world: every rank passes its own status and gets the same answer.
  * TSR_OK when all ranks passed TSR_OK; else the status of the lowest failing rank, and on
- * every rank the error line becomes that rank's line prefixed "rank R: ", so rank 0 can
- * print the reason and all ranks take the same exit. If the agreement itself fails,
- * returns TSR_ERR_MPI. */
+ * every rank the error line becomes that rank's line, prefixed "rank R: " unless every rank
+ * failed, so that rank 0 can print the reason and all ranks take the same exit. In a
+ * single process it returns st unchanged. If the agreement itself fails: TSR_ERR_MPI. */
 tsr_status tsr_comm_agree(tsr_comm *c, tsr_status st);
 
 /* Ends the whole job now: prints "tessera: rank R: msg" to stderr and calls MPI_Abort

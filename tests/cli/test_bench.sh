@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# `tessera bench` runs and prints one JSON line with the figures bench/decode.sh reads.
+# args: $1 tessera binary, $2 repo root, $3 scratch dir
+set -u
+BIN=$1 ROOT=$2 TMP=$3
+rm -rf "$TMP" && mkdir -p "$TMP"
+fails=0 passes=0
+check() { if [ "$1" = 0 ]; then echo "ok   $2"; passes=$((passes + 1)); else echo "FAIL $2"; fails=$((fails + 1)); fi; }
+
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 8 --gen-tokens 4 --repeat 1 --json >"$TMP/out" 2>"$TMP/err"
+rc=$?
+ok=$rc
+for key in prefill_tok_s decode_tok_s weight_bytes decode_bytes_per_token prefill_flops_per_token peak_rss_bytes; do
+    grep -q "\"$key\":" "$TMP/out" || { echo "missing $key"; ok=1; }
+done
+check "$ok" bench_json
+"$BIN" bench --model "synthetic:tiny" --prompt-tokens 16 --gen-tokens 2 --repeat 1 --json >"$TMP/out2" 2>"$TMP/err"
+check $? bench_synthetic
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 0 >"$TMP/out3" 2>"$TMP/err"
+[ $? -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ]
+check $? bench_bad_arg
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
