@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
 #include "runtime/base/alloc.h"
+#include "runtime/base/file.h"
 #include "runtime/base/log.h"
 #include "runtime/forward.h"
 #include "runtime/kv_setup.h"
@@ -44,41 +45,6 @@ static int tsr__default_threads(void) {
     return n > 0 ? (int)n : 1;
 }
 
-/* Reads a whole file (or stdin for "-") into a NUL-terminated buffer. */
-static tsr_status tsr__read_all(const char *path, char **out, size_t *len) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) return tsr_error_set(TSR_ERR_IO, "%s: cannot open prompt file: %s", path,
-                                 strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *buf = tsr_malloc(cap);
-    tsr_status st = buf ? TSR_OK : TSR_ERR_NOMEM;
-    while (st == TSR_OK) {
-        if (n + 1 >= cap) {
-            char *nb = tsr_realloc(buf, cap * 2);
-            if (!nb) {
-                st = TSR_ERR_NOMEM;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0) {
-            if (ferror(f)) st = tsr_error_set(TSR_ERR_IO, "%s: read error", path);
-            break;
-        }
-    }
-    if (f != stdin) fclose(f);
-    if (st != TSR_OK) {
-        tsr_free(buf);
-        return st;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return TSR_OK;
-}
 
 typedef struct tsr__gen_opts {
     const char *model, *tokenizer, *prompt, *prompt_file, *backend;
@@ -119,7 +85,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
     const char *text = o->prompt;
     size_t text_len = text ? strlen(text) : 0;
     if (o->prompt_file) {
-        TSR_TRY(tsr__read_all(o->prompt_file, &g->prompt_buf, &text_len));
+        TSR_TRY(tsr_file_read(o->prompt_file, "prompt file", 0, &g->prompt_buf, &text_len));
         text = g->prompt_buf;
     }
     if (text_len == 0)

@@ -10,53 +10,16 @@
 #include <sys/stat.h>
 
 #include "runtime/base/alloc.h"
+#include "runtime/base/file.h"
 #include "runtime/config.h"
 #include "runtime/loader.h"
 #include "runtime/safetensors.h"
 
-/* Reads a whole (small) text file; *out is NUL-terminated, caller tsr_free()s it. */
-static tsr_status tsr__read_text(const char *path, char **out, size_t max) {
-    *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return tsr_error_set(TSR_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 4096, len = 0;
-    char *buf = tsr_malloc(cap);
-    while (buf) {
-        if (len + 1 >= cap) {
-            if (cap >= max) {
-                tsr_free(buf);
-                fclose(fp);
-                return tsr_error_set(TSR_ERR_FORMAT, "%s: file larger than %zu bytes", path,
-                                     max);
-            }
-            char *nb = tsr_realloc(buf, cap * 2);
-            if (!nb) break;
-            buf = nb;
-            cap *= 2;
-        }
-        size_t n = fread(buf + len, 1, cap - 1 - len, fp);
-        len += n;
-        if (n == 0) break;
-    }
-    if (!buf) {
-        fclose(fp);
-        return TSR_ERR_NOMEM;
-    }
-    int err = ferror(fp);
-    fclose(fp);
-    if (err) {
-        tsr_free(buf);
-        return tsr_error_set(TSR_ERR_IO, "%s: read failed", path);
-    }
-    buf[len] = '\0';
-    *out = buf;
-    return TSR_OK;
-}
 
 static tsr_status tsr__read_json(const char *path, cJSON **out) {
     char *text;
     *out = NULL;
-    TSR_TRY(tsr__read_text(path, &text, (size_t)1 << 30));
+    TSR_TRY(tsr_file_read(path, "JSON file", (size_t)1 << 30, &text, NULL));
     cJSON *root = cJSON_Parse(text);
     tsr_free(text);
     if (!cJSON_IsObject(root)) {

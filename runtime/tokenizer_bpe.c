@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "runtime/base/alloc.h"
+#include "runtime/base/file.h"
 #include "runtime/tokenizer.h"
 
 /* ByteLevel(use_regex=true), GPT-2. */
@@ -319,33 +320,6 @@ static const tsr_tokenizer_ops tsr__bpe_ops = {
 
 /* ---- load --------------------------------------------------------------------------- */
 
-static tsr_status tsr__read_file(const char *path, char **data, size_t *size) {
-    *data = NULL;
-    *size = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return tsr_error_set(TSR_ERR_IO, "%s: cannot open tokenizer", path);
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return tsr_error_set(TSR_ERR_IO, "%s: cannot determine file size", path);
-    }
-    char *buf = tsr_malloc((size_t)n + 1);
-    if (!buf) {
-        fclose(f);
-        return TSR_ERR_NOMEM;
-    }
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    if (got != (size_t)n) {
-        tsr_free(buf);
-        return tsr_error_set(TSR_ERR_IO, "%s: short read (%zu of %ld bytes)", path, got, n);
-    }
-    buf[n] = '\0';
-    *data = buf;
-    *size = (size_t)n;
-    return TSR_OK;
-}
 
 /* GPT-2 bytes_to_unicode: printable Latin-1 bytes map to themselves, the other 68 bytes to
  * U+0100.. in byte order. unicode_to_byte inverts it (-1: not a byte-level codepoint). */
@@ -655,7 +629,7 @@ tsr_status tsr_tokenizer_load_bpe(const char *path, tsr_tokenizer **out) {
     *out = NULL;
     char *data = NULL;
     size_t size = 0;
-    TSR_TRY(tsr__read_file(path, &data, &size));
+    TSR_TRY(tsr_file_read(path, "tokenizer", 0, &data, &size));
     cJSON *doc = cJSON_ParseWithLength(data, size);
     if (!doc) {
         const char *at = cJSON_GetErrorPtr();
