@@ -15,83 +15,8 @@
 #define TOK512 TSR_SOURCE_DIR "/models/tok512.bin"
 #define CASES TSR_SOURCE_DIR "/tests/data/tokenizers/spm_cases.json"
 
-static char *read_all(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)sz + 1);
-    size_t got = fread(buf, 1, (size_t)sz, f);
-    fclose(f);
-    buf[got] = '\0';
-    if (n) *n = got;
-    return buf;
-}
+#include "tests/tokenizer_cases.h"
 
-static cJSON *load_cases(void) {
-    char *txt = read_all(CASES, NULL);
-    if (!txt) return NULL;
-    cJSON *doc = cJSON_Parse(txt);
-    free(txt);
-    return doc;
-}
-
-static int b64val(char c) {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
-    return -1;
-}
-
-/* Decodes base64 into a malloc'd buffer (NUL-terminated for printing). */
-static char *b64dec(const char *s, size_t *n) {
-    size_t len = strlen(s);
-    char *out = malloc(len / 4 * 3 + 4);
-    size_t o = 0;
-    unsigned acc = 0;
-    int bits = 0;
-    for (size_t i = 0; i < len; i++) {
-        int v = b64val(s[i]);
-        if (v < 0) continue;
-        acc = (acc << 6) | (unsigned)v;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out[o++] = (char)((acc >> bits) & 0xff);
-        }
-    }
-    out[o] = '\0';
-    *n = o;
-    return out;
-}
-
-/* Concatenates decode() over ids, starting from prev = -1. Returns a malloc'd buffer. */
-static char *decode_all(const tsr_tokenizer *t, const int32_t *ids, size_t n, size_t *out_n) {
-    size_t cap = 64 + n * 64, o = 0;
-    char *buf = malloc(cap);
-    int32_t prev = -1;
-    for (size_t i = 0; i < n; i++) {
-        int k = tsr_tokenizer_decode(t, prev, ids[i], buf + o, cap - o);
-        if (k < 0) {
-            free(buf);
-            return NULL;
-        }
-        o += (size_t)k;
-        prev = ids[i];
-    }
-    buf[o] = '\0';
-    *out_n = o;
-    return buf;
-}
-
-static void print_ids(const char *what, const int32_t *ids, size_t n) {
-    fprintf(stderr, "  %s:", what);
-    for (size_t i = 0; i < n && i < 64; i++) fprintf(stderr, " %d", ids[i]);
-    fprintf(stderr, "%s\n", n > 64 ? " ..." : "");
-}
 
 /* Checks every case of cases[] (text_b64, ids, optional decoded_b64) against t. */
 static int check_cases(const tsr_tokenizer *t, const cJSON *cases) {
@@ -153,7 +78,7 @@ static int check_cases(const tsr_tokenizer *t, const cJSON *cases) {
 }
 
 TSR_TEST(test_llama2_matches_sentencepiece) {
-    cJSON *doc = load_cases();
+    cJSON *doc = load_cases(CASES);
     ASSERT_TRUE(doc != NULL);
     tsr_tokenizer *t = NULL;
     ASSERT_OK(tsr_tokenizer_load(LLAMA2_TOK, &t));
@@ -205,7 +130,7 @@ TSR_TEST(test_llama2_known_prompt) {
 }
 
 TSR_TEST(test_invalid_utf8_round_trip) {
-    cJSON *doc = load_cases();
+    cJSON *doc = load_cases(CASES);
     ASSERT_TRUE(doc != NULL);
     const char *paths[] = {LLAMA2_TOK, TOK512};
     int bad = 0;
@@ -243,7 +168,7 @@ TSR_TEST(test_invalid_utf8_round_trip) {
 }
 
 TSR_TEST(test_tok512) {
-    cJSON *doc = load_cases();
+    cJSON *doc = load_cases(CASES);
     ASSERT_TRUE(doc != NULL);
     tsr_tokenizer *t = NULL;
     ASSERT_OK(tsr_tokenizer_load(TOK512, &t));
