@@ -226,6 +226,7 @@ static tsr_status tsr__peer_check(tsr__comm_grp *g, tsr_comm_group which, int pe
     return TSR_OK;
 }
 
+#ifdef TSR_HAVE_MPI
 static tsr_status tsr__scratch(tsr_comm *c, size_t count) {
     if (count <= c->scratch_cap) return TSR_OK;
     size_t bytes;
@@ -236,6 +237,7 @@ static tsr_status tsr__scratch(tsr_comm *c, size_t count) {
     c->scratch_cap = count;
     return TSR_OK;
 }
+#endif
 
 tsr_status tsr_comm_allreduce_sum_f32_parts(tsr_comm *c, tsr_comm_group which,
                                             const float *parts, int n_local, size_t n,
@@ -245,18 +247,20 @@ tsr_status tsr_comm_allreduce_sum_f32_parts(tsr_comm *c, tsr_comm_group which,
     if (n_local < 1)
         return tsr_error_set(TSR_ERR_INVALID, "allreduce_sum_f32_parts: %d parts", n_local);
     if (n == 0) return TSR_OK;
+#ifdef TSR__COMM_NCCL
+    /* With NCCL the buffers are device memory, including in one-rank groups. */
+    if (c->nccl && c->backend == TSR_COMM_MPI) {
+        if (n_local != 1)
+            return tsr_error_set(TSR_ERR_UNSUPPORTED, "allreduce_sum_f32_parts on NCCL: sum the "
+                                 "%d local parts on the device first", n_local);
+        if (g->size == 1) return tsr__comm_nccl_copy(c, out, parts, n * sizeof(float));
+        return tsr__comm_nccl_allreduce_sum_f32(c, g, parts, out, n);
+    }
+#endif
     if (g->size == 1) {
         tsr__comm_self_sum_parts(parts, n_local, n, out);
         return TSR_OK;
     }
-#ifdef TSR__COMM_NCCL
-    if (g->nccl) {
-        if (n_local != 1)
-            return tsr_error_set(TSR_ERR_UNSUPPORTED, "allreduce_sum_f32_parts on NCCL: sum the "
-                                 "%d local parts on the device first", n_local);
-        return tsr__comm_nccl_allreduce_sum_f32(c, g, parts, out, n);
-    }
-#endif
 #ifdef TSR_HAVE_MPI
     size_t per_rank, total;
     if (!tsr_mul_size((size_t)n_local, n, &per_rank) ||
@@ -287,6 +291,7 @@ tsr_status tsr_comm_allreduce_sum_f32(tsr_comm *c, tsr_comm_group which, float *
     tsr__comm_self_sum_parts(c->scratch, g->size, n, buf);
     return TSR_OK;
 #else
+    (void)buf;
     return tsr_error_set(TSR_ERR_INTERNAL, "allreduce: a %d-rank group without MPI", g->size);
 #endif
 }
@@ -298,6 +303,7 @@ tsr_status tsr_comm_allgather(tsr_comm *c, tsr_comm_group which, const void *sen
     if (bytes == 0) return TSR_OK;
 #ifdef TSR__COMM_NCCL
     if (g->nccl) return tsr__comm_nccl_allgather(c, g, send, bytes, recv);
+    if (c->nccl && c->backend == TSR_COMM_MPI) return tsr__comm_nccl_copy(c, recv, send, bytes);
 #endif
     if (g->size == 1) {
         if (recv != send) memmove(recv, send, bytes);

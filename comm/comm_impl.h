@@ -72,6 +72,8 @@ tsr_status tsr__comm_nccl_send(tsr_comm *c, tsr__comm_grp *g, const void *buf, s
 tsr_status tsr__comm_nccl_recv(tsr_comm *c, tsr__comm_grp *g, void *buf, size_t bytes,
                                int peer, bool wait);
 tsr_status tsr__comm_nccl_sync(tsr_comm *c);
+/* Device-to-device copy on the stream: the one-rank group paths of device buffers. */
+tsr_status tsr__comm_nccl_copy(tsr_comm *c, void *dst, const void *src, size_t bytes);
 #endif
 
 #endif

@@ -20,6 +20,7 @@
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
 #include "runtime/base/alloc.h"
+#include "runtime/base/sys.h"
 #include "runtime/base/dtype.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
@@ -127,12 +128,6 @@ __attribute__((format(printf, 1, 2))) static int tsr__bench_usage_error(const ch
     return 2;
 }
 
-static double tsr__now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int tsr__cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -235,17 +230,17 @@ static tsr_status tsr__bench_once(tsr__bench_run *r, int n_prompt, int n_gen, do
     int rows = 0;
     tsr_batch_seq b = {.seq = 0, .tokens = r->prompt, .n_tokens = n_prompt,
                        .want_logits = true, .all_logits = false};
-    double t0 = tsr__now();
+    double t0 = tsr_sys_now();
     TSR_TRY_GOTO(tsr_forward_run(r->fwd, r->kv, &b, 1, r->logits, &rows), st, done);
     int32_t tok = tsr_argmax(r->logits, r->vocab);
-    double t1 = tsr__now();
+    double t1 = tsr_sys_now();
     for (int g = 0; g < n_gen; g++) {
         b.tokens = &tok;
         b.n_tokens = 1;
         TSR_TRY_GOTO(tsr_forward_run(r->fwd, r->kv, &b, 1, r->logits, &rows), st, done);
         tok = tsr_argmax(r->logits, r->vocab);
     }
-    double t2 = tsr__now();
+    double t2 = tsr_sys_now();
     *prefill_s = t1 - t0;
     *decode_s = t2 - t1;
     *last = tok;
@@ -324,9 +319,7 @@ int tsr_cmd_bench(int argc, char **argv) {
     double attn = 4.0 * c->n_layers * q * (n + 1) / 2.0;
     double pre_flops = 2.0 * params + attn + 2.0 * (double)c->vocab_size * c->dim / n;
     double pre_tps = n / prefill_s, dec_tps = g > 0 ? g / decode_s : 0.0;
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    double rss = (double)ru.ru_maxrss * 1024.0; /* Linux reports KiB */
+    double rss = (double)tsr_sys_peak_rss();
     const char *dtn = tsr_dtype_name(c->dtype);
 
     if (o.json) {

@@ -1,9 +1,7 @@
 /* `tessera generate`: one prompt in, its continuation out (stdout), a summary line on
  * stderr. The single-sequence path of the engine, kept small so that it doubles as the
  * reference the bulk job is compared with. */
-#define _GNU_SOURCE /* sched_getaffinity */
 #include <errno.h>
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -11,9 +9,11 @@
 
 #include "jobs/cli.h"
 #include "jobs/commands.h"
+#include "jobs/kv_cli.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
 #include "runtime/base/alloc.h"
+#include "runtime/base/sys.h"
 #include "runtime/base/file.h"
 #include "runtime/base/log.h"
 #include "runtime/forward.h"
@@ -28,33 +28,13 @@ int tsr_cmd_fail(const char *cmd) {
     return 1;
 }
 
-static double tsr__now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* CPUs this process may run on (what Slurm/cgroups gave the job), not the machine's. */
-static int tsr__default_threads(void) {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) {
-        int n = CPU_COUNT(&set);
-        if (n > 0) return n;
-    }
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
-
 typedef struct tsr__gen_opts {
     const char *model, *tokenizer, *prompt, *prompt_file, *backend;
     int max_tokens, top_k, threads, max_context, chunk;
     float temperature, top_p;
     uint64_t seed;
-    bool no_bos, verbose, stats;
-    tsr_kv_options kv;
-    const char *kv_memory;
-    float kv_budget, h2o_recent;
+    bool no_bos, verbose;
+    tsr_kv_cli kv;
 } tsr__gen_opts;
 
 typedef struct tsr__gen {
@@ -119,7 +99,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
 
     TSR_TRY(tsr_backend_create(o->backend, o->threads, &g->be));
     int chunk = o->chunk < (int)n_ids ? o->chunk : (int)n_ids;
-    tsr_kv_options kvo = o->kv;
+    tsr_kv_options kvo = o->kv.kv;
     kvo.chunk_tokens = chunk;
     kvo.max_seqs = 1;
     TSR_TRY(tsr_kv_setup(&kvo, c, &g->kv));
@@ -137,7 +117,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
                      tsr_dtype_name(c->dtype), g->be->ops->name, g->be->threads, n_ids);
 
     /* Prefill in chunks; logits only for the last prompt token. */
-    double t0 = tsr__now();
+    double t0 = tsr_sys_now();
     int rows = 0;
     for (size_t done = 0; done < n_ids;) {
         int n = (int)(n_ids - done) < chunk ? (int)(n_ids - done) : chunk;
@@ -146,7 +126,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
         TSR_TRY(tsr_forward_run(g->fwd, g->kv, &b, 1, g->logits, &rows));
         done += (size_t)n;
     }
-    double t1 = tsr__now();
+    double t1 = tsr_sys_now();
 
     int generated = 0;
     int32_t prev = g->ids[n_ids - 1];
@@ -175,7 +155,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
         TSR_TRY(tsr_forward_run(g->fwd, g->kv, &b, 1, g->logits, &rows));
         pos++;
     }
-    double t2 = tsr__now();
+    double t2 = tsr_sys_now();
     printf("\n");
     fflush(stdout);
     double tp = t1 - t0, td = t2 - t1;
@@ -184,7 +164,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
             "in %.3f s (%.1f tok/s), stop: %s\n",
             n_ids, tp, tp > 0 ? (double)n_ids / tp : 0.0, generated, td,
             td > 0 ? generated / td : 0.0, stop);
-    if (o->stats) {
+    if (o->kv.stats) {
         char js[2048];
         tsr_kv_stats_json(g->kv, js, sizeof js);
         fprintf(stderr, "%s\n", js);
@@ -194,10 +174,10 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
 
 int tsr_cmd_generate(int argc, char **argv) {
     tsr__gen_opts o = {.max_tokens = 256, .temperature = 1.0f, .top_p = 0.9f, .top_k = 0,
-                       .seed = 42, .threads = tsr__default_threads(), .chunk = 512,
-                       .backend = "auto", .h2o_recent = 0.5f};
-    o.kv = (tsr_kv_options){.policy = "paged", .block_size = 16, .h2o_scores = "tiled"};
-    tsr_cli_opt opts[] = {
+                       .seed = 42, .threads = tsr_sys_cpus(), .chunk = 512,
+                       .backend = "auto"};
+    tsr_kv_cli_init(&o.kv);
+    tsr_cli_opt base[] = {
         {"model", TSR_OPT_STRING, &o.model, "PATH",
          "model: llama2.c .bin, Hugging Face directory, or synthetic:NAME (required)", false},
         {"tokenizer", TSR_OPT_STRING, &o.tokenizer, "PATH",
@@ -217,25 +197,13 @@ int tsr_cmd_generate(int argc, char **argv) {
          "context length in tokens, prompt included (0 = the model's maximum)", false},
         {"chunk", TSR_OPT_INT, &o.chunk, "N", "prefill chunk size in tokens", false},
         {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu or cuda", false},
-        {"kv-policy", TSR_OPT_STRING, &o.kv.policy, "NAME",
-         "KV-cache policy: paged (keep all), h2o (heavy hitters + recent), offload "
-         "(host tier + speculative fetch)", false},
-        {"kv-memory", TSR_OPT_STRING, &o.kv_memory, "BYTES",
-         "KV block pool size, e.g. 512M or 4G (default: half the free memory less the "
-         "prefill workspace)", false},
-        {"block-size", TSR_OPT_INT, &o.kv.block_size, "N", "tokens per KV block", false},
-        {"kv-budget", TSR_OPT_FLOAT, &o.kv_budget, "B",
-         "h2o/offload: tokens kept per layer (> 1) or a fraction of the sequence (<= 1); "
-         "0 = keep all", false},
-        {"h2o-recent", TSR_OPT_FLOAT, &o.h2o_recent, "F",
-         "h2o: share of the budget for the recent window", false},
-        {"h2o-scores", TSR_OPT_STRING, &o.kv.h2o_scores, "MODE",
-         "h2o: tiled (never materialized) or materialize (the original n x n baseline)", false},
-        {"stats", TSR_OPT_FLAG, &o.stats, NULL, "print a JSON line of KV-cache stats to stderr",
-         false},
         {"no-bos", TSR_OPT_FLAG, &o.no_bos, NULL, "do not prepend the BOS token", false},
         {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
     };
+    enum { N_BASE = sizeof base / sizeof base[0] };
+    tsr_cli_opt opts[N_BASE + TSR_KV_CLI_N_OPTS];
+    memcpy(opts, base, sizeof base);
+    tsr_kv_cli_opts(&o.kv, opts + N_BASE);
     tsr_cli cli = {.cmd = "generate",
                    .synopsis = "--model PATH (--prompt TEXT | --prompt-file PATH|-) [options]",
                    .about = "Generates a continuation of one prompt. The continuation goes to "
@@ -255,14 +223,7 @@ int tsr_cmd_generate(int argc, char **argv) {
     if (o.temperature < 0) return tsr_cli_usage_error(&cli, "--temperature must be >= 0");
     if (!(o.top_p > 0 && o.top_p <= 1)) return tsr_cli_usage_error(&cli, "--top-p must be in (0, 1]");
     if (o.top_k < 0) return tsr_cli_usage_error(&cli, "--top-k must be >= 0");
-    if (o.kv_memory && tsr_cli_parse_bytes(o.kv_memory, &o.kv.memory_bytes) != 0)
-        return tsr_cli_usage_error(&cli, "invalid size '%s' for --kv-memory", o.kv_memory);
-    if (o.kv.block_size < 1) return tsr_cli_usage_error(&cli, "--block-size must be >= 1");
-    if (o.kv_budget < 0) return tsr_cli_usage_error(&cli, "--kv-budget must be >= 0");
-    if (!(o.h2o_recent >= 0 && o.h2o_recent <= 1))
-        return tsr_cli_usage_error(&cli, "--h2o-recent must be in [0, 1]");
-    o.kv.budget = o.kv_budget;
-    o.kv.recent = o.h2o_recent;
+    if (tsr_kv_cli_check(&cli, &o.kv) != TSR_CLI_OK) return 2;
     if (o.verbose) tsr_log_set_level(TSR_LOG_INFO);
 
     tsr__gen g = {0};

@@ -5,10 +5,8 @@
  * killed at any moment. Exit codes: 0 when the job ran (bad lines are error records, not
  * failures), 1 for fatal errors (unreadable input or model, unwritable output, a failed
  * forward pass), 2 for usage errors. */
-#define _GNU_SOURCE /* sched_getaffinity */
 #include <errno.h>
 #include <inttypes.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,11 +16,13 @@
 #include "jobs/batch_io.h"
 #include "jobs/cli.h"
 #include "jobs/commands.h"
+#include "jobs/kv_cli.h"
 #include "jobs/metrics.h"
 #include "jobs/progress.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
 #include "runtime/base/alloc.h"
+#include "runtime/base/sys.h"
 #include "runtime/base/log.h"
 #include "runtime/chat_template.h"
 #include "runtime/forward.h"
@@ -30,28 +30,13 @@
 #include "runtime/scheduler.h"
 #include "runtime/tokenizer.h"
 
-static double tsr__now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int tsr__default_threads(void) {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) {
-        int n = CPU_COUNT(&set);
-        if (n > 0) return n;
-    }
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
 typedef struct tsr__run_opts {
     const char *model, *tokenizer, *input, *output, *errors, *metrics, *backend;
     int max_batch_seqs, max_batch_tokens, max_context, threads;
     float progress_interval;
     uint64_t seed;
     bool no_bos, quiet, verbose;
+    tsr_kv_cli kv;
 } tsr__run_opts;
 
 /* A request between submit and its record. */
@@ -195,14 +180,22 @@ static tsr_status tsr__setup(tsr__run *g) {
         return tsr_error_set(TSR_ERR_INVALID,
                              "%s: tokenizer has %d tokens but the model's vocabulary is %d",
                              tok_path, g->tok->vocab_size, c->vocab_size);
-    TSR_TRY(tsr_chat_template_detect(o->model, &g->chat));
+    tsr_status cst = tsr_chat_template_detect(o->model, &g->chat);
+    if (cst == TSR_ERR_UNSUPPORTED) { /* completions still work; chat lines get errors */
+        if (!o->quiet) fprintf(stderr, "tessera run: warning: %s\n", tsr_last_error());
+        g->chat.kind = TSR_CHAT_NONE;
+    } else if (cst != TSR_OK) {
+        return cst;
+    }
     tsr__basename(o->model, g->model_name, sizeof g->model_name);
 
     g->ctx = o->max_context > 0 && o->max_context < c->max_seq_len ? o->max_context
                                                                    : c->max_seq_len;
     TSR_TRY(tsr_backend_create(o->backend, o->threads, &g->be));
-    TSR_TRY(tsr_kv_dense_create(c->n_layers, c->n_kv_heads, c->head_dim, g->ctx,
-                                o->max_batch_seqs, &g->kv));
+    tsr_kv_options kvo = o->kv.kv;
+    kvo.max_seqs = o->max_batch_seqs;
+    kvo.chunk_tokens = o->max_batch_tokens;
+    TSR_TRY(tsr_kv_setup(&kvo, c, &g->kv));
     TSR_TRY(tsr_forward_create(g->model, g->be, o->max_batch_tokens, &g->fwd));
     tsr_sched_config sc = {.max_seqs = o->max_batch_seqs, .max_tokens = o->max_batch_tokens,
                            .max_context = g->ctx, .vocab_size = c->vocab_size};
@@ -237,7 +230,8 @@ static tsr_status tsr__submit(tsr__run *g, tsr_batch_request *r) {
     if (r->kind == TSR_BATCH_CHAT) {
         if (g->chat.kind == TSR_CHAT_NONE)
             return tsr__put_error(g, r->custom_id, r->line, TSR_BATCH_E_TEMPLATE,
-                                  "model has no chat template (use /v1/completions)");
+                                  "model has no chat template tessera can render "
+                                  "(use /v1/completions)");
         TSR_TRY(tsr_chat_render(&g->chat, r->messages, r->n_messages, &rendered, &text_len));
         text = rendered;
         bos = false; /* the template starts with bos_token */
@@ -290,7 +284,7 @@ static tsr_status tsr__submit(tsr__run *g, tsr_batch_request *r) {
     r->n_stops = 0;
     q->prev = last; /* SentencePiece's leading-space rule looks at it, as in generate */
     q->n_prompt = (int)n_ids;
-    q->t_submit = tsr__now();
+    q->t_submit = tsr_sys_now();
     g->m.prompt_tokens += (int64_t)n_ids;
     return TSR_OK;
 }
@@ -412,7 +406,7 @@ static tsr_status tsr__finish(tsr__run *g, int tag, const char *reason, double n
 }
 
 static tsr_status tsr__events(tsr__run *g, const tsr_sched_event *ev, int n_ev) {
-    double now = tsr__now();
+    double now = tsr_sys_now();
     char piece[512];
     for (int i = 0; i < n_ev; i++) {
         int tag = (int)ev[i].tag;
@@ -451,13 +445,13 @@ static tsr_status tsr__events(tsr__run *g, const tsr_sched_event *ev, int n_ev) 
 
 static tsr_status tsr__job(tsr__run *g) {
     const tsr__run_opts *o = g->o;
-    double t_setup = tsr__now();
+    double t_setup = tsr_sys_now();
     const char *kill = getenv("TSR_TEST_KILL_AFTER");
     g->kill_after = kill ? strtoll(kill, NULL, 10) : 0;
     TSR_TRY(tsr__setup(g));
     int64_t todo = g->m.lines - g->resume.n_records;
     if (todo < 0) todo = 0;
-    g->t_start = tsr__now();
+    g->t_start = tsr_sys_now();
     g->m.setup_s = g->t_start - t_setup;
     tsr_progress_init(&g->prog, stderr, "tessera run", todo, o->progress_interval, o->quiet,
                       g->t_start);
@@ -482,9 +476,9 @@ static tsr_status tsr__job(tsr__run *g) {
         TSR_TRY(tsr__events(g, ev, n_ev));
         int64_t toks = g->m.completion_tokens;
         for (int i = 0; i < g->n_reqs; i++) toks += g->reqs[i].n_gen;
-        tsr_progress_update(&g->prog, tsr__now(), g->processed, toks);
+        tsr_progress_update(&g->prog, tsr_sys_now(), g->processed, toks);
     }
-    double t_end = tsr__now();
+    double t_end = tsr_sys_now();
     tsr_progress_finish(&g->prog, t_end, g->processed, g->m.completion_tokens);
 
     tsr_metrics *m = &g->m;
@@ -493,7 +487,6 @@ static tsr_status tsr__job(tsr__run *g) {
     m->input = o->input;
     m->output = o->output;
     m->backend = g->be->ops->name;
-    m->kv_policy = g->kv->ops->name;
     m->threads = g->be->threads;
     m->max_batch_seqs = o->max_batch_seqs;
     m->max_batch_tokens = o->max_batch_tokens;
@@ -506,10 +499,13 @@ static tsr_status tsr__job(tsr__run *g) {
     m->decode_tokens = t.decode_tokens;
     m->preemptions = t.preemptions;
     m->max_running = t.max_running;
-    m->peak_host_rss_bytes = tsr_peak_rss_bytes();
+    m->peak_host_rss_bytes = tsr_sys_peak_rss();
     m->peak_device_bytes = 0; /* host backends; device backends expose no counter yet */
-    if (g->kv->ops->stats) g->kv->ops->stats(g->kv, &m->kv);
+    char kv_json[2048];
+    tsr_kv_stats_json(g->kv, kv_json, sizeof kv_json);
+    m->kv_json = kv_json;
     if (o->metrics) TSR_TRY(tsr_metrics_write(m, o->metrics));
+    if (o->kv.stats) fprintf(stderr, "%s\n", kv_json);
     if (!o->quiet)
         fprintf(stderr,
                 "tessera run: %" PRId64 " requests: %" PRId64 " ok, %" PRId64 " failed, %" PRId64
@@ -524,9 +520,10 @@ static tsr_status tsr__job(tsr__run *g) {
 
 int tsr_cmd_run(int argc, char **argv) {
     tsr__run_opts o = {.max_batch_seqs = 16, .max_batch_tokens = 512, .max_context = 0,
-                       .threads = tsr__default_threads(), .progress_interval = 10.0f,
+                       .threads = tsr_sys_cpus(), .progress_interval = 10.0f,
                        .seed = 42, .backend = "auto"};
-    tsr_cli_opt opts[] = {
+    tsr_kv_cli_init(&o.kv);
+    tsr_cli_opt base[] = {
         {"model", TSR_OPT_STRING, &o.model, "PATH",
          "model: llama2.c .bin, Hugging Face directory, or synthetic:NAME (required)", false},
         {"tokenizer", TSR_OPT_STRING, &o.tokenizer, "PATH",
@@ -559,6 +556,10 @@ int tsr_cmd_run(int argc, char **argv) {
         {"quiet", TSR_OPT_FLAG, &o.quiet, NULL, "no progress or summary on stderr", false},
         {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
     };
+    enum { N_BASE = sizeof base / sizeof base[0] };
+    tsr_cli_opt opts[N_BASE + TSR_KV_CLI_N_OPTS];
+    memcpy(opts, base, sizeof base);
+    tsr_kv_cli_opts(&o.kv, opts + N_BASE);
     tsr_cli cli = {.cmd = "run",
                    .synopsis = "--model PATH --input IN.jsonl --output OUT.jsonl [options]",
                    .about = "Bulk generation: OpenAI batch lines (/v1/completions, "
@@ -572,6 +573,7 @@ int tsr_cmd_run(int argc, char **argv) {
     if (r == TSR_CLI_HELP) return 0;
     if (r != TSR_CLI_OK) return 2;
     if (!o.model) return tsr_cli_usage_error(&cli, "--model is required");
+    if (tsr_kv_cli_check(&cli, &o.kv) != TSR_CLI_OK) return 2;
     if (!o.input) return tsr_cli_usage_error(&cli, "--input is required");
     if (!o.output) return tsr_cli_usage_error(&cli, "--output is required");
     if (o.max_batch_seqs < 1) return tsr_cli_usage_error(&cli, "--max-batch-seqs must be >= 1");

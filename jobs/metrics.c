@@ -59,12 +59,6 @@ void tsr_metrics_free(tsr_metrics *m) {
     tsr_samples_free(&m->e2e);
 }
 
-int64_t tsr_peak_rss_bytes(void) {
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-    return (int64_t)ru.ru_maxrss * 1024; /* Linux reports KiB */
-}
-
 static void tsr__add_summary(cJSON *parent, const char *name, tsr_samples *s) {
     tsr_summary q;
     tsr_samples_summary(s, &q);
@@ -154,15 +148,9 @@ tsr_status tsr_metrics_write(tsr_metrics *m, const char *path) {
             cJSON_Delete(r0);
         }
     }
-    cJSON *kv = cJSON_AddObjectToObject(d, "kv");
-    if (kv) {
-        cJSON_AddStringToObject(kv, "policy", m->kv_policy ? m->kv_policy : "");
-        cJSON_AddNumberToObject(kv, "tokens_resident", (double)m->kv.tokens_resident);
-        cJSON_AddNumberToObject(kv, "bytes_used", (double)m->kv.bytes_used);
-        cJSON_AddNumberToObject(kv, "bytes_peak", (double)m->kv.bytes_peak);
-        cJSON_AddNumberToObject(kv, "bytes_capacity", (double)m->kv.bytes_capacity);
-        cJSON_AddNumberToObject(kv, "evictions", (double)m->kv.evictions);
-    }
+    /* The cache's own stats line (runtime/kv_setup.h), so metrics and --stats agree. */
+    cJSON *kv = m->kv_json ? cJSON_Parse(m->kv_json) : cJSON_CreateObject();
+    if (kv) cJSON_AddItemToObject(d, "kv", kv);
     char *js = cJSON_Print(d);
     cJSON_Delete(d);
     if (!js) return tsr_error_set(TSR_ERR_NOMEM, "%s: cannot format the metrics", path);

@@ -29,7 +29,7 @@ void tsr_samples_summary(tsr_samples *s, tsr_summary *out);
 
 typedef struct tsr_metrics {
     /* what ran */
-    const char *model, *input, *output, *backend, *kv_policy;
+    const char *model, *input, *output, *backend;
     int threads, max_batch_seqs, max_batch_tokens, max_context;
     /* requests (lines of the input) */
     int64_t lines, ok, failed, skipped, finish_stop, finish_length;
@@ -45,13 +45,11 @@ typedef struct tsr_metrics {
     /* memory */
     int rank;
     int64_t peak_host_rss_bytes, peak_device_bytes;
-    tsr_kv_stats kv;
+    const char *kv_json; /* tsr_kv_stats_json of the cache (borrowed) */
 } tsr_metrics;
 
 void tsr_metrics_free(tsr_metrics *m);
 
-/* Peak resident set size of this process (getrusage), bytes. */
-int64_t tsr_peak_rss_bytes(void);
 
 /* Writes the report to path (path.tmp, fsync, rename). */
 tsr_status tsr_metrics_write(tsr_metrics *m, const char *path);

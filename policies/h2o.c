@@ -146,7 +146,12 @@ static tsr_status tsr__h2o_materialize(tsr__h2o *h, int layer, int seq, int32_t 
         tsr_free(att);
         return TSR_ERR_NOMEM;
     }
-    TSR_TRY(tsr_kv_paged_read_slots(m, layer, seq, pos, NULL));
+    tsr_status st = tsr_kv_paged_read_slots(m, layer, seq, pos, NULL);
+    if (st != TSR_OK) {
+        tsr_free(pos);
+        tsr_free(att);
+        return st;
+    }
     memset(scores, 0, (size_t)m->n_kv_heads * n_keys * sizeof *scores);
     for (int hh = 0; hh < n_heads; hh++) {
         int g = hh / group;
@@ -172,6 +177,7 @@ static tsr_status tsr__h2o_materialize(tsr__h2o *h, int layer, int seq, int32_t 
     }
     tsr_free(pos);
     tsr_free(att);
+    h->st.score_matrix_rebuilds++;
     return TSR_OK;
 }
 

@@ -3,16 +3,23 @@
  * separately budgeted arena, so the copies and the bytes moved are real). Before a layer's
  * attention, a cheap speculative score - partial q.k over a few rotary channel pairs per KV
  * head, kept as a small "partial key" cache - picks the prior tokens to make resident; the
- * tokens of the current step are always resident. Channel pairs are chosen per layer from
- * the first keys written (largest energy), the data-driven stand-in for InfiniGen's offline
- * choice from the weights; a pair is rotation-invariant, so partial scores match RoPE'd keys.
- * The queries come through the cache's `queries` hook; without them the selection falls
- * back to the most recent tokens. */
+ * tokens of the current step are always resident. Channel pairs are chosen per layer during
+ * a warm-up (the first TSR__OFF_WARM keys and their queries) by the largest
+ * sqrt(E|q_p|^2 * E|k_p|^2), which bounds the pair's share of q.k (Cauchy-Schwarz): the
+ * data-driven stand-in for InfiniGen's offline choice from the weights. A pair is
+ * rotation-invariant, so partial scores match RoPE'd keys. The queries come through the
+ * cache's `queries` hook; without them the selection falls back to the most recent tokens
+ * (counted apart in the stats). */
 #include <math.h>
 #include <string.h>
 
 #include "policies/policy.h"
 #include "runtime/base/alloc.h"
+
+/* Rows (per layer) whose key and query energy choose the channel pairs; the choice is
+ * final after them. */
+#define TSR__OFF_WARM 64
+#define TSR__OFF_MAXHALF 128
 
 typedef struct tsr__olayer {
     float *hk, *hv;  /* host copy: [cap][kv_dim] */
@@ -33,7 +40,10 @@ typedef struct tsr__off {
     tsr_kv_cache *mech;
     int L, G, hd, kvd, pairs;
     int *chan;        /* [L][G][2 * pairs] channel indices within the head */
-    uint8_t *chan_set;
+    uint8_t *chan_set; /* [L] the choice is final */
+    double *ke, *qe;  /* [L][G][hd / 2] warm-up energy of keys and queries per pair */
+    double *km;       /* [L][G][hd] warm-up key sums per channel (for the variance) */
+    int32_t *warm;    /* [L] key rows seen in the warm-up */
     tsr__oseq *seqs;
     int n_seqs;
     const float *q;
@@ -64,11 +74,23 @@ static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
     if (o->pairs > o->hd / 2) o->pairs = o->hd / 2;
     o->chan = tsr_calloc((size_t)o->L * o->G * 2 * o->pairs, sizeof *o->chan);
     o->chan_set = tsr_calloc((size_t)o->L, 1);
-    if (!o->chan || !o->chan_set) {
+    size_t ne = (size_t)o->L * o->G * (size_t)(o->hd / 2);
+    o->ke = tsr_calloc(ne ? ne : 1, sizeof *o->ke);
+    o->qe = tsr_calloc(ne ? ne : 1, sizeof *o->qe);
+    o->km = tsr_calloc(ne ? 2 * ne : 1, sizeof *o->km);
+    o->warm = tsr_calloc((size_t)o->L, sizeof *o->warm);
+    int too_wide = o->hd / 2 > TSR__OFF_MAXHALF;
+    if (!o->chan || !o->chan_set || !o->ke || !o->qe || !o->km || !o->warm || too_wide) {
         tsr_free(o->chan);
         tsr_free(o->chan_set);
+        tsr_free(o->ke);
+        tsr_free(o->qe);
+        tsr_free(o->km);
+        tsr_free(o->warm);
         tsr_free(o);
-        return TSR_ERR_NOMEM;
+        return too_wide ? tsr_error_set(TSR_ERR_UNSUPPORTED, "offload: head_dim > %d",
+                                        2 * TSR__OFF_MAXHALF)
+                        : TSR_ERR_NOMEM;
     }
     o->q_layer = -1;
     *state = o;
@@ -98,6 +120,10 @@ static void tsr__off_destroy(void *state) {
     tsr_free(o->seqs);
     tsr_free(o->chan);
     tsr_free(o->chan_set);
+    tsr_free(o->ke);
+    tsr_free(o->qe);
+    tsr_free(o->km);
+    tsr_free(o->warm);
     tsr_free(o);
 }
 
@@ -129,32 +155,76 @@ static tsr_status tsr__off_append(void *state, int seq, int32_t n) {
     return TSR_OK;
 }
 
-/* Per KV head, the `pairs` rotary pairs with the most energy in these keys. */
-static void tsr__off_choose(tsr__off *o, int layer, const float *k, int32_t n) {
+static void tsr__off_pair(const tsr__off *o, int p, int *a, int *b) {
+    *a = o->cfg.rope_interleaved ? 2 * p : p;
+    *b = o->cfg.rope_interleaved ? 2 * p + 1 : p + o->hd / 2;
+}
+
+/* Adds the pair energy of n rows ([n][heads][hd]; head h belongs to group h / per) to e
+ * ([G][hd / 2]). */
+static void tsr__off_energy(const tsr__off *o, double *e, const float *x, int32_t n,
+                            int heads, int per) {
     int half = o->hd / 2;
-    double e[256];
-    for (int g = 0; g < o->G; g++) {
-        for (int p = 0; p < half; p++) {
-            int a = o->cfg.rope_interleaved ? 2 * p : p;
-            int b = o->cfg.rope_interleaved ? 2 * p + 1 : p + half;
-            double sum = 0;
-            for (int32_t i = 0; i < n; i++) {
-                const float *r = k + (size_t)i * o->kvd + (size_t)g * o->hd;
-                sum += (double)r[a] * r[a] + (double)r[b] * r[b];
+    for (int32_t i = 0; i < n; i++)
+        for (int h = 0; h < heads; h++) {
+            const float *r = x + ((size_t)i * heads + h) * o->hd;
+            double *eg = e + (size_t)(h / per) * half;
+            for (int p = 0; p < half; p++) {
+                int a, b;
+                tsr__off_pair(o, p, &a, &b);
+                eg[p] += (double)r[a] * r[a] + (double)r[b] * r[b];
             }
-            e[p] = sum;
+        }
+}
+
+/* Partial keys of rows [from, to) of L from the host copy. */
+static void tsr__off_partial(const tsr__off *o, tsr__olayer *L, int layer, int32_t from,
+                             int32_t to) {
+    int pw = 2 * o->pairs;
+    const int *chan = o->chan + (size_t)layer * o->G * pw;
+    for (int32_t i = from; i < to; i++)
+        for (int g = 0; g < o->G; g++) {
+            float *pk = L->pk + ((size_t)i * o->G + g) * pw;
+            const float *k = L->hk + (size_t)i * o->kvd + (size_t)g * o->hd;
+            for (int c = 0; c < pw; c++) pk[c] = k[chan[g * pw + c]];
+        }
+}
+
+/* Per KV head, the `pairs` rotary pairs with the largest sqrt(query energy * key energy)
+ * (key energy alone before any query came); partial keys follow a changed choice. */
+static void tsr__off_choose(tsr__off *o, int layer) {
+    int half = o->hd / 2, changed = 0;
+    double e[TSR__OFF_MAXHALF];
+    for (int g = 0; g < o->G; g++) {
+        const double *ke = o->ke + ((size_t)layer * o->G + g) * half;
+        const double *qe = o->qe + ((size_t)layer * o->G + g) * half;
+        const double *km = o->km + ((size_t)layer * o->G + g) * o->hd;
+        double w = o->warm[layer] > 0 ? 1.0 / o->warm[layer] : 0.0;
+        for (int p = 0; p < half; p++) {
+            int a, b;
+            tsr__off_pair(o, p, &a, &b);
+            /* the spread of this pair's q.k across keys: query energy x key variance */
+            double var = ke[p] * w - (km[a] * w) * (km[a] * w) - (km[b] * w) * (km[b] * w);
+            if (var < 0) var = 0;
+            e[p] = qe[p] > 0 ? qe[p] * var : var;
         }
         int *ch = o->chan + ((size_t)layer * o->G + g) * 2 * o->pairs;
         for (int c = 0; c < o->pairs; c++) {
             int best = 0;
             for (int p = 1; p < half; p++)
                 if (e[p] > e[best]) best = p;
-            ch[2 * c] = o->cfg.rope_interleaved ? 2 * best : best;
-            ch[2 * c + 1] = o->cfg.rope_interleaved ? 2 * best + 1 : best + half;
+            int a, b;
+            tsr__off_pair(o, best, &a, &b);
+            changed |= ch[2 * c] != a || ch[2 * c + 1] != b;
+            ch[2 * c] = a;
+            ch[2 * c + 1] = b;
             e[best] = -1.0;
         }
     }
-    o->chan_set[layer] = 1;
+    if (!changed) return;
+    for (int s = 0; s < o->n_seqs; s++)
+        if (o->seqs[s].active)
+            tsr__off_partial(o, &o->seqs[s].layers[layer], layer, 0, o->seqs[s].layers[layer].n);
 }
 
 static tsr_status tsr__off_grow(tsr__off *o, tsr__olayer *L, int32_t rows) {
@@ -184,18 +254,18 @@ static tsr_status tsr__off_write(void *state, int layer, int seq, int32_t n, con
     tsr__olayer *L = &s->layers[layer];
     int32_t at = o->mech->ops->seq_len(o->mech, seq);
     TSR_TRY(tsr__off_grow(o, L, at + n));
-    if (!o->chan_set[layer]) tsr__off_choose(o, layer, k, n);
-    size_t kvd = (size_t)o->kvd, pw = (size_t)o->G * 2 * o->pairs;
+    size_t kvd = (size_t)o->kvd;
     memcpy(L->hk + (size_t)at * kvd, k, (size_t)n * kvd * 4);
     memcpy(L->hv + (size_t)at * kvd, v, (size_t)n * kvd * 4);
-    const int *chan = o->chan + (size_t)layer * o->G * 2 * o->pairs;
-    for (int32_t i = 0; i < n; i++) {
-        float *pk = L->pk + (size_t)(at + i) * pw;
-        for (int g = 0; g < o->G; g++)
-            for (int c = 0; c < 2 * o->pairs; c++)
-                pk[g * 2 * o->pairs + c] = k[(size_t)i * kvd + (size_t)g * o->hd + chan[g * 2 * o->pairs + c]];
-        L->res[at + i] = 1;
+    if (!o->chan_set[layer]) {
+        tsr__off_energy(o, o->ke + (size_t)layer * o->G * (o->hd / 2), k, n, o->G, 1);
+        double *km = o->km + (size_t)layer * o->kvd;
+        for (int32_t i = 0; i < n; i++)
+            for (int c = 0; c < o->kvd; c++) km[c] += k[(size_t)i * kvd + c];
+        o->warm[layer] += n;
     }
+    tsr__off_partial(o, L, layer, at, at + n);
+    memset(L->res + at, 1, (size_t)n);
     L->n = at + n;
     o->st.bytes_offloaded += (int64_t)n * (int64_t)kvd * 8;
     return TSR_OK;
@@ -210,6 +280,9 @@ static tsr_status tsr__off_queries(void *state, int layer, int seq, const float 
     o->q_layer = layer;
     o->q_seq = seq;
     o->q_heads = n_heads;
+    if (!o->chan_set[layer] && n_heads >= o->G && n_heads % o->G == 0)
+        tsr__off_energy(o, o->qe + (size_t)layer * o->G * (o->hd / 2), q, n_q, n_heads,
+                        n_heads / o->G);
     return TSR_OK;
 }
 
@@ -282,6 +355,10 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
     if (!s) return tsr_error_set(TSR_ERR_INVALID, "offload: no sequence %d", seq);
     tsr__olayer *L = &s->layers[layer];
     tsr_kv_cache *m = o->mech;
+    if (!o->chan_set[layer]) {
+        tsr__off_choose(o, layer);
+        if (o->warm[layer] >= TSR__OFF_WARM) o->chan_set[layer] = 1;
+    }
     int32_t len = m->ops->seq_len(m, seq), total = L->n;
     int32_t budget = tsr_kv_policy_budget(&o->cfg, total);
     int32_t keep = budget - (total - len);
@@ -299,8 +376,10 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
         }
         int have_q = o->q && o->q_layer == layer && o->q_seq == seq && o->q_n > 0;
         if (have_q) tsr__off_scores(o, L, layer, len, 0, c);
-        else
+        else {
             for (int32_t j = 0; j < len; j++) c[j] = (tsr__ocand){(float)j, j};
+            o->st.fallback_selections++;
+        }
         tsr__oselect(c, len, keep);
         for (int32_t j = 0; j < keep; j++) want[c[j].pos] = 1;
         o->st.selections++;

@@ -32,10 +32,12 @@ typedef struct tsr_kv_policy_stats {
     int64_t bytes_offloaded;  /* written to the host copy */
     int64_t bytes_fetched;    /* host -> resident */
     int64_t tokens_processed; /* tokens committed (denominator of bytes per token) */
-    int64_t selections;       /* speculative selections made */
+    int64_t selections;       /* selections made (speculative or fallback) */
+    int64_t fallback_selections; /* of them, without queries: the recent window */
     double recall_sum;        /* sum of per-selection recall of the exact top tokens */
     int64_t recall_n;
     int64_t score_matrix_bytes_peak; /* materialize baseline */
+    int64_t score_matrix_rebuilds;   /* matrices built from the layer's queries */
     int64_t host_bytes_peak;
 } tsr_kv_policy_stats;
 

@@ -16,32 +16,7 @@
 #include <sys/stat.h>
 
 #include "runtime/base/alloc.h"
-
-static tsr_status tsr__slurp(const char *path, char **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return tsr_error_set(TSR_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return tsr_error_set(TSR_ERR_IO, "%s: cannot size the file", path);
-    }
-    char *buf = tsr_malloc((size_t)n + 1);
-    if (!buf) {
-        fclose(f);
-        return TSR_ERR_NOMEM;
-    }
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    if (got != (size_t)n) {
-        tsr_free(buf);
-        return tsr_error_set(TSR_ERR_IO, "%s: short read", path);
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = (size_t)n;
-    return TSR_OK;
-}
+#include "runtime/base/file.h"
 
 tsr_status tsr_chat_template_parse(const char *json, size_t len, const char *what,
                                    tsr_chat_template *out) {
@@ -97,7 +72,7 @@ tsr_status tsr_chat_template_detect(const char *model_path, tsr_chat_template *o
     if (stat(path, &sb) != 0) return TSR_OK;
     char *text = NULL;
     size_t len = 0;
-    TSR_TRY(tsr__slurp(path, &text, &len));
+    TSR_TRY(tsr_file_read(path, "tokenizer config", 64u << 20, &text, &len));
     tsr_status st = tsr_chat_template_parse(text, len, path, out);
     tsr_free(text);
     return st;

@@ -86,7 +86,8 @@ int tsr_kv_stats_json(const tsr_kv_cache *kv, char *buf, size_t size) {
                     "\"cow_copies\":%lld,\"swap_out_bytes\":%lld,\"swap_in_bytes\":%lld,"
                     "\"bytes_offloaded\":%lld,\"bytes_fetched\":%lld,"
                     "\"bytes_moved_per_token\":%.1f,\"host_bytes_peak\":%lld,"
-                    "\"spec_recall\":%.4f,\"score_matrix_bytes_peak\":%lld}",
+                    "\"spec_selections\":%lld,\"spec_fallbacks\":%lld,\"spec_recall\":%.4f,"
+                    "\"score_matrix_bytes_peak\":%lld}",
                     tsr_kv_policy_name(kv), ps.block_size, ps.blocks_used, ps.blocks_total,
                     ps.blocks_peak, (long long)s.bytes_used, (long long)s.bytes_peak,
                     (long long)s.bytes_capacity, (long long)s.tokens_resident,
@@ -94,6 +95,7 @@ int tsr_kv_stats_json(const tsr_kv_cache *kv, char *buf, size_t size) {
                     (long long)ps.prefix_hit_tokens, (long long)ps.cow_copies,
                     (long long)ps.swap_out_bytes, (long long)ps.swap_in_bytes,
                     (long long)pol.bytes_offloaded, (long long)pol.bytes_fetched, per_tok,
-                    (long long)pol.host_bytes_peak, recall,
+                    (long long)pol.host_bytes_peak, (long long)pol.selections,
+                    (long long)pol.fallback_selections, recall,
                     (long long)pol.score_matrix_bytes_peak);
 }

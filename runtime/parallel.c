@@ -48,9 +48,10 @@ tsr_status tsr_parallel_validate(const tsr_parallel_layout *l, const tsr_model_c
     if (c->n_heads % c->n_kv_heads != 0)
         return tsr_error_set(TSR_ERR_INVALID, "%s: %d heads are not a multiple of %d KV heads",
                              what, c->n_heads, c->n_kv_heads);
-    if (c->hidden_dim < tp)
-        return tsr_error_set(TSR_ERR_INVALID, "--tp %d exceeds the %d MLP columns of %s", tp,
-                             c->hidden_dim, what);
+    if (c->hidden_dim < c->n_heads)
+        return tsr_error_set(TSR_ERR_INVALID, "%s: %d MLP columns cannot form a chunk for each of "
+                             "the %d heads (tensor-parallel reduction parts)", what,
+                             c->hidden_dim, c->n_heads);
     if (pp > c->n_layers)
         return tsr_error_set(TSR_ERR_INVALID, "--pp %d exceeds the %d layers of %s "
                              "(each stage needs at least one layer)", pp, c->n_layers, what);
@@ -83,7 +84,12 @@ tsr_status tsr_parallel_shard_of(const tsr_parallel_layout *l, const tsr_model_c
         s.kv_head_end = s.kv_head_begin + 1;
         s.kv_replicated = true;
     }
-    tsr_parallel_split(c->hidden_dim, l->tp, s.tp_rank, &s.hidden_begin, &s.hidden_end);
+    s.n_parts = c->n_heads;
+    s.part_begin = s.head_begin;
+    s.part_end = s.head_end;
+    int unused;
+    tsr_parallel_split(c->hidden_dim, s.n_parts, s.part_begin, &s.hidden_begin, &unused);
+    tsr_parallel_split(c->hidden_dim, s.n_parts, s.part_end - 1, &unused, &s.hidden_end);
     tsr_parallel_split(c->n_layers, l->pp, s.pp_rank, &s.layer_begin, &s.layer_end);
     s.first_stage = s.pp_rank == 0;
     s.last_stage = s.pp_rank == l->pp - 1;

@@ -7,9 +7,18 @@
  * heads split when tp divides n_kv_heads, else each KV head is replicated on the tp /
  * n_kv_heads ranks whose query heads use it (tp must then be a multiple of n_kv_heads).
  * The MLP splits by hidden columns: w1/w3 rows and w2 columns [hidden_begin, hidden_end).
- * hidden_dim need not be a multiple of tp: the first hidden_dim % tp ranks take one
- * column more (stories260K: hidden 172, tp 8 -> 22,22,22,22,21,21,21,21). Embedding,
- * norms and classifier are replicated on every rank of a stage.
+ *
+ * Reduction parts (bit-identical results for every tp): both row-parallel matmuls (wo after
+ * attention, w2 after the MLP) are summed over a canonical list of n_parts = n_heads partial
+ * vectors that does not depend on tp: part i is query head i for wo, and hidden chunk i
+ * (tsr_parallel_split(hidden_dim, n_heads, i)) for w2. A rank owns parts
+ * [part_begin, part_end), which are exactly its heads and, for the MLP, its hidden columns:
+ * the hidden range is a union of whole chunks, so hidden_dim need not be a multiple of tp
+ * (stories260K: hidden 172 in 8 chunks of 22,22,22,22,21,21,21,21; tp 2 -> 88 + 84).
+ * Computing each part's product and calling tsr_comm_allreduce_sum_f32_parts gives the
+ * same bits for tp = 1 (one process, all parts), 2, 4, ...
+ *
+ * Embedding, norms and classifier are replicated on every rank of a stage.
  *
  * Pipeline parallelism: contiguous layer ranges, as even as possible; the first
  * n_layers % pp stages take one layer more (the last stage also runs the classifier). */
@@ -32,7 +41,9 @@ typedef struct tsr_parallel_shard {
     int head_begin, head_end;       /* query heads */
     int kv_head_begin, kv_head_end; /* KV heads held (and computed) by this rank */
     bool kv_replicated;             /* the KV heads are also held by other TP ranks */
-    int hidden_begin, hidden_end;   /* MLP intermediate columns */
+    int hidden_begin, hidden_end;   /* MLP intermediate columns (whole chunks) */
+    int n_parts;                    /* canonical reduction parts (= n_heads) */
+    int part_begin, part_end;       /* my parts: = my heads, and my hidden chunks */
     int layer_begin, layer_end;     /* this stage's layers */
     bool first_stage, last_stage;   /* embeds the tokens / runs the classifier */
 } tsr_parallel_shard;

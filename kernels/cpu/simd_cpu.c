@@ -296,16 +296,18 @@ TSR__INLINE void tsr__z_matvec(const void *w, int64_t cols, int64_t r0, int64_t 
             acc[i][3] = _mm512_setzero_ps();
         }
         int64_t k = 0;
+        /* Each W vector is consumed right after its load: with all four loads first, GCC
+         * schedules the widening loads in a burst and cold-cache bf16 runs 10-20 % slower
+         * (measured on Zen 4). Same arithmetic either way. */
         for (; k + 64 <= cols; k += 64) {
-            __m512 w0 = tsr__z_load(wr, k, dt), w1 = tsr__z_load(wr, k + 16, dt);
-            __m512 w2 = tsr__z_load(wr, k + 32, dt), w3 = tsr__z_load(wr, k + 48, dt);
 #pragma GCC unroll 4
-            for (int i = 0; i < nx; i++) {
-                const float *xi = x + (size_t)i * (size_t)cols + k;
-                acc[i][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xi), acc[i][0]);
-                acc[i][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xi + 16), acc[i][1]);
-                acc[i][2] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(xi + 32), acc[i][2]);
-                acc[i][3] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(xi + 48), acc[i][3]);
+            for (int q = 0; q < 4; q++) {
+                __m512 wq = tsr__z_load(wr, k + 16 * q, dt);
+#pragma GCC unroll 4
+                for (int i = 0; i < nx; i++)
+                    acc[i][q] = _mm512_fmadd_ps(
+                        wq, _mm512_loadu_ps(x + (size_t)i * (size_t)cols + k + 16 * q),
+                        acc[i][q]);
             }
         }
         for (; k + 16 <= cols; k += 16) {

@@ -203,7 +203,8 @@ mem = m["memory"]
 assert mem["peak_host_rss_bytes"] > 1 << 20 and mem["peak_device_bytes"] == 0
 assert mem["ranks"][0]["rank"] == 0
 kv = m["kv"]
-assert kv["policy"] == "dense" and 0 < kv["bytes_peak"] <= kv["bytes_capacity"]
+assert kv["policy"] == "paged" and 0 < kv["bytes_peak"] <= kv["bytes_capacity"]
+assert kv["blocks_peak"] > 0 and kv["blocks_used"] == 0 and kv["block_size"] == 16
 assert kv["tokens_resident"] == 0 and kv["bytes_used"] == 0 and kv["evictions"] == 0
 EOF
 else
@@ -215,6 +216,24 @@ else
     done
     grep -q '"ok":[[:space:]]*200' "$M" || fail "metrics: ok != 200"
 fi
+
+# --- every KV policy at a 100 % budget gives the paged texts; a 20 % h2o budget runs ------
+head -n 40 "$IN" | grep '"temperature": 0[,}]' >"$TMP/greedy.jsonl"
+texts() { grep -o '"custom_id":"[^"]*".*"text":"[^"]*"' "$1" | sed 's/"id":"[^"]*",//' | sort; }
+"$BIN" run --model "$MODEL" --input "$TMP/greedy.jsonl" --output "$TMP/pol_paged.jsonl" \
+    --quiet --max-batch-seqs 4 2>/dev/null || fail "paged run failed"
+for pol in h2o offload; do
+    "$BIN" run --model "$MODEL" --input "$TMP/greedy.jsonl" --output "$TMP/pol_$pol.jsonl" \
+        --quiet --max-batch-seqs 4 --kv-policy $pol --kv-budget 1 --stats 2>"$TMP/pol.err" ||
+        fail "$pol run failed: $(cat "$TMP/pol.err")"
+    grep -q "\"policy\":\"$pol\"" "$TMP/pol.err" || fail "$pol: no --stats line"
+    [ "$(texts "$TMP/pol_$pol.jsonl")" = "$(texts "$TMP/pol_paged.jsonl")" ] ||
+        fail "$pol at 100 % budget differs from paged"
+done
+"$BIN" run --model "$MODEL" --input "$TMP/greedy.jsonl" --output "$TMP/pol_h2o20.jsonl" \
+    --quiet --kv-policy h2o --kv-budget 0.2 2>/dev/null || fail "h2o 20 % run failed"
+[ "$(wc -l <"$TMP/pol_h2o20.jsonl")" -eq "$(wc -l <"$TMP/greedy.jsonl")" ] ||
+    fail "h2o 20 %: record count"
 
 if [ $fails -ne 0 ]; then
     echo "test_run: $fails failure(s)" >&2

@@ -30,6 +30,10 @@ int main(int argc, char **argv) {
     } else if (strcmp(argv[1], "die") == 0) {
         if (rank == atoi(argv[2])) _Exit(3);
         /* The survivors block in a collective; the launcher must end them. */
+        if (rank == 0) {
+            fprintf(stderr, "test_layout_error: rank 0 waits in a barrier\n");
+            fflush(stderr);
+        }
         st = tsr_comm_barrier(c, TSR_COMM_WORLD);
     }
     st = tsr_comm_agree(c, st);

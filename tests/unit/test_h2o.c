@@ -249,6 +249,44 @@ TSR_TEST(test_forward_full_budget_equals_paged) {
     tsr_model_destroy(m);
 }
 
+/* --h2o-scores=materialize through the forward pass: the n x n matrix is rebuilt from the
+ * queries the forward gives (one per layer and step), and at a 100 % budget the tokens are
+ * paged's. */
+TSR_TEST(test_forward_materialize_uses_queries) {
+    tsr_model *m = NULL;
+    ASSERT_OK(tsr_model_load(TSR_SOURCE_DIR "/models/stories260K.bin", &m));
+    tsr_backend *be = NULL;
+    ASSERT_OK(tsr_backend_cpu_create(1, &be));
+    int32_t prompt[48];
+    for (int i = 0; i < 48; i++) prompt[i] = 1 + (i * 53) % (m->cfg.vocab_size - 1);
+    enum { GEN = 20 };
+    int32_t tp[GEN], tm[GEN], th[GEN];
+    tsr_kv_cache *paged = NULL, *mat = NULL, *half = NULL;
+    ASSERT_OK(tsr__policy_kv(&m->cfg, "paged", 0, &paged));
+    tsr_kv_options o = {.policy = "h2o", .memory_bytes = 8 << 20, .block_size = 16,
+                        .budget = 0, .max_seqs = 1, .h2o_scores = "materialize"};
+    ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &mat));
+    o.budget = 0.5;
+    ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &half));
+    ASSERT_OK(tsr__greedy(m, be, paged, prompt, 48, 16, GEN, tp, NULL));
+    ASSERT_OK(tsr__greedy(m, be, mat, prompt, 48, 16, GEN, tm, NULL));
+    ASSERT_OK(tsr__greedy(m, be, half, prompt, 48, 16, GEN, th, NULL));
+    for (int g = 0; g < GEN; g++) ASSERT_EQ_INT(tp[g], tm[g]);
+    tsr_kv_policy_stats ps;
+    tsr_kv_policy_get_stats(mat, &ps);
+    ASSERT_EQ_INT(ps.score_matrix_rebuilds, (int64_t)(3 + GEN) * m->cfg.n_layers);
+    /* the largest: the last 16-query chunk over 48 keys */
+    ASSERT_EQ_INT(ps.score_matrix_bytes_peak, (int64_t)m->cfg.n_heads * 16 * 48 * 4);
+    tsr_kv_policy_get_stats(half, &ps);
+    ASSERT_EQ_INT(ps.score_matrix_rebuilds, (int64_t)(3 + GEN) * m->cfg.n_layers);
+    ASSERT_TRUE(ps.evictions > 0);
+    tsr_kv_cache_destroy(paged);
+    tsr_kv_cache_destroy(mat);
+    tsr_kv_cache_destroy(half);
+    tsr_backend_destroy(be);
+    tsr_model_destroy(m);
+}
+
 TSR_TEST_MAIN(test_heavy_hitters_and_recent_kept, test_budget_fraction_and_blocks_freed,
               test_materialize_fails_cleanly, test_tiled_scores_equal_materialized,
-              test_forward_full_budget_equals_paged)
+              test_forward_full_budget_equals_paged, test_forward_materialize_uses_queries)

@@ -175,4 +175,51 @@ TSR_TEST(test_forward_full_budget_equals_paged) {
     tsr_model_destroy(m);
 }
 
-TSR_TEST_MAIN(test_speculative_selection_and_bytes, test_forward_full_budget_equals_paged)
+/* Through the forward pass (which gives the `queries` hook): decode with a 25 % budget must
+ * use the speculative selection, never the recent-window fallback; with every channel pair
+ * the speculation is exact (recall 1), and the resident set is not just the newest tokens. */
+TSR_TEST(test_forward_uses_speculation) {
+    tsr_model *m = NULL;
+    ASSERT_OK(tsr_model_load(TSR_SOURCE_DIR "/models/stories260K.bin", &m));
+    tsr_backend *be = NULL;
+    ASSERT_OK(tsr_backend_cpu_create(1, &be));
+    int32_t prompt[8];
+    for (int i = 0; i < 8; i++) prompt[i] = 1 + (i * 37) % (m->cfg.vocab_size - 1);
+    enum { GEN = 80 };
+    int32_t toks[GEN];
+    for (int exact = 0; exact < 2; exact++) {
+        int pairs = exact ? m->cfg.head_dim / 2 : 1;
+        tsr_kv_options o = {.policy = "offload", .memory_bytes = 8 << 20, .block_size = 16,
+                            .budget = 0.25, .max_seqs = 1, .measure_recall = 1,
+                            .spec_pairs = pairs};
+        tsr_kv_cache *kv = NULL;
+        ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &kv));
+        ASSERT_OK(tsr__greedy(m, be, kv, prompt, 8, 1, GEN, toks, NULL));
+        tsr_kv_policy_stats ps;
+        tsr_kv_policy_get_stats(kv, &ps);
+        ASSERT_TRUE(ps.selections > 0);
+        ASSERT_EQ_INT(ps.fallback_selections, 0);
+        ASSERT_TRUE(ps.recall_n > 0);
+        double recall = ps.recall_sum / (double)ps.recall_n;
+        if (exact) ASSERT_NEAR(recall, 1.0, 1e-9);
+        else ASSERT_TRUE(recall > 0.2 && recall < 1.0);
+        ASSERT_TRUE(ps.bytes_fetched > 0);
+        /* Some layer keeps a token older than the budget's recent window. */
+        tsr_kv_cache *mech = tsr_kv_policy_mech(kv);
+        int32_t len = kv->ops->seq_len(kv, 0), budget = (len + 3) / 4, old = 0;
+        int32_t pos[64];
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            int32_t ns = tsr_kv_paged_slots(mech, l, 0);
+            ASSERT_TRUE(ns <= budget && ns <= 64);
+            ASSERT_OK(tsr_kv_paged_read_slots(mech, l, 0, pos, NULL));
+            for (int32_t i = 0; i < ns; i++) old += pos[i] < len - budget;
+        }
+        ASSERT_TRUE(old > 0);
+        tsr_kv_cache_destroy(kv);
+    }
+    tsr_backend_destroy(be);
+    tsr_model_destroy(m);
+}
+
+TSR_TEST_MAIN(test_speculative_selection_and_bytes, test_forward_full_budget_equals_paged,
+              test_forward_uses_speculation)

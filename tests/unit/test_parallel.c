@@ -115,8 +115,12 @@ TSR_TEST(test_hidden_columns) {
     ASSERT_OK(tsr_parallel_layout_init(2, 1, 2, &l));
     tsr_parallel_shard s;
     ASSERT_OK(tsr_parallel_shard_of(&l, &c, 1, M, &s));
-    ASSERT_EQ_INT(s.hidden_begin, 86);
+    /* Whole chunks of the 8 canonical parts: 22+22+22+22 | 21+21+21+21. */
+    ASSERT_EQ_INT(s.hidden_begin, 88);
     ASSERT_EQ_INT(s.hidden_end, 172);
+    ASSERT_EQ_INT(s.n_parts, 8);
+    ASSERT_EQ_INT(s.part_begin, 4);
+    ASSERT_EQ_INT(s.part_end, 8);
     /* Uneven: 172 over 8 ranks -> four of 22 then four of 21, covering every column once. */
     ASSERT_OK(tsr_parallel_layout_init(8, 1, 8, &l));
     int next = 0;
@@ -127,10 +131,14 @@ TSR_TEST(test_hidden_columns) {
         next = s.hidden_end;
     }
     ASSERT_EQ_INT(next, 172);
+    /* Part boundaries line up for every tp: the tp=4 ranges are unions of tp=8 ranges. */
+    ASSERT_OK(tsr_parallel_layout_init(4, 1, 4, &l));
+    ASSERT_OK(tsr_parallel_shard_of(&l, &c, 2, M, &s));
+    ASSERT_EQ_INT(s.hidden_begin, 88);
+    ASSERT_EQ_INT(s.hidden_end, 130);
     c.hidden_dim = 4;
-    c.n_heads = c.n_kv_heads = 8;
     ASSERT_EQ_INT(tsr_parallel_validate(&l, &c, M), TSR_ERR_INVALID);
-    ASSERT_STR_CONTAINS(tsr_last_error(), "--tp 8 exceeds the 4 MLP columns");
+    ASSERT_STR_CONTAINS(tsr_last_error(), "4 MLP columns cannot form a chunk for each of the 8");
 }
 
 TSR_TEST(test_pipeline_layers) {
@@ -174,7 +182,7 @@ TSR_TEST(test_tp_x_pp) {
     ASSERT_EQ_INT(s.layer_begin, 3);
     char line[256];
     tsr_parallel_shard_format(&s, line, sizeof line);
-    ASSERT_STR_EQ(line, "rank 3 (tp 1, pp 1): heads 4-7, kv heads 2-3, hidden cols 86-171, "
+    ASSERT_STR_EQ(line, "rank 3 (tp 1, pp 1): heads 4-7, kv heads 2-3, hidden cols 88-171, "
                         "layers 3-4, classifier");
     ASSERT_EQ_INT(tsr_parallel_shard_of(&l, &c, 4, M, &s), TSR_ERR_INVALID);
 }

@@ -1,0 +1,43 @@
+#include "jobs/kv_cli.h"
+
+#include <string.h>
+
+void tsr_kv_cli_init(tsr_kv_cli *k) {
+    memset(k, 0, sizeof *k);
+    k->kv = (tsr_kv_options){.policy = "paged", .block_size = 16, .h2o_scores = "tiled"};
+    k->recent = 0.5f;
+}
+
+void tsr_kv_cli_opts(tsr_kv_cli *k, tsr_cli_opt *out) {
+    const tsr_cli_opt opts[TSR_KV_CLI_N_OPTS] = {
+        {"kv-policy", TSR_OPT_STRING, &k->kv.policy, "NAME",
+         "KV-cache policy: paged (keep all), h2o (heavy hitters + recent), offload "
+         "(host tier + speculative fetch)", false},
+        {"kv-memory", TSR_OPT_STRING, &k->memory, "BYTES",
+         "KV block pool size, e.g. 512M or 4G (default: half the free memory less the "
+         "prefill workspace)", false},
+        {"block-size", TSR_OPT_INT, &k->kv.block_size, "N", "tokens per KV block", false},
+        {"kv-budget", TSR_OPT_FLOAT, &k->budget, "B",
+         "h2o/offload: tokens kept per layer (> 1) or a fraction of the sequence (<= 1); "
+         "0 = keep all", false},
+        {"h2o-recent", TSR_OPT_FLOAT, &k->recent, "F",
+         "h2o: share of the budget for the recent window", false},
+        {"h2o-scores", TSR_OPT_STRING, &k->kv.h2o_scores, "MODE",
+         "h2o: tiled (never materialized) or materialize (the original n x n baseline)", false},
+        {"stats", TSR_OPT_FLAG, &k->stats, NULL, "print a JSON line of KV-cache stats to stderr",
+         false},
+    };
+    memcpy(out, opts, sizeof opts);
+}
+
+tsr_cli_result tsr_kv_cli_check(const tsr_cli *cli, tsr_kv_cli *k) {
+    if (k->memory && tsr_cli_parse_bytes(k->memory, &k->kv.memory_bytes) != 0)
+        return tsr_cli_usage_error(cli, "invalid size '%s' for --kv-memory", k->memory);
+    if (k->kv.block_size < 1) return tsr_cli_usage_error(cli, "--block-size must be >= 1");
+    if (k->budget < 0) return tsr_cli_usage_error(cli, "--kv-budget must be >= 0");
+    if (!(k->recent >= 0 && k->recent <= 1))
+        return tsr_cli_usage_error(cli, "--h2o-recent must be in [0, 1]");
+    k->kv.budget = k->budget;
+    k->kv.recent = k->recent;
+    return TSR_CLI_OK;
+}

@@ -1,0 +1,15 @@
+/* Small process facts every subcommand needs: a monotonic clock, the CPUs the job was
+ * given, and peak resident memory. */
+#ifndef TSR_RUNTIME_BASE_SYS_H
+#define TSR_RUNTIME_BASE_SYS_H
+
+#include <stdint.h>
+
+/* Seconds on a monotonic clock. */
+double tsr_sys_now(void);
+/* CPUs this process may run on (what Slurm/cgroups/affinity gave it), at least 1. */
+int tsr_sys_cpus(void);
+/* Peak resident set size of the process in bytes (0 when unknown). */
+int64_t tsr_sys_peak_rss(void);
+
+#endif
