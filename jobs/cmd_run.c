@@ -170,16 +170,7 @@ static tsr_status tsr__setup(tsr__run *g) {
 
     TSR_TRY(tsr_model_load(o->model, &g->model));
     const tsr_model_config *c = &g->model->cfg;
-    char tok_path[4096];
-    if (o->tokenizer)
-        snprintf(tok_path, sizeof tok_path, "%s", o->tokenizer);
-    else
-        TSR_TRY(tsr_tokenizer_find(o->model, c->vocab_size, tok_path, sizeof tok_path));
-    TSR_TRY(tsr_tokenizer_load(tok_path, &g->tok));
-    if (g->tok->vocab_size > c->vocab_size)
-        return tsr_error_set(TSR_ERR_INVALID,
-                             "%s: tokenizer has %d tokens but the model's vocabulary is %d",
-                             tok_path, g->tok->vocab_size, c->vocab_size);
+    TSR_TRY(tsr_tokenizer_for_model(o->model, o->tokenizer, c->vocab_size, &g->tok));
     tsr_status cst = tsr_chat_template_detect(o->model, &g->chat);
     if (cst == TSR_ERR_UNSUPPORTED) { /* completions still work; chat lines get errors */
         if (!o->quiet) fprintf(stderr, "tessera run: warning: %s\n", tsr_last_error());

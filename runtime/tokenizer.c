@@ -88,3 +88,24 @@ bool tsr_tokenizer_is_eos(const tsr_tokenizer *t, int32_t id) {
 void tsr_tokenizer_destroy(tsr_tokenizer *t) {
     if (t && t->ops && t->ops->destroy) t->ops->destroy(t);
 }
+
+tsr_status tsr_tokenizer_for_model(const char *model_path, const char *path, int vocab_size,
+                                   tsr_tokenizer **out) {
+    *out = NULL;
+    char found[4096];
+    if (!path) {
+        TSR_TRY(tsr_tokenizer_find(model_path, vocab_size, found, sizeof found));
+        path = found;
+    }
+    tsr_tokenizer *t = NULL;
+    TSR_TRY(tsr_tokenizer_load(path, &t));
+    if (t->vocab_size > vocab_size) {
+        int tv = t->vocab_size;
+        tsr_tokenizer_destroy(t);
+        return tsr_error_set(TSR_ERR_INVALID,
+                             "%s: tokenizer has %d tokens but the model's vocabulary is %d", path,
+                             tv, vocab_size);
+    }
+    *out = t;
+    return TSR_OK;
+}

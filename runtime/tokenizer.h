@@ -43,6 +43,11 @@ tsr_status tsr_tokenizer_load_bpe(const char *path, tsr_tokenizer **out);
  * Writes the path into buf; TSR_ERR_IO with a clear message when none is found. */
 tsr_status tsr_tokenizer_find(const char *model_path, int vocab_size, char *buf, size_t cap);
 
+/* The tokenizer of a model: `path` when given, else the one tsr_tokenizer_find finds next
+ * to `model_path`; checks that its ids fit the model's vocabulary. */
+tsr_status tsr_tokenizer_for_model(const char *model_path, const char *path, int vocab_size,
+                                   tsr_tokenizer **out);
+
 static inline tsr_status tsr_tokenizer_encode(const tsr_tokenizer *t, const char *text,
                                               size_t len, bool bos, bool eos, int32_t **ids,
                                               size_t *n_ids) {
