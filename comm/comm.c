@@ -93,6 +93,8 @@ tsr_status tsr_comm_init(const tsr_comm_options *opt, tsr_comm **out) {
     c->nccl = o.nccl;
     tsr_status st = TSR_OK;
     if (o.backend == TSR_COMM_SELF) {
+        /* One process has nobody to talk to over NCCL: the data plane stays local. */
+        c->nccl = false;
         tsr__comm_self_init(c);
     } else {
 #ifdef TSR_HAVE_MPI

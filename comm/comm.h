@@ -50,7 +50,9 @@ typedef enum tsr_comm_backend {
 
 typedef struct tsr_comm_options {
     tsr_comm_backend backend;
-    /* NCCL for the data plane (needs a build with TSR_HAVE_NCCL; an error otherwise). */
+    /* NCCL for the data plane (needs a build with TSR_HAVE_NCCL; an error otherwise).
+     * Ignored by the self backend: a single process keeps its data plane local, where only
+     * allreduce_sum_f32 (a no-op) is safe on device buffers. */
     bool nccl;
     bool set_device;   /* use `device` for NCCL; else the GPU is the local rank */
     int device;

@@ -20,7 +20,8 @@ static bool tsr__ends_with(const char *s, const char *suffix) {
 
 tsr_status tsr_topology_load(const char *spec, tsr_topology **out) {
     *out = NULL;
-    bool system = !spec || !*spec || strcmp(spec, "system") == 0;
+    bool cpu_only = spec && strcmp(spec, "system-cpu") == 0;
+    bool system = !spec || !*spec || strcmp(spec, "system") == 0 || cpu_only;
     tsr_topology *t = tsr_calloc(1, sizeof *t);
     if (!t) return TSR_ERR_NOMEM;
     if (hwloc_topology_init(&t->topo) != 0) {
@@ -28,10 +29,11 @@ tsr_status tsr_topology_load(const char *spec, tsr_topology **out) {
         return tsr_error_set(TSR_ERR_INTERNAL, "hwloc_topology_init: %s", strerror(errno));
     }
     /* GPUs and their bridges are what locality needs; other I/O is noise. */
-    hwloc_topology_set_io_types_filter(t->topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    hwloc_topology_set_io_types_filter(t->topo, cpu_only ? HWLOC_TYPE_FILTER_KEEP_NONE
+                                                         : HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
     int rc = 0;
     if (system) {
-        snprintf(t->source, sizeof t->source, "this machine");
+        snprintf(t->source, sizeof t->source, "this machine%s", cpu_only ? ", no I/O" : "");
     } else if (tsr__ends_with(spec, ".xml")) {
         snprintf(t->source, sizeof t->source, "XML %s", spec);
         rc = hwloc_topology_set_xml(t->topo, spec);

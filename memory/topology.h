@@ -20,8 +20,10 @@
 
 typedef struct tsr_topology tsr_topology;
 
-/* spec: NULL, "" or "system": this machine; a path ending in ".xml": an hwloc XML file;
- * anything else: an hwloc synthetic description. PCI devices are kept (GPU locality). */
+/* spec: NULL, "" or "system": this machine, with its PCI devices (GPU locality);
+ * "system-cpu": this machine without I/O discovery (the CPU backend needs no PCI scan, and
+ * libpciaccess's scan leaks a little, which LeakSanitizer reports); a path ending in ".xml":
+ * an hwloc XML file; anything else: an hwloc synthetic description. */
 tsr_status tsr_topology_load(const char *spec, tsr_topology **out);
 void tsr_topology_destroy(tsr_topology *t);
 
