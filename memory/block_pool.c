@@ -1,4 +1,5 @@
-/* Block records, the intrusive LRU free list and the full-block hash map. */
+/* Block records, the intrusive LRU free list and the full-block hash map. Freed hashed
+ * blocks join the LRU tail (prefix-cache hits kept longest); unhashed ones the head. */
 #include "memory/block_pool.h"
 
 #include "runtime/base/alloc.h"
@@ -59,6 +60,19 @@ static void tsr__free_append(tsr_block_pool *p, tsr_block *b) {
     p->n_free++;
 }
 
+/* A block with nothing cached goes to the head, so it is reused before blocks never
+ * touched: the pool's resident pages then follow the peak in use, not the churn of an
+ * evicting policy walking the whole pool. */
+static void tsr__free_prepend(tsr_block_pool *p, tsr_block *b) {
+    b->prev = -1;
+    b->next = p->free_head;
+    if (p->free_head >= 0) p->blocks[p->free_head].prev = b->id;
+    else p->free_tail = b->id;
+    p->free_head = b->id;
+    b->in_free = 1;
+    p->n_free++;
+}
+
 static void tsr__hash_remove(tsr_block_pool *p, tsr_block *b) {
     if (!b->hash) return;
     int32_t *link = &p->buckets[b->hash & p->bucket_mask];
@@ -95,7 +109,10 @@ void tsr_block_pool_unref(tsr_block_pool *p, const int32_t *ids, int32_t n) {
     for (int32_t i = 0; i < n; i++) {
         tsr_block *b = &p->blocks[ids[i]];
         TSR_ASSERT(b->ref_cnt > 0);
-        if (--b->ref_cnt == 0) tsr__free_append(p, b);
+        if (--b->ref_cnt == 0) {
+            if (b->hash) tsr__free_append(p, b);
+            else tsr__free_prepend(p, b);
+        }
     }
 }
 

@@ -49,7 +49,8 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
     }
     tsr_kv_paged_config kc = {.n_layers = cfg->n_layers, .n_kv_heads = cfg->n_kv_heads,
                               .head_dim = cfg->head_dim, .block_size = opt->block_size,
-                              .memory_bytes = mem, .max_seqs = opt->max_seqs > 0 ? opt->max_seqs : 1,
+                              .memory_bytes = mem,
+                              .max_seqs = opt->max_seqs > 0 ? opt->max_seqs : 1,
                               .max_seq_len = cfg->max_seq_len,
                               .prefix_caching = !opt->no_prefix_cache};
     tsr_host_pool *host = NULL;

@@ -30,7 +30,8 @@ TSR_TEST(test_lru_order) {
     ASSERT_OK(tsr_block_pool_create(4, &p));
     int32_t ids[4];
     ASSERT_OK(tsr_block_pool_alloc(p, 4, ids));
-    /* Free in the order 2, 0, 3, 1: the next allocations come back in that order. */
+    /* Hashed (cached) blocks freed in the order 2, 0, 3, 1 come back in that order. */
+    for (int i = 0; i < 4; i++) tsr_block_pool_set_hash(p, ids[i], 100 + (uint64_t)i);
     int32_t order[4] = {ids[2], ids[0], ids[3], ids[1]};
     tsr_block_pool_unref(p, order, 4);
     /* A touched free block (cache hit) leaves the middle of the list. */
@@ -40,6 +41,17 @@ TSR_TEST(test_lru_order) {
     ASSERT_EQ_INT(got[0], ids[2]);
     ASSERT_EQ_INT(got[1], ids[0]);
     ASSERT_EQ_INT(got[2], ids[1]);
+    tsr_block_pool_destroy(p);
+    /* Unhashed blocks are reused last-freed first, before never-touched blocks, so an
+     * evicting policy keeps touching the same pages. */
+    ASSERT_OK(tsr_block_pool_create(8, &p));
+    ASSERT_OK(tsr_block_pool_alloc(p, 3, ids));
+    int32_t back[2] = {ids[0], ids[2]};
+    tsr_block_pool_unref(p, back, 2);
+    ASSERT_OK(tsr_block_pool_alloc(p, 3, got));
+    ASSERT_EQ_INT(got[0], ids[2]);
+    ASSERT_EQ_INT(got[1], ids[0]);
+    ASSERT_EQ_INT(got[2], 3); /* then the first never-used block */
     tsr_block_pool_destroy(p);
 }
 
