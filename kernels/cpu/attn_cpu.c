@@ -66,11 +66,7 @@ static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int g, int h0, in
                 if (mt == -INFINITY) continue; /* nothing visible in this tile */
                 float mn = m[hh] > mt ? m[hh] : mt;
                 float corr = expf(m[hh] - mn); /* 0 on the first visible tile */
-                float sum = 0.0f;
-                for (int j = 0; j < nt; j++) {
-                    sc[j] = expf(sc[j] - mn);
-                    sum += sc[j];
-                }
+                float sum = G->k->exp_sum(sc, nt, mn);
                 l[hh] = l[hh] * corr + sum;
                 m[hh] = mn;
                 G->k->acc_rows(acc[hh], corr, sc, vt, sp->stride, nt, hd);
@@ -109,12 +105,53 @@ static void tsr__attn_scores_tile(const tsr__attn_geom *G, const float *ml, int 
             float inv = 1.0f / l;
             const float *q = a->q + (size_t)i * G->q_ld + (size_t)h * hd;
             G->k->dot_rows(q, kt, sp->stride, nt, hd, G->scale, sc);
+            (void)G->k->exp_sum(sc, nt, m); /* the main pass's exp, so the terms agree */
             for (int j = 0; j < nt; j++) {
                 if (tsr__span_pos(sp, j0 + j) > qp) continue;
-                ks[j] += expf(sc[j] - m) * inv;
+                ks[j] += sc[j] * inv;
             }
         }
     }
+}
+
+/* Task t of the main pass: query row, kv head and chunk of its query heads. */
+static void tsr__attn_run(const tsr__attn_geom *G, int64_t t, int chunks, float *ml) {
+    const tsr_attn_args *a = G->a;
+    int64_t i = t / ((int64_t)a->n_kv_heads * chunks);
+    int rem = (int)(t % ((int64_t)a->n_kv_heads * chunks));
+    int g = rem / chunks, ch = rem % chunks;
+    int h0 = g * G->group + ch * TSR__ATTN_GROUP;
+    int nh = G->group - ch * TSR__ATTN_GROUP;
+    nh = nh > TSR__ATTN_GROUP ? TSR__ATTN_GROUP : nh;
+    float mo[TSR__ATTN_GROUP], lo[TSR__ATTN_GROUP];
+    tsr__attn_task(G, i, g, h0, nh, mo, lo);
+    for (int hh = 0; hh < nh; hh++) {
+        size_t idx = (size_t)i * a->n_heads + (size_t)(h0 + hh);
+        ml[2 * idx] = mo[hh];
+        ml[2 * idx + 1] = lo[hh];
+    }
+}
+
+/* Task t of the score pass: one (kv head, key tile). */
+static void tsr__attn_score_run(const tsr__attn_geom *G, int64_t t, int64_t ntiles,
+                                int64_t total, const float *ml) {
+    const tsr_attn_args *a = G->a;
+    int g = (int)(t / ntiles);
+    int64_t tile = t % ntiles;
+    /* Find the span and key offset of this tile. */
+    int64_t off = 0;
+    int s = 0;
+    for (;; s++) {
+        int64_t nts = (a->spans[s].n + TSR__ATTN_TILE - 1) / TSR__ATTN_TILE;
+        if (tile < nts) break;
+        tile -= nts;
+        off += a->spans[s].n;
+    }
+    const tsr_kv_span *sp = &a->spans[s];
+    int64_t j0 = tile * TSR__ATTN_TILE;
+    int nt = sp->n - j0 < TSR__ATTN_TILE ? (int)(sp->n - j0) : TSR__ATTN_TILE;
+    tsr__attn_scores_tile(G, ml, g, sp, j0, nt,
+                          a->key_scores + (size_t)g * (size_t)total + (size_t)(off + j0));
 }
 
 tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
@@ -143,22 +180,13 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
     for (int s = 0; s < a->n_spans; s++) work += a->spans[s].n;
     work *= (int64_t)a->n_q * a->n_heads * a->head_dim;
     int par = c->threads > 1 && ntask > 1 && work >= 32768;
-    /* Dynamic: causal rows differ in length; results do not depend on the assignment. */
-#pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1) if (par)
-    for (int64_t t = 0; t < ntask; t++) {
-        int64_t i = t / ((int64_t)a->n_kv_heads * chunks);
-        int rem = (int)(t % ((int64_t)a->n_kv_heads * chunks));
-        int g = rem / chunks, ch = rem % chunks;
-        int h0 = g * G.group + ch * TSR__ATTN_GROUP;
-        int nh = G.group - ch * TSR__ATTN_GROUP;
-        nh = nh > TSR__ATTN_GROUP ? TSR__ATTN_GROUP : nh;
-        float mo[TSR__ATTN_GROUP], lo[TSR__ATTN_GROUP];
-        tsr__attn_task(&G, i, g, h0, nh, mo, lo);
-        for (int hh = 0; hh < nh; hh++) {
-            size_t idx = (size_t)i * a->n_heads + (size_t)(h0 + hh);
-            ml[2 * idx] = mo[hh];
-            ml[2 * idx + 1] = lo[hh];
-        }
+    /* Dynamic: causal rows differ in length; results do not depend on the assignment.
+     * Serial runs skip OpenMP (a serialized region still costs ~0.7 us and a futex). */
+    if (par) {
+#pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1)
+        for (int64_t t = 0; t < ntask; t++) tsr__attn_run(&G, t, chunks, ml);
+    } else {
+        for (int64_t t = 0; t < ntask; t++) tsr__attn_run(&G, t, chunks, ml);
     }
     if (!a->key_scores) return TSR_OK;
 
@@ -169,24 +197,11 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
         ntiles += (a->spans[s].n + TSR__ATTN_TILE - 1) / TSR__ATTN_TILE;
     }
     int64_t nst = ntiles * a->n_kv_heads;
-#pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1) if (par && nst > 1)
-    for (int64_t t = 0; t < nst; t++) {
-        int g = (int)(t / ntiles);
-        int64_t tile = t % ntiles;
-        /* Find the span and key offset of this tile. */
-        int64_t off = 0;
-        int s = 0;
-        for (;; s++) {
-            int64_t nts = (a->spans[s].n + TSR__ATTN_TILE - 1) / TSR__ATTN_TILE;
-            if (tile < nts) break;
-            tile -= nts;
-            off += a->spans[s].n;
-        }
-        const tsr_kv_span *sp = &a->spans[s];
-        int64_t j0 = tile * TSR__ATTN_TILE;
-        int nt = sp->n - j0 < TSR__ATTN_TILE ? (int)(sp->n - j0) : TSR__ATTN_TILE;
-        tsr__attn_scores_tile(&G, ml, g, sp, j0, nt,
-                              a->key_scores + (size_t)g * (size_t)total + (size_t)(off + j0));
+    if (par && nst > 1) {
+#pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1)
+        for (int64_t t = 0; t < nst; t++) tsr__attn_score_run(&G, t, ntiles, total, ml);
+    } else {
+        for (int64_t t = 0; t < nst; t++) tsr__attn_score_run(&G, t, ntiles, total, ml);
     }
     return TSR_OK;
 }

@@ -84,8 +84,9 @@ tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {
     be->ctx = c;
     be->device = -1;
     be->threads = threads;
-    /* Prefill GEMMs run on OpenBLAS's own pool; size it like the OpenMP kernels. */
-    openblas_set_num_threads(threads);
+    /* Prefill runs single-threaded sgemm calls from OpenMP threads (gemm_cpu.c); OpenBLAS's
+     * own pool would spin against them on the same cores. */
+    openblas_set_num_threads(1);
     TSR_LOG_DEBUG("cpu backend: %d threads, %s kernels", threads,
                   tsr__cpu_kernels_get()->name);
     *out = be;

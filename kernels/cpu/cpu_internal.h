@@ -77,6 +77,11 @@ typedef struct tsr__cpu_kernels {
     /* acc[0..d) = acc * c + sum_j p[j] * v[j*stride .. +d) (j in order). */
     void (*acc_rows)(float *acc, float c, const float *p, const float *v, int64_t stride,
                      int nk, int d);
+    /* x[j] = exp(x[j] - sub) for j < n; returns their sum (fixed order for a given n).
+     * The SIMD variants use a polynomial exp (<= 2 ulp); scalar uses libm expf. */
+    float (*exp_sum)(float *x, int n, float sub);
+    /* g[i] = g[i] / (1 + exp(-g[i])) * u[i] (SiLU(gate) * up), same exp as exp_sum. */
+    void (*silu_mul)(float *g, const float *u, int64_t n);
 } tsr__cpu_kernels;
 
 /* The kernels for this CPU (cached after the first call). TSR_CPU_ISA=scalar|avx2|avx512 in

@@ -5,6 +5,7 @@
  * many input rows share the pass), so results do not depend on the thread count. */
 #include "kernels/cpu/cpu_internal.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,10 +97,40 @@ static void tsr__s_acc_rows(float *acc, float c, const float *p, const float *v,
     }
 }
 
+static float tsr__s_exp_sum(float *x, int n, float sub) {
+    float s = 0.0f;
+    for (int j = 0; j < n; j++) {
+        x[j] = expf(x[j] - sub);
+        s += x[j];
+    }
+    return s;
+}
+
+static void tsr__s_silu_mul(float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) g[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+}
+
 static const tsr__cpu_kernels tsr__k_scalar = {
     TSR__ISA_SCALAR, "scalar", tsr__s_matvec_f32, tsr__s_matvec_bf16, tsr__s_matvec_f16,
-    tsr__s_cvt_bf16, tsr__s_cvt_f16, tsr__s_dot_rows, tsr__s_acc_rows,
+    tsr__s_cvt_bf16, tsr__s_cvt_f16, tsr__s_dot_rows, tsr__s_acc_rows, tsr__s_exp_sum,
+    tsr__s_silu_mul,
 };
+
+/* Vector expf (Cephes): n = round(x log2 e), r = x - n ln2 (two-part ln2), exp(r) by a
+ * polynomial, times 2^n built in the exponent bits. About 1-2 ulp on [-87.3, 88.7]; below
+ * that it returns 0 (libm gives denormals < 1.2e-38), above +inf; NaN passes through.
+ * Constants shared by the AVX2 and AVX-512 versions. */
+#define TSR__EXP_HI 88.72283935546875f
+#define TSR__EXP_LO -87.33654022216797f
+#define TSR__EXP_LOG2E 1.44269504088896341f
+#define TSR__EXP_C1 0.693359375f
+#define TSR__EXP_C2 -2.12194440e-4f
+#define TSR__EXP_P0 1.9875691500e-4f
+#define TSR__EXP_P1 1.3981999507e-3f
+#define TSR__EXP_P2 8.3334519073e-3f
+#define TSR__EXP_P3 4.1665795894e-2f
+#define TSR__EXP_P4 1.6666665459e-1f
+#define TSR__EXP_P5 5.0000001201e-1f
 
 #ifdef TSR__X86
 
@@ -250,9 +281,76 @@ static void tsr__y_acc_rows(float *acc, float c, const float *p, const float *v,
     }
 }
 
+TSR__INLINE __m256 tsr__y_exp(__m256 x) {
+    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(TSR__EXP_LO)),
+                              _mm256_set1_ps(TSR__EXP_HI));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(TSR__EXP_LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(TSR__EXP_C1), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(TSR__EXP_C2), r);
+    __m256 p = _mm256_set1_ps(TSR__EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TSR__EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TSR__EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TSR__EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TSR__EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TSR__EXP_P5));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n as 2^h * 2^(n-h), h = n/2: n spans -126..128 and 2^128 or 2^-127 alone would
+     * not fit the exponent field. */
+    __m256i ni = _mm256_cvtps_epi32(n), hi = _mm256_srai_epi32(ni, 1);
+    __m256i b = _mm256_set1_epi32(127);
+    __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(hi, b), 23));
+    __m256 e2 = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, hi), b), 23));
+    p = _mm256_mul_ps(_mm256_mul_ps(p, e1), e2);
+    p = _mm256_blendv_ps(p, _mm256_setzero_ps(),
+                         _mm256_cmp_ps(x, _mm256_set1_ps(TSR__EXP_LO), _CMP_LT_OQ));
+    p = _mm256_blendv_ps(p, _mm256_set1_ps(INFINITY),
+                         _mm256_cmp_ps(x, _mm256_set1_ps(TSR__EXP_HI), _CMP_GT_OQ));
+    return _mm256_blendv_ps(p, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+static float tsr__y_exp_sum(float *x, int n, float sub) {
+    __m256 sv = _mm256_set1_ps(sub), acc = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = tsr__y_exp(_mm256_sub_ps(_mm256_loadu_ps(x + j), sv));
+        _mm256_storeu_ps(x + j, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    if (j < n) {
+        float buf[8] = {0};
+        memcpy(buf, x + j, (size_t)(n - j) * 4);
+        _mm256_storeu_ps(buf, tsr__y_exp(_mm256_sub_ps(_mm256_loadu_ps(buf), sv)));
+        memcpy(x + j, buf, (size_t)(n - j) * 4);
+        for (int t = n - j; t < 8; t++) buf[t] = 0.0f;
+        acc = _mm256_add_ps(acc, _mm256_loadu_ps(buf));
+    }
+    return tsr__y_hsum(acc);
+}
+
+static void tsr__y_silu_mul(float *g, const float *u, int64_t n) {
+    __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 e = tsr__y_exp(_mm256_sub_ps(zero, gv));
+        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+    if (i < n) {
+        float gb[8] = {0}, ub[8] = {0};
+        memcpy(gb, g + i, (size_t)(n - i) * 4);
+        memcpy(ub, u + i, (size_t)(n - i) * 4);
+        tsr__y_silu_mul(gb, ub, 8);
+        memcpy(g + i, gb, (size_t)(n - i) * 4);
+    }
+}
+
 static const tsr__cpu_kernels tsr__k_avx2 = {
     TSR__ISA_AVX2, "avx2", tsr__y_matvec_f32, tsr__y_matvec_bf16, tsr__y_matvec_f16,
-    tsr__y_cvt_bf16, tsr__y_cvt_f16, tsr__y_dot_rows, tsr__y_acc_rows,
+    tsr__y_cvt_bf16, tsr__y_cvt_f16, tsr__y_dot_rows, tsr__y_acc_rows, tsr__y_exp_sum,
+    tsr__y_silu_mul,
 };
 
 #pragma GCC pop_options
@@ -395,9 +493,61 @@ static void tsr__z_acc_rows(float *acc, float c, const float *p, const float *v,
     }
 }
 
+TSR__INLINE __m512 tsr__z_exp(__m512 x) {
+    __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(TSR__EXP_LO)),
+                              _mm512_set1_ps(TSR__EXP_HI));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(TSR__EXP_LOG2E)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(TSR__EXP_C1), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(TSR__EXP_C2), r);
+    __m512 p = _mm512_set1_ps(TSR__EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TSR__EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TSR__EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TSR__EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TSR__EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(TSR__EXP_P5));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i ni = _mm512_cvtps_epi32(n), hi = _mm512_srai_epi32(ni, 1);
+    __m512i b = _mm512_set1_epi32(127);
+    __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(hi, b), 23));
+    __m512 e2 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, hi), b), 23));
+    p = _mm512_mul_ps(_mm512_mul_ps(p, e1), e2);
+    p = _mm512_mask_mov_ps(p, _mm512_cmp_ps_mask(x, _mm512_set1_ps(TSR__EXP_LO), _CMP_LT_OQ),
+                           _mm512_setzero_ps());
+    p = _mm512_mask_mov_ps(p, _mm512_cmp_ps_mask(x, _mm512_set1_ps(TSR__EXP_HI), _CMP_GT_OQ),
+                           _mm512_set1_ps(INFINITY));
+    return _mm512_mask_mov_ps(p, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+
+static float tsr__z_exp_sum(float *x, int n, float sub) {
+    __m512 sv = _mm512_set1_ps(sub), acc = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) {
+        int rem = n - j < 16 ? n - j : 16;
+        __mmask16 m = (__mmask16)((1u << rem) - 1u);
+        __m512 e = tsr__z_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + j), sv));
+        _mm512_mask_storeu_ps(x + j, m, e);
+        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(m, e));
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+static void tsr__z_silu_mul(float *g, const float *u, int64_t n) {
+    __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        int rem = n - i < 16 ? (int)(n - i) : 16;
+        __mmask16 m = (__mmask16)((1u << rem) - 1u);
+        __m512 gv = _mm512_maskz_loadu_ps(m, g + i);
+        __m512 e = tsr__z_exp(_mm512_sub_ps(zero, gv));
+        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
 static const tsr__cpu_kernels tsr__k_avx512 = {
     TSR__ISA_AVX512, "avx512", tsr__z_matvec_f32, tsr__z_matvec_bf16, tsr__z_matvec_f16,
-    tsr__z_cvt_bf16, tsr__z_cvt_f16, tsr__z_dot_rows, tsr__z_acc_rows,
+    tsr__z_cvt_bf16, tsr__z_cvt_f16, tsr__z_dot_rows, tsr__z_acc_rows, tsr__z_exp_sum,
+    tsr__z_silu_mul,
 };
 
 #pragma GCC pop_options
