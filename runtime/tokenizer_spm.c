@@ -13,6 +13,7 @@
 
 #include "runtime/base/alloc.h"
 #include "runtime/base/file.h"
+#include "runtime/base/heap.h"
 #include "runtime/tokenizer.h"
 
 typedef struct tsr__spm {
@@ -89,32 +90,7 @@ static bool tsr__cand_before(const tsr__cand *a, const tsr__cand *b) {
     return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
-static void tsr__heap_push(tsr__cand *h, size_t *n, tsr__cand c) {
-    size_t i = (*n)++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!tsr__cand_before(&c, &h[p])) break;
-        h[i] = h[p];
-        i = p;
-    }
-    h[i] = c;
-}
-
-static tsr__cand tsr__heap_pop(tsr__cand *h, size_t *n) {
-    tsr__cand top = h[0], last = h[--(*n)];
-    size_t i = 0;
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        const tsr__cand *best = &last;
-        if (l < *n && tsr__cand_before(&h[l], best)) m = l, best = &h[l];
-        if (r < *n && tsr__cand_before(&h[r], best)) m = r;
-        if (m == i) break;
-        h[i] = h[m];
-        i = m;
-    }
-    if (*n > 0) h[i] = last;
-    return top;
-}
+TSR_HEAP_DEFINE(tsr__heap, tsr__cand, tsr__cand_before)
 
 typedef struct tsr__sym {
     uint32_t start, len;
