@@ -4,11 +4,13 @@
 #define TSR_TESTS_TOKENIZER_CASES_H
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/base/status.h"
 #include "runtime/tokenizer.h"
 
 static char *read_all(const char *path, size_t *n) {
@@ -87,6 +89,35 @@ static void print_ids(const char *what, const int32_t *ids, size_t n) {
     fprintf(stderr, "  %s:", what);
     for (size_t i = 0; i < n && i < 64; i++) fprintf(stderr, " %d", ids[i]);
     fprintf(stderr, "%s\n", n > 64 ? " ..." : "");
+}
+
+/* Encodes a case's text (no BOS/EOS) and compares with its reference "ids", printing both
+ * on a mismatch. Returns the ids (tsr_free) or NULL when encode failed; *bad counts
+ * failures. */
+static int32_t *encode_and_compare(const tsr_tokenizer *t, const cJSON *c, const char *name,
+                                   const char *text, size_t tn, size_t *n, int *bad) {
+    const cJSON *want = cJSON_GetObjectItem(c, "ids");
+    size_t wn = (size_t)cJSON_GetArraySize(want);
+    int32_t *ids = NULL;
+    *n = 0;
+    if (tsr_tokenizer_encode(t, text, tn, false, false, &ids, n) != TSR_OK) {
+        fprintf(stderr, "  case %s: encode failed: %s\n", name, tsr_last_error());
+        (*bad)++;
+        return NULL;
+    }
+    bool same = *n == wn;
+    for (size_t i = 0; same && i < *n; i++)
+        same = ids[i] == cJSON_GetArrayItem(want, (int)i)->valueint;
+    if (!same) {
+        fprintf(stderr, "  case %s: ids differ from the reference\n", name);
+        print_ids("got ", ids, *n);
+        int32_t *w = malloc((wn + 1) * sizeof *w);
+        for (size_t i = 0; i < wn; i++) w[i] = cJSON_GetArrayItem(want, (int)i)->valueint;
+        print_ids("want", w, wn);
+        free(w);
+        (*bad)++;
+    }
+    return ids;
 }
 
 #endif
