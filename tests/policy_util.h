@@ -1,0 +1,47 @@
+/* Helpers shared by the KV-policy tests: greedy generation through the real forward pass
+ * on one sequence, so a policy's tokens can be compared with the paged baseline. */
+#ifndef TSR_TESTS_POLICY_UTIL_H
+#define TSR_TESTS_POLICY_UTIL_H
+
+#include <string.h>
+
+#include "kernels/backend.h"
+#include "memory/kv_cache.h"
+#include "runtime/base/alloc.h"
+#include "runtime/forward.h"
+#include "runtime/model.h"
+
+/* Greedy generation through the forward pass: prefill in chunks of `chunk`, then `gen`
+ * decode steps; returns the tokens and the logits of the last step. */
+static tsr_status tsr__greedy(tsr_model *m, tsr_backend *be, tsr_kv_cache *kv,
+                              const int32_t *prompt, int np, int chunk, int gen,
+                              int32_t *out_toks, float *last_logits) {
+    tsr_forward *f = NULL;
+    const int V = m->cfg.vocab_size;
+    TSR_TRY(tsr_forward_create(m, be, chunk, &f));
+    float *logits = tsr_malloc((size_t)V * 4);
+    tsr_status st = kv->ops->seq_add(kv, 0);
+    int32_t cur[1];
+    int pos = 0, rows = 0;
+    while (st == TSR_OK && pos < np) {
+        int n = np - pos < chunk ? np - pos : chunk;
+        tsr_batch_seq b = {.seq = 0, .tokens = prompt + pos, .n_tokens = n, .want_logits = 1};
+        st = tsr_forward_run(f, kv, &b, 1, logits, &rows);
+        pos += n;
+    }
+    for (int g = 0; st == TSR_OK && g < gen; g++) {
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            if (logits[i] > logits[best]) best = i;
+        out_toks[g] = best;
+        cur[0] = best;
+        tsr_batch_seq b = {.seq = 0, .tokens = cur, .n_tokens = 1, .want_logits = 1};
+        st = tsr_forward_run(f, kv, &b, 1, logits, &rows);
+    }
+    if (st == TSR_OK && last_logits) memcpy(last_logits, logits, (size_t)V * 4);
+    tsr_free(logits);
+    tsr_forward_destroy(f);
+    return st;
+}
+
+#endif
