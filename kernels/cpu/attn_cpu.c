@@ -1,17 +1,19 @@
 /* Causal GQA attention over KV spans with an online softmax (FlashAttention's running max,
  * sum and output accumulator): keys are visited in tiles of TSR__ATTN_TILE, so memory is
- * O(tile) per task and no n_q x n_k matrix exists. One task is a (query row, kv head)
- * pair, and it carries every query head of that GQA group, so each K/V tile is read once
- * per group. The optional per-key score pass recomputes q.k per key tile with each query's
- * final max and sum; each (kv head, key tile) belongs to one task and sums queries and heads
- * in a fixed order, so it is race-free and independent of the thread count. */
+ * O(tile) per task and no n_q x n_k matrix exists. One task is a query row and a block of
+ * consecutive query heads (all of them when serial); key tiles are the outer loop, so the
+ * K/V rows of a tile are swept once for every head of the task, GQA groups included. The
+ * optional per-key score pass recomputes q.k per key tile with each query's final max and
+ * sum; each (kv head, key tile) belongs to one task and sums queries and heads in a fixed
+ * order, so it is race-free and independent of the thread count. */
 #include <math.h>
 
 #include "kernels/cpu/cpu_internal.h"
 
 #define TSR__ATTN_TILE 64
-/* Query heads carried together by one task (larger groups are split into chunks). */
-#define TSR__ATTN_GROUP 8
+/* Accumulator floats per task (on the stack) and most heads one task carries. */
+#define TSR__ATTN_ACC 4096
+#define TSR__ATTN_MAXH 64
 
 typedef struct tsr__attn_geom {
     const tsr_attn_args *a;
@@ -32,31 +34,50 @@ static inline int64_t tsr__span_limit(const tsr_kv_span *s, int32_t qp) {
     return lim < 0 ? 0 : lim > s->n ? s->n : lim;
 }
 
-/* Attention of query row i for heads [h0, h0+nh) of kv head g. m/l receive each head's final
+/* Requests the next kv head's strip of this K/V tile (rows are a stride apart, which the
+ * hardware prefetchers do not follow when the tile is cold). */
+static inline void tsr__attn_prefetch(const float *k, const float *v, int64_t stride, int nt,
+                                      size_t off, int hd) {
+    for (int j = 0; j < nt; j++) {
+        const float *kj = k + (size_t)j * (size_t)stride + off;
+        const float *vj = v + (size_t)j * (size_t)stride + off;
+        for (int t = 0; t < hd; t += 16) {
+            __builtin_prefetch(kj + t, 0, 3);
+            __builtin_prefetch(vj + t, 0, 3);
+        }
+    }
+}
+
+/* Attention of query row i for heads [h0, h0+nh). Key tiles are the outer loop and every
+ * head of the task visits the tile in turn, so K/V rows (all kv heads side by side) are
+ * swept once, contiguously, instead of once per head with a row stride; each head's own
+ * arithmetic does not depend on which heads share its task. ml receives each head's final
  * running max and sum (for the score pass). */
-static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int g, int h0, int nh,
-                           float *m_out, float *l_out) {
+static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int h0, int nh, float *ml) {
     const tsr_attn_args *a = G->a;
     const int hd = a->head_dim;
     const int32_t qp = a->q_pos[i];
-    float acc[TSR__ATTN_GROUP][TSR__CPU_MAX_HEAD_DIM];
-    float m[TSR__ATTN_GROUP], l[TSR__ATTN_GROUP];
+    float acc[TSR__ATTN_ACC];
+    float m[TSR__ATTN_MAXH], l[TSR__ATTN_MAXH];
     float sc[TSR__ATTN_TILE];
     for (int hh = 0; hh < nh; hh++) {
         m[hh] = -INFINITY;
         l[hh] = 0.0f;
-        for (int t = 0; t < hd; t++) acc[hh][t] = 0.0f;
     }
+    for (int t = 0; t < nh * hd; t++) acc[t] = 0.0f;
     for (int s = 0; s < a->n_spans; s++) {
         const tsr_kv_span *sp = &a->spans[s];
         int64_t lim = tsr__span_limit(sp, qp);
         for (int64_t j0 = 0; j0 < lim; j0 += TSR__ATTN_TILE) {
             int nt = lim - j0 < TSR__ATTN_TILE ? (int)(lim - j0) : TSR__ATTN_TILE;
-            const float *kt = sp->k + (size_t)j0 * (size_t)sp->stride + (size_t)g * hd;
-            const float *vt = sp->v + (size_t)j0 * (size_t)sp->stride + (size_t)g * hd;
+            const float *kt0 = sp->k + (size_t)j0 * (size_t)sp->stride;
+            const float *vt0 = sp->v + (size_t)j0 * (size_t)sp->stride;
             for (int hh = 0; hh < nh; hh++) {
-                const float *q = a->q + (size_t)i * G->q_ld + (size_t)(h0 + hh) * hd;
-                G->k->dot_rows(q, kt, sp->stride, nt, hd, G->scale, sc);
+                int h = h0 + hh, g = h / G->group;
+                const float *q = a->q + (size_t)i * G->q_ld + (size_t)h * hd;
+                if (hh + 1 < nh && (h + 1) / G->group != g)
+                    tsr__attn_prefetch(kt0, vt0, sp->stride, nt, (size_t)(g + 1) * hd, hd);
+                G->k->dot_rows(q, kt0 + (size_t)g * hd, sp->stride, nt, hd, G->scale, sc);
                 if (sp->pos) {
                     for (int j = 0; j < nt; j++)
                         if (sp->pos[j0 + j] > qp) sc[j] = -INFINITY;
@@ -69,16 +90,18 @@ static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int g, int h0, in
                 float sum = G->k->exp_sum(sc, nt, mn);
                 l[hh] = l[hh] * corr + sum;
                 m[hh] = mn;
-                G->k->acc_rows(acc[hh], corr, sc, vt, sp->stride, nt, hd);
+                G->k->acc_rows(acc + (size_t)hh * hd, corr, sc, vt0 + (size_t)g * hd,
+                               sp->stride, nt, hd);
             }
         }
     }
     for (int hh = 0; hh < nh; hh++) {
         float *o = a->out + (size_t)i * G->q_ld + (size_t)(h0 + hh) * hd;
         float inv = l[hh] > 0.0f ? 1.0f / l[hh] : 0.0f;
-        for (int t = 0; t < hd; t++) o[t] = acc[hh][t] * inv;
-        m_out[hh] = m[hh];
-        l_out[hh] = l[hh];
+        for (int t = 0; t < hd; t++) o[t] = acc[(size_t)hh * hd + t] * inv;
+        size_t idx = (size_t)i * a->n_heads + (size_t)(h0 + hh);
+        ml[2 * idx] = m[hh];
+        ml[2 * idx + 1] = l[hh];
     }
 }
 
@@ -114,22 +137,12 @@ static void tsr__attn_scores_tile(const tsr__attn_geom *G, const float *ml, int 
     }
 }
 
-/* Task t of the main pass: query row, kv head and chunk of its query heads. */
-static void tsr__attn_run(const tsr__attn_geom *G, int64_t t, int chunks, float *ml) {
-    const tsr_attn_args *a = G->a;
-    int64_t i = t / ((int64_t)a->n_kv_heads * chunks);
-    int rem = (int)(t % ((int64_t)a->n_kv_heads * chunks));
-    int g = rem / chunks, ch = rem % chunks;
-    int h0 = g * G->group + ch * TSR__ATTN_GROUP;
-    int nh = G->group - ch * TSR__ATTN_GROUP;
-    nh = nh > TSR__ATTN_GROUP ? TSR__ATTN_GROUP : nh;
-    float mo[TSR__ATTN_GROUP], lo[TSR__ATTN_GROUP];
-    tsr__attn_task(G, i, g, h0, nh, mo, lo);
-    for (int hh = 0; hh < nh; hh++) {
-        size_t idx = (size_t)i * a->n_heads + (size_t)(h0 + hh);
-        ml[2 * idx] = mo[hh];
-        ml[2 * idx + 1] = lo[hh];
-    }
+/* Task t of the main pass: query row and block of `blk` consecutive query heads. */
+static void tsr__attn_run(const tsr__attn_geom *G, int64_t t, int blk, int nblk, float *ml) {
+    int64_t i = t / nblk;
+    int h0 = (int)(t % nblk) * blk;
+    int nh = G->a->n_heads - h0 < blk ? G->a->n_heads - h0 : blk;
+    tsr__attn_task(G, i, h0, nh, ml);
 }
 
 /* Task t of the score pass: one (kv head, key tile). */
@@ -174,19 +187,32 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
     size_t nml = 2 * (size_t)a->n_q * (size_t)a->n_heads;
     TSR_TRY(tsr__cpu_scratch(&c->lse, &c->lse_cap, nml));
     float *ml = c->lse;
-    int chunks = (G.group + TSR__ATTN_GROUP - 1) / TSR__ATTN_GROUP;
-    int64_t ntask = (int64_t)a->n_q * a->n_kv_heads * chunks;
     int64_t work = 0;
     for (int s = 0; s < a->n_spans; s++) work += a->spans[s].n;
     work *= (int64_t)a->n_q * a->n_heads * a->head_dim;
-    int par = c->threads > 1 && ntask > 1 && work >= 32768;
+    int par = c->threads > 1 && (a->n_q > 1 || a->n_heads > 1) && work >= 32768;
+    /* Heads per task: as many as the stack accumulator holds; when threaded, small enough
+     * for about 4 tasks per thread (whole GQA groups where possible, so a group's K/V
+     * tile is read by one task). Per-head results do not depend on the blocking. */
+    int blk = TSR__ATTN_ACC / a->head_dim;
+    blk = blk > TSR__ATTN_MAXH ? TSR__ATTN_MAXH : blk;
+    blk = blk > a->n_heads ? a->n_heads : blk;
+    if (par) {
+        int64_t want = 4 * (int64_t)c->threads;
+        int64_t per = ((int64_t)a->n_q * a->n_heads + want - 1) / want;
+        if (per < blk) blk = per < 1 ? 1 : (int)per;
+        if (blk > G.group) blk -= blk % G.group;
+    }
+    int nblk = (a->n_heads + blk - 1) / blk;
+    int64_t ntask = (int64_t)a->n_q * nblk;
+    par = par && ntask > 1;
     /* Dynamic: causal rows differ in length; results do not depend on the assignment.
      * Serial runs skip OpenMP (a serialized region still costs ~0.7 us and a futex). */
     if (par) {
 #pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1)
-        for (int64_t t = 0; t < ntask; t++) tsr__attn_run(&G, t, chunks, ml);
+        for (int64_t t = 0; t < ntask; t++) tsr__attn_run(&G, t, blk, nblk, ml);
     } else {
-        for (int64_t t = 0; t < ntask; t++) tsr__attn_run(&G, t, chunks, ml);
+        for (int64_t t = 0; t < ntask; t++) tsr__attn_run(&G, t, blk, nblk, ml);
     }
     if (!a->key_scores) return TSR_OK;
 

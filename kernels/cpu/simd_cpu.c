@@ -244,29 +244,86 @@ static void tsr__y_cvt_f16(const uint16_t *src, float *dst, int64_t n) {
     for (; i < n; i++) dst[i] = tsr_f16_to_f32(src[i]);
 }
 
+/* Four keys at a time, reduced together: the same per-key operations as one reduction per
+ * key (two accumulators, halves, then pairs), with the shuffles shared by four keys. Keys
+ * past nk reuse q as a dummy row, so every key's value goes through the same operations
+ * whatever nk is (the score pass and the main pass then agree bitwise). */
 static void tsr__y_dot_rows(const float *q, const float *k, int64_t stride, int nk, int d,
                             float scale, float *out) {
     int rem = d & 7;
     __m256 qt = rem ? tsr__y_load_tail(q, d - rem, rem, TSR__DT_F32) : _mm256_setzero_ps();
-    for (int j = 0; j < nk; j++) {
-        const float *kj = k + (size_t)j * (size_t)stride;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m128 sv = _mm_set1_ps(scale);
+    for (int j = 0; j < nk; j += 4) {
+        const float *kr[4];
+        for (int u = 0; u < 4; u++)
+            kr[u] = j + u < nk ? k + (size_t)(j + u) * (size_t)stride : q;
+        __m256 a0[4], a1[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) a0[u] = a1[u] = _mm256_setzero_ps();
         int t = 0;
         for (; t + 16 <= d; t += 16) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + t), _mm256_loadu_ps(kj + t), a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + t + 8), _mm256_loadu_ps(kj + t + 8), a1);
+            __m256 q0 = _mm256_loadu_ps(q + t), q1 = _mm256_loadu_ps(q + t + 8);
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+                a0[u] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(kr[u] + t), a0[u]);
+                a1[u] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(kr[u] + t + 8), a1[u]);
+            }
         }
-        for (; t + 8 <= d; t += 8)
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + t), _mm256_loadu_ps(kj + t), a0);
-        if (rem) a1 = _mm256_fmadd_ps(qt, tsr__y_load_tail(kj, t, rem, TSR__DT_F32), a1);
-        out[j] = tsr__y_hsum(_mm256_add_ps(a0, a1)) * scale;
+        for (; t + 8 <= d; t += 8) {
+            __m256 q0 = _mm256_loadu_ps(q + t);
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++)
+                a0[u] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(kr[u] + t), a0[u]);
+        }
+        if (rem) {
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++)
+                a1[u] = _mm256_fmadd_ps(qt, tsr__y_load_tail(kr[u], t, rem, TSR__DT_F32),
+                                        a1[u]);
+        }
+        __m256 v0 = _mm256_add_ps(a0[0], a1[0]), v1 = _mm256_add_ps(a0[1], a1[1]);
+        __m256 v2 = _mm256_add_ps(a0[2], a1[2]), v3 = _mm256_add_ps(a0[3], a1[3]);
+        /* lo + hi: x0 = [key 0 | key 1], x1 = [key 2 | key 3], four sums each. */
+        __m256 x0 = _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20),
+                                  _mm256_permute2f128_ps(v0, v1, 0x31));
+        __m256 x1 = _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20),
+                                  _mm256_permute2f128_ps(v2, v3, 0x31));
+        /* (s0 + s2, s1 + s3), then their sum: lanes [k0 k2 . . | k1 k3 . .]. */
+        __m256 y = _mm256_add_ps(_mm256_shuffle_ps(x0, x1, 0x44), _mm256_shuffle_ps(x0, x1, 0xEE));
+        __m256 z = _mm256_add_ps(_mm256_shuffle_ps(y, y, 0x88), _mm256_shuffle_ps(y, y, 0xDD));
+        __m128 r = _mm_unpacklo_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps(z, 1));
+        r = _mm_mul_ps(r, sv);
+        if (nk - j >= 4) {
+            _mm_storeu_ps(out + j, r);
+        } else {
+            float buf[4];
+            _mm_storeu_ps(buf, r);
+            memcpy(out + j, buf, (size_t)(nk - j) * 4);
+        }
     }
 }
 
+/* Keys outer, 32 columns at a time in registers: four independent FMA chains instead of
+ * one chain per column block. Each element still sums acc * c, then the keys in order, so
+ * a key run split into tiles differently gives the same sums whenever c is 1. */
 static void tsr__y_acc_rows(float *acc, float c, const float *p, const float *v,
                             int64_t stride, int nk, int d) {
-    int t = 0;
     __m256 cv = _mm256_set1_ps(c);
+    int t = 0;
+    for (; t + 32 <= d; t += 32) {
+        __m256 a[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) a[u] = _mm256_mul_ps(_mm256_loadu_ps(acc + t + 8 * u), cv);
+        for (int j = 0; j < nk; j++) {
+            const float *vj = v + (size_t)j * (size_t)stride + t;
+            __m256 pj = _mm256_set1_ps(p[j]);
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++)
+                a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * u), a[u]);
+        }
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) _mm256_storeu_ps(acc + t + 8 * u, a[u]);
+    }
     for (; t + 8 <= d; t += 8) {
         __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + t), cv);
         for (int j = 0; j < nk; j++)
@@ -276,7 +333,8 @@ static void tsr__y_acc_rows(float *acc, float c, const float *p, const float *v,
     }
     for (; t < d; t++) {
         float a = acc[t] * c;
-        for (int j = 0; j < nk; j++) a = __builtin_fmaf(p[j], v[(size_t)j * (size_t)stride + t], a);
+        for (int j = 0; j < nk; j++)
+            a = __builtin_fmaf(p[j], v[(size_t)j * (size_t)stride + t], a);
         acc[t] = a;
     }
 }
@@ -458,38 +516,89 @@ static void tsr__z_cvt_f16(const uint16_t *src, float *dst, int64_t n) {
     for (; i < n; i++) dst[i] = tsr_f16_to_f32(src[i]);
 }
 
+/* Sixteen keys at a time, one accumulator each, reduced together by a transposing tree
+ * (about 3 shuffles per key instead of a full reduction per key). Keys past nk reuse q as
+ * a dummy row, so every key's value goes through the same operations whatever nk is (the
+ * score pass and the main pass then agree bitwise). */
 static void tsr__z_dot_rows(const float *q, const float *k, int64_t stride, int nk, int d,
                             float scale, float *out) {
     int rem = d & 15;
-    __m512 qt = rem ? tsr__z_load_tail(q, d - rem, rem, TSR__DT_F32) : _mm512_setzero_ps();
-    for (int j = 0; j < nk; j++) {
-        const float *kj = k + (size_t)j * (size_t)stride;
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    __mmask16 tm = (__mmask16)((1u << rem) - 1u);
+    __m512 sv = _mm512_set1_ps(scale);
+    /* Output lane order of the tree below, undone by one permute. */
+    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11,
+                                           15);
+    for (int j = 0; j < nk; j += 16) {
+        const float *kr[16];
+        for (int u = 0; u < 16; u++)
+            kr[u] = j + u < nk ? k + (size_t)(j + u) * (size_t)stride : q;
+        __m512 a[16];
+#pragma GCC unroll 16
+        for (int u = 0; u < 16; u++) a[u] = _mm512_setzero_ps();
         int t = 0;
-        for (; t + 32 <= d; t += 32) {
-            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + t), _mm512_loadu_ps(kj + t), a0);
-            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + t + 16), _mm512_loadu_ps(kj + t + 16),
-                                 a1);
+        for (; t + 16 <= d; t += 16) {
+            __m512 qv = _mm512_loadu_ps(q + t);
+#pragma GCC unroll 16
+            for (int u = 0; u < 16; u++)
+                a[u] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kr[u] + t), a[u]);
         }
-        for (; t + 16 <= d; t += 16)
-            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + t), _mm512_loadu_ps(kj + t), a0);
-        if (rem) a1 = _mm512_fmadd_ps(qt, tsr__z_load_tail(kj, t, rem, TSR__DT_F32), a1);
-        out[j] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
+        if (rem) {
+            __m512 qv = _mm512_maskz_loadu_ps(tm, q + t);
+#pragma GCC unroll 16
+            for (int u = 0; u < 16; u++)
+                a[u] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tm, kr[u] + t), a[u]);
+        }
+        /* 16 -> 8: 256-bit halves of key pairs. */
+        __m512 b[8];
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; u++)
+            b[u] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * u], a[2 * u + 1], 0x44),
+                                 _mm512_shuffle_f32x4(a[2 * u], a[2 * u + 1], 0xEE));
+        /* 8 -> 4: 128-bit quarters. */
+        __m512 c4[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)
+            c4[u] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * u], b[2 * u + 1], 0x88),
+                                  _mm512_shuffle_f32x4(b[2 * u], b[2 * u + 1], 0xDD));
+        /* 4 -> 2 -> 1 within 128-bit lanes. */
+        __m512 d0 = _mm512_add_ps(_mm512_shuffle_ps(c4[0], c4[1], 0x44),
+                                  _mm512_shuffle_ps(c4[0], c4[1], 0xEE));
+        __m512 d1 = _mm512_add_ps(_mm512_shuffle_ps(c4[2], c4[3], 0x44),
+                                  _mm512_shuffle_ps(c4[2], c4[3], 0xEE));
+        __m512 r = _mm512_add_ps(_mm512_shuffle_ps(d0, d1, 0x88),
+                                 _mm512_shuffle_ps(d0, d1, 0xDD));
+        r = _mm512_mul_ps(_mm512_permutexvar_ps(perm, r), sv);
+        int n = nk - j < 16 ? nk - j : 16;
+        _mm512_mask_storeu_ps(out + j, (__mmask16)((1u << n) - 1u), r);
     }
 }
 
+/* Keys outer, 64 columns at a time in registers: four independent FMA chains instead of
+ * one chain per column block. Each element still sums acc * c, then the keys in order, so
+ * a key run split into tiles differently gives the same sums whenever c is 1. */
 static void tsr__z_acc_rows(float *acc, float c, const float *p, const float *v,
                             int64_t stride, int nk, int d) {
     __m512 cv = _mm512_set1_ps(c);
-    for (int t = 0; t < d; t += 16) {
-        int rem = d - t < 16 ? d - t : 16;
-        __mmask16 m = (__mmask16)((1u << rem) - 1u);
-        __m512 a = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, acc + t), cv);
-        for (int j = 0; j < nk; j++)
-            a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]),
-                                _mm512_maskz_loadu_ps(m, v + (size_t)j * (size_t)stride + t),
-                                a);
-        _mm512_mask_storeu_ps(acc + t, m, a);
+    for (int t = 0; t < d; t += 64) {
+        __mmask16 m[4];
+        for (int u = 0; u < 4; u++) {
+            int r = d - t - 16 * u;
+            r = r < 0 ? 0 : r > 16 ? 16 : r;
+            m[u] = (__mmask16)((1u << r) - 1u);
+        }
+        __m512 a[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++)
+            a[u] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m[u], acc + t + 16 * u), cv);
+        for (int j = 0; j < nk; j++) {
+            const float *vj = v + (size_t)j * (size_t)stride + t;
+            __m512 pj = _mm512_set1_ps(p[j]);
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++)
+                a[u] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m[u], vj + 16 * u), a[u]);
+        }
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) _mm512_mask_storeu_ps(acc + t + 16 * u, m[u], a[u]);
     }
 }
 
