@@ -23,9 +23,7 @@ typedef struct tsr__h2o {
     int32_t *pending; /* per seq: tokens of the step in flight */
     int n_seqs;
     /* the queries of the current layer call (materialize), valid until observe */
-    const float *q;
-    const int32_t *q_pos;
-    int q_n, q_layer, q_seq, q_heads;
+    tsr_kv_policy_queries qs;
     tsr_kv_policy_stats st;
 } tsr__h2o;
 
@@ -55,7 +53,7 @@ static tsr_status tsr__h2o_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
     if (!(h->cfg.recent > 0.0)) h->cfg.recent = 0.5;
     if (h->cfg.recent > 1.0) h->cfg.recent = 1.0;
     h->mech = mech;
-    h->q_layer = -1;
+    h->qs.layer = -1;
     *state = h;
     return TSR_OK;
 }
@@ -102,12 +100,7 @@ static tsr_status tsr__h2o_append(void *state, int seq, int32_t n) {
 static tsr_status tsr__h2o_queries(void *state, int layer, int seq, const float *q,
                                    const int32_t *q_pos, int n_q, int n_heads) {
     tsr__h2o *h = state;
-    h->q = q;
-    h->q_pos = q_pos;
-    h->q_n = n_q;
-    h->q_layer = layer;
-    h->q_seq = seq;
-    h->q_heads = n_heads;
+    tsr_kv_policy_queries_set(&h->qs, layer, seq, q, q_pos, n_q, n_heads);
     return TSR_OK;
 }
 
@@ -115,9 +108,10 @@ static tsr_status tsr__h2o_queries(void *state, int layer, int seq, const float 
 static tsr_status tsr__h2o_materialize(tsr__h2o *h, int layer, int seq, int32_t n_keys,
                                        float *scores) {
     tsr_kv_cache *m = h->mech;
-    int have_q = h->q && h->q_layer == layer && h->q_seq == seq;
-    int n_heads = have_q ? h->q_heads : (h->cfg.n_heads > 0 ? h->cfg.n_heads : m->n_kv_heads);
-    int64_t n_q = have_q ? h->q_n : h->pending[seq];
+    int have_q = tsr_kv_policy_queries_for(&h->qs, layer, seq);
+    int n_heads =
+        have_q ? h->qs.heads : (h->cfg.n_heads > 0 ? h->cfg.n_heads : m->n_kv_heads);
+    int64_t n_q = have_q ? h->qs.n : h->pending[seq];
     double bytes = (double)n_heads * (double)n_q * (double)n_keys * 4.0;
     int64_t limit = h->cfg.materialize_limit > 0 ? h->cfg.materialize_limit : tsr__avail_bytes();
     if (bytes > (double)limit)
@@ -157,14 +151,14 @@ static tsr_status tsr__h2o_materialize(tsr__h2o *h, int layer, int seq, int32_t 
         int g = hh / group;
         for (int64_t i = 0; i < n_q; i++) {
             float *row = att + ((size_t)hh * n_q + i) * n_keys;
-            const float *qi = h->q + (size_t)i * n_heads * hd + (size_t)hh * hd;
+            const float *qi = h->qs.q + (size_t)i * n_heads * hd + (size_t)hh * hd;
             float mx = -INFINITY;
             for (int32_t j = 0; j < n_keys; j++) {
                 float *kr, *vr;
                 tsr_kv_paged_row(m, layer, seq, j, &kr, &vr);
                 float d = 0.0f;
                 for (int t = 0; t < hd; t++) d += qi[t] * kr[g * hd + t];
-                row[j] = pos[j] <= h->q_pos[i] ? d * scale : -INFINITY;
+                row[j] = pos[j] <= h->qs.pos[i] ? d * scale : -INFINITY;
                 mx = row[j] > mx ? row[j] : mx;
             }
             float sum = 0.0f;
@@ -221,14 +215,14 @@ static tsr_status tsr__h2o_observe(void *state, int layer, int seq, const float 
         float *ms = tsr_malloc((size_t)m->n_kv_heads * (n ? n : 1) * sizeof *ms);
         if (!ms) return TSR_ERR_NOMEM;
         tsr_status st = tsr__h2o_materialize(h, layer, seq, n, ms);
-        int rebuilt = h->q && h->q_layer == layer && h->q_seq == seq;
+        int rebuilt = tsr_kv_policy_queries_for(&h->qs, layer, seq);
         if (st == TSR_OK) st = tsr_kv_paged_add_scores(m, layer, seq, rebuilt ? ms : key_scores);
         tsr_free(ms);
         TSR_TRY(st);
     } else if (key_scores) {
         TSR_TRY(tsr_kv_paged_add_scores(m, layer, seq, key_scores));
     }
-    h->q = NULL;
+    h->qs.q = NULL;
     int32_t len = m->ops->seq_len(m, seq) + h->pending[seq];
     return tsr__h2o_evict(h, layer, seq, tsr_kv_policy_budget(&h->cfg, len));
 }

@@ -46,9 +46,7 @@ typedef struct tsr__off {
     int32_t *warm;    /* [L] key rows seen in the warm-up */
     tsr__oseq *seqs;
     int n_seqs;
-    const float *q;
-    const int32_t *q_pos;
-    int q_n, q_layer, q_seq, q_heads;
+    tsr_kv_policy_queries qs;
     int64_t resident_meta_bytes;
     tsr_kv_policy_stats st;
 } tsr__off;
@@ -92,7 +90,7 @@ static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
                                         2 * TSR__OFF_MAXHALF)
                         : TSR_ERR_NOMEM;
     }
-    o->q_layer = -1;
+    o->qs.layer = -1;
     *state = o;
     return TSR_OK;
 }
@@ -274,12 +272,7 @@ static tsr_status tsr__off_write(void *state, int layer, int seq, int32_t n, con
 static tsr_status tsr__off_queries(void *state, int layer, int seq, const float *q,
                                    const int32_t *q_pos, int n_q, int n_heads) {
     tsr__off *o = state;
-    o->q = q;
-    o->q_pos = q_pos;
-    o->q_n = n_q;
-    o->q_layer = layer;
-    o->q_seq = seq;
-    o->q_heads = n_heads;
+    tsr_kv_policy_queries_set(&o->qs, layer, seq, q, q_pos, n_q, n_heads);
     if (!o->chan_set[layer] && n_heads >= o->G && n_heads % o->G == 0)
         tsr__off_energy(o, o->qe + (size_t)layer * o->G * (o->hd / 2), q, n_q, n_heads,
                         n_heads / o->G);
@@ -315,16 +308,16 @@ static void tsr__oselect(tsr__ocand *c, int32_t n, int32_t k) {
  * few query rows, summed over rows and heads. */
 static void tsr__off_scores(tsr__off *o, const tsr__olayer *L, int layer, int32_t len,
                             int exact, tsr__ocand *c) {
-    int rows = o->q_n < 4 ? o->q_n : 4, heads = o->q_heads, group = heads / o->G;
+    int rows = o->qs.n < 4 ? o->qs.n : 4, heads = o->qs.heads, group = heads / o->G;
     int pw = 2 * o->pairs;
     const int *chan = o->chan + (size_t)layer * o->G * pw;
     float *lg = tsr_malloc((size_t)len * sizeof *lg);
     for (int32_t j = 0; j < len; j++) c[j] = (tsr__ocand){0.0f, j};
     if (!lg) return;
-    for (int r = o->q_n - rows; r < o->q_n; r++) {
+    for (int r = o->qs.n - rows; r < o->qs.n; r++) {
         for (int h = 0; h < heads; h++) {
             int g = h / group;
-            const float *q = o->q + ((size_t)r * heads + h) * o->hd;
+            const float *q = o->qs.q + ((size_t)r * heads + h) * o->hd;
             float mx = -INFINITY;
             for (int32_t j = 0; j < len; j++) {
                 float d = 0.0f;
@@ -374,7 +367,7 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
             tsr_free(want);
             return TSR_ERR_NOMEM;
         }
-        int have_q = o->q && o->q_layer == layer && o->q_seq == seq && o->q_n > 0;
+        int have_q = tsr_kv_policy_queries_for(&o->qs, layer, seq) && o->qs.n > 0;
         if (have_q) tsr__off_scores(o, L, layer, len, 0, c);
         else {
             for (int32_t j = 0; j < len; j++) c[j] = (tsr__ocand){(float)j, j};
@@ -420,7 +413,7 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
     tsr_free(pos);
     tsr_free(ev);
     tsr_free(want);
-    o->q = NULL;
+    o->qs.q = NULL;
     return st;
 }
 

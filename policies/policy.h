@@ -41,6 +41,27 @@ typedef struct tsr_kv_policy_stats {
     int64_t host_bytes_peak;
 } tsr_kv_policy_stats;
 
+/* The rotated queries of the layer call in flight (from the cache's queries hook), kept by
+ * policies that need them at select/observe time; valid until that layer's observe. */
+typedef struct tsr_kv_policy_queries {
+    const float *q; /* [n][heads * head_dim]; NULL when none */
+    const int32_t *pos;
+    int n, layer, seq, heads;
+} tsr_kv_policy_queries;
+
+static inline void tsr_kv_policy_queries_set(tsr_kv_policy_queries *qs, int layer, int seq,
+                                             const float *q, const int32_t *pos, int n,
+                                             int heads) {
+    *qs = (tsr_kv_policy_queries){.q = q, .pos = pos, .n = n, .layer = layer, .seq = seq,
+                                  .heads = heads};
+}
+
+/* Non-zero when qs holds queries of (layer, seq). */
+static inline int tsr_kv_policy_queries_for(const tsr_kv_policy_queries *qs, int layer,
+                                            int seq) {
+    return qs->q && qs->layer == layer && qs->seq == seq;
+}
+
 typedef struct tsr_kv_policy_ops {
     const char *name;
     int wants_scores;        /* attention must produce key_scores for observe */
