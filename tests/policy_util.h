@@ -9,6 +9,7 @@
 #include "memory/kv_cache.h"
 #include "runtime/base/alloc.h"
 #include "runtime/forward.h"
+#include "runtime/kv_setup.h"
 #include "runtime/model.h"
 
 /* Greedy generation through the forward pass: prefill in chunks of `chunk`, then `gen`
@@ -42,6 +43,14 @@ static tsr_status tsr__greedy(tsr_model *m, tsr_backend *be, tsr_kv_cache *kv,
     tsr_free(logits);
     tsr_forward_destroy(f);
     return st;
+}
+
+/* A policy cache for one sequence of the model, in an 8 MiB pool. */
+static tsr_status tsr__policy_kv(const tsr_model_config *c, const char *policy, double budget,
+                                 tsr_kv_cache **kv) {
+    tsr_kv_options o = {.policy = policy, .memory_bytes = 8 << 20, .block_size = 16,
+                        .budget = budget, .max_seqs = 1, .measure_recall = 1};
+    return tsr_kv_setup(&o, c, kv);
 }
 
 #endif

@@ -12,12 +12,6 @@
 
 #include "tests/policy_util.h"
 
-static tsr_status tsr__policy_kv(const tsr_model_config *c, const char *policy, double budget,
-                                 tsr_kv_cache **kv) {
-    tsr_kv_options o = {.policy = policy, .memory_bytes = 8 << 20, .block_size = 16,
-                        .budget = budget, .max_seqs = 1, .measure_recall = 1};
-    return tsr_kv_setup(&o, c, kv);
-}
 
 #define HD_ 8
 
