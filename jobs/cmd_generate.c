@@ -9,6 +9,7 @@
 
 #include "jobs/cli.h"
 #include "jobs/commands.h"
+#include "jobs/dist_cli.h"
 #include "jobs/kv_cli.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
@@ -33,8 +34,9 @@ typedef struct tsr__gen_opts {
     int max_tokens, top_k, threads, max_context, chunk;
     float temperature, top_p;
     uint64_t seed;
-    bool no_bos, verbose;
+    bool no_bos, verbose, threads_given;
     tsr_kv_cli kv;
+    tsr_dist_cli dist;
 } tsr__gen_opts;
 
 typedef struct tsr__gen {
@@ -47,6 +49,8 @@ typedef struct tsr__gen {
     float *logits;
     int32_t *ids;
     char *prompt_buf;
+    size_t n_ids;
+    tsr_dist dist;
 } tsr__gen;
 
 static void tsr__gen_free(tsr__gen *g) {
@@ -59,9 +63,11 @@ static void tsr__gen_free(tsr__gen *g) {
     tsr_free(g->logits);
     tsr_free(g->ids);
     tsr_free(g->prompt_buf);
+    tsr_dist_end(&g->dist);
 }
 
-static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
+/* The local part of the start: prompt, model, tokenizer, encoding. */
+static tsr_status tsr__gen_prepare(const tsr__gen_opts *o, tsr__gen *g, int *ctx) {
     const char *text = o->prompt;
     size_t text_len = text ? strlen(text) : 0;
     if (o->prompt_file) {
@@ -76,36 +82,59 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
     const tsr_model_config *c = &g->model->cfg;
     TSR_TRY(tsr_tokenizer_for_model(o->model, o->tokenizer, c->vocab_size, &g->tok));
 
-    int ctx = o->max_context > 0 && o->max_context < c->max_seq_len ? o->max_context
-                                                                    : c->max_seq_len;
-    size_t n_ids = 0;
+    *ctx = o->max_context > 0 && o->max_context < c->max_seq_len ? o->max_context
+                                                                 : c->max_seq_len;
     TSR_TRY(tsr_tokenizer_encode(g->tok, text, text_len, !o->no_bos && g->tok->bos_id >= 0,
-                                 false, &g->ids, &n_ids));
-    if (n_ids == 0) return tsr_error_set(TSR_ERR_INVALID, "prompt encodes to no tokens");
-    if ((int64_t)n_ids >= ctx)
+                                 false, &g->ids, &g->n_ids));
+    if (g->n_ids == 0) return tsr_error_set(TSR_ERR_INVALID, "prompt encodes to no tokens");
+    if ((int64_t)g->n_ids >= *ctx)
         return tsr_error_set(TSR_ERR_BUDGET,
                              "prompt of %zu tokens does not fit the context of %d tokens "
                              "(leaves no room to generate; see --max-context)",
-                             n_ids, ctx);
+                             g->n_ids, *ctx);
+    return TSR_OK;
+}
 
-    TSR_TRY(tsr_backend_create(o->backend, o->threads, &g->be));
+/* Every rank runs this with the same inputs and takes the same steps; rank 0 prints. */
+static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
+    tsr_dist *d = &g->dist;
+    TSR_TRY(tsr_dist_start(d));
+    int ctx = 0;
+    TSR_TRY(tsr_dist_agree(d, tsr__gen_prepare(o, g, &ctx)));
+    TSR_TRY(tsr_dist_layout(d, &o->dist, g->model, o->model));
+    const tsr_model_config *c = &g->model->cfg;
+    size_t n_ids = g->n_ids;
+    bool root = tsr_dist_is_root(d);
+
+    int threads = o->threads_given ? o->threads : tsr_dist_default_threads(d);
+    TSR_TRY(tsr_dist_agree(d, tsr_backend_create(o->backend, threads, &g->be)));
     int chunk = o->chunk < (int)n_ids ? o->chunk : (int)n_ids;
     tsr_kv_options kvo = o->kv.kv;
     kvo.chunk_tokens = chunk;
     kvo.max_seqs = 1;
-    TSR_TRY(tsr_kv_setup(&kvo, c, &g->kv));
+    kvo.shard = &d->shard;
+    kvo.comm = d->comm;
+    TSR_TRY(tsr_dist_agree(d, tsr_kv_setup(&kvo, c, &g->kv)));
     TSR_TRY(g->kv->ops->seq_add(g->kv, 0));
-    TSR_TRY(tsr_forward_create(g->model, g->be, chunk, &g->fwd));
-    g->logits = tsr_malloc((size_t)c->vocab_size * sizeof(float));
-    if (!g->logits) return TSR_ERR_NOMEM;
+    tsr_forward_parallel fp = tsr_dist_forward(d);
+    tsr_status st = tsr_forward_create_parallel(g->model, g->be, chunk, &fp, &g->fwd);
+    if (st == TSR_OK) {
+        g->logits = tsr_malloc((size_t)c->vocab_size * sizeof(float));
+        if (!g->logits) st = TSR_ERR_NOMEM;
+    }
     tsr_sampler_params sp = {.temperature = o->temperature, .top_p = o->top_p,
                              .top_k = o->top_k, .seed = o->seed};
-    TSR_TRY(tsr_sampler_init(&g->sampler, c->vocab_size, &sp));
-    if (o->verbose)
-        TSR_LOG_INFO("model %s: dim %d, %d layers, %d heads (%d kv), vocab %d, %s; "
-                     "backend %s, %d threads; prompt %zu tokens",
-                     o->model, c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size,
-                     tsr_dtype_name(c->dtype), g->be->ops->name, g->be->threads, n_ids);
+    if (st == TSR_OK) st = tsr_sampler_init(&g->sampler, c->vocab_size, &sp);
+    TSR_TRY(tsr_dist_agree(d, st));
+    if (o->verbose) {
+        if (root)
+            TSR_LOG_INFO("model %s: dim %d, %d layers, %d heads (%d kv), vocab %d, %s; "
+                         "backend %s, %d threads; prompt %zu tokens; %d ranks (%s)",
+                         o->model, c->dim, c->n_layers, c->n_heads, c->n_kv_heads,
+                         c->vocab_size, tsr_dtype_name(c->dtype), g->be->ops->name,
+                         g->be->threads, n_ids, d->world, tsr_comm_backend_name(d->comm));
+        tsr_dist_log_layout(d);
+    }
 
     /* Prefill in chunks; logits only for the last prompt token. */
     double t0 = tsr_sys_now();
@@ -114,7 +143,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
         int n = (int)(n_ids - done) < chunk ? (int)(n_ids - done) : chunk;
         tsr_batch_seq b = {.seq = 0, .tokens = g->ids + done, .n_tokens = n,
                            .want_logits = done + (size_t)n == n_ids};
-        TSR_TRY(tsr_forward_run(g->fwd, g->kv, &b, 1, g->logits, &rows));
+        TSR_TRY(tsr_dist_must(d, tsr_forward_run(g->fwd, g->kv, &b, 1, g->logits, &rows)));
         done += (size_t)n;
     }
     double t1 = tsr_sys_now();
@@ -131,7 +160,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
             break;
         }
         int nb = tsr_tokenizer_decode(g->tok, prev, next, piece, sizeof piece);
-        if (nb > 0) {
+        if (nb > 0 && root) {
             fwrite(piece, 1, (size_t)nb, stdout);
             fflush(stdout);
         }
@@ -143,10 +172,11 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
             break;
         }
         tsr_batch_seq b = {.seq = 0, .tokens = &next, .n_tokens = 1, .want_logits = true};
-        TSR_TRY(tsr_forward_run(g->fwd, g->kv, &b, 1, g->logits, &rows));
+        TSR_TRY(tsr_dist_must(d, tsr_forward_run(g->fwd, g->kv, &b, 1, g->logits, &rows)));
         pos++;
     }
     double t2 = tsr_sys_now();
+    if (!root) return TSR_OK;
     printf("\n");
     fflush(stdout);
     double tp = t1 - t0, td = t2 - t1;
@@ -168,6 +198,7 @@ int tsr_cmd_generate(int argc, char **argv) {
                        .seed = 42, .threads = tsr_sys_cpus(), .chunk = 512,
                        .backend = "auto"};
     tsr_kv_cli_init(&o.kv);
+    tsr_dist_cli_init(&o.dist);
     tsr_cli_opt base[] = {
         {"model", TSR_OPT_STRING, &o.model, "PATH",
          "model: llama2.c .bin, Hugging Face directory, or synthetic:NAME (required)", false},
@@ -182,7 +213,8 @@ int tsr_cmd_generate(int argc, char **argv) {
         {"top-p", TSR_OPT_FLOAT, &o.top_p, "P", "nucleus sampling mass, 1 = off", false},
         {"top-k", TSR_OPT_INT, &o.top_k, "K", "sample among the K most likely, 0 = off", false},
         {"seed", TSR_OPT_U64, &o.seed, "S", "random seed (same seed, same tokens)", false},
-        {"threads", TSR_OPT_INT, &o.threads, "N", "CPU threads (default: CPUs given to the job)",
+        {"threads", TSR_OPT_INT, &o.threads, "N",
+         "CPU threads per rank (default: the CPUs given to the job over its ranks on the node)",
          false},
         {"max-context", TSR_OPT_INT, &o.max_context, "N",
          "context length in tokens, prompt included (0 = the model's maximum)", false},
@@ -192,9 +224,10 @@ int tsr_cmd_generate(int argc, char **argv) {
         {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
     };
     enum { N_BASE = sizeof base / sizeof base[0] };
-    tsr_cli_opt opts[N_BASE + TSR_KV_CLI_N_OPTS];
+    tsr_cli_opt opts[N_BASE + TSR_KV_CLI_N_OPTS + TSR_DIST_CLI_N_OPTS];
     memcpy(opts, base, sizeof base);
     tsr_kv_cli_opts(&o.kv, opts + N_BASE);
+    tsr_dist_cli_opts(&o.dist, opts + N_BASE + TSR_KV_CLI_N_OPTS);
     tsr_cli cli = {.cmd = "generate",
                    .synopsis = "--model PATH (--prompt TEXT | --prompt-file PATH|-) [options]",
                    .about = "Generates a continuation of one prompt. The continuation goes to "
@@ -215,10 +248,13 @@ int tsr_cmd_generate(int argc, char **argv) {
     if (!(o.top_p > 0 && o.top_p <= 1)) return tsr_cli_usage_error(&cli, "--top-p must be in (0, 1]");
     if (o.top_k < 0) return tsr_cli_usage_error(&cli, "--top-k must be >= 0");
     if (tsr_kv_cli_check(&cli, &o.kv) != TSR_CLI_OK) return 2;
+    if (tsr_dist_cli_check(&cli, &o.dist) != TSR_CLI_OK) return 2;
     if (o.verbose) tsr_log_set_level(TSR_LOG_INFO);
+    o.threads_given = tsr_cli_find(&cli, "threads")->seen;
 
     tsr__gen g = {0};
     tsr_status st = tsr__generate(&o, &g);
+    int rc = st == TSR_OK ? 0 : tsr_dist_fail(&g.dist, "generate");
     tsr__gen_free(&g);
-    return st == TSR_OK ? 0 : tsr_cmd_fail("generate");
+    return rc;
 }

@@ -67,6 +67,16 @@ typedef struct tsr_backend_ops {
     tsr_status (*embed)(tsr_backend *be, const tsr_tensor *emb, const int32_t *ids, int64_t n,
                         float *out);
     tsr_status (*attention)(tsr_backend *be, const tsr_attn_args *a);
+    /* Row-parallel products over column segments (tensor parallelism, runtime/parallel.h).
+     * Segment p is columns [seg[p], seg[p+1]) of w and of x (x is [n][w.cols]; seg has
+     * n_parts + 1 increasing entries within [0, w.cols]); P_p[n][w.rows] = x[:, seg_p] .
+     * w[:, seg_p]^T. With `sum`, y[n][w.rows] = ((P_0 + P_1) + P_2) + ... in part order;
+     * otherwise y holds the parts, [n_parts][n][w.rows]. Each P_p depends only on the
+     * values and the length of its segment and on n, never on where the segment lies in w
+     * or on w.rows, so a slice of w gives the same bits for its parts, and summing the
+     * parts in order gives the bits of `sum`. Optional: NULL when the backend lacks it. */
+    tsr_status (*matmul_parts)(tsr_backend *be, const float *x, int64_t n, const tsr_tensor *w,
+                               const int32_t *seg, int n_parts, bool sum, float *y);
     /* Optional (NULL: memcpy, host memory): copy between this backend's buffers. */
     tsr_status (*copy)(tsr_backend *be, void *dst, const void *src, size_t bytes);
 } tsr_backend_ops;

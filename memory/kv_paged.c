@@ -474,6 +474,18 @@ tsr_status tsr_kv_paged_add_scores(tsr_kv_cache *kv, int layer, int seq,
     return TSR_OK;
 }
 
+tsr_status tsr_kv_paged_add_slot_scores(tsr_kv_cache *kv, int layer, int seq,
+                                        const float *scores) {
+    tsr__paged *p = tsr__P(kv);
+    tsr__pseq *s;
+    tsr__player *L;
+    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
+    if (!p->score_store)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: created without keep_scores");
+    for (int32_t i = 0; i < L->slots; i++) p->score_store[tsr__slot(p, L, i)] += scores[i];
+    return TSR_OK;
+}
+
 tsr_status tsr_kv_paged_read_slots(const tsr_kv_cache *kv, int layer, int seq, int32_t *pos,
                                    float *score) {
     const tsr__paged *p = tsr__P(kv);

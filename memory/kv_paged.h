@@ -63,6 +63,9 @@ int32_t tsr_kv_paged_slots(const tsr_kv_cache *kv, int layer, int seq);
 /* Adds key scores ([n_kv_heads][slots], span order) to the slots, summed over KV heads. */
 tsr_status tsr_kv_paged_add_scores(tsr_kv_cache *kv, int layer, int seq,
                                    const float *key_scores);
+/* Adds one score per slot ([slots], span order), already summed over the KV heads. */
+tsr_status tsr_kv_paged_add_slot_scores(tsr_kv_cache *kv, int layer, int seq,
+                                        const float *scores);
 /* Copies each slot's position and accumulated score (either may be NULL). */
 tsr_status tsr_kv_paged_read_slots(const tsr_kv_cache *kv, int layer, int seq, int32_t *pos,
                                    float *score);

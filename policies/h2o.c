@@ -211,17 +211,25 @@ static tsr_status tsr__h2o_observe(void *state, int layer, int seq, const float 
     if (seq < 0 || seq >= h->n_seqs)
         return tsr_error_set(TSR_ERR_INVALID, "h2o: observe before reserve (seq %d)", seq);
     int32_t n = tsr_kv_paged_slots(m, layer, seq);
+    float *ms = NULL, *sum = NULL;
+    tsr_status st = TSR_OK;
+    const float *ks = key_scores;
     if (h->cfg.scores_materialize) {
-        float *ms = tsr_malloc((size_t)m->n_kv_heads * (n ? n : 1) * sizeof *ms);
-        if (!ms) return TSR_ERR_NOMEM;
-        tsr_status st = tsr__h2o_materialize(h, layer, seq, n, ms);
-        int rebuilt = tsr_kv_policy_queries_for(&h->qs, layer, seq);
-        if (st == TSR_OK) st = tsr_kv_paged_add_scores(m, layer, seq, rebuilt ? ms : key_scores);
-        tsr_free(ms);
-        TSR_TRY(st);
-    } else if (key_scores) {
-        TSR_TRY(tsr_kv_paged_add_scores(m, layer, seq, key_scores));
+        ms = tsr_malloc((size_t)m->n_kv_heads * (n ? n : 1) * sizeof *ms);
+        st = ms ? tsr__h2o_materialize(h, layer, seq, n, ms) : TSR_ERR_NOMEM;
+        if (tsr_kv_policy_queries_for(&h->qs, layer, seq)) ks = ms;
     }
+    /* One score per slot, summed over every KV head of the TP group (the same on every
+     * rank): a slot row holds all heads, so the ranks must evict the same slots. */
+    if (st == TSR_OK && ks) {
+        sum = tsr_malloc((size_t)(n ? n : 1) * sizeof *sum);
+        st = sum ? tsr_kv_policy_sum_heads(&h->cfg, ks, m->n_kv_heads, (size_t)n, sum)
+                 : TSR_ERR_NOMEM;
+        if (st == TSR_OK) st = tsr_kv_paged_add_slot_scores(m, layer, seq, sum);
+    }
+    tsr_free(ms);
+    tsr_free(sum);
+    TSR_TRY(st);
     h->qs.q = NULL;
     int32_t len = m->ops->seq_len(m, seq) + h->pending[seq];
     return tsr__h2o_evict(h, layer, seq, tsr_kv_policy_budget(&h->cfg, len));

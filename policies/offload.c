@@ -305,18 +305,23 @@ static void tsr__oselect(tsr__ocand *c, int32_t n, int32_t k) {
 }
 
 /* Scores of prior positions [0, len): softmax over partial (or exact) logits of the last
- * few query rows, summed over rows and heads. */
-static void tsr__off_scores(tsr__off *o, const tsr__olayer *L, int layer, int32_t len,
-                            int exact, tsr__ocand *c) {
+ * few query rows, summed over rows per head, then over the heads of the whole TP group in
+ * head order (tsr_kv_policy_sum_heads), so every rank of the group selects the same
+ * tokens, with the same bits for every tp. */
+static tsr_status tsr__off_scores(tsr__off *o, const tsr__olayer *L, int layer, int32_t len,
+                                  int exact, tsr__ocand *c) {
     int rows = o->qs.n < 4 ? o->qs.n : 4, heads = o->qs.heads, group = heads / o->G;
     int pw = 2 * o->pairs;
     const int *chan = o->chan + (size_t)layer * o->G * pw;
-    float *lg = tsr_malloc((size_t)len * sizeof *lg);
-    for (int32_t j = 0; j < len; j++) c[j] = (tsr__ocand){0.0f, j};
-    if (!lg) return;
-    for (int r = o->qs.n - rows; r < o->qs.n; r++) {
-        for (int h = 0; h < heads; h++) {
-            int g = h / group;
+    size_t n = (size_t)(len ? len : 1);
+    float *lg = tsr_malloc(n * sizeof *lg);
+    float *part = tsr_calloc(n * (size_t)heads, sizeof *part);
+    float *sum = tsr_malloc(n * sizeof *sum);
+    tsr_status st = lg && part && sum ? TSR_OK : TSR_ERR_NOMEM;
+    for (int h = 0; h < heads && st == TSR_OK; h++) {
+        int g = h / group;
+        float *ph = part + (size_t)h * (size_t)len;
+        for (int r = o->qs.n - rows; r < o->qs.n; r++) {
             const float *q = o->qs.q + ((size_t)r * heads + h) * o->hd;
             float mx = -INFINITY;
             for (int32_t j = 0; j < len; j++) {
@@ -331,15 +336,20 @@ static void tsr__off_scores(tsr__off *o, const tsr__olayer *L, int layer, int32_
                 lg[j] = d;
                 mx = d > mx ? d : mx;
             }
-            float scale = 1.0f / sqrtf((float)o->hd), sum = 0.0f;
+            float scale = 1.0f / sqrtf((float)o->hd), z = 0.0f;
             for (int32_t j = 0; j < len; j++) {
                 lg[j] = expf((lg[j] - mx) * scale);
-                sum += lg[j];
+                z += lg[j];
             }
-            for (int32_t j = 0; j < len; j++) c[j].score += lg[j] / sum;
+            for (int32_t j = 0; j < len; j++) ph[j] += lg[j] / z;
         }
     }
+    if (st == TSR_OK) st = tsr_kv_policy_sum_heads(&o->cfg, part, heads, (size_t)len, sum);
+    for (int32_t j = 0; j < len && st == TSR_OK; j++) c[j] = (tsr__ocand){sum[j], j};
     tsr_free(lg);
+    tsr_free(part);
+    tsr_free(sum);
+    return st;
 }
 
 static tsr_status tsr__off_select(void *state, int layer, int seq) {
@@ -368,16 +378,28 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
             return TSR_ERR_NOMEM;
         }
         int have_q = tsr_kv_policy_queries_for(&o->qs, layer, seq) && o->qs.n > 0;
-        if (have_q) tsr__off_scores(o, L, layer, len, 0, c);
+        tsr_status sst = TSR_OK;
+        if (have_q) sst = tsr__off_scores(o, L, layer, len, 0, c);
         else {
             for (int32_t j = 0; j < len; j++) c[j] = (tsr__ocand){(float)j, j};
             o->st.fallback_selections++;
+        }
+        if (sst != TSR_OK) {
+            tsr_free(c);
+            tsr_free(want);
+            return sst;
         }
         tsr__oselect(c, len, keep);
         for (int32_t j = 0; j < keep; j++) want[c[j].pos] = 1;
         o->st.selections++;
         if (have_q && o->cfg.measure_recall) {
-            tsr__off_scores(o, L, layer, len, 1, c);
+            /* the exact pass is collective too (same flag on every rank) */
+            sst = tsr__off_scores(o, L, layer, len, 1, c);
+            if (sst != TSR_OK) {
+                tsr_free(c);
+                tsr_free(want);
+                return sst;
+            }
             tsr__oselect(c, len, keep);
             int32_t hit = 0;
             for (int32_t j = 0; j < keep; j++) hit += want[c[j].pos];

@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+#include "comm/comm.h"
 #include "memory/host_pool.h"
 #include "memory/kv_cache.h"
 #include "memory/kv_paged.h"
@@ -24,6 +25,10 @@ typedef struct tsr_kv_policy_config {
     int n_heads;             /* query heads */
     int rope_interleaved;    /* rotary pairs (2i, 2i+1) rather than (i, i + hd/2) */
     tsr_host_pool *host;     /* offload: where the full KV lives */
+    /* Tensor parallelism: the ranks of the TP group hold different KV heads of the same
+     * tokens, so score decisions sum the heads over the group (tsr_kv_policy_sum_heads)
+     * and every rank evicts / selects the same tokens. NULL: one process. */
+    tsr_comm *comm;
     int owns_host;           /* the cache destroys `host` with itself */
 } tsr_kv_policy_config;
 
@@ -98,6 +103,13 @@ int tsr_kv_is_policy(const tsr_kv_cache *kv);
 tsr_kv_cache *tsr_kv_policy_mech(const tsr_kv_cache *kv);
 void tsr_kv_policy_get_stats(const tsr_kv_cache *kv, tsr_kv_policy_stats *out);
 const char *tsr_kv_policy_name(const tsr_kv_cache *kv);
+
+/* out[i] = sum over the heads of the whole TP group, in global head order, of parts[h][i]
+ * (this rank gives n_local heads of n floats each): ((h0 + h1) + h2) + ..., so that the
+ * per-token scores, and the decisions made from them, are the same bits on every rank and
+ * for every tp. out may not alias parts. */
+tsr_status tsr_kv_policy_sum_heads(const tsr_kv_policy_config *cfg, const float *parts,
+                                   int n_local, size_t n, float *out);
 
 /* The budget in tokens for a sequence of `len` tokens (len when everything is kept). */
 int32_t tsr_kv_policy_budget(const tsr_kv_policy_config *cfg, int32_t len);

@@ -28,6 +28,21 @@ int32_t tsr_kv_policy_budget(const tsr_kv_policy_config *cfg, int32_t len) {
     return t < len ? (int32_t)t : len;
 }
 
+tsr_status tsr_kv_policy_sum_heads(const tsr_kv_policy_config *cfg, const float *parts,
+                                   int n_local, size_t n, float *out) {
+    if (cfg->comm && tsr_comm_size(cfg->comm, TSR_COMM_TP) > 1) {
+        if (tsr_comm_uses_nccl(cfg->comm))
+            return tsr_error_set(TSR_ERR_UNSUPPORTED, "KV policy scores under tensor "
+                                 "parallelism need the MPI data plane (host memory), not NCCL");
+        return tsr_comm_allreduce_sum_f32_parts(cfg->comm, TSR_COMM_TP, parts, n_local, n, out);
+    }
+    if (n == 0) return TSR_OK;
+    memcpy(out, parts, n * sizeof *out);
+    for (int h = 1; h < n_local; h++)
+        for (size_t i = 0; i < n; i++) out[i] += parts[(size_t)h * n + i];
+    return TSR_OK;
+}
+
 typedef struct tsr__pcache {
     tsr_kv_cache base;
     tsr_kv_cache *mech;

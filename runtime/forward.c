@@ -1,6 +1,11 @@
 /* The batched forward pass. All tokens of a call go through each matrix together (prompt
  * chunks become matrix-matrix products); attention runs per sequence over the spans its KV
- * cache returns; the classifier runs only for the rows that need logits. */
+ * cache returns; the classifier runs only for the rows that need logits.
+ *
+ * Distribution (runtime/parallel.h): a rank holds a stage's layers and a TP slice of each.
+ * The two row-parallel products (wo, w_down) are always computed as per-part partial sums
+ * in canonical part order, in one process too, which is what makes tp = 1, 2, 4 give the
+ * same bits. */
 #include "runtime/forward.h"
 
 #include <math.h>
@@ -8,13 +13,28 @@
 
 #include "runtime/base/alloc.h"
 
+/* Pipeline micro-batches per call at most. */
+#define TSR__MAX_MB 64
+/* Rows per row-parallel block: bounded so that the parts of a block take at most this many
+ * bytes for the model's (global) part count, whatever tp is. */
+#define TSR__PARTS_BYTES ((size_t)64 << 20)
+
 struct tsr_forward {
     const tsr_model *m;
     tsr_backend *be;
     int max_tokens;
+    tsr_comm *comm;          /* NULL: one process */
+    tsr_parallel_shard sh;
+    int tp, pp, micro_batches;
+    bool use_nccl;
+    int qd, kvd, hid, nh, nkv; /* local widths and heads */
+    int n_parts;             /* local reduction parts */
+    int32_t *wo_seg, *down_seg;
+    int64_t row_block;       /* rows per row-parallel block */
     /* activations, [max_tokens][width] each, from the backend */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
     float *xl;          /* rows that need logits, gathered: [max_tokens][dim] */
+    float *parts;       /* tp > 1 over MPI: [n_parts][row_block][dim] */
     int32_t *pos;       /* host: position of each row */
     int32_t *ids;       /* host: token id of each row */
     float *key_scores;  /* host: per kv head x keys, grown on demand */
@@ -29,40 +49,72 @@ size_t tsr_forward_workspace_bytes(const tsr_model_config *c, int max_tokens) {
 
 void tsr_forward_destroy(tsr_forward *f) {
     if (!f) return;
-    float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->xl};
+    float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->xl, f->parts};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) f->be->ops->buffer_free(f->be, bufs[i]);
     tsr_free(f->pos);
     tsr_free(f->ids);
     tsr_free(f->key_scores);
+    tsr_free(f->wo_seg);
+    tsr_free(f->down_seg);
     tsr_free(f);
 }
 
 tsr_status tsr_forward_create(const tsr_model *m, tsr_backend *be, int max_tokens,
                               tsr_forward **out) {
+    return tsr_forward_create_parallel(m, be, max_tokens, NULL, out);
+}
+
+tsr_status tsr_forward_create_parallel(const tsr_model *m, tsr_backend *be, int max_tokens,
+                                       const tsr_forward_parallel *par, tsr_forward **out) {
     *out = NULL;
     if (max_tokens <= 0)
         return tsr_error_set(TSR_ERR_INVALID, "forward: max tokens per step must be > 0");
+    if (!be->ops->matmul_parts)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "forward: backend %s lacks matmul_parts",
+                             be->ops->name);
+    const tsr_model_config *c = &m->cfg;
+    tsr_parallel_shard sh;
+    if (par) sh = par->shard;
+    else TSR_TRY(tsr_parallel_shard_whole(c, &sh));
     tsr_forward *f = tsr_calloc(1, sizeof *f);
     if (!f) return TSR_ERR_NOMEM;
     f->m = m;
     f->be = be;
     f->max_tokens = max_tokens;
-    const tsr_model_config *c = &m->cfg;
+    f->sh = sh;
+    f->comm = par ? par->comm : NULL;
+    f->tp = f->comm ? tsr_comm_tp(f->comm) : 1;
+    f->pp = f->comm ? tsr_comm_pp(f->comm) : 1;
+    if (f->tp < 1) f->tp = 1;
+    if (f->pp < 1) f->pp = 1;
+    f->micro_batches = par && par->micro_batches > 0 ? par->micro_batches : f->pp;
+    if (f->micro_batches > TSR__MAX_MB) f->micro_batches = TSR__MAX_MB;
+    f->use_nccl = f->comm && tsr_comm_uses_nccl(f->comm);
+    f->qd = tsr_parallel_shard_qdim(&sh, c);
+    f->kvd = tsr_parallel_shard_kvdim(&sh, c);
+    f->hid = tsr_parallel_shard_hidden(&sh);
+    f->nh = sh.head_end - sh.head_begin;
+    f->nkv = sh.kv_head_end - sh.kv_head_begin;
+    f->n_parts = sh.part_end - sh.part_begin;
     size_t T = (size_t)max_tokens;
-    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t rb = TSR__PARTS_BYTES / ((size_t)sh.n_parts * (size_t)c->dim * 4);
+    f->row_block = rb < 1 ? 1 : rb > T ? (int64_t)T : (int64_t)rb;
     struct {
         float **p;
-        size_t width;
-    } plan[] = {{&f->x, (size_t)c->dim},   {&f->xb, (size_t)c->dim},
-                {&f->q, qd},               {&f->k, kvd},
-                {&f->v, kvd},              {&f->att, qd},
-                {&f->hb, (size_t)c->hidden_dim}, {&f->hb2, (size_t)c->hidden_dim},
-                {&f->xl, (size_t)c->dim}};
+        size_t rows, width;
+    } plan[] = {{&f->x, T, (size_t)c->dim},   {&f->xb, T, (size_t)c->dim},
+                {&f->q, T, (size_t)f->qd},     {&f->k, T, (size_t)f->kvd},
+                {&f->v, T, (size_t)f->kvd},    {&f->att, T, (size_t)f->qd},
+                {&f->hb, T, (size_t)f->hid},   {&f->hb2, T, (size_t)f->hid},
+                {&f->xl, T, (size_t)c->dim},
+                {&f->parts, f->tp > 1 && !f->use_nccl ? (size_t)f->row_block * f->n_parts : 0,
+                 (size_t)c->dim}};
     tsr_status st = TSR_OK;
     for (size_t i = 0; i < sizeof plan / sizeof plan[0] && st == TSR_OK; i++) {
         size_t bytes;
-        if (!tsr_mul_size(T, plan[i].width * 4, &bytes))
+        if (plan[i].rows == 0) continue;
+        if (!tsr_mul_size(plan[i].rows, plan[i].width * 4, &bytes))
             st = tsr_error_set(TSR_ERR_NOMEM, "forward: workspace size overflow");
         else
             st = be->ops->buffer_alloc(be, bytes, (void **)plan[i].p);
@@ -70,12 +122,15 @@ tsr_status tsr_forward_create(const tsr_model *m, tsr_backend *be, int max_token
     if (st == TSR_OK) {
         f->pos = tsr_calloc(T, sizeof *f->pos);
         f->ids = tsr_calloc(T, sizeof *f->ids);
-        if (!f->pos || !f->ids) st = TSR_ERR_NOMEM;
+        f->wo_seg = tsr_calloc((size_t)f->n_parts + 1, sizeof *f->wo_seg);
+        f->down_seg = tsr_calloc((size_t)f->n_parts + 1, sizeof *f->down_seg);
+        if (!f->pos || !f->ids || !f->wo_seg || !f->down_seg) st = TSR_ERR_NOMEM;
     }
     if (st != TSR_OK) {
         tsr_forward_destroy(f);
         return st;
     }
+    tsr_parallel_shard_segments(&sh, c, f->wo_seg, f->down_seg);
     *out = f;
     return TSR_OK;
 }
@@ -92,21 +147,21 @@ static tsr_status tsr__key_scores(tsr_forward *f, size_t n, float **out) {
     return TSR_OK;
 }
 
-/* Attention of every sequence of the batch for one layer; rows [row0, row0+n) of q/k/v
- * belong to seqs[i]. */
+/* Attention of sequences [s0, s1) of the batch for local layer `layer`; their rows start at
+ * row0 of q/k/v. */
 static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
-                                 const tsr_batch_seq *seqs, int n_seqs) {
+                                 const tsr_batch_seq *seqs, int s0, int s1, int64_t row0) {
     const tsr_model_config *c = &f->m->cfg;
     tsr_backend *be = f->be;
-    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-    int64_t row = 0;
-    for (int i = 0; i < n_seqs; i++) {
+    size_t qd = (size_t)f->qd, kvd = (size_t)f->kvd;
+    int64_t row = row0;
+    for (int i = s0; i < s1; i++) {
         const tsr_batch_seq *s = &seqs[i];
         TSR_TRY(kv->ops->write(kv, layer, s->seq, s->n_tokens, f->k + row * kvd,
                                f->v + row * kvd));
         if (kv->ops->queries)
             TSR_TRY(kv->ops->queries(kv, layer, s->seq, f->q + row * qd, f->pos + row,
-                                     s->n_tokens, c->n_heads));
+                                     s->n_tokens, f->nh));
         const tsr_kv_span *spans;
         int n_spans;
         TSR_TRY(kv->ops->spans(kv, layer, s->seq, &spans, &n_spans));
@@ -114,17 +169,163 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
         if (kv->wants_scores && kv->ops->observe) {
             size_t keys = 0;
             for (int j = 0; j < n_spans; j++) keys += (size_t)spans[j].n;
-            TSR_TRY(tsr__key_scores(f, keys * (size_t)c->n_kv_heads, &scores));
+            TSR_TRY(tsr__key_scores(f, keys * (size_t)f->nkv, &scores));
         }
         tsr_attn_args a = {.q = f->q + row * qd, .q_pos = f->pos + row, .n_q = s->n_tokens,
-                           .spans = spans, .n_spans = n_spans, .n_heads = c->n_heads,
-                           .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                           .spans = spans, .n_spans = n_spans, .n_heads = f->nh,
+                           .n_kv_heads = f->nkv, .head_dim = c->head_dim,
                            .out = f->att + row * qd, .key_scores = scores};
         TSR_TRY(be->ops->attention(be, &a));
         if (scores) TSR_TRY(kv->ops->observe(kv, layer, s->seq, scores));
         row += s->n_tokens;
     }
     return TSR_OK;
+}
+
+/* y[n][dim] = x[n][w.cols] . w^T for a row-parallel w (wo, w_down): the local parts'
+ * products summed with every other TP rank's in canonical part order. */
+static tsr_status tsr__row_parallel(tsr_forward *f, const float *x, int64_t n,
+                                    const tsr_tensor *w, const int32_t *seg, float *y) {
+    const tsr_backend_ops *op = f->be->ops;
+    size_t dim = (size_t)f->m->cfg.dim, cols = (size_t)w->cols;
+    for (int64_t r0 = 0; r0 < n; r0 += f->row_block) {
+        int64_t nr = n - r0 < f->row_block ? n - r0 : f->row_block;
+        const float *xr = x + (size_t)r0 * cols;
+        float *yr = y + (size_t)r0 * dim;
+        if (f->tp == 1) {
+            TSR_TRY(op->matmul_parts(f->be, xr, nr, w, seg, f->n_parts, true, yr));
+        } else if (f->use_nccl) {
+            /* NCCL sums in its own order: equal to one process within rounding only */
+            TSR_TRY(op->matmul_parts(f->be, xr, nr, w, seg, f->n_parts, true, yr));
+            TSR_TRY(tsr_comm_allreduce_sum_f32(f->comm, TSR_COMM_TP, yr, (size_t)nr * dim));
+        } else {
+            TSR_TRY(op->matmul_parts(f->be, xr, nr, w, seg, f->n_parts, false, f->parts));
+            TSR_TRY(tsr_comm_allreduce_sum_f32_parts(f->comm, TSR_COMM_TP, f->parts,
+                                                     f->n_parts, (size_t)nr * dim, yr));
+        }
+    }
+    return TSR_OK;
+}
+
+/* This stage's layers for sequences [s0, s1), rows [row0, row0 + n) of the activations. */
+static tsr_status tsr__layers(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq *seqs,
+                              int s0, int s1, int64_t row0, int64_t n) {
+    const tsr_model *m = f->m;
+    const tsr_model_config *c = &m->cfg;
+    tsr_backend *be = f->be;
+    const tsr_backend_ops *op = be->ops;
+    size_t dim = (size_t)c->dim;
+    float *x = f->x + row0 * dim, *xb = f->xb + row0 * dim;
+    float *q = f->q + row0 * f->qd, *k = f->k + row0 * f->kvd, *v = f->v + row0 * f->kvd;
+    float *att = f->att + row0 * f->qd;
+    float *hb = f->hb + row0 * f->hid, *hb2 = f->hb2 + row0 * f->hid;
+    const int32_t *pos = f->pos + row0;
+    for (int l = f->sh.layer_begin; l < f->sh.layer_end; l++) {
+        const tsr_layer_weights *w = &m->layers[l];
+        /* attention block */
+        TSR_TRY(op->rmsnorm(be, x, &w->attn_norm, n, c->dim, c->norm_eps, xb));
+        TSR_TRY(op->matmul(be, xb, n, &w->wq, q));
+        TSR_TRY(op->matmul(be, xb, n, &w->wk, k));
+        TSR_TRY(op->matmul(be, xb, n, &w->wv, v));
+        TSR_TRY(op->rope(be, q, pos, n, f->nh, c));
+        TSR_TRY(op->rope(be, k, pos, n, f->nkv, c));
+        TSR_TRY(tsr__attention(f, kv, l - f->sh.layer_begin, seqs, s0, s1, row0));
+        TSR_TRY(tsr__row_parallel(f, att, n, &w->wo, f->wo_seg, xb));
+        TSR_TRY(op->add(be, x, xb, n * c->dim));
+        /* SwiGLU MLP block */
+        TSR_TRY(op->rmsnorm(be, x, &w->ffn_norm, n, c->dim, c->norm_eps, xb));
+        TSR_TRY(op->matmul(be, xb, n, &w->w_gate, hb));
+        TSR_TRY(op->matmul(be, xb, n, &w->w_up, hb2));
+        TSR_TRY(op->swiglu(be, hb, hb2, n * f->hid));
+        TSR_TRY(tsr__row_parallel(f, hb, n, &w->w_down, f->down_seg, xb));
+        TSR_TRY(op->add(be, x, xb, n * c->dim));
+    }
+    return TSR_OK;
+}
+
+/* Rows of sequences [s0, s1) that need logits, gathered into xl from *nl on. */
+static tsr_status tsr__gather_logit_rows(tsr_forward *f, const tsr_batch_seq *seqs, int s0,
+                                         int s1, int64_t row, int64_t *nl) {
+    size_t dim = (size_t)f->m->cfg.dim;
+    for (int i = s0; i < s1; i++) {
+        const tsr_batch_seq *s = &seqs[i];
+        if (s->all_logits) {
+            TSR_TRY(tsr_backend_copy(f->be, f->xl + *nl * dim, f->x + row * dim,
+                                     (size_t)s->n_tokens * dim * 4));
+            *nl += s->n_tokens;
+        } else if (s->want_logits) {
+            TSR_TRY(tsr_backend_copy(f->be, f->xl + *nl * dim,
+                                     f->x + (row + s->n_tokens - 1) * dim, dim * 4));
+            (*nl)++;
+        }
+        row += s->n_tokens;
+    }
+    return TSR_OK;
+}
+
+/* Cuts the batch into at most f->micro_batches contiguous groups of sequences with about
+ * equal token counts: group g is seqs [cut[g], cut[g+1]). Returns the group count. */
+static int tsr__micro_batches(const tsr_forward *f, const tsr_batch_seq *seqs, int n_seqs,
+                              int64_t T, int *cut) {
+    int M = f->micro_batches < n_seqs ? f->micro_batches : n_seqs;
+    if (M < 1) M = 1;
+    int g = 0;
+    int64_t acc = 0;
+    cut[0] = 0;
+    for (int i = 0; i < n_seqs && g < M - 1; i++) {
+        acc += seqs[i].n_tokens;
+        if (acc * M >= T * (g + 1) && i + 1 < n_seqs) cut[++g] = i + 1;
+    }
+    cut[g + 1] = n_seqs;
+    return g + 1;
+}
+
+/* The stages, micro-batch by micro-batch: receive (or embed), run the layers, send on (or
+ * gather the logit rows). Receives are posted up front and sends are non-blocking, so a
+ * stage works on micro-batch i+1 while the next one works on i. */
+static tsr_status tsr__pipeline(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq *seqs,
+                                int n_seqs, int64_t T, int64_t *nl) {
+    const tsr_model *m = f->m;
+    size_t dim = (size_t)m->cfg.dim;
+    int cut[TSR__MAX_MB + 1];
+    int64_t row0[TSR__MAX_MB + 1];
+    int M = tsr__micro_batches(f, seqs, n_seqs, T, cut);
+    row0[0] = 0;
+    for (int g = 0; g < M; g++) {
+        row0[g + 1] = row0[g];
+        for (int i = cut[g]; i < cut[g + 1]; i++) row0[g + 1] += seqs[i].n_tokens;
+    }
+    bool first = f->sh.first_stage, last = f->sh.last_stage;
+    int me = f->comm ? tsr_comm_rank(f->comm, TSR_COMM_PP) : 0;
+    tsr_comm_request rq[TSR__MAX_MB], sq[TSR__MAX_MB];
+    memset(rq, 0, sizeof rq);
+    memset(sq, 0, sizeof sq);
+    tsr_status st = TSR_OK;
+    if (first) {
+        st = f->be->ops->embed(f->be, &m->tok_emb, f->ids, T, f->x);
+    } else {
+        for (int g = 0; g < M && st == TSR_OK; g++)
+            st = tsr_comm_irecv(f->comm, TSR_COMM_PP, f->x + row0[g] * dim,
+                                (size_t)(row0[g + 1] - row0[g]) * dim * 4, me - 1, g, &rq[g]);
+    }
+    for (int g = 0; g < M && st == TSR_OK; g++) {
+        int64_t n = row0[g + 1] - row0[g];
+        if (!first) st = tsr_comm_wait(f->comm, &rq[g]);
+        if (st == TSR_OK) st = tsr__layers(f, kv, seqs, cut[g], cut[g + 1], row0[g], n);
+        if (st != TSR_OK) break;
+        if (last)
+            st = tsr__gather_logit_rows(f, seqs, cut[g], cut[g + 1], row0[g], nl);
+        else
+            st = tsr_comm_isend(f->comm, TSR_COMM_PP, f->x + row0[g] * dim, (size_t)n * dim * 4,
+                                me + 1, g, &sq[g]);
+    }
+    /* Complete what was started even after a failure: the buffers are ours. A failed rank
+     * may leave its peers waiting; the caller's agreement or abort ends the job. */
+    for (int g = 0; g < M && f->comm; g++) {
+        tsr_status w1 = tsr_comm_wait(f->comm, &sq[g]);
+        if (st == TSR_OK) st = w1;
+    }
+    return st;
 }
 
 tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq *seqs,
@@ -135,7 +336,11 @@ tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq
     const tsr_backend_ops *op = be->ops;
     *n_rows = 0;
 
-    /* Check the whole batch before touching any state. */
+    /* Check the whole batch before touching any state (the same on every rank). */
+    if (kv->n_layers != f->sh.layer_end - f->sh.layer_begin || kv->kv_dim != f->kvd)
+        return tsr_error_set(TSR_ERR_INVALID, "forward: the KV cache has %d layers of width %d, "
+                             "this rank computes %d of width %d", kv->n_layers, kv->kv_dim,
+                             f->sh.layer_end - f->sh.layer_begin, f->kvd);
     int64_t T = 0;
     for (int i = 0; i < n_seqs; i++) {
         if (seqs[i].n_tokens <= 0)
@@ -161,61 +366,31 @@ tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq
     }
     for (int i = 0; i < n_seqs; i++) TSR_TRY(kv->ops->reserve(kv, seqs[i].seq, seqs[i].n_tokens));
 
-    int64_t row = 0;
+    int64_t row = 0, nl_all = 0;
     for (int i = 0; i < n_seqs; i++) {
         int32_t len = kv->ops->seq_len(kv, seqs[i].seq);
+        nl_all += seqs[i].all_logits ? seqs[i].n_tokens : seqs[i].want_logits ? 1 : 0;
         for (int32_t j = 0; j < seqs[i].n_tokens; j++, row++) {
             f->ids[row] = seqs[i].tokens[j];
             f->pos[row] = len + j;
         }
     }
 
-    size_t dim = (size_t)c->dim;
-    TSR_TRY(op->embed(be, &m->tok_emb, f->ids, T, f->x));
-    for (int l = 0; l < c->n_layers; l++) {
-        const tsr_layer_weights *w = &m->layers[l];
-        /* attention block */
-        TSR_TRY(op->rmsnorm(be, f->x, &w->attn_norm, T, c->dim, c->norm_eps, f->xb));
-        TSR_TRY(op->matmul(be, f->xb, T, &w->wq, f->q));
-        TSR_TRY(op->matmul(be, f->xb, T, &w->wk, f->k));
-        TSR_TRY(op->matmul(be, f->xb, T, &w->wv, f->v));
-        TSR_TRY(op->rope(be, f->q, f->pos, T, c->n_heads, c));
-        TSR_TRY(op->rope(be, f->k, f->pos, T, c->n_kv_heads, c));
-        TSR_TRY(tsr__attention(f, kv, l, seqs, n_seqs));
-        TSR_TRY(op->matmul(be, f->att, T, &w->wo, f->xb));
-        TSR_TRY(op->add(be, f->x, f->xb, T * c->dim));
-        /* SwiGLU MLP block */
-        TSR_TRY(op->rmsnorm(be, f->x, &w->ffn_norm, T, c->dim, c->norm_eps, f->xb));
-        TSR_TRY(op->matmul(be, f->xb, T, &w->w_gate, f->hb));
-        TSR_TRY(op->matmul(be, f->xb, T, &w->w_up, f->hb2));
-        TSR_TRY(op->swiglu(be, f->hb, f->hb2, T * c->hidden_dim));
-        TSR_TRY(op->matmul(be, f->hb, T, &w->w_down, f->xb));
-        TSR_TRY(op->add(be, f->x, f->xb, T * c->dim));
-    }
+    int64_t nl = 0;
+    TSR_TRY(tsr__pipeline(f, kv, seqs, n_seqs, T, &nl));
     for (int i = 0; i < n_seqs; i++)
         TSR_TRY(kv->ops->commit(kv, seqs[i].seq, seqs[i].tokens, seqs[i].n_tokens));
 
-    /* Gather the rows that need logits, then norm + classifier on those only. */
-    int64_t nl = 0;
-    row = 0;
-    for (int i = 0; i < n_seqs; i++) {
-        const tsr_batch_seq *s = &seqs[i];
-        if (s->all_logits) {
-            TSR_TRY(tsr_backend_copy(be, f->xl + nl * dim, f->x + row * dim,
-                                     (size_t)s->n_tokens * dim * 4));
-            nl += s->n_tokens;
-        } else if (s->want_logits) {
-            TSR_TRY(tsr_backend_copy(be, f->xl + nl * dim, f->x + (row + s->n_tokens - 1) * dim,
-                                     dim * 4));
-            nl++;
-        }
-        row += s->n_tokens;
-    }
-    if (nl > 0) {
+    /* Norm + classifier on the gathered rows only, on the last stage; then every stage
+     * gets the logits (every rank samples the same tokens). */
+    if (f->sh.last_stage && nl > 0) {
         TSR_TRY(op->rmsnorm(be, f->xl, &m->out_norm, nl, c->dim, c->norm_eps, f->xl));
         TSR_TRY(op->matmul(be, f->xl, nl, &m->classifier, logits));
     }
     TSR_TRY(op->synchronize(be));
-    *n_rows = (int)nl;
+    if (f->pp > 1 && nl_all > 0)
+        TSR_TRY(tsr_comm_bcast(f->comm, TSR_COMM_PP, logits,
+                               (size_t)nl_all * (size_t)c->vocab_size * sizeof(float), f->pp - 1));
+    *n_rows = (int)nl_all;
     return TSR_OK;
 }

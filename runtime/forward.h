@@ -7,9 +7,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "comm/comm.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
 #include "runtime/model.h"
+#include "runtime/parallel.h"
 
 typedef struct tsr_batch_seq {
     int seq;               /* KV-cache sequence id */
@@ -21,9 +23,29 @@ typedef struct tsr_batch_seq {
 
 typedef struct tsr_forward tsr_forward;
 
-/* max_tokens: the most tokens one call may carry (the prefill chunk size). */
+/* Where this rank stands in a tp x pp job. */
+typedef struct tsr_forward_parallel {
+    tsr_comm *comm;           /* with its layout set; NULL: a single process */
+    tsr_parallel_shard shard; /* what this rank computes; m must be cut to it
+                               * (tsr_parallel_shard_model) */
+    int micro_batches;        /* pipeline micro-batches per call (0: pp) */
+} tsr_forward_parallel;
+
+/* max_tokens: the most tokens one call may carry (the prefill chunk size). The whole model
+ * on one process. */
 tsr_status tsr_forward_create(const tsr_model *m, tsr_backend *be, int max_tokens,
                               tsr_forward **out);
+
+/* One rank's part of a distributed forward pass (par NULL: tsr_forward_create). Every rank
+ * of the job calls tsr_forward_run with the same batch: the first stage embeds, each stage
+ * runs its layers on micro-batches of sequences and passes the activations on with
+ * non-blocking sends, the TP ranks of a stage all-reduce after wo and w_down in canonical
+ * part order (bit-identical to one process), and the last stage's logits are broadcast
+ * to every stage. `kv` holds this rank's layers and KV heads. Micro-batching changes the
+ * row counts of the matmuls, so bit-identity with one process holds for one micro-batch
+ * (one sequence, or micro_batches = 1). */
+tsr_status tsr_forward_create_parallel(const tsr_model *m, tsr_backend *be, int max_tokens,
+                                       const tsr_forward_parallel *par, tsr_forward **out);
 void tsr_forward_destroy(tsr_forward *f);
 
 /* Runs the batch: appends each chunk to its sequence in `kv` (reserve + write + commit)

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "memory/host_pool.h"
+#include "memory/kv_dist.h"
 #include "memory/kv_paged.h"
 #include "policies/policy.h"
 #include "runtime/forward.h"
@@ -47,26 +48,58 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
             return tsr_error_set(TSR_ERR_BUDGET,
                                  "KV cache: free memory does not cover the prefill workspace");
     }
-    tsr_kv_paged_config kc = {.n_layers = cfg->n_layers, .n_kv_heads = cfg->n_kv_heads,
+    tsr_parallel_shard whole;
+    const tsr_parallel_shard *sh = opt->shard;
+    if (!sh) {
+        TSR_TRY(tsr_parallel_shard_whole(cfg, &whole));
+        sh = &whole;
+    }
+    int layers = sh->layer_end - sh->layer_begin;
+    tsr_kv_paged_config kc = {.n_layers = layers,
+                              .n_kv_heads = sh->kv_head_end - sh->kv_head_begin,
                               .head_dim = cfg->head_dim, .block_size = opt->block_size,
                               .memory_bytes = mem,
                               .max_seqs = opt->max_seqs > 0 ? opt->max_seqs : 1,
                               .max_seq_len = cfg->max_seq_len,
-                              .prefix_caching = !opt->no_prefix_cache};
+                              .prefix_caching = !opt->no_prefix_cache,
+                              .keep_scores = pol->wants_scores};
+    bool dist = opt->comm && tsr_comm_world_size(opt->comm) > 1;
+    if (dist) {
+        /* One logical cache: the same blocks per layer on every rank (the least any rank
+         * can hold), so a stage with more layers gets a proportionally larger pool and the
+         * ranks' admission answers coincide. */
+        if (kc.block_size <= 0) kc.block_size = 16;
+        int64_t bb = tsr_kv_paged_block_bytes(&kc);
+        int64_t per_layer = mem / bb / layers;
+        TSR_TRY(tsr_comm_allreduce_i64(opt->comm, TSR_COMM_WORLD, &per_layer, 1, TSR_COMM_MIN));
+        kc.memory_bytes = per_layer * layers * bb;
+    }
     tsr_host_pool *host = NULL;
     TSR_TRY(tsr_host_pool_create(opt->host_bytes, &host));
     kc.host = host;
     tsr_kv_policy_config pc = {.budget = opt->budget, .recent = opt->recent,
                                .scores_materialize = materialize, .spec_pairs = opt->spec_pairs,
-                               .measure_recall = opt->measure_recall, .n_heads = cfg->n_heads,
+                               .measure_recall = opt->measure_recall,
+                               .n_heads = sh->head_end - sh->head_begin,
                                .rope_interleaved = cfg->rope_interleaved, .host = host,
-                               .owns_host = 1};
-    tsr_status st = tsr_kv_policy_cache_create(pol, &pc, &kc, out);
-    if (st != TSR_OK) tsr_host_pool_destroy(host);
+                               .owns_host = 1, .comm = opt->comm};
+    tsr_kv_cache *kv = NULL;
+    tsr_status st = tsr_kv_policy_cache_create(pol, &pc, &kc, &kv);
+    if (st != TSR_OK) {
+        tsr_host_pool_destroy(host);
+        return st;
+    }
+    if (!dist) {
+        *out = kv;
+        return TSR_OK;
+    }
+    st = tsr_kv_dist_create(kv, opt->comm, out);
+    if (st != TSR_OK) tsr_kv_cache_destroy(kv);
     return st;
 }
 
 int tsr_kv_stats_json(const tsr_kv_cache *kv, char *buf, size_t size) {
+    kv = tsr_kv_dist_inner(kv);
     tsr_kv_stats s;
     kv->ops->stats(kv, &s);
     const tsr_kv_cache *mech = tsr_kv_is_policy(kv) ? tsr_kv_policy_mech(kv) : kv;

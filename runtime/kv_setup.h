@@ -7,8 +7,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm/comm.h"
 #include "memory/kv_cache.h"
 #include "runtime/config.h"
+#include "runtime/parallel.h"
 
 typedef struct tsr_kv_options {
     const char *policy;      /* --kv-policy paged|h2o|offload (NULL: paged) */
@@ -25,12 +27,19 @@ typedef struct tsr_kv_options {
     int spec_pairs;          /* offload: channel pairs per head (0: 4) */
     int measure_recall;      /* offload: report recall of exact top tokens (slow) */
     int chunk_tokens;        /* prefill chunk (workspace budgeting; 0: 512) */
+    /* Distributed jobs: this rank's layers and KV heads, and the comm whose world agrees
+     * on capacity and admission (memory/kv_dist.h). NULL: the whole model, one process. */
+    const tsr_parallel_shard *shard;
+    tsr_comm *comm;
 } tsr_kv_options;
 
 /* Bytes of transient prefill workspace for one chunk: forward activations, attention
  * scratch and the per-key score buffer. Counted against the memory budget at setup. */
 size_t tsr_kv_workspace_bytes(const tsr_model_config *cfg, int chunk_tokens);
 
+/* Under a multi-rank comm this is collective: every rank's pool gets the same number of
+ * blocks per layer (the least any rank can hold), and the cache is wrapped in the
+ * distributed block manager. */
 tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
                         tsr_kv_cache **out);
 

@@ -2,6 +2,7 @@
 #include "runtime/parallel.h"
 
 #include <stdio.h>
+#include <string.h>
 
 tsr_status tsr_parallel_layout_init(int tp, int pp, int world_size, tsr_parallel_layout *out) {
     if (tp < 1 || pp < 1)
@@ -105,4 +106,66 @@ int tsr_parallel_shard_format(const tsr_parallel_shard *s, char *buf, int cap) {
                     s->kv_head_begin, s->kv_head_end - 1, s->kv_replicated ? " (replicated)" : "",
                     s->hidden_begin, s->hidden_end - 1, s->layer_begin, s->layer_end - 1,
                     s->first_stage ? ", embeds" : "", s->last_stage ? ", classifier" : "");
+}
+
+tsr_status tsr_parallel_shard_whole(const tsr_model_config *c, tsr_parallel_shard *out) {
+    tsr_parallel_layout l;
+    TSR_TRY(tsr_parallel_layout_init(1, 1, 1, &l));
+    return tsr_parallel_shard_of(&l, c, 0, NULL, out);
+}
+
+void tsr_parallel_shard_segments(const tsr_parallel_shard *s, const tsr_model_config *c,
+                                 int32_t *wo_seg, int32_t *down_seg) {
+    int n = s->part_end - s->part_begin;
+    for (int i = 0; i <= n; i++) {
+        if (wo_seg) wo_seg[i] = i * c->head_dim;
+        if (down_seg) {
+            /* part i starts where chunk part_begin + i starts; the last entry is the end */
+            int b, e;
+            tsr_parallel_split(c->hidden_dim, s->n_parts, s->part_begin + (i < n ? i : n - 1), &b,
+                               &e);
+            down_seg[i] = (i < n ? b : e) - s->hidden_begin;
+        }
+    }
+}
+
+/* Rows [r0, r1) of t, as a view. */
+static void tsr__rows(tsr_tensor *t, int64_t r0, int64_t r1) {
+    t->data = tsr_tensor_row(t, r0);
+    t->rows = r1 - r0;
+}
+
+/* Columns [c0, c1) of t, copied into model-owned memory. */
+static tsr_status tsr__cols(tsr_model *m, tsr_tensor *t, int64_t c0, int64_t c1) {
+    size_t es = tsr_dtype_size(t->dtype), w = (size_t)(c1 - c0) * es;
+    void *dst;
+    TSR_TRY(tsr_model_alloc(m, (size_t)t->rows * w, &dst));
+    for (int64_t r = 0; r < t->rows; r++)
+        memcpy((char *)dst + (size_t)r * w, (const char *)tsr_tensor_row(t, r) + (size_t)c0 * es,
+               w);
+    t->data = dst;
+    t->cols = c1 - c0;
+    return TSR_OK;
+}
+
+tsr_status tsr_parallel_shard_model(tsr_model *m, const tsr_parallel_shard *s) {
+    const tsr_model_config *c = &m->cfg;
+    int hd = c->head_dim;
+    bool split = s->head_begin != 0 || s->head_end != c->n_heads;
+    for (int l = 0; l < c->n_layers; l++) {
+        tsr_layer_weights *w = &m->layers[l];
+        if (l < s->layer_begin || l >= s->layer_end) {
+            memset(w, 0, sizeof *w); /* another stage's layer: never read */
+            continue;
+        }
+        if (!split) continue;
+        tsr__rows(&w->wq, (int64_t)s->head_begin * hd, (int64_t)s->head_end * hd);
+        tsr__rows(&w->wk, (int64_t)s->kv_head_begin * hd, (int64_t)s->kv_head_end * hd);
+        tsr__rows(&w->wv, (int64_t)s->kv_head_begin * hd, (int64_t)s->kv_head_end * hd);
+        tsr__rows(&w->w_gate, s->hidden_begin, s->hidden_end);
+        tsr__rows(&w->w_up, s->hidden_begin, s->hidden_end);
+        TSR_TRY(tsr__cols(m, &w->wo, (int64_t)s->head_begin * hd, (int64_t)s->head_end * hd));
+        TSR_TRY(tsr__cols(m, &w->w_down, s->hidden_begin, s->hidden_end));
+    }
+    return TSR_OK;
 }

@@ -29,6 +29,7 @@
 
 #include "runtime/base/status.h"
 #include "runtime/config.h"
+#include "runtime/model.h"
 
 typedef struct tsr_parallel_layout {
     int tp, pp;
@@ -68,6 +69,34 @@ tsr_status tsr_parallel_shard_of(const tsr_parallel_layout *l, const tsr_model_c
 /* [*begin, *end) of part `i` of `n` items split in `parts` contiguous ranges, the first
  * n % parts ranges one longer. */
 void tsr_parallel_split(int n, int parts, int i, int *begin, int *end);
+
+/* The whole model as the shard of a one-rank layout (tp = pp = 1). */
+tsr_status tsr_parallel_shard_whole(const tsr_model_config *c, tsr_parallel_shard *out);
+
+/* Local widths of a shard: query and KV rows (heads x head_dim), MLP columns, layers. */
+static inline int tsr_parallel_shard_qdim(const tsr_parallel_shard *s, const tsr_model_config *c) {
+    return (s->head_end - s->head_begin) * c->head_dim;
+}
+static inline int tsr_parallel_shard_kvdim(const tsr_parallel_shard *s,
+                                           const tsr_model_config *c) {
+    return (s->kv_head_end - s->kv_head_begin) * c->head_dim;
+}
+static inline int tsr_parallel_shard_hidden(const tsr_parallel_shard *s) {
+    return s->hidden_end - s->hidden_begin;
+}
+
+/* Column boundaries of the local reduction parts, rebased to the shard (n_local + 1
+ * entries each): wo's parts are the local heads, w_down's the local hidden chunks. */
+void tsr_parallel_shard_segments(const tsr_parallel_shard *s, const tsr_model_config *c,
+                                 int32_t *wo_seg, int32_t *down_seg);
+
+/* Cuts a loaded model down to a shard, in place: wq/wk/wv and w_gate/w_up become views of
+ * the shard's rows (so an mmap'ed file is only read where the shard lies), wo and w_down
+ * get copies of the shard's columns in model-owned memory, and the layers of other stages
+ * are dropped (empty tensors). Embedding, norms and classifier stay whole (replicated).
+ * m->cfg keeps the global shapes; the forward pass reads the local ones from the shard. A
+ * whole-model shard changes nothing. */
+tsr_status tsr_parallel_shard_model(tsr_model *m, const tsr_parallel_shard *s);
 
 /* One line describing a shard ("rank 1 (tp 1/2, pp 0/1): heads 4-7, kv heads 2-3, ..."). */
 int tsr_parallel_shard_format(const tsr_parallel_shard *s, char *buf, int cap);

@@ -25,6 +25,7 @@ static void tsr__cpu_destroy(tsr_backend *be) {
     tsr__cpu_ctx *c = be->ctx;
     if (c) {
         tsr_free(c->panel);
+        tsr_free(c->parts);
         tsr_free(c->lse);
         tsr_free(c->inv_freq);
         tsr_free(c);
@@ -64,6 +65,7 @@ static const tsr_backend_ops tsr__cpu_ops = {
     .add = tsr__cpu_add,
     .embed = tsr__cpu_embed,
     .attention = tsr__cpu_attention,
+    .matmul_parts = tsr__cpu_matmul_parts,
 };
 
 tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {

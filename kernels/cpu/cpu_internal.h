@@ -3,6 +3,7 @@
 #ifndef TSR_KERNELS_CPU_CPU_INTERNAL_H
 #define TSR_KERNELS_CPU_CPU_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -16,6 +17,9 @@ typedef struct tsr__cpu_ctx {
     /* Prefill scratch: a panel of BF16/F16 weight rows converted to f32. */
     float *panel;
     size_t panel_cap; /* floats */
+    /* matmul_parts prefill scratch: per thread a widened segment panel and a part's output. */
+    float *parts;
+    size_t parts_cap;
     /* Attention scratch: per (query, head) log-sum-exp for the key-score pass. */
     float *lse;
     size_t lse_cap;
@@ -34,6 +38,9 @@ tsr_status tsr__cpu_scratch(float **buf, size_t *cap, size_t n);
 
 tsr_status tsr__cpu_matmul(tsr_backend *be, const float *x, int64_t n, const tsr_tensor *w,
                            float *y);
+tsr_status tsr__cpu_matmul_parts(tsr_backend *be, const float *x, int64_t n,
+                                 const tsr_tensor *w, const int32_t *seg, int n_parts, bool sum,
+                                 float *y);
 tsr_status tsr__cpu_rmsnorm(tsr_backend *be, const float *x, const tsr_tensor *w, int64_t n,
                             int dim, float eps, float *out);
 tsr_status tsr__cpu_rope(tsr_backend *be, float *x, const int32_t *pos, int64_t n,
@@ -68,6 +75,21 @@ typedef struct tsr__cpu_kernels {
                         const float *x, int nx, float *y, int64_t ldy);
     void (*matvec_f16)(const uint16_t *w, int64_t cols, int64_t r0, int64_t r1,
                        const float *x, int nx, float *y, int64_t ldy);
+    /* Segmented matvec (matmul_parts): for rows r in [r0, r1) and i < nx (nx <= 4), d_p =
+     * dot of columns [seg[p], seg[p+1]) of w row r and of x[i] (rows of x are `cols`
+     * apart), each with fresh accumulators and the operations matvec applies to a row of
+     * that length, so d_p's bits depend on the segment's values and length only (not on
+     * seg[p], r or nx). sum: y[i*ldy + r] = ((d_0 + d_1) + d_2) + ...; else
+     * y[p*ldp + i*ldy + r] = d_p. */
+    void (*matvec_seg_f32)(const float *w, int64_t cols, int64_t r0, int64_t r1,
+                           const float *x, int nx, const int32_t *seg, int n_parts, bool sum,
+                           float *y, int64_t ldy, int64_t ldp);
+    void (*matvec_seg_bf16)(const uint16_t *w, int64_t cols, int64_t r0, int64_t r1,
+                            const float *x, int nx, const int32_t *seg, int n_parts, bool sum,
+                            float *y, int64_t ldy, int64_t ldp);
+    void (*matvec_seg_f16)(const uint16_t *w, int64_t cols, int64_t r0, int64_t r1,
+                           const float *x, int nx, const int32_t *seg, int n_parts, bool sum,
+                           float *y, int64_t ldy, int64_t ldp);
     /* dst[i] = f32(src[i]) */
     void (*cvt_bf16)(const uint16_t *src, float *dst, int64_t n);
     void (*cvt_f16)(const uint16_t *src, float *dst, int64_t n);

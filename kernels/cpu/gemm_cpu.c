@@ -7,6 +7,7 @@
  * prefill runs at BLAS speed without an f32 copy of the whole matrix. */
 #include <cblas.h>
 #include <omp.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu_internal.h"
 
@@ -54,28 +55,56 @@ static void tsr__matvec(const tsr__cpu_ctx *c, const float *x, int64_t n, const 
     }
 }
 
-/* y[.][r0 .. r0+p) for panel b of p rows; BF16/F16 rows are widened into panel first. */
+/* Rows of one prefill panel: a function of cols only (at most ~1 MB of f32, 96 rows: as fast
+ * as 128 and no padding for 288/768-row matrices), never of rows, so a row slice of W (a
+ * column-parallel TP shard) sees the same panel shape. */
+static int64_t tsr__gemm_panel_rows(int64_t cols) {
+    int64_t p = (int64_t)(TSR__CPU_PANEL_BYTES / 4) / cols;
+    p = p > 96 ? 96 : p & ~(int64_t)15;
+    return p < 16 ? 16 : p;
+}
+
+/* y[.][r0 .. r0+pr) for panel b: one sgemm of exactly p rows. BF16/F16 rows are widened
+ * into panel first; a last, shorter panel is zero-padded to p rows in panel and its output
+ * goes through out ([n][p]). Every call thus has the same shape (n, p, cols): OpenBLAS
+ * picks its kernel by shape (0.3.21 on Cooper Lake/Zen 4 uses a "small matrix" kernel with
+ * other rounding when n*p*cols <= 1e6), and for a fixed shape each element's bits do not
+ * depend on the row's place in the panel (measured), so a row gets the same bits in W and
+ * in any row slice of W. */
 static void tsr__gemm_panel(const tsr__cpu_kernels *k, const float *x, int64_t n,
-                            const tsr_tensor *w, int64_t p, int64_t b, float *panel, float *y) {
+                            const tsr_tensor *w, int64_t p, int64_t b, float *panel,
+                            float *out, float *y) {
     int64_t rows = w->rows, cols = w->cols;
     int64_t r0 = b * p;
     int64_t pr = rows - r0 < p ? rows - r0 : p;
     const float *wp;
-    if (w->dtype == TSR_F32) {
+    if (w->dtype == TSR_F32 && pr == p) {
         wp = (const float *)w->data + (size_t)r0 * (size_t)cols;
     } else {
-        const uint16_t *src = (const uint16_t *)w->data + (size_t)r0 * (size_t)cols;
-        if (w->dtype == TSR_BF16)
-            k->cvt_bf16(src, panel, pr * cols);
+        size_t m = (size_t)pr * (size_t)cols;
+        if (w->dtype == TSR_F32)
+            memcpy(panel, (const float *)w->data + (size_t)r0 * (size_t)cols, m * 4);
+        else if (w->dtype == TSR_BF16)
+            k->cvt_bf16((const uint16_t *)w->data + (size_t)r0 * (size_t)cols, panel,
+                        (int64_t)m);
         else
-            k->cvt_f16(src, panel, pr * cols);
+            k->cvt_f16((const uint16_t *)w->data + (size_t)r0 * (size_t)cols, panel,
+                       (int64_t)m);
+        if (pr < p) memset(panel + m, 0, (size_t)(p - pr) * (size_t)cols * 4);
         wp = panel;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)pr, (int)cols, 1.0f, x,
-                (int)cols, wp, (int)cols, 0.0f, y + r0, (int)rows);
+    if (pr == p) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)p, (int)cols, 1.0f,
+                    x, (int)cols, wp, (int)cols, 0.0f, y + r0, (int)rows);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)p, (int)cols, 1.0f, x,
+                (int)cols, wp, (int)cols, 0.0f, out, (int)p);
+    for (int64_t i = 0; i < n; i++)
+        memcpy(y + (size_t)(i * rows + r0), out + (size_t)(i * p), (size_t)pr * 4);
 }
 
-/* Prefill: W's rows are cut into fixed panels (their size depends on W's shape only) and
+/* Prefill: W's rows are cut into fixed panels (their size depends on W's cols only) and
  * each panel is one single-threaded sgemm; OpenMP threads take panels dynamically, and for
  * BF16/F16 a thread first widens its panel into its own f32 scratch. Every output element
  * thus comes from the same BLAS call whatever the thread count (bitwise identical
@@ -87,30 +116,31 @@ static tsr_status tsr__gemm_panels(tsr__cpu_ctx *c, const float *x, int64_t n,
                                    const tsr_tensor *w, float *y) {
     const tsr__cpu_kernels *k = tsr__cpu_kernels_get();
     int64_t rows = w->rows, cols = w->cols;
-    /* 128 rows (64 for small W, so 2+ threads get balanced shares) and at most ~1 MB of
-     * f32: 1-thread speed equals one whole-matrix sgemm within noise at N = 288..2048. */
-    int64_t p = (int64_t)(TSR__CPU_PANEL_BYTES / 4) / cols;
-    int64_t pmax = rows >= 512 ? 128 : 64;
-    p = p < 16 ? 16 : p > pmax ? pmax : p;
-    p = p > rows ? rows : p;
+    int64_t p = tsr__gemm_panel_rows(cols);
     int64_t npan = (rows + p - 1) / p;
+    bool ragged = rows % p != 0;
     int nt = c->threads < npan ? c->threads : (int)npan;
     if ((double)n * (double)rows * (double)cols < (double)TSR__CPU_GEMM_PAR_MIN) nt = 1;
-    size_t per = (size_t)p * (size_t)cols;
+    /* Per thread: a widened (or padded) panel, and the padded panel's output. */
+    size_t pan = w->dtype != TSR_F32 || ragged ? (size_t)p * (size_t)cols : 0;
+    size_t outn = ragged ? (size_t)n * (size_t)p : 0;
+    size_t per = pan + outn;
     float *scratch = NULL;
-    if (w->dtype != TSR_F32) {
+    if (per) {
         TSR_TRY(tsr__cpu_scratch(&c->panel, &c->panel_cap, per * (size_t)nt));
         scratch = c->panel;
     }
     if (nt == 1) {
-        for (int64_t b = 0; b < npan; b++) tsr__gemm_panel(k, x, n, w, p, b, scratch, y);
+        for (int64_t b = 0; b < npan; b++)
+            tsr__gemm_panel(k, x, n, w, p, b, scratch, scratch ? scratch + pan : NULL, y);
         return TSR_OK;
     }
 #pragma omp parallel num_threads(nt)
     {
-        float *panel = scratch ? scratch + per * (size_t)omp_get_thread_num() : NULL;
+        float *mine = scratch ? scratch + per * (size_t)omp_get_thread_num() : NULL;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t b = 0; b < npan; b++) tsr__gemm_panel(k, x, n, w, p, b, panel, y);
+        for (int64_t b = 0; b < npan; b++)
+            tsr__gemm_panel(k, x, n, w, p, b, mine, mine ? mine + pan : NULL, y);
     }
     return TSR_OK;
 }
@@ -132,4 +162,174 @@ tsr_status tsr__cpu_matmul(tsr_backend *be, const float *x, int64_t n, const tsr
         return TSR_OK;
     }
     return tsr__gemm_panels(c, x, n, w, y);
+}
+
+/* ---- matmul_parts: per-segment products for tensor-parallel reductions ---- */
+
+static void tsr__matvec_seg_rows(const tsr__cpu_kernels *k, const tsr_tensor *w,
+                                 const float *x, int nx, int64_t r0, int64_t r1,
+                                 const int32_t *seg, int n_parts, bool sum, float *y,
+                                 int64_t ldp) {
+    switch (w->dtype) {
+    case TSR_F32:
+        k->matvec_seg_f32(w->data, w->cols, r0, r1, x, nx, seg, n_parts, sum, y, w->rows, ldp);
+        break;
+    case TSR_BF16:
+        k->matvec_seg_bf16(w->data, w->cols, r0, r1, x, nx, seg, n_parts, sum, y, w->rows,
+                           ldp);
+        break;
+    case TSR_F16:
+        k->matvec_seg_f16(w->data, w->cols, r0, r1, x, nx, seg, n_parts, sum, y, w->rows,
+                          ldp);
+        break;
+    }
+}
+
+/* Decode: one pass over W per 4 input rows, a dot per segment (fixed row blocks, as in
+ * tsr__matvec; each element's arithmetic is independent of the split anyway). */
+static void tsr__matvec_parts(const tsr__cpu_ctx *c, const float *x, int64_t n,
+                              const tsr_tensor *w, const int32_t *seg, int n_parts, bool sum,
+                              float *y) {
+    const tsr__cpu_kernels *k = tsr__cpu_kernels_get();
+    int64_t rows = w->rows, cols = w->cols;
+    int64_t ldp = n * rows;
+    int64_t nblk = (rows + TSR__CPU_ROW_BLOCK - 1) / TSR__CPU_ROW_BLOCK;
+    int par = c->threads > 1 && rows * cols >= TSR__CPU_PAR_MIN && nblk > 1;
+    for (int64_t i0 = 0; i0 < n; i0 += 4) {
+        int nx = n - i0 < 4 ? (int)(n - i0) : 4;
+        const float *xi = x + (size_t)i0 * (size_t)cols;
+        float *yi = y + (size_t)i0 * (size_t)rows;
+        if (!par) {
+            tsr__matvec_seg_rows(k, w, xi, nx, 0, rows, seg, n_parts, sum, yi, ldp);
+            continue;
+        }
+#pragma omp parallel for num_threads(c->threads) schedule(static)
+        for (int64_t b = 0; b < nblk; b++) {
+            int64_t r0 = b * TSR__CPU_ROW_BLOCK;
+            int64_t r1 = r0 + TSR__CPU_ROW_BLOCK < rows ? r0 + TSR__CPU_ROW_BLOCK : rows;
+            tsr__matvec_seg_rows(k, w, xi, nx, r0, r1, seg, n_parts, sum, yi, ldp);
+        }
+    }
+}
+
+/* Rows of W per prefill work item of matmul_parts: a function of W's row count only (the
+ * same for every tp, since TP slices W's columns), at most 128 so a thread's widened
+ * segment panel stays small. */
+static int64_t tsr__parts_panel_rows(int64_t rows) {
+    int64_t p = rows >= 512 ? 128 : 64;
+    return p > rows ? rows : p;
+}
+
+/* Prefill panel b: for each part, one sgemm of the segment block (K = segment length,
+ * lda/ldb the full widths), widened to f32 first for BF16/F16; the parts go to their
+ * slices of y, or are summed into y in part order through `out`. */
+static void tsr__gemm_parts_panel(const tsr__cpu_kernels *k, const float *x, int64_t n,
+                                  const tsr_tensor *w, const int32_t *seg, int n_parts,
+                                  bool sum, int64_t ph, int64_t b, float *panel, float *out,
+                                  float *y) {
+    int64_t rows = w->rows, cols = w->cols;
+    int64_t r0 = b * ph;
+    int64_t pr = rows - r0 < ph ? rows - r0 : ph;
+    for (int p = 0; p < n_parts; p++) {
+        int64_t s0 = seg[p], len = (int64_t)seg[p + 1] - seg[p];
+        float *dst = sum ? (p == 0 ? y + r0 : out) : y + (size_t)p * (size_t)(n * rows) + r0;
+        int64_t ldc = sum && p > 0 ? pr : rows;
+        if (len == 0) {
+            for (int64_t i = 0; i < n; i++) memset(dst + (size_t)(i * ldc), 0, (size_t)pr * 4);
+        } else {
+            const float *wp;
+            int64_t ldw;
+            if (w->dtype == TSR_F32) {
+                wp = (const float *)w->data + (size_t)r0 * (size_t)cols + (size_t)s0;
+                ldw = cols;
+            } else {
+                const uint16_t *src = (const uint16_t *)w->data + (size_t)r0 * (size_t)cols +
+                                      (size_t)s0;
+                for (int64_t j = 0; j < pr; j++) {
+                    if (w->dtype == TSR_BF16)
+                        k->cvt_bf16(src + (size_t)(j * cols), panel + (size_t)(j * len), len);
+                    else
+                        k->cvt_f16(src + (size_t)(j * cols), panel + (size_t)(j * len), len);
+                }
+                wp = panel;
+                ldw = len;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)pr, (int)len,
+                        1.0f, x + s0, (int)cols, wp, (int)ldw, 0.0f, dst, (int)ldc);
+        }
+        if (sum && p > 0) {
+            for (int64_t i = 0; i < n; i++) {
+                float *yr = y + (size_t)(i * rows + r0);
+                const float *o = out + (size_t)(i * pr);
+                for (int64_t j = 0; j < pr; j++) yr[j] += o[j];
+            }
+        }
+    }
+}
+
+static tsr_status tsr__gemm_parts(tsr__cpu_ctx *c, const float *x, int64_t n,
+                                  const tsr_tensor *w, const int32_t *seg, int n_parts,
+                                  bool sum, float *y) {
+    const tsr__cpu_kernels *k = tsr__cpu_kernels_get();
+    int64_t rows = w->rows, cols = w->cols;
+    int64_t ph = tsr__parts_panel_rows(rows);
+    int64_t npan = (rows + ph - 1) / ph;
+    int nt = c->threads < npan ? c->threads : (int)npan;
+    if ((double)n * (double)rows * (double)cols < (double)TSR__CPU_GEMM_PAR_MIN) nt = 1;
+    int64_t maxlen = 0;
+    for (int p = 0; p < n_parts; p++)
+        if (seg[p + 1] - seg[p] > maxlen) maxlen = seg[p + 1] - seg[p];
+    size_t pan = w->dtype == TSR_F32 ? 0 : (size_t)(ph * maxlen);
+    size_t outn = sum ? (size_t)(n * ph) : 0;
+    size_t per = pan + outn;
+    float *scratch = NULL;
+    if (per) {
+        TSR_TRY(tsr__cpu_scratch(&c->parts, &c->parts_cap, per * (size_t)nt));
+        scratch = c->parts;
+    }
+    if (nt == 1) {
+        for (int64_t b = 0; b < npan; b++)
+            tsr__gemm_parts_panel(k, x, n, w, seg, n_parts, sum, ph, b, scratch,
+                                  scratch ? scratch + pan : NULL, y);
+        return TSR_OK;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        float *mine = scratch ? scratch + per * (size_t)omp_get_thread_num() : NULL;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < npan; b++)
+            tsr__gemm_parts_panel(k, x, n, w, seg, n_parts, sum, ph, b, mine,
+                                  mine ? mine + pan : NULL, y);
+    }
+    return TSR_OK;
+}
+
+tsr_status tsr__cpu_matmul_parts(tsr_backend *be, const float *x, int64_t n,
+                                 const tsr_tensor *w, const int32_t *seg, int n_parts, bool sum,
+                                 float *y) {
+    tsr__cpu_ctx *c = be->ctx;
+    /* cols may be 0 (a shard whose parts are all empty): the parts are then zeros. */
+    if (n < 0 || !w || w->rows <= 0 || w->cols < 0 || n_parts < 1 || !seg)
+        return tsr_error_set(TSR_ERR_INVALID, "cpu matmul_parts: bad shape (n=%lld, %d parts)",
+                             (long long)n, n_parts);
+    if (w->dtype != TSR_F32 && w->dtype != TSR_BF16 && w->dtype != TSR_F16)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu matmul_parts: weight dtype %d",
+                             (int)w->dtype);
+    if (w->rows > INT32_MAX || w->cols > INT32_MAX || n > INT32_MAX)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "cpu matmul_parts: %lldx%lld too large for BLAS",
+                             (long long)w->rows, (long long)w->cols);
+    if (seg[0] < 0 || seg[n_parts] > w->cols)
+        return tsr_error_set(TSR_ERR_INVALID, "cpu matmul_parts: segments [%d, %d) outside %lld "
+                             "columns", (int)seg[0], (int)seg[n_parts], (long long)w->cols);
+    for (int p = 0; p < n_parts; p++)
+        if (seg[p + 1] < seg[p])
+            return tsr_error_set(TSR_ERR_INVALID, "cpu matmul_parts: segment %d decreases "
+                                 "(%d > %d)", p, (int)seg[p], (int)seg[p + 1]);
+    if (n == 0) return TSR_OK;
+    if (n <= TSR__CPU_MATVEC_MAX_N) {
+        tsr__matvec_parts(c, x, n, w, seg, n_parts, sum, y);
+        return TSR_OK;
+    }
+    return tsr__gemm_parts(c, x, n, w, seg, n_parts, sum, y);
 }

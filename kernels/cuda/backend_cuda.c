@@ -26,6 +26,7 @@ typedef struct tsr__cuda_ctx {
     cudaStream_t stream;
     cublasHandle_t blas;
     tsr__cuda_scratch xconv; /* x converted to the weight dtype for BF16/F16 GEMMs */
+    tsr__cuda_scratch part;  /* matmul_parts sum mode: the part being added */
     tsr__cuda_scratch ints;  /* host integer arrays (ids, positions) staged to the device */
     tsr__cuda_scratch spans; /* tsr__cuda_span array of the current attention call */
     tsr__cuda_span *host_spans;
@@ -151,6 +152,77 @@ static tsr_status tsr__cuda_matmul(tsr_backend *be, const float *x, int64_t n, c
                                 (int)w->cols, &one, w->data, t, (int)w->cols, b, t, (int)w->cols,
                                 &zero, y, CUDA_R_32F, (int)w->rows, CUBLAS_COMPUTE_32F,
                                 CUBLAS_GEMM_DEFAULT));
+    return TSR_OK;
+}
+
+/* Row-parallel products over column segments (kernels/backend.h; seg is host memory). Per
+ * part one GEMM on the strided segment: A = w + seg[p] and B = x + seg[p] (x rounded to
+ * the weight type first for BF16/F16, as in matmul) with lda = ldb = cols, k = the
+ * segment length, FP32 accumulation. sum: part 0 goes to y, each later part to a scratch
+ * that the add kernel adds to y, so y = ((P0 + P1) + P2) + ... in part order, the
+ * arithmetic of tsr__comm_self_sum_parts. Stream order keeps the scratch reuse safe. A
+ * part's bits come from cuBLAS's kernel for (rows, n, len); cuBLAS may choose kernels by
+ * pointer alignment and leading dimension too, so bitwise equality with a column slice of
+ * w (another tp) is expected but unverified on a GPU. */
+static tsr_status tsr__cuda_matmul_parts(tsr_backend *be, const float *x, int64_t n,
+                                         const tsr_tensor *w, const int32_t *seg, int n_parts,
+                                         bool sum, float *y) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    if (n < 0 || n_parts < 1 || !seg || w->rows <= 0 || w->cols < 0)
+        return tsr_error_set(TSR_ERR_INVALID, "cuda matmul_parts: bad shape (n=%lld, %d parts)",
+                             (long long)n, n_parts);
+    if (n > INT_MAX || w->rows > INT_MAX || w->cols > INT_MAX)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "cuda matmul_parts: %lld x %lld weight with %lld rows exceeds int "
+                             "range", (long long)w->rows, (long long)w->cols, (long long)n);
+    if (seg[0] < 0 || seg[n_parts] > w->cols)
+        return tsr_error_set(TSR_ERR_INVALID, "cuda matmul_parts: segments [%d, %d) outside "
+                             "%lld columns", (int)seg[0], (int)seg[n_parts], (long long)w->cols);
+    for (int p = 0; p < n_parts; p++)
+        if (seg[p + 1] < seg[p])
+            return tsr_error_set(TSR_ERR_INVALID, "cuda matmul_parts: segment %d decreases "
+                                 "(%d > %d)", p, (int)seg[p], (int)seg[p + 1]);
+    if (n == 0) return TSR_OK;
+    const float one = 1.0f, zero = 0.0f;
+    const void *b = x;
+    size_t es = 4;
+    cudaDataType_t t = CUDA_R_32F;
+    if (w->dtype == TSR_BF16 || w->dtype == TSR_F16) {
+        t = w->dtype == TSR_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        es = 2;
+        size_t elems = (size_t)n * (size_t)w->cols;
+        if (elems) {
+            TSR_TRY(tsr__scratch_reserve(&c->xconv, elems * 2, c->stream));
+            TSR_CUDA_TRY(tsr__cuda_launch_convert_f32(c->xconv.ptr, (int)w->dtype, x,
+                                                      (int64_t)elems, c->stream));
+            b = c->xconv.ptr;
+        }
+    } else if (w->dtype != TSR_F32) {
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda matmul_parts: weight dtype %d",
+                             (int)w->dtype);
+    }
+    size_t m = (size_t)n * (size_t)w->rows; /* floats of one part */
+    float *tmp = NULL;
+    if (sum && n_parts > 1) {
+        TSR_TRY(tsr__scratch_reserve(&c->part, m * sizeof(float), c->stream));
+        tmp = c->part.ptr;
+    }
+    for (int p = 0; p < n_parts; p++) {
+        int len = seg[p + 1] - seg[p];
+        float *dst = !sum ? y + (size_t)p * m : p == 0 ? y : tmp;
+        if (len == 0) {
+            TSR_CUDA_TRY(cudaMemsetAsync(dst, 0, m * sizeof(float), c->stream));
+        } else {
+            const char *a = (const char *)w->data + (size_t)seg[p] * es;
+            const char *bp = (const char *)b + (size_t)seg[p] * es;
+            TSR_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)n,
+                                        len, &one, a, t, (int)w->cols, bp, t, (int)w->cols,
+                                        &zero, dst, CUDA_R_32F, (int)w->rows,
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        }
+        if (sum && p > 0)
+            TSR_CUDA_TRY(tsr__cuda_launch_add(y, tmp, (int64_t)m, c->stream));
+    }
     return TSR_OK;
 }
 
@@ -323,6 +395,7 @@ static void tsr__cuda_destroy(tsr_backend *be) {
         if (c->stream) (void)cudaStreamSynchronize(c->stream);
         if (c->blas) (void)cublasDestroy(c->blas);
         if (c->xconv.ptr) (void)cudaFree(c->xconv.ptr);
+        if (c->part.ptr) (void)cudaFree(c->part.ptr);
         if (c->ints.ptr) (void)cudaFree(c->ints.ptr);
         if (c->spans.ptr) (void)cudaFree(c->spans.ptr);
         if (c->bad_id) (void)cudaFree(c->bad_id);
@@ -348,6 +421,7 @@ static const tsr_backend_ops tsr__cuda_ops = {
     .add = tsr__cuda_add,
     .embed = tsr__cuda_embed,
     .attention = tsr__cuda_attention,
+    .matmul_parts = tsr__cuda_matmul_parts,
     .copy = tsr__cuda_copy,
 };
 

@@ -374,7 +374,8 @@ TSR_TEST(test_forward_paged_equals_dense) {
     double md = 0;
     for (int i = 0; i < 13 * c->vocab_size; i++) md = fmax(md, fabs(fd[i] - fp[i]));
     for (int i = 0; i < c->vocab_size; i++) md = fmax(md, fabs(ld[i] - lp[i]));
-    ASSERT_TRUE(md <= 1e-5);
+    /* span splits change the softmax summation order: the golden tests' 2e-5 bound */
+    ASSERT_TRUE(md <= 2e-5);
     for (int g = 0; g < GEN; g++) ASSERT_EQ_INT(td[g], tp[g]);
     ASSERT_EQ_INT(paged->ops->seq_len(paged, 0), 40 + GEN);
     tsr_kv_cache_destroy(dense);

@@ -1,0 +1,97 @@
+/* --tp/--pp options and the agreed start-up of a distributed job. */
+#include "jobs/dist_cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jobs/commands.h"
+#include "runtime/base/log.h"
+#include "runtime/base/sys.h"
+
+void tsr_dist_cli_init(tsr_dist_cli *d) { memset(d, 0, sizeof *d); }
+
+void tsr_dist_cli_opts(tsr_dist_cli *d, tsr_cli_opt *out) {
+    const tsr_cli_opt opts[TSR_DIST_CLI_N_OPTS] = {
+        {"tp", TSR_OPT_INT, &d->tp, "N",
+         "tensor-parallel ranks per pipeline stage (default: the job's ranks / --pp)", false},
+        {"pp", TSR_OPT_INT, &d->pp, "N", "pipeline stages (default 1); ranks = tp x pp", false},
+        {"micro-batches", TSR_OPT_INT, &d->micro_batches, "N",
+         "pipeline micro-batches per step (default: --pp; 1 keeps results bit-identical to "
+         "one process for batches of several sequences)", false},
+    };
+    memcpy(out, opts, sizeof opts);
+}
+
+tsr_cli_result tsr_dist_cli_check(const tsr_cli *cli, const tsr_dist_cli *d) {
+    if (d->tp < 0 || d->pp < 0) return tsr_cli_usage_error(cli, "--tp and --pp must be >= 1");
+    if (d->micro_batches < 0) return tsr_cli_usage_error(cli, "--micro-batches must be >= 1");
+    return TSR_CLI_OK;
+}
+
+tsr_status tsr_dist_start(tsr_dist *j) {
+    memset(j, 0, sizeof *j);
+    j->world = 1;
+    /* Fault injection for the tests of a rank that dies during start-up. */
+    const char *die = getenv("TSR_FAULT_DIE_RANK");
+    tsr_comm_options o = {.backend = TSR_COMM_AUTO};
+    TSR_TRY(tsr_comm_init(&o, &j->comm));
+    j->rank = tsr_comm_world_rank(j->comm);
+    j->world = tsr_comm_world_size(j->comm);
+    j->local_size = tsr_comm_local_size(j->comm);
+    if (die && *die && atoi(die) == j->rank && j->world > 1) _Exit(3);
+    return TSR_OK;
+}
+
+tsr_status tsr_dist_agree(tsr_dist *j, tsr_status st) {
+    return j->comm ? tsr_comm_agree(j->comm, st) : st;
+}
+
+tsr_status tsr_dist_must(tsr_dist *j, tsr_status st) {
+    if (st != TSR_OK && j->world > 1) tsr_comm_abort(j->comm, 1, tsr_last_error());
+    return st;
+}
+
+tsr_status tsr_dist_layout(tsr_dist *j, const tsr_dist_cli *d, tsr_model *m, const char *what) {
+    int pp = d->pp > 0 ? d->pp : 1;
+    int tp = d->tp > 0 ? d->tp : (j->world % pp == 0 ? j->world / pp : 1);
+    TSR_TRY(tsr_comm_set_layout(j->comm, tp, pp));
+    tsr_parallel_layout l;
+    TSR_TRY(tsr_parallel_layout_init(tp, pp, j->world, &l));
+    TSR_TRY(tsr_parallel_shard_of(&l, &m->cfg, j->rank, what, &j->shard));
+    j->micro_batches = d->micro_batches;
+    /* Cutting the model is local; agree so that no rank goes on alone. */
+    return tsr_dist_agree(j, tsr_parallel_shard_model(m, &j->shard));
+}
+
+tsr_forward_parallel tsr_dist_forward(const tsr_dist *j) {
+    return (tsr_forward_parallel){.comm = j->comm, .shard = j->shard,
+                                  .micro_batches = j->micro_batches};
+}
+
+int tsr_dist_default_threads(const tsr_dist *j) {
+    int n = tsr_sys_cpus() / (j->local_size > 0 ? j->local_size : 1);
+    return n > 0 ? n : 1;
+}
+
+void tsr_dist_log_layout(tsr_dist *j) {
+    for (int r = 0; r < j->world; r++) {
+        if (r == j->rank) {
+            char line[256];
+            tsr_parallel_shard_format(&j->shard, line, sizeof line);
+            TSR_LOG_INFO("%s", line);
+            fflush(stderr);
+        }
+        if (j->world > 1) (void)tsr_comm_barrier(j->comm, TSR_COMM_WORLD);
+    }
+}
+
+void tsr_dist_end(tsr_dist *j) {
+    tsr_comm_destroy(j->comm);
+    j->comm = NULL;
+}
+
+int tsr_dist_fail(const tsr_dist *j, const char *cmd) {
+    if (j->rank != 0) return 1;
+    return tsr_cmd_fail(cmd);
+}

@@ -1,0 +1,58 @@
+/* Distributed-job options and start-up shared by `tessera generate` and `tessera run`:
+ * --tp, --pp, --micro-batches, then the start of the job (bootstrap, layout, the rank's
+ * shard) with every fallible step agreed over the ranks, so that a failure on any rank
+ * ends every rank with the same one-line message (printed by rank 0) and never a hang. */
+#ifndef TSR_JOBS_DIST_CLI_H
+#define TSR_JOBS_DIST_CLI_H
+
+#include <stdbool.h>
+
+#include "comm/comm.h"
+#include "jobs/cli.h"
+#include "runtime/forward.h"
+#include "runtime/model.h"
+#include "runtime/parallel.h"
+
+#define TSR_DIST_CLI_N_OPTS 3
+
+typedef struct tsr_dist_cli {
+    int tp, pp;        /* 0: pp 1, tp = world / pp */
+    int micro_batches; /* 0: pp */
+} tsr_dist_cli;
+
+typedef struct tsr_dist {
+    tsr_comm *comm;
+    tsr_parallel_shard shard; /* valid after tsr_dist_layout */
+    int rank, world, local_size;
+    int micro_batches;
+} tsr_dist;
+
+void tsr_dist_cli_init(tsr_dist_cli *d);
+/* Writes the TSR_DIST_CLI_N_OPTS option entries (bound to d) at `out`. */
+void tsr_dist_cli_opts(tsr_dist_cli *d, tsr_cli_opt *out);
+tsr_cli_result tsr_dist_cli_check(const tsr_cli *cli, const tsr_dist_cli *d);
+
+/* Bootstraps the job: MPI when a launcher started us, else one process. */
+tsr_status tsr_dist_start(tsr_dist *j);
+/* Every rank passes its own status; all get the same answer (tsr_comm_agree). */
+tsr_status tsr_dist_agree(tsr_dist *j, tsr_status st);
+/* After the start-up, a failure on one rank cannot be agreed on (the others are inside a
+ * collective): in a multi-rank job it ends the whole job with the rank's message. */
+tsr_status tsr_dist_must(tsr_dist *j, tsr_status st);
+/* Sets the tp x pp layout (defaults from the world size), checks it against the model
+ * (`what` names it) and cuts the model to this rank's shard. Collective. */
+tsr_status tsr_dist_layout(tsr_dist *j, const tsr_dist_cli *d, tsr_model *m, const char *what);
+/* What tsr_forward_create_parallel needs. */
+tsr_forward_parallel tsr_dist_forward(const tsr_dist *j);
+/* Rank 0 prints and writes outputs. */
+static inline bool tsr_dist_is_root(const tsr_dist *j) { return j->rank == 0; }
+/* CPU threads of this rank when --threads was not given: the node's CPUs over its ranks. */
+int tsr_dist_default_threads(const tsr_dist *j);
+/* One line for --verbose ("rank 1 (tp 1, pp 0): heads 4-7, ..."), every rank in order. */
+void tsr_dist_log_layout(tsr_dist *j);
+void tsr_dist_end(tsr_dist *j);
+
+/* "tessera CMD: <error>" on rank 0 only (every rank has the agreed line); returns 1. */
+int tsr_dist_fail(const tsr_dist *j, const char *cmd);
+
+#endif

@@ -1,0 +1,196 @@
+/* Collective admission over the ranks of a distributed job (see kv_dist.h). */
+#include "memory/kv_dist.h"
+
+#include <string.h>
+
+#include "memory/kv_paged.h"
+#include "policies/policy.h"
+#include "runtime/base/alloc.h"
+
+typedef struct tsr__dist {
+    tsr_kv_cache base;
+    tsr_kv_cache *in;
+    tsr_comm *comm;
+    tsr_kv_dist_stats st;
+} tsr__dist;
+
+static const tsr_kv_cache_ops tsr__dist_ops;
+
+#define TSR__D(kv) ((tsr__dist *)(kv))
+#define TSR__IN(kv) (((tsr__dist *)(kv))->in)
+
+int tsr_kv_is_dist(const tsr_kv_cache *kv) { return kv && kv->ops == &tsr__dist_ops; }
+
+tsr_kv_cache *tsr_kv_dist_inner(const tsr_kv_cache *kv) {
+    return tsr_kv_is_dist(kv) ? ((const tsr__dist *)kv)->in : (tsr_kv_cache *)kv;
+}
+
+void tsr_kv_dist_get_stats(const tsr_kv_cache *kv, tsr_kv_dist_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (tsr_kv_is_dist(kv)) *out = ((const tsr__dist *)kv)->st;
+}
+
+/* Severity of an outcome: retry-later < never-fits < a real failure. */
+static int64_t tsr__severity(tsr_status st) {
+    return st == TSR_OK ? 0 : st == TSR_ERR_NO_BLOCKS ? 1 : st == TSR_ERR_BUDGET ? 2 : 3;
+}
+
+/* The outcome every rank takes: the worst over the world. */
+static tsr_status tsr__agree(tsr__dist *d, tsr_status local) {
+    int64_t sev = tsr__severity(local);
+    tsr_status st = tsr_comm_allreduce_i64(d->comm, TSR_COMM_WORLD, &sev, 1, TSR_COMM_MAX);
+    if (st != TSR_OK) return st;
+    d->st.agreements++;
+    if (sev != tsr__severity(local)) d->st.disagreements++;
+    switch (sev) {
+    case 0: return TSR_OK;
+    case 1:
+        return local == TSR_ERR_NO_BLOCKS
+                   ? local
+                   : tsr_error_set(TSR_ERR_NO_BLOCKS, "KV cache: another rank is short of blocks");
+    case 2:
+        return local == TSR_ERR_BUDGET
+                   ? local
+                   : tsr_error_set(TSR_ERR_BUDGET, "KV cache: the sequence never fits another "
+                                   "rank's share of the cache");
+    default: return tsr_comm_agree(d->comm, sev == tsr__severity(local) ? local : TSR_OK);
+    }
+}
+
+static void tsr__dist_destroy(tsr_kv_cache *kv) {
+    tsr_kv_cache_destroy(TSR__IN(kv));
+    tsr_free(kv);
+}
+
+static tsr_status tsr__dist_seq_add(tsr_kv_cache *kv, int seq) {
+    tsr_kv_cache *in = TSR__IN(kv);
+    tsr_status local = in->ops->seq_add(in, seq);
+    tsr_status st = tsr__agree(TSR__D(kv), local);
+    if (st != TSR_OK && local == TSR_OK) in->ops->seq_free(in, seq); /* others had no room */
+    return st;
+}
+
+static void tsr__dist_seq_free(tsr_kv_cache *kv, int seq) {
+    tsr_kv_cache *in = TSR__IN(kv);
+    in->ops->seq_free(in, seq);
+}
+
+static int32_t tsr__dist_seq_len(const tsr_kv_cache *kv, int seq) {
+    const tsr_kv_cache *in = ((const tsr__dist *)kv)->in;
+    return in->ops->seq_len(in, seq);
+}
+
+/* A reserve that succeeded here but not elsewhere keeps its blocks on this rank: the step
+ * is retried (a retried reserve reuses them) or the sequence is preempted (freed). */
+static tsr_status tsr__dist_reserve(tsr_kv_cache *kv, int seq, int32_t n) {
+    tsr_kv_cache *in = TSR__IN(kv);
+    return tsr__agree(TSR__D(kv), in->ops->reserve(in, seq, n));
+}
+
+static tsr_status tsr__dist_write(tsr_kv_cache *kv, int layer, int seq, int32_t n,
+                                  const float *k, const float *v) {
+    tsr_kv_cache *in = TSR__IN(kv);
+    return in->ops->write(in, layer, seq, n, k, v);
+}
+
+static tsr_status tsr__dist_spans(tsr_kv_cache *kv, int layer, int seq,
+                                  const tsr_kv_span **spans, int *n_spans) {
+    tsr_kv_cache *in = TSR__IN(kv);
+    return in->ops->spans(in, layer, seq, spans, n_spans);
+}
+
+static tsr_status tsr__dist_observe(tsr_kv_cache *kv, int layer, int seq,
+                                    const float *key_scores) {
+    tsr_kv_cache *in = TSR__IN(kv);
+    return in->ops->observe ? in->ops->observe(in, layer, seq, key_scores) : TSR_OK;
+}
+
+static tsr_status tsr__dist_queries(tsr_kv_cache *kv, int layer, int seq, const float *q,
+                                    const int32_t *q_pos, int n_q, int n_heads) {
+    tsr_kv_cache *in = TSR__IN(kv);
+    return in->ops->queries ? in->ops->queries(in, layer, seq, q, q_pos, n_q, n_heads) : TSR_OK;
+}
+
+static tsr_status tsr__dist_commit(tsr_kv_cache *kv, int seq, const int32_t *tokens,
+                                   int32_t n) {
+    tsr_kv_cache *in = TSR__IN(kv);
+    return in->ops->commit(in, seq, tokens, n);
+}
+
+/* Prefix hits are agreed on (MIN); a rank that found more drops back to the shared count
+ * by starting the sequence again and attaching only that many tokens. */
+static int32_t tsr__dist_prefix_attach(tsr_kv_cache *kv, int seq, const int32_t *tokens,
+                                       int32_t n) {
+    tsr__dist *d = TSR__D(kv);
+    tsr_kv_cache *in = d->in;
+    int32_t got = in->ops->prefix_attach ? in->ops->prefix_attach(in, seq, tokens, n) : 0;
+    int64_t agreed = got;
+    if (tsr_comm_allreduce_i64(d->comm, TSR_COMM_WORLD, &agreed, 1, TSR_COMM_MIN) != TSR_OK)
+        tsr_comm_abort(d->comm, 1, "KV cache: prefix agreement failed");
+    d->st.agreements++;
+    if (agreed == got) return got;
+    d->st.disagreements++;
+    in->ops->seq_free(in, seq);
+    if (in->ops->seq_add(in, seq) != TSR_OK)
+        tsr_comm_abort(d->comm, 1, "KV cache: cannot restart a sequence after a prefix "
+                                   "disagreement");
+    /* Attach at most `agreed` tokens: offer the prefix whose last token is computed. */
+    int32_t again = agreed > 0 ? in->ops->prefix_attach(in, seq, tokens, (int32_t)agreed + 1) : 0;
+    if (again != agreed)
+        tsr_comm_abort(d->comm, 1, "KV cache: ranks disagree on cached prefixes");
+    return again;
+}
+
+static void tsr__dist_stats(const tsr_kv_cache *kv, tsr_kv_stats *out) {
+    const tsr_kv_cache *in = ((const tsr__dist *)kv)->in;
+    in->ops->stats(in, out);
+}
+
+static const tsr_kv_cache_ops tsr__dist_ops = {
+    .name = "dist",
+    .destroy = tsr__dist_destroy,
+    .seq_add = tsr__dist_seq_add,
+    .seq_free = tsr__dist_seq_free,
+    .seq_len = tsr__dist_seq_len,
+    .reserve = tsr__dist_reserve,
+    .write = tsr__dist_write,
+    .spans = tsr__dist_spans,
+    .observe = tsr__dist_observe,
+    .commit = tsr__dist_commit,
+    .prefix_attach = tsr__dist_prefix_attach,
+    .stats = tsr__dist_stats,
+    .queries = tsr__dist_queries,
+};
+
+tsr_status tsr_kv_dist_create(tsr_kv_cache *inner, tsr_comm *comm, tsr_kv_cache **out) {
+    *out = NULL;
+    tsr__dist *d = tsr_calloc(1, sizeof *d);
+    if (!d) return TSR_ERR_NOMEM;
+    d->base = *inner; /* geometry and wants_scores */
+    d->base.ops = &tsr__dist_ops;
+    d->in = inner;
+    d->comm = comm;
+    *out = &d->base;
+    return TSR_OK;
+}
+
+uint64_t tsr_kv_dist_tables_digest(const tsr_kv_cache *kv, int n_seqs) {
+    const tsr_kv_cache *c = tsr_kv_dist_inner(kv);
+    if (tsr_kv_is_policy(c)) c = tsr_kv_policy_mech(c);
+    if (!tsr_kv_is_paged(c)) return 0;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over (seq, layer, block ids) */
+    for (int s = 0; s < n_seqs; s++)
+        for (int l = 0; l < c->n_layers; l++) {
+            const int32_t *ids = NULL;
+            int32_t nb = tsr_kv_paged_seq_blocks(c, l, s, &ids);
+            int32_t v[3] = {s, l, nb};
+            for (int i = 0; i < 3 + (nb > 0 ? nb : 0); i++) {
+                uint32_t x = (uint32_t)(i < 3 ? v[i] : ids[i - 3]);
+                for (int b = 0; b < 4; b++) {
+                    h ^= (x >> (8 * b)) & 0xffu;
+                    h *= 1099511628211ull;
+                }
+            }
+        }
+    return h;
+}
