@@ -126,6 +126,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
                              .top_k = o->top_k, .seed = o->seed};
     if (st == TSR_OK) st = tsr_sampler_init(&g->sampler, c->vocab_size, &sp);
     TSR_TRY(tsr_dist_agree(d, st));
+    tsr_dist_ready(d);
     if (o->verbose) {
         if (root)
             TSR_LOG_INFO("model %s: dim %d, %d layers, %d heads (%d kv), vocab %d, %s; "

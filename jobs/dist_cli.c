@@ -1,9 +1,11 @@
 /* --tp/--pp options and the agreed start-up of a distributed job. */
 #include "jobs/dist_cli.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "jobs/commands.h"
 #include "runtime/base/log.h"
@@ -29,6 +31,18 @@ tsr_cli_result tsr_dist_cli_check(const tsr_cli *cli, const tsr_dist_cli *d) {
     return TSR_CLI_OK;
 }
 
+static char tsr__term_msg[160];
+static size_t tsr__term_len;
+static struct sigaction tsr__old_term;
+static bool tsr__term_set;
+
+static void tsr__on_term(int sig) {
+    (void)sig;
+    ssize_t w = write(STDERR_FILENO, tsr__term_msg, tsr__term_len); /* async-signal-safe */
+    (void)w;
+    _exit(1);
+}
+
 tsr_status tsr_dist_start(tsr_dist *j) {
     memset(j, 0, sizeof *j);
     j->world = 1;
@@ -40,7 +54,24 @@ tsr_status tsr_dist_start(tsr_dist *j) {
     j->world = tsr_comm_world_size(j->comm);
     j->local_size = tsr_comm_local_size(j->comm);
     if (die && *die && atoi(die) == j->rank && j->world > 1) _Exit(3);
+    if (j->world > 1 && !tsr__term_set) {
+        int n = snprintf(tsr__term_msg, sizeof tsr__term_msg,
+                         "tessera: rank %d: the launcher ended the job during start-up "
+                         "(another rank failed or died; see its message above)\n", j->rank);
+        tsr__term_len = n > 0 && (size_t)n < sizeof tsr__term_msg ? (size_t)n : 0;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = tsr__on_term;
+        sigemptyset(&sa.sa_mask);
+        tsr__term_set = sigaction(SIGTERM, &sa, &tsr__old_term) == 0;
+    }
     return TSR_OK;
+}
+
+void tsr_dist_ready(tsr_dist *j) {
+    (void)j;
+    if (tsr__term_set) sigaction(SIGTERM, &tsr__old_term, NULL);
+    tsr__term_set = false;
 }
 
 tsr_status tsr_dist_agree(tsr_dist *j, tsr_status st) {
@@ -87,6 +118,7 @@ void tsr_dist_log_layout(tsr_dist *j) {
 }
 
 void tsr_dist_end(tsr_dist *j) {
+    tsr_dist_ready(j);
     tsr_comm_destroy(j->comm);
     j->comm = NULL;
 }

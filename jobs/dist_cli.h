@@ -32,8 +32,13 @@ void tsr_dist_cli_init(tsr_dist_cli *d);
 void tsr_dist_cli_opts(tsr_dist_cli *d, tsr_cli_opt *out);
 tsr_cli_result tsr_dist_cli_check(const tsr_cli *cli, const tsr_dist_cli *d);
 
-/* Bootstraps the job: MPI when a launcher started us, else one process. */
+/* Bootstraps the job: MPI when a launcher started us, else one process. Until
+ * tsr_dist_ready, a SIGTERM (the launcher ending the job because another rank died) prints
+ * "tessera: rank R: ..." and exits 1, so that a rank stuck in a start-up collective still
+ * says why it ends. */
 tsr_status tsr_dist_start(tsr_dist *j);
+/* The start-up is over: the previous SIGTERM disposition comes back. */
+void tsr_dist_ready(tsr_dist *j);
 /* Every rank passes its own status; all get the same answer (tsr_comm_agree). */
 tsr_status tsr_dist_agree(tsr_dist *j, tsr_status st);
 /* After the start-up, a failure on one rank cannot be agreed on (the others are inside a

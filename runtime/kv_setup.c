@@ -39,15 +39,20 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
                              opt->h2o_scores);
     if (opt->budget < 0 || opt->recent < 0 || opt->recent > 1)
         return tsr_error_set(TSR_ERR_INVALID, "--kv-budget/--h2o-recent out of range");
+    bool dist = opt->comm && tsr_comm_world_size(opt->comm) > 1;
     int64_t mem = opt->memory_bytes;
+    tsr_status mst = TSR_OK;
     if (mem <= 0) {
         double frac = opt->memory_fraction > 0 ? opt->memory_fraction : 0.5;
         mem = (int64_t)((double)tsr__free_memory() * frac) -
               (int64_t)tsr_kv_workspace_bytes(cfg, opt->chunk_tokens);
         if (mem <= 0)
-            return tsr_error_set(TSR_ERR_BUDGET,
-                                 "KV cache: free memory does not cover the prefill workspace");
+            mst = tsr_error_set(TSR_ERR_BUDGET,
+                                "KV cache: free memory does not cover the prefill workspace");
     }
+    /* free memory is this rank's: agree before the collective sizing below */
+    if (dist) mst = tsr_comm_agree(opt->comm, mst);
+    TSR_TRY(mst);
     tsr_parallel_shard whole;
     const tsr_parallel_shard *sh = opt->shard;
     if (!sh) {
@@ -63,7 +68,6 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
                               .max_seq_len = cfg->max_seq_len,
                               .prefix_caching = !opt->no_prefix_cache,
                               .keep_scores = pol->wants_scores};
-    bool dist = opt->comm && tsr_comm_world_size(opt->comm) > 1;
     if (dist) {
         /* One logical cache: the same blocks per layer on every rank (the least any rank
          * can hold), so a stage with more layers gets a proportionally larger pool and the
