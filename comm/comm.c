@@ -228,16 +228,73 @@ static tsr_status tsr__peer_check(tsr__comm_grp *g, tsr_comm_group which, int pe
     return TSR_OK;
 }
 
+/* ---- traffic counters ---------------------------------------------------------------- */
+
+void tsr_comm_get_stats(const tsr_comm *c, tsr_comm_stats *out) { *out = c->stats; }
+void tsr_comm_reset_stats(tsr_comm *c) { memset(&c->stats, 0, sizeof c->stats); }
+
+/* Binomial tree over virtual ranks v = (rank - root) mod size: v != 0 receives from
+ * v - lowbit(v); v sends to v + m for every power of two m below lowbit(v) (below size
+ * for the root) with v + m < size. Sums over ranks: (size - 1) sends = (size - 1) recvs. */
+void tsr__comm_tally_bcast(tsr_comm_stats *st, int rank, int size, int root, size_t bytes) {
+    if (size < 2 || bytes == 0) return;
+    int v = (rank - root + size) % size;
+    int low = v ? (v & -v) : size;
+    int64_t children = 0;
+    for (int m = 1; m < low && v + m < size; m <<= 1) children++;
+    if (v != 0) {
+        st->bytes_recv += (int64_t)bytes;
+        st->messages++;
+    }
+    st->bytes_sent += children * (int64_t)bytes;
+    st->messages += children;
+}
+
 #ifdef TSR_HAVE_MPI
-static tsr_status tsr__scratch(tsr_comm *c, size_t count) {
-    if (count <= c->scratch_cap) return TSR_OK;
-    size_t bytes;
-    if (!tsr_mul_size(count, sizeof(float), &bytes)) return TSR_ERR_NOMEM;
-    float *p = tsr_realloc(c->scratch, bytes);
-    if (!p) return TSR_ERR_NOMEM;
-    c->scratch = p;
-    c->scratch_cap = count;
-    return TSR_OK;
+/* Only multi-rank groups move bytes, and they exist only with MPI (NCCL needs it too). */
+static void tsr__tally(tsr_comm *c, int64_t sent, int64_t recv, int64_t messages) {
+    c->stats.bytes_sent += sent;
+    c->stats.bytes_recv += recv;
+    c->stats.messages += messages;
+}
+
+/* A ring all-gather: size - 1 steps of one send and one receive of `bytes`. */
+static void tsr__tally_ring_allgather(tsr_comm *c, const tsr__comm_grp *g, size_t bytes) {
+    int64_t steps = g->size - 1;
+    tsr__tally(c, steps * (int64_t)bytes, steps * (int64_t)bytes, 2 * steps);
+}
+#endif
+
+#ifdef TSR__COMM_NCCL
+/* NCCL's ring all-reduce: reduce-scatter then all-gather, 2 (size - 1) steps of one send
+ * and one receive of bytes / size each. */
+static void tsr__tally_nccl_allreduce(tsr_comm *c, const tsr__comm_grp *g, size_t bytes) {
+    int64_t steps = 2 * (int64_t)(g->size - 1);
+    int64_t vol = steps * (int64_t)bytes / g->size;
+    tsr__tally(c, vol, vol, 2 * steps);
+}
+#endif
+
+/* ---- data plane ---------------------------------------------------------------------- */
+
+#ifdef TSR_HAVE_MPI
+/* Chunk of the chain sum: big enough that a hop's latency is amortized, small enough that
+ * the hops pipeline and the receive buffer stays small. Must fit MPI's int count. */
+enum { TSR__CHAIN_CHUNK = 1 << 16 };
+
+static tsr_status tsr__chain(tsr_comm *c, tsr__comm_grp *g, const float *parts, int n_local,
+                             size_t n, float *out) {
+    size_t chunk = n < (size_t)TSR__CHAIN_CHUNK ? n : (size_t)TSR__CHAIN_CHUNK;
+    if (chunk > c->scratch_cap) {
+        float *p = tsr_realloc(c->scratch, chunk * sizeof(float));
+        if (!p)
+            return tsr_error_set(TSR_ERR_NOMEM, "allreduce: out of memory for a %zu-float "
+                                 "receive buffer", chunk);
+        c->scratch = p;
+        c->scratch_cap = chunk;
+    }
+    return tsr__comm_mpi_chain_sum_f32(g, parts, n_local, n, out, c->scratch, chunk,
+                                       &c->stats);
 }
 #endif
 
@@ -256,7 +313,9 @@ tsr_status tsr_comm_allreduce_sum_f32_parts(tsr_comm *c, tsr_comm_group which,
             return tsr_error_set(TSR_ERR_UNSUPPORTED, "allreduce_sum_f32_parts on NCCL: sum the "
                                  "%d local parts on the device first", n_local);
         if (g->size == 1) return tsr__comm_nccl_copy(c, out, parts, n * sizeof(float));
-        return tsr__comm_nccl_allreduce_sum_f32(c, g, parts, out, n);
+        TSR_TRY(tsr__comm_nccl_allreduce_sum_f32(c, g, parts, out, n));
+        tsr__tally_nccl_allreduce(c, g, n * sizeof(float));
+        return TSR_OK;
     }
 #endif
     if (g->size == 1) {
@@ -264,14 +323,10 @@ tsr_status tsr_comm_allreduce_sum_f32_parts(tsr_comm *c, tsr_comm_group which,
         return TSR_OK;
     }
 #ifdef TSR_HAVE_MPI
-    size_t per_rank, total;
-    if (!tsr_mul_size((size_t)n_local, n, &per_rank) ||
-        !tsr_mul_size(per_rank, (size_t)g->size, &total))
+    size_t total;
+    if (!tsr_mul_size((size_t)n_local, n, &total) || !tsr_mul_size(total, sizeof(float), &total))
         return tsr_error_set(TSR_ERR_NOMEM, "allreduce_sum_f32_parts: size overflow");
-    TSR_TRY(tsr__scratch(c, total));
-    TSR_TRY(tsr__comm_mpi_allgather(g, parts, per_rank * sizeof(float), c->scratch));
-    tsr__comm_self_sum_parts(c->scratch, n_local * g->size, n, out);
-    return TSR_OK;
+    return tsr__chain(c, g, parts, n_local, n, out);
 #else
     return tsr_error_set(TSR_ERR_INTERNAL, "allreduce: a %d-rank group without MPI", g->size);
 #endif
@@ -282,16 +337,15 @@ tsr_status tsr_comm_allreduce_sum_f32(tsr_comm *c, tsr_comm_group which, float *
     TSR_TRY(tsr__grp(c, which, "allreduce_sum_f32", &g));
     if (g->size == 1 || n == 0) return TSR_OK;
 #ifdef TSR__COMM_NCCL
-    if (g->nccl) return tsr__comm_nccl_allreduce_sum_f32(c, g, buf, buf, n);
+    if (g->nccl) {
+        TSR_TRY(tsr__comm_nccl_allreduce_sum_f32(c, g, buf, buf, n));
+        tsr__tally_nccl_allreduce(c, g, n * sizeof(float));
+        return TSR_OK;
+    }
 #endif
 #ifdef TSR_HAVE_MPI
-    size_t total;
-    if (!tsr_mul_size(n, (size_t)g->size, &total))
-        return tsr_error_set(TSR_ERR_NOMEM, "allreduce_sum_f32: size overflow");
-    TSR_TRY(tsr__scratch(c, total));
-    TSR_TRY(tsr__comm_mpi_allgather(g, buf, n * sizeof(float), c->scratch));
-    tsr__comm_self_sum_parts(c->scratch, g->size, n, buf);
-    return TSR_OK;
+    /* One part per rank, summed in place: the chain gives ((p0 + p1) + p2) + .... */
+    return tsr__chain(c, g, buf, 1, n, buf);
 #else
     (void)buf;
     return tsr_error_set(TSR_ERR_INTERNAL, "allreduce: a %d-rank group without MPI", g->size);
@@ -304,7 +358,11 @@ tsr_status tsr_comm_allgather(tsr_comm *c, tsr_comm_group which, const void *sen
     TSR_TRY(tsr__grp(c, which, "allgather", &g));
     if (bytes == 0) return TSR_OK;
 #ifdef TSR__COMM_NCCL
-    if (g->nccl) return tsr__comm_nccl_allgather(c, g, send, bytes, recv);
+    if (g->nccl) {
+        TSR_TRY(tsr__comm_nccl_allgather(c, g, send, bytes, recv));
+        tsr__tally_ring_allgather(c, g, bytes);
+        return TSR_OK;
+    }
     if (c->nccl && c->backend == TSR_COMM_MPI) return tsr__comm_nccl_copy(c, recv, send, bytes);
 #endif
     if (g->size == 1) {
@@ -312,7 +370,9 @@ tsr_status tsr_comm_allgather(tsr_comm *c, tsr_comm_group which, const void *sen
         return TSR_OK;
     }
 #ifdef TSR_HAVE_MPI
-    return tsr__comm_mpi_allgather(g, send, bytes, recv);
+    TSR_TRY(tsr__comm_mpi_allgather(g, send, bytes, recv));
+    tsr__tally_ring_allgather(c, g, bytes);
+    return TSR_OK;
 #else
     return tsr_error_set(TSR_ERR_INTERNAL, "allgather: a %d-rank group without MPI", g->size);
 #endif
@@ -323,12 +383,17 @@ tsr_status tsr_comm_send(tsr_comm *c, tsr_comm_group which, const void *buf, siz
     tsr__comm_grp *g = NULL;
     TSR_TRY(tsr__grp(c, which, "send", &g));
     TSR_TRY(tsr__peer_check(g, which, peer, tag, "send"));
+    tsr_status st;
 #ifdef TSR__COMM_NCCL
-    if (g->nccl) return tsr__comm_nccl_send(c, g, buf, bytes, peer, true);
+    if (g->nccl) st = tsr__comm_nccl_send(c, g, buf, bytes, peer, true);
+    else
 #endif
 #ifdef TSR_HAVE_MPI
-    return tsr__comm_mpi_send(g, buf, bytes, peer, tag);
+        st = tsr__comm_mpi_send(g, buf, bytes, peer, tag);
+    if (st == TSR_OK) tsr__tally(c, (int64_t)bytes, 0, 1);
+    return st;
 #else
+    (void)st;
     (void)buf, (void)bytes;
     return TSR_ERR_INTERNAL; /* unreachable: peer_check rejects every peer of a 1-rank group */
 #endif
@@ -339,12 +404,17 @@ tsr_status tsr_comm_recv(tsr_comm *c, tsr_comm_group which, void *buf, size_t by
     tsr__comm_grp *g = NULL;
     TSR_TRY(tsr__grp(c, which, "recv", &g));
     TSR_TRY(tsr__peer_check(g, which, peer, tag, "recv"));
+    tsr_status st;
 #ifdef TSR__COMM_NCCL
-    if (g->nccl) return tsr__comm_nccl_recv(c, g, buf, bytes, peer, true);
+    if (g->nccl) st = tsr__comm_nccl_recv(c, g, buf, bytes, peer, true);
+    else
 #endif
 #ifdef TSR_HAVE_MPI
-    return tsr__comm_mpi_recv(g, buf, bytes, peer, tag);
+        st = tsr__comm_mpi_recv(g, buf, bytes, peer, tag);
+    if (st == TSR_OK) tsr__tally(c, 0, (int64_t)bytes, 1);
+    return st;
 #else
+    (void)st;
     (void)buf, (void)bytes;
     return TSR_ERR_INTERNAL;
 #endif
@@ -356,15 +426,19 @@ tsr_status tsr_comm_isend(tsr_comm *c, tsr_comm_group which, const void *buf, si
     memset(req, 0, sizeof *req);
     TSR_TRY(tsr__grp(c, which, "isend", &g));
     TSR_TRY(tsr__peer_check(g, which, peer, tag, "isend"));
+    tsr_status st;
 #ifdef TSR__COMM_NCCL
     if (g->nccl) {
         req->kind = TSR__REQ_NCCL;
-        return tsr__comm_nccl_send(c, g, buf, bytes, peer, false);
-    }
+        st = tsr__comm_nccl_send(c, g, buf, bytes, peer, false);
+    } else
 #endif
 #ifdef TSR_HAVE_MPI
-    return tsr__comm_mpi_isend(g, buf, bytes, peer, tag, req);
+        st = tsr__comm_mpi_isend(g, buf, bytes, peer, tag, req);
+    if (st == TSR_OK) tsr__tally(c, (int64_t)bytes, 0, 1);
+    return st;
 #else
+    (void)st;
     (void)buf, (void)bytes;
     return TSR_ERR_INTERNAL;
 #endif
@@ -376,15 +450,19 @@ tsr_status tsr_comm_irecv(tsr_comm *c, tsr_comm_group which, void *buf, size_t b
     memset(req, 0, sizeof *req);
     TSR_TRY(tsr__grp(c, which, "irecv", &g));
     TSR_TRY(tsr__peer_check(g, which, peer, tag, "irecv"));
+    tsr_status st;
 #ifdef TSR__COMM_NCCL
     if (g->nccl) {
         req->kind = TSR__REQ_NCCL;
-        return tsr__comm_nccl_recv(c, g, buf, bytes, peer, false);
-    }
+        st = tsr__comm_nccl_recv(c, g, buf, bytes, peer, false);
+    } else
 #endif
 #ifdef TSR_HAVE_MPI
-    return tsr__comm_mpi_irecv(g, buf, bytes, peer, tag, req);
+        st = tsr__comm_mpi_irecv(g, buf, bytes, peer, tag, req);
+    if (st == TSR_OK) tsr__tally(c, 0, (int64_t)bytes, 1);
+    return st;
 #else
+    (void)st;
     (void)buf, (void)bytes;
     return TSR_ERR_INTERNAL;
 #endif
@@ -409,7 +487,9 @@ tsr_status tsr_comm_wait(tsr_comm *c, tsr_comm_request *req) {
     }
 }
 
-tsr_status tsr_comm_bcast(tsr_comm *c, tsr_comm_group which, void *buf, size_t bytes, int root) {
+/* count: false for agree's own bcast, which is control plane. */
+static tsr_status tsr__bcast(tsr_comm *c, tsr_comm_group which, void *buf, size_t bytes,
+                             int root, bool count) {
     tsr__comm_grp *g = NULL;
     TSR_TRY(tsr__grp(c, which, "bcast", &g));
     if (root < 0 || root >= g->size)
@@ -417,11 +497,17 @@ tsr_status tsr_comm_bcast(tsr_comm *c, tsr_comm_group which, void *buf, size_t b
                              tsr__group_names[which], root, g->size);
     if (g->size == 1 || bytes == 0) return TSR_OK;
 #ifdef TSR_HAVE_MPI
-    return tsr__comm_mpi_bcast(g, buf, bytes, root);
+    TSR_TRY(tsr__comm_mpi_bcast(g, buf, bytes, root));
+    if (count) tsr__comm_tally_bcast(&c->stats, g->rank, g->size, root, bytes);
+    return TSR_OK;
 #else
-    (void)buf;
+    (void)buf, (void)count;
     return TSR_ERR_INTERNAL;
 #endif
+}
+
+tsr_status tsr_comm_bcast(tsr_comm *c, tsr_comm_group which, void *buf, size_t bytes, int root) {
+    return tsr__bcast(c, which, buf, bytes, root, true);
 }
 
 tsr_status tsr_comm_allreduce_i64(tsr_comm *c, tsr_comm_group which, int64_t *buf, size_t n,
@@ -473,7 +559,7 @@ tsr_status tsr_comm_agree(tsr_comm *c, tsr_status st) {
         m.status = (int32_t)st;
         snprintf(m.line, sizeof m.line, "%s", *mine ? mine : tsr_strerror(st));
     }
-    if (tsr_comm_bcast(c, TSR_COMM_WORLD, &m, sizeof m, root) != TSR_OK) return TSR_ERR_MPI;
+    if (tsr__bcast(c, TSR_COMM_WORLD, &m, sizeof m, root, false) != TSR_OK) return TSR_ERR_MPI;
     tsr_status agreed = (m.status > TSR_OK && m.status < TSR_STATUS_COUNT) ? (tsr_status)m.status
                                                                          : TSR_ERR_INTERNAL;
     /* All ranks failed (a bad layout, a bad model file): the same reason everywhere, which

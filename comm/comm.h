@@ -15,11 +15,13 @@
  *    backend's memory, host memory on CPU, device memory when the comm uses NCCL;
  *  - control plane (bcast, allreduce_i64, barrier, agree, abort): host memory, always MPI.
  *
- * Determinism: on the MPI/CPU path allreduce_sum_f32 gathers every rank's vector and sums
- * them in group-rank order, ((p0 + p1) + p2) + ..., so the result does not depend on the
- * MPI library's reduction tree. allreduce_sum_f32_parts extends this to a canonical list
- * of partial sums that does not depend on tp at all (see its comment). NCCL sums in its own
- * order (see docs/scaling.md for the GPU tolerance).
+ * Determinism: on the MPI/CPU path allreduce_sum_f32 sums in group-rank order,
+ * ((p0 + p1) + p2) + ..., along a chain (rank 0 sends its vector to rank 1, which adds its
+ * own and passes the running sum on; the last rank broadcasts the result), so the result
+ * does not depend on the MPI library's reduction tree and each rank moves O(n) floats.
+ * allreduce_sum_f32_parts extends this to a canonical list of partial sums that does not
+ * depend on tp at all (see its comment). NCCL sums in its own order (see docs/scaling.md
+ * for the GPU tolerance).
  *
  * Every MPI communicator uses MPI_ERRORS_RETURN; MPI failures come back as TSR_ERR_MPI with
  * MPI_Error_string's text. Calls on a group are collective over that group unless said
@@ -138,6 +140,28 @@ tsr_status tsr_comm_irecv(tsr_comm *c, tsr_comm_group g, void *buf, size_t bytes
                           int tag, tsr_comm_request *req);
 /* Completes a request (a completed or zeroed one returns at once). */
 tsr_status tsr_comm_wait(tsr_comm *c, tsr_comm_request *req);
+
+/* ---- traffic counters ------------------------------------------------------------------ */
+
+/* What this rank's data-plane operations (allreduce_sum_f32*, allgather, send/recv/isend/
+ * irecv) and bcast moved since tsr_comm_init or the last reset, over all groups.
+ *  - MPI point-to-point (send/recv, and the chain sum's own messages): exact bytes and
+ *    messages; isend/irecv count when posted.
+ *  - MPI collectives are counted with the textbook algorithm, not whatever the MPI library
+ *    picks: MPI_Bcast as a binomial tree (a non-root rank receives the buffer once and
+ *    sends it to each of its children; the root sends to ceil(log2 size) children at
+ *    most), MPI_Allgather as a ring ((size - 1) x bytes each way).
+ *  - NCCL: the analytic ring volume (all-reduce 2 (size - 1) / size x bytes each way,
+ *    all-gather (size - 1) x bytes each way, send/recv their bytes).
+ *  - one-rank groups: nothing. Control-plane allreduce_i64, barrier and agree (including
+ *    its internal bcast): not counted.
+ * messages counts sends plus receives of this rank (a collective: of its algorithm). */
+typedef struct tsr_comm_stats {
+    int64_t bytes_sent, bytes_recv, messages;
+} tsr_comm_stats;
+
+void tsr_comm_get_stats(const tsr_comm *c, tsr_comm_stats *out);
+void tsr_comm_reset_stats(tsr_comm *c);
 
 /* ---- control plane (host memory, MPI) ------------------------------------------------ */
 

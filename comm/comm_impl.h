@@ -9,6 +9,9 @@
 typedef struct tsr__comm_grp {
     int rank, size; /* size 0: not created */
     void *mpi;      /* MPI_Comm * (heap), NULL without MPI */
+    /* A duplicate of `mpi` for tessera's own point-to-point traffic (the chain sum), so
+     * that its messages can never match the caller's sends and receives, whatever tags. */
+    void *mpi_internal;
     void *nccl;     /* ncclComm_t, NULL without NCCL */
 } tsr__comm_grp;
 
@@ -23,8 +26,9 @@ struct tsr_comm {
     bool nccl;      /* data plane on NCCL */
     int device;
     void *stream;
-    float *scratch; /* gathered parts of the deterministic sum */
+    float *scratch; /* one received chunk of the chain sum */
     size_t scratch_cap;
+    tsr_comm_stats stats; /* data plane and bcast of this rank (tsr_comm_get_stats) */
 };
 
 enum { TSR__REQ_NONE = 0, TSR__REQ_MPI = 1, TSR__REQ_NCCL = 2 };
@@ -32,6 +36,10 @@ enum { TSR__REQ_NONE = 0, TSR__REQ_MPI = 1, TSR__REQ_NCCL = 2 };
 /* comm_self.c: world size 1, no MPI; and the local paths of one-rank groups. */
 void tsr__comm_self_init(tsr_comm *c);
 void tsr__comm_self_sum_parts(const float *parts, int n_parts, size_t n, float *out);
+
+/* comm.c: adds to *st what a binomial-tree broadcast of `bytes` from `root` moves for
+ * `rank` of `size` (the model tsr_comm_stats documents). */
+void tsr__comm_tally_bcast(tsr_comm_stats *st, int rank, int size, int root, size_t bytes);
 
 #ifdef TSR_HAVE_MPI
 /* comm_mpi.c */
@@ -42,6 +50,12 @@ tsr_status tsr__comm_mpi_split(tsr_comm *c, int color, int key, tsr__comm_grp *o
 void tsr__comm_mpi_grp_free(tsr__comm_grp *g);
 tsr_status tsr__comm_mpi_allgather(tsr__comm_grp *g, const void *send, size_t bytes,
                                    void *recv);
+/* The chain sum over the group (see tsr_comm_allreduce_sum_f32_parts): n_local parts of
+ * n floats in, their sum over the global list out; out may equal parts when n_local == 1.
+ * Adds what it moved to *st. scratch holds `chunk` floats. */
+tsr_status tsr__comm_mpi_chain_sum_f32(tsr__comm_grp *g, const float *parts, int n_local,
+                                       size_t n, float *out, float *scratch, size_t chunk,
+                                       tsr_comm_stats *st);
 tsr_status tsr__comm_mpi_bcast(tsr__comm_grp *g, void *buf, size_t bytes, int root);
 tsr_status tsr__comm_mpi_allreduce_i64(tsr__comm_grp *g, int64_t *buf, size_t n,
                                        tsr_comm_op op);

@@ -27,8 +27,6 @@ static tsr_status tsr__mpi_err(int rc, const char *what) {
         if (rc_ != MPI_SUCCESS) return tsr__mpi_err(rc_, what);                          \
     } while (0)
 
-static MPI_Comm tsr__mc(const tsr__comm_grp *g) { return *(MPI_Comm *)g->mpi; }
-
 static tsr_status tsr__count(size_t bytes, const char *what, int *out) {
     if (bytes > (size_t)INT_MAX)
         return tsr_error_set(TSR_ERR_INVALID, "%s: %zu bytes exceed MPI's int count", what,
@@ -48,6 +46,15 @@ static tsr_status tsr__wrap(MPI_Comm comm, const char *what, void **out) {
     *h = comm;
     *out = h;
     return TSR_OK;
+}
+
+static MPI_Comm tsr__mc(const tsr__comm_grp *g) { return *(MPI_Comm *)g->mpi; }
+
+/* The group's internal twin communicator (see tsr__comm_grp.mpi_internal). */
+static tsr_status tsr__dup_internal(tsr__comm_grp *g, const char *what) {
+    MPI_Comm d;
+    TSR__MPI_TRY(MPI_Comm_dup(tsr__mc(g), &d), what);
+    return tsr__wrap(d, what, &g->mpi_internal);
 }
 
 tsr_status tsr__comm_mpi_init(tsr_comm *c, const tsr_comm_options *o) {
@@ -71,6 +78,7 @@ tsr_status tsr__comm_mpi_init(tsr_comm *c, const tsr_comm_options *o) {
     MPI_Comm world;
     TSR__MPI_TRY(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup(world)");
     TSR_TRY(tsr__wrap(world, "world communicator", &c->grp[TSR_COMM_WORLD].mpi));
+    TSR_TRY(tsr__dup_internal(&c->grp[TSR_COMM_WORLD], "world communicator"));
     TSR__MPI_TRY(MPI_Comm_rank(world, &c->world_rank), "MPI_Comm_rank");
     TSR__MPI_TRY(MPI_Comm_size(world, &c->world_size), "MPI_Comm_size");
     c->grp[TSR_COMM_WORLD].rank = c->world_rank;
@@ -86,13 +94,18 @@ tsr_status tsr__comm_mpi_init(tsr_comm *c, const tsr_comm_options *o) {
     return TSR_OK;
 }
 
-void tsr__comm_mpi_grp_free(tsr__comm_grp *g) {
-    if (!g->mpi) return;
+static void tsr__free_handle(void **h) {
+    if (!*h) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free((MPI_Comm *)g->mpi);
-    tsr_free(g->mpi);
-    g->mpi = NULL;
+    if (!finalized) MPI_Comm_free((MPI_Comm *)*h);
+    tsr_free(*h);
+    *h = NULL;
+}
+
+void tsr__comm_mpi_grp_free(tsr__comm_grp *g) {
+    tsr__free_handle(&g->mpi_internal);
+    tsr__free_handle(&g->mpi);
 }
 
 void tsr__comm_mpi_finalize(tsr_comm *c) {
@@ -112,6 +125,47 @@ tsr_status tsr__comm_mpi_split(tsr_comm *c, int color, int key, tsr__comm_grp *o
     TSR_TRY(tsr__wrap(sub, what, &out->mpi));
     TSR__MPI_TRY(MPI_Comm_rank(sub, &out->rank), what);
     TSR__MPI_TRY(MPI_Comm_size(sub, &out->size), what);
+    return tsr__dup_internal(out, what);
+}
+
+/* Rank r's part of the running sum, chunk by chunk: receive ((...) + last part of rank
+ * r - 1) from r - 1, add my parts in order, pass it to r + 1. Per element this is exactly
+ * the left-to-right sum over the global list; chunking only pipelines the hops (rank r
+ * adds chunk k while r - 1 works on chunk k + 1). The last rank then broadcasts. */
+tsr_status tsr__comm_mpi_chain_sum_f32(tsr__comm_grp *g, const float *parts, int n_local,
+                                       size_t n, float *out, float *scratch, size_t chunk,
+                                       tsr_comm_stats *st) {
+    MPI_Comm ic = *(MPI_Comm *)g->mpi_internal;
+    int r = g->rank, last = g->size - 1;
+    for (size_t lo = 0; lo < n; lo += chunk) {
+        size_t m = n - lo < chunk ? n - lo : chunk;
+        int cnt = (int)m; /* chunk <= INT_MAX floats: the caller's constant */
+        float *o = out + lo;
+        const float *p0 = parts + lo;
+        if (r == 0) {
+            if (o != p0) memcpy(o, p0, m * sizeof(float));
+        } else {
+            MPI_Status s;
+            TSR__MPI_TRY(MPI_Recv(scratch, cnt, MPI_FLOAT, r - 1, 0, ic, &s), "chain sum recv");
+            for (size_t i = 0; i < m; i++) o[i] = scratch[i] + p0[i];
+            st->bytes_recv += (int64_t)(m * sizeof(float));
+            st->messages++;
+        }
+        for (int p = 1; p < n_local; p++) {
+            const float *src = parts + (size_t)p * n + lo;
+            for (size_t i = 0; i < m; i++) o[i] += src[i];
+        }
+        if (r < last) {
+            TSR__MPI_TRY(MPI_Send(o, cnt, MPI_FLOAT, r + 1, 0, ic), "chain sum send");
+            st->bytes_sent += (int64_t)(m * sizeof(float));
+            st->messages++;
+        }
+    }
+    size_t bytes = n * sizeof(float);
+    int nb = 0;
+    TSR_TRY(tsr__count(bytes, "chain sum MPI_Bcast", &nb));
+    TSR__MPI_TRY(MPI_Bcast(out, nb, MPI_BYTE, last, ic), "chain sum MPI_Bcast");
+    tsr__comm_tally_bcast(st, r, g->size, last, bytes);
     return TSR_OK;
 }
 

@@ -148,8 +148,11 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
         done += (size_t)n;
     }
     double t1 = tsr_sys_now();
+    tsr_comm_stats cs_prefill, cs_decode;
+    tsr_comm_get_stats(d->comm, &cs_prefill);
+    tsr_comm_reset_stats(d->comm);
 
-    int generated = 0;
+    int generated = 0, fed = 0; /* fed: decode tokens that went through the forward */
     int32_t prev = g->ids[n_ids - 1];
     const char *stop = "length";
     char piece[512];
@@ -174,9 +177,15 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
         }
         tsr_batch_seq b = {.seq = 0, .tokens = &next, .n_tokens = 1, .want_logits = true};
         TSR_TRY(tsr_dist_must(d, tsr_forward_run(g->fwd, g->kv, &b, 1, g->logits, &rows)));
+        fed++;
         pos++;
     }
     double t2 = tsr_sys_now();
+    tsr_comm_get_stats(d->comm, &cs_decode);
+    char comm_js[768];
+    if (o->kv.stats) /* collective: every rank takes this branch */
+        tsr_dist_comm_json(d, &cs_prefill, (int64_t)n_ids, &cs_decode, fed, comm_js,
+                           sizeof comm_js);
     if (!root) return TSR_OK;
     printf("\n");
     fflush(stdout);
@@ -189,7 +198,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
     if (o->kv.stats) {
         char js[2048];
         tsr_kv_stats_json(g->kv, js, sizeof js);
-        fprintf(stderr, "%s\n", js);
+        fprintf(stderr, "%s\n%s\n", js, comm_js);
     }
     return TSR_OK;
 }

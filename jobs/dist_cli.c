@@ -127,3 +127,28 @@ int tsr_dist_fail(const tsr_dist *j, const char *cmd) {
     if (j->rank != 0) return 1;
     return tsr_cmd_fail(cmd);
 }
+
+int tsr_dist_comm_json(tsr_dist *j, const tsr_comm_stats *prefill, int64_t prefill_tokens,
+                       const tsr_comm_stats *decode, int64_t decode_tokens, char *buf,
+                       size_t cap) {
+    int64_t sum[6] = {prefill->bytes_sent, prefill->bytes_recv, prefill->messages,
+                      decode->bytes_sent,  decode->bytes_recv,  decode->messages};
+    int64_t mx[2] = {prefill->bytes_sent, decode->bytes_sent};
+    if (j->world > 1) {
+        (void)tsr_comm_allreduce_i64(j->comm, TSR_COMM_WORLD, sum, 6, TSR_COMM_SUM);
+        (void)tsr_comm_allreduce_i64(j->comm, TSR_COMM_WORLD, mx, 2, TSR_COMM_MAX);
+    }
+    double pt = prefill_tokens > 0 ? (double)prefill_tokens : 1.0;
+    double dt = decode_tokens > 0 ? (double)decode_tokens : 1.0;
+    return snprintf(buf, cap,
+                    "{\"comm\":{\"backend\":\"%s\",\"world\":%d,\"tp\":%d,\"pp\":%d,"
+                    "\"prefill\":{\"tokens\":%lld,\"bytes_sent\":%lld,\"bytes_recv\":%lld,"
+                    "\"messages\":%lld,\"max_rank_bytes_sent\":%lld,\"bytes_per_token\":%.1f},"
+                    "\"decode\":{\"tokens\":%lld,\"bytes_sent\":%lld,\"bytes_recv\":%lld,"
+                    "\"messages\":%lld,\"max_rank_bytes_sent\":%lld,\"bytes_per_token\":%.1f}}}",
+                    tsr_comm_backend_name(j->comm), j->world, tsr_comm_tp(j->comm),
+                    tsr_comm_pp(j->comm), (long long)prefill_tokens, (long long)sum[0],
+                    (long long)sum[1], (long long)sum[2], (long long)mx[0], (double)sum[0] / pt,
+                    (long long)decode_tokens, (long long)sum[3], (long long)sum[4],
+                    (long long)sum[5], (long long)mx[1], (double)sum[3] / dt);
+}

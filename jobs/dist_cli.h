@@ -57,6 +57,13 @@ int tsr_dist_default_threads(const tsr_dist *j);
 void tsr_dist_log_layout(tsr_dist *j);
 void tsr_dist_end(tsr_dist *j);
 
+/* One JSON object (no newline) of the job's communication: layout, and for the prefill
+ * and decode phases the data-plane bytes sent by all ranks together, the most one rank
+ * sent, messages, and bytes per token. Collective (sums over the world). */
+int tsr_dist_comm_json(tsr_dist *j, const tsr_comm_stats *prefill, int64_t prefill_tokens,
+                       const tsr_comm_stats *decode, int64_t decode_tokens, char *buf,
+                       size_t cap);
+
 /* "tessera CMD: <error>" on rank 0 only (every rank has the agreed line); returns 1. */
 int tsr_dist_fail(const tsr_dist *j, const char *cmd);
 

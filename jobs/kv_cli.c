@@ -24,7 +24,8 @@ void tsr_kv_cli_opts(tsr_kv_cli *k, tsr_cli_opt *out) {
          "h2o: share of the budget for the recent window", false},
         {"h2o-scores", TSR_OPT_STRING, &k->kv.h2o_scores, "MODE",
          "h2o: tiled (never materialized) or materialize (the original n x n baseline)", false},
-        {"stats", TSR_OPT_FLAG, &k->stats, NULL, "print a JSON line of KV-cache stats to stderr",
+        {"stats", TSR_OPT_FLAG, &k->stats, NULL,
+         "print JSON lines of KV-cache stats (and, for generate, communication) to stderr",
          false},
     };
     memcpy(out, opts, sizeof opts);

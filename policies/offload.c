@@ -22,7 +22,8 @@
 #define TSR__OFF_MAXHALF 128
 
 typedef struct tsr__olayer {
-    float *hk, *hv;  /* host copy: [cap][kv_dim] */
+    float *hk, *hv;  /* host copy: [cap][kv_dim] ([cap_v] for hv: see tsr__off_grow) */
+    size_t cap_v;
     float *pk;       /* partial keys: [cap][n_kv_heads][2 * pairs] */
     uint8_t *res;    /* [cap] resident flag */
     size_t cap;
@@ -103,7 +104,7 @@ static void tsr__off_release(void *state, int seq) {
     for (int l = 0; l < o->L; l++) {
         tsr__olayer *L = &s->layers[l];
         tsr_host_pool_free(o->cfg.host, L->hk, L->cap * o->kvd * 4);
-        tsr_host_pool_free(o->cfg.host, L->hv, L->cap * o->kvd * 4);
+        tsr_host_pool_free(o->cfg.host, L->hv, L->cap_v * o->kvd * 4);
         o->resident_meta_bytes -= (int64_t)(L->cap * (pw * 4 + 1));
         tsr_free(L->pk);
         tsr_free(L->res);
@@ -230,14 +231,20 @@ static tsr_status tsr__off_grow(tsr__off *o, tsr__olayer *L, int32_t rows) {
     size_t cap = L->cap ? L->cap : 256;
     while (cap < (size_t)rows) cap *= 2;
     size_t kb = (size_t)o->kvd * 4, pw = (size_t)o->G * 2 * o->pairs;
-    TSR_TRY(tsr_host_pool_realloc(o->cfg.host, (void **)&L->hk, L->cap * kb, cap * kb));
-    TSR_TRY(tsr_host_pool_realloc(o->cfg.host, (void **)&L->hv, L->cap * kb, cap * kb));
+    /* Heap metadata first (freed without a size), then the two host-pool arrays, each
+     * with its own recorded size, so that a failure anywhere still frees everything with
+     * its true length (a placed pool unmaps exactly that). */
     float *pk = tsr_realloc(L->pk, cap * pw * 4);
     if (!pk) return TSR_ERR_NOMEM;
     L->pk = pk;
     uint8_t *res = tsr_realloc(L->res, cap);
     if (!res) return TSR_ERR_NOMEM;
     L->res = res;
+    if (L->cap_v < cap) {
+        TSR_TRY(tsr_host_pool_realloc(o->cfg.host, (void **)&L->hv, L->cap_v * kb, cap * kb));
+        L->cap_v = cap;
+    }
+    TSR_TRY(tsr_host_pool_realloc(o->cfg.host, (void **)&L->hk, L->cap * kb, cap * kb));
     o->resident_meta_bytes += (int64_t)((cap - L->cap) * (pw * 4 + 1));
     L->cap = cap;
     if (o->cfg.host->peak > o->st.host_bytes_peak) o->st.host_bytes_peak = o->cfg.host->peak;

@@ -501,3 +501,24 @@ tsr_status tsr_backend_cuda_get(tsr_backend *be, void *host_dst, const void *dev
 const char *tsr_backend_cuda_device_name(const tsr_backend *be) {
     return ((const tsr__cuda_ctx *)be->ctx)->name;
 }
+
+/* ---- page-locking host memory (host pool pin hooks) ---------------------------------- */
+
+/* Portable: the pinning holds for every device, so the hook needs no backend (ctx unused;
+ * the host pool passes what it was given). */
+tsr_status tsr_backend_cuda_host_register(void *ctx, void *ptr, size_t bytes) {
+    (void)ctx;
+    cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return tsr_error_set(TSR_ERR_CUDA, "cuda: cudaHostRegister(%zu bytes): %s (%s)", bytes,
+                             cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    return TSR_OK;
+}
+
+void tsr_backend_cuda_host_unregister(void *ctx, void *ptr) {
+    (void)ctx;
+    /* Nothing to report at free time: an unregistered pointer is harmless to free. */
+    if (cudaHostUnregister(ptr) != cudaSuccess) (void)cudaGetLastError();
+}

@@ -25,4 +25,10 @@ tsr_status tsr_backend_cuda_get(tsr_backend *be, void *host_dst, const void *dev
 /* The device's name ("NVIDIA H100 80GB HBM3"), for logs and benchmarks. */
 const char *tsr_backend_cuda_device_name(const tsr_backend *be);
 
+/* Pin hooks for tsr_host_pool_set_pinning: cudaHostRegister (portable: all devices) and
+ * cudaHostUnregister of a host buffer, so host<->device copies from it can be asynchronous.
+ * ctx is unused (pass the backend or NULL). */
+tsr_status tsr_backend_cuda_host_register(void *ctx, void *ptr, size_t bytes);
+void tsr_backend_cuda_host_unregister(void *ctx, void *ptr);
+
 #endif

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 
 #include "comm/comm.h"
+#include "comm/comm_impl.h"
 #include "tests/test.h"
 
 /* Unit tests may themselves run inside an srun step or mpirun: forget the launcher. */
@@ -65,7 +66,40 @@ TSR_TEST(test_self_collectives) {
     tsr_status st = tsr_error_set(TSR_ERR_IO, "x.bin: short read");
     ASSERT_EQ_INT(tsr_comm_agree(c, st), TSR_ERR_IO);
     ASSERT_STR_EQ(tsr_last_error(), "x.bin: short read");
+    /* One process moves nothing over any network. */
+    tsr_comm_stats s;
+    tsr_comm_get_stats(c, &s);
+    ASSERT_TRUE(s.bytes_sent == 0 && s.bytes_recv == 0 && s.messages == 0);
     tsr_comm_destroy(c);
+}
+
+/* The binomial-tree model of the bcast counters: every non-root rank receives once, the
+ * sends add up to the receives, no rank sends more than ceil(log2 size) times, and the
+ * tree's shape follows the root. */
+TSR_TEST(test_bcast_tree_counts) {
+    for (int size = 2; size <= 37; size++) {
+        int log2 = 0;
+        while ((1 << log2) < size) log2++;
+        for (int root = 0; root < size; root += 3) {
+            int64_t sent = 0, recv = 0;
+            for (int r = 0; r < size; r++) {
+                tsr_comm_stats s = {0};
+                tsr__comm_tally_bcast(&s, r, size, root, 10);
+                ASSERT_EQ_INT(s.bytes_recv, r == root ? 0 : 10);
+                ASSERT_TRUE(s.bytes_sent <= 10 * log2);
+                ASSERT_EQ_INT(s.messages, (s.bytes_sent + s.bytes_recv) / 10);
+                sent += s.bytes_sent;
+                recv += s.bytes_recv;
+            }
+            ASSERT_EQ_INT(sent, 10 * (size - 1));
+            ASSERT_EQ_INT(recv, sent);
+        }
+    }
+    tsr_comm_stats s = {0};
+    tsr__comm_tally_bcast(&s, 0, 8, 0, 4);
+    ASSERT_EQ_INT(s.bytes_sent, 12); /* the root of 8 sends to 1, 2 and 4 */
+    tsr__comm_tally_bcast(&s, 0, 1, 0, 4);
+    ASSERT_EQ_INT(s.messages, 3); /* a one-rank group: nothing */
 }
 
 TSR_TEST(test_env_override_and_launcher_detection) {
@@ -96,4 +130,5 @@ TSR_TEST(test_env_override_and_launcher_detection) {
     unsetenv("SLURM_PROCID");
 }
 
-TSR_TEST_MAIN(test_self_bootstrap, test_self_collectives, test_env_override_and_launcher_detection)
+TSR_TEST_MAIN(test_self_bootstrap, test_self_collectives, test_bcast_tree_counts,
+              test_env_override_and_launcher_detection)
