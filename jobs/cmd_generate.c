@@ -107,13 +107,14 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
     bool root = tsr_dist_is_root(d);
 
     int threads = o->threads_given ? o->threads : tsr_dist_default_threads(d);
-    TSR_TRY(tsr_dist_agree(d, tsr_backend_create(o->backend, threads, &g->be)));
+    TSR_TRY(tsr_dist_agree(d, tsr_dist_place(d, o->dist.bind)));
+    TSR_TRY(tsr_dist_agree(d, tsr_backend_create_local(o->backend, threads, d->local_rank,
+                                                       &g->be)));
     int chunk = o->chunk < (int)n_ids ? o->chunk : (int)n_ids;
     tsr_kv_options kvo = o->kv.kv;
     kvo.chunk_tokens = chunk;
     kvo.max_seqs = 1;
-    kvo.shard = &d->shard;
-    kvo.comm = d->comm;
+    tsr_dist_kv_options(d, g->be, &kvo);
     TSR_TRY(tsr_dist_agree(d, tsr_kv_setup(&kvo, c, &g->kv)));
     TSR_TRY(g->kv->ops->seq_add(g->kv, 0));
     tsr_forward_parallel fp = tsr_dist_forward(d);

@@ -4,7 +4,8 @@
  * skips the lines whose records are already in the output (jobs/batch_io.h), so it can be
  * killed at any moment. Exit codes: 0 when the job ran (bad lines are error records, not
  * failures), 1 for fatal errors (unreadable input or model, unwritable output, a failed
- * forward pass), 2 for usage errors. */
+ * forward pass), 2 for usage errors, 3 (TSR_EXIT_STOPPED) when SIGTERM/SIGINT/SIGUSR1
+ * stopped it between steps with work left (a rerun resumes). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -18,7 +19,9 @@
 #include "jobs/commands.h"
 #include "jobs/kv_cli.h"
 #include "jobs/metrics.h"
+#include "jobs/dist_cli.h"
 #include "jobs/progress.h"
+#include "jobs/signals.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
 #include "runtime/base/alloc.h"
@@ -35,8 +38,9 @@ typedef struct tsr__run_opts {
     int max_batch_seqs, max_batch_tokens, max_context, threads;
     float progress_interval;
     uint64_t seed;
-    bool no_bos, quiet, verbose;
+    bool no_bos, quiet, verbose, threads_given;
     tsr_kv_cli kv;
+    tsr_dist_cli dist;
 } tsr__run_opts;
 
 /* A request between submit and its record. */
@@ -76,6 +80,11 @@ typedef struct tsr__run {
     tsr_progress prog;
     int64_t records_this_run, kill_after, processed;
     double t_start;
+    int stop_signo; /* the signal that stopped the job early, 0 if it ran to the end */
+    /* Every rank runs the same job (same input, same scheduler decisions); rank 0 alone
+     * writes the output, errors, metrics and progress. */
+    tsr_dist dist;
+    bool root;
 } tsr__run;
 
 static void tsr__job_req_clear(tsr__job_req *r) {
@@ -101,13 +110,15 @@ static void tsr__run_free(tsr__run *g) {
         for (int i = 0; i < g->n_reqs; i++) tsr__job_req_clear(&g->reqs[i]);
     tsr_free(g->reqs);
     tsr_metrics_free(&g->m);
+    tsr_dist_end(&g->dist);
 }
 
 /* One record written: output first (the source of truth), then the errors file. */
 static tsr_status tsr__put(tsr__run *g, char *line, bool is_error) {
     if (!line) return tsr_error_set(TSR_ERR_NOMEM, "cannot format an output record");
-    tsr_status st = tsr_batch_writer_put(&g->out, line);
-    if (st == TSR_OK && is_error) st = tsr_batch_writer_put(&g->err, line);
+    tsr_status st = TSR_OK;
+    if (g->root) st = tsr_batch_writer_put(&g->out, line);
+    if (st == TSR_OK && is_error && g->root) st = tsr_batch_writer_put(&g->err, line);
     tsr_free(line);
     TSR_TRY(st);
     g->records_this_run++;
@@ -132,7 +143,19 @@ static const char *tsr__basename(const char *p, char *buf, size_t cap) {
     return buf;
 }
 
-static tsr_status tsr__setup(tsr__run *g) {
+static tsr_status tsr__open_output(tsr__run *g) {
+    const tsr__run_opts *o = g->o;
+    TSR_TRY(tsr_batch_resume_scan(o->output, &g->resume));
+    if (g->resume.n_ignored > 0)
+        TSR_LOG_WARN("%s: %" PRId64 " complete lines are not batch records (left in place)",
+                     o->output, g->resume.n_ignored);
+    TSR_TRY(tsr_batch_rebuild_errors(o->output, g->err_path));
+    TSR_TRY(tsr_batch_writer_open(&g->out, o->output));
+    return tsr_batch_writer_open(&g->err, g->err_path);
+}
+
+/* The local part of the start: input, output, model, tokenizer, chat template. */
+static tsr_status tsr__setup_files(tsr__run *g) {
     const tsr__run_opts *o = g->o;
     g->in = fopen(o->input, "rb");
     if (!g->in)
@@ -159,13 +182,13 @@ static tsr_status tsr__setup(tsr__run *g) {
         int stem = l > 6 && !strcmp(o->output + l - 6, ".jsonl") ? (int)(l - 6) : (int)l;
         snprintf(g->err_path, sizeof g->err_path, "%.*s.errors.jsonl", stem, o->output);
     }
-    TSR_TRY(tsr_batch_resume_scan(o->output, &g->resume));
-    if (g->resume.n_ignored > 0)
-        TSR_LOG_WARN("%s: %" PRId64 " complete lines are not batch records (left in place)",
-                     o->output, g->resume.n_ignored);
-    TSR_TRY(tsr_batch_rebuild_errors(o->output, g->err_path));
-    TSR_TRY(tsr_batch_writer_open(&g->out, o->output));
-    TSR_TRY(tsr_batch_writer_open(&g->err, g->err_path));
+    /* Rank 0 scans the output first (it may cut a partial last record), then the other
+     * ranks read the same records (input and output on a shared file system). */
+    tsr_status st = TSR_OK;
+    if (g->root) st = tsr__open_output(g);
+    TSR_TRY(tsr_dist_agree(&g->dist, st));
+    st = g->root ? TSR_OK : tsr_batch_resume_scan(o->output, &g->resume);
+    TSR_TRY(tsr_dist_agree(&g->dist, st));
     TSR_TRY(tsr_strset_create(&g->seen));
 
     TSR_TRY(tsr_model_load(o->model, &g->model));
@@ -179,15 +202,30 @@ static tsr_status tsr__setup(tsr__run *g) {
         return cst;
     }
     tsr__basename(o->model, g->model_name, sizeof g->model_name);
-
     g->ctx = o->max_context > 0 && o->max_context < c->max_seq_len ? o->max_context
                                                                    : c->max_seq_len;
-    TSR_TRY(tsr_backend_create(o->backend, o->threads, &g->be));
+    return TSR_OK;
+}
+
+/* Every fallible local step is agreed on before the next collective one. */
+static tsr_status tsr__setup(tsr__run *g) {
+    const tsr__run_opts *o = g->o;
+    tsr_dist *d = &g->dist;
+    TSR_TRY(tsr_dist_agree(d, tsr__setup_files(g)));
+    TSR_TRY(tsr_dist_layout(d, &o->dist, g->model, o->model));
+    const tsr_model_config *c = &g->model->cfg;
+    int threads = o->threads_given ? o->threads : tsr_dist_default_threads(d);
+    TSR_TRY(tsr_dist_agree(d, tsr_dist_place(d, o->dist.bind)));
+    TSR_TRY(tsr_dist_agree(d, tsr_backend_create_local(o->backend, threads, d->local_rank,
+                                                       &g->be)));
     tsr_kv_options kvo = o->kv.kv;
     kvo.max_seqs = o->max_batch_seqs;
     kvo.chunk_tokens = o->max_batch_tokens;
-    TSR_TRY(tsr_kv_setup(&kvo, c, &g->kv));
-    TSR_TRY(tsr_forward_create(g->model, g->be, o->max_batch_tokens, &g->fwd));
+    tsr_dist_kv_options(d, g->be, &kvo);
+    TSR_TRY(tsr_dist_agree(d, tsr_kv_setup(&kvo, c, &g->kv)));
+    tsr_forward_parallel fp = tsr_dist_forward(d);
+    TSR_TRY(tsr_dist_agree(d, tsr_forward_create_parallel(g->model, g->be, o->max_batch_tokens,
+                                                          &fp, &g->fwd)));
     tsr_sched_config sc = {.max_seqs = o->max_batch_seqs, .max_tokens = o->max_batch_tokens,
                            .max_context = g->ctx, .vocab_size = c->vocab_size};
     if (g->tok->eos_id >= 0) sc.eos_ids[sc.n_eos++] = g->tok->eos_id;
@@ -201,7 +239,7 @@ static tsr_status tsr__setup(tsr__run *g) {
     g->n_reqs = 2 * o->max_batch_seqs + 1;
     g->reqs = tsr_calloc((size_t)g->n_reqs, sizeof *g->reqs);
     if (!g->reqs) return TSR_ERR_NOMEM;
-    if (o->verbose)
+    if (o->verbose && g->root)
         TSR_LOG_INFO("model %s: dim %d, %d layers, vocab %d, context %d; backend %s, %d "
                      "threads; chat template: %s; output has %" PRId64 " records",
                      o->model, c->dim, c->n_layers, c->vocab_size, g->ctx, g->be->ops->name,
@@ -209,6 +247,8 @@ static tsr_status tsr__setup(tsr__run *g) {
                      g->chat.kind == TSR_CHAT_NONE ? "none"
                      : g->chat.kind == TSR_CHAT_LLAMA3 ? "llama3" : "llama3.1",
                      g->resume.n_records);
+    if (o->verbose) tsr_dist_log_layout(d);
+    tsr_dist_ready(d);
     return TSR_OK;
 }
 
@@ -434,19 +474,36 @@ static tsr_status tsr__events(tsr__run *g, const tsr_sched_event *ev, int n_ev) 
     return TSR_OK;
 }
 
+/* The one place that decides to stop between steps (SIGTERM/SIGINT/SIGUSR1, jobs/signals.h).
+ * Multi-rank runs must make this decision collective: all ranks stop at the same step. */
+static bool tsr__should_stop(tsr__run *g) {
+    int signo = 0;
+    int64_t sig = tsr_signals_stop_requested(&signo) ? signo : 0;
+    /* Collective: the ranks see a signal at different steps; the first one stops them all. */
+    if (g->dist.world > 1 &&
+        tsr_comm_allreduce_i64(g->dist.comm, TSR_COMM_WORLD, &sig, 1, TSR_COMM_MAX) != TSR_OK)
+        tsr_comm_abort(g->dist.comm, 1, tsr_last_error());
+    if (!sig) return false;
+    g->stop_signo = (int)sig;
+    return true;
+}
+
 static tsr_status tsr__job(tsr__run *g) {
     const tsr__run_opts *o = g->o;
     double t_setup = tsr_sys_now();
     const char *kill = getenv("TSR_TEST_KILL_AFTER");
     g->kill_after = kill ? strtoll(kill, NULL, 10) : 0;
+    TSR_TRY(tsr_dist_start(&g->dist));
+    g->root = tsr_dist_is_root(&g->dist);
     TSR_TRY(tsr__setup(g));
     int64_t todo = g->m.lines - g->resume.n_records;
     if (todo < 0) todo = 0;
     g->t_start = tsr_sys_now();
     g->m.setup_s = g->t_start - t_setup;
-    tsr_progress_init(&g->prog, stderr, "tessera run", todo, o->progress_interval, o->quiet,
+    bool quiet = o->quiet || !g->root;
+    tsr_progress_init(&g->prog, stderr, "tessera run", todo, o->progress_interval, quiet,
                       g->t_start);
-    if (!o->quiet && g->resume.n_records > 0)
+    if (!quiet && g->resume.n_records > 0)
         fprintf(stderr,
                 "tessera run: resuming: %s holds %" PRId64 " records%s; %" PRId64
                 " requests left\n",
@@ -463,7 +520,10 @@ static tsr_status tsr__job(tsr__run *g) {
         }
         const tsr_sched_event *ev;
         int n_ev;
-        TSR_TRY(tsr_sched_step(g->sched, &ev, &n_ev, NULL));
+        /* Requests still running are dropped: their records are not written, so a rerun
+         * runs them again (every written record is already flushed and fsynced). */
+        if (tsr__should_stop(g)) break;
+        TSR_TRY(tsr_dist_must(&g->dist, tsr_sched_step(g->sched, &ev, &n_ev, NULL)));
         TSR_TRY(tsr__events(g, ev, n_ev));
         int64_t toks = g->m.completion_tokens;
         for (int i = 0; i < g->n_reqs; i++) toks += g->reqs[i].n_gen;
@@ -495,9 +555,16 @@ static tsr_status tsr__job(tsr__run *g) {
     char kv_json[2048];
     tsr_kv_stats_json(g->kv, kv_json, sizeof kv_json);
     m->kv_json = kv_json;
+    if (!g->root) return TSR_OK;
     if (o->metrics) TSR_TRY(tsr_metrics_write(m, o->metrics));
     if (o->kv.stats) fprintf(stderr, "%s\n", kv_json);
-    if (!o->quiet)
+    if (g->stop_signo) {
+        int64_t done = g->resume.n_records + g->processed;
+        fprintf(stderr,
+                "tessera run: stopped by %s after %" PRId64 " of %" PRId64
+                " requests; rerun the same command to resume\n",
+                tsr_signals_name(g->stop_signo), done < m->lines ? done : m->lines, m->lines);
+    } else if (!o->quiet)
         fprintf(stderr,
                 "tessera run: %" PRId64 " requests: %" PRId64 " ok, %" PRId64 " failed, %" PRId64
                 " skipped (already in the output) in %.2f s; %" PRId64 " prompt + %" PRId64
@@ -514,6 +581,7 @@ int tsr_cmd_run(int argc, char **argv) {
                        .threads = tsr_sys_cpus(), .progress_interval = 10.0f,
                        .seed = 42, .backend = "auto"};
     tsr_kv_cli_init(&o.kv);
+    tsr_dist_cli_init(&o.dist);
     tsr_cli_opt base[] = {
         {"model", TSR_OPT_STRING, &o.model, "PATH",
          "model: llama2.c .bin, Hugging Face directory, or synthetic:NAME (required)", false},
@@ -532,7 +600,8 @@ int tsr_cmd_run(int argc, char **argv) {
          false},
         {"max-context", TSR_OPT_INT, &o.max_context, "N",
          "context length in tokens, prompt included (0 = the model's maximum)", false},
-        {"threads", TSR_OPT_INT, &o.threads, "N", "CPU threads (default: CPUs given to the job)",
+        {"threads", TSR_OPT_INT, &o.threads, "N",
+         "CPU threads per rank (default: the CPUs given to the job over its ranks on the node)",
          false},
         {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu or cuda", false},
         {"seed", TSR_OPT_U64, &o.seed, "S", "seed of requests whose body has no \"seed\"",
@@ -548,16 +617,19 @@ int tsr_cmd_run(int argc, char **argv) {
         {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
     };
     enum { N_BASE = sizeof base / sizeof base[0] };
-    tsr_cli_opt opts[N_BASE + TSR_KV_CLI_N_OPTS];
+    tsr_cli_opt opts[N_BASE + TSR_KV_CLI_N_OPTS + TSR_DIST_CLI_N_OPTS];
     memcpy(opts, base, sizeof base);
     tsr_kv_cli_opts(&o.kv, opts + N_BASE);
+    tsr_dist_cli_opts(&o.dist, opts + N_BASE + TSR_KV_CLI_N_OPTS);
     tsr_cli cli = {.cmd = "run",
                    .synopsis = "--model PATH --input IN.jsonl --output OUT.jsonl [options]",
                    .about = "Bulk generation: OpenAI batch lines (/v1/completions, "
                             "/v1/chat/completions) in, one record per line out,\n"
                             "in completion order. Bad lines become error records and the job "
                             "goes on; exit status 0\nwhen the job ran, 1 on fatal errors "
-                            "(input, model, output), 2 on usage errors.",
+                            "(input, model, output), 2 on usage errors,\n3 when stopped by "
+                            "SIGTERM, SIGINT or SIGUSR1 before the end (finished records are "
+                            "kept;\nrerun the same command to resume).",
                    .opts = opts,
                    .n_opts = (int)(sizeof opts / sizeof opts[0])};
     tsr_cli_result r = tsr_cli_parse(&cli, argc, argv);
@@ -565,6 +637,8 @@ int tsr_cmd_run(int argc, char **argv) {
     if (r != TSR_CLI_OK) return 2;
     if (!o.model) return tsr_cli_usage_error(&cli, "--model is required");
     if (tsr_kv_cli_check(&cli, &o.kv) != TSR_CLI_OK) return 2;
+    if (tsr_dist_cli_check(&cli, &o.dist) != TSR_CLI_OK) return 2;
+    o.threads_given = tsr_cli_find(&cli, "threads")->seen;
     if (!o.input) return tsr_cli_usage_error(&cli, "--input is required");
     if (!o.output) return tsr_cli_usage_error(&cli, "--output is required");
     if (o.max_batch_seqs < 1) return tsr_cli_usage_error(&cli, "--max-batch-seqs must be >= 1");
@@ -579,7 +653,10 @@ int tsr_cmd_run(int argc, char **argv) {
     if (o.verbose) tsr_log_set_level(TSR_LOG_INFO);
 
     tsr__run g = {.o = &o};
-    tsr_status st = tsr__job(&g);
+    tsr_status st = tsr_signals_install();
+    if (st == TSR_OK) st = tsr__job(&g);
+    int rc = st != TSR_OK ? tsr_dist_fail(&g.dist, "run") : g.stop_signo ? TSR_EXIT_STOPPED : 0;
     tsr__run_free(&g);
-    return st == TSR_OK ? 0 : tsr_cmd_fail("run");
+    tsr_signals_restore();
+    return rc;
 }

@@ -8,6 +8,11 @@
 #include <unistd.h>
 
 #include "jobs/commands.h"
+#include "memory/host_pool.h"
+#ifdef TSR_HAVE_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#endif
+#include "runtime/base/alloc.h"
 #include "runtime/base/log.h"
 #include "runtime/base/sys.h"
 
@@ -21,6 +26,9 @@ void tsr_dist_cli_opts(tsr_dist_cli *d, tsr_cli_opt *out) {
         {"micro-batches", TSR_OPT_INT, &d->micro_batches, "N",
          "pipeline micro-batches per step (default: --pp; 1 keeps results bit-identical to "
          "one process for batches of several sequences)", false},
+        {"bind", TSR_OPT_FLAG, &d->bind, NULL,
+         "bind each rank to its share of its NUMA node's cores (default: leave binding to "
+         "the launcher, e.g. srun --cpu-bind or mpirun --bind-to)", false},
     };
     memcpy(out, opts, sizeof opts);
 }
@@ -52,6 +60,7 @@ tsr_status tsr_dist_start(tsr_dist *j) {
     TSR_TRY(tsr_comm_init(&o, &j->comm));
     j->rank = tsr_comm_world_rank(j->comm);
     j->world = tsr_comm_world_size(j->comm);
+    j->local_rank = tsr_comm_local_rank(j->comm);
     j->local_size = tsr_comm_local_size(j->comm);
     if (die && *die && atoi(die) == j->rank && j->world > 1) _Exit(3);
     if (j->world > 1 && !tsr__term_set) {
@@ -95,6 +104,47 @@ tsr_status tsr_dist_layout(tsr_dist *j, const tsr_dist_cli *d, tsr_model *m, con
     return tsr_dist_agree(j, tsr_parallel_shard_model(m, &j->shard));
 }
 
+tsr_status tsr_dist_place(tsr_dist *j, bool bind) {
+    int n = j->local_size > 0 ? j->local_size : 1;
+    int gpus = tsr_backend_gpu_count();
+    const char *spec = getenv("TSR_TOPOLOGY");
+    if (!spec || !*spec) spec = gpus > 0 ? "system" : "system-cpu";
+    TSR_TRY(tsr_topology_load(spec, &j->topo));
+    tsr_placement *all = tsr_calloc((size_t)n, sizeof *all);
+    char(*ids)[24] = tsr_calloc((size_t)n, sizeof *ids);
+    const char **busids = tsr_calloc((size_t)n, sizeof *busids);
+    tsr_status st = all && ids && busids ? TSR_OK : TSR_ERR_NOMEM;
+    /* every rank derives all the node's bus ids itself: GPU = local rank % GPUs */
+    for (int r = 0; r < n && st == TSR_OK && gpus > 0; r++)
+        if (tsr_backend_gpu_busid(r % gpus, ids[r], sizeof ids[r]) == 0) busids[r] = ids[r];
+    if (st == TSR_OK)
+        st = tsr_topology_place(j->topo, n, gpus > 0 ? busids : NULL, all);
+    if (st == TSR_OK) j->place = all[j->local_rank < n ? j->local_rank : 0];
+    if (st == TSR_OK && bind) {
+        st = tsr_topology_bind(j->topo, &j->place);
+        j->bound = st == TSR_OK;
+    }
+    tsr_free(all);
+    tsr_free(ids);
+    tsr_free(busids);
+    return st;
+}
+
+void tsr_dist_kv_options(const tsr_dist *j, const tsr_backend *be, tsr_kv_options *kvo) {
+    kvo->shard = &j->shard;
+    kvo->comm = j->comm;
+    kvo->topo = j->topo;
+    kvo->place = j->topo ? &j->place : NULL;
+#ifdef TSR_HAVE_CUDA
+    if (be && be->device >= 0) {
+        kvo->pin = tsr_backend_cuda_host_register;
+        kvo->unpin = tsr_backend_cuda_host_unregister;
+    }
+#else
+    (void)be;
+#endif
+}
+
 tsr_forward_parallel tsr_dist_forward(const tsr_dist *j) {
     return (tsr_forward_parallel){.comm = j->comm, .shard = j->shard,
                                   .micro_batches = j->micro_batches};
@@ -111,6 +161,13 @@ void tsr_dist_log_layout(tsr_dist *j) {
             char line[256];
             tsr_parallel_shard_format(&j->shard, line, sizeof line);
             TSR_LOG_INFO("%s", line);
+            if (j->topo) {
+                char pl[256];
+                tsr_topology_format_placement(&j->place, 1, pl, sizeof pl);
+                size_t k = strlen(pl);
+                while (k > 0 && pl[k - 1] == '\n') pl[--k] = 0;
+                TSR_LOG_INFO("rank %d: %s%s", j->rank, pl, j->bound ? ", bound" : "");
+            }
             fflush(stderr);
         }
         if (j->world > 1) (void)tsr_comm_barrier(j->comm, TSR_COMM_WORLD);
@@ -119,6 +176,8 @@ void tsr_dist_log_layout(tsr_dist *j) {
 
 void tsr_dist_end(tsr_dist *j) {
     tsr_dist_ready(j);
+    tsr_topology_destroy(j->topo);
+    j->topo = NULL;
     tsr_comm_destroy(j->comm);
     j->comm = NULL;
 }

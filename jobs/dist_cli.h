@@ -9,22 +9,29 @@
 
 #include "comm/comm.h"
 #include "jobs/cli.h"
+#include "kernels/backend.h"
+#include "memory/topology.h"
+#include "runtime/kv_setup.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
 #include "runtime/parallel.h"
 
-#define TSR_DIST_CLI_N_OPTS 3
+#define TSR_DIST_CLI_N_OPTS 4
 
 typedef struct tsr_dist_cli {
     int tp, pp;        /* 0: pp 1, tp = world / pp */
     int micro_batches; /* 0: pp */
+    bool bind;         /* bind each rank to its cores */
 } tsr_dist_cli;
 
 typedef struct tsr_dist {
     tsr_comm *comm;
     tsr_parallel_shard shard; /* valid after tsr_dist_layout */
-    int rank, world, local_size;
+    int rank, world, local_rank, local_size;
     int micro_batches;
+    tsr_topology *topo;       /* after tsr_dist_place */
+    tsr_placement place;      /* this rank's */
+    bool bound;               /* bound to place's cores */
 } tsr_dist;
 
 void tsr_dist_cli_init(tsr_dist_cli *d);
@@ -47,13 +54,22 @@ tsr_status tsr_dist_must(tsr_dist *j, tsr_status st);
 /* Sets the tp x pp layout (defaults from the world size), checks it against the model
  * (`what` names it) and cuts the model to this rank's shard. Collective. */
 tsr_status tsr_dist_layout(tsr_dist *j, const tsr_dist_cli *d, tsr_model *m, const char *what);
+/* Places the node's ranks (memory/topology.h): GPU ranks near their device, CPU ranks
+ * spread over the NUMA nodes; binds this rank to its cores when asked. The topology is
+ * this machine, or the hwloc description in $TSR_TOPOLOGY (tests: a synthetic machine;
+ * it cannot be bound to). Local; the caller agrees. */
+tsr_status tsr_dist_place(tsr_dist *j, bool bind);
+/* Fills the distributed fields of KV options: shard, comm, placed host pool, and the
+ * device pin hooks when be is a GPU backend. */
+void tsr_dist_kv_options(const tsr_dist *j, const tsr_backend *be, tsr_kv_options *kvo);
 /* What tsr_forward_create_parallel needs. */
 tsr_forward_parallel tsr_dist_forward(const tsr_dist *j);
 /* Rank 0 prints and writes outputs. */
 static inline bool tsr_dist_is_root(const tsr_dist *j) { return j->rank == 0; }
 /* CPU threads of this rank when --threads was not given: the node's CPUs over its ranks. */
 int tsr_dist_default_threads(const tsr_dist *j);
-/* One line for --verbose ("rank 1 (tp 1, pp 0): heads 4-7, ..."), every rank in order. */
+/* For --verbose, every rank in order: its shard ("rank 1 (tp 1, pp 0): heads 4-7, ...")
+ * and its placement ("local rank 1: NUMA node 1 ..., host pool bound"). */
 void tsr_dist_log_layout(tsr_dist *j);
 void tsr_dist_end(tsr_dist *j);
 

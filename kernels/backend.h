@@ -94,11 +94,21 @@ struct tsr_backend {
 /* Creates a backend by name: "cpu", "cuda" or "auto" (CUDA when built and a device
  * answers, else the CPU). */
 tsr_status tsr_backend_create(const char *name, int threads, tsr_backend **out);
+/* The same for one rank of a node: a CUDA backend takes GPU local_rank % (visible GPUs), so
+ * the ranks of a node spread over its GPUs. */
+tsr_status tsr_backend_create_local(const char *name, int threads, int local_rank,
+                                    tsr_backend **out);
+/* GPUs this process sees (0 without CUDA), and the PCI bus id ("0000:65:00.0") of one, for
+ * NUMA placement; returns -1 when unknown. */
+int tsr_backend_gpu_count(void);
+int tsr_backend_gpu_busid(int device, char *buf, size_t cap);
 void tsr_backend_destroy(tsr_backend *be);
 
 tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out);
 #ifdef TSR_HAVE_CUDA
 tsr_status tsr_backend_cuda_create(int device, tsr_backend **out);
+int tsr_backend_cuda_device_count(void);
+int tsr_backend_cuda_busid(int device, char *buf, size_t cap);
 #endif
 
 #endif

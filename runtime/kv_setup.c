@@ -79,7 +79,17 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
         kc.memory_bytes = per_layer * layers * bb;
     }
     tsr_host_pool *host = NULL;
-    TSR_TRY(tsr_host_pool_create(opt->host_bytes, &host));
+    if (opt->topo && opt->place)
+        TSR_TRY(tsr_host_pool_create_placed(opt->host_bytes, opt->topo, opt->place, &host));
+    else
+        TSR_TRY(tsr_host_pool_create(opt->host_bytes, &host));
+    if (opt->pin) {
+        tsr_status pst = tsr_host_pool_set_pinning(host, opt->pin, opt->unpin, NULL);
+        if (pst != TSR_OK) {
+            tsr_host_pool_destroy(host);
+            return pst;
+        }
+    }
     kc.host = host;
     tsr_kv_policy_config pc = {.budget = opt->budget, .recent = opt->recent,
                                .scores_materialize = materialize, .spec_pairs = opt->spec_pairs,

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
+#include "memory/host_pool.h"
 #include "memory/kv_cache.h"
 #include "runtime/config.h"
 #include "runtime/parallel.h"
@@ -31,6 +32,13 @@ typedef struct tsr_kv_options {
      * on capacity and admission (memory/kv_dist.h). NULL: the whole model, one process. */
     const tsr_parallel_shard *shard;
     tsr_comm *comm;
+    /* Where the host pool (swap, offload's host tier) lives: the rank's NUMA node
+     * (memory/topology.h); NULL: unplaced malloc. pin/unpin (optional) register the pool's
+     * memory with the device (cudaHostRegister) so copies from it are asynchronous. */
+    const tsr_topology *topo;
+    const tsr_placement *place;
+    tsr_host_pool_pin_fn pin;
+    tsr_host_pool_unpin_fn unpin;
 } tsr_kv_options;
 
 /* Bytes of transient prefill workspace for one chunk: forward activations, attention

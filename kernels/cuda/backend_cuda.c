@@ -425,6 +425,26 @@ static const tsr_backend_ops tsr__cuda_ops = {
     .copy = tsr__cuda_copy,
 };
 
+int tsr_backend_cuda_device_count(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return count;
+}
+
+int tsr_backend_cuda_busid(int device, char *buf, size_t cap) {
+    if (cap == 0) return -1;
+    buf[0] = 0;
+    if (cudaDeviceGetPCIBusId(buf, (int)cap, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        buf[0] = 0;
+        return -1;
+    }
+    return 0;
+}
+
 tsr_status tsr_backend_cuda_create(int device, tsr_backend **out) {
     *out = NULL;
     int count = 0;
