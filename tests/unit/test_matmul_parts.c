@@ -109,13 +109,16 @@ static layout layout_make(int rows, int n, const int *lens) {
 static const int kLensA[5] = {8, 22, 21, 22, 21};
 static const int kLensB[12] = {171, 171, 171, 171, 171, 171, 171, 171, 170, 170, 170, 170};
 static const int kLensC[4] = {64, 64, 64, 0};
+/* 3 parts: a last, partial group of parts in the reduction; 64-, 16-column blocks and tail. */
+static const int kLensD[3] = {100, 7, 33};
 
 static layout layout_get(int i) {
     if (i == 0) return layout_make(40, 5, kLensA);
     if (i == 1) return layout_make(24, 12, kLensB);
-    return layout_make(150, 4, kLensC);
+    if (i == 2) return layout_make(150, 4, kLensC);
+    return layout_make(37, 3, kLensD);
 }
-#define N_LAYOUTS 3
+#define N_LAYOUTS 4
 
 /* The ordered sum of parts [n_parts][m] (the comm_self arithmetic). */
 static void sum_parts(const float *parts, int n_parts, size_t m, float *out) {
