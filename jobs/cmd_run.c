@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "jobs/batch_io.h"
+#include "jobs/checkpoint.h"
 #include "jobs/cli.h"
 #include "jobs/commands.h"
 #include "jobs/kv_cli.h"
@@ -24,6 +25,8 @@
 #include "jobs/signals.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
+#include "memory/kv_dist.h"
+#include "policies/policy.h"
 #include "runtime/base/alloc.h"
 #include "runtime/base/sys.h"
 #include "runtime/base/log.h"
@@ -35,6 +38,7 @@
 
 typedef struct tsr__run_opts {
     const char *model, *tokenizer, *input, *output, *errors, *metrics, *backend;
+    const char *checkpoint; /* --checkpoint FILE.h5, or NULL */
     int max_batch_seqs, max_batch_tokens, max_context, threads;
     float progress_interval;
     uint64_t seed;
@@ -85,6 +89,10 @@ typedef struct tsr__run {
      * writes the output, errors, metrics and progress. */
     tsr_dist dist;
     bool root;
+    /* --checkpoint: this rank's file and the input lines of the requests it resumed */
+    char ck_path[4200];
+    int64_t *ck_lines;
+    int n_ck_lines;
 } tsr__run;
 
 static void tsr__job_req_clear(tsr__job_req *r) {
@@ -110,6 +118,7 @@ static void tsr__run_free(tsr__run *g) {
         for (int i = 0; i < g->n_reqs; i++) tsr__job_req_clear(&g->reqs[i]);
     tsr_free(g->reqs);
     tsr_metrics_free(&g->m);
+    tsr_free(g->ck_lines);
     tsr_dist_end(&g->dist);
 }
 
@@ -320,6 +329,180 @@ static tsr_status tsr__submit(tsr__run *g, tsr_batch_request *r) {
     return TSR_OK;
 }
 
+/* --- checkpoints (--checkpoint, jobs/checkpoint.h) ------------------------------------ */
+
+static int tsr__cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static bool tsr__resumed_line(const tsr__run *g, int64_t line) {
+    return g->n_ck_lines > 0 &&
+           bsearch(&line, g->ck_lines, (size_t)g->n_ck_lines, sizeof line, tsr__cmp_i64);
+}
+
+/* What a checkpoint of this job records and a resumed one must match. */
+static void tsr__ckpt_meta(const tsr__run *g, int64_t records, tsr_ckpt_meta *m) {
+    const tsr_model_config *c = &g->model->cfg;
+    tsr_kv_cache *mech = tsr_ckpt_kv_mech(g->kv);
+    bool multi = g->dist.world > 1;
+    *m = (tsr_ckpt_meta){.format_version = TSR_CKPT_VERSION, .dim = c->dim,
+                         .n_layers = c->n_layers, .n_heads = c->n_heads,
+                         .n_kv_heads = c->n_kv_heads, .vocab_size = c->vocab_size,
+                         .block_size = mech ? tsr_kv_paged_block_size(mech) : 0,
+                         .tp = multi ? tsr_comm_size(g->dist.comm, TSR_COMM_TP) : 1,
+                         .pp = multi ? tsr_comm_size(g->dist.comm, TSR_COMM_PP) : 1,
+                         .rank = g->dist.rank, .world = multi ? g->dist.world : 1,
+                         .max_batch_seqs = g->o->max_batch_seqs, .max_context = g->ctx,
+                         .kv_layers = mech ? mech->n_layers : 0,
+                         .kv_dim = mech ? mech->kv_dim : 0, .output_records = records};
+    snprintf(m->model, sizeof m->model, "%s", g->o->model);
+    snprintf(m->dtype, sizeof m->dtype, "%s", tsr_dtype_name(c->dtype));
+    snprintf(m->policy, sizeof m->policy, "%s",
+             tsr_kv_policy_name(tsr_kv_dist_inner(g->kv)));
+    snprintf(m->output, sizeof m->output, "%s", g->o->output);
+}
+
+/* Local: every request the scheduler holds, with the KV of the running ones. */
+static tsr_status tsr__ckpt_save(tsr__run *g, int *n_saved) {
+    tsr_ckpt ck = {0};
+    tsr__ckpt_meta(g, g->resume.n_records + g->records_this_run, &ck.meta);
+    tsr_kv_cache *mech = tsr_ckpt_kv_mech(g->kv);
+    if (!mech)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: the KV cache is not paged",
+                             g->ck_path);
+    int n = tsr_sched_n_requests(g->sched);
+    tsr_sched_saved *sv = tsr_calloc((size_t)(n ? n : 1), sizeof *sv);
+    ck.reqs = tsr_calloc((size_t)(n ? n : 1), sizeof *ck.reqs);
+    tsr_status st = sv && ck.reqs ? TSR_OK : TSR_ERR_NOMEM;
+    if (st == TSR_OK) tsr_sched_export(g->sched, sv);
+    for (int i = 0; i < n && st == TSR_OK; i++) {
+        tsr_ckpt_req *r = &ck.reqs[i];
+        const tsr__job_req *q = &g->reqs[sv[i].tag];
+        TSR_ASSERT(sv[i].tag < (uint64_t)g->n_reqs && q->used);
+        r->s = sv[i];
+        r->custom_id = q->custom_id;
+        r->line = q->line;
+        r->kind = (int)q->kind;
+        for (int j = 0; j < q->n_stops; j++) r->stops[j] = q->stops[j];
+        r->n_stops = q->n_stops;
+        r->text = q->text;
+        r->len = q->len;
+        r->prev = q->prev;
+        r->n_prompt = q->n_prompt;
+        r->n_gen = q->n_gen;
+        r->has_kv = sv[i].slot >= 0;
+        ck.n_reqs = i + 1;
+        if (r->has_kv) st = tsr_kv_paged_export_seq(mech, sv[i].slot, &r->kv);
+    }
+    if (st == TSR_OK) st = tsr_ckpt_write(g->ck_path, &ck);
+    for (int i = 0; i < ck.n_reqs; i++) tsr_kv_seq_state_free(&ck.reqs[i].kv);
+    tsr_free(ck.reqs);
+    tsr_free(sv);
+    *n_saved = n;
+    return st;
+}
+
+/* Local: reads this rank's checkpoint and checks it against the job. */
+static tsr_status tsr__ckpt_load(tsr__run *g, tsr_ckpt *ck) {
+    TSR_TRY(tsr_ckpt_read(g->ck_path, ck));
+    tsr_ckpt_meta job;
+    tsr__ckpt_meta(g, g->resume.n_records, &job);
+    TSR_TRY(tsr_ckpt_check(g->ck_path, &ck->meta, &job));
+    for (int i = 0; i < ck->n_reqs; i++) {
+        uint64_t tag = ck->reqs[i].s.tag;
+        if (tag >= (uint64_t)g->n_reqs || g->reqs[tag].used ||
+            ck->reqs[i].prev >= g->model->cfg.vocab_size)
+            return tsr_error_set(TSR_ERR_FORMAT, "%s: request %d is inconsistent (corrupt "
+                                 "checkpoint?)", g->ck_path, i);
+        g->reqs[tag].used = true; /* released again below, before the restore */
+        if (tsr_batch_resume_has(&g->resume, ck->reqs[i].custom_id, ck->reqs[i].line))
+            return tsr_error_set(TSR_ERR_FORMAT,
+                                 "%s: request of line %lld already has a record in %s",
+                                 g->ck_path, (long long)ck->reqs[i].line, g->o->output);
+    }
+    for (int i = 0; i < ck->n_reqs; i++) g->reqs[ck->reqs[i].s.tag].used = false;
+    return TSR_OK;
+}
+
+/* Puts the checkpoint's requests back into the scheduler, their KV into the cache and
+ * their bookkeeping into g->reqs. seq_add goes through the cache's wrappers (the policy's
+ * admit, the dist agreement), so every rank runs it in the same order. */
+static tsr_status tsr__ckpt_restore(tsr__run *g, tsr_ckpt *ck) {
+    tsr_kv_cache *mech = tsr_ckpt_kv_mech(g->kv);
+    g->ck_lines = tsr_calloc((size_t)(ck->n_reqs ? ck->n_reqs : 1), sizeof *g->ck_lines);
+    if (!g->ck_lines || !mech) return TSR_ERR_NOMEM;
+    double now = tsr_sys_now();
+    for (int i = 0; i < ck->n_reqs; i++) {
+        tsr_ckpt_req *r = &ck->reqs[i];
+        if (r->has_kv) {
+            TSR_TRY(g->kv->ops->seq_add(g->kv, r->s.slot));
+            TSR_TRY(tsr_kv_paged_import_seq(mech, r->s.slot, &r->kv));
+        }
+        TSR_TRY(tsr_sched_import(g->sched, &r->s));
+        tsr__job_req *q = &g->reqs[r->s.tag];
+        q->used = true;
+        q->custom_id = r->custom_id; /* ownership moves */
+        r->custom_id = NULL;
+        q->line = r->line;
+        q->kind = (tsr_batch_kind)r->kind;
+        for (int j = 0; j < r->n_stops; j++) {
+            q->stops[j] = r->stops[j];
+            r->stops[j] = NULL;
+        }
+        q->n_stops = r->n_stops;
+        r->n_stops = 0;
+        q->text = r->text;
+        q->len = r->len;
+        q->cap = r->len + 1;
+        r->text = NULL;
+        q->prev = r->prev;
+        q->n_prompt = r->n_prompt;
+        q->n_gen = r->n_gen;
+        q->t_submit = now;
+        q->t_first = r->n_gen > 0 ? now : 0;
+        g->m.prompt_tokens += r->n_prompt;
+        g->ck_lines[g->n_ck_lines++] = r->line;
+    }
+    qsort(g->ck_lines, (size_t)g->n_ck_lines, sizeof *g->ck_lines, tsr__cmp_i64);
+    return TSR_OK;
+}
+
+/* At the start: resumes from this rank's checkpoint when every rank has one. Collective. */
+static tsr_status tsr__ckpt_start(tsr__run *g, int *n_resumed) {
+    *n_resumed = 0;
+    tsr_ckpt_rank_path(g->o->checkpoint, g->dist.rank, g->dist.world, g->ck_path,
+                       sizeof g->ck_path);
+    int64_t have[2] = {access(g->ck_path, F_OK) == 0, 0};
+    have[1] = -have[0];
+    if (g->dist.world > 1)
+        TSR_TRY(tsr_comm_allreduce_i64(g->dist.comm, TSR_COMM_WORLD, have, 2, TSR_COMM_MAX));
+    if (have[0] != -have[1])
+        return tsr_dist_agree(&g->dist, tsr_error_set(TSR_ERR_INVALID,
+                              "%s: some ranks have a checkpoint file and others not",
+                              g->ck_path));
+    if (!have[0]) return TSR_OK;
+    tsr_ckpt ck;
+    tsr_status st = tsr_dist_agree(&g->dist, tsr__ckpt_load(g, &ck));
+    if (st == TSR_OK) {
+        st = tsr__ckpt_restore(g, &ck);
+        if (st != TSR_OK && st != TSR_ERR_NOMEM) { /* name the file */
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", tsr_last_error());
+            st = tsr_error_set(st, "%s: cannot resume: %s", g->ck_path, msg);
+        }
+        st = tsr_dist_must(&g->dist, st);
+    }
+    if (st == TSR_OK) *n_resumed = ck.n_reqs;
+    tsr_ckpt_free(&ck);
+    /* Resumed: from here on the output and this run's next checkpoint are the state (a
+     * kill now resumes by records, never from a stale checkpoint). */
+    if (st == TSR_OK && remove(g->ck_path) != 0 && errno != ENOENT)
+        TSR_LOG_WARN("%s: cannot remove the resumed checkpoint: %s", g->ck_path,
+                     strerror(errno));
+    return st;
+}
+
 /* Reads and handles input lines until the waiting queue holds max_batch_seqs requests or
  * the input ends. */
 static tsr_status tsr__feed(tsr__run *g, int64_t *line_no, bool *eof) {
@@ -368,6 +551,8 @@ static tsr_status tsr__feed(tsr__run *g, int64_t *line_no, bool *eof) {
         }
         if (tsr_batch_resume_has(&g->resume, r.custom_id, *line_no)) {
             g->m.skipped++;
+        } else if (tsr__resumed_line(g, *line_no)) {
+            /* restored from the checkpoint: already in the scheduler */
         } else if (pst != TSR_OK) {
             st = tsr__put_error(g, r.custom_id, *line_no, e.code, e.message);
         } else {
@@ -509,6 +694,13 @@ static tsr_status tsr__job(tsr__run *g) {
                 " requests left\n",
                 o->output, g->resume.n_records,
                 g->resume.truncated_bytes ? " (a partial last record was removed)" : "", todo);
+    if (o->checkpoint) {
+        int n_resumed = 0;
+        TSR_TRY(tsr__ckpt_start(g, &n_resumed));
+        if (!quiet && n_resumed > 0)
+            fprintf(stderr, "tessera run: resuming %d in-flight requests from %s\n", n_resumed,
+                    g->ck_path);
+    }
 
     int64_t line_no = 0;
     bool eof = false;
@@ -528,6 +720,14 @@ static tsr_status tsr__job(tsr__run *g) {
         int64_t toks = g->m.completion_tokens;
         for (int i = 0; i < g->n_reqs; i++) toks += g->reqs[i].n_gen;
         tsr_progress_update(&g->prog, tsr_sys_now(), g->processed, toks);
+    }
+    int n_saved = -1;
+    if (o->checkpoint && g->stop_signo) {
+        int n = 0;
+        TSR_TRY(tsr_dist_agree(&g->dist, tsr__ckpt_save(g, &n)));
+        n_saved = n;
+    } else if (o->checkpoint && remove(g->ck_path) != 0 && errno != ENOENT) {
+        TSR_LOG_WARN("%s: cannot remove the checkpoint: %s", g->ck_path, strerror(errno));
     }
     double t_end = tsr_sys_now();
     tsr_progress_finish(&g->prog, t_end, g->processed, g->m.completion_tokens);
@@ -564,6 +764,9 @@ static tsr_status tsr__job(tsr__run *g) {
                 "tessera run: stopped by %s after %" PRId64 " of %" PRId64
                 " requests; rerun the same command to resume\n",
                 tsr_signals_name(g->stop_signo), done < m->lines ? done : m->lines, m->lines);
+        if (n_saved >= 0)
+            fprintf(stderr, "tessera run: checkpoint: %d in-flight requests saved to %s%s\n",
+                    n_saved, o->checkpoint, g->dist.world > 1 ? " (one file per rank)" : "");
     } else if (!o->quiet)
         fprintf(stderr,
                 "tessera run: %" PRId64 " requests: %" PRId64 " ok, %" PRId64 " failed, %" PRId64
@@ -615,6 +818,9 @@ int tsr_cmd_run(int argc, char **argv) {
          false},
         {"quiet", TSR_OPT_FLAG, &o.quiet, NULL, "no progress or summary on stderr", false},
         {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
+        {"checkpoint", TSR_OPT_STRING, &o.checkpoint, "FILE.h5",
+         "on a stop signal save the in-flight requests and their KV here (HDF5; FILE.rankR.h5 "
+         "per rank); a rerun resumes them where they stopped", false},
     };
     enum { N_BASE = sizeof base / sizeof base[0] };
     tsr_cli_opt opts[N_BASE + TSR_KV_CLI_N_OPTS + TSR_DIST_CLI_N_OPTS];
@@ -650,6 +856,12 @@ int tsr_cmd_run(int argc, char **argv) {
         return tsr_cli_usage_error(&cli, "--progress-interval must be >= 0");
     if (!strcmp(o.input, o.output))
         return tsr_cli_usage_error(&cli, "--input and --output must differ");
+    if (o.checkpoint && !tsr_ckpt_available())
+        return tsr_cli_usage_error(&cli, "--checkpoint: this build has no HDF5 (configure with "
+                                         "-DTESSERA_HDF5=ON)");
+    if (o.checkpoint && o.kv.kv.policy && !strcmp(o.kv.kv.policy, "offload"))
+        return tsr_cli_usage_error(&cli, "--checkpoint does not support --kv-policy offload "
+                                         "(its host copy of the KV is not saved)");
     if (o.verbose) tsr_log_set_level(TSR_LOG_INFO);
 
     tsr__run g = {.o = &o};

@@ -796,3 +796,139 @@ tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **ou
     *out = &p->base;
     return TSR_OK;
 }
+
+/* --- checkpoints ---------------------------------------------------------------------- */
+
+tsr_status tsr_kv_seq_state_alloc_layers(tsr_kv_seq_state *st) {
+    st->layers = tsr_calloc((size_t)(st->n_layers > 0 ? st->n_layers : 1), sizeof *st->layers);
+    st->tokens = tsr_malloc((size_t)(st->len > 0 ? st->len : 1) * sizeof *st->tokens);
+    return st->layers && st->tokens ? TSR_OK : TSR_ERR_NOMEM;
+}
+
+tsr_status tsr_kv_seq_state_alloc_rows(tsr_kv_seq_state *st) {
+    for (int l = 0; l < st->n_layers; l++) {
+        tsr_kv_seq_layer *L = &st->layers[l];
+        size_t n = (size_t)(L->slots > 0 ? L->slots : 1), kvd = (size_t)st->kv_dim;
+        L->k = tsr_malloc(n * kvd * sizeof *L->k);
+        L->v = tsr_malloc(n * kvd * sizeof *L->v);
+        L->pos = tsr_malloc(n * sizeof *L->pos);
+        if (st->has_scores) L->score = tsr_malloc(n * sizeof *L->score);
+        if (!L->k || !L->v || !L->pos || (st->has_scores && !L->score)) return TSR_ERR_NOMEM;
+    }
+    return TSR_OK;
+}
+
+void tsr_kv_seq_state_free(tsr_kv_seq_state *st) {
+    if (st->layers)
+        for (int l = 0; l < st->n_layers; l++) {
+            tsr_free(st->layers[l].k);
+            tsr_free(st->layers[l].v);
+            tsr_free(st->layers[l].pos);
+            tsr_free(st->layers[l].score);
+        }
+    tsr_free(st->layers);
+    tsr_free(st->tokens);
+    memset(st, 0, sizeof *st);
+}
+
+tsr_status tsr_kv_paged_export_seq(const tsr_kv_cache *kv, int seq, tsr_kv_seq_state *out) {
+    const tsr__paged *p = tsr__P(kv);
+    memset(out, 0, sizeof *out);
+    const tsr__pseq *s = tsr__seq(p, seq);
+    if (!s || s->swapped || s->in_step)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: cannot export sequence %d", seq);
+    *out = (tsr_kv_seq_state){.len = s->len, .n_layers = kv->n_layers, .kv_dim = kv->kv_dim,
+                              .has_scores = p->score_store != NULL};
+    tsr_status st = tsr_kv_seq_state_alloc_layers(out);
+    for (int l = 0; l < kv->n_layers && st == TSR_OK; l++) {
+        out->layers[l].slots = s->layers[l].slots;
+        out->layers[l].dense = s->layers[l].dense;
+    }
+    if (st == TSR_OK) st = tsr_kv_seq_state_alloc_rows(out);
+    if (st != TSR_OK) {
+        tsr_kv_seq_state_free(out);
+        return TSR_ERR_NOMEM;
+    }
+    memcpy(out->tokens, s->tokens, (size_t)s->len * sizeof *s->tokens);
+    size_t kvd = tsr__kvd(p);
+    for (int l = 0; l < kv->n_layers; l++) {
+        const tsr__player *L = &s->layers[l];
+        tsr_kv_seq_layer *o = &out->layers[l];
+        for (int32_t i = 0; i < L->slots; i++) {
+            size_t at = tsr__slot(p, L, i);
+            memcpy(o->k + (size_t)i * kvd, p->k_store + at * kvd, kvd * 4);
+            memcpy(o->v + (size_t)i * kvd, p->v_store + at * kvd, kvd * 4);
+            o->pos[i] = p->pos_store[at];
+            if (o->score) o->score[i] = p->score_store[at];
+        }
+    }
+    return TSR_OK;
+}
+
+tsr_status tsr_kv_paged_import_seq(tsr_kv_cache *kv, int seq, const tsr_kv_seq_state *in) {
+    tsr__paged *p = tsr__P(kv);
+    tsr__pseq *s = tsr__seq(p, seq);
+    if (!s || s->swapped || s->in_step || s->len != 0)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: sequence %d is not empty for import",
+                             seq);
+    for (int l = 0; l < kv->n_layers; l++)
+        if (s->layers[l].nb)
+            return tsr_error_set(TSR_ERR_INVALID,
+                                 "KV cache: sequence %d is not empty for import", seq);
+    if (in->n_layers != kv->n_layers || in->kv_dim != kv->kv_dim ||
+        (in->has_scores != 0) != (p->score_store != NULL))
+        return tsr_error_set(TSR_ERR_INVALID,
+                             "KV cache: saved sequence has %d layers x %d (scores %d), the "
+                             "cache %d x %d (scores %d)", in->n_layers, in->kv_dim,
+                             in->has_scores, kv->n_layers, kv->kv_dim, p->score_store != NULL);
+    if (in->len < 0 || in->len > p->cfg.max_seq_len)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: saved sequence of %d tokens does not "
+                             "fit the context of %d", in->len, p->cfg.max_seq_len);
+    int64_t need = 0;
+    for (int l = 0; l < kv->n_layers; l++) {
+        const tsr_kv_seq_layer *L = &in->layers[l];
+        if (L->slots < 0 || L->slots > in->len || (L->dense && L->slots != in->len))
+            return tsr_error_set(TSR_ERR_INVALID,
+                                 "KV cache: saved layer %d has %d rows for %d tokens", l,
+                                 L->slots, in->len);
+        for (int32_t i = 0; i < L->slots; i++)
+            if (L->pos[i] < 0 || L->pos[i] >= in->len)
+                return tsr_error_set(TSR_ERR_INVALID,
+                                     "KV cache: saved layer %d has position %d of %d tokens",
+                                     l, L->pos[i], in->len);
+        need += tsr__ceil_div(L->slots, p->bs);
+    }
+    if (need > p->pool->n_free)
+        return tsr_error_set(TSR_ERR_NO_BLOCKS,
+                             "KV cache: restoring sequence %d needs %lld blocks, %d free", seq,
+                             (long long)need, p->pool->n_free);
+    TSR_TRY(tsr__grow_i32(&s->tokens, &s->tok_cap, in->len > 0 ? in->len : 1));
+    for (int l = 0; l < kv->n_layers; l++)
+        TSR_TRY(tsr__grow_i32(&s->layers[l].blocks, &s->layers[l].cap,
+                              tsr__ceil_div(in->layers[l].slots, p->bs)));
+    size_t kvd = tsr__kvd(p);
+    for (int l = 0; l < kv->n_layers; l++) {
+        tsr__player *L = &s->layers[l];
+        const tsr_kv_seq_layer *I = &in->layers[l];
+        int32_t nb = tsr__ceil_div(I->slots, p->bs);
+        tsr_status st = tsr_block_pool_alloc(p->pool, nb, L->blocks);
+        TSR_ASSERT(st == TSR_OK);
+        L->nb = nb;
+        L->slots = L->base = I->slots;
+        L->dense = I->dense;
+        for (int32_t i = 0; i < I->slots; i++) {
+            size_t at = tsr__slot(p, L, i);
+            memcpy(p->k_store + at * kvd, I->k + (size_t)i * kvd, kvd * 4);
+            memcpy(p->v_store + at * kvd, I->v + (size_t)i * kvd, kvd * 4);
+            p->pos_store[at] = I->pos[i];
+            if (p->score_store) p->score_store[at] = I->score[i];
+        }
+    }
+    memcpy(s->tokens, in->tokens, (size_t)in->len * sizeof *s->tokens);
+    s->len = in->len;
+    s->n_hashed = 0;
+    tsr__note_peak(p);
+    /* Full blocks become prefix-cache entries again, as they were before the stop. */
+    if (p->cfg.prefix_caching) TSR_TRY(tsr__hash_full_blocks(p, s));
+    return TSR_OK;
+}

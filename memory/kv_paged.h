@@ -99,4 +99,35 @@ int tsr_kv_paged_is_swapped(const tsr_kv_cache *kv, int seq);
  * stays valid until the sequence grows past that length or is freed. */
 tsr_status tsr_kv_paged_drop(tsr_kv_cache *kv, int seq, const int32_t **tokens, int32_t *n);
 
+/* --- checkpoints ---------------------------------------------------------------------- */
+
+/* The logical contents of one layer of a sequence: its slot rows in table order. */
+typedef struct tsr_kv_seq_layer {
+    int32_t slots;
+    int dense;       /* slot s holds position s (nothing evicted) */
+    float *k, *v;    /* [slots][kv_dim] */
+    int32_t *pos;    /* [slots] */
+    float *score;    /* [slots]; NULL when the cache keeps no scores */
+} tsr_kv_seq_layer;
+
+/* One sequence, independent of block ids, so it can be restored into another pool. */
+typedef struct tsr_kv_seq_state {
+    int32_t len;     /* committed tokens (the next position) */
+    int32_t *tokens; /* [len] */
+    int n_layers, kv_dim, has_scores;
+    tsr_kv_seq_layer *layers; /* [n_layers] */
+} tsr_kv_seq_state;
+
+/* Copies seq's contents (between steps; not swapped out) into *out (allocated). */
+tsr_status tsr_kv_paged_export_seq(const tsr_kv_cache *kv, int seq, tsr_kv_seq_state *out);
+/* Fills the sequence `seq` (added, still empty) with `st` (geometry checked; TSR_ERR_NO_BLOCKS
+ * when the pool is short). */
+tsr_status tsr_kv_paged_import_seq(tsr_kv_cache *kv, int seq, const tsr_kv_seq_state *st);
+/* For readers (jobs/checkpoint.c): alloc_layers makes layers[] and tokens[] from len,
+ * n_layers; once layers[l].slots are set, alloc_rows makes each layer's row arrays (kv_dim,
+ * has_scores). tsr_kv_seq_state_free frees whatever was made. */
+tsr_status tsr_kv_seq_state_alloc_layers(tsr_kv_seq_state *st);
+tsr_status tsr_kv_seq_state_alloc_rows(tsr_kv_seq_state *st);
+void tsr_kv_seq_state_free(tsr_kv_seq_state *st);
+
 #endif

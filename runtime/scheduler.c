@@ -414,3 +414,87 @@ tsr_status tsr_sched_step(tsr_sched *s, const tsr_sched_event **events, int *n_e
     *n_events = s->n_ev;
     return TSR_OK;
 }
+
+static void tsr__save(const tsr__req *r, tsr_sched_saved *o) {
+    *o = (tsr_sched_saved){.tag = r->tag, .tokens = r->tokens, .n_tokens = r->n_tokens,
+                           .n_prompt = r->n_prompt, .n_computed = r->n_computed,
+                           .n_generated = r->n_generated, .max_new_tokens = r->max_new,
+                           .sampling = r->sp, .rng = r->sampler_ready ? r->sampler.rng : 0,
+                           .sampler_ready = r->sampler_ready, .slot = r->slot};
+}
+
+void tsr_sched_export(const tsr_sched *s, tsr_sched_saved *out) {
+    int n = 0;
+    for (int i = 0; i < s->n_run; i++) tsr__save(s->run[i], &out[n++]);
+    for (int i = 0; i < s->wq_len; i++) tsr__save(s->wq[(s->wq_head + i) % s->wq_cap], &out[n++]);
+}
+
+tsr_status tsr_sched_import(tsr_sched *s, const tsr_sched_saved *r) {
+    int64_t cap = (int64_t)r->n_prompt + r->max_new_tokens;
+    if (cap > s->cfg.max_context) cap = s->cfg.max_context;
+    cap++;
+    tsr_sampler_params sp = r->sampling;
+    bool running = r->slot >= 0;
+    if (!r->tokens || r->n_prompt < 1 || r->n_prompt >= s->cfg.max_context ||
+        r->max_new_tokens < 0 || r->n_tokens < r->n_prompt || r->n_tokens > cap ||
+        r->n_generated < 0 || r->n_generated > r->n_tokens - r->n_prompt ||
+        r->n_computed < 0 || r->n_computed > r->n_tokens || (!running && r->n_computed) ||
+        (running && !r->sampler_ready) ||
+        sp.temperature < 0.0f || !(sp.top_p > 0.0f && sp.top_p <= 1.0f) || sp.top_k < 0)
+        return tsr_error_set(TSR_ERR_INVALID, "scheduler: saved request %llu is inconsistent",
+                             (unsigned long long)r->tag);
+    if (running) {
+        if (r->slot >= s->cfg.max_seqs || s->slot_used[r->slot] || s->n_run >= s->cfg.max_seqs)
+            return tsr_error_set(TSR_ERR_INVALID,
+                                 "scheduler: saved request %llu: KV sequence %d is not free "
+                                 "(max %d running)", (unsigned long long)r->tag, r->slot,
+                                 s->cfg.max_seqs);
+        if (s->kv->ops->seq_len(s->kv, r->slot) != r->n_computed)
+            return tsr_error_set(TSR_ERR_INVALID,
+                                 "scheduler: saved request %llu: KV sequence %d holds %d "
+                                 "tokens, want %d", (unsigned long long)r->tag, r->slot,
+                                 s->kv->ops->seq_len(s->kv, r->slot), r->n_computed);
+    }
+    for (int32_t i = 0; i < r->n_tokens; i++)
+        if (r->tokens[i] < 0 || r->tokens[i] >= s->cfg.vocab_size)
+            return tsr_error_set(TSR_ERR_INVALID,
+                                 "scheduler: saved request %llu has token %d outside the "
+                                 "vocabulary of %d", (unsigned long long)r->tag, r->tokens[i],
+                                 s->cfg.vocab_size);
+    tsr__req *q = tsr_calloc(1, sizeof *q);
+    if (!q) return TSR_ERR_NOMEM;
+    q->cap = (int32_t)cap;
+    q->tokens = tsr_malloc((size_t)q->cap * sizeof *q->tokens);
+    if (!q->tokens) {
+        tsr_free(q);
+        return TSR_ERR_NOMEM;
+    }
+    memcpy(q->tokens, r->tokens, (size_t)r->n_tokens * sizeof *q->tokens);
+    q->tag = r->tag;
+    q->n_tokens = r->n_tokens;
+    q->n_prompt = r->n_prompt;
+    q->n_computed = r->n_computed;
+    q->n_generated = r->n_generated;
+    q->max_new = r->max_new_tokens;
+    q->sp = sp;
+    q->slot = -1;
+    if (r->sampler_ready) {
+        tsr_status st = tsr_sampler_init(&q->sampler, s->cfg.vocab_size, &sp);
+        if (st != TSR_OK) {
+            tsr__req_free(q);
+            return st;
+        }
+        q->sampler.rng = r->rng;
+        q->sampler_ready = true;
+    }
+    if (!running) {
+        tsr_status st = tsr__wq_push_back(s, q);
+        if (st != TSR_OK) tsr__req_free(q);
+        return st;
+    }
+    q->slot = r->slot;
+    s->slot_used[r->slot] = true;
+    s->run[s->n_run++] = q;
+    if (s->n_run > s->totals.max_running) s->totals.max_running = s->n_run;
+    return TSR_OK;
+}

@@ -98,4 +98,33 @@ tsr_status tsr_sched_step(tsr_sched *s, const tsr_sched_event **events, int *n_e
 
 void tsr_sched_get_totals(const tsr_sched *s, tsr_sched_totals *out);
 
+/* --- checkpoints ---------------------------------------------------------------------- */
+
+/* A request's whole state between steps, as a checkpoint saves it. */
+typedef struct tsr_sched_saved {
+    uint64_t tag;
+    const int32_t *tokens;  /* prompt + generated [n_tokens] */
+    int32_t n_tokens, n_prompt;
+    int32_t n_computed;     /* tokens the KV cache holds (0 when waiting) */
+    int32_t n_generated, max_new_tokens;
+    tsr_sampler_params sampling;
+    uint64_t rng;           /* the sampler's state when sampler_ready */
+    int sampler_ready;      /* 0: never admitted, the sampler starts from the seed */
+    int slot;               /* KV sequence id when running, -1 when waiting */
+} tsr_sched_saved;
+
+/* Running plus waiting requests: what tsr_sched_export reports. */
+static inline int tsr_sched_n_requests(const tsr_sched *s) {
+    return tsr_sched_n_waiting(s) + tsr_sched_n_running(s);
+}
+/* Fills out[0 .. n) (n = tsr_sched_n_requests) with the running requests in admission
+ * order, then the waiting ones front to back. tokens point into the scheduler, valid
+ * until the next step, finish or import. Call between steps. */
+void tsr_sched_export(const tsr_sched *s, tsr_sched_saved *out);
+/* Adds a saved request (tokens copied), in export order: slot >= 0 joins the running set
+ * as its newest member and must name a KV sequence that already holds exactly n_computed
+ * tokens (restored by the caller); slot < 0 joins the back of the waiting queue. Checks
+ * the request against the scheduler's limits (TSR_ERR_INVALID). */
+tsr_status tsr_sched_import(tsr_sched *s, const tsr_sched_saved *r);
+
 #endif
