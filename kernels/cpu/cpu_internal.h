@@ -20,6 +20,9 @@ typedef struct tsr__cpu_ctx {
     /* matmul_parts prefill scratch: per thread a widened segment panel and a part's output. */
     float *parts;
     size_t parts_cap;
+    /* Decode scratch: x reordered for BF16 kernels with bf16_pairs (tsr__cpu_bf16_pairs). */
+    float *xpairs;
+    size_t xpairs_cap;
     /* Attention scratch: per (query, head) log-sum-exp for the key-score pass. */
     float *lse;
     size_t lse_cap;
@@ -104,7 +107,16 @@ typedef struct tsr__cpu_kernels {
     float (*exp_sum)(float *x, int n, float sub);
     /* g[i] = g[i] / (1 + exp(-g[i])) * u[i] (SiLU(gate) * up), same exp as exp_sum. */
     void (*silu_mul)(float *g, const float *u, int64_t n);
+    /* The BF16 matvec and segmented matvec take x in tsr__cpu_bf16_pairs order. */
+    bool bf16_pairs;
 } tsr__cpu_kernels;
+
+/* xp = x with, in every segment [seg[p], seg[p+1]) and every full 64-column block of it
+ * (from the segment's start), each 32-column half reordered as its 16 even then its 16 odd
+ * columns; the rest copied. nx rows, ldx apart (also xp's). For kernels with bf16_pairs;
+ * a plain matvec is one segment {0, cols}. */
+void tsr__cpu_bf16_pairs(const float *x, int64_t ldx, int nx, const int32_t *seg,
+                         int n_parts, float *xp);
 
 /* The kernels for this CPU (cached after the first call). TSR_CPU_ISA=scalar|avx2|avx512 in
  * the environment caps the choice (tests and benchmarks compare the paths). */

@@ -32,10 +32,29 @@ static void tsr__matvec_rows(const tsr__cpu_kernels *k, const tsr_tensor *w, con
     }
 }
 
-static void tsr__matvec(const tsr__cpu_ctx *c, const float *x, int64_t n, const tsr_tensor *w,
-                        float *y) {
+/* x as the kernels read it: reordered into c->xpairs for BF16 kernels with bf16_pairs
+ * (once per call, n rows: O(n * cols), against O(n * rows * cols) for the products). */
+static tsr_status tsr__matvec_x(tsr__cpu_ctx *c, const tsr__cpu_kernels *k, const float *x,
+                                int64_t n, const tsr_tensor *w, const int32_t *seg,
+                                int n_parts, const float **out) {
+    *out = x;
+    if (w->dtype != TSR_BF16 || !k->bf16_pairs) return TSR_OK;
+    TSR_TRY(tsr__cpu_scratch(&c->xpairs, &c->xpairs_cap, (size_t)n * (size_t)w->cols));
+    for (int64_t i0 = 0; i0 < n; i0 += 4) {
+        int nx = n - i0 < 4 ? (int)(n - i0) : 4;
+        size_t off = (size_t)i0 * (size_t)w->cols;
+        tsr__cpu_bf16_pairs(x + off, w->cols, nx, seg, n_parts, c->xpairs + off);
+    }
+    *out = c->xpairs;
+    return TSR_OK;
+}
+
+static tsr_status tsr__matvec(tsr__cpu_ctx *c, const float *x, int64_t n, const tsr_tensor *w,
+                              float *y) {
     const tsr__cpu_kernels *k = tsr__cpu_kernels_get();
     int64_t rows = w->rows, cols = w->cols;
+    int32_t whole[2] = {0, (int32_t)cols};
+    TSR_TRY(tsr__matvec_x(c, k, x, n, w, whole, 1, &x));
     int64_t nblk = (rows + TSR__CPU_ROW_BLOCK - 1) / TSR__CPU_ROW_BLOCK;
     int par = c->threads > 1 && rows * cols >= TSR__CPU_PAR_MIN && nblk > 1;
     for (int64_t i0 = 0; i0 < n; i0 += 4) {
@@ -53,6 +72,7 @@ static void tsr__matvec(const tsr__cpu_ctx *c, const float *x, int64_t n, const 
             tsr__matvec_rows(k, w, xi, nx, r0, r1, yi);
         }
     }
+    return TSR_OK;
 }
 
 /* Rows of one prefill panel: a function of cols only (at most ~1 MB of f32, 96 rows: as fast
@@ -158,8 +178,7 @@ tsr_status tsr__cpu_matmul(tsr_backend *be, const float *x, int64_t n, const tsr
                              (long long)w->rows, (long long)w->cols);
     if (n == 0) return TSR_OK;
     if (n <= TSR__CPU_MATVEC_MAX_N) {
-        tsr__matvec(c, x, n, w, y);
-        return TSR_OK;
+        return tsr__matvec(c, x, n, w, y);
     }
     return tsr__gemm_panels(c, x, n, w, y);
 }
@@ -187,11 +206,12 @@ static void tsr__matvec_seg_rows(const tsr__cpu_kernels *k, const tsr_tensor *w,
 
 /* Decode: one pass over W per 4 input rows, a dot per segment (fixed row blocks, as in
  * tsr__matvec; each element's arithmetic is independent of the split anyway). */
-static void tsr__matvec_parts(const tsr__cpu_ctx *c, const float *x, int64_t n,
-                              const tsr_tensor *w, const int32_t *seg, int n_parts, bool sum,
-                              float *y) {
+static tsr_status tsr__matvec_parts(tsr__cpu_ctx *c, const float *x, int64_t n,
+                                    const tsr_tensor *w, const int32_t *seg, int n_parts,
+                                    bool sum, float *y) {
     const tsr__cpu_kernels *k = tsr__cpu_kernels_get();
     int64_t rows = w->rows, cols = w->cols;
+    TSR_TRY(tsr__matvec_x(c, k, x, n, w, seg, n_parts, &x));
     int64_t ldp = n * rows;
     int64_t nblk = (rows + TSR__CPU_ROW_BLOCK - 1) / TSR__CPU_ROW_BLOCK;
     int par = c->threads > 1 && rows * cols >= TSR__CPU_PAR_MIN && nblk > 1;
@@ -210,6 +230,7 @@ static void tsr__matvec_parts(const tsr__cpu_ctx *c, const float *x, int64_t n,
             tsr__matvec_seg_rows(k, w, xi, nx, r0, r1, seg, n_parts, sum, yi, ldp);
         }
     }
+    return TSR_OK;
 }
 
 /* Rows of W per prefill work item of matmul_parts: a function of W's row count only (the
@@ -328,8 +349,7 @@ tsr_status tsr__cpu_matmul_parts(tsr_backend *be, const float *x, int64_t n,
                                  "(%d > %d)", p, (int)seg[p], (int)seg[p + 1]);
     if (n == 0) return TSR_OK;
     if (n <= TSR__CPU_MATVEC_MAX_N) {
-        tsr__matvec_parts(c, x, n, w, seg, n_parts, sum, y);
-        return TSR_OK;
+        return tsr__matvec_parts(c, x, n, w, seg, n_parts, sum, y);
     }
     return tsr__gemm_parts(c, x, n, w, seg, n_parts, sum, y);
 }

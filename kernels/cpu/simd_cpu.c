@@ -174,7 +174,7 @@ static const tsr__cpu_kernels tsr__k_scalar = {
     TSR__ISA_SCALAR, "scalar", tsr__s_matvec_f32, tsr__s_matvec_bf16, tsr__s_matvec_f16,
     tsr__s_matvec_seg_f32, tsr__s_matvec_seg_bf16, tsr__s_matvec_seg_f16, tsr__s_cvt_bf16,
     tsr__s_cvt_f16, tsr__s_dot_rows, tsr__s_acc_rows, tsr__s_exp_sum,
-    tsr__s_silu_mul,
+    tsr__s_silu_mul, false,
 };
 
 /* Vector expf (Cephes): n = round(x log2 e), r = x - n ln2 (two-part ln2), exp(r) by a
@@ -529,7 +529,7 @@ static const tsr__cpu_kernels tsr__k_avx2 = {
     TSR__ISA_AVX2, "avx2", tsr__y_matvec_f32, tsr__y_matvec_bf16, tsr__y_matvec_f16,
     tsr__y_matvec_seg_f32, tsr__y_matvec_seg_bf16, tsr__y_matvec_seg_f16, tsr__y_cvt_bf16,
     tsr__y_cvt_f16, tsr__y_dot_rows, tsr__y_acc_rows, tsr__y_exp_sum,
-    tsr__y_silu_mul,
+    tsr__y_silu_mul, false,
 };
 
 #pragma GCC pop_options
@@ -557,6 +557,27 @@ TSR__INLINE __m512 tsr__z_load_tail(const void *w, int64_t k, int rem, int dt) {
     return tsr__z_cvt16(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + k), dt);
 }
 
+/* The four W vectors of 64 columns [k, k + 64) in the order the x vectors come. BF16:
+ * two 512-bit loads of 32 weights each; a weight pair (2c, 2c+1) shares a 32-bit lane,
+ * so a shift gives the even columns' f32 and a mask the odd ones' without widening
+ * shuffles (the BF16 matvec was bound by vpmovzxwd: 17-20 GB/s against 30 for f32 on the
+ * same bytes). x must then be in tsr__cpu_bf16_pairs order. */
+TSR__INLINE void tsr__z_load64(const void *w, int64_t k, const int dt, __m512 *q) {
+    if (dt == TSR__DT_BF16) {
+        const uint16_t *p = (const uint16_t *)w + k;
+        __m512i a = _mm512_loadu_si512((const void *)p);
+        __m512i b = _mm512_loadu_si512((const void *)(p + 32));
+        __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+        q[0] = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
+        q[1] = _mm512_castsi512_ps(_mm512_and_si512(a, hi));
+        q[2] = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
+        q[3] = _mm512_castsi512_ps(_mm512_and_si512(b, hi));
+        return;
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) q[j] = tsr__z_load(w, k + 16 * j, dt);
+}
+
 TSR__INLINE void tsr__z_matvec(const void *w, int64_t cols, int64_t r0, int64_t r1,
                                const float *x, const int nx, float *y, int64_t ldy,
                                const int dt) {
@@ -577,13 +598,14 @@ TSR__INLINE void tsr__z_matvec(const void *w, int64_t cols, int64_t r0, int64_t 
          * schedules the widening loads in a burst and cold-cache bf16 runs 10-20 % slower
          * (measured on Zen 4). Same arithmetic either way. */
         for (; k + 64 <= cols; k += 64) {
+            __m512 wv[4];
+            tsr__z_load64(wr, k, dt, wv);
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++) {
-                __m512 wq = tsr__z_load(wr, k + 16 * q, dt);
 #pragma GCC unroll 4
                 for (int i = 0; i < nx; i++)
                     acc[i][q] = _mm512_fmadd_ps(
-                        wq, _mm512_loadu_ps(x + (size_t)i * (size_t)cols + k + 16 * q),
+                        wv[q], _mm512_loadu_ps(x + (size_t)i * (size_t)cols + k + 16 * q),
                         acc[i][q]);
             }
         }
@@ -642,13 +664,14 @@ TSR__INLINE void tsr__z_dot_seg(const void *wr, const float *x, int64_t ldx, int
     const float *xs = x + s;
     int64_t k = 0;
     for (; k + 64 <= len; k += 64) {
+        __m512 wv[4];
+        tsr__z_load64(wr, s + k, dt, wv);
 #pragma GCC unroll 4
         for (int q = 0; q < 4; q++) {
-            __m512 wq = tsr__z_load(wr, s + k + 16 * q, dt);
 #pragma GCC unroll 4
             for (int i = 0; i < nx; i++)
                 acc[i][q] = _mm512_fmadd_ps(
-                    wq, _mm512_loadu_ps(xs + (size_t)i * (size_t)ldx + k + 16 * q), acc[i][q]);
+                    wv[q], _mm512_loadu_ps(xs + (size_t)i * (size_t)ldx + k + 16 * q), acc[i][q]);
         }
     }
     for (; k + 16 <= len; k += 16) {
@@ -715,20 +738,24 @@ TSR__INLINE void tsr__z_dot_seg_rows(const char *const *wr, const float *x, int6
     int64_t k = 0;
     for (; k + 64 <= len; k += 64) {
 #pragma GCC unroll 4
-        for (int q = 0; q < 4; q++) {
-            __m512 xv[4];
+        for (int u = 0; u < R; u++) {
+            if (pf) {
+                _mm_prefetch(ws[u] + pf + (size_t)k * esz, _MM_HINT_T0);
+                _mm_prefetch(ws[u] + pf + (size_t)k * esz + 64, _MM_HINT_T0);
+                if (dt == TSR__DT_F32) {
+                    _mm_prefetch(ws[u] + pf + (size_t)k * esz + 128, _MM_HINT_T0);
+                    _mm_prefetch(ws[u] + pf + (size_t)k * esz + 192, _MM_HINT_T0);
+                }
+            }
+            __m512 wv[4];
+            tsr__z_load64(ws[u], k, dt, wv);
 #pragma GCC unroll 4
-            for (int i = 0; i < nx; i++)
-                xv[i] = _mm512_loadu_ps(xs + (size_t)i * (size_t)ldx + k + 16 * q);
-#pragma GCC unroll 4
-            for (int u = 0; u < R; u++) {
-                if (pf && (dt == TSR__DT_F32 || !(q & 1)))
-                    _mm_prefetch(ws[u] + pf + (size_t)(k + 16 * q) * esz, _MM_HINT_T0);
-                __m512 wq = tsr__z_load(ws[u], k + 16 * q, dt);
+            for (int q = 0; q < 4; q++)
 #pragma GCC unroll 4
                 for (int i = 0; i < nx; i++)
-                    acc[(i * R + u) * 4 + q] = _mm512_fmadd_ps(wq, xv[i], acc[(i * R + u) * 4 + q]);
-            }
+                    acc[(i * R + u) * 4 + q] = _mm512_fmadd_ps(
+                        wv[q], _mm512_loadu_ps(xs + (size_t)i * (size_t)ldx + k + 16 * q),
+                        acc[(i * R + u) * 4 + q]);
         }
     }
     for (; k + 16 <= len; k += 16) {
@@ -859,10 +886,27 @@ TSR__INLINE void tsr__z_matvec_seg_r(const void *w, int64_t cols, int64_t r0, in
     }
 }
 
+TSR__INLINE void tsr__z_dot_seg_s(const void *wr, const float *x, int64_t ldx, int64_t s,
+                                  int64_t len, const int nx, const int dt, float *d) {
+    __m512 v[4];
+    tsr__z_dot_seg(wr, x, ldx, s, len, nx, dt, v);
+#pragma GCC unroll 4
+    for (int i = 0; i < nx; i++) d[i] = _mm512_reduce_add_ps(v[i]);
+}
+
 TSR__INLINE void tsr__z_matvec_seg(const void *w, int64_t cols, int64_t r0, int64_t r1,
                                    const float *x, const int nx, const int32_t *seg,
                                    int n_parts, bool sum, float *y, int64_t ldy, int64_t ldp,
                                    const int dt) {
+    /* Parts of >= 32 columns on average (every real model's heads): one row at a time,
+     * each part a matvec-shaped dot and its own horizontal sum, the access pattern of
+     * matmul (one sequential stream). Measured 1 thread, W in DRAM with 2 MiB pages:
+     * 768 x 2048 bf16 in 12 parts 32 GB/s, the 4-row tree kernel below 15-17, matmul 29.
+     * Tiny parts (stories260K: 8 columns) amortize the reductions better in the tree. */
+    if (cols >= 32 * (int64_t)n_parts) {
+        TSR__MATVEC_SEG_BODY(tsr__z_dot_seg_s)
+        return;
+    }
     /* As many rows as keep R * nx * 4 accumulators in registers. */
     if (nx == 1)
         tsr__z_matvec_seg_r(w, cols, r0, r1, x, nx, seg, n_parts, sum, y, ldy, ldp, dt, 4);
@@ -1027,12 +1071,30 @@ static const tsr__cpu_kernels tsr__k_avx512 = {
     TSR__ISA_AVX512, "avx512", tsr__z_matvec_f32, tsr__z_matvec_bf16, tsr__z_matvec_f16,
     tsr__z_matvec_seg_f32, tsr__z_matvec_seg_bf16, tsr__z_matvec_seg_f16, tsr__z_cvt_bf16,
     tsr__z_cvt_f16, tsr__z_dot_rows, tsr__z_acc_rows, tsr__z_exp_sum,
-    tsr__z_silu_mul,
+    tsr__z_silu_mul, true,
 };
 
 #pragma GCC pop_options
 
 #endif /* TSR__X86 */
+
+void tsr__cpu_bf16_pairs(const float *x, int64_t ldx, int nx, const int32_t *seg,
+                         int n_parts, float *xp) {
+    for (int i = 0; i < nx; i++) {
+        const float *xi = x + (size_t)i * (size_t)ldx;
+        float *pi = xp + (size_t)i * (size_t)ldx;
+        for (int p = 0; p < n_parts; p++) {
+            int64_t s = seg[p], len = (int64_t)seg[p + 1] - seg[p], k = 0;
+            for (; k + 64 <= len; k += 64)
+                for (int h = 0; h < 64; h += 32)
+                    for (int j = 0; j < 16; j++) {
+                        pi[s + k + h + j] = xi[s + k + h + 2 * j];
+                        pi[s + k + h + 16 + j] = xi[s + k + h + 2 * j + 1];
+                    }
+            memcpy(pi + s + k, xi + s + k, (size_t)(len - k) * sizeof *xi);
+        }
+    }
+}
 
 const tsr__cpu_kernels *tsr__cpu_kernels_for(tsr__cpu_isa isa) {
     switch (isa) {

@@ -94,11 +94,16 @@ TSR_TEST(test_matvec_kernels_all_isas) {
                 wmat_make(&w, dtypes[d], rows, cols);
                 float x[4 * 288], y[4 * 37], y1[37];
                 fill(x, (size_t)(4 * cols));
+                /* x as the BF16 kernel reads it, where it wants pairs (cpu_internal.h) */
+                float xp[4 * 288];
+                int32_t whole[2] = {0, (int32_t)cols};
+                if (k->bf16_pairs) tsr__cpu_bf16_pairs(x, cols, 4, whole, 1, xp);
+                else memcpy(xp, x, (size_t)(4 * cols) * sizeof *x);
                 for (int nx = 1; nx <= 4; nx++) {
                     if (dtypes[d] == TSR_F32)
                         k->matvec_f32(w.data, cols, 0, rows, x, nx, y, rows);
                     else if (dtypes[d] == TSR_BF16)
-                        k->matvec_bf16(w.data, cols, 0, rows, x, nx, y, rows);
+                        k->matvec_bf16(w.data, cols, 0, rows, xp, nx, y, rows);
                     else
                         k->matvec_f16(w.data, cols, 0, rows, x, nx, y, rows);
                     double e = matmul_err(x, nx, &w, y);

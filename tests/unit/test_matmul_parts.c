@@ -135,9 +135,34 @@ static void (*seg_fn(const tsr__cpu_kernels *k, tsr_dtype dt))(void) {
     return (void (*)(void))k->matvec_seg_f16;
 }
 
+static void seg_call_raw(const tsr__cpu_kernels *k, const tsr_tensor *w, int64_t r0,
+                         int64_t r1, const float *x, int nx, const int32_t *seg, int np,
+                         bool sum, float *y, int64_t ldy, int64_t ldp);
+
+/* x as kernel k reads it for w (tsr__cpu_bf16_pairs order for BF16 when k wants it);
+ * a fresh buffer the caller frees. */
+static float *x_for(const tsr__cpu_kernels *k, const tsr_tensor *w, const float *x, int nx,
+                    const int32_t *seg, int np) {
+    size_t n = (size_t)nx * (size_t)w->cols;
+    float *xp = tsr_malloc(n * 4 + 4);
+    if (w->dtype == TSR_BF16 && k->bf16_pairs)
+        tsr__cpu_bf16_pairs(x, w->cols, nx, seg, np, xp);
+    else
+        memcpy(xp, x, n * 4);
+    return xp;
+}
+
 static void seg_call(const tsr__cpu_kernels *k, const tsr_tensor *w, int64_t r0, int64_t r1,
-                     const float *x, int nx, const int32_t *seg, int np, bool sum, float *y,
+                     const float *x0, int nx, const int32_t *seg, int np, bool sum, float *y,
                      int64_t ldy, int64_t ldp) {
+    float *x = x_for(k, w, x0, nx, seg, np);
+    seg_call_raw(k, w, r0, r1, x, nx, seg, np, sum, y, ldy, ldp);
+    tsr_free(x);
+}
+
+static void seg_call_raw(const tsr__cpu_kernels *k, const tsr_tensor *w, int64_t r0,
+                         int64_t r1, const float *x, int nx, const int32_t *seg, int np,
+                         bool sum, float *y, int64_t ldy, int64_t ldp) {
     if (w->dtype == TSR_F32)
         k->matvec_seg_f32(w->data, w->cols, r0, r1, x, nx, seg, np, sum, y, ldy, ldp);
     else if (w->dtype == TSR_BF16)
@@ -199,12 +224,14 @@ TSR_TEST(test_seg_kernels_every_isa) {
                     /* One segment over all columns: the plain matvec's bits. */
                     int32_t one[2] = {0, (int32_t)cols};
                     seg_call(k, &w.t, 0, rows, x, nx, one, 1, true, sum, rows, 0);
+                    float *xm = x_for(k, &w.t, x, nx, one, 1);
                     if (w.t.dtype == TSR_F32)
-                        k->matvec_f32(w.data, cols, 0, rows, x, nx, ref, rows);
+                        k->matvec_f32(w.data, cols, 0, rows, xm, nx, ref, rows);
                     else if (w.t.dtype == TSR_BF16)
-                        k->matvec_bf16(w.data, cols, 0, rows, x, nx, ref, rows);
+                        k->matvec_bf16(w.data, cols, 0, rows, xm, nx, ref, rows);
                     else
-                        k->matvec_f16(w.data, cols, 0, rows, x, nx, ref, rows);
+                        k->matvec_f16(w.data, cols, 0, rows, xm, nx, ref, rows);
+                    tsr_free(xm);
                     if (!bits_eq(sum, ref, m))
                         TSR_FAIL_("%s dt %d layout %d nx %d: one segment != matvec", k->name,
                                   di, li, nx);
