@@ -97,6 +97,9 @@ echo "# tessera decode.sh: prompt $prompt tokens (one chunk), $gen decode tokens
     "median of $repeat"
 echo "# streaming read (better of a run before and after): ${bw[1]:-?} GB/s at 1 thread," \
     "${bw[2]:-?} GB/s at 2 threads"
+echo "# 1 thread by page size (first run): 4 KiB pages $(jget read4k_gb_s_1t "$bw_json") GB/s," \
+    "2 MiB transparent huge pages $(jget read2m_gb_s_1t "$bw_json") GB/s" \
+    "(tessera's weights are in huge pages; the ceiling is the better of the two)"
 echo "# load average at the start: $load0 (other processes distort the 2-thread figures)"
 echo "# SGEMM reference: best of 5 runs at M=$prompt N=hidden K=dim (the biggest per-layer" \
     "matmul), same threads"

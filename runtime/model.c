@@ -1,5 +1,7 @@
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE, MADV_HUGEPAGE */
 #include "runtime/model.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -11,6 +13,7 @@
 struct tsr_model_resource {
     void *addr;
     size_t len; /* 0: a tsr_malloc buffer, else an mmap of len bytes */
+    bool file;  /* a mapping of a model file (tensors view it), not a weight arena chunk */
     tsr_model_resource *next;
 };
 
@@ -46,24 +49,70 @@ void tsr_model_destroy(tsr_model *m) {
     tsr_free(m);
 }
 
-static tsr_status tsr__own(tsr_model *m, void *addr, size_t len) {
+static tsr_status tsr__own(tsr_model *m, void *addr, size_t len, bool file) {
     tsr_model_resource *r = tsr_malloc(sizeof *r);
     if (!r) return TSR_ERR_NOMEM;
     r->addr = addr;
     r->len = len;
+    r->file = file;
     r->next = m->resources;
     m->resources = r;
     return TSR_OK;
 }
 
 tsr_status tsr_model_own_mmap(tsr_model *m, void *addr, size_t len) {
-    return tsr__own(m, addr, len ? len : 1);
+    return tsr__own(m, addr, len ? len : 1, true);
 }
 
-tsr_status tsr_model_own_buffer(tsr_model *m, void *ptr) { return tsr__own(m, ptr, 0); }
+tsr_status tsr_model_own_buffer(tsr_model *m, void *ptr) { return tsr__own(m, ptr, 0, false); }
+
+/* Weights are read once per decoded token, front to back: a memory stream. With 4 KiB
+ * pages the hardware prefetcher stops at every page boundary and each page costs a TLB
+ * walk; 2 MiB pages remove both (measured in docs/perf.md). So tensors of at least
+ * TSR__ARENA_MIN bytes are carved, 4 KiB-aligned and back to back, from anonymous
+ * mappings aligned to 2 MiB and advised MADV_HUGEPAGE before first touch (THP "madvise"
+ * mode, the common default, backs them at fault time). Small tensors (norms) stay on the
+ * heap. Where THP is off the mapping is ordinary memory. */
+#define TSR__HUGE ((size_t)2 << 20)
+#define TSR__ARENA_MIN ((size_t)256 << 10)
+#define TSR__ARENA_CHUNK ((size_t)64 << 20)
+
+static tsr_status tsr__arena_chunk(tsr_model *m, size_t need) {
+    size_t len = need > TSR__ARENA_CHUNK ? need : TSR__ARENA_CHUNK;
+    len = (len + TSR__HUGE - 1) & ~(TSR__HUGE - 1);
+    /* Over-map by one huge page, then trim both ends to a 2 MiB-aligned range. */
+    char *raw = mmap(NULL, len + TSR__HUGE, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED)
+        return tsr_error_set(TSR_ERR_NOMEM, "%s: out of memory mapping %zu bytes of weights",
+                             m->source, len);
+    char *base = (char *)(((uintptr_t)raw + TSR__HUGE - 1) & ~(uintptr_t)(TSR__HUGE - 1));
+    if (base > raw) munmap(raw, (size_t)(base - raw));
+    size_t tail = (size_t)(raw + len + TSR__HUGE - (base + len));
+    if (tail) munmap(base + len, tail);
+#ifdef MADV_HUGEPAGE
+    (void)madvise(base, len, MADV_HUGEPAGE); /* advice only: fine to fail */
+#endif
+    tsr_status st = tsr__own(m, base, len, false);
+    if (st != TSR_OK) {
+        munmap(base, len);
+        return st;
+    }
+    m->arena_next = base;
+    m->arena_left = len;
+    return TSR_OK;
+}
 
 tsr_status tsr_model_alloc(tsr_model *m, size_t bytes, void **out) {
     *out = NULL;
+    if (bytes >= TSR__ARENA_MIN) {
+        size_t need = (bytes + 4095) & ~(size_t)4095;
+        if (m->arena_left < need) TSR_TRY(tsr__arena_chunk(m, need));
+        *out = m->arena_next;
+        m->arena_next += need;
+        m->arena_left -= need;
+        return TSR_OK;
+    }
     void *p = tsr_malloc_aligned(bytes ? bytes : 1);
     if (!p) return tsr_error_set(TSR_ERR_NOMEM, "%s: out of memory allocating %zu bytes",
                                  m->source, bytes);
@@ -122,6 +171,59 @@ size_t tsr_model_weight_bytes(const tsr_model *m) {
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) total += tsr_tensor_bytes(ts[i]);
     }
     return total;
+}
+
+/* The file mapping that holds p, or NULL. */
+static tsr_model_resource *tsr__file_map_of(const tsr_model *m, const void *p) {
+    for (tsr_model_resource *r = m->resources; r; r = r->next)
+        if (r->file && (const char *)p >= (const char *)r->addr &&
+            (const char *)p < (const char *)r->addr + r->len)
+            return r;
+    return NULL;
+}
+
+/* Moves one tensor out of a file mapping; the mapped source pages are dropped as soon as
+ * they are copied (they come back from the file if touched), so the peak stays near one
+ * copy of the weights. */
+static tsr_status tsr__pack_one(tsr_model *m, tsr_tensor *t) {
+    if (!t->data || !tsr__file_map_of(m, t->data)) return TSR_OK;
+    size_t bytes = tsr_tensor_bytes(t);
+    void *dst;
+    TSR_TRY(tsr_model_alloc(m, bytes, &dst));
+    memcpy(dst, t->data, bytes);
+    uintptr_t page = 4096, a = ((uintptr_t)t->data + page - 1) & ~(page - 1),
+              b = ((uintptr_t)t->data + bytes) & ~(page - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advice only */
+    t->data = dst;
+    return TSR_OK;
+}
+
+tsr_status tsr_model_pack(tsr_model *m) {
+    bool tied = m->classifier.data && m->classifier.data == m->tok_emb.data;
+    TSR_TRY(tsr__pack_one(m, &m->tok_emb));
+    if (tied)
+        m->classifier.data = m->tok_emb.data;
+    else
+        TSR_TRY(tsr__pack_one(m, &m->classifier));
+    TSR_TRY(tsr__pack_one(m, &m->out_norm));
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        tsr_layer_weights *w = &m->layers[l];
+        tsr_tensor *ts[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo,
+                            &w->ffn_norm, &w->w_gate, &w->w_up, &w->w_down};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) TSR_TRY(tsr__pack_one(m, ts[i]));
+    }
+    /* Nothing views the files any more. */
+    for (tsr_model_resource **pr = &m->resources; *pr;) {
+        tsr_model_resource *r = *pr;
+        if (!r->file) {
+            pr = &r->next;
+            continue;
+        }
+        *pr = r->next;
+        munmap(r->addr, r->len);
+        tsr_free(r);
+    }
+    return TSR_OK;
 }
 
 tsr_status tsr_model_load(const char *spec, tsr_model **out) {

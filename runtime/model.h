@@ -28,6 +28,10 @@ typedef struct tsr_model {
     tsr_tensor out_norm;   /* [1, dim] f32 */
     tsr_tensor classifier; /* [vocab, dim]; same data as tok_emb when tied */
     tsr_model_resource *resources;
+    /* Weight arena: large tensors are carved from 2 MiB-aligned anonymous mappings
+     * advised for transparent huge pages (see tsr_model_alloc). */
+    char *arena_next;
+    size_t arena_left;
 } tsr_model;
 
 /* Opens a model: a llama2.c .bin file, a Hugging Face directory (config.json +
@@ -44,6 +48,12 @@ tsr_status tsr_model_own_buffer(tsr_model *m, void *ptr); /* freed with tsr_free
 
 /* Allocates `bytes` owned by the model (64-byte aligned). */
 tsr_status tsr_model_alloc(tsr_model *m, size_t bytes, void **out);
+
+/* Copies every tensor that views a model file into model-owned memory (the 2 MiB-page
+ * weight arena for matrices) and unmaps the files. Decode streams all weights once per
+ * token: huge pages read faster than the page cache's 4 KiB pages (docs/perf.md), and a
+ * rank keeps only its shard (call after tsr_parallel_shard_model). */
+tsr_status tsr_model_pack(tsr_model *m);
 
 /* Checks that every tensor is present with the shape the config demands. */
 tsr_status tsr_model_check(const tsr_model *m);
