@@ -5,6 +5,9 @@
 # usage: bench/scaling.sh [BUILD_DIR]    (default ./build; builds nothing)
 # Environment: MODELS (default "models/stories260K.bin synthetic:stories15M"), GEN (64),
 # LAYOUTS (default "1x1 2x1 1x2 2x2 4x1", tp x pp), THREADS per rank (1), MPIEXEC (mpirun).
+# Of the default layouts, those a model cannot take (tp must divide its heads and divide or
+# be a multiple of its KV heads, pp at most its layers) are skipped with a note line; a
+# LAYOUTS given in the environment is run as asked.
 # Figures are printed, not asserted. With more ranks than cores the ranks share cores, so
 # tokens/s then measures oversubscription as much as scaling; bytes/token do not depend on
 # the machine.
@@ -29,6 +32,8 @@ MPIEXEC=${MPIEXEC:-mpirun}
 command -v "$MPIEXEC" >/dev/null || { echo "scaling.sh: $MPIEXEC not found" >&2; exit 2; }
 MODELS=${MODELS:-"models/stories260K.bin synthetic:stories15M"}
 GEN=${GEN:-64}
+default_layouts=0
+[[ -z ${LAYOUTS:-} ]] && default_layouts=1
 LAYOUTS=${LAYOUTS:-"1x1 2x1 1x2 2x2 4x1"}
 THREADS=${THREADS:-1}
 export OMPI_MCA_rmaps_base_oversubscribe=1
@@ -43,13 +48,23 @@ for model in $MODELS; do
     tok=()
     # synthetic models have no tokenizer file: the Llama-2 one has their 32000 vocab
     [[ $model == synthetic:* ]] && tok=(--tokenizer models/tokenizer.bin)
-    # dim, layers, vocab from the model's own description (--verbose)
+    # dim, layers, heads, KV heads, vocab from the model's own description (--verbose)
     "$tessera" generate --model "$model" "${tok[@]}" --prompt "$prompt" --max-tokens 1 --verbose \
         >/dev/null 2>"$tmp/v.txt" || { cat "$tmp/v.txt"; continue; }
-    read -r d L V < <(sed -nE 's/.*dim ([0-9]+), ([0-9]+) layers, .* vocab ([0-9]+).*/\1 \2 \3/p' \
+    read -r d L H KV V < <(sed -nE \
+        's/.*dim ([0-9]+), ([0-9]+) layers, ([0-9]+) heads \(([0-9]+) kv\), vocab ([0-9]+).*/\1 \2 \3 \4 \5/p' \
         "$tmp/v.txt" | head -1)
     for lay in $LAYOUTS; do
         t=${lay%x*} p=${lay#*x} n=$((t * p))
+        why=
+        if ((H % t != 0)); then why="--tp $t does not divide the $H heads"
+        elif ((KV % t != 0 && t % KV != 0)); then why="--tp $t does not fit the $KV KV heads"
+        elif ((p > L)); then why="--pp $p exceeds the $L layers"
+        fi
+        if ((default_layouts)) && [[ -n $why ]]; then
+            printf '%-24s %5d %3d %3d  skipped (default list): %s\n' "$model" "$n" "$t" "$p" "$why"
+            continue
+        fi
         "$MPIEXEC" -n "$n" "$tessera" generate --model "$model" "${tok[@]}" --prompt "$prompt" \
             --max-tokens "$GEN" --temperature 0 --threads "$THREADS" --tp "$t" --pp "$p" \
             --stats >/dev/null 2>"$tmp/e.txt"

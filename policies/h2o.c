@@ -8,7 +8,12 @@
  * and emptied blocks return to the pool.
  *
  * --h2o-scores=materialize is the faithful baseline: like the original code it builds the
- * [heads][n_q][n_k] probability matrix and sums it, after checking that it fits. */
+ * [heads][n_q][n_k] probability matrix and sums it, after checking that it fits. Its sums
+ * stay per query head until the TP-wide sum over heads, so they are the same bits for
+ * every tp, also when tp > n_kv_heads splits a KV head's query group over ranks. The
+ * tiled scores come summed per KV head from the kernel; with such a split each rank sums
+ * part of the group, so the per-token sum is the same value in another association (the
+ * decisions agree across ranks, and with one process except at exact score ties). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,7 +109,8 @@ static tsr_status tsr__h2o_queries(void *state, int layer, int seq, const float 
     return TSR_OK;
 }
 
-/* The baseline: the full [heads][n_q][n_k] probability matrix, then its sums. */
+/* The baseline: the full [heads][n_q][n_k] probability matrix, then its sums per query
+ * head into scores ([heads][n_keys]; untouched without queries). */
 static tsr_status tsr__h2o_materialize(tsr__h2o *h, int layer, int seq, int32_t n_keys,
                                        float *scores) {
     tsr_kv_cache *m = h->mech;
@@ -146,7 +152,7 @@ static tsr_status tsr__h2o_materialize(tsr__h2o *h, int layer, int seq, int32_t 
         tsr_free(att);
         return st;
     }
-    memset(scores, 0, (size_t)m->n_kv_heads * n_keys * sizeof *scores);
+    memset(scores, 0, (size_t)n_heads * n_keys * sizeof *scores);
     for (int hh = 0; hh < n_heads; hh++) {
         int g = hh / group;
         for (int64_t i = 0; i < n_q; i++) {
@@ -166,7 +172,7 @@ static tsr_status tsr__h2o_materialize(tsr__h2o *h, int layer, int seq, int32_t 
                 row[j] = expf(row[j] - mx);
                 sum += row[j];
             }
-            for (int32_t j = 0; j < n_keys; j++) scores[(size_t)g * n_keys + j] += row[j] / sum;
+            for (int32_t j = 0; j < n_keys; j++) scores[(size_t)hh * n_keys + j] += row[j] / sum;
         }
     }
     tsr_free(pos);
@@ -214,16 +220,22 @@ static tsr_status tsr__h2o_observe(void *state, int layer, int seq, const float 
     float *ms = NULL, *sum = NULL;
     tsr_status st = TSR_OK;
     const float *ks = key_scores;
+    int parts = m->n_kv_heads; /* the kernel's: per KV head */
     if (h->cfg.scores_materialize) {
-        ms = tsr_malloc((size_t)m->n_kv_heads * (n ? n : 1) * sizeof *ms);
+        int have_q = tsr_kv_policy_queries_for(&h->qs, layer, seq);
+        int heads = have_q ? h->qs.heads : m->n_kv_heads;
+        ms = tsr_malloc((size_t)heads * (n ? n : 1) * sizeof *ms);
         st = ms ? tsr__h2o_materialize(h, layer, seq, n, ms) : TSR_ERR_NOMEM;
-        if (tsr_kv_policy_queries_for(&h->qs, layer, seq)) ks = ms;
+        if (have_q) {
+            ks = ms;
+            parts = heads; /* per query head */
+        }
     }
-    /* One score per slot, summed over every KV head of the TP group (the same on every
+    /* One score per slot, summed over every head of the TP group (the same on every
      * rank): a slot row holds all heads, so the ranks must evict the same slots. */
     if (st == TSR_OK && ks) {
         sum = tsr_malloc((size_t)(n ? n : 1) * sizeof *sum);
-        st = sum ? tsr_kv_policy_sum_heads(&h->cfg, ks, m->n_kv_heads, (size_t)n, sum)
+        st = sum ? tsr_kv_policy_sum_heads(&h->cfg, ks, parts, (size_t)n, sum)
                  : TSR_ERR_NOMEM;
         if (st == TSR_OK) st = tsr_kv_paged_add_slot_scores(m, layer, seq, sum);
     }

@@ -9,10 +9,17 @@
  * data-driven stand-in for InfiniGen's offline choice from the weights. A pair is
  * rotation-invariant, so partial scores match RoPE'd keys. The queries come through the
  * cache's `queries` hook; without them the selection falls back to the most recent tokens
- * (counted apart in the stats). */
+ * (counted apart in the stats).
+ *
+ * Tensor parallelism: every rank must choose the channels one process would. The query
+ * energy of a KV head is the sum over its whole query group, added per query head in
+ * global head order; when tp exceeds the KV heads, a rank holds a replicated KV head but
+ * only part of its group, so the group's per-head energies are gathered from the ranks
+ * that share it (tsr__off_group_qe, kv_share_begin/end of the policy config). */
 #include <math.h>
 #include <string.h>
 
+#include "comm/comm.h"
 #include "policies/policy.h"
 #include "runtime/base/alloc.h"
 
@@ -39,10 +46,13 @@ typedef struct tsr__oseq {
 typedef struct tsr__off {
     tsr_kv_policy_config cfg;
     tsr_kv_cache *mech;
-    int L, G, hd, kvd, pairs;
+    int L, G, H, hd, kvd, pairs; /* H: this rank's query heads */
     int *chan;        /* [L][G][2 * pairs] channel indices within the head */
     uint8_t *chan_set; /* [L] the choice is final */
-    double *ke, *qe;  /* [L][G][hd / 2] warm-up energy of keys and queries per pair */
+    double *ke;       /* [L][G][hd / 2] warm-up key energy per pair */
+    /* [L][H][hd / 2] warm-up query energy per pair and query head: kept per head so that
+     * a KV head's group sum has one order for every tp */
+    double *qe;
     double *km;       /* [L][G][hd] warm-up key sums per channel (for the variance) */
     int32_t *warm;    /* [L] key rows seen in the warm-up */
     tsr__oseq *seqs;
@@ -69,13 +79,15 @@ static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
     o->G = mech->n_kv_heads;
     o->kvd = mech->kv_dim;
     o->hd = o->kvd / o->G;
+    o->H = cfg->n_heads > 0 ? cfg->n_heads : o->G;
     o->pairs = cfg->spec_pairs > 0 ? cfg->spec_pairs : 4;
     if (o->pairs > o->hd / 2) o->pairs = o->hd / 2;
     o->chan = tsr_calloc((size_t)o->L * o->G * 2 * o->pairs, sizeof *o->chan);
     o->chan_set = tsr_calloc((size_t)o->L, 1);
     size_t ne = (size_t)o->L * o->G * (size_t)(o->hd / 2);
     o->ke = tsr_calloc(ne ? ne : 1, sizeof *o->ke);
-    o->qe = tsr_calloc(ne ? ne : 1, sizeof *o->qe);
+    size_t nq = (size_t)o->L * o->H * (size_t)(o->hd / 2);
+    o->qe = tsr_calloc(nq ? nq : 1, sizeof *o->qe);
     o->km = tsr_calloc(ne ? 2 * ne : 1, sizeof *o->km);
     o->warm = tsr_calloc((size_t)o->L, sizeof *o->warm);
     int too_wide = o->hd / 2 > TSR__OFF_MAXHALF;
@@ -159,15 +171,14 @@ static void tsr__off_pair(const tsr__off *o, int p, int *a, int *b) {
     *b = o->cfg.rope_interleaved ? 2 * p + 1 : p + o->hd / 2;
 }
 
-/* Adds the pair energy of n rows ([n][heads][hd]; head h belongs to group h / per) to e
- * ([G][hd / 2]). */
+/* Adds the pair energy of n rows ([n][heads][hd]) to e ([heads][hd / 2]), per head. */
 static void tsr__off_energy(const tsr__off *o, double *e, const float *x, int32_t n,
-                            int heads, int per) {
+                            int heads) {
     int half = o->hd / 2;
     for (int32_t i = 0; i < n; i++)
         for (int h = 0; h < heads; h++) {
             const float *r = x + ((size_t)i * heads + h) * o->hd;
-            double *eg = e + (size_t)(h / per) * half;
+            double *eg = e + (size_t)h * half;
             for (int p = 0; p < half; p++) {
                 int a, b;
                 tsr__off_pair(o, p, &a, &b);
@@ -189,14 +200,61 @@ static void tsr__off_partial(const tsr__off *o, tsr__olayer *L, int layer, int32
         }
 }
 
+/* Adds heads [h0, h1) of qh ([..][half]) into out ([half]) one head after the other. */
+static void tsr__off_add_heads(double *out, const double *qh, int h0, int h1, int half) {
+    for (int h = h0; h < h1; h++)
+        for (int p = 0; p < half; p++) out[p] += qh[(size_t)h * half + p];
+}
+
+/* qg ([G][half]): the query energy of each local KV head's whole query group, the group's
+ * per-head sums added in global head order, so the bits are one process's for any tp.
+ * A rank holding several KV heads holds their whole groups. When tp exceeds the KV heads,
+ * the TP ranks [kv_share_begin, kv_share_end) share one replicated KV head and each holds
+ * part of its group (runtime/parallel.h): every TP rank broadcasts its per-head query
+ * energy (host memory, a control-plane step even when activations go over NCCL) and the
+ * sharing ranks add theirs in rank order, which is head order. Collective over TP: select
+ * runs in step on all ranks and the warm-up, hence this call, is the same on every rank. */
+static tsr_status tsr__off_group_qe(tsr__off *o, int layer, double *qg) {
+    int half = o->hd / 2, per = o->H / o->G;
+    const double *qh = o->qe + (size_t)layer * o->H * half;
+    memset(qg, 0, (size_t)o->G * half * sizeof *qg);
+    tsr_comm *c = o->cfg.comm;
+    int b = o->cfg.kv_share_begin, e = o->cfg.kv_share_end;
+    if (!c || e - b <= 1) {
+        for (int g = 0; g < o->G; g++)
+            tsr__off_add_heads(qg + (size_t)g * half, qh, g * per, (g + 1) * per, half);
+        return TSR_OK;
+    }
+    int tp = tsr_comm_size(c, TSR_COMM_TP), me = tsr_comm_rank(c, TSR_COMM_TP);
+    size_t rw = (size_t)o->H * half;
+    double *all = tsr_malloc((size_t)tp * rw * sizeof *all);
+    if (!all) return TSR_ERR_NOMEM;
+    memcpy(all + (size_t)me * rw, qh, rw * sizeof *all);
+    tsr_status st = TSR_OK;
+    for (int r = 0; r < tp && st == TSR_OK; r++)
+        st = tsr_comm_bcast(c, TSR_COMM_TP, all + (size_t)r * rw, rw * sizeof *all, r);
+    for (int r = b; r < e && st == TSR_OK; r++)
+        tsr__off_add_heads(qg, all + (size_t)r * rw, 0, o->H, half);
+    tsr_free(all);
+    return st;
+}
+
 /* Per KV head, the `pairs` rotary pairs with the largest sqrt(query energy * key energy)
  * (key energy alone before any query came); partial keys follow a changed choice. */
-static void tsr__off_choose(tsr__off *o, int layer) {
+static tsr_status tsr__off_choose(tsr__off *o, int layer) {
     int half = o->hd / 2, changed = 0;
     double e[TSR__OFF_MAXHALF];
+    size_t nqg = (size_t)o->G * half;
+    double *qg = tsr_malloc((nqg ? nqg : 1) * sizeof *qg);
+    if (!qg) return TSR_ERR_NOMEM;
+    tsr_status st = tsr__off_group_qe(o, layer, qg);
+    if (st != TSR_OK) {
+        tsr_free(qg);
+        return st;
+    }
     for (int g = 0; g < o->G; g++) {
         const double *ke = o->ke + ((size_t)layer * o->G + g) * half;
-        const double *qe = o->qe + ((size_t)layer * o->G + g) * half;
+        const double *qe = qg + (size_t)g * half;
         const double *km = o->km + ((size_t)layer * o->G + g) * o->hd;
         double w = o->warm[layer] > 0 ? 1.0 / o->warm[layer] : 0.0;
         for (int p = 0; p < half; p++) {
@@ -220,10 +278,12 @@ static void tsr__off_choose(tsr__off *o, int layer) {
             e[best] = -1.0;
         }
     }
-    if (!changed) return;
+    tsr_free(qg);
+    if (!changed) return TSR_OK;
     for (int s = 0; s < o->n_seqs; s++)
         if (o->seqs[s].active)
             tsr__off_partial(o, &o->seqs[s].layers[layer], layer, 0, o->seqs[s].layers[layer].n);
+    return TSR_OK;
 }
 
 static tsr_status tsr__off_grow(tsr__off *o, tsr__olayer *L, int32_t rows) {
@@ -263,7 +323,7 @@ static tsr_status tsr__off_write(void *state, int layer, int seq, int32_t n, con
     memcpy(L->hk + (size_t)at * kvd, k, (size_t)n * kvd * 4);
     memcpy(L->hv + (size_t)at * kvd, v, (size_t)n * kvd * 4);
     if (!o->chan_set[layer]) {
-        tsr__off_energy(o, o->ke + (size_t)layer * o->G * (o->hd / 2), k, n, o->G, 1);
+        tsr__off_energy(o, o->ke + (size_t)layer * o->G * (o->hd / 2), k, n, o->G);
         double *km = o->km + (size_t)layer * o->kvd;
         for (int32_t i = 0; i < n; i++)
             for (int c = 0; c < o->kvd; c++) km[c] += k[(size_t)i * kvd + c];
@@ -280,9 +340,8 @@ static tsr_status tsr__off_queries(void *state, int layer, int seq, const float 
                                    const int32_t *q_pos, int n_q, int n_heads) {
     tsr__off *o = state;
     tsr_kv_policy_queries_set(&o->qs, layer, seq, q, q_pos, n_q, n_heads);
-    if (!o->chan_set[layer] && n_heads >= o->G && n_heads % o->G == 0)
-        tsr__off_energy(o, o->qe + (size_t)layer * o->G * (o->hd / 2), q, n_q, n_heads,
-                        n_heads / o->G);
+    if (!o->chan_set[layer] && n_heads == o->H && n_heads % o->G == 0)
+        tsr__off_energy(o, o->qe + (size_t)layer * o->H * (o->hd / 2), q, n_q, n_heads);
     return TSR_OK;
 }
 
@@ -366,7 +425,7 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
     tsr__olayer *L = &s->layers[layer];
     tsr_kv_cache *m = o->mech;
     if (!o->chan_set[layer]) {
-        tsr__off_choose(o, layer);
+        TSR_TRY(tsr__off_choose(o, layer));
         if (o->warm[layer] >= TSR__OFF_WARM) o->chan_set[layer] = 1;
     }
     int32_t len = m->ops->seq_len(m, seq), total = L->n;

@@ -29,6 +29,10 @@ typedef struct tsr_kv_policy_config {
      * tokens, so score decisions sum the heads over the group (tsr_kv_policy_sum_heads)
      * and every rank evicts / selects the same tokens. NULL: one process. */
     tsr_comm *comm;
+    /* TP ranks [kv_share_begin, kv_share_end) hold this rank's KV heads (several when tp
+     * exceeds the KV heads and they are replicated; runtime/parallel.h); each holds part of
+     * their query group. Both 0: this rank alone. */
+    int kv_share_begin, kv_share_end;
     int owns_host;           /* the cache destroys `host` with itself */
 } tsr_kv_policy_config;
 

@@ -96,7 +96,9 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
                                .measure_recall = opt->measure_recall,
                                .n_heads = sh->head_end - sh->head_begin,
                                .rope_interleaved = cfg->rope_interleaved, .host = host,
-                               .owns_host = 1, .comm = opt->comm};
+                               .owns_host = 1, .comm = opt->comm,
+                               .kv_share_begin = sh->kv_share_begin,
+                               .kv_share_end = sh->kv_share_end};
     tsr_kv_cache *kv = NULL;
     tsr_status st = tsr_kv_policy_cache_create(pol, &pc, &kc, &kv);
     if (st != TSR_OK) {

@@ -77,6 +77,8 @@ tsr_status tsr_parallel_shard_of(const tsr_parallel_layout *l, const tsr_model_c
         s.kv_head_begin = s.tp_rank * kpr;
         s.kv_head_end = s.kv_head_begin + kpr;
         s.kv_replicated = false;
+        s.kv_share_begin = s.tp_rank;
+        s.kv_share_end = s.tp_rank + 1;
     } else {
         /* tp = m * n_kv_heads: m consecutive ranks share one KV head; their query heads
          * all belong to its group because hpr divides the group size n_heads/n_kv. */
@@ -84,6 +86,9 @@ tsr_status tsr_parallel_shard_of(const tsr_parallel_layout *l, const tsr_model_c
         s.kv_head_begin = s.head_begin / group;
         s.kv_head_end = s.kv_head_begin + 1;
         s.kv_replicated = true;
+        int m = l->tp / c->n_kv_heads;
+        s.kv_share_begin = s.tp_rank - s.tp_rank % m;
+        s.kv_share_end = s.kv_share_begin + m;
     }
     s.n_parts = c->n_heads;
     s.part_begin = s.head_begin;

@@ -42,6 +42,8 @@ typedef struct tsr_parallel_shard {
     int head_begin, head_end;       /* query heads */
     int kv_head_begin, kv_head_end; /* KV heads held (and computed) by this rank */
     bool kv_replicated;             /* the KV heads are also held by other TP ranks */
+    int kv_share_begin, kv_share_end; /* the TP ranks holding these KV heads (this one alone
+                                       * unless replicated) */
     int hidden_begin, hidden_end;   /* MLP intermediate columns (whole chunks) */
     int n_parts;                    /* canonical reduction parts (= n_heads) */
     int part_begin, part_end;       /* my parts: = my heads, and my hidden chunks */

@@ -2,6 +2,8 @@
 # run_parallel.sh TESSERA ROOT MPIEXEC NP [layout flags...]
 # `tessera run` (continuous batching of 30 requests) under mpirun: rank 0 alone writes the
 # output, and every record equals the single-process run's record for the same request.
+# Steps carry up to 6 sequences (checked in the metrics), so with --pp P and the default
+# --micro-batches (P) the pipeline really cuts steps into several micro-batches.
 set -u
 bin=$1 root=$2 mpiexec=$3 np=$4
 shift 4
@@ -24,6 +26,12 @@ for pol in "paged" "h2o --kv-budget 0.5" "offload --kv-budget 0.5"; do
     texts "$tmp/ref.jsonl" >"$tmp/ref.txt"
     texts "$tmp/par.jsonl" >"$tmp/par.txt"
     n=$(wc -l <"$tmp/par.txt")
+    running=$(sed -nE 's/.*"max_running":[[:space:]]*([0-9]+).*/\1/p' "$tmp/m.json")
+    if [ "${running:-0}" -lt 2 ]; then
+        echo "FAIL [$pol]: no step held several sequences (max_running ${running:-?})"
+        fail=1
+        continue
+    fi
     if [ "$n" -ne 30 ] || ! cmp -s "$tmp/ref.txt" "$tmp/par.txt"; then
         echo "FAIL [$pol]: $n records; differences from one process:"
         diff "$tmp/ref.txt" "$tmp/par.txt" | head -6

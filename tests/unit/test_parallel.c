@@ -75,6 +75,8 @@ TSR_TEST(test_kv_heads_split) {
         ASSERT_EQ_INT(s0.kv_head_begin, r);
         ASSERT_EQ_INT(s0.kv_head_end, r + 1);
         ASSERT_TRUE(!s0.kv_replicated);
+        ASSERT_EQ_INT(s0.kv_share_begin, r);
+        ASSERT_EQ_INT(s0.kv_share_end, r + 1);
     }
 }
 
@@ -91,6 +93,8 @@ TSR_TEST(test_kv_heads_replicated) {
         ASSERT_EQ_INT(s.kv_head_begin, r / 2);
         ASSERT_EQ_INT(s.kv_head_end, r / 2 + 1);
         ASSERT_TRUE(s.kv_replicated);
+        ASSERT_EQ_INT(s.kv_share_begin, r / 2 * 2); /* the pair of ranks that hold it */
+        ASSERT_EQ_INT(s.kv_share_end, r / 2 * 2 + 2);
         /* The query head's GQA group is the KV head held. */
         ASSERT_EQ_INT(s.head_begin / (c.n_heads / c.n_kv_heads), s.kv_head_begin);
     }
@@ -107,6 +111,8 @@ TSR_TEST(test_kv_heads_replicated) {
     ASSERT_OK(tsr_parallel_shard_of(&l, &c, 5, M, &s));
     ASSERT_EQ_INT(s.kv_head_begin, 1);
     ASSERT_TRUE(s.kv_replicated);
+    ASSERT_EQ_INT(s.kv_share_begin, 3); /* ranks 3, 4, 5 hold KV head 1 */
+    ASSERT_EQ_INT(s.kv_share_end, 6);
 }
 
 TSR_TEST(test_hidden_columns) {
