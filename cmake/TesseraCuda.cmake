@@ -47,15 +47,26 @@ set_target_properties(tessera_core PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_A
 target_link_libraries(tessera_core PUBLIC tessera_cuda CUDA::cudart CUDA::cublas)
 target_compile_definitions(tessera_core PUBLIC TSR_HAVE_CUDA=1)
 
-# NCCL (comm/comm_nccl.c uses it): linked when found; -DNCCL_ROOT=<prefix> helps finding a
+# NCCL: the data plane of a multi-rank job on the CUDA backend (comm/comm_nccl.c; activations
+# stay in GPU memory, which MPI cannot take). It needs MPI to bootstrap, so it defaults to ON
+# exactly when MPI is on, and then it is required: a CUDA + MPI build without it would refuse
+# every multi-rank CUDA run, which must not pass CI unnoticed. -DTESSERA_NCCL=OFF opts out
+# (such a build runs the CUDA backend on one rank only); -DNCCL_ROOT=<prefix> finds a
 # pip-installed copy (site-packages/nvidia/nccl).
-option(TESSERA_NCCL "Link NCCL with the CUDA backend" ON)
+include(CMakeDependentOption)
+cmake_dependent_option(TESSERA_NCCL "Link NCCL for the multi-rank CUDA data plane" ON
+  "TESSERA_MPI" OFF)
 if(TESSERA_NCCL)
   find_package(NCCL)
-  if(NCCL_FOUND)
-    target_link_libraries(tessera_core PUBLIC NCCL::NCCL)
-    target_compile_definitions(tessera_core PUBLIC TSR_HAVE_NCCL=1)
-  else()
-    message(WARNING "tessera: NCCL not found (set NCCL_ROOT); building without it")
+  if(NOT NCCL_FOUND)
+    message(FATAL_ERROR "tessera: NCCL not found, and TESSERA_CUDA with TESSERA_MPI needs it "
+      "for multi-rank runs on the GPU. Install it (libnccl-dev, the CUDA toolkit's copy, or "
+      "pip's nvidia-nccl-cu12 with -DNCCL_ROOT=<prefix>), or configure with "
+      "-DTESSERA_NCCL=OFF to build a CUDA backend that runs on one rank only.")
   endif()
+  target_link_libraries(tessera_core PUBLIC NCCL::NCCL)
+  target_compile_definitions(tessera_core PUBLIC TSR_HAVE_NCCL=1)
+  message(STATUS "tessera: NCCL ${NCCL_VERSION} (${NCCL_LIBRARY})")
+else()
+  message(STATUS "tessera: NCCL off: the CUDA backend runs on one rank only")
 endif()

@@ -19,6 +19,27 @@ static int tsr__env_int(const char *name, bool *found) {
     return *found ? atoi(v) : 0;
 }
 
+#ifndef TSR__COMM_NCCL
+static tsr_status tsr__no_nccl(void) {
+    return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                         "NCCL requested, but this tessera was built without NCCL%s",
+#ifdef TSR_HAVE_MPI
+                         " (configure with -DTESSERA_NCCL=ON)"
+#else
+                         " (NCCL also needs TESSERA_MPI=ON)"
+#endif
+    );
+}
+#endif
+
+bool tsr_comm_nccl_built(void) {
+#ifdef TSR__COMM_NCCL
+    return true;
+#else
+    return false;
+#endif
+}
+
 bool tsr_comm_launched_by_mpi(int *n_ranks) {
     /* Size variables first (they give the world size), then rank-only markers. */
     static const char *const sizes[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
@@ -75,15 +96,7 @@ tsr_status tsr_comm_init(const tsr_comm_options *opt, tsr_comm **out) {
         return tsr_error_set(TSR_ERR_INVALID, "launched as %d ranks, but TSR_COMM=self asks for "
                              "a single process", launched_n);
 #ifndef TSR__COMM_NCCL
-    if (o.nccl)
-        return tsr_error_set(TSR_ERR_UNSUPPORTED,
-                             "NCCL requested, but this tessera was built without NCCL%s",
-#ifdef TSR_HAVE_MPI
-                             ""
-#else
-                             " (NCCL also needs TESSERA_MPI=ON)"
-#endif
-        );
+    if (o.nccl) return tsr__no_nccl();
 #endif
 
     tsr_comm *c = tsr_calloc(1, sizeof *c);
@@ -102,7 +115,9 @@ tsr_status tsr_comm_init(const tsr_comm_options *opt, tsr_comm **out) {
 #endif
     }
 #ifdef TSR__COMM_NCCL
-    if (st == TSR_OK && c->nccl && c->backend == TSR_COMM_MPI) st = tsr__comm_nccl_setup(c);
+    /* Collective (it compares the node's GPUs): agreed, so that no rank goes on alone. */
+    if (st == TSR_OK && c->nccl && c->backend == TSR_COMM_MPI)
+        st = tsr_comm_agree(c, tsr__comm_nccl_setup(c));
 #endif
     if (st != TSR_OK) {
         tsr_comm_destroy(c);
@@ -122,6 +137,47 @@ static void tsr__grp_free(tsr_comm *c, tsr__comm_grp *g) {
 #endif
     (void)c;
     memset(g, 0, sizeof *g);
+}
+
+#ifdef TSR__COMM_NCCL
+/* NCCL communicators for the groups of more than one rank that have none yet, in the same
+ * order on every rank (world, tp, pp), since each one is collective over its group and
+ * agreed over the world. */
+static tsr_status tsr__nccl_connect(tsr_comm *c) {
+    for (int g = 0; g < TSR_COMM_GROUP_COUNT; g++)
+        if (c->grp[g].size > 1 && !c->grp[g].nccl)
+            TSR_TRY(tsr__comm_nccl_grp_init(c, &c->grp[g], tsr__group_names[g]));
+    return TSR_OK;
+}
+#endif
+
+tsr_status tsr_comm_enable_nccl(tsr_comm *c, int device, void *cuda_stream) {
+#ifndef TSR__COMM_NCCL
+    (void)c, (void)device, (void)cuda_stream;
+    return tsr__no_nccl();
+#else
+    /* One process has nobody to talk to: device buffers stay local (see options.nccl). */
+    if (c->backend != TSR_COMM_MPI) return TSR_OK;
+    if (c->nccl) {
+        if (c->stream == cuda_stream && (device < 0 || device == c->device)) return TSR_OK;
+        return tsr_error_set(TSR_ERR_INVALID, "NCCL is already on GPU %d with another stream",
+                             c->device);
+    }
+    c->device = device < 0 ? -1 : device;
+    c->stream = cuda_stream;
+    tsr_status st = tsr_comm_agree(c, tsr__comm_nccl_setup(c));
+    if (st == TSR_OK) {
+        c->nccl = true;
+        st = tsr__nccl_connect(c);
+    }
+    if (st != TSR_OK) { /* back to MPI entirely: no group keeps a half-made NCCL side */
+        for (int g = 0; g < TSR_COMM_GROUP_COUNT; g++)
+            if (c->grp[g].nccl) tsr__comm_nccl_grp_free(c, &c->grp[g]);
+        c->nccl = false;
+        c->stream = NULL;
+    }
+    return st;
+#endif
 }
 
 tsr_status tsr_comm_set_layout(tsr_comm *c, int tp, int pp) {
@@ -150,14 +206,7 @@ tsr_status tsr_comm_set_layout(tsr_comm *c, int tp, int pp) {
 #endif
     }
 #ifdef TSR__COMM_NCCL
-    if (st == TSR_OK && c->nccl && c->backend == TSR_COMM_MPI) {
-        if (!c->grp[TSR_COMM_WORLD].nccl && c->world_size > 1)
-            st = tsr__comm_nccl_grp_init(c, &c->grp[TSR_COMM_WORLD], "world");
-        if (st == TSR_OK && c->grp[TSR_COMM_TP].size > 1)
-            st = tsr__comm_nccl_grp_init(c, &c->grp[TSR_COMM_TP], "tp group");
-        if (st == TSR_OK && c->grp[TSR_COMM_PP].size > 1)
-            st = tsr__comm_nccl_grp_init(c, &c->grp[TSR_COMM_PP], "pp group");
-    }
+    if (st == TSR_OK && c->nccl && c->backend == TSR_COMM_MPI) st = tsr__nccl_connect(c);
 #endif
     if (st != TSR_OK) {
         tsr__grp_free(c, &c->grp[TSR_COMM_TP]);
@@ -173,11 +222,8 @@ tsr_status tsr_comm_set_layout(tsr_comm *c, int tp, int pp) {
 
 void tsr_comm_destroy(tsr_comm *c) {
     if (!c) return;
-#ifdef TSR__COMM_NCCL
-    /* NCCL's order: drain the stream, then finalize/destroy each communicator, all before
-     * MPI goes away. */
-    if (c->nccl) (void)tsr__comm_nccl_sync(c);
-#endif
+    /* NCCL communicators first (finalize completes their operations), all before MPI
+     * goes away; the stream may belong to a backend destroyed already, so it is left be. */
     for (int g = TSR_COMM_GROUP_COUNT - 1; g >= 0; g--) tsr__grp_free(c, &c->grp[g]);
 #ifdef TSR_HAVE_MPI
     if (c->backend == TSR_COMM_MPI) tsr__comm_mpi_finalize(c);
@@ -190,6 +236,7 @@ const char *tsr_comm_backend_name(const tsr_comm *c) {
     return c->backend == TSR_COMM_MPI ? "mpi" : "self";
 }
 bool tsr_comm_uses_nccl(const tsr_comm *c) { return c->nccl; }
+void *tsr_comm_cuda_stream(const tsr_comm *c) { return c->nccl ? c->stream : NULL; }
 int tsr_comm_world_rank(const tsr_comm *c) { return c->world_rank; }
 int tsr_comm_world_size(const tsr_comm *c) { return c->world_size; }
 int tsr_comm_local_rank(const tsr_comm *c) { return c->local_rank; }

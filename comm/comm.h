@@ -7,8 +7,9 @@
  *
  * Backends. A job launched by mpirun/srun (detected from the launcher's environment) runs
  * over MPI; anything else is a single process that needs no MPI at all (world size 1, no
- * MPI_Init). With the CUDA backend and NCCL built, tsr_comm_options.nccl puts the data
- * plane of each group on NCCL.
+ * MPI_Init). With the CUDA backend and NCCL built, tsr_comm_enable_nccl (or
+ * tsr_comm_options.nccl at init) puts the data plane of each group on NCCL, on the
+ * backend's device and stream.
  *
  * Two families of operations:
  *  - data plane (allreduce_sum_f32*, allgather, send/recv/isend/irecv): buffers live in the
@@ -73,16 +74,38 @@ tsr_status tsr_comm_init(const tsr_comm_options *opt, tsr_comm **out);
  * tp >= 1, pp >= 1 and tp * pp == world size, with an error line naming the numbers. On
  * failure the comm stays usable for world operations (agree, abort) and destroy. May be
  * called again to replace the layout. With NCCL on, creates one NCCL communicator per
- * group (ncclGetUniqueId on group rank 0, MPI_Bcast, ncclCommInitRank). */
+ * multi-rank group (ncclGetUniqueId on group rank 0, MPI_Bcast, ncclCommInitRank; see
+ * tsr_comm_enable_nccl for how failures end). */
 tsr_status tsr_comm_set_layout(tsr_comm *c, int tp, int pp);
 
-/* Tears down NCCL (synchronize, finalize, destroy), then the MPI communicators, then
- * MPI_Finalize when tsr_comm_init called MPI_Init. NULL is accepted. */
+/* Tears down NCCL (finalize, which completes outstanding operations, then destroy; the
+ * stream is not touched, so the backend that owns it may be gone already), then the MPI
+ * communicators, then MPI_Finalize when tsr_comm_init called MPI_Init. NULL is accepted. */
 void tsr_comm_destroy(tsr_comm *c);
 
 /* "self" or "mpi", and whether the data plane is on NCCL. */
 const char *tsr_comm_backend_name(const tsr_comm *c);
 bool tsr_comm_uses_nccl(const tsr_comm *c);
+/* Whether this build can put the data plane on NCCL (NCCL and MPI both built in). */
+bool tsr_comm_nccl_built(void);
+/* The cudaStream_t the NCCL operations are ordered on; NULL without NCCL (or for the
+ * default stream). */
+void *tsr_comm_cuda_stream(const tsr_comm *c);
+
+/* Moves the data plane of every multi-rank group to NCCL, on GPU `device` (-1: the local
+ * rank) with every operation ordered on `cuda_stream` (a cudaStream_t; NULL: the default
+ * stream). Meant for a comm bootstrapped without NCCL: the compute backend, whose device
+ * and stream NCCL must share, can only be made once the local rank is known. Collective
+ * over the world. Without NCCL in the build: TSR_ERR_UNSUPPORTED. The self backend keeps
+ * its data plane local and returns TSR_OK. The device setup (which also refuses two local
+ * ranks on one GPU) and the NCCL ids are agreed over the world: such a failure gives every
+ * rank the same line and leaves the comm on MPI. A failure inside NCCL's own collective
+ * initialization cannot be agreed on (the other ranks wait inside NCCL), so it ends the
+ * job (tsr_comm_abort). With a layout set, its groups are connected now; otherwise
+ * tsr_comm_set_layout connects them. The stream must stay valid while data-plane
+ * operations run; teardown does not use it. Calling it again with the same stream is a
+ * no-op. */
+tsr_status tsr_comm_enable_nccl(tsr_comm *c, int device, void *cuda_stream);
 
 int tsr_comm_world_rank(const tsr_comm *c);
 int tsr_comm_world_size(const tsr_comm *c);

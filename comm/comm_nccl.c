@@ -1,6 +1,7 @@
 /* The NCCL data plane: one NCCL communicator per group, bootstrapped the way NCCL's own
  * examples do it (ncclGetUniqueId on group rank 0, MPI_Bcast of the id over the group's MPI
- * communicator, ncclCommInitRank), with every op ordered on the backend's stream. Compiled
+ * communicator, ncclCommInitRank), with every op ordered on the backend's stream (the data
+ * plane's buffers are the backend's device memory; control-plane calls stay on MPI). Compiled
  * to nothing unless the build has both NCCL (TSR_HAVE_NCCL, cmake/TesseraCuda.cmake) and MPI:
  * the id needs MPI to travel. */
 #include "comm/comm_impl.h"
@@ -10,7 +11,10 @@
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
+#include <stdint.h>
 #include <string.h>
+
+#include "runtime/base/alloc.h"
 
 static cudaStream_t tsr__stream(tsr_comm *c) { return (cudaStream_t)c->stream; }
 static ncclComm_t tsr__nc(const tsr__comm_grp *g) { return (ncclComm_t)g->nccl; }
@@ -28,9 +32,9 @@ static ncclComm_t tsr__nc(const tsr__comm_grp *g) { return (ncclComm_t)g->nccl; 
             return tsr_error_set(TSR_ERR_CUDA, "%s: %s", what, cudaGetErrorString(e_));  \
     } while (0)
 
-/* Chooses the device (the local rank unless told) and checks it exists: a node with more
- * ranks than GPUs is a launch mistake, said plainly. */
-tsr_status tsr__comm_nccl_setup(tsr_comm *c) {
+/* The GPU this rank uses (the local rank unless told), current from now on, and its PCI
+ * bus id in `busid` ("" when there is none). Local. */
+static tsr_status tsr__pick_device(tsr_comm *c, char *busid, int cap) {
     int n_dev = 0;
     TSR__CUDA_TRY(cudaGetDeviceCount(&n_dev), "cudaGetDeviceCount");
     if (c->device < 0) c->device = c->local_rank;
@@ -39,31 +43,88 @@ tsr_status tsr__comm_nccl_setup(tsr_comm *c) {
                              "has %d; start at most %d ranks per node", c->world_rank,
                              c->local_rank, c->device, n_dev, n_dev);
     TSR__CUDA_TRY(cudaSetDevice(c->device), "cudaSetDevice");
+    TSR__CUDA_TRY(cudaDeviceGetPCIBusId(busid, cap, c->device), "cudaDeviceGetPCIBusId");
     return TSR_OK;
 }
 
-tsr_status tsr__comm_nccl_grp_init(tsr_comm *c, tsr__comm_grp *g, const char *what) {
-    ncclUniqueId id;
-    memset(&id, 0, sizeof id);
-    if (g->rank == 0) TSR__NCCL_TRY(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    int rc = MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, *(MPI_Comm *)g->mpi);
-    if (rc != MPI_SUCCESS) {
+/* Chooses the device and checks that no other rank of the node has the same one: NCCL
+ * refuses two ranks on one GPU only inside ncclCommInitRank, where the ranks can no longer
+ * agree on the error. Collective over the node (every rank takes part in the exchange even
+ * when its own device failed); the caller agrees on the result over the world. */
+tsr_status tsr__comm_nccl_setup(tsr_comm *c) {
+    enum { ID = 32 };
+    char mine[ID];
+    memset(mine, 0, sizeof mine);
+    tsr_status st = tsr__pick_device(c, mine, ID);
+    if (st != TSR_OK) mine[0] = 0;
+    int n = c->local_size > 0 ? c->local_size : 1;
+    char *all = tsr_calloc((size_t)n, ID);
+    if (!all) /* cannot take part in the exchange, and the node's ranks wait in it */
+        tsr_comm_abort(c, 1, "NCCL setup: out of memory for the node's GPU ids");
+    int rc = MPI_Allgather(mine, ID, MPI_CHAR, all, ID, MPI_CHAR, *(MPI_Comm *)c->mpi_node);
+    if (rc != MPI_SUCCESS && st == TSR_OK) {
         char s[MPI_MAX_ERROR_STRING];
         int len = 0;
         MPI_Error_string(rc, s, &len);
-        return tsr_error_set(TSR_ERR_MPI, "MPI_Bcast of the NCCL id (%s): %s", what, s);
+        st = tsr_error_set(TSR_ERR_MPI, "MPI_Allgather of the GPU ids: %s", s);
     }
-    TSR__CUDA_TRY(cudaSetDevice(c->device), "cudaSetDevice");
+    for (int r = 0; r < c->local_rank && r < n && st == TSR_OK; r++)
+        if (mine[0] && strncmp(all + (size_t)r * ID, mine, ID) == 0)
+            st = tsr_error_set(TSR_ERR_CUDA,
+                               "local ranks %d and %d both use GPU %s; NCCL needs one GPU per "
+                               "rank: start at most as many ranks per node as it has GPUs",
+                               r, c->local_rank, mine);
+    tsr_free(all);
+    return st;
+}
+
+tsr_status tsr__comm_nccl_grp_init(tsr_comm *c, tsr__comm_grp *g, const char *what) {
+    /* The id travels with a flag, so that a failed ncclGetUniqueId still releases the
+     * group's MPI_Bcast; then the world agrees before anyone enters ncclCommInitRank. */
+    struct {
+        int32_t ok;
+        ncclUniqueId id;
+    } msg;
+    memset(&msg, 0, sizeof msg);
+    tsr_status st = TSR_OK;
+    if (g->rank == 0) {
+        ncclResult_t r = ncclGetUniqueId(&msg.id);
+        if (r == ncclSuccess) msg.ok = 1;
+        else st = tsr_error_set(TSR_ERR_NCCL, "ncclGetUniqueId (%s group): %s", what,
+                                ncclGetErrorString(r));
+    }
+    int rc = MPI_Bcast(&msg, (int)sizeof msg, MPI_BYTE, 0, *(MPI_Comm *)g->mpi);
+    if (st == TSR_OK && rc != MPI_SUCCESS) {
+        char s[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(rc, s, &len);
+        st = tsr_error_set(TSR_ERR_MPI, "MPI_Bcast of the NCCL id (%s group): %s", what, s);
+    } else if (st == TSR_OK && !msg.ok) {
+        st = tsr_error_set(TSR_ERR_NCCL, "%s group: its rank 0 could not make an NCCL id", what);
+    }
+    if (st == TSR_OK) {
+        cudaError_t e = cudaSetDevice(c->device);
+        if (e != cudaSuccess)
+            st = tsr_error_set(TSR_ERR_CUDA, "cudaSetDevice(%d): %s", c->device,
+                               cudaGetErrorString(e));
+    }
+    TSR_TRY(tsr_comm_agree(c, st));
     ncclComm_t comm;
-    TSR__NCCL_TRY(ncclCommInitRank(&comm, g->size, id, g->rank), "ncclCommInitRank");
+    ncclResult_t r = ncclCommInitRank(&comm, g->size, msg.id, g->rank);
+    if (r != ncclSuccess) {
+        tsr_error_set(TSR_ERR_NCCL, "ncclCommInitRank (%s group, rank %d of %d, GPU %d): %s",
+                      what, g->rank, g->size, c->device, ncclGetErrorString(r));
+        tsr_comm_abort(c, 1, tsr_last_error());
+    }
     g->nccl = comm;
     return TSR_OK;
 }
 
 void tsr__comm_nccl_grp_free(tsr_comm *c, tsr__comm_grp *g) {
     if (!g->nccl) return;
-    /* NCCL's teardown: drain the stream, finalize (flushes outstanding ops), destroy. */
-    (void)cudaStreamSynchronize(tsr__stream(c));
+    /* NCCL's teardown: finalize (completes the operations still queued), then destroy. The
+     * stream is not synchronized: it may belong to a backend destroyed before us. */
+    if (c->device >= 0) (void)cudaSetDevice(c->device);
     (void)ncclCommFinalize(tsr__nc(g));
     (void)ncclCommDestroy(tsr__nc(g));
     g->nccl = NULL;

@@ -110,6 +110,9 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
     TSR_TRY(tsr_dist_agree(d, tsr_dist_place(d, o->dist.bind)));
     TSR_TRY(tsr_dist_agree(d, tsr_backend_create_local(o->backend, threads, d->local_rank,
                                                        &g->be)));
+    /* The comm exists before the backend (the local rank picks the GPU): now that the
+     * backend does, the activations' data plane follows it (NCCL for a device backend). */
+    TSR_TRY(tsr_dist_data_plane(d, g->be, o->kv.kv.policy));
     int chunk = o->chunk < (int)n_ids ? o->chunk : (int)n_ids;
     tsr_kv_options kvo = o->kv.kv;
     kvo.chunk_tokens = chunk;

@@ -227,6 +227,9 @@ static tsr_status tsr__setup(tsr__run *g) {
     TSR_TRY(tsr_dist_agree(d, tsr_dist_place(d, o->dist.bind)));
     TSR_TRY(tsr_dist_agree(d, tsr_backend_create_local(o->backend, threads, d->local_rank,
                                                        &g->be)));
+    /* The comm exists before the backend (the local rank picks the GPU): now that the
+     * backend does, the activations' data plane follows it (NCCL for a device backend). */
+    TSR_TRY(tsr_dist_data_plane(d, g->be, o->kv.kv.policy));
     tsr_kv_options kvo = o->kv.kv;
     kvo.max_seqs = o->max_batch_seqs;
     kvo.chunk_tokens = o->max_batch_tokens;

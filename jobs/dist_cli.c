@@ -9,6 +9,7 @@
 
 #include "jobs/commands.h"
 #include "memory/host_pool.h"
+#include "policies/policy.h"
 #ifdef TSR_HAVE_CUDA
 #include "kernels/cuda/backend_cuda.h"
 #endif
@@ -33,9 +34,17 @@ void tsr_dist_cli_opts(tsr_dist_cli *d, tsr_cli_opt *out) {
     memcpy(out, opts, sizeof opts);
 }
 
+/* 0 in the struct means "not given" (a default); given, it must be a real count. */
+static bool tsr__bad_count(const tsr_cli *cli, const char *name, int v) {
+    const tsr_cli_opt *o = tsr_cli_find(cli, name);
+    return v < 0 || (o && o->seen && v < 1);
+}
+
 tsr_cli_result tsr_dist_cli_check(const tsr_cli *cli, const tsr_dist_cli *d) {
-    if (d->tp < 0 || d->pp < 0) return tsr_cli_usage_error(cli, "--tp and --pp must be >= 1");
-    if (d->micro_batches < 0) return tsr_cli_usage_error(cli, "--micro-batches must be >= 1");
+    if (tsr__bad_count(cli, "tp", d->tp)) return tsr_cli_usage_error(cli, "--tp must be >= 1");
+    if (tsr__bad_count(cli, "pp", d->pp)) return tsr_cli_usage_error(cli, "--pp must be >= 1");
+    if (tsr__bad_count(cli, "micro-batches", d->micro_batches))
+        return tsr_cli_usage_error(cli, "--micro-batches must be >= 1");
     return TSR_CLI_OK;
 }
 
@@ -94,7 +103,12 @@ tsr_status tsr_dist_must(tsr_dist *j, tsr_status st) {
 
 tsr_status tsr_dist_layout(tsr_dist *j, const tsr_dist_cli *d, tsr_model *m, const char *what) {
     int pp = d->pp > 0 ? d->pp : 1;
-    int tp = d->tp > 0 ? d->tp : (j->world % pp == 0 ? j->world / pp : 1);
+    /* Without --tp the ranks are split over --pp; name only what the user gave. */
+    if (d->tp <= 0 && j->world % pp != 0)
+        return tsr_error_set(TSR_ERR_INVALID,
+                             "--pp %d needs a multiple of %d ranks (tp x pp), but the job has %d",
+                             pp, pp, j->world);
+    int tp = d->tp > 0 ? d->tp : j->world / pp;
     TSR_TRY(tsr_comm_set_layout(j->comm, tp, pp));
     tsr_parallel_layout l;
     TSR_TRY(tsr_parallel_layout_init(tp, pp, j->world, &l));
@@ -128,6 +142,67 @@ tsr_status tsr_dist_place(tsr_dist *j, bool bind) {
     tsr_free(ids);
     tsr_free(busids);
     return st;
+}
+
+const char *tsr_dist_plane_name(tsr_dist_plane p) {
+    return p == TSR_DIST_PLANE_NCCL ? "nccl" : p == TSR_DIST_PLANE_MPI ? "mpi" : "local";
+}
+
+tsr_status tsr_dist_plane_choose(const tsr_dist_plane_query *q, tsr_dist_plane *out) {
+    *out = TSR_DIST_PLANE_LOCAL;
+    if (q->world <= 1) return TSR_OK;
+    const char *be = q->backend ? q->backend : "?";
+    if (q->device_ranks <= 0) {
+        *out = TSR_DIST_PLANE_MPI;
+        return TSR_OK;
+    }
+    /* Half NCCL, half MPI would never meet: one backend kind for the whole job. */
+    if (q->device_ranks < q->world)
+        return tsr_error_set(TSR_ERR_INVALID,
+                             "%d of the job's %d ranks got a GPU backend and the others the "
+                             "CPU; give every rank a GPU, or use --backend cpu",
+                             q->device_ranks, q->world);
+    if (!q->nccl_built)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "the %s backend on %d ranks needs NCCL (activations stay in GPU "
+                             "memory, which MPI cannot send), but this tessera was built "
+                             "without it (configure with -DTESSERA_NCCL=ON), or use "
+                             "--backend cpu", be, q->world);
+    /* h2o and offload read queries or attention scores on the host and sum them over the
+     * TP group with the host-memory MPI path: device activations cannot take that road. */
+    const tsr_kv_policy_ops *pol = tsr_kv_policy_find(q->kv_policy ? q->kv_policy : "paged");
+    if (q->tp > 1 && pol && (pol->wants_scores || pol->queries || pol->observe))
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "--kv-policy %s with tensor parallelism (tp %d) on the %s "
+                             "backend is not supported: its score sums over the TP ranks take "
+                             "host memory; use --kv-policy paged, or --backend cpu",
+                             pol->name, q->tp, be);
+    *out = TSR_DIST_PLANE_NCCL;
+    return TSR_OK;
+}
+
+tsr_status tsr_dist_data_plane(tsr_dist *j, const tsr_backend *be, const char *kv_policy) {
+    j->plane = TSR_DIST_PLANE_LOCAL;
+    int64_t dev = be->device >= 0;
+    if (j->world > 1) /* `auto` may give GPUs to some nodes' ranks only: count them */
+        TSR_TRY(tsr_comm_allreduce_i64(j->comm, TSR_COMM_WORLD, &dev, 1, TSR_COMM_SUM));
+    tsr_dist_plane_query q = {.world = j->world, .tp = tsr_comm_tp(j->comm),
+                              .device_ranks = (int)dev, .nccl_built = tsr_comm_nccl_built(),
+                              .backend = be->ops->name, .kv_policy = kv_policy};
+    tsr_dist_plane plane;
+    TSR_TRY(tsr_dist_plane_choose(&q, &plane));
+    if (plane == TSR_DIST_PLANE_NCCL) {
+        void *stream = NULL;
+#ifdef TSR_HAVE_CUDA
+        stream = tsr_backend_cuda_stream(be);
+#endif
+        TSR_TRY(tsr_comm_enable_nccl(j->comm, be->device, stream));
+    }
+    j->plane = plane;
+    if (j->rank == 0 && plane != TSR_DIST_PLANE_LOCAL)
+        TSR_LOG_INFO("data plane: %s (%s backend); agreements: mpi", tsr_dist_plane_name(plane),
+                     be->ops->name);
+    return TSR_OK;
 }
 
 void tsr_dist_kv_options(const tsr_dist *j, const tsr_backend *be, tsr_kv_options *kvo) {

@@ -24,8 +24,26 @@ typedef struct tsr_dist_cli {
     bool bind;         /* bind each rank to its cores */
 } tsr_dist_cli;
 
+/* Where the activations cross ranks (the data plane; control-plane agreements always use
+ * MPI with host buffers). */
+typedef enum tsr_dist_plane {
+    TSR_DIST_PLANE_LOCAL = 0, /* one rank: nothing crosses */
+    TSR_DIST_PLANE_MPI = 1,   /* host backend: host activations over MPI */
+    TSR_DIST_PLANE_NCCL = 2,  /* device backend: device activations over NCCL */
+} tsr_dist_plane;
+
+/* What the data-plane choice depends on, the same on every rank. */
+typedef struct tsr_dist_plane_query {
+    int world, tp;
+    int device_ranks;      /* ranks whose backend keeps activations on a GPU */
+    bool nccl_built;       /* tsr_comm_nccl_built() */
+    const char *backend;   /* this rank's backend name, for messages */
+    const char *kv_policy; /* --kv-policy; NULL: paged */
+} tsr_dist_plane_query;
+
 typedef struct tsr_dist {
     tsr_comm *comm;
+    tsr_dist_plane plane;     /* after tsr_dist_data_plane */
     tsr_parallel_shard shard; /* valid after tsr_dist_layout */
     int rank, world, local_rank, local_size;
     int micro_batches;
@@ -59,6 +77,19 @@ tsr_status tsr_dist_layout(tsr_dist *j, const tsr_dist_cli *d, tsr_model *m, con
  * this machine, or the hwloc description in $TSR_TOPOLOGY (tests: a synthetic machine;
  * it cannot be bound to). Local; the caller agrees. */
 tsr_status tsr_dist_place(tsr_dist *j, bool bind);
+/* The data plane for a job (pure; tests): LOCAL for one rank, MPI when no rank has a
+ * device backend, NCCL when all have. Errors (one line): some ranks on a GPU and others
+ * not; a device backend across ranks in a build without NCCL (device memory cannot go
+ * through MPI); a KV policy that reads queries or attention scores on the host and sums
+ * them over the TP group (h2o, offload) with tp > 1 on a device backend. */
+tsr_status tsr_dist_plane_choose(const tsr_dist_plane_query *q, tsr_dist_plane *out);
+const char *tsr_dist_plane_name(tsr_dist_plane p);
+/* Once the backend exists (after tsr_dist_layout): the ranks agree on whether it is a
+ * device backend, choose the data plane (j->plane) and, for NCCL, move the comm's data
+ * plane to the backend's device and stream (tsr_comm_enable_nccl). Collective; every
+ * error is the same on every rank, except a failure inside NCCL's own initialization,
+ * which ends the job. */
+tsr_status tsr_dist_data_plane(tsr_dist *j, const tsr_backend *be, const char *kv_policy);
 /* Fills the distributed fields of KV options: shard, comm, placed host pool, and the
  * device pin hooks when be is a GPU backend. */
 void tsr_dist_kv_options(const tsr_dist *j, const tsr_backend *be, tsr_kv_options *kvo);

@@ -12,6 +12,9 @@
 #include <string.h>
 
 #include "runtime/base/alloc.h"
+#ifdef TSR_HAVE_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#endif
 
 /* Pipeline micro-batches per call at most. */
 #define TSR__MAX_MB 64
@@ -65,6 +68,32 @@ tsr_status tsr_forward_create(const tsr_model *m, tsr_backend *be, int max_token
     return tsr_forward_create_parallel(m, be, max_tokens, NULL, out);
 }
 
+/* Activations live in the backend's memory and the data plane moves them as they are:
+ * MPI takes host memory, NCCL device memory ordered on the backend's stream. Any other
+ * pairing would hand device pointers to MPI (or host pointers to NCCL), so it is refused
+ * before anything runs. One process moves nothing. */
+static tsr_status tsr__check_data_plane(tsr_comm *comm, const tsr_backend *be, bool nccl) {
+    if (!comm || tsr_comm_world_size(comm) < 2) return TSR_OK;
+    bool device = be->device >= 0;
+    if (device && !nccl)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "forward: backend %s keeps activations in GPU memory, which the "
+                             "MPI data plane cannot send; across ranks it needs NCCL",
+                             be->ops->name);
+    if (!device && nccl)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "forward: the data plane is on NCCL, but backend %s keeps "
+                             "activations in host memory", be->ops->name);
+#ifdef TSR_HAVE_CUDA
+    void *bs = tsr_backend_cuda_stream(be);
+    if (device && bs && tsr_comm_cuda_stream(comm) != bs)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "forward: NCCL is ordered on another CUDA stream than backend "
+                             "%s's kernels, so its transfers would race them", be->ops->name);
+#endif
+    return TSR_OK;
+}
+
 tsr_status tsr_forward_create_parallel(const tsr_model *m, tsr_backend *be, int max_tokens,
                                        const tsr_forward_parallel *par, tsr_forward **out) {
     *out = NULL;
@@ -73,6 +102,8 @@ tsr_status tsr_forward_create_parallel(const tsr_model *m, tsr_backend *be, int 
     if (!be->ops->matmul_parts)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "forward: backend %s lacks matmul_parts",
                              be->ops->name);
+    tsr_comm *comm = par ? par->comm : NULL;
+    TSR_TRY(tsr__check_data_plane(comm, be, comm && tsr_comm_uses_nccl(comm)));
     const tsr_model_config *c = &m->cfg;
     tsr_parallel_shard sh;
     if (par) sh = par->shard;
@@ -83,13 +114,14 @@ tsr_status tsr_forward_create_parallel(const tsr_model *m, tsr_backend *be, int 
     f->be = be;
     f->max_tokens = max_tokens;
     f->sh = sh;
-    f->comm = par ? par->comm : NULL;
+    f->comm = comm;
     f->tp = f->comm ? tsr_comm_tp(f->comm) : 1;
     f->pp = f->comm ? tsr_comm_pp(f->comm) : 1;
     if (f->tp < 1) f->tp = 1;
     if (f->pp < 1) f->pp = 1;
     f->micro_batches = par && par->micro_batches > 0 ? par->micro_batches : f->pp;
     if (f->micro_batches > TSR__MAX_MB) f->micro_batches = TSR__MAX_MB;
+    /* NCCL sums device buffers in place; MPI gets the parts in host memory */
     f->use_nccl = f->comm && tsr_comm_uses_nccl(f->comm);
     f->qd = tsr_parallel_shard_qdim(&sh, c);
     f->kvd = tsr_parallel_shard_kvdim(&sh, c);

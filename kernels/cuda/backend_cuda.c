@@ -518,6 +518,11 @@ tsr_status tsr_backend_cuda_get(tsr_backend *be, void *host_dst, const void *dev
     return TSR_OK;
 }
 
+void *tsr_backend_cuda_stream(const tsr_backend *be) {
+    if (!be || be->ops != &tsr__cuda_ops || !be->ctx) return NULL;
+    return (void *)((const tsr__cuda_ctx *)be->ctx)->stream;
+}
+
 const char *tsr_backend_cuda_device_name(const tsr_backend *be) {
     return ((const tsr__cuda_ctx *)be->ctx)->name;
 }

@@ -22,6 +22,10 @@ tsr_status tsr_backend_cuda_upload(tsr_backend *be, const tsr_tensor *host, tsr_
 tsr_status tsr_backend_cuda_set(tsr_backend *be, void *dev_dst, const void *host_src, size_t bytes);
 tsr_status tsr_backend_cuda_get(tsr_backend *be, void *host_dst, const void *dev_src, size_t bytes);
 
+/* The cudaStream_t every op of `be` is queued on, so that NCCL orders its collectives with
+ * the kernels (tsr_comm_enable_nccl); NULL when be is not a CUDA backend. */
+void *tsr_backend_cuda_stream(const tsr_backend *be);
+
 /* The device's name ("NVIDIA H100 80GB HBM3"), for logs and benchmarks. */
 const char *tsr_backend_cuda_device_name(const tsr_backend *be);
 

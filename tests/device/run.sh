@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check for the device machine (one NVIDIA GPU; CUDA toolkit, CMake, ninja, PyTorch;
 # no Debian -dev packages, no MPI, no network). Builds tessera with CUDA, runs ctest and
-# test_backend_ops (every op, CUDA vs CPU, plus timings) and prints the figures.
+# test_backend_ops (every op, CUDA vs CPU, plus timings) and prints the figures, then checks
+# the data-plane choice for the real CUDA backend (test_dist_plane).
 #
 #   here:    tools/fetch-device-debs.sh           # OpenBLAS, cJSON, PCRE2, hwloc, pkgconf
 #   there:   bash tests/device/run.sh             # run tool: carry [".debs"]
@@ -120,6 +121,16 @@ say "test_backend_ops: CUDA vs CPU, with timings"
 TSR_BENCH=1 "$B/tests/test_backend_ops" 2>&1 | tee "$OUT/backend_ops.log" || rc=1
 grep -q "CUDA backend on" "$OUT/backend_ops.log" || {
     echo "run.sh: the CUDA backend did not come up" >&2
+    rc=1
+}
+
+# No MPI here, so no multi-rank NCCL run: this checks that the real CUDA backend counts as a
+# device backend with its own stream, i.e. what would put a multi-rank data plane on NCCL
+# (and is refused cleanly by this MPI-less, NCCL-less build).
+say "test_dist_plane: the CUDA backend's data plane"
+"$B/tests/test_dist_plane" test_cuda_backend_if_present 2>&1 | tee "$OUT/dist_plane.log" || rc=1
+grep -q "cuda backend on GPU" "$OUT/dist_plane.log" || {
+    echo "run.sh: test_dist_plane did not get the CUDA backend" >&2
     rc=1
 }
 
