@@ -204,6 +204,10 @@ static int tsr__bench_load(const tsr__bench_opts *o, tsr_model **out) {
     }
     tsr_model *m;
     if (tsr_model_load(spec, &m) != TSR_OK) return tsr_cmd_fail("bench");
+    if (tsr_model_pack(m) != TSR_OK) { /* huge-page weights, as generate and run use */
+        tsr_model_destroy(m);
+        return tsr_cmd_fail("bench");
+    }
     if (o->dtype >= 0 && m->cfg.dtype != (tsr_dtype)o->dtype) {
         if (tsr__convert_model(m, (tsr_dtype)o->dtype) != TSR_OK) {
             tsr_model_destroy(m);
