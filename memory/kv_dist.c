@@ -1,6 +1,8 @@
 /* Collective admission over the ranks of a distributed job (see kv_dist.h). */
 #include "memory/kv_dist.h"
 
+#include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "memory/kv_paged.h"
@@ -10,7 +12,10 @@
 typedef struct tsr__dist {
     tsr_kv_cache base;
     tsr_kv_cache *in;
+    tsr_kv_cache *mech; /* the paged cache under `in` (in itself, or under its policy) */
     tsr_comm *comm;
+    int rank;
+    int fail_rank, fail_left; /* injected shortages (tsr_kv_dist_test_fail_rank) */
     tsr_kv_dist_stats st;
 } tsr__dist;
 
@@ -28,6 +33,26 @@ tsr_kv_cache *tsr_kv_dist_inner(const tsr_kv_cache *kv) {
 void tsr_kv_dist_get_stats(const tsr_kv_cache *kv, tsr_kv_dist_stats *out) {
     memset(out, 0, sizeof *out);
     if (tsr_kv_is_dist(kv)) *out = ((const tsr__dist *)kv)->st;
+}
+
+void tsr_kv_dist_test_fail_rank(tsr_kv_cache *kv, int rank, int n) {
+    if (!tsr_kv_is_dist(kv)) return;
+    tsr__dist *d = TSR__D(kv);
+    d->fail_rank = rank;
+    d->fail_left = n > 0 ? n : 0;
+}
+
+/* Takes one injected shortage when this rank has one pending. */
+static bool tsr__injected(tsr__dist *d) {
+    if (d->fail_left <= 0 || d->rank != d->fail_rank) return false;
+    d->fail_left--;
+    d->st.injected++;
+    return true;
+}
+
+static tsr_status tsr__shortage(const tsr__dist *d) {
+    return tsr_error_set(TSR_ERR_NO_BLOCKS, "KV cache: rank %d: injected shortage (test)",
+                         d->rank);
 }
 
 /* Severity of an outcome: retry-later < never-fits < a real failure. */
@@ -62,9 +87,12 @@ static void tsr__dist_destroy(tsr_kv_cache *kv) {
     tsr_free(kv);
 }
 
+/* Adding a sequence takes no blocks, so a rank that added it while another failed undoes
+ * it exactly with seq_free. */
 static tsr_status tsr__dist_seq_add(tsr_kv_cache *kv, int seq) {
     tsr_kv_cache *in = TSR__IN(kv);
-    tsr_status local = in->ops->seq_add(in, seq);
+    tsr_status local = tsr__injected(TSR__D(kv)) ? tsr__shortage(TSR__D(kv))
+                                                 : in->ops->seq_add(in, seq);
     tsr_status st = tsr__agree(TSR__D(kv), local);
     if (st != TSR_OK && local == TSR_OK) in->ops->seq_free(in, seq); /* others had no room */
     return st;
@@ -80,11 +108,27 @@ static int32_t tsr__dist_seq_len(const tsr_kv_cache *kv, int seq) {
     return in->ops->seq_len(in, seq);
 }
 
-/* A reserve that succeeded here but not elsewhere keeps its blocks on this rank: the step
- * is retried (a retried reserve reuses them) or the sequence is preempted (freed). */
+/* Check, agree, commit: every rank first answers without changing its cache, the ranks
+ * agree, and only an agreed TSR_OK is committed, on every rank. A shortage on any rank thus
+ * fails the reserve on all of them with every cache as it was, so block tables stay
+ * identical and the scheduler's preemption (or deferral) is the same everywhere. Reserving
+ * first and releasing on disagreement would not restore the pool: an allocation takes
+ * cached prefix blocks off the free list and drops their hashes. */
 static tsr_status tsr__dist_reserve(tsr_kv_cache *kv, int seq, int32_t n) {
-    tsr_kv_cache *in = TSR__IN(kv);
-    return tsr__agree(TSR__D(kv), in->ops->reserve(in, seq, n));
+    tsr__dist *d = TSR__D(kv);
+    tsr_status local = tsr__injected(d) ? tsr__shortage(d)
+                                        : tsr_kv_paged_reserve_check(d->mech, seq, n);
+    TSR_TRY(tsr__agree(d, local));
+    /* The paged reserve cannot fail now; the policy's own step hook (h2o materialize's
+     * memory check) still can, on one rank, and the others are past the agreement. */
+    tsr_status st = d->in->ops->reserve(d->in, seq, n);
+    if (st != TSR_OK) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s (after the ranks agreed on the reserve)",
+                 tsr_last_error());
+        tsr_comm_abort(d->comm, 1, msg);
+    }
+    return TSR_OK;
 }
 
 static tsr_status tsr__dist_write(tsr_kv_cache *kv, int layer, int seq, int32_t n,
@@ -164,12 +208,18 @@ static const tsr_kv_cache_ops tsr__dist_ops = {
 
 tsr_status tsr_kv_dist_create(tsr_kv_cache *inner, tsr_comm *comm, tsr_kv_cache **out) {
     *out = NULL;
+    tsr_kv_cache *mech = tsr_kv_is_policy(inner) ? tsr_kv_policy_mech(inner) : inner;
+    if (!tsr_kv_is_paged(mech))
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: the distributed block manager needs "
+                                              "a paged cache (%s)", inner->ops->name);
     tsr__dist *d = tsr_calloc(1, sizeof *d);
     if (!d) return TSR_ERR_NOMEM;
     d->base = *inner; /* geometry and wants_scores */
     d->base.ops = &tsr__dist_ops;
     d->in = inner;
+    d->mech = mech;
     d->comm = comm;
+    d->rank = tsr_comm_world_rank(comm);
     *out = &d->base;
     return TSR_OK;
 }

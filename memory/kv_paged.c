@@ -160,13 +160,13 @@ static int32_t tsr__paged_seq_len(const tsr_kv_cache *kv, int seq) {
 
 static int32_t tsr__ceil_div(int64_t a, int32_t b) { return (int32_t)((a + b - 1) / b); }
 
-/* Blocks layer L must gain to hold `rows` more slots, and whether its partial last block is
- * shared (then written rows need a private copy first). */
-static int32_t tsr__layer_need(const tsr__paged *p, const tsr__player *L, int32_t rows,
-                               int *cow) {
-    int32_t want = tsr__ceil_div((int64_t)L->slots + rows, p->bs);
-    *cow = rows > 0 && L->slots % p->bs != 0 && L->nb > 0 &&
-           L->slots / p->bs == L->nb - 1 && p->pool->blocks[L->blocks[L->nb - 1]].ref_cnt > 1;
+/* Blocks layer L must gain to hold `rows` more slots after its first `slots`, and whether
+ * its partial last block is shared (then written rows need a private copy first). */
+static int32_t tsr__layer_need(const tsr__paged *p, const tsr__player *L, int32_t slots,
+                               int32_t rows, int *cow) {
+    int32_t want = tsr__ceil_div((int64_t)slots + rows, p->bs);
+    *cow = rows > 0 && slots % p->bs != 0 && L->nb > 0 && slots / p->bs == L->nb - 1 &&
+           p->pool->blocks[L->blocks[L->nb - 1]].ref_cnt > 1;
     return (want > L->nb ? want - L->nb : 0) + *cow;
 }
 
@@ -183,14 +183,22 @@ static void tsr__layer_cow(tsr__paged *p, tsr__player *L) {
     p->st.cow_copies++;
 }
 
-/* Check-then-commit growth of the layers in [l0, l1) by `rows` slots each. */
-static tsr_status tsr__reserve_layers(tsr__paged *p, tsr__pseq *s, int seq, int l0, int l1,
-                                      int32_t rows) {
+/* The rows a reserve grows from: a retried step (retry) drops the rows of the failed one. */
+static int32_t tsr__rows_from(const tsr__player *L, int retry) {
+    return retry ? L->base : L->slots;
+}
+
+/* The check half of growing the layers in [l0, l1) by `rows` slots each: the answer the
+ * commit would give, changing nothing but array capacity, so that the commit cannot fail
+ * (the distributed block manager agrees on this answer before any rank commits). */
+static tsr_status tsr__reserve_check(tsr__paged *p, tsr__pseq *s, int seq, int l0, int l1,
+                                     int32_t rows, int retry) {
     int64_t need = 0, total = 0;
     for (int l = l0; l < l1; l++) {
         int cow;
-        need += tsr__layer_need(p, &s->layers[l], rows, &cow);
-        total += tsr__ceil_div((int64_t)s->layers[l].slots + rows, p->bs);
+        int32_t from = tsr__rows_from(&s->layers[l], retry);
+        need += tsr__layer_need(p, &s->layers[l], from, rows, &cow);
+        total += tsr__ceil_div((int64_t)from + rows, p->bs);
     }
     for (int l = 0; l < p->base.n_layers; l++)
         if (l < l0 || l >= l1) total += s->layers[l].nb;
@@ -204,24 +212,39 @@ static tsr_status tsr__reserve_layers(tsr__paged *p, tsr__pseq *s, int seq, int 
                              (long long)need, p->pool->n_free);
     for (int l = l0; l < l1; l++) {
         tsr__player *L = &s->layers[l];
-        int32_t want = tsr__ceil_div((int64_t)L->slots + rows, p->bs);
+        int32_t want = tsr__ceil_div((int64_t)tsr__rows_from(L, retry) + rows, p->bs);
         TSR_TRY(tsr__grow_i32(&L->blocks, &L->cap, want));
     }
+    return TSR_OK;
+}
+
+/* The commit half, after a passed check with nothing changed in between. */
+static void tsr__reserve_commit(tsr__paged *p, tsr__pseq *s, int l0, int l1, int32_t rows,
+                                int retry) {
     for (int l = l0; l < l1; l++) {
         tsr__player *L = &s->layers[l];
+        L->slots = tsr__rows_from(L, retry);
         int cow;
-        int32_t add = tsr__layer_need(p, L, rows, &cow) - cow;
+        int32_t add = tsr__layer_need(p, L, L->slots, rows, &cow) - cow;
         if (cow) tsr__layer_cow(p, L);
         tsr_status st = tsr_block_pool_alloc(p->pool, add, L->blocks + L->nb);
         TSR_ASSERT(st == TSR_OK);
         L->nb += add;
     }
     tsr__note_peak(p);
+}
+
+/* Check-then-commit growth of the layers in [l0, l1) by `rows` slots each. */
+static tsr_status tsr__reserve_layers(tsr__paged *p, tsr__pseq *s, int seq, int l0, int l1,
+                                      int32_t rows) {
+    TSR_TRY(tsr__reserve_check(p, s, seq, l0, l1, rows, 0));
+    tsr__reserve_commit(p, s, l0, l1, rows, 0);
     return TSR_OK;
 }
 
-static tsr_status tsr__paged_reserve(tsr_kv_cache *kv, int seq, int32_t n) {
-    tsr__paged *p = (tsr__paged *)kv;
+/* Everything reserve(seq, n) checks; on TSR_OK the reserve cannot fail. */
+static tsr_status tsr__paged_reserve_check(tsr__paged *p, int seq, int32_t n,
+                                           tsr__pseq **out) {
     tsr__pseq *s = tsr__seq(p, seq);
     if (!s) return tsr_error_set(TSR_ERR_INVALID, "KV cache: no sequence %d", seq);
     if (s->swapped)
@@ -230,10 +253,24 @@ static tsr_status tsr__paged_reserve(tsr_kv_cache *kv, int seq, int32_t n) {
         return tsr_error_set(TSR_ERR_BUDGET,
                              "KV cache: sequence %d needs %lld tokens, the context holds %d",
                              seq, (long long)s->len + n, p->cfg.max_seq_len);
-    if (s->in_step) /* a retried step: drop the rows of the failed one */
-        for (int l = 0; l < kv->n_layers; l++) s->layers[l].slots = s->layers[l].base;
-    TSR_TRY(tsr__reserve_layers(p, s, seq, 0, kv->n_layers, n));
+    TSR_TRY(tsr__reserve_check(p, s, seq, 0, p->base.n_layers, n, s->in_step));
     TSR_TRY(tsr__grow_i32(&s->tokens, &s->tok_cap, s->len + n));
+    *out = s;
+    return TSR_OK;
+}
+
+tsr_status tsr_kv_paged_reserve_check(tsr_kv_cache *kv, int seq, int32_t n) {
+    tsr__pseq *s;
+    return tsr__paged_reserve_check(tsr__P(kv), seq, n, &s);
+}
+
+/* A failed reserve changes nothing; a retried step (in_step) drops the rows the failed one
+ * wrote and keeps its blocks. */
+static tsr_status tsr__paged_reserve(tsr_kv_cache *kv, int seq, int32_t n) {
+    tsr__paged *p = (tsr__paged *)kv;
+    tsr__pseq *s;
+    TSR_TRY(tsr__paged_reserve_check(p, seq, n, &s));
+    tsr__reserve_commit(p, s, 0, kv->n_layers, n, s->in_step);
     for (int l = 0; l < kv->n_layers; l++) s->layers[l].base = s->layers[l].slots;
     s->in_step = 1;
     return TSR_OK;

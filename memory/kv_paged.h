@@ -52,6 +52,11 @@ void tsr_kv_paged_get_stats(const tsr_kv_cache *kv, tsr_kv_paged_stats *out);
 int32_t tsr_kv_paged_block_size(const tsr_kv_cache *kv);
 int32_t tsr_kv_paged_free_blocks(const tsr_kv_cache *kv);
 
+/* The answer reserve(seq, n) would give (TSR_OK, TSR_ERR_NO_BLOCKS, TSR_ERR_BUDGET, ...),
+ * changing nothing but array capacity; after TSR_OK, reserve(seq, n) with nothing changed in
+ * between cannot fail. The distributed block manager agrees on it before committing. */
+tsr_status tsr_kv_paged_reserve_check(tsr_kv_cache *kv, int seq, int32_t n);
+
 /* Blocks of `layer` in seq's table (tests). */
 int32_t tsr_kv_paged_seq_blocks(const tsr_kv_cache *kv, int layer, int seq,
                                 const int32_t **ids);
