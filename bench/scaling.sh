@@ -17,7 +17,8 @@
 #   TP  2 L all-reduces of d floats, each an ordered chain ((t-1) sends) plus a binomial
 #       broadcast of the result ((t-1) receives): 2 L * 2 (t-1) * 4 d
 #   PP  each of the t ranks of a stage sends its activation on: (p-1) * t * 4 d,
-#       plus the last stage's logits broadcast to the other stages: (p-1) * t * 4 V
+#       plus the last stage's sampled token id (int32) broadcast to the other stages:
+#       (p-1) * t * 4 (it used to send the logits, (p-1) * t * 4 V)
 set -uo pipefail
 
 build=${1:-./build}
@@ -77,7 +78,7 @@ for model in $MODELS; do
         tps=$(sed -nE 's/.*generated [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p' \
             "$tmp/e.txt")
         bpt=$(sed -nE 's/.*"decode":\{[^}]*"bytes_per_token":([0-9.]+).*/\1/p' "$tmp/e.txt")
-        an=$(( 2 * L * 2 * (t - 1) * 4 * d + (p - 1) * t * 4 * d + (p - 1) * t * 4 * V ))
+        an=$(( 2 * L * 2 * (t - 1) * 4 * d + (p - 1) * t * 4 * d + (p - 1) * t * 4 ))
         ratio=$(awk -v a="$an" -v b="$bpt" 'BEGIN { if (a > 0) printf "%.3f", b / a; else print "-" }')
         printf '%-24s %5d %3d %3d %10s %14s %14d %8s\n' "$model" "$n" "$t" "$p" "$tps" "$bpt" \
             "$an" "$ratio"

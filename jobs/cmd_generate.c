@@ -144,6 +144,8 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
         tsr_dist_log_layout(d);
     }
 
+    /* --pp: the last stage samples and sends the token id, not the logits, to the others */
+    tsr_forward_sample_last_stage(g->fwd, true);
     /* Prefill in chunks; logits only for the last prompt token. */
     double t0 = tsr_sys_now();
     int rows = 0;
@@ -165,7 +167,12 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
     char piece[512];
     int32_t pos = (int32_t)n_ids;
     while (generated < o->max_tokens) {
-        int32_t next = tsr_sampler_sample(&g->sampler, g->logits);
+        int32_t next = -1;
+        if (tsr_forward_has_logits(g->fwd))
+            next = tsr_sampler_sample(&g->sampler, g->logits);
+        else
+            tsr_sampler_skip(&g->sampler);
+        TSR_TRY(tsr_dist_must(d, tsr_forward_share_tokens(g->fwd, &next, 1)));
         if (tsr_tokenizer_is_eos(g->tok, next)) {
             stop = "eos";
             break;

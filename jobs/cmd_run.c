@@ -250,6 +250,8 @@ static tsr_status tsr__setup(tsr__run *g) {
         if (!dup && sc.n_eos < 9) sc.eos_ids[sc.n_eos++] = g->tok->eos_ids[i];
     }
     TSR_TRY(tsr_sched_create(&sc, g->kv, tsr_sched_exec_forward, g->fwd, &g->sched));
+    /* --pp: the last stage samples and sends token ids, not logits, to the others */
+    TSR_TRY(tsr_sched_sample_last_stage(g->sched, g->fwd));
     /* Running plus waiting requests never exceed 2 * max_batch_seqs (lazy feeding). */
     g->n_reqs = 2 * o->max_batch_seqs + 1;
     g->reqs = tsr_calloc((size_t)g->n_reqs, sizeof *g->reqs);

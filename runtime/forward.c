@@ -29,6 +29,7 @@ struct tsr_forward {
     tsr_comm *comm;          /* NULL: one process */
     tsr_parallel_shard sh;
     int tp, pp, micro_batches;
+    bool sample_last; /* logits stay on the last stage (tsr_forward_sample_last_stage) */
     bool use_nccl;
     int qd, kvd, hid, nh, nkv; /* local widths and heads */
     int n_parts;             /* local reduction parts */
@@ -43,6 +44,18 @@ struct tsr_forward {
     float *key_scores;  /* host: per kv head x keys, grown on demand */
     size_t key_scores_cap;
 };
+
+void tsr_forward_sample_last_stage(tsr_forward *f, bool on) { f->sample_last = on; }
+
+bool tsr_forward_has_logits(const tsr_forward *f) {
+    return f->pp <= 1 || !f->sample_last || f->sh.last_stage;
+}
+
+tsr_status tsr_forward_share_tokens(tsr_forward *f, int32_t *ids, int n) {
+    if (f->pp <= 1 || !f->sample_last || n <= 0) return TSR_OK;
+    /* Control-plane sized (4 bytes a row) but host memory: MPI even under NCCL. */
+    return tsr_comm_bcast(f->comm, TSR_COMM_PP, ids, (size_t)n * sizeof *ids, f->pp - 1);
+}
 
 size_t tsr_forward_workspace_bytes(const tsr_model_config *c, int max_tokens) {
     size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
@@ -414,13 +427,14 @@ tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq
         TSR_TRY(kv->ops->commit(kv, seqs[i].seq, seqs[i].tokens, seqs[i].n_tokens));
 
     /* Norm + classifier on the gathered rows only, on the last stage; then every stage
-     * gets the logits (every rank samples the same tokens). */
+     * gets the logits (every rank samples the same tokens), unless the caller samples on
+     * the last stage and shares the ids (tsr_forward_share_tokens). */
     if (f->sh.last_stage && nl > 0) {
         TSR_TRY(op->rmsnorm(be, f->xl, &m->out_norm, nl, c->dim, c->norm_eps, f->xl));
         TSR_TRY(op->matmul(be, f->xl, nl, &m->classifier, logits));
     }
     TSR_TRY(op->synchronize(be));
-    if (f->pp > 1 && nl_all > 0)
+    if (f->pp > 1 && nl_all > 0 && !f->sample_last)
         TSR_TRY(tsr_comm_bcast(f->comm, TSR_COMM_PP, logits,
                                (size_t)nl_all * (size_t)c->vocab_size * sizeof(float), f->pp - 1));
     *n_rows = (int)nl_all;

@@ -55,6 +55,16 @@ void tsr_forward_destroy(tsr_forward *f);
 tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq *seqs,
                            int n_seqs, float *logits, int *n_rows);
 
+/* Sampling on the last pipeline stage. By default the last stage broadcasts each call's
+ * logits ([rows][vocab], 4 V bytes a row) to the earlier stages so that every rank can
+ * sample. After tsr_forward_sample_last_stage(f, true) the logits stay on the last stage:
+ * a caller samples where tsr_forward_has_logits, advances its samplers elsewhere
+ * (tsr_sampler_skip), and then every rank calls tsr_forward_share_tokens with the same
+ * count, which broadcasts the last stage's token ids (4 bytes a row) to its pipeline. */
+void tsr_forward_sample_last_stage(tsr_forward *f, bool on);
+bool tsr_forward_has_logits(const tsr_forward *f);
+tsr_status tsr_forward_share_tokens(tsr_forward *f, int32_t *ids, int n);
+
 /* Bytes of scratch the forward holds for max_tokens (admission budgets it). */
 size_t tsr_forward_workspace_bytes(const tsr_model_config *c, int max_tokens);
 

@@ -50,6 +50,10 @@ static int tsr__cand_desc(const void *a, const void *b) {
     return x->id - y->id; /* stable order on ties keeps draws reproducible */
 }
 
+void tsr_sampler_skip(tsr_sampler *s) {
+    if (s->p.temperature != 0.0f) (void)tsr__rand01(s);
+}
+
 int32_t tsr_sampler_sample(tsr_sampler *s, float *logits) {
     int n = s->vocab_size;
     if (s->p.temperature == 0.0f) return tsr_argmax(logits, n);

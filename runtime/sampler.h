@@ -26,6 +26,10 @@ tsr_status tsr_sampler_init(tsr_sampler *s, int vocab_size, const tsr_sampler_pa
 void tsr_sampler_free(tsr_sampler *s);
 /* Draws a token from logits (modified in place: scaled and softmaxed when sampling). */
 int32_t tsr_sampler_sample(tsr_sampler *s, float *logits);
+/* Advances the RNG as one tsr_sampler_sample does (one draw when sampling, none when
+ * greedy: the draws do not depend on the logits), for a rank that gets the token from
+ * the rank that has the logits (pipeline parallelism, runtime/forward.h). */
+void tsr_sampler_skip(tsr_sampler *s);
 /* Index of the largest logit (lowest index on ties). */
 int32_t tsr_argmax(const float *x, int n);
 

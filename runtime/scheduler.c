@@ -37,6 +37,9 @@ struct tsr_sched {
     tsr_batch_seq *plan;
     tsr__req **plan_req;
     float *logits;
+    int32_t *ids; /* the step's sampled tokens, one per row with logits */
+    /* set by tsr_sched_sample_last_stage: its logits may live on the last stage only */
+    tsr_forward *fwd;
     tsr_sched_event *ev;
     int n_ev, ev_cap;
     tsr_sched_totals totals;
@@ -67,6 +70,7 @@ void tsr_sched_destroy(tsr_sched *s) {
     tsr_free(s->plan);
     tsr_free(s->plan_req);
     tsr_free(s->logits);
+    tsr_free(s->ids);
     tsr_free(s->ev);
     tsr_free(s);
 }
@@ -93,17 +97,27 @@ tsr_status tsr_sched_create(const tsr_sched_config *cfg, tsr_kv_cache *kv, tsr_s
     s->slot_used = tsr_calloc(n, sizeof *s->slot_used);
     s->plan = tsr_calloc(n, sizeof *s->plan);
     s->plan_req = tsr_calloc(n, sizeof *s->plan_req);
+    s->ids = tsr_calloc(n, sizeof *s->ids);
     s->ev_cap = (int)n + 16;
     s->ev = tsr_calloc((size_t)s->ev_cap, sizeof *s->ev);
     size_t nl;
     if (tsr_mul_size(n, (size_t)cfg->vocab_size * sizeof(float), &nl))
         s->logits = tsr_malloc(nl);
     if (!s->wq || !s->run || !s->slot_used || !s->plan || !s->plan_req || !s->ev ||
-        !s->logits) {
+        !s->logits || !s->ids) {
         tsr_sched_destroy(s);
         return TSR_ERR_NOMEM;
     }
     *out = s;
+    return TSR_OK;
+}
+
+tsr_status tsr_sched_sample_last_stage(tsr_sched *s, tsr_forward *f) {
+    if (s->exec != tsr_sched_exec_forward || s->exec_ctx != (void *)f)
+        return tsr_error_set(TSR_ERR_INVALID, "scheduler: sampling on the last stage needs "
+                             "the forward it executes");
+    tsr_forward_sample_last_stage(f, true);
+    s->fwd = f;
     return TSR_OK;
 }
 
@@ -364,6 +378,24 @@ tsr_status tsr_sched_step(tsr_sched *s, const tsr_sched_event **events, int *n_e
     if (n > 0) {
         int rows = 0;
         TSR_TRY(s->exec(s->exec_ctx, s->kv, s->plan, n, s->logits, &rows));
+        /* Draw every row's token first: where the logits stayed on the last pipeline
+         * stage, the other stages advance their samplers alike and get the ids from it. */
+        bool here = !s->fwd || tsr_forward_has_logits(s->fwd);
+        int n_ids = 0;
+        for (int i = 0; i < n; i++) {
+            if (!s->plan[i].want_logits) continue;
+            if (n_ids >= rows)
+                return tsr_error_set(TSR_ERR_INTERNAL, "scheduler: forward returned %d rows",
+                                     rows);
+            tsr_sampler *sm = &s->plan_req[i]->sampler;
+            if (here)
+                s->ids[n_ids] = tsr_sampler_sample(
+                    sm, s->logits + (size_t)n_ids * (size_t)s->cfg.vocab_size);
+            else
+                tsr_sampler_skip(sm);
+            n_ids++;
+        }
+        if (s->fwd) TSR_TRY(tsr_forward_share_tokens(s->fwd, s->ids, n_ids));
         int row = 0;
         for (int i = 0; i < n; i++) {
             tsr__req *r = s->plan_req[i];
@@ -378,12 +410,7 @@ tsr_status tsr_sched_step(tsr_sched *s, const tsr_sched_event **events, int *n_e
                 s->totals.prefill_tokens += chunk;
             }
             if (!s->plan[i].want_logits) continue;
-            if (row >= rows)
-                return tsr_error_set(TSR_ERR_INTERNAL, "scheduler: forward returned %d rows",
-                                     rows);
-            float *lg = s->logits + (size_t)row * (size_t)s->cfg.vocab_size;
-            row++;
-            int32_t t = tsr_sampler_sample(&r->sampler, lg);
+            int32_t t = s->ids[row++];
             tsr_finish_reason fin = TSR_FINISH_NONE;
             if (tsr__is_eos(s, t)) {
                 fin = TSR_FINISH_EOS;

@@ -84,6 +84,12 @@ tsr_status tsr_sched_submit(tsr_sched *s, const tsr_sched_request *r);
  * Returns false when the tag is unknown or already finished. */
 bool tsr_sched_finish(tsr_sched *s, uint64_t tag);
 
+/* Keeps each step's logits on the last pipeline stage of f (the forward this scheduler
+ * executes through tsr_sched_exec_forward) and shares the sampled token ids instead: 4
+ * bytes a row instead of 4 V over each stage boundary (runtime/forward.h). Every rank of
+ * the job calls it, or none. */
+tsr_status tsr_sched_sample_last_stage(tsr_sched *s, tsr_forward *f);
+
 int tsr_sched_n_waiting(const tsr_sched *s);
 int tsr_sched_n_running(const tsr_sched *s);
 static inline bool tsr_sched_has_work(const tsr_sched *s) {

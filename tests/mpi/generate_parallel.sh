@@ -2,7 +2,8 @@
 # generate_parallel.sh TESSERA ROOT MPIEXEC NP [layout flags...]
 # `tessera generate` under mpirun with a tp x pp layout must print exactly the tokens of a
 # single-process run, for every KV policy (h2o and offload with a budget that makes them
-# evict and select). The prompt is long enough (> 12 tokens) for the prefill to go
+# evict and select), greedy and seeded sampling (with --pp the last stage samples and the
+# other stages only advance their RNG and receive the token id). The prompt is long enough (> 12 tokens) for the prefill to go
 # through the sgemm path, and the decode through the matvec path.
 set -u
 bin=$1 root=$2 mpiexec=$3 np=$4
@@ -12,7 +13,8 @@ prompt="Once upon a time, there was a little dog named Max who lived in a small 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
-for pol in "paged" "h2o --kv-budget 0.5" "offload --kv-budget 0.5"; do
+for pol in "paged" "h2o --kv-budget 0.5" "offload --kv-budget 0.5" \
+    "paged --temperature 0.9 --top-p 0.95 --seed 7"; do
     # shellcheck disable=SC2086
     "$bin" generate --model "$model" --prompt "$prompt" --max-tokens 80 --temperature 0 \
         --kv-policy $pol >"$tmp/ref.txt" 2>"$tmp/ref.err" || { cat "$tmp/ref.err"; exit 1; }
