@@ -139,7 +139,15 @@ echo "test_slurm: job 1 COMPLETED ($(($(date +%s) - T0)) s)"
 # --- 2. USR1 as before the time limit: stop, requeue, resume ------------------------------
 N=160
 make_input "$TMP/big.jsonl" $N 150
-id=$(submit_bulk "$TMP/big.jsonl" "$TMP/big.out.jsonl" big.log -n 1) || die "sbatch failed"
+# With CHECKPOINT (HDF5 builds) the stop also saves the requests in flight and the requeued
+# run resumes them.
+CK=""
+if ! "$BIN" run --model "$MODEL" --input /dev/null --output "$TMP/ck-probe.jsonl" \
+    --checkpoint "$TMP/ck-probe.h5" 2>&1 | grep -q "no HDF5"; then
+    CK=$TMP/big.ck.h5
+fi
+id=$(CHECKPOINT=$CK submit_bulk "$TMP/big.jsonl" "$TMP/big.out.jsonl" big.log -n 1) ||
+    die "sbatch failed"
 wait_lines "$TMP/big.out.jsonl" 3 60 || die "job 2 ($id) wrote no records"
 scancel --batch --signal=USR1 "$id" || fail "scancel --batch --signal=USR1 failed"
 k=0
@@ -158,6 +166,13 @@ scontrol update JobId="$id" StartTime=now || fail "scontrol update StartTime fai
 st=$(wait_done "$id" 80)
 [ "$st" = COMPLETED ] || die "job 2 ($id) after requeue: $st, want COMPLETED"
 grep -q "resuming: .* holds $n1 records" "$TMP/big.log" || fail "job 2: the rerun did not resume"
+if [ -n "$CK" ]; then
+    grep -q "checkpoint: [1-9][0-9]* in-flight requests saved to $CK" "$TMP/big.log" ||
+        fail "job 2: the stop saved no checkpoint"
+    grep -q "resuming [1-9][0-9]* in-flight requests from $CK" "$TMP/big.log" ||
+        fail "job 2: the requeued run did not resume the checkpoint"
+    [ ! -e "$CK" ] || fail "job 2: checkpoint left after the job completed"
+fi
 check_jsonl "$TMP/big.out.jsonl" $N "job 2"
 echo "test_slurm: job 2 stopped at $n1/$N, requeued, COMPLETED ($(($(date +%s) - T0)) s)"
 
