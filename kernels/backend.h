@@ -37,9 +37,11 @@ typedef struct tsr_attn_args {
     int n_kv_heads;
     int head_dim;
     float *out;            /* [n_q][n_heads*head_dim] */
-    /* Optional: per kv-head, per key (span order, concatenated) sum over queries and the
-     * heads of its group of the softmax probability: [n_kv_heads][total keys]. Added to,
-     * never materializing the n_q x n_k matrix. NULL: not wanted. */
+    /* Optional: per query head, per key (span order, concatenated) sum over the queries of
+     * the softmax probability: [n_heads][total keys]. Added to, never materializing the
+     * n_q x n_k matrix. NULL: not wanted. Per query head, not per kv head, so that a
+     * consumer can add heads in one global order whatever the tensor-parallel split (a
+     * replicated kv head's query group is spread over ranks). */
     float *key_scores;
 } tsr_attn_args;
 

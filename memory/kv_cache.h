@@ -42,7 +42,8 @@ typedef struct tsr_kv_cache_ops {
     tsr_status (*spans)(tsr_kv_cache *kv, int layer, int seq, const tsr_kv_span **spans,
                         int *n_spans);
     /* Optional (may be NULL): the per-key accumulated attention of the last attention
-     * call over these spans ([n_kv_heads][keys]), for score-driven policies. */
+     * call over these spans ([n_heads][keys], per query head: tsr_attn_args), for
+     * score-driven policies. */
     tsr_status (*observe)(tsr_kv_cache *kv, int layer, int seq, const float *key_scores);
     /* Advances the sequence by the n tokens (ids given, so a block cache can hash full
      * blocks for prefix sharing) after all layers wrote them. */

@@ -8,12 +8,10 @@
  * and emptied blocks return to the pool.
  *
  * --h2o-scores=materialize is the faithful baseline: like the original code it builds the
- * [heads][n_q][n_k] probability matrix and sums it, after checking that it fits. Its sums
- * stay per query head until the TP-wide sum over heads, so they are the same bits for
- * every tp, also when tp > n_kv_heads splits a KV head's query group over ranks. The
- * tiled scores come summed per KV head from the kernel; with such a split each rank sums
- * part of the group, so the per-token sum is the same value in another association (the
- * decisions agree across ranks, and with one process except at exact score ties). */
+ * [heads][n_q][n_k] probability matrix and sums it, after checking that it fits. Both
+ * kinds of scores stay per query head until the TP-wide sum over heads in global head
+ * order, so they are the same bits for every tp, also when tp > n_kv_heads splits a KV
+ * head's query group over ranks. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +50,10 @@ static int tsr__by_score_desc(const void *a, const void *b) {
 
 static tsr_status tsr__h2o_create(const tsr_kv_policy_config *cfg, tsr_kv_cache *mech,
                                   void **state) {
+    if (cfg->n_heads <= 0 || cfg->n_heads % mech->n_kv_heads != 0)
+        return tsr_error_set(TSR_ERR_INVALID, "h2o: %d query heads over %d kv heads (the "
+                             "key scores come per query head)", cfg->n_heads,
+                             mech->n_kv_heads);
     tsr__h2o *h = tsr_calloc(1, sizeof *h);
     if (!h) return TSR_ERR_NOMEM;
     h->cfg = *cfg;
@@ -220,10 +222,10 @@ static tsr_status tsr__h2o_observe(void *state, int layer, int seq, const float 
     float *ms = NULL, *sum = NULL;
     tsr_status st = TSR_OK;
     const float *ks = key_scores;
-    int parts = m->n_kv_heads; /* the kernel's: per KV head */
+    int parts = h->cfg.n_heads; /* the kernel's and materialize's: per query head */
     if (h->cfg.scores_materialize) {
         int have_q = tsr_kv_policy_queries_for(&h->qs, layer, seq);
-        int heads = have_q ? h->qs.heads : m->n_kv_heads;
+        int heads = have_q ? h->qs.heads : h->cfg.n_heads;
         ms = tsr_malloc((size_t)heads * (n ? n : 1) * sizeof *ms);
         st = ms ? tsr__h2o_materialize(h, layer, seq, n, ms) : TSR_ERR_NOMEM;
         if (have_q) {

@@ -41,7 +41,7 @@ struct tsr_forward {
     float *parts;       /* tp > 1 over MPI: [n_parts][row_block][dim] */
     int32_t *pos;       /* host: position of each row */
     int32_t *ids;       /* host: token id of each row */
-    float *key_scores;  /* host: per kv head x keys, grown on demand */
+    float *key_scores;  /* host: per (local) query head x keys, grown on demand */
     size_t key_scores_cap;
 };
 
@@ -214,7 +214,7 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
         if (kv->wants_scores && kv->ops->observe) {
             size_t keys = 0;
             for (int j = 0; j < n_spans; j++) keys += (size_t)spans[j].n;
-            TSR_TRY(tsr__key_scores(f, keys * (size_t)f->nkv, &scores));
+            TSR_TRY(tsr__key_scores(f, keys * (size_t)f->nh, &scores)); /* per query head */
         }
         tsr_attn_args a = {.q = f->q + row * qd, .q_pos = f->pos + row, .n_q = s->n_tokens,
                            .spans = spans, .n_spans = n_spans, .n_heads = f->nh,

@@ -105,9 +105,11 @@ static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int h0, int nh, f
     }
 }
 
-/* Adds to key_scores[g][off + j0 .. +nt) the probabilities of keys j0.. of span sp. */
+/* Adds to key_scores[h][off + j0 .. +nt), for the query heads h of kv head g, the
+ * probabilities of keys j0.. of span sp (ks: key_scores + off + j0, rows `total` apart). */
 static void tsr__attn_scores_tile(const tsr__attn_geom *G, const float *ml, int g,
-                                  const tsr_kv_span *sp, int64_t j0, int nt, float *ks) {
+                                  const tsr_kv_span *sp, int64_t j0, int nt, float *ks0,
+                                  int64_t total) {
     const tsr_attn_args *a = G->a;
     const int hd = a->head_dim;
     float sc[TSR__ATTN_TILE];
@@ -127,6 +129,7 @@ static void tsr__attn_scores_tile(const tsr__attn_geom *G, const float *ml, int 
             if (!(l > 0.0f)) continue;
             float inv = 1.0f / l;
             const float *q = a->q + (size_t)i * G->q_ld + (size_t)h * hd;
+            float *ks = ks0 + (size_t)h * (size_t)total;
             G->k->dot_rows(q, kt, sp->stride, nt, hd, G->scale, sc);
             (void)G->k->exp_sum(sc, nt, m); /* the main pass's exp, so the terms agree */
             for (int j = 0; j < nt; j++) {
@@ -163,8 +166,7 @@ static void tsr__attn_score_run(const tsr__attn_geom *G, int64_t t, int64_t ntil
     const tsr_kv_span *sp = &a->spans[s];
     int64_t j0 = tile * TSR__ATTN_TILE;
     int nt = sp->n - j0 < TSR__ATTN_TILE ? (int)(sp->n - j0) : TSR__ATTN_TILE;
-    tsr__attn_scores_tile(G, ml, g, sp, j0, nt,
-                          a->key_scores + (size_t)g * (size_t)total + (size_t)(off + j0));
+    tsr__attn_scores_tile(G, ml, g, sp, j0, nt, a->key_scores + (size_t)(off + j0), total);
 }
 
 tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {

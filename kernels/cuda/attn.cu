@@ -158,8 +158,8 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(tsr__cuda_attn a) {
     }
     if (!a.key_scores || l <= 0.0f) return;
 
-    // Second pass: the final probabilities, summed into the key's kv-head row.
-    float *ks = a.key_scores + static_cast<int64_t>(kvh) * a.n_keys;
+    // Second pass: the final probabilities, summed into this query head's row.
+    float *ks = a.key_scores + static_cast<int64_t>(h) * a.n_keys;
     for (int64_t key = warp; key < n_lim; key += kWarps) {
         const float *vr;
         const float s = key_score(a, qs, key, qp, kvh, &vr);

@@ -43,7 +43,7 @@ typedef struct tsr__cuda_attn {
     int head_dim;
     float scale;
     float *out;
-    float *key_scores; /* NULL or [n_kv_heads][n_keys], added to */
+    float *key_scores; /* NULL or [n_heads][n_keys], added to */
 } tsr__cuda_attn;
 
 /* out[i] = f32(emb[ids[i]]); an id outside [0, rows) writes zeros and sets *bad_id = 1. */

@@ -57,7 +57,7 @@ static void attn_ref(const tsr_attn_args *a, float *out, float *ks) {
                 o[e] = (float)acc;
             }
             if (ks)
-                for (j = 0; j < total; j++) ks[(size_t)g * total + j] += (float)(sc[j] / sum);
+                for (j = 0; j < total; j++) ks[(size_t)h * total + j] += (float)(sc[j] / sum);
         }
     }
     tsr_free(sc);
@@ -105,12 +105,12 @@ static void run_case(int n_q, const int32_t *q_pos, const span_spec *specs, int 
     float *q = tsr_malloc(qn * 4), *ref = tsr_malloc(qn * 4);
     for (size_t i = 0; i < qn; i++) q[i] = 2.0f * frand();
     float *out[2], *ks[2];
-    float *ks_ref = tsr_malloc((size_t)(n_kv_heads * total) * 4);
-    for (int64_t i = 0; i < n_kv_heads * total; i++) ks_ref[i] = 0.5f;
+    float *ks_ref = tsr_malloc((size_t)(n_heads * total) * 4);
+    for (int64_t i = 0; i < n_heads * total; i++) ks_ref[i] = 0.5f;
     for (int t = 0; t < 2; t++) {
         out[t] = tsr_malloc(qn * 4);
-        ks[t] = tsr_malloc((size_t)(n_kv_heads * total) * 4);
-        for (int64_t i = 0; i < n_kv_heads * total; i++) ks[t][i] = 0.5f; /* added to */
+        ks[t] = tsr_malloc((size_t)(n_heads * total) * 4);
+        for (int64_t i = 0; i < n_heads * total; i++) ks[t][i] = 0.5f; /* added to */
         tsr_attn_args a = {q, q_pos, n_q, spans, n_spans, n_heads, n_kv_heads, hd, out[t],
                            with_scores ? ks[t] : NULL};
         tsr_backend *be;
@@ -125,11 +125,11 @@ static void run_case(int n_q, const int32_t *q_pos, const span_spec *specs, int 
                       ref[i], n_q, n_heads, n_kv_heads, hd);
     ASSERT_TRUE(memcmp(out[0], out[1], qn * 4) == 0);
     if (with_scores) {
-        for (int64_t i = 0; i < n_kv_heads * total; i++)
+        for (int64_t i = 0; i < n_heads * total; i++)
             if (!(fabsf(ks[0][i] - ks_ref[i]) <= 1e-5f * (1.0f + fabsf(ks_ref[i]))))
                 TSR_FAIL_("key_scores[%lld] = %.9g, ref %.9g", (long long)i, ks[0][i],
                           ks_ref[i]);
-        ASSERT_TRUE(memcmp(ks[0], ks[1], (size_t)(n_kv_heads * total) * 4) == 0);
+        ASSERT_TRUE(memcmp(ks[0], ks[1], (size_t)(n_heads * total) * 4) == 0);
     }
     for (int s = 0; s < n_spans; s++) {
         tsr_free(kbuf[s]);

@@ -425,7 +425,7 @@ static void check_attention(const attn_case *ac) {
     /* Scattered: a cache that dropped tokens keeps their original positions (gaps of 3). */
     for (int64_t i = 0; i < keys; i++) kpos[i] = (int32_t)(ac->scattered ? 3 * i + 1 : i);
     for (int i = 0; i < ac->n_q; i++) qpos[i] = kpos[keys - ac->n_q + i];
-    size_t ksn = (size_t)(ac->n_kv_heads * keys);
+    size_t ksn = (size_t)(ac->n_heads * keys); /* per query head */
     float *want = tsr_malloc(qn * sizeof(float)), *got = tsr_malloc(qn * sizeof(float));
     float *want_ks = tsr_malloc(ksn * sizeof(float)), *got_ks = tsr_malloc(ksn * sizeof(float));
     float *zeros = tsr_calloc(ksn, sizeof(float));

@@ -28,7 +28,7 @@ static tsr_status tsr__mk_h2o(double budget, double recent, int materialize, int
 }
 
 /* One step of n tokens with hand-built key scores for the spans' keys (in span order,
- * looked up by position through score_of_pos, split over the two KV groups). */
+ * looked up by position through score_of_pos, split over the four query heads). */
 static tsr_status tsr__h2o_step(tsr_kv_cache *kv, int32_t n, const float *score_of_pos) {
     TSR_TRY(kv->ops->reserve(kv, 0, n));
     int32_t len = kv->ops->seq_len(kv, 0);
@@ -40,13 +40,14 @@ static tsr_status tsr__h2o_step(tsr_kv_cache *kv, int32_t n, const float *score_
     TSR_TRY(kv->ops->spans(kv, 0, 0, &sp, &ns));
     int32_t total = 0;
     for (int j = 0; j < ns; j++) total += sp[j].n;
-    float ks[2 * 256];
+    float ks[2 * G_ * 256];
+    static const float share[2 * G_] = {0.125f, 0.125f, 0.375f, 0.375f};
     int32_t t = 0;
     for (int j = 0; j < ns; j++)
         for (int32_t i = 0; i < sp[j].n; i++, t++) {
             int32_t pos = sp[j].pos ? sp[j].pos[i] : sp[j].pos0 + i;
-            ks[t] = 0.25f * score_of_pos[pos];
-            ks[total + t] = 0.75f * score_of_pos[pos];
+            for (int h = 0; h < 2 * G_; h++)
+                ks[(size_t)h * (size_t)total + (size_t)t] = share[h] * score_of_pos[pos];
         }
     TSR_TRY(kv->ops->observe(kv, 0, 0, ks));
     int32_t toks[64] = {0};
@@ -137,7 +138,7 @@ TSR_TEST(test_tiled_scores_equal_materialized) {
     ASSERT_OK(tsr__mk_h2o(0, 0.5, 1, 0, &kv));
     ASSERT_OK(kv->ops->seq_add(kv, 0));
     enum { N = 150, H = 2 * G_ };
-    static float q[N * H * HD_], k[N * KVD_], v[N * KVD_], out[N * H * HD_], ks[G_ * N];
+    static float q[N * H * HD_], k[N * KVD_], v[N * KVD_], out[N * H * HD_], ks[H * N];
     int32_t qpos[N], toks[N] = {0};
     uint32_t r = 12345;
     for (int i = 0; i < N * H * HD_; i++) {
@@ -169,7 +170,9 @@ TSR_TEST(test_tiled_scores_equal_materialized) {
     double total = 0;
     for (int i = 0; i < N; i++) {
         ASSERT_EQ_INT(pos[i], i);
-        ASSERT_NEAR(slot_scores[i], ks[i] + ks[N + i], 1e-3 * (1 + fabs(slot_scores[i])));
+        double want = 0;
+        for (int h = 0; h < H; h++) want += ks[h * N + i];
+        ASSERT_NEAR(slot_scores[i], want, 1e-3 * (1 + fabs(slot_scores[i])));
         total += slot_scores[i];
     }
     ASSERT_NEAR(total, (double)N * H, 1e-2); /* every query row's probabilities sum to 1 */
