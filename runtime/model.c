@@ -1,4 +1,4 @@
-#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE, MADV_HUGEPAGE */
+#define _DEFAULT_SOURCE /* MADV_DONTNEED */
 #include "runtime/model.h"
 
 #include <stdint.h>
@@ -13,7 +13,8 @@
 struct tsr_model_resource {
     void *addr;
     size_t len; /* 0: a tsr_malloc buffer, else an mmap of len bytes */
-    bool file;  /* a mapping of a model file (tensors view it), not a weight arena chunk */
+    bool file;  /* a mapping of a model file (tensors view it) */
+    bool huge;  /* a weight arena chunk (tsr_malloc_huge of len bytes) */
     tsr_model_resource *next;
 };
 
@@ -37,7 +38,9 @@ void tsr_model_destroy(tsr_model *m) {
     tsr_model_resource *r = m->resources;
     while (r) {
         tsr_model_resource *next = r->next;
-        if (r->len)
+        if (r->huge)
+            tsr_free_huge(r->addr, r->len);
+        else if (r->len)
             munmap(r->addr, r->len);
         else
             tsr_free(r->addr);
@@ -49,53 +52,42 @@ void tsr_model_destroy(tsr_model *m) {
     tsr_free(m);
 }
 
-static tsr_status tsr__own(tsr_model *m, void *addr, size_t len, bool file) {
+static tsr_status tsr__own(tsr_model *m, void *addr, size_t len, bool file, bool huge) {
     tsr_model_resource *r = tsr_malloc(sizeof *r);
     if (!r) return TSR_ERR_NOMEM;
     r->addr = addr;
     r->len = len;
     r->file = file;
+    r->huge = huge;
     r->next = m->resources;
     m->resources = r;
     return TSR_OK;
 }
 
 tsr_status tsr_model_own_mmap(tsr_model *m, void *addr, size_t len) {
-    return tsr__own(m, addr, len ? len : 1, true);
+    return tsr__own(m, addr, len ? len : 1, true, false);
 }
 
-tsr_status tsr_model_own_buffer(tsr_model *m, void *ptr) { return tsr__own(m, ptr, 0, false); }
+tsr_status tsr_model_own_buffer(tsr_model *m, void *ptr) {
+    return tsr__own(m, ptr, 0, false, false);
+}
 
-/* Weights are read once per decoded token, front to back: a memory stream. With 4 KiB
- * pages the hardware prefetcher stops at every page boundary and each page costs a TLB
- * walk; 2 MiB pages remove both (measured in docs/perf.md). So tensors of at least
- * TSR__ARENA_MIN bytes are carved, 4 KiB-aligned and back to back, from anonymous
- * mappings aligned to 2 MiB and advised MADV_HUGEPAGE before first touch (THP "madvise"
- * mode, the common default, backs them at fault time). Small tensors (norms) stay on the
- * heap. Where THP is off the mapping is ordinary memory. */
-#define TSR__HUGE ((size_t)2 << 20)
+/* Weights are read once per decoded token, front to back: a memory stream, which reads
+ * faster from 2 MiB pages (tsr_malloc_huge; measured in docs/perf.md). So tensors of at
+ * least TSR__ARENA_MIN bytes are carved, 4 KiB-aligned and back to back, from huge-page
+ * chunks; small tensors (norms) stay on the heap. */
 #define TSR__ARENA_MIN ((size_t)256 << 10)
 #define TSR__ARENA_CHUNK ((size_t)64 << 20)
 
 static tsr_status tsr__arena_chunk(tsr_model *m, size_t need) {
     size_t len = need > TSR__ARENA_CHUNK ? need : TSR__ARENA_CHUNK;
-    len = (len + TSR__HUGE - 1) & ~(TSR__HUGE - 1);
-    /* Over-map by one huge page, then trim both ends to a 2 MiB-aligned range. */
-    char *raw = mmap(NULL, len + TSR__HUGE, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (raw == MAP_FAILED)
+    char *base = tsr_malloc_huge(len);
+    if (!base)
         return tsr_error_set(TSR_ERR_NOMEM, "%s: out of memory mapping %zu bytes of weights",
                              m->source, len);
-    char *base = (char *)(((uintptr_t)raw + TSR__HUGE - 1) & ~(uintptr_t)(TSR__HUGE - 1));
-    if (base > raw) munmap(raw, (size_t)(base - raw));
-    size_t tail = (size_t)(raw + len + TSR__HUGE - (base + len));
-    if (tail) munmap(base + len, tail);
-#ifdef MADV_HUGEPAGE
-    (void)madvise(base, len, MADV_HUGEPAGE); /* advice only: fine to fail */
-#endif
-    tsr_status st = tsr__own(m, base, len, false);
+    tsr_status st = tsr__own(m, base, len, false, true);
     if (st != TSR_OK) {
-        munmap(base, len);
+        tsr_free_huge(base, len);
         return st;
     }
     m->arena_next = base;

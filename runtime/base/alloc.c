@@ -1,9 +1,11 @@
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE */
 #include "runtime/base/alloc.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "runtime/base/status.h"
 
@@ -57,6 +59,51 @@ void tsr_free(void *ptr) {
     char *raw = (char *)ptr - TSR__HDR;
     atomic_fetch_sub(&tsr__live, *(size_t *)raw);
     free(raw);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define TSR__HUGE_MAP 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TSR__HUGE_MAP 0
+#endif
+#endif
+#ifndef TSR__HUGE_MAP
+#define TSR__HUGE_MAP 1
+#endif
+#define TSR__HUGE ((size_t)2 << 20)
+
+void *tsr_malloc_huge(size_t size) {
+#if TSR__HUGE_MAP
+    if (size > SIZE_MAX - 2 * TSR__HUGE) return tsr__wrap(NULL, size);
+    size_t len = (size + TSR__HUGE - 1) & ~(TSR__HUGE - 1);
+    /* Over-map by one huge page, then trim both ends to a 2 MiB-aligned range. */
+    char *raw = mmap(NULL, len + TSR__HUGE, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED) return tsr__wrap(NULL, size);
+    char *base = (char *)(((uintptr_t)raw + TSR__HUGE - 1) & ~(uintptr_t)(TSR__HUGE - 1));
+    if (base > raw) munmap(raw, (size_t)(base - raw));
+    size_t tail = (size_t)(raw + len + TSR__HUGE - (base + len));
+    if (tail) munmap(base + len, tail);
+#ifdef MADV_HUGEPAGE
+    (void)madvise(base, len, MADV_HUGEPAGE); /* advice only: fine to fail */
+#endif
+    atomic_fetch_add(&tsr__live, size);
+    return base;
+#else
+    return tsr_malloc_aligned(size);
+#endif
+}
+
+void tsr_free_huge(void *ptr, size_t size) {
+    if (!ptr) return;
+#if TSR__HUGE_MAP
+    atomic_fetch_sub(&tsr__live, size);
+    munmap(ptr, (size + TSR__HUGE - 1) & ~(TSR__HUGE - 1));
+#else
+    (void)size;
+    tsr_free(ptr);
+#endif
 }
 
 char *tsr_strdup(const char *s) {
