@@ -157,6 +157,19 @@ TSR_TEST(test_decode_one_span) {
         }
 }
 
+/* Decode over more than 2 MB of K/V (8 spans of 80 rows, 8 kv heads of 64): the serial
+ * call gathers each tile's rows before reading them (kernels/cpu/attn_cpu.c), the 2-thread
+ * call reads the cache in place; both must give the reference and the same bits. Spans
+ * with padded strides and shuffled positions, tiles of 64 and 16 rows. */
+TSR_TEST(test_decode_gathered_tiles) {
+    span_spec sp[8];
+    for (int s = 0; s < 8; s++) sp[s] = (span_spec){80, 80 * s, s % 3 == 1, s % 2 ? 7 : 0};
+    int32_t qp = 8 * 80;
+    run_case(1, &qp, sp, 8, 16, 8, 64, 1);
+    if (tsr_test_failed_flag) return;
+    run_case(1, &qp, sp, 8, 8, 8, 64, 1);
+}
+
 /* A prefill chunk of 9 queries at positions 70..78 over 70 cached keys + its own 9 keys. */
 TSR_TEST(test_prefill_after_cache) {
     span_spec sp[2] = {{70, 0, 0, 3}, {9, 70, 0, 0}};
@@ -207,5 +220,5 @@ TSR_TEST(test_no_visible_key) {
     tsr_backend_destroy(be);
 }
 
-TSR_TEST_MAIN(test_decode_one_span, test_prefill_after_cache, test_shuffled_spans,
-              test_causal_prefill, test_no_visible_key)
+TSR_TEST_MAIN(test_decode_one_span, test_decode_gathered_tiles, test_prefill_after_cache,
+              test_shuffled_spans, test_causal_prefill, test_no_visible_key)
