@@ -1,8 +1,8 @@
 /* The `h2o` policy (Zhang et al. 2023, "H2O: Heavy-Hitter Oracle"): per layer, keep the
  * recent window plus the heavy hitters, the tokens with the largest accumulated attention,
  * within --kv-budget. Scores come from the attention kernel's tiled per-key accumulation
- * (kernels/cpu/attn_cpu.c), [n_kv_heads][keys] per call, and are summed over the KV groups
- * into one float per token slot: a slot row holds every KV head, so eviction is per
+ * (kernels/cpu/attn_cpu.c), [n_heads][keys] per call, and are summed over all heads (in
+ * global head order) into one float per token slot: a slot row holds every KV head, so eviction is per
  * (layer, token) and a group-level choice could not free any memory (docs/kv-cache.md).
  * Evicted slots are refilled by compaction in the paged cache, so block tables stay dense
  * and emptied blocks return to the pool.
