@@ -38,10 +38,22 @@ static float tsr__rand01(tsr_sampler *s) {
 }
 
 int32_t tsr_argmax(const float *x, int n) {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
+    /* The first index of the largest value, as the plain `x[i] > x[best]` scan gives (NaN
+     * never wins; a NaN at 0 stays), but the maximum first, in 8 independent chains: the
+     * scan's loop-carried compare ran at ~4 cycles an element, 1.5 % of a 110M decode step
+     * over a 32000 vocabulary. */
+    if (n <= 1 || x[0] != x[0]) return 0;
+    float m[8];
+    for (int k = 0; k < 8; k++) m[k] = x[0];
+    int i = 1;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
+    for (; i < n; i++) m[0] = x[i] > m[0] ? x[i] : m[0];
+    float mx = m[0];
+    for (int k = 1; k < 8; k++) mx = m[k] > mx ? m[k] : mx;
+    for (i = 0; i < n; i++)
+        if (x[i] == mx) return i;
+    return 0;
 }
 
 static int tsr__cand_desc(const void *a, const void *b) {

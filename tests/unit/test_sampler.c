@@ -1,3 +1,4 @@
+#include <math.h>
 #include "runtime/base/status.h"
 #include "runtime/sampler.h"
 #include "tests/test.h"
@@ -9,6 +10,28 @@ TSR_TEST(test_greedy_picks_argmax) {
     float logits[5] = {0.1f, 2.0f, -1.0f, 2.0f, 0.5f};
     ASSERT_EQ_INT(tsr_sampler_sample(&s, logits), 1); /* lowest index on ties */
     tsr_sampler_free(&s);
+}
+
+/* tsr_argmax equals the plain first-maximum scan, ties, signed zeros and NaNs included. */
+TSR_TEST(test_argmax_equals_scan) {
+    float x[77];
+    uint32_t r = 7;
+    for (int trial = 0; trial < 400; trial++) {
+        int n = 1 + trial % 77;
+        for (int i = 0; i < n; i++) {
+            r = r * 1664525u + 1013904223u;
+            int v = (int)(r >> 24) % 9 - 4; /* few distinct values: many ties */
+            x[i] = (float)v;
+            if (v == 0 && (r & 1)) x[i] = -0.0f;
+            if ((r >> 8) % 29 == 0) x[i] = NAN;
+            if ((r >> 8) % 31 == 0) x[i] = -INFINITY;
+        }
+        int32_t best = 0;
+        for (int i = 1; i < n; i++)
+            if (x[i] > x[best]) best = i;
+        if (tsr_argmax(x, n) != best)
+            TSR_FAIL_("trial %d (n %d): argmax %d, scan %d", trial, n, tsr_argmax(x, n), best);
+    }
 }
 
 static void draw(uint64_t seed, float temp, float top_p, int top_k, int32_t *out, int n) {
@@ -71,5 +94,5 @@ TSR_TEST(test_rejects_bad_params) {
     ASSERT_EQ_INT(tsr_sampler_init(&s, 4, &p), TSR_ERR_INVALID);
 }
 
-TSR_TEST_MAIN(test_greedy_picks_argmax, test_seeded_reproducible, test_top_k_restricts,
+TSR_TEST_MAIN(test_greedy_picks_argmax, test_argmax_equals_scan, test_seeded_reproducible, test_top_k_restricts,
               test_top_p_restricts, test_distribution_matches_softmax, test_rejects_bad_params)
