@@ -59,12 +59,14 @@ static const char tsr__bench_about[] =
     "  prefill_gflops = prefill_flops_per_token * prefill_tok_s / 1e9\n"
     "  decode_gb_s = decode_bytes_per_token * decode_tok_s / 1e9\n"
     "  peak_rss_bytes = getrusage ru_maxrss of the whole process\n"
+    "  huge_page_bytes = of the process, backed by transparent huge pages at the end (the\n"
+    "      weights ask for them; -1: unknown)\n"
     "\n"
     "JSON keys: model, dtype, threads, prompt_tokens, gen_tokens, repeat, prefill_s,\n"
     "prefill_tok_s, prefill_gflops, decode_s, decode_tok_s, decode_gb_s, weight_bytes,\n"
-    "decode_bytes_per_token, prefill_flops_per_token, peak_rss_bytes, dim, hidden_dim,\n"
-    "n_layers, n_heads, n_kv_heads, head_dim, vocab_size, last_token (the final greedy token,\n"
-    "a determinism check). Exit status: 0 success, 1 runtime failure, 2 usage error.";
+    "decode_bytes_per_token, prefill_flops_per_token, peak_rss_bytes, huge_page_bytes, dim,\n"
+    "hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, last_token (the final\n"
+    "greedy token, a determinism check). Exit status: 0 success, 1 runtime failure, 2 usage error.";
 
 static int tsr__check_range(tsr_cli *cli, const char *name, int v, int lo, int hi) {
     if (v >= lo && v <= hi) return 0;
@@ -323,7 +325,7 @@ int tsr_cmd_bench(int argc, char **argv) {
     double attn = 4.0 * c->n_layers * q * (n + 1) / 2.0;
     double pre_flops = 2.0 * params + attn + 2.0 * (double)c->vocab_size * c->dim / n;
     double pre_tps = n / prefill_s, dec_tps = g > 0 ? g / decode_s : 0.0;
-    double rss = (double)tsr_sys_peak_rss();
+    double rss = (double)tsr_sys_peak_rss(), huge = (double)tsr_sys_anon_huge_bytes();
     const char *dtn = tsr_dtype_name(c->dtype);
 
     if (o.json) {
@@ -333,12 +335,13 @@ int tsr_cmd_bench(int argc, char **argv) {
                "\"repeat\":%d,\"prefill_s\":%.6f,\"prefill_tok_s\":%.2f,\"prefill_gflops\":%.3f,"
                "\"decode_s\":%.6f,\"decode_tok_s\":%.2f,\"decode_gb_s\":%.3f,"
                "\"weight_bytes\":%.0f,\"decode_bytes_per_token\":%.0f,"
-               "\"prefill_flops_per_token\":%.0f,\"peak_rss_bytes\":%.0f,\"dim\":%d,"
+               "\"prefill_flops_per_token\":%.0f,\"peak_rss_bytes\":%.0f,"
+               "\"huge_page_bytes\":%.0f,\"dim\":%d,"
                "\"hidden_dim\":%d,\"n_layers\":%d,\"n_heads\":%d,\"n_kv_heads\":%d,"
                "\"head_dim\":%d,\"vocab_size\":%d,\"last_token\":%d}\n",
                dtn, be->threads > 0 ? be->threads : o.threads, n, g, o.repeat, prefill_s,
                pre_tps, pre_flops * pre_tps * 1e-9, decode_s, dec_tps,
-               dec_bytes * dec_tps * 1e-9, weight_bytes, dec_bytes, pre_flops, rss,
+               dec_bytes * dec_tps * 1e-9, weight_bytes, dec_bytes, pre_flops, rss, huge,
                c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim,
                c->vocab_size, last);
     } else {
@@ -350,8 +353,10 @@ int tsr_cmd_bench(int argc, char **argv) {
         if (g > 0)
             printf("decode  %d tokens in %.4f s: %.1f tok/s, %.2f GB/s (%.2f MB/token)\n", g,
                    decode_s, dec_tps, dec_bytes * dec_tps * 1e-9, dec_bytes * 1e-6);
-        printf("median of %d repeat%s; peak RSS %.1f MiB\n", o.repeat, o.repeat == 1 ? "" : "s",
+        printf("median of %d repeat%s; peak RSS %.1f MiB", o.repeat, o.repeat == 1 ? "" : "s",
                rss / 1048576.0);
+        if (huge >= 0) printf(", %.1f MiB in transparent huge pages", huge / 1048576.0);
+        printf("\n");
     }
     rc = 0;
 fail:

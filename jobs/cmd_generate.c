@@ -113,9 +113,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
     /* The comm exists before the backend (the local rank picks the GPU): now that the
      * backend does, the activations' data plane follows it (NCCL for a device backend). */
     TSR_TRY(tsr_dist_data_plane(d, g->be, o->kv.kv.policy));
-    /* CPU decode streams the weights every token: out of the page cache into huge pages
-     * (only this rank's shard is left by now; runtime/model.h). */
-    if (g->be->device < 0) TSR_TRY(tsr_dist_agree(d, tsr_model_pack(g->model)));
+    TSR_TRY(tsr_dist_pack_weights(d, g->be, g->model));
     int chunk = o->chunk < (int)n_ids ? o->chunk : (int)n_ids;
     tsr_kv_options kvo = o->kv.kv;
     kvo.chunk_tokens = chunk;

@@ -205,6 +205,20 @@ tsr_status tsr_dist_data_plane(tsr_dist *j, const tsr_backend *be, const char *k
     return TSR_OK;
 }
 
+tsr_status tsr_dist_pack_weights(tsr_dist *j, const tsr_backend *be, tsr_model *m) {
+    if (be->device >= 0) return TSR_OK; /* host huge pages only help a CPU backend */
+    TSR_TRY(tsr_dist_agree(j, tsr_model_pack(m)));
+    int64_t huge = tsr_sys_anon_huge_bytes();
+    double mib = (double)tsr_model_weight_bytes(m) / 1048576.0;
+    /* Large weights with no huge page at all: THP is off ("never") on this node. */
+    bool thp_off = huge == 0 && mib >= 64.0;
+    TSR_LOG_INFO("rank %d: weights %.1f MiB in memory, %s%.1f MiB of the process in "
+                 "transparent huge pages%s",
+                 j->rank, mib, huge < 0 ? "? " : "", huge < 0 ? 0.0 : (double)huge / 1048576.0,
+                 thp_off ? " (THP off? decode reads 4 KiB pages: see docs/perf.md)" : "");
+    return TSR_OK;
+}
+
 void tsr_dist_kv_options(const tsr_dist *j, const tsr_backend *be, tsr_kv_options *kvo) {
     kvo->shard = &j->shard;
     kvo->comm = j->comm;

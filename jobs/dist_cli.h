@@ -90,6 +90,11 @@ const char *tsr_dist_plane_name(tsr_dist_plane p);
  * error is the same on every rank, except a failure inside NCCL's own initialization,
  * which ends the job. */
 tsr_status tsr_dist_data_plane(tsr_dist *j, const tsr_backend *be, const char *kv_policy);
+
+/* CPU ranks: the weights (this rank's shard, after tsr_dist_layout) leave the file mapping
+ * for huge pages (tsr_model_pack), because decode streams them every token; --verbose says
+ * how much of the process the kernel backed with huge pages. Collective. */
+tsr_status tsr_dist_pack_weights(tsr_dist *j, const tsr_backend *be, tsr_model *m);
 /* Fills the distributed fields of KV options: shard, comm, placed host pool, and the
  * device pin hooks when be is a GPU backend. */
 void tsr_dist_kv_options(const tsr_dist *j, const tsr_backend *be, tsr_kv_options *kvo);

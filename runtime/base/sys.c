@@ -2,6 +2,7 @@
 #include "runtime/base/sys.h"
 
 #include <sched.h>
+#include <stdio.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,6 +21,17 @@ int tsr_sys_cpus(void) {
     }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+int64_t tsr_sys_anon_huge_bytes(void) {
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    if (!f) return -1;
+    char line[256];
+    long long kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "AnonHugePages: %lld kB", &kb) == 1) break;
+    fclose(f);
+    return kb < 0 ? -1 : (int64_t)kb * 1024;
 }
 
 int64_t tsr_sys_peak_rss(void) {

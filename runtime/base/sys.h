@@ -11,5 +11,9 @@ double tsr_sys_now(void);
 int tsr_sys_cpus(void);
 /* Peak resident set size of the process in bytes (0 when unknown). */
 int64_t tsr_sys_peak_rss(void);
+/* Bytes of the process now backed by transparent huge pages (AnonHugePages of
+ * /proc/self/smaps_rollup; -1 when unknown): whether the weights got the 2 MiB pages they
+ * asked for (tsr_malloc_huge), which decides decode speed on the CPU. */
+int64_t tsr_sys_anon_huge_bytes(void);
 
 #endif
