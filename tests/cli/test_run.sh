@@ -4,17 +4,8 @@
 # strings, every bad-line case, fatal/usage exit codes, and the metrics JSON.
 # Args: $1 tessera binary, $2 repo root, $3 scratch dir.
 set -u
-BIN=$1
-ROOT=$2
-TMP=$3
-MODEL=$ROOT/models/stories260K.bin
-rm -rf "$TMP"
-mkdir -p "$TMP"
-fails=0
-fail() {
-    echo "FAIL: $*" >&2
-    fails=$((fails + 1))
-}
+# shellcheck source=tests/cli/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 have_py=0
 command -v python3 >/dev/null 2>&1 && have_py=1
 

@@ -6,17 +6,8 @@
 # refused with one line. Skipped (exit 77) in a build without HDF5.
 # Args: $1 tessera binary, $2 repo root, $3 scratch dir.
 set -u
-BIN=$1
-ROOT=$2
-TMP=$3
-MODEL=$ROOT/models/stories260K.bin
-rm -rf "$TMP"
-mkdir -p "$TMP"
-fails=0
-fail() {
-    echo "FAIL: $*" >&2
-    fails=$((fails + 1))
-}
+# shellcheck source=tests/cli/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 if "$BIN" run --model "$MODEL" --input /dev/null --output "$TMP/x.jsonl" \
     --checkpoint "$TMP/x.h5" 2>&1 | grep -q "this build has no HDF5"; then
     echo "test_run_checkpoint: skipped (built without HDF5)"

@@ -4,17 +4,8 @@
 # output with every custom_id once, the same records as a run interrupted elsewhere.
 # Args: $1 tessera binary, $2 repo root, $3 scratch dir.
 set -u
-BIN=$1
-ROOT=$2
-TMP=$3
-MODEL=$ROOT/models/stories260K.bin
-rm -rf "$TMP"
-mkdir -p "$TMP"
-fails=0
-fail() {
-    echo "FAIL: $*" >&2
-    fails=$((fails + 1))
-}
+# shellcheck source=tests/cli/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 N=160
 IN=$TMP/in.jsonl
 for i in $(seq 0 $((N - 1))); do
