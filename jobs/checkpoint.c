@@ -46,36 +46,27 @@ void tsr_ckpt_free(tsr_ckpt *c) {
     memset(c, 0, sizeof *c);
 }
 
+/* The fields of tsr_ckpt_meta that a checkpoint stores and a resumed job must match, in
+ * file order after format_version: I(int field), S(string field). One list serves the
+ * writer, the reader and the check, so they cannot drift apart. */
+#define TSR__CKPT_FIELDS(I, S)                                                          \
+    S(model) I(dim) I(n_layers) I(n_heads) I(n_kv_heads) I(vocab_size) S(dtype) S(policy)  \
+    I(block_size) I(tp) I(pp) I(rank) I(world) I(max_batch_seqs) I(max_context)          \
+    I(kv_layers) I(kv_dim) S(output)
+
 #define TSR__CK_I(f)                                                                    \
     if (saved->f != job->f)                                                             \
         return tsr_error_set(TSR_ERR_INVALID, "%s: checkpoint %s is %lld, this job has %lld", \
-                             path, #f, (long long)saved->f, (long long)job->f)
+                             path, #f, (long long)saved->f, (long long)job->f);
 #define TSR__CK_S(f)                                                                    \
     if (strcmp(saved->f, job->f))                                                       \
         return tsr_error_set(TSR_ERR_INVALID, "%s: checkpoint %s is \"%s\", this job has \"%s\"", \
-                             path, #f, saved->f, job->f)
+                             path, #f, saved->f, job->f);
 
 tsr_status tsr_ckpt_check(const char *path, const tsr_ckpt_meta *saved,
                           const tsr_ckpt_meta *job) {
-    TSR__CK_I(format_version);
-    TSR__CK_S(model);
-    TSR__CK_I(dim);
-    TSR__CK_I(n_layers);
-    TSR__CK_I(n_heads);
-    TSR__CK_I(n_kv_heads);
-    TSR__CK_I(vocab_size);
-    TSR__CK_S(dtype);
-    TSR__CK_S(policy);
-    TSR__CK_I(block_size);
-    TSR__CK_I(tp);
-    TSR__CK_I(pp);
-    TSR__CK_I(rank);
-    TSR__CK_I(world);
-    TSR__CK_I(max_batch_seqs);
-    TSR__CK_I(max_context);
-    TSR__CK_I(kv_layers);
-    TSR__CK_I(kv_dim);
-    TSR__CK_S(output);
+    TSR__CK_I(format_version)
+    TSR__CKPT_FIELDS(TSR__CK_I, TSR__CK_S)
     if (saved->output_records != job->output_records)
         return tsr_error_set(TSR_ERR_INVALID,
                              "%s: checkpoint was written when %s held %lld records, it holds "
@@ -180,24 +171,11 @@ static hid_t tsr__wgroup(tsr__h5 *h, hid_t parent, const char *name) {
 
 static void tsr__wmeta(tsr__h5 *h, hid_t f, const tsr_ckpt_meta *m, int n_reqs) {
     tsr__wi64(h, f, "format_version", m->format_version);
-    tsr__wstr(h, f, "model", m->model);
-    tsr__wi64(h, f, "dim", m->dim);
-    tsr__wi64(h, f, "n_layers", m->n_layers);
-    tsr__wi64(h, f, "n_heads", m->n_heads);
-    tsr__wi64(h, f, "n_kv_heads", m->n_kv_heads);
-    tsr__wi64(h, f, "vocab_size", m->vocab_size);
-    tsr__wstr(h, f, "dtype", m->dtype);
-    tsr__wstr(h, f, "policy", m->policy);
-    tsr__wi64(h, f, "block_size", m->block_size);
-    tsr__wi64(h, f, "tp", m->tp);
-    tsr__wi64(h, f, "pp", m->pp);
-    tsr__wi64(h, f, "rank", m->rank);
-    tsr__wi64(h, f, "world", m->world);
-    tsr__wi64(h, f, "max_batch_seqs", m->max_batch_seqs);
-    tsr__wi64(h, f, "max_context", m->max_context);
-    tsr__wi64(h, f, "kv_layers", m->kv_layers);
-    tsr__wi64(h, f, "kv_dim", m->kv_dim);
-    tsr__wstr(h, f, "output", m->output);
+#define TSR__W_I(x) tsr__wi64(h, f, #x, m->x);
+#define TSR__W_S(x) tsr__wstr(h, f, #x, m->x);
+    TSR__CKPT_FIELDS(TSR__W_I, TSR__W_S)
+#undef TSR__W_I
+#undef TSR__W_S
     tsr__wi64(h, f, "output_records", m->output_records);
     tsr__wi64(h, f, "n_requests", n_reqs);
 }
@@ -409,24 +387,11 @@ static void tsr__rmeta(tsr__h5 *h, hid_t f, tsr_ckpt_meta *m) {
                               h->path, m->format_version, TSR_CKPT_VERSION);
         return;
     }
-    tsr__rstr_into(h, f, "model", m->model, sizeof m->model);
-    m->dim = tsr__rint(h, f, "dim", 0, big);
-    m->n_layers = tsr__rint(h, f, "n_layers", 0, big);
-    m->n_heads = tsr__rint(h, f, "n_heads", 0, big);
-    m->n_kv_heads = tsr__rint(h, f, "n_kv_heads", 0, big);
-    m->vocab_size = tsr__rint(h, f, "vocab_size", 0, big);
-    tsr__rstr_into(h, f, "dtype", m->dtype, sizeof m->dtype);
-    tsr__rstr_into(h, f, "policy", m->policy, sizeof m->policy);
-    m->block_size = tsr__rint(h, f, "block_size", 0, big);
-    m->tp = tsr__rint(h, f, "tp", 0, big);
-    m->pp = tsr__rint(h, f, "pp", 0, big);
-    m->rank = tsr__rint(h, f, "rank", 0, big);
-    m->world = tsr__rint(h, f, "world", 0, big);
-    m->max_batch_seqs = tsr__rint(h, f, "max_batch_seqs", 0, big);
-    m->max_context = tsr__rint(h, f, "max_context", 0, big);
-    m->kv_layers = tsr__rint(h, f, "kv_layers", 0, big);
-    m->kv_dim = tsr__rint(h, f, "kv_dim", 0, big);
-    tsr__rstr_into(h, f, "output", m->output, sizeof m->output);
+#define TSR__R_I(x) m->x = tsr__rint(h, f, #x, 0, big);
+#define TSR__R_S(x) tsr__rstr_into(h, f, #x, m->x, sizeof m->x);
+    TSR__CKPT_FIELDS(TSR__R_I, TSR__R_S)
+#undef TSR__R_I
+#undef TSR__R_S
     m->output_records = tsr__ri64(h, f, "output_records");
 }
 
