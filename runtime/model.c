@@ -12,9 +12,8 @@
 
 struct tsr_model_resource {
     void *addr;
-    size_t len; /* 0: a tsr_malloc buffer, else an mmap of len bytes */
-    bool file;  /* a mapping of a model file (tensors view it) */
-    bool huge;  /* a weight arena chunk (tsr_malloc_huge of len bytes) */
+    size_t len; /* 0: a tsr_malloc buffer, else a mapping of len bytes */
+    bool huge;  /* the mapping is a weight arena chunk (tsr_malloc_huge), not a model file */
     tsr_model_resource *next;
 };
 
@@ -52,12 +51,14 @@ void tsr_model_destroy(tsr_model *m) {
     tsr_free(m);
 }
 
-static tsr_status tsr__own(tsr_model *m, void *addr, size_t len, bool file, bool huge) {
+/* A mapping of a model file: tensors may view it. */
+static bool tsr__is_file_map(const tsr_model_resource *r) { return r->len && !r->huge; }
+
+static tsr_status tsr__own(tsr_model *m, void *addr, size_t len, bool huge) {
     tsr_model_resource *r = tsr_malloc(sizeof *r);
     if (!r) return TSR_ERR_NOMEM;
     r->addr = addr;
     r->len = len;
-    r->file = file;
     r->huge = huge;
     r->next = m->resources;
     m->resources = r;
@@ -65,11 +66,11 @@ static tsr_status tsr__own(tsr_model *m, void *addr, size_t len, bool file, bool
 }
 
 tsr_status tsr_model_own_mmap(tsr_model *m, void *addr, size_t len) {
-    return tsr__own(m, addr, len ? len : 1, true, false);
+    return tsr__own(m, addr, len ? len : 1, false);
 }
 
 tsr_status tsr_model_own_buffer(tsr_model *m, void *ptr) {
-    return tsr__own(m, ptr, 0, false, false);
+    return tsr__own(m, ptr, 0, false);
 }
 
 /* Weights are read once per decoded token, front to back: a memory stream, which reads
@@ -85,7 +86,7 @@ static tsr_status tsr__arena_chunk(tsr_model *m, size_t need) {
     if (!base)
         return tsr_error_set(TSR_ERR_NOMEM, "%s: out of memory mapping %zu bytes of weights",
                              m->source, len);
-    tsr_status st = tsr__own(m, base, len, false, true);
+    tsr_status st = tsr__own(m, base, len, true);
     if (st != TSR_OK) {
         tsr_free_huge(base, len);
         return st;
@@ -154,12 +155,16 @@ tsr_status tsr_model_check(const tsr_model *m) {
     return TSR_OK;
 }
 
+/* Initializer of an array with the addresses of a layer's tensors. */
+#define TSR__LAYER_TENSORS(w)                                                        \
+    {&(w)->attn_norm, &(w)->wq,     &(w)->wk,   &(w)->wv,    &(w)->wo,                 \
+     &(w)->ffn_norm,  &(w)->w_gate, &(w)->w_up, &(w)->w_down}
+
 size_t tsr_model_weight_bytes(const tsr_model *m) {
     size_t total = tsr_tensor_bytes(&m->classifier) + tsr_tensor_bytes(&m->out_norm);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const tsr_layer_weights *w = &m->layers[l];
-        const tsr_tensor *ts[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo,
-                                  &w->ffn_norm, &w->w_gate, &w->w_up, &w->w_down};
+        const tsr_tensor *ts[] = TSR__LAYER_TENSORS(w);
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) total += tsr_tensor_bytes(ts[i]);
     }
     return total;
@@ -168,7 +173,7 @@ size_t tsr_model_weight_bytes(const tsr_model *m) {
 /* The file mapping that holds p, or NULL. */
 static tsr_model_resource *tsr__file_map_of(const tsr_model *m, const void *p) {
     for (tsr_model_resource *r = m->resources; r; r = r->next)
-        if (r->file && (const char *)p >= (const char *)r->addr &&
+        if (tsr__is_file_map(r) && (const char *)p >= (const char *)r->addr &&
             (const char *)p < (const char *)r->addr + r->len)
             return r;
     return NULL;
@@ -200,14 +205,13 @@ tsr_status tsr_model_pack(tsr_model *m) {
     TSR_TRY(tsr__pack_one(m, &m->out_norm));
     for (int l = 0; l < m->cfg.n_layers; l++) {
         tsr_layer_weights *w = &m->layers[l];
-        tsr_tensor *ts[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo,
-                            &w->ffn_norm, &w->w_gate, &w->w_up, &w->w_down};
+        tsr_tensor *ts[] = TSR__LAYER_TENSORS(w);
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) TSR_TRY(tsr__pack_one(m, ts[i]));
     }
     /* Nothing views the files any more. */
     for (tsr_model_resource **pr = &m->resources; *pr;) {
         tsr_model_resource *r = *pr;
-        if (!r->file) {
+        if (!tsr__is_file_map(r)) {
             pr = &r->next;
             continue;
         }
