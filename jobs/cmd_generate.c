@@ -165,11 +165,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
     char piece[512];
     int32_t pos = (int32_t)n_ids;
     while (generated < o->max_tokens) {
-        int32_t next = -1;
-        if (tsr_forward_has_logits(g->fwd))
-            next = tsr_sampler_sample(&g->sampler, g->logits);
-        else
-            tsr_sampler_skip(&g->sampler);
+        int32_t next = tsr_sampler_draw(&g->sampler, g->logits, tsr_forward_has_logits(g->fwd));
         TSR_TRY(tsr_dist_must(d, tsr_forward_share_tokens(g->fwd, &next, 1)));
         if (tsr_tokenizer_is_eos(g->tok, next)) {
             stop = "eos";

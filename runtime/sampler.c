@@ -66,6 +66,12 @@ void tsr_sampler_skip(tsr_sampler *s) {
     if (s->p.temperature != 0.0f) (void)tsr__rand01(s);
 }
 
+int32_t tsr_sampler_draw(tsr_sampler *s, float *logits, bool have_logits) {
+    if (have_logits) return tsr_sampler_sample(s, logits);
+    tsr_sampler_skip(s);
+    return -1;
+}
+
 int32_t tsr_sampler_sample(tsr_sampler *s, float *logits) {
     int n = s->vocab_size;
     if (s->p.temperature == 0.0f) return tsr_argmax(logits, n);

@@ -3,6 +3,7 @@
 #ifndef TSR_RUNTIME_SAMPLER_H
 #define TSR_RUNTIME_SAMPLER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "runtime/base/status.h"
@@ -30,6 +31,9 @@ int32_t tsr_sampler_sample(tsr_sampler *s, float *logits);
  * greedy: the draws do not depend on the logits), for a rank that gets the token from
  * the rank that has the logits (pipeline parallelism, runtime/forward.h). */
 void tsr_sampler_skip(tsr_sampler *s);
+/* tsr_sampler_sample where this rank has the logits, else tsr_sampler_skip and -1 (the
+ * token then comes from the rank that has them). */
+int32_t tsr_sampler_draw(tsr_sampler *s, float *logits, bool have_logits);
 /* Index of the largest logit (lowest index on ties). */
 int32_t tsr_argmax(const float *x, int n);
 

@@ -387,12 +387,9 @@ tsr_status tsr_sched_step(tsr_sched *s, const tsr_sched_event **events, int *n_e
             if (n_ids >= rows)
                 return tsr_error_set(TSR_ERR_INTERNAL, "scheduler: forward returned %d rows",
                                      rows);
-            tsr_sampler *sm = &s->plan_req[i]->sampler;
-            if (here)
-                s->ids[n_ids] = tsr_sampler_sample(
-                    sm, s->logits + (size_t)n_ids * (size_t)s->cfg.vocab_size);
-            else
-                tsr_sampler_skip(sm);
+            s->ids[n_ids] = tsr_sampler_draw(&s->plan_req[i]->sampler,
+                                             s->logits + (size_t)n_ids * (size_t)s->cfg.vocab_size,
+                                             here);
             n_ids++;
         }
         if (s->fwd) TSR_TRY(tsr_forward_share_tokens(s->fwd, s->ids, n_ids));
