@@ -19,6 +19,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "runtime/base/sys.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define TSR_MEMBW_X86 1
@@ -96,18 +98,6 @@ static double tsr__pass(const uint64_t *buf, size_t n, int threads, int avx2,
     return dt;
 }
 
-/* AnonHugePages of this process (kB), to show whether THP backed the buffer; -1 unknown. */
-static long tsr__anon_huge_kb(void) {
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
-    if (!f) return -1;
-    char line[256];
-    long kb = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "AnonHugePages: %ld kB", &kb) == 1) break;
-    fclose(f);
-    return kb;
-}
-
 static int tsr__parse_int(const char *s, int lo, int hi, int *out) {
     char *end;
     errno = 0;
@@ -172,7 +162,10 @@ int main(int argc, char **argv) {
         /* Touch every page (in parallel, so each thread's slice is first-touched near it). */
 #pragma omp parallel for num_threads(max_threads) schedule(static)
         for (size_t i = 0; i < n; i++) buf[i] = (uint64_t)i * 0x9e3779b97f4a7c15ull;
-        if (huge) huge_kb = tsr__anon_huge_kb();
+        if (huge) {
+            int64_t hb = tsr_sys_anon_huge_bytes(); /* did THP back the buffer? */
+            huge_kb = hb < 0 ? -1 : (long)(hb / 1024);
+        }
         volatile uint64_t sink = 0;
         tsr__pass(buf, n, 1, avx2, &sink); /* warm-up: page tables, frequency */
         for (int t = 1; t <= max_threads; t++) {
