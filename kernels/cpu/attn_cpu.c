@@ -12,11 +12,13 @@
 #include "kernels/cpu/cpu_internal.h"
 
 #define TSR__ATTN_TILE 64
+/* Rows per chunk within a tile: 16 concurrent row streams are what the Zen 4 hardware
+ * prefetchers follow (32 or a whole tile measured as slow as head by head), and one
+ * AVX-512 dot_rows group. */
+#define TSR__ATTN_SUB 16
 /* Accumulator floats per task (on the stack) and most heads one task carries. */
 #define TSR__ATTN_ACC 4096
 #define TSR__ATTN_MAXH 64
-/* K + V bytes of one call from which serial decode gathers tiles (about 2x a Zen 4 L2). */
-#define TSR__ATTN_GATHER_MIN ((size_t)2 << 20)
 
 typedef struct tsr__attn_geom {
     const tsr_attn_args *a;
@@ -24,8 +26,6 @@ typedef struct tsr__attn_geom {
     int group;      /* query heads per kv head */
     int64_t q_ld;   /* floats per query row */
     float scale;
-    float *gather;     /* serial decode: a K and a V tile scratch (NULL: read in place) */
-    size_t gather_per; /* its floats */
 } tsr__attn_geom;
 
 static inline int32_t tsr__span_pos(const tsr_kv_span *s, int64_t j) {
@@ -39,49 +39,22 @@ static inline int64_t tsr__span_limit(const tsr_kv_span *s, int32_t qp) {
     return lim < 0 ? 0 : lim > s->n ? s->n : lim;
 }
 
-/* Requests the next kv head's strip of this K/V tile (rows are a stride apart, which the
- * hardware prefetchers do not follow when the tile is cold). */
-static inline void tsr__attn_prefetch(const float *k, const float *v, int64_t stride, int nt,
-                                      size_t off, int hd) {
-    for (int j = 0; j < nt; j++) {
-        const float *kj = k + (size_t)j * (size_t)stride + off;
-        const float *vj = v + (size_t)j * (size_t)stride + off;
-        for (int t = 0; t < hd; t += 16) {
-            __builtin_prefetch(kj + t, 0, 3);
-            __builtin_prefetch(vj + t, 0, 3);
-        }
-    }
-}
-
-/* n floats, in inlined 64-byte moves: glibc's memcpy takes `rep movsb` for rows of a few
- * KB, which streams from DRAM at about half the rate of plain vector loads here. */
-static inline void tsr__attn_copy(float *dst, const float *src, size_t n) {
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) memcpy(dst + i, src + i, 64);
-    for (; i < n; i++) dst[i] = src[i];
-}
-
-/* Rows [0, nt) of K and V, floats [off, off + w) of each, into gk/gv ([nt][w]). */
-static void tsr__attn_gather(const float *k, const float *v, int64_t stride, int nt, size_t off,
-                             size_t w, float *gk, float *gv) {
-    for (int j = 0; j < nt; j++) {
-        tsr__attn_copy(gk + (size_t)j * w, k + (size_t)j * (size_t)stride + off, w);
-        tsr__attn_copy(gv + (size_t)j * w, v + (size_t)j * (size_t)stride + off, w);
-    }
-}
-
-/* Attention of query row i for heads [h0, h0+nh). Key tiles are the outer loop and every
- * head of the task visits the tile in turn, so K/V rows (all kv heads side by side) are
- * swept once, contiguously, instead of once per head with a row stride; each head's own
- * arithmetic does not depend on which heads share its task. ml receives each head's final
+/* Attention of query row i for heads [h0, h0+nh). Key tiles are the outer loop; within a
+ * tile, scores and then values are swept in chunks of TSR__ATTN_SUB rows with every head of
+ * the task inside a chunk, so a chunk's rows (all kv heads side by side) are read front to
+ * back as TSR__ATTN_SUB parallel streams, which the hardware prefetchers follow. Per key and
+ * per element the arithmetic is that of one head at a time over the whole tile (q.k is per
+ * key; acc_rows over a split key run gives the same sums, c being 1 after the first chunk),
+ * so no head's result depends on which heads share its task. ml receives each head's final
  * running max and sum (for the score pass). */
 static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int h0, int nh, float *ml) {
     const tsr_attn_args *a = G->a;
     const int hd = a->head_dim;
     const int32_t qp = a->q_pos[i];
+    const float *qi = a->q + (size_t)i * G->q_ld;
     float acc[TSR__ATTN_ACC];
-    float m[TSR__ATTN_MAXH], l[TSR__ATTN_MAXH];
-    float sc[TSR__ATTN_TILE];
+    float m[TSR__ATTN_MAXH], l[TSR__ATTN_MAXH], corr[TSR__ATTN_MAXH];
+    float sc[TSR__ATTN_MAXH][TSR__ATTN_TILE];
     for (int hh = 0; hh < nh; hh++) {
         m[hh] = -INFINITY;
         l[hh] = 0.0f;
@@ -89,55 +62,45 @@ static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int h0, int nh, f
     for (int t = 0; t < nh * hd; t++) acc[t] = 0.0f;
     for (int s = 0; s < a->n_spans; s++) {
         const tsr_kv_span *sp = &a->spans[s];
+        const size_t ts = (size_t)sp->stride;
         int64_t lim = tsr__span_limit(sp, qp);
         for (int64_t j0 = 0; j0 < lim; j0 += TSR__ATTN_TILE) {
             int nt = lim - j0 < TSR__ATTN_TILE ? (int)(lim - j0) : TSR__ATTN_TILE;
-            const float *kt0 = sp->k + (size_t)j0 * (size_t)sp->stride;
-            const float *vt0 = sp->v + (size_t)j0 * (size_t)sp->stride;
-            int64_t ts = sp->stride; /* row stride of kt0/vt0 */
-            int gbase = 0;           /* kv head at offset 0 of a row of kt0/vt0 */
-            if (G->gather) {
-                /* Decode: copy the tile's rows (this task's kv heads) front to back, a DRAM
-                 * stream, into an L2-resident scratch that the heads then read at the
-                 * stride, instead of reading each head's strip from memory at the row
-                 * stride. Same values, same kernels, same bits. */
-                int g0 = h0 / G->group, ng = (h0 + nh - 1) / G->group + 1 - g0;
-                size_t w = (size_t)ng * (size_t)hd;
-                float *gk = G->gather; /* serial calls only */
-                float *gv = gk + (size_t)TSR__ATTN_TILE * w;
-                tsr__attn_gather(kt0, vt0, sp->stride, nt, (size_t)g0 * hd, w, gk, gv);
-                kt0 = gk;
-                vt0 = gv;
-                ts = (int64_t)w;
-                gbase = g0;
+            const float *kt = sp->k + (size_t)j0 * ts, *vt = sp->v + (size_t)j0 * ts;
+            for (int c = 0; c < nt; c += TSR__ATTN_SUB) {
+                int n = nt - c < TSR__ATTN_SUB ? nt - c : TSR__ATTN_SUB;
+                for (int hh = 0; hh < nh; hh++) {
+                    int h = h0 + hh;
+                    G->k->dot_rows(qi + (size_t)h * hd, kt + c * ts + (size_t)(h / G->group) * hd,
+                                   sp->stride, n, hd, G->scale, sc[hh] + c);
+                }
             }
             for (int hh = 0; hh < nh; hh++) {
-                int h = h0 + hh, g = h / G->group;
-                const float *q = a->q + (size_t)i * G->q_ld + (size_t)h * hd;
-                const float *kg, *vg;
-                if (G->gather) {
-                    kg = kt0 + (size_t)(g - gbase) * hd;
-                    vg = vt0 + (size_t)(g - gbase) * hd;
-                } else {
-                    if (hh + 1 < nh && (h + 1) / G->group != g)
-                        tsr__attn_prefetch(kt0, vt0, sp->stride, nt, (size_t)(g + 1) * hd, hd);
-                    kg = kt0 + (size_t)g * hd;
-                    vg = vt0 + (size_t)g * hd;
-                }
-                G->k->dot_rows(q, kg, ts, nt, hd, G->scale, sc);
+                float *x = sc[hh];
                 if (sp->pos) {
                     for (int j = 0; j < nt; j++)
-                        if (sp->pos[j0 + j] > qp) sc[j] = -INFINITY;
+                        if (sp->pos[j0 + j] > qp) x[j] = -INFINITY;
                 }
                 float mt = -INFINITY;
-                for (int j = 0; j < nt; j++) mt = sc[j] > mt ? sc[j] : mt;
-                if (mt == -INFINITY) continue; /* nothing visible in this tile */
+                for (int j = 0; j < nt; j++) mt = x[j] > mt ? x[j] : mt;
+                if (mt == -INFINITY) { /* nothing visible in this tile */
+                    corr[hh] = NAN;
+                    continue;
+                }
                 float mn = m[hh] > mt ? m[hh] : mt;
-                float corr = expf(m[hh] - mn); /* 0 on the first visible tile */
-                float sum = G->k->exp_sum(sc, nt, mn);
-                l[hh] = l[hh] * corr + sum;
+                corr[hh] = expf(m[hh] - mn); /* 0 on the first visible tile */
+                float sum = G->k->exp_sum(x, nt, mn);
+                l[hh] = l[hh] * corr[hh] + sum;
                 m[hh] = mn;
-                G->k->acc_rows(acc + (size_t)hh * hd, corr, sc, vg, ts, nt, hd);
+            }
+            for (int c = 0; c < nt; c += TSR__ATTN_SUB) {
+                int n = nt - c < TSR__ATTN_SUB ? nt - c : TSR__ATTN_SUB;
+                for (int hh = 0; hh < nh; hh++) {
+                    if (isnan(corr[hh])) continue;
+                    G->k->acc_rows(acc + (size_t)hh * hd, c ? 1.0f : corr[hh], sc[hh] + c,
+                                   vt + c * ts + (size_t)((h0 + hh) / G->group) * hd,
+                                   sp->stride, n, hd);
+                }
             }
         }
     }
@@ -254,21 +217,6 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
     int nblk = (a->n_heads + blk - 1) / blk;
     int64_t ntask = (int64_t)a->n_q * nblk;
     par = par && ntask > 1;
-    /* Serial decode over a KV cache that does not fit the caches: gather each tile's K/V
-     * rows (tsr__attn_gather). Measured (1 thread, synthetic stories15M bf16, 2000-token
-     * context): +16-19 % decode tokens/s. Not for prefill (a task is one query row and would
-     * copy the same tile once per row), short contexts (the rows are cache-resident: the
-     * copy only costs), or threaded calls (a task gathers a slice of every row: slower). */
-    size_t kv_bytes = 0;
-    for (int s = 0; s < a->n_spans; s++)
-        kv_bytes += (size_t)a->spans[s].n * (size_t)a->n_kv_heads * (size_t)a->head_dim * 8;
-    if (a->n_q == 1 && !par && kv_bytes >= TSR__ATTN_GATHER_MIN) {
-        int ng = (blk + G.group - 1) / G.group + 1; /* kv heads a task's heads can span */
-        ng = ng > a->n_kv_heads ? a->n_kv_heads : ng;
-        G.gather_per = 2 * (size_t)TSR__ATTN_TILE * (size_t)ng * (size_t)a->head_dim;
-        TSR_TRY(tsr__cpu_scratch(&c->gather, &c->gather_cap, G.gather_per));
-        G.gather = c->gather;
-    }
     /* Dynamic: causal rows differ in length; results do not depend on the assignment.
      * Serial runs skip OpenMP (a serialized region still costs ~0.7 us and a futex). */
     if (par) {

@@ -23,9 +23,6 @@ typedef struct tsr__cpu_ctx {
     /* Decode scratch: x reordered for BF16 kernels with bf16_pairs (tsr__cpu_bf16_pairs). */
     float *xpairs;
     size_t xpairs_cap;
-    /* Serial decode attention scratch: one K and one V tile gathered from the cache. */
-    float *gather;
-    size_t gather_cap;
     /* Attention scratch: per (query, head) log-sum-exp for the key-score pass. */
     float *lse;
     size_t lse_cap;

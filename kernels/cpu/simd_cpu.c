@@ -930,18 +930,22 @@ static void tsr__z_cvt_f16(const uint16_t *src, float *dst, int64_t n) {
     for (; i < n; i++) dst[i] = tsr_f16_to_f32(src[i]);
 }
 
-/* Sixteen keys at a time, one accumulator each, reduced together by a transposing tree
- * (about 3 shuffles per key instead of a full reduction per key). Keys past nk reuse q as
- * a dummy row, so every key's value goes through the same operations whatever nk is (the
- * score pass and the main pass then agree bitwise). */
+/* tsr__z_tree16 with item u's sum in lane u: an item's bits depend on its own accumulator
+ * only, never on its lane or its neighbours. */
+TSR__INLINE __m512 tsr__z_tree16_lanes(const __m512 *a) {
+    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11,
+                                           15);
+    return _mm512_permutexvar_ps(perm, tsr__z_tree16(a));
+}
+
+/* Sixteen keys at a time, one accumulator each, reduced together by tsr__z_tree16_lanes. Keys
+ * past nk reuse q as a dummy row, so every key's value goes through the same operations
+ * whatever nk is (the score pass and the main pass then agree bitwise). */
 static void tsr__z_dot_rows(const float *q, const float *k, int64_t stride, int nk, int d,
                             float scale, float *out) {
     int rem = d & 15;
     __mmask16 tm = (__mmask16)((1u << rem) - 1u);
     __m512 sv = _mm512_set1_ps(scale);
-    /* Output lane order of the tree below, undone by one permute. */
-    const __m512i perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11,
-                                           15);
     for (int j = 0; j < nk; j += 16) {
         const float *kr[16];
         for (int u = 0; u < 16; u++)
@@ -962,26 +966,7 @@ static void tsr__z_dot_rows(const float *q, const float *k, int64_t stride, int 
             for (int u = 0; u < 16; u++)
                 a[u] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tm, kr[u] + t), a[u]);
         }
-        /* 16 -> 8: 256-bit halves of key pairs. */
-        __m512 b[8];
-#pragma GCC unroll 8
-        for (int u = 0; u < 8; u++)
-            b[u] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * u], a[2 * u + 1], 0x44),
-                                 _mm512_shuffle_f32x4(a[2 * u], a[2 * u + 1], 0xEE));
-        /* 8 -> 4: 128-bit quarters. */
-        __m512 c4[4];
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; u++)
-            c4[u] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * u], b[2 * u + 1], 0x88),
-                                  _mm512_shuffle_f32x4(b[2 * u], b[2 * u + 1], 0xDD));
-        /* 4 -> 2 -> 1 within 128-bit lanes. */
-        __m512 d0 = _mm512_add_ps(_mm512_shuffle_ps(c4[0], c4[1], 0x44),
-                                  _mm512_shuffle_ps(c4[0], c4[1], 0xEE));
-        __m512 d1 = _mm512_add_ps(_mm512_shuffle_ps(c4[2], c4[3], 0x44),
-                                  _mm512_shuffle_ps(c4[2], c4[3], 0xEE));
-        __m512 r = _mm512_add_ps(_mm512_shuffle_ps(d0, d1, 0x88),
-                                 _mm512_shuffle_ps(d0, d1, 0xDD));
-        r = _mm512_mul_ps(_mm512_permutexvar_ps(perm, r), sv);
+        __m512 r = _mm512_mul_ps(tsr__z_tree16_lanes(a), sv);
         int n = nk - j < 16 ? nk - j : 16;
         _mm512_mask_storeu_ps(out + j, (__mmask16)((1u << n) - 1u), r);
     }

@@ -157,11 +157,11 @@ TSR_TEST(test_decode_one_span) {
         }
 }
 
-/* Decode over more than 2 MB of K/V (8 spans of 80 rows, 8 kv heads of 64): the serial
- * call gathers each tile's rows before reading them (kernels/cpu/attn_cpu.c), the 2-thread
- * call reads the cache in place; both must give the reference and the same bits. Spans
- * with padded strides and shuffled positions, tiles of 64 and 16 rows. */
-TSR_TEST(test_decode_gathered_tiles) {
+/* Decode over 8 spans of 80 rows (8 kv heads of 64): the serial call sweeps all heads in
+ * one task, the 2-thread call splits them (kernels/cpu/attn_cpu.c); both must give the
+ * reference and the same bits. Spans with padded strides and shuffled positions, tiles of
+ * 64 and 16 rows, chunks of 16 and a partial one. */
+TSR_TEST(test_decode_long_spans) {
     span_spec sp[8];
     for (int s = 0; s < 8; s++) sp[s] = (span_spec){80, 80 * s, s % 3 == 1, s % 2 ? 7 : 0};
     int32_t qp = 8 * 80;
@@ -220,5 +220,5 @@ TSR_TEST(test_no_visible_key) {
     tsr_backend_destroy(be);
 }
 
-TSR_TEST_MAIN(test_decode_one_span, test_decode_gathered_tiles, test_prefill_after_cache,
+TSR_TEST_MAIN(test_decode_one_span, test_decode_long_spans, test_prefill_after_cache,
               test_shuffled_spans, test_causal_prefill, test_no_visible_key)
