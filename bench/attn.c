@@ -10,7 +10,9 @@
  * context); a second pass does the same with a plain read of exactly the K and V bytes of
  * the layer instead. Both are summed over the layers; the medians over the timed tokens
  * are reported as us per token and GB/s (1e9 bytes/s of K+V), and ratio = attn / read.
- * --paged B splits each layer into separately allocated blocks of B rows (a paged pool).
+ * K and V each live in one store for all layers, in 2 MiB transparent huge pages as the KV
+ * caches hold them (memory/kv_paged.c, kv_dense.c); --small-pages 1 uses 4 KiB pages.
+ * --paged B cuts each layer into spans of B rows (a paged pool's blocks).
  * Prints one JSON line. */
 #include <errno.h>
 #include <omp.h>
@@ -141,26 +143,28 @@ static void tsr__usage(FILE *f) {
     fprintf(f,
             "usage: tsr_attn [--ctx N] [--heads H] [--kv-heads G] [--head-dim D] [--layers L]\n"
             "                [--repeat R] [--threads T] [--flush-mib M] [--paged B]\n"
+            "                [--small-pages 0|1]\n"
             "Decode attention (one query at position N-1) of the CPU backend over a KV cache\n"
             "of N keys x G kv heads x D per layer (defaults 256, 12, 64; H = 12 query heads,\n"
             "L = 12 layers), cold in the caches: before each layer's call M MiB (default 16;\n"
             "0: warm caches) of a 256 MiB buffer are streamed. Compared with a plain read of\n"
             "the same K and V bytes after the same flush. Medians over R tokens (default 30,\n"
-            "after 2 warm-up tokens) with T threads (default 1). --paged B: blocks of B rows\n"
-            "allocated separately (0: one span per layer, the default).\n"
+            "after 2 warm-up tokens) with T threads (default 1). --paged B: spans of B rows\n"
+            "(0: one span per layer, the default). K and V are in 2 MiB transparent huge pages,\n"
+            "as the KV caches hold them; --small-pages 1: 4 KiB pages.\n"
             "Output: one JSON line {\"bench\":\"attn\",...,\"attn_us_per_token\":..,\n"
             "\"attn_gb_s\":..,\"read_us_per_token\":..,\"read_gb_s\":..,\"ratio\":..}.\n");
 }
 
 int main(int argc, char **argv) {
     int ctx = 256, heads = 12, kv_heads = 12, head_dim = 64, layers = 12, repeat = 30;
-    int threads = 1, flush_mib = 16, paged = 0;
+    int threads = 1, flush_mib = 16, paged = 0, small_pages = 0;
     const struct { const char *name; int *dst, lo, hi; } opts[] = {
         {"--ctx", &ctx, 1, 1 << 22},         {"--heads", &heads, 1, 1024},
         {"--kv-heads", &kv_heads, 1, 1024},  {"--head-dim", &head_dim, 1, 512},
         {"--layers", &layers, 1, 1024},      {"--repeat", &repeat, 1, 100000},
         {"--threads", &threads, 1, 1024},    {"--flush-mib", &flush_mib, 0, 256},
-        {"--paged", &paged, 0, 1 << 22}};
+        {"--paged", &paged, 0, 1 << 22},     {"--small-pages", &small_pages, 0, 1}};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             tsr__usage(stdout);
@@ -188,19 +192,29 @@ int main(int argc, char **argv) {
     g_avx2 = __builtin_cpu_supports("avx2");
 #endif
 
-    /* KV: per layer nb spans of up to bs rows, K and V of each allocated separately. */
+    /* KV: one K and one V store, layer after layer; per layer nb spans of up to bs rows. */
     size_t kvd = (size_t)kv_heads * (size_t)head_dim, qd = (size_t)heads * (size_t)head_dim;
     int bs = paged ? paged : ctx, nb = (ctx + bs - 1) / bs;
     uint32_t rng = 42;
+    size_t store_n = (size_t)layers * (size_t)ctx * kvd;
+    float *kst = small_pages ? tsr_malloc_aligned(store_n * sizeof(float))
+                             : tsr_malloc_huge(store_n * sizeof(float));
+    float *vst = small_pages ? tsr_malloc_aligned(store_n * sizeof(float))
+                             : tsr_malloc_huge(store_n * sizeof(float));
+    if (!kst || !vst) {
+        fprintf(stderr, "tsr_attn: cannot allocate 2 x %zu bytes of KV\n",
+                store_n * sizeof(float));
+        return 1;
+    }
+    tsr__fill(kst, store_n, &rng);
+    tsr__fill(vst, store_n, &rng);
     tsr_kv_span *spans = tsr__alloc((size_t)layers * (size_t)nb * sizeof *spans);
     tsr__region *regs = tsr__alloc((size_t)layers * (size_t)nb * 2 * sizeof *regs);
     for (int l = 0; l < layers; l++)
         for (int b = 0; b < nb; b++) {
             int rows = ctx - b * bs < bs ? ctx - b * bs : bs;
-            size_t n = (size_t)rows * kvd;
-            float *k = tsr__alloc(n * sizeof(float)), *v = tsr__alloc(n * sizeof(float));
-            tsr__fill(k, n, &rng);
-            tsr__fill(v, n, &rng);
+            size_t n = (size_t)rows * kvd, at = ((size_t)l * (size_t)ctx + (size_t)b * bs) * kvd;
+            float *k = kst + at, *v = vst + at;
             size_t s = (size_t)l * (size_t)nb + (size_t)b;
             spans[s] = (tsr_kv_span){.k = k, .v = v, .pos = NULL, .pos0 = b * bs, .n = rows,
                                      .stride = (int64_t)kvd};
@@ -259,15 +273,19 @@ int main(int argc, char **argv) {
     double bytes = 2.0 * (double)ctx * (double)kvd * sizeof(float) * layers;
     double ta = tsr__median(attn_t, repeat), tr = tsr__median(read_t, repeat);
     printf("{\"bench\":\"attn\",\"ctx\":%d,\"heads\":%d,\"kv_heads\":%d,\"head_dim\":%d,"
-           "\"layers\":%d,\"threads\":%d,\"flush_mib\":%d,\"paged\":%d,\"repeat\":%d,"
+           "\"layers\":%d,\"threads\":%d,\"flush_mib\":%d,\"paged\":%d,\"small_pages\":%d,"
+           "\"repeat\":%d,"
            "\"attn_us_per_token\":%.1f,\"attn_gb_s\":%.2f,\"read_us_per_token\":%.1f,"
            "\"read_gb_s\":%.2f,\"ratio\":%.3f}\n",
-           ctx, heads, kv_heads, head_dim, layers, threads, flush_mib, paged, repeat,
+           ctx, heads, kv_heads, head_dim, layers, threads, flush_mib, paged, small_pages, repeat,
            ta * 1e6, bytes / ta * 1e-9, tr * 1e6, bytes / tr * 1e-9, tr / ta);
     tsr_backend_destroy(be);
-    for (size_t s = 0; s < (size_t)layers * (size_t)nb; s++) {
-        tsr_free((void *)spans[s].k);
-        tsr_free((void *)spans[s].v);
+    if (small_pages) {
+        tsr_free(kst);
+        tsr_free(vst);
+    } else {
+        tsr_free_huge(kst, store_n * sizeof(float));
+        tsr_free_huge(vst, store_n * sizeof(float));
     }
     if (fl) tsr_free_huge(fl, fl_n * sizeof(float));
     tsr_free(spans), tsr_free(regs), tsr_free(q), tsr_free(out);

@@ -1,5 +1,7 @@
 /* The dense KV cache: per sequence and layer, contiguous K and V rows grown by doubling up
- * to max_tokens. It is the exact reference the block-managed policies are tested against. */
+ * to max_tokens. It is the exact reference the block-managed policies are tested against.
+ * A sequence's rows of all layers share one buffer (tsr_malloc_huge: from 2 MiB on, huge
+ * pages, as for the paged pool: decode reads every row from DRAM each token). */
 #include <string.h>
 
 #include "memory/kv_cache.h"
@@ -10,8 +12,10 @@ typedef struct tsr__dense_seq {
     int32_t len;      /* committed tokens */
     int32_t reserved; /* tokens with storage */
     int32_t cap;      /* allocated rows per layer */
-    float **k;        /* [n_layers] -> [cap][kv_dim] */
+    float **k;        /* [n_layers] -> [cap][kv_dim], inside buf */
     float **v;
+    float *buf;       /* K then V of layer 0, then of layer 1, ... */
+    size_t buf_bytes;
     int32_t pending;  /* rows written this step (same for every layer) */
 } tsr__dense_seq;
 
@@ -32,10 +36,7 @@ static tsr__dense_seq *tsr__seq(const tsr__dense *d, int seq) {
 static size_t tsr__row_bytes(const tsr__dense *d) { return (size_t)d->base.kv_dim * 4; }
 
 static void tsr__seq_release(tsr__dense *d, tsr__dense_seq *s) {
-    for (int l = 0; l < d->base.n_layers; l++) {
-        if (s->k) tsr_free(s->k[l]);
-        if (s->v) tsr_free(s->v[l]);
-    }
+    tsr_free_huge(s->buf, s->buf_bytes);
     d->bytes_used -= (int64_t)s->cap * (int64_t)tsr__row_bytes(d) * 2 * d->base.n_layers;
     tsr_free(s->k);
     tsr_free(s->v);
@@ -94,27 +95,28 @@ static tsr_status tsr__dense_reserve(tsr_kv_cache *kv, int seq, int32_t n) {
         int32_t cap = s->cap ? s->cap : 64;
         while (cap < need) cap = cap > d->max_tokens / 2 ? d->max_tokens : cap * 2;
         if (cap > d->max_tokens) cap = d->max_tokens;
-        size_t bytes = (size_t)cap * tsr__row_bytes(d);
-        /* Allocate every layer first, so a failure leaves the sequence as it was. */
+        size_t bytes = (size_t)cap * tsr__row_bytes(d), total;
+        if (!tsr_mul_size(bytes, 2 * (size_t)kv->n_layers, &total))
+            return tsr_error_set(TSR_ERR_NOMEM, "KV cache: size overflow growing sequence %d",
+                                 seq);
+        float *nb = tsr_malloc_huge(total);
+        if (!nb) /* the sequence stays as it was */
+            return tsr_error_set(TSR_ERR_NOMEM,
+                                 "KV cache: out of memory growing sequence %d to %d tokens",
+                                 seq, cap);
+        size_t used = (size_t)s->len * tsr__row_bytes(d), rows = bytes / sizeof(float);
         for (int l = 0; l < kv->n_layers; l++) {
-            float *nk = tsr_malloc_aligned(bytes), *nv = tsr_malloc_aligned(bytes);
-            if (!nk || !nv) {
-                tsr_free(nk);
-                tsr_free(nv);
-                return tsr_error_set(TSR_ERR_NOMEM,
-                                     "KV cache: out of memory growing sequence %d to %d tokens",
-                                     seq, cap);
-            }
-            size_t used = (size_t)s->len * tsr__row_bytes(d);
-            if (s->k[l]) {
+            float *nk = nb + 2 * (size_t)l * rows, *nv = nk + rows;
+            if (s->buf) {
                 memcpy(nk, s->k[l], used);
                 memcpy(nv, s->v[l], used);
-                tsr_free(s->k[l]);
-                tsr_free(s->v[l]);
             }
             s->k[l] = nk;
             s->v[l] = nv;
         }
+        tsr_free_huge(s->buf, s->buf_bytes);
+        s->buf = nb;
+        s->buf_bytes = total;
         d->bytes_used += (int64_t)(cap - s->cap) * (int64_t)tsr__row_bytes(d) * 2 * kv->n_layers;
         if (d->bytes_used > d->bytes_peak) d->bytes_peak = d->bytes_used;
         s->cap = cap;

@@ -38,6 +38,7 @@ typedef struct tsr__paged {
     int bs;
     tsr_block_pool *pool;
     float *k_store, *v_store;
+    size_t store_bytes; /* of each, for tsr_free_huge */
     int32_t *pos_store;
     float *score_store;
     tsr__pseq *seqs;
@@ -124,8 +125,8 @@ static void tsr__paged_destroy(tsr_kv_cache *kv) {
             if (p->seqs[i].active) tsr__seq_release(p, &p->seqs[i]);
     tsr_free(p->seqs);
     tsr_free(p->spans);
-    tsr_free(p->k_store);
-    tsr_free(p->v_store);
+    if (p->k_store) tsr_free_huge(p->k_store, p->store_bytes);
+    if (p->v_store) tsr_free_huge(p->v_store, p->store_bytes);
     tsr_free(p->pos_store);
     tsr_free(p->score_store);
     tsr_block_pool_destroy(p->pool);
@@ -815,9 +816,13 @@ tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **ou
     if (st == TSR_OK && !tsr_mul_size(slots, tsr__kvd(p) * 4, &fbytes))
         st = tsr_error_set(TSR_ERR_NOMEM, "KV cache: pool size overflow");
     if (st == TSR_OK) {
-        /* Pages are touched only when blocks are first used, so RSS follows usage. */
-        p->k_store = tsr_malloc_aligned(fbytes);
-        p->v_store = tsr_malloc_aligned(fbytes);
+        /* Pages are touched only when blocks are first used, so RSS follows usage (in 2 MiB
+         * steps). Huge pages: decode reads every cached row from DRAM, and with 4 KiB pages
+         * a plain read of a layer's K/V ran at 15-16 GB/s against 26-28 (bench/attn.c,
+         * docs/kernels-cpu.md); decode attention gained about 15 %. */
+        p->store_bytes = fbytes;
+        p->k_store = tsr_malloc_huge(fbytes);
+        p->v_store = tsr_malloc_huge(fbytes);
         p->pos_store = tsr_malloc_aligned(slots * 4);
         if (cfg->keep_scores) p->score_store = tsr_malloc_aligned(slots * 4);
         p->seqs = tsr_calloc((size_t)cfg->max_seqs, sizeof *p->seqs);

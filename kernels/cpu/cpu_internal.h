@@ -109,6 +109,16 @@ typedef struct tsr__cpu_kernels {
     void (*silu_mul)(float *g, const float *u, int64_t n);
     /* The BF16 matvec and segmented matvec take x in tsr__cpu_bf16_pairs order. */
     bool bf16_pairs;
+    /* Optional (NULL: attention uses dot_rows/acc_rows over 16-row chunks): one key row for
+     * all query heads of a task, so that decode reads each K/V row front to back. Query head
+     * hh of nh reads q + hh*d and the row's floats from koff[hh] (its kv head) on. */
+    /* out[hh*out_ld] = dot_rows's score of q head hh against row k: the same bits. */
+    void (*dot_heads)(const float *q, const float *k, const int32_t *koff, int nh, int d,
+                      float scale, float *out, int64_t out_ld);
+    /* acc[hh*d ..+d) += p[hh*p_ld + j] * (v + j*stride + koff[hh]) for keys j < nk in order:
+     * the per-element operations of acc_rows after its scaling by c (the same bits). */
+    void (*acc_heads)(float *acc, const float *p, int64_t p_ld, const float *v,
+                      int64_t stride, const int32_t *koff, int nk, int nh, int d);
 } tsr__cpu_kernels;
 
 /* xp = x with, in every segment [seg[p], seg[p+1]) and every full 64-column block of it

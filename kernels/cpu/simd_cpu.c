@@ -174,7 +174,7 @@ static const tsr__cpu_kernels tsr__k_scalar = {
     TSR__ISA_SCALAR, "scalar", tsr__s_matvec_f32, tsr__s_matvec_bf16, tsr__s_matvec_f16,
     tsr__s_matvec_seg_f32, tsr__s_matvec_seg_bf16, tsr__s_matvec_seg_f16, tsr__s_cvt_bf16,
     tsr__s_cvt_f16, tsr__s_dot_rows, tsr__s_acc_rows, tsr__s_exp_sum,
-    tsr__s_silu_mul, false,
+    tsr__s_silu_mul, false, NULL, NULL,
 };
 
 /* Vector expf (Cephes): n = round(x log2 e), r = x - n ln2 (two-part ln2), exp(r) by a
@@ -529,7 +529,7 @@ static const tsr__cpu_kernels tsr__k_avx2 = {
     TSR__ISA_AVX2, "avx2", tsr__y_matvec_f32, tsr__y_matvec_bf16, tsr__y_matvec_f16,
     tsr__y_matvec_seg_f32, tsr__y_matvec_seg_bf16, tsr__y_matvec_seg_f16, tsr__y_cvt_bf16,
     tsr__y_cvt_f16, tsr__y_dot_rows, tsr__y_acc_rows, tsr__y_exp_sum,
-    tsr__y_silu_mul, false,
+    tsr__y_silu_mul, false, NULL, NULL,
 };
 
 #pragma GCC pop_options
@@ -972,6 +972,66 @@ static void tsr__z_dot_rows(const float *q, const float *k, int64_t stride, int 
     }
 }
 
+/* One key row, sixteen query heads at a time: the per-item operations of tsr__z_dot_rows
+ * (fma(q, k) over the columns in order, then the tree, then the scale), so a (head, key)
+ * score has the same bits whichever of the two computed it. Head by head along the row,
+ * so its bytes are loaded in address order: interleaving the heads column by column, or
+ * keeping each head's strip down 16 rows as dot_rows does, measured 1.3-2x slower from
+ * DRAM (bench/attn.c). */
+static void tsr__z_dot_heads(const float *q, const float *k, const int32_t *koff, int nh,
+                             int d, float scale, float *out, int64_t out_ld) {
+    int rem = d & 15;
+    __mmask16 tm = (__mmask16)((1u << rem) - 1u);
+    __m512 sv = _mm512_set1_ps(scale);
+    for (int h0 = 0; h0 < nh; h0 += 16) {
+        int n = nh - h0 < 16 ? nh - h0 : 16;
+        __m512 a[16];
+#pragma GCC unroll 16
+        for (int u = 0; u < 16; u++) a[u] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+        for (int u = 0; u < 16; u++) {
+            if (u >= n) break;
+            const float *qu = q + (size_t)(h0 + u) * (size_t)d, *ku = k + koff[h0 + u];
+            int t = 0;
+            for (; t + 16 <= d; t += 16)
+                a[u] = _mm512_fmadd_ps(_mm512_loadu_ps(qu + t), _mm512_loadu_ps(ku + t), a[u]);
+            if (rem)
+                a[u] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, qu + t),
+                                       _mm512_maskz_loadu_ps(tm, ku + t), a[u]);
+        }
+        float r[16];
+        _mm512_storeu_ps(r, _mm512_mul_ps(tsr__z_tree16_lanes(a), sv));
+        for (int u = 0; u < n; u++) out[(size_t)(h0 + u) * (size_t)out_ld] = r[u];
+    }
+}
+
+/* Keys outer, heads inner, each head's accumulator through L1: the rows are read front to
+ * back. Per element: acc, then + p * v for each key in order, each an fma, as in
+ * tsr__z_acc_rows after its scaling. (Two keys per pass over the accumulator read two rows
+ * interleaved and measured slower.) */
+static void tsr__z_acc_heads(float *acc, const float *p, int64_t p_ld, const float *v,
+                             int64_t stride, const int32_t *koff, int nk, int nh, int d) {
+    int rem = d & 15;
+    __mmask16 tm = (__mmask16)((1u << rem) - 1u);
+    for (int j = 0; j < nk; j++) {
+        const float *vj = v + (size_t)j * (size_t)stride;
+        for (int hh = 0; hh < nh; hh++) {
+            float *ah = acc + (size_t)hh * (size_t)d;
+            const float *vh = vj + koff[hh];
+            __m512 pj = _mm512_set1_ps(p[(size_t)hh * (size_t)p_ld + (size_t)j]);
+            int t = 0;
+#pragma GCC unroll 4
+            for (; t + 16 <= d; t += 16)
+                _mm512_storeu_ps(ah + t, _mm512_fmadd_ps(pj, _mm512_loadu_ps(vh + t),
+                                                         _mm512_loadu_ps(ah + t)));
+            if (rem)
+                _mm512_mask_storeu_ps(ah + t, tm,
+                                      _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(tm, vh + t),
+                                                      _mm512_maskz_loadu_ps(tm, ah + t)));
+        }
+    }
+}
+
 /* Keys outer, 64 columns at a time in registers: four independent FMA chains instead of
  * one chain per column block. Each element still sums acc * c, then the keys in order, so
  * a key run split into tiles differently gives the same sums whenever c is 1. */
@@ -1056,7 +1116,7 @@ static const tsr__cpu_kernels tsr__k_avx512 = {
     TSR__ISA_AVX512, "avx512", tsr__z_matvec_f32, tsr__z_matvec_bf16, tsr__z_matvec_f16,
     tsr__z_matvec_seg_f32, tsr__z_matvec_seg_bf16, tsr__z_matvec_seg_f16, tsr__z_cvt_bf16,
     tsr__z_cvt_f16, tsr__z_dot_rows, tsr__z_acc_rows, tsr__z_exp_sum,
-    tsr__z_silu_mul, true,
+    tsr__z_silu_mul, true, tsr__z_dot_heads, tsr__z_acc_heads,
 };
 
 #pragma GCC pop_options

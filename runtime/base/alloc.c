@@ -75,6 +75,7 @@ void tsr_free(void *ptr) {
 
 void *tsr_malloc_huge(size_t size) {
 #if TSR__HUGE_MAP
+    if (size < TSR__HUGE) return tsr_malloc_aligned(size); /* no huge page fits: no mapping */
     if (size > SIZE_MAX - 2 * TSR__HUGE) return tsr__wrap(NULL, size);
     size_t len = (size + TSR__HUGE - 1) & ~(TSR__HUGE - 1);
     /* Over-map by one huge page, then trim both ends to a 2 MiB-aligned range. */
@@ -98,6 +99,10 @@ void *tsr_malloc_huge(size_t size) {
 void tsr_free_huge(void *ptr, size_t size) {
     if (!ptr) return;
 #if TSR__HUGE_MAP
+    if (size < TSR__HUGE) {
+        tsr_free(ptr);
+        return;
+    }
     atomic_fetch_sub(&tsr__live, size);
     munmap(ptr, (size + TSR__HUGE - 1) & ~(TSR__HUGE - 1));
 #else

@@ -1,6 +1,7 @@
 /* CPU backend kernels vs naive scalar references (double accumulation): matmul for F32,
  * BF16 and F16 on every SIMD path, rmsnorm, rope (both conventions, Llama-3.1 scaling
- * checked against values produced by Hugging Face transformers), swiglu, add, embed; and
+ * checked against values produced by Hugging Face transformers), swiglu, add, embed; the
+ * attention kernels' row-order variants against their chunked twins, bit for bit; and
  * bitwise-identical results for 1 and 2 threads. */
 #include <math.h>
 #include <stdint.h>
@@ -463,7 +464,51 @@ TSR_TEST(test_buffers) {
     tsr_backend_destroy(be);
 }
 
+
+/* dot_heads / acc_heads (one key row for all query heads) give the bits of dot_rows /
+ * acc_rows (16-key groups per head), whatever the head count, head size (tails), GQA
+ * grouping and position of the key in a group. Only the kernel sets that have them. */
+TSR_TEST(test_attention_row_kernels_match_chunked) {
+    static const int dims[] = {13, 16, 40, 64, 80, 128};
+    static const int heads[][2] = {{1, 1}, {5, 5}, {12, 12}, {12, 4}, {17, 17}, {32, 8}};
+    for (int isa = TSR__ISA_SCALAR; isa <= TSR__ISA_AVX512; isa++) {
+        const tsr__cpu_kernels *k = tsr__cpu_kernels_for((tsr__cpu_isa)isa);
+        if (!k || !k->dot_heads || !k->acc_heads) continue;
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+            for (size_t hi = 0; hi < sizeof heads / sizeof heads[0]; hi++) {
+                int d = dims[di], nh = heads[hi][0], g = heads[hi][1], group = nh / g, nk = 21;
+                int64_t stride = (int64_t)g * d + 3; /* padded rows */
+                float *q = tsr_malloc((size_t)nh * d * 4);
+                float *kv = tsr_malloc((size_t)nk * (size_t)stride * 4);
+                float *p = tsr_malloc((size_t)nh * 64 * 4);
+                float *acc1 = tsr_malloc((size_t)nh * d * 4), *acc2 = tsr_malloc((size_t)nh * d * 4);
+                float out1[32 * 64], out2[32 * 64];
+                int32_t koff[32];
+                fill(q, (size_t)nh * d);
+                fill(kv, (size_t)nk * (size_t)stride);
+                fill(p, (size_t)nh * 64);
+                fill(acc1, (size_t)nh * d);
+                memcpy(acc2, acc1, (size_t)nh * d * 4);
+                for (int h = 0; h < nh; h++) koff[h] = h / group * d;
+                for (int j = 0; j < nk; j++)
+                    k->dot_heads(q, kv + (size_t)j * stride, koff, nh, d, 0.125f, out1 + j, 64);
+                for (int h = 0; h < nh; h++)
+                    k->dot_rows(q + (size_t)h * d, kv + koff[h], stride, nk, d, 0.125f,
+                                out2 + h * 64);
+                for (int h = 0; h < nh; h++)
+                    ASSERT_TRUE(!memcmp(out1 + h * 64, out2 + h * 64, (size_t)nk * 4));
+                k->acc_heads(acc1, p, 64, kv, stride, koff, nk, nh, d);
+                for (int h = 0; h < nh; h++)
+                    k->acc_rows(acc2 + (size_t)h * d, 1.0f, p + h * 64, kv + koff[h], stride, nk,
+                                d);
+                ASSERT_TRUE(!memcmp(acc1, acc2, (size_t)nh * d * 4));
+                tsr_free(q), tsr_free(kv), tsr_free(p), tsr_free(acc1), tsr_free(acc2);
+            }
+        }
+    }
+}
+
 TSR_TEST_MAIN(test_matvec_kernels_all_isas, test_matmul_all_dtypes, test_matmul_rejects_bad_input,
               test_rmsnorm, test_rope_vs_reference, test_rope_interleaved_is_permuted_halves,
               test_rope_inv_freq_matches_hf, test_rope_matches_hf, test_swiglu_add, test_embed,
-              test_buffers)
+              test_buffers, test_attention_row_kernels_match_chunked)
