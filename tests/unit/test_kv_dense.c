@@ -49,4 +49,41 @@ TSR_TEST(test_budget_and_errors) {
     tsr_kv_cache_destroy(kv);
 }
 
-TSR_TEST_MAIN(test_write_commit_spans, test_budget_and_errors)
+
+/* Growth of a sequence whose rows of all layers (one buffer, huge pages from 2 MiB on)
+ * reach several MiB: every layer's K and V rows survive each doubling. */
+TSR_TEST(test_growth_keeps_every_layer) {
+    enum { L = 3, KVD = 1024, STEP = 150, STEPS = 5 };
+    tsr_kv_cache *kv = NULL;
+    ASSERT_OK(tsr_kv_dense_create(L, 8, KVD / 8, STEP * STEPS, 1, &kv));
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    static float k[STEP * KVD], v[STEP * KVD];
+    int32_t toks[STEP] = {0};
+    for (int step = 0; step < STEPS; step++) {
+        ASSERT_OK(kv->ops->reserve(kv, 0, STEP));
+        for (int l = 0; l < L; l++) {
+            for (int i = 0; i < STEP * KVD; i++) { /* value = f(layer, row, column) */
+                int row = step * STEP + i / KVD;
+                k[i] = (float)(l * 1000000 + row * 1000 + i % KVD % 997);
+                v[i] = -k[i];
+            }
+            ASSERT_OK(kv->ops->write(kv, l, 0, STEP, k, v));
+        }
+        ASSERT_OK(kv->ops->commit(kv, 0, toks, STEP));
+    }
+    for (int l = 0; l < L; l++) {
+        const tsr_kv_span *sp;
+        int ns;
+        ASSERT_OK(kv->ops->spans(kv, l, 0, &sp, &ns));
+        ASSERT_EQ_INT(sp[0].n, STEP * STEPS);
+        for (int row = 0; row < STEP * STEPS; row += 37)
+            for (int c = 0; c < KVD; c += 101) {
+                float want = (float)(l * 1000000 + row * 1000 + c % 997);
+                ASSERT_TRUE(sp[0].k[(size_t)row * KVD + c] == want);
+                ASSERT_TRUE(sp[0].v[(size_t)row * KVD + c] == -want);
+            }
+    }
+    tsr_kv_cache_destroy(kv);
+}
+
+TSR_TEST_MAIN(test_write_commit_spans, test_budget_and_errors, test_growth_keeps_every_layer)
