@@ -18,6 +18,8 @@
 #define TSR__ATTN_SUB 16
 /* K + V bytes of a prefill call from which it reads in row order (about a Zen 4 L2). */
 #define TSR__ATTN_ROWS_MIN ((size_t)1 << 20)
+/* Least bytes of a K/V row per thread for a threaded decode call (see the call below). */
+#define TSR__ATTN_PAR_PART ((size_t)4096)
 /* Accumulator floats per task (on the stack) and most heads one task carries. */
 #define TSR__ATTN_ACC 4096
 #define TSR__ATTN_MAXH 64
@@ -230,6 +232,15 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
     for (int s = 0; s < a->n_spans; s++) work += a->spans[s].n;
     work *= (int64_t)a->n_q * a->n_heads * a->head_dim;
     int par = c->threads > 1 && (a->n_q > 1 || a->n_heads > 1) && work >= 32768;
+    /* Decode splits the heads over the threads, so each thread reads its part of every K/V
+     * row. Parts under TSR__ATTN_PAR_PART bytes ran slower than one thread (2 vCPUs, 12 kv
+     * heads of 64 in halves of 1.5 KB, bench/attn.c: 1.8-2.8 against 0.9-1.3 ms per token at
+     * 256 keys, 6.8-7.1 against 4.1-4.4 at 2048; 4 kv heads at 8192 keys 4.5-6.6 against
+     * 3.1-3.3), so such decode calls stay on one thread. */
+    if (par && a->n_q == 1 &&
+        (size_t)a->n_kv_heads * (size_t)a->head_dim * sizeof(float) / (size_t)c->threads <
+            TSR__ATTN_PAR_PART)
+        par = 0;
     /* Heads per task: as many as the stack accumulator holds; when threaded, small enough
      * for about 4 tasks per thread (whole GQA groups where possible, so a group's K/V
      * tile is read by one task). Per-head results do not depend on the blocking. */
@@ -237,7 +248,10 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
     blk = blk > TSR__ATTN_MAXH ? TSR__ATTN_MAXH : blk;
     blk = blk > a->n_heads ? a->n_heads : blk;
     if (par) {
-        int64_t want = 4 * (int64_t)c->threads;
+        /* Decode: one block of heads per thread, so each thread reads one contiguous part of
+         * every row (smaller blocks interleave the threads' parts of a row: 2 threads ran
+         * 2x slower than 1). Prefill: about 4 tasks per thread, for balance. */
+        int64_t want = (a->n_q == 1 ? 1 : 4) * (int64_t)c->threads;
         int64_t per = ((int64_t)a->n_q * a->n_heads + want - 1) / want;
         if (per < blk) blk = per < 1 ? 1 : (int)per;
         if (blk > G.group) blk -= blk % G.group;

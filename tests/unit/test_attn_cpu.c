@@ -157,10 +157,10 @@ TSR_TEST(test_decode_one_span) {
         }
 }
 
-/* Decode over 8 spans of 80 rows (8 kv heads of 64): the serial call sweeps all heads in
- * one task, the 2-thread call splits them (kernels/cpu/attn_cpu.c); both must give the
- * reference and the same bits. Spans with padded strides and shuffled positions, tiles of
- * 64 and 16 rows, chunks of 16 and a partial one. */
+/* Decode over 8 spans of 80 rows: one key row at a time for all heads (AVX-512) or 16-row
+ * chunks; one thread, or (32 kv heads of 64: 4 KiB of a row per thread) the heads split
+ * over 2 threads (kernels/cpu/attn_cpu.c); each must give the reference and the same bits.
+ * Spans with padded strides and shuffled positions, tiles of 64 and 16 rows. */
 TSR_TEST(test_decode_long_spans) {
     span_spec sp[8];
     for (int s = 0; s < 8; s++) sp[s] = (span_spec){80, 80 * s, s % 3 == 1, s % 2 ? 7 : 0};
@@ -168,6 +168,18 @@ TSR_TEST(test_decode_long_spans) {
     run_case(1, &qp, sp, 8, 16, 8, 64, 1);
     if (tsr_test_failed_flag) return;
     run_case(1, &qp, sp, 8, 8, 8, 64, 1);
+    if (tsr_test_failed_flag) return;
+    run_case(1, &qp, sp, 8, 32, 32, 64, 1);
+}
+
+/* A prefill chunk over more than 1 MiB of K + V (row order, threaded: 4 tasks a thread)
+ * after 8 spans of cached keys. */
+TSR_TEST(test_prefill_row_order) {
+    span_spec sp[8];
+    for (int s = 0; s < 8; s++) sp[s] = (span_spec){80, 80 * s, s == 3, s % 2 ? 5 : 0};
+    int32_t qp[24];
+    for (int i = 0; i < 24; i++) qp[i] = 8 * 80 - 24 + i;
+    run_case(24, qp, sp, 8, 16, 8, 64, 1);
 }
 
 /* A prefill chunk of 9 queries at positions 70..78 over 70 cached keys + its own 9 keys. */
@@ -220,5 +232,6 @@ TSR_TEST(test_no_visible_key) {
     tsr_backend_destroy(be);
 }
 
-TSR_TEST_MAIN(test_decode_one_span, test_decode_long_spans, test_prefill_after_cache,
+TSR_TEST_MAIN(test_decode_one_span, test_decode_long_spans, test_prefill_row_order,
+              test_prefill_after_cache,
               test_shuffled_spans, test_causal_prefill, test_no_visible_key)
