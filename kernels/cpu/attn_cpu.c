@@ -106,22 +106,22 @@ static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int h0, int nh, f
                 m[hh] = mn;
             }
             if (G->rows) {
-                /* acc * c first (acc_rows over no keys: its own rounding), then the keys. A
-                 * head that saw nothing in this tile adds zeros (the mask is the same for all
-                 * heads, so that is every head of the task, or with infinite scores one). */
-                bool any = false;
-                for (int hh = 0; hh < nh; hh++) {
-                    if (isnan(corr[hh])) {
-                        for (int j = 0; j < nt; j++) sc[hh][j] = 0.0f;
+                /* acc * c first (acc_rows over no keys: its own rounding), then the keys,
+                 * over each run of heads that saw a key in this tile (usually all of them;
+                 * the others are left untouched, as the chunked order leaves them). */
+                for (int h = 0; h < nh;) {
+                    if (isnan(corr[h])) {
+                        h++;
                         continue;
                     }
-                    any = true;
-                    if (corr[hh] != 1.0f) /* acc * 1 is acc */
-                        G->k->acc_rows(acc + (size_t)hh * hd, corr[hh], NULL, NULL, 0, 0, hd);
+                    int e = h;
+                    for (; e < nh && !isnan(corr[e]); e++)
+                        if (corr[e] != 1.0f) /* acc * 1 is acc */
+                            G->k->acc_rows(acc + (size_t)e * hd, corr[e], NULL, NULL, 0, 0, hd);
+                    G->k->acc_heads(acc + (size_t)h * hd, &sc[h][0], TSR__ATTN_TILE, vt,
+                                    sp->stride, koff + h, nt, e - h, hd);
+                    h = e;
                 }
-                if (any)
-                    G->k->acc_heads(acc, &sc[0][0], TSR__ATTN_TILE, vt, sp->stride, koff, nt, nh,
-                                    hd);
             } else {
                 for (int c = 0; c < nt; c += TSR__ATTN_SUB) {
                     int n = nt - c < TSR__ATTN_SUB ? nt - c : TSR__ATTN_SUB;
@@ -232,33 +232,34 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
     for (int s = 0; s < a->n_spans; s++) work += a->spans[s].n;
     work *= (int64_t)a->n_q * a->n_heads * a->head_dim;
     int par = c->threads > 1 && (a->n_q > 1 || a->n_heads > 1) && work >= 32768;
+    int nthr = c->threads; /* threads of the main pass */
     /* Decode splits the heads over the threads, so each thread reads its part of every K/V
      * row. Parts under TSR__ATTN_PAR_PART bytes ran slower than one thread (2 vCPUs, 12 kv
      * heads of 64 in halves of 1.5 KB, bench/attn.c: 1.8-2.8 against 0.9-1.3 ms per token at
      * 256 keys, 6.8-7.1 against 4.1-4.4 at 2048; 4 kv heads at 8192 keys 4.5-6.6 against
-     * 3.1-3.3), so such decode calls stay on one thread. */
-    if (par && a->n_q == 1 &&
-        (size_t)a->n_kv_heads * (size_t)a->head_dim * sizeof(float) / (size_t)c->threads <
-            TSR__ATTN_PAR_PART)
-        par = 0;
-    /* Heads per task: as many as the stack accumulator holds; when threaded, small enough
-     * for about 4 tasks per thread (whole GQA groups where possible, so a group's K/V
-     * tile is read by one task). Per-head results do not depend on the blocking. */
+     * 3.1-3.3), so a decode call uses only as many threads as get parts that large. */
+    if (par && a->n_q == 1) {
+        size_t parts = (size_t)a->n_kv_heads * (size_t)a->head_dim * sizeof(float) /
+                       TSR__ATTN_PAR_PART;
+        nthr = parts < (size_t)nthr ? (int)parts : nthr;
+    }
+    int par_main = par && nthr > 1;
+    /* Heads per task: as many as the stack accumulator holds; when threaded, for decode one
+     * block per thread (each thread then reads one contiguous part of every row), for
+     * prefill about 4 tasks per thread (balance); whole GQA groups where possible, so a
+     * group's K/V tile is read by one task. Per-head results do not depend on the blocking. */
     int blk = TSR__ATTN_ACC / a->head_dim;
     blk = blk > TSR__ATTN_MAXH ? TSR__ATTN_MAXH : blk;
     blk = blk > a->n_heads ? a->n_heads : blk;
-    if (par) {
-        /* Decode: one block of heads per thread, so each thread reads one contiguous part of
-         * every row (smaller blocks interleave the threads' parts of a row: 2 threads ran
-         * 2x slower than 1). Prefill: about 4 tasks per thread, for balance. */
-        int64_t want = (a->n_q == 1 ? 1 : 4) * (int64_t)c->threads;
+    if (par_main) {
+        int64_t want = (a->n_q == 1 ? 1 : 4) * (int64_t)nthr;
         int64_t per = ((int64_t)a->n_q * a->n_heads + want - 1) / want;
         if (per < blk) blk = per < 1 ? 1 : (int)per;
         if (blk > G.group) blk -= blk % G.group;
     }
     int nblk = (a->n_heads + blk - 1) / blk;
     int64_t ntask = (int64_t)a->n_q * nblk;
-    par = par && ntask > 1;
+    par_main = par_main && ntask > 1;
     /* Row order when the K/V rows come from DRAM: always in decode (the weights of the
      * other layers stream through the caches between two visits of a layer), and for a
      * prefill over more than an L2 of K + V. Measured (bench/attn.c, 12 kv heads of 64, 256
@@ -272,8 +273,8 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
     }
     /* Dynamic: causal rows differ in length; results do not depend on the assignment.
      * Serial runs skip OpenMP (a serialized region still costs ~0.7 us and a futex). */
-    if (par) {
-#pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1)
+    if (par_main) {
+#pragma omp parallel for num_threads(nthr) schedule(dynamic, 1)
         for (int64_t t = 0; t < ntask; t++) tsr__attn_run(&G, t, blk, nblk, ml);
     } else {
         for (int64_t t = 0; t < ntask; t++) tsr__attn_run(&G, t, blk, nblk, ml);
