@@ -37,7 +37,7 @@ static size_t tsr__row_bytes(const tsr__dense *d) { return (size_t)d->base.kv_di
 
 static void tsr__seq_release(tsr__dense *d, tsr__dense_seq *s) {
     tsr_free_huge(s->buf, s->buf_bytes);
-    d->bytes_used -= (int64_t)s->cap * (int64_t)tsr__row_bytes(d) * 2 * d->base.n_layers;
+    d->bytes_used -= (int64_t)s->buf_bytes;
     tsr_free(s->k);
     tsr_free(s->v);
     memset(s, 0, sizeof *s);
@@ -115,9 +115,9 @@ static tsr_status tsr__dense_reserve(tsr_kv_cache *kv, int seq, int32_t n) {
             s->v[l] = nv;
         }
         tsr_free_huge(s->buf, s->buf_bytes);
+        d->bytes_used += (int64_t)total - (int64_t)s->buf_bytes;
         s->buf = nb;
         s->buf_bytes = total;
-        d->bytes_used += (int64_t)(cap - s->cap) * (int64_t)tsr__row_bytes(d) * 2 * kv->n_layers;
         if (d->bytes_used > d->bytes_peak) d->bytes_peak = d->bytes_used;
         s->cap = cap;
     }

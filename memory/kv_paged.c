@@ -125,8 +125,8 @@ static void tsr__paged_destroy(tsr_kv_cache *kv) {
             if (p->seqs[i].active) tsr__seq_release(p, &p->seqs[i]);
     tsr_free(p->seqs);
     tsr_free(p->spans);
-    if (p->k_store) tsr_free_huge(p->k_store, p->store_bytes);
-    if (p->v_store) tsr_free_huge(p->v_store, p->store_bytes);
+    tsr_free_huge(p->k_store, p->store_bytes);
+    tsr_free_huge(p->v_store, p->store_bytes);
     tsr_free(p->pos_store);
     tsr_free(p->score_store);
     tsr_block_pool_destroy(p->pool);

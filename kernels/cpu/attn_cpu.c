@@ -228,9 +228,9 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
     size_t nml = 2 * (size_t)a->n_q * (size_t)a->n_heads;
     TSR_TRY(tsr__cpu_scratch(&c->lse, &c->lse_cap, nml));
     float *ml = c->lse;
-    int64_t work = 0;
-    for (int s = 0; s < a->n_spans; s++) work += a->spans[s].n;
-    work *= (int64_t)a->n_q * a->n_heads * a->head_dim;
+    int64_t keys = 0;
+    for (int s = 0; s < a->n_spans; s++) keys += a->spans[s].n;
+    int64_t work = keys * a->n_q * a->n_heads * a->head_dim;
     int par = c->threads > 1 && (a->n_q > 1 || a->n_heads > 1) && work >= 32768;
     int nthr = c->threads; /* threads of the main pass */
     /* Decode splits the heads over the threads, so each thread reads its part of every K/V
@@ -266,9 +266,7 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
      * keys, 12 layers, 1 thread): cold 1.08-1.15 against 1.45-1.52 ms per token; warm in
      * L3 about equal; warm in L2 19 against 11-14 us per layer. */
     if (G.k->dot_heads && G.k->acc_heads) {
-        size_t kv_bytes = 0;
-        for (int s = 0; s < a->n_spans; s++)
-            kv_bytes += (size_t)a->spans[s].n * (size_t)a->n_kv_heads * (size_t)a->head_dim * 8;
+        size_t kv_bytes = (size_t)keys * (size_t)a->n_kv_heads * (size_t)a->head_dim * 8;
         G.rows = a->n_q == 1 || kv_bytes > TSR__ATTN_ROWS_MIN;
     }
     /* Dynamic: causal rows differ in length; results do not depend on the assignment.
@@ -281,12 +279,9 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
     }
     if (!a->key_scores) return TSR_OK;
 
-    int64_t total = 0;
-    int64_t ntiles = 0;
-    for (int s = 0; s < a->n_spans; s++) {
-        total += a->spans[s].n;
+    int64_t total = keys, ntiles = 0;
+    for (int s = 0; s < a->n_spans; s++)
         ntiles += (a->spans[s].n + TSR__ATTN_TILE - 1) / TSR__ATTN_TILE;
-    }
     int64_t nst = ntiles * a->n_kv_heads;
     if (par && nst > 1) {
 #pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1)
