@@ -14,13 +14,12 @@
  * caches hold them (memory/kv_paged.c, kv_dense.c); --small-pages 1 uses 4 KiB pages.
  * --paged B cuts each layer into spans of B rows (a paged pool's blocks).
  * Prints one JSON line. */
-#include <errno.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
+#include "bench/bench_args.h"
 #include "kernels/backend.h"
 #include "runtime/base/alloc.h"
 #include "runtime/base/sys.h"
@@ -113,11 +112,8 @@ static void *tsr__alloc(size_t bytes) {
     return p;
 }
 
-static void tsr__fill(float *p, size_t n, uint32_t *r) { /* LCG values in [-0.5, 0.5) */
-    for (size_t i = 0; i < n; i++) {
-        *r = *r * 1664525u + 1013904223u;
-        p[i] = (float)(*r >> 8) * (1.0f / 16777216.0f) - 0.5f;
-    }
+static void tsr__fill(float *p, size_t n, uint32_t *r) {
+    for (size_t i = 0; i < n; i++) p[i] = tsr_bench_rand(r);
 }
 
 static int tsr__cmp(const void *a, const void *b) {
@@ -128,15 +124,6 @@ static int tsr__cmp(const void *a, const void *b) {
 static double tsr__median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, tsr__cmp);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static int tsr__parse_int(const char *s, int lo, int hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = (int)v;
-    return 0;
 }
 
 static void tsr__usage(FILE *f) {
@@ -159,30 +146,15 @@ static void tsr__usage(FILE *f) {
 int main(int argc, char **argv) {
     int ctx = 256, heads = 12, kv_heads = 12, head_dim = 64, layers = 12, repeat = 30;
     int threads = 1, flush_mib = 16, paged = 0, small_pages = 0;
-    const struct { const char *name; int *dst, lo, hi; } opts[] = {
+    const tsr_bench_opt opts[] = {
         {"--ctx", &ctx, 1, 1 << 22},         {"--heads", &heads, 1, 1024},
         {"--kv-heads", &kv_heads, 1, 1024},  {"--head-dim", &head_dim, 1, 512},
         {"--layers", &layers, 1, 1024},      {"--repeat", &repeat, 1, 100000},
         {"--threads", &threads, 1, 1024},    {"--flush-mib", &flush_mib, 0, 256},
         {"--paged", &paged, 0, 1 << 22},     {"--small-pages", &small_pages, 0, 1}};
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            tsr__usage(stdout);
-            return 0;
-        }
-        int o = 0, n = (int)(sizeof opts / sizeof opts[0]);
-        while (o < n && strcmp(argv[i], opts[o].name)) o++;
-        if (o == n) {
-            fprintf(stderr, "tsr_attn: unknown option '%s' (see --help)\n", argv[i]);
-            return 2;
-        }
-        if (i + 1 >= argc || tsr__parse_int(argv[i + 1], opts[o].lo, opts[o].hi, opts[o].dst)) {
-            fprintf(stderr, "tsr_attn: %s needs an integer in [%d, %d]\n", argv[i],
-                    opts[o].lo, opts[o].hi);
-            return 2;
-        }
-        i++;
-    }
+    int prc = tsr_bench_parse("tsr_attn", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
+                              tsr__usage);
+    if (prc) return prc == 1 ? 0 : 2;
     if (heads % kv_heads) {
         fprintf(stderr, "tsr_attn: --heads %d is not a multiple of --kv-heads %d\n", heads,
                 kv_heads);

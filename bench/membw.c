@@ -10,27 +10,20 @@
  * prefetcher stops at page boundaries, so the second is usually faster; the ceiling
  * (read_gb_s_Nt) is the better of the two, and both are printed. */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE */
-#include <errno.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 
+#include "bench/bench_args.h"
 #include "runtime/base/sys.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define TSR_MEMBW_X86 1
 #endif
-
-static double tsr__now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static uint64_t tsr__xor_plain(const uint64_t *p, size_t n) {
     uint64_t a = 0, b = 0, c = 0, d = 0;
@@ -84,7 +77,7 @@ static uint64_t tsr__xor(const uint64_t *p, size_t n, int avx2) {
 static double tsr__pass(const uint64_t *buf, size_t n, int threads, int avx2,
                         volatile uint64_t *sink) {
     uint64_t total = 0;
-    double t0 = tsr__now();
+    double t0 = tsr_sys_now();
 #pragma omp parallel num_threads(threads) reduction(^ : total)
     {
         int nt = omp_get_num_threads(), id = omp_get_thread_num();
@@ -93,18 +86,9 @@ static double tsr__pass(const uint64_t *buf, size_t n, int threads, int avx2,
         size_t lo = per * (size_t)id, hi = id == nt - 1 ? n : lo + per;
         total ^= tsr__xor(buf + lo, hi - lo, avx2);
     }
-    double dt = tsr__now() - t0;
+    double dt = tsr_sys_now() - t0;
     *sink ^= total;
     return dt;
-}
-
-static int tsr__parse_int(const char *s, int lo, int hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = (int)v;
-    return 0;
 }
 
 static void tsr__usage(FILE *f) {
@@ -121,28 +105,12 @@ static void tsr__usage(FILE *f) {
 
 int main(int argc, char **argv) {
     int mib = 512, repeat = 5, max_threads = 2;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int *dst = NULL, lo = 1, hi = 1;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            tsr__usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--mib")) {
-            dst = &mib, lo = 1, hi = 65536;
-        } else if (!strcmp(a, "--repeat")) {
-            dst = &repeat, lo = 1, hi = 1000;
-        } else if (!strcmp(a, "--max-threads")) {
-            dst = &max_threads, lo = 1, hi = 1024;
-        } else {
-            fprintf(stderr, "tsr_membw: unknown option '%s' (see --help)\n", a);
-            return 2;
-        }
-        if (i + 1 >= argc || tsr__parse_int(argv[i + 1], lo, hi, dst)) {
-            fprintf(stderr, "tsr_membw: %s needs an integer in [%d, %d]\n", a, lo, hi);
-            return 2;
-        }
-        i++;
-    }
+    const tsr_bench_opt opts[] = {{"--mib", &mib, 1, 65536},
+                                   {"--repeat", &repeat, 1, 1000},
+                                   {"--max-threads", &max_threads, 1, 1024}};
+    int prc = tsr_bench_parse("tsr_membw", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
+                              tsr__usage);
+    if (prc) return prc == 1 ? 0 : 2;
 
     size_t bytes = (size_t)mib << 20, n = bytes / sizeof(uint64_t);
     int avx2 = tsr__have_avx2();

@@ -6,32 +6,17 @@
  * stores it). One warm-up call, then R timed runs of enough calls to last >= 50 ms each;
  * reports the median and best GFLOP/s (2*M*N*K flops per call). Prints one JSON line. */
 #include <cblas.h>
-#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
+
+#include "bench/bench_args.h"
 
 static double tsr__now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int tsr__parse_int(const char *s, int lo, int hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = (int)v;
-    return 0;
-}
-
-/* Uniform in [-0.5, 0.5): values that neither overflow nor go denormal. */
-static float tsr__rand(uint32_t *s) {
-    *s = *s * 1664525u + 1013904223u;
-    return (float)(*s >> 8) * 0x1p-24f - 0.5f;
 }
 
 static int tsr__cmp_double(const void *a, const void *b) {
@@ -51,32 +36,12 @@ static void tsr__usage(FILE *f) {
 
 int main(int argc, char **argv) {
     int m = 0, n = 0, k = 0, threads = 1, repeat = 5;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int *dst = NULL, lo = 1, hi = 1 << 20;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            tsr__usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--m")) {
-            dst = &m;
-        } else if (!strcmp(a, "--n")) {
-            dst = &n;
-        } else if (!strcmp(a, "--k")) {
-            dst = &k;
-        } else if (!strcmp(a, "--threads")) {
-            dst = &threads, hi = 1024;
-        } else if (!strcmp(a, "--repeat")) {
-            dst = &repeat, hi = 1000;
-        } else {
-            fprintf(stderr, "tsr_sgemm: unknown option '%s' (see --help)\n", a);
-            return 2;
-        }
-        if (i + 1 >= argc || tsr__parse_int(argv[i + 1], lo, hi, dst)) {
-            fprintf(stderr, "tsr_sgemm: %s needs an integer in [%d, %d]\n", a, lo, hi);
-            return 2;
-        }
-        i++;
-    }
+    const tsr_bench_opt opts[] = {{"--m", &m, 1, 1 << 20},        {"--n", &n, 1, 1 << 20},
+                                   {"--k", &k, 1, 1 << 20},        {"--threads", &threads, 1, 1024},
+                                   {"--repeat", &repeat, 1, 1000}};
+    int prc = tsr_bench_parse("tsr_sgemm", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
+                              tsr__usage);
+    if (prc) return prc == 1 ? 0 : 2;
     if (!m || !n || !k) {
         fprintf(stderr, "tsr_sgemm: --m, --n and --k are required (see --help)\n");
         return 2;
@@ -94,8 +59,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     uint32_t s = 12345;
-    for (size_t i = 0; i < sx; i++) x[i] = tsr__rand(&s);
-    for (size_t i = 0; i < sw; i++) w[i] = tsr__rand(&s);
+    for (size_t i = 0; i < sx; i++) x[i] = tsr_bench_rand(&s);
+    for (size_t i = 0; i < sw; i++) w[i] = tsr_bench_rand(&s);
 
     openblas_set_num_threads(threads);
     double flops = 2.0 * m * n * k;
