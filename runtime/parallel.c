@@ -33,6 +33,24 @@ void tsr_parallel_split(int n, int parts, int i, int *begin, int *end) {
     *end = *begin + base + (i < extra ? 1 : 0);
 }
 
+/* Whole units of TSR_PARALLEL_HIDDEN_UNIT columns where every chunk gets at least one: each
+ * chunk then starts on a 64-byte boundary of a BF16 w_down row (128 bytes for F32) and has
+ * no 16-column tail in the decode kernel. Measured on stories110M (2048 over 12 parts: 192
+ * x 4 + 160 x 8 instead of 171 x 8 + 170 x 4), per w_down call, 1 thread, the two splits
+ * alternating layer by layer in one run: 3-6 % faster in F32, 5-9 % in BF16. Chunks then
+ * differ by up to one unit; models whose hidden_dim / n_heads is a multiple of 32 (every
+ * Llama 2/3 size) split exactly evenly either way. */
+void tsr_parallel_hidden_chunk(int hidden, int n_parts, int i, int *begin, int *end) {
+    int units = hidden / TSR_PARALLEL_HIDDEN_UNIT;
+    if (units < n_parts) {
+        tsr_parallel_split(hidden, n_parts, i, begin, end);
+        return;
+    }
+    tsr_parallel_split(units, n_parts, i, begin, end);
+    *begin *= TSR_PARALLEL_HIDDEN_UNIT;
+    *end = i == n_parts - 1 ? hidden : *end * TSR_PARALLEL_HIDDEN_UNIT;
+}
+
 tsr_status tsr_parallel_validate(const tsr_parallel_layout *l, const tsr_model_config *c,
                                  const char *what) {
     if (!what) what = "the model";
@@ -94,8 +112,8 @@ tsr_status tsr_parallel_shard_of(const tsr_parallel_layout *l, const tsr_model_c
     s.part_begin = s.head_begin;
     s.part_end = s.head_end;
     int unused;
-    tsr_parallel_split(c->hidden_dim, s.n_parts, s.part_begin, &s.hidden_begin, &unused);
-    tsr_parallel_split(c->hidden_dim, s.n_parts, s.part_end - 1, &unused, &s.hidden_end);
+    tsr_parallel_hidden_chunk(c->hidden_dim, s.n_parts, s.part_begin, &s.hidden_begin, &unused);
+    tsr_parallel_hidden_chunk(c->hidden_dim, s.n_parts, s.part_end - 1, &unused, &s.hidden_end);
     tsr_parallel_split(c->n_layers, l->pp, s.pp_rank, &s.layer_begin, &s.layer_end);
     s.first_stage = s.pp_rank == 0;
     s.last_stage = s.pp_rank == l->pp - 1;
@@ -127,8 +145,8 @@ void tsr_parallel_shard_segments(const tsr_parallel_shard *s, const tsr_model_co
         if (down_seg) {
             /* part i starts where chunk part_begin + i starts; the last entry is the end */
             int b, e;
-            tsr_parallel_split(c->hidden_dim, s->n_parts, s->part_begin + (i < n ? i : n - 1), &b,
-                               &e);
+            tsr_parallel_hidden_chunk(c->hidden_dim, s->n_parts,
+                                      s->part_begin + (i < n ? i : n - 1), &b, &e);
             down_seg[i] = (i < n ? b : e) - s->hidden_begin;
         }
     }

@@ -11,10 +11,11 @@
  * Reduction parts (bit-identical results for every tp): both row-parallel matmuls (wo after
  * attention, w2 after the MLP) are summed over a canonical list of n_parts = n_heads partial
  * vectors that does not depend on tp: part i is query head i for wo, and hidden chunk i
- * (tsr_parallel_split(hidden_dim, n_heads, i)) for w2. A rank owns parts
+ * (tsr_parallel_hidden_chunk(hidden_dim, n_heads, i)) for w2. A rank owns parts
  * [part_begin, part_end), which are exactly its heads and, for the MLP, its hidden columns:
  * the hidden range is a union of whole chunks, so hidden_dim need not be a multiple of tp
- * (stories260K: hidden 172 in 8 chunks of 22,22,22,22,21,21,21,21; tp 2 -> 88 + 84).
+ * (stories260K: hidden 172 in 8 chunks of 22,22,22,22,21,21,21,21, fewer than 8 units of
+ * 32 columns; tp 2 -> 88 + 84. stories110M: 2048 in 12 chunks of 192 x 4, 160 x 8).
  * Computing each part's product and calling tsr_comm_allreduce_sum_f32_parts gives the
  * same bits for tp = 1 (one process, all parts), 2, 4, ...
  *
@@ -71,6 +72,11 @@ tsr_status tsr_parallel_shard_of(const tsr_parallel_layout *l, const tsr_model_c
 /* [*begin, *end) of part `i` of `n` items split in `parts` contiguous ranges, the first
  * n % parts ranges one longer. */
 void tsr_parallel_split(int n, int parts, int i, int *begin, int *end);
+/* [begin, end) of hidden chunk i of n_parts: whole TSR_PARALLEL_HIDDEN_UNIT-column units
+ * (the last chunk also takes hidden % unit) when there are at least n_parts units, else
+ * tsr_parallel_split. */
+#define TSR_PARALLEL_HIDDEN_UNIT 32
+void tsr_parallel_hidden_chunk(int hidden, int n_parts, int i, int *begin, int *end);
 
 /* The whole model as the shard of a one-rank layout (tp = pp = 1). */
 tsr_status tsr_parallel_shard_whole(const tsr_model_config *c, tsr_parallel_shard *out);

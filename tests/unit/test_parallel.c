@@ -203,6 +203,45 @@ TSR_TEST(test_split) {
     ASSERT_EQ_INT(e, 10);
 }
 
+/* Hidden chunks in whole 32-column units when every part gets one (stories110M: 2048 over
+ * 12 parts), the remainder in the last chunk, and an even split when there are fewer units
+ * than parts (stories260K: 172 over 8). */
+TSR_TEST(test_hidden_chunk_units) {
+    int b, e, next = 0;
+    for (int i = 0; i < 12; i++) {
+        tsr_parallel_hidden_chunk(2048, 12, i, &b, &e);
+        ASSERT_EQ_INT(b, next);
+        ASSERT_EQ_INT(b % TSR_PARALLEL_HIDDEN_UNIT, 0);
+        ASSERT_EQ_INT(e - b, i < 4 ? 192 : 160);
+        next = e;
+    }
+    ASSERT_EQ_INT(next, 2048);
+    tsr_parallel_hidden_chunk(2050, 12, 11, &b, &e);
+    ASSERT_EQ_INT(b, 1888);
+    ASSERT_EQ_INT(e, 2050);
+    tsr_parallel_hidden_chunk(172, 8, 7, &b, &e);
+    ASSERT_EQ_INT(b, 151);
+    ASSERT_EQ_INT(e, 172);
+    /* A tp=2 shard of stories110M-shaped MLP: whole chunks, segments relative to its start. */
+    tsr_model_config c = tsr__stories();
+    c.dim = 768;
+    c.hidden_dim = 2048;
+    c.n_heads = 12;
+    c.n_kv_heads = 12;
+    c.head_dim = 64;
+    tsr_parallel_layout l;
+    ASSERT_OK(tsr_parallel_layout_init(2, 1, 2, &l));
+    tsr_parallel_shard s;
+    ASSERT_OK(tsr_parallel_shard_of(&l, &c, 1, M, &s));
+    ASSERT_EQ_INT(s.hidden_begin, 1088);
+    ASSERT_EQ_INT(s.hidden_end, 2048);
+    int32_t down[7];
+    tsr_parallel_shard_segments(&s, &c, NULL, down);
+    ASSERT_EQ_INT(down[0], 0);
+    ASSERT_EQ_INT(down[1], 160);
+    ASSERT_EQ_INT(down[6], 960);
+}
+
 TSR_TEST_MAIN(test_layout_world_size, test_rank_mapping, test_tp_must_divide_heads,
               test_kv_heads_split, test_kv_heads_replicated, test_hidden_columns,
-              test_pipeline_layers, test_tp_x_pp, test_split)
+              test_pipeline_layers, test_tp_x_pp, test_split, test_hidden_chunk_units)
