@@ -119,7 +119,23 @@ typedef struct tsr__cpu_kernels {
      * the per-element operations of acc_rows after its scaling by c (the same bits). */
     void (*acc_heads)(float *acc, const float *p, int64_t p_ld, const float *v,
                       int64_t stride, const int32_t *koff, int nk, int nh, int d);
+    /* Optional (NULL: per-row tasks), for heads of d <= TSR__CPU_QBLOCK_MAX_D: attention of
+     * nq <= 16 query rows for one head with the queries in the lanes of a vector, so no
+     * score needs a horizontal sum (for tiny heads the sums cost more than the dots). Row
+     * i: q + i*q_ld (d floats), position qpos[i]; the head's keys and values from `koff` of
+     * each span row; key tiles of `tile` rows with the online softmax of the row tasks,
+     * per lane. Writes out + i*q_ld (d floats) and the final max and sum of row i to
+     * ml[i*ml_ld], ml[i*ml_ld + 1]. */
+    void (*attn_qblock)(const float *q, int64_t q_ld, const int32_t *qpos, int nq, int d,
+                        float scale, const tsr_kv_span *spans, int n_spans, int koff, int tile,
+                        float *out, float *ml, int64_t ml_ld);
 } tsr__cpu_kernels;
+
+/* Head sizes that take attn_qblock in prefill (one vector register per dimension for the
+ * queries and one for the outputs). */
+#define TSR__CPU_QBLOCK_MAX_D 16
+/* Largest key tile attn_qblock accepts (its scores live on the stack). */
+#define TSR__CPU_QBLOCK_MAX_TILE 64
 
 /* xp = x with, in every segment [seg[p], seg[p+1]) and every full 64-column block of it
  * (from the segment's start), each 32-column half reordered as its 16 even then its 16 odd

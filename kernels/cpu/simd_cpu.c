@@ -174,7 +174,7 @@ static const tsr__cpu_kernels tsr__k_scalar = {
     TSR__ISA_SCALAR, "scalar", tsr__s_matvec_f32, tsr__s_matvec_bf16, tsr__s_matvec_f16,
     tsr__s_matvec_seg_f32, tsr__s_matvec_seg_bf16, tsr__s_matvec_seg_f16, tsr__s_cvt_bf16,
     tsr__s_cvt_f16, tsr__s_dot_rows, tsr__s_acc_rows, tsr__s_exp_sum,
-    tsr__s_silu_mul, false, NULL, NULL,
+    tsr__s_silu_mul, false, NULL, NULL, NULL,
 };
 
 /* Vector expf (Cephes): n = round(x log2 e), r = x - n ln2 (two-part ln2), exp(r) by a
@@ -529,7 +529,7 @@ static const tsr__cpu_kernels tsr__k_avx2 = {
     TSR__ISA_AVX2, "avx2", tsr__y_matvec_f32, tsr__y_matvec_bf16, tsr__y_matvec_f16,
     tsr__y_matvec_seg_f32, tsr__y_matvec_seg_bf16, tsr__y_matvec_seg_f16, tsr__y_cvt_bf16,
     tsr__y_cvt_f16, tsr__y_dot_rows, tsr__y_acc_rows, tsr__y_exp_sum,
-    tsr__y_silu_mul, false, NULL, NULL,
+    tsr__y_silu_mul, false, NULL, NULL, NULL,
 };
 
 #pragma GCC pop_options
@@ -1118,11 +1118,112 @@ static void tsr__z_silu_mul(float *g, const float *u, int64_t n) {
     }
 }
 
+/* Queries in lanes (see attn_qblock in cpu_internal.h). Per lane the arithmetic of a row
+ * task on its own: a score is q.k summed over t in order (one fma chain) times scale; per
+ * key tile the max, the correction exp(m - mn), the sum of exp(s - mn) over the keys in
+ * order, and the output rows scaled by the correction then given p * v key by key. Lanes
+ * whose query sees no key of a tile keep their state (masked ops), as the row tasks skip
+ * such a head. */
+TSR__INLINE void tsr__z_attn_qblock_d(const float *q, int64_t q_ld, const int32_t *qpos,
+                                      int nq, const int d, float scale,
+                                      const tsr_kv_span *spans, int n_spans, int koff, int tile,
+                                      float *out, float *ml, int64_t ml_ld) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), sv = _mm512_set1_ps(scale);
+    int32_t qp[16];
+    int32_t qmax = INT32_MIN;
+    float buf[TSR__CPU_QBLOCK_MAX_D * 16];
+    for (int i = 0; i < 16; i++) {
+        qp[i] = i < nq ? qpos[i] : INT32_MIN; /* padding lanes see no key */
+        if (i < nq && qpos[i] > qmax) qmax = qpos[i];
+        for (int t = 0; t < d; t++) buf[t * 16 + i] = i < nq ? q[(size_t)i * (size_t)q_ld + t] : 0;
+    }
+    const __m512i qpv = _mm512_loadu_si512((const void *)qp);
+    __m512 qt[TSR__CPU_QBLOCK_MAX_D], o[TSR__CPU_QBLOCK_MAX_D];
+#pragma GCC unroll 16
+    for (int t = 0; t < TSR__CPU_QBLOCK_MAX_D; t++) {
+        qt[t] = t < d ? _mm512_loadu_ps(buf + t * 16) : _mm512_setzero_ps();
+        o[t] = _mm512_setzero_ps();
+    }
+    __m512 m = ninf, l = _mm512_setzero_ps();
+    __m512 s[TSR__CPU_QBLOCK_MAX_TILE];
+    for (int sp_i = 0; sp_i < n_spans; sp_i++) {
+        const tsr_kv_span *sp = &spans[sp_i];
+        int64_t lim = sp->n;
+        if (!sp->pos) { /* contiguous: keys past the block's last query are never visible */
+            int64_t e = (int64_t)qmax - sp->pos0 + 1;
+            lim = e < 0 ? 0 : e < lim ? e : lim;
+        }
+        for (int64_t j0 = 0; j0 < lim; j0 += tile) {
+            int nt = lim - j0 < tile ? (int)(lim - j0) : tile;
+            __m512 mt = ninf;
+            for (int j = 0; j < nt; j++) {
+                const float *kr = sp->k + (size_t)(j0 + j) * (size_t)sp->stride + koff;
+                __m512 a = _mm512_mul_ps(qt[0], _mm512_set1_ps(kr[0]));
+#pragma GCC unroll 16
+                for (int t = 1; t < d; t++) a = _mm512_fmadd_ps(qt[t], _mm512_set1_ps(kr[t]), a);
+                a = _mm512_mul_ps(a, sv);
+                int32_t kp = sp->pos ? sp->pos[j0 + j] : sp->pos0 + (int32_t)(j0 + j);
+                a = _mm512_mask_mov_ps(a, _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(kp), qpv),
+                                       ninf);
+                s[j] = a;
+                mt = _mm512_max_ps(a, mt); /* a NaN score leaves the max alone */
+            }
+            __mmask16 vis = _mm512_cmp_ps_mask(mt, ninf, _CMP_NEQ_UQ);
+            if (!vis) continue;
+            __m512 mn = _mm512_max_ps(mt, m);
+            __m512 corr = tsr__z_exp(_mm512_sub_ps(m, mn)); /* 0 on the first visible tile */
+            __m512 sum = _mm512_setzero_ps();
+            for (int j = 0; j < nt; j++) {
+                s[j] = tsr__z_exp(_mm512_sub_ps(s[j], mn));
+                sum = _mm512_add_ps(sum, s[j]);
+            }
+            l = _mm512_mask_add_ps(l, vis, _mm512_mul_ps(l, corr), sum);
+            m = _mm512_mask_mov_ps(m, vis, mn);
+#pragma GCC unroll 16
+            for (int t = 0; t < d; t++) o[t] = _mm512_mask_mul_ps(o[t], vis, o[t], corr);
+            for (int j = 0; j < nt; j++) {
+                const float *vr = sp->v + (size_t)(j0 + j) * (size_t)sp->stride + koff;
+#pragma GCC unroll 16
+                for (int t = 0; t < d; t++)
+                    o[t] = _mm512_mask3_fmadd_ps(s[j], _mm512_set1_ps(vr[t]), o[t], vis);
+            }
+        }
+    }
+    __mmask16 pos = _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ);
+    __m512 inv = _mm512_maskz_div_ps(pos, _mm512_set1_ps(1.0f), l);
+#pragma GCC unroll 16
+    for (int t = 0; t < d; t++) _mm512_storeu_ps(buf + t * 16, _mm512_mul_ps(o[t], inv));
+    float mv[16], lv[16];
+    _mm512_storeu_ps(mv, m);
+    _mm512_storeu_ps(lv, l);
+    for (int i = 0; i < nq; i++) {
+        for (int t = 0; t < d; t++) out[(size_t)i * (size_t)q_ld + t] = buf[t * 16 + i];
+        ml[(size_t)i * (size_t)ml_ld] = mv[i];
+        ml[(size_t)i * (size_t)ml_ld + 1] = lv[i];
+    }
+}
+
+/* attn_qblock with the head size a constant where it is common, so the query and output
+ * vectors stay in registers. */
+static void tsr__z_attn_qblock(const float *q, int64_t q_ld, const int32_t *qpos, int nq,
+                               int d, float scale, const tsr_kv_span *spans, int n_spans,
+                               int koff, int tile, float *out, float *ml, int64_t ml_ld) {
+#define TSR__QB(D) tsr__z_attn_qblock_d(q, q_ld, qpos, nq, D, scale, spans, n_spans, koff, \
+                                        tile, out, ml, ml_ld)
+    switch (d) {
+    case 4: TSR__QB(4); break;
+    case 8: TSR__QB(8); break;
+    case 16: TSR__QB(16); break;
+    default: TSR__QB(d); break;
+    }
+#undef TSR__QB
+}
+
 static const tsr__cpu_kernels tsr__k_avx512 = {
     TSR__ISA_AVX512, "avx512", tsr__z_matvec_f32, tsr__z_matvec_bf16, tsr__z_matvec_f16,
     tsr__z_matvec_seg_f32, tsr__z_matvec_seg_bf16, tsr__z_matvec_seg_f16, tsr__z_cvt_bf16,
     tsr__z_cvt_f16, tsr__z_dot_rows, tsr__z_acc_rows, tsr__z_exp_sum,
-    tsr__z_silu_mul, true, tsr__z_dot_heads, tsr__z_acc_heads,
+    tsr__z_silu_mul, true, tsr__z_dot_heads, tsr__z_acc_heads, tsr__z_attn_qblock,
 };
 
 #pragma GCC pop_options

@@ -262,7 +262,68 @@ TSR_TEST(test_decode_skips_a_nan_tile_per_head) {
     ASSERT_TRUE(memcmp(out[0], out[1], sizeof out[0]) == 0);
 }
 
+/* Prefill with tiny heads (head_dim <= 16 and no key scores: queries in vector lanes on
+ * AVX-512, 16 per task): from position 0 with a last partial block of queries, after
+ * cached keys, over shuffled spans with mixed query positions, and with the key-score pass
+ * (the row tasks) for comparison; head sizes with a specialized kernel (4, 8, 16) and not
+ * (12). */
+TSR_TEST(test_prefill_tiny_heads) {
+    span_spec causal = {37, 0, 0, 0};
+    int32_t qp[37];
+    for (int i = 0; i < 37; i++) qp[i] = i;
+    for (int g = 0; g < 3; g++) {
+        run_case(37, qp, &causal, 1, gqa[g][0], gqa[g][1], 8, 0);
+        if (tsr_test_failed_flag) return;
+    }
+    span_spec cached[2] = {{70, 0, 0, 3}, {9, 70, 0, 0}};
+    for (int i = 0; i < 9; i++) qp[i] = 70 + i;
+    const int hds[4] = {4, 8, 12, 16};
+    for (int h = 0; h < 4; h++)
+        for (int sc = 0; sc < 2; sc++) {
+            run_case(9, qp, cached, 2, 8, 2, hds[h], sc);
+            if (tsr_test_failed_flag) return;
+        }
+    span_spec shuffled[3] = {{64, 0, 1, 5}, {150, 64, 1, 0}, {30, 214, 0, 1}};
+    int32_t mixed[20] = {243, 10, 100, 214, 0, 63, 5, 240, 199, 64, 1, 2, 3, 150, 151, 213,
+                         230, 231, 17, 99};
+    run_case(20, mixed, shuffled, 3, 8, 4, 8, 0);
+}
+
+/* Tiny-head prefill: queries before every key get zeros; a tile whose keys are NaN (V
+ * infinite) for one kv head is skipped for that head's queries, as in the row tasks; 1
+ * and 2 threads agree. */
+TSR_TEST(test_prefill_tiny_heads_edges) {
+    enum { N = 80, G = 2, H = 4, HD = 8, KVD = G * HD, NQ = 18 };
+    static float k[N * KVD], v[N * KVD], q[NQ * H * HD], out[2][NQ * H * HD];
+    for (int i = 0; i < N * KVD; i++) {
+        k[i] = frand();
+        v[i] = frand();
+    }
+    for (int j = 64; j < N; j++)
+        for (int e = 0; e < HD; e++) {
+            k[j * KVD + e] = NAN;
+            v[j * KVD + e] = INFINITY;
+        }
+    for (int i = 0; i < NQ * H * HD; i++) q[i] = frand();
+    tsr_kv_span sp = {k, v, NULL, 10, N, KVD};
+    int32_t qp[NQ];
+    for (int i = 0; i < NQ; i++) qp[i] = i < 2 ? 3 + i : 10 + N - NQ + i; /* 2 see nothing */
+    for (int t = 0; t < 2; t++) {
+        tsr_attn_args a = {q, qp, NQ, &sp, 1, H, G, HD, out[t], NULL};
+        tsr_backend *be;
+        ASSERT_OK(tsr_backend_cpu_create(t + 1, &be));
+        ASSERT_OK(be->ops->attention(be, &a));
+        tsr_backend_destroy(be);
+    }
+    for (int i = 0; i < NQ * H * HD; i++) {
+        ASSERT_TRUE(isfinite(out[0][i]));
+        if (i < 2 * H * HD) ASSERT_TRUE(out[0][i] == 0.0f);
+    }
+    ASSERT_TRUE(memcmp(out[0], out[1], sizeof out[0]) == 0);
+}
+
 TSR_TEST_MAIN(test_decode_one_span, test_decode_long_spans, test_prefill_row_order,
               test_prefill_after_cache,
               test_shuffled_spans, test_causal_prefill, test_no_visible_key,
-              test_decode_skips_a_nan_tile_per_head)
+              test_decode_skips_a_nan_tile_per_head, test_prefill_tiny_heads,
+              test_prefill_tiny_heads_edges)
