@@ -77,8 +77,11 @@ static tsr_status tsr__matvec(tsr__cpu_ctx *c, const float *x, int64_t n, const 
 
 /* Rows of one prefill panel: a function of cols only (at most ~1 MB of f32, 96 rows: as fast
  * as 128 and no padding for 288/768-row matrices), never of rows, so a row slice of W (a
- * column-parallel TP shard) sees the same panel shape. */
+ * column-parallel TP shard) sees the same panel shape. Under 256 columns, 32 rows:
+ * stories260K's 32- and 64-row matrices were padded to 96 (wk, wv 18 -> 6 us a chunk of 128
+ * tokens, wq 19 -> 13; the 172-row w1/w3 become 6 panels instead of 2, 37 -> 39). */
 static int64_t tsr__gemm_panel_rows(int64_t cols) {
+    if (cols < 256) return 32;
     int64_t p = (int64_t)(TSR__CPU_PANEL_BYTES / 4) / cols;
     p = p > 96 ? 96 : p & ~(int64_t)15;
     return p < 16 ? 16 : p;
