@@ -129,7 +129,16 @@ typedef struct tsr__cpu_kernels {
     void (*attn_qblock)(const float *q, int64_t q_ld, const int32_t *qpos, int nq, int d,
                         float scale, const tsr_kv_span *spans, int n_spans, int koff, int tile,
                         float *out, float *ml, int64_t ml_ld);
+    /* Optional (NULL: sgemm): P[i][r] = sum over k < len of x[i*ldx + k] * w[r*ldw + k] for
+     * i < n, r < nr, one fma chain per element in k order, for the short segments of
+     * matmul_parts (len <= TSR__CPU_SHORT_K), where an sgemm call costs more than its
+     * arithmetic. y[i*ldy + r] = P[i][r], or with add y[i*ldy + r] + P[i][r]. */
+    void (*gemm_short)(const float *x, int64_t ldx, int64_t n, const float *w, int64_t ldw,
+                       int64_t nr, int len, float *y, int64_t ldy, bool add);
 } tsr__cpu_kernels;
+
+/* Longest segment that matmul_parts prefill gives to gemm_short. */
+#define TSR__CPU_SHORT_K 32
 
 /* Head sizes that take attn_qblock in prefill (one vector register per dimension for the
  * queries and one for the outputs). */

@@ -256,8 +256,12 @@ static void tsr__gemm_parts_panel(const tsr__cpu_kernels *k, const float *x, int
     int64_t pr = rows - r0 < ph ? rows - r0 : ph;
     for (int p = 0; p < n_parts; p++) {
         int64_t s0 = seg[p], len = (int64_t)seg[p + 1] - seg[p];
-        float *dst = sum ? (p == 0 ? y + r0 : out) : y + (size_t)p * (size_t)(n * rows) + r0;
-        int64_t ldc = sum && p > 0 ? pr : rows;
+        /* Short segments add their product into y themselves (the same bits as the sum
+         * below); others go through out. */
+        bool direct = k->gemm_short && len > 0 && len <= TSR__CPU_SHORT_K;
+        bool via_out = sum && p > 0 && !direct;
+        float *dst = sum ? (via_out ? out : y + r0) : y + (size_t)p * (size_t)(n * rows) + r0;
+        int64_t ldc = via_out ? pr : rows;
         if (len == 0) {
             for (int64_t i = 0; i < n; i++) memset(dst + (size_t)(i * ldc), 0, (size_t)pr * 4);
         } else {
@@ -278,10 +282,14 @@ static void tsr__gemm_parts_panel(const tsr__cpu_kernels *k, const float *x, int
                 wp = panel;
                 ldw = len;
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)pr, (int)len,
-                        1.0f, x + s0, (int)cols, wp, (int)ldw, 0.0f, dst, (int)ldc);
+            if (direct)
+                k->gemm_short(x + s0, cols, n, wp, ldw, pr, (int)len, dst, ldc, sum && p > 0);
+            else
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)pr,
+                            (int)len, 1.0f, x + s0, (int)cols, wp, (int)ldw, 0.0f, dst,
+                            (int)ldc);
         }
-        if (sum && p > 0) {
+        if (via_out) {
             for (int64_t i = 0; i < n; i++) {
                 float *yr = y + (size_t)(i * rows + r0);
                 const float *o = out + (size_t)(i * pr);

@@ -174,7 +174,7 @@ static const tsr__cpu_kernels tsr__k_scalar = {
     TSR__ISA_SCALAR, "scalar", tsr__s_matvec_f32, tsr__s_matvec_bf16, tsr__s_matvec_f16,
     tsr__s_matvec_seg_f32, tsr__s_matvec_seg_bf16, tsr__s_matvec_seg_f16, tsr__s_cvt_bf16,
     tsr__s_cvt_f16, tsr__s_dot_rows, tsr__s_acc_rows, tsr__s_exp_sum,
-    tsr__s_silu_mul, false, NULL, NULL, NULL,
+    tsr__s_silu_mul, false, NULL, NULL, NULL, NULL,
 };
 
 /* Vector expf (Cephes): n = round(x log2 e), r = x - n ln2 (two-part ln2), exp(r) by a
@@ -529,7 +529,7 @@ static const tsr__cpu_kernels tsr__k_avx2 = {
     TSR__ISA_AVX2, "avx2", tsr__y_matvec_f32, tsr__y_matvec_bf16, tsr__y_matvec_f16,
     tsr__y_matvec_seg_f32, tsr__y_matvec_seg_bf16, tsr__y_matvec_seg_f16, tsr__y_cvt_bf16,
     tsr__y_cvt_f16, tsr__y_dot_rows, tsr__y_acc_rows, tsr__y_exp_sum,
-    tsr__y_silu_mul, false, NULL, NULL, NULL,
+    tsr__y_silu_mul, false, NULL, NULL, NULL, NULL,
 };
 
 #pragma GCC pop_options
@@ -1219,11 +1219,49 @@ static void tsr__z_attn_qblock(const float *q, int64_t q_ld, const int32_t *qpos
 #undef TSR__QB
 }
 
+/* 16 rows of w at a time, transposed on the stack, so each output is a vector of 16 rows
+ * (x broadcast, no horizontal sums), and 8 input rows at a time: 8 independent fma chains
+ * (one chain, latency-bound, was slower than sgemm). */
+static void tsr__z_gemm_short(const float *x, int64_t ldx, int64_t n, const float *w,
+                              int64_t ldw, int64_t nr, int len, float *y, int64_t ldy,
+                              bool add) {
+    float wt[TSR__CPU_SHORT_K * 16];
+    for (int64_t r0 = 0; r0 < nr; r0 += 16) {
+        int m = nr - r0 < 16 ? (int)(nr - r0) : 16;
+        __mmask16 mk = (__mmask16)((1u << m) - 1u);
+        for (int k = 0; k < len; k++)
+            for (int u = 0; u < 16; u++)
+                wt[k * 16 + u] = u < m ? w[(size_t)(r0 + u) * (size_t)ldw + (size_t)k] : 0.0f;
+        for (int64_t i0 = 0; i0 < n; i0 += 8) {
+            int ni = n - i0 < 8 ? (int)(n - i0) : 8;
+            const float *xi[8];
+            for (int u = 0; u < 8; u++) /* rows past n repeat the last, never stored */
+                xi[u] = x + (size_t)(i0 + (u < ni ? u : ni - 1)) * (size_t)ldx;
+            __m512 a[8];
+            __m512 w0 = _mm512_loadu_ps(wt);
+#pragma GCC unroll 8
+            for (int u = 0; u < 8; u++) a[u] = _mm512_mul_ps(_mm512_set1_ps(xi[u][0]), w0);
+            for (int k = 1; k < len; k++) {
+                __m512 wk = _mm512_loadu_ps(wt + k * 16);
+#pragma GCC unroll 8
+                for (int u = 0; u < 8; u++)
+                    a[u] = _mm512_fmadd_ps(_mm512_set1_ps(xi[u][k]), wk, a[u]);
+            }
+            for (int u = 0; u < ni; u++) {
+                float *yr = y + (size_t)(i0 + u) * (size_t)ldy + (size_t)r0;
+                if (add) a[u] = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, yr), a[u]);
+                _mm512_mask_storeu_ps(yr, mk, a[u]);
+            }
+        }
+    }
+}
+
 static const tsr__cpu_kernels tsr__k_avx512 = {
     TSR__ISA_AVX512, "avx512", tsr__z_matvec_f32, tsr__z_matvec_bf16, tsr__z_matvec_f16,
     tsr__z_matvec_seg_f32, tsr__z_matvec_seg_bf16, tsr__z_matvec_seg_f16, tsr__z_cvt_bf16,
     tsr__z_cvt_f16, tsr__z_dot_rows, tsr__z_acc_rows, tsr__z_exp_sum,
     tsr__z_silu_mul, true, tsr__z_dot_heads, tsr__z_acc_heads, tsr__z_attn_qblock,
+    tsr__z_gemm_short,
 };
 
 #pragma GCC pop_options
