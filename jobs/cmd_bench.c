@@ -66,11 +66,10 @@ static const char tsr__bench_about[] =
     "      weights ask for them; -1: unknown)\n"
     "\n"
     "JSON keys: model, dtype, threads, prompt_tokens, gen_tokens, repeat, prefill_samples,\n"
-    "prefill_s,\n"
-    "prefill_tok_s, prefill_gflops, decode_s, decode_tok_s, decode_gb_s, weight_bytes,\n"
-    "decode_bytes_per_token, prefill_flops_per_token, peak_rss_bytes, huge_page_bytes, dim,\n"
-    "hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, last_token (the final\n"
-    "greedy token, a determinism check). Exit status: 0 success, 1 runtime failure, 2 usage error.";
+    "prefill_s, prefill_tok_s, prefill_gflops, decode_s, decode_tok_s, decode_gb_s,\n"
+    "weight_bytes, decode_bytes_per_token, prefill_flops_per_token, peak_rss_bytes,\n"
+    "huge_page_bytes, dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size,\n"
+    "last_token (the final greedy token, a determinism check). Exit status: 0 success, 1 runtime failure, 2 usage error.";
 
 static int tsr__check_range(tsr_cli *cli, const char *name, int v, int lo, int hi) {
     if (v >= lo && v <= hi) return 0;
@@ -348,7 +347,8 @@ int tsr_cmd_bench(int argc, char **argv) {
         printf("{\"model\":");
         tsr__json_string(o.model);
         printf(",\"dtype\":\"%s\",\"threads\":%d,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
-               "\"repeat\":%d,\"prefill_samples\":%d,\"prefill_s\":%.6f,\"prefill_tok_s\":%.2f,\"prefill_gflops\":%.3f,"
+               "\"repeat\":%d,\"prefill_samples\":%d,\"prefill_s\":%.6f,"
+               "\"prefill_tok_s\":%.2f,\"prefill_gflops\":%.3f,"
                "\"decode_s\":%.6f,\"decode_tok_s\":%.2f,\"decode_gb_s\":%.3f,"
                "\"weight_bytes\":%.0f,\"decode_bytes_per_token\":%.0f,"
                "\"prefill_flops_per_token\":%.0f,\"peak_rss_bytes\":%.0f,"

@@ -187,6 +187,8 @@ static void tsr__attn_run(const tsr__attn_geom *G, int64_t t, int blk, int nblk,
     tsr__attn_task(G, i, h0, nh, ml);
 }
 
+_Static_assert(TSR__ATTN_TILE <= TSR__CPU_QBLOCK_MAX_TILE, "attn_qblock holds one tile");
+
 /* Task t of the query-block path: query rows 16 * (t / n_heads) .. +16, head t % n_heads. */
 static void tsr__attn_qblock_run(const tsr__attn_geom *G, int64_t t, float *ml) {
     const tsr_attn_args *a = G->a;
