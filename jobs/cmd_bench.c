@@ -19,10 +19,12 @@
 #include "jobs/commands.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
+#include "memory/kv_paged.h"
 #include "runtime/base/alloc.h"
 #include "runtime/base/sys.h"
 #include "runtime/base/dtype.h"
 #include "runtime/forward.h"
+#include "runtime/kv_setup.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 
@@ -35,6 +37,7 @@ typedef struct tsr__bench_opts {
     int dtype; /* -1: as loaded */
     int repeat;
     int warmup;
+    const char *kv;
     bool json;
 } tsr__bench_opts;
 
@@ -43,6 +46,7 @@ static const char tsr__bench_about[] =
     "token ids (fixed seed) as ONE prefill chunk (logits for the last row only), then decodes\n"
     "M tokens greedily, one token per forward call. Prefill and decode are timed separately\n"
     "(CLOCK_MONOTONIC); each repeat uses a fresh sequence and the median is reported.\n"
+    "The KV cache is the paged pool of generate and run (--kv dense: one buffer instead).\n"
     "A short prefill is also timed in extra prefill-only rounds until its samples add up to\n"
     "0.2 s (at most 1000): one 128-token chunk of stories260K takes ~1.5 ms, and three such\n"
     "samples moved by 25 % from run to run.\n"
@@ -94,6 +98,9 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         {"repeat", TSR_OPT_INT, &o->repeat, "R", "timed repeats, median reported", false},
         {"warmup", TSR_OPT_INT, &o->warmup, "W", "untimed prefill + one decode step rounds",
          false},
+        {"kv", TSR_OPT_STRING, &o->kv, "paged|dense",
+         "KV cache: the paged pool of generate and run (16-token blocks, no prefix sharing), "
+         "or one contiguous buffer (default: paged)", false},
         {"json", TSR_OPT_FLAG, &o->json, NULL, "print one JSON line instead of text", false},
     };
     tsr_cli cli = {"bench", "--model SPEC [options]", tsr__bench_about, opts,
@@ -112,6 +119,9 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         tsr__check_range(&cli, "repeat", o->repeat, 1, 1000) ||
         tsr__check_range(&cli, "warmup", o->warmup, 0, 1000))
         return 1;
+    if (!o->kv) o->kv = "paged";
+    if (strcmp(o->kv, "paged") != 0 && strcmp(o->kv, "dense") != 0)
+        return tsr_cli_usage_error(&cli, "--kv '%s': expected paged or dense", o->kv);
     if (o->dtype_name) {
         o->dtype = tsr_dtype_parse(o->dtype_name);
         if (o->dtype != TSR_F32 && o->dtype != TSR_BF16)
@@ -231,6 +241,9 @@ typedef struct tsr__bench_run {
     int vocab;
 } tsr__bench_run;
 
+/* Rows per block of the paged cache (the default of generate and run). */
+#define TSR__BENCH_BLOCK 16
+
 /* Prefill samples: at least this much time in all, with at most this many extra rounds. */
 #define TSR__BENCH_MIN_PREFILL_S 0.2
 #define TSR__BENCH_MAX_EXTRA 1000
@@ -308,8 +321,22 @@ int tsr_cmd_bench(int argc, char **argv) {
         r.prompt[i] = (int32_t)(s % (uint64_t)c->vocab_size);
     }
     if (tsr_backend_cpu_create(o.threads, &be) != TSR_OK) goto fail;
-    if (tsr_kv_dense_create(c->n_layers, c->n_kv_heads, c->head_dim, n + g, 1, &r.kv) != TSR_OK)
-        goto fail;
+    if (strcmp(o.kv, "dense") == 0) {
+        if (tsr_kv_dense_create(c->n_layers, c->n_kv_heads, c->head_dim, n + g, 1, &r.kv) !=
+            TSR_OK)
+            goto fail;
+    } else {
+        /* The pool holds exactly one sequence of n + g tokens: blocks of 16 rows of K and V
+         * per layer. No prefix sharing: every repeat feeds the same prompt. */
+        int64_t blocks = ((int64_t)n + g + TSR__BENCH_BLOCK - 1) / TSR__BENCH_BLOCK;
+        tsr_kv_paged_config pc = {.n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                                  .block_size = TSR__BENCH_BLOCK};
+        tsr_kv_options kvo = {.policy = "paged",
+                              .memory_bytes = blocks * c->n_layers * tsr_kv_paged_block_bytes(&pc),
+                              .block_size = TSR__BENCH_BLOCK, .max_seqs = 1,
+                              .no_prefix_cache = 1, .chunk_tokens = n};
+        if (tsr_kv_setup(&kvo, c, &r.kv) != TSR_OK) goto fail;
+    }
     if (tsr_forward_create(m, be, n, &r.fwd) != TSR_OK) goto fail;
 
     int32_t last = -1;

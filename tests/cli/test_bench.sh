@@ -10,7 +10,7 @@ check() { if [ "$1" = 0 ]; then echo "ok   $2"; passes=$((passes + 1)); else ech
 "$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 8 --gen-tokens 4 --repeat 1 --json >"$TMP/out" 2>"$TMP/err"
 rc=$?
 ok=$rc
-for key in prefill_tok_s decode_tok_s weight_bytes decode_bytes_per_token prefill_flops_per_token peak_rss_bytes; do
+for key in prefill_tok_s prefill_samples decode_tok_s weight_bytes decode_bytes_per_token prefill_flops_per_token peak_rss_bytes; do
     grep -q "\"$key\":" "$TMP/out" || { echo "missing $key"; ok=1; }
 done
 check "$ok" bench_json
@@ -19,5 +19,12 @@ check $? bench_synthetic
 "$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 0 >"$TMP/out3" 2>"$TMP/err"
 [ $? -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ]
 check $? bench_bad_arg
+# The dense cache (one buffer) instead of the paged pool of generate/run (the default).
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 8 --gen-tokens 4 --repeat 1 --kv dense --json >"$TMP/out4" 2>"$TMP/err"
+[ $? -eq 0 ] && grep -q '"decode_tok_s":' "$TMP/out4"
+check $? bench_kv_dense
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --kv ring >"$TMP/out5" 2>"$TMP/err"
+[ $? -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "^tessera bench: --kv 'ring': expected paged or dense" "$TMP/err"
+check $? bench_bad_kv
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
