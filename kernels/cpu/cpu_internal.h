@@ -135,6 +135,10 @@ typedef struct tsr__cpu_kernels {
      * arithmetic. y[i*ldy + r] = P[i][r], or with add y[i*ldy + r] + P[i][r]. */
     void (*gemm_short)(const float *x, int64_t ldx, int64_t n, const float *w, int64_t ldw,
                        int64_t nr, int len, float *y, int64_t ldy, bool add);
+    /* Optional (NULL: the scalar loop of ops_cpu.c): one rmsnorm row with f32 weights, the
+     * rounding points of the scalar loop (sum of squares in double, mean rounded to f32,
+     * 1/sqrtf, (x * r) * w in f32); the double sum in another order. */
+    void (*rmsnorm_f32)(const float *x, const float *w, int dim, float eps, float *o);
 } tsr__cpu_kernels;
 
 /* Longest segment that matmul_parts prefill gives to gemm_short. */

@@ -25,6 +25,11 @@ static float tsr__w_at(const tsr_tensor *w, int64_t i) {
 static void tsr__rmsnorm_row(const float *xr, const tsr_tensor *w, int dim, float eps,
                              float *o) {
     const float *wf = w->dtype == TSR_F32 ? w->data : NULL;
+    const tsr__cpu_kernels *k = tsr__cpu_kernels_get();
+    if (wf && k->rmsnorm_f32) {
+        k->rmsnorm_f32(xr, wf, dim, eps, o);
+        return;
+    }
     /* Sum of squares in double: the correctly rounded f32 mean, which is what torch's
      * pairwise f32 reduction approximates. */
     double s0 = 0, s1 = 0, s2 = 0, s3 = 0;

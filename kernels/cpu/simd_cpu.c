@@ -174,7 +174,7 @@ static const tsr__cpu_kernels tsr__k_scalar = {
     TSR__ISA_SCALAR, "scalar", tsr__s_matvec_f32, tsr__s_matvec_bf16, tsr__s_matvec_f16,
     tsr__s_matvec_seg_f32, tsr__s_matvec_seg_bf16, tsr__s_matvec_seg_f16, tsr__s_cvt_bf16,
     tsr__s_cvt_f16, tsr__s_dot_rows, tsr__s_acc_rows, tsr__s_exp_sum,
-    tsr__s_silu_mul, false, NULL, NULL, NULL, NULL,
+    tsr__s_silu_mul, false, NULL, NULL, NULL, NULL, NULL,
 };
 
 /* Vector expf (Cephes): n = round(x log2 e), r = x - n ln2 (two-part ln2), exp(r) by a
@@ -529,7 +529,7 @@ static const tsr__cpu_kernels tsr__k_avx2 = {
     TSR__ISA_AVX2, "avx2", tsr__y_matvec_f32, tsr__y_matvec_bf16, tsr__y_matvec_f16,
     tsr__y_matvec_seg_f32, tsr__y_matvec_seg_bf16, tsr__y_matvec_seg_f16, tsr__y_cvt_bf16,
     tsr__y_cvt_f16, tsr__y_dot_rows, tsr__y_acc_rows, tsr__y_exp_sum,
-    tsr__y_silu_mul, false, NULL, NULL, NULL, NULL,
+    tsr__y_silu_mul, false, NULL, NULL, NULL, NULL, NULL,
 };
 
 #pragma GCC pop_options
@@ -1256,12 +1256,35 @@ static void tsr__z_gemm_short(const float *x, int64_t ldx, int64_t n, const floa
     }
 }
 
+/* Squares of f32 are exact in double, so each fma below is the add of the scalar loop; only
+ * the order of the double additions differs (16 lanes, then a tree). */
+static void tsr__z_rmsnorm_f32(const float *x, const float *w, int dim, float eps, float *o) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+    int i = 0;
+    for (; i + 16 <= dim; i += 16) {
+        __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+        __m512d hi = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+        a0 = _mm512_fmadd_pd(lo, lo, a0);
+        a1 = _mm512_fmadd_pd(hi, hi, a1);
+    }
+    double ss = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+    for (; i < dim; i++) ss += (double)x[i] * x[i];
+    float rs = 1.0f / sqrtf((float)(ss / dim) + eps);
+    __m512 rv = _mm512_set1_ps(rs);
+    for (i = 0; i < dim; i += 16) {
+        int rem = dim - i < 16 ? dim - i : 16;
+        __mmask16 m = (__mmask16)((1u << rem) - 1u);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), rv);
+        _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
+    }
+}
+
 static const tsr__cpu_kernels tsr__k_avx512 = {
     TSR__ISA_AVX512, "avx512", tsr__z_matvec_f32, tsr__z_matvec_bf16, tsr__z_matvec_f16,
     tsr__z_matvec_seg_f32, tsr__z_matvec_seg_bf16, tsr__z_matvec_seg_f16, tsr__z_cvt_bf16,
     tsr__z_cvt_f16, tsr__z_dot_rows, tsr__z_acc_rows, tsr__z_exp_sum,
     tsr__z_silu_mul, true, tsr__z_dot_heads, tsr__z_acc_heads, tsr__z_attn_qblock,
-    tsr__z_gemm_short,
+    tsr__z_gemm_short, tsr__z_rmsnorm_f32,
 };
 
 #pragma GCC pop_options
