@@ -247,11 +247,15 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
     for (int s = 0; s < a->n_spans; s++) keys += a->spans[s].n;
     int64_t work = keys * a->n_q * a->n_heads * a->head_dim;
     int par = c->threads > 1 && (a->n_q > 1 || a->n_heads > 1) && work >= 32768;
-    /* Tiny heads in prefill: 16 queries per task in the lanes of a vector (attn_qblock).
-     * The row tasks spend a 16-leaf reduction on every 16 scores, 45 vector operations
-     * against 16 fmas when head_dim is 8 (stories260K: attention was 57 % of prefill). Not
-     * with the key-score pass, whose sums repeat the row tasks' arithmetic. */
-    if (G.k->attn_qblock && a->n_q > 1 && a->head_dim <= TSR__CPU_QBLOCK_MAX_D &&
+    /* Prefill: 16 queries per task in the lanes of a vector (attn_qblock). The row tasks
+     * spend a 16-leaf reduction on every 16 scores (45 vector operations against 16 fmas
+     * when head_dim is 8: stories260K's attention was 57 % of its prefill), and for wider
+     * heads they load q and the accumulators for every key; the query lanes keep 16
+     * scores or 16 output dimensions in registers and broadcast the key and value
+     * entries. 128 queries, 1 thread, warm: head_dim 8 356 -> 68 us per layer (260K),
+     * 48 395 -> 173 us (15M), 64 900 -> 444 (110M), 128 with GQA 8.1 -> 3.1 ms. Not with
+     * the key-score pass, whose sums repeat the row tasks' arithmetic. */
+    if (G.k->attn_qblock && a->n_q > 1 && TSR__CPU_QBLOCK_FITS(a->head_dim) &&
         !a->key_scores) {
         int64_t ntask = (a->n_q + 15) / 16 * a->n_heads;
         if (par && ntask > 1) {

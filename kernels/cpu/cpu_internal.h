@@ -119,7 +119,7 @@ typedef struct tsr__cpu_kernels {
      * the per-element operations of acc_rows after its scaling by c (the same bits). */
     void (*acc_heads)(float *acc, const float *p, int64_t p_ld, const float *v,
                       int64_t stride, const int32_t *koff, int nk, int nh, int d);
-    /* Optional (NULL: per-row tasks), for heads of d <= TSR__CPU_QBLOCK_MAX_D: attention of
+    /* Optional (NULL: per-row tasks), for heads with TSR__CPU_QBLOCK_FITS(d): attention of
      * nq <= 16 query rows for one head with the queries in the lanes of a vector, so no
      * score needs a horizontal sum (for tiny heads the sums cost more than the dots). Row
      * i: q + i*q_ld (d floats), position qpos[i]; the head's keys and values from `koff` of
@@ -147,6 +147,12 @@ typedef struct tsr__cpu_kernels {
 /* Head sizes that take attn_qblock in prefill (one vector register per dimension for the
  * queries and one for the outputs). */
 #define TSR__CPU_QBLOCK_MAX_D 16
+/* Wider heads that take attn_qblock: multiples of 16 up to this (queries and outputs of a
+ * task on the stack). */
+#define TSR__CPU_QBLOCK_WIDE_MAX_D 256
+/* Head sizes attn_qblock accepts. */
+#define TSR__CPU_QBLOCK_FITS(d) \
+    ((d) <= TSR__CPU_QBLOCK_MAX_D || ((d) % 16 == 0 && (d) <= TSR__CPU_QBLOCK_WIDE_MAX_D))
 /* Largest key tile attn_qblock accepts (its scores live on the stack). */
 #define TSR__CPU_QBLOCK_MAX_TILE 64
 

@@ -1203,6 +1203,108 @@ TSR__INLINE void tsr__z_attn_qblock_d(const float *q, int64_t q_ld, const int32_
     }
 }
 
+/* attn_qblock for heads of 32..TSR__CPU_QBLOCK_WIDE_MAX_D dims in steps of 16: the scores
+ * of 16 keys at a time in 16 registers (lanes = queries; the queries' dimension t is one
+ * vector from the stack, the keys' values are broadcast), the outputs 16 dimensions at a
+ * time through the stack. Per lane the arithmetic of tsr__z_attn_qblock_d (the same
+ * bits). */
+static void tsr__z_attn_qblock_wide(const float *q, int64_t q_ld, const int32_t *qpos,
+                                    int nq, int d, float scale, const tsr_kv_span *spans,
+                                    int n_spans, int koff, int tile, float *out, float *ml,
+                                    int64_t ml_ld) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), sv = _mm512_set1_ps(scale);
+    int32_t qp[16];
+    int32_t qmax = INT32_MIN;
+    float qt[TSR__CPU_QBLOCK_WIDE_MAX_D * 16], ob[TSR__CPU_QBLOCK_WIDE_MAX_D * 16];
+    for (int i = 0; i < 16; i++) {
+        qp[i] = i < nq ? qpos[i] : INT32_MIN;
+        if (i < nq && qpos[i] > qmax) qmax = qpos[i];
+        for (int t = 0; t < d; t++) qt[t * 16 + i] = i < nq ? q[(size_t)i * (size_t)q_ld + t] : 0;
+    }
+    memset(ob, 0, (size_t)d * 16 * sizeof(float));
+    const __m512i qpv = _mm512_loadu_si512((const void *)qp);
+    __m512 m = ninf, l = _mm512_setzero_ps();
+    __m512 s[TSR__CPU_QBLOCK_MAX_TILE];
+    for (int sp_i = 0; sp_i < n_spans; sp_i++) {
+        const tsr_kv_span *sp = &spans[sp_i];
+        int64_t lim = sp->n;
+        if (!sp->pos) {
+            int64_t e = (int64_t)qmax - sp->pos0 + 1;
+            lim = e < 0 ? 0 : e < lim ? e : lim;
+        }
+        for (int64_t j0 = 0; j0 < lim; j0 += tile) {
+            int nt = lim - j0 < tile ? (int)(lim - j0) : tile;
+            __m512 mt = ninf;
+            for (int jb = 0; jb < nt; jb += 16) {
+                int nb = nt - jb < 16 ? nt - jb : 16;
+                const float *kr[16];
+                for (int u = 0; u < 16; u++) /* keys past nt repeat the last, never kept */
+                    kr[u] = sp->k + (size_t)(j0 + jb + (u < nb ? u : nb - 1)) *
+                                        (size_t)sp->stride + (size_t)koff;
+                __m512 a[16];
+                __m512 qv = _mm512_loadu_ps(qt);
+#pragma GCC unroll 16
+                for (int u = 0; u < 16; u++) a[u] = _mm512_mul_ps(qv, _mm512_set1_ps(kr[u][0]));
+                for (int t = 1; t < d; t++) {
+                    qv = _mm512_loadu_ps(qt + t * 16);
+#pragma GCC unroll 16
+                    for (int u = 0; u < 16; u++)
+                        a[u] = _mm512_fmadd_ps(qv, _mm512_set1_ps(kr[u][t]), a[u]);
+                }
+                for (int u = 0; u < nb; u++) {
+                    int64_t j = j0 + jb + u;
+                    int32_t kp = sp->pos ? sp->pos[j] : sp->pos0 + (int32_t)j;
+                    __m512 x = _mm512_mask_mov_ps(
+                        _mm512_mul_ps(a[u], sv),
+                        _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(kp), qpv), ninf);
+                    s[jb + u] = x;
+                    mt = _mm512_max_ps(x, mt);
+                }
+            }
+            __mmask16 vis = _mm512_cmp_ps_mask(mt, ninf, _CMP_NEQ_UQ);
+            if (!vis) continue;
+            __m512 mn = _mm512_max_ps(mt, m);
+            __m512 corr = tsr__z_exp(_mm512_sub_ps(m, mn));
+            __m512 sum = _mm512_setzero_ps();
+            for (int j = 0; j < nt; j++) {
+                s[j] = tsr__z_exp(_mm512_sub_ps(s[j], mn));
+                sum = _mm512_add_ps(sum, s[j]);
+            }
+            l = _mm512_mask_add_ps(l, vis, _mm512_mul_ps(l, corr), sum);
+            m = _mm512_mask_mov_ps(m, vis, mn);
+            for (int c = 0; c < d; c += 16) {
+                __m512 oc[16];
+#pragma GCC unroll 16
+                for (int t = 0; t < 16; t++) {
+                    __m512 ov = _mm512_loadu_ps(ob + (c + t) * 16);
+                    oc[t] = _mm512_mask_mul_ps(ov, vis, ov, corr);
+                }
+                for (int j = 0; j < nt; j++) {
+                    const float *vr = sp->v + (size_t)(j0 + j) * (size_t)sp->stride +
+                                      (size_t)koff + (size_t)c;
+#pragma GCC unroll 16
+                    for (int t = 0; t < 16; t++)
+                        oc[t] = _mm512_mask3_fmadd_ps(s[j], _mm512_set1_ps(vr[t]), oc[t], vis);
+                }
+#pragma GCC unroll 16
+                for (int t = 0; t < 16; t++) _mm512_storeu_ps(ob + (c + t) * 16, oc[t]);
+            }
+        }
+    }
+    __mmask16 pos = _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ);
+    __m512 inv = _mm512_maskz_div_ps(pos, _mm512_set1_ps(1.0f), l);
+    for (int t = 0; t < d; t++)
+        _mm512_storeu_ps(ob + t * 16, _mm512_mul_ps(_mm512_loadu_ps(ob + t * 16), inv));
+    float mv[16], lv[16];
+    _mm512_storeu_ps(mv, m);
+    _mm512_storeu_ps(lv, l);
+    for (int i = 0; i < nq; i++) {
+        for (int t = 0; t < d; t++) out[(size_t)i * (size_t)q_ld + t] = ob[t * 16 + i];
+        ml[(size_t)i * (size_t)ml_ld] = mv[i];
+        ml[(size_t)i * (size_t)ml_ld + 1] = lv[i];
+    }
+}
+
 /* attn_qblock with the head size a constant where it is common, so the query and output
  * vectors stay in registers. */
 static void tsr__z_attn_qblock(const float *q, int64_t q_ld, const int32_t *qpos, int nq,
@@ -1210,6 +1312,11 @@ static void tsr__z_attn_qblock(const float *q, int64_t q_ld, const int32_t *qpos
                                int koff, int tile, float *out, float *ml, int64_t ml_ld) {
 #define TSR__QB(D) tsr__z_attn_qblock_d(q, q_ld, qpos, nq, D, scale, spans, n_spans, koff, \
                                         tile, out, ml, ml_ld)
+    if (d > TSR__CPU_QBLOCK_MAX_D) {
+        tsr__z_attn_qblock_wide(q, q_ld, qpos, nq, d, scale, spans, n_spans, koff, tile, out,
+                                ml, ml_ld);
+        return;
+    }
     switch (d) {
     case 4: TSR__QB(4); break;
     case 8: TSR__QB(8); break;

@@ -262,11 +262,11 @@ TSR_TEST(test_decode_skips_a_nan_tile_per_head) {
     ASSERT_TRUE(memcmp(out[0], out[1], sizeof out[0]) == 0);
 }
 
-/* Prefill with tiny heads (head_dim <= 16 and no key scores: queries in vector lanes on
- * AVX-512, 16 per task): from position 0 with a last partial block of queries, after
- * cached keys, over shuffled spans with mixed query positions, and with the key-score pass
- * (the row tasks) for comparison; head sizes with a specialized kernel (4, 8, 16) and not
- * (12). */
+/* Prefill through the query lanes (no key scores: queries in vector lanes on AVX-512, 16
+ * per task): from position 0 with a last partial block of queries, after cached keys, over
+ * shuffled spans with mixed query positions, and with the key-score pass (the row tasks)
+ * for comparison; tiny heads with a specialized kernel (4, 8, 16) and not (12), and wide
+ * ones (32, 48, 64, 128; 16 dimensions at a time). */
 TSR_TEST(test_prefill_tiny_heads) {
     span_spec causal = {37, 0, 0, 0};
     int32_t qp[37];
@@ -283,10 +283,21 @@ TSR_TEST(test_prefill_tiny_heads) {
             run_case(9, qp, cached, 2, 8, 2, hds[h], sc);
             if (tsr_test_failed_flag) return;
         }
+    const int wide[3] = {32, 64, 128};
+    for (int h = 0; h < 3; h++) {
+        run_case(9, qp, cached, 2, 8, 2, wide[h], 0);
+        if (tsr_test_failed_flag) return;
+    }
+    for (int i = 0; i < 37; i++) qp[i] = i;
+    run_case(37, qp, &causal, 1, 4, 4, 64, 0);
+    if (tsr_test_failed_flag) return;
+    for (int i = 0; i < 9; i++) qp[i] = 70 + i;
     span_spec shuffled[3] = {{64, 0, 1, 5}, {150, 64, 1, 0}, {30, 214, 0, 1}};
     int32_t mixed[20] = {243, 10, 100, 214, 0, 63, 5, 240, 199, 64, 1, 2, 3, 150, 151, 213,
                          230, 231, 17, 99};
     run_case(20, mixed, shuffled, 3, 8, 4, 8, 0);
+    if (tsr_test_failed_flag) return;
+    run_case(20, mixed, shuffled, 3, 8, 4, 48, 0);
 }
 
 /* Tiny-head prefill: queries before every key get zeros; a tile whose keys are NaN (V
