@@ -1118,6 +1118,61 @@ static void tsr__z_silu_mul(float *g, const float *u, int64_t n) {
     }
 }
 
+/* The query lanes' online-softmax step for a key tile of nt scores s (mt: their max per
+ * lane): s becomes exp(s - mn), l = l * corr + sum, m = mn for the lanes that saw a key,
+ * which it returns (0: none, the tile is skipped); *corr scales the earlier outputs. */
+TSR__INLINE __mmask16 tsr__z_qblock_softmax(__m512 *s, int nt, __m512 mt, __m512 *m,
+                                            __m512 *l, __m512 *corr) {
+    __mmask16 vis = _mm512_cmp_ps_mask(mt, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ);
+    if (!vis) return 0;
+    __m512 mn = _mm512_max_ps(mt, *m);
+    *corr = tsr__z_exp(_mm512_sub_ps(*m, mn)); /* 0 on the first visible tile */
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < nt; j++) {
+        s[j] = tsr__z_exp(_mm512_sub_ps(s[j], mn));
+        sum = _mm512_add_ps(sum, s[j]);
+    }
+    *l = _mm512_mask_add_ps(*l, vis, _mm512_mul_ps(*l, *corr), sum);
+    *m = _mm512_mask_mov_ps(*m, vis, mn);
+    return vis;
+}
+
+/* The query lanes' results: ob[t * 16 + i] (d dimensions) divided by l (0 where l is 0)
+ * into the nq rows of out, and each row's final max and sum into ml. */
+static void tsr__z_qblock_store(float *ob, int d, __m512 m, __m512 l, int nq, float *out,
+                                int64_t q_ld, float *ml, int64_t ml_ld) {
+    __mmask16 pos = _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ);
+    __m512 inv = _mm512_maskz_div_ps(pos, _mm512_set1_ps(1.0f), l);
+    for (int t = 0; t < d; t++)
+        _mm512_storeu_ps(ob + t * 16, _mm512_mul_ps(_mm512_loadu_ps(ob + t * 16), inv));
+    float mv[16], lv[16];
+    _mm512_storeu_ps(mv, m);
+    _mm512_storeu_ps(lv, l);
+    for (int i = 0; i < nq; i++) {
+        for (int t = 0; t < d; t++) out[(size_t)i * (size_t)q_ld + t] = ob[t * 16 + i];
+        ml[(size_t)i * (size_t)ml_ld] = mv[i];
+        ml[(size_t)i * (size_t)ml_ld + 1] = lv[i];
+    }
+}
+
+/* Lane i's position (INT32_MIN for lanes past nq: they see no key) and the block's last
+ * position. */
+static int32_t tsr__z_qblock_positions(const int32_t *qpos, int nq, int32_t *qp) {
+    int32_t qmax = INT32_MIN;
+    for (int i = 0; i < 16; i++) {
+        qp[i] = i < nq ? qpos[i] : INT32_MIN;
+        if (i < nq && qpos[i] > qmax) qmax = qpos[i];
+    }
+    return qmax;
+}
+
+/* Keys of span sp a block whose last query is at qmax can see: contiguous spans stop there. */
+static int64_t tsr__z_qblock_limit(const tsr_kv_span *sp, int32_t qmax) {
+    if (sp->pos) return sp->n;
+    int64_t e = (int64_t)qmax - sp->pos0 + 1;
+    return e < 0 ? 0 : e < sp->n ? e : sp->n;
+}
+
 /* Queries in lanes (see attn_qblock in cpu_internal.h). Per lane the arithmetic of a row
  * task on its own: a score is q.k summed over t in order (one fma chain) times scale; per
  * key tile the max, the correction exp(m - mn), the sum of exp(s - mn) over the keys in
@@ -1130,13 +1185,10 @@ TSR__INLINE void tsr__z_attn_qblock_d(const float *q, int64_t q_ld, const int32_
                                       float *out, float *ml, int64_t ml_ld) {
     const __m512 ninf = _mm512_set1_ps(-INFINITY), sv = _mm512_set1_ps(scale);
     int32_t qp[16];
-    int32_t qmax = INT32_MIN;
+    int32_t qmax = tsr__z_qblock_positions(qpos, nq, qp);
     float buf[TSR__CPU_QBLOCK_MAX_D * 16];
-    for (int i = 0; i < 16; i++) {
-        qp[i] = i < nq ? qpos[i] : INT32_MIN; /* padding lanes see no key */
-        if (i < nq && qpos[i] > qmax) qmax = qpos[i];
+    for (int i = 0; i < 16; i++)
         for (int t = 0; t < d; t++) buf[t * 16 + i] = i < nq ? q[(size_t)i * (size_t)q_ld + t] : 0;
-    }
     const __m512i qpv = _mm512_loadu_si512((const void *)qp);
     __m512 qt[TSR__CPU_QBLOCK_MAX_D], o[TSR__CPU_QBLOCK_MAX_D];
 #pragma GCC unroll 16
@@ -1148,11 +1200,7 @@ TSR__INLINE void tsr__z_attn_qblock_d(const float *q, int64_t q_ld, const int32_
     __m512 s[TSR__CPU_QBLOCK_MAX_TILE];
     for (int sp_i = 0; sp_i < n_spans; sp_i++) {
         const tsr_kv_span *sp = &spans[sp_i];
-        int64_t lim = sp->n;
-        if (!sp->pos) { /* contiguous: keys past the block's last query are never visible */
-            int64_t e = (int64_t)qmax - sp->pos0 + 1;
-            lim = e < 0 ? 0 : e < lim ? e : lim;
-        }
+        int64_t lim = tsr__z_qblock_limit(sp, qmax);
         for (int64_t j0 = 0; j0 < lim; j0 += tile) {
             int nt = lim - j0 < tile ? (int)(lim - j0) : tile;
             __m512 mt = ninf;
@@ -1168,17 +1216,9 @@ TSR__INLINE void tsr__z_attn_qblock_d(const float *q, int64_t q_ld, const int32_
                 s[j] = a;
                 mt = _mm512_max_ps(a, mt); /* a NaN score leaves the max alone */
             }
-            __mmask16 vis = _mm512_cmp_ps_mask(mt, ninf, _CMP_NEQ_UQ);
+            __m512 corr;
+            __mmask16 vis = tsr__z_qblock_softmax(s, nt, mt, &m, &l, &corr);
             if (!vis) continue;
-            __m512 mn = _mm512_max_ps(mt, m);
-            __m512 corr = tsr__z_exp(_mm512_sub_ps(m, mn)); /* 0 on the first visible tile */
-            __m512 sum = _mm512_setzero_ps();
-            for (int j = 0; j < nt; j++) {
-                s[j] = tsr__z_exp(_mm512_sub_ps(s[j], mn));
-                sum = _mm512_add_ps(sum, s[j]);
-            }
-            l = _mm512_mask_add_ps(l, vis, _mm512_mul_ps(l, corr), sum);
-            m = _mm512_mask_mov_ps(m, vis, mn);
 #pragma GCC unroll 16
             for (int t = 0; t < d; t++) o[t] = _mm512_mask_mul_ps(o[t], vis, o[t], corr);
             for (int j = 0; j < nt; j++) {
@@ -1189,18 +1229,9 @@ TSR__INLINE void tsr__z_attn_qblock_d(const float *q, int64_t q_ld, const int32_
             }
         }
     }
-    __mmask16 pos = _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ);
-    __m512 inv = _mm512_maskz_div_ps(pos, _mm512_set1_ps(1.0f), l);
 #pragma GCC unroll 16
-    for (int t = 0; t < d; t++) _mm512_storeu_ps(buf + t * 16, _mm512_mul_ps(o[t], inv));
-    float mv[16], lv[16];
-    _mm512_storeu_ps(mv, m);
-    _mm512_storeu_ps(lv, l);
-    for (int i = 0; i < nq; i++) {
-        for (int t = 0; t < d; t++) out[(size_t)i * (size_t)q_ld + t] = buf[t * 16 + i];
-        ml[(size_t)i * (size_t)ml_ld] = mv[i];
-        ml[(size_t)i * (size_t)ml_ld + 1] = lv[i];
-    }
+    for (int t = 0; t < d; t++) _mm512_storeu_ps(buf + t * 16, o[t]);
+    tsr__z_qblock_store(buf, d, m, l, nq, out, q_ld, ml, ml_ld);
 }
 
 /* attn_qblock for heads of 32..TSR__CPU_QBLOCK_WIDE_MAX_D dims in steps of 16: the scores
@@ -1214,24 +1245,17 @@ static void tsr__z_attn_qblock_wide(const float *q, int64_t q_ld, const int32_t 
                                     int64_t ml_ld) {
     const __m512 ninf = _mm512_set1_ps(-INFINITY), sv = _mm512_set1_ps(scale);
     int32_t qp[16];
-    int32_t qmax = INT32_MIN;
+    int32_t qmax = tsr__z_qblock_positions(qpos, nq, qp);
     float qt[TSR__CPU_QBLOCK_WIDE_MAX_D * 16], ob[TSR__CPU_QBLOCK_WIDE_MAX_D * 16];
-    for (int i = 0; i < 16; i++) {
-        qp[i] = i < nq ? qpos[i] : INT32_MIN;
-        if (i < nq && qpos[i] > qmax) qmax = qpos[i];
+    for (int i = 0; i < 16; i++)
         for (int t = 0; t < d; t++) qt[t * 16 + i] = i < nq ? q[(size_t)i * (size_t)q_ld + t] : 0;
-    }
     memset(ob, 0, (size_t)d * 16 * sizeof(float));
     const __m512i qpv = _mm512_loadu_si512((const void *)qp);
     __m512 m = ninf, l = _mm512_setzero_ps();
     __m512 s[TSR__CPU_QBLOCK_MAX_TILE];
     for (int sp_i = 0; sp_i < n_spans; sp_i++) {
         const tsr_kv_span *sp = &spans[sp_i];
-        int64_t lim = sp->n;
-        if (!sp->pos) {
-            int64_t e = (int64_t)qmax - sp->pos0 + 1;
-            lim = e < 0 ? 0 : e < lim ? e : lim;
-        }
+        int64_t lim = tsr__z_qblock_limit(sp, qmax);
         for (int64_t j0 = 0; j0 < lim; j0 += tile) {
             int nt = lim - j0 < tile ? (int)(lim - j0) : tile;
             __m512 mt = ninf;
@@ -1261,17 +1285,9 @@ static void tsr__z_attn_qblock_wide(const float *q, int64_t q_ld, const int32_t 
                     mt = _mm512_max_ps(x, mt);
                 }
             }
-            __mmask16 vis = _mm512_cmp_ps_mask(mt, ninf, _CMP_NEQ_UQ);
+            __m512 corr;
+            __mmask16 vis = tsr__z_qblock_softmax(s, nt, mt, &m, &l, &corr);
             if (!vis) continue;
-            __m512 mn = _mm512_max_ps(mt, m);
-            __m512 corr = tsr__z_exp(_mm512_sub_ps(m, mn));
-            __m512 sum = _mm512_setzero_ps();
-            for (int j = 0; j < nt; j++) {
-                s[j] = tsr__z_exp(_mm512_sub_ps(s[j], mn));
-                sum = _mm512_add_ps(sum, s[j]);
-            }
-            l = _mm512_mask_add_ps(l, vis, _mm512_mul_ps(l, corr), sum);
-            m = _mm512_mask_mov_ps(m, vis, mn);
             for (int c = 0; c < d; c += 16) {
                 __m512 oc[16];
 #pragma GCC unroll 16
@@ -1291,18 +1307,7 @@ static void tsr__z_attn_qblock_wide(const float *q, int64_t q_ld, const int32_t 
             }
         }
     }
-    __mmask16 pos = _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ);
-    __m512 inv = _mm512_maskz_div_ps(pos, _mm512_set1_ps(1.0f), l);
-    for (int t = 0; t < d; t++)
-        _mm512_storeu_ps(ob + t * 16, _mm512_mul_ps(_mm512_loadu_ps(ob + t * 16), inv));
-    float mv[16], lv[16];
-    _mm512_storeu_ps(mv, m);
-    _mm512_storeu_ps(lv, l);
-    for (int i = 0; i < nq; i++) {
-        for (int t = 0; t < d; t++) out[(size_t)i * (size_t)q_ld + t] = ob[t * 16 + i];
-        ml[(size_t)i * (size_t)ml_ld] = mv[i];
-        ml[(size_t)i * (size_t)ml_ld + 1] = lv[i];
-    }
+    tsr__z_qblock_store(ob, d, m, l, nq, out, q_ld, ml, ml_ld);
 }
 
 /* attn_qblock with the head size a constant where it is common, so the query and output
