@@ -144,8 +144,8 @@ typedef struct tsr__cpu_kernels {
 /* Longest segment that matmul_parts prefill gives to gemm_short. */
 #define TSR__CPU_SHORT_K 32
 
-/* Head sizes that take attn_qblock in prefill (one vector register per dimension for the
- * queries and one for the outputs). */
+/* Head sizes attn_qblock keeps in registers (one vector per dimension for the queries and
+ * one for the outputs). */
 #define TSR__CPU_QBLOCK_MAX_D 16
 /* Wider heads that take attn_qblock: multiples of 16 up to this (queries and outputs of a
  * task on the stack). */

@@ -22,10 +22,9 @@ static float tsr__w_at(const tsr_tensor *w, int64_t i) {
 }
 
 /* One row of rmsnorm. */
-static void tsr__rmsnorm_row(const float *xr, const tsr_tensor *w, int dim, float eps,
-                             float *o) {
+static void tsr__rmsnorm_row(const tsr__cpu_kernels *k, const float *xr, const tsr_tensor *w,
+                             int dim, float eps, float *o) {
     const float *wf = w->dtype == TSR_F32 ? w->data : NULL;
-    const tsr__cpu_kernels *k = tsr__cpu_kernels_get();
     if (wf && k->rmsnorm_f32) {
         k->rmsnorm_f32(xr, wf, dim, eps, o);
         return;
@@ -55,17 +54,18 @@ tsr_status tsr__cpu_rmsnorm(tsr_backend *be, const float *x, const tsr_tensor *w
     tsr__cpu_ctx *c = be->ctx;
     if (dim <= 0 || n < 0 || !w || w->rows * w->cols < dim)
         return tsr_error_set(TSR_ERR_INVALID, "cpu rmsnorm: bad shape (dim=%d)", dim);
+    const tsr__cpu_kernels *k = tsr__cpu_kernels_get();
     /* Serial loops stay outside OpenMP: even a region with if(0) costs ~0.7 us and a futex
      * call; a 260K-model decode step has ~80 such calls. */
     if (!(c->threads > 1 && n * dim >= TSR__CPU_EW_PAR_MIN)) {
         for (int64_t r = 0; r < n; r++)
-            tsr__rmsnorm_row(x + (size_t)r * (size_t)dim, w, dim, eps,
+            tsr__rmsnorm_row(k, x + (size_t)r * (size_t)dim, w, dim, eps,
                              out + (size_t)r * (size_t)dim);
         return TSR_OK;
     }
 #pragma omp parallel for num_threads(c->threads) schedule(static)
     for (int64_t r = 0; r < n; r++)
-        tsr__rmsnorm_row(x + (size_t)r * (size_t)dim, w, dim, eps,
+        tsr__rmsnorm_row(k, x + (size_t)r * (size_t)dim, w, dim, eps,
                          out + (size_t)r * (size_t)dim);
     return TSR_OK;
 }

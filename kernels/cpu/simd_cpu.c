@@ -1155,15 +1155,30 @@ static void tsr__z_qblock_store(float *ob, int d, __m512 m, __m512 l, int nq, fl
     }
 }
 
-/* Lane i's position (INT32_MIN for lanes past nq: they see no key) and the block's last
+/* A block's queries: lane i's position in qp (INT32_MIN for lanes past nq: they see no
+ * key) and its d dimensions in qt[t * 16 + i] (zeros past nq). Returns the block's last
  * position. */
-static int32_t tsr__z_qblock_positions(const int32_t *qpos, int nq, int32_t *qp) {
+static int32_t tsr__z_qblock_load(const float *q, int64_t q_ld, const int32_t *qpos, int nq,
+                                  int d, float *qt, int32_t *qp) {
     int32_t qmax = INT32_MIN;
     for (int i = 0; i < 16; i++) {
         qp[i] = i < nq ? qpos[i] : INT32_MIN;
         if (i < nq && qpos[i] > qmax) qmax = qpos[i];
+        for (int t = 0; t < d; t++) qt[t * 16 + i] = i < nq ? q[(size_t)i * (size_t)q_ld + t] : 0;
     }
     return qmax;
+}
+
+/* Lane scores a (q.k) of key j of span sp, scaled and -inf in the lanes whose query comes
+ * before the key; *mt keeps the lanes' max (a NaN score leaves it alone). */
+TSR__INLINE __m512 tsr__z_qblock_score(__m512 a, __m512 sv, const tsr_kv_span *sp, int64_t j,
+                                       __m512i qpv, __m512 *mt) {
+    int32_t kp = sp->pos ? sp->pos[j] : sp->pos0 + (int32_t)j;
+    a = _mm512_mask_mov_ps(_mm512_mul_ps(a, sv),
+                           _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(kp), qpv),
+                           _mm512_set1_ps(-INFINITY));
+    *mt = _mm512_max_ps(a, *mt);
+    return a;
 }
 
 /* Keys of span sp a block whose last query is at qmax can see: contiguous spans stop there. */
@@ -1185,10 +1200,8 @@ TSR__INLINE void tsr__z_attn_qblock_d(const float *q, int64_t q_ld, const int32_
                                       float *out, float *ml, int64_t ml_ld) {
     const __m512 ninf = _mm512_set1_ps(-INFINITY), sv = _mm512_set1_ps(scale);
     int32_t qp[16];
-    int32_t qmax = tsr__z_qblock_positions(qpos, nq, qp);
     float buf[TSR__CPU_QBLOCK_MAX_D * 16];
-    for (int i = 0; i < 16; i++)
-        for (int t = 0; t < d; t++) buf[t * 16 + i] = i < nq ? q[(size_t)i * (size_t)q_ld + t] : 0;
+    int32_t qmax = tsr__z_qblock_load(q, q_ld, qpos, nq, d, buf, qp);
     const __m512i qpv = _mm512_loadu_si512((const void *)qp);
     __m512 qt[TSR__CPU_QBLOCK_MAX_D], o[TSR__CPU_QBLOCK_MAX_D];
 #pragma GCC unroll 16
@@ -1209,12 +1222,7 @@ TSR__INLINE void tsr__z_attn_qblock_d(const float *q, int64_t q_ld, const int32_
                 __m512 a = _mm512_mul_ps(qt[0], _mm512_set1_ps(kr[0]));
 #pragma GCC unroll 16
                 for (int t = 1; t < d; t++) a = _mm512_fmadd_ps(qt[t], _mm512_set1_ps(kr[t]), a);
-                a = _mm512_mul_ps(a, sv);
-                int32_t kp = sp->pos ? sp->pos[j0 + j] : sp->pos0 + (int32_t)(j0 + j);
-                a = _mm512_mask_mov_ps(a, _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(kp), qpv),
-                                       ninf);
-                s[j] = a;
-                mt = _mm512_max_ps(a, mt); /* a NaN score leaves the max alone */
+                s[j] = tsr__z_qblock_score(a, sv, sp, j0 + j, qpv, &mt);
             }
             __m512 corr;
             __mmask16 vis = tsr__z_qblock_softmax(s, nt, mt, &m, &l, &corr);
@@ -1245,10 +1253,8 @@ static void tsr__z_attn_qblock_wide(const float *q, int64_t q_ld, const int32_t 
                                     int64_t ml_ld) {
     const __m512 ninf = _mm512_set1_ps(-INFINITY), sv = _mm512_set1_ps(scale);
     int32_t qp[16];
-    int32_t qmax = tsr__z_qblock_positions(qpos, nq, qp);
     float qt[TSR__CPU_QBLOCK_WIDE_MAX_D * 16], ob[TSR__CPU_QBLOCK_WIDE_MAX_D * 16];
-    for (int i = 0; i < 16; i++)
-        for (int t = 0; t < d; t++) qt[t * 16 + i] = i < nq ? q[(size_t)i * (size_t)q_ld + t] : 0;
+    int32_t qmax = tsr__z_qblock_load(q, q_ld, qpos, nq, d, qt, qp);
     memset(ob, 0, (size_t)d * 16 * sizeof(float));
     const __m512i qpv = _mm512_loadu_si512((const void *)qp);
     __m512 m = ninf, l = _mm512_setzero_ps();
@@ -1275,15 +1281,8 @@ static void tsr__z_attn_qblock_wide(const float *q, int64_t q_ld, const int32_t 
                     for (int u = 0; u < 16; u++)
                         a[u] = _mm512_fmadd_ps(qv, _mm512_set1_ps(kr[u][t]), a[u]);
                 }
-                for (int u = 0; u < nb; u++) {
-                    int64_t j = j0 + jb + u;
-                    int32_t kp = sp->pos ? sp->pos[j] : sp->pos0 + (int32_t)j;
-                    __m512 x = _mm512_mask_mov_ps(
-                        _mm512_mul_ps(a[u], sv),
-                        _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(kp), qpv), ninf);
-                    s[jb + u] = x;
-                    mt = _mm512_max_ps(x, mt);
-                }
+                for (int u = 0; u < nb; u++)
+                    s[jb + u] = tsr__z_qblock_score(a[u], sv, sp, j0 + jb + u, qpv, &mt);
             }
             __m512 corr;
             __mmask16 vis = tsr__z_qblock_softmax(s, nt, mt, &m, &l, &corr);
