@@ -23,6 +23,7 @@
 #include "runtime/base/alloc.h"
 #include "runtime/base/sys.h"
 #include "runtime/base/dtype.h"
+#include "runtime/base/membw.h"
 #include "runtime/forward.h"
 #include "runtime/kv_setup.h"
 #include "runtime/model.h"
@@ -38,6 +39,7 @@ typedef struct tsr__bench_opts {
     int repeat;
     int warmup;
     const char *kv;
+    int membw_mib;
     bool json;
 } tsr__bench_opts;
 
@@ -65,7 +67,8 @@ static const char tsr__bench_about[] =
     "      keys, and the classifier runs once per chunk\n"
     "  prefill_gflops = prefill_flops_per_token * prefill_tok_s / 1e9\n"
     "  decode_gb_s = decode_bytes_per_token * decode_tok_s / 1e9\n"
-    "  peak_rss_bytes = getrusage ru_maxrss of the whole process\n"
+    "  peak_rss_bytes = getrusage ru_maxrss of the whole process (with --membw-mib, its\n"
+    "      buffer too)\n"
     "  huge_page_bytes = of the process, backed by transparent huge pages at the end (the\n"
     "      weights ask for them; -1: unknown)\n"
     "\n"
@@ -73,7 +76,16 @@ static const char tsr__bench_about[] =
     "prefill_s, prefill_tok_s, prefill_gflops, decode_s, decode_tok_s, decode_gb_s,\n"
     "weight_bytes, decode_bytes_per_token, prefill_flops_per_token, peak_rss_bytes,\n"
     "huge_page_bytes, dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size,\n"
-    "last_token (the final greedy token, a determinism check). Exit status: 0 success, 1 runtime failure, 2 usage error.";
+    "last_token (the final greedy token, a determinism check); with --membw-mib also\n"
+    "membw_bytes, read_passes, read_gb_s, read_best_gb_s, decode_read_ratio.\n"
+    "\n"
+    "--membw-mib MIB: 3 streaming-read passes (xor of MIB MiB in transparent huge pages, the\n"
+    "decode's threads, tsr_membw's loop) before each timed repeat and 3 after the last.\n"
+    "read_gb_s is the median pass, read_best_gb_s the fastest, and\n"
+    "decode_read_ratio = decode_gb_s / read_gb_s: the decode against the machine's read\n"
+    "bandwidth at the same moments (on a shared machine both move with the neighbours).\n"
+    "\n"
+    "Exit status: 0 success, 1 runtime failure, 2 usage error.";
 
 static int tsr__check_range(tsr_cli *cli, const char *name, int v, int lo, int hi) {
     if (v >= lo && v <= hi) return 0;
@@ -101,6 +113,9 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         {"kv", TSR_OPT_STRING, &o->kv, "paged|dense",
          "KV cache: the paged pool of generate and run (16-token blocks, no prefix sharing), "
          "or one contiguous buffer (default: paged)", false},
+        {"membw-mib", TSR_OPT_INT, &o->membw_mib, "MIB",
+         "also measure the streaming-read bandwidth beside the decode: passes over a MIB MiB "
+         "buffer before each timed repeat and after the last (0: off)", false},
         {"json", TSR_OPT_FLAG, &o->json, NULL, "print one JSON line instead of text", false},
     };
     tsr_cli cli = {"bench", "--model SPEC [options]", tsr__bench_about, opts,
@@ -117,7 +132,8 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         tsr__check_range(&cli, "gen-tokens", o->gen_tokens, 0, 1 << 20) ||
         tsr__check_range(&cli, "threads", o->threads, 1, 4096) ||
         tsr__check_range(&cli, "repeat", o->repeat, 1, 1000) ||
-        tsr__check_range(&cli, "warmup", o->warmup, 0, 1000))
+        tsr__check_range(&cli, "warmup", o->warmup, 0, 1000) ||
+        tsr__check_range(&cli, "membw-mib", o->membw_mib, 0, 1 << 20))
         return 1;
     if (!o->kv) o->kv = "paged";
     if (strcmp(o->kv, "paged") != 0 && strcmp(o->kv, "dense") != 0)
@@ -275,6 +291,44 @@ done:
     return st;
 }
 
+/* The streaming-read probe of --membw-mib: TSR__BENCH_PROBE_PASSES passes over its own
+ * buffer, with the decode's threads, before each timed repeat and after the last, so that
+ * the read and the decode see the same moments of a shared machine (docs/perf.md). */
+#define TSR__BENCH_PROBE_PASSES 3 /* --help says 3 */
+
+typedef struct tsr__bench_probe {
+    void *buf; /* NULL: no probe */
+    size_t bytes;
+    int threads;
+    double *sec; /* seconds per pass */
+    int n, cap;
+} tsr__bench_probe;
+
+static tsr_status tsr__probe_init(tsr__bench_probe *p, int mib, int threads, int repeat) {
+    if (mib <= 0) return TSR_OK;
+    p->bytes = (size_t)mib << 20;
+    p->threads = threads;
+    p->cap = TSR__BENCH_PROBE_PASSES * (repeat + 1);
+    p->sec = tsr_calloc((size_t)p->cap, sizeof *p->sec);
+    p->buf = tsr_malloc_huge(p->bytes);
+    if (!p->sec || !p->buf) return TSR_ERR_NOMEM;
+    tsr_membw_fill(p->buf, p->bytes, threads);
+    volatile uint64_t sink = 0;
+    tsr_membw_pass(p->buf, p->bytes, threads, &sink); /* warm-up: page tables, frequency */
+    return TSR_OK;
+}
+
+static void tsr__probe_run(tsr__bench_probe *p) {
+    volatile uint64_t sink = 0;
+    for (int i = 0; p->buf && i < TSR__BENCH_PROBE_PASSES && p->n < p->cap; i++)
+        p->sec[p->n++] = tsr_membw_pass(p->buf, p->bytes, p->threads, &sink);
+}
+
+static void tsr__probe_free(tsr__bench_probe *p) {
+    if (p->buf) tsr_free_huge(p->buf, p->bytes);
+    tsr_free(p->sec);
+}
+
 static void tsr__json_string(const char *s) {
     putchar('"');
     for (; *s; s++) {
@@ -296,6 +350,7 @@ int tsr_cmd_bench(int argc, char **argv) {
     tsr_model *m = NULL;
     tsr_backend *be = NULL;
     tsr__bench_run r = {0};
+    tsr__bench_probe probe = {0};
     double *pre = NULL, *dec = NULL;
     rc = tsr__bench_load(&o, &m);
     if (rc) return rc;
@@ -344,8 +399,14 @@ int tsr_cmd_bench(int argc, char **argv) {
         double a, b;
         if (tsr__bench_once(&r, n, g > 0 ? 1 : 0, &a, &b, &last) != TSR_OK) goto fail;
     }
-    for (int i = 0; i < o.repeat; i++)
+    if (tsr__probe_init(&probe, o.membw_mib, be->threads > 0 ? be->threads : o.threads,
+                        o.repeat) != TSR_OK)
+        goto fail;
+    for (int i = 0; i < o.repeat; i++) {
+        tsr__probe_run(&probe);
         if (tsr__bench_once(&r, n, g, &pre[i], &dec[i], &last) != TSR_OK) goto fail;
+    }
+    tsr__probe_run(&probe);
     int npre = o.repeat;
     double pre_sum = 0;
     for (int i = 0; i < npre; i++) pre_sum += pre[i];
@@ -367,6 +428,12 @@ int tsr_cmd_bench(int argc, char **argv) {
     double attn = 4.0 * c->n_layers * q * (n + 1) / 2.0;
     double pre_flops = 2.0 * params + attn + 2.0 * (double)c->vocab_size * c->dim / n;
     double pre_tps = n / prefill_s, dec_tps = g > 0 ? g / decode_s : 0.0;
+    double dec_gb = dec_bytes * dec_tps * 1e-9, read_gb = 0.0, read_best = 0.0;
+    if (probe.n > 0) {
+        double med = tsr__median(probe.sec, probe.n); /* sorts: sec[0] is the fastest pass */
+        read_gb = (double)probe.bytes / med * 1e-9;
+        read_best = (double)probe.bytes / probe.sec[0] * 1e-9;
+    }
     double rss = (double)tsr_sys_peak_rss(), huge = (double)tsr_sys_anon_huge_bytes();
     const char *dtn = tsr_dtype_name(c->dtype);
 
@@ -379,12 +446,16 @@ int tsr_cmd_bench(int argc, char **argv) {
                "\"decode_s\":%.6f,\"decode_tok_s\":%.2f,\"decode_gb_s\":%.3f,"
                "\"weight_bytes\":%.0f,\"decode_bytes_per_token\":%.0f,"
                "\"prefill_flops_per_token\":%.0f,\"peak_rss_bytes\":%.0f,"
-               "\"huge_page_bytes\":%.0f,\"dim\":%d,"
-               "\"hidden_dim\":%d,\"n_layers\":%d,\"n_heads\":%d,\"n_kv_heads\":%d,"
-               "\"head_dim\":%d,\"vocab_size\":%d,\"last_token\":%d}\n",
+               "\"huge_page_bytes\":%.0f,",
                dtn, be->threads > 0 ? be->threads : o.threads, n, g, o.repeat, npre, prefill_s,
                pre_tps, pre_flops * pre_tps * 1e-9, decode_s, dec_tps,
-               dec_bytes * dec_tps * 1e-9, weight_bytes, dec_bytes, pre_flops, rss, huge,
+               dec_gb, weight_bytes, dec_bytes, pre_flops, rss, huge);
+        if (probe.n > 0)
+            printf("\"membw_bytes\":%zu,\"read_passes\":%d,\"read_gb_s\":%.3f,"
+                   "\"read_best_gb_s\":%.3f,\"decode_read_ratio\":%.4f,",
+                   probe.bytes, probe.n, read_gb, read_best, dec_gb / read_gb);
+        printf("\"dim\":%d,\"hidden_dim\":%d,\"n_layers\":%d,\"n_heads\":%d,"
+               "\"n_kv_heads\":%d,\"head_dim\":%d,\"vocab_size\":%d,\"last_token\":%d}\n",
                c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim,
                c->vocab_size, last);
     } else {
@@ -395,7 +466,11 @@ int tsr_cmd_bench(int argc, char **argv) {
                prefill_s, pre_tps, pre_flops * pre_tps * 1e-9, pre_flops * 1e-6);
         if (g > 0)
             printf("decode  %d tokens in %.4f s: %.1f tok/s, %.2f GB/s (%.2f MB/token)\n", g,
-                   decode_s, dec_tps, dec_bytes * dec_tps * 1e-9, dec_bytes * 1e-6);
+                   decode_s, dec_tps, dec_gb, dec_bytes * 1e-6);
+        if (probe.n > 0)
+            printf("read    %d MiB streaming read beside the decode: %.2f GB/s (median of %d "
+                   "passes; best %.2f); decode at %.1f %% of it\n", o.membw_mib, read_gb,
+                   probe.n, read_best, 100.0 * dec_gb / read_gb);
         printf("median of %d repeat%s (prefill: %d samples); peak RSS %.1f MiB", o.repeat,
                o.repeat == 1 ? "" : "s", npre, rss / 1048576.0);
         if (huge >= 0) printf(", %.1f MiB in transparent huge pages", huge / 1048576.0);
@@ -412,5 +487,6 @@ fail:
     tsr_free(r.prompt);
     tsr_free(pre);
     tsr_free(dec);
+    tsr__probe_free(&probe);
     return rc;
 }

@@ -26,5 +26,20 @@ check $? bench_kv_dense
 "$BIN" bench --model "$ROOT/models/stories260K.bin" --kv ring >"$TMP/out5" 2>"$TMP/err"
 [ $? -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "^tessera bench: --kv 'ring': expected paged or dense" "$TMP/err"
 check $? bench_bad_kv
+# --membw-mib: a streaming read beside the decode, reported with the decode's share of it.
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 8 --gen-tokens 4 --repeat 2 --membw-mib 4 --json >"$TMP/out6" 2>"$TMP/err"
+ok=$?
+for key in membw_bytes read_passes read_gb_s read_best_gb_s decode_read_ratio; do
+    grep -q "\"$key\":" "$TMP/out6" || { echo "missing $key"; ok=1; }
+done
+grep -q '"membw_bytes":4194304,"read_passes":9,' "$TMP/out6" || { echo "wrong probe size or passes"; ok=1; }
+grep -q '"read_gb_s":' "$TMP/out" && { echo "probe keys without --membw-mib"; ok=1; }
+check "$ok" bench_membw
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 8 --gen-tokens 4 --repeat 1 --membw-mib 4 >"$TMP/out7" 2>"$TMP/err"
+[ $? -eq 0 ] && grep -q "^read    4 MiB streaming read beside the decode: .* GB/s (median of 6 passes; best .*); decode at .* % of it$" "$TMP/out7"
+check $? bench_membw_text
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --membw-mib -1 >"$TMP/out8" 2>"$TMP/err"
+[ $? -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "membw-mib" "$TMP/err"
+check $? bench_bad_membw
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
