@@ -12,7 +12,8 @@
  * are reported as us per token and GB/s (1e9 bytes/s of K+V), and ratio = attn / read.
  * K and V each live in one store for all layers, in 2 MiB transparent huge pages as the KV
  * caches hold them (memory/kv_paged.c, kv_dense.c); --small-pages 1 uses 4 KiB pages.
- * --paged B cuts each layer into spans of B rows (a paged pool's blocks).
+ * --paged B cuts each layer into spans of B rows (a paged pool's blocks); --interleave 1
+ * puts block b of every layer before block b + 1, as the pool hands them out.
  * Prints one JSON line. */
 #include <omp.h>
 #include <stdint.h>
@@ -130,14 +131,16 @@ static void tsr__usage(FILE *f) {
     fprintf(f,
             "usage: tsr_attn [--ctx N] [--heads H] [--kv-heads G] [--head-dim D] [--layers L]\n"
             "                [--repeat R] [--threads T] [--flush-mib M] [--paged B]\n"
-            "                [--small-pages 0|1]\n"
+            "                [--small-pages 0|1] [--interleave 0|1]\n"
             "Decode attention (one query at position N-1) of the CPU backend over a KV cache\n"
             "of N keys x G kv heads x D per layer (defaults 256, 12, 64; H = 12 query heads,\n"
             "L = 12 layers), cold in the caches: before each layer's call M MiB (default 16;\n"
             "0: warm caches) of a 256 MiB buffer are streamed. Compared with a plain read of\n"
             "the same K and V bytes after the same flush. Medians over R tokens (default 30,\n"
             "after 2 warm-up tokens) with T threads (default 1). --paged B: spans of B rows\n"
-            "(0: one span per layer, the default). K and V are in 2 MiB transparent huge pages,\n"
+            "(0: one span per layer, the default); --interleave 1 lays the blocks out as a\n"
+            "pool that all layers fill together does: block b of every layer, then b + 1.\n"
+            "K and V are in 2 MiB transparent huge pages,\n"
             "as the KV caches hold them; --small-pages 1: 4 KiB pages.\n"
             "Output: one JSON line {\"bench\":\"attn\",...,\"attn_us_per_token\":..,\n"
             "\"attn_gb_s\":..,\"read_us_per_token\":..,\"read_gb_s\":..,\"ratio\":..}.\n");
@@ -145,13 +148,14 @@ static void tsr__usage(FILE *f) {
 
 int main(int argc, char **argv) {
     int ctx = 256, heads = 12, kv_heads = 12, head_dim = 64, layers = 12, repeat = 30;
-    int threads = 1, flush_mib = 16, paged = 0, small_pages = 0;
+    int threads = 1, flush_mib = 16, paged = 0, small_pages = 0, interleave = 0;
     const tsr_bench_opt opts[] = {
         {"--ctx", &ctx, 1, 1 << 22},         {"--heads", &heads, 1, 1024},
         {"--kv-heads", &kv_heads, 1, 1024},  {"--head-dim", &head_dim, 1, 512},
         {"--layers", &layers, 1, 1024},      {"--repeat", &repeat, 1, 100000},
         {"--threads", &threads, 1, 1024},    {"--flush-mib", &flush_mib, 0, 256},
-        {"--paged", &paged, 0, 1 << 22},     {"--small-pages", &small_pages, 0, 1}};
+        {"--paged", &paged, 0, 1 << 22},     {"--small-pages", &small_pages, 0, 1},
+        {"--interleave", &interleave, 0, 1}};
     int prc = tsr_bench_parse("tsr_attn", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
                               tsr__usage);
     if (prc) return prc == 1 ? 0 : 2;
@@ -168,7 +172,7 @@ int main(int argc, char **argv) {
     size_t kvd = (size_t)kv_heads * (size_t)head_dim, qd = (size_t)heads * (size_t)head_dim;
     int bs = paged ? paged : ctx, nb = (ctx + bs - 1) / bs;
     uint32_t rng = 42;
-    size_t store_n = (size_t)layers * (size_t)ctx * kvd;
+    size_t store_n = (size_t)layers * (size_t)nb * (size_t)bs * kvd;
     float *kst = small_pages ? tsr_malloc_aligned(store_n * sizeof(float))
                              : tsr_malloc_huge(store_n * sizeof(float));
     float *vst = small_pages ? tsr_malloc_aligned(store_n * sizeof(float))
@@ -185,7 +189,10 @@ int main(int argc, char **argv) {
     for (int l = 0; l < layers; l++)
         for (int b = 0; b < nb; b++) {
             int rows = ctx - b * bs < bs ? ctx - b * bs : bs;
-            size_t n = (size_t)rows * kvd, at = ((size_t)l * (size_t)ctx + (size_t)b * bs) * kvd;
+            /* --interleave: block b of every layer, then block b + 1 (a pool's order) */
+            size_t blk = interleave ? (size_t)b * (size_t)layers + (size_t)l
+                                    : (size_t)l * (size_t)nb + (size_t)b;
+            size_t n = (size_t)rows * kvd, at = blk * (size_t)bs * kvd;
             float *k = kst + at, *v = vst + at;
             size_t s = (size_t)l * (size_t)nb + (size_t)b;
             spans[s] = (tsr_kv_span){.k = k, .v = v, .pos = NULL, .pos0 = b * bs, .n = rows,

@@ -99,6 +99,15 @@ tsr_status tsr_block_pool_alloc(tsr_block_pool *p, int32_t n, int32_t *ids) {
     return TSR_OK;
 }
 
+int tsr_block_pool_take(tsr_block_pool *p, int32_t id) {
+    if (id < 0 || id >= p->n_blocks) return 0;
+    tsr_block *b = &p->blocks[id];
+    if (!b->in_free || b->hash) return 0;
+    tsr__free_remove(p, b);
+    b->ref_cnt = 1;
+    return 1;
+}
+
 void tsr_block_pool_ref(tsr_block_pool *p, int32_t id) {
     tsr_block *b = &p->blocks[id];
     if (b->in_free) tsr__free_remove(p, b);

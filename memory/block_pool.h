@@ -38,6 +38,12 @@ static inline int32_t tsr_block_pool_num_free(const tsr_block_pool *p) { return 
  * nothing: TSR_ERR_NO_BLOCKS, with nothing changed, when fewer than n are free. */
 tsr_status tsr_block_pool_alloc(tsr_block_pool *p, int32_t n, int32_t *ids);
 
+/* Takes block `id` (ref_cnt 1) when it is free and caches nothing, so no prefix-cache
+ * content is lost and the LRU order of cached blocks stays as it was; else changes nothing
+ * and returns 0. Lets a cache pick where a block's rows land (memory/kv_paged.c keeps each
+ * layer's blocks adjacent) with the same accounting as tsr_block_pool_alloc. */
+int tsr_block_pool_take(tsr_block_pool *p, int32_t id);
+
 /* One more reference; a block on the free list (a prefix-cache hit) leaves it. */
 void tsr_block_pool_ref(tsr_block_pool *p, int32_t id);
 

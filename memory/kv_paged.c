@@ -171,11 +171,31 @@ static int32_t tsr__layer_need(const tsr__paged *p, const tsr__player *L, int32_
     return (want > L->nb ? want - L->nb : 0) + *cow;
 }
 
-/* Makes the partial last block of L private (copy-on-write). A free block must exist. */
-static void tsr__layer_cow(tsr__paged *p, tsr__player *L) {
+/* n new blocks for layer l into ids, the first to follow block `prev` (-1: none). Each
+ * takes the block right after the one before it when that block lies in layer l's share
+ * of the ids ([l*N/L, (l+1)*N/L) of N blocks, L layers) and is free with nothing cached;
+ * else the pool's LRU head, as plain allocation would. Blocks are handed out in id order,
+ * so without this a decode step's new blocks interleave the layers and a layer's rows lie
+ * in 16-row pieces a pool's width apart, which read 25-30 % slower than one run
+ * (bench/attn.c --interleave, docs/kv-cache.md). The caller checked that n are free. */
+static void tsr__layer_alloc(tsr__paged *p, int l, int32_t prev, int32_t n, int32_t *ids) {
+    int64_t nbk = p->pool->n_blocks, nl = p->base.n_layers;
+    int32_t lo = (int32_t)(nbk * l / nl), hi = (int32_t)(nbk * (l + 1) / nl);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t want = prev >= 0 ? prev + 1 : lo;
+        if (!(want >= lo && want < hi && tsr_block_pool_take(p->pool, want))) {
+            tsr_status st = tsr_block_pool_alloc(p->pool, 1, &want);
+            TSR_ASSERT(st == TSR_OK);
+        }
+        ids[i] = prev = want;
+    }
+}
+
+/* Makes the partial last block of layer l private (copy-on-write). A free block must
+ * exist. */
+static void tsr__layer_cow(tsr__paged *p, int l, tsr__player *L) {
     int32_t old = L->blocks[L->nb - 1], nw;
-    tsr_status st = tsr_block_pool_alloc(p->pool, 1, &nw);
-    TSR_ASSERT(st == TSR_OK);
+    tsr__layer_alloc(p, l, L->nb > 1 ? L->blocks[L->nb - 2] : -1, 1, &nw);
     int32_t used = L->slots - (L->nb - 1) * p->bs;
     for (int32_t j = 0; j < used; j++)
         tsr__copy_slot(p, (size_t)nw * p->bs + j, (size_t)old * p->bs + j);
@@ -227,9 +247,8 @@ static void tsr__reserve_commit(tsr__paged *p, tsr__pseq *s, int l0, int l1, int
         L->slots = tsr__rows_from(L, retry);
         int cow;
         int32_t add = tsr__layer_need(p, L, L->slots, rows, &cow) - cow;
-        if (cow) tsr__layer_cow(p, L);
-        tsr_status st = tsr_block_pool_alloc(p->pool, add, L->blocks + L->nb);
-        TSR_ASSERT(st == TSR_OK);
+        if (cow) tsr__layer_cow(p, l, L);
+        tsr__layer_alloc(p, l, L->nb > 0 ? L->blocks[L->nb - 1] : -1, add, L->blocks + L->nb);
         L->nb += add;
     }
     tsr__note_peak(p);
@@ -722,8 +741,7 @@ tsr_status tsr_kv_paged_swap_in(tsr_kv_cache *kv, int seq) {
     for (int l = 0; l < kv->n_layers; l++) {
         tsr__player *L = &s->layers[l];
         int32_t nb = tsr__ceil_div(L->slots, p->bs);
-        tsr_status st = tsr_block_pool_alloc(p->pool, nb, L->blocks);
-        TSR_ASSERT(st == TSR_OK);
+        tsr__layer_alloc(p, l, -1, nb, L->blocks);
         L->nb = nb;
         for (int32_t i = 0; i < L->slots; i++) {
             size_t at = tsr__slot(p, L, i);
@@ -953,8 +971,7 @@ tsr_status tsr_kv_paged_import_seq(tsr_kv_cache *kv, int seq, const tsr_kv_seq_s
         tsr__player *L = &s->layers[l];
         const tsr_kv_seq_layer *I = &in->layers[l];
         int32_t nb = tsr__ceil_div(I->slots, p->bs);
-        tsr_status st = tsr_block_pool_alloc(p->pool, nb, L->blocks);
-        TSR_ASSERT(st == TSR_OK);
+        tsr__layer_alloc(p, l, -1, nb, L->blocks);
         L->nb = nb;
         L->slots = L->base = I->slots;
         L->dense = I->dense;

@@ -84,4 +84,35 @@ TSR_TEST(test_hash_kept_until_reuse) {
     tsr_block_pool_destroy(p);
 }
 
-TSR_TEST_MAIN(test_alloc_free_counts, test_lru_order, test_hash_kept_until_reuse)
+TSR_TEST(test_take_free_uncached) {
+    tsr_block_pool *p = NULL;
+    ASSERT_OK(tsr_block_pool_create(6, &p));
+    int32_t ids[2];
+    ASSERT_OK(tsr_block_pool_alloc(p, 2, ids)); /* 0, 1 */
+    tsr_block_pool_set_hash(p, ids[1], 77);
+    tsr_block_pool_unref(p, &ids[1], 1); /* 1: free, cached */
+    ASSERT_EQ_INT(tsr_block_pool_take(p, 0), 0);  /* in use */
+    ASSERT_EQ_INT(tsr_block_pool_take(p, 1), 0);  /* caches a block: never taken */
+    ASSERT_EQ_INT(tsr_block_pool_take(p, -1), 0); /* out of range */
+    ASSERT_EQ_INT(tsr_block_pool_take(p, 6), 0);
+    ASSERT_EQ_INT(tsr_block_pool_num_free(p), 5);
+    ASSERT_EQ_INT(tsr_block_pool_take(p, 4), 1); /* from the middle of the free list */
+    ASSERT_EQ_INT(p->blocks[4].ref_cnt, 1);
+    ASSERT_EQ_INT(tsr_block_pool_num_free(p), 4);
+    ASSERT_EQ_INT(tsr_block_pool_take(p, 4), 0); /* once */
+    /* The rest keep their order: uncached 2, 3, 5, then the cached block 1. */
+    int32_t got[4];
+    ASSERT_OK(tsr_block_pool_alloc(p, 4, got));
+    ASSERT_EQ_INT(got[0], 2);
+    ASSERT_EQ_INT(got[1], 3);
+    ASSERT_EQ_INT(got[2], 5);
+    ASSERT_EQ_INT(got[3], 1);
+    ASSERT_EQ_INT(p->cached_evictions, 1);
+    int32_t four = 4;
+    tsr_block_pool_unref(p, &four, 1);
+    ASSERT_EQ_INT(tsr_block_pool_num_free(p), 1);
+    tsr_block_pool_destroy(p);
+}
+
+TSR_TEST_MAIN(test_alloc_free_counts, test_lru_order, test_hash_kept_until_reuse,
+              test_take_free_uncached)

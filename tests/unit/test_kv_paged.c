@@ -88,6 +88,38 @@ TSR_TEST(test_write_spans_blocks) {
     tsr_kv_cache_destroy(kv);
 }
 
+/* Each layer's blocks follow each other in the stores (one run of rows for attention to
+ * read), through a prefill, single-token steps and a second sequence after the first. */
+static int tsr__layers_adjacent(tsr_kv_cache *kv, int seq) {
+    for (int l = 0; l < L_; l++) {
+        const tsr_kv_span *sp;
+        int ns;
+        if (kv->ops->spans(kv, l, seq, &sp, &ns) != TSR_OK) return 0;
+        for (int j = 1; j < ns; j++)
+            if (sp[j].k != sp[j - 1].k + 16 * KVD_ || sp[j].v != sp[j - 1].v + 16 * KVD_)
+                return 0;
+    }
+    return 1;
+}
+
+TSR_TEST(test_layer_blocks_adjacent) {
+    tsr_kv_cache *kv = NULL;
+    ASSERT_OK(tsr__mk(16, 64, 1, NULL, &kv));
+    int32_t toks[200];
+    for (int i = 0; i < 200; i++) toks[i] = i % 11;
+    for (int round = 0; round < 2; round++) {
+        ASSERT_OK(kv->ops->seq_add(kv, 0));
+        ASSERT_OK(tsr__step(kv, 0, toks, 40));
+        for (int i = 40; i < 200; i++) ASSERT_OK(tsr__step(kv, 0, toks + i, 1));
+        ASSERT_EQ_INT(tsr_kv_paged_seq_blocks(kv, 0, 0, NULL), 13);
+        ASSERT_TRUE(tsr__check_rows(kv, 0, 200));
+        ASSERT_TRUE(tsr__layers_adjacent(kv, 0));
+        kv->ops->seq_free(kv, 0);
+        ASSERT_EQ_INT(tsr_kv_paged_free_blocks(kv), 64);
+    }
+    tsr_kv_cache_destroy(kv);
+}
+
 TSR_TEST(test_shared_prefix_one_copy) {
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr__mk(16, 400, 1, NULL, &kv));
@@ -388,6 +420,6 @@ TSR_TEST(test_forward_paged_equals_dense) {
     tsr_model_destroy(m);
 }
 
-TSR_TEST_MAIN(test_write_spans_blocks, test_shared_prefix_one_copy, test_copy_on_write,
+TSR_TEST_MAIN(test_write_spans_blocks, test_layer_blocks_adjacent, test_shared_prefix_one_copy, test_copy_on_write,
               test_cached_blocks_lru_eviction, test_no_blocks_vs_budget, test_swap_out_in,
               test_drop_recompute, test_evict_compacts, test_forward_paged_equals_dense)
