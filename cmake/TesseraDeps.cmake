@@ -2,7 +2,18 @@
 find_package(PkgConfig REQUIRED)
 find_package(Threads REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS C)
+# OpenBLAS: Debian's OpenMP build (libopenblas-openmp-dev) where it is installed. tessera
+# calls single-threaded sgemm from its own OpenMP threads; the default pthread build keeps
+# a worker thread spinning in sched_yield beside them even after
+# openblas_set_num_threads(1) (18 % of a stories260K prefill run's CPU samples, on the
+# core the second kernel thread needs). The OpenMP build runs on libgomp's pool instead.
+# Elsewhere: whatever `openblas` pkg-config names.
+set(_tsr_blas_omp "/usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp/pkgconfig")
+if(EXISTS "${_tsr_blas_omp}/openblas.pc")
+  set(ENV{PKG_CONFIG_PATH} "${_tsr_blas_omp}:$ENV{PKG_CONFIG_PATH}")
+endif()
 pkg_check_modules(TSR_OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+message(STATUS "OpenBLAS: ${TSR_OPENBLAS_LINK_LIBRARIES}")
 pkg_check_modules(TSR_CJSON REQUIRED IMPORTED_TARGET libcjson)
 pkg_check_modules(TSR_PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(TSR_HWLOC REQUIRED IMPORTED_TARGET hwloc)
