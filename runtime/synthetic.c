@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "runtime/base/alloc.h"
+#include "runtime/base/sys.h"
 #include "runtime/config.h"
 #include "runtime/loader.h"
 
@@ -67,7 +68,8 @@ static uint64_t tsr__splitmix64(uint64_t *s) {
 static void tsr__fill(void *data, tsr_dtype dtype, int64_t rows, int64_t cols, uint64_t seed,
                       uint64_t id, float center, float scale) {
     size_t esz = tsr_dtype_size(dtype);
-#pragma omp parallel for schedule(static) if (rows * cols > (1 << 16))
+/* the thread count is named: the CPU backend leaves the OpenMP default at 1 (backend_cpu.c) */
+#pragma omp parallel for schedule(static) num_threads(tsr_sys_cpus()) if (rows * cols > (1 << 16))
     for (int64_t r = 0; r < rows; r++) {
         uint64_t s = seed * 0x2545f4914f6cdd1dull ^ (id << 40) ^ (uint64_t)r;
         tsr__splitmix64(&s);

@@ -2,7 +2,6 @@
  * in gemm_cpu.c (matmul), ops_cpu.c (elementwise, norms, rope, embed), attn_cpu.c
  * (attention) and simd_cpu.c (runtime-dispatched SIMD). */
 #include <cblas.h>
-#include <omp.h>
 
 #include "kernels/cpu/cpu_internal.h"
 #include "runtime/base/alloc.h"
@@ -90,10 +89,10 @@ tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {
     be->threads = threads;
     /* Prefill runs single-threaded sgemm calls from OpenMP threads (gemm_cpu.c); OpenBLAS's
      * own pool would spin against them on the same cores. OpenBLAS's OpenMP build (the one
-     * CMake prefers) also sets the caller's OpenMP default to that count: put it back. */
-    int omp_default = omp_get_max_threads();
+     * CMake prefers) also sets the caller's OpenMP default to 1, and on every call outside
+     * a parallel region follows that default: it must stay 1, or a 1-thread prefill's
+     * sgemm would wake a second thread. tessera's own regions all name their thread count. */
     openblas_set_num_threads(1);
-    omp_set_num_threads(omp_default);
     TSR_LOG_DEBUG("cpu backend: %d threads, %s kernels", threads,
                   tsr__cpu_kernels_get()->name);
     *out = be;

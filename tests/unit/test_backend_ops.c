@@ -4,7 +4,6 @@
  * skipped with a line saying so. Inputs are seeded pseudo-random; each comparison prints
  * its worst error against a tolerance scaled to the op's magnitudes. */
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -638,16 +637,6 @@ TSR_TEST(test_backend_select) {
     ASSERT_EQ_INT(tsr_backend_create("tpu", 1, &be), TSR_ERR_INVALID);
 }
 
-/* The CPU backend puts OpenBLAS on one thread; with OpenBLAS's OpenMP build that call also
- * set the caller's OpenMP default, which the backend puts back. */
-TSR_TEST(test_cpu_backend_keeps_omp_default) {
-    omp_set_num_threads(3);
-    tsr_backend *be = NULL;
-    ASSERT_OK(tsr_backend_cpu_create(2, &be));
-    ASSERT_EQ_INT(omp_get_max_threads(), 3);
-    tsr_backend_destroy(be);
-}
-
 TSR_TEST_MAIN(test_matmul_f32, test_matmul_bf16, test_matmul_f16, test_rmsnorm, test_rope,
               test_swiglu_add, test_embed, test_attention_decode, test_attention_prefill,
-              test_backend_select, test_bench, test_cpu_backend_keeps_omp_default)
+              test_backend_select, test_bench)
