@@ -29,6 +29,8 @@ static void tsr__cpu_destroy(tsr_backend *be) {
         tsr_free(c->lse);
         tsr_free(c->xpairs);
         tsr_free(c->inv_freq);
+        tsr_free(c->rope_cs);
+        tsr_free(c->rope_pos);
         tsr_free(c);
     }
     tsr_free(be);
@@ -83,6 +85,7 @@ tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {
         return TSR_ERR_NOMEM;
     }
     c->threads = threads;
+    c->rope_n = -1;
     be->ops = &tsr__cpu_ops;
     be->ctx = c;
     be->device = -1;

@@ -34,6 +34,15 @@ typedef struct tsr__cpu_ctx {
     int inv_freq_scaling;
     float inv_freq_params[3];
     int inv_freq_orig;
+    /* rope: cos and sin of the last position list seen, [n][hd/2] each (the forward ropes
+     * q and k of every layer at the same positions, so one table serves 2 * n_layers
+     * calls); rope_n < 0: none. */
+    float *rope_cs;
+    size_t rope_cs_cap;
+    int32_t *rope_pos;
+    int64_t rope_pos_cap;
+    int64_t rope_n;
+    int rope_half;
 } tsr__cpu_ctx;
 
 /* Grows a float scratch buffer to at least n floats. */

@@ -508,7 +508,36 @@ TSR_TEST(test_attention_row_kernels_match_chunked) {
     }
 }
 
+/* The rope angles of the last position list are reused (q and k of every layer): a
+ * sequence of calls on one backend - repeated positions, new positions of the same count,
+ * another count, another theta, back to the first - gives the bits of a fresh backend. */
+TSR_TEST(test_rope_angle_cache) {
+    tsr_model_config cfg = {.head_dim = 16, .rope_theta = 10000.0f};
+    const int32_t pa[3] = {0, 5, 9}, pb[3] = {0, 5, 10}, pc[5] = {7, 8, 9, 10, 11};
+    const struct {
+        const int32_t *pos;
+        int64_t n;
+        float theta;
+    } calls[] = {{pa, 3, 1e4f}, {pa, 3, 1e4f}, {pb, 3, 1e4f}, {pc, 5, 1e4f}, {pc, 5, 5e5f},
+                 {pa, 3, 1e4f}, {pa, 0, 1e4f}, {pb, 3, 1e4f}};
+    tsr_backend *be = NULL;
+    ASSERT_OK(tsr_backend_cpu_create(1, &be));
+    float x[5 * 2 * 16], want[5 * 2 * 16];
+    for (size_t c = 0; c < sizeof calls / sizeof calls[0]; c++) {
+        cfg.rope_theta = calls[c].theta;
+        fill(x, sizeof x / sizeof x[0]);
+        memcpy(want, x, sizeof x);
+        tsr_backend *fresh = NULL;
+        ASSERT_OK(tsr_backend_cpu_create(1, &fresh));
+        ASSERT_OK(fresh->ops->rope(fresh, want, calls[c].pos, calls[c].n, 2, &cfg));
+        tsr_backend_destroy(fresh);
+        ASSERT_OK(be->ops->rope(be, x, calls[c].pos, calls[c].n, 2, &cfg));
+        ASSERT_TRUE(memcmp(x, want, sizeof x) == 0);
+    }
+    tsr_backend_destroy(be);
+}
+
 TSR_TEST_MAIN(test_matvec_kernels_all_isas, test_matmul_all_dtypes, test_matmul_rejects_bad_input,
               test_rmsnorm, test_rope_vs_reference, test_rope_interleaved_is_permuted_halves,
-              test_rope_inv_freq_matches_hf, test_rope_matches_hf, test_swiglu_add, test_embed,
-              test_buffers, test_attention_row_kernels_match_chunked)
+              test_rope_inv_freq_matches_hf, test_rope_matches_hf, test_rope_angle_cache,
+              test_swiglu_add, test_embed, test_buffers, test_attention_row_kernels_match_chunked)
