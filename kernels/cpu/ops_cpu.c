@@ -126,7 +126,7 @@ static tsr_status tsr__rope_table(tsr__cpu_ctx *c, const tsr_model_config *cfg,
 
 /* cos and sin of pos[r] * inv_freq[j] for n positions, [n][half] each, kept for the next
  * call at the same positions: the forward ropes q and k of every layer at one position
- * list, and cosf/sinf were ~5 % of a stories260K prefill. Same values as computing them
+ * list, and cosf/sinf were ~2 % of a stories260K prefill. Same values as computing them
  * per call. */
 static void tsr__rope_angle_row(float *t, const int32_t *pos, int64_t r, int half,
                                 const float *inv_freq) {
