@@ -42,6 +42,12 @@ int main(int argc, char **argv) {
     if (prc) return prc == 1 ? 0 : 2;
 
     size_t bytes = (size_t)mib << 20;
+    int64_t avail = tsr_sys_mem_available();
+    if (avail > 0 && (int64_t)bytes > avail / 2) {
+        fprintf(stderr, "tsr_membw: --mib %d: more than half of the %lld MiB of memory "
+                "available\n", mib, (long long)(avail >> 20));
+        return 2;
+    }
     double best[2][1025]; /* [4k, 2m][threads] */
     long huge_kb = -1;
     for (int huge = 0; huge < 2; huge++) {

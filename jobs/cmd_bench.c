@@ -84,6 +84,7 @@ static const char tsr__bench_about[] =
     "read_gb_s is the median pass, read_best_gb_s the fastest, and\n"
     "decode_read_ratio = decode_gb_s / read_gb_s: the decode against the machine's read\n"
     "bandwidth at the same moments (on a shared machine both move with the neighbours).\n"
+    "A MIB over half of the memory available (MemAvailable) is refused as a usage error.\n"
     "\n"
     "Exit status: 0 success, 1 runtime failure, 2 usage error.";
 
@@ -135,6 +136,10 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         tsr__check_range(&cli, "warmup", o->warmup, 0, 1000) ||
         tsr__check_range(&cli, "membw-mib", o->membw_mib, 0, 1 << 20))
         return 1;
+    int64_t avail = tsr_sys_mem_available();
+    if (o->membw_mib > 0 && avail > 0 && ((int64_t)o->membw_mib << 20) > avail / 2)
+        return tsr_cli_usage_error(&cli, "--membw-mib %d: more than half of the %lld MiB of "
+                                   "memory available", o->membw_mib, (long long)(avail >> 20));
     if (!o->kv) o->kv = "paged";
     if (strcmp(o->kv, "paged") != 0 && strcmp(o->kv, "dense") != 0)
         return tsr_cli_usage_error(&cli, "--kv '%s': expected paged or dense", o->kv);

@@ -34,6 +34,17 @@ int64_t tsr_sys_anon_huge_bytes(void) {
     return kb < 0 ? -1 : (int64_t)kb * 1024;
 }
 
+int64_t tsr_sys_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    char line[256];
+    long long kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+    fclose(f);
+    return kb < 0 ? -1 : (int64_t)kb * 1024;
+}
+
 int64_t tsr_sys_peak_rss(void) {
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;

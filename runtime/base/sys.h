@@ -15,5 +15,8 @@ int64_t tsr_sys_peak_rss(void);
  * /proc/self/smaps_rollup; -1 when unknown): whether the weights got the 2 MiB pages they
  * asked for (tsr_malloc_huge), which decides decode speed on the CPU. */
 int64_t tsr_sys_anon_huge_bytes(void);
+/* Memory the kernel could give without swapping (MemAvailable of /proc/meminfo), in bytes;
+ * -1 when unknown. Lets a tool refuse a buffer that would only end in the OOM killer. */
+int64_t tsr_sys_mem_available(void);
 
 #endif

@@ -41,5 +41,9 @@ check $? bench_membw_text
 "$BIN" bench --model "$ROOT/models/stories260K.bin" --membw-mib -1 >"$TMP/out8" 2>"$TMP/err"
 [ $? -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "membw-mib" "$TMP/err"
 check $? bench_bad_membw
+# A probe buffer that cannot fit is refused up front (it once ended in the OOM killer).
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --membw-mib 1048576 >"$TMP/out9" 2>"$TMP/err"
+[ $? -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "more than half of the .* MiB of memory available" "$TMP/err" && [ ! -s "$TMP/out9" ]
+check $? bench_membw_too_big
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
