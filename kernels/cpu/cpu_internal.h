@@ -148,10 +148,20 @@ typedef struct tsr__cpu_kernels {
      * rounding points of the scalar loop (sum of squares in double, mean rounded to f32,
      * 1/sqrtf, (x * r) * w in f32); the double sum in another order. */
     void (*rmsnorm_f32)(const float *x, const float *w, int dim, float eps, float *o);
+    /* Optional (NULL: gemm_short part by part): matmul_parts' ordered sum over all parts
+     * [seg[p], seg[p+1]) of w's columns, each at most TSR__CPU_SHORT_K long and
+     * seg[n_parts] - seg[0] <= TSR__CPU_SHORT_SUM_COLS: y[i*ldy + r] = ((P_0 + P_1) + P_2)
+     * + ..., P_p gemm_short's chain over part p (+0 for an empty part), so the bits of
+     * gemm_short called part by part. */
+    void (*gemm_short_sum)(const float *x, int64_t ldx, int64_t n, const float *w,
+                           int64_t ldw, int64_t nr, const int32_t *seg, int n_parts, float *y,
+                           int64_t ldy);
 } tsr__cpu_kernels;
 
 /* Longest segment that matmul_parts prefill gives to gemm_short. */
 #define TSR__CPU_SHORT_K 32
+/* Widest row (all parts) that gemm_short_sum transposes on its stack (16 KiB). */
+#define TSR__CPU_SHORT_SUM_COLS 256
 
 /* Head sizes attn_qblock keeps in registers (one vector per dimension for the queries and
  * one for the outputs). */

@@ -244,6 +244,15 @@ static int64_t tsr__parts_panel_rows(int64_t rows) {
     return p > rows ? rows : p;
 }
 
+/* Whether gemm_short_sum takes a whole ordered sum: every part short, the row narrow. */
+static bool tsr__short_sum_fits(const tsr__cpu_kernels *k, const int32_t *seg, int n_parts) {
+    if (!k->gemm_short_sum || n_parts < 1 || seg[n_parts] - seg[0] > TSR__CPU_SHORT_SUM_COLS)
+        return false;
+    for (int p = 0; p < n_parts; p++)
+        if (seg[p + 1] - seg[p] > TSR__CPU_SHORT_K || seg[p + 1] < seg[p]) return false;
+    return true;
+}
+
 /* Prefill panel b: for each part, one sgemm of the segment block (K = segment length,
  * lda/ldb the full widths), widened to f32 first for BF16/F16; the parts go to their
  * slices of y, or are summed into y in part order through `out`. */
@@ -254,6 +263,11 @@ static void tsr__gemm_parts_panel(const tsr__cpu_kernels *k, const float *x, int
     int64_t rows = w->rows, cols = w->cols;
     int64_t r0 = b * ph;
     int64_t pr = rows - r0 < ph ? rows - r0 : ph;
+    if (sum && w->dtype == TSR_F32 && tsr__short_sum_fits(k, seg, n_parts)) {
+        k->gemm_short_sum(x, cols, n, (const float *)w->data + (size_t)r0 * (size_t)cols, cols,
+                          pr, seg, n_parts, y + r0, rows);
+        return;
+    }
     for (int p = 0; p < n_parts; p++) {
         int64_t s0 = seg[p], len = (int64_t)seg[p + 1] - seg[p];
         /* Short segments add their product into y themselves (the same bits as the sum

@@ -174,7 +174,7 @@ static const tsr__cpu_kernels tsr__k_scalar = {
     TSR__ISA_SCALAR, "scalar", tsr__s_matvec_f32, tsr__s_matvec_bf16, tsr__s_matvec_f16,
     tsr__s_matvec_seg_f32, tsr__s_matvec_seg_bf16, tsr__s_matvec_seg_f16, tsr__s_cvt_bf16,
     tsr__s_cvt_f16, tsr__s_dot_rows, tsr__s_acc_rows, tsr__s_exp_sum,
-    tsr__s_silu_mul, false, NULL, NULL, NULL, NULL, NULL,
+    tsr__s_silu_mul, false, NULL, NULL, NULL, NULL, NULL, NULL,
 };
 
 /* Vector expf (Cephes): n = round(x log2 e), r = x - n ln2 (two-part ln2), exp(r) by a
@@ -529,7 +529,7 @@ static const tsr__cpu_kernels tsr__k_avx2 = {
     TSR__ISA_AVX2, "avx2", tsr__y_matvec_f32, tsr__y_matvec_bf16, tsr__y_matvec_f16,
     tsr__y_matvec_seg_f32, tsr__y_matvec_seg_bf16, tsr__y_matvec_seg_f16, tsr__y_cvt_bf16,
     tsr__y_cvt_f16, tsr__y_dot_rows, tsr__y_acc_rows, tsr__y_exp_sum,
-    tsr__y_silu_mul, false, NULL, NULL, NULL, NULL, NULL,
+    tsr__y_silu_mul, false, NULL, NULL, NULL, NULL, NULL, NULL,
 };
 
 #pragma GCC pop_options
@@ -1330,9 +1330,36 @@ static void tsr__z_attn_qblock(const float *q, int64_t q_ld, const int32_t *qpos
 #undef TSR__QB
 }
 
-/* 16 rows of w at a time, transposed on the stack, so each output is a vector of 16 rows
- * (x broadcast, no horizontal sums), and 8 input rows at a time: 8 independent fma chains
- * (one chain, latency-bound, was slower than sgemm). */
+/* wt[k][u] = w[u][k] for k < len, u < 16 (rows past m are 0): 16 rows of w transposed, so
+ * an output is a vector of 16 rows and x is broadcast (no horizontal sums). */
+static void tsr__z_short_wt(const float *w, int64_t ldw, int m, int len, float *wt) {
+    for (int k = 0; k < len; k++)
+        for (int u = 0; u < 16; u++)
+            wt[k * 16 + u] = u < m ? w[(size_t)u * (size_t)ldw + (size_t)k] : 0.0f;
+}
+
+/* a[u] = one fma chain over k < len of x row u's column k times wt[k], for 8 rows of x
+ * (8 independent chains: one chain, latency-bound, was slower than sgemm). */
+TSR__INLINE void tsr__z_short_chain(const float *const *xi, const float *wt, int len,
+                                    __m512 *a) {
+    __m512 w0 = _mm512_loadu_ps(wt);
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; u++) a[u] = _mm512_mul_ps(_mm512_set1_ps(xi[u][0]), w0);
+    for (int k = 1; k < len; k++) {
+        __m512 wk = _mm512_loadu_ps(wt + k * 16);
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; u++) a[u] = _mm512_fmadd_ps(_mm512_set1_ps(xi[u][k]), wk, a[u]);
+    }
+}
+
+/* Row pointers of x rows i0..i0+7; rows past n repeat the last (computed, never stored). */
+static int tsr__z_short_rows(const float *x, int64_t ldx, int64_t n, int64_t i0,
+                             const float **xi) {
+    int ni = n - i0 < 8 ? (int)(n - i0) : 8;
+    for (int u = 0; u < 8; u++) xi[u] = x + (size_t)(i0 + (u < ni ? u : ni - 1)) * (size_t)ldx;
+    return ni;
+}
+
 static void tsr__z_gemm_short(const float *x, int64_t ldx, int64_t n, const float *w,
                               int64_t ldw, int64_t nr, int len, float *y, int64_t ldy,
                               bool add) {
@@ -1340,29 +1367,53 @@ static void tsr__z_gemm_short(const float *x, int64_t ldx, int64_t n, const floa
     for (int64_t r0 = 0; r0 < nr; r0 += 16) {
         int m = nr - r0 < 16 ? (int)(nr - r0) : 16;
         __mmask16 mk = (__mmask16)((1u << m) - 1u);
-        for (int k = 0; k < len; k++)
-            for (int u = 0; u < 16; u++)
-                wt[k * 16 + u] = u < m ? w[(size_t)(r0 + u) * (size_t)ldw + (size_t)k] : 0.0f;
+        tsr__z_short_wt(w + (size_t)r0 * (size_t)ldw, ldw, m, len, wt);
         for (int64_t i0 = 0; i0 < n; i0 += 8) {
-            int ni = n - i0 < 8 ? (int)(n - i0) : 8;
             const float *xi[8];
-            for (int u = 0; u < 8; u++) /* rows past n repeat the last, never stored */
-                xi[u] = x + (size_t)(i0 + (u < ni ? u : ni - 1)) * (size_t)ldx;
+            int ni = tsr__z_short_rows(x, ldx, n, i0, xi);
             __m512 a[8];
-            __m512 w0 = _mm512_loadu_ps(wt);
-#pragma GCC unroll 8
-            for (int u = 0; u < 8; u++) a[u] = _mm512_mul_ps(_mm512_set1_ps(xi[u][0]), w0);
-            for (int k = 1; k < len; k++) {
-                __m512 wk = _mm512_loadu_ps(wt + k * 16);
-#pragma GCC unroll 8
-                for (int u = 0; u < 8; u++)
-                    a[u] = _mm512_fmadd_ps(_mm512_set1_ps(xi[u][k]), wk, a[u]);
-            }
+            tsr__z_short_chain(xi, wt, len, a);
             for (int u = 0; u < ni; u++) {
                 float *yr = y + (size_t)(i0 + u) * (size_t)ldy + (size_t)r0;
                 if (add) a[u] = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, yr), a[u]);
                 _mm512_mask_storeu_ps(yr, mk, a[u]);
             }
+        }
+    }
+}
+
+/* Every part at once (each at most TSR__CPU_SHORT_K columns, all of them within
+ * TSR__CPU_SHORT_SUM_COLS): part 0's chain, then + each later part's chain in part order,
+ * as gemm_short part by part with add, but the running sum stays in registers instead of
+ * going through y after every part, and the call and transposition happen once. An empty
+ * part adds +0 (the bits of the sgemm path's memset and add). */
+static void tsr__z_gemm_short_sum(const float *x, int64_t ldx, int64_t n, const float *w,
+                                  int64_t ldw, int64_t nr, const int32_t *seg, int n_parts,
+                                  float *y, int64_t ldy) {
+    float wt[TSR__CPU_SHORT_SUM_COLS * 16];
+    int c0 = seg[0], cols = seg[n_parts] - c0;
+    for (int64_t r0 = 0; r0 < nr; r0 += 16) {
+        int m = nr - r0 < 16 ? (int)(nr - r0) : 16;
+        __mmask16 mk = (__mmask16)((1u << m) - 1u);
+        tsr__z_short_wt(w + (size_t)r0 * (size_t)ldw + (size_t)c0, ldw, m, cols, wt);
+        for (int64_t i0 = 0; i0 < n; i0 += 8) {
+            const float *xi[8], *xp[8];
+            int ni = tsr__z_short_rows(x, ldx, n, i0, xi);
+            __m512 tot[8], a[8];
+            for (int p = 0; p < n_parts; p++) {
+                int s0 = seg[p] - c0, len = seg[p + 1] - seg[p];
+                if (len > 0) {
+                    for (int u = 0; u < 8; u++) xp[u] = xi[u] + c0 + s0;
+                    tsr__z_short_chain(xp, wt + (size_t)s0 * 16, len, a);
+                } else {
+                    for (int u = 0; u < 8; u++) a[u] = _mm512_setzero_ps();
+                }
+#pragma GCC unroll 8
+                for (int u = 0; u < 8; u++) tot[u] = p ? _mm512_add_ps(tot[u], a[u]) : a[u];
+            }
+            for (int u = 0; u < ni; u++)
+                _mm512_mask_storeu_ps(y + (size_t)(i0 + u) * (size_t)ldy + (size_t)r0, mk,
+                                      tot[u]);
         }
     }
 }
@@ -1395,7 +1446,7 @@ static const tsr__cpu_kernels tsr__k_avx512 = {
     tsr__z_matvec_seg_f32, tsr__z_matvec_seg_bf16, tsr__z_matvec_seg_f16, tsr__z_cvt_bf16,
     tsr__z_cvt_f16, tsr__z_dot_rows, tsr__z_acc_rows, tsr__z_exp_sum,
     tsr__z_silu_mul, true, tsr__z_dot_heads, tsr__z_acc_heads, tsr__z_attn_qblock,
-    tsr__z_gemm_short, tsr__z_rmsnorm_f32,
+    tsr__z_gemm_short, tsr__z_rmsnorm_f32, tsr__z_gemm_short_sum,
 };
 
 #pragma GCC pop_options

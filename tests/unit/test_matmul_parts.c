@@ -111,14 +111,17 @@ static const int kLensB[12] = {171, 171, 171, 171, 171, 171, 171, 171, 170, 170,
 static const int kLensC[4] = {64, 64, 64, 0};
 /* 3 parts: a last, partial group of parts in the reduction; 64-, 16-column blocks and tail. */
 static const int kLensD[3] = {100, 7, 33};
+/* Short parts only (the fused short-sum kernel on AVX-512), with an empty one in between. */
+static const int kLensE[4] = {8, 0, 22, 5};
 
 static layout layout_get(int i) {
     if (i == 0) return layout_make(40, 5, kLensA);
     if (i == 1) return layout_make(24, 12, kLensB);
     if (i == 2) return layout_make(150, 4, kLensC);
-    return layout_make(37, 3, kLensD);
+    if (i == 3) return layout_make(37, 3, kLensD);
+    return layout_make(19, 4, kLensE);
 }
-#define N_LAYOUTS 4
+#define N_LAYOUTS 5
 
 /* The ordered sum of parts [n_parts][m] (the comm_self arithmetic). */
 static void sum_parts(const float *parts, int n_parts, size_t m, float *out) {
