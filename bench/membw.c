@@ -42,8 +42,8 @@ int main(int argc, char **argv) {
     if (prc) return prc == 1 ? 0 : 2;
 
     size_t bytes = (size_t)mib << 20;
-    int64_t avail = tsr_sys_mem_available();
-    if (avail > 0 && (int64_t)bytes > avail / 2) {
+    int64_t avail;
+    if (!tsr_membw_fits(bytes, &avail)) {
         fprintf(stderr, "tsr_membw: --mib %d: more than half of the %lld MiB of memory "
                 "available\n", mib, (long long)(avail >> 20));
         return 2;

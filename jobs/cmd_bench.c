@@ -136,8 +136,8 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         tsr__check_range(&cli, "warmup", o->warmup, 0, 1000) ||
         tsr__check_range(&cli, "membw-mib", o->membw_mib, 0, 1 << 20))
         return 1;
-    int64_t avail = tsr_sys_mem_available();
-    if (o->membw_mib > 0 && avail > 0 && ((int64_t)o->membw_mib << 20) > avail / 2)
+    int64_t avail;
+    if (o->membw_mib > 0 && !tsr_membw_fits((size_t)o->membw_mib << 20, &avail))
         return tsr_cli_usage_error(&cli, "--membw-mib %d: more than half of the %lld MiB of "
                                    "memory available", o->membw_mib, (long long)(avail >> 20));
     if (!o->kv) o->kv = "paged";

@@ -50,6 +50,11 @@ static uint64_t tsr__xor(const uint64_t *p, size_t n, int avx2) {
     return tsr__xor_plain(p, n);
 }
 
+int tsr_membw_fits(size_t bytes, int64_t *avail) {
+    *avail = tsr_sys_mem_available();
+    return *avail <= 0 || (int64_t)bytes <= *avail / 2;
+}
+
 int tsr_membw_simd(void) {
 #ifdef TSR_MEMBW_X86
     return __builtin_cpu_supports("avx2");

@@ -14,6 +14,10 @@ void tsr_membw_fill(void *buf, size_t bytes, int threads);
  * with four independent accumulators where the CPU has AVX2). Returns the seconds taken;
  * the sum goes to *sink so that the reads cannot be dropped. */
 double tsr_membw_pass(const void *buf, size_t bytes, int threads, volatile uint64_t *sink);
+/* Whether a read buffer of `bytes` fits: at most half of the memory available (a bigger
+ * one ends in the OOM killer while being filled). True when that is unknown; *avail gets
+ * MemAvailable in bytes (-1: unknown). */
+int tsr_membw_fits(size_t bytes, int64_t *avail);
 /* Whether tsr_membw_pass uses AVX2 on this CPU. */
 int tsr_membw_simd(void);
 

@@ -23,26 +23,25 @@ int tsr_sys_cpus(void) {
     return n > 0 ? (int)n : 1;
 }
 
-int64_t tsr_sys_anon_huge_bytes(void) {
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+/* Bytes of the first line of `path` that `fmt` ("Key: %lld kB") matches; -1 when the file
+ * or the line is missing. */
+static int64_t tsr__proc_kb(const char *path, const char *fmt) {
+    FILE *f = fopen(path, "r");
     if (!f) return -1;
     char line[256];
     long long kb = -1;
     while (fgets(line, sizeof line, f))
-        if (sscanf(line, "AnonHugePages: %lld kB", &kb) == 1) break;
+        if (sscanf(line, fmt, &kb) == 1) break;
     fclose(f);
     return kb < 0 ? -1 : (int64_t)kb * 1024;
 }
 
+int64_t tsr_sys_anon_huge_bytes(void) {
+    return tsr__proc_kb("/proc/self/smaps_rollup", "AnonHugePages: %lld kB");
+}
+
 int64_t tsr_sys_mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return -1;
-    char line[256];
-    long long kb = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
-    fclose(f);
-    return kb < 0 ? -1 : (int64_t)kb * 1024;
+    return tsr__proc_kb("/proc/meminfo", "MemAvailable: %lld kB");
 }
 
 int64_t tsr_sys_peak_rss(void) {
