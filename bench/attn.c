@@ -10,10 +10,12 @@
  * context); a second pass does the same with a plain read of exactly the K and V bytes of
  * the layer instead. Both are summed over the layers; the medians over the timed tokens
  * are reported as us per token and GB/s (1e9 bytes/s of K+V), and ratio = attn / read.
- * K and V each live in one store for all layers, in 2 MiB transparent huge pages as the KV
- * caches hold them (memory/kv_paged.c, kv_dense.c); --small-pages 1 uses 4 KiB pages.
- * --paged B cuts each layer into spans of B rows (a paged pool's blocks); --interleave 1
- * puts block b of every layer before block b + 1, as the pool hands them out.
+ * K and V live in 2 MiB transparent huge pages as the KV caches hold them (memory/kv_paged.c,
+ * kv_dense.c); --small-pages 1 uses 4 KiB pages. --paged B cuts each layer into spans of B
+ * rows (a paged pool's blocks); by default each block's V rows follow its K rows in one
+ * store, as the paged pool lays them out, and --pair 0 puts all K in one store and all V in
+ * another (kv_dense's layout, and the pool's before 2026-12-03); --interleave 1 puts block
+ * b of every layer before block b + 1, as a pool that all layers fill together would.
  * Prints one JSON line. */
 #include <omp.h>
 #include <stdint.h>
@@ -131,7 +133,7 @@ static void tsr__usage(FILE *f) {
     fprintf(f,
             "usage: tsr_attn [--ctx N] [--heads H] [--kv-heads G] [--head-dim D] [--layers L]\n"
             "                [--repeat R] [--threads T] [--flush-mib M] [--paged B]\n"
-            "                [--small-pages 0|1] [--interleave 0|1]\n"
+            "                [--small-pages 0|1] [--interleave 0|1] [--pair 0|1]\n"
             "Decode attention (one query at position N-1) of the CPU backend over a KV cache\n"
             "of N keys x G kv heads x D per layer (defaults 256, 12, 64; H = 12 query heads,\n"
             "L = 12 layers), cold in the caches: before each layer's call M MiB (default 16;\n"
@@ -140,22 +142,23 @@ static void tsr__usage(FILE *f) {
             "after 2 warm-up tokens) with T threads (default 1). --paged B: spans of B rows\n"
             "(0: one span per layer, the default); --interleave 1 lays the blocks out as a\n"
             "pool that all layers fill together does: block b of every layer, then b + 1.\n"
-            "K and V are in 2 MiB transparent huge pages,\n"
-            "as the KV caches hold them; --small-pages 1: 4 KiB pages.\n"
+            "--pair 1 (default): a block's V rows follow its K rows, as in the paged pool;\n"
+            "--pair 0: one store of K and one of V. K and V are in 2 MiB transparent huge\n"
+            "pages, as the KV caches hold them; --small-pages 1: 4 KiB pages.\n"
             "Output: one JSON line {\"bench\":\"attn\",...,\"attn_us_per_token\":..,\n"
             "\"attn_gb_s\":..,\"read_us_per_token\":..,\"read_gb_s\":..,\"ratio\":..}.\n");
 }
 
 int main(int argc, char **argv) {
     int ctx = 256, heads = 12, kv_heads = 12, head_dim = 64, layers = 12, repeat = 30;
-    int threads = 1, flush_mib = 16, paged = 0, small_pages = 0, interleave = 0;
+    int threads = 1, flush_mib = 16, paged = 0, small_pages = 0, interleave = 0, pair = 1;
     const tsr_bench_opt opts[] = {
         {"--ctx", &ctx, 1, 1 << 22},         {"--heads", &heads, 1, 1024},
         {"--kv-heads", &kv_heads, 1, 1024},  {"--head-dim", &head_dim, 1, 512},
         {"--layers", &layers, 1, 1024},      {"--repeat", &repeat, 1, 100000},
         {"--threads", &threads, 1, 1024},    {"--flush-mib", &flush_mib, 0, 256},
         {"--paged", &paged, 0, 1 << 22},     {"--small-pages", &small_pages, 0, 1},
-        {"--interleave", &interleave, 0, 1}};
+        {"--interleave", &interleave, 0, 1}, {"--pair", &pair, 0, 1}};
     int prc = tsr_bench_parse("tsr_attn", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
                               tsr__usage);
     if (prc) return prc == 1 ? 0 : 2;
@@ -168,22 +171,20 @@ int main(int argc, char **argv) {
     g_avx2 = __builtin_cpu_supports("avx2");
 #endif
 
-    /* KV: one K and one V store, layer after layer; per layer nb spans of up to bs rows. */
+    /* KV: store_n floats of K and as many of V, layer after layer; per layer nb spans of up
+     * to bs rows. */
     size_t kvd = (size_t)kv_heads * (size_t)head_dim, qd = (size_t)heads * (size_t)head_dim;
     int bs = paged ? paged : ctx, nb = (ctx + bs - 1) / bs;
     uint32_t rng = 42;
     size_t store_n = (size_t)layers * (size_t)nb * (size_t)bs * kvd;
-    float *kst = small_pages ? tsr_malloc_aligned(store_n * sizeof(float))
-                             : tsr_malloc_huge(store_n * sizeof(float));
-    float *vst = small_pages ? tsr_malloc_aligned(store_n * sizeof(float))
-                             : tsr_malloc_huge(store_n * sizeof(float));
-    if (!kst || !vst) {
+    float *kv = small_pages ? tsr_malloc_aligned(2 * store_n * sizeof(float))
+                            : tsr_malloc_huge(2 * store_n * sizeof(float));
+    if (!kv) {
         fprintf(stderr, "tsr_attn: cannot allocate 2 x %zu bytes of KV\n",
                 store_n * sizeof(float));
         return 1;
     }
-    tsr__fill(kst, store_n, &rng);
-    tsr__fill(vst, store_n, &rng);
+    tsr__fill(kv, 2 * store_n, &rng);
     tsr_kv_span *spans = tsr__alloc((size_t)layers * (size_t)nb * sizeof *spans);
     tsr__region *regs = tsr__alloc((size_t)layers * (size_t)nb * 2 * sizeof *regs);
     for (int l = 0; l < layers; l++)
@@ -193,7 +194,8 @@ int main(int argc, char **argv) {
             size_t blk = interleave ? (size_t)b * (size_t)layers + (size_t)l
                                     : (size_t)l * (size_t)nb + (size_t)b;
             size_t n = (size_t)rows * kvd, at = blk * (size_t)bs * kvd;
-            float *k = kst + at, *v = vst + at;
+            float *k = pair ? kv + 2 * at : kv + at;
+            float *v = pair ? k + (size_t)bs * kvd : kv + store_n + at;
             size_t s = (size_t)l * (size_t)nb + (size_t)b;
             spans[s] = (tsr_kv_span){.k = k, .v = v, .pos = NULL, .pos0 = b * bs, .n = rows,
                                      .stride = (int64_t)kvd};
@@ -253,19 +255,18 @@ int main(int argc, char **argv) {
     double ta = tsr__median(attn_t, repeat), tr = tsr__median(read_t, repeat);
     printf("{\"bench\":\"attn\",\"ctx\":%d,\"heads\":%d,\"kv_heads\":%d,\"head_dim\":%d,"
            "\"layers\":%d,\"threads\":%d,\"flush_mib\":%d,\"paged\":%d,\"small_pages\":%d,"
+           "\"pair\":%d,"
            "\"repeat\":%d,"
            "\"attn_us_per_token\":%.1f,\"attn_gb_s\":%.2f,\"read_us_per_token\":%.1f,"
            "\"read_gb_s\":%.2f,\"ratio\":%.3f}\n",
-           ctx, heads, kv_heads, head_dim, layers, threads, flush_mib, paged, small_pages, repeat,
+           ctx, heads, kv_heads, head_dim, layers, threads, flush_mib, paged, small_pages, pair,
+           repeat,
            ta * 1e6, bytes / ta * 1e-9, tr * 1e6, bytes / tr * 1e-9, tr / ta);
     tsr_backend_destroy(be);
-    if (small_pages) {
-        tsr_free(kst);
-        tsr_free(vst);
-    } else {
-        tsr_free_huge(kst, store_n * sizeof(float));
-        tsr_free_huge(vst, store_n * sizeof(float));
-    }
+    if (small_pages)
+        tsr_free(kv);
+    else
+        tsr_free_huge(kv, 2 * store_n * sizeof(float));
     if (fl) tsr_free_huge(fl, fl_n * sizeof(float));
     tsr_free(spans), tsr_free(regs), tsr_free(q), tsr_free(out);
     tsr_free(attn_t), tsr_free(read_t);

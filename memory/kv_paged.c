@@ -37,8 +37,11 @@ typedef struct tsr__paged {
     tsr_kv_paged_config cfg;
     int bs;
     tsr_block_pool *pool;
-    float *k_store, *v_store;
-    size_t store_bytes; /* of each, for tsr_free_huge */
+    /* Block b holds its K rows, then its V rows (bs x kv_dim floats each): attention reads
+     * a block's K and then its V, so a layer's blocks, adjacent in the pool, are one
+     * forward stream (docs/kv-cache.md). */
+    float *store;
+    size_t store_bytes; /* for tsr_free_huge */
     int32_t *pos_store;
     float *score_store;
     tsr__pseq *seqs;
@@ -69,6 +72,15 @@ static tsr__pseq *tsr__seq(const tsr__paged *p, int seq) {
 
 static size_t tsr__kvd(const tsr__paged *p) { return (size_t)p->base.kv_dim; }
 
+/* The K and V rows of pool slot `at` (block at / bs, row at % bs). */
+static float *tsr__krow(const tsr__paged *p, size_t at) {
+    size_t bs = (size_t)p->bs;
+    return p->store + (at / bs * 2 * bs + at % bs) * tsr__kvd(p);
+}
+static float *tsr__vrow(const tsr__paged *p, size_t at) {
+    return tsr__krow(p, at) + (size_t)p->bs * tsr__kvd(p);
+}
+
 /* Slot address: index into the stores. */
 static size_t tsr__slot(const tsr__paged *p, const tsr__player *L, int32_t s) {
     return (size_t)L->blocks[s / p->bs] * (size_t)p->bs + (size_t)(s % p->bs);
@@ -92,8 +104,8 @@ static tsr_status tsr__grow_i32(int32_t **a, int32_t *cap, int32_t need) {
 
 static void tsr__copy_slot(tsr__paged *p, size_t dst, size_t src) {
     size_t kvd = tsr__kvd(p);
-    memcpy(p->k_store + dst * kvd, p->k_store + src * kvd, kvd * 4);
-    memcpy(p->v_store + dst * kvd, p->v_store + src * kvd, kvd * 4);
+    memcpy(tsr__krow(p, dst), tsr__krow(p, src), kvd * 4);
+    memcpy(tsr__vrow(p, dst), tsr__vrow(p, src), kvd * 4);
     p->pos_store[dst] = p->pos_store[src];
     if (p->score_store) p->score_store[dst] = p->score_store[src];
 }
@@ -125,8 +137,7 @@ static void tsr__paged_destroy(tsr_kv_cache *kv) {
             if (p->seqs[i].active) tsr__seq_release(p, &p->seqs[i]);
     tsr_free(p->seqs);
     tsr_free(p->spans);
-    tsr_free_huge(p->k_store, p->store_bytes);
-    tsr_free_huge(p->v_store, p->store_bytes);
+    tsr_free_huge(p->store, p->store_bytes);
     tsr_free(p->pos_store);
     tsr_free(p->score_store);
     tsr_block_pool_destroy(p->pool);
@@ -312,8 +323,8 @@ static tsr_status tsr__paged_write(tsr_kv_cache *kv, int layer, int seq, int32_t
         int32_t slot = L->base + i;
         size_t at = tsr__slot(p, L, slot);
         TSR_ASSERT(p->pool->blocks[L->blocks[slot / p->bs]].ref_cnt == 1);
-        memcpy(p->k_store + at * kvd, k + (size_t)i * kvd, kvd * 4);
-        memcpy(p->v_store + at * kvd, v + (size_t)i * kvd, kvd * 4);
+        memcpy(tsr__krow(p, at), k + (size_t)i * kvd, kvd * 4);
+        memcpy(tsr__vrow(p, at), v + (size_t)i * kvd, kvd * 4);
         p->pos_store[at] = s->len + i;
         if (p->score_store) p->score_store[at] = 0.0f;
     }
@@ -336,7 +347,6 @@ static tsr_status tsr__paged_spans(tsr_kv_cache *kv, int layer, int seq,
         p->spans = ns;
         p->spans_cap = nsp;
     }
-    size_t kvd = tsr__kvd(p);
     for (int32_t j = 0; j < nsp; j++) {
         size_t at = (size_t)L->blocks[j] * p->bs;
         int32_t n = L->slots - j * p->bs < p->bs ? L->slots - j * p->bs : p->bs;
@@ -344,7 +354,7 @@ static tsr_status tsr__paged_spans(tsr_kv_cache *kv, int layer, int seq,
         int contiguous = 1;
         if (!L->dense)
             for (int32_t i = 1; i < n && contiguous; i++) contiguous = pos[i] == pos[0] + i;
-        p->spans[j] = (tsr_kv_span){.k = p->k_store + at * kvd, .v = p->v_store + at * kvd,
+        p->spans[j] = (tsr_kv_span){.k = tsr__krow(p, at), .v = tsr__vrow(p, at),
                                     .pos = contiguous ? NULL : pos,
                                     .pos0 = L->dense ? j * p->bs : pos[0], .n = n,
                                     .stride = kv->kv_dim};
@@ -566,8 +576,8 @@ tsr_status tsr_kv_paged_row(const tsr_kv_cache *kv, int layer, int seq, int32_t 
     if (slot < 0 || slot >= L->nb * p->bs)
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: slot %d out of range", slot);
     size_t at = tsr__slot(p, L, slot);
-    *k = p->k_store + at * tsr__kvd(p);
-    *v = p->v_store + at * tsr__kvd(p);
+    *k = tsr__krow(p, at);
+    *v = tsr__vrow(p, at);
     return TSR_OK;
 }
 
@@ -638,8 +648,8 @@ tsr_status tsr_kv_paged_insert(tsr_kv_cache *kv, int layer, int seq, int32_t pos
     if (L->slots >= L->nb * p->bs)
         return tsr_error_set(TSR_ERR_INTERNAL, "KV cache: insert past reservation");
     size_t at = tsr__slot(p, L, L->slots), kvd = tsr__kvd(p);
-    memcpy(p->k_store + at * kvd, k, kvd * 4);
-    memcpy(p->v_store + at * kvd, v, kvd * 4);
+    memcpy(tsr__krow(p, at), k, kvd * 4);
+    memcpy(tsr__vrow(p, at), v, kvd * 4);
     p->pos_store[at] = pos;
     if (p->score_store) p->score_store[at] = 0.0f;
     if (L->dense && pos != L->slots) L->dense = 0;
@@ -705,8 +715,8 @@ tsr_status tsr_kv_paged_swap_out(tsr_kv_cache *kv, int seq) {
         tsr__player *L = &s->layers[l];
         for (int32_t i = 0; i < L->slots; i++) {
             size_t at = tsr__slot(p, L, i);
-            memcpy(w, p->k_store + at * kvd, kvd * 4);
-            memcpy(w + kvd * 4, p->v_store + at * kvd, kvd * 4);
+            memcpy(w, tsr__krow(p, at), kvd * 4);
+            memcpy(w + kvd * 4, tsr__vrow(p, at), kvd * 4);
             memcpy(w + kvd * 8, &p->pos_store[at], 4);
             float sc = p->score_store ? p->score_store[at] : 0.0f;
             memcpy(w + kvd * 8 + 4, &sc, 4);
@@ -745,8 +755,8 @@ tsr_status tsr_kv_paged_swap_in(tsr_kv_cache *kv, int seq) {
         L->nb = nb;
         for (int32_t i = 0; i < L->slots; i++) {
             size_t at = tsr__slot(p, L, i);
-            memcpy(p->k_store + at * kvd, r, kvd * 4);
-            memcpy(p->v_store + at * kvd, r + kvd * 4, kvd * 4);
+            memcpy(tsr__krow(p, at), r, kvd * 4);
+            memcpy(tsr__vrow(p, at), r + kvd * 4, kvd * 4);
             memcpy(&p->pos_store[at], r + kvd * 8, 4);
             if (p->score_store) memcpy(&p->score_store[at], r + kvd * 8 + 4, 4);
             r += tsr__row_bytes(p);
@@ -831,7 +841,7 @@ tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **ou
                              .wants_scores = 0};
     size_t slots = (size_t)nblocks * (size_t)p->bs, fbytes;
     tsr_status st = tsr_block_pool_create((int32_t)nblocks, &p->pool);
-    if (st == TSR_OK && !tsr_mul_size(slots, tsr__kvd(p) * 4, &fbytes))
+    if (st == TSR_OK && !tsr_mul_size(slots, tsr__kvd(p) * 8, &fbytes)) /* K and V */
         st = tsr_error_set(TSR_ERR_NOMEM, "KV cache: pool size overflow");
     if (st == TSR_OK) {
         /* Pages are touched only when blocks are first used, so RSS follows usage (in 2 MiB
@@ -839,12 +849,11 @@ tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **ou
          * a plain read of a layer's K/V ran at 15-16 GB/s against 26-28 (bench/attn.c,
          * docs/kernels-cpu.md); decode attention gained about 15 %. */
         p->store_bytes = fbytes;
-        p->k_store = tsr_malloc_huge(fbytes);
-        p->v_store = tsr_malloc_huge(fbytes);
+        p->store = tsr_malloc_huge(fbytes);
         p->pos_store = tsr_malloc_aligned(slots * 4);
         if (cfg->keep_scores) p->score_store = tsr_malloc_aligned(slots * 4);
         p->seqs = tsr_calloc((size_t)cfg->max_seqs, sizeof *p->seqs);
-        if (!p->k_store || !p->v_store || !p->pos_store || !p->seqs ||
+        if (!p->store || !p->pos_store || !p->seqs ||
             (cfg->keep_scores && !p->score_store))
             st = tsr_error_set(TSR_ERR_NOMEM, "KV cache: cannot allocate a pool of %lld bytes",
                                (long long)(nblocks * bb));
@@ -916,8 +925,8 @@ tsr_status tsr_kv_paged_export_seq(const tsr_kv_cache *kv, int seq, tsr_kv_seq_s
         tsr_kv_seq_layer *o = &out->layers[l];
         for (int32_t i = 0; i < L->slots; i++) {
             size_t at = tsr__slot(p, L, i);
-            memcpy(o->k + (size_t)i * kvd, p->k_store + at * kvd, kvd * 4);
-            memcpy(o->v + (size_t)i * kvd, p->v_store + at * kvd, kvd * 4);
+            memcpy(o->k + (size_t)i * kvd, tsr__krow(p, at), kvd * 4);
+            memcpy(o->v + (size_t)i * kvd, tsr__vrow(p, at), kvd * 4);
             o->pos[i] = p->pos_store[at];
             if (o->score) o->score[i] = p->score_store[at];
         }
@@ -977,8 +986,8 @@ tsr_status tsr_kv_paged_import_seq(tsr_kv_cache *kv, int seq, const tsr_kv_seq_s
         L->dense = I->dense;
         for (int32_t i = 0; i < I->slots; i++) {
             size_t at = tsr__slot(p, L, i);
-            memcpy(p->k_store + at * kvd, I->k + (size_t)i * kvd, kvd * 4);
-            memcpy(p->v_store + at * kvd, I->v + (size_t)i * kvd, kvd * 4);
+            memcpy(tsr__krow(p, at), I->k + (size_t)i * kvd, kvd * 4);
+            memcpy(tsr__vrow(p, at), I->v + (size_t)i * kvd, kvd * 4);
             p->pos_store[at] = I->pos[i];
             if (p->score_store) p->score_store[at] = I->score[i];
         }

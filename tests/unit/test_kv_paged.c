@@ -96,7 +96,7 @@ static int tsr__layers_adjacent(tsr_kv_cache *kv, int seq) {
         int ns;
         if (kv->ops->spans(kv, l, seq, &sp, &ns) != TSR_OK) return 0;
         for (int j = 1; j < ns; j++)
-            if (sp[j].k != sp[j - 1].k + 16 * KVD_ || sp[j].v != sp[j - 1].v + 16 * KVD_)
+            if (sp[j].k != sp[j - 1].k + 32 * KVD_ || sp[j].v != sp[j - 1].v + 32 * KVD_)
                 return 0;
     }
     return 1;
