@@ -584,6 +584,34 @@ TSR__INLINE void tsr__z_load64(const void *w, int64_t k, const int dt, const int
     for (int j = 0; j < 4; j++) q[j] = tsr__z_load(w, k + 16 * j, dt);
 }
 
+/* F32 columns [0, 64 * n64) of a row w against nx inputs (ldx apart): acc[i][q] gains the
+ * 16-column chunks c with c % 4 == q in order, the arithmetic of the 64-column steps
+ * below, but with ONE W load per step into a rotating set of four accumulators (after
+ * every 4 steps the rotation is back where it started), so the bits are those of the
+ * unrolled steps. Unrolled, the four loads of a step are four load instructions each
+ * striding 256 bytes, and a cold f32 matvec streamed at 0.72-0.81 of a plain read of the
+ * same bytes; one load instruction walking the row 64 bytes at a time, 0.84-0.93 (Zen 4,
+ * 2048 x 768, one matrix per call out of 256 MiB, alternating with the read;
+ * docs/kernels-cpu.md). BF16 measured slower this way (its 64-column step is two loads).
+ * The empty asm keeps GCC from unrolling the rotation away. */
+TSR__INLINE void tsr__z_f32_chunks(const float *w, const float *x, int64_t ldx, int64_t n64,
+                                   const int nx, __m512 acc[4][4]) {
+#pragma GCC unroll 1
+    for (int64_t c = 0; c < 4 * n64; c++) {
+        __m512 wv = _mm512_loadu_ps(w + 16 * c);
+#pragma GCC unroll 4
+        for (int i = 0; i < nx; i++) {
+            __m512 t = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)i * (size_t)ldx + 16 * c),
+                                       acc[i][0]);
+            acc[i][0] = acc[i][1];
+            acc[i][1] = acc[i][2];
+            acc[i][2] = acc[i][3];
+            acc[i][3] = t;
+            __asm__("" : "+v"(acc[i][0]), "+v"(acc[i][1]), "+v"(acc[i][2]), "+v"(acc[i][3]));
+        }
+    }
+}
+
 TSR__INLINE void tsr__z_matvec(const void *w, int64_t cols, int64_t r0, int64_t r1,
                                const float *x, const int nx, float *y, int64_t ldy,
                                const int dt) {
@@ -600,6 +628,10 @@ TSR__INLINE void tsr__z_matvec(const void *w, int64_t cols, int64_t r0, int64_t 
             acc[i][3] = _mm512_setzero_ps();
         }
         int64_t k = 0;
+        if (dt == TSR__DT_F32) {
+            tsr__z_f32_chunks((const float *)wr, x, cols, cols / 64, nx, acc);
+            k = cols / 64 * 64;
+        }
         /* Each W vector is consumed right after its load: with all four loads first, GCC
          * schedules the widening loads in a burst and cold-cache bf16 runs 10-20 % slower
          * (measured on Zen 4). Same arithmetic either way. */
