@@ -223,6 +223,24 @@ static void tsr__attn_score_run(const tsr__attn_geom *G, int64_t t, int64_t ntil
     tsr__attn_scores_tile(G, ml, g, sp, j0, nt, a->key_scores + (size_t)(off + j0), total);
 }
 
+/* The key-score pass after the main pass (nothing without key_scores): one task per (kv
+ * head, key tile), on `threads` threads. */
+static void tsr__attn_score_pass(const tsr__attn_geom *G, int threads, int64_t keys,
+                                 const float *ml) {
+    const tsr_attn_args *a = G->a;
+    if (!a->key_scores) return;
+    int64_t ntiles = 0;
+    for (int s = 0; s < a->n_spans; s++)
+        ntiles += (a->spans[s].n + TSR__ATTN_TILE - 1) / TSR__ATTN_TILE;
+    int64_t nst = ntiles * a->n_kv_heads;
+    if (threads > 1 && nst > 1) {
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+        for (int64_t t = 0; t < nst; t++) tsr__attn_score_run(G, t, ntiles, keys, ml);
+    } else {
+        for (int64_t t = 0; t < nst; t++) tsr__attn_score_run(G, t, ntiles, keys, ml);
+    }
+}
+
 tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
     tsr__cpu_ctx *c = be->ctx;
     if (a->head_dim <= 0 || a->head_dim > TSR__CPU_MAX_HEAD_DIM)
@@ -253,10 +271,12 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
      * heads they load q and the accumulators for every key; the query lanes keep 16
      * scores or 16 output dimensions in registers and broadcast the key and value
      * entries. 128 queries, 1 thread, warm: head_dim 8 356 -> 68 us per layer (260K),
-     * 48 395 -> 173 us (15M), 64 900 -> 444 (110M), 128 with GQA 8.1 -> 3.1 ms. Not with
-     * the key-score pass, whose sums repeat the row tasks' arithmetic. */
-    if (G.k->attn_qblock && a->n_q > 1 && TSR__CPU_QBLOCK_FITS(a->head_dim) &&
-        !a->key_scores) {
+     * 48 395 -> 173 us (15M), 64 900 -> 444 (110M), 128 with GQA 8.1 -> 3.1 ms. With key
+     * scores (h2o) the score pass below follows: it recomputes q.k with dot_rows, whose
+     * bits can differ from the lanes' by rounding, so a probability exp(s - m) / l is
+     * exact to ~1e-7 relative rather than to the bit (tests/unit/test_attn_cpu.c checks
+     * 1e-5 against a double reference, and equal bits at 1 and 2 threads). */
+    if (G.k->attn_qblock && a->n_q > 1 && TSR__CPU_QBLOCK_FITS(a->head_dim)) {
         int64_t ntask = (a->n_q + 15) / 16 * a->n_heads;
         if (par && ntask > 1) {
 #pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1)
@@ -264,6 +284,7 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
         } else {
             for (int64_t t = 0; t < ntask; t++) tsr__attn_qblock_run(&G, t, ml);
         }
+        tsr__attn_score_pass(&G, par ? c->threads : 1, keys, ml);
         return TSR_OK;
     }
     int nthr = c->threads; /* threads of the main pass */
@@ -311,17 +332,6 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
     } else {
         for (int64_t t = 0; t < ntask; t++) tsr__attn_run(&G, t, blk, nblk, ml);
     }
-    if (!a->key_scores) return TSR_OK;
-
-    int64_t total = keys, ntiles = 0;
-    for (int s = 0; s < a->n_spans; s++)
-        ntiles += (a->spans[s].n + TSR__ATTN_TILE - 1) / TSR__ATTN_TILE;
-    int64_t nst = ntiles * a->n_kv_heads;
-    if (par && nst > 1) {
-#pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1)
-        for (int64_t t = 0; t < nst; t++) tsr__attn_score_run(&G, t, ntiles, total, ml);
-    } else {
-        for (int64_t t = 0; t < nst; t++) tsr__attn_score_run(&G, t, ntiles, total, ml);
-    }
+    tsr__attn_score_pass(&G, par ? c->threads : 1, keys, ml);
     return TSR_OK;
 }
