@@ -151,6 +151,15 @@ static void tsr__attn_scores_tile(const tsr__attn_geom *G, const float *ml, int 
                                   int64_t total) {
     const tsr_attn_args *a = G->a;
     const int hd = a->head_dim;
+    if (G->k->attn_scores_qblock && a->n_q > 1 && TSR__CPU_QBLOCK_FITS(hd)) {
+        for (int hh = 0; hh < G->group; hh++) {
+            int h = g * G->group + hh;
+            G->k->attn_scores_qblock(a->q + (size_t)h * hd, G->q_ld, a->q_pos, (int)a->n_q, hd,
+                                     G->scale, sp, j0, nt, g * hd, ml + 2 * (size_t)h,
+                                     2 * (int64_t)a->n_heads, ks0 + (size_t)h * (size_t)total);
+        }
+        return;
+    }
     float sc[TSR__ATTN_TILE];
     const float *kt = sp->k + (size_t)j0 * (size_t)sp->stride + (size_t)g * hd;
     int32_t kmin = INT32_MAX;

@@ -156,6 +156,17 @@ typedef struct tsr__cpu_kernels {
     void (*gemm_short_sum)(const float *x, int64_t ldx, int64_t n, const float *w,
                            int64_t ldw, int64_t nr, const int32_t *seg, int n_parts, float *y,
                            int64_t ldy);
+    /* Optional (NULL: dot_rows per query row): the key-score pass of one query head over
+     * keys [j0, j0 + nt) of span sp (nt <= TSR__CPU_QBLOCK_MAX_TILE), for all nq query rows
+     * 16 at a time in the lanes of a vector. Row i: q + i*q_ld (d floats, d <=
+     * TSR__CPU_QBLOCK_WIDE_MAX_D), position qpos[i], final max and sum ml[i*ml_ld],
+     * ml[i*ml_ld + 1] (rows whose sum is not > 0 add nothing). Adds to ks[j - j0] the sum
+     * over the rows that see key j of exp(s - m) / l, s = q.k * scale with attn_qblock's
+     * arithmetic (so s - m is exactly its main pass's). The rows' terms are summed in
+     * lanes, block after block, then across the lanes: fixed, thread-independent order. */
+    void (*attn_scores_qblock)(const float *q, int64_t q_ld, const int32_t *qpos, int nq,
+                               int d, float scale, const tsr_kv_span *sp, int64_t j0, int nt,
+                               int koff, const float *ml, int64_t ml_ld, float *ks);
 } tsr__cpu_kernels;
 
 /* Longest segment that matmul_parts prefill gives to gemm_short. */

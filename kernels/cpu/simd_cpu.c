@@ -174,7 +174,7 @@ static const tsr__cpu_kernels tsr__k_scalar = {
     TSR__ISA_SCALAR, "scalar", tsr__s_matvec_f32, tsr__s_matvec_bf16, tsr__s_matvec_f16,
     tsr__s_matvec_seg_f32, tsr__s_matvec_seg_bf16, tsr__s_matvec_seg_f16, tsr__s_cvt_bf16,
     tsr__s_cvt_f16, tsr__s_dot_rows, tsr__s_acc_rows, tsr__s_exp_sum,
-    tsr__s_silu_mul, false, NULL, NULL, NULL, NULL, NULL, NULL,
+    tsr__s_silu_mul, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
 };
 
 /* Vector expf (Cephes): n = round(x log2 e), r = x - n ln2 (two-part ln2), exp(r) by a
@@ -529,7 +529,7 @@ static const tsr__cpu_kernels tsr__k_avx2 = {
     TSR__ISA_AVX2, "avx2", tsr__y_matvec_f32, tsr__y_matvec_bf16, tsr__y_matvec_f16,
     tsr__y_matvec_seg_f32, tsr__y_matvec_seg_bf16, tsr__y_matvec_seg_f16, tsr__y_cvt_bf16,
     tsr__y_cvt_f16, tsr__y_dot_rows, tsr__y_acc_rows, tsr__y_exp_sum,
-    tsr__y_silu_mul, false, NULL, NULL, NULL, NULL, NULL, NULL,
+    tsr__y_silu_mul, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
 };
 
 #pragma GCC pop_options
@@ -1274,6 +1274,54 @@ TSR__INLINE void tsr__z_attn_qblock_d(const float *q, int64_t q_ld, const int32_
     tsr__z_qblock_store(buf, d, m, l, nq, out, q_ld, ml, ml_ld);
 }
 
+/* attn_scores_qblock (cpu_internal.h). Per lane the score of tsr__z_attn_qblock_d (q.k as
+ * one fma chain over t in order, times scale; the queries' dimensions from the stack),
+ * then exp(s - m) with the vector exp of the main pass, times 1/l; lanes whose query
+ * comes before the key, past nq, or with l <= 0 add 0. Each key's lanes accumulate over
+ * the query blocks and are summed across the lanes once at the end. */
+static void tsr__z_attn_scores_qblock(const float *q, int64_t q_ld, const int32_t *qpos,
+                                      int nq, int d, float scale, const tsr_kv_span *sp,
+                                      int64_t j0, int nt, int koff, const float *ml,
+                                      int64_t ml_ld, float *ks) {
+    const __m512 sv = _mm512_set1_ps(scale), zero = _mm512_setzero_ps();
+    __m512 acc[TSR__CPU_QBLOCK_MAX_TILE];
+    int32_t kp[TSR__CPU_QBLOCK_MAX_TILE], kmin = INT32_MAX;
+    for (int j = 0; j < nt; j++) {
+        acc[j] = zero;
+        kp[j] = sp->pos ? sp->pos[j0 + j] : sp->pos0 + (int32_t)(j0 + j);
+        kmin = kp[j] < kmin ? kp[j] : kmin;
+    }
+    float qt[TSR__CPU_QBLOCK_WIDE_MAX_D * 16];
+    for (int i0 = 0; i0 < nq; i0 += 16) {
+        int n = nq - i0 < 16 ? nq - i0 : 16;
+        int32_t qp[16];
+        float mv[16], iv[16];
+        int32_t qmax = tsr__z_qblock_load(q + (size_t)i0 * (size_t)q_ld, q_ld, qpos + i0, n, d,
+                                          qt, qp);
+        if (qmax < kmin) continue; /* no row of the block sees a key of the tile */
+        for (int i = 0; i < 16; i++) {
+            float l = i < n ? ml[(size_t)(i0 + i) * (size_t)ml_ld + 1] : 0.0f;
+            mv[i] = i < n ? ml[(size_t)(i0 + i) * (size_t)ml_ld] : 0.0f;
+            iv[i] = l > 0.0f ? 1.0f / l : 0.0f;
+        }
+        const __m512i qpv = _mm512_loadu_si512((const void *)qp);
+        const __m512 m = _mm512_loadu_ps(mv), inv = _mm512_loadu_ps(iv);
+        __mmask16 live = _mm512_cmp_ps_mask(inv, zero, _CMP_GT_OQ);
+        for (int j = 0; j < nt; j++) {
+            const float *kr = sp->k + (size_t)(j0 + j) * (size_t)sp->stride + koff;
+            __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qt), _mm512_set1_ps(kr[0]));
+            for (int t = 1; t < d; t++)
+                a = _mm512_fmadd_ps(_mm512_loadu_ps(qt + t * 16), _mm512_set1_ps(kr[t]), a);
+            __mmask16 sees =
+                live & (__mmask16)~_mm512_cmpgt_epi32_mask(_mm512_set1_epi32(kp[j]), qpv);
+            if (!sees) continue;
+            __m512 e = tsr__z_exp(_mm512_sub_ps(_mm512_mul_ps(a, sv), m));
+            acc[j] = _mm512_mask_add_ps(acc[j], sees, acc[j], _mm512_mul_ps(e, inv));
+        }
+    }
+    for (int j = 0; j < nt; j++) ks[j] += _mm512_reduce_add_ps(acc[j]);
+}
+
 /* attn_qblock for heads of 32..TSR__CPU_QBLOCK_WIDE_MAX_D dims in steps of 16: the scores
  * of 16 keys at a time in 16 registers (lanes = queries; the queries' dimension t is one
  * vector from the stack, the keys' values are broadcast), the outputs 16 dimensions at a
@@ -1478,7 +1526,7 @@ static const tsr__cpu_kernels tsr__k_avx512 = {
     tsr__z_matvec_seg_f32, tsr__z_matvec_seg_bf16, tsr__z_matvec_seg_f16, tsr__z_cvt_bf16,
     tsr__z_cvt_f16, tsr__z_dot_rows, tsr__z_acc_rows, tsr__z_exp_sum,
     tsr__z_silu_mul, true, tsr__z_dot_heads, tsr__z_acc_heads, tsr__z_attn_qblock,
-    tsr__z_gemm_short, tsr__z_rmsnorm_f32, tsr__z_gemm_short_sum,
+    tsr__z_gemm_short, tsr__z_rmsnorm_f32, tsr__z_gemm_short_sum, tsr__z_attn_scores_qblock,
 };
 
 #pragma GCC pop_options
