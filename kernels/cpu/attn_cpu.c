@@ -281,10 +281,9 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
      * scores or 16 output dimensions in registers and broadcast the key and value
      * entries. 128 queries, 1 thread, warm: head_dim 8 356 -> 68 us per layer (260K),
      * 48 395 -> 173 us (15M), 64 900 -> 444 (110M), 128 with GQA 8.1 -> 3.1 ms. With key
-     * scores (h2o) the score pass below follows: it recomputes q.k with dot_rows, whose
-     * bits can differ from the lanes' by rounding, so a probability exp(s - m) / l is
-     * exact to ~1e-7 relative rather than to the bit (tests/unit/test_attn_cpu.c checks
-     * 1e-5 against a double reference, and equal bits at 1 and 2 threads). */
+     * scores (h2o) the score pass follows, in lanes as well (attn_scores_qblock, which
+     * every kernel table with attn_qblock has): its q.k has the lanes' arithmetic, so
+     * s - m is exactly the main pass's. */
     if (G.k->attn_qblock && a->n_q > 1 && TSR__CPU_QBLOCK_FITS(a->head_dim)) {
         int64_t ntask = (a->n_q + 15) / 16 * a->n_heads;
         if (par && ntask > 1) {
