@@ -1,7 +1,8 @@
 /* matmul y[n][rows] = x[n][cols] . W^T.
  *
  * Decode (n <= TSR__CPU_MATVEC_MAX_N) is memory-bound: the SIMD matvec kernels stream W
- * once per call for up to 4 input rows, and OpenMP splits W's rows into fixed blocks.
+ * once per call, for up to 4 input rows at a time, and OpenMP splits W's rows into fixed
+ * blocks.
  * Prefill uses single-threaded OpenBLAS sgemm on fixed panels of W's rows, one OpenMP
  * thread per panel; BF16/F16 panels are widened to f32 into a per-thread scratch first, so
  * prefill runs at BLAS speed without an f32 copy of the whole matrix. */
@@ -11,9 +12,12 @@
 
 #include "kernels/cpu/cpu_internal.h"
 
-/* Up to this many input rows, streaming W once per 4 rows beats OpenBLAS sgemm, which is
- * slow for small M (measured on Zen 4: 3 matvec passes at n = 12 still win). */
-#define TSR__CPU_MATVEC_MAX_N 12
+/* Up to this many input rows the matvec kernels (W streamed once, each row block reused from
+ * L1/L2 by every group of 4 rows: tsr__matvec_groups) beat OpenBLAS sgemm, whose packing of
+ * W dominated small-M calls (sgemm_incopy 41 % of a 16-sequence bulk run). bench/
+ * throughput.sh, 15M, 1 thread, output tok/s against sgemm: 16 sequences 1165 vs 846, 32
+ * 1415 vs 1215, 64 1434 vs 1474; 2 threads, 16: 1825 vs 1529, 32: 2292 vs 2039. */
+#define TSR__CPU_MATVEC_MAX_N 32
 /* Rows of W per OpenMP work item in the matvec (fixed, so splits are deterministic). */
 #define TSR__CPU_ROW_BLOCK 32
 /* Below this many weight elements, threads cost more than they save. */
@@ -49,6 +53,50 @@ static tsr_status tsr__matvec_x(tsr__cpu_ctx *c, const tsr__cpu_kernels *k, cons
     return TSR_OK;
 }
 
+static void tsr__matvec_seg_rows(const tsr__cpu_kernels *k, const tsr_tensor *w,
+                                 const float *x, int nx, int64_t r0, int64_t r1,
+                                 const int32_t *seg, int n_parts, bool sum, float *y,
+                                 int64_t ldp) {
+    switch (w->dtype) {
+    case TSR_F32:
+        k->matvec_seg_f32(w->data, w->cols, r0, r1, x, nx, seg, n_parts, sum, y, w->rows, ldp);
+        break;
+    case TSR_BF16:
+        k->matvec_seg_bf16(w->data, w->cols, r0, r1, x, nx, seg, n_parts, sum, y, w->rows,
+                           ldp);
+        break;
+    case TSR_F16:
+        k->matvec_seg_f16(w->data, w->cols, r0, r1, x, nx, seg, n_parts, sum, y, w->rows,
+                          ldp);
+        break;
+    }
+}
+
+/* More than 4 inputs: W's row blocks outer and the groups of 4 inputs inner, so each block
+ * (TSR__CPU_ROW_BLOCK rows, in L1/L2) serves every group and W streams from memory once
+ * instead of once per group; the kernel calls per row and group are those of the
+ * group-by-group loop, so the bits are too. seg == NULL: the plain matvec; else the
+ * segmented one (parts ldp apart, or summed). */
+static void tsr__matvec_groups(tsr__cpu_ctx *c, const tsr__cpu_kernels *k, const tsr_tensor *w,
+                               const float *x, int64_t n, const int32_t *seg, int n_parts,
+                               bool sum, int64_t ldp, int64_t nblk, int par, float *y) {
+    int64_t rows = w->rows, cols = w->cols;
+#pragma omp parallel for num_threads(c->threads) schedule(static) if (par)
+    for (int64_t b = 0; b < nblk; b++) {
+        int64_t r0 = b * TSR__CPU_ROW_BLOCK;
+        int64_t r1 = r0 + TSR__CPU_ROW_BLOCK < rows ? r0 + TSR__CPU_ROW_BLOCK : rows;
+        for (int64_t i0 = 0; i0 < n; i0 += 4) {
+            int nx = n - i0 < 4 ? (int)(n - i0) : 4;
+            const float *xi = x + (size_t)i0 * (size_t)cols;
+            float *yi = y + (size_t)i0 * (size_t)rows;
+            if (seg)
+                tsr__matvec_seg_rows(k, w, xi, nx, r0, r1, seg, n_parts, sum, yi, ldp);
+            else
+                tsr__matvec_rows(k, w, xi, nx, r0, r1, yi);
+        }
+    }
+}
+
 static tsr_status tsr__matvec(tsr__cpu_ctx *c, const float *x, int64_t n, const tsr_tensor *w,
                               float *y) {
     const tsr__cpu_kernels *k = tsr__cpu_kernels_get();
@@ -57,6 +105,10 @@ static tsr_status tsr__matvec(tsr__cpu_ctx *c, const float *x, int64_t n, const 
     TSR_TRY(tsr__matvec_x(c, k, x, n, w, whole, 1, &x));
     int64_t nblk = (rows + TSR__CPU_ROW_BLOCK - 1) / TSR__CPU_ROW_BLOCK;
     int par = c->threads > 1 && rows * cols >= TSR__CPU_PAR_MIN && nblk > 1;
+    if (n > 4) { /* see tsr__matvec_groups */
+        tsr__matvec_groups(c, k, w, x, n, NULL, 0, false, 0, nblk, par, y);
+        return TSR_OK;
+    }
     for (int64_t i0 = 0; i0 < n; i0 += 4) {
         int nx = n - i0 < 4 ? (int)(n - i0) : 4;
         const float *xi = x + (size_t)i0 * (size_t)cols;
@@ -188,25 +240,6 @@ tsr_status tsr__cpu_matmul(tsr_backend *be, const float *x, int64_t n, const tsr
 
 /* ---- matmul_parts: per-segment products for tensor-parallel reductions ---- */
 
-static void tsr__matvec_seg_rows(const tsr__cpu_kernels *k, const tsr_tensor *w,
-                                 const float *x, int nx, int64_t r0, int64_t r1,
-                                 const int32_t *seg, int n_parts, bool sum, float *y,
-                                 int64_t ldp) {
-    switch (w->dtype) {
-    case TSR_F32:
-        k->matvec_seg_f32(w->data, w->cols, r0, r1, x, nx, seg, n_parts, sum, y, w->rows, ldp);
-        break;
-    case TSR_BF16:
-        k->matvec_seg_bf16(w->data, w->cols, r0, r1, x, nx, seg, n_parts, sum, y, w->rows,
-                           ldp);
-        break;
-    case TSR_F16:
-        k->matvec_seg_f16(w->data, w->cols, r0, r1, x, nx, seg, n_parts, sum, y, w->rows,
-                          ldp);
-        break;
-    }
-}
-
 /* Decode: one pass over W per 4 input rows, a dot per segment (fixed row blocks, as in
  * tsr__matvec; each element's arithmetic is independent of the split anyway). */
 static tsr_status tsr__matvec_parts(tsr__cpu_ctx *c, const float *x, int64_t n,
@@ -218,6 +251,10 @@ static tsr_status tsr__matvec_parts(tsr__cpu_ctx *c, const float *x, int64_t n,
     int64_t ldp = n * rows;
     int64_t nblk = (rows + TSR__CPU_ROW_BLOCK - 1) / TSR__CPU_ROW_BLOCK;
     int par = c->threads > 1 && rows * cols >= TSR__CPU_PAR_MIN && nblk > 1;
+    if (n > 4) { /* see tsr__matvec_groups */
+        tsr__matvec_groups(c, k, w, x, n, seg, n_parts, sum, ldp, nblk, par, y);
+        return TSR_OK;
+    }
     for (int64_t i0 = 0; i0 < n; i0 += 4) {
         int nx = n - i0 < 4 ? (int)(n - i0) : 4;
         const float *xi = x + (size_t)i0 * (size_t)cols;

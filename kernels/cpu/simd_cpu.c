@@ -592,8 +592,10 @@ TSR__INLINE void tsr__z_load64(const void *w, int64_t k, const int dt, const int
  * striding 256 bytes, and a cold f32 matvec streamed at 0.72-0.81 of a plain read of the
  * same bytes; one load instruction walking the row 64 bytes at a time, 0.84-0.93 (Zen 4,
  * 2048 x 768, one matrix per call out of 256 MiB, alternating with the read;
- * docs/kernels-cpu.md). BF16 measured slower this way (its 64-column step is two loads).
- * The empty asm keeps GCC from unrolling the rotation away. */
+ * docs/kernels-cpu.md). One input only: with 2-4 the W block is often in L1/L2 (several
+ * groups of inputs share it, gemm_cpu.c) and the moves of the rotation cost compute (a
+ * 16-sequence bulk run 14 % slower). BF16 measured slower this way (its 64-column step is
+ * two loads). The empty asm keeps GCC from unrolling the rotation away. */
 TSR__INLINE void tsr__z_f32_chunks(const float *w, const float *x, int64_t ldx, int64_t n64,
                                    const int nx, __m512 acc[4][4]) {
 #pragma GCC unroll 1
@@ -628,7 +630,7 @@ TSR__INLINE void tsr__z_matvec(const void *w, int64_t cols, int64_t r0, int64_t 
             acc[i][3] = _mm512_setzero_ps();
         }
         int64_t k = 0;
-        if (dt == TSR__DT_F32) {
+        if (dt == TSR__DT_F32 && nx == 1) {
             tsr__z_f32_chunks((const float *)wr, x, cols, cols / 64, nx, acc);
             k = cols / 64 * 64;
         }
