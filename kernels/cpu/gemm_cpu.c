@@ -240,8 +240,9 @@ tsr_status tsr__cpu_matmul(tsr_backend *be, const float *x, int64_t n, const tsr
 
 /* ---- matmul_parts: per-segment products for tensor-parallel reductions ---- */
 
-/* Decode: one pass over W per 4 input rows, a dot per segment (fixed row blocks, as in
- * tsr__matvec; each element's arithmetic is independent of the split anyway). */
+/* Decode and small batches: one pass over W (tsr__matvec_groups above 4 inputs), a dot per
+ * segment (fixed row blocks, as in tsr__matvec; each element's arithmetic is independent
+ * of the split anyway). */
 static tsr_status tsr__matvec_parts(tsr__cpu_ctx *c, const float *x, int64_t n,
                                     const tsr_tensor *w, const int32_t *seg, int n_parts,
                                     bool sum, float *y) {
