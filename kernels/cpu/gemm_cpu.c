@@ -13,7 +13,7 @@
 #include "kernels/cpu/cpu_internal.h"
 
 /* Up to this many input rows the matvec kernels (W streamed once, each row block reused from
- * L1/L2 by every group of 4 rows: tsr__matvec_groups) beat OpenBLAS sgemm, whose packing of
+ * L1/L2 by every group of 4 rows: tsr__matvec_run) beat OpenBLAS sgemm, whose packing of
  * W dominated small-M calls (sgemm_incopy 41 % of a 16-sequence bulk run). bench/
  * throughput.sh, 15M, 1 thread, output tok/s against sgemm: 16 sequences 1165 vs 846, 32
  * 1415 vs 1215, 64 1434 vs 1474; 2 threads, 16: 1825 vs 1529, 32: 2292 vs 2039. */
@@ -72,58 +72,58 @@ static void tsr__matvec_seg_rows(const tsr__cpu_kernels *k, const tsr_tensor *w,
     }
 }
 
-/* More than 4 inputs: W's row blocks outer and the groups of 4 inputs inner, so each block
- * (TSR__CPU_ROW_BLOCK rows, in L1/L2) serves every group and W streams from memory once
- * instead of once per group; the kernel calls per row and group are those of the
- * group-by-group loop, so the bits are too. seg == NULL: the plain matvec; else the
- * segmented one (parts ldp apart, or summed). */
-static void tsr__matvec_groups(tsr__cpu_ctx *c, const tsr__cpu_kernels *k, const tsr_tensor *w,
-                               const float *x, int64_t n, const int32_t *seg, int n_parts,
-                               bool sum, int64_t ldp, int64_t nblk, int par, float *y) {
-    int64_t rows = w->rows, cols = w->cols;
-#pragma omp parallel for num_threads(c->threads) schedule(static) if (par)
+/* Rows [r0, r1) of W for all n inputs, 4 at a time. seg == NULL: the plain matvec; else
+ * the segmented one (parts ldp apart, or summed). */
+static void tsr__matvec_span(const tsr__cpu_kernels *k, const tsr_tensor *w, const float *x,
+                             int64_t n, const int32_t *seg, int n_parts, bool sum, int64_t ldp,
+                             int64_t r0, int64_t r1, float *y) {
+    for (int64_t i0 = 0; i0 < n; i0 += 4) {
+        int nx = n - i0 < 4 ? (int)(n - i0) : 4;
+        const float *xi = x + (size_t)i0 * (size_t)w->cols;
+        float *yi = y + (size_t)i0 * (size_t)w->rows;
+        if (seg)
+            tsr__matvec_seg_rows(k, w, xi, nx, r0, r1, seg, n_parts, sum, yi, ldp);
+        else
+            tsr__matvec_rows(k, w, xi, nx, r0, r1, yi);
+    }
+}
+
+/* Decode and small batches (x already as the kernels read it). W's rows go in fixed blocks
+ * of TSR__CPU_ROW_BLOCK, each serving every group of 4 inputs while it is in L1/L2, so W
+ * streams from memory once whatever n is (before 2026-12-03 it streamed once per group);
+ * the kernel calls per row and group are the same in every order, so the bits are too.
+ * One thread and one group: a single call over all rows (one stream, no per-block calls).
+ * Serial paths open no OpenMP region: even a serialized one costs ~0.7 us and a futex. */
+static void tsr__matvec_run(tsr__cpu_ctx *c, const tsr__cpu_kernels *k, const tsr_tensor *w,
+                            const float *x, int64_t n, const int32_t *seg, int n_parts,
+                            bool sum, int64_t ldp, float *y) {
+    int64_t rows = w->rows;
+    int64_t nblk = (rows + TSR__CPU_ROW_BLOCK - 1) / TSR__CPU_ROW_BLOCK;
+    int par = c->threads > 1 && rows * w->cols >= TSR__CPU_PAR_MIN && nblk > 1;
+    if (!par && n <= 4) {
+        tsr__matvec_span(k, w, x, n, seg, n_parts, sum, ldp, 0, rows, y);
+        return;
+    }
+    if (!par) {
+        for (int64_t r0 = 0; r0 < rows; r0 += TSR__CPU_ROW_BLOCK)
+            tsr__matvec_span(k, w, x, n, seg, n_parts, sum, ldp, r0,
+                             r0 + TSR__CPU_ROW_BLOCK < rows ? r0 + TSR__CPU_ROW_BLOCK : rows, y);
+        return;
+    }
+#pragma omp parallel for num_threads(c->threads) schedule(static)
     for (int64_t b = 0; b < nblk; b++) {
         int64_t r0 = b * TSR__CPU_ROW_BLOCK;
         int64_t r1 = r0 + TSR__CPU_ROW_BLOCK < rows ? r0 + TSR__CPU_ROW_BLOCK : rows;
-        for (int64_t i0 = 0; i0 < n; i0 += 4) {
-            int nx = n - i0 < 4 ? (int)(n - i0) : 4;
-            const float *xi = x + (size_t)i0 * (size_t)cols;
-            float *yi = y + (size_t)i0 * (size_t)rows;
-            if (seg)
-                tsr__matvec_seg_rows(k, w, xi, nx, r0, r1, seg, n_parts, sum, yi, ldp);
-            else
-                tsr__matvec_rows(k, w, xi, nx, r0, r1, yi);
-        }
+        tsr__matvec_span(k, w, x, n, seg, n_parts, sum, ldp, r0, r1, y);
     }
 }
 
 static tsr_status tsr__matvec(tsr__cpu_ctx *c, const float *x, int64_t n, const tsr_tensor *w,
                               float *y) {
     const tsr__cpu_kernels *k = tsr__cpu_kernels_get();
-    int64_t rows = w->rows, cols = w->cols;
-    int32_t whole[2] = {0, (int32_t)cols};
+    int32_t whole[2] = {0, (int32_t)w->cols};
     TSR_TRY(tsr__matvec_x(c, k, x, n, w, whole, 1, &x));
-    int64_t nblk = (rows + TSR__CPU_ROW_BLOCK - 1) / TSR__CPU_ROW_BLOCK;
-    int par = c->threads > 1 && rows * cols >= TSR__CPU_PAR_MIN && nblk > 1;
-    if (n > 4) { /* see tsr__matvec_groups */
-        tsr__matvec_groups(c, k, w, x, n, NULL, 0, false, 0, nblk, par, y);
-        return TSR_OK;
-    }
-    for (int64_t i0 = 0; i0 < n; i0 += 4) {
-        int nx = n - i0 < 4 ? (int)(n - i0) : 4;
-        const float *xi = x + (size_t)i0 * (size_t)cols;
-        float *yi = y + (size_t)i0 * (size_t)rows;
-        if (!par) { /* no OpenMP region: even a serialized one costs ~0.7 us and a futex */
-            tsr__matvec_rows(k, w, xi, nx, 0, rows, yi);
-            continue;
-        }
-#pragma omp parallel for num_threads(c->threads) schedule(static)
-        for (int64_t b = 0; b < nblk; b++) {
-            int64_t r0 = b * TSR__CPU_ROW_BLOCK;
-            int64_t r1 = r0 + TSR__CPU_ROW_BLOCK < rows ? r0 + TSR__CPU_ROW_BLOCK : rows;
-            tsr__matvec_rows(k, w, xi, nx, r0, r1, yi);
-        }
-    }
+    tsr__matvec_run(c, k, w, x, n, NULL, 0, false, 0, y);
     return TSR_OK;
 }
 
@@ -240,37 +240,13 @@ tsr_status tsr__cpu_matmul(tsr_backend *be, const float *x, int64_t n, const tsr
 
 /* ---- matmul_parts: per-segment products for tensor-parallel reductions ---- */
 
-/* Decode and small batches: one pass over W (tsr__matvec_groups above 4 inputs), a dot per
- * segment (fixed row blocks, as in tsr__matvec; each element's arithmetic is independent
- * of the split anyway). */
+/* Decode and small batches: tsr__matvec_run with a dot per segment. */
 static tsr_status tsr__matvec_parts(tsr__cpu_ctx *c, const float *x, int64_t n,
                                     const tsr_tensor *w, const int32_t *seg, int n_parts,
                                     bool sum, float *y) {
     const tsr__cpu_kernels *k = tsr__cpu_kernels_get();
-    int64_t rows = w->rows, cols = w->cols;
     TSR_TRY(tsr__matvec_x(c, k, x, n, w, seg, n_parts, &x));
-    int64_t ldp = n * rows;
-    int64_t nblk = (rows + TSR__CPU_ROW_BLOCK - 1) / TSR__CPU_ROW_BLOCK;
-    int par = c->threads > 1 && rows * cols >= TSR__CPU_PAR_MIN && nblk > 1;
-    if (n > 4) { /* see tsr__matvec_groups */
-        tsr__matvec_groups(c, k, w, x, n, seg, n_parts, sum, ldp, nblk, par, y);
-        return TSR_OK;
-    }
-    for (int64_t i0 = 0; i0 < n; i0 += 4) {
-        int nx = n - i0 < 4 ? (int)(n - i0) : 4;
-        const float *xi = x + (size_t)i0 * (size_t)cols;
-        float *yi = y + (size_t)i0 * (size_t)rows;
-        if (!par) {
-            tsr__matvec_seg_rows(k, w, xi, nx, 0, rows, seg, n_parts, sum, yi, ldp);
-            continue;
-        }
-#pragma omp parallel for num_threads(c->threads) schedule(static)
-        for (int64_t b = 0; b < nblk; b++) {
-            int64_t r0 = b * TSR__CPU_ROW_BLOCK;
-            int64_t r1 = r0 + TSR__CPU_ROW_BLOCK < rows ? r0 + TSR__CPU_ROW_BLOCK : rows;
-            tsr__matvec_seg_rows(k, w, xi, nx, r0, r1, seg, n_parts, sum, yi, ldp);
-        }
-    }
+    tsr__matvec_run(c, k, w, x, n, seg, n_parts, sum, n * w->rows, y);
     return TSR_OK;
 }
 
