@@ -584,8 +584,8 @@ TSR__INLINE void tsr__z_load64(const void *w, int64_t k, const int dt, const int
     for (int j = 0; j < 4; j++) q[j] = tsr__z_load(w, k + 16 * j, dt);
 }
 
-/* F32 columns [0, 64 * n64) of a row w against nx inputs (ldx apart): acc[i][q] gains the
- * 16-column chunks c with c % 4 == q in order, the arithmetic of the 64-column steps
+/* F32 columns [0, 64 * n64) of a row w against one input x: acc[q] gains the 16-column
+ * chunks c with c % 4 == q in order, the arithmetic of the 64-column steps
  * below, but with ONE W load per step into a rotating set of four accumulators (after
  * every 4 steps the rotation is back where it started), so the bits are those of the
  * unrolled steps. Unrolled, the four loads of a step are four load instructions each
@@ -596,21 +596,17 @@ TSR__INLINE void tsr__z_load64(const void *w, int64_t k, const int dt, const int
  * groups of inputs share it, gemm_cpu.c) and the moves of the rotation cost compute (a
  * 16-sequence bulk run 14 % slower). BF16 measured slower this way (its 64-column step is
  * two loads). The empty asm keeps GCC from unrolling the rotation away. */
-TSR__INLINE void tsr__z_f32_chunks(const float *w, const float *x, int64_t ldx, int64_t n64,
-                                   const int nx, __m512 acc[4][4]) {
+TSR__INLINE void tsr__z_f32_chunks(const float *w, const float *x, int64_t n64,
+                                   __m512 *acc) {
 #pragma GCC unroll 1
     for (int64_t c = 0; c < 4 * n64; c++) {
-        __m512 wv = _mm512_loadu_ps(w + 16 * c);
-#pragma GCC unroll 4
-        for (int i = 0; i < nx; i++) {
-            __m512 t = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)i * (size_t)ldx + 16 * c),
-                                       acc[i][0]);
-            acc[i][0] = acc[i][1];
-            acc[i][1] = acc[i][2];
-            acc[i][2] = acc[i][3];
-            acc[i][3] = t;
-            __asm__("" : "+v"(acc[i][0]), "+v"(acc[i][1]), "+v"(acc[i][2]), "+v"(acc[i][3]));
-        }
+        __m512 t = _mm512_fmadd_ps(_mm512_loadu_ps(w + 16 * c), _mm512_loadu_ps(x + 16 * c),
+                                   acc[0]);
+        acc[0] = acc[1];
+        acc[1] = acc[2];
+        acc[2] = acc[3];
+        acc[3] = t;
+        __asm__("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]));
     }
 }
 
@@ -631,7 +627,7 @@ TSR__INLINE void tsr__z_matvec(const void *w, int64_t cols, int64_t r0, int64_t 
         }
         int64_t k = 0;
         if (dt == TSR__DT_F32 && nx == 1) {
-            tsr__z_f32_chunks((const float *)wr, x, cols, cols / 64, nx, acc);
+            tsr__z_f32_chunks((const float *)wr, x, cols / 64, acc[0]);
             k = cols / 64 * 64;
         }
         /* Each W vector is consumed right after its load: with all four loads first, GCC
