@@ -24,8 +24,8 @@
 
 #include "bench/bench_args.h"
 #include "kernels/backend.h"
-#include "runtime/base/alloc.h"
-#include "runtime/base/sys.h"
+#include "base/alloc.h"
+#include "base/sys.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

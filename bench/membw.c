@@ -2,7 +2,7 @@
  *
  * Sums (xor) a buffer far larger than the last-level cache with 1..T OpenMP threads, each
  * thread reading one contiguous slice, and reports the best of R passes in GB/s (1e9
- * bytes/s); the passes are runtime/base/membw.c's, which `tessera bench --membw-mib` also
+ * bytes/s); the passes are base/membw.c's, which `tessera bench --membw-mib` also
  * runs beside its decode. Prints one JSON line.
  *
  * The buffer is measured twice: in 4 KiB pages and in a 2 MiB-aligned mapping advised for
@@ -17,8 +17,8 @@
 #include <sys/mman.h>
 
 #include "bench/bench_args.h"
-#include "runtime/base/membw.h"
-#include "runtime/base/sys.h"
+#include "base/membw.h"
+#include "base/sys.h"
 
 static void tsr__usage(FILE *f) {
     fprintf(f,

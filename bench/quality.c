@@ -15,7 +15,7 @@
 
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 #include "runtime/forward.h"
 #include "runtime/kv_setup.h"
 #include "runtime/model.h"

@@ -1,7 +1,7 @@
 # CUDA backend (kernels/cuda), compiled and linked in CI even without a GPU.
 #
 # Layout, chosen so that no static-library cycle exists: the host code kernels/cuda/*.c
-# (vtable, cuBLAS, error translation through runtime/base) is compiled into tessera_core
+# (vtable, cuBLAS, error translation through base/) is compiled into tessera_core
 # like every other C file, and the device code kernels/cuda/*.cu goes into tessera_cuda,
 # which calls nothing of ours (its launchers return cudaError_t, see launch.h). So the
 # graph is tessera_core -> tessera_cuda -> CUDA::cudart, one way.

@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "comm/comm_impl.h"
-#include "runtime/base/alloc.h"
-#include "runtime/base/log.h"
+#include "base/alloc.h"
+#include "base/log.h"
 
 static const char *const tsr__group_names[TSR_COMM_GROUP_COUNT] = {"world", "tp", "pp"};
 

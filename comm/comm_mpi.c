@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 _Static_assert(sizeof(MPI_Request) <= sizeof(((tsr_comm_request *)0)->impl),
                "tsr_comm_request too small for MPI_Request");

@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 static cudaStream_t tsr__stream(tsr_comm *c) { return (cudaStream_t)c->stream; }
 static ncclComm_t tsr__nc(const tsr__comm_grp *g) { return (ncclComm_t)g->nccl; }

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 /* ---- string set: open addressing, FNV-1a ------------------------------------------------ */
 

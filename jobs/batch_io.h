@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "runtime/base/status.h"
+#include "base/status.h"
 #include "runtime/chat_template.h"
 
 /* ---- a set of strings (custom_ids, line keys) ------------------------------------------ */

@@ -14,7 +14,7 @@
 
 #include "memory/kv_dist.h"
 #include "policies/policy.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 void tsr_ckpt_rank_path(const char *path, int rank, int world, char *buf, size_t cap) {
     if (world <= 1) {

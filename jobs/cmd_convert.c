@@ -6,7 +6,7 @@
 
 #include "jobs/cli.h"
 #include "jobs/commands.h"
-#include "runtime/base/dtype.h"
+#include "base/dtype.h"
 #include "runtime/loader.h"
 #include "runtime/model.h"
 #include "runtime/tokenizer.h"

@@ -13,9 +13,9 @@
 #ifdef TSR_HAVE_CUDA
 #include "kernels/cuda/backend_cuda.h"
 #endif
-#include "runtime/base/alloc.h"
-#include "runtime/base/log.h"
-#include "runtime/base/sys.h"
+#include "base/alloc.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 void tsr_dist_cli_init(tsr_dist_cli *d) { memset(d, 0, sizeof *d); }
 

@@ -8,7 +8,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 tsr_status tsr_samples_add(tsr_samples *s, double x) {
     if (s->n == s->cap) {

@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "memory/kv_cache.h"
-#include "runtime/base/status.h"
+#include "base/status.h"
 
 typedef struct tsr_samples {
     double *v;

@@ -7,7 +7,7 @@
 
 #include <stdbool.h>
 
-#include "runtime/base/status.h"
+#include "base/status.h"
 
 /* Exit code of a job that stopped on a signal with work left (rerun to resume). */
 #define TSR_EXIT_STOPPED 3

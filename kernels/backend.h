@@ -9,9 +9,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/base/status.h"
-#include "runtime/config.h"
-#include "runtime/tensor.h"
+#include "base/status.h"
+#include "base/model_config.h"
+#include "base/tensor.h"
 
 typedef struct tsr_backend tsr_backend;
 

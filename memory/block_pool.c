@@ -2,7 +2,7 @@
  * blocks join the LRU tail (prefix-cache hits kept longest); unhashed ones the head. */
 #include "memory/block_pool.h"
 
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 tsr_status tsr_block_pool_create(int32_t n_blocks, tsr_block_pool **out) {
     *out = NULL;

@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "runtime/base/status.h"
+#include "base/status.h"
 
 typedef struct tsr_block {
     int32_t id;

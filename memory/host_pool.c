@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 tsr_status tsr_host_pool_create(int64_t budget_bytes, tsr_host_pool **out) {
     *out = tsr_calloc(1, sizeof **out);

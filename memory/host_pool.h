@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "memory/topology.h"
-#include "runtime/base/status.h"
+#include "base/status.h"
 
 /* Called on every allocation (after it is made) and before every free. */
 typedef tsr_status (*tsr_host_pool_pin_fn)(void *ctx, void *ptr, size_t bytes);

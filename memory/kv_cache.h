@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "kernels/backend.h"
-#include "runtime/base/status.h"
+#include "base/status.h"
 
 typedef struct tsr_kv_cache tsr_kv_cache;
 

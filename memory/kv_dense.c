@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "memory/kv_cache.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 typedef struct tsr__dense_seq {
     int active;

@@ -7,7 +7,7 @@
 
 #include "memory/kv_paged.h"
 #include "policies/policy.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 typedef struct tsr__dist {
     tsr_kv_cache base;

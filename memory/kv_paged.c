@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "memory/block_pool.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 typedef struct tsr__player {
     int32_t *blocks;

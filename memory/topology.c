@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 struct tsr_topology {
     hwloc_topology_t topo;

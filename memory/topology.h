@@ -16,7 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "runtime/base/status.h"
+#include "base/status.h"
 
 typedef struct tsr_topology tsr_topology;
 

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "policies/policy.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 typedef struct tsr__h2o {
     tsr_kv_policy_config cfg;

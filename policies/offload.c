@@ -21,7 +21,7 @@
 
 #include "comm/comm.h"
 #include "policies/policy.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 /* Rows (per layer) whose key and query energy choose the channel pairs; the choice is
  * final after them. */

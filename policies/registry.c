@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "policies/policy.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 static const tsr_kv_policy_ops *const tsr__policies[] = {
     &tsr_kv_policy_paged,

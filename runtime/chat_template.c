@@ -15,8 +15,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "runtime/base/alloc.h"
-#include "runtime/base/file.h"
+#include "base/alloc.h"
+#include "base/file.h"
 
 tsr_status tsr_chat_template_parse(const char *json, size_t len, const char *what,
                                    tsr_chat_template *out) {

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#include "runtime/base/status.h"
+#include "base/status.h"
 
 typedef enum tsr_chat_kind {
     TSR_CHAT_NONE = 0, /* the model has no (recognised) chat template */

@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 #include "runtime/loader.h"
 #include "runtime/safetensors.h"
 

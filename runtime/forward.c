@@ -11,7 +11,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 #ifdef TSR_HAVE_CUDA
 #include "kernels/cuda/backend_cuda.h"
 #endif

@@ -9,8 +9,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "runtime/base/alloc.h"
-#include "runtime/base/file.h"
+#include "base/alloc.h"
+#include "base/file.h"
 #include "runtime/config.h"
 #include "runtime/loader.h"
 #include "runtime/safetensors.h"

@@ -7,7 +7,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 #include "runtime/loader.h"
 
 struct tsr_model_resource {

@@ -4,7 +4,7 @@
 #define TSR_RUNTIME_MODEL_H
 
 #include "runtime/config.h"
-#include "runtime/tensor.h"
+#include "base/tensor.h"
 
 typedef struct tsr_layer_weights {
     tsr_tensor attn_norm; /* [1, dim] f32 */

@@ -28,7 +28,7 @@
 
 #include <stdbool.h>
 
-#include "runtime/base/status.h"
+#include "base/status.h"
 #include "runtime/config.h"
 #include "runtime/model.h"
 

@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 /* The reference implementation refuses headers above 100 MB; so do we. */
 #define TSR__ST_MAX_HEADER (100u * 1000u * 1000u)

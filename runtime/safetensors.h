@@ -11,8 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/base/dtype.h"
-#include "runtime/base/status.h"
+#include "base/dtype.h"
+#include "base/status.h"
 
 #define TSR_ST_MAX_DIMS 8
 

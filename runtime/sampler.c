@@ -3,7 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 struct tsr_sampler_cand {
     float p;

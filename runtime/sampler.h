@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "runtime/base/status.h"
+#include "base/status.h"
 
 typedef struct tsr_sampler_params {
     float temperature; /* 0: greedy */

@@ -5,7 +5,7 @@
 
 #include <string.h>
 
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 typedef struct tsr__req {
     uint64_t tag;

@@ -14,8 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/base/alloc.h"
-#include "runtime/base/sys.h"
+#include "base/alloc.h"
+#include "base/sys.h"
 #include "runtime/config.h"
 #include "runtime/loader.h"
 

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/base/status.h"
+#include "base/status.h"
 
 typedef struct tsr_tokenizer tsr_tokenizer;
 

@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/base/alloc.h"
-#include "runtime/base/file.h"
-#include "runtime/base/heap.h"
+#include "base/alloc.h"
+#include "base/file.h"
+#include "base/heap.h"
 #include "runtime/tokenizer.h"
 
 /* ByteLevel(use_regex=true), GPT-2. */

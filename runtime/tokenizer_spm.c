@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/base/alloc.h"
-#include "runtime/base/file.h"
-#include "runtime/base/heap.h"
+#include "base/alloc.h"
+#include "base/file.h"
+#include "base/heap.h"
 #include "runtime/tokenizer.h"
 
 typedef struct tsr__spm {

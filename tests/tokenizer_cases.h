@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/base/status.h"
+#include "base/status.h"
 #include "runtime/tokenizer.h"
 
 static char *read_all(const char *path, size_t *n) {

@@ -4,8 +4,8 @@
 #include <cblas.h>
 
 #include "kernels/cpu/cpu_internal.h"
-#include "runtime/base/alloc.h"
-#include "runtime/base/log.h"
+#include "base/alloc.h"
+#include "base/log.h"
 
 tsr_status tsr__cpu_scratch(float **buf, size_t *cap, size_t n) {
     if (n <= *cap) return TSR_OK;

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_internal.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 /* Elementwise loops shorter than this stay on one thread (a 2-thread OpenMP region costs
  * a few us; 15M prefill rows of 128 x 288 = 36K elements gain from 2 threads). */

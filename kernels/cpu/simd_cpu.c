@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/base/dtype.h"
+#include "base/dtype.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define TSR__X86 1

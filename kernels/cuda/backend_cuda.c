@@ -12,7 +12,7 @@
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 /* A device scratch buffer that grows (stream order makes reuse across calls safe). */
 typedef struct tsr__cuda_scratch {

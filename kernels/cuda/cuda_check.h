@@ -7,7 +7,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "runtime/base/status.h"
+#include "base/status.h"
 
 /* cuBLAS status name (cublasGetStatusString exists only from 11.4 on; keep one place). */
 static inline const char *tsr__cublas_str(cublasStatus_t s) {

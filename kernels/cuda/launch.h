@@ -1,7 +1,7 @@
 /* Launchers of the CUDA kernels (ops.cu, attn.cu), callable from the backend's C host code.
  * Each enqueues on `stream` and returns the launch status (cudaGetLastError), never
  * synchronizing; all pointers are device pointers unless a comment says otherwise. Dtype
- * arguments carry tsr_dtype values (runtime/base/dtype.h). */
+ * arguments carry tsr_dtype values (base/dtype.h). */
 #ifndef TSR_KERNELS_CUDA_LAUNCH_H
 #define TSR_KERNELS_CUDA_LAUNCH_H
 

@@ -8,7 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/launch.h"
-#include "runtime/base/dtype.h"
+#include "base/dtype.h"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 #include "runtime/parallel.h"
 #include "tests/test.h"
 

@@ -8,7 +8,7 @@
 
 #include "comm/comm.h"
 #include "comm/comm_impl.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 #include "tests/test.h"
 
 int tsr_test_failed_flag;

@@ -1,10 +1,10 @@
-/* runtime/base/alloc.c: tsr_malloc_huge gives 2 MiB-aligned mappings from 2 MiB on and plain
+/* base/alloc.c: tsr_malloc_huge gives 2 MiB-aligned mappings from 2 MiB on and plain
  * aligned memory below (no huge page fits there), both writable, counted in the live bytes
  * and returned by tsr_free_huge with the same size. */
 #include <stdint.h>
 #include <string.h>
 
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 #include "tests/test.h"
 
 TSR_TEST(test_malloc_huge_sizes) {

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "kernels/backend.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 #include "tests/test.h"
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;

@@ -10,8 +10,8 @@
 #include <time.h>
 
 #include "kernels/backend.h"
-#include "runtime/base/alloc.h"
-#include "runtime/base/dtype.h"
+#include "base/alloc.h"
+#include "base/dtype.h"
 #include "tests/test.h"
 #ifdef TSR_HAVE_CUDA
 #include "kernels/cuda/backend_cuda.h"

@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "jobs/batch_io.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 #include "runtime/chat_template.h"
 #include "tests/test.h"
 

@@ -1,5 +1,5 @@
 #include "memory/block_pool.h"
-#include "runtime/base/status.h"
+#include "base/status.h"
 #include "tests/test.h"
 
 TSR_TEST(test_alloc_free_counts) {

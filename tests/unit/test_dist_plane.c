@@ -9,7 +9,7 @@
 #include "jobs/cli.h"
 #include "jobs/dist_cli.h"
 #include "kernels/backend.h"
-#include "runtime/base/status.h"
+#include "base/status.h"
 #include "tests/test.h"
 #ifdef TSR_HAVE_CUDA
 #include "kernels/cuda/backend_cuda.h"

@@ -12,8 +12,8 @@
 
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
-#include "runtime/base/alloc.h"
-#include "runtime/base/status.h"
+#include "base/alloc.h"
+#include "base/status.h"
 #include "runtime/forward.h"
 #include "runtime/loader.h"
 #include "runtime/model.h"

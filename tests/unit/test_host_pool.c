@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "memory/host_pool.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 #include "tests/test.h"
 
 #define TWO_BY_TWO "pack:2 numa:2 core:4 pu:1"

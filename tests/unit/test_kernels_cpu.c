@@ -9,8 +9,8 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_internal.h"
-#include "runtime/base/alloc.h"
-#include "runtime/base/dtype.h"
+#include "base/alloc.h"
+#include "base/dtype.h"
 #include "tests/test.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;

@@ -6,7 +6,7 @@
 
 #include "jobs/checkpoint.h"
 #include "memory/kv_paged.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 #include "tests/test.h"
 
 enum { LAYERS = 3, HEADS = 2, HD = 4, KVD = HEADS * HD, BS = 4 };

@@ -1,5 +1,5 @@
 #include "memory/kv_cache.h"
-#include "runtime/base/status.h"
+#include "base/status.h"
 #include "tests/test.h"
 
 TSR_TEST(test_write_commit_spans) {

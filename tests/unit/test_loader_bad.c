@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/base/alloc.h"
-#include "runtime/base/status.h"
+#include "base/alloc.h"
+#include "base/status.h"
 #include "runtime/loader.h"
 #include "runtime/model.h"
 #include "runtime/safetensors.h"

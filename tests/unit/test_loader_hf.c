@@ -5,8 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/base/alloc.h"
-#include "runtime/base/status.h"
+#include "base/alloc.h"
+#include "base/status.h"
 #include "runtime/config.h"
 #include "runtime/loader.h"
 #include "runtime/model.h"

@@ -10,8 +10,8 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_internal.h"
-#include "runtime/base/alloc.h"
-#include "runtime/base/dtype.h"
+#include "base/alloc.h"
+#include "base/dtype.h"
 #include "tests/test.h"
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;

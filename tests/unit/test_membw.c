@@ -1,10 +1,10 @@
-/* runtime/base/membw.c: a pass reads every word of the buffer (its xor reaches the sink,
+/* base/membw.c: a pass reads every word of the buffer (its xor reaches the sink,
  * the same for 1 and 2 threads and for a length that is no multiple of the vector loop or
  * of the thread slices) and takes a positive time. */
 #include <stdint.h>
 
-#include "runtime/base/alloc.h"
-#include "runtime/base/membw.h"
+#include "base/alloc.h"
+#include "base/membw.h"
 #include "tests/test.h"
 
 static uint64_t tsr__xor_ref(const uint64_t *p, size_t n) {

@@ -1,5 +1,5 @@
 #include <math.h>
-#include "runtime/base/status.h"
+#include "base/status.h"
 #include "runtime/sampler.h"
 #include "tests/test.h"
 

@@ -7,7 +7,7 @@
 
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
 #include "runtime/scheduler.h"

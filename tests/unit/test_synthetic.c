@@ -1,7 +1,7 @@
 /* synthetic:NAME models: shapes, options, determinism, value ranges and errors. */
 #include <stdint.h>
 
-#include "runtime/base/status.h"
+#include "base/status.h"
 #include "runtime/loader.h"
 #include "runtime/model.h"
 #include "tests/test.h"

@@ -6,8 +6,8 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "runtime/base/alloc.h"
-#include "runtime/base/status.h"
+#include "base/alloc.h"
+#include "base/status.h"
 #include "runtime/tokenizer.h"
 #include "tests/test.h"
 

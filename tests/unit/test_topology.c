@@ -3,7 +3,7 @@
 #include <stdint.h>
 
 #include "memory/topology.h"
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 #include "tests/test.h"
 
 #define TWO_BY_TWO "pack:2 numa:2 core:4 pu:1"

@@ -4,8 +4,8 @@
  *
  *   TSR_HEAP_DEFINE(tsr__cand_heap, tsr__cand, tsr__cand_before)
  * defines tsr__cand_heap_push(h, &n, c) and tsr__cand_heap_pop(h, &n). */
-#ifndef TSR_RUNTIME_BASE_HEAP_H
-#define TSR_RUNTIME_BASE_HEAP_H
+#ifndef TSR_BASE_HEAP_H
+#define TSR_BASE_HEAP_H
 
 #include <stddef.h>
 

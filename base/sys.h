@@ -1,7 +1,7 @@
 /* Small process facts every subcommand needs: a monotonic clock, the CPUs the job was
  * given, and peak resident memory. */
-#ifndef TSR_RUNTIME_BASE_SYS_H
-#define TSR_RUNTIME_BASE_SYS_H
+#ifndef TSR_BASE_SYS_H
+#define TSR_BASE_SYS_H
 
 #include <stdint.h>
 

@@ -3,8 +3,8 @@
  * Every fallible function returns tsr_status. At the failure point the callee records
  * one human line (naming the file/object and the problem) with tsr_error_set(); the
  * caller that finally reports it reads tsr_last_error(). Library code never exits. */
-#ifndef TSR_RUNTIME_BASE_STATUS_H
-#define TSR_RUNTIME_BASE_STATUS_H
+#ifndef TSR_BASE_STATUS_H
+#define TSR_BASE_STATUS_H
 
 typedef enum tsr_status {
     TSR_OK = 0,

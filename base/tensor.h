@@ -1,11 +1,11 @@
 /* A 1-D or 2-D weight tensor: a typed view of memory owned elsewhere (mmap or buffer). */
-#ifndef TSR_RUNTIME_TENSOR_H
-#define TSR_RUNTIME_TENSOR_H
+#ifndef TSR_BASE_TENSOR_H
+#define TSR_BASE_TENSOR_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/base/dtype.h"
+#include "base/dtype.h"
 
 typedef struct tsr_tensor {
     tsr_dtype dtype;

@@ -1,10 +1,10 @@
-#include "runtime/base/file.h"
+#include "base/file.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 tsr_status tsr_file_read(const char *path, const char *what, size_t max, char **out,
                          size_t *len) {

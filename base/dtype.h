@@ -1,6 +1,6 @@
 /* Element types of weights and activations, and scalar conversions. */
-#ifndef TSR_RUNTIME_BASE_DTYPE_H
-#define TSR_RUNTIME_BASE_DTYPE_H
+#ifndef TSR_BASE_DTYPE_H
+#define TSR_BASE_DTYPE_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,7 +1,7 @@
 /* Checked allocation. Sizes are multiplied with overflow checks; failures record an error
  * line and return NULL, so callers turn them into TSR_ERR_NOMEM. */
-#ifndef TSR_RUNTIME_BASE_ALLOC_H
-#define TSR_RUNTIME_BASE_ALLOC_H
+#ifndef TSR_BASE_ALLOC_H
+#define TSR_BASE_ALLOC_H
 
 #include <stddef.h>
 #include <stdbool.h>

@@ -1,5 +1,5 @@
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
-#include "runtime/base/sys.h"
+#include "base/sys.h"
 
 #include <sched.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-#include "runtime/base/dtype.h"
+#include "base/dtype.h"
 
 #include <strings.h>
 

@@ -1,6 +1,6 @@
 /* Logging to stderr with levels and an optional "[rank r]" prefix. */
-#ifndef TSR_RUNTIME_BASE_LOG_H
-#define TSR_RUNTIME_BASE_LOG_H
+#ifndef TSR_BASE_LOG_H
+#define TSR_BASE_LOG_H
 
 typedef enum tsr_log_level {
     TSR_LOG_ERROR = 0,

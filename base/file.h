@@ -1,11 +1,11 @@
 /* Whole-file reads for the small text inputs tessera parses (configs, tokenizers, prompts,
  * templates). Weights are mmapped by their loaders instead. */
-#ifndef TSR_RUNTIME_BASE_FILE_H
-#define TSR_RUNTIME_BASE_FILE_H
+#ifndef TSR_BASE_FILE_H
+#define TSR_BASE_FILE_H
 
 #include <stddef.h>
 
-#include "runtime/base/status.h"
+#include "base/status.h"
 
 /* Reads `path` ("-" = stdin) into a NUL-terminated buffer the caller frees with tsr_free.
  * `max` bounds the size (0: no bound); a larger file is TSR_ERR_FORMAT. Streams, so pipes

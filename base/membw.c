@@ -1,9 +1,9 @@
-/* Streaming-read passes (runtime/base/membw.h). */
-#include "runtime/base/membw.h"
+/* Streaming-read passes (base/membw.h). */
+#include "base/membw.h"
 
 #include <omp.h>
 
-#include "runtime/base/sys.h"
+#include "base/sys.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

@@ -1,8 +1,8 @@
 /* Streaming-read bandwidth: the ceiling of a memory-bound decode step, measured the same
  * way by bench/membw.c (tsr_membw) and `tessera bench --membw-mib` (paired with the decode,
  * so both see the same moment of a shared machine). */
-#ifndef TSR_RUNTIME_BASE_MEMBW_H
-#define TSR_RUNTIME_BASE_MEMBW_H
+#ifndef TSR_BASE_MEMBW_H
+#define TSR_BASE_MEMBW_H
 
 #include <stddef.h>
 #include <stdint.h>

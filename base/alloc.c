@@ -1,5 +1,5 @@
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE */
-#include "runtime/base/alloc.h"
+#include "base/alloc.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "runtime/base/status.h"
+#include "base/status.h"
 
 /* A small header before each block records its size, so live bytes can be counted. */
 #define TSR__HDR 64
