@@ -44,6 +44,10 @@ int64_t tsr_sys_mem_available(void) {
     return tsr__proc_kb("/proc/meminfo", "MemAvailable: %lld kB");
 }
 
+int64_t tsr_sys_mem_total(void) {
+    return tsr__proc_kb("/proc/meminfo", "MemTotal: %lld kB");
+}
+
 int64_t tsr_sys_peak_rss(void) {
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;

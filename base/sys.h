@@ -18,5 +18,7 @@ int64_t tsr_sys_anon_huge_bytes(void);
 /* Memory the kernel could give without swapping (MemAvailable of /proc/meminfo), in bytes;
  * -1 when unknown. Lets a tool refuse a buffer that would only end in the OOM killer. */
 int64_t tsr_sys_mem_available(void);
+/* MemTotal in bytes (-1 when unknown). */
+int64_t tsr_sys_mem_total(void);
 
 #endif

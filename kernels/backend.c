@@ -37,6 +37,7 @@ tsr_status tsr_backend_create_local(const char *name, int threads, int local_ran
         return tsr_backend_cpu_create(threads, out);
     }
     if (!strcmp(name, "cpu")) return tsr_backend_cpu_create(threads, out);
+    if (!strcmp(name, "cpu-fenced")) return tsr_backend_fenced_create(threads, 0, out);
     if (!strcmp(name, "cuda")) {
 #ifdef TSR_HAVE_CUDA
         return tsr_backend_cuda_create(dev, out);
@@ -46,7 +47,7 @@ tsr_status tsr_backend_create_local(const char *name, int threads, int local_ran
                              "-DTESSERA_CUDA=ON)");
 #endif
     }
-    return tsr_error_set(TSR_ERR_INVALID, "unknown backend '%s' (expected auto, cpu or cuda)",
+    return tsr_error_set(TSR_ERR_INVALID, "unknown backend '%s' (expected auto, cpu, cpu-fenced or cuda)",
                          name);
 }
 
@@ -55,7 +56,31 @@ void tsr_backend_destroy(tsr_backend *be) {
 }
 
 tsr_status tsr_backend_copy(tsr_backend *be, void *dst, const void *src, size_t bytes) {
-    if (be->ops->copy) return be->ops->copy(be, dst, src, bytes);
-    memcpy(dst, src, bytes);
+    return be->ops->copy(be, dst, src, bytes);
+}
+
+tsr_status tsr_backend_upload(tsr_backend *be, void *dst, const void *src, size_t bytes) {
+    return be->ops->upload(be, dst, src, bytes, NULL);
+}
+
+tsr_status tsr_backend_download(tsr_backend *be, void *dst, const void *src, size_t bytes) {
+    return be->ops->download(be, dst, src, bytes, NULL);
+}
+
+tsr_status tsr_backend_place_tensor(tsr_backend *be, const tsr_tensor *host, tsr_tensor *dev,
+                                    bool *copied) {
+    *dev = *host;
+    *copied = false;
+    if (be->host_memory || !host->data) return TSR_OK;
+    size_t bytes = tsr_tensor_bytes(host);
+    void *p = NULL;
+    TSR_TRY(be->ops->buffer_alloc(be, bytes, &p));
+    tsr_status st = tsr_backend_upload(be, p, host->data, bytes);
+    if (st != TSR_OK) {
+        be->ops->buffer_free(be, p);
+        return st;
+    }
+    dev->data = p;
+    *copied = true;
     return TSR_OK;
 }

@@ -1,7 +1,22 @@
 /* Compute backends behind one vtable (the ggml-backend idea, reduced to what the forward
- * pass needs). The CPU backend is always built; the CUDA backend registers when
- * TESSERA_CUDA is on and a device answers. Activation pointers passed to ops live in
- * memory from that backend's buffer_alloc. Row-major throughout. */
+ * pass needs). The CPU backend is always built; the fenced CPU device ("cpu-fenced") runs
+ * the CPU kernels on memory the host may not touch; the CUDA backend registers when
+ * TESSERA_CUDA is on and a device answers. Row-major throughout.
+ *
+ * The memory contract (what makes a caller device-correct on every backend):
+ * - Backend memory (TSR_MEM_DEVICE): from buffer_alloc. Activations, weights once placed
+ *   (tsr_tensor.data of a model handed to the ops), K/V storage, key scores. Host code never
+ *   dereferences it: it moves bytes in and out with upload/download/copy/memset and the KV
+ *   row ops below. On the CPU backend it happens to be host memory; on cpu-fenced it is
+ *   mprotect'ed outside the backend's own calls, so a host read faults in CI.
+ * - Host memory (TSR_MEM_HOST, TSR_MEM_PINNED from host_alloc, or any malloc'ed memory):
+ *   everything else. The op arguments that are metadata are host memory: the tsr_attn_args
+ *   struct, its spans array, span positions (tsr_kv_span.pos), query positions, rope
+ *   positions, embed ids, slot lists, the model config. A device backend stages them.
+ * - Ordering: ops run in order on the backend's compute stream; the synchronous copies
+ *   (stream NULL) return once the bytes are in place, after all work queued before them.
+ *   Asynchronous copies run on a stream from stream_create and are ordered against others
+ *   with events. */
 #ifndef TSR_KERNELS_BACKEND_H
 #define TSR_KERNELS_BACKEND_H
 
@@ -9,14 +24,40 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "base/status.h"
 #include "base/model_config.h"
+#include "base/status.h"
 #include "base/tensor.h"
 
 typedef struct tsr_backend tsr_backend;
+/* Opaque, backend-owned: a queue of copies (CUDA: a cudaStream_t) and a point in one. */
+typedef struct tsr_stream tsr_stream;
+typedef struct tsr_event tsr_event;
+
+/* Where a buffer lives. DEVICE: backend memory (buffer_alloc), only ops touch it. PINNED:
+ * host memory the device can copy from asynchronously (CUDA: page-locked). HOST: plain
+ * host memory. */
+typedef enum tsr_mem_kind {
+    TSR_MEM_DEVICE = 0,
+    TSR_MEM_PINNED = 1,
+    TSR_MEM_HOST = 2,
+} tsr_mem_kind;
+
+/* K/V storage in backend memory, addressed by slot: slot s's K row is at
+ * k + (s / block) * block_stride + (s % block) * row floats, its V row at the same offset
+ * from v. The paged cache's blocks (block = its block size, K rows then V rows of a block
+ * side by side: v = k + block * row, block_stride = 2 * block * row) and a dense
+ * per-sequence cache (block = its capacity) are both this shape. Slot lists are host
+ * memory, int32 (the slots of one pool). */
+typedef struct tsr_kv_layout {
+    float *k, *v;
+    int64_t block_stride;
+    int32_t block;
+    int32_t row;
+} tsr_kv_layout;
 
 /* A run of cached keys/values for one layer: row i of k/v (kv_dim floats, `stride`
- * floats apart) holds the token at position pos ? pos[i] : pos0 + i. */
+ * floats apart) holds the token at position pos ? pos[i] : pos0 + i. k and v are backend
+ * memory; pos is host memory. */
 typedef struct tsr_kv_span {
     const float *k;
     const float *v;
@@ -28,30 +69,79 @@ typedef struct tsr_kv_span {
 
 /* Attention geometry for one call: n_q query rows of n_heads*head_dim, GQA groups. */
 typedef struct tsr_attn_args {
-    const float *q;        /* [n_q][n_heads*head_dim], already rotated */
-    const int32_t *q_pos;  /* [n_q] position of each query (causal mask: key pos <= q pos) */
+    const float *q;        /* [n_q][n_heads*head_dim], already rotated (backend memory) */
+    const int32_t *q_pos;  /* [n_q] position of each query (causal mask: key pos <= q pos;
+                            * host memory) */
     int n_q;
     const tsr_kv_span *spans;
     int n_spans;
     int n_heads;
     int n_kv_heads;
     int head_dim;
-    float *out;            /* [n_q][n_heads*head_dim] */
+    float *out;            /* [n_q][n_heads*head_dim] (backend memory) */
     /* Optional: per query head, per key (span order, concatenated) sum over the queries of
      * the softmax probability: [n_heads][total keys]. Added to, never materializing the
      * n_q x n_k matrix. NULL: not wanted. Per query head, not per kv head, so that a
      * consumer can add heads in one global order whatever the tensor-parallel split (a
-     * replicated kv head's query group is spread over ranks). */
+     * replicated kv head's query group is spread over ranks). Backend memory: the caller
+     * zeroes it (memset) and brings it back (download) for the policy. */
     float *key_scores;
 } tsr_attn_args;
 
 typedef struct tsr_backend_ops {
     const char *name;
     void (*destroy)(tsr_backend *be);
-    /* Buffers for activations. */
+
+    /* --- memory (every backend implements every call here) --------------------------- */
+    /* Backend memory (TSR_MEM_DEVICE), at least 64-byte aligned, contents undefined. */
     tsr_status (*buffer_alloc)(tsr_backend *be, size_t bytes, void **out);
     void (*buffer_free)(tsr_backend *be, void *ptr);
+    /* Host memory for staging: pinned (device copies from it can be asynchronous) or
+     * plain. */
+    tsr_status (*host_alloc)(tsr_backend *be, size_t bytes, bool pinned, void **out);
+    void (*host_free)(tsr_backend *be, void *ptr);
+    /* The backend memory free and in all: the device's for a GPU, the fenced arena's for
+     * cpu-fenced, the host's available and total memory for the CPU. */
+    tsr_status (*memory)(tsr_backend *be, size_t *free_bytes, size_t *total_bytes);
+    /* Waits for everything queued on the compute stream. */
     tsr_status (*synchronize)(tsr_backend *be);
+    /* Host -> backend, backend -> host, and within backend memory. stream NULL: on the
+     * compute stream, returning when the bytes are in place; otherwise queued on `stream`
+     * (the host buffer must stay valid and, for a fast copy, be pinned). */
+    tsr_status (*upload)(tsr_backend *be, void *dst, const void *src, size_t bytes,
+                         tsr_stream *stream);
+    tsr_status (*download)(tsr_backend *be, void *dst, const void *src, size_t bytes,
+                           tsr_stream *stream);
+    tsr_status (*copy)(tsr_backend *be, void *dst, const void *src, size_t bytes);
+    /* dst[0 .. bytes) = byte, in backend memory. */
+    tsr_status (*memset)(tsr_backend *be, void *dst, int byte, size_t bytes);
+    /* Copy streams and events. stream_wait: `stream` (NULL: the compute stream) waits for
+     * `ev` before its later work; event_sync: the host waits. */
+    tsr_status (*stream_create)(tsr_backend *be, tsr_stream **out);
+    void (*stream_destroy)(tsr_backend *be, tsr_stream *stream);
+    tsr_status (*event_create)(tsr_backend *be, tsr_event **out);
+    void (*event_destroy)(tsr_backend *be, tsr_event *ev);
+    tsr_status (*event_record)(tsr_backend *be, tsr_event *ev, tsr_stream *stream);
+    tsr_status (*stream_wait)(tsr_backend *be, tsr_stream *stream, tsr_event *ev);
+    tsr_status (*event_sync)(tsr_backend *be, tsr_event *ev);
+
+    /* --- KV rows by slot (vLLM's reshape_and_cache, llama.cpp's cpy_k) ---------------- */
+    /* Row i of k and v ([n][row], backend memory: the layer's activations) goes to slot
+     * slots[i]. */
+    tsr_status (*kv_write)(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *slots,
+                           int64_t n, const float *k, const float *v);
+    /* Slot dst[i] gets slot src[i]'s K and V rows, within one store, in order i = 0.. (so a
+     * compaction that moves tail rows into holes is one call). */
+    tsr_status (*kv_copy)(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *dst,
+                          const int32_t *src, int64_t n);
+    /* Gather slots to host rows k[i], v[i] ([n][row]; either may be NULL), and scatter
+     * host rows into slots; stream as for download/upload. */
+    tsr_status (*kv_gather)(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *slots,
+                            int64_t n, float *k, float *v, tsr_stream *stream);
+    tsr_status (*kv_scatter)(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *slots,
+                             int64_t n, const float *k, const float *v, tsr_stream *stream);
+
+    /* --- compute (pointers are backend memory unless the contract above says host) ---- */
     /* y[n][w.rows] = x[n][w.cols] . w^T */
     tsr_status (*matmul)(tsr_backend *be, const float *x, int64_t n, const tsr_tensor *w,
                          float *y);
@@ -79,22 +169,32 @@ typedef struct tsr_backend_ops {
      * parts in order gives the bits of `sum`. Optional: NULL when the backend lacks it. */
     tsr_status (*matmul_parts)(tsr_backend *be, const float *x, int64_t n, const tsr_tensor *w,
                                const int32_t *seg, int n_parts, bool sum, float *y);
-    /* Optional (NULL: memcpy, host memory): copy between this backend's buffers. */
-    tsr_status (*copy)(tsr_backend *be, void *dst, const void *src, size_t bytes);
 } tsr_backend_ops;
 
-/* Copies bytes between buffers of `be` (memcpy when the backend has no copy op). */
+/* Short forms of the memory calls, synchronous (stream NULL). */
 tsr_status tsr_backend_copy(tsr_backend *be, void *dst, const void *src, size_t bytes);
+tsr_status tsr_backend_upload(tsr_backend *be, void *dst, const void *src, size_t bytes);
+tsr_status tsr_backend_download(tsr_backend *be, void *dst, const void *src, size_t bytes);
+/* Places a host tensor in backend memory: dev gets host's shape with data in a new buffer
+ * (free it with buffer_free). On a backend whose memory is the host's (be->host_memory),
+ * dev is host itself and nothing is copied or allocated (*copied false). */
+tsr_status tsr_backend_place_tensor(tsr_backend *be, const tsr_tensor *host, tsr_tensor *dev,
+                                    bool *copied);
 
 struct tsr_backend {
     const tsr_backend_ops *ops;
     void *ctx;
-    int device;   /* GPU index, -1 for the CPU */
+    int device;   /* GPU index, -1 for the CPU backends */
     int threads;  /* CPU threads used by kernels */
+    /* Backend memory is ordinary host memory that the host may use in place (the plain CPU
+     * backend). Only for skipping copies that would move bytes to where they already are
+     * (weights mapped from the file); never a reason to dereference a backend pointer. */
+    bool host_memory;
 };
 
-/* Creates a backend by name: "cpu", "cuda" or "auto" (CUDA when built and a device
- * answers, else the CPU). */
+/* Creates a backend by name: "cpu", "cpu-fenced", "cuda" or "auto" (CUDA when built and a
+ * device answers, else the CPU). cpu-fenced's arena is TSR_FENCED_MEMORY bytes (suffixes
+ * K, M, G) or, unset, a default documented in kernels/cpu/backend_fenced.c. */
 tsr_status tsr_backend_create(const char *name, int threads, tsr_backend **out);
 /* The same for one rank of a node: a CUDA backend takes GPU local_rank % (visible GPUs), so
  * the ranks of a node spread over its GPUs. */
@@ -107,6 +207,8 @@ int tsr_backend_gpu_busid(int device, char *buf, size_t cap);
 void tsr_backend_destroy(tsr_backend *be);
 
 tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out);
+/* The fenced CPU device with an arena of arena_bytes (0: the default). */
+tsr_status tsr_backend_fenced_create(int threads, size_t arena_bytes, tsr_backend **out);
 #ifdef TSR_HAVE_CUDA
 tsr_status tsr_backend_cuda_create(int device, tsr_backend **out);
 int tsr_backend_cuda_device_count(void);

@@ -24,6 +24,8 @@ typedef struct tsr_kv_paged_config {
     int prefix_caching;    /* hash full blocks; prefix_attach shares them */
     int keep_scores;       /* a float per slot, added to by tsr_kv_paged_add_scores */
     tsr_host_pool *host;   /* swap target (not owned); NULL: swap unavailable */
+    tsr_backend *be;       /* where the K/V bytes live (not owned): the store is a backend
+                            * buffer, touched only through be's ops */
 } tsr_kv_paged_config;
 
 typedef struct tsr_kv_paged_stats {

@@ -60,7 +60,25 @@ static const tsr_backend_ops tsr__cpu_ops = {
     .destroy = tsr__cpu_destroy,
     .buffer_alloc = tsr__cpu_buffer_alloc,
     .buffer_free = tsr__cpu_buffer_free,
+    .host_alloc = tsr__cpu_host_alloc,
+    .host_free = tsr__cpu_host_free,
+    .memory = tsr__cpu_memory,
     .synchronize = tsr__cpu_synchronize,
+    .upload = tsr__cpu_upload,
+    .download = tsr__cpu_upload,
+    .copy = tsr__cpu_copy,
+    .memset = tsr__cpu_memset,
+    .stream_create = tsr__cpu_stream_create,
+    .stream_destroy = tsr__cpu_stream_destroy,
+    .event_create = tsr__cpu_event_create,
+    .event_destroy = tsr__cpu_event_destroy,
+    .event_record = tsr__cpu_event_record,
+    .stream_wait = tsr__cpu_stream_wait,
+    .event_sync = tsr__cpu_event_sync,
+    .kv_write = tsr__cpu_kv_write,
+    .kv_copy = tsr__cpu_kv_copy,
+    .kv_gather = tsr__cpu_kv_gather,
+    .kv_scatter = tsr__cpu_kv_scatter,
     .matmul = tsr__cpu_matmul,
     .rmsnorm = tsr__cpu_rmsnorm,
     .rope = tsr__cpu_rope,
@@ -90,6 +108,7 @@ tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {
     be->ctx = c;
     be->device = -1;
     be->threads = threads;
+    be->host_memory = true;
     /* Prefill runs single-threaded sgemm calls from OpenMP threads (gemm_cpu.c); OpenBLAS's
      * own pool would spin against them on the same cores. OpenBLAS's OpenMP build (the one
      * CMake prefers) also sets the caller's OpenMP default to 1, and on every call outside

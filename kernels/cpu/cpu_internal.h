@@ -45,6 +45,31 @@ typedef struct tsr__cpu_ctx {
     int rope_half;
 } tsr__cpu_ctx;
 
+/* Memory calls (mem_cpu.c): host memory, memcpy, streams that are the caller's thread. */
+tsr_status tsr__cpu_host_alloc(tsr_backend *be, size_t bytes, bool pinned, void **out);
+void tsr__cpu_host_free(tsr_backend *be, void *ptr);
+tsr_status tsr__cpu_memory(tsr_backend *be, size_t *free_bytes, size_t *total_bytes);
+/* download is the same memcpy as upload */
+tsr_status tsr__cpu_upload(tsr_backend *be, void *dst, const void *src, size_t bytes,
+                           tsr_stream *stream);
+tsr_status tsr__cpu_copy(tsr_backend *be, void *dst, const void *src, size_t bytes);
+tsr_status tsr__cpu_memset(tsr_backend *be, void *dst, int byte, size_t bytes);
+tsr_status tsr__cpu_stream_create(tsr_backend *be, tsr_stream **out);
+void tsr__cpu_stream_destroy(tsr_backend *be, tsr_stream *stream);
+tsr_status tsr__cpu_event_create(tsr_backend *be, tsr_event **out);
+void tsr__cpu_event_destroy(tsr_backend *be, tsr_event *ev);
+tsr_status tsr__cpu_event_record(tsr_backend *be, tsr_event *ev, tsr_stream *stream);
+tsr_status tsr__cpu_stream_wait(tsr_backend *be, tsr_stream *stream, tsr_event *ev);
+tsr_status tsr__cpu_event_sync(tsr_backend *be, tsr_event *ev);
+tsr_status tsr__cpu_kv_write(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *slots,
+                             int64_t n, const float *k, const float *v);
+tsr_status tsr__cpu_kv_copy(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *dst,
+                            const int32_t *src, int64_t n);
+tsr_status tsr__cpu_kv_gather(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *slots,
+                              int64_t n, float *k, float *v, tsr_stream *stream);
+tsr_status tsr__cpu_kv_scatter(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *slots,
+                               int64_t n, const float *k, const float *v, tsr_stream *stream);
+
 /* Grows a float scratch buffer to at least n floats. */
 tsr_status tsr__cpu_scratch(float **buf, size_t *cap, size_t n);
 
