@@ -124,6 +124,16 @@ typedef struct tsr_backend_ops {
     tsr_status (*event_record)(tsr_backend *be, tsr_event *ev, tsr_stream *stream);
     tsr_status (*stream_wait)(tsr_backend *be, tsr_stream *stream, tsr_event *ev);
     tsr_status (*event_sync)(tsr_backend *be, tsr_event *ev);
+    /* Optional (NULL: nothing to do): pins / unpins a host buffer made elsewhere (the
+     * hwloc-placed host pool) so that copies from it can be asynchronous. */
+    tsr_status (*host_register)(tsr_backend *be, void *ptr, size_t bytes);
+    void (*host_unregister)(tsr_backend *be, void *ptr);
+    /* Optional (NULL: none): the native handle of the compute stream (CUDA: the
+     * cudaStream_t), so that NCCL queues its transfers in order with the kernels. */
+    void *(*stream_handle)(tsr_backend *be);
+    /* Optional (NULL: the backend's name): the device's name for logs and benchmarks
+     * ("NVIDIA H200"). */
+    const char *(*device_name)(tsr_backend *be);
 
     /* --- KV rows by slot (vLLM's reshape_and_cache, llama.cpp's cpy_k) ---------------- */
     /* Row i of k and v ([n][row], backend memory: the layer's activations) goes to slot
