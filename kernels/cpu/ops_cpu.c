@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_internal.h"
+#include "kernels/rope_freq.h"
 #include "base/alloc.h"
 
 /* Elementwise loops shorter than this stay on one thread (a 2-thread OpenMP region costs
@@ -71,35 +72,10 @@ tsr_status tsr__cpu_rmsnorm(tsr_backend *be, const float *x, const tsr_tensor *w
     return TSR_OK;
 }
 
+/* Kept for the CPU unit tests, which call it by this name; the table itself is
+ * kernels/rope_freq.c's, shared with the CUDA backend. */
 void tsr__cpu_rope_inv_freq(const tsr_model_config *cfg, float *inv_freq) {
-    int hd = cfg->head_dim;
-    int half = hd / 2;
-    /* HF: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all in float32. */
-    for (int j = 0; j < half; j++) {
-        float e = (float)(2 * j) / (float)hd;
-        float p = (float)pow((double)cfg->rope_theta, (double)e);
-        inv_freq[j] = 1.0f / p;
-    }
-    if (cfg->rope_scaling != TSR_ROPE_LLAMA3) return;
-    /* HF _compute_llama3_parameters, with torch's f32 rounding: `scalar / tensor` is
-     * tensor.reciprocal() * scalar, every other op is a plain f32 op. */
-    float factor = cfg->rope_factor;
-    float low_ff = cfg->rope_low_freq_factor;
-    float high_ff = cfg->rope_high_freq_factor;
-    double old_ctx = (double)cfg->rope_original_max_pos;
-    double low_wavelen = old_ctx / (double)low_ff;
-    double high_wavelen = old_ctx / (double)high_ff;
-    float two_pi = (float)(2.0 * 3.14159265358979323846);
-    float ff_span = (float)((double)high_ff - (double)low_ff);
-    for (int j = 0; j < half; j++) {
-        float f = inv_freq[j];
-        float wavelen = (1.0f / f) * two_pi;
-        float g = (double)wavelen > low_wavelen ? f / factor : f;
-        float smooth = ((1.0f / wavelen) * (float)old_ctx - low_ff) / ff_span;
-        float smoothed = ((1.0f - smooth) * g) / factor + smooth * g;
-        int medium = !((double)wavelen < high_wavelen) && !((double)wavelen > low_wavelen);
-        inv_freq[j] = medium ? smoothed : g;
-    }
+    tsr_rope_inv_freq(cfg, inv_freq);
 }
 
 /* inv_freq cached per rope parameters (the forward calls rope twice per layer). */
@@ -112,7 +88,7 @@ static tsr_status tsr__rope_table(tsr__cpu_ctx *c, const tsr_model_config *cfg,
         (scaling && (memcmp(params, c->inv_freq_params, sizeof params) != 0 ||
                      c->inv_freq_orig != cfg->rope_original_max_pos))) {
         TSR_TRY(tsr__cpu_scratch(&c->inv_freq, &c->inv_freq_cap, (size_t)cfg->head_dim));
-        tsr__cpu_rope_inv_freq(cfg, c->inv_freq);
+        tsr_rope_inv_freq(cfg, c->inv_freq);
         c->inv_freq_hd = cfg->head_dim;
         c->inv_freq_theta = cfg->rope_theta;
         c->inv_freq_scaling = scaling;

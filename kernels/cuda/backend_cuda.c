@@ -9,9 +9,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "kernels/cpu/cpu_internal.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/rope_freq.h"
 #include "base/alloc.h"
 
 /* A device scratch buffer that grows (stream order makes reuse across calls safe). */
@@ -261,8 +261,8 @@ static tsr_status tsr__rope_table(tsr__cuda_ctx *c, const tsr_model_config *cfg)
         TSR_CUDA_TRY(cudaStreamSynchronize(c->stream));
     }
     /* the CPU backend's table, bit for bit: at large positions one ulp of a frequency moves
-     * the angle visibly, so both backends must start from the same numbers */
-    tsr__cpu_rope_inv_freq(cfg, c->inv_freq_host);
+     * the angle visibly, so both backends start from the same numbers (rope_freq.c) */
+    tsr_rope_inv_freq(cfg, c->inv_freq_host);
     TSR_CUDA_TRY(cudaMemcpy(c->inv_freq, c->inv_freq_host,
                             (size_t)cfg->head_dim / 2 * sizeof(float), cudaMemcpyHostToDevice));
     c->inv_hd = cfg->head_dim;

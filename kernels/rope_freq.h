@@ -1,0 +1,13 @@
+/* Rotary-embedding frequencies, shared by every backend: each builds its rope tables from
+ * these numbers so that all backends rotate by bit-identical angles (at large positions one
+ * ulp of a frequency moves the angle visibly). */
+#ifndef TSR_KERNELS_ROPE_FREQ_H
+#define TSR_KERNELS_ROPE_FREQ_H
+
+#include "base/model_config.h"
+
+/* Computes the f32 inverse frequencies of rope for cfg (head_dim/2 values) the way Hugging
+ * Face does in float32, including Llama-3.1 smoothing. */
+void tsr_rope_inv_freq(const tsr_model_config *cfg, float *inv_freq);
+
+#endif
