@@ -1,11 +1,14 @@
-/* CUDA backend, host side: device and stream setup, cuBLAS GEMMs, buffers, staging of host
- * integer arrays, and the vtable. Kernels live in ops.cu and attn.cu (launch.h). One device
- * per backend; the calling thread's current device is set at create. */
+/* CUDA backend, host side: device and stream setup, the memory contract of kernels/backend.h
+ * (device buffers, pinned host staging, copies, copy streams and events, KV rows by slot),
+ * cuBLAS GEMMs, staging of host metadata (positions, ids, slot lists) to the device, and
+ * the vtable. Kernels live in ops.cu, attn.cu and kv.cu (launch.h). One device per backend;
+ * the calling thread's current device is set at create. */
 #include "kernels/cuda/backend_cuda.h"
 
 #include <limits.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -14,23 +17,46 @@
 #include "kernels/rope_freq.h"
 #include "base/alloc.h"
 
-/* A device scratch buffer that grows (stream order makes reuse across calls safe). */
+/* A device scratch buffer that grows. Each one is used on one stream only, so stream order
+ * makes its reuse across calls safe. */
 typedef struct tsr__cuda_scratch {
     void *ptr;
     size_t cap;
 } tsr__cuda_scratch;
 
+/* A host buffer that grows (pageable: plain malloc). */
+typedef struct tsr__host_buf {
+    void *ptr;
+    size_t cap;
+} tsr__host_buf;
+
+/* What tsr_stream points at on this backend: a non-blocking CUDA stream with its own
+ * staging scratch for the KV row copies queued on it (the compute stream's scratch cannot
+ * serve another stream: the two run concurrently). */
+typedef struct tsr__cuda_stream {
+    cudaStream_t s;
+    tsr__cuda_scratch slots;
+    tsr__cuda_scratch rows;
+} tsr__cuda_stream;
+
 typedef struct tsr__cuda_ctx {
     int device;
     char name[256];
-    cudaStream_t stream;
+    cudaStream_t stream; /* the compute stream: every op, and the copies with stream NULL */
     cublasHandle_t blas;
-    tsr__cuda_scratch xconv; /* x converted to the weight dtype for BF16/F16 GEMMs */
-    tsr__cuda_scratch part;  /* matmul_parts sum mode: the part being added */
-    tsr__cuda_scratch ints;  /* host integer arrays (ids, positions) staged to the device */
-    tsr__cuda_scratch spans; /* tsr__cuda_span array of the current attention call */
+    tsr__cuda_scratch xconv;  /* x converted to the weight dtype for BF16/F16 GEMMs */
+    tsr__cuda_scratch part;   /* matmul_parts sum mode: the part being added */
+    tsr__cuda_scratch ints;   /* host integer arrays (ids, positions) staged to the device */
+    tsr__cuda_scratch spans;  /* tsr__cuda_span array of the current attention call */
+    tsr__cuda_scratch kpos;   /* the host span positions of the current attention call */
+    tsr__cuda_scratch slots;  /* slot list of a KV op on the compute stream (kv_copy: dst) */
+    tsr__cuda_scratch slots2; /* kv_copy's src list */
+    tsr__cuda_scratch rows;   /* host K/V rows of kv_gather / kv_scatter on the compute stream */
     tsr__cuda_span *host_spans;
+    int64_t *span_pos_off; /* per span: offset of its positions in kpos_host, or -1 */
     int host_spans_cap;
+    tsr__host_buf kpos_host; /* span positions gathered on the host for one copy */
+    tsr__host_buf bounce;    /* pageable copy of pinned host metadata (tsr__stage) */
     int *bad_id; /* device flag set by the embed kernel */
     /* rope: inverse frequencies of the last config seen, on the device */
     float *inv_freq;
@@ -60,32 +86,84 @@ static tsr_status tsr__scratch_reserve(tsr__cuda_scratch *s, size_t bytes, cudaS
     return TSR_OK;
 }
 
-/* The device address of p when the device can read it (device, managed or mapped pinned
- * memory), else NULL. */
-static const void *tsr__device_view(const void *p) {
-    struct cudaPointerAttributes at;
-    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return NULL;
-    }
-    if (at.type == cudaMemoryTypeUnregistered) return NULL;
-    return at.devicePointer;
+static void tsr__scratch_release(tsr__cuda_scratch *s) {
+    if (s->ptr) (void)cudaFree(s->ptr);
+    s->ptr = NULL;
+    s->cap = 0;
 }
 
-/* A device pointer holding the n int32 values of p: p itself when the device can read it,
- * else a staged copy (valid for work queued after this call, until the next staging). */
-static tsr_status tsr__stage_i32(tsr__cuda_ctx *c, const int32_t *p, int64_t n, const int32_t **out,
-                                 bool *staged) {
-    const void *dv = tsr__device_view(p);
-    *staged = dv == NULL;
-    if (dv) {
-        *out = dv;
+static tsr_status tsr__host_reserve(tsr__host_buf *b, size_t bytes) {
+    if (bytes <= b->cap) return TSR_OK;
+    size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 2;
+    void *p = tsr_realloc(b->ptr, cap);
+    if (!p)
+        return tsr_error_set(TSR_ERR_NOMEM, "cuda: cannot grow a host staging buffer to %zu "
+                             "bytes", cap);
+    b->ptr = p;
+    b->cap = cap;
+    return TSR_OK;
+}
+
+/* Where a pointer handed to the backend lives, as far as staging cares. */
+typedef enum tsr__ptr_kind {
+    TSR__PTR_PAGEABLE = 0, /* plain host memory (or unknown to CUDA) */
+    TSR__PTR_PINNED = 1,   /* page-locked host memory (cudaHostAlloc, cudaHostRegister) */
+    TSR__PTR_DEVICE = 2,   /* device or managed memory: kernels read it in stream order */
+} tsr__ptr_kind;
+
+static tsr__ptr_kind tsr__ptr_kind_of(const void *p) {
+    struct cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+        (void)cudaGetLastError(); /* older runtimes fail on pageable memory */
+        return TSR__PTR_PAGEABLE;
+    }
+    switch (at.type) {
+    case cudaMemoryTypeDevice:
+    case cudaMemoryTypeManaged: return TSR__PTR_DEVICE;
+    case cudaMemoryTypeHost: return TSR__PTR_PINNED;
+    default: return TSR__PTR_PAGEABLE;
+    }
+}
+
+/* A device pointer holding `bytes` of the host array p (metadata: slot lists, positions,
+ * ids), queued on `st` through the device scratch `dev`; valid for work queued on `st`
+ * after this call, until the next staging through `dev`. The caller may reuse p as soon as
+ * this returns, as on the CPU backend:
+ * - pageable p: cudaMemcpyAsync from pageable memory returns once the bytes are in the
+ *   driver's staging memory (CUDA's documented API synchronization behaviour);
+ * - pinned p: that copy would read p later, so the bytes go through the pageable bounce
+ *   buffer first (a memcpy of a few KiB), which brings us back to the first case;
+ * - device p (not in the contract, which says host; the older callers and tests pass
+ *   device arrays): used as is, in stream order. */
+static tsr_status tsr__stage(tsr__cuda_ctx *c, tsr__cuda_scratch *dev, const void *p,
+                             size_t bytes, cudaStream_t st, const void **out) {
+    *out = NULL;
+    if (!bytes) return TSR_OK;
+    tsr__ptr_kind kind = tsr__ptr_kind_of(p);
+    if (kind == TSR__PTR_DEVICE) {
+        *out = p;
         return TSR_OK;
     }
-    TSR_TRY(tsr__scratch_reserve(&c->ints, (size_t)n * sizeof(int32_t), c->stream));
-    TSR_CUDA_TRY(cudaMemcpyAsync(c->ints.ptr, p, (size_t)n * sizeof(int32_t),
-                                 cudaMemcpyHostToDevice, c->stream));
-    *out = c->ints.ptr;
+    const void *src = p;
+    if (kind == TSR__PTR_PINNED) {
+        TSR_TRY(tsr__host_reserve(&c->bounce, bytes));
+        memcpy(c->bounce.ptr, p, bytes);
+        src = c->bounce.ptr;
+    }
+    TSR_TRY(tsr__scratch_reserve(dev, bytes, st));
+    TSR_CUDA_TRY(cudaMemcpyAsync(dev->ptr, src, bytes, cudaMemcpyHostToDevice, st));
+    *out = dev->ptr;
+    return TSR_OK;
+}
+
+/* The compute stream's int32 staging (ids, rope positions, query positions). *staged:
+ * whether p was host memory (copied) rather than device memory (used in place). */
+static tsr_status tsr__stage_i32(tsr__cuda_ctx *c, const int32_t *p, int64_t n, const int32_t **out,
+                                 bool *staged) {
+    const void *d = NULL;
+    TSR_TRY(tsr__stage(c, &c->ints, p, (size_t)n * sizeof(int32_t), c->stream, &d));
+    *staged = d != (const void *)p;
+    *out = d;
     return TSR_OK;
 }
 
@@ -109,15 +187,313 @@ static void tsr__cuda_buffer_free(tsr_backend *be, void *ptr) {
     if (ptr) (void)cudaFree(ptr);
 }
 
-/* Any direction (device, pinned or pageable host), ordered on the backend's stream. */
-static tsr_status tsr__cuda_copy(tsr_backend *be, void *dst, const void *src, size_t bytes) {
-    if (!bytes) return TSR_OK;
-    TSR_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, tsr__ctx(be)->stream));
+static tsr_status tsr__cuda_synchronize(tsr_backend *be) {
+    TSR_CUDA_TRY(cudaStreamSynchronize(tsr__ctx(be)->stream));
     return TSR_OK;
 }
 
-static tsr_status tsr__cuda_synchronize(tsr_backend *be) {
-    TSR_CUDA_TRY(cudaStreamSynchronize(tsr__ctx(be)->stream));
+/* ---- host staging memory ---- */
+
+/* host_free must know whether a buffer was page-locked (cudaFreeHost) or not (free), and a
+ * plain buffer may have been cudaHostRegister'ed since, so the pointer's CUDA attributes
+ * cannot tell. A small header in front of the caller's bytes records it; 64 bytes keep the
+ * caller's pointer 64-byte aligned (pinned memory is page-aligned, tsr_malloc_aligned
+ * 64-aligned). */
+#define TSR__HOST_HDR 64
+#define TSR__HOST_MAGIC 0x74737248u /* "tsrH": catches a pointer that is not ours */
+
+typedef struct tsr__host_hdr {
+    uint32_t magic;
+    uint32_t pinned;
+} tsr__host_hdr;
+
+static tsr_status tsr__cuda_host_alloc(tsr_backend *be, size_t bytes, bool pinned, void **out) {
+    (void)be;
+    *out = NULL;
+    if (bytes > SIZE_MAX - TSR__HOST_HDR)
+        return tsr_error_set(TSR_ERR_NOMEM, "cuda: host buffer of %zu bytes is too large", bytes);
+    size_t total = bytes + TSR__HOST_HDR;
+    void *base = NULL;
+    if (pinned) {
+        /* portable: page-locked for every device of the process, not just this one */
+        cudaError_t ce = cudaHostAlloc(&base, total, cudaHostAllocPortable);
+        if (ce != cudaSuccess) {
+            (void)cudaGetLastError();
+            return tsr_error_set(TSR_ERR_NOMEM, "cuda: cudaHostAlloc of %zu bytes: %s", bytes,
+                                 cudaGetErrorString(ce));
+        }
+    } else {
+        base = tsr_malloc_aligned(total);
+        if (!base)
+            return tsr_error_set(TSR_ERR_NOMEM, "cuda: cannot allocate %zu bytes of host "
+                                 "staging memory", bytes);
+    }
+    tsr__host_hdr *h = base;
+    h->magic = TSR__HOST_MAGIC;
+    h->pinned = pinned ? 1u : 0u;
+    *out = (char *)base + TSR__HOST_HDR;
+    return TSR_OK;
+}
+
+static void tsr__cuda_host_free(tsr_backend *be, void *ptr) {
+    (void)be;
+    if (!ptr) return;
+    tsr__host_hdr *h = (tsr__host_hdr *)(void *)((char *)ptr - TSR__HOST_HDR);
+    /* Not from host_alloc (or freed twice): freeing it would corrupt the heap; leaking it is
+     * the lesser harm, and free has no way to report. */
+    if (h->magic != TSR__HOST_MAGIC) return;
+    h->magic = 0;
+    if (h->pinned) {
+        if (cudaFreeHost(h) != cudaSuccess) (void)cudaGetLastError();
+    } else {
+        tsr_free(h);
+    }
+}
+
+/* The device's free and total memory (the current device: the one set at create). */
+static tsr_status tsr__cuda_memory(tsr_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    (void)be;
+    size_t fb = 0, tb = 0;
+    TSR_CUDA_TRY(cudaMemGetInfo(&fb, &tb));
+    *free_bytes = fb;
+    *total_bytes = tb;
+    return TSR_OK;
+}
+
+/* ---- copies, streams and events ---- */
+
+/* tsr_stream is a tsr__cuda_stream; NULL selects the compute stream. */
+static cudaStream_t tsr__queue(tsr__cuda_ctx *c, tsr_stream *stream) {
+    return stream ? ((tsr__cuda_stream *)(void *)stream)->s : c->stream;
+}
+
+/* One host<->device copy: queued on `stream`, or with stream NULL queued on the compute
+ * stream (after every op queued before it) and waited for, so the bytes are in place when
+ * it returns. */
+static tsr_status tsr__cuda_transfer(tsr_backend *be, void *dst, const void *src, size_t bytes,
+                                     enum cudaMemcpyKind kind, tsr_stream *stream) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    if (!bytes) return TSR_OK;
+    cudaStream_t st = tsr__queue(c, stream);
+    TSR_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, st));
+    if (!stream) TSR_CUDA_TRY(cudaStreamSynchronize(st));
+    return TSR_OK;
+}
+
+static tsr_status tsr__cuda_upload(tsr_backend *be, void *dst, const void *src, size_t bytes,
+                                   tsr_stream *stream) {
+    return tsr__cuda_transfer(be, dst, src, bytes, cudaMemcpyHostToDevice, stream);
+}
+
+static tsr_status tsr__cuda_download(tsr_backend *be, void *dst, const void *src, size_t bytes,
+                                     tsr_stream *stream) {
+    return tsr__cuda_transfer(be, dst, src, bytes, cudaMemcpyDeviceToHost, stream);
+}
+
+/* Within device memory, queued on the compute stream like an op and not waited for: every
+ * later op, and every synchronous download or event recorded on the compute stream, comes
+ * after it, so no caller can see the bytes before they are in place, and the forward's row
+ * copies do not stall the GPU. */
+static tsr_status tsr__cuda_copy(tsr_backend *be, void *dst, const void *src, size_t bytes) {
+    if (!bytes || dst == src) return TSR_OK;
+    TSR_CUDA_TRY(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, tsr__ctx(be)->stream));
+    return TSR_OK;
+}
+
+/* Queued on the compute stream, like copy. */
+static tsr_status tsr__cuda_memset(tsr_backend *be, void *dst, int byte, size_t bytes) {
+    if (!bytes) return TSR_OK;
+    TSR_CUDA_TRY(cudaMemsetAsync(dst, byte, bytes, tsr__ctx(be)->stream));
+    return TSR_OK;
+}
+
+/* Non-blocking, like the compute stream: no implicit ordering against the legacy default
+ * stream, so only events order the copy streams against the compute stream. */
+static tsr_status tsr__cuda_stream_create(tsr_backend *be, tsr_stream **out) {
+    (void)be;
+    *out = NULL;
+    tsr__cuda_stream *s = tsr_calloc(1, sizeof *s);
+    if (!s) return tsr_error_set(TSR_ERR_NOMEM, "cuda: cannot allocate a stream");
+    cudaError_t ce = cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking);
+    if (ce != cudaSuccess) {
+        (void)cudaGetLastError();
+        tsr_free(s);
+        return tsr_error_set(TSR_ERR_CUDA, "cuda: cudaStreamCreateWithFlags: %s (%s)",
+                             cudaGetErrorString(ce), cudaGetErrorName(ce));
+    }
+    *out = (tsr_stream *)(void *)s;
+    return TSR_OK;
+}
+
+static void tsr__cuda_stream_destroy(tsr_backend *be, tsr_stream *stream) {
+    (void)be;
+    if (!stream) return;
+    tsr__cuda_stream *s = (tsr__cuda_stream *)(void *)stream;
+    /* its queued copies may still use the scratch: let them finish before freeing it */
+    if (cudaStreamSynchronize(s->s) != cudaSuccess) (void)cudaGetLastError();
+    tsr__scratch_release(&s->slots);
+    tsr__scratch_release(&s->rows);
+    if (cudaStreamDestroy(s->s) != cudaSuccess) (void)cudaGetLastError();
+    tsr_free(s);
+}
+
+/* tsr_event is the cudaEvent_t itself. Timing off: these events only order work, and
+ * timing-enabled events make cudaStreamWaitEvent and cudaEventSynchronize slower. */
+static tsr_status tsr__cuda_event_create(tsr_backend *be, tsr_event **out) {
+    (void)be;
+    *out = NULL;
+    cudaEvent_t ev = NULL;
+    TSR_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    *out = (tsr_event *)(void *)ev;
+    return TSR_OK;
+}
+
+static void tsr__cuda_event_destroy(tsr_backend *be, tsr_event *ev) {
+    (void)be;
+    if (ev && cudaEventDestroy((cudaEvent_t)(void *)ev) != cudaSuccess) (void)cudaGetLastError();
+}
+
+static tsr_status tsr__cuda_event_record(tsr_backend *be, tsr_event *ev, tsr_stream *stream) {
+    if (!ev) return tsr_error_set(TSR_ERR_INVALID, "cuda: event_record of a NULL event");
+    TSR_CUDA_TRY(cudaEventRecord((cudaEvent_t)(void *)ev, tsr__queue(tsr__ctx(be), stream)));
+    return TSR_OK;
+}
+
+static tsr_status tsr__cuda_stream_wait(tsr_backend *be, tsr_stream *stream, tsr_event *ev) {
+    if (!ev) return tsr_error_set(TSR_ERR_INVALID, "cuda: stream_wait on a NULL event");
+    TSR_CUDA_TRY(
+        cudaStreamWaitEvent(tsr__queue(tsr__ctx(be), stream), (cudaEvent_t)(void *)ev, 0));
+    return TSR_OK;
+}
+
+static tsr_status tsr__cuda_event_sync(tsr_backend *be, tsr_event *ev) {
+    (void)be;
+    if (!ev) return tsr_error_set(TSR_ERR_INVALID, "cuda: event_sync on a NULL event");
+    TSR_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)(void *)ev));
+    return TSR_OK;
+}
+
+static tsr_status tsr__cuda_host_register(tsr_backend *be, void *ptr, size_t bytes) {
+    return tsr_backend_cuda_host_register(be, ptr, bytes);
+}
+
+static void tsr__cuda_host_unregister(tsr_backend *be, void *ptr) {
+    tsr_backend_cuda_host_unregister(be, ptr);
+}
+
+static void *tsr__cuda_stream_handle(tsr_backend *be) {
+    return (void *)tsr__ctx(be)->stream;
+}
+
+static const char *tsr__cuda_device_name(tsr_backend *be) {
+    return tsr__ctx(be)->name;
+}
+
+/* ---- KV rows by slot (kv.cu) ---- */
+
+static tsr_status tsr__kv_check(const char *op, const tsr_kv_layout *lay, int64_t n) {
+    if (n < 0 || lay->block <= 0 || lay->row < 0 || lay->block_stride < 0)
+        return tsr_error_set(TSR_ERR_INVALID, "cuda %s: bad layout or count (n=%lld, block %d, "
+                             "row %d, block_stride %lld)", op, (long long)n, (int)lay->block,
+                             (int)lay->row, (long long)lay->block_stride);
+    return TSR_OK;
+}
+
+static tsr__cuda_kv tsr__kv_of(const tsr_kv_layout *lay) {
+    return (tsr__cuda_kv){.k = lay->k,
+                          .v = lay->v,
+                          .block_stride = lay->block_stride,
+                          .block = lay->block,
+                          .row = lay->row};
+}
+
+/* An op like the others: queued on the compute stream (k and v are device rows). */
+static tsr_status tsr__cuda_kv_write(tsr_backend *be, const tsr_kv_layout *lay,
+                                     const int32_t *slots, int64_t n, const float *k,
+                                     const float *v) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    TSR_TRY(tsr__kv_check("kv_write", lay, n));
+    if (n == 0 || lay->row == 0) return TSR_OK;
+    const void *ds = NULL;
+    TSR_TRY(tsr__stage(c, &c->slots, slots, (size_t)n * sizeof(int32_t), c->stream, &ds));
+    tsr__cuda_kv l = tsr__kv_of(lay);
+    TSR_CUDA_TRY(tsr__cuda_launch_kv_put(&l, ds, n, k, v, c->stream));
+    return TSR_OK;
+}
+
+/* Queued on the compute stream; the pairs apply in list order (kv.cu, one block). */
+static tsr_status tsr__cuda_kv_copy(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *dst,
+                                    const int32_t *src, int64_t n) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    TSR_TRY(tsr__kv_check("kv_copy", lay, n));
+    if (n == 0 || lay->row == 0) return TSR_OK;
+    const void *dd = NULL, *dsrc = NULL;
+    size_t bytes = (size_t)n * sizeof(int32_t);
+    TSR_TRY(tsr__stage(c, &c->slots, dst, bytes, c->stream, &dd));
+    TSR_TRY(tsr__stage(c, &c->slots2, src, bytes, c->stream, &dsrc));
+    tsr__cuda_kv l = tsr__kv_of(lay);
+    TSR_CUDA_TRY(tsr__cuda_launch_kv_copy(&l, dd, dsrc, n, c->stream));
+    return TSR_OK;
+}
+
+/* Where a KV row transfer runs: the compute stream and its scratch (stream NULL), or a copy
+ * stream and that stream's own scratch. */
+typedef struct tsr__kv_queue {
+    cudaStream_t st;
+    tsr__cuda_scratch *slots;
+    tsr__cuda_scratch *rows;
+} tsr__kv_queue;
+
+static tsr__kv_queue tsr__kv_queue_of(tsr__cuda_ctx *c, tsr_stream *stream) {
+    if (!stream) return (tsr__kv_queue){.st = c->stream, .slots = &c->slots, .rows = &c->rows};
+    tsr__cuda_stream *s = (tsr__cuda_stream *)(void *)stream;
+    return (tsr__kv_queue){.st = s->s, .slots = &s->slots, .rows = &s->rows};
+}
+
+/* Slots -> host rows: the kernel gathers the rows into device scratch ([n][row] for K,
+ * then for V), one copy per half brings them to the host. stream NULL: waited for. */
+static tsr_status tsr__cuda_kv_gather(tsr_backend *be, const tsr_kv_layout *lay,
+                                      const int32_t *slots, int64_t n, float *k, float *v,
+                                      tsr_stream *stream) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    TSR_TRY(tsr__kv_check("kv_gather", lay, n));
+    if (n == 0 || lay->row == 0 || (!k && !v)) return TSR_OK;
+    tsr__kv_queue q = tsr__kv_queue_of(c, stream);
+    size_t half = (size_t)n * (size_t)lay->row * sizeof(float);
+    const void *ds = NULL;
+    TSR_TRY(tsr__stage(c, q.slots, slots, (size_t)n * sizeof(int32_t), q.st, &ds));
+    TSR_TRY(tsr__scratch_reserve(q.rows, 2 * half, q.st));
+    float *rk = k ? q.rows->ptr : NULL;
+    float *rv = v ? (float *)((char *)q.rows->ptr + half) : NULL;
+    tsr__cuda_kv l = tsr__kv_of(lay);
+    TSR_CUDA_TRY(tsr__cuda_launch_kv_get(&l, ds, n, rk, rv, q.st));
+    if (k) TSR_CUDA_TRY(cudaMemcpyAsync(k, rk, half, cudaMemcpyDeviceToHost, q.st));
+    if (v) TSR_CUDA_TRY(cudaMemcpyAsync(v, rv, half, cudaMemcpyDeviceToHost, q.st));
+    if (!stream) TSR_CUDA_TRY(cudaStreamSynchronize(q.st));
+    return TSR_OK;
+}
+
+/* Host rows -> slots: one copy per half into device scratch, then the kernel scatters the
+ * rows (NULL k or v: that half is left alone). stream NULL: waited for. */
+static tsr_status tsr__cuda_kv_scatter(tsr_backend *be, const tsr_kv_layout *lay,
+                                       const int32_t *slots, int64_t n, const float *k,
+                                       const float *v, tsr_stream *stream) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    TSR_TRY(tsr__kv_check("kv_scatter", lay, n));
+    if (n == 0 || lay->row == 0 || (!k && !v)) return TSR_OK;
+    tsr__kv_queue q = tsr__kv_queue_of(c, stream);
+    size_t half = (size_t)n * (size_t)lay->row * sizeof(float);
+    const void *ds = NULL;
+    TSR_TRY(tsr__stage(c, q.slots, slots, (size_t)n * sizeof(int32_t), q.st, &ds));
+    TSR_TRY(tsr__scratch_reserve(q.rows, 2 * half, q.st));
+    float *rk = k ? q.rows->ptr : NULL;
+    float *rv = v ? (float *)((char *)q.rows->ptr + half) : NULL;
+    if (k) TSR_CUDA_TRY(cudaMemcpyAsync(rk, k, half, cudaMemcpyHostToDevice, q.st));
+    if (v) TSR_CUDA_TRY(cudaMemcpyAsync(rv, v, half, cudaMemcpyHostToDevice, q.st));
+    tsr__cuda_kv l = tsr__kv_of(lay);
+    TSR_CUDA_TRY(tsr__cuda_launch_kv_put(&l, ds, n, rk, rv, q.st));
+    if (!stream) TSR_CUDA_TRY(cudaStreamSynchronize(q.st));
     return TSR_OK;
 }
 
@@ -253,18 +629,21 @@ static tsr_status tsr__rope_table(tsr__cuda_ctx *c, const tsr_model_config *cfg)
         c->inv_freq_host = NULL;
     }
     if (!c->inv_freq) {
+        tsr_free(c->inv_freq_host); /* left by a failed cudaMalloc below */
         c->inv_freq_host = tsr_malloc((size_t)cfg->head_dim / 2 * sizeof(float));
         if (!c->inv_freq_host) return TSR_ERR_NOMEM;
         TSR_CUDA_TRY(cudaMalloc((void **)&c->inv_freq, (size_t)cfg->head_dim / 2 * sizeof(float)));
-    } else {
-        /* the previous table may still be read by queued rope kernels */
-        TSR_CUDA_TRY(cudaStreamSynchronize(c->stream));
     }
     /* the CPU backend's table, bit for bit: at large positions one ulp of a frequency moves
      * the angle visibly, so both backends start from the same numbers (rope_freq.c) */
     tsr_rope_inv_freq(cfg, c->inv_freq_host);
-    TSR_CUDA_TRY(cudaMemcpy(c->inv_freq, c->inv_freq_host,
-                            (size_t)cfg->head_dim / 2 * sizeof(float), cudaMemcpyHostToDevice));
+    /* On the compute stream, so that rope kernels queued before read the old table and
+     * those after the new one; inv_freq_host is pageable, so reusable once this returns
+     * (a plain cudaMemcpy would run on the legacy stream, unordered with the compute
+     * stream, which is non-blocking). */
+    TSR_CUDA_TRY(cudaMemcpyAsync(c->inv_freq, c->inv_freq_host,
+                                 (size_t)cfg->head_dim / 2 * sizeof(float),
+                                 cudaMemcpyHostToDevice, c->stream));
     c->inv_hd = cfg->head_dim;
     c->inv_scaling = (int)cfg->rope_scaling;
     c->inv_orig = cfg->rope_original_max_pos;
@@ -341,18 +720,40 @@ static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
                              a->n_heads, a->n_kv_heads, a->head_dim, TSR__CUDA_MAX_HEAD_DIM);
     if (a->n_spans > c->host_spans_cap) {
         tsr_free(c->host_spans);
+        tsr_free(c->span_pos_off);
         c->host_spans_cap = 0;
         c->host_spans = tsr_malloc((size_t)a->n_spans * sizeof *c->host_spans);
-        if (!c->host_spans) return TSR_ERR_NOMEM;
+        c->span_pos_off = tsr_malloc((size_t)a->n_spans * sizeof *c->span_pos_off);
+        if (!c->host_spans || !c->span_pos_off) return TSR_ERR_NOMEM;
         c->host_spans_cap = a->n_spans;
     }
-    int64_t keys = 0;
+    /* Span positions are host memory (kernels/backend.h): those of all spans are gathered
+     * into one host array and go to the device in one copy; the spans then point into it.
+     * (A device array, as older callers pass, is used in place.) */
+    int64_t keys = 0, host_pos = 0;
     int monotone = 1;
     for (int s = 0; s < a->n_spans; s++) {
         const tsr_kv_span *sp = &a->spans[s];
+        if (sp->n < 0)
+            return tsr_error_set(TSR_ERR_INVALID, "cuda attention: span %d has %d keys", s,
+                                 (int)sp->n);
+        c->span_pos_off[s] = -1;
+        const int32_t *pos = NULL;
+        if (sp->pos && sp->n > 0) {
+            if (tsr__ptr_kind_of(sp->pos) == TSR__PTR_DEVICE) {
+                pos = sp->pos;
+            } else {
+                size_t need = (size_t)(host_pos + sp->n) * sizeof(int32_t);
+                TSR_TRY(tsr__host_reserve(&c->kpos_host, need));
+                memcpy((int32_t *)c->kpos_host.ptr + host_pos, sp->pos,
+                       (size_t)sp->n * sizeof(int32_t));
+                c->span_pos_off[s] = host_pos;
+                host_pos += sp->n;
+            }
+        }
         c->host_spans[s] = (tsr__cuda_span){.k = sp->k,
                                             .v = sp->v,
-                                            .pos = sp->pos,
+                                            .pos = pos,
                                             .stride = sp->stride,
                                             .key_off = keys,
                                             .pos0 = sp->pos0,
@@ -361,6 +762,15 @@ static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
             (s > 0 && (int64_t)sp->pos0 < (int64_t)a->spans[s - 1].pos0 + a->spans[s - 1].n))
             monotone = 0;
         keys += sp->n;
+    }
+    if (host_pos > 0) {
+        /* kpos_host is ours and pageable: reusable once the copy call returns (tsr__stage) */
+        const void *dpos = NULL;
+        TSR_TRY(tsr__stage(c, &c->kpos, c->kpos_host.ptr, (size_t)host_pos * sizeof(int32_t),
+                           c->stream, &dpos));
+        for (int s = 0; s < a->n_spans; s++)
+            if (c->span_pos_off[s] >= 0)
+                c->host_spans[s].pos = (const int32_t *)dpos + c->span_pos_off[s];
     }
     tsr__cuda_attn k = {.q = a->q,
                         .n_q = a->n_q,
@@ -394,15 +804,23 @@ static void tsr__cuda_destroy(tsr_backend *be) {
     if (c) {
         if (c->stream) (void)cudaStreamSynchronize(c->stream);
         if (c->blas) (void)cublasDestroy(c->blas);
-        if (c->xconv.ptr) (void)cudaFree(c->xconv.ptr);
-        if (c->part.ptr) (void)cudaFree(c->part.ptr);
-        if (c->ints.ptr) (void)cudaFree(c->ints.ptr);
-        if (c->spans.ptr) (void)cudaFree(c->spans.ptr);
+        tsr__scratch_release(&c->xconv);
+        tsr__scratch_release(&c->part);
+        tsr__scratch_release(&c->ints);
+        tsr__scratch_release(&c->spans);
+        tsr__scratch_release(&c->kpos);
+        tsr__scratch_release(&c->slots);
+        tsr__scratch_release(&c->slots2);
+        tsr__scratch_release(&c->rows);
         if (c->bad_id) (void)cudaFree(c->bad_id);
         if (c->inv_freq) (void)cudaFree(c->inv_freq);
         if (c->stream) (void)cudaStreamDestroy(c->stream);
+        (void)cudaGetLastError(); /* nothing to report at teardown */
         tsr_free(c->inv_freq_host);
         tsr_free(c->host_spans);
+        tsr_free(c->span_pos_off);
+        tsr_free(c->kpos_host.ptr);
+        tsr_free(c->bounce.ptr);
         tsr_free(c);
     }
     tsr_free(be);
@@ -413,7 +831,29 @@ static const tsr_backend_ops tsr__cuda_ops = {
     .destroy = tsr__cuda_destroy,
     .buffer_alloc = tsr__cuda_buffer_alloc,
     .buffer_free = tsr__cuda_buffer_free,
+    .host_alloc = tsr__cuda_host_alloc,
+    .host_free = tsr__cuda_host_free,
+    .memory = tsr__cuda_memory,
     .synchronize = tsr__cuda_synchronize,
+    .upload = tsr__cuda_upload,
+    .download = tsr__cuda_download,
+    .copy = tsr__cuda_copy,
+    .memset = tsr__cuda_memset,
+    .stream_create = tsr__cuda_stream_create,
+    .stream_destroy = tsr__cuda_stream_destroy,
+    .event_create = tsr__cuda_event_create,
+    .event_destroy = tsr__cuda_event_destroy,
+    .event_record = tsr__cuda_event_record,
+    .stream_wait = tsr__cuda_stream_wait,
+    .event_sync = tsr__cuda_event_sync,
+    .host_register = tsr__cuda_host_register,
+    .host_unregister = tsr__cuda_host_unregister,
+    .stream_handle = tsr__cuda_stream_handle,
+    .device_name = tsr__cuda_device_name,
+    .kv_write = tsr__cuda_kv_write,
+    .kv_copy = tsr__cuda_kv_copy,
+    .kv_gather = tsr__cuda_kv_gather,
+    .kv_scatter = tsr__cuda_kv_scatter,
     .matmul = tsr__cuda_matmul,
     .rmsnorm = tsr__cuda_rmsnorm,
     .rope = tsr__cuda_rope,
@@ -422,7 +862,6 @@ static const tsr_backend_ops tsr__cuda_ops = {
     .embed = tsr__cuda_embed,
     .attention = tsr__cuda_attention,
     .matmul_parts = tsr__cuda_matmul_parts,
-    .copy = tsr__cuda_copy,
 };
 
 int tsr_backend_cuda_device_count(void) {
@@ -469,6 +908,7 @@ tsr_status tsr_backend_cuda_create(int device, tsr_backend **out) {
     be->ctx = c;
     be->device = device;
     be->threads = 1;
+    be->host_memory = false; /* device memory: never usable in place by the host */
     c->device = device;
     TSR_CUDA_TRY_GOTO(cudaSetDevice(device), st, fail);
     struct cudaDeviceProp prop;
@@ -486,36 +926,14 @@ fail:
     return st;
 }
 
-tsr_status tsr_backend_cuda_upload(tsr_backend *be, const tsr_tensor *host, tsr_tensor *dev) {
-    size_t bytes = tsr_tensor_bytes(host);
-    void *p = NULL;
-    TSR_TRY(tsr__cuda_buffer_alloc(be, bytes, &p));
-    tsr_status st = tsr_backend_cuda_set(be, p, host->data, bytes);
-    if (st != TSR_OK) {
-        tsr__cuda_buffer_free(be, p);
-        return st;
-    }
-    *dev = *host;
-    dev->data = p;
-    return TSR_OK;
-}
-
 tsr_status tsr_backend_cuda_set(tsr_backend *be, void *dev_dst, const void *host_src,
                                 size_t bytes) {
-    tsr__cuda_ctx *c = tsr__ctx(be);
-    if (!bytes) return TSR_OK;
-    TSR_CUDA_TRY(cudaMemcpyAsync(dev_dst, host_src, bytes, cudaMemcpyHostToDevice, c->stream));
-    TSR_CUDA_TRY(cudaStreamSynchronize(c->stream));
-    return TSR_OK;
+    return tsr__cuda_upload(be, dev_dst, host_src, bytes, NULL);
 }
 
 tsr_status tsr_backend_cuda_get(tsr_backend *be, void *host_dst, const void *dev_src,
                                 size_t bytes) {
-    tsr__cuda_ctx *c = tsr__ctx(be);
-    if (!bytes) return TSR_OK;
-    TSR_CUDA_TRY(cudaMemcpyAsync(host_dst, dev_src, bytes, cudaMemcpyDeviceToHost, c->stream));
-    TSR_CUDA_TRY(cudaStreamSynchronize(c->stream));
-    return TSR_OK;
+    return tsr__cuda_download(be, host_dst, dev_src, bytes, NULL);
 }
 
 void *tsr_backend_cuda_stream(const tsr_backend *be) {

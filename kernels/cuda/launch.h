@@ -46,6 +46,28 @@ typedef struct tsr__cuda_attn {
     float *key_scores; /* NULL or [n_heads][n_keys], added to */
 } tsr__cuda_attn;
 
+/* tsr_kv_layout (kernels/backend.h) as the KV row kernels take it: slot s's K row is at
+ * k + (s / block) * block_stride + (s % block) * row floats, its V row at the same offset
+ * from v (device pointers). A copy, so that the .cu files need not include backend.h. */
+typedef struct tsr__cuda_kv {
+    float *k;
+    float *v;
+    int64_t block_stride;
+    int32_t block;
+    int32_t row;
+} tsr__cuda_kv;
+
+/* KV rows by slot (kv.cu); slot lists are device arrays of n int32. put: row i of k and v
+ * ([n][row], either may be NULL: that half is skipped) goes to slot slots[i]. get: row i
+ * of k and v (either may be NULL) gets slot slots[i]'s rows. copy: slot dst[i] gets slot
+ * src[i]'s rows, pairs applied strictly in list order (one block; see kv.cu). */
+cudaError_t tsr__cuda_launch_kv_put(const tsr__cuda_kv *l, const int32_t *slots, int64_t n,
+                                    const float *k, const float *v, cudaStream_t stream);
+cudaError_t tsr__cuda_launch_kv_get(const tsr__cuda_kv *l, const int32_t *slots, int64_t n,
+                                    float *k, float *v, cudaStream_t stream);
+cudaError_t tsr__cuda_launch_kv_copy(const tsr__cuda_kv *l, const int32_t *dst,
+                                     const int32_t *src, int64_t n, cudaStream_t stream);
+
 /* out[i] = f32(emb[ids[i]]); an id outside [0, rows) writes zeros and sets *bad_id = 1. */
 cudaError_t tsr__cuda_launch_embed(const void *emb, int dtype, int64_t rows, int64_t cols,
                                    const int32_t *ids, int64_t n, float *out, int *bad_id,
