@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU check for the device machine (one NVIDIA GPU; CUDA toolkit, CMake, ninja, PyTorch;
 # no Debian -dev packages, no MPI, no network). Builds tessera with CUDA, runs ctest and
-# test_backend_ops (every op, CUDA vs CPU, plus timings) and prints the figures, then checks
-# the data-plane choice for the real CUDA backend (test_dist_plane).
+# test_backend_ops (every op, CUDA vs CPU, plus timings) and prints the figures, checks the
+# backend memory contract on the GPU (test_cuda_mem), then the data-plane choice for the
+# real CUDA backend (test_dist_plane).
 #
 #   here:    tools/fetch-device-debs.sh           # OpenBLAS, cJSON, PCRE2, hwloc, pkgconf
 #   there:   bash tests/device/run.sh             # run tool: carry [".debs"]
@@ -121,6 +122,15 @@ say "test_backend_ops: CUDA vs CPU, with timings"
 TSR_BENCH=1 "$B/tests/test_backend_ops" 2>&1 | tee "$OUT/backend_ops.log" || rc=1
 grep -q "CUDA backend on" "$OUT/backend_ops.log" || {
     echo "run.sh: the CUDA backend did not come up" >&2
+    rc=1
+}
+
+# The memory contract (kernels/backend.h) on the GPU: host staging, sync and stream copies,
+# events, KV rows by slot (kv.cu), attention with host positions; CUDA against the CPU.
+say "test_cuda_mem: the CUDA backend's memory calls"
+"$B/tests/test_cuda_mem" 2>&1 | tee "$OUT/cuda_mem.log" || rc=1
+grep -q "cuda: attention with host positions" "$OUT/cuda_mem.log" || {
+    echo "run.sh: test_cuda_mem did not run on the CUDA backend" >&2
     rc=1
 }
 
