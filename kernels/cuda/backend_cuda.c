@@ -200,7 +200,7 @@ static tsr_status tsr__cuda_synchronize(tsr_backend *be) {
  * caller's pointer 64-byte aligned (pinned memory is page-aligned, tsr_malloc_aligned
  * 64-aligned). */
 #define TSR__HOST_HDR 64
-#define TSR__HOST_MAGIC 0x74737248u /* "tsrH": catches a pointer that is not ours */
+#define TSR__HOST_MAGIC 0x74737248u /* "tsrH" */
 
 typedef struct tsr__host_hdr {
     uint32_t magic;
@@ -239,8 +239,9 @@ static void tsr__cuda_host_free(tsr_backend *be, void *ptr) {
     (void)be;
     if (!ptr) return;
     tsr__host_hdr *h = (tsr__host_hdr *)(void *)((char *)ptr - TSR__HOST_HDR);
-    /* Not from host_alloc (or freed twice): freeing it would corrupt the heap; leaking it is
-     * the lesser harm, and free has no way to report. */
+    /* Not from host_alloc: freeing it would corrupt the heap; leaking it is the lesser
+     * harm, and free has no way to report. (Clearing the magic below also makes a second
+     * free of a still-mapped buffer a no-op, but nothing can catch every double free.) */
     if (h->magic != TSR__HOST_MAGIC) return;
     h->magic = 0;
     if (h->pinned) {
