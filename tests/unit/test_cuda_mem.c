@@ -8,6 +8,7 @@
  * host copies. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -113,8 +114,14 @@ static int scenario_copies(tsr_backend *be) {
         CHECK(be->ops->stream_handle && be->ops->stream_handle(be) != NULL);
     }
     if (be->ops->host_register) {
-        CHECK_OK(be->ops->host_register(be, plain, bytes));
-        be->ops->host_unregister(be, plain);
+        /* whole pages of their own, like the host pool's buffers: no page shared with
+         * another allocation that might be registered already */
+        void *page = NULL;
+        CHECK(posix_memalign(&page, 4096, 2 * 4096) == 0);
+        tsr_status st = be->ops->host_register(be, page, 2 * 4096);
+        if (st == TSR_OK) be->ops->host_unregister(be, page);
+        free(page);
+        CHECK_OK(st);
     }
 done:
     if (ev) be->ops->event_destroy(be, ev);
