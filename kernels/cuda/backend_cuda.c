@@ -730,9 +730,12 @@ static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
     }
     /* Span positions are host memory (kernels/backend.h): those of all spans are gathered
      * into one host array and go to the device in one copy; the spans then point into it.
-     * (A device array, as older callers pass, is used in place.) */
+     * Device arrays, as older callers pass, are used in place; the first span's array
+     * tells which kind the call passes (one pointer query per call, not per span: a paged
+     * cache has a span per block). */
     int64_t keys = 0, host_pos = 0;
     int monotone = 1;
+    int pos_on_device = -1; /* unknown until the first span with positions */
     for (int s = 0; s < a->n_spans; s++) {
         const tsr_kv_span *sp = &a->spans[s];
         if (sp->n < 0)
@@ -741,7 +744,9 @@ static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
         c->span_pos_off[s] = -1;
         const int32_t *pos = NULL;
         if (sp->pos && sp->n > 0) {
-            if (tsr__ptr_kind_of(sp->pos) == TSR__PTR_DEVICE) {
+            if (pos_on_device < 0)
+                pos_on_device = tsr__ptr_kind_of(sp->pos) == TSR__PTR_DEVICE;
+            if (pos_on_device) {
                 pos = sp->pos;
             } else {
                 size_t need = (size_t)(host_pos + sp->n) * sizeof(int32_t);
