@@ -93,6 +93,8 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a);
 void tsr__cpu_rope_inv_freq(const tsr_model_config *cfg, float *inv_freq);
 
 /* --- SIMD kernels, chosen once at runtime (AVX-512F, AVX2+FMA+F16C, or scalar) --- */
+/* simd_cpu.c: dispatch and the scalar kernels; simd_avx2.c, simd_avx512.c: one ISA's kernels
+ * each, under that file's target pragma; simd_internal.h: what those files share. */
 
 typedef enum tsr__cpu_isa {
     TSR__ISA_SCALAR = 0,
