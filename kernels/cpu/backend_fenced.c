@@ -38,9 +38,11 @@
 #define TSR__FENCE_PAGE ((size_t)4096)
 #define TSR__FENCE_DEFAULT ((size_t)4 << 30)
 
-/* A run of arena bytes [off, off + len). */
+/* A run of arena bytes [off, off + len); for a live buffer, `asked` of them were asked
+ * for (the contract checks hold ops to those, not to the page-rounded length). */
 typedef struct tsr__range {
     size_t off, len;
+    size_t asked;
 } tsr__range;
 
 /* Ranges sorted by offset, never overlapping. */
@@ -176,7 +178,7 @@ static tsr_status tsr__dev(tsr__fenced *f, const char *op, const char *arg, cons
     size_t i = tsr__ranges_upper(&f->used, off);
     if (i > 0) {
         const tsr__range *b = &f->used.v[i - 1];
-        ok = off - b->off < b->len && bytes <= b->len - (off - b->off);
+        ok = off - b->off < b->asked && bytes <= b->asked - (off - b->off);
     }
     pthread_mutex_unlock(&f->lock);
     if (!ok)
@@ -255,7 +257,7 @@ static tsr_status tsr__fenced_buffer_alloc(tsr_backend *be, size_t bytes, void *
                            bytes, f->free_bytes, f->size);
         goto done;
     }
-    tsr__range blk = {f->free_list.v[i].off, need};
+    tsr__range blk = {f->free_list.v[i].off, need, bytes};
     if (f->free_list.v[i].len == need) {
         tsr__ranges_remove(&f->free_list, i);
     } else {
@@ -694,7 +696,7 @@ tsr_status tsr_backend_fenced_create(int threads, size_t arena_bytes, tsr_backen
     f->inner = inner;
     f->base = base;
     f->size = size;
-    f->free_list.v[0] = (tsr__range){0, size};
+    f->free_list.v[0] = (tsr__range){0, size, 0};
     f->free_list.n = 1;
     f->free_bytes = size;
     be->ops = &tsr__fenced_ops;
