@@ -34,6 +34,33 @@ typedef struct targets {
 
 static int notes_printed;
 
+/* The calls every backend implements (backend.h): a missing one is a failure here, not a
+ * NULL call later. */
+static tsr_status check_vtable(const tsr_backend *be) {
+    const tsr_backend_ops *o = be->ops;
+#define REQ(op) {#op, o->op != NULL}
+    const struct {
+        const char *name;
+        int present;
+    } req[] = {REQ(destroy),       REQ(buffer_alloc), REQ(buffer_free),    REQ(host_alloc),
+               REQ(host_free),     REQ(memory),       REQ(synchronize),    REQ(upload),
+               REQ(download),      REQ(copy),         REQ(memset),         REQ(stream_create),
+               REQ(stream_destroy), REQ(event_create), REQ(event_destroy), REQ(event_record),
+               REQ(stream_wait),   REQ(event_sync),   REQ(kv_write),       REQ(kv_copy),
+               REQ(kv_gather),     REQ(kv_scatter),   REQ(matmul),         REQ(rmsnorm),
+               REQ(rope),          REQ(swiglu),       REQ(add),            REQ(embed),
+               REQ(attention)};
+#undef REQ
+    for (size_t i = 0; i < sizeof req / sizeof req[0]; i++)
+        if (!req[i].present)
+            return tsr_error_set(TSR_ERR_INTERNAL, "backend %s: no %s in its vtable", o->name,
+                                 req[i].name);
+    if (!o->host_register != !o->host_unregister)
+        return tsr_error_set(TSR_ERR_INTERNAL, "backend %s: host_register without "
+                             "host_unregister (or the reverse)", o->name);
+    return TSR_OK;
+}
+
 static tsr_status targets_open(targets *t) {
     static const struct {
         const char *name;
@@ -45,12 +72,14 @@ static tsr_status targets_open(targets *t) {
                             {"cuda", "cuda", 1, 1}};
     memset(t, 0, sizeof *t);
     TSR_TRY(tsr_backend_cpu_create(1, &t->ref));
+    TSR_TRY(check_vtable(t->ref));
     for (int i = 0; i < MAX_TARGETS; i++) {
         tsr_backend *be = NULL;
         tsr_status st = tsr_backend_create(tried[i].name, tried[i].threads, &be);
         if (st == TSR_OK) {
             t->be[t->n] = be;
             t->label[t->n++] = tried[i].label;
+            TSR_TRY(check_vtable(be));
             if (!notes_printed)
                 printf("test_backend_ops: backend %s on %s\n", tried[i].name,
                        be->ops->device_name ? be->ops->device_name(be) : be->ops->name);
