@@ -3,6 +3,7 @@
  * coalesces blocks and survives bad frees, and its contract checks reject host pointers
  * passed where backend memory belongs (and the reverse). */
 #define _DEFAULT_SOURCE /* setenv, unsetenv */
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -342,5 +343,61 @@ TSR_TEST(test_contract_checks) {
     tsr_backend_destroy(be);
 }
 
+/* Two threads using the device at once, one of them allocating as it goes (each new
+ * buffer lies past the extent the other thread's window opened): the shared fence stays
+ * open while either is inside an op, and every op sees its bytes. */
+typedef struct worker {
+    tsr_backend *be;
+    int allocate;
+    int errors;
+} worker;
+
+static void *worker_run(void *arg) {
+    worker *w = arg;
+    enum { N = 4096 };
+    static _Thread_local float host[N], back[N];
+    for (int i = 0; i < N; i++) host[i] = (float)i;
+    float *keep = NULL;
+    if (w->be->ops->buffer_alloc(w->be, sizeof host, (void **)&keep) != TSR_OK) {
+        w->errors++;
+        return NULL;
+    }
+    for (int it = 0; it < 200; it++) {
+        float *d = keep;
+        if (w->allocate && w->be->ops->buffer_alloc(w->be, sizeof host + (size_t)it * 4096,
+                                                    (void **)&d) != TSR_OK) {
+            w->errors++;
+            break;
+        }
+        if (tsr_backend_upload(w->be, d, host, sizeof host) != TSR_OK ||
+            w->be->ops->add(w->be, d, d, N) != TSR_OK ||
+            tsr_backend_download(w->be, back, d, sizeof back) != TSR_OK)
+            w->errors++;
+        for (int i = 0; i < N; i++)
+            if (back[i] != 2.0f * (float)i) {
+                w->errors++;
+                break;
+            }
+        if (d != keep) w->be->ops->buffer_free(w->be, d);
+    }
+    w->be->ops->buffer_free(w->be, keep);
+    return NULL;
+}
+
+TSR_TEST(test_threads) {
+    tsr_backend *be = fenced(256 * MiB);
+    ASSERT_TRUE(be != NULL);
+    worker w[2] = {{be, 0, 0}, {be, 1, 0}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) ASSERT_EQ_INT(pthread_create(&th[i], NULL, worker_run, &w[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    ASSERT_EQ_INT(w[0].errors, 0);
+    ASSERT_EQ_INT(w[1].errors, 0);
+    size_t fr = 0, total = 0;
+    ASSERT_OK(be->ops->memory(be, &fr, &total));
+    ASSERT_EQ_INT(fr, total);
+    tsr_backend_destroy(be);
+}
+
 TSR_TEST_MAIN(test_host_read_faults, test_roundtrip_and_ops, test_memory_follows_arena,
-              test_allocator, test_contract_checks)
+              test_allocator, test_contract_checks, test_threads)
