@@ -47,8 +47,8 @@ tsr_status tsr_backend_create_local(const char *name, int threads, int local_ran
                              "-DTESSERA_CUDA=ON)");
 #endif
     }
-    return tsr_error_set(TSR_ERR_INVALID, "unknown backend '%s' (expected auto, cpu, cpu-fenced or cuda)",
-                         name);
+    return tsr_error_set(TSR_ERR_INVALID,
+                         "unknown backend '%s' (expected auto, cpu, cpu-fenced or cuda)", name);
 }
 
 void tsr_backend_destroy(tsr_backend *be) {

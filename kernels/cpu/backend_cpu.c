@@ -24,6 +24,7 @@ static void tsr__cpu_destroy(tsr_backend *be) {
     if (!be) return;
     tsr__cpu_ctx *c = be->ctx;
     if (c) {
+        tsr_free(c->huge); /* the buffers themselves are their owners' to free */
         tsr_free(c->panel);
         tsr_free(c->parts);
         tsr_free(c->lse);
@@ -36,17 +37,47 @@ static void tsr__cpu_destroy(tsr_backend *be) {
     tsr_free(be);
 }
 
+/* From this size on a buffer is one a decode pass streams (weights, a KV store): it gets
+ * transparent huge pages (tsr_malloc_huge), on which decode speed depends. */
+#define TSR__CPU_HUGE_MIN ((size_t)2 << 20)
+
 static tsr_status tsr__cpu_buffer_alloc(tsr_backend *be, size_t bytes, void **out) {
-    (void)be;
-    *out = tsr_malloc_aligned(bytes ? bytes : 1);
-    if (!*out)
+    tsr__cpu_ctx *c = be->ctx;
+    *out = NULL;
+    if (bytes < TSR__CPU_HUGE_MIN) {
+        *out = tsr_malloc_aligned(bytes ? bytes : 1);
+        if (!*out)
+            return tsr_error_set(TSR_ERR_NOMEM,
+                                 "cpu backend: cannot allocate a %zu-byte buffer", bytes);
+        return TSR_OK;
+    }
+    /* Room in the record first, so that a buffer is never live without its size. */
+    if (c->n_huge == c->huge_cap) {
+        size_t cap = c->huge_cap ? 2 * c->huge_cap : 32;
+        tsr__cpu_huge *h = tsr_realloc(c->huge, cap * sizeof *h);
+        if (!h) return tsr_error_set(TSR_ERR_NOMEM, "cpu backend: cannot grow the buffer table");
+        c->huge = h;
+        c->huge_cap = cap;
+    }
+    void *p = tsr_malloc_huge(bytes);
+    if (!p)
         return tsr_error_set(TSR_ERR_NOMEM, "cpu backend: cannot allocate a %zu-byte buffer",
                              bytes);
+    c->huge[c->n_huge++] = (tsr__cpu_huge){p, bytes};
+    *out = p;
     return TSR_OK;
 }
 
 static void tsr__cpu_buffer_free(tsr_backend *be, void *ptr) {
-    (void)be;
+    tsr__cpu_ctx *c = be->ctx;
+    if (!ptr) return;
+    /* From the end: buffers freed soon after they were made are found first. */
+    for (size_t i = c->n_huge; i-- > 0;) {
+        if (c->huge[i].ptr != ptr) continue;
+        tsr_free_huge(ptr, c->huge[i].bytes);
+        c->huge[i] = c->huge[--c->n_huge];
+        return;
+    }
     tsr_free(ptr);
 }
 

@@ -1,9 +1,710 @@
-/* The fenced CPU device: placeholder until the arena is written (returns UNSUPPORTED). */
+/* The fenced CPU device ("cpu-fenced"): the CPU kernels running on memory that host code
+ * cannot touch, so that CI catches every host dereference of backend memory as a segfault
+ * instead of a silent read that only breaks on a GPU.
+ *
+ * - Backend memory is one arena: a single mmap reservation (PROT_NONE, MAP_NORESERVE), so a
+ *   large arena costs nothing until its pages are used. An allocator inside it hands out
+ *   4096-byte-aligned blocks (first fit over a sorted free list, coalescing on free); its
+ *   bookkeeping lives in ordinary host memory, never in the arena. memory() reports the
+ *   arena's free and total bytes, so everything sized from the "device" (the KV pool)
+ *   follows the arena.
+ * - The fence: the arena is PROT_NONE except inside this backend's own calls. Every op
+ *   opens it (PROT_READ|WRITE over the used extent), runs the inner CPU backend's op, and
+ *   closes it on every return path. A depth counter under a mutex makes nesting and calls
+ *   from several threads harmless: the arena closes when the last call leaves.
+ * - Contract checks: the pointers backend.h calls backend memory must lie inside one live
+ *   arena buffer, and the ones it calls host memory (positions, ids, slot lists, spans, the
+ *   upload source, the download destination) must lie outside the arena; either mistake is
+ *   a TSR_ERR_INVALID with one line naming the op and the argument.
+ *
+ * Arena size: the arena_bytes given to tsr_backend_fenced_create, or, when that is 0, the
+ * environment variable TSR_FENCED_MEMORY (bytes, with an optional K, M, G or T suffix,
+ * powers of 1024; anything else is an error naming the variable), or else 4 GiB capped at
+ * half of the host's MemAvailable. Rounded up to whole 4096-byte pages. */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE, MADV_DONTNEED */
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "base/alloc.h"
+#include "base/log.h"
+#include "base/sys.h"
 #include "kernels/backend.h"
 
-tsr_status tsr_backend_fenced_create(int threads, size_t arena_bytes, tsr_backend **out) {
-    (void)threads;
-    (void)arena_bytes;
+#define TSR__FENCE_PAGE ((size_t)4096)
+#define TSR__FENCE_DEFAULT ((size_t)4 << 30)
+
+/* A run of arena bytes [off, off + len); for a live buffer, `asked` of them were asked
+ * for (the contract checks hold ops to those, not to the page-rounded length). */
+typedef struct tsr__range {
+    size_t off, len;
+    size_t asked;
+} tsr__range;
+
+/* Ranges sorted by offset, never overlapping. */
+typedef struct tsr__ranges {
+    tsr__range *v;
+    size_t n, cap;
+} tsr__ranges;
+
+typedef struct tsr__fenced {
+    tsr_backend *inner; /* the CPU backend whose ops run inside the open fence */
+    char *base;
+    size_t size;
+    tsr__ranges free_list; /* free runs, coalesced: no two touch */
+    tsr__ranges used;      /* live buffers */
+    size_t free_bytes;
+    /* The fence: open while depth > 0, over [base, base + opened). */
+    pthread_mutex_t lock;
+    int depth;
+    size_t opened;
+    bool bad_free_reported;
+} tsr__fenced;
+
+/* ---- the arena's bookkeeping ---- */
+
+static bool tsr__ranges_reserve(tsr__ranges *r, size_t n) {
+    if (n <= r->cap) return true;
+    size_t cap = r->cap ? r->cap : 16;
+    while (cap < n) cap *= 2;
+    tsr__range *v = tsr_realloc(r->v, cap * sizeof *v);
+    if (!v) return false;
+    r->v = v;
+    r->cap = cap;
+    return true;
+}
+
+/* Index of the first range whose offset is > off (n when none). */
+static size_t tsr__ranges_upper(const tsr__ranges *r, size_t off) {
+    size_t lo = 0, hi = r->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (r->v[mid].off <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Capacity was reserved by the caller. */
+static void tsr__ranges_insert(tsr__ranges *r, size_t at, tsr__range x) {
+    memmove(r->v + at + 1, r->v + at, (r->n - at) * sizeof *r->v);
+    r->v[at] = x;
+    r->n++;
+}
+
+static void tsr__ranges_remove(tsr__ranges *r, size_t at) {
+    memmove(r->v + at, r->v + at + 1, (r->n - at - 1) * sizeof *r->v);
+    r->n--;
+}
+
+/* End of the last live buffer: the part of the arena an op may touch. */
+static size_t tsr__fenced_extent(const tsr__fenced *f) {
+    return f->used.n ? f->used.v[f->used.n - 1].off + f->used.v[f->used.n - 1].len : 0;
+}
+
+/* ---- the fence ---- */
+
+static tsr_status tsr__fence_open(tsr__fenced *f) {
+    tsr_status st = TSR_OK;
+    pthread_mutex_lock(&f->lock);
+    size_t want = tsr__fenced_extent(f);
+    /* Nested or concurrent calls share one open window; a buffer allocated while it is
+     * open widens it. */
+    if (want > (f->depth > 0 ? f->opened : 0)) {
+        if (mprotect(f->base, want, PROT_READ | PROT_WRITE) != 0)
+            st = tsr_error_set(TSR_ERR_IO, "cpu-fenced: cannot open the arena (mprotect: %s)",
+                               strerror(errno));
+        else
+            f->opened = want;
+    }
+    if (st == TSR_OK) f->depth++;
+    pthread_mutex_unlock(&f->lock);
+    return st;
+}
+
+static tsr_status tsr__fence_close(tsr__fenced *f) {
+    tsr_status st = TSR_OK;
+    pthread_mutex_lock(&f->lock);
+    if (--f->depth == 0 && f->opened) {
+        if (mprotect(f->base, f->opened, PROT_NONE) != 0)
+            st = tsr_error_set(TSR_ERR_IO, "cpu-fenced: cannot close the arena (mprotect: %s)",
+                               strerror(errno));
+        f->opened = 0;
+    }
+    pthread_mutex_unlock(&f->lock);
+    return st;
+}
+
+/* Closes the fence after an op; the op's own failure wins over the close's. */
+static tsr_status tsr__fence_end(tsr__fenced *f, tsr_status op_status) {
+    tsr_status st = tsr__fence_close(f);
+    return op_status != TSR_OK ? op_status : st;
+}
+
+/* ---- contract checks ---- */
+
+/* a * b * c, saturating at SIZE_MAX (which no buffer holds); negative counts saturate too. */
+static size_t tsr__bytes3(int64_t a, int64_t b, int64_t c) {
+    if (a < 0 || b < 0 || c < 0) return SIZE_MAX;
+    size_t ab, abc;
+    if (!tsr_mul_size((size_t)a, (size_t)b, &ab) || !tsr_mul_size(ab, (size_t)c, &abc))
+        return SIZE_MAX;
+    return abc;
+}
+
+static bool tsr__in_arena(const tsr__fenced *f, const void *p) {
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)f->base;
+    return a >= b && a - b < f->size;
+}
+
+/* [p, p + bytes) must lie inside one live buffer (nothing to check when bytes is 0). */
+static tsr_status tsr__dev(tsr__fenced *f, const char *op, const char *arg, const void *p,
+                           size_t bytes) {
+    if (bytes == 0) return TSR_OK;
+    if (!p || !tsr__in_arena(f, p))
+        return tsr_error_set(TSR_ERR_INVALID,
+                             "cpu-fenced: %s: %s is not device memory (host pointer passed to "
+                             "a device op)",
+                             op, arg);
+    size_t off = (size_t)((const char *)p - f->base);
+    bool ok = false;
+    pthread_mutex_lock(&f->lock);
+    size_t i = tsr__ranges_upper(&f->used, off);
+    if (i > 0) {
+        const tsr__range *b = &f->used.v[i - 1];
+        ok = off - b->off < b->asked && bytes <= b->asked - (off - b->off);
+    }
+    pthread_mutex_unlock(&f->lock);
+    if (!ok)
+        return tsr_error_set(TSR_ERR_INVALID,
+                             "cpu-fenced: %s: %s (%zu bytes at arena offset %zu) is not inside "
+                             "a live device buffer (freed, or past its end)",
+                             op, arg, bytes, off);
+    return TSR_OK;
+}
+
+/* [p, p + bytes) is host memory by the contract: it must not touch the arena. NULL passes
+ * (optional arguments; a required one fails in the op itself). */
+static tsr_status tsr__host(const tsr__fenced *f, const char *op, const char *arg,
+                            const void *p, size_t bytes) {
+    if (!p || bytes == 0) return TSR_OK;
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)f->base;
+    bool overlaps = a < b + f->size && (a >= b || b - a < bytes);
+    if (overlaps)
+        return tsr_error_set(TSR_ERR_INVALID,
+                             "cpu-fenced: %s: %s is device memory where the contract wants host "
+                             "memory (device pointer passed as host data)",
+                             op, arg);
+    return TSR_OK;
+}
+
+/* Every K and V row the slots name lies inside the layout's live buffer. */
+static tsr_status tsr__dev_slots(tsr__fenced *f, const char *op, const tsr_kv_layout *lay,
+                                 const int32_t *slots, int64_t n) {
+    if (n <= 0) return TSR_OK;
+    if (lay->block <= 0 || lay->row <= 0 || lay->block_stride < 0)
+        return tsr_error_set(TSR_ERR_INVALID,
+                             "cpu-fenced: %s: bad KV layout (block %d, row %d, block stride "
+                             "%lld)",
+                             op, (int)lay->block, (int)lay->row, (long long)lay->block_stride);
+    TSR_TRY(tsr__dev(f, op, "layout k", lay->k, 1));
+    TSR_TRY(tsr__dev(f, op, "layout v", lay->v, 1));
+    size_t rb = (size_t)lay->row * sizeof(float);
+    for (int64_t i = 0; i < n; i++) {
+        int32_t s = slots[i];
+        if (s < 0)
+            return tsr_error_set(TSR_ERR_INVALID, "cpu-fenced: %s: negative slot %d", op,
+                                 (int)s);
+        int64_t at = (int64_t)(s / lay->block) * lay->block_stride +
+                     (int64_t)(s % lay->block) * lay->row;
+        TSR_TRY(tsr__dev(f, op, "layout k row of a slot", lay->k + at, rb));
+        TSR_TRY(tsr__dev(f, op, "layout v row of a slot", lay->v + at, rb));
+    }
+    return TSR_OK;
+}
+
+#define TSR__INNER(be) (((tsr__fenced *)(be)->ctx)->inner)
+#define TSR__F(be) ((tsr__fenced *)(be)->ctx)
+
+/* ---- memory ---- */
+
+static tsr_status tsr__fenced_buffer_alloc(tsr_backend *be, size_t bytes, void **out) {
+    tsr__fenced *f = TSR__F(be);
     *out = NULL;
-    return tsr_error_set(TSR_ERR_UNSUPPORTED, "backend 'cpu-fenced': not built yet");
+    size_t need = bytes ? bytes : 1;
+    if (need > SIZE_MAX - TSR__FENCE_PAGE) need = SIZE_MAX - TSR__FENCE_PAGE;
+    need = (need + TSR__FENCE_PAGE - 1) & ~(TSR__FENCE_PAGE - 1);
+    tsr_status st = TSR_OK;
+    pthread_mutex_lock(&f->lock);
+    /* Room for the new buffer and for a later free that splits nothing: the free list
+     * never holds more runs than there are live buffers + 1, so freeing needs no memory. */
+    if (!tsr__ranges_reserve(&f->used, f->used.n + 1) ||
+        !tsr__ranges_reserve(&f->free_list, f->used.n + 2)) {
+        st = tsr_error_set(TSR_ERR_NOMEM, "cpu-fenced: cannot grow the allocator's tables");
+        goto done;
+    }
+    size_t i = 0;
+    while (i < f->free_list.n && f->free_list.v[i].len < need) i++;
+    if (i == f->free_list.n) {
+        st = tsr_error_set(TSR_ERR_NOMEM,
+                           "cpu-fenced: out of device memory: %zu bytes asked, %zu free of %zu",
+                           bytes, f->free_bytes, f->size);
+        goto done;
+    }
+    tsr__range blk = {f->free_list.v[i].off, need, bytes};
+    if (f->free_list.v[i].len == need) {
+        tsr__ranges_remove(&f->free_list, i);
+    } else {
+        f->free_list.v[i].off += need;
+        f->free_list.v[i].len -= need;
+    }
+    tsr__ranges_insert(&f->used, tsr__ranges_upper(&f->used, blk.off), blk);
+    f->free_bytes -= need;
+    *out = f->base + blk.off;
+done:
+    pthread_mutex_unlock(&f->lock);
+    return st;
+}
+
+static void tsr__fenced_buffer_free(tsr_backend *be, void *ptr) {
+    tsr__fenced *f = TSR__F(be);
+    if (!ptr) return;
+    pthread_mutex_lock(&f->lock);
+    size_t off = tsr__in_arena(f, ptr) ? (size_t)((char *)ptr - f->base) : SIZE_MAX;
+    size_t i = off == SIZE_MAX ? 0 : tsr__ranges_upper(&f->used, off);
+    if (off == SIZE_MAX || i == 0 || f->used.v[i - 1].off != off) {
+        /* Not a live buffer of this arena (a host pointer, or a second free): ignoring it
+         * keeps the allocator whole; one line says the caller has a bug. */
+        if (!f->bad_free_reported)
+            TSR_LOG_WARN("cpu-fenced: buffer_free of %p, which is not a live device buffer "
+                         "(double free or foreign pointer): ignored; further ones silently",
+                         ptr);
+        f->bad_free_reported = true;
+        pthread_mutex_unlock(&f->lock);
+        return;
+    }
+    tsr__range blk = f->used.v[i - 1];
+    tsr__ranges_remove(&f->used, i - 1);
+    /* The pages go back to the host; the next owner gets zeros (contents are undefined
+     * anyway). Advice only: failing leaves them resident, nothing worse. */
+    (void)madvise(f->base + blk.off, blk.len, MADV_DONTNEED);
+    f->free_bytes += blk.len;
+    tsr__ranges *fl = &f->free_list;
+    size_t j = tsr__ranges_upper(fl, blk.off);
+    bool prev = j > 0 && fl->v[j - 1].off + fl->v[j - 1].len == blk.off;
+    bool next = j < fl->n && blk.off + blk.len == fl->v[j].off;
+    if (prev && next) {
+        fl->v[j - 1].len += blk.len + fl->v[j].len;
+        tsr__ranges_remove(fl, j);
+    } else if (prev) {
+        fl->v[j - 1].len += blk.len;
+    } else if (next) {
+        fl->v[j].off = blk.off;
+        fl->v[j].len += blk.len;
+    } else {
+        tsr__ranges_insert(fl, j, blk); /* capacity reserved at allocation */
+    }
+    pthread_mutex_unlock(&f->lock);
+}
+
+static tsr_status tsr__fenced_host_alloc(tsr_backend *be, size_t bytes, bool pinned,
+                                         void **out) {
+    return TSR__INNER(be)->ops->host_alloc(TSR__INNER(be), bytes, pinned, out);
+}
+
+static void tsr__fenced_host_free(tsr_backend *be, void *ptr) {
+    TSR__INNER(be)->ops->host_free(TSR__INNER(be), ptr);
+}
+
+static tsr_status tsr__fenced_memory(tsr_backend *be, size_t *free_bytes,
+                                     size_t *total_bytes) {
+    tsr__fenced *f = TSR__F(be);
+    pthread_mutex_lock(&f->lock);
+    *free_bytes = f->free_bytes;
+    *total_bytes = f->size;
+    pthread_mutex_unlock(&f->lock);
+    return TSR_OK;
+}
+
+static tsr_status tsr__fenced_synchronize(tsr_backend *be) {
+    return TSR__INNER(be)->ops->synchronize(TSR__INNER(be));
+}
+
+static tsr_status tsr__fenced_upload(tsr_backend *be, void *dst, const void *src, size_t bytes,
+                                     tsr_stream *stream) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__dev(f, "upload", "dst", dst, bytes));
+    TSR_TRY(tsr__host(f, "upload", "src", src, bytes));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->upload(f->inner, dst, src, bytes, stream));
+}
+
+static tsr_status tsr__fenced_download(tsr_backend *be, void *dst, const void *src,
+                                       size_t bytes, tsr_stream *stream) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__dev(f, "download", "src", src, bytes));
+    TSR_TRY(tsr__host(f, "download", "dst", dst, bytes));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->download(f->inner, dst, src, bytes, stream));
+}
+
+static tsr_status tsr__fenced_copy(tsr_backend *be, void *dst, const void *src, size_t bytes) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__dev(f, "copy", "dst", dst, bytes));
+    TSR_TRY(tsr__dev(f, "copy", "src", src, bytes));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->copy(f->inner, dst, src, bytes));
+}
+
+static tsr_status tsr__fenced_memset(tsr_backend *be, void *dst, int byte, size_t bytes) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__dev(f, "memset", "dst", dst, bytes));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->memset(f->inner, dst, byte, bytes));
+}
+
+/* Streams and events are the CPU's: copies finish inside their calls. */
+static tsr_status tsr__fenced_stream_create(tsr_backend *be, tsr_stream **out) {
+    return TSR__INNER(be)->ops->stream_create(TSR__INNER(be), out);
+}
+
+static void tsr__fenced_stream_destroy(tsr_backend *be, tsr_stream *stream) {
+    TSR__INNER(be)->ops->stream_destroy(TSR__INNER(be), stream);
+}
+
+static tsr_status tsr__fenced_event_create(tsr_backend *be, tsr_event **out) {
+    return TSR__INNER(be)->ops->event_create(TSR__INNER(be), out);
+}
+
+static void tsr__fenced_event_destroy(tsr_backend *be, tsr_event *ev) {
+    TSR__INNER(be)->ops->event_destroy(TSR__INNER(be), ev);
+}
+
+static tsr_status tsr__fenced_event_record(tsr_backend *be, tsr_event *ev, tsr_stream *stream) {
+    return TSR__INNER(be)->ops->event_record(TSR__INNER(be), ev, stream);
+}
+
+static tsr_status tsr__fenced_stream_wait(tsr_backend *be, tsr_stream *stream, tsr_event *ev) {
+    return TSR__INNER(be)->ops->stream_wait(TSR__INNER(be), stream, ev);
+}
+
+static tsr_status tsr__fenced_event_sync(tsr_backend *be, tsr_event *ev) {
+    return TSR__INNER(be)->ops->event_sync(TSR__INNER(be), ev);
+}
+
+static const char *tsr__fenced_device_name(tsr_backend *be) {
+    (void)be;
+    return "cpu-fenced (CPU kernels on a host-inaccessible arena)";
+}
+
+/* ---- KV rows by slot ---- */
+
+static size_t tsr__rows_bytes(const tsr_kv_layout *lay, int64_t n) {
+    return tsr__bytes3(n, lay->row, (int64_t)sizeof(float));
+}
+
+static tsr_status tsr__fenced_kv_write(tsr_backend *be, const tsr_kv_layout *lay,
+                                       const int32_t *slots, int64_t n, const float *k,
+                                       const float *v) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__host(f, "kv_write", "slots", slots, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__dev_slots(f, "kv_write", lay, slots, n));
+    TSR_TRY(tsr__dev(f, "kv_write", "k", k, tsr__rows_bytes(lay, n)));
+    TSR_TRY(tsr__dev(f, "kv_write", "v", v, tsr__rows_bytes(lay, n)));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->kv_write(f->inner, lay, slots, n, k, v));
+}
+
+static tsr_status tsr__fenced_kv_copy(tsr_backend *be, const tsr_kv_layout *lay,
+                                      const int32_t *dst, const int32_t *src, int64_t n) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__host(f, "kv_copy", "dst slots", dst, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__host(f, "kv_copy", "src slots", src, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__dev_slots(f, "kv_copy", lay, dst, n));
+    TSR_TRY(tsr__dev_slots(f, "kv_copy", lay, src, n));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->kv_copy(f->inner, lay, dst, src, n));
+}
+
+static tsr_status tsr__fenced_kv_gather(tsr_backend *be, const tsr_kv_layout *lay,
+                                        const int32_t *slots, int64_t n, float *k, float *v,
+                                        tsr_stream *stream) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__host(f, "kv_gather", "slots", slots, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__dev_slots(f, "kv_gather", lay, slots, n));
+    TSR_TRY(tsr__host(f, "kv_gather", "k", k, tsr__rows_bytes(lay, n)));
+    TSR_TRY(tsr__host(f, "kv_gather", "v", v, tsr__rows_bytes(lay, n)));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->kv_gather(f->inner, lay, slots, n, k, v, stream));
+}
+
+static tsr_status tsr__fenced_kv_scatter(tsr_backend *be, const tsr_kv_layout *lay,
+                                         const int32_t *slots, int64_t n, const float *k,
+                                         const float *v, tsr_stream *stream) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__host(f, "kv_scatter", "slots", slots, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__dev_slots(f, "kv_scatter", lay, slots, n));
+    TSR_TRY(tsr__host(f, "kv_scatter", "k", k, tsr__rows_bytes(lay, n)));
+    TSR_TRY(tsr__host(f, "kv_scatter", "v", v, tsr__rows_bytes(lay, n)));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->kv_scatter(f->inner, lay, slots, n, k, v, stream));
+}
+
+/* ---- compute ---- */
+
+static tsr_status tsr__dev_tensor(tsr__fenced *f, const char *op, const char *arg,
+                                  const tsr_tensor *w) {
+    return tsr__dev(f, op, arg, w->data, tsr__bytes3(w->rows, w->cols,
+                                                     (int64_t)tsr_dtype_size(w->dtype)));
+}
+
+static tsr_status tsr__fenced_matmul(tsr_backend *be, const float *x, int64_t n,
+                                     const tsr_tensor *w, float *y) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__dev_tensor(f, "matmul", "weight", w));
+    TSR_TRY(tsr__dev(f, "matmul", "x", x, tsr__bytes3(n, w->cols, sizeof(float))));
+    TSR_TRY(tsr__dev(f, "matmul", "y", y, tsr__bytes3(n, w->rows, sizeof(float))));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->matmul(f->inner, x, n, w, y));
+}
+
+static tsr_status tsr__fenced_matmul_parts(tsr_backend *be, const float *x, int64_t n,
+                                           const tsr_tensor *w, const int32_t *seg,
+                                           int n_parts, bool sum, float *y) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__dev_tensor(f, "matmul_parts", "weight", w));
+    TSR_TRY(tsr__dev(f, "matmul_parts", "x", x, tsr__bytes3(n, w->cols, sizeof(float))));
+    TSR_TRY(tsr__dev(f, "matmul_parts", "y", y,
+                     tsr__bytes3(sum ? 1 : n_parts, n * w->rows, sizeof(float))));
+    TSR_TRY(tsr__host(f, "matmul_parts", "seg", seg,
+                      tsr__bytes3(n_parts + 1, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f,
+                          f->inner->ops->matmul_parts(f->inner, x, n, w, seg, n_parts, sum, y));
+}
+
+static tsr_status tsr__fenced_rmsnorm(tsr_backend *be, const float *x, const tsr_tensor *w,
+                                      int64_t n, int dim, float eps, float *out) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__dev_tensor(f, "rmsnorm", "weight", w));
+    TSR_TRY(tsr__dev(f, "rmsnorm", "x", x, tsr__bytes3(n, dim, sizeof(float))));
+    TSR_TRY(tsr__dev(f, "rmsnorm", "out", out, tsr__bytes3(n, dim, sizeof(float))));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->rmsnorm(f->inner, x, w, n, dim, eps, out));
+}
+
+static tsr_status tsr__fenced_rope(tsr_backend *be, float *x, const int32_t *pos, int64_t n,
+                                   int n_heads, const tsr_model_config *cfg) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__dev(f, "rope", "x", x,
+                     tsr__bytes3(n, (int64_t)n_heads * cfg->head_dim, sizeof(float))));
+    TSR_TRY(tsr__host(f, "rope", "pos", pos, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->rope(f->inner, x, pos, n, n_heads, cfg));
+}
+
+static tsr_status tsr__fenced_swiglu(tsr_backend *be, float *gate, const float *up, int64_t n) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__dev(f, "swiglu", "gate", gate, tsr__bytes3(n, 1, sizeof(float))));
+    TSR_TRY(tsr__dev(f, "swiglu", "up", up, tsr__bytes3(n, 1, sizeof(float))));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->swiglu(f->inner, gate, up, n));
+}
+
+static tsr_status tsr__fenced_add(tsr_backend *be, float *x, const float *y, int64_t n) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__dev(f, "add", "x", x, tsr__bytes3(n, 1, sizeof(float))));
+    TSR_TRY(tsr__dev(f, "add", "y", y, tsr__bytes3(n, 1, sizeof(float))));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->add(f->inner, x, y, n));
+}
+
+static tsr_status tsr__fenced_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t *ids,
+                                    int64_t n, float *out) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__dev_tensor(f, "embed", "weight", emb));
+    TSR_TRY(tsr__host(f, "embed", "ids", ids, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__dev(f, "embed", "out", out, tsr__bytes3(n, emb->cols, sizeof(float))));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->embed(f->inner, emb, ids, n, out));
+}
+
+static tsr_status tsr__fenced_attention(tsr_backend *be, const tsr_attn_args *a) {
+    tsr__fenced *f = TSR__F(be);
+    const char *op = "attention";
+    int64_t q_row = (int64_t)a->n_heads * a->head_dim;
+    int64_t kv_dim = (int64_t)a->n_kv_heads * a->head_dim;
+    TSR_TRY(tsr__host(f, op, "args", a, sizeof *a));
+    TSR_TRY(tsr__dev(f, op, "q", a->q, tsr__bytes3(a->n_q, q_row, sizeof(float))));
+    TSR_TRY(tsr__dev(f, op, "out", a->out, tsr__bytes3(a->n_q, q_row, sizeof(float))));
+    TSR_TRY(tsr__host(f, op, "q_pos", a->q_pos, tsr__bytes3(a->n_q, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__host(f, op, "spans", a->spans,
+                      tsr__bytes3(a->n_spans, 1, sizeof(tsr_kv_span))));
+    int64_t keys = 0;
+    for (int s = 0; s < a->n_spans; s++) {
+        const tsr_kv_span *sp = &a->spans[s];
+        if (sp->n <= 0) continue;
+        /* the last row is kv_dim floats, the others stride apart */
+        size_t bytes = tsr__bytes3(sp->n - 1, sp->stride, sizeof(float));
+        size_t last = tsr__bytes3(kv_dim, 1, sizeof(float));
+        bytes = bytes > SIZE_MAX - last ? SIZE_MAX : bytes + last;
+        TSR_TRY(tsr__dev(f, op, "span k", sp->k, bytes));
+        TSR_TRY(tsr__dev(f, op, "span v", sp->v, bytes));
+        TSR_TRY(tsr__host(f, op, "span pos", sp->pos, tsr__bytes3(sp->n, 1, sizeof(int32_t))));
+        keys += sp->n;
+    }
+    if (a->key_scores)
+        TSR_TRY(tsr__dev(f, op, "key_scores", a->key_scores,
+                         tsr__bytes3(a->n_heads, keys, sizeof(float))));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->attention(f->inner, a));
+}
+
+/* ---- creation ---- */
+
+static void tsr__fenced_destroy(tsr_backend *be) {
+    if (!be) return;
+    tsr__fenced *f = be->ctx;
+    if (f) {
+        if (f->base) munmap(f->base, f->size);
+        tsr_backend_destroy(f->inner);
+        tsr_free(f->free_list.v);
+        tsr_free(f->used.v);
+        pthread_mutex_destroy(&f->lock);
+        tsr_free(f);
+    }
+    tsr_free(be);
+}
+
+static const tsr_backend_ops tsr__fenced_ops = {
+    .name = "cpu-fenced",
+    .destroy = tsr__fenced_destroy,
+    .buffer_alloc = tsr__fenced_buffer_alloc,
+    .buffer_free = tsr__fenced_buffer_free,
+    .host_alloc = tsr__fenced_host_alloc,
+    .host_free = tsr__fenced_host_free,
+    .memory = tsr__fenced_memory,
+    .synchronize = tsr__fenced_synchronize,
+    .upload = tsr__fenced_upload,
+    .download = tsr__fenced_download,
+    .copy = tsr__fenced_copy,
+    .memset = tsr__fenced_memset,
+    .stream_create = tsr__fenced_stream_create,
+    .stream_destroy = tsr__fenced_stream_destroy,
+    .event_create = tsr__fenced_event_create,
+    .event_destroy = tsr__fenced_event_destroy,
+    .event_record = tsr__fenced_event_record,
+    .stream_wait = tsr__fenced_stream_wait,
+    .event_sync = tsr__fenced_event_sync,
+    .device_name = tsr__fenced_device_name,
+    .kv_write = tsr__fenced_kv_write,
+    .kv_copy = tsr__fenced_kv_copy,
+    .kv_gather = tsr__fenced_kv_gather,
+    .kv_scatter = tsr__fenced_kv_scatter,
+    .matmul = tsr__fenced_matmul,
+    .rmsnorm = tsr__fenced_rmsnorm,
+    .rope = tsr__fenced_rope,
+    .swiglu = tsr__fenced_swiglu,
+    .add = tsr__fenced_add,
+    .embed = tsr__fenced_embed,
+    .attention = tsr__fenced_attention,
+    .matmul_parts = tsr__fenced_matmul_parts,
+};
+
+/* TSR_FENCED_MEMORY: digits with an optional K/M/G/T suffix (powers of 1024). */
+static tsr_status tsr__fenced_env_size(const char *s, size_t *out) {
+    const char *p = s;
+    while (isspace((unsigned char)*p)) p++;
+    if (!isdigit((unsigned char)*p)) goto bad;
+    errno = 0;
+    char *end = NULL;
+    unsigned long long v = strtoull(p, &end, 10);
+    if (errno) goto bad;
+    unsigned shift = 0;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': shift = 10; end++; break;
+    case 'M': shift = 20; end++; break;
+    case 'G': shift = 30; end++; break;
+    case 'T': shift = 40; end++; break;
+    default: break;
+    }
+    if (*end == 'B' || *end == 'b') end++; /* "4G" or "4GB" */
+    while (isspace((unsigned char)*end)) end++;
+    if (*end || v == 0 || v > (SIZE_MAX >> shift)) goto bad;
+    *out = (size_t)v << shift;
+    return TSR_OK;
+bad:
+    return tsr_error_set(TSR_ERR_INVALID,
+                         "cpu-fenced: TSR_FENCED_MEMORY='%s' is not a size (a positive number "
+                         "of bytes, optionally with a K, M, G or T suffix)",
+                         s);
+}
+
+static tsr_status tsr__fenced_default_size(size_t *out) {
+    const char *env = getenv("TSR_FENCED_MEMORY");
+    if (env) return tsr__fenced_env_size(env, out);
+    size_t size = TSR__FENCE_DEFAULT;
+    int64_t avail = tsr_sys_mem_available();
+    if (avail > 0 && (uint64_t)avail / 2 < size) size = (size_t)(avail / 2);
+    *out = size;
+    return TSR_OK;
+}
+
+tsr_status tsr_backend_fenced_create(int threads, size_t arena_bytes, tsr_backend **out) {
+    *out = NULL;
+    size_t size = arena_bytes;
+    if (size == 0) TSR_TRY(tsr__fenced_default_size(&size));
+    if (size > SIZE_MAX - TSR__FENCE_PAGE)
+        return tsr_error_set(TSR_ERR_INVALID, "cpu-fenced: arena of %zu bytes is too large",
+                             size);
+    size = (size + TSR__FENCE_PAGE - 1) & ~(TSR__FENCE_PAGE - 1);
+    tsr_backend *inner = NULL;
+    TSR_TRY(tsr_backend_cpu_create(threads, &inner));
+    tsr_backend *be = tsr_calloc(1, sizeof *be);
+    tsr__fenced *f = tsr_calloc(1, sizeof *f);
+    if (!be || !f || !tsr__ranges_reserve(&f->free_list, 2) ||
+        !tsr__ranges_reserve(&f->used, 1)) {
+        if (f) {
+            tsr_free(f->free_list.v);
+            tsr_free(f->used.v);
+        }
+        tsr_free(be);
+        tsr_free(f);
+        tsr_backend_destroy(inner);
+        return TSR_ERR_NOMEM;
+    }
+    void *base = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) {
+        tsr_status st = tsr_error_set(TSR_ERR_NOMEM,
+                                      "cpu-fenced: cannot reserve an arena of %zu bytes (mmap: "
+                                      "%s); set TSR_FENCED_MEMORY smaller",
+                                      size, strerror(errno));
+        tsr_free(f->free_list.v);
+        tsr_free(f->used.v);
+        tsr_free(f);
+        tsr_free(be);
+        tsr_backend_destroy(inner);
+        return st;
+    }
+    pthread_mutex_init(&f->lock, NULL);
+    f->inner = inner;
+    f->base = base;
+    f->size = size;
+    f->free_list.v[0] = (tsr__range){0, size, 0};
+    f->free_list.n = 1;
+    f->free_bytes = size;
+    be->ops = &tsr__fenced_ops;
+    be->ctx = f;
+    be->device = -1;
+    be->threads = inner->threads;
+    be->host_memory = false;
+    TSR_LOG_DEBUG("cpu-fenced: %d threads, arena of %zu MiB", be->threads, size >> 20);
+    *out = be;
+    return TSR_OK;
 }

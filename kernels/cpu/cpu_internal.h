@@ -12,8 +12,17 @@
 /* Largest head_dim the attention and rope kernels keep on the stack. */
 #define TSR__CPU_MAX_HEAD_DIM 512
 
+/* A buffer_alloc buffer from tsr_malloc_huge: tsr_free_huge needs its size back. */
+typedef struct tsr__cpu_huge {
+    void *ptr;
+    size_t bytes;
+} tsr__cpu_huge;
+
 typedef struct tsr__cpu_ctx {
     int threads;
+    /* Live huge-page buffers (buffer_alloc of >= 2 MiB: weights, KV stores), unordered. */
+    tsr__cpu_huge *huge;
+    size_t n_huge, huge_cap;
     /* Prefill scratch: a panel of BF16/F16 weight rows converted to f32. */
     float *panel;
     size_t panel_cap; /* floats */

@@ -1,8 +1,15 @@
-/* Every op of every built backend against the CPU backend (llama.cpp's test-backend-ops).
- * The reference is the CPU backend on one thread; the backends under test are the CPU on
- * three threads and, when built and a device answers, CUDA. Without a GPU the CUDA half is
- * skipped with a line saying so. Inputs are seeded pseudo-random; each comparison prints
- * its worst error against a tolerance scaled to the op's magnitudes. */
+/* Every op of the backend interface on every backend present, against the CPU backend
+ * (llama.cpp's test-backend-ops). The reference is the CPU backend on one thread; the
+ * backends under test are the CPU on three threads, the fenced CPU device ("cpu-fenced":
+ * its memory faults on a host read) and, when built and a device answers, CUDA. A backend
+ * that is not there is skipped with a line saying so.
+ *
+ * The test is device-correct by construction, reference included: inputs go to backend
+ * memory with upload (weights with tsr_backend_place_tensor), results come back with
+ * download, and only the metadata the contract calls host memory (positions, ids, slot
+ * lists, spans) stays on the host. Inputs are seeded pseudo-random; each comparison prints
+ * its worst error against a tolerance scaled to the op's magnitudes (memory and KV row ops:
+ * bit-exact). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,11 +20,8 @@
 #include "base/alloc.h"
 #include "base/dtype.h"
 #include "tests/test.h"
-#ifdef TSR_HAVE_CUDA
-#include "kernels/cuda/backend_cuda.h"
-#endif
 
-#define MAX_TARGETS 2
+#define MAX_TARGETS 3
 
 /* ---- backends: the reference and the ones under test ---- */
 
@@ -28,27 +32,66 @@ typedef struct targets {
     int n;
 } targets;
 
-static int cuda_note_printed;
+static int notes_printed;
+
+/* The calls every backend implements (backend.h): a missing one is a failure here, not a
+ * NULL call later. */
+static tsr_status check_vtable(const tsr_backend *be) {
+    const tsr_backend_ops *o = be->ops;
+#define REQ(op) {#op, o->op != NULL}
+    const struct {
+        const char *name;
+        int present;
+    } req[] = {REQ(destroy),       REQ(buffer_alloc), REQ(buffer_free),    REQ(host_alloc),
+               REQ(host_free),     REQ(memory),       REQ(synchronize),    REQ(upload),
+               REQ(download),      REQ(copy),         REQ(memset),         REQ(stream_create),
+               REQ(stream_destroy), REQ(event_create), REQ(event_destroy), REQ(event_record),
+               REQ(stream_wait),   REQ(event_sync),   REQ(kv_write),       REQ(kv_copy),
+               REQ(kv_gather),     REQ(kv_scatter),   REQ(matmul),         REQ(rmsnorm),
+               REQ(rope),          REQ(swiglu),       REQ(add),            REQ(embed),
+               REQ(attention)};
+#undef REQ
+    for (size_t i = 0; i < sizeof req / sizeof req[0]; i++)
+        if (!req[i].present)
+            return tsr_error_set(TSR_ERR_INTERNAL, "backend %s: no %s in its vtable", o->name,
+                                 req[i].name);
+    if (!o->host_register != !o->host_unregister)
+        return tsr_error_set(TSR_ERR_INTERNAL, "backend %s: host_register without "
+                             "host_unregister (or the reverse)", o->name);
+    return TSR_OK;
+}
 
 static tsr_status targets_open(targets *t) {
+    static const struct {
+        const char *name;
+        const char *label;
+        int threads;
+        int optional; /* any failure to create is a skip (no GPU), not only UNSUPPORTED */
+    } tried[MAX_TARGETS] = {{"cpu", "cpu/3", 3, 0},
+                            {"cpu-fenced", "fenced", 3, 0},
+                            {"cuda", "cuda", 1, 1}};
     memset(t, 0, sizeof *t);
     TSR_TRY(tsr_backend_cpu_create(1, &t->ref));
-    TSR_TRY(tsr_backend_cpu_create(3, &t->be[t->n]));
-    t->label[t->n++] = "cpu/3";
-#ifdef TSR_HAVE_CUDA
-    if (tsr_backend_cuda_create(0, &t->be[t->n]) == TSR_OK) {
-        t->label[t->n++] = "cuda";
-        if (!cuda_note_printed++)
-            printf("test_backend_ops: CUDA backend on %s\n",
-                   tsr_backend_cuda_device_name(t->be[t->n - 1]));
-    } else if (!cuda_note_printed++) {
-        printf("test_backend_ops: CUDA backend not available (%s): skipped CUDA\n",
-               tsr_last_error());
+    TSR_TRY(check_vtable(t->ref));
+    for (int i = 0; i < MAX_TARGETS; i++) {
+        tsr_backend *be = NULL;
+        tsr_status st = tsr_backend_create(tried[i].name, tried[i].threads, &be);
+        if (st == TSR_OK) {
+            t->be[t->n] = be;
+            t->label[t->n++] = tried[i].label;
+            TSR_TRY(check_vtable(be));
+            if (!notes_printed)
+                printf("test_backend_ops: backend %s on %s\n", tried[i].name,
+                       be->ops->device_name ? be->ops->device_name(be) : be->ops->name);
+        } else if (st == TSR_ERR_UNSUPPORTED || tried[i].optional) {
+            if (!notes_printed)
+                printf("test_backend_ops: backend %s not available (%s): skipped\n",
+                       tried[i].name, tsr_last_error());
+        } else {
+            return st;
+        }
     }
-#else
-    if (!cuda_note_printed++)
-        printf("test_backend_ops: built without CUDA (TESSERA_CUDA=OFF): skipped CUDA\n");
-#endif
+    notes_printed = 1;
     tsr_error_clear();
     return TSR_OK;
 }
@@ -58,53 +101,43 @@ static void targets_close(targets *t) {
     for (int i = 0; i < t->n; i++) tsr_backend_destroy(t->be[i]);
 }
 
-static int on_device(const tsr_backend *be) {
-    return be->device >= 0;
+/* Backend b of the set: -1 is the reference. */
+static tsr_backend *target(const targets *t, int b) {
+    return b < 0 ? t->ref : t->be[b];
 }
 
 /* Backend memory holding a copy of `bytes` of host data (or uninitialized when src NULL). */
 static void *be_dup(tsr_backend *be, const void *src, size_t bytes) {
     void *p = NULL;
     if (be->ops->buffer_alloc(be, bytes, &p) != TSR_OK) return NULL;
-    if (!src) return p;
-#ifdef TSR_HAVE_CUDA
-    if (on_device(be)) {
-        if (tsr_backend_cuda_set(be, p, src, bytes) != TSR_OK) {
-            be->ops->buffer_free(be, p);
-            return NULL;
-        }
-        return p;
+    if (src && tsr_backend_upload(be, p, src, bytes) != TSR_OK) {
+        be->ops->buffer_free(be, p);
+        return NULL;
     }
-#endif
-    memcpy(p, src, bytes);
     return p;
 }
 
 static tsr_status be_read(tsr_backend *be, void *dst, const void *src, size_t bytes) {
     TSR_TRY(be->ops->synchronize(be));
-#ifdef TSR_HAVE_CUDA
-    if (on_device(be)) return tsr_backend_cuda_get(be, dst, src, bytes);
-#endif
-    memcpy(dst, src, bytes);
-    return TSR_OK;
+    return tsr_backend_download(be, dst, src, bytes);
 }
 
 static void be_release(tsr_backend *be, const void *p) {
     if (p) be->ops->buffer_free(be, (void *)p);
 }
 
-/* The tensor as the backend reads weights: host tensors for the CPU, uploaded otherwise. */
-static tsr_status be_tensor(tsr_backend *be, const tsr_tensor *host, tsr_tensor *out) {
-    *out = *host;
-    if (!on_device(be)) return TSR_OK;
-    void *p = be_dup(be, host->data, tsr_tensor_bytes(host));
-    if (!p) return tsr_error_set(TSR_ERR_NOMEM, "test: cannot place a weight on %s", be->ops->name);
-    out->data = p;
-    return TSR_OK;
+/* A weight as the forward pass hands it to the ops: placed in backend memory. */
+typedef struct placed {
+    tsr_tensor t;
+    bool copied;
+} placed;
+
+static tsr_status be_tensor(tsr_backend *be, const tsr_tensor *host, placed *out) {
+    return tsr_backend_place_tensor(be, host, &out->t, &out->copied);
 }
 
-static void be_tensor_release(tsr_backend *be, tsr_tensor *t) {
-    if (on_device(be)) be_release(be, t->data);
+static void be_tensor_release(tsr_backend *be, placed *p) {
+    if (p->copied) be_release(be, p->t.data);
 }
 
 /* ---- inputs and comparison ---- */
@@ -156,7 +189,311 @@ static double compare(const char *what, const char *label, const float *got, con
     return worst;
 }
 
-/* ---- ops ---- */
+/* Bit-exact comparison (memory and KV row ops move bytes, they compute nothing). */
+static int same_bytes(const char *what, const char *label, const void *got, const void *want,
+                      size_t bytes) {
+    const unsigned char *g = got, *w = want;
+    size_t first = bytes;
+    for (size_t i = 0; i < bytes; i++)
+        if (g[i] != w[i]) {
+            first = i;
+            break;
+        }
+    if (first == bytes)
+        printf("  %-44s %-6s %zu bytes identical\n", what, label, bytes);
+    else
+        printf("  %-44s %-6s FIRST DIFFERENCE at byte %zu of %zu\n", what, label, first, bytes);
+    return first == bytes;
+}
+
+/* ---- memory ---- */
+
+/* buffer_alloc/free (small and huge-page sized), host_alloc/free (pinned and plain),
+ * memory(), host_register, stream_handle and device_name on one backend. */
+static void check_memory_calls(tsr_backend *be, const char *label) {
+    size_t fr0 = 0, total = 0, fr1 = 0, total1 = 0;
+    ASSERT_OK(be->ops->memory(be, &fr0, &total));
+    ASSERT_TRUE(total > 0 && fr0 <= total);
+    /* 3 MiB: the CPU backend's huge-page path; a pattern round-trips through it */
+    const size_t big = (size_t)3 << 20;
+    unsigned char *pat = NULL, *back = NULL;
+    ASSERT_OK(be->ops->host_alloc(be, big, true, (void **)&pat));
+    ASSERT_OK(be->ops->host_alloc(be, big, false, (void **)&back));
+    for (size_t i = 0; i < big; i++) pat[i] = (unsigned char)(i * 131 + (i >> 12));
+    void *d = NULL, *small = NULL;
+    ASSERT_OK(be->ops->buffer_alloc(be, big, &d));
+    ASSERT_OK(be->ops->buffer_alloc(be, 100, &small));
+    ASSERT_TRUE(((uintptr_t)d & 63) == 0 && ((uintptr_t)small & 63) == 0);
+    ASSERT_OK(be->ops->memory(be, &fr1, &total1));
+    ASSERT_EQ_INT(total1, total);
+    /* Device memory is the backend's own: the big buffer shows (the CPU's figure is the
+     * host's MemAvailable, which moves with everything else on the machine). */
+    if (!be->host_memory) ASSERT_TRUE(fr1 + big <= fr0);
+    ASSERT_OK(tsr_backend_upload(be, d, pat, big));
+    ASSERT_OK(tsr_backend_upload(be, small, pat + 7, 100));
+    memset(back, 0, big);
+    ASSERT_OK(be_read(be, back, d, big));
+    ASSERT_TRUE(same_bytes("buffer 3 MiB upload/download", label, back, pat, big));
+    ASSERT_OK(be_read(be, back, small, 100));
+    ASSERT_TRUE(same_bytes("buffer 100 B upload/download", label, back, pat + 7, 100));
+    be->ops->buffer_free(be, d);
+    be->ops->buffer_free(be, small);
+    be->ops->buffer_free(be, NULL); /* a no-op, as free(NULL) */
+    if (!be->host_memory) {
+        ASSERT_OK(be->ops->memory(be, &fr1, &total1));
+        ASSERT_TRUE(fr1 + big / 2 >= fr0); /* given back */
+    }
+    /* host_register (optional): a buffer made elsewhere, pinned, copied from on a stream */
+    if (be->ops->host_register) {
+        unsigned char *h = tsr_malloc(4096);
+        ASSERT_TRUE(h != NULL);
+        memcpy(h, pat, 4096);
+        ASSERT_OK(be->ops->host_register(be, h, 4096));
+        tsr_stream *s = NULL;
+        ASSERT_OK(be->ops->stream_create(be, &s));
+        ASSERT_OK(be->ops->buffer_alloc(be, 4096, &d));
+        ASSERT_OK(be->ops->upload(be, d, h, 4096, s));
+        tsr_event *ev = NULL;
+        ASSERT_OK(be->ops->event_create(be, &ev));
+        ASSERT_OK(be->ops->event_record(be, ev, s));
+        ASSERT_OK(be->ops->event_sync(be, ev));
+        ASSERT_OK(be_read(be, back, d, 4096));
+        ASSERT_TRUE(same_bytes("host_register + stream upload", label, back, pat, 4096));
+        be->ops->event_destroy(be, ev);
+        be->ops->stream_destroy(be, s);
+        be->ops->buffer_free(be, d);
+        be->ops->host_unregister(be, h);
+        tsr_free(h);
+    }
+    if (be->ops->stream_handle) (void)be->ops->stream_handle(be);
+    if (be->ops->device_name) ASSERT_TRUE(strlen(be->ops->device_name(be)) > 0);
+    be->ops->host_free(be, pat);
+    be->ops->host_free(be, back);
+}
+
+TSR_TEST(test_memory) {
+    targets t;
+    ASSERT_OK(targets_open(&t));
+    for (int b = -1; b < t.n; b++) {
+        if (tsr_test_failed_flag) break;
+        check_memory_calls(target(&t, b), b < 0 ? "cpu/1" : t.label[b]);
+    }
+    targets_close(&t);
+}
+
+/* One sequence of copies: sync and stream uploads, a stream ordered after another by an
+ * event, copy, memset, then downloads on a stream and sync. out gets 3 x n floats. */
+static void copy_sequence(tsr_backend *be, const float *src, size_t n, float *out) {
+    size_t bytes = n * sizeof(float);
+    float *pinned = NULL, *back = NULL;
+    ASSERT_OK(be->ops->host_alloc(be, bytes, true, (void **)&pinned));
+    ASSERT_OK(be->ops->host_alloc(be, 3 * bytes, true, (void **)&back));
+    memcpy(pinned, src, bytes);
+    float *a = be_dup(be, NULL, bytes), *b = be_dup(be, NULL, bytes), *c = be_dup(be, NULL, bytes);
+    ASSERT_TRUE(a && b && c);
+    tsr_stream *s1 = NULL, *s2 = NULL;
+    tsr_event *up = NULL, *done = NULL;
+    ASSERT_OK(be->ops->stream_create(be, &s1));
+    ASSERT_OK(be->ops->stream_create(be, &s2));
+    ASSERT_OK(be->ops->event_create(be, &up));
+    ASSERT_OK(be->ops->event_create(be, &done));
+    /* a <- src on stream 1; the compute stream waits for it, then copies and sets */
+    ASSERT_OK(be->ops->upload(be, a, pinned, bytes, s1));
+    ASSERT_OK(be->ops->event_record(be, up, s1));
+    ASSERT_OK(be->ops->stream_wait(be, NULL, up));
+    ASSERT_OK(tsr_backend_copy(be, b, a, bytes));
+    ASSERT_OK(be->ops->memset(be, b + n / 3, 0x41, (n / 3) * sizeof(float) + 2));
+    /* c <- src shifted, synchronous upload of an odd byte count at an odd offset */
+    ASSERT_OK(be->ops->memset(be, c, 0, bytes));
+    ASSERT_OK(tsr_backend_upload(be, (char *)c + 5, (const char *)src + 3, bytes - 17));
+    ASSERT_OK(tsr_backend_copy(be, c + n / 2, a + 3, (n / 4) * sizeof(float)));
+    /* downloads: b on stream 2 after the compute stream's work (an event recorded on the
+     * compute stream), a and c synchronously */
+    ASSERT_OK(be->ops->event_record(be, done, NULL));
+    ASSERT_OK(be->ops->stream_wait(be, s2, done));
+    ASSERT_OK(be->ops->download(be, back + n, b, bytes, s2));
+    ASSERT_OK(be->ops->event_record(be, done, s2));
+    ASSERT_OK(be->ops->event_sync(be, done));
+    ASSERT_OK(tsr_backend_download(be, back, a, bytes));
+    ASSERT_OK(tsr_backend_download(be, back + 2 * n, c, bytes));
+    memcpy(out, back, 3 * bytes);
+    be->ops->event_destroy(be, up);
+    be->ops->event_destroy(be, done);
+    be->ops->stream_destroy(be, s1);
+    be->ops->stream_destroy(be, s2);
+    be_release(be, a);
+    be_release(be, b);
+    be_release(be, c);
+    be->ops->host_free(be, pinned);
+    be->ops->host_free(be, back);
+}
+
+TSR_TEST(test_copies) {
+    targets t;
+    ASSERT_OK(targets_open(&t));
+    const size_t n = 50000;
+    float *src = rand_floats(n, 3.0f);
+    float *want = tsr_malloc(3 * n * sizeof(float)), *got = tsr_malloc(3 * n * sizeof(float));
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        copy_sequence(target(&t, b), src, n, b < 0 ? want : got);
+        if (b >= 0)
+            ASSERT_TRUE(same_bytes("upload/copy/memset/download, streams", t.label[b], got, want,
+                                   3 * n * sizeof(float)));
+    }
+    /* and the reference itself did what the sequence says */
+    ASSERT_TRUE(memcmp(want, src, n * sizeof(float)) == 0);
+    unsigned char set[4];
+    memcpy(set, &want[n + n / 3], 4);
+    ASSERT_TRUE(set[0] == 0x41 && set[3] == 0x41);
+    tsr_free(src);
+    tsr_free(want);
+    tsr_free(got);
+    targets_close(&t);
+}
+
+/* ---- KV rows by slot ---- */
+
+/* A store of n_slots slots: paged (blocks of `block` slots, K rows then V rows of a block
+ * side by side) or dense (block = n_slots, K and V in two buffers). */
+typedef struct kv_store {
+    float *k_buf, *v_buf; /* backend memory (v_buf NULL when paged) */
+    size_t floats;        /* per buffer */
+    tsr_kv_layout lay;
+} kv_store;
+
+static tsr_status kv_store_make(tsr_backend *be, int paged, int32_t n_slots, int32_t block,
+                                int32_t row, kv_store *s) {
+    memset(s, 0, sizeof *s);
+    if (paged) {
+        int32_t blocks = (n_slots + block - 1) / block;
+        s->floats = (size_t)blocks * 2 * (size_t)block * (size_t)row;
+        s->k_buf = be_dup(be, NULL, s->floats * sizeof(float));
+        if (!s->k_buf) return TSR_ERR_NOMEM;
+        s->lay = (tsr_kv_layout){.k = s->k_buf,
+                                 .v = s->k_buf + (size_t)block * (size_t)row,
+                                 .block_stride = 2 * (int64_t)block * row,
+                                 .block = block,
+                                 .row = row};
+    } else {
+        s->floats = (size_t)n_slots * (size_t)row;
+        s->k_buf = be_dup(be, NULL, s->floats * sizeof(float));
+        s->v_buf = be_dup(be, NULL, s->floats * sizeof(float));
+        if (!s->k_buf || !s->v_buf) return TSR_ERR_NOMEM;
+        s->lay = (tsr_kv_layout){.k = s->k_buf, .v = s->v_buf, .block_stride = 0,
+                                 .block = n_slots, .row = row};
+    }
+    TSR_TRY(be->ops->memset(be, s->k_buf, 0, s->floats * sizeof(float)));
+    if (s->v_buf) TSR_TRY(be->ops->memset(be, s->v_buf, 0, s->floats * sizeof(float)));
+    return TSR_OK;
+}
+
+static void kv_store_free(tsr_backend *be, kv_store *s) {
+    be_release(be, s->k_buf);
+    be_release(be, s->v_buf);
+}
+
+enum { KV_SLOTS = 22, KV_ROW = 24, KV_BLOCK = 4, KV_N = 9 };
+
+/* kv_write of KV_N rows, kv_copy of a compaction (tail rows into holes, in order, one a
+ * no-op), kv_scatter (sync and on a stream), kv_gather (K and V, K only, V only, on a
+ * stream); out gets the store (K then V buffer) and the gathered rows, *count floats. */
+static void kv_sequence(tsr_backend *be, int paged, const float *rows_k, const float *rows_v,
+                        float *out, size_t *count) {
+    kv_store s;
+    size_t at = 0;
+    ASSERT_OK(kv_store_make(be, paged, KV_SLOTS, KV_BLOCK, KV_ROW, &s));
+    const size_t rb = KV_N * KV_ROW * sizeof(float);
+    float *dk = be_dup(be, rows_k, rb), *dv = be_dup(be, rows_v, rb);
+    ASSERT_TRUE(dk && dv);
+    /* slots 0..20 with holes; several blocks, unordered */
+    const int32_t wslots[KV_N] = {0, 5, 2, 9, 13, 17, 18, 20, 11};
+    ASSERT_OK(be->ops->kv_write(be, &s.lay, wslots, KV_N, dk, dv));
+    /* compaction: the tail (20, 18, 17) moves into holes (1, 3, 4); 9 stays; then a row
+     * is copied onward from a slot this same call has just filled (4 <- 17, 6 <- 4) */
+    const int32_t cdst[5] = {1, 3, 4, 9, 6}, csrc[5] = {20, 18, 17, 9, 4};
+    ASSERT_OK(be->ops->kv_copy(be, &s.lay, cdst, csrc, 5));
+    /* scatter host rows: two synchronously, two on a stream */
+    const int32_t sslots[4] = {21, 7, 12, 15};
+    ASSERT_OK(be->ops->kv_scatter(be, &s.lay, sslots, 2, rows_v, rows_k, NULL));
+    tsr_stream *st = NULL;
+    tsr_event *ev = NULL;
+    ASSERT_OK(be->ops->stream_create(be, &st));
+    ASSERT_OK(be->ops->event_create(be, &ev));
+    float *pin = NULL;
+    ASSERT_OK(be->ops->host_alloc(be, 4 * rb, true, (void **)&pin));
+    memcpy(pin, rows_k + 2 * KV_ROW, 2 * KV_ROW * sizeof(float));
+    memcpy(pin + 2 * KV_ROW, rows_v + 5 * KV_ROW, 2 * KV_ROW * sizeof(float));
+    ASSERT_OK(be->ops->kv_scatter(be, &s.lay, sslots + 2, 2, pin, pin + 2 * KV_ROW, st));
+    ASSERT_OK(be->ops->event_record(be, ev, st));
+    ASSERT_OK(be->ops->stream_wait(be, NULL, ev));
+    ASSERT_OK(be->ops->event_sync(be, ev));
+    /* the whole store */
+    ASSERT_OK(be_read(be, out + at, s.k_buf, s.floats * sizeof(float)));
+    at += s.floats;
+    if (s.v_buf) {
+        ASSERT_OK(be_read(be, out + at, s.v_buf, s.floats * sizeof(float)));
+        at += s.floats;
+    }
+    /* gathers into host rows: both, K only, V only (the other NULL), on a stream */
+    const int32_t gslots[6] = {1, 3, 6, 21, 15, 0};
+    ASSERT_OK(be->ops->kv_gather(be, &s.lay, gslots, 6, out + at, out + at + 6 * KV_ROW, NULL));
+    at += 12 * KV_ROW;
+    ASSERT_OK(be->ops->kv_gather(be, &s.lay, gslots, 3, out + at, NULL, NULL));
+    at += 3 * KV_ROW;
+    ASSERT_OK(be->ops->kv_gather(be, &s.lay, gslots + 3, 3, NULL, out + at, NULL));
+    at += 3 * KV_ROW;
+    memset(pin, 0, 4 * rb);
+    ASSERT_OK(be->ops->kv_gather(be, &s.lay, gslots, 6, pin, NULL, st));
+    ASSERT_OK(be->ops->event_record(be, ev, st));
+    ASSERT_OK(be->ops->event_sync(be, ev));
+    memcpy(out + at, pin, 6 * KV_ROW * sizeof(float));
+    at += 6 * KV_ROW;
+    be->ops->host_free(be, pin);
+    be->ops->event_destroy(be, ev);
+    be->ops->stream_destroy(be, st);
+    be_release(be, dk);
+    be_release(be, dv);
+    kv_store_free(be, &s);
+    *count = at;
+}
+
+TSR_TEST(test_kv_rows) {
+    targets t;
+    ASSERT_OK(targets_open(&t));
+    float *rk = rand_floats(KV_N * KV_ROW, 1.0f), *rv = rand_floats(KV_N * KV_ROW, 2.0f);
+    const size_t cap = 2 * 8 * KV_BLOCK * KV_ROW + 64 * KV_ROW;
+    float *want = tsr_calloc(cap, sizeof(float)), *got = tsr_calloc(cap, sizeof(float));
+    for (int paged = 0; paged < 2; paged++) {
+        size_t nw = 0;
+        for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+            size_t ng = 0;
+            kv_sequence(target(&t, b), paged, rk, rv, b < 0 ? want : got, &ng);
+            if (b < 0) {
+                nw = ng;
+                continue;
+            }
+            ASSERT_EQ_INT(ng, nw);
+            ASSERT_TRUE(same_bytes(paged ? "kv_write/copy/scatter/gather paged"
+                                         : "kv_write/copy/scatter/gather dense",
+                                   t.label[b], got, want, nw * sizeof(float)));
+        }
+        if (tsr_test_failed_flag) break;
+        /* the reference against the rows it was given: slot 6 got written slot 4's row via
+         * slot 17 (written from row 5 of the input) */
+        const float *k6 = paged ? want + (1 * 2 * KV_BLOCK + 2) * KV_ROW : want + 6 * KV_ROW;
+        ASSERT_TRUE(memcmp(k6, rk + 5 * KV_ROW, KV_ROW * sizeof(float)) == 0);
+        /* gathered K of slot 21: scattered from rows_v's row 0 */
+        size_t gather0 = paged ? 2 * 6 * KV_BLOCK * KV_ROW : 2 * KV_SLOTS * KV_ROW;
+        ASSERT_TRUE(memcmp(want + gather0 + 3 * KV_ROW, rv, KV_ROW * sizeof(float)) == 0);
+    }
+    tsr_free(rk);
+    tsr_free(rv);
+    tsr_free(want);
+    tsr_free(got);
+    targets_close(&t);
+}
+
+/* ---- compute ---- */
 
 static void check_matmul(tsr_dtype dt, int64_t n, int64_t rows, int64_t cols) {
     targets t;
@@ -167,7 +504,6 @@ static void check_matmul(tsr_dtype dt, int64_t n, int64_t rows, int64_t cols) {
     float *got = tsr_malloc((size_t)(n * rows) * sizeof(float));
     float *tol = tsr_malloc((size_t)(n * rows) * sizeof(float));
     tsr_tensor w = make_tensor(dt, rows, cols, wf);
-    ASSERT_OK(t.ref->ops->matmul(t.ref, x, n, &w, want));
     /* Bound per output: sum |w||x| times the rounding of the GEMM's inputs. F32 runs in
      * FP32 everywhere; BF16/F16 GEMMs on the GPU round x to the weight type first. */
     double eps = dt == TSR_F32 ? 2e-6 : dt == TSR_BF16 ? 8e-3 : 1.5e-3;
@@ -180,16 +516,17 @@ static void check_matmul(tsr_dtype dt, int64_t n, int64_t rows, int64_t cols) {
     char what[64];
     snprintf(what, sizeof what, "matmul %s n=%lld %lldx%lld", tsr_dtype_name(dt), (long long)n,
              (long long)rows, (long long)cols);
-    for (int b = 0; b < t.n; b++) {
-        tsr_backend *be = t.be[b];
-        tsr_tensor wd;
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        tsr_backend *be = target(&t, b);
+        placed wd;
         ASSERT_OK(be_tensor(be, &w, &wd));
         float *dx = be_dup(be, x, (size_t)(n * cols) * sizeof(float));
         float *dy = be_dup(be, NULL, (size_t)(n * rows) * sizeof(float));
         ASSERT_TRUE(dx && dy);
-        ASSERT_OK(be->ops->matmul(be, dx, n, &wd, dy));
-        ASSERT_OK(be_read(be, got, dy, (size_t)(n * rows) * sizeof(float)));
-        ASSERT_TRUE(compare(what, t.label[b], got, want, (size_t)(n * rows), tol, 0) <= 1.0);
+        ASSERT_OK(be->ops->matmul(be, dx, n, &wd.t, dy));
+        ASSERT_OK(be_read(be, b < 0 ? want : got, dy, (size_t)(n * rows) * sizeof(float)));
+        if (b >= 0)
+            ASSERT_TRUE(compare(what, t.label[b], got, want, (size_t)(n * rows), tol, 0) <= 1.0);
         be_release(be, dx);
         be_release(be, dy);
         be_tensor_release(be, &wd);
@@ -217,6 +554,79 @@ TSR_TEST(test_matmul_f16) {
     check_matmul(TSR_F16, 5, 48, 64);
 }
 
+/* matmul_parts over 3 segments that do not cover all of w's columns: parts against the
+ * reference's parts, sum against its sum, and on every backend the sum equal to its own
+ * parts added in order (the contract's bitwise promise). */
+static void check_matmul_parts(tsr_dtype dt, int64_t n, int64_t rows, int64_t cols) {
+    targets t;
+    ASSERT_OK(targets_open(&t));
+    enum { P = 3 };
+    const int32_t seg[P + 1] = {3, (int32_t)(cols / 3), (int32_t)(cols / 2 + 5),
+                                (int32_t)(cols - 2)};
+    size_t yn = (size_t)(n * rows);
+    float *wf = rand_floats((size_t)(rows * cols), 0.5f);
+    float *x = rand_floats((size_t)(n * cols), 1.0f);
+    float *want = tsr_malloc((P + 1) * yn * sizeof(float));
+    float *got = tsr_malloc((P + 1) * yn * sizeof(float));
+    float *tol = tsr_calloc((P + 1) * yn, sizeof(float));
+    tsr_tensor w = make_tensor(dt, rows, cols, wf);
+    double eps = dt == TSR_F32 ? 2e-6 : dt == TSR_BF16 ? 8e-3 : 1.5e-3;
+    for (int p = 0; p < P; p++)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t r = 0; r < rows; r++) {
+                double s = 0;
+                for (int64_t c = seg[p]; c < seg[p + 1]; c++)
+                    s += fabs(wf[r * cols + c] * x[i * cols + c]);
+                tol[(size_t)p * yn + (size_t)(i * rows + r)] = (float)(eps * s + 1e-6);
+                tol[(size_t)P * yn + (size_t)(i * rows + r)] += (float)(eps * s + 1e-6);
+            }
+    char what[80];
+    snprintf(what, sizeof what, "matmul_parts %s n=%lld %lldx%lld", tsr_dtype_name(dt),
+             (long long)n, (long long)rows, (long long)cols);
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        tsr_backend *be = target(&t, b);
+        if (!be->ops->matmul_parts) {
+            printf("  %-44s %-6s (no matmul_parts: skipped)\n", what, t.label[b]);
+            continue;
+        }
+        float *out = b < 0 ? want : got;
+        placed wd;
+        ASSERT_OK(be_tensor(be, &w, &wd));
+        float *dx = be_dup(be, x, (size_t)(n * cols) * sizeof(float));
+        float *dy = be_dup(be, NULL, (P + 1) * yn * sizeof(float));
+        ASSERT_TRUE(dx && dy);
+        ASSERT_OK(be->ops->matmul_parts(be, dx, n, &wd.t, seg, P, false, dy));
+        ASSERT_OK(be->ops->matmul_parts(be, dx, n, &wd.t, seg, P, true, dy + P * yn));
+        ASSERT_OK(be_read(be, out, dy, (P + 1) * yn * sizeof(float)));
+        for (size_t i = 0; i < yn; i++) {
+            float s = out[i];
+            for (int p = 1; p < P; p++) s += out[(size_t)p * yn + i];
+            if (memcmp(&s, &out[P * yn + i], sizeof s) != 0)
+                TSR_FAIL_("%s on %s: sum[%zu] = %.9g, the parts add to %.9g", what,
+                          b < 0 ? "cpu/1" : t.label[b], i, out[P * yn + i], s);
+        }
+        if (b >= 0)
+            ASSERT_TRUE(compare(what, t.label[b], got, want, (P + 1) * yn, tol, 0) <= 1.0);
+        be_release(be, dx);
+        be_release(be, dy);
+        be_tensor_release(be, &wd);
+    }
+    tsr_free((void *)w.data);
+    tsr_free(wf);
+    tsr_free(x);
+    tsr_free(want);
+    tsr_free(got);
+    tsr_free(tol);
+    targets_close(&t);
+}
+
+TSR_TEST(test_matmul_parts) {
+    check_matmul_parts(TSR_F32, 1, 40, 100);
+    check_matmul_parts(TSR_BF16, 1, 64, 130);
+    check_matmul_parts(TSR_BF16, 6, 50, 96);
+    check_matmul_parts(TSR_F16, 3, 33, 70);
+}
+
 static void check_rmsnorm(tsr_dtype dt, int64_t n, int dim, int in_place) {
     targets t;
     ASSERT_OK(targets_open(&t));
@@ -225,20 +635,21 @@ static void check_rmsnorm(tsr_dtype dt, int64_t n, int dim, int in_place) {
     float *want = tsr_malloc((size_t)(n * dim) * sizeof(float));
     float *got = tsr_malloc((size_t)(n * dim) * sizeof(float));
     tsr_tensor w = make_tensor(dt, 1, dim, wf);
-    ASSERT_OK(t.ref->ops->rmsnorm(t.ref, x, &w, n, dim, 1e-5f, want));
     char what[64];
     snprintf(what, sizeof what, "rmsnorm %s n=%lld dim=%d%s", tsr_dtype_name(dt), (long long)n, dim,
              in_place ? " in place" : "");
-    for (int b = 0; b < t.n; b++) {
-        tsr_backend *be = t.be[b];
-        tsr_tensor wd;
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        tsr_backend *be = target(&t, b);
+        placed wd;
         ASSERT_OK(be_tensor(be, &w, &wd));
         float *dx = be_dup(be, x, (size_t)(n * dim) * sizeof(float));
         float *dy = in_place ? dx : be_dup(be, NULL, (size_t)(n * dim) * sizeof(float));
         ASSERT_TRUE(dx && dy);
-        ASSERT_OK(be->ops->rmsnorm(be, dx, &wd, n, dim, 1e-5f, dy));
-        ASSERT_OK(be_read(be, got, dy, (size_t)(n * dim) * sizeof(float)));
-        ASSERT_TRUE(compare(what, t.label[b], got, want, (size_t)(n * dim), NULL, 2e-5) <= 1.0);
+        ASSERT_OK(be->ops->rmsnorm(be, dx, &wd.t, n, dim, 1e-5f, dy));
+        ASSERT_OK(be_read(be, b < 0 ? want : got, dy, (size_t)(n * dim) * sizeof(float)));
+        if (b >= 0)
+            ASSERT_TRUE(compare(what, t.label[b], got, want, (size_t)(n * dim), NULL, 2e-5) <=
+                        1.0);
         if (!in_place) be_release(be, dy);
         be_release(be, dx);
         be_tensor_release(be, &wd);
@@ -270,34 +681,23 @@ static void check_rope(int interleaved, int llama3, int head_dim, int n_heads, i
                             .rope_original_max_pos = 8192};
     const int64_t n = 7;
     size_t count = (size_t)(n * n_heads * head_dim);
-    int32_t pos[7] = {0, 1, 2, 17, 255, max_pos / 2, max_pos};
+    const int32_t pos[7] = {0, 1, 2, 17, 255, max_pos / 2, max_pos}; /* host memory */
     float *x = rand_floats(count, 1.0f);
     float *want = tsr_malloc(count * sizeof(float));
     float *got = tsr_malloc(count * sizeof(float));
-    memcpy(want, x, count * sizeof(float));
-    ASSERT_OK(t.ref->ops->rope(t.ref, want, pos, n, n_heads, &cfg));
     char what[64];
     snprintf(what, sizeof what, "rope %s%s hd=%d pos<=%d", interleaved ? "interleaved" : "halves",
              llama3 ? " llama3" : "", head_dim, max_pos);
     /* The angle pos * inv_freq is the same float on every backend; cos/sin of it may differ
      * by an ulp or two, of the result's magnitude (|x| < 1.5 here). */
-    for (int b = 0; b < t.n; b++) {
-        tsr_backend *be = t.be[b];
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        tsr_backend *be = target(&t, b);
         float *dx = be_dup(be, x, count * sizeof(float));
-        int32_t *dpos = be_dup(be, pos, sizeof pos);
-        ASSERT_TRUE(dx && dpos);
-        ASSERT_OK(be->ops->rope(be, dx, dpos, n, n_heads, &cfg));
-        ASSERT_OK(be_read(be, got, dx, count * sizeof(float)));
-        ASSERT_TRUE(compare(what, t.label[b], got, want, count, NULL, 2e-6) <= 1.0);
-        be_release(be, dx);
-        /* positions in host memory are accepted too (staged by device backends) */
-        dx = be_dup(be, x, count * sizeof(float));
         ASSERT_TRUE(dx != NULL);
         ASSERT_OK(be->ops->rope(be, dx, pos, n, n_heads, &cfg));
-        ASSERT_OK(be_read(be, got, dx, count * sizeof(float)));
-        ASSERT_TRUE(compare("  (host positions)", t.label[b], got, want, count, NULL, 2e-6) <= 1.0);
+        ASSERT_OK(be_read(be, b < 0 ? want : got, dx, count * sizeof(float)));
+        if (b >= 0) ASSERT_TRUE(compare(what, t.label[b], got, want, count, NULL, 2e-6) <= 1.0);
         be_release(be, dx);
-        be_release(be, dpos);
     }
     tsr_free(x);
     tsr_free(want);
@@ -316,29 +716,24 @@ TSR_TEST(test_swiglu_add) {
     targets t;
     ASSERT_OK(targets_open(&t));
     const int64_t n = 70000; /* over the CPU's threading threshold */
+    const size_t bytes = (size_t)n * sizeof(float);
     float *g = rand_floats((size_t)n, 6.0f);
     float *u = rand_floats((size_t)n, 2.0f);
-    float *want_s = tsr_malloc((size_t)n * sizeof(float));
-    float *want_a = tsr_malloc((size_t)n * sizeof(float));
-    float *got = tsr_malloc((size_t)n * sizeof(float));
-    memcpy(want_s, g, (size_t)n * sizeof(float));
-    memcpy(want_a, g, (size_t)n * sizeof(float));
-    ASSERT_OK(t.ref->ops->swiglu(t.ref, want_s, u, n));
-    ASSERT_OK(t.ref->ops->add(t.ref, want_a, u, n));
-    for (int b = 0; b < t.n; b++) {
-        tsr_backend *be = t.be[b];
-        float *dg = be_dup(be, g, (size_t)n * sizeof(float));
-        float *da = be_dup(be, g, (size_t)n * sizeof(float));
-        float *du = be_dup(be, u, (size_t)n * sizeof(float));
+    float *want_s = tsr_malloc(bytes), *want_a = tsr_malloc(bytes), *got = tsr_malloc(bytes);
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        tsr_backend *be = target(&t, b);
+        float *dg = be_dup(be, g, bytes), *da = be_dup(be, g, bytes), *du = be_dup(be, u, bytes);
         ASSERT_TRUE(dg && da && du);
         ASSERT_OK(be->ops->swiglu(be, dg, du, n));
         ASSERT_OK(be->ops->add(be, da, du, n));
-        ASSERT_OK(be_read(be, got, dg, (size_t)n * sizeof(float)));
-        ASSERT_TRUE(compare("swiglu n=70000", t.label[b], got, want_s, (size_t)n, NULL, 1e-5) <=
-                    1.0);
-        ASSERT_OK(be_read(be, got, da, (size_t)n * sizeof(float)));
-        ASSERT_TRUE(compare("add n=70000", t.label[b], got, want_a, (size_t)n, NULL, 0.5e-6) <=
-                    1.0);
+        ASSERT_OK(be_read(be, b < 0 ? want_s : got, dg, bytes));
+        if (b >= 0)
+            ASSERT_TRUE(compare("swiglu n=70000", t.label[b], got, want_s, (size_t)n, NULL,
+                                1e-5) <= 1.0);
+        ASSERT_OK(be_read(be, b < 0 ? want_a : got, da, bytes));
+        if (b >= 0)
+            ASSERT_TRUE(compare("add n=70000", t.label[b], got, want_a, (size_t)n, NULL,
+                                0.5e-6) <= 1.0);
         be_release(be, dg);
         be_release(be, da);
         be_release(be, du);
@@ -355,36 +750,31 @@ TSR_TEST(test_embed) {
     targets t;
     ASSERT_OK(targets_open(&t));
     const int64_t vocab = 50, dim = 72, n = 6;
-    int32_t ids[6] = {0, 49, 7, 7, 23, 1};
-    int32_t bad[2] = {3, 50};
+    const int32_t ids[6] = {0, 49, 7, 7, 23, 1}; /* host memory, as the contract says */
+    const int32_t bad[2] = {3, 50};
     float *tab = rand_floats((size_t)(vocab * dim), 1.0f);
     float *want = tsr_malloc((size_t)(n * dim) * sizeof(float));
     float *got = tsr_malloc((size_t)(n * dim) * sizeof(float));
     tsr_dtype dts[3] = {TSR_F32, TSR_BF16, TSR_F16};
     for (int d = 0; d < 3; d++) {
         tsr_tensor emb = make_tensor(dts[d], vocab, dim, tab);
-        ASSERT_OK(t.ref->ops->embed(t.ref, &emb, ids, n, want));
         char what[64];
         snprintf(what, sizeof what, "embed %s n=%lld dim=%lld", tsr_dtype_name(dts[d]),
                  (long long)n, (long long)dim);
-        for (int b = 0; b < t.n; b++) {
-            tsr_backend *be = t.be[b];
-            tsr_tensor ed;
+        for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+            tsr_backend *be = target(&t, b);
+            placed ed;
             ASSERT_OK(be_tensor(be, &emb, &ed));
-            int32_t *dids = be_dup(be, ids, sizeof ids);
-            int32_t *dbad = be_dup(be, bad, sizeof bad);
             float *dout = be_dup(be, NULL, (size_t)(n * dim) * sizeof(float));
-            ASSERT_TRUE(dids && dbad && dout);
-            ASSERT_OK(be->ops->embed(be, &ed, dids, n, dout));
-            ASSERT_OK(be_read(be, got, dout, (size_t)(n * dim) * sizeof(float)));
-            ASSERT_TRUE(compare(what, t.label[b], got, want, (size_t)(n * dim), NULL, 1e-30) <=
-                        1.0);
-            /* an id past the vocabulary is an error, from backend or host memory alike */
-            ASSERT_EQ_INT(be->ops->embed(be, &ed, dbad, 2, dout), TSR_ERR_INVALID);
-            ASSERT_EQ_INT(be->ops->embed(be, &ed, bad, 2, dout), TSR_ERR_INVALID);
+            ASSERT_TRUE(dout != NULL);
+            ASSERT_OK(be->ops->embed(be, &ed.t, ids, n, dout));
+            ASSERT_OK(be_read(be, b < 0 ? want : got, dout, (size_t)(n * dim) * sizeof(float)));
+            if (b >= 0)
+                ASSERT_TRUE(compare(what, t.label[b], got, want, (size_t)(n * dim), NULL,
+                                    1e-30) <= 1.0);
+            /* an id past the vocabulary is an error */
+            ASSERT_EQ_INT(be->ops->embed(be, &ed.t, bad, 2, dout), TSR_ERR_INVALID);
             ASSERT_STR_CONTAINS(tsr_last_error(), "out of range");
-            be_release(be, dids);
-            be_release(be, dbad);
             be_release(be, dout);
             be_tensor_release(be, &ed);
         }
@@ -420,6 +810,7 @@ static void check_attention(const attn_case *ac) {
     float *q = rand_floats(qn, 1.5f);
     float *kv[2] = {rand_floats((size_t)(keys * stride), 1.5f),
                     rand_floats((size_t)(keys * stride), 1.0f)};
+    /* positions are host memory (contract): span pos and query pos stay here */
     int32_t *kpos = tsr_malloc((size_t)keys * sizeof(int32_t));
     int32_t *qpos = tsr_malloc((size_t)ac->n_q * sizeof(int32_t));
     /* Scattered: a cache that dropped tokens keeps their original positions (gaps of 3). */
@@ -428,57 +819,50 @@ static void check_attention(const attn_case *ac) {
     size_t ksn = (size_t)(ac->n_heads * keys); /* per query head */
     float *want = tsr_malloc(qn * sizeof(float)), *got = tsr_malloc(qn * sizeof(float));
     float *want_ks = tsr_malloc(ksn * sizeof(float)), *got_ks = tsr_malloc(ksn * sizeof(float));
-    float *zeros = tsr_calloc(ksn, sizeof(float));
     tsr_kv_span spans[4];
-    tsr_attn_args a = {.n_q = ac->n_q,
+    tsr_attn_args a = {.q_pos = qpos,
+                       .n_q = ac->n_q,
                        .spans = spans,
                        .n_spans = ac->n_spans,
                        .n_heads = ac->n_heads,
                        .n_kv_heads = ac->n_kv_heads,
                        .head_dim = hd};
-    for (int b = -1; b < t.n; b++) {
-        tsr_backend *be = b < 0 ? t.ref : t.be[b];
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        tsr_backend *be = target(&t, b);
         float *dq = be_dup(be, q, qn * sizeof(float));
         float *dk = be_dup(be, kv[0], (size_t)(keys * stride) * sizeof(float));
         float *dv = be_dup(be, kv[1], (size_t)(keys * stride) * sizeof(float));
-        int32_t *dkpos = be_dup(be, kpos, (size_t)keys * sizeof(int32_t));
-        int32_t *dqpos = be_dup(be, qpos, (size_t)ac->n_q * sizeof(int32_t));
         float *dout = be_dup(be, NULL, qn * sizeof(float));
-        float *dks = ac->scores ? be_dup(be, zeros, ksn * sizeof(float)) : NULL;
-        ASSERT_TRUE(dq && dk && dv && dkpos && dqpos && dout && (dks || !ac->scores));
+        float *dks = ac->scores ? be_dup(be, NULL, ksn * sizeof(float)) : NULL;
+        ASSERT_TRUE(dq && dk && dv && dout && (dks || !ac->scores));
+        if (dks) ASSERT_OK(be->ops->memset(be, dks, 0, ksn * sizeof(float)));
         int64_t off = 0;
         for (int s = 0; s < ac->n_spans; s++) {
             spans[s] = (tsr_kv_span){.k = dk + off * stride,
                                      .v = dv + off * stride,
-                                     .pos = ac->scattered ? dkpos + off : NULL,
+                                     .pos = ac->scattered ? kpos + off : NULL,
                                      .pos0 = (int32_t)off,
                                      .n = ac->lens[s],
                                      .stride = stride};
             off += ac->lens[s];
         }
         a.q = dq;
-        a.q_pos = dqpos;
         a.out = dout;
         a.key_scores = dks;
         ASSERT_OK(be->ops->attention(be, &a));
-        if (b < 0) {
-            ASSERT_OK(be_read(be, want, dout, qn * sizeof(float)));
-            if (dks) ASSERT_OK(be_read(be, want_ks, dks, ksn * sizeof(float)));
-        } else {
-            ASSERT_OK(be_read(be, got, dout, qn * sizeof(float)));
+        ASSERT_OK(be_read(be, b < 0 ? want : got, dout, qn * sizeof(float)));
+        if (dks) ASSERT_OK(be_read(be, b < 0 ? want_ks : got_ks, dks, ksn * sizeof(float)));
+        if (b >= 0) {
             ASSERT_TRUE(compare(ac->what, t.label[b], got, want, qn, NULL, 2e-5) <= 1.0);
             if (dks) {
                 char what[80];
                 snprintf(what, sizeof what, "%s scores", ac->what);
-                ASSERT_OK(be_read(be, got_ks, dks, ksn * sizeof(float)));
                 ASSERT_TRUE(compare(what, t.label[b], got_ks, want_ks, ksn, NULL, 2e-5) <= 1.0);
             }
         }
         be_release(be, dq);
         be_release(be, dk);
         be_release(be, dv);
-        be_release(be, dkpos);
-        be_release(be, dqpos);
         be_release(be, dout);
         be_release(be, dks);
     }
@@ -491,7 +875,6 @@ static void check_attention(const attn_case *ac) {
     tsr_free(got);
     tsr_free(want_ks);
     tsr_free(got_ks);
-    tsr_free(zeros);
     targets_close(&t);
 }
 
@@ -500,6 +883,8 @@ TSR_TEST(test_attention_decode) {
     check_attention(&c1);
     attn_case c2 = {"attn decode hd128 3 spans+scores", 1, 4, 4, 128, 3, {16, 16, 300}, 0, 1};
     check_attention(&c2);
+    attn_case c3 = {"attn decode hd64 scattered 2 spans", 1, 4, 2, 64, 2, {40, 9}, 1, 0};
+    check_attention(&c3);
 }
 
 TSR_TEST(test_attention_prefill) {
@@ -524,7 +909,8 @@ static double time_matmul(tsr_backend *be, tsr_dtype dt, int64_t n, int64_t rows
                           int reps) {
     size_t wn = (size_t)(rows * cols);
     float *wf = rand_floats(wn, 0.1f);
-    tsr_tensor w = make_tensor(dt, rows, cols, wf), wd;
+    tsr_tensor w = make_tensor(dt, rows, cols, wf);
+    placed wd;
     tsr_free(wf);
     double best = INFINITY;
     float *x = rand_floats((size_t)(n * cols), 1.0f);
@@ -533,7 +919,7 @@ static double time_matmul(tsr_backend *be, tsr_dtype dt, int64_t n, int64_t rows
     if (dx && dy && be_tensor(be, &w, &wd) == TSR_OK) {
         for (int r = 0; r <= reps; r++) {
             double t0 = now_s();
-            if (be->ops->matmul(be, dx, n, &wd, dy) != TSR_OK) break;
+            if (be->ops->matmul(be, dx, n, &wd.t, dy) != TSR_OK) break;
             if (be->ops->synchronize(be) != TSR_OK) break;
             if (r > 0 && now_s() - t0 < best) best = now_s() - t0;
         }
@@ -555,11 +941,10 @@ static double time_attention(tsr_backend *be, int n_q, int n_k, int n_heads, int
     for (int i = 0; i < n_q; i++) qpos[i] = n_k - n_q + i;
     float *dq = be_dup(be, q, qn * sizeof(float)), *dk = be_dup(be, k, kn * sizeof(float));
     float *dv = be_dup(be, k, kn * sizeof(float)), *dout = be_dup(be, NULL, qn * sizeof(float));
-    int32_t *dqpos = be_dup(be, qpos, (size_t)n_q * sizeof(int32_t));
     double best = INFINITY;
-    if (dq && dk && dv && dout && dqpos) {
+    if (dq && dk && dv && dout) {
         tsr_kv_span sp = {.k = dk, .v = dv, .n = n_k, .stride = n_kv_heads * hd};
-        tsr_attn_args a = {.q = dq, .q_pos = dqpos, .n_q = n_q, .spans = &sp, .n_spans = 1,
+        tsr_attn_args a = {.q = dq, .q_pos = qpos, .n_q = n_q, .spans = &sp, .n_spans = 1,
                            .n_heads = n_heads, .n_kv_heads = n_kv_heads, .head_dim = hd,
                            .out = dout};
         for (int r = 0; r <= reps; r++) {
@@ -573,7 +958,6 @@ static double time_attention(tsr_backend *be, int n_q, int n_k, int n_heads, int
     be_release(be, dk);
     be_release(be, dv);
     be_release(be, dout);
-    be_release(be, dqpos);
     tsr_free(q);
     tsr_free(k);
     tsr_free(qpos);
@@ -584,7 +968,7 @@ TSR_TEST(test_bench) {
     if (!getenv("TSR_BENCH")) return;
     targets t;
     ASSERT_OK(targets_open(&t));
-    tsr_backend *be = t.be[t.n - 1]; /* CUDA when present, else the CPU */
+    tsr_backend *be = t.be[t.n - 1]; /* CUDA when present, else the last CPU kind */
     printf("bench on %s (best of 5; Llama-3-8B-like shapes)\n", t.label[t.n - 1]);
     struct {
         tsr_dtype dt;
@@ -634,9 +1018,17 @@ TSR_TEST(test_backend_select) {
         ASSERT_TRUE(strlen(tsr_last_error()) > 0);
         printf("  backend cuda -> %s: %s\n", tsr_strerror(st), tsr_last_error());
     }
+    be = NULL;
+    ASSERT_OK(tsr_backend_create_local("cpu-fenced", 1, 3, &be));
+    ASSERT_STR_EQ(be->ops->name, "cpu-fenced");
+    ASSERT_TRUE(!be->host_memory && be->device == -1);
+    tsr_backend_destroy(be);
+    be = NULL;
     ASSERT_EQ_INT(tsr_backend_create("tpu", 1, &be), TSR_ERR_INVALID);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "cpu-fenced");
 }
 
-TSR_TEST_MAIN(test_matmul_f32, test_matmul_bf16, test_matmul_f16, test_rmsnorm, test_rope,
-              test_swiglu_add, test_embed, test_attention_decode, test_attention_prefill,
-              test_backend_select, test_bench)
+TSR_TEST_MAIN(test_memory, test_copies, test_kv_rows, test_matmul_f32, test_matmul_bf16,
+              test_matmul_f16, test_matmul_parts, test_rmsnorm, test_rope, test_swiglu_add,
+              test_embed, test_attention_decode, test_attention_prefill, test_backend_select,
+              test_bench)
