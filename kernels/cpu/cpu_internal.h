@@ -97,9 +97,6 @@ tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t 
                           int64_t n, float *out);
 tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a);
 
-/* Computes the f32 inverse frequencies of rope for cfg (head_dim/2 values) the way Hugging
- * Face does in float32, including Llama-3.1 smoothing. */
-void tsr__cpu_rope_inv_freq(const tsr_model_config *cfg, float *inv_freq);
 
 /* --- SIMD kernels, chosen once at runtime (AVX-512F, AVX2+FMA+F16C, or scalar) --- */
 /* simd_cpu.c: dispatch and the scalar kernels; simd_avx2.c, simd_avx512.c: one ISA's kernels

@@ -72,12 +72,6 @@ tsr_status tsr__cpu_rmsnorm(tsr_backend *be, const float *x, const tsr_tensor *w
     return TSR_OK;
 }
 
-/* Kept for the CPU unit tests, which call it by this name; the table itself is
- * kernels/rope_freq.c's, shared with the CUDA backend. */
-void tsr__cpu_rope_inv_freq(const tsr_model_config *cfg, float *inv_freq) {
-    tsr_rope_inv_freq(cfg, inv_freq);
-}
-
 /* inv_freq cached per rope parameters (the forward calls rope twice per layer). */
 static tsr_status tsr__rope_table(tsr__cpu_ctx *c, const tsr_model_config *cfg,
                                   const float **out) {

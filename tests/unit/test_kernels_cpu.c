@@ -9,6 +9,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_internal.h"
+#include "kernels/rope_freq.h"
 #include "base/alloc.h"
 #include "base/dtype.h"
 #include "tests/test.h"
@@ -312,13 +313,13 @@ static const uint32_t hf_inv_freq_default_64[32] = {
 TSR_TEST(test_rope_inv_freq_matches_hf) {
     float f[64];
     tsr_model_config c = rope_cfg(128, 500000.0f, 0, 1);
-    tsr__cpu_rope_inv_freq(&c, f);
+    tsr_rope_inv_freq(&c, f);
     for (int j = 0; j < 64; j++) {
         float want = f32_of_bits(hf_inv_freq_llama3_128[j]);
         if (f[j] != want) TSR_FAIL_("llama3 inv_freq[%d] = %.9g, HF %.9g", j, f[j], want);
     }
     c = rope_cfg(64, 10000.0f, 0, 0);
-    tsr__cpu_rope_inv_freq(&c, f);
+    tsr_rope_inv_freq(&c, f);
     for (int j = 0; j < 32; j++) {
         float want = f32_of_bits(hf_inv_freq_default_64[j]);
         if (f[j] != want) TSR_FAIL_("default inv_freq[%d] = %.9g, HF %.9g", j, f[j], want);
