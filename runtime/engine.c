@@ -75,7 +75,7 @@ static tsr_status tsr__place_weights(tsr_engine *e) {
  * pages, because decode streams them every token; info level says how much of the process
  * the kernel backed with huge pages. */
 static tsr_status tsr__pack(tsr_engine *e, const tsr_engine_options *o) {
-    if (!o->pack_weights || !e->be->host_memory) return TSR_OK;
+    if (!o->pack_weights || o->borrow_model || !e->be->host_memory) return TSR_OK;
     TSR_TRY(tsr__agree(o, tsr_model_pack(e->model)));
     int64_t huge = tsr_sys_anon_huge_bytes();
     double mib = (double)tsr_model_weight_bytes(e->model) / 1048576.0;
@@ -114,10 +114,11 @@ tsr_status tsr_engine_create(tsr_model *model, const tsr_engine_options *o, tsr_
     *out = NULL;
     tsr_engine *e = tsr_calloc(1, sizeof *e);
     if (!e) {
-        tsr_model_destroy(model);
+        if (!o->borrow_model) tsr_model_destroy(model);
         return TSR_ERR_NOMEM;
     }
     e->model = model;
+    e->borrowed_ = o->borrow_model;
     tsr_status st = tsr__start(e, o);
     if (st != TSR_OK) {
         tsr_engine_destroy(e);
@@ -135,7 +136,7 @@ void tsr_engine_destroy(tsr_engine *e) {
     tsr_free(e->bufs_);
     tsr_free(e->placed_.layers);
     tsr_backend_destroy(e->be);
-    tsr_model_destroy(e->model);
+    if (!e->borrowed_) tsr_model_destroy(e->model);
     tsr_free(e);
 }
 

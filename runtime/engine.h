@@ -42,6 +42,9 @@ typedef struct tsr_engine_options {
     tsr_forward_parallel par;
     /* Host-memory backends only: tsr_model_pack (huge pages; logged at info level). */
     bool pack_weights;
+    /* The caller keeps the model (tests that run one model on several engines): the
+     * engine neither destroys it nor packs it. */
+    bool borrow_model;
     /* Optional: called once the backend exists, before anything is placed. In a
      * distributed job it must return the same status on every rank (it is not agreed). */
     tsr_status (*on_backend)(void *ctx, tsr_backend *be);
@@ -61,10 +64,11 @@ typedef struct tsr_engine {
     tsr_model placed_;
     void **bufs_;
     int n_bufs_, cap_bufs_;
+    bool borrowed_;
 } tsr_engine;
 
-/* Takes ownership of `model` whatever the outcome (destroyed on failure). Collective when
- * o->par.comm spans several ranks. */
+/* Takes ownership of `model` whatever the outcome (destroyed on failure), unless
+ * o->borrow_model. Collective when o->par.comm spans several ranks. */
 tsr_status tsr_engine_create(tsr_model *model, const tsr_engine_options *o, tsr_engine **out);
 void tsr_engine_destroy(tsr_engine *e);
 
