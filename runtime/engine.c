@@ -90,8 +90,11 @@ static tsr_status tsr__pack(tsr_engine *e, const tsr_engine_options *o) {
 }
 
 static tsr_status tsr__start(tsr_engine *e, const tsr_engine_options *o) {
-    TSR_TRY(tsr__agree(o, tsr_backend_create_local(o->backend, o->threads, o->local_rank,
-                                                   &e->be)));
+    if (o->backend_given)
+        e->be = o->backend_given;
+    else
+        TSR_TRY(tsr__agree(o, tsr_backend_create_local(o->backend, o->threads, o->local_rank,
+                                                       &e->be)));
     if (o->on_backend) TSR_TRY(o->on_backend(o->on_backend_ctx, e->be));
     TSR_TRY(tsr__pack(e, o));
     TSR_TRY(tsr__agree(o, tsr__place_weights(e)));
@@ -115,6 +118,7 @@ tsr_status tsr_engine_create(tsr_model *model, const tsr_engine_options *o, tsr_
     tsr_engine *e = tsr_calloc(1, sizeof *e);
     if (!e) {
         if (!o->borrow_model) tsr_model_destroy(model);
+        tsr_backend_destroy(o->backend_given);
         return TSR_ERR_NOMEM;
     }
     e->model = model;

@@ -29,6 +29,9 @@
 
 typedef struct tsr_engine_options {
     const char *backend;  /* auto, cpu, cpu-fenced or cuda (NULL: auto) */
+    /* Tests: this backend (a fake device) instead of one made from `backend`; the engine
+     * takes it over (destroyed with the engine, or at once when the start fails). */
+    tsr_backend *backend_given;
     int threads;          /* CPU kernel threads */
     int local_rank;       /* this rank's index on its node (0: one process) */
     int max_tokens;       /* tokens one forward call may carry (prefill chunk, batch) */
