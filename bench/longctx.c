@@ -14,6 +14,7 @@
 #include "memory/kv_cache.h"
 #include "base/alloc.h"
 #include "runtime/forward.h"
+#include "runtime/engine.h"
 #include "runtime/kv_setup.h"
 #include "runtime/model.h"
 
@@ -40,25 +41,28 @@ int main(int argc, char **argv) {
     }
     if (materialize) chunk = n; /* the original H2O prefill: one n x n call */
     tsr_model *m = NULL;
-    tsr_backend *be = NULL;
+    tsr_engine *eng = NULL;
     tsr_forward *f = NULL;
     tsr_kv_cache *kv = NULL;
     float *logits = NULL;
     int32_t *toks = NULL;
     tsr_status st = tsr_model_load(spec, &m);
-    if (st == TSR_OK) st = tsr_backend_cpu_create(threads, &be);
     if (st == TSR_OK) {
         const tsr_model_config *c = &m->cfg;
         /* A pool that holds the whole sequence (pages are touched only as blocks fill). */
         int64_t row = (int64_t)c->n_layers * c->n_kv_heads * c->head_dim * 8 + 8 * c->n_layers;
-        tsr_kv_options o = {.policy = policy, .memory_bytes = row * ((int64_t)n + 1024) * 2,
-                            .block_size = 16, .budget = budget, .max_seqs = 1,
-                            .h2o_scores = materialize ? "materialize" : "tiled",
-                            .chunk_tokens = chunk};
-        st = tsr_kv_setup(&o, c, &kv);
+        tsr_engine_options eo = {
+            .backend = "cpu", .threads = threads, .max_tokens = chunk,
+            .kv = {.policy = policy, .memory_bytes = row * ((int64_t)n + 1024) * 2,
+                   .block_size = 16, .budget = budget, .max_seqs = 1,
+                   .h2o_scores = materialize ? "materialize" : "tiled",
+                   .chunk_tokens = chunk}};
+        st = tsr_engine_create(m, &eo, &eng); /* owns the model from here on */
+        m = st == TSR_OK ? eng->model : NULL;
     }
-    if (st == TSR_OK) st = tsr_forward_create(m, be, chunk, &f);
     if (st == TSR_OK) {
+        f = eng->fwd;
+        kv = eng->kv;
         logits = tsr_malloc((size_t)m->cfg.vocab_size * 4);
         toks = tsr_malloc((size_t)n * sizeof *toks);
         if (!logits || !toks) st = TSR_ERR_NOMEM;
@@ -97,9 +101,7 @@ int main(int argc, char **argv) {
     }
     tsr_free(logits);
     tsr_free(toks);
-    if (f) tsr_forward_destroy(f);
-    tsr_kv_cache_destroy(kv);
-    if (be) tsr_backend_destroy(be);
-    if (m) tsr_model_destroy(m);
+    if (eng) tsr_engine_destroy(eng);
+    else if (m) tsr_model_destroy(m);
     return rc;
 }

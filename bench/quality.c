@@ -17,6 +17,7 @@
 #include "memory/kv_cache.h"
 #include "base/alloc.h"
 #include "runtime/forward.h"
+#include "runtime/engine.h"
 #include "runtime/kv_setup.h"
 #include "runtime/model.h"
 #include "runtime/tokenizer.h"
@@ -120,7 +121,7 @@ int main(int argc, char **argv) {
     }
     tsr_model *m = NULL;
     tsr_tokenizer *tok = NULL;
-    tsr_backend *be = NULL;
+    tsr_engine *eng = NULL;
     tsr_forward *f = NULL;
     tsr_kv_cache *kv = NULL;
     float *logits = NULL;
@@ -132,16 +133,19 @@ int main(int argc, char **argv) {
     tsr_status st = tsr_model_load(model_path, &m);
     if (st == TSR_OK) st = tsr_tokenizer_load(tok_path, &tok);
     if (st == TSR_OK) st = tsr__read_file(text_path, &text, &text_len);
-    if (st == TSR_OK) st = tsr_backend_cpu_create(threads, &be);
     if (st == TSR_OK) {
-        tsr_kv_options o = {.policy = policy, .memory_bytes = 16 << 20, .block_size = 16,
-                            .budget = budget, .recent = recent, .max_seqs = 1,
-                            .h2o_scores = materialize ? "materialize" : "tiled",
-                            .spec_pairs = pairs, .measure_recall = recall, .chunk_tokens = 1};
-        st = tsr_kv_setup(&o, &m->cfg, &kv);
+        tsr_engine_options eo = {
+            .backend = "cpu", .threads = threads, .max_tokens = 1,
+            .kv = {.policy = policy, .memory_bytes = 16 << 20, .block_size = 16,
+                   .budget = budget, .recent = recent, .max_seqs = 1,
+                   .h2o_scores = materialize ? "materialize" : "tiled", .spec_pairs = pairs,
+                   .measure_recall = recall, .chunk_tokens = 1}};
+        st = tsr_engine_create(m, &eo, &eng); /* owns the model from here on */
+        m = st == TSR_OK ? eng->model : NULL;
     }
-    if (st == TSR_OK) st = tsr_forward_create(m, be, 1, &f);
     if (st == TSR_OK) {
+        f = eng->fwd;
+        kv = eng->kv;
         logits = tsr_malloc((size_t)m->cfg.vocab_size * 4);
         if (!logits) st = TSR_ERR_NOMEM;
     }
@@ -173,10 +177,8 @@ int main(int argc, char **argv) {
     }
     tsr_free(logits);
     tsr_free(text);
-    if (f) tsr_forward_destroy(f);
-    tsr_kv_cache_destroy(kv);
-    if (be) tsr_backend_destroy(be);
+    if (eng) tsr_engine_destroy(eng);
+    else if (m) tsr_model_destroy(m);
     if (tok) tsr_tokenizer_destroy(tok);
-    if (m) tsr_model_destroy(m);
     return rc;
 }

@@ -1,4 +1,5 @@
-/* `tessera bench`: prefill and decode throughput of one model on the CPU backend.
+/* `tessera bench`: prefill and decode throughput of one model on one backend (the CPU by
+ * default).
  *
  * One sequence: N pseudo-random prompt ids as one prefill chunk (logits for the last row
  * only), then M greedy decode steps of one token each. Prefill and decode are timed
@@ -24,6 +25,7 @@
 #include "base/sys.h"
 #include "base/dtype.h"
 #include "base/membw.h"
+#include "runtime/engine.h"
 #include "runtime/forward.h"
 #include "runtime/kv_setup.h"
 #include "runtime/model.h"
@@ -39,15 +41,17 @@ typedef struct tsr__bench_opts {
     int repeat;
     int warmup;
     const char *kv;
+    const char *backend;
     int membw_mib;
     bool json;
 } tsr__bench_opts;
 
 static const char tsr__bench_about[] =
-    "Measures prefill and decode throughput on the CPU backend. Feeds N pseudo-random prompt\n"
-    "token ids (fixed seed) as ONE prefill chunk (logits for the last row only), then decodes\n"
-    "M tokens greedily, one token per forward call. Prefill and decode are timed separately\n"
-    "(CLOCK_MONOTONIC); each repeat uses a fresh sequence and the median is reported.\n"
+    "Measures prefill and decode throughput on one backend (--backend, default cpu). Feeds\n"
+    "N pseudo-random prompt token ids (fixed seed) as ONE prefill chunk (logits for the last\n"
+    "row only), then decodes M tokens greedily, one token per forward call. Prefill and\n"
+    "decode are timed separately (CLOCK_MONOTONIC); each repeat uses a fresh sequence and\n"
+    "the median is reported.\n"
     "The KV cache is the paged pool of generate and run (--kv dense: one buffer instead).\n"
     "A short prefill is also timed in extra prefill-only rounds until its samples add up to\n"
     "0.2 s (at most 1000): one 128-token chunk of stories260K takes ~1.5 ms, and three such\n"
@@ -114,6 +118,8 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         {"kv", TSR_OPT_STRING, &o->kv, "paged|dense",
          "KV cache: the paged pool of generate and run (16-token blocks, no prefix sharing), "
          "or one contiguous buffer (default: paged)", false},
+        {"backend", TSR_OPT_STRING, &o->backend, "NAME",
+         "auto, cpu, cpu-fenced or cuda (default: cpu)", false},
         {"membw-mib", TSR_OPT_INT, &o->membw_mib, "MIB",
          "also measure the streaming-read bandwidth beside the decode: passes over a MIB MiB "
          "buffer before each timed repeat and after the last (0: off)", false},
@@ -141,6 +147,7 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         return tsr_cli_usage_error(&cli, "--membw-mib %d: more than half of the %lld MiB of "
                                    "memory available", o->membw_mib, (long long)(avail >> 20));
     if (!o->kv) o->kv = "paged";
+    if (!o->backend) o->backend = "cpu";
     if (strcmp(o->kv, "paged") != 0 && strcmp(o->kv, "dense") != 0)
         return tsr_cli_usage_error(&cli, "--kv '%s': expected paged or dense", o->kv);
     if (o->dtype_name) {
@@ -255,8 +262,8 @@ static int tsr__bench_load(const tsr__bench_opts *o, tsr_model **out) {
 }
 
 typedef struct tsr__bench_run {
-    tsr_forward *fwd;
-    tsr_kv_cache *kv;
+    tsr_forward *fwd; /* the engine's */
+    tsr_kv_cache *kv; /* the engine's */
     float *logits;
     int32_t *prompt;
     int vocab;
@@ -353,6 +360,7 @@ int tsr_cmd_bench(int argc, char **argv) {
     if (tsr__bench_parse(argc, argv, &o, &rc)) return rc;
 
     tsr_model *m = NULL;
+    tsr_engine *eng = NULL;
     tsr_backend *be = NULL;
     tsr__bench_run r = {0};
     tsr__bench_probe probe = {0};
@@ -380,24 +388,31 @@ int tsr_cmd_bench(int argc, char **argv) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         r.prompt[i] = (int32_t)(s % (uint64_t)c->vocab_size);
     }
-    if (tsr_backend_cpu_create(o.threads, &be) != TSR_OK) goto fail;
+    tsr_engine_options eo = {.backend = o.backend, .threads = o.threads, .max_tokens = n};
     if (strcmp(o.kv, "dense") == 0) {
-        if (tsr_kv_dense_create(c->n_layers, c->n_kv_heads, c->head_dim, n + g, 1, &r.kv) !=
-            TSR_OK)
-            goto fail;
+        eo.dense_kv_tokens = n + g;
+        eo.kv.max_seqs = 1;
     } else {
         /* The pool holds exactly one sequence of n + g tokens: blocks of 16 rows of K and V
          * per layer. No prefix sharing: every repeat feeds the same prompt. */
         int64_t blocks = ((int64_t)n + g + TSR__BENCH_BLOCK - 1) / TSR__BENCH_BLOCK;
         tsr_kv_paged_config pc = {.n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                                   .block_size = TSR__BENCH_BLOCK};
-        tsr_kv_options kvo = {.policy = "paged",
-                              .memory_bytes = blocks * c->n_layers * tsr_kv_paged_block_bytes(&pc),
-                              .block_size = TSR__BENCH_BLOCK, .max_seqs = 1,
-                              .no_prefix_cache = 1, .chunk_tokens = n};
-        if (tsr_kv_setup(&kvo, c, &r.kv) != TSR_OK) goto fail;
+        eo.kv = (tsr_kv_options){.policy = "paged",
+                                 .memory_bytes = blocks * c->n_layers *
+                                                 tsr_kv_paged_block_bytes(&pc),
+                                 .block_size = TSR__BENCH_BLOCK, .max_seqs = 1,
+                                 .no_prefix_cache = 1, .chunk_tokens = n};
     }
-    if (tsr_forward_create(m, be, n, &r.fwd) != TSR_OK) goto fail;
+    /* The engine owns the model from here on, whatever happens. */
+    tsr_status est = tsr_engine_create(m, &eo, &eng);
+    m = NULL;
+    if (est != TSR_OK) goto fail;
+    m = eng->model;
+    c = &m->cfg;
+    be = eng->be;
+    r.kv = eng->kv;
+    r.fwd = eng->fwd;
 
     int32_t last = -1;
     for (int w = 0; w < o.warmup; w++) {
@@ -484,10 +499,8 @@ int tsr_cmd_bench(int argc, char **argv) {
     rc = 0;
 fail:
     if (rc) rc = tsr_cmd_fail("bench");
-    tsr_forward_destroy(r.fwd);
-    tsr_kv_cache_destroy(r.kv);
-    tsr_backend_destroy(be);
-    tsr_model_destroy(m);
+    tsr_engine_destroy(eng); /* forward, KV cache, placed weights, backend, model */
+    if (!eng) tsr_model_destroy(m);
     tsr_free(r.logits);
     tsr_free(r.prompt);
     tsr_free(pre);

@@ -17,6 +17,7 @@
 #include "base/sys.h"
 #include "base/file.h"
 #include "base/log.h"
+#include "runtime/engine.h"
 #include "runtime/forward.h"
 #include "runtime/kv_setup.h"
 #include "runtime/model.h"
@@ -40,11 +41,9 @@ typedef struct tsr__gen_opts {
 } tsr__gen_opts;
 
 typedef struct tsr__gen {
-    tsr_model *model;
+    tsr_model *model; /* until the engine takes it */
     tsr_tokenizer *tok;
-    tsr_backend *be;
-    tsr_kv_cache *kv;
-    tsr_forward *fwd;
+    tsr_engine *eng;
     tsr_sampler sampler;
     float *logits;
     int32_t *ids;
@@ -54,9 +53,7 @@ typedef struct tsr__gen {
 } tsr__gen;
 
 static void tsr__gen_free(tsr__gen *g) {
-    tsr_forward_destroy(g->fwd);
-    tsr_kv_cache_destroy(g->kv);
-    tsr_backend_destroy(g->be);
+    tsr_engine_destroy(g->eng);
     tsr_sampler_free(&g->sampler);
     if (g->tok) tsr_tokenizer_destroy(g->tok);
     tsr_model_destroy(g->model);
@@ -108,21 +105,19 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
 
     int threads = o->threads_given ? o->threads : tsr_dist_default_threads(d);
     TSR_TRY(tsr_dist_agree(d, tsr_dist_place(d, o->dist.bind)));
-    TSR_TRY(tsr_dist_agree(d, tsr_backend_create_local(o->backend, threads, d->local_rank,
-                                                       &g->be)));
-    /* The comm exists before the backend (the local rank picks the GPU): now that the
-     * backend does, the activations' data plane follows it (NCCL for a device backend). */
-    TSR_TRY(tsr_dist_data_plane(d, g->be, o->kv.kv.policy));
-    TSR_TRY(tsr_dist_pack_weights(d, g->be, g->model));
     int chunk = o->chunk < (int)n_ids ? o->chunk : (int)n_ids;
-    tsr_kv_options kvo = o->kv.kv;
-    kvo.chunk_tokens = chunk;
-    kvo.max_seqs = 1;
-    tsr_dist_kv_options(d, g->be, &kvo);
-    TSR_TRY(tsr_dist_agree(d, tsr_kv_setup(&kvo, c, &g->kv)));
-    TSR_TRY(g->kv->ops->seq_add(g->kv, 0));
-    tsr_forward_parallel fp = tsr_dist_forward(d);
-    tsr_status st = tsr_forward_create_parallel(g->model, g->be, chunk, &fp, &g->fwd);
+    tsr_engine_options eo = {.backend = o->backend, .threads = threads, .max_tokens = chunk,
+                             .kv = o->kv.kv, .pack_weights = true};
+    eo.kv.chunk_tokens = chunk;
+    eo.kv.max_seqs = 1;
+    tsr_dist_engine_options(d, &eo);
+    tsr_model *model = g->model;
+    g->model = NULL; /* the engine's from here on, whatever happens */
+    TSR_TRY(tsr_engine_create(model, &eo, &g->eng));
+    tsr_backend *be = g->eng->be;
+    tsr_kv_cache *kv = g->eng->kv;
+    tsr_forward *fwd = g->eng->fwd;
+    tsr_status st = kv->ops->seq_add(kv, 0);
     if (st == TSR_OK) {
         g->logits = tsr_malloc((size_t)c->vocab_size * sizeof(float));
         if (!g->logits) st = TSR_ERR_NOMEM;
@@ -137,13 +132,13 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
             TSR_LOG_INFO("model %s: dim %d, %d layers, %d heads (%d kv), vocab %d, %s; "
                          "backend %s, %d threads; prompt %zu tokens; %d ranks (%s)",
                          o->model, c->dim, c->n_layers, c->n_heads, c->n_kv_heads,
-                         c->vocab_size, tsr_dtype_name(c->dtype), g->be->ops->name,
-                         g->be->threads, n_ids, d->world, tsr_comm_backend_name(d->comm));
+                         c->vocab_size, tsr_dtype_name(c->dtype),
+                         tsr_engine_device_name(g->eng), be->threads, n_ids, d->world, tsr_comm_backend_name(d->comm));
         tsr_dist_log_layout(d);
     }
 
     /* --pp: the last stage samples and sends the token id, not the logits, to the others */
-    tsr_forward_sample_last_stage(g->fwd, true);
+    tsr_forward_sample_last_stage(fwd, true);
     /* Prefill in chunks; logits only for the last prompt token. */
     double t0 = tsr_sys_now();
     int rows = 0;
@@ -151,7 +146,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
         int n = (int)(n_ids - done) < chunk ? (int)(n_ids - done) : chunk;
         tsr_batch_seq b = {.seq = 0, .tokens = g->ids + done, .n_tokens = n,
                            .want_logits = done + (size_t)n == n_ids};
-        TSR_TRY(tsr_dist_must(d, tsr_forward_run(g->fwd, g->kv, &b, 1, g->logits, &rows)));
+        TSR_TRY(tsr_dist_must(d, tsr_forward_run(fwd, kv, &b, 1, g->logits, &rows)));
         done += (size_t)n;
     }
     double t1 = tsr_sys_now();
@@ -165,8 +160,8 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
     char piece[512];
     int32_t pos = (int32_t)n_ids;
     while (generated < o->max_tokens) {
-        int32_t next = tsr_sampler_draw(&g->sampler, g->logits, tsr_forward_has_logits(g->fwd));
-        TSR_TRY(tsr_dist_must(d, tsr_forward_share_tokens(g->fwd, &next, 1)));
+        int32_t next = tsr_sampler_draw(&g->sampler, g->logits, tsr_forward_has_logits(fwd));
+        TSR_TRY(tsr_dist_must(d, tsr_forward_share_tokens(fwd, &next, 1)));
         if (tsr_tokenizer_is_eos(g->tok, next)) {
             stop = "eos";
             break;
@@ -184,7 +179,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
             break;
         }
         tsr_batch_seq b = {.seq = 0, .tokens = &next, .n_tokens = 1, .want_logits = true};
-        TSR_TRY(tsr_dist_must(d, tsr_forward_run(g->fwd, g->kv, &b, 1, g->logits, &rows)));
+        TSR_TRY(tsr_dist_must(d, tsr_forward_run(fwd, kv, &b, 1, g->logits, &rows)));
         fed++;
         pos++;
     }
@@ -205,7 +200,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
             td > 0 ? generated / td : 0.0, stop);
     if (o->kv.stats) {
         char js[2048];
-        tsr_kv_stats_json(g->kv, js, sizeof js);
+        tsr_kv_stats_json(kv, js, sizeof js);
         fprintf(stderr, "%s\n%s\n", js, comm_js);
     }
     return TSR_OK;
@@ -237,7 +232,7 @@ int tsr_cmd_generate(int argc, char **argv) {
         {"max-context", TSR_OPT_INT, &o.max_context, "N",
          "context length in tokens, prompt included (0 = the model's maximum)", false},
         {"chunk", TSR_OPT_INT, &o.chunk, "N", "prefill chunk size in tokens", false},
-        {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu or cuda", false},
+        {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu, cpu-fenced or cuda", false},
         {"no-bos", TSR_OPT_FLAG, &o.no_bos, NULL, "do not prepend the BOS token", false},
         {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
     };

@@ -16,6 +16,7 @@
 
 #include "jobs/batch_io.h"
 #include "jobs/checkpoint.h"
+#include "jobs/run_job.h"
 #include "jobs/cli.h"
 #include "jobs/commands.h"
 #include "jobs/kv_cli.h"
@@ -36,86 +37,26 @@
 #include "runtime/scheduler.h"
 #include "runtime/tokenizer.h"
 
-typedef struct tsr__run_opts {
-    const char *model, *tokenizer, *input, *output, *errors, *metrics, *backend;
-    const char *checkpoint; /* --checkpoint FILE.h5, or NULL */
-    int max_batch_seqs, max_batch_tokens, max_context, threads;
-    float progress_interval;
-    uint64_t seed;
-    bool no_bos, quiet, verbose, threads_given;
-    tsr_kv_cli kv;
-    tsr_dist_cli dist;
-} tsr__run_opts;
 
-/* A request between submit and its record. */
-typedef struct tsr__job_req {
-    bool used;
-    char *custom_id;
-    int64_t line;
-    tsr_batch_kind kind;
-    char *stops[TSR_BATCH_MAX_STOPS];
-    int n_stops;
-    char *text;
-    size_t len, cap;
-    int32_t prev;
-    int n_prompt, n_gen;
-    double t_submit, t_first;
-} tsr__job_req;
-
-typedef struct tsr__run {
-    const tsr__run_opts *o;
-    char model_name[256];
-    char err_path[4096];
-    tsr_model *model;
-    tsr_tokenizer *tok;
-    tsr_backend *be;
-    tsr_kv_cache *kv;
-    tsr_forward *fwd;
-    tsr_sched *sched;
-    tsr_chat_template chat;
-    int ctx;
-    FILE *in;
-    tsr_batch_writer out, err;
-    tsr_batch_resume resume;
-    tsr_strset *seen;
-    tsr__job_req *reqs;
-    int n_reqs;
-    tsr_metrics m;
-    tsr_progress prog;
-    int64_t records_this_run, kill_after, processed;
-    double t_start;
-    int stop_signo; /* the signal that stopped the job early, 0 if it ran to the end */
-    /* Every rank runs the same job (same input, same scheduler decisions); rank 0 alone
-     * writes the output, errors, metrics and progress. */
-    tsr_dist dist;
-    bool root;
-    /* --checkpoint: this rank's file and the input lines of the requests it resumed */
-    char ck_path[4200];
-    int64_t *ck_lines;
-    int n_ck_lines;
-} tsr__run;
-
-static void tsr__job_req_clear(tsr__job_req *r) {
+void tsr_run_req_clear(tsr_run_req *r) {
     tsr_free(r->custom_id);
     for (int i = 0; i < r->n_stops; i++) tsr_free(r->stops[i]);
     tsr_free(r->text);
     memset(r, 0, sizeof *r);
 }
 
-static void tsr__run_free(tsr__run *g) {
+static void tsr__run_free(tsr_run_job *g) {
     tsr_sched_destroy(g->sched);
-    tsr_forward_destroy(g->fwd);
-    tsr_kv_cache_destroy(g->kv);
-    tsr_backend_destroy(g->be);
+    tsr_engine_destroy(g->eng); /* forward, KV cache, placed weights, backend, model */
+    if (!g->eng) tsr_model_destroy(g->model);
     if (g->tok) tsr_tokenizer_destroy(g->tok);
-    tsr_model_destroy(g->model);
     if (g->in) fclose(g->in);
     tsr_batch_writer_close(&g->out);
     tsr_batch_writer_close(&g->err);
     tsr_batch_resume_free(&g->resume);
     tsr_strset_destroy(g->seen);
     if (g->reqs)
-        for (int i = 0; i < g->n_reqs; i++) tsr__job_req_clear(&g->reqs[i]);
+        for (int i = 0; i < g->n_reqs; i++) tsr_run_req_clear(&g->reqs[i]);
     tsr_free(g->reqs);
     tsr_metrics_free(&g->m);
     tsr_free(g->ck_lines);
@@ -123,7 +64,7 @@ static void tsr__run_free(tsr__run *g) {
 }
 
 /* One record written: output first (the source of truth), then the errors file. */
-static tsr_status tsr__put(tsr__run *g, char *line, bool is_error) {
+static tsr_status tsr__put(tsr_run_job *g, char *line, bool is_error) {
     if (!line) return tsr_error_set(TSR_ERR_NOMEM, "cannot format an output record");
     tsr_status st = TSR_OK;
     if (g->root) st = tsr_batch_writer_put(&g->out, line);
@@ -137,7 +78,7 @@ static tsr_status tsr__put(tsr__run *g, char *line, bool is_error) {
     return TSR_OK;
 }
 
-static tsr_status tsr__put_error(tsr__run *g, const char *custom_id, int64_t line,
+static tsr_status tsr__put_error(tsr_run_job *g, const char *custom_id, int64_t line,
                                  const char *code, const char *msg) {
     g->m.failed++;
     return tsr__put(g, tsr_batch_format_error(custom_id, line, code, msg), true);
@@ -152,8 +93,8 @@ static const char *tsr__basename(const char *p, char *buf, size_t cap) {
     return buf;
 }
 
-static tsr_status tsr__open_output(tsr__run *g) {
-    const tsr__run_opts *o = g->o;
+static tsr_status tsr__open_output(tsr_run_job *g) {
+    const tsr_run_opts *o = g->o;
     TSR_TRY(tsr_batch_resume_scan(o->output, &g->resume));
     if (g->resume.n_ignored > 0)
         TSR_LOG_WARN("%s: %" PRId64 " complete lines are not batch records (left in place)",
@@ -164,8 +105,8 @@ static tsr_status tsr__open_output(tsr__run *g) {
 }
 
 /* The local part of the start: input, output, model, tokenizer, chat template. */
-static tsr_status tsr__setup_files(tsr__run *g) {
-    const tsr__run_opts *o = g->o;
+static tsr_status tsr__setup_files(tsr_run_job *g) {
+    const tsr_run_opts *o = g->o;
     g->in = fopen(o->input, "rb");
     if (!g->in)
         return tsr_error_set(TSR_ERR_IO, "%s: cannot open the input: %s", o->input,
@@ -217,28 +158,27 @@ static tsr_status tsr__setup_files(tsr__run *g) {
 }
 
 /* Every fallible local step is agreed on before the next collective one. */
-static tsr_status tsr__setup(tsr__run *g) {
-    const tsr__run_opts *o = g->o;
+static tsr_status tsr__setup(tsr_run_job *g) {
+    const tsr_run_opts *o = g->o;
     tsr_dist *d = &g->dist;
     TSR_TRY(tsr_dist_agree(d, tsr__setup_files(g)));
     TSR_TRY(tsr_dist_layout(d, &o->dist, g->model, o->model));
     const tsr_model_config *c = &g->model->cfg;
     int threads = o->threads_given ? o->threads : tsr_dist_default_threads(d);
     TSR_TRY(tsr_dist_agree(d, tsr_dist_place(d, o->dist.bind)));
-    TSR_TRY(tsr_dist_agree(d, tsr_backend_create_local(o->backend, threads, d->local_rank,
-                                                       &g->be)));
-    /* The comm exists before the backend (the local rank picks the GPU): now that the
-     * backend does, the activations' data plane follows it (NCCL for a device backend). */
-    TSR_TRY(tsr_dist_data_plane(d, g->be, o->kv.kv.policy));
-    TSR_TRY(tsr_dist_pack_weights(d, g->be, g->model));
-    tsr_kv_options kvo = o->kv.kv;
-    kvo.max_seqs = o->max_batch_seqs;
-    kvo.chunk_tokens = o->max_batch_tokens;
-    tsr_dist_kv_options(d, g->be, &kvo);
-    TSR_TRY(tsr_dist_agree(d, tsr_kv_setup(&kvo, c, &g->kv)));
-    tsr_forward_parallel fp = tsr_dist_forward(d);
-    TSR_TRY(tsr_dist_agree(d, tsr_forward_create_parallel(g->model, g->be, o->max_batch_tokens,
-                                                          &fp, &g->fwd)));
+    tsr_engine_options eo = {.backend = o->backend, .threads = threads,
+                             .max_tokens = o->max_batch_tokens, .kv = o->kv.kv,
+                             .pack_weights = true};
+    eo.kv.max_seqs = o->max_batch_seqs;
+    eo.kv.chunk_tokens = o->max_batch_tokens;
+    tsr_dist_engine_options(d, &eo);
+    tsr_model *model = g->model;
+    g->model = NULL; /* the engine's from here on, whatever happens */
+    TSR_TRY(tsr_engine_create(model, &eo, &g->eng));
+    g->model = g->eng->model;
+    g->be = g->eng->be;
+    g->kv = g->eng->kv;
+    g->fwd = g->eng->fwd;
     tsr_sched_config sc = {.max_seqs = o->max_batch_seqs, .max_tokens = o->max_batch_tokens,
                            .max_context = g->ctx, .vocab_size = c->vocab_size};
     if (g->tok->eos_id >= 0) sc.eos_ids[sc.n_eos++] = g->tok->eos_id;
@@ -257,7 +197,8 @@ static tsr_status tsr__setup(tsr__run *g) {
     if (o->verbose && g->root)
         TSR_LOG_INFO("model %s: dim %d, %d layers, vocab %d, context %d; backend %s, %d "
                      "threads; chat template: %s; output has %" PRId64 " records",
-                     o->model, c->dim, c->n_layers, c->vocab_size, g->ctx, g->be->ops->name,
+                     o->model, c->dim, c->n_layers, c->vocab_size, g->ctx,
+                     tsr_engine_device_name(g->eng),
                      g->be->threads,
                      g->chat.kind == TSR_CHAT_NONE ? "none"
                      : g->chat.kind == TSR_CHAT_LLAMA3 ? "llama3" : "llama3.1",
@@ -268,7 +209,7 @@ static tsr_status tsr__setup(tsr__run *g) {
 }
 
 /* Encodes and submits one parsed request, or writes its error record. */
-static tsr_status tsr__submit(tsr__run *g, tsr_batch_request *r) {
+static tsr_status tsr__submit(tsr_run_job *g, tsr_batch_request *r) {
     char *rendered = NULL;
     const char *text = r->prompt;
     size_t text_len = text ? strlen(text) : 0;
@@ -319,7 +260,7 @@ static tsr_status tsr__submit(tsr__run *g, tsr_batch_request *r) {
     if (st == TSR_ERR_NOMEM) return st;
     if (st != TSR_OK)
         return tsr__put_error(g, r->custom_id, r->line, TSR_BATCH_E_PARAM, tsr_last_error());
-    tsr__job_req *q = &g->reqs[slot];
+    tsr_run_req *q = &g->reqs[slot];
     q->used = true;
     q->custom_id = r->custom_id; /* ownership moves */
     r->custom_id = NULL;
@@ -335,183 +276,9 @@ static tsr_status tsr__submit(tsr__run *g, tsr_batch_request *r) {
     return TSR_OK;
 }
 
-/* --- checkpoints (--checkpoint, jobs/checkpoint.h) ------------------------------------ */
-
-static int tsr__cmp_i64(const void *a, const void *b) {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
-static bool tsr__resumed_line(const tsr__run *g, int64_t line) {
-    return g->n_ck_lines > 0 &&
-           bsearch(&line, g->ck_lines, (size_t)g->n_ck_lines, sizeof line, tsr__cmp_i64);
-}
-
-/* What a checkpoint of this job records and a resumed one must match. */
-static void tsr__ckpt_meta(const tsr__run *g, int64_t records, tsr_ckpt_meta *m) {
-    const tsr_model_config *c = &g->model->cfg;
-    tsr_kv_cache *mech = tsr_ckpt_kv_mech(g->kv);
-    bool multi = g->dist.world > 1;
-    *m = (tsr_ckpt_meta){.format_version = TSR_CKPT_VERSION, .dim = c->dim,
-                         .n_layers = c->n_layers, .n_heads = c->n_heads,
-                         .n_kv_heads = c->n_kv_heads, .vocab_size = c->vocab_size,
-                         .block_size = mech ? tsr_kv_paged_block_size(mech) : 0,
-                         .tp = multi ? tsr_comm_size(g->dist.comm, TSR_COMM_TP) : 1,
-                         .pp = multi ? tsr_comm_size(g->dist.comm, TSR_COMM_PP) : 1,
-                         .rank = g->dist.rank, .world = multi ? g->dist.world : 1,
-                         .max_batch_seqs = g->o->max_batch_seqs, .max_context = g->ctx,
-                         .kv_layers = mech ? mech->n_layers : 0,
-                         .kv_dim = mech ? mech->kv_dim : 0, .output_records = records};
-    snprintf(m->model, sizeof m->model, "%s", g->o->model);
-    snprintf(m->dtype, sizeof m->dtype, "%s", tsr_dtype_name(c->dtype));
-    snprintf(m->policy, sizeof m->policy, "%s",
-             tsr_kv_policy_name(tsr_kv_dist_inner(g->kv)));
-    snprintf(m->output, sizeof m->output, "%s", g->o->output);
-}
-
-/* Local: every request the scheduler holds, with the KV of the running ones. */
-static tsr_status tsr__ckpt_save(tsr__run *g, int *n_saved) {
-    tsr_ckpt ck = {0};
-    tsr__ckpt_meta(g, g->resume.n_records + g->records_this_run, &ck.meta);
-    tsr_kv_cache *mech = tsr_ckpt_kv_mech(g->kv);
-    if (!mech)
-        return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: the KV cache is not paged",
-                             g->ck_path);
-    int n = tsr_sched_n_requests(g->sched);
-    tsr_sched_saved *sv = tsr_calloc((size_t)(n ? n : 1), sizeof *sv);
-    ck.reqs = tsr_calloc((size_t)(n ? n : 1), sizeof *ck.reqs);
-    tsr_status st = sv && ck.reqs ? TSR_OK : TSR_ERR_NOMEM;
-    if (st == TSR_OK) tsr_sched_export(g->sched, sv);
-    for (int i = 0; i < n && st == TSR_OK; i++) {
-        tsr_ckpt_req *r = &ck.reqs[i];
-        const tsr__job_req *q = &g->reqs[sv[i].tag];
-        TSR_ASSERT(sv[i].tag < (uint64_t)g->n_reqs && q->used);
-        r->s = sv[i];
-        r->custom_id = q->custom_id;
-        r->line = q->line;
-        r->kind = (int)q->kind;
-        for (int j = 0; j < q->n_stops; j++) r->stops[j] = q->stops[j];
-        r->n_stops = q->n_stops;
-        r->text = q->text;
-        r->len = q->len;
-        r->prev = q->prev;
-        r->n_prompt = q->n_prompt;
-        r->n_gen = q->n_gen;
-        r->has_kv = sv[i].slot >= 0;
-        ck.n_reqs = i + 1;
-        if (r->has_kv) st = tsr_kv_paged_export_seq(mech, sv[i].slot, &r->kv);
-    }
-    if (st == TSR_OK) st = tsr_ckpt_write(g->ck_path, &ck);
-    for (int i = 0; i < ck.n_reqs; i++) tsr_kv_seq_state_free(&ck.reqs[i].kv);
-    tsr_free(ck.reqs);
-    tsr_free(sv);
-    *n_saved = n;
-    return st;
-}
-
-/* Local: reads this rank's checkpoint and checks it against the job. */
-static tsr_status tsr__ckpt_load(tsr__run *g, tsr_ckpt *ck) {
-    TSR_TRY(tsr_ckpt_read(g->ck_path, ck));
-    tsr_ckpt_meta job;
-    tsr__ckpt_meta(g, g->resume.n_records, &job);
-    TSR_TRY(tsr_ckpt_check(g->ck_path, &ck->meta, &job));
-    for (int i = 0; i < ck->n_reqs; i++) {
-        uint64_t tag = ck->reqs[i].s.tag;
-        if (tag >= (uint64_t)g->n_reqs || g->reqs[tag].used ||
-            ck->reqs[i].prev >= g->model->cfg.vocab_size)
-            return tsr_error_set(TSR_ERR_FORMAT, "%s: request %d is inconsistent (corrupt "
-                                 "checkpoint?)", g->ck_path, i);
-        g->reqs[tag].used = true; /* released again below, before the restore */
-        if (tsr_batch_resume_has(&g->resume, ck->reqs[i].custom_id, ck->reqs[i].line))
-            return tsr_error_set(TSR_ERR_FORMAT,
-                                 "%s: request of line %lld already has a record in %s",
-                                 g->ck_path, (long long)ck->reqs[i].line, g->o->output);
-    }
-    for (int i = 0; i < ck->n_reqs; i++) g->reqs[ck->reqs[i].s.tag].used = false;
-    return TSR_OK;
-}
-
-/* Puts the checkpoint's requests back into the scheduler, their KV into the cache and
- * their bookkeeping into g->reqs. seq_add goes through the cache's wrappers (the policy's
- * admit, the dist agreement), so every rank runs it in the same order. */
-static tsr_status tsr__ckpt_restore(tsr__run *g, tsr_ckpt *ck) {
-    tsr_kv_cache *mech = tsr_ckpt_kv_mech(g->kv);
-    g->ck_lines = tsr_calloc((size_t)(ck->n_reqs ? ck->n_reqs : 1), sizeof *g->ck_lines);
-    if (!g->ck_lines || !mech) return TSR_ERR_NOMEM;
-    double now = tsr_sys_now();
-    for (int i = 0; i < ck->n_reqs; i++) {
-        tsr_ckpt_req *r = &ck->reqs[i];
-        if (r->has_kv) {
-            TSR_TRY(g->kv->ops->seq_add(g->kv, r->s.slot));
-            TSR_TRY(tsr_kv_paged_import_seq(mech, r->s.slot, &r->kv));
-        }
-        TSR_TRY(tsr_sched_import(g->sched, &r->s));
-        tsr__job_req *q = &g->reqs[r->s.tag];
-        q->used = true;
-        q->custom_id = r->custom_id; /* ownership moves */
-        r->custom_id = NULL;
-        q->line = r->line;
-        q->kind = (tsr_batch_kind)r->kind;
-        for (int j = 0; j < r->n_stops; j++) {
-            q->stops[j] = r->stops[j];
-            r->stops[j] = NULL;
-        }
-        q->n_stops = r->n_stops;
-        r->n_stops = 0;
-        q->text = r->text;
-        q->len = r->len;
-        q->cap = r->len + 1;
-        r->text = NULL;
-        q->prev = r->prev;
-        q->n_prompt = r->n_prompt;
-        q->n_gen = r->n_gen;
-        q->t_submit = now;
-        q->t_first = r->n_gen > 0 ? now : 0;
-        g->m.prompt_tokens += r->n_prompt;
-        g->ck_lines[g->n_ck_lines++] = r->line;
-    }
-    qsort(g->ck_lines, (size_t)g->n_ck_lines, sizeof *g->ck_lines, tsr__cmp_i64);
-    return TSR_OK;
-}
-
-/* At the start: resumes from this rank's checkpoint when every rank has one. Collective. */
-static tsr_status tsr__ckpt_start(tsr__run *g, int *n_resumed) {
-    *n_resumed = 0;
-    tsr_ckpt_rank_path(g->o->checkpoint, g->dist.rank, g->dist.world, g->ck_path,
-                       sizeof g->ck_path);
-    int64_t have[2] = {access(g->ck_path, F_OK) == 0, 0};
-    have[1] = -have[0];
-    if (g->dist.world > 1)
-        TSR_TRY(tsr_comm_allreduce_i64(g->dist.comm, TSR_COMM_WORLD, have, 2, TSR_COMM_MAX));
-    if (have[0] != -have[1])
-        return tsr_dist_agree(&g->dist, tsr_error_set(TSR_ERR_INVALID,
-                              "%s: some ranks have a checkpoint file and others not",
-                              g->ck_path));
-    if (!have[0]) return TSR_OK;
-    tsr_ckpt ck;
-    tsr_status st = tsr_dist_agree(&g->dist, tsr__ckpt_load(g, &ck));
-    if (st == TSR_OK) {
-        st = tsr__ckpt_restore(g, &ck);
-        if (st != TSR_OK && st != TSR_ERR_NOMEM) { /* name the file */
-            char msg[512];
-            snprintf(msg, sizeof msg, "%s", tsr_last_error());
-            st = tsr_error_set(st, "%s: cannot resume: %s", g->ck_path, msg);
-        }
-        st = tsr_dist_must(&g->dist, st);
-    }
-    if (st == TSR_OK) *n_resumed = ck.n_reqs;
-    tsr_ckpt_free(&ck);
-    /* Resumed: from here on the output and this run's next checkpoint are the state (a
-     * kill now resumes by records, never from a stale checkpoint). */
-    if (st == TSR_OK && remove(g->ck_path) != 0 && errno != ENOENT)
-        TSR_LOG_WARN("%s: cannot remove the resumed checkpoint: %s", g->ck_path,
-                     strerror(errno));
-    return st;
-}
-
 /* Reads and handles input lines until the waiting queue holds max_batch_seqs requests or
  * the input ends. */
-static tsr_status tsr__feed(tsr__run *g, int64_t *line_no, bool *eof) {
+static tsr_status tsr__feed(tsr_run_job *g, int64_t *line_no, bool *eof) {
     char *buf = NULL;
     size_t cap = 0;
     tsr_status st = TSR_OK;
@@ -557,7 +324,7 @@ static tsr_status tsr__feed(tsr__run *g, int64_t *line_no, bool *eof) {
         }
         if (tsr_batch_resume_has(&g->resume, r.custom_id, *line_no)) {
             g->m.skipped++;
-        } else if (tsr__resumed_line(g, *line_no)) {
+        } else if (tsr_run_ckpt_resumed(g, *line_no)) {
             /* restored from the checkpoint: already in the scheduler */
         } else if (pst != TSR_OK) {
             st = tsr__put_error(g, r.custom_id, *line_no, e.code, e.message);
@@ -572,7 +339,7 @@ static tsr_status tsr__feed(tsr__run *g, int64_t *line_no, bool *eof) {
 }
 
 /* Appends `piece` and reports whether a stop string now occurs (text trimmed there). */
-static tsr_status tsr__append(tsr__job_req *q, const char *piece, size_t n, bool *stopped) {
+static tsr_status tsr__append(tsr_run_req *q, const char *piece, size_t n, bool *stopped) {
     *stopped = false;
     if (q->len + n + 1 > q->cap) {
         size_t cap = q->cap ? q->cap : 256;
@@ -606,8 +373,8 @@ static tsr_status tsr__append(tsr__job_req *q, const char *piece, size_t n, bool
     return TSR_OK;
 }
 
-static tsr_status tsr__finish(tsr__run *g, int tag, const char *reason, double now) {
-    tsr__job_req *q = &g->reqs[tag];
+static tsr_status tsr__finish(tsr_run_job *g, int tag, const char *reason, double now) {
+    tsr_run_req *q = &g->reqs[tag];
     tsr_batch_result res = {.custom_id = q->custom_id, .kind = q->kind,
                             .model = g->model_name, .text = q->text, .text_len = q->len,
                             .finish_reason = reason, .prompt_tokens = q->n_prompt,
@@ -623,16 +390,16 @@ static tsr_status tsr__finish(tsr__run *g, int tag, const char *reason, double n
         TSR_TRY(tsr_samples_add(&g->m.tpot, (now - q->t_first) / (double)(q->n_gen - 1)));
     TSR_TRY(tsr_samples_add(&g->m.e2e, now - q->t_submit));
     tsr_status st = tsr__put(g, tsr_batch_format_result(&res), false);
-    tsr__job_req_clear(q);
+    tsr_run_req_clear(q);
     return st;
 }
 
-static tsr_status tsr__events(tsr__run *g, const tsr_sched_event *ev, int n_ev) {
+static tsr_status tsr__events(tsr_run_job *g, const tsr_sched_event *ev, int n_ev) {
     double now = tsr_sys_now();
     char piece[512];
     for (int i = 0; i < n_ev; i++) {
         int tag = (int)ev[i].tag;
-        tsr__job_req *q = &g->reqs[tag];
+        tsr_run_req *q = &g->reqs[tag];
         TSR_ASSERT(tag < g->n_reqs && q->used);
         if (q->t_first == 0) q->t_first = now;
         bool stopped = false;
@@ -656,7 +423,7 @@ static tsr_status tsr__events(tsr__run *g, const tsr_sched_event *ev, int n_ev) 
         case TSR_FINISH_ERROR: {
             tsr_status st = tsr__put_error(g, q->custom_id, q->line, TSR_BATCH_E_TOO_LONG,
                                            "request does not fit the KV cache");
-            tsr__job_req_clear(q);
+            tsr_run_req_clear(q);
             TSR_TRY(st);
             break;
         }
@@ -667,7 +434,7 @@ static tsr_status tsr__events(tsr__run *g, const tsr_sched_event *ev, int n_ev) 
 
 /* The one place that decides to stop between steps (SIGTERM/SIGINT/SIGUSR1, jobs/signals.h).
  * Multi-rank runs must make this decision collective: all ranks stop at the same step. */
-static bool tsr__should_stop(tsr__run *g) {
+static bool tsr__should_stop(tsr_run_job *g) {
     int signo = 0;
     int64_t sig = tsr_signals_stop_requested(&signo) ? signo : 0;
     /* Collective: the ranks see a signal at different steps; the first one stops them all. */
@@ -679,8 +446,8 @@ static bool tsr__should_stop(tsr__run *g) {
     return true;
 }
 
-static tsr_status tsr__job(tsr__run *g) {
-    const tsr__run_opts *o = g->o;
+static tsr_status tsr__job(tsr_run_job *g) {
+    const tsr_run_opts *o = g->o;
     double t_setup = tsr_sys_now();
     const char *kill = getenv("TSR_TEST_KILL_AFTER");
     g->kill_after = kill ? strtoll(kill, NULL, 10) : 0;
@@ -702,7 +469,7 @@ static tsr_status tsr__job(tsr__run *g) {
                 g->resume.truncated_bytes ? " (a partial last record was removed)" : "", todo);
     if (o->checkpoint) {
         int n_resumed = 0;
-        TSR_TRY(tsr__ckpt_start(g, &n_resumed));
+        TSR_TRY(tsr_run_ckpt_start(g, &n_resumed));
         if (!quiet && n_resumed > 0)
             fprintf(stderr, "tessera run: resuming %d in-flight requests from %s\n", n_resumed,
                     g->ck_path);
@@ -730,7 +497,7 @@ static tsr_status tsr__job(tsr__run *g) {
     int n_saved = -1;
     if (o->checkpoint && g->stop_signo) {
         int n = 0;
-        TSR_TRY(tsr_dist_agree(&g->dist, tsr__ckpt_save(g, &n)));
+        TSR_TRY(tsr_dist_agree(&g->dist, tsr_run_ckpt_save(g, &n)));
         n_saved = n;
     } else if (o->checkpoint && remove(g->ck_path) != 0 && errno != ENOENT) {
         TSR_LOG_WARN("%s: cannot remove the checkpoint: %s", g->ck_path, strerror(errno));
@@ -786,7 +553,7 @@ static tsr_status tsr__job(tsr__run *g) {
 }
 
 int tsr_cmd_run(int argc, char **argv) {
-    tsr__run_opts o = {.max_batch_seqs = 16, .max_batch_tokens = 512, .max_context = 0,
+    tsr_run_opts o = {.max_batch_seqs = 16, .max_batch_tokens = 512, .max_context = 0,
                        .threads = tsr_sys_cpus(), .progress_interval = 10.0f,
                        .seed = 42, .backend = "auto"};
     tsr_kv_cli_init(&o.kv);
@@ -812,7 +579,7 @@ int tsr_cmd_run(int argc, char **argv) {
         {"threads", TSR_OPT_INT, &o.threads, "N",
          "CPU threads per rank (default: the CPUs given to the job over its ranks on the node)",
          false},
-        {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu or cuda", false},
+        {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu, cpu-fenced or cuda", false},
         {"seed", TSR_OPT_U64, &o.seed, "S", "seed of requests whose body has no \"seed\"",
          false},
         {"metrics", TSR_OPT_STRING, &o.metrics, "FILE.json",
@@ -870,7 +637,7 @@ int tsr_cmd_run(int argc, char **argv) {
                                          "(its host copy of the KV is not saved)");
     if (o.verbose) tsr_log_set_level(TSR_LOG_INFO);
 
-    tsr__run g = {.o = &o};
+    tsr_run_job g = {.o = &o};
     tsr_status st = tsr_signals_install();
     if (st == TSR_OK) st = tsr__job(&g);
     int rc = st != TSR_OK ? tsr_dist_fail(&g.dist, "run") : g.stop_signo ? TSR_EXIT_STOPPED : 0;

@@ -10,9 +10,6 @@
 #include "jobs/commands.h"
 #include "memory/host_pool.h"
 #include "policies/policy.h"
-#ifdef TSR_HAVE_CUDA
-#include "kernels/cuda/backend_cuda.h"
-#endif
 #include "base/alloc.h"
 #include "base/log.h"
 #include "base/sys.h"
@@ -181,7 +178,7 @@ tsr_status tsr_dist_plane_choose(const tsr_dist_plane_query *q, tsr_dist_plane *
     return TSR_OK;
 }
 
-tsr_status tsr_dist_data_plane(tsr_dist *j, const tsr_backend *be, const char *kv_policy) {
+tsr_status tsr_dist_data_plane(tsr_dist *j, tsr_backend *be, const char *kv_policy) {
     j->plane = TSR_DIST_PLANE_LOCAL;
     int64_t dev = be->device >= 0;
     if (j->world > 1) /* `auto` may give GPUs to some nodes' ranks only: count them */
@@ -192,10 +189,7 @@ tsr_status tsr_dist_data_plane(tsr_dist *j, const tsr_backend *be, const char *k
     tsr_dist_plane plane;
     TSR_TRY(tsr_dist_plane_choose(&q, &plane));
     if (plane == TSR_DIST_PLANE_NCCL) {
-        void *stream = NULL;
-#ifdef TSR_HAVE_CUDA
-        stream = tsr_backend_cuda_stream(be);
-#endif
+        void *stream = be->ops->stream_handle ? be->ops->stream_handle(be) : NULL;
         TSR_TRY(tsr_comm_enable_nccl(j->comm, be->device, stream));
     }
     j->plane = plane;
@@ -205,33 +199,26 @@ tsr_status tsr_dist_data_plane(tsr_dist *j, const tsr_backend *be, const char *k
     return TSR_OK;
 }
 
-tsr_status tsr_dist_pack_weights(tsr_dist *j, const tsr_backend *be, tsr_model *m) {
-    if (be->device >= 0) return TSR_OK; /* host huge pages only help a CPU backend */
-    TSR_TRY(tsr_dist_agree(j, tsr_model_pack(m)));
-    int64_t huge = tsr_sys_anon_huge_bytes();
-    double mib = (double)tsr_model_weight_bytes(m) / 1048576.0;
-    /* Large weights with no huge page at all: THP is off ("never") on this node. */
-    bool thp_off = huge == 0 && mib >= 64.0;
-    TSR_LOG_INFO("rank %d: weights %.1f MiB in memory, %s%.1f MiB of the process in "
-                 "transparent huge pages%s",
-                 j->rank, mib, huge < 0 ? "? " : "", huge < 0 ? 0.0 : (double)huge / 1048576.0,
-                 thp_off ? " (THP off? decode reads 4 KiB pages: see docs/perf.md)" : "");
-    return TSR_OK;
-}
-
-void tsr_dist_kv_options(const tsr_dist *j, const tsr_backend *be, tsr_kv_options *kvo) {
+void tsr_dist_kv_options(const tsr_dist *j, tsr_kv_options *kvo) {
     kvo->shard = &j->shard;
     kvo->comm = j->comm;
     kvo->topo = j->topo;
     kvo->place = j->topo ? &j->place : NULL;
-#ifdef TSR_HAVE_CUDA
-    if (be && be->device >= 0) {
-        kvo->pin = tsr_backend_cuda_host_register;
-        kvo->unpin = tsr_backend_cuda_host_unregister;
-    }
-#else
-    (void)be;
-#endif
+}
+
+/* The engine's on_backend hook: the activations' data plane follows the backend. */
+static tsr_status tsr__on_backend(void *ctx, tsr_backend *be) {
+    tsr_dist *j = ctx;
+    return tsr_dist_data_plane(j, be, j->kv_policy);
+}
+
+void tsr_dist_engine_options(tsr_dist *j, tsr_engine_options *eo) {
+    eo->local_rank = j->local_rank;
+    eo->par = tsr_dist_forward(j);
+    tsr_dist_kv_options(j, &eo->kv);
+    j->kv_policy = eo->kv.policy;
+    eo->on_backend = tsr__on_backend;
+    eo->on_backend_ctx = j;
 }
 
 tsr_forward_parallel tsr_dist_forward(const tsr_dist *j) {

@@ -11,6 +11,7 @@
 #include "jobs/cli.h"
 #include "kernels/backend.h"
 #include "memory/topology.h"
+#include "runtime/engine.h"
 #include "runtime/kv_setup.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
@@ -50,6 +51,7 @@ typedef struct tsr_dist {
     tsr_topology *topo;       /* after tsr_dist_place */
     tsr_placement place;      /* this rank's */
     bool bound;               /* bound to place's cores */
+    const char *kv_policy;    /* for the data-plane choice (tsr_dist_engine_options) */
 } tsr_dist;
 
 void tsr_dist_cli_init(tsr_dist_cli *d);
@@ -89,15 +91,15 @@ const char *tsr_dist_plane_name(tsr_dist_plane p);
  * plane to the backend's device and stream (tsr_comm_enable_nccl). Collective; every
  * error is the same on every rank, except a failure inside NCCL's own initialization,
  * which ends the job. */
-tsr_status tsr_dist_data_plane(tsr_dist *j, const tsr_backend *be, const char *kv_policy);
+tsr_status tsr_dist_data_plane(tsr_dist *j, tsr_backend *be, const char *kv_policy);
 
-/* CPU ranks: the weights (this rank's shard, after tsr_dist_layout) leave the file mapping
- * for huge pages (tsr_model_pack), because decode streams them every token; --verbose says
- * how much of the process the kernel backed with huge pages. Collective. */
-tsr_status tsr_dist_pack_weights(tsr_dist *j, const tsr_backend *be, tsr_model *m);
-/* Fills the distributed fields of KV options: shard, comm, placed host pool, and the
- * device pin hooks when be is a GPU backend. */
-void tsr_dist_kv_options(const tsr_dist *j, const tsr_backend *be, tsr_kv_options *kvo);
+/* Fills the distributed fields of KV options: shard, comm and the placed host pool. */
+void tsr_dist_kv_options(const tsr_dist *j, tsr_kv_options *kvo);
+/* Fills the distributed fields of engine options (after tsr_dist_layout and
+ * tsr_dist_place): local rank, the forward's place in the job, the KV options' (above),
+ * and the data-plane choice (tsr_dist_data_plane with eo->kv.policy) once the backend
+ * exists. j must outlive tsr_engine_create. */
+void tsr_dist_engine_options(tsr_dist *j, tsr_engine_options *eo);
 /* What tsr_forward_create_parallel needs. */
 tsr_forward_parallel tsr_dist_forward(const tsr_dist *j);
 /* Rank 0 prints and writes outputs. */

@@ -12,9 +12,6 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#ifdef TSR_HAVE_CUDA
-#include "kernels/cuda/backend_cuda.h"
-#endif
 
 /* Pipeline micro-batches per call at most. */
 #define TSR__MAX_MB 64
@@ -41,8 +38,18 @@ struct tsr_forward {
     float *parts;       /* tp > 1 over MPI: [n_parts][row_block][dim] */
     int32_t *pos;       /* host: position of each row */
     int32_t *ids;       /* host: token id of each row */
-    float *key_scores;  /* host: per (local) query head x keys, grown on demand */
-    size_t key_scores_cap;
+    /* Grown on demand. Backend: the classifier's output rows and the attention's key
+     * scores (per local query head x keys). Host: their copies for the caller and the
+     * cache's observe(), and the queries handed to the cache's queries() hook. */
+    float *logits_dev, *scores_dev;
+    size_t logits_cap, scores_cap;        /* bytes */
+    float *scores_host, *q_host;
+    size_t scores_host_cap, q_host_cap;   /* bytes */
+    /* MPI data plane on a backend whose memory the host may not touch: the activations
+     * cross ranks through these host buffers (host_alloc), [max_tokens][dim] for the
+     * pipeline and the parts and sum of one row-parallel block for tensor parallelism. */
+    bool stage;
+    float *h_x, *h_parts, *h_y;
 };
 
 void tsr_forward_sample_last_stage(tsr_forward *f, bool on) { f->sample_last = on; }
@@ -65,12 +72,17 @@ size_t tsr_forward_workspace_bytes(const tsr_model_config *c, int max_tokens) {
 
 void tsr_forward_destroy(tsr_forward *f) {
     if (!f) return;
-    float *bufs[] = {f->x, f->xb, f->q, f->k, f->v, f->att, f->hb, f->hb2, f->xl, f->parts};
+    float *bufs[] = {f->x,  f->xb,  f->q,     f->k,         f->v,         f->att,
+                     f->hb, f->hb2, f->xl,    f->parts,     f->logits_dev, f->scores_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) f->be->ops->buffer_free(f->be, bufs[i]);
+    float *hbufs[] = {f->h_x, f->h_parts, f->h_y};
+    for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++)
+        if (hbufs[i]) f->be->ops->host_free(f->be, hbufs[i]);
     tsr_free(f->pos);
     tsr_free(f->ids);
-    tsr_free(f->key_scores);
+    tsr_free(f->scores_host);
+    tsr_free(f->q_host);
     tsr_free(f->wo_seg);
     tsr_free(f->down_seg);
     tsr_free(f);
@@ -81,29 +93,23 @@ tsr_status tsr_forward_create(const tsr_model *m, tsr_backend *be, int max_token
     return tsr_forward_create_parallel(m, be, max_tokens, NULL, out);
 }
 
-/* Activations live in the backend's memory and the data plane moves them as they are:
- * MPI takes host memory, NCCL device memory ordered on the backend's stream. Any other
- * pairing would hand device pointers to MPI (or host pointers to NCCL), so it is refused
- * before anything runs. One process moves nothing. */
-static tsr_status tsr__check_data_plane(tsr_comm *comm, const tsr_backend *be, bool nccl) {
-    if (!comm || tsr_comm_world_size(comm) < 2) return TSR_OK;
-    bool device = be->device >= 0;
-    if (device && !nccl)
-        return tsr_error_set(TSR_ERR_UNSUPPORTED,
-                             "forward: backend %s keeps activations in GPU memory, which the "
-                             "MPI data plane cannot send; across ranks it needs NCCL",
-                             be->ops->name);
-    if (!device && nccl)
+/* Activations live in the backend's memory. NCCL moves them as they are, ordered on the
+ * backend's stream; MPI takes host memory, so on a backend whose memory is not the host's
+ * the forward stages them through host buffers (download, send; receive, upload). NCCL
+ * with a host backend would hand host pointers to NCCL, and NCCL on another stream than
+ * the kernels would race them: both are refused before anything runs. One process moves
+ * nothing. */
+static tsr_status tsr__check_data_plane(tsr_comm *comm, tsr_backend *be, bool nccl) {
+    if (!comm || tsr_comm_world_size(comm) < 2 || !nccl) return TSR_OK;
+    if (be->device < 0)
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
                              "forward: the data plane is on NCCL, but backend %s keeps "
                              "activations in host memory", be->ops->name);
-#ifdef TSR_HAVE_CUDA
-    void *bs = tsr_backend_cuda_stream(be);
-    if (device && bs && tsr_comm_cuda_stream(comm) != bs)
+    void *bs = be->ops->stream_handle ? be->ops->stream_handle(be) : NULL;
+    if (bs && tsr_comm_cuda_stream(comm) != bs)
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
                              "forward: NCCL is ordered on another CUDA stream than backend "
                              "%s's kernels, so its transfers would race them", be->ops->name);
-#endif
     return TSR_OK;
 }
 
@@ -164,6 +170,15 @@ tsr_status tsr_forward_create_parallel(const tsr_model *m, tsr_backend *be, int 
         else
             st = be->ops->buffer_alloc(be, bytes, (void **)plan[i].p);
     }
+    /* The plain CPU backend's memory is the host's: MPI takes it in place, as before. */
+    f->stage = f->comm && tsr_comm_world_size(f->comm) > 1 && !f->use_nccl && !be->host_memory;
+    if (st == TSR_OK && f->stage) {
+        size_t xb = T * (size_t)c->dim * 4, yb = (size_t)f->row_block * (size_t)c->dim * 4;
+        st = be->ops->host_alloc(be, xb, false, (void **)&f->h_x);
+        if (st == TSR_OK && f->tp > 1)
+            st = be->ops->host_alloc(be, yb * (size_t)f->n_parts, false, (void **)&f->h_parts);
+        if (st == TSR_OK && f->tp > 1) st = be->ops->host_alloc(be, yb, false, (void **)&f->h_y);
+    }
     if (st == TSR_OK) {
         f->pos = tsr_calloc(T, sizeof *f->pos);
         f->ids = tsr_calloc(T, sizeof *f->ids);
@@ -180,15 +195,23 @@ tsr_status tsr_forward_create_parallel(const tsr_model *m, tsr_backend *be, int 
     return TSR_OK;
 }
 
-static tsr_status tsr__key_scores(tsr_forward *f, size_t n, float **out) {
-    if (n > f->key_scores_cap) {
-        float *p = tsr_realloc(f->key_scores, n * sizeof *p);
-        if (!p) return TSR_ERR_NOMEM;
-        f->key_scores = p;
-        f->key_scores_cap = n;
-    }
-    memset(f->key_scores, 0, n * sizeof *f->key_scores);
-    *out = f->key_scores;
+/* Grows a backend buffer to `bytes` (contents lost). */
+static tsr_status tsr__grow_dev(tsr_forward *f, float **p, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return TSR_OK;
+    if (*p) f->be->ops->buffer_free(f->be, *p);
+    *p = NULL;
+    *cap = 0;
+    TSR_TRY(f->be->ops->buffer_alloc(f->be, bytes, (void **)p));
+    *cap = bytes;
+    return TSR_OK;
+}
+
+static tsr_status tsr__grow_host(float **p, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return TSR_OK;
+    float *q = tsr_realloc(*p, bytes);
+    if (!q) return TSR_ERR_NOMEM;
+    *p = q;
+    *cap = bytes;
     return TSR_OK;
 }
 
@@ -204,24 +227,36 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
         const tsr_batch_seq *s = &seqs[i];
         TSR_TRY(kv->ops->write(kv, layer, s->seq, s->n_tokens, f->k + row * kvd,
                                f->v + row * kvd));
-        if (kv->ops->queries)
-            TSR_TRY(kv->ops->queries(kv, layer, s->seq, f->q + row * qd, f->pos + row,
-                                     s->n_tokens, f->nh));
+        if (kv->ops->queries) { /* the cache reads them on the host */
+            size_t qb = (size_t)s->n_tokens * qd * sizeof(float);
+            TSR_TRY(tsr__grow_host(&f->q_host, &f->q_host_cap, qb));
+            TSR_TRY(tsr_backend_download(be, f->q_host, f->q + row * qd, qb));
+            TSR_TRY(kv->ops->queries(kv, layer, s->seq, f->q_host, f->pos + row, s->n_tokens,
+                                     f->nh));
+        }
         const tsr_kv_span *spans;
         int n_spans;
         TSR_TRY(kv->ops->spans(kv, layer, s->seq, &spans, &n_spans));
         float *scores = NULL;
+        size_t sb = 0;
         if (kv->wants_scores && kv->ops->observe) {
             size_t keys = 0;
             for (int j = 0; j < n_spans; j++) keys += (size_t)spans[j].n;
-            TSR_TRY(tsr__key_scores(f, keys * (size_t)f->nh, &scores)); /* per query head */
+            sb = keys * (size_t)f->nh * sizeof(float); /* per query head */
+            TSR_TRY(tsr__grow_dev(f, &f->scores_dev, &f->scores_cap, sb));
+            TSR_TRY(tsr__grow_host(&f->scores_host, &f->scores_host_cap, sb));
+            TSR_TRY(be->ops->memset(be, f->scores_dev, 0, sb)); /* attention adds to it */
+            scores = f->scores_dev;
         }
         tsr_attn_args a = {.q = f->q + row * qd, .q_pos = f->pos + row, .n_q = s->n_tokens,
                            .spans = spans, .n_spans = n_spans, .n_heads = f->nh,
                            .n_kv_heads = f->nkv, .head_dim = c->head_dim,
                            .out = f->att + row * qd, .key_scores = scores};
         TSR_TRY(be->ops->attention(be, &a));
-        if (scores) TSR_TRY(kv->ops->observe(kv, layer, s->seq, scores));
+        if (scores) {
+            TSR_TRY(tsr_backend_download(be, f->scores_host, scores, sb));
+            TSR_TRY(kv->ops->observe(kv, layer, s->seq, f->scores_host));
+        }
         row += s->n_tokens;
     }
     return TSR_OK;
@@ -243,10 +278,18 @@ static tsr_status tsr__row_parallel(tsr_forward *f, const float *x, int64_t n,
             /* NCCL sums in its own order: equal to one process within rounding only */
             TSR_TRY(op->matmul_parts(f->be, xr, nr, w, seg, f->n_parts, true, yr));
             TSR_TRY(tsr_comm_allreduce_sum_f32(f->comm, TSR_COMM_TP, yr, (size_t)nr * dim));
-        } else {
+        } else if (!f->stage) {
             TSR_TRY(op->matmul_parts(f->be, xr, nr, w, seg, f->n_parts, false, f->parts));
             TSR_TRY(tsr_comm_allreduce_sum_f32_parts(f->comm, TSR_COMM_TP, f->parts,
                                                      f->n_parts, (size_t)nr * dim, yr));
+        } else {
+            /* the parts are [n_parts][nr][dim], packed for this block's nr rows */
+            size_t pb = (size_t)f->n_parts * (size_t)nr * dim * sizeof(float);
+            TSR_TRY(op->matmul_parts(f->be, xr, nr, w, seg, f->n_parts, false, f->parts));
+            TSR_TRY(tsr_backend_download(f->be, f->h_parts, f->parts, pb));
+            TSR_TRY(tsr_comm_allreduce_sum_f32_parts(f->comm, TSR_COMM_TP, f->h_parts,
+                                                     f->n_parts, (size_t)nr * dim, f->h_y));
+            TSR_TRY(tsr_backend_upload(f->be, yr, f->h_y, (size_t)nr * dim * sizeof(float)));
         }
     }
     return TSR_OK;
@@ -349,20 +392,32 @@ static tsr_status tsr__pipeline(tsr_forward *f, tsr_kv_cache *kv, const tsr_batc
     if (first) {
         st = f->be->ops->embed(f->be, &m->tok_emb, f->ids, T, f->x);
     } else {
+        /* Staged: each micro-batch's rows arrive in the host buffer's same rows, and are
+         * uploaded once received; its send later reuses them (the receive is complete). */
+        float *rx = f->stage ? f->h_x : f->x;
         for (int g = 0; g < M && st == TSR_OK; g++)
-            st = tsr_comm_irecv(f->comm, TSR_COMM_PP, f->x + row0[g] * dim,
+            st = tsr_comm_irecv(f->comm, TSR_COMM_PP, rx + row0[g] * dim,
                                 (size_t)(row0[g + 1] - row0[g]) * dim * 4, me - 1, g, &rq[g]);
     }
     for (int g = 0; g < M && st == TSR_OK; g++) {
         int64_t n = row0[g + 1] - row0[g];
+        size_t off = (size_t)row0[g] * dim, bytes = (size_t)n * dim * 4;
         if (!first) st = tsr_comm_wait(f->comm, &rq[g]);
+        if (st == TSR_OK && !first && f->stage)
+            st = tsr_backend_upload(f->be, f->x + off, f->h_x + off, bytes);
         if (st == TSR_OK) st = tsr__layers(f, kv, seqs, cut[g], cut[g + 1], row0[g], n);
         if (st != TSR_OK) break;
-        if (last)
+        if (last) {
             st = tsr__gather_logit_rows(f, seqs, cut[g], cut[g + 1], row0[g], nl);
-        else
-            st = tsr_comm_isend(f->comm, TSR_COMM_PP, f->x + row0[g] * dim, (size_t)n * dim * 4,
-                                me + 1, g, &sq[g]);
+        } else {
+            const float *sx = f->x + off;
+            if (f->stage) {
+                st = tsr_backend_download(f->be, f->h_x + off, f->x + off, bytes);
+                sx = f->h_x + off;
+            }
+            if (st == TSR_OK)
+                st = tsr_comm_isend(f->comm, TSR_COMM_PP, sx, bytes, me + 1, g, &sq[g]);
+        }
     }
     /* Complete what was started even after a failure: the buffers are ours. A failed rank
      * may leave its peers waiting; the caller's agreement or abort ends the job. */
@@ -430,8 +485,11 @@ tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq
      * gets the logits (every rank samples the same tokens), unless the caller samples on
      * the last stage and shares the ids (tsr_forward_share_tokens). */
     if (f->sh.last_stage && nl > 0) {
+        size_t lb = (size_t)nl * (size_t)c->vocab_size * sizeof(float);
+        TSR_TRY(tsr__grow_dev(f, &f->logits_dev, &f->logits_cap, lb));
         TSR_TRY(op->rmsnorm(be, f->xl, &m->out_norm, nl, c->dim, c->norm_eps, f->xl));
-        TSR_TRY(op->matmul(be, f->xl, nl, &m->classifier, logits));
+        TSR_TRY(op->matmul(be, f->xl, nl, &m->classifier, f->logits_dev));
+        TSR_TRY(tsr_backend_download(be, logits, f->logits_dev, lb));
     }
     TSR_TRY(op->synchronize(be));
     if (f->pp > 1 && nl_all > 0 && !f->sample_last)

@@ -49,7 +49,8 @@ tsr_status tsr_forward_create_parallel(const tsr_model *m, tsr_backend *be, int 
 void tsr_forward_destroy(tsr_forward *f);
 
 /* Runs the batch: appends each chunk to its sequence in `kv` (reserve + write + commit)
- * and writes logits rows, in batch order, to `logits` ([rows][vocab]); *n_rows gets the
+ * and writes logits rows, in batch order, to `logits` ([rows][vocab], host memory: the
+ * classifier runs into a backend buffer and its rows are downloaded); *n_rows gets the
  * count. `logits` must hold max_tokens rows when any seq asks all_logits, else one row per
  * sequence. */
 tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq *seqs,

@@ -24,6 +24,45 @@ static int64_t tsr__free_memory(void) {
     return pages > 0 && psz > 0 ? (int64_t)pages * psz : 0;
 }
 
+/* The pool's bytes when --kv-memory is not given (kv_setup.h says how). */
+static tsr_status tsr__pool_bytes(const tsr_kv_options *opt, const tsr_model_config *cfg,
+                                  int64_t *mem) {
+    tsr_backend *be = opt->be;
+    int64_t ws = (int64_t)tsr_kv_workspace_bytes(cfg, opt->chunk_tokens);
+    if (!be || be->host_memory) {
+        double frac = opt->memory_fraction > 0 ? opt->memory_fraction : 0.5;
+        *mem = (int64_t)((double)tsr__free_memory() * frac) - ws;
+        if (*mem <= 0)
+            return tsr_error_set(TSR_ERR_BUDGET,
+                                 "KV cache: free memory does not cover the prefill workspace");
+        return TSR_OK;
+    }
+    size_t free_b = 0, total_b = 0;
+    TSR_TRY(be->ops->memory(be, &free_b, &total_b));
+    double frac = opt->memory_fraction > 0 ? opt->memory_fraction : 0.9;
+    int64_t seqs = opt->max_seqs > 0 ? opt->max_seqs : 1;
+    ws += seqs * (int64_t)cfg->vocab_size * 4; /* one logits row per sequence */
+    *mem = (int64_t)((double)free_b * frac) - ws;
+    if (*mem <= 0)
+        return tsr_error_set(TSR_ERR_BUDGET,
+                             "KV cache: the %s backend's free memory (%.1f MiB of %.1f MiB) "
+                             "does not cover the prefill workspace (%.1f MiB)",
+                             be->ops->name, (double)free_b / 1048576.0,
+                             (double)total_b / 1048576.0, (double)ws / 1048576.0);
+    return TSR_OK;
+}
+
+/* The host pool's pin hooks from the backend's optional host_register (ctx: the backend). */
+static tsr_status tsr__pin(void *ctx, void *ptr, size_t bytes) {
+    tsr_backend *be = ctx;
+    return be->ops->host_register(be, ptr, bytes);
+}
+
+static void tsr__unpin(void *ctx, void *ptr) {
+    tsr_backend *be = ctx;
+    if (be->ops->host_unregister) be->ops->host_unregister(be, ptr);
+}
+
 tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
                         tsr_kv_cache **out) {
     *out = NULL;
@@ -42,14 +81,7 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
     bool dist = opt->comm && tsr_comm_world_size(opt->comm) > 1;
     int64_t mem = opt->memory_bytes;
     tsr_status mst = TSR_OK;
-    if (mem <= 0) {
-        double frac = opt->memory_fraction > 0 ? opt->memory_fraction : 0.5;
-        mem = (int64_t)((double)tsr__free_memory() * frac) -
-              (int64_t)tsr_kv_workspace_bytes(cfg, opt->chunk_tokens);
-        if (mem <= 0)
-            mst = tsr_error_set(TSR_ERR_BUDGET,
-                                "KV cache: free memory does not cover the prefill workspace");
-    }
+    if (mem <= 0) mst = tsr__pool_bytes(opt, cfg, &mem);
     /* free memory is this rank's: agree before the collective sizing below */
     if (dist) mst = tsr_comm_agree(opt->comm, mst);
     TSR_TRY(mst);
@@ -67,7 +99,7 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
                               .max_seqs = opt->max_seqs > 0 ? opt->max_seqs : 1,
                               .max_seq_len = cfg->max_seq_len,
                               .prefix_caching = !opt->no_prefix_cache,
-                              .keep_scores = pol->wants_scores};
+                              .keep_scores = pol->wants_scores, .be = opt->be};
     if (dist) {
         /* One logical cache: the same blocks per layer on every rank (the least any rank
          * can hold), so a stage with more layers gets a proportionally larger pool and the
@@ -83,8 +115,16 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
         TSR_TRY(tsr_host_pool_create_placed(opt->host_bytes, opt->topo, opt->place, &host));
     else
         TSR_TRY(tsr_host_pool_create(opt->host_bytes, &host));
-    if (opt->pin) {
-        tsr_status pst = tsr_host_pool_set_pinning(host, opt->pin, opt->unpin, NULL);
+    tsr_host_pool_pin_fn pin = opt->pin;
+    tsr_host_pool_unpin_fn unpin = opt->unpin;
+    void *pin_ctx = NULL;
+    if (!pin && opt->be && opt->be->ops->host_register) {
+        pin = tsr__pin;
+        unpin = tsr__unpin;
+        pin_ctx = opt->be;
+    }
+    if (pin) {
+        tsr_status pst = tsr_host_pool_set_pinning(host, pin, unpin, pin_ctx);
         if (pst != TSR_OK) {
             tsr_host_pool_destroy(host);
             return pst;

@@ -1,6 +1,16 @@
 /* Builds the KV cache `tessera generate` and the benches use, from command-line options:
  * policy, pool memory, block size, budget. One call, one cache; the cache owns its host
- * pool. */
+ * pool.
+ *
+ * Pool size without --kv-memory:
+ * - host-memory backends (the plain CPU) and no backend: memory_fraction (default 0.5) of
+ *   the host's available memory, less the prefill workspace;
+ * - other backends (cpu-fenced, CUDA): memory_fraction (default 0.9) of the backend memory
+ *   still free (be->ops->memory), less the prefill workspace and one logits row per
+ *   sequence. The weights are already placed when this runs (runtime/engine.c places them
+ *   first), so "free" excludes them; the forward's workspace is allocated after the pool,
+ *   hence subtracted. The 10 % left is the safety margin for allocator rounding and the
+ *   buffers the forward grows on demand (all-logits rows, the per-key score buffer). */
 #ifndef TSR_RUNTIME_KV_SETUP_H
 #define TSR_RUNTIME_KV_SETUP_H
 
@@ -39,6 +49,10 @@ typedef struct tsr_kv_options {
     const tsr_placement *place;
     tsr_host_pool_pin_fn pin;
     tsr_host_pool_unpin_fn unpin;
+    /* Where the K/V rows live (tsr_kv_paged_config.be, not owned); its memory query sizes
+     * the pool of a device backend, and its host_register (when pin is NULL) pins the host
+     * pool. NULL: host memory, no pinning. */
+    tsr_backend *be;
 } tsr_kv_options;
 
 /* Bytes of transient prefill workspace for one chunk: forward activations, attention

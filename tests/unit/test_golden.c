@@ -2,7 +2,10 @@
  * (tools/hf_reference.py wrote tests/data/golden/ *.json; docs/correctness.md explains the
  * tolerances). Every model is checked for prompt logits, greedy tokens (exactly) and decode
  * logits; then the same prompt in chunks of 7 (chunked prefill), and two prompts batched in
- * one call (with batched decode, and a decode mixed with another sequence's prefill). */
+ * one call (with batched decode, and a decode mixed with another sequence's prefill).
+ * Each check runs on every backend of TEST_BACKENDS that this build has (cpu-fenced: the
+ * weights, activations and K/V in memory the host may not touch; results come back only
+ * through the forward's downloaded logits). */
 #include <errno.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -14,6 +17,7 @@
 #include "memory/kv_cache.h"
 #include "base/alloc.h"
 #include "base/status.h"
+#include "runtime/engine.h"
 #include "runtime/forward.h"
 #include "runtime/loader.h"
 #include "runtime/model.h"
@@ -29,6 +33,26 @@
 #define KV_TOKENS 256   /* longest golden prompt + continuation is 192 */
 #define STEP_TOKENS 512 /* forward step limit: two whole prompts in one call */
 #define CHUNK 7
+
+static const char *const TEST_BACKENDS[] = {"cpu", "cpu-fenced"};
+#define N_TEST_BACKENDS (int)(sizeof TEST_BACKENDS / sizeof TEST_BACKENDS[0])
+
+/* false (with a note) when this build cannot create the backend. */
+static bool backend_available(const char *name) {
+    tsr_backend *be = NULL;
+    tsr_status st = tsr_backend_create(name, 1, &be);
+    tsr_backend_destroy(be);
+    if (st == TSR_ERR_UNSUPPORTED) {
+        fprintf(stderr, "  note: backend %s skipped: %s\n", name, tsr_last_error());
+        return false;
+    }
+    if (st != TSR_OK) {
+        fprintf(stderr, "  backend %s: %s\n", name, tsr_last_error());
+        tsr_test_failed_flag = 1;
+        return false;
+    }
+    return true;
+}
 
 typedef struct golden_prompt {
     int32_t *ids;
@@ -213,22 +237,22 @@ static void check_run(const char *what, const golden_prompt *p, int vocab, const
 /* ---- running the forward pass ---------------------------------------------------------- */
 
 typedef struct harness {
-    tsr_model *m;
-    tsr_backend *be;
+    tsr_engine *eng; /* borrows the model */
     tsr_forward *fwd;
     tsr_kv_cache *kv;
-    float *logits; /* [STEP_TOKENS][vocab] */
+    float *logits; /* [STEP_TOKENS][vocab], host: the forward downloads into it */
     int vocab;
 } harness;
 
-static tsr_status harness_open(harness *h, tsr_model *m) {
+static tsr_status harness_open(harness *h, tsr_model *m, const char *backend) {
     memset(h, 0, sizeof *h);
-    h->m = m;
     h->vocab = m->cfg.vocab_size;
-    TSR_TRY(tsr_backend_cpu_create(1, &h->be));
-    TSR_TRY(tsr_forward_create(m, h->be, STEP_TOKENS, &h->fwd));
-    TSR_TRY(tsr_kv_dense_create(m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, KV_TOKENS,
-                                2, &h->kv));
+    tsr_engine_options eo = {.backend = backend, .threads = 1, .max_tokens = STEP_TOKENS,
+                             .kv = {.max_seqs = 2}, .dense_kv_tokens = KV_TOKENS,
+                             .borrow_model = true};
+    TSR_TRY(tsr_engine_create(m, &eo, &h->eng));
+    h->fwd = h->eng->fwd;
+    h->kv = h->eng->kv;
     h->logits = tsr_malloc((size_t)STEP_TOKENS * (size_t)h->vocab * sizeof(float));
     if (!h->logits) return tsr_error_set(TSR_ERR_NOMEM, "test: logits buffer");
     return TSR_OK;
@@ -236,9 +260,7 @@ static tsr_status harness_open(harness *h, tsr_model *m) {
 
 static void harness_close(harness *h) {
     tsr_free(h->logits);
-    if (h->kv) tsr_kv_cache_destroy(h->kv);
-    if (h->fwd) tsr_forward_destroy(h->fwd);
-    if (h->be) tsr_backend_destroy(h->be);
+    tsr_engine_destroy(h->eng);
     memset(h, 0, sizeof *h);
 }
 
@@ -336,7 +358,10 @@ static tsr_status run_pair(harness *h, const golden_prompt *pa, const golden_pro
 
 /* ---- the checks, per model ------------------------------------------------------------ */
 
-static void check_model(const char *label, tsr_model *m, const char *golden_path, double tol) {
+static void check_model_on(const char *backend, const char *label0, tsr_model *m,
+                           const char *golden_path, double tol) {
+    char label[96];
+    snprintf(label, sizeof label, "%.70s [%.20s]", label0, backend);
     golden g;
     if (golden_load(golden_path, &g) != 0) TSR_FAIL_("%s: cannot load %s", label, golden_path);
     harness h;
@@ -347,7 +372,7 @@ static void check_model(const char *label, tsr_model *m, const char *golden_path
         golden_free(&g);
         TSR_FAIL_("%s: vocab %d, golden %d", label, m->cfg.vocab_size, g.vocab);
     }
-    tsr_status st = harness_open(&h, m);
+    tsr_status st = harness_open(&h, m, backend);
     if (st != TSR_OK) {
         harness_close(&h);
         golden_free(&g);
@@ -393,6 +418,12 @@ static void check_model(const char *label, tsr_model *m, const char *golden_path
             tol);
     harness_close(&h);
     golden_free(&g);
+}
+
+static void check_model(const char *label, tsr_model *m, const char *golden_path, double tol) {
+    for (int b = 0; b < N_TEST_BACKENDS && !tsr_test_failed_flag; b++)
+        if (backend_available(TEST_BACKENDS[b]))
+            check_model_on(TEST_BACKENDS[b], label, m, golden_path, tol);
 }
 
 static void check_spec(const char *label, const char *spec, const char *golden_path,
