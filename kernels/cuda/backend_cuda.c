@@ -2,8 +2,16 @@
  * (device buffers, pinned host staging, copies, copy streams and events, KV rows by slot),
  * cuBLAS GEMMs, staging of host metadata (positions, ids, slot lists) to the device, and
  * the vtable. Kernels live in ops.cu, attn.cu and kv.cu (launch.h). One device per backend;
- * the calling thread's current device is set at create. */
-#include "kernels/cuda/backend_cuda.h"
+ * the calling thread's current device is set at create.
+ *
+ * Pointer contract: the one of kernels/backend.h. Backend memory (device memory from
+ * buffer_alloc) holds activations, placed weights, K/V rows, key scores and outputs; host
+ * metadata (the attention args and spans, span and query positions, rope positions, embed
+ * ids, slot lists, the model config) is staged to the device, and the caller may reuse it
+ * as soon as a call returns. Ops, copy and memset are queued on the compute stream;
+ * upload/download/kv_gather/kv_scatter with stream NULL wait for their bytes. Everything
+ * else about this backend goes through its vtable: it has no public header. */
+#include "kernels/backend.h"
 
 #include <limits.h>
 #include <math.h>
@@ -375,12 +383,23 @@ static tsr_status tsr__cuda_event_sync(tsr_backend *be, tsr_event *ev) {
     return TSR_OK;
 }
 
+/* Portable registration: the pinning holds for every device, so the host pool may be
+ * shared by the backends of one process. */
 static tsr_status tsr__cuda_host_register(tsr_backend *be, void *ptr, size_t bytes) {
-    return tsr_backend_cuda_host_register(be, ptr, bytes);
+    (void)be;
+    cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return tsr_error_set(TSR_ERR_CUDA, "cuda: cudaHostRegister(%zu bytes): %s (%s)", bytes,
+                             cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    return TSR_OK;
 }
 
 static void tsr__cuda_host_unregister(tsr_backend *be, void *ptr) {
-    tsr_backend_cuda_host_unregister(be, ptr);
+    (void)be;
+    /* Nothing to report at free time: an unregistered pointer is harmless to free. */
+    if (cudaHostUnregister(ptr) != cudaSuccess) (void)cudaGetLastError();
 }
 
 static void *tsr__cuda_stream_handle(tsr_backend *be) {
@@ -930,44 +949,4 @@ tsr_status tsr_backend_cuda_create(int device, tsr_backend **out) {
 fail:
     tsr__cuda_destroy(be);
     return st;
-}
-
-tsr_status tsr_backend_cuda_set(tsr_backend *be, void *dev_dst, const void *host_src,
-                                size_t bytes) {
-    return tsr__cuda_upload(be, dev_dst, host_src, bytes, NULL);
-}
-
-tsr_status tsr_backend_cuda_get(tsr_backend *be, void *host_dst, const void *dev_src,
-                                size_t bytes) {
-    return tsr__cuda_download(be, host_dst, dev_src, bytes, NULL);
-}
-
-void *tsr_backend_cuda_stream(const tsr_backend *be) {
-    if (!be || be->ops != &tsr__cuda_ops || !be->ctx) return NULL;
-    return (void *)((const tsr__cuda_ctx *)be->ctx)->stream;
-}
-
-const char *tsr_backend_cuda_device_name(const tsr_backend *be) {
-    return ((const tsr__cuda_ctx *)be->ctx)->name;
-}
-
-/* ---- page-locking host memory (host pool pin hooks) ---------------------------------- */
-
-/* Portable: the pinning holds for every device, so the hook needs no backend (ctx unused;
- * the host pool passes what it was given). */
-tsr_status tsr_backend_cuda_host_register(void *ctx, void *ptr, size_t bytes) {
-    (void)ctx;
-    cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return tsr_error_set(TSR_ERR_CUDA, "cuda: cudaHostRegister(%zu bytes): %s (%s)", bytes,
-                             cudaGetErrorString(e), cudaGetErrorName(e));
-    }
-    return TSR_OK;
-}
-
-void tsr_backend_cuda_host_unregister(void *ctx, void *ptr) {
-    (void)ctx;
-    /* Nothing to report at free time: an unregistered pointer is harmless to free. */
-    if (cudaHostUnregister(ptr) != cudaSuccess) (void)cudaGetLastError();
 }
