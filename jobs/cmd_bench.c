@@ -382,7 +382,7 @@ int tsr_cmd_bench(int argc, char **argv) {
     }
     if (tsr_backend_cpu_create(o.threads, &be) != TSR_OK) goto fail;
     if (strcmp(o.kv, "dense") == 0) {
-        if (tsr_kv_dense_create(c->n_layers, c->n_kv_heads, c->head_dim, n + g, 1, &r.kv) !=
+        if (tsr_kv_dense_create(be, c->n_layers, c->n_kv_heads, c->head_dim, n + g, 1, &r.kv) !=
             TSR_OK)
             goto fail;
     } else {

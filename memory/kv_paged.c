@@ -1,13 +1,16 @@
-/* The paged KV cache over the block pool. Block b of the pool owns slots
- * [b*bs, (b+1)*bs) of the K, V, position and score stores; a sequence's layer table lists
- * its blocks, and slot s of the layer lives at table[s / bs], offset s % bs. While a layer
- * never lost a token ("dense"), slot s holds position s: its full blocks are hashed for
- * prefix sharing and spans are contiguous (pos0). */
+/* The paged KV cache over the block pool: block metadata and tables. Block b of the pool
+ * owns slots [b*bs, (b+1)*bs) of the store (memory/kv_store.h: K/V rows in backend memory,
+ * positions and scores on the host); a sequence's layer table lists its blocks, and slot s
+ * of the layer lives at table[s / bs], offset s % bs. While a layer never lost a token
+ * ("dense"), slot s holds position s: its full blocks are hashed for prefix sharing and
+ * spans are contiguous (pos0). Rows move only through the store, one backend call per
+ * batch of slots. */
 #include "memory/kv_paged.h"
 
 #include <string.h>
 
 #include "memory/block_pool.h"
+#include "memory/kv_store.h"
 #include "base/alloc.h"
 
 typedef struct tsr__player {
@@ -40,10 +43,10 @@ typedef struct tsr__paged {
     /* Block b holds its K rows, then its V rows (bs x kv_dim floats each): attention reads
      * a block's K and then its V, so a layer's blocks, adjacent in the pool, are one
      * forward stream (docs/kv-cache.md). */
-    float *store;
-    size_t store_bytes; /* for tsr_free_huge */
-    int32_t *pos_store;
-    float *score_store;
+    tsr_kv_store kvs;
+    /* Scratch slot lists (host) for the store's batched calls. */
+    int32_t *sl_a, *sl_b;
+    int64_t sl_cap;
     tsr__pseq *seqs;
     tsr_kv_span *spans;
     int32_t spans_cap;
@@ -51,6 +54,10 @@ typedef struct tsr__paged {
 } tsr__paged;
 
 static const tsr_kv_cache_ops tsr__paged_ops;
+static tsr_status tsr__paged_export_seq(const tsr_kv_cache *kv, int seq,
+                                        tsr_kv_seq_state *out);
+static tsr_status tsr__paged_import_seq(tsr_kv_cache *kv, int seq,
+                                        const tsr_kv_seq_state *in);
 
 int64_t tsr_kv_paged_block_bytes(const tsr_kv_paged_config *cfg) {
     int64_t bs = cfg->block_size > 0 ? cfg->block_size : 16;
@@ -72,18 +79,30 @@ static tsr__pseq *tsr__seq(const tsr__paged *p, int seq) {
 
 static size_t tsr__kvd(const tsr__paged *p) { return (size_t)p->base.kv_dim; }
 
-/* The K and V rows of pool slot `at` (block at / bs, row at % bs). */
-static float *tsr__krow(const tsr__paged *p, size_t at) {
-    size_t bs = (size_t)p->bs;
-    return p->store + (at / bs * 2 * bs + at % bs) * tsr__kvd(p);
-}
-static float *tsr__vrow(const tsr__paged *p, size_t at) {
-    return tsr__krow(p, at) + (size_t)p->bs * tsr__kvd(p);
+/* Slot address: index into the store. */
+static int32_t tsr__slot(const tsr__paged *p, const tsr__player *L, int32_t s) {
+    return L->blocks[s / p->bs] * p->bs + s % p->bs;
 }
 
-/* Slot address: index into the stores. */
-static size_t tsr__slot(const tsr__paged *p, const tsr__player *L, int32_t s) {
-    return (size_t)L->blocks[s / p->bs] * (size_t)p->bs + (size_t)(s % p->bs);
+/* Makes the scratch slot lists hold n entries each. */
+static tsr_status tsr__scratch(tsr__paged *p, int64_t n) {
+    if (n <= p->sl_cap) return TSR_OK;
+    int64_t c = p->sl_cap ? p->sl_cap : 256;
+    while (c < n) c *= 2;
+    int32_t *a = tsr_realloc(p->sl_a, (size_t)c * sizeof *a);
+    if (!a) return TSR_ERR_NOMEM;
+    p->sl_a = a;
+    int32_t *b = tsr_realloc(p->sl_b, (size_t)c * sizeof *b);
+    if (!b) return TSR_ERR_NOMEM;
+    p->sl_b = b;
+    p->sl_cap = c;
+    return TSR_OK;
+}
+
+/* The store slots of table slots [first, first + n) of L into out. */
+static void tsr__slots_of(const tsr__paged *p, const tsr__player *L, int32_t first, int32_t n,
+                          int32_t *out) {
+    for (int32_t i = 0; i < n; i++) out[i] = tsr__slot(p, L, first + i);
 }
 
 static void tsr__note_peak(tsr__paged *p) {
@@ -100,14 +119,6 @@ static tsr_status tsr__grow_i32(int32_t **a, int32_t *cap, int32_t need) {
     *a = n;
     *cap = c;
     return TSR_OK;
-}
-
-static void tsr__copy_slot(tsr__paged *p, size_t dst, size_t src) {
-    size_t kvd = tsr__kvd(p);
-    memcpy(tsr__krow(p, dst), tsr__krow(p, src), kvd * 4);
-    memcpy(tsr__vrow(p, dst), tsr__vrow(p, src), kvd * 4);
-    p->pos_store[dst] = p->pos_store[src];
-    if (p->score_store) p->score_store[dst] = p->score_store[src];
 }
 
 /* Releases every block of a layer, tail first. */
@@ -137,9 +148,9 @@ static void tsr__paged_destroy(tsr_kv_cache *kv) {
             if (p->seqs[i].active) tsr__seq_release(p, &p->seqs[i]);
     tsr_free(p->seqs);
     tsr_free(p->spans);
-    tsr_free_huge(p->store, p->store_bytes);
-    tsr_free(p->pos_store);
-    tsr_free(p->score_store);
+    tsr_free(p->sl_a);
+    tsr_free(p->sl_b);
+    tsr_kv_store_release(&p->kvs);
     tsr_block_pool_destroy(p->pool);
     tsr_free(p);
 }
@@ -202,17 +213,20 @@ static void tsr__layer_alloc(tsr__paged *p, int l, int32_t prev, int32_t n, int3
     }
 }
 
-/* Makes the partial last block of layer l private (copy-on-write). A free block must
- * exist. */
-static void tsr__layer_cow(tsr__paged *p, int l, tsr__player *L) {
+/* Makes the partial last block of layer l private (copy-on-write): one kv_copy of its
+ * used rows. A free block must exist and the scratch lists hold bs entries. */
+static tsr_status tsr__layer_cow(tsr__paged *p, int l, tsr__player *L) {
     int32_t old = L->blocks[L->nb - 1], nw;
     tsr__layer_alloc(p, l, L->nb > 1 ? L->blocks[L->nb - 2] : -1, 1, &nw);
     int32_t used = L->slots - (L->nb - 1) * p->bs;
-    for (int32_t j = 0; j < used; j++)
-        tsr__copy_slot(p, (size_t)nw * p->bs + j, (size_t)old * p->bs + j);
+    for (int32_t j = 0; j < used; j++) {
+        p->sl_a[j] = nw * p->bs + j;
+        p->sl_b[j] = old * p->bs + j;
+    }
     tsr_block_pool_unref(p->pool, &old, 1);
     L->blocks[L->nb - 1] = nw;
     p->st.cow_copies++;
+    return tsr_kv_store_copy(&p->kvs, p->sl_a, p->sl_b, used);
 }
 
 /* The rows a reserve grows from: a retried step (retry) drops the rows of the failed one. */
@@ -247,30 +261,35 @@ static tsr_status tsr__reserve_check(tsr__paged *p, tsr__pseq *s, int seq, int l
         int32_t want = tsr__ceil_div((int64_t)tsr__rows_from(L, retry) + rows, p->bs);
         TSR_TRY(tsr__grow_i32(&L->blocks, &L->cap, want));
     }
-    return TSR_OK;
+    return tsr__scratch(p, p->bs);
 }
 
-/* The commit half, after a passed check with nothing changed in between. */
-static void tsr__reserve_commit(tsr__paged *p, tsr__pseq *s, int l0, int l1, int32_t rows,
-                                int retry) {
+/* The commit half, after a passed check with nothing changed in between: the block tables
+ * cannot fail now; only a copy-on-write's backend copy can (a device failure). */
+static tsr_status tsr__reserve_commit(tsr__paged *p, tsr__pseq *s, int l0, int l1,
+                                      int32_t rows, int retry) {
+    tsr_status st = TSR_OK;
     for (int l = l0; l < l1; l++) {
         tsr__player *L = &s->layers[l];
         L->slots = tsr__rows_from(L, retry);
         int cow;
         int32_t add = tsr__layer_need(p, L, L->slots, rows, &cow) - cow;
-        if (cow) tsr__layer_cow(p, l, L);
+        if (cow) {
+            tsr_status cs = tsr__layer_cow(p, l, L);
+            if (st == TSR_OK) st = cs;
+        }
         tsr__layer_alloc(p, l, L->nb > 0 ? L->blocks[L->nb - 1] : -1, add, L->blocks + L->nb);
         L->nb += add;
     }
     tsr__note_peak(p);
+    return st;
 }
 
 /* Check-then-commit growth of the layers in [l0, l1) by `rows` slots each. */
 static tsr_status tsr__reserve_layers(tsr__paged *p, tsr__pseq *s, int seq, int l0, int l1,
                                       int32_t rows) {
     TSR_TRY(tsr__reserve_check(p, s, seq, l0, l1, rows, 0));
-    tsr__reserve_commit(p, s, l0, l1, rows, 0);
-    return TSR_OK;
+    return tsr__reserve_commit(p, s, l0, l1, rows, 0);
 }
 
 /* Everything reserve(seq, n) checks; on TSR_OK the reserve cannot fail. */
@@ -290,9 +309,13 @@ static tsr_status tsr__paged_reserve_check(tsr__paged *p, int seq, int32_t n,
     return TSR_OK;
 }
 
-tsr_status tsr_kv_paged_reserve_check(tsr_kv_cache *kv, int seq, int32_t n) {
+static tsr_status tsr__paged_reserve_check_op(tsr_kv_cache *kv, int seq, int32_t n) {
     tsr__pseq *s;
     return tsr__paged_reserve_check(tsr__P(kv), seq, n, &s);
+}
+
+tsr_status tsr_kv_paged_reserve_check(tsr_kv_cache *kv, int seq, int32_t n) {
+    return tsr__paged_reserve_check_op(kv, seq, n);
 }
 
 /* A failed reserve changes nothing; a retried step (in_step) drops the rows the failed one
@@ -301,10 +324,10 @@ static tsr_status tsr__paged_reserve(tsr_kv_cache *kv, int seq, int32_t n) {
     tsr__paged *p = (tsr__paged *)kv;
     tsr__pseq *s;
     TSR_TRY(tsr__paged_reserve_check(p, seq, n, &s));
-    tsr__reserve_commit(p, s, 0, kv->n_layers, n, s->in_step);
+    tsr_status st = tsr__reserve_commit(p, s, 0, kv->n_layers, n, s->in_step);
     for (int l = 0; l < kv->n_layers; l++) s->layers[l].base = s->layers[l].slots;
     s->in_step = 1;
-    return TSR_OK;
+    return st;
 }
 
 static tsr_status tsr__paged_write(tsr_kv_cache *kv, int layer, int seq, int32_t n,
@@ -318,16 +341,14 @@ static tsr_status tsr__paged_write(tsr_kv_cache *kv, int layer, int seq, int32_t
     if ((int64_t)L->base + n > (int64_t)L->nb * p->bs)
         return tsr_error_set(TSR_ERR_INTERNAL, "KV cache: write of %d rows past reservation",
                              n);
-    size_t kvd = tsr__kvd(p);
+    TSR_TRY(tsr__scratch(p, n));
     for (int32_t i = 0; i < n; i++) {
         int32_t slot = L->base + i;
-        size_t at = tsr__slot(p, L, slot);
         TSR_ASSERT(p->pool->blocks[L->blocks[slot / p->bs]].ref_cnt == 1);
-        memcpy(tsr__krow(p, at), k + (size_t)i * kvd, kvd * 4);
-        memcpy(tsr__vrow(p, at), v + (size_t)i * kvd, kvd * 4);
-        p->pos_store[at] = s->len + i;
-        if (p->score_store) p->score_store[at] = 0.0f;
+        p->sl_a[i] = tsr__slot(p, L, slot);
     }
+    /* One backend call for the layer's chunk (the rows are the layer's activations). */
+    TSR_TRY(tsr_kv_store_write(&p->kvs, p->sl_a, n, k, v, s->len));
     L->slots = L->base + n;
     return TSR_OK;
 }
@@ -350,11 +371,12 @@ static tsr_status tsr__paged_spans(tsr_kv_cache *kv, int layer, int seq,
     for (int32_t j = 0; j < nsp; j++) {
         size_t at = (size_t)L->blocks[j] * p->bs;
         int32_t n = L->slots - j * p->bs < p->bs ? L->slots - j * p->bs : p->bs;
-        const int32_t *pos = p->pos_store + at;
+        const int32_t *pos = p->kvs.pos + at;
         int contiguous = 1;
         if (!L->dense)
             for (int32_t i = 1; i < n && contiguous; i++) contiguous = pos[i] == pos[0] + i;
-        p->spans[j] = (tsr_kv_span){.k = tsr__krow(p, at), .v = tsr__vrow(p, at),
+        p->spans[j] = (tsr_kv_span){.k = tsr_kv_store_block_k(&p->kvs, L->blocks[j]),
+                                    .v = tsr_kv_store_block_v(&p->kvs, L->blocks[j]),
                                     .pos = contiguous ? NULL : pos,
                                     .pos0 = L->dense ? j * p->bs : pos[0], .n = n,
                                     .stride = kv->kv_dim};
@@ -494,6 +516,14 @@ static void tsr__paged_stats(const tsr_kv_cache *kv, tsr_kv_stats *out) {
     out->evictions = p->st.evicted_tokens;
 }
 
+static void tsr__paged_detail(const tsr_kv_cache *kv, tsr_kv_detail *out) {
+    out->policy = "paged";
+    tsr__paged_stats(kv, &out->kv);
+    tsr_kv_paged_get_stats(kv, &out->blocks);
+}
+
+tsr_backend *tsr_kv_paged_backend(const tsr_kv_cache *kv) { return tsr__P(kv)->kvs.be; }
+
 int32_t tsr_kv_paged_block_size(const tsr_kv_cache *kv) { return tsr__P(kv)->bs; }
 int32_t tsr_kv_paged_free_blocks(const tsr_kv_cache *kv) { return tsr__P(kv)->pool->n_free; }
 
@@ -531,12 +561,12 @@ tsr_status tsr_kv_paged_add_scores(tsr_kv_cache *kv, int layer, int seq,
     tsr__pseq *s;
     tsr__player *L;
     TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    if (!p->score_store)
+    if (!p->kvs.score)
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: created without keep_scores");
     for (int32_t i = 0; i < L->slots; i++) {
         float sum = 0.0f;
         for (int g = 0; g < kv->n_kv_heads; g++) sum += key_scores[(size_t)g * L->slots + i];
-        p->score_store[tsr__slot(p, L, i)] += sum;
+        p->kvs.score[tsr__slot(p, L, i)] += sum;
     }
     return TSR_OK;
 }
@@ -547,9 +577,9 @@ tsr_status tsr_kv_paged_add_slot_scores(tsr_kv_cache *kv, int layer, int seq,
     tsr__pseq *s;
     tsr__player *L;
     TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    if (!p->score_store)
+    if (!p->kvs.score)
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: created without keep_scores");
-    for (int32_t i = 0; i < L->slots; i++) p->score_store[tsr__slot(p, L, i)] += scores[i];
+    for (int32_t i = 0; i < L->slots; i++) p->kvs.score[tsr__slot(p, L, i)] += scores[i];
     return TSR_OK;
 }
 
@@ -560,25 +590,31 @@ tsr_status tsr_kv_paged_read_slots(const tsr_kv_cache *kv, int layer, int seq, i
     tsr__player *L;
     TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
     for (int32_t i = 0; i < L->slots; i++) {
-        size_t at = tsr__slot(p, L, i);
-        if (pos) pos[i] = p->pos_store[at];
-        if (score) score[i] = p->score_store ? p->score_store[at] : 0.0f;
+        int32_t at = tsr__slot(p, L, i);
+        if (pos) pos[i] = p->kvs.pos[at];
+        if (score) score[i] = p->kvs.score ? p->kvs.score[at] : 0.0f;
     }
     return TSR_OK;
 }
 
-tsr_status tsr_kv_paged_row(const tsr_kv_cache *kv, int layer, int seq, int32_t slot,
-                            float **k, float **v) {
-    const tsr__paged *p = tsr__P(kv);
+tsr_status tsr_kv_paged_gather(tsr_kv_cache *kv, int layer, int seq, const int32_t *slots,
+                               int32_t n, float *k, float *v) {
+    tsr__paged *p = tsr__P(kv);
     tsr__pseq *s;
     tsr__player *L;
     TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    if (slot < 0 || slot >= L->nb * p->bs)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: slot %d out of range", slot);
-    size_t at = tsr__slot(p, L, slot);
-    *k = tsr__krow(p, at);
-    *v = tsr__vrow(p, at);
-    return TSR_OK;
+    if (n < 0 || (!slots && n > L->slots))
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: gather of %d rows, layer %d of "
+                             "sequence %d holds %d", n, layer, seq, L->slots);
+    TSR_TRY(tsr__scratch(p, n));
+    for (int32_t i = 0; i < n; i++) {
+        int32_t t = slots ? slots[i] : i;
+        if (t < 0 || t >= L->slots)
+            return tsr_error_set(TSR_ERR_INVALID, "KV cache: slot %d out of range [0, %d)",
+                                 t, L->slots);
+        p->sl_a[i] = tsr__slot(p, L, t);
+    }
+    return tsr_kv_store_gather(&p->kvs, p->sl_a, n, k, v, NULL, NULL);
 }
 
 tsr_status tsr_kv_paged_evict(tsr_kv_cache *kv, int layer, int seq, const int32_t *slots,
@@ -597,30 +633,42 @@ tsr_status tsr_kv_paged_evict(tsr_kv_cache *kv, int layer, int seq, const int32_
         }
         gone[slots[i]] = 1;
     }
-    /* Blocks that receive rows must be private; shared ones are copied first. */
+    /* Blocks that receive rows must be private; shared ones are copied first. The copies
+     * (whole shared blocks, then tail rows into holes) are listed in program order and
+     * run as one kv_copy, which keeps that order. A block is copied before any row lands
+     * in it, and a row read from a block before that block is copied read the same
+     * bytes, so the order gives what copying one by one gave. At most n moves plus a block
+     * per move. */
     int32_t keep = L->slots - n, t = L->slots - 1;
-    for (int32_t h = 0; h < keep; h++) {
+    int64_t nc = 0;
+    tsr_status st = tsr__scratch(p, (int64_t)n * (p->bs + 1));
+    for (int32_t h = 0; h < keep && st == TSR_OK; h++) {
         if (!gone[h]) continue;
         while (gone[t]) t--;
         int32_t bi = h / p->bs;
         if (p->pool->blocks[L->blocks[bi]].ref_cnt > 1) {
             int32_t nw, old = L->blocks[bi];
-            tsr_status st = tsr_block_pool_alloc(p->pool, 1, &nw);
-            if (st != TSR_OK) {
-                tsr_free(gone);
-                return st;
+            st = tsr_block_pool_alloc(p->pool, 1, &nw);
+            if (st != TSR_OK) break;
+            for (int32_t j = 0; j < p->bs; j++, nc++) {
+                p->sl_a[nc] = nw * p->bs + j;
+                p->sl_b[nc] = old * p->bs + j;
             }
-            for (int32_t j = 0; j < p->bs; j++)
-                tsr__copy_slot(p, (size_t)nw * p->bs + j, (size_t)old * p->bs + j);
             tsr_block_pool_unref(p->pool, &old, 1);
             L->blocks[bi] = nw;
             p->st.cow_copies++;
         }
-        tsr__copy_slot(p, tsr__slot(p, L, h), tsr__slot(p, L, t));
+        p->sl_a[nc] = tsr__slot(p, L, h);
+        p->sl_b[nc++] = tsr__slot(p, L, t);
         gone[t] = 1;
         t--;
     }
     tsr_free(gone);
+    /* On a failed allocation the copies listed so far still run: the tables already
+     * point at the new blocks. */
+    tsr_status cst = tsr_kv_store_copy(&p->kvs, p->sl_a, p->sl_b, nc);
+    TSR_TRY(st);
+    TSR_TRY(cst);
     L->slots = keep;
     if (L->base > keep) L->base = keep;
     L->dense = 0;
@@ -639,21 +687,20 @@ tsr_status tsr_kv_paged_reserve_rows(tsr_kv_cache *kv, int layer, int seq, int32
     return tsr__reserve_layers(p, s, seq, layer, layer + 1, rows);
 }
 
-tsr_status tsr_kv_paged_insert(tsr_kv_cache *kv, int layer, int seq, int32_t pos,
-                               const float *k, const float *v) {
+tsr_status tsr_kv_paged_insert(tsr_kv_cache *kv, int layer, int seq, const int32_t *pos,
+                               int32_t n, const float *k, const float *v) {
     tsr__paged *p = tsr__P(kv);
     tsr__pseq *s;
     tsr__player *L;
     TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    if (L->slots >= L->nb * p->bs)
+    if (n < 0 || (int64_t)L->slots + n > (int64_t)L->nb * p->bs)
         return tsr_error_set(TSR_ERR_INTERNAL, "KV cache: insert past reservation");
-    size_t at = tsr__slot(p, L, L->slots), kvd = tsr__kvd(p);
-    memcpy(tsr__krow(p, at), k, kvd * 4);
-    memcpy(tsr__vrow(p, at), v, kvd * 4);
-    p->pos_store[at] = pos;
-    if (p->score_store) p->score_store[at] = 0.0f;
-    if (L->dense && pos != L->slots) L->dense = 0;
-    L->slots++;
+    TSR_TRY(tsr__scratch(p, n));
+    tsr__slots_of(p, L, L->slots, n, p->sl_a);
+    TSR_TRY(tsr_kv_store_scatter(&p->kvs, p->sl_a, n, k, v, pos, NULL));
+    for (int32_t i = 0; i < n; i++)
+        if (L->dense && pos[i] != L->slots + i) L->dense = 0;
+    L->slots += n;
     return TSR_OK;
 }
 
@@ -706,23 +753,26 @@ tsr_status tsr_kv_paged_swap_out(tsr_kv_cache *kv, int seq) {
     size_t rows = 0;
     for (int l = 0; l < kv->n_layers; l++) rows += (size_t)s->layers[l].slots;
     size_t bytes = rows * tsr__row_bytes(p);
+    TSR_TRY(tsr__scratch(p, (int64_t)rows));
     void *buf;
-    TSR_TRY(tsr_host_pool_alloc(p->cfg.host, bytes, &buf));
-    /* The sequence's references pin its blocks until the copy is done. */
-    size_t kvd = tsr__kvd(p);
-    char *w = buf;
+    TSR_TRY(tsr_host_pool_alloc(p->cfg.host, bytes ? bytes : 1, &buf));
+    /* The sequence's references pin its blocks until the copy is done. Every layer's rows
+     * in one gather: K [rows][kv_dim], V [rows][kv_dim], then positions and scores. */
+    size_t kvd = tsr__kvd(p), r = 0;
     for (int l = 0; l < kv->n_layers; l++) {
         tsr__player *L = &s->layers[l];
-        for (int32_t i = 0; i < L->slots; i++) {
-            size_t at = tsr__slot(p, L, i);
-            memcpy(w, tsr__krow(p, at), kvd * 4);
-            memcpy(w + kvd * 4, tsr__vrow(p, at), kvd * 4);
-            memcpy(w + kvd * 8, &p->pos_store[at], 4);
-            float sc = p->score_store ? p->score_store[at] : 0.0f;
-            memcpy(w + kvd * 8 + 4, &sc, 4);
-            w += tsr__row_bytes(p);
-        }
+        tsr__slots_of(p, L, 0, L->slots, p->sl_a + r);
+        r += (size_t)L->slots;
     }
+    float *hk = buf, *hv = hk + rows * kvd;
+    int32_t *hp = (int32_t *)(hv + rows * kvd);
+    float *hs = (float *)(hp + rows);
+    tsr_status st = tsr_kv_store_gather(&p->kvs, p->sl_a, (int64_t)rows, hk, hv, hp, hs);
+    if (st != TSR_OK) {
+        tsr_host_pool_free(p->cfg.host, buf, bytes ? bytes : 1);
+        return st;
+    }
+    bytes = bytes ? bytes : 1;
     for (int l = kv->n_layers - 1; l >= 0; l--) tsr__layer_release(p, &s->layers[l]);
     s->swap_buf = buf;
     s->swap_bytes = bytes;
@@ -746,24 +796,30 @@ tsr_status tsr_kv_paged_swap_in(tsr_kv_cache *kv, int seq) {
         tsr__player *L = &s->layers[l];
         TSR_TRY(tsr__grow_i32(&L->blocks, &L->cap, tsr__ceil_div(L->slots, p->bs)));
     }
-    size_t kvd = tsr__kvd(p);
-    const char *r = s->swap_buf;
+    size_t rows = 0;
+    for (int l = 0; l < kv->n_layers; l++) rows += (size_t)s->layers[l].slots;
+    TSR_TRY(tsr__scratch(p, (int64_t)rows));
+    size_t kvd = tsr__kvd(p), r = 0;
     for (int l = 0; l < kv->n_layers; l++) {
         tsr__player *L = &s->layers[l];
         int32_t nb = tsr__ceil_div(L->slots, p->bs);
         tsr__layer_alloc(p, l, -1, nb, L->blocks);
         L->nb = nb;
-        for (int32_t i = 0; i < L->slots; i++) {
-            size_t at = tsr__slot(p, L, i);
-            memcpy(tsr__krow(p, at), r, kvd * 4);
-            memcpy(tsr__vrow(p, at), r + kvd * 4, kvd * 4);
-            memcpy(&p->pos_store[at], r + kvd * 8, 4);
-            if (p->score_store) memcpy(&p->score_store[at], r + kvd * 8 + 4, 4);
-            r += tsr__row_bytes(p);
-        }
+        tsr__slots_of(p, L, 0, L->slots, p->sl_a + r);
+        r += (size_t)L->slots;
         if (p->cfg.prefix_caching && L->dense)
             for (int32_t i = 0; i < s->n_hashed && i < nb; i++)
                 tsr_block_pool_set_hash(p->pool, L->blocks[i], tsr__layer_hash(s->hashes[i], l));
+    }
+    /* The swap-out layout (K rows, V rows, positions, scores), in one scatter. */
+    const float *hk = s->swap_buf, *hv = hk + rows * kvd;
+    const int32_t *hp = (const int32_t *)(hv + rows * kvd);
+    const float *hs = (const float *)(hp + rows);
+    tsr_status st = tsr_kv_store_scatter(&p->kvs, p->sl_a, (int64_t)rows, hk, hv, hp, hs);
+    if (st != TSR_OK) {
+        /* Nothing lost: the rows are still in the host buffer; the blocks go back. */
+        for (int l = kv->n_layers - 1; l >= 0; l--) tsr__layer_release(p, &s->layers[l]);
+        return st;
     }
     tsr_host_pool_free(p->cfg.host, s->swap_buf, s->swap_bytes);
     p->st.swap_in_bytes += (int64_t)s->swap_bytes;
@@ -816,6 +872,11 @@ static const tsr_kv_cache_ops tsr__paged_ops = {
     .commit = tsr__paged_commit,
     .prefix_attach = tsr__paged_prefix_attach,
     .stats = tsr__paged_stats,
+    .detail = tsr__paged_detail,
+    .export_seq = tsr__paged_export_seq,
+    .import_seq = tsr__paged_import_seq,
+    .reserve_check = tsr__paged_reserve_check_op,
+    .seq_blocks = tsr_kv_paged_seq_blocks,
 };
 
 tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **out) {
@@ -823,6 +884,9 @@ tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **ou
     if (cfg->n_layers <= 0 || cfg->n_kv_heads <= 0 || cfg->head_dim <= 0 ||
         cfg->max_seqs <= 0 || cfg->max_seq_len <= 0 || cfg->block_size < 0)
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: invalid geometry");
+    if (!cfg->be)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: no backend for the K/V store "
+                             "(tsr_kv_paged_config.be is NULL)");
     int64_t bb = tsr_kv_paged_block_bytes(cfg);
     int64_t nblocks = cfg->memory_bytes / bb;
     if (nblocks <= 0)
@@ -839,22 +903,13 @@ tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **ou
                              .kv_dim = cfg->n_kv_heads * cfg->head_dim,
                              .n_kv_heads = cfg->n_kv_heads, .max_seq_len = cfg->max_seq_len,
                              .wants_scores = 0};
-    size_t slots = (size_t)nblocks * (size_t)p->bs, fbytes;
     tsr_status st = tsr_block_pool_create((int32_t)nblocks, &p->pool);
-    if (st == TSR_OK && !tsr_mul_size(slots, tsr__kvd(p) * 8, &fbytes)) /* K and V */
-        st = tsr_error_set(TSR_ERR_NOMEM, "KV cache: pool size overflow");
+    if (st == TSR_OK)
+        st = tsr_kv_store_init(&p->kvs, cfg->be, nblocks, p->bs, (int32_t)tsr__kvd(p),
+                               cfg->keep_scores != 0);
     if (st == TSR_OK) {
-        /* Pages are touched only when blocks are first used, so RSS follows usage (in 2 MiB
-         * steps). Huge pages: decode reads every cached row from DRAM, and with 4 KiB pages
-         * a plain read of a layer's K/V ran at 15-16 GB/s against 26-28 (bench/attn.c,
-         * docs/kernels-cpu.md); decode attention gained about 15 %. */
-        p->store_bytes = fbytes;
-        p->store = tsr_malloc_huge(fbytes);
-        p->pos_store = tsr_malloc_aligned(slots * 4);
-        if (cfg->keep_scores) p->score_store = tsr_malloc_aligned(slots * 4);
         p->seqs = tsr_calloc((size_t)cfg->max_seqs, sizeof *p->seqs);
-        if (!p->store || !p->pos_store || !p->seqs ||
-            (cfg->keep_scores && !p->score_store))
+        if (!p->seqs)
             st = tsr_error_set(TSR_ERR_NOMEM, "KV cache: cannot allocate a pool of %lld bytes",
                                (long long)(nblocks * bb));
     }
@@ -868,46 +923,15 @@ tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **ou
 
 /* --- checkpoints ---------------------------------------------------------------------- */
 
-tsr_status tsr_kv_seq_state_alloc_layers(tsr_kv_seq_state *st) {
-    st->layers = tsr_calloc((size_t)(st->n_layers > 0 ? st->n_layers : 1), sizeof *st->layers);
-    st->tokens = tsr_malloc((size_t)(st->len > 0 ? st->len : 1) * sizeof *st->tokens);
-    return st->layers && st->tokens ? TSR_OK : TSR_ERR_NOMEM;
-}
-
-tsr_status tsr_kv_seq_state_alloc_rows(tsr_kv_seq_state *st) {
-    for (int l = 0; l < st->n_layers; l++) {
-        tsr_kv_seq_layer *L = &st->layers[l];
-        size_t n = (size_t)(L->slots > 0 ? L->slots : 1), kvd = (size_t)st->kv_dim;
-        L->k = tsr_malloc(n * kvd * sizeof *L->k);
-        L->v = tsr_malloc(n * kvd * sizeof *L->v);
-        L->pos = tsr_malloc(n * sizeof *L->pos);
-        if (st->has_scores) L->score = tsr_malloc(n * sizeof *L->score);
-        if (!L->k || !L->v || !L->pos || (st->has_scores && !L->score)) return TSR_ERR_NOMEM;
-    }
-    return TSR_OK;
-}
-
-void tsr_kv_seq_state_free(tsr_kv_seq_state *st) {
-    if (st->layers)
-        for (int l = 0; l < st->n_layers; l++) {
-            tsr_free(st->layers[l].k);
-            tsr_free(st->layers[l].v);
-            tsr_free(st->layers[l].pos);
-            tsr_free(st->layers[l].score);
-        }
-    tsr_free(st->layers);
-    tsr_free(st->tokens);
-    memset(st, 0, sizeof *st);
-}
-
-tsr_status tsr_kv_paged_export_seq(const tsr_kv_cache *kv, int seq, tsr_kv_seq_state *out) {
-    const tsr__paged *p = tsr__P(kv);
+static tsr_status tsr__paged_export_seq(const tsr_kv_cache *kv, int seq,
+                                        tsr_kv_seq_state *out) {
+    tsr__paged *p = (tsr__paged *)tsr__P(kv); /* scratch lists only */
     memset(out, 0, sizeof *out);
     const tsr__pseq *s = tsr__seq(p, seq);
     if (!s || s->swapped || s->in_step)
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: cannot export sequence %d", seq);
     *out = (tsr_kv_seq_state){.len = s->len, .n_layers = kv->n_layers, .kv_dim = kv->kv_dim,
-                              .has_scores = p->score_store != NULL};
+                              .has_scores = p->kvs.score != NULL};
     tsr_status st = tsr_kv_seq_state_alloc_layers(out);
     for (int l = 0; l < kv->n_layers && st == TSR_OK; l++) {
         out->layers[l].slots = s->layers[l].slots;
@@ -919,22 +943,20 @@ tsr_status tsr_kv_paged_export_seq(const tsr_kv_cache *kv, int seq, tsr_kv_seq_s
         return TSR_ERR_NOMEM;
     }
     memcpy(out->tokens, s->tokens, (size_t)s->len * sizeof *s->tokens);
-    size_t kvd = tsr__kvd(p);
-    for (int l = 0; l < kv->n_layers; l++) {
+    for (int l = 0; l < kv->n_layers && st == TSR_OK; l++) {
         const tsr__player *L = &s->layers[l];
         tsr_kv_seq_layer *o = &out->layers[l];
-        for (int32_t i = 0; i < L->slots; i++) {
-            size_t at = tsr__slot(p, L, i);
-            memcpy(o->k + (size_t)i * kvd, tsr__krow(p, at), kvd * 4);
-            memcpy(o->v + (size_t)i * kvd, tsr__vrow(p, at), kvd * 4);
-            o->pos[i] = p->pos_store[at];
-            if (o->score) o->score[i] = p->score_store[at];
-        }
+        st = tsr__scratch(p, L->slots);
+        if (st != TSR_OK) break;
+        tsr__slots_of(p, L, 0, L->slots, p->sl_a);
+        st = tsr_kv_store_gather(&p->kvs, p->sl_a, L->slots, o->k, o->v, o->pos, o->score);
     }
-    return TSR_OK;
+    if (st != TSR_OK) tsr_kv_seq_state_free(out);
+    return st;
 }
 
-tsr_status tsr_kv_paged_import_seq(tsr_kv_cache *kv, int seq, const tsr_kv_seq_state *in) {
+static tsr_status tsr__paged_import_seq(tsr_kv_cache *kv, int seq,
+                                        const tsr_kv_seq_state *in) {
     tsr__paged *p = tsr__P(kv);
     tsr__pseq *s = tsr__seq(p, seq);
     if (!s || s->swapped || s->in_step || s->len != 0)
@@ -945,11 +967,11 @@ tsr_status tsr_kv_paged_import_seq(tsr_kv_cache *kv, int seq, const tsr_kv_seq_s
             return tsr_error_set(TSR_ERR_INVALID,
                                  "KV cache: sequence %d is not empty for import", seq);
     if (in->n_layers != kv->n_layers || in->kv_dim != kv->kv_dim ||
-        (in->has_scores != 0) != (p->score_store != NULL))
+        (in->has_scores != 0) != (p->kvs.score != NULL))
         return tsr_error_set(TSR_ERR_INVALID,
                              "KV cache: saved sequence has %d layers x %d (scores %d), the "
                              "cache %d x %d (scores %d)", in->n_layers, in->kv_dim,
-                             in->has_scores, kv->n_layers, kv->kv_dim, p->score_store != NULL);
+                             in->has_scores, kv->n_layers, kv->kv_dim, p->kvs.score != NULL);
     if (in->len < 0 || in->len > p->cfg.max_seq_len)
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: saved sequence of %d tokens does not "
                              "fit the context of %d", in->len, p->cfg.max_seq_len);
@@ -975,7 +997,11 @@ tsr_status tsr_kv_paged_import_seq(tsr_kv_cache *kv, int seq, const tsr_kv_seq_s
     for (int l = 0; l < kv->n_layers; l++)
         TSR_TRY(tsr__grow_i32(&s->layers[l].blocks, &s->layers[l].cap,
                               tsr__ceil_div(in->layers[l].slots, p->bs)));
-    size_t kvd = tsr__kvd(p);
+    int32_t most = 0;
+    for (int l = 0; l < kv->n_layers; l++)
+        if (in->layers[l].slots > most) most = in->layers[l].slots;
+    TSR_TRY(tsr__scratch(p, most));
+    tsr_status st = TSR_OK;
     for (int l = 0; l < kv->n_layers; l++) {
         tsr__player *L = &s->layers[l];
         const tsr_kv_seq_layer *I = &in->layers[l];
@@ -984,18 +1010,16 @@ tsr_status tsr_kv_paged_import_seq(tsr_kv_cache *kv, int seq, const tsr_kv_seq_s
         L->nb = nb;
         L->slots = L->base = I->slots;
         L->dense = I->dense;
-        for (int32_t i = 0; i < I->slots; i++) {
-            size_t at = tsr__slot(p, L, i);
-            memcpy(tsr__krow(p, at), I->k + (size_t)i * kvd, kvd * 4);
-            memcpy(tsr__vrow(p, at), I->v + (size_t)i * kvd, kvd * 4);
-            p->pos_store[at] = I->pos[i];
-            if (p->score_store) p->score_store[at] = I->score[i];
-        }
+        tsr__slots_of(p, L, 0, I->slots, p->sl_a);
+        if (st == TSR_OK)
+            st = tsr_kv_store_scatter(&p->kvs, p->sl_a, I->slots, I->k, I->v, I->pos,
+                                      in->has_scores ? I->score : NULL);
     }
     memcpy(s->tokens, in->tokens, (size_t)in->len * sizeof *s->tokens);
     s->len = in->len;
     s->n_hashed = 0;
     tsr__note_peak(p);
+    TSR_TRY(st);
     /* Full blocks become prefix-cache entries again, as they were before the stop. */
     if (p->cfg.prefix_caching) TSR_TRY(tsr__hash_full_blocks(p, s));
     return TSR_OK;
