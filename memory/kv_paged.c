@@ -755,7 +755,7 @@ tsr_status tsr_kv_paged_swap_out(tsr_kv_cache *kv, int seq) {
     size_t bytes = rows * tsr__row_bytes(p);
     TSR_TRY(tsr__scratch(p, (int64_t)rows));
     void *buf;
-    TSR_TRY(tsr_host_pool_alloc(p->cfg.host, bytes ? bytes : 1, &buf));
+    TSR_TRY(tsr_host_pool_alloc(p->cfg.host, bytes, &buf));
     /* The sequence's references pin its blocks until the copy is done. Every layer's rows
      * in one gather: K [rows][kv_dim], V [rows][kv_dim], then positions and scores. */
     size_t kvd = tsr__kvd(p), r = 0;
@@ -769,10 +769,9 @@ tsr_status tsr_kv_paged_swap_out(tsr_kv_cache *kv, int seq) {
     float *hs = (float *)(hp + rows);
     tsr_status st = tsr_kv_store_gather(&p->kvs, p->sl_a, (int64_t)rows, hk, hv, hp, hs);
     if (st != TSR_OK) {
-        tsr_host_pool_free(p->cfg.host, buf, bytes ? bytes : 1);
+        tsr_host_pool_free(p->cfg.host, buf, bytes);
         return st;
     }
-    bytes = bytes ? bytes : 1;
     for (int l = kv->n_layers - 1; l >= 0; l--) tsr__layer_release(p, &s->layers[l]);
     s->swap_buf = buf;
     s->swap_bytes = bytes;

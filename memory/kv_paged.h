@@ -4,7 +4,9 @@
  * layer, so a score policy may keep different tokens in different layers. It implements
  * tsr_kv_cache_ops (vLLM semantics: keeps every token) and exposes the slot-level mechanism
  * the policies (policies/) build on: per-slot scores, eviction with compaction, row insert,
- * fork, swap to the host pool and drop-for-recompute. */
+ * fork, swap to the host pool and drop-for-recompute. The K/V rows are backend memory of
+ * cfg.be (memory/kv_store.h), moved only by the backend's KV row ops, one call per batch of
+ * slots; block tables, positions, scores, hashes and reference counts are host memory. */
 #ifndef TSR_MEMORY_KV_PAGED_H
 #define TSR_MEMORY_KV_PAGED_H
 
@@ -31,7 +33,7 @@ typedef struct tsr_kv_paged_config {
 /* The block counters (memory/kv_cache.h), also what detail() reports. */
 typedef tsr_kv_block_stats tsr_kv_paged_stats;
 
-/* Bytes one block takes (K + V + positions [+ scores]). */
+/* Bytes one block takes (K + V in backend memory, positions [+ scores] on the host). */
 int64_t tsr_kv_paged_block_bytes(const tsr_kv_paged_config *cfg);
 
 tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **out);

@@ -416,6 +416,80 @@ TSR_KV_TEST(test_evict_shared_blocks) {
     tsr_kv_cache_destroy(kv);
 }
 
+/* One backend call per operation, never one per row (a GPU launch per row would be slow):
+ * the KV row ops of kvt_be, counted through a wrapping vtable. */
+static const tsr_backend_ops *tsr__inner_ops;
+static int tsr__n_write, tsr__n_copy, tsr__n_gather, tsr__n_scatter;
+static tsr_backend *tsr__inner_be;
+
+static tsr_status tsr__cnt_write(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *slots,
+                                 int64_t n, const float *k, const float *v) {
+    (void)be;
+    tsr__n_write++;
+    return tsr__inner_ops->kv_write(tsr__inner_be, lay, slots, n, k, v);
+}
+static tsr_status tsr__cnt_copy(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *dst,
+                                const int32_t *src, int64_t n) {
+    (void)be;
+    tsr__n_copy++;
+    return tsr__inner_ops->kv_copy(tsr__inner_be, lay, dst, src, n);
+}
+static tsr_status tsr__cnt_gather(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *slots,
+                                  int64_t n, float *k, float *v, tsr_stream *stream) {
+    (void)be;
+    tsr__n_gather++;
+    return tsr__inner_ops->kv_gather(tsr__inner_be, lay, slots, n, k, v, stream);
+}
+static tsr_status tsr__cnt_scatter(tsr_backend *be, const tsr_kv_layout *lay,
+                                   const int32_t *slots, int64_t n, const float *k,
+                                   const float *v, tsr_stream *stream) {
+    (void)be;
+    tsr__n_scatter++;
+    return tsr__inner_ops->kv_scatter(tsr__inner_be, lay, slots, n, k, v, stream);
+}
+
+TSR_KV_TEST(test_one_backend_call_per_operation) {
+    tsr_backend_ops ops = *kvt_be->ops;
+    ops.kv_write = tsr__cnt_write;
+    ops.kv_copy = tsr__cnt_copy;
+    ops.kv_gather = tsr__cnt_gather;
+    ops.kv_scatter = tsr__cnt_scatter;
+    tsr__inner_ops = kvt_be->ops;
+    tsr__inner_be = kvt_be;
+    tsr_backend counted = *kvt_be;
+    counted.ops = &ops;
+    tsr_host_pool *host = NULL;
+    ASSERT_OK(tsr_host_pool_create(0, &host));
+    tsr_kv_paged_config c = {.n_layers = L_, .n_kv_heads = G_, .head_dim = HD_,
+                             .block_size = 4, .max_seqs = 2, .max_seq_len = 256,
+                             .keep_scores = 1, .host = host, .be = &counted};
+    c.memory_bytes = 64 * tsr_kv_paged_block_bytes(&c);
+    tsr_kv_cache *kv = NULL;
+    ASSERT_OK(tsr_kv_paged_create(&c, &kv));
+    tsr__n_write = tsr__n_copy = tsr__n_gather = tsr__n_scatter = 0;
+    int32_t toks[37] = {0};
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    ASSERT_OK(tsr__step(kv, 0, toks, 37)); /* 10 blocks per layer */
+    ASSERT_EQ_INT(tsr__n_write, L_);       /* one per layer chunk */
+    ASSERT_OK(tsr_kv_paged_fork(kv, 0, 1));
+    int32_t ev[6] = {0, 3, 8, 17, 22, 30};
+    ASSERT_OK(tsr_kv_paged_evict(kv, 1, 1, ev, 6)); /* copy-on-write and moves */
+    ASSERT_EQ_INT(tsr__n_copy, 1);
+    ASSERT_OK(tsr_kv_paged_swap_out(kv, 0));
+    ASSERT_EQ_INT(tsr__n_gather, 1); /* every layer at once */
+    ASSERT_OK(tsr_kv_paged_swap_in(kv, 0));
+    ASSERT_EQ_INT(tsr__n_scatter, 1);
+    ASSERT_TRUE(tsr__check_rows(kv, 0, 37));
+    int32_t pos[3] = {40, 41, 42};
+    float k[3 * KVD_] = {0}, v[3 * KVD_] = {0};
+    ASSERT_OK(tsr_kv_paged_reserve_rows(kv, 1, 1, 3));
+    ASSERT_OK(tsr_kv_paged_insert(kv, 1, 1, pos, 3, k, v));
+    ASSERT_EQ_INT(tsr__n_scatter, 2);
+    ASSERT_EQ_INT(tsr_kv_paged_slots(kv, 1, 1), 37 - 6 + 3);
+    tsr_kv_cache_destroy(kv);
+    tsr_host_pool_destroy(host);
+}
+
 /* --- forward pass: paged == dense on the real model ----------------------------------- */
 
 static tsr_status tsr__run_greedy(tsr_model *m, tsr_backend *be, tsr_kv_cache *kv,
@@ -497,4 +571,5 @@ TSR_TEST(test_forward_paged_equals_dense) {
 TSR_TEST_MAIN(test_write_spans_blocks, test_layer_blocks_adjacent, test_shared_prefix_one_copy, test_copy_on_write,
               test_cached_blocks_lru_eviction, test_no_blocks_vs_budget, test_swap_out_in,
               test_drop_recompute, test_evict_compacts, test_evict_shared_blocks,
+              test_one_backend_call_per_operation,
               test_forward_paged_equals_dense)
