@@ -227,8 +227,8 @@ static tsr_status harness_open(harness *h, tsr_model *m) {
     h->vocab = m->cfg.vocab_size;
     TSR_TRY(tsr_backend_cpu_create(1, &h->be));
     TSR_TRY(tsr_forward_create(m, h->be, STEP_TOKENS, &h->fwd));
-    TSR_TRY(tsr_kv_dense_create(h->be, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, KV_TOKENS,
-                                2, &h->kv));
+    TSR_TRY(tsr_kv_dense_create(h->be, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim,
+                                KV_TOKENS, 2, &h->kv));
     h->logits = tsr_malloc((size_t)STEP_TOKENS * (size_t)h->vocab * sizeof(float));
     if (!h->logits) return tsr_error_set(TSR_ERR_NOMEM, "test: logits buffer");
     return TSR_OK;

@@ -568,7 +568,8 @@ TSR_TEST(test_forward_paged_equals_dense) {
     tsr_model_destroy(m);
 }
 
-TSR_TEST_MAIN(test_write_spans_blocks, test_layer_blocks_adjacent, test_shared_prefix_one_copy, test_copy_on_write,
+TSR_TEST_MAIN(test_write_spans_blocks, test_layer_blocks_adjacent, test_shared_prefix_one_copy,
+              test_copy_on_write,
               test_cached_blocks_lru_eviction, test_no_blocks_vs_budget, test_swap_out_in,
               test_drop_recompute, test_evict_compacts, test_evict_shared_blocks,
               test_one_backend_call_per_operation,
