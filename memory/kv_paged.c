@@ -4,60 +4,16 @@
  * of the layer lives at table[s / bs], offset s % bs. While a layer never lost a token
  * ("dense"), slot s holds position s: its full blocks are hashed for prefix sharing and
  * spans are contiguous (pos0). Rows move only through the store, one backend call per
- * batch of slots. */
+ * batch of slots. This file: tables, reserve, write, spans, prefix sharing, the cache ops;
+ * kv_paged_slots.c: the policies' slot mechanism, fork, swap, drop and checkpoints. */
 #include "memory/kv_paged.h"
 
 #include <string.h>
 
-#include "memory/block_pool.h"
-#include "memory/kv_store.h"
+#include "memory/kv_paged_internal.h"
 #include "base/alloc.h"
 
-typedef struct tsr__player {
-    int32_t *blocks;
-    int32_t nb, cap;
-    int32_t slots;  /* rows present */
-    int32_t base;   /* rows before this step's write (set by reserve) */
-    int dense;      /* slot s holds position s */
-} tsr__player;
-
-typedef struct tsr__pseq {
-    int active;
-    int swapped;
-    int in_step;       /* reserve done, commit pending */
-    int32_t len;       /* committed tokens (the next position) */
-    int32_t *tokens;   /* [len] ids (prefix hashing, recompute) */
-    int32_t tok_cap;
-    uint64_t *hashes;  /* chain hash of each full block (layer-free) */
-    int32_t n_hashed, hash_cap;
-    tsr__player *layers;
-    void *swap_buf;
-    size_t swap_bytes;
-} tsr__pseq;
-
-typedef struct tsr__paged {
-    tsr_kv_cache base;
-    tsr_kv_paged_config cfg;
-    int bs;
-    tsr_block_pool *pool;
-    /* Block b holds its K rows, then its V rows (bs x kv_dim floats each): attention reads
-     * a block's K and then its V, so a layer's blocks, adjacent in the pool, are one
-     * forward stream (docs/kv-cache.md). */
-    tsr_kv_store kvs;
-    /* Scratch slot lists (host) for the store's batched calls. */
-    int32_t *sl_a, *sl_b;
-    int64_t sl_cap;
-    tsr__pseq *seqs;
-    tsr_kv_span *spans;
-    int32_t spans_cap;
-    tsr_kv_paged_stats st;
-} tsr__paged;
-
 static const tsr_kv_cache_ops tsr__paged_ops;
-static tsr_status tsr__paged_export_seq(const tsr_kv_cache *kv, int seq,
-                                        tsr_kv_seq_state *out);
-static tsr_status tsr__paged_import_seq(tsr_kv_cache *kv, int seq,
-                                        const tsr_kv_seq_state *in);
 
 int64_t tsr_kv_paged_block_bytes(const tsr_kv_paged_config *cfg) {
     int64_t bs = cfg->block_size > 0 ? cfg->block_size : 16;
@@ -67,25 +23,8 @@ int64_t tsr_kv_paged_block_bytes(const tsr_kv_paged_config *cfg) {
 
 int tsr_kv_is_paged(const tsr_kv_cache *kv) { return kv && kv->ops == &tsr__paged_ops; }
 
-static tsr__paged *tsr__P(const tsr_kv_cache *kv) {
-    TSR_ASSERT(tsr_kv_is_paged(kv));
-    return (tsr__paged *)kv;
-}
-
-static tsr__pseq *tsr__seq(const tsr__paged *p, int seq) {
-    if (seq < 0 || seq >= p->cfg.max_seqs || !p->seqs[seq].active) return NULL;
-    return &p->seqs[seq];
-}
-
-static size_t tsr__kvd(const tsr__paged *p) { return (size_t)p->base.kv_dim; }
-
-/* Slot address: index into the store. */
-static int32_t tsr__slot(const tsr__paged *p, const tsr__player *L, int32_t s) {
-    return L->blocks[s / p->bs] * p->bs + s % p->bs;
-}
-
 /* Makes the scratch slot lists hold n entries each. */
-static tsr_status tsr__scratch(tsr__paged *p, int64_t n) {
+tsr_status tsr__kvp_scratch(tsr__paged *p, int64_t n) {
     if (n <= p->sl_cap) return TSR_OK;
     int64_t c = p->sl_cap ? p->sl_cap : 256;
     while (c < n) c *= 2;
@@ -99,18 +38,7 @@ static tsr_status tsr__scratch(tsr__paged *p, int64_t n) {
     return TSR_OK;
 }
 
-/* The store slots of table slots [first, first + n) of L into out. */
-static void tsr__slots_of(const tsr__paged *p, const tsr__player *L, int32_t first, int32_t n,
-                          int32_t *out) {
-    for (int32_t i = 0; i < n; i++) out[i] = tsr__slot(p, L, first + i);
-}
-
-static void tsr__note_peak(tsr__paged *p) {
-    int32_t used = p->pool->n_blocks - p->pool->n_free;
-    if (used > p->st.blocks_peak) p->st.blocks_peak = used;
-}
-
-static tsr_status tsr__grow_i32(int32_t **a, int32_t *cap, int32_t need) {
+tsr_status tsr__kvp_grow_i32(int32_t **a, int32_t *cap, int32_t need) {
     if (need <= *cap) return TSR_OK;
     int32_t c = *cap ? *cap : 16;
     while (c < need) c *= 2;
@@ -122,15 +50,15 @@ static tsr_status tsr__grow_i32(int32_t **a, int32_t *cap, int32_t need) {
 }
 
 /* Releases every block of a layer, tail first. */
-static void tsr__layer_release(tsr__paged *p, tsr__player *L) {
+void tsr__kvp_layer_release(tsr__paged *p, tsr__player *L) {
     for (int32_t i = L->nb - 1; i >= 0; i--) tsr_block_pool_unref(p->pool, &L->blocks[i], 1);
     L->nb = 0;
 }
 
-static void tsr__seq_release(tsr__paged *p, tsr__pseq *s) {
+void tsr__kvp_seq_release(tsr__paged *p, tsr__pseq *s) {
     if (s->layers) {
         for (int l = p->base.n_layers - 1; l >= 0; l--) {
-            tsr__layer_release(p, &s->layers[l]);
+            tsr__kvp_layer_release(p, &s->layers[l]);
             tsr_free(s->layers[l].blocks);
         }
     }
@@ -145,7 +73,7 @@ static void tsr__paged_destroy(tsr_kv_cache *kv) {
     tsr__paged *p = (tsr__paged *)kv;
     if (p->seqs)
         for (int i = 0; i < p->cfg.max_seqs; i++)
-            if (p->seqs[i].active) tsr__seq_release(p, &p->seqs[i]);
+            if (p->seqs[i].active) tsr__kvp_seq_release(p, &p->seqs[i]);
     tsr_free(p->seqs);
     tsr_free(p->spans);
     tsr_free(p->sl_a);
@@ -155,7 +83,7 @@ static void tsr__paged_destroy(tsr_kv_cache *kv) {
     tsr_free(p);
 }
 
-static tsr_status tsr__paged_seq_add(tsr_kv_cache *kv, int seq) {
+tsr_status tsr__kvp_seq_add(tsr_kv_cache *kv, int seq) {
     tsr__paged *p = (tsr__paged *)kv;
     if (seq < 0 || seq >= p->cfg.max_seqs)
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: sequence id %d out of range [0, %d)",
@@ -173,15 +101,13 @@ static tsr_status tsr__paged_seq_add(tsr_kv_cache *kv, int seq) {
 static void tsr__paged_seq_free(tsr_kv_cache *kv, int seq) {
     tsr__paged *p = (tsr__paged *)kv;
     tsr__pseq *s = tsr__seq(p, seq);
-    if (s) tsr__seq_release(p, s);
+    if (s) tsr__kvp_seq_release(p, s);
 }
 
 static int32_t tsr__paged_seq_len(const tsr_kv_cache *kv, int seq) {
     const tsr__pseq *s = tsr__seq((const tsr__paged *)kv, seq);
     return s ? s->len : 0;
 }
-
-static int32_t tsr__ceil_div(int64_t a, int32_t b) { return (int32_t)((a + b - 1) / b); }
 
 /* Blocks layer L must gain to hold `rows` more slots after its first `slots`, and whether
  * its partial last block is shared (then written rows need a private copy first). */
@@ -200,7 +126,7 @@ static int32_t tsr__layer_need(const tsr__paged *p, const tsr__player *L, int32_
  * so without this a decode step's new blocks interleave the layers and a layer's rows lie
  * in 16-row pieces a pool's width apart, which read 25-30 % slower than one run
  * (bench/attn.c --interleave, docs/kv-cache.md). The caller checked that n are free. */
-static void tsr__layer_alloc(tsr__paged *p, int l, int32_t prev, int32_t n, int32_t *ids) {
+void tsr__kvp_layer_alloc(tsr__paged *p, int l, int32_t prev, int32_t n, int32_t *ids) {
     int64_t nbk = p->pool->n_blocks, nl = p->base.n_layers;
     int32_t lo = (int32_t)(nbk * l / nl), hi = (int32_t)(nbk * (l + 1) / nl);
     for (int32_t i = 0; i < n; i++) {
@@ -217,7 +143,7 @@ static void tsr__layer_alloc(tsr__paged *p, int l, int32_t prev, int32_t n, int3
  * used rows. A free block must exist and the scratch lists hold bs entries. */
 static tsr_status tsr__layer_cow(tsr__paged *p, int l, tsr__player *L) {
     int32_t old = L->blocks[L->nb - 1], nw;
-    tsr__layer_alloc(p, l, L->nb > 1 ? L->blocks[L->nb - 2] : -1, 1, &nw);
+    tsr__kvp_layer_alloc(p, l, L->nb > 1 ? L->blocks[L->nb - 2] : -1, 1, &nw);
     int32_t used = L->slots - (L->nb - 1) * p->bs;
     for (int32_t j = 0; j < used; j++) {
         p->sl_a[j] = nw * p->bs + j;
@@ -259,9 +185,9 @@ static tsr_status tsr__reserve_check(tsr__paged *p, tsr__pseq *s, int seq, int l
     for (int l = l0; l < l1; l++) {
         tsr__player *L = &s->layers[l];
         int32_t want = tsr__ceil_div((int64_t)tsr__rows_from(L, retry) + rows, p->bs);
-        TSR_TRY(tsr__grow_i32(&L->blocks, &L->cap, want));
+        TSR_TRY(tsr__kvp_grow_i32(&L->blocks, &L->cap, want));
     }
-    return tsr__scratch(p, p->bs);
+    return tsr__kvp_scratch(p, p->bs);
 }
 
 /* The commit half, after a passed check with nothing changed in between: the block tables
@@ -278,7 +204,7 @@ static tsr_status tsr__reserve_commit(tsr__paged *p, tsr__pseq *s, int l0, int l
             tsr_status cs = tsr__layer_cow(p, l, L);
             if (st == TSR_OK) st = cs;
         }
-        tsr__layer_alloc(p, l, L->nb > 0 ? L->blocks[L->nb - 1] : -1, add, L->blocks + L->nb);
+        tsr__kvp_layer_alloc(p, l, L->nb > 0 ? L->blocks[L->nb - 1] : -1, add, L->blocks + L->nb);
         L->nb += add;
     }
     tsr__note_peak(p);
@@ -286,7 +212,7 @@ static tsr_status tsr__reserve_commit(tsr__paged *p, tsr__pseq *s, int l0, int l
 }
 
 /* Check-then-commit growth of the layers in [l0, l1) by `rows` slots each. */
-static tsr_status tsr__reserve_layers(tsr__paged *p, tsr__pseq *s, int seq, int l0, int l1,
+tsr_status tsr__kvp_reserve_layers(tsr__paged *p, tsr__pseq *s, int seq, int l0, int l1,
                                       int32_t rows) {
     TSR_TRY(tsr__reserve_check(p, s, seq, l0, l1, rows, 0));
     return tsr__reserve_commit(p, s, l0, l1, rows, 0);
@@ -304,7 +230,7 @@ static tsr_status tsr__paged_reserve_check(tsr__paged *p, int seq, int32_t n,
                              "KV cache: sequence %d needs %lld tokens, the context holds %d",
                              seq, (long long)s->len + n, p->cfg.max_seq_len);
     TSR_TRY(tsr__reserve_check(p, s, seq, 0, p->base.n_layers, n, s->in_step));
-    TSR_TRY(tsr__grow_i32(&s->tokens, &s->tok_cap, s->len + n));
+    TSR_TRY(tsr__kvp_grow_i32(&s->tokens, &s->tok_cap, s->len + n));
     *out = s;
     return TSR_OK;
 }
@@ -341,7 +267,7 @@ static tsr_status tsr__paged_write(tsr_kv_cache *kv, int layer, int seq, int32_t
     if ((int64_t)L->base + n > (int64_t)L->nb * p->bs)
         return tsr_error_set(TSR_ERR_INTERNAL, "KV cache: write of %d rows past reservation",
                              n);
-    TSR_TRY(tsr__scratch(p, n));
+    TSR_TRY(tsr__kvp_scratch(p, n));
     for (int32_t i = 0; i < n; i++) {
         int32_t slot = L->base + i;
         TSR_ASSERT(p->pool->blocks[L->blocks[slot / p->bs]].ref_cnt == 1);
@@ -386,12 +312,7 @@ static tsr_status tsr__paged_spans(tsr_kv_cache *kv, int layer, int seq,
     return TSR_OK;
 }
 
-/* Per-layer hash of full block i: the sequence's chain hash keyed by the layer. */
-static uint64_t tsr__layer_hash(uint64_t chain, int layer) {
-    return tsr_block_hash(chain, NULL, 0, (uint64_t)layer + 1);
-}
-
-static tsr_status tsr__hash_full_blocks(tsr__paged *p, tsr__pseq *s) {
+tsr_status tsr__kvp_hash_full_blocks(tsr__paged *p, tsr__pseq *s) {
     int32_t full = s->len / p->bs;
     if (full <= s->n_hashed) return TSR_OK;
     if (full > s->hash_cap) {
@@ -431,7 +352,7 @@ static tsr_status tsr__paged_commit(tsr_kv_cache *kv, int seq, const int32_t *to
         L->base = L->slots;
         if (L->dense && L->slots != s->len) L->dense = 0;
     }
-    if (p->cfg.prefix_caching && tokens) TSR_TRY(tsr__hash_full_blocks(p, s));
+    if (p->cfg.prefix_caching && tokens) TSR_TRY(tsr__kvp_hash_full_blocks(p, s));
     return TSR_OK;
 }
 
@@ -456,8 +377,8 @@ static int32_t tsr__paged_prefix_attach(tsr_kv_cache *kv, int seq, const int32_t
     }
     int ok = hit > 0;
     for (int l = 0; l < kv->n_layers && ok; l++)
-        ok = tsr__grow_i32(&s->layers[l].blocks, &s->layers[l].cap, hit) == TSR_OK;
-    ok = ok && tsr__grow_i32(&s->tokens, &s->tok_cap, hit * p->bs) == TSR_OK;
+        ok = tsr__kvp_grow_i32(&s->layers[l].blocks, &s->layers[l].cap, hit) == TSR_OK;
+    ok = ok && tsr__kvp_grow_i32(&s->tokens, &s->tok_cap, hit * p->bs) == TSR_OK;
     if (ok && hit > s->hash_cap) {
         uint64_t *nh = tsr_realloc(s->hashes, (size_t)hit * sizeof *nh);
         ok = nh != NULL;
@@ -536,332 +457,10 @@ int32_t tsr_kv_paged_seq_blocks(const tsr_kv_cache *kv, int layer, int seq,
     return s->layers[layer].nb;
 }
 
-/* --- slot mechanism ------------------------------------------------------------------- */
-
-static tsr_status tsr__layer_of(const tsr_kv_cache *kv, int layer, int seq, tsr__pseq **s,
-                                tsr__player **L) {
-    const tsr__paged *p = tsr__P(kv);
-    *s = tsr__seq(p, seq);
-    if (!*s || layer < 0 || layer >= kv->n_layers || (*s)->swapped)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: no layer %d of sequence %d", layer,
-                             seq);
-    *L = &(*s)->layers[layer];
-    return TSR_OK;
-}
-
-int32_t tsr_kv_paged_slots(const tsr_kv_cache *kv, int layer, int seq) {
-    tsr__pseq *s;
-    tsr__player *L;
-    return tsr__layer_of(kv, layer, seq, &s, &L) == TSR_OK ? L->slots : 0;
-}
-
-tsr_status tsr_kv_paged_add_scores(tsr_kv_cache *kv, int layer, int seq,
-                                   const float *key_scores) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s;
-    tsr__player *L;
-    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    if (!p->kvs.score)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: created without keep_scores");
-    for (int32_t i = 0; i < L->slots; i++) {
-        float sum = 0.0f;
-        for (int g = 0; g < kv->n_kv_heads; g++) sum += key_scores[(size_t)g * L->slots + i];
-        p->kvs.score[tsr__slot(p, L, i)] += sum;
-    }
-    return TSR_OK;
-}
-
-tsr_status tsr_kv_paged_add_slot_scores(tsr_kv_cache *kv, int layer, int seq,
-                                        const float *scores) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s;
-    tsr__player *L;
-    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    if (!p->kvs.score)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: created without keep_scores");
-    for (int32_t i = 0; i < L->slots; i++) p->kvs.score[tsr__slot(p, L, i)] += scores[i];
-    return TSR_OK;
-}
-
-tsr_status tsr_kv_paged_read_slots(const tsr_kv_cache *kv, int layer, int seq, int32_t *pos,
-                                   float *score) {
-    const tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s;
-    tsr__player *L;
-    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    for (int32_t i = 0; i < L->slots; i++) {
-        int32_t at = tsr__slot(p, L, i);
-        if (pos) pos[i] = p->kvs.pos[at];
-        if (score) score[i] = p->kvs.score ? p->kvs.score[at] : 0.0f;
-    }
-    return TSR_OK;
-}
-
-tsr_status tsr_kv_paged_gather(tsr_kv_cache *kv, int layer, int seq, const int32_t *slots,
-                               int32_t n, float *k, float *v) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s;
-    tsr__player *L;
-    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    if (n < 0 || (!slots && n > L->slots))
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: gather of %d rows, layer %d of "
-                             "sequence %d holds %d", n, layer, seq, L->slots);
-    TSR_TRY(tsr__scratch(p, n));
-    for (int32_t i = 0; i < n; i++) {
-        int32_t t = slots ? slots[i] : i;
-        if (t < 0 || t >= L->slots)
-            return tsr_error_set(TSR_ERR_INVALID, "KV cache: slot %d out of range [0, %d)",
-                                 t, L->slots);
-        p->sl_a[i] = tsr__slot(p, L, t);
-    }
-    return tsr_kv_store_gather(&p->kvs, p->sl_a, n, k, v, NULL, NULL);
-}
-
-tsr_status tsr_kv_paged_evict(tsr_kv_cache *kv, int layer, int seq, const int32_t *slots,
-                              int32_t n) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s;
-    tsr__player *L;
-    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    if (n <= 0) return TSR_OK;
-    uint8_t *gone = tsr_calloc((size_t)L->slots, 1);
-    if (!gone) return TSR_ERR_NOMEM;
-    for (int32_t i = 0; i < n; i++) {
-        if (slots[i] < 0 || slots[i] >= L->slots || gone[slots[i]]) {
-            tsr_free(gone);
-            return tsr_error_set(TSR_ERR_INVALID, "KV cache: bad eviction slot %d", slots[i]);
-        }
-        gone[slots[i]] = 1;
-    }
-    /* Blocks that receive rows must be private; shared ones are copied first. The copies
-     * (whole shared blocks, then tail rows into holes) are listed in program order and
-     * run as one kv_copy, which keeps that order. A block is copied before any row lands
-     * in it, and a row read from a block before that block is copied read the same
-     * bytes, so the order gives what copying one by one gave. At most n moves plus a block
-     * per move. */
-    int32_t keep = L->slots - n, t = L->slots - 1;
-    int64_t nc = 0;
-    tsr_status st = tsr__scratch(p, (int64_t)n * (p->bs + 1));
-    for (int32_t h = 0; h < keep && st == TSR_OK; h++) {
-        if (!gone[h]) continue;
-        while (gone[t]) t--;
-        int32_t bi = h / p->bs;
-        if (p->pool->blocks[L->blocks[bi]].ref_cnt > 1) {
-            int32_t nw, old = L->blocks[bi];
-            st = tsr_block_pool_alloc(p->pool, 1, &nw);
-            if (st != TSR_OK) break;
-            for (int32_t j = 0; j < p->bs; j++, nc++) {
-                p->sl_a[nc] = nw * p->bs + j;
-                p->sl_b[nc] = old * p->bs + j;
-            }
-            tsr_block_pool_unref(p->pool, &old, 1);
-            L->blocks[bi] = nw;
-            p->st.cow_copies++;
-        }
-        p->sl_a[nc] = tsr__slot(p, L, h);
-        p->sl_b[nc++] = tsr__slot(p, L, t);
-        gone[t] = 1;
-        t--;
-    }
-    tsr_free(gone);
-    /* On a failed allocation the copies listed so far still run: the tables already
-     * point at the new blocks. */
-    tsr_status cst = tsr_kv_store_copy(&p->kvs, p->sl_a, p->sl_b, nc);
-    TSR_TRY(st);
-    TSR_TRY(cst);
-    L->slots = keep;
-    if (L->base > keep) L->base = keep;
-    L->dense = 0;
-    int32_t nb = tsr__ceil_div(keep, p->bs);
-    for (int32_t i = L->nb - 1; i >= nb; i--) tsr_block_pool_unref(p->pool, &L->blocks[i], 1);
-    L->nb = nb;
-    p->st.evicted_tokens += n;
-    return TSR_OK;
-}
-
-tsr_status tsr_kv_paged_reserve_rows(tsr_kv_cache *kv, int layer, int seq, int32_t rows) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s;
-    tsr__player *L;
-    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    return tsr__reserve_layers(p, s, seq, layer, layer + 1, rows);
-}
-
-tsr_status tsr_kv_paged_insert(tsr_kv_cache *kv, int layer, int seq, const int32_t *pos,
-                               int32_t n, const float *k, const float *v) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s;
-    tsr__player *L;
-    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    if (n < 0 || (int64_t)L->slots + n > (int64_t)L->nb * p->bs)
-        return tsr_error_set(TSR_ERR_INTERNAL, "KV cache: insert past reservation");
-    TSR_TRY(tsr__scratch(p, n));
-    tsr__slots_of(p, L, L->slots, n, p->sl_a);
-    TSR_TRY(tsr_kv_store_scatter(&p->kvs, p->sl_a, n, k, v, pos, NULL));
-    for (int32_t i = 0; i < n; i++)
-        if (L->dense && pos[i] != L->slots + i) L->dense = 0;
-    L->slots += n;
-    return TSR_OK;
-}
-
-/* --- sharing and preemption ----------------------------------------------------------- */
-
-tsr_status tsr_kv_paged_fork(tsr_kv_cache *kv, int src, int dst) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *a = tsr__seq(p, src);
-    if (!a || a->swapped || a->in_step)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: cannot fork sequence %d", src);
-    TSR_TRY(tsr__paged_seq_add(kv, dst));
-    tsr__pseq *b = &p->seqs[dst];
-    tsr_status st = tsr__grow_i32(&b->tokens, &b->tok_cap, a->len > 0 ? a->len : 1);
-    if (st == TSR_OK && a->n_hashed) {
-        b->hashes = tsr_malloc((size_t)a->n_hashed * sizeof *b->hashes);
-        if (!b->hashes) st = TSR_ERR_NOMEM;
-        else b->hash_cap = a->n_hashed;
-    }
-    for (int l = 0; l < kv->n_layers && st == TSR_OK; l++)
-        st = tsr__grow_i32(&b->layers[l].blocks, &b->layers[l].cap, a->layers[l].nb);
-    if (st != TSR_OK) {
-        tsr__seq_release(p, b);
-        return st;
-    }
-    for (int l = 0; l < kv->n_layers; l++) {
-        tsr__player *La = &a->layers[l], *Lb = &b->layers[l];
-        for (int32_t i = 0; i < La->nb; i++) tsr_block_pool_ref(p->pool, La->blocks[i]);
-        memcpy(Lb->blocks, La->blocks, (size_t)La->nb * sizeof *La->blocks);
-        Lb->nb = La->nb;
-        Lb->slots = Lb->base = La->slots;
-        Lb->dense = La->dense;
-    }
-    memcpy(b->tokens, a->tokens, (size_t)a->len * sizeof *a->tokens);
-    if (a->n_hashed) memcpy(b->hashes, a->hashes, (size_t)a->n_hashed * sizeof *a->hashes);
-    b->n_hashed = a->n_hashed;
-    b->len = a->len;
-    return TSR_OK;
-}
-
-static size_t tsr__row_bytes(const tsr__paged *p) { return tsr__kvd(p) * 8 + 8; }
-
-tsr_status tsr_kv_paged_swap_out(tsr_kv_cache *kv, int seq) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s = tsr__seq(p, seq);
-    if (!s || s->swapped || s->in_step)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: cannot swap out sequence %d", seq);
-    if (!p->cfg.host)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: no host pool to swap sequence %d to",
-                             seq);
-    size_t rows = 0;
-    for (int l = 0; l < kv->n_layers; l++) rows += (size_t)s->layers[l].slots;
-    size_t bytes = rows * tsr__row_bytes(p);
-    TSR_TRY(tsr__scratch(p, (int64_t)rows));
-    void *buf;
-    TSR_TRY(tsr_host_pool_alloc(p->cfg.host, bytes, &buf));
-    /* The sequence's references pin its blocks until the copy is done. Every layer's rows
-     * in one gather: K [rows][kv_dim], V [rows][kv_dim], then positions and scores. */
-    size_t kvd = tsr__kvd(p), r = 0;
-    for (int l = 0; l < kv->n_layers; l++) {
-        tsr__player *L = &s->layers[l];
-        tsr__slots_of(p, L, 0, L->slots, p->sl_a + r);
-        r += (size_t)L->slots;
-    }
-    float *hk = buf, *hv = hk + rows * kvd;
-    int32_t *hp = (int32_t *)(hv + rows * kvd);
-    float *hs = (float *)(hp + rows);
-    tsr_status st = tsr_kv_store_gather(&p->kvs, p->sl_a, (int64_t)rows, hk, hv, hp, hs);
-    if (st != TSR_OK) {
-        tsr_host_pool_free(p->cfg.host, buf, bytes);
-        return st;
-    }
-    for (int l = kv->n_layers - 1; l >= 0; l--) tsr__layer_release(p, &s->layers[l]);
-    s->swap_buf = buf;
-    s->swap_bytes = bytes;
-    s->swapped = 1;
-    p->st.swap_out_bytes += (int64_t)bytes;
-    return TSR_OK;
-}
-
-tsr_status tsr_kv_paged_swap_in(tsr_kv_cache *kv, int seq) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s = tsr__seq(p, seq);
-    if (!s || !s->swapped)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: sequence %d is not swapped out", seq);
-    int64_t need = 0;
-    for (int l = 0; l < kv->n_layers; l++) need += tsr__ceil_div(s->layers[l].slots, p->bs);
-    if (need > p->pool->n_free)
-        return tsr_error_set(TSR_ERR_NO_BLOCKS,
-                             "KV cache: swap-in of sequence %d needs %lld blocks, %d free", seq,
-                             (long long)need, p->pool->n_free);
-    for (int l = 0; l < kv->n_layers; l++) {
-        tsr__player *L = &s->layers[l];
-        TSR_TRY(tsr__grow_i32(&L->blocks, &L->cap, tsr__ceil_div(L->slots, p->bs)));
-    }
-    size_t rows = 0;
-    for (int l = 0; l < kv->n_layers; l++) rows += (size_t)s->layers[l].slots;
-    TSR_TRY(tsr__scratch(p, (int64_t)rows));
-    size_t kvd = tsr__kvd(p), r = 0;
-    for (int l = 0; l < kv->n_layers; l++) {
-        tsr__player *L = &s->layers[l];
-        int32_t nb = tsr__ceil_div(L->slots, p->bs);
-        tsr__layer_alloc(p, l, -1, nb, L->blocks);
-        L->nb = nb;
-        tsr__slots_of(p, L, 0, L->slots, p->sl_a + r);
-        r += (size_t)L->slots;
-        if (p->cfg.prefix_caching && L->dense)
-            for (int32_t i = 0; i < s->n_hashed && i < nb; i++)
-                tsr_block_pool_set_hash(p->pool, L->blocks[i], tsr__layer_hash(s->hashes[i], l));
-    }
-    /* The swap-out layout (K rows, V rows, positions, scores), in one scatter. */
-    const float *hk = s->swap_buf, *hv = hk + rows * kvd;
-    const int32_t *hp = (const int32_t *)(hv + rows * kvd);
-    const float *hs = (const float *)(hp + rows);
-    tsr_status st = tsr_kv_store_scatter(&p->kvs, p->sl_a, (int64_t)rows, hk, hv, hp, hs);
-    if (st != TSR_OK) {
-        /* Nothing lost: the rows are still in the host buffer; the blocks go back. */
-        for (int l = kv->n_layers - 1; l >= 0; l--) tsr__layer_release(p, &s->layers[l]);
-        return st;
-    }
-    tsr_host_pool_free(p->cfg.host, s->swap_buf, s->swap_bytes);
-    p->st.swap_in_bytes += (int64_t)s->swap_bytes;
-    s->swap_buf = NULL;
-    s->swap_bytes = 0;
-    s->swapped = 0;
-    tsr__note_peak(p);
-    return TSR_OK;
-}
-
-int tsr_kv_paged_is_swapped(const tsr_kv_cache *kv, int seq) {
-    const tsr__pseq *s = tsr__seq(tsr__P(kv), seq);
-    return s && s->swapped;
-}
-
-tsr_status tsr_kv_paged_drop(tsr_kv_cache *kv, int seq, const int32_t **tokens, int32_t *n) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s = tsr__seq(p, seq);
-    if (!s || s->in_step)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: cannot drop sequence %d", seq);
-    if (s->swapped) {
-        tsr_host_pool_free(p->cfg.host, s->swap_buf, s->swap_bytes);
-        s->swap_buf = NULL;
-        s->swapped = 0;
-    }
-    for (int l = kv->n_layers - 1; l >= 0; l--) {
-        tsr__player *L = &s->layers[l];
-        tsr__layer_release(p, L);
-        L->slots = L->base = 0;
-        L->dense = 1;
-    }
-    *tokens = s->tokens;
-    *n = s->len;
-    s->len = 0;
-    s->n_hashed = 0;
-    p->st.preempt_drops++;
-    return TSR_OK;
-}
-
 static const tsr_kv_cache_ops tsr__paged_ops = {
     .name = "paged",
     .destroy = tsr__paged_destroy,
-    .seq_add = tsr__paged_seq_add,
+    .seq_add = tsr__kvp_seq_add,
     .seq_free = tsr__paged_seq_free,
     .seq_len = tsr__paged_seq_len,
     .reserve = tsr__paged_reserve,
@@ -872,8 +471,8 @@ static const tsr_kv_cache_ops tsr__paged_ops = {
     .prefix_attach = tsr__paged_prefix_attach,
     .stats = tsr__paged_stats,
     .detail = tsr__paged_detail,
-    .export_seq = tsr__paged_export_seq,
-    .import_seq = tsr__paged_import_seq,
+    .export_seq = tsr__kvp_export_seq,
+    .import_seq = tsr__kvp_import_seq,
     .reserve_check = tsr__paged_reserve_check_op,
     .seq_blocks = tsr_kv_paged_seq_blocks,
 };
@@ -917,109 +516,5 @@ tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **ou
         return st;
     }
     *out = &p->base;
-    return TSR_OK;
-}
-
-/* --- checkpoints ---------------------------------------------------------------------- */
-
-static tsr_status tsr__paged_export_seq(const tsr_kv_cache *kv, int seq,
-                                        tsr_kv_seq_state *out) {
-    tsr__paged *p = (tsr__paged *)tsr__P(kv); /* scratch lists only */
-    memset(out, 0, sizeof *out);
-    const tsr__pseq *s = tsr__seq(p, seq);
-    if (!s || s->swapped || s->in_step)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: cannot export sequence %d", seq);
-    *out = (tsr_kv_seq_state){.len = s->len, .n_layers = kv->n_layers, .kv_dim = kv->kv_dim,
-                              .has_scores = p->kvs.score != NULL};
-    tsr_status st = tsr_kv_seq_state_alloc_layers(out);
-    for (int l = 0; l < kv->n_layers && st == TSR_OK; l++) {
-        out->layers[l].slots = s->layers[l].slots;
-        out->layers[l].dense = s->layers[l].dense;
-    }
-    if (st == TSR_OK) st = tsr_kv_seq_state_alloc_rows(out);
-    if (st != TSR_OK) {
-        tsr_kv_seq_state_free(out);
-        return TSR_ERR_NOMEM;
-    }
-    memcpy(out->tokens, s->tokens, (size_t)s->len * sizeof *s->tokens);
-    for (int l = 0; l < kv->n_layers && st == TSR_OK; l++) {
-        const tsr__player *L = &s->layers[l];
-        tsr_kv_seq_layer *o = &out->layers[l];
-        st = tsr__scratch(p, L->slots);
-        if (st != TSR_OK) break;
-        tsr__slots_of(p, L, 0, L->slots, p->sl_a);
-        st = tsr_kv_store_gather(&p->kvs, p->sl_a, L->slots, o->k, o->v, o->pos, o->score);
-    }
-    if (st != TSR_OK) tsr_kv_seq_state_free(out);
-    return st;
-}
-
-static tsr_status tsr__paged_import_seq(tsr_kv_cache *kv, int seq,
-                                        const tsr_kv_seq_state *in) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s = tsr__seq(p, seq);
-    if (!s || s->swapped || s->in_step || s->len != 0)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: sequence %d is not empty for import",
-                             seq);
-    for (int l = 0; l < kv->n_layers; l++)
-        if (s->layers[l].nb)
-            return tsr_error_set(TSR_ERR_INVALID,
-                                 "KV cache: sequence %d is not empty for import", seq);
-    if (in->n_layers != kv->n_layers || in->kv_dim != kv->kv_dim ||
-        (in->has_scores != 0) != (p->kvs.score != NULL))
-        return tsr_error_set(TSR_ERR_INVALID,
-                             "KV cache: saved sequence has %d layers x %d (scores %d), the "
-                             "cache %d x %d (scores %d)", in->n_layers, in->kv_dim,
-                             in->has_scores, kv->n_layers, kv->kv_dim, p->kvs.score != NULL);
-    if (in->len < 0 || in->len > p->cfg.max_seq_len)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: saved sequence of %d tokens does not "
-                             "fit the context of %d", in->len, p->cfg.max_seq_len);
-    int64_t need = 0;
-    for (int l = 0; l < kv->n_layers; l++) {
-        const tsr_kv_seq_layer *L = &in->layers[l];
-        if (L->slots < 0 || L->slots > in->len || (L->dense && L->slots != in->len))
-            return tsr_error_set(TSR_ERR_INVALID,
-                                 "KV cache: saved layer %d has %d rows for %d tokens", l,
-                                 L->slots, in->len);
-        for (int32_t i = 0; i < L->slots; i++)
-            if (L->pos[i] < 0 || L->pos[i] >= in->len)
-                return tsr_error_set(TSR_ERR_INVALID,
-                                     "KV cache: saved layer %d has position %d of %d tokens",
-                                     l, L->pos[i], in->len);
-        need += tsr__ceil_div(L->slots, p->bs);
-    }
-    if (need > p->pool->n_free)
-        return tsr_error_set(TSR_ERR_NO_BLOCKS,
-                             "KV cache: restoring sequence %d needs %lld blocks, %d free", seq,
-                             (long long)need, p->pool->n_free);
-    TSR_TRY(tsr__grow_i32(&s->tokens, &s->tok_cap, in->len > 0 ? in->len : 1));
-    for (int l = 0; l < kv->n_layers; l++)
-        TSR_TRY(tsr__grow_i32(&s->layers[l].blocks, &s->layers[l].cap,
-                              tsr__ceil_div(in->layers[l].slots, p->bs)));
-    int32_t most = 0;
-    for (int l = 0; l < kv->n_layers; l++)
-        if (in->layers[l].slots > most) most = in->layers[l].slots;
-    TSR_TRY(tsr__scratch(p, most));
-    tsr_status st = TSR_OK;
-    for (int l = 0; l < kv->n_layers; l++) {
-        tsr__player *L = &s->layers[l];
-        const tsr_kv_seq_layer *I = &in->layers[l];
-        int32_t nb = tsr__ceil_div(I->slots, p->bs);
-        tsr__layer_alloc(p, l, -1, nb, L->blocks);
-        L->nb = nb;
-        L->slots = L->base = I->slots;
-        L->dense = I->dense;
-        tsr__slots_of(p, L, 0, I->slots, p->sl_a);
-        if (st == TSR_OK)
-            st = tsr_kv_store_scatter(&p->kvs, p->sl_a, I->slots, I->k, I->v, I->pos,
-                                      in->has_scores ? I->score : NULL);
-    }
-    memcpy(s->tokens, in->tokens, (size_t)in->len * sizeof *s->tokens);
-    s->len = in->len;
-    s->n_hashed = 0;
-    tsr__note_peak(p);
-    TSR_TRY(st);
-    /* Full blocks become prefix-cache entries again, as they were before the stop. */
-    if (p->cfg.prefix_caching) TSR_TRY(tsr__hash_full_blocks(p, s));
     return TSR_OK;
 }
