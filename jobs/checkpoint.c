@@ -12,8 +12,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "memory/kv_dist.h"
-#include "policies/policy.h"
 #include "base/alloc.h"
 
 void tsr_ckpt_rank_path(const char *path, int rank, int world, char *buf, size_t cap) {
@@ -27,9 +25,7 @@ void tsr_ckpt_rank_path(const char *path, int rank, int world, char *buf, size_t
 }
 
 tsr_kv_cache *tsr_ckpt_kv_mech(tsr_kv_cache *kv) {
-    tsr_kv_cache *in = tsr_kv_dist_inner(kv);
-    if (tsr_kv_is_policy(in)) in = tsr_kv_policy_mech(in);
-    return tsr_kv_is_paged(in) ? in : NULL;
+    return kv && kv->ops->export_seq && kv->ops->import_seq ? kv : NULL;
 }
 
 void tsr_ckpt_free(tsr_ckpt *c) {

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "jobs/batch_io.h"
-#include "memory/kv_paged.h"
+#include "memory/kv_cache.h"
 #include "runtime/scheduler.h"
 
 #define TSR_CKPT_VERSION 1
@@ -68,7 +68,8 @@ void tsr_ckpt_free(tsr_ckpt *c);
 tsr_status tsr_ckpt_check(const char *path, const tsr_ckpt_meta *saved,
                           const tsr_ckpt_meta *job);
 
-/* The paged cache under a job's KV cache (dist and policy wrappers peeled), or NULL. */
+/* The cache to checkpoint a job's sequences through: kv itself when it can export and
+ * import them (tsr_kv_export_seq / tsr_kv_import_seq, through any wrappers), else NULL. */
 tsr_kv_cache *tsr_ckpt_kv_mech(tsr_kv_cache *kv);
 
 #endif

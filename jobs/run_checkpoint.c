@@ -32,7 +32,7 @@ static void tsr__ckpt_meta(const tsr_run_job *g, int64_t records, tsr_ckpt_meta 
     *m = (tsr_ckpt_meta){.format_version = TSR_CKPT_VERSION, .dim = c->dim,
                          .n_layers = c->n_layers, .n_heads = c->n_heads,
                          .n_kv_heads = c->n_kv_heads, .vocab_size = c->vocab_size,
-                         .block_size = mech ? tsr_kv_paged_block_size(mech) : 0,
+                         .block_size = mech ? tsr_kv_block_size(mech) : 0,
                          .tp = multi ? tsr_comm_size(g->dist.comm, TSR_COMM_TP) : 1,
                          .pp = multi ? tsr_comm_size(g->dist.comm, TSR_COMM_PP) : 1,
                          .rank = g->dist.rank, .world = multi ? g->dist.world : 1,
@@ -41,8 +41,9 @@ static void tsr__ckpt_meta(const tsr_run_job *g, int64_t records, tsr_ckpt_meta 
                          .kv_dim = mech ? mech->kv_dim : 0, .output_records = records};
     snprintf(m->model, sizeof m->model, "%s", g->o->model);
     snprintf(m->dtype, sizeof m->dtype, "%s", tsr_dtype_name(c->dtype));
-    snprintf(m->policy, sizeof m->policy, "%s",
-             tsr_kv_policy_name(tsr_kv_dist_inner(g->kv)));
+    tsr_kv_detail d;
+    tsr_kv_cache_detail(g->kv, &d);
+    snprintf(m->policy, sizeof m->policy, "%s", d.policy);
     snprintf(m->output, sizeof m->output, "%s", g->o->output);
 }
 
@@ -76,7 +77,7 @@ tsr_status tsr_run_ckpt_save(tsr_run_job *g, int *n_saved) {
         r->n_gen = q->n_gen;
         r->has_kv = sv[i].slot >= 0;
         ck.n_reqs = i + 1;
-        if (r->has_kv) st = tsr_kv_paged_export_seq(mech, sv[i].slot, &r->kv);
+        if (r->has_kv) st = tsr_kv_export_seq(mech, sv[i].slot, &r->kv);
     }
     if (st == TSR_OK) st = tsr_ckpt_write(g->ck_path, &ck);
     for (int i = 0; i < ck.n_reqs; i++) tsr_kv_seq_state_free(&ck.reqs[i].kv);
@@ -120,7 +121,7 @@ static tsr_status tsr__ckpt_restore(tsr_run_job *g, tsr_ckpt *ck) {
         tsr_ckpt_req *r = &ck->reqs[i];
         if (r->has_kv) {
             TSR_TRY(g->kv->ops->seq_add(g->kv, r->s.slot));
-            TSR_TRY(tsr_kv_paged_import_seq(mech, r->s.slot, &r->kv));
+            TSR_TRY(tsr_kv_import_seq(mech, r->s.slot, &r->kv));
         }
         TSR_TRY(tsr_sched_import(g->sched, &r->s));
         tsr_run_req *q = &g->reqs[r->s.tag];

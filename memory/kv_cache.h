@@ -22,6 +22,65 @@ typedef struct tsr_kv_stats {
     int64_t evictions;
 } tsr_kv_stats;
 
+/* Block-level counters of a block-managed cache (memory/kv_paged.h); zero for others. */
+typedef struct tsr_kv_block_stats {
+    int32_t block_size;
+    int32_t blocks_total;
+    int32_t blocks_used;     /* referenced by some sequence */
+    int32_t blocks_cached;   /* free but still holding a hashed prefix */
+    int32_t blocks_peak;
+    int64_t block_bytes;
+    int64_t prefix_query_tokens;
+    int64_t prefix_hit_tokens;
+    int64_t cow_copies;
+    int64_t evicted_tokens;  /* slots removed by eviction */
+    int64_t cached_evictions; /* hashed free blocks reused for new content */
+    int64_t swap_out_bytes, swap_in_bytes;
+    int64_t preempt_drops;
+} tsr_kv_block_stats;
+
+/* A policy's counters (policies/policy.h); zero without a policy. */
+typedef struct tsr_kv_policy_stats {
+    int64_t evictions;        /* token slots dropped (h2o) or moved out of residence */
+    int64_t bytes_offloaded;  /* written to the host copy */
+    int64_t bytes_fetched;    /* host -> resident */
+    int64_t tokens_processed; /* tokens committed (denominator of bytes per token) */
+    int64_t selections;       /* selections made (speculative or fallback) */
+    int64_t fallback_selections; /* of them, without queries: the recent window */
+    double recall_sum;        /* sum of per-selection recall of the exact top tokens */
+    int64_t recall_n;
+    int64_t score_matrix_bytes_peak; /* materialize baseline */
+    int64_t score_matrix_rebuilds;   /* matrices built from the layer's queries */
+    int64_t host_bytes_peak;
+} tsr_kv_policy_stats;
+
+/* Everything a cache reports, through whatever wrappers it sits in (tsr_kv_cache_detail). */
+typedef struct tsr_kv_detail {
+    const char *policy;        /* the policy's name, else the cache's ("paged", "dense") */
+    tsr_kv_stats kv;
+    tsr_kv_block_stats blocks;
+    tsr_kv_policy_stats pol;
+} tsr_kv_detail;
+
+/* The logical contents of one layer of a sequence: its slot rows in table order. Host
+ * memory. */
+typedef struct tsr_kv_seq_layer {
+    int32_t slots;
+    int dense;       /* slot s holds position s (nothing evicted) */
+    float *k, *v;    /* [slots][kv_dim] */
+    int32_t *pos;    /* [slots] */
+    float *score;    /* [slots]; NULL when the cache keeps no scores */
+} tsr_kv_seq_layer;
+
+/* One sequence, independent of block ids, so it can be restored into another pool (the
+ * checkpoint of a request). */
+typedef struct tsr_kv_seq_state {
+    int32_t len;     /* committed tokens (the next position) */
+    int32_t *tokens; /* [len] */
+    int n_layers, kv_dim, has_scores;
+    tsr_kv_seq_layer *layers; /* [n_layers] */
+} tsr_kv_seq_state;
+
 typedef struct tsr_kv_cache_ops {
     const char *name;
     void (*destroy)(tsr_kv_cache *kv);
@@ -33,17 +92,19 @@ typedef struct tsr_kv_cache_ops {
     /* Makes room for n more tokens of `seq` in every layer; checks before it changes
      * anything (TSR_ERR_NO_BLOCKS: retry later, TSR_ERR_BUDGET: never fits). */
     tsr_status (*reserve)(tsr_kv_cache *kv, int seq, int32_t n);
-    /* Stores n rows of k and v ([n][kv_dim]) for positions seq_len .. seq_len+n-1 of
-     * `layer`. The length advances only at commit. */
+    /* Stores n rows of k and v ([n][kv_dim], backend memory: the layer's activations) for
+     * positions seq_len .. seq_len+n-1 of `layer`. The length advances only at commit. */
     tsr_status (*write)(tsr_kv_cache *kv, int layer, int seq, int32_t n, const float *k,
                         const float *v);
     /* The spans attention must read for `layer` (including rows written but not yet
-     * committed). The array is owned by the cache, valid until its next call. */
+     * committed). The array is owned by the cache, valid until its next call; span k/v
+     * point into backend memory, span pos into host memory. */
     tsr_status (*spans)(tsr_kv_cache *kv, int layer, int seq, const tsr_kv_span **spans,
                         int *n_spans);
     /* Optional (may be NULL): the per-key accumulated attention of the last attention
      * call over these spans ([n_heads][keys], per query head: tsr_attn_args), for
-     * score-driven policies. */
+     * score-driven policies. HOST memory: the forward pass downloads the attention's
+     * key_scores before the call, so that a policy decides from host arrays only. */
     tsr_status (*observe)(tsr_kv_cache *kv, int layer, int seq, const float *key_scores);
     /* Advances the sequence by the n tokens (ids given, so a block cache can hash full
      * blocks for prefix sharing) after all layers wrote them. */
@@ -56,9 +117,27 @@ typedef struct tsr_kv_cache_ops {
     /* Optional (may be NULL): this call's rotated queries of `layer` ([n_q][n_heads *
      * head_dim], positions q_pos), given before spans() so that a cache can choose what to
      * make resident (offload's speculative selection) or rebuild scores (h2o's
-     * materialize baseline). */
+     * materialize baseline). q and q_pos are HOST memory (the forward pass downloads the
+     * rotated queries before the call); valid until that layer's observe. */
     tsr_status (*queries)(tsr_kv_cache *kv, int layer, int seq, const float *q,
                           const int32_t *q_pos, int n_q, int n_heads);
+
+    /* --- what callers need from a cache whatever wraps it (all optional: NULL where the
+     * cache has no such thing; wrappers forward to the cache they wrap) --------------- */
+    /* Fills *out (zeroed by the caller: tsr_kv_cache_detail). */
+    void (*detail)(const tsr_kv_cache *kv, tsr_kv_detail *out);
+    /* Copies seq's contents (between steps; not swapped out) into *out (allocated: free
+     * with tsr_kv_seq_state_free). */
+    tsr_status (*export_seq)(const tsr_kv_cache *kv, int seq, tsr_kv_seq_state *out);
+    /* Fills the sequence `seq` (added, still empty) with `st` (geometry checked;
+     * TSR_ERR_NO_BLOCKS when the pool is short). */
+    tsr_status (*import_seq)(tsr_kv_cache *kv, int seq, const tsr_kv_seq_state *st);
+    /* The answer reserve(seq, n) would give, changing nothing but array capacity; after
+     * TSR_OK, reserve(seq, n) with nothing changed in between cannot fail (the
+     * distributed block manager agrees on it before committing). */
+    tsr_status (*reserve_check)(tsr_kv_cache *kv, int seq, int32_t n);
+    /* Blocks of `layer` in seq's table (*ids valid until the next call that changes it). */
+    int32_t (*seq_blocks)(const tsr_kv_cache *kv, int layer, int seq, const int32_t **ids);
 } tsr_kv_cache_ops;
 
 struct tsr_kv_cache {
@@ -71,11 +150,31 @@ struct tsr_kv_cache {
     int wants_scores;
 };
 
-/* Dense cache: each sequence gets [n_layers][max_tokens][kv_dim] for K and V, allocated at
- * seq_add; capacity bounds the number of concurrent sequences. */
-tsr_status tsr_kv_dense_create(int n_layers, int n_kv_heads, int head_dim, int max_tokens,
-                               int max_seqs, tsr_kv_cache **out);
+/* Dense cache: each sequence gets [n_layers][tokens][kv_dim] for K and V in backend memory
+ * of `be` (not owned), grown by doubling up to max_tokens; max_seqs bounds the number of
+ * concurrent sequences. */
+tsr_status tsr_kv_dense_create(tsr_backend *be, int n_layers, int n_kv_heads, int head_dim,
+                               int max_tokens, int max_seqs, tsr_kv_cache **out);
 
 void tsr_kv_cache_destroy(tsr_kv_cache *kv);
+
+/* The cache's stats, block stats and policy stats (ops->detail, else the plain stats). */
+void tsr_kv_cache_detail(const tsr_kv_cache *kv, tsr_kv_detail *out);
+/* One JSON object (no newline) of d: policy, blocks, bytes, evictions, prefix hits, swap
+ * and offload traffic. Returns what snprintf returns. */
+int tsr_kv_detail_json(const tsr_kv_detail *d, char *buf, size_t size);
+
+/* Checkpoint calls through the interface: TSR_ERR_UNSUPPORTED when the cache has none. */
+tsr_status tsr_kv_export_seq(const tsr_kv_cache *kv, int seq, tsr_kv_seq_state *out);
+tsr_status tsr_kv_import_seq(tsr_kv_cache *kv, int seq, const tsr_kv_seq_state *st);
+/* Tokens per block of a block-managed cache, 0 otherwise. */
+int32_t tsr_kv_block_size(const tsr_kv_cache *kv);
+
+/* For readers (jobs/checkpoint.c): alloc_layers makes layers[] and tokens[] from len,
+ * n_layers; once layers[l].slots are set, alloc_rows makes each layer's row arrays (kv_dim,
+ * has_scores). tsr_kv_seq_state_free frees whatever was made. */
+tsr_status tsr_kv_seq_state_alloc_layers(tsr_kv_seq_state *st);
+tsr_status tsr_kv_seq_state_alloc_rows(tsr_kv_seq_state *st);
+void tsr_kv_seq_state_free(tsr_kv_seq_state *st);
 
 #endif

@@ -1,7 +1,8 @@
 /* The dense KV cache: per sequence and layer, contiguous K and V rows grown by doubling up
  * to max_tokens. It is the exact reference the block-managed policies are tested against.
- * A sequence's rows of all layers share one buffer (tsr_malloc_huge: from 2 MiB on, huge
- * pages, as for the paged pool: decode reads every row from DRAM each token). */
+ * A sequence's rows of all layers share one backend buffer (K then V of layer 0, then of
+ * layer 1, ...); rows move only through the backend's copies (the write is one device
+ * copy per K and V, the growth one per layer). */
 #include <string.h>
 
 #include "memory/kv_cache.h"
@@ -12,15 +13,16 @@ typedef struct tsr__dense_seq {
     int32_t len;      /* committed tokens */
     int32_t reserved; /* tokens with storage */
     int32_t cap;      /* allocated rows per layer */
-    float **k;        /* [n_layers] -> [cap][kv_dim], inside buf */
+    float **k;        /* [n_layers] -> [cap][kv_dim], inside buf (backend memory) */
     float **v;
-    float *buf;       /* K then V of layer 0, then of layer 1, ... */
+    float *buf;       /* K then V of layer 0, then of layer 1, ... (backend memory) */
     size_t buf_bytes;
     int32_t pending;  /* rows written this step (same for every layer) */
 } tsr__dense_seq;
 
 typedef struct tsr__dense {
     tsr_kv_cache base;
+    tsr_backend *be;
     int max_tokens;
     int max_seqs;
     tsr__dense_seq *seqs;
@@ -36,7 +38,7 @@ static tsr__dense_seq *tsr__seq(const tsr__dense *d, int seq) {
 static size_t tsr__row_bytes(const tsr__dense *d) { return (size_t)d->base.kv_dim * 4; }
 
 static void tsr__seq_release(tsr__dense *d, tsr__dense_seq *s) {
-    tsr_free_huge(s->buf, s->buf_bytes);
+    if (s->buf) d->be->ops->buffer_free(d->be, s->buf);
     d->bytes_used -= (int64_t)s->buf_bytes;
     tsr_free(s->k);
     tsr_free(s->v);
@@ -99,22 +101,28 @@ static tsr_status tsr__dense_reserve(tsr_kv_cache *kv, int seq, int32_t n) {
         if (!tsr_mul_size(bytes, 2 * (size_t)kv->n_layers, &total))
             return tsr_error_set(TSR_ERR_NOMEM, "KV cache: size overflow growing sequence %d",
                                  seq);
-        float *nb = tsr_malloc_huge(total);
-        if (!nb) /* the sequence stays as it was */
+        void *nbuf = NULL;
+        if (d->be->ops->buffer_alloc(d->be, total, &nbuf) != TSR_OK) /* the sequence stays */
             return tsr_error_set(TSR_ERR_NOMEM,
                                  "KV cache: out of memory growing sequence %d to %d tokens",
                                  seq, cap);
+        float *nb = nbuf;
         size_t used = (size_t)s->len * tsr__row_bytes(d), rows = bytes / sizeof(float);
-        for (int l = 0; l < kv->n_layers; l++) {
+        tsr_status st = TSR_OK;
+        for (int l = 0; l < kv->n_layers && s->buf && st == TSR_OK; l++) {
             float *nk = nb + 2 * (size_t)l * rows, *nv = nk + rows;
-            if (s->buf) {
-                memcpy(nk, s->k[l], used);
-                memcpy(nv, s->v[l], used);
-            }
-            s->k[l] = nk;
-            s->v[l] = nv;
+            st = tsr_backend_copy(d->be, nk, s->k[l], used);
+            if (st == TSR_OK) st = tsr_backend_copy(d->be, nv, s->v[l], used);
         }
-        tsr_free_huge(s->buf, s->buf_bytes);
+        if (st != TSR_OK) {
+            d->be->ops->buffer_free(d->be, nb);
+            return st;
+        }
+        for (int l = 0; l < kv->n_layers; l++) {
+            s->k[l] = nb + 2 * (size_t)l * rows;
+            s->v[l] = s->k[l] + rows;
+        }
+        if (s->buf) d->be->ops->buffer_free(d->be, s->buf);
         d->bytes_used += (int64_t)total - (int64_t)s->buf_bytes;
         s->buf = nb;
         s->buf_bytes = total;
@@ -136,8 +144,8 @@ static tsr_status tsr__dense_write(tsr_kv_cache *kv, int layer, int seq, int32_t
         return tsr_error_set(TSR_ERR_INTERNAL, "KV cache: write of %d rows past reservation",
                              n);
     size_t off = (size_t)s->len * (size_t)kv->kv_dim;
-    memcpy(s->k[layer] + off, k, (size_t)n * tsr__row_bytes(d));
-    memcpy(s->v[layer] + off, v, (size_t)n * tsr__row_bytes(d));
+    TSR_TRY(tsr_backend_copy(d->be, s->k[layer] + off, k, (size_t)n * tsr__row_bytes(d)));
+    TSR_TRY(tsr_backend_copy(d->be, s->v[layer] + off, v, (size_t)n * tsr__row_bytes(d)));
     s->pending = n;
     return TSR_OK;
 }
@@ -195,9 +203,11 @@ static const tsr_kv_cache_ops tsr__dense_ops = {
     .prefix_attach = NULL,
 };
 
-tsr_status tsr_kv_dense_create(int n_layers, int n_kv_heads, int head_dim, int max_tokens,
-                               int max_seqs, tsr_kv_cache **out) {
+tsr_status tsr_kv_dense_create(tsr_backend *be, int n_layers, int n_kv_heads, int head_dim,
+                               int max_tokens, int max_seqs, tsr_kv_cache **out) {
     *out = NULL;
+    if (!be)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: no backend for the dense cache");
     if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || max_tokens <= 0 || max_seqs <= 0)
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: invalid geometry");
     tsr__dense *d = tsr_calloc(1, sizeof *d);
@@ -210,12 +220,9 @@ tsr_status tsr_kv_dense_create(int n_layers, int n_kv_heads, int head_dim, int m
     d->base = (tsr_kv_cache){.ops = &tsr__dense_ops, .n_layers = n_layers,
                              .kv_dim = n_kv_heads * head_dim, .n_kv_heads = n_kv_heads,
                              .max_seq_len = max_tokens, .wants_scores = 0};
+    d->be = be;
     d->max_tokens = max_tokens;
     d->max_seqs = max_seqs;
     *out = &d->base;
     return TSR_OK;
-}
-
-void tsr_kv_cache_destroy(tsr_kv_cache *kv) {
-    if (kv) kv->ops->destroy(kv);
 }

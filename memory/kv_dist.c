@@ -5,14 +5,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "memory/kv_paged.h"
-#include "policies/policy.h"
 #include "base/alloc.h"
 
 typedef struct tsr__dist {
     tsr_kv_cache base;
     tsr_kv_cache *in;
-    tsr_kv_cache *mech; /* the paged cache under `in` (in itself, or under its policy) */
     tsr_comm *comm;
     int rank;
     int fail_rank, fail_left; /* injected shortages (tsr_kv_dist_test_fail_rank) */
@@ -117,7 +114,7 @@ static int32_t tsr__dist_seq_len(const tsr_kv_cache *kv, int seq) {
 static tsr_status tsr__dist_reserve(tsr_kv_cache *kv, int seq, int32_t n) {
     tsr__dist *d = TSR__D(kv);
     tsr_status local = tsr__injected(d) ? tsr__shortage(d)
-                                        : tsr_kv_paged_reserve_check(d->mech, seq, n);
+                                        : d->in->ops->reserve_check(d->in, seq, n);
     TSR_TRY(tsr__agree(d, local));
     /* The paged reserve cannot fail now; the policy's own step hook (h2o materialize's
      * memory check) still can, on one rank, and the others are past the agreement. */
@@ -190,6 +187,31 @@ static void tsr__dist_stats(const tsr_kv_cache *kv, tsr_kv_stats *out) {
     in->ops->stats(in, out);
 }
 
+static void tsr__dist_detail(const tsr_kv_cache *kv, tsr_kv_detail *out) {
+    tsr_kv_cache_detail(((const tsr__dist *)kv)->in, out);
+}
+
+/* Checkpoints are per rank (its shard): local, like the rows they hold. */
+static tsr_status tsr__dist_export_seq(const tsr_kv_cache *kv, int seq, tsr_kv_seq_state *out) {
+    return tsr_kv_export_seq(((const tsr__dist *)kv)->in, seq, out);
+}
+
+static tsr_status tsr__dist_import_seq(tsr_kv_cache *kv, int seq, const tsr_kv_seq_state *st) {
+    return tsr_kv_import_seq(TSR__IN(kv), seq, st);
+}
+
+/* This rank's answer (the agreement is reserve's). */
+static tsr_status tsr__dist_reserve_check(tsr_kv_cache *kv, int seq, int32_t n) {
+    tsr_kv_cache *in = TSR__IN(kv);
+    return in->ops->reserve_check(in, seq, n);
+}
+
+static int32_t tsr__dist_seq_blocks(const tsr_kv_cache *kv, int layer, int seq,
+                                    const int32_t **ids) {
+    const tsr_kv_cache *in = ((const tsr__dist *)kv)->in;
+    return in->ops->seq_blocks(in, layer, seq, ids);
+}
+
 static const tsr_kv_cache_ops tsr__dist_ops = {
     .name = "dist",
     .destroy = tsr__dist_destroy,
@@ -204,12 +226,17 @@ static const tsr_kv_cache_ops tsr__dist_ops = {
     .prefix_attach = tsr__dist_prefix_attach,
     .stats = tsr__dist_stats,
     .queries = tsr__dist_queries,
+    .detail = tsr__dist_detail,
+    .export_seq = tsr__dist_export_seq,
+    .import_seq = tsr__dist_import_seq,
+    .reserve_check = tsr__dist_reserve_check,
+    .seq_blocks = tsr__dist_seq_blocks,
 };
 
 tsr_status tsr_kv_dist_create(tsr_kv_cache *inner, tsr_comm *comm, tsr_kv_cache **out) {
     *out = NULL;
-    tsr_kv_cache *mech = tsr_kv_is_policy(inner) ? tsr_kv_policy_mech(inner) : inner;
-    if (!tsr_kv_is_paged(mech))
+    /* Agreeing before committing needs a reserve that can be checked first. */
+    if (!inner->ops->reserve_check || !inner->ops->seq_blocks)
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: the distributed block manager needs "
                                               "a paged cache (%s)", inner->ops->name);
     tsr__dist *d = tsr_calloc(1, sizeof *d);
@@ -217,7 +244,6 @@ tsr_status tsr_kv_dist_create(tsr_kv_cache *inner, tsr_comm *comm, tsr_kv_cache 
     d->base = *inner; /* geometry and wants_scores */
     d->base.ops = &tsr__dist_ops;
     d->in = inner;
-    d->mech = mech;
     d->comm = comm;
     d->rank = tsr_comm_world_rank(comm);
     *out = &d->base;
@@ -225,14 +251,13 @@ tsr_status tsr_kv_dist_create(tsr_kv_cache *inner, tsr_comm *comm, tsr_kv_cache 
 }
 
 uint64_t tsr_kv_dist_tables_digest(const tsr_kv_cache *kv, int n_seqs) {
-    const tsr_kv_cache *c = tsr_kv_dist_inner(kv);
-    if (tsr_kv_is_policy(c)) c = tsr_kv_policy_mech(c);
-    if (!tsr_kv_is_paged(c)) return 0;
+    const tsr_kv_cache *c = kv;
+    if (!c->ops->seq_blocks) return 0;
     uint64_t h = 1469598103934665603ull; /* FNV-1a over (seq, layer, block ids) */
     for (int s = 0; s < n_seqs; s++)
         for (int l = 0; l < c->n_layers; l++) {
             const int32_t *ids = NULL;
-            int32_t nb = tsr_kv_paged_seq_blocks(c, l, s, &ids);
+            int32_t nb = c->ops->seq_blocks(c, l, s, &ids);
             int32_t v[3] = {s, l, nb};
             for (int i = 0; i < 3 + (nb > 0 ? nb : 0); i++) {
                 uint32_t x = (uint32_t)(i < 3 ? v[i] : ids[i - 3]);

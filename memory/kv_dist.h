@@ -7,7 +7,7 @@
  * TSR_ERR_BUDGET over TSR_ERR_NO_BLOCKS over TSR_OK, and any other failure is agreed
  * with tsr_comm_agree so all ranks take the same exit), prefix hits are agreed (MIN), and
  * everything else passes through. A reserve is checked on every rank without changing
- * anything (tsr_kv_paged_reserve_check), agreed, and committed only when every rank can:
+ * anything (ops->reserve_check), agreed, and committed only when every rank can:
  * a shortage on one rank fails it on all with every cache unchanged. A seq_add that
  * succeeded on some ranks only is undone there (an empty sequence holds no blocks).
  * tsr_kv_setup sizes every rank's pool to the same number of blocks per layer (MIN over
@@ -27,8 +27,10 @@ typedef struct tsr_kv_dist_stats {
     int64_t injected;      /* shortages injected on this rank (tsr_kv_dist_test_fail_rank) */
 } tsr_kv_dist_stats;
 
-/* Wraps `inner` (taken over: destroyed with the wrapper), a paged cache or a policy cache
- * over one (else TSR_ERR_INVALID). comm must have its layout. */
+/* Wraps `inner` (taken over: destroyed with the wrapper), a cache with reserve_check and
+ * seq_blocks: a paged cache or a policy cache over one (else TSR_ERR_INVALID). The wrapper
+ * forwards detail, export_seq, import_seq, reserve_check and seq_blocks, so callers never
+ * unwrap it. comm must have its layout. */
 tsr_status tsr_kv_dist_create(tsr_kv_cache *inner, tsr_comm *comm, tsr_kv_cache **out);
 int tsr_kv_is_dist(const tsr_kv_cache *kv);
 /* The wrapped cache (kv itself when it is not a dist wrapper). */

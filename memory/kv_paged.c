@@ -1,54 +1,17 @@
-/* The paged KV cache over the block pool. Block b of the pool owns slots
- * [b*bs, (b+1)*bs) of the K, V, position and score stores; a sequence's layer table lists
- * its blocks, and slot s of the layer lives at table[s / bs], offset s % bs. While a layer
- * never lost a token ("dense"), slot s holds position s: its full blocks are hashed for
- * prefix sharing and spans are contiguous (pos0). */
+/* The paged KV cache over the block pool: block metadata and tables. Block b of the pool
+ * owns slots [b*bs, (b+1)*bs) of the store (memory/kv_store.h: K/V rows in backend memory,
+ * positions and scores on the host); a sequence's layer table lists its blocks, and slot s
+ * of the layer lives at table[s / bs], offset s % bs. While a layer never lost a token
+ * ("dense"), slot s holds position s: its full blocks are hashed for prefix sharing and
+ * spans are contiguous (pos0). Rows move only through the store, one backend call per
+ * batch of slots. This file: tables, reserve, write, spans, prefix sharing, the cache ops;
+ * kv_paged_slots.c: the policies' slot mechanism, fork, swap, drop and checkpoints. */
 #include "memory/kv_paged.h"
 
 #include <string.h>
 
-#include "memory/block_pool.h"
+#include "memory/kv_paged_internal.h"
 #include "base/alloc.h"
-
-typedef struct tsr__player {
-    int32_t *blocks;
-    int32_t nb, cap;
-    int32_t slots;  /* rows present */
-    int32_t base;   /* rows before this step's write (set by reserve) */
-    int dense;      /* slot s holds position s */
-} tsr__player;
-
-typedef struct tsr__pseq {
-    int active;
-    int swapped;
-    int in_step;       /* reserve done, commit pending */
-    int32_t len;       /* committed tokens (the next position) */
-    int32_t *tokens;   /* [len] ids (prefix hashing, recompute) */
-    int32_t tok_cap;
-    uint64_t *hashes;  /* chain hash of each full block (layer-free) */
-    int32_t n_hashed, hash_cap;
-    tsr__player *layers;
-    void *swap_buf;
-    size_t swap_bytes;
-} tsr__pseq;
-
-typedef struct tsr__paged {
-    tsr_kv_cache base;
-    tsr_kv_paged_config cfg;
-    int bs;
-    tsr_block_pool *pool;
-    /* Block b holds its K rows, then its V rows (bs x kv_dim floats each): attention reads
-     * a block's K and then its V, so a layer's blocks, adjacent in the pool, are one
-     * forward stream (docs/kv-cache.md). */
-    float *store;
-    size_t store_bytes; /* for tsr_free_huge */
-    int32_t *pos_store;
-    float *score_store;
-    tsr__pseq *seqs;
-    tsr_kv_span *spans;
-    int32_t spans_cap;
-    tsr_kv_paged_stats st;
-} tsr__paged;
 
 static const tsr_kv_cache_ops tsr__paged_ops;
 
@@ -60,38 +23,22 @@ int64_t tsr_kv_paged_block_bytes(const tsr_kv_paged_config *cfg) {
 
 int tsr_kv_is_paged(const tsr_kv_cache *kv) { return kv && kv->ops == &tsr__paged_ops; }
 
-static tsr__paged *tsr__P(const tsr_kv_cache *kv) {
-    TSR_ASSERT(tsr_kv_is_paged(kv));
-    return (tsr__paged *)kv;
+/* Makes the scratch slot lists hold n entries each. */
+tsr_status tsr__kvp_scratch(tsr__paged *p, int64_t n) {
+    if (n <= p->sl_cap) return TSR_OK;
+    int64_t c = p->sl_cap ? p->sl_cap : 256;
+    while (c < n) c *= 2;
+    int32_t *a = tsr_realloc(p->sl_a, (size_t)c * sizeof *a);
+    if (!a) return TSR_ERR_NOMEM;
+    p->sl_a = a;
+    int32_t *b = tsr_realloc(p->sl_b, (size_t)c * sizeof *b);
+    if (!b) return TSR_ERR_NOMEM;
+    p->sl_b = b;
+    p->sl_cap = c;
+    return TSR_OK;
 }
 
-static tsr__pseq *tsr__seq(const tsr__paged *p, int seq) {
-    if (seq < 0 || seq >= p->cfg.max_seqs || !p->seqs[seq].active) return NULL;
-    return &p->seqs[seq];
-}
-
-static size_t tsr__kvd(const tsr__paged *p) { return (size_t)p->base.kv_dim; }
-
-/* The K and V rows of pool slot `at` (block at / bs, row at % bs). */
-static float *tsr__krow(const tsr__paged *p, size_t at) {
-    size_t bs = (size_t)p->bs;
-    return p->store + (at / bs * 2 * bs + at % bs) * tsr__kvd(p);
-}
-static float *tsr__vrow(const tsr__paged *p, size_t at) {
-    return tsr__krow(p, at) + (size_t)p->bs * tsr__kvd(p);
-}
-
-/* Slot address: index into the stores. */
-static size_t tsr__slot(const tsr__paged *p, const tsr__player *L, int32_t s) {
-    return (size_t)L->blocks[s / p->bs] * (size_t)p->bs + (size_t)(s % p->bs);
-}
-
-static void tsr__note_peak(tsr__paged *p) {
-    int32_t used = p->pool->n_blocks - p->pool->n_free;
-    if (used > p->st.blocks_peak) p->st.blocks_peak = used;
-}
-
-static tsr_status tsr__grow_i32(int32_t **a, int32_t *cap, int32_t need) {
+tsr_status tsr__kvp_grow_i32(int32_t **a, int32_t *cap, int32_t need) {
     if (need <= *cap) return TSR_OK;
     int32_t c = *cap ? *cap : 16;
     while (c < need) c *= 2;
@@ -102,24 +49,16 @@ static tsr_status tsr__grow_i32(int32_t **a, int32_t *cap, int32_t need) {
     return TSR_OK;
 }
 
-static void tsr__copy_slot(tsr__paged *p, size_t dst, size_t src) {
-    size_t kvd = tsr__kvd(p);
-    memcpy(tsr__krow(p, dst), tsr__krow(p, src), kvd * 4);
-    memcpy(tsr__vrow(p, dst), tsr__vrow(p, src), kvd * 4);
-    p->pos_store[dst] = p->pos_store[src];
-    if (p->score_store) p->score_store[dst] = p->score_store[src];
-}
-
 /* Releases every block of a layer, tail first. */
-static void tsr__layer_release(tsr__paged *p, tsr__player *L) {
+void tsr__kvp_layer_release(tsr__paged *p, tsr__player *L) {
     for (int32_t i = L->nb - 1; i >= 0; i--) tsr_block_pool_unref(p->pool, &L->blocks[i], 1);
     L->nb = 0;
 }
 
-static void tsr__seq_release(tsr__paged *p, tsr__pseq *s) {
+void tsr__kvp_seq_release(tsr__paged *p, tsr__pseq *s) {
     if (s->layers) {
         for (int l = p->base.n_layers - 1; l >= 0; l--) {
-            tsr__layer_release(p, &s->layers[l]);
+            tsr__kvp_layer_release(p, &s->layers[l]);
             tsr_free(s->layers[l].blocks);
         }
     }
@@ -134,17 +73,17 @@ static void tsr__paged_destroy(tsr_kv_cache *kv) {
     tsr__paged *p = (tsr__paged *)kv;
     if (p->seqs)
         for (int i = 0; i < p->cfg.max_seqs; i++)
-            if (p->seqs[i].active) tsr__seq_release(p, &p->seqs[i]);
+            if (p->seqs[i].active) tsr__kvp_seq_release(p, &p->seqs[i]);
     tsr_free(p->seqs);
     tsr_free(p->spans);
-    tsr_free_huge(p->store, p->store_bytes);
-    tsr_free(p->pos_store);
-    tsr_free(p->score_store);
+    tsr_free(p->sl_a);
+    tsr_free(p->sl_b);
+    tsr_kv_store_release(&p->kvs);
     tsr_block_pool_destroy(p->pool);
     tsr_free(p);
 }
 
-static tsr_status tsr__paged_seq_add(tsr_kv_cache *kv, int seq) {
+tsr_status tsr__kvp_seq_add(tsr_kv_cache *kv, int seq) {
     tsr__paged *p = (tsr__paged *)kv;
     if (seq < 0 || seq >= p->cfg.max_seqs)
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: sequence id %d out of range [0, %d)",
@@ -162,15 +101,13 @@ static tsr_status tsr__paged_seq_add(tsr_kv_cache *kv, int seq) {
 static void tsr__paged_seq_free(tsr_kv_cache *kv, int seq) {
     tsr__paged *p = (tsr__paged *)kv;
     tsr__pseq *s = tsr__seq(p, seq);
-    if (s) tsr__seq_release(p, s);
+    if (s) tsr__kvp_seq_release(p, s);
 }
 
 static int32_t tsr__paged_seq_len(const tsr_kv_cache *kv, int seq) {
     const tsr__pseq *s = tsr__seq((const tsr__paged *)kv, seq);
     return s ? s->len : 0;
 }
-
-static int32_t tsr__ceil_div(int64_t a, int32_t b) { return (int32_t)((a + b - 1) / b); }
 
 /* Blocks layer L must gain to hold `rows` more slots after its first `slots`, and whether
  * its partial last block is shared (then written rows need a private copy first). */
@@ -189,7 +126,7 @@ static int32_t tsr__layer_need(const tsr__paged *p, const tsr__player *L, int32_
  * so without this a decode step's new blocks interleave the layers and a layer's rows lie
  * in 16-row pieces a pool's width apart, which read 25-30 % slower than one run
  * (bench/attn.c --interleave, docs/kv-cache.md). The caller checked that n are free. */
-static void tsr__layer_alloc(tsr__paged *p, int l, int32_t prev, int32_t n, int32_t *ids) {
+void tsr__kvp_layer_alloc(tsr__paged *p, int l, int32_t prev, int32_t n, int32_t *ids) {
     int64_t nbk = p->pool->n_blocks, nl = p->base.n_layers;
     int32_t lo = (int32_t)(nbk * l / nl), hi = (int32_t)(nbk * (l + 1) / nl);
     for (int32_t i = 0; i < n; i++) {
@@ -202,17 +139,20 @@ static void tsr__layer_alloc(tsr__paged *p, int l, int32_t prev, int32_t n, int3
     }
 }
 
-/* Makes the partial last block of layer l private (copy-on-write). A free block must
- * exist. */
-static void tsr__layer_cow(tsr__paged *p, int l, tsr__player *L) {
+/* Makes the partial last block of layer l private (copy-on-write): one kv_copy of its
+ * used rows. A free block must exist and the scratch lists hold bs entries. */
+static tsr_status tsr__layer_cow(tsr__paged *p, int l, tsr__player *L) {
     int32_t old = L->blocks[L->nb - 1], nw;
-    tsr__layer_alloc(p, l, L->nb > 1 ? L->blocks[L->nb - 2] : -1, 1, &nw);
+    tsr__kvp_layer_alloc(p, l, L->nb > 1 ? L->blocks[L->nb - 2] : -1, 1, &nw);
     int32_t used = L->slots - (L->nb - 1) * p->bs;
-    for (int32_t j = 0; j < used; j++)
-        tsr__copy_slot(p, (size_t)nw * p->bs + j, (size_t)old * p->bs + j);
+    for (int32_t j = 0; j < used; j++) {
+        p->sl_a[j] = nw * p->bs + j;
+        p->sl_b[j] = old * p->bs + j;
+    }
     tsr_block_pool_unref(p->pool, &old, 1);
     L->blocks[L->nb - 1] = nw;
     p->st.cow_copies++;
+    return tsr_kv_store_copy(&p->kvs, p->sl_a, p->sl_b, used);
 }
 
 /* The rows a reserve grows from: a retried step (retry) drops the rows of the failed one. */
@@ -245,32 +185,37 @@ static tsr_status tsr__reserve_check(tsr__paged *p, tsr__pseq *s, int seq, int l
     for (int l = l0; l < l1; l++) {
         tsr__player *L = &s->layers[l];
         int32_t want = tsr__ceil_div((int64_t)tsr__rows_from(L, retry) + rows, p->bs);
-        TSR_TRY(tsr__grow_i32(&L->blocks, &L->cap, want));
+        TSR_TRY(tsr__kvp_grow_i32(&L->blocks, &L->cap, want));
     }
-    return TSR_OK;
+    return tsr__kvp_scratch(p, p->bs);
 }
 
-/* The commit half, after a passed check with nothing changed in between. */
-static void tsr__reserve_commit(tsr__paged *p, tsr__pseq *s, int l0, int l1, int32_t rows,
-                                int retry) {
+/* The commit half, after a passed check with nothing changed in between: the block tables
+ * cannot fail now; only a copy-on-write's backend copy can (a device failure). */
+static tsr_status tsr__reserve_commit(tsr__paged *p, tsr__pseq *s, int l0, int l1,
+                                      int32_t rows, int retry) {
+    tsr_status st = TSR_OK;
     for (int l = l0; l < l1; l++) {
         tsr__player *L = &s->layers[l];
         L->slots = tsr__rows_from(L, retry);
         int cow;
         int32_t add = tsr__layer_need(p, L, L->slots, rows, &cow) - cow;
-        if (cow) tsr__layer_cow(p, l, L);
-        tsr__layer_alloc(p, l, L->nb > 0 ? L->blocks[L->nb - 1] : -1, add, L->blocks + L->nb);
+        if (cow) {
+            tsr_status cs = tsr__layer_cow(p, l, L);
+            if (st == TSR_OK) st = cs;
+        }
+        tsr__kvp_layer_alloc(p, l, L->nb > 0 ? L->blocks[L->nb - 1] : -1, add, L->blocks + L->nb);
         L->nb += add;
     }
     tsr__note_peak(p);
+    return st;
 }
 
 /* Check-then-commit growth of the layers in [l0, l1) by `rows` slots each. */
-static tsr_status tsr__reserve_layers(tsr__paged *p, tsr__pseq *s, int seq, int l0, int l1,
+tsr_status tsr__kvp_reserve_layers(tsr__paged *p, tsr__pseq *s, int seq, int l0, int l1,
                                       int32_t rows) {
     TSR_TRY(tsr__reserve_check(p, s, seq, l0, l1, rows, 0));
-    tsr__reserve_commit(p, s, l0, l1, rows, 0);
-    return TSR_OK;
+    return tsr__reserve_commit(p, s, l0, l1, rows, 0);
 }
 
 /* Everything reserve(seq, n) checks; on TSR_OK the reserve cannot fail. */
@@ -285,14 +230,18 @@ static tsr_status tsr__paged_reserve_check(tsr__paged *p, int seq, int32_t n,
                              "KV cache: sequence %d needs %lld tokens, the context holds %d",
                              seq, (long long)s->len + n, p->cfg.max_seq_len);
     TSR_TRY(tsr__reserve_check(p, s, seq, 0, p->base.n_layers, n, s->in_step));
-    TSR_TRY(tsr__grow_i32(&s->tokens, &s->tok_cap, s->len + n));
+    TSR_TRY(tsr__kvp_grow_i32(&s->tokens, &s->tok_cap, s->len + n));
     *out = s;
     return TSR_OK;
 }
 
-tsr_status tsr_kv_paged_reserve_check(tsr_kv_cache *kv, int seq, int32_t n) {
+static tsr_status tsr__paged_reserve_check_op(tsr_kv_cache *kv, int seq, int32_t n) {
     tsr__pseq *s;
     return tsr__paged_reserve_check(tsr__P(kv), seq, n, &s);
+}
+
+tsr_status tsr_kv_paged_reserve_check(tsr_kv_cache *kv, int seq, int32_t n) {
+    return tsr__paged_reserve_check_op(kv, seq, n);
 }
 
 /* A failed reserve changes nothing; a retried step (in_step) drops the rows the failed one
@@ -301,10 +250,10 @@ static tsr_status tsr__paged_reserve(tsr_kv_cache *kv, int seq, int32_t n) {
     tsr__paged *p = (tsr__paged *)kv;
     tsr__pseq *s;
     TSR_TRY(tsr__paged_reserve_check(p, seq, n, &s));
-    tsr__reserve_commit(p, s, 0, kv->n_layers, n, s->in_step);
+    tsr_status st = tsr__reserve_commit(p, s, 0, kv->n_layers, n, s->in_step);
     for (int l = 0; l < kv->n_layers; l++) s->layers[l].base = s->layers[l].slots;
     s->in_step = 1;
-    return TSR_OK;
+    return st;
 }
 
 static tsr_status tsr__paged_write(tsr_kv_cache *kv, int layer, int seq, int32_t n,
@@ -318,16 +267,14 @@ static tsr_status tsr__paged_write(tsr_kv_cache *kv, int layer, int seq, int32_t
     if ((int64_t)L->base + n > (int64_t)L->nb * p->bs)
         return tsr_error_set(TSR_ERR_INTERNAL, "KV cache: write of %d rows past reservation",
                              n);
-    size_t kvd = tsr__kvd(p);
+    TSR_TRY(tsr__kvp_scratch(p, n));
     for (int32_t i = 0; i < n; i++) {
         int32_t slot = L->base + i;
-        size_t at = tsr__slot(p, L, slot);
         TSR_ASSERT(p->pool->blocks[L->blocks[slot / p->bs]].ref_cnt == 1);
-        memcpy(tsr__krow(p, at), k + (size_t)i * kvd, kvd * 4);
-        memcpy(tsr__vrow(p, at), v + (size_t)i * kvd, kvd * 4);
-        p->pos_store[at] = s->len + i;
-        if (p->score_store) p->score_store[at] = 0.0f;
+        p->sl_a[i] = tsr__slot(p, L, slot);
     }
+    /* One backend call for the layer's chunk (the rows are the layer's activations). */
+    TSR_TRY(tsr_kv_store_write(&p->kvs, p->sl_a, n, k, v, s->len));
     L->slots = L->base + n;
     return TSR_OK;
 }
@@ -350,11 +297,12 @@ static tsr_status tsr__paged_spans(tsr_kv_cache *kv, int layer, int seq,
     for (int32_t j = 0; j < nsp; j++) {
         size_t at = (size_t)L->blocks[j] * p->bs;
         int32_t n = L->slots - j * p->bs < p->bs ? L->slots - j * p->bs : p->bs;
-        const int32_t *pos = p->pos_store + at;
+        const int32_t *pos = p->kvs.pos + at;
         int contiguous = 1;
         if (!L->dense)
             for (int32_t i = 1; i < n && contiguous; i++) contiguous = pos[i] == pos[0] + i;
-        p->spans[j] = (tsr_kv_span){.k = tsr__krow(p, at), .v = tsr__vrow(p, at),
+        p->spans[j] = (tsr_kv_span){.k = tsr_kv_store_block_k(&p->kvs, L->blocks[j]),
+                                    .v = tsr_kv_store_block_v(&p->kvs, L->blocks[j]),
                                     .pos = contiguous ? NULL : pos,
                                     .pos0 = L->dense ? j * p->bs : pos[0], .n = n,
                                     .stride = kv->kv_dim};
@@ -364,12 +312,7 @@ static tsr_status tsr__paged_spans(tsr_kv_cache *kv, int layer, int seq,
     return TSR_OK;
 }
 
-/* Per-layer hash of full block i: the sequence's chain hash keyed by the layer. */
-static uint64_t tsr__layer_hash(uint64_t chain, int layer) {
-    return tsr_block_hash(chain, NULL, 0, (uint64_t)layer + 1);
-}
-
-static tsr_status tsr__hash_full_blocks(tsr__paged *p, tsr__pseq *s) {
+tsr_status tsr__kvp_hash_full_blocks(tsr__paged *p, tsr__pseq *s) {
     int32_t full = s->len / p->bs;
     if (full <= s->n_hashed) return TSR_OK;
     if (full > s->hash_cap) {
@@ -409,7 +352,7 @@ static tsr_status tsr__paged_commit(tsr_kv_cache *kv, int seq, const int32_t *to
         L->base = L->slots;
         if (L->dense && L->slots != s->len) L->dense = 0;
     }
-    if (p->cfg.prefix_caching && tokens) TSR_TRY(tsr__hash_full_blocks(p, s));
+    if (p->cfg.prefix_caching && tokens) TSR_TRY(tsr__kvp_hash_full_blocks(p, s));
     return TSR_OK;
 }
 
@@ -434,8 +377,8 @@ static int32_t tsr__paged_prefix_attach(tsr_kv_cache *kv, int seq, const int32_t
     }
     int ok = hit > 0;
     for (int l = 0; l < kv->n_layers && ok; l++)
-        ok = tsr__grow_i32(&s->layers[l].blocks, &s->layers[l].cap, hit) == TSR_OK;
-    ok = ok && tsr__grow_i32(&s->tokens, &s->tok_cap, hit * p->bs) == TSR_OK;
+        ok = tsr__kvp_grow_i32(&s->layers[l].blocks, &s->layers[l].cap, hit) == TSR_OK;
+    ok = ok && tsr__kvp_grow_i32(&s->tokens, &s->tok_cap, hit * p->bs) == TSR_OK;
     if (ok && hit > s->hash_cap) {
         uint64_t *nh = tsr_realloc(s->hashes, (size_t)hit * sizeof *nh);
         ok = nh != NULL;
@@ -494,6 +437,14 @@ static void tsr__paged_stats(const tsr_kv_cache *kv, tsr_kv_stats *out) {
     out->evictions = p->st.evicted_tokens;
 }
 
+static void tsr__paged_detail(const tsr_kv_cache *kv, tsr_kv_detail *out) {
+    out->policy = "paged";
+    tsr__paged_stats(kv, &out->kv);
+    tsr_kv_paged_get_stats(kv, &out->blocks);
+}
+
+tsr_backend *tsr_kv_paged_backend(const tsr_kv_cache *kv) { return tsr__P(kv)->kvs.be; }
+
 int32_t tsr_kv_paged_block_size(const tsr_kv_cache *kv) { return tsr__P(kv)->bs; }
 int32_t tsr_kv_paged_free_blocks(const tsr_kv_cache *kv) { return tsr__P(kv)->pool->n_free; }
 
@@ -506,307 +457,10 @@ int32_t tsr_kv_paged_seq_blocks(const tsr_kv_cache *kv, int layer, int seq,
     return s->layers[layer].nb;
 }
 
-/* --- slot mechanism ------------------------------------------------------------------- */
-
-static tsr_status tsr__layer_of(const tsr_kv_cache *kv, int layer, int seq, tsr__pseq **s,
-                                tsr__player **L) {
-    const tsr__paged *p = tsr__P(kv);
-    *s = tsr__seq(p, seq);
-    if (!*s || layer < 0 || layer >= kv->n_layers || (*s)->swapped)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: no layer %d of sequence %d", layer,
-                             seq);
-    *L = &(*s)->layers[layer];
-    return TSR_OK;
-}
-
-int32_t tsr_kv_paged_slots(const tsr_kv_cache *kv, int layer, int seq) {
-    tsr__pseq *s;
-    tsr__player *L;
-    return tsr__layer_of(kv, layer, seq, &s, &L) == TSR_OK ? L->slots : 0;
-}
-
-tsr_status tsr_kv_paged_add_scores(tsr_kv_cache *kv, int layer, int seq,
-                                   const float *key_scores) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s;
-    tsr__player *L;
-    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    if (!p->score_store)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: created without keep_scores");
-    for (int32_t i = 0; i < L->slots; i++) {
-        float sum = 0.0f;
-        for (int g = 0; g < kv->n_kv_heads; g++) sum += key_scores[(size_t)g * L->slots + i];
-        p->score_store[tsr__slot(p, L, i)] += sum;
-    }
-    return TSR_OK;
-}
-
-tsr_status tsr_kv_paged_add_slot_scores(tsr_kv_cache *kv, int layer, int seq,
-                                        const float *scores) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s;
-    tsr__player *L;
-    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    if (!p->score_store)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: created without keep_scores");
-    for (int32_t i = 0; i < L->slots; i++) p->score_store[tsr__slot(p, L, i)] += scores[i];
-    return TSR_OK;
-}
-
-tsr_status tsr_kv_paged_read_slots(const tsr_kv_cache *kv, int layer, int seq, int32_t *pos,
-                                   float *score) {
-    const tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s;
-    tsr__player *L;
-    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    for (int32_t i = 0; i < L->slots; i++) {
-        size_t at = tsr__slot(p, L, i);
-        if (pos) pos[i] = p->pos_store[at];
-        if (score) score[i] = p->score_store ? p->score_store[at] : 0.0f;
-    }
-    return TSR_OK;
-}
-
-tsr_status tsr_kv_paged_row(const tsr_kv_cache *kv, int layer, int seq, int32_t slot,
-                            float **k, float **v) {
-    const tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s;
-    tsr__player *L;
-    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    if (slot < 0 || slot >= L->nb * p->bs)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: slot %d out of range", slot);
-    size_t at = tsr__slot(p, L, slot);
-    *k = tsr__krow(p, at);
-    *v = tsr__vrow(p, at);
-    return TSR_OK;
-}
-
-tsr_status tsr_kv_paged_evict(tsr_kv_cache *kv, int layer, int seq, const int32_t *slots,
-                              int32_t n) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s;
-    tsr__player *L;
-    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    if (n <= 0) return TSR_OK;
-    uint8_t *gone = tsr_calloc((size_t)L->slots, 1);
-    if (!gone) return TSR_ERR_NOMEM;
-    for (int32_t i = 0; i < n; i++) {
-        if (slots[i] < 0 || slots[i] >= L->slots || gone[slots[i]]) {
-            tsr_free(gone);
-            return tsr_error_set(TSR_ERR_INVALID, "KV cache: bad eviction slot %d", slots[i]);
-        }
-        gone[slots[i]] = 1;
-    }
-    /* Blocks that receive rows must be private; shared ones are copied first. */
-    int32_t keep = L->slots - n, t = L->slots - 1;
-    for (int32_t h = 0; h < keep; h++) {
-        if (!gone[h]) continue;
-        while (gone[t]) t--;
-        int32_t bi = h / p->bs;
-        if (p->pool->blocks[L->blocks[bi]].ref_cnt > 1) {
-            int32_t nw, old = L->blocks[bi];
-            tsr_status st = tsr_block_pool_alloc(p->pool, 1, &nw);
-            if (st != TSR_OK) {
-                tsr_free(gone);
-                return st;
-            }
-            for (int32_t j = 0; j < p->bs; j++)
-                tsr__copy_slot(p, (size_t)nw * p->bs + j, (size_t)old * p->bs + j);
-            tsr_block_pool_unref(p->pool, &old, 1);
-            L->blocks[bi] = nw;
-            p->st.cow_copies++;
-        }
-        tsr__copy_slot(p, tsr__slot(p, L, h), tsr__slot(p, L, t));
-        gone[t] = 1;
-        t--;
-    }
-    tsr_free(gone);
-    L->slots = keep;
-    if (L->base > keep) L->base = keep;
-    L->dense = 0;
-    int32_t nb = tsr__ceil_div(keep, p->bs);
-    for (int32_t i = L->nb - 1; i >= nb; i--) tsr_block_pool_unref(p->pool, &L->blocks[i], 1);
-    L->nb = nb;
-    p->st.evicted_tokens += n;
-    return TSR_OK;
-}
-
-tsr_status tsr_kv_paged_reserve_rows(tsr_kv_cache *kv, int layer, int seq, int32_t rows) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s;
-    tsr__player *L;
-    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    return tsr__reserve_layers(p, s, seq, layer, layer + 1, rows);
-}
-
-tsr_status tsr_kv_paged_insert(tsr_kv_cache *kv, int layer, int seq, int32_t pos,
-                               const float *k, const float *v) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s;
-    tsr__player *L;
-    TSR_TRY(tsr__layer_of(kv, layer, seq, &s, &L));
-    if (L->slots >= L->nb * p->bs)
-        return tsr_error_set(TSR_ERR_INTERNAL, "KV cache: insert past reservation");
-    size_t at = tsr__slot(p, L, L->slots), kvd = tsr__kvd(p);
-    memcpy(tsr__krow(p, at), k, kvd * 4);
-    memcpy(tsr__vrow(p, at), v, kvd * 4);
-    p->pos_store[at] = pos;
-    if (p->score_store) p->score_store[at] = 0.0f;
-    if (L->dense && pos != L->slots) L->dense = 0;
-    L->slots++;
-    return TSR_OK;
-}
-
-/* --- sharing and preemption ----------------------------------------------------------- */
-
-tsr_status tsr_kv_paged_fork(tsr_kv_cache *kv, int src, int dst) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *a = tsr__seq(p, src);
-    if (!a || a->swapped || a->in_step)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: cannot fork sequence %d", src);
-    TSR_TRY(tsr__paged_seq_add(kv, dst));
-    tsr__pseq *b = &p->seqs[dst];
-    tsr_status st = tsr__grow_i32(&b->tokens, &b->tok_cap, a->len > 0 ? a->len : 1);
-    if (st == TSR_OK && a->n_hashed) {
-        b->hashes = tsr_malloc((size_t)a->n_hashed * sizeof *b->hashes);
-        if (!b->hashes) st = TSR_ERR_NOMEM;
-        else b->hash_cap = a->n_hashed;
-    }
-    for (int l = 0; l < kv->n_layers && st == TSR_OK; l++)
-        st = tsr__grow_i32(&b->layers[l].blocks, &b->layers[l].cap, a->layers[l].nb);
-    if (st != TSR_OK) {
-        tsr__seq_release(p, b);
-        return st;
-    }
-    for (int l = 0; l < kv->n_layers; l++) {
-        tsr__player *La = &a->layers[l], *Lb = &b->layers[l];
-        for (int32_t i = 0; i < La->nb; i++) tsr_block_pool_ref(p->pool, La->blocks[i]);
-        memcpy(Lb->blocks, La->blocks, (size_t)La->nb * sizeof *La->blocks);
-        Lb->nb = La->nb;
-        Lb->slots = Lb->base = La->slots;
-        Lb->dense = La->dense;
-    }
-    memcpy(b->tokens, a->tokens, (size_t)a->len * sizeof *a->tokens);
-    if (a->n_hashed) memcpy(b->hashes, a->hashes, (size_t)a->n_hashed * sizeof *a->hashes);
-    b->n_hashed = a->n_hashed;
-    b->len = a->len;
-    return TSR_OK;
-}
-
-static size_t tsr__row_bytes(const tsr__paged *p) { return tsr__kvd(p) * 8 + 8; }
-
-tsr_status tsr_kv_paged_swap_out(tsr_kv_cache *kv, int seq) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s = tsr__seq(p, seq);
-    if (!s || s->swapped || s->in_step)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: cannot swap out sequence %d", seq);
-    if (!p->cfg.host)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: no host pool to swap sequence %d to",
-                             seq);
-    size_t rows = 0;
-    for (int l = 0; l < kv->n_layers; l++) rows += (size_t)s->layers[l].slots;
-    size_t bytes = rows * tsr__row_bytes(p);
-    void *buf;
-    TSR_TRY(tsr_host_pool_alloc(p->cfg.host, bytes, &buf));
-    /* The sequence's references pin its blocks until the copy is done. */
-    size_t kvd = tsr__kvd(p);
-    char *w = buf;
-    for (int l = 0; l < kv->n_layers; l++) {
-        tsr__player *L = &s->layers[l];
-        for (int32_t i = 0; i < L->slots; i++) {
-            size_t at = tsr__slot(p, L, i);
-            memcpy(w, tsr__krow(p, at), kvd * 4);
-            memcpy(w + kvd * 4, tsr__vrow(p, at), kvd * 4);
-            memcpy(w + kvd * 8, &p->pos_store[at], 4);
-            float sc = p->score_store ? p->score_store[at] : 0.0f;
-            memcpy(w + kvd * 8 + 4, &sc, 4);
-            w += tsr__row_bytes(p);
-        }
-    }
-    for (int l = kv->n_layers - 1; l >= 0; l--) tsr__layer_release(p, &s->layers[l]);
-    s->swap_buf = buf;
-    s->swap_bytes = bytes;
-    s->swapped = 1;
-    p->st.swap_out_bytes += (int64_t)bytes;
-    return TSR_OK;
-}
-
-tsr_status tsr_kv_paged_swap_in(tsr_kv_cache *kv, int seq) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s = tsr__seq(p, seq);
-    if (!s || !s->swapped)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: sequence %d is not swapped out", seq);
-    int64_t need = 0;
-    for (int l = 0; l < kv->n_layers; l++) need += tsr__ceil_div(s->layers[l].slots, p->bs);
-    if (need > p->pool->n_free)
-        return tsr_error_set(TSR_ERR_NO_BLOCKS,
-                             "KV cache: swap-in of sequence %d needs %lld blocks, %d free", seq,
-                             (long long)need, p->pool->n_free);
-    for (int l = 0; l < kv->n_layers; l++) {
-        tsr__player *L = &s->layers[l];
-        TSR_TRY(tsr__grow_i32(&L->blocks, &L->cap, tsr__ceil_div(L->slots, p->bs)));
-    }
-    size_t kvd = tsr__kvd(p);
-    const char *r = s->swap_buf;
-    for (int l = 0; l < kv->n_layers; l++) {
-        tsr__player *L = &s->layers[l];
-        int32_t nb = tsr__ceil_div(L->slots, p->bs);
-        tsr__layer_alloc(p, l, -1, nb, L->blocks);
-        L->nb = nb;
-        for (int32_t i = 0; i < L->slots; i++) {
-            size_t at = tsr__slot(p, L, i);
-            memcpy(tsr__krow(p, at), r, kvd * 4);
-            memcpy(tsr__vrow(p, at), r + kvd * 4, kvd * 4);
-            memcpy(&p->pos_store[at], r + kvd * 8, 4);
-            if (p->score_store) memcpy(&p->score_store[at], r + kvd * 8 + 4, 4);
-            r += tsr__row_bytes(p);
-        }
-        if (p->cfg.prefix_caching && L->dense)
-            for (int32_t i = 0; i < s->n_hashed && i < nb; i++)
-                tsr_block_pool_set_hash(p->pool, L->blocks[i], tsr__layer_hash(s->hashes[i], l));
-    }
-    tsr_host_pool_free(p->cfg.host, s->swap_buf, s->swap_bytes);
-    p->st.swap_in_bytes += (int64_t)s->swap_bytes;
-    s->swap_buf = NULL;
-    s->swap_bytes = 0;
-    s->swapped = 0;
-    tsr__note_peak(p);
-    return TSR_OK;
-}
-
-int tsr_kv_paged_is_swapped(const tsr_kv_cache *kv, int seq) {
-    const tsr__pseq *s = tsr__seq(tsr__P(kv), seq);
-    return s && s->swapped;
-}
-
-tsr_status tsr_kv_paged_drop(tsr_kv_cache *kv, int seq, const int32_t **tokens, int32_t *n) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s = tsr__seq(p, seq);
-    if (!s || s->in_step)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: cannot drop sequence %d", seq);
-    if (s->swapped) {
-        tsr_host_pool_free(p->cfg.host, s->swap_buf, s->swap_bytes);
-        s->swap_buf = NULL;
-        s->swapped = 0;
-    }
-    for (int l = kv->n_layers - 1; l >= 0; l--) {
-        tsr__player *L = &s->layers[l];
-        tsr__layer_release(p, L);
-        L->slots = L->base = 0;
-        L->dense = 1;
-    }
-    *tokens = s->tokens;
-    *n = s->len;
-    s->len = 0;
-    s->n_hashed = 0;
-    p->st.preempt_drops++;
-    return TSR_OK;
-}
-
 static const tsr_kv_cache_ops tsr__paged_ops = {
     .name = "paged",
     .destroy = tsr__paged_destroy,
-    .seq_add = tsr__paged_seq_add,
+    .seq_add = tsr__kvp_seq_add,
     .seq_free = tsr__paged_seq_free,
     .seq_len = tsr__paged_seq_len,
     .reserve = tsr__paged_reserve,
@@ -816,6 +470,11 @@ static const tsr_kv_cache_ops tsr__paged_ops = {
     .commit = tsr__paged_commit,
     .prefix_attach = tsr__paged_prefix_attach,
     .stats = tsr__paged_stats,
+    .detail = tsr__paged_detail,
+    .export_seq = tsr__kvp_export_seq,
+    .import_seq = tsr__kvp_import_seq,
+    .reserve_check = tsr__paged_reserve_check_op,
+    .seq_blocks = tsr_kv_paged_seq_blocks,
 };
 
 tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **out) {
@@ -823,6 +482,9 @@ tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **ou
     if (cfg->n_layers <= 0 || cfg->n_kv_heads <= 0 || cfg->head_dim <= 0 ||
         cfg->max_seqs <= 0 || cfg->max_seq_len <= 0 || cfg->block_size < 0)
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: invalid geometry");
+    if (!cfg->be)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: no backend for the K/V store "
+                             "(tsr_kv_paged_config.be is NULL)");
     int64_t bb = tsr_kv_paged_block_bytes(cfg);
     int64_t nblocks = cfg->memory_bytes / bb;
     if (nblocks <= 0)
@@ -839,22 +501,13 @@ tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **ou
                              .kv_dim = cfg->n_kv_heads * cfg->head_dim,
                              .n_kv_heads = cfg->n_kv_heads, .max_seq_len = cfg->max_seq_len,
                              .wants_scores = 0};
-    size_t slots = (size_t)nblocks * (size_t)p->bs, fbytes;
     tsr_status st = tsr_block_pool_create((int32_t)nblocks, &p->pool);
-    if (st == TSR_OK && !tsr_mul_size(slots, tsr__kvd(p) * 8, &fbytes)) /* K and V */
-        st = tsr_error_set(TSR_ERR_NOMEM, "KV cache: pool size overflow");
+    if (st == TSR_OK)
+        st = tsr_kv_store_init(&p->kvs, cfg->be, nblocks, p->bs, (int32_t)tsr__kvd(p),
+                               cfg->keep_scores != 0);
     if (st == TSR_OK) {
-        /* Pages are touched only when blocks are first used, so RSS follows usage (in 2 MiB
-         * steps). Huge pages: decode reads every cached row from DRAM, and with 4 KiB pages
-         * a plain read of a layer's K/V ran at 15-16 GB/s against 26-28 (bench/attn.c,
-         * docs/kernels-cpu.md); decode attention gained about 15 %. */
-        p->store_bytes = fbytes;
-        p->store = tsr_malloc_huge(fbytes);
-        p->pos_store = tsr_malloc_aligned(slots * 4);
-        if (cfg->keep_scores) p->score_store = tsr_malloc_aligned(slots * 4);
         p->seqs = tsr_calloc((size_t)cfg->max_seqs, sizeof *p->seqs);
-        if (!p->store || !p->pos_store || !p->seqs ||
-            (cfg->keep_scores && !p->score_store))
+        if (!p->seqs)
             st = tsr_error_set(TSR_ERR_NOMEM, "KV cache: cannot allocate a pool of %lld bytes",
                                (long long)(nblocks * bb));
     }
@@ -863,140 +516,5 @@ tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **ou
         return st;
     }
     *out = &p->base;
-    return TSR_OK;
-}
-
-/* --- checkpoints ---------------------------------------------------------------------- */
-
-tsr_status tsr_kv_seq_state_alloc_layers(tsr_kv_seq_state *st) {
-    st->layers = tsr_calloc((size_t)(st->n_layers > 0 ? st->n_layers : 1), sizeof *st->layers);
-    st->tokens = tsr_malloc((size_t)(st->len > 0 ? st->len : 1) * sizeof *st->tokens);
-    return st->layers && st->tokens ? TSR_OK : TSR_ERR_NOMEM;
-}
-
-tsr_status tsr_kv_seq_state_alloc_rows(tsr_kv_seq_state *st) {
-    for (int l = 0; l < st->n_layers; l++) {
-        tsr_kv_seq_layer *L = &st->layers[l];
-        size_t n = (size_t)(L->slots > 0 ? L->slots : 1), kvd = (size_t)st->kv_dim;
-        L->k = tsr_malloc(n * kvd * sizeof *L->k);
-        L->v = tsr_malloc(n * kvd * sizeof *L->v);
-        L->pos = tsr_malloc(n * sizeof *L->pos);
-        if (st->has_scores) L->score = tsr_malloc(n * sizeof *L->score);
-        if (!L->k || !L->v || !L->pos || (st->has_scores && !L->score)) return TSR_ERR_NOMEM;
-    }
-    return TSR_OK;
-}
-
-void tsr_kv_seq_state_free(tsr_kv_seq_state *st) {
-    if (st->layers)
-        for (int l = 0; l < st->n_layers; l++) {
-            tsr_free(st->layers[l].k);
-            tsr_free(st->layers[l].v);
-            tsr_free(st->layers[l].pos);
-            tsr_free(st->layers[l].score);
-        }
-    tsr_free(st->layers);
-    tsr_free(st->tokens);
-    memset(st, 0, sizeof *st);
-}
-
-tsr_status tsr_kv_paged_export_seq(const tsr_kv_cache *kv, int seq, tsr_kv_seq_state *out) {
-    const tsr__paged *p = tsr__P(kv);
-    memset(out, 0, sizeof *out);
-    const tsr__pseq *s = tsr__seq(p, seq);
-    if (!s || s->swapped || s->in_step)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: cannot export sequence %d", seq);
-    *out = (tsr_kv_seq_state){.len = s->len, .n_layers = kv->n_layers, .kv_dim = kv->kv_dim,
-                              .has_scores = p->score_store != NULL};
-    tsr_status st = tsr_kv_seq_state_alloc_layers(out);
-    for (int l = 0; l < kv->n_layers && st == TSR_OK; l++) {
-        out->layers[l].slots = s->layers[l].slots;
-        out->layers[l].dense = s->layers[l].dense;
-    }
-    if (st == TSR_OK) st = tsr_kv_seq_state_alloc_rows(out);
-    if (st != TSR_OK) {
-        tsr_kv_seq_state_free(out);
-        return TSR_ERR_NOMEM;
-    }
-    memcpy(out->tokens, s->tokens, (size_t)s->len * sizeof *s->tokens);
-    size_t kvd = tsr__kvd(p);
-    for (int l = 0; l < kv->n_layers; l++) {
-        const tsr__player *L = &s->layers[l];
-        tsr_kv_seq_layer *o = &out->layers[l];
-        for (int32_t i = 0; i < L->slots; i++) {
-            size_t at = tsr__slot(p, L, i);
-            memcpy(o->k + (size_t)i * kvd, tsr__krow(p, at), kvd * 4);
-            memcpy(o->v + (size_t)i * kvd, tsr__vrow(p, at), kvd * 4);
-            o->pos[i] = p->pos_store[at];
-            if (o->score) o->score[i] = p->score_store[at];
-        }
-    }
-    return TSR_OK;
-}
-
-tsr_status tsr_kv_paged_import_seq(tsr_kv_cache *kv, int seq, const tsr_kv_seq_state *in) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s = tsr__seq(p, seq);
-    if (!s || s->swapped || s->in_step || s->len != 0)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: sequence %d is not empty for import",
-                             seq);
-    for (int l = 0; l < kv->n_layers; l++)
-        if (s->layers[l].nb)
-            return tsr_error_set(TSR_ERR_INVALID,
-                                 "KV cache: sequence %d is not empty for import", seq);
-    if (in->n_layers != kv->n_layers || in->kv_dim != kv->kv_dim ||
-        (in->has_scores != 0) != (p->score_store != NULL))
-        return tsr_error_set(TSR_ERR_INVALID,
-                             "KV cache: saved sequence has %d layers x %d (scores %d), the "
-                             "cache %d x %d (scores %d)", in->n_layers, in->kv_dim,
-                             in->has_scores, kv->n_layers, kv->kv_dim, p->score_store != NULL);
-    if (in->len < 0 || in->len > p->cfg.max_seq_len)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: saved sequence of %d tokens does not "
-                             "fit the context of %d", in->len, p->cfg.max_seq_len);
-    int64_t need = 0;
-    for (int l = 0; l < kv->n_layers; l++) {
-        const tsr_kv_seq_layer *L = &in->layers[l];
-        if (L->slots < 0 || L->slots > in->len || (L->dense && L->slots != in->len))
-            return tsr_error_set(TSR_ERR_INVALID,
-                                 "KV cache: saved layer %d has %d rows for %d tokens", l,
-                                 L->slots, in->len);
-        for (int32_t i = 0; i < L->slots; i++)
-            if (L->pos[i] < 0 || L->pos[i] >= in->len)
-                return tsr_error_set(TSR_ERR_INVALID,
-                                     "KV cache: saved layer %d has position %d of %d tokens",
-                                     l, L->pos[i], in->len);
-        need += tsr__ceil_div(L->slots, p->bs);
-    }
-    if (need > p->pool->n_free)
-        return tsr_error_set(TSR_ERR_NO_BLOCKS,
-                             "KV cache: restoring sequence %d needs %lld blocks, %d free", seq,
-                             (long long)need, p->pool->n_free);
-    TSR_TRY(tsr__grow_i32(&s->tokens, &s->tok_cap, in->len > 0 ? in->len : 1));
-    for (int l = 0; l < kv->n_layers; l++)
-        TSR_TRY(tsr__grow_i32(&s->layers[l].blocks, &s->layers[l].cap,
-                              tsr__ceil_div(in->layers[l].slots, p->bs)));
-    size_t kvd = tsr__kvd(p);
-    for (int l = 0; l < kv->n_layers; l++) {
-        tsr__player *L = &s->layers[l];
-        const tsr_kv_seq_layer *I = &in->layers[l];
-        int32_t nb = tsr__ceil_div(I->slots, p->bs);
-        tsr__layer_alloc(p, l, -1, nb, L->blocks);
-        L->nb = nb;
-        L->slots = L->base = I->slots;
-        L->dense = I->dense;
-        for (int32_t i = 0; i < I->slots; i++) {
-            size_t at = tsr__slot(p, L, i);
-            memcpy(tsr__krow(p, at), I->k + (size_t)i * kvd, kvd * 4);
-            memcpy(tsr__vrow(p, at), I->v + (size_t)i * kvd, kvd * 4);
-            p->pos_store[at] = I->pos[i];
-            if (p->score_store) p->score_store[at] = I->score[i];
-        }
-    }
-    memcpy(s->tokens, in->tokens, (size_t)in->len * sizeof *s->tokens);
-    s->len = in->len;
-    s->n_hashed = 0;
-    tsr__note_peak(p);
-    /* Full blocks become prefix-cache entries again, as they were before the stop. */
-    if (p->cfg.prefix_caching) TSR_TRY(tsr__hash_full_blocks(p, s));
     return TSR_OK;
 }

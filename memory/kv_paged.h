@@ -4,7 +4,9 @@
  * layer, so a score policy may keep different tokens in different layers. It implements
  * tsr_kv_cache_ops (vLLM semantics: keeps every token) and exposes the slot-level mechanism
  * the policies (policies/) build on: per-slot scores, eviction with compaction, row insert,
- * fork, swap to the host pool and drop-for-recompute. */
+ * fork, swap to the host pool and drop-for-recompute. The K/V rows are backend memory of
+ * cfg.be (memory/kv_store.h), moved only by the backend's KV row ops, one call per batch of
+ * slots; block tables, positions, scores, hashes and reference counts are host memory. */
 #ifndef TSR_MEMORY_KV_PAGED_H
 #define TSR_MEMORY_KV_PAGED_H
 
@@ -28,35 +30,24 @@ typedef struct tsr_kv_paged_config {
                             * buffer, touched only through be's ops */
 } tsr_kv_paged_config;
 
-typedef struct tsr_kv_paged_stats {
-    int32_t block_size;
-    int32_t blocks_total;
-    int32_t blocks_used;     /* referenced by some sequence */
-    int32_t blocks_cached;   /* free but still holding a hashed prefix */
-    int32_t blocks_peak;
-    int64_t block_bytes;
-    int64_t prefix_query_tokens;
-    int64_t prefix_hit_tokens;
-    int64_t cow_copies;
-    int64_t evicted_tokens;  /* slots removed by tsr_kv_paged_evict */
-    int64_t cached_evictions; /* hashed free blocks reused for new content */
-    int64_t swap_out_bytes, swap_in_bytes;
-    int64_t preempt_drops;
-} tsr_kv_paged_stats;
+/* The block counters (memory/kv_cache.h), also what detail() reports. */
+typedef tsr_kv_block_stats tsr_kv_paged_stats;
 
-/* Bytes one block takes (K + V + positions [+ scores]). */
+/* Bytes one block takes (K + V in backend memory, positions [+ scores] on the host). */
 int64_t tsr_kv_paged_block_bytes(const tsr_kv_paged_config *cfg);
 
 tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **out);
 /* Non-zero when kv was made by tsr_kv_paged_create. */
 int tsr_kv_is_paged(const tsr_kv_cache *kv);
+/* The backend whose memory holds the K/V rows. */
+tsr_backend *tsr_kv_paged_backend(const tsr_kv_cache *kv);
 void tsr_kv_paged_get_stats(const tsr_kv_cache *kv, tsr_kv_paged_stats *out);
 int32_t tsr_kv_paged_block_size(const tsr_kv_cache *kv);
 int32_t tsr_kv_paged_free_blocks(const tsr_kv_cache *kv);
 
 /* The answer reserve(seq, n) would give (TSR_OK, TSR_ERR_NO_BLOCKS, TSR_ERR_BUDGET, ...),
  * changing nothing but array capacity; after TSR_OK, reserve(seq, n) with nothing changed in
- * between cannot fail. The distributed block manager agrees on it before committing. */
+ * between cannot fail (also ops->reserve_check). */
 tsr_status tsr_kv_paged_reserve_check(tsr_kv_cache *kv, int seq, int32_t n);
 
 /* Blocks of `layer` in seq's table (tests). */
@@ -73,12 +64,13 @@ tsr_status tsr_kv_paged_add_scores(tsr_kv_cache *kv, int layer, int seq,
 /* Adds one score per slot ([slots], span order), already summed over the KV heads. */
 tsr_status tsr_kv_paged_add_slot_scores(tsr_kv_cache *kv, int layer, int seq,
                                         const float *scores);
-/* Copies each slot's position and accumulated score (either may be NULL). */
+/* Copies each slot's position and accumulated score (either may be NULL; host metadata). */
 tsr_status tsr_kv_paged_read_slots(const tsr_kv_cache *kv, int layer, int seq, int32_t *pos,
                                    float *score);
-/* Pointers to the K and V row of one slot. */
-tsr_status tsr_kv_paged_row(const tsr_kv_cache *kv, int layer, int seq, int32_t slot,
-                            float **k, float **v);
+/* Gathers the K and V rows of n slots of seq's `layer` (slots[i]; slots NULL: 0 .. n-1)
+ * into host rows k[i], v[i] ([n][kv_dim]; either may be NULL), in one backend call. */
+tsr_status tsr_kv_paged_gather(tsr_kv_cache *kv, int layer, int seq, const int32_t *slots,
+                               int32_t n, float *k, float *v);
 /* Removes n distinct slots of seq's `layer`: rows from the tail move into the holes, so the
  * table stays dense, and emptied tail blocks go back to the pool. */
 tsr_status tsr_kv_paged_evict(tsr_kv_cache *kv, int layer, int seq, const int32_t *slots,
@@ -86,9 +78,10 @@ tsr_status tsr_kv_paged_evict(tsr_kv_cache *kv, int layer, int seq, const int32_
 /* Makes room for `rows` more slots in seq's `layer` beyond its current rows (check, then
  * commit; TSR_ERR_NO_BLOCKS / TSR_ERR_BUDGET as reserve). */
 tsr_status tsr_kv_paged_reserve_rows(tsr_kv_cache *kv, int layer, int seq, int32_t rows);
-/* Appends one row at position `pos` (room made by reserve_rows); its score starts at 0. */
-tsr_status tsr_kv_paged_insert(tsr_kv_cache *kv, int layer, int seq, int32_t pos,
-                               const float *k, const float *v);
+/* Appends n host rows k[i], v[i] ([n][kv_dim]) at positions pos[i] (room made by
+ * reserve_rows), in one backend call; their scores start at 0. */
+tsr_status tsr_kv_paged_insert(tsr_kv_cache *kv, int layer, int seq, const int32_t *pos,
+                               int32_t n, const float *k, const float *v);
 
 /* --- sharing and preemption ----------------------------------------------------------- */
 
@@ -106,35 +99,7 @@ int tsr_kv_paged_is_swapped(const tsr_kv_cache *kv, int seq);
  * stays valid until the sequence grows past that length or is freed. */
 tsr_status tsr_kv_paged_drop(tsr_kv_cache *kv, int seq, const int32_t **tokens, int32_t *n);
 
-/* --- checkpoints ---------------------------------------------------------------------- */
-
-/* The logical contents of one layer of a sequence: its slot rows in table order. */
-typedef struct tsr_kv_seq_layer {
-    int32_t slots;
-    int dense;       /* slot s holds position s (nothing evicted) */
-    float *k, *v;    /* [slots][kv_dim] */
-    int32_t *pos;    /* [slots] */
-    float *score;    /* [slots]; NULL when the cache keeps no scores */
-} tsr_kv_seq_layer;
-
-/* One sequence, independent of block ids, so it can be restored into another pool. */
-typedef struct tsr_kv_seq_state {
-    int32_t len;     /* committed tokens (the next position) */
-    int32_t *tokens; /* [len] */
-    int n_layers, kv_dim, has_scores;
-    tsr_kv_seq_layer *layers; /* [n_layers] */
-} tsr_kv_seq_state;
-
-/* Copies seq's contents (between steps; not swapped out) into *out (allocated). */
-tsr_status tsr_kv_paged_export_seq(const tsr_kv_cache *kv, int seq, tsr_kv_seq_state *out);
-/* Fills the sequence `seq` (added, still empty) with `st` (geometry checked; TSR_ERR_NO_BLOCKS
- * when the pool is short). */
-tsr_status tsr_kv_paged_import_seq(tsr_kv_cache *kv, int seq, const tsr_kv_seq_state *st);
-/* For readers (jobs/checkpoint.c): alloc_layers makes layers[] and tokens[] from len,
- * n_layers; once layers[l].slots are set, alloc_rows makes each layer's row arrays (kv_dim,
- * has_scores). tsr_kv_seq_state_free frees whatever was made. */
-tsr_status tsr_kv_seq_state_alloc_layers(tsr_kv_seq_state *st);
-tsr_status tsr_kv_seq_state_alloc_rows(tsr_kv_seq_state *st);
-void tsr_kv_seq_state_free(tsr_kv_seq_state *st);
+/* Checkpoints go through the interface: ops->export_seq / import_seq (memory/kv_cache.h,
+ * tsr_kv_export_seq / tsr_kv_import_seq). */
 
 #endif

@@ -143,14 +143,16 @@ static tsr_status tsr__h2o_materialize(tsr__h2o *h, int layer, int seq, int32_t 
     }
     int hd = m->kv_dim / m->n_kv_heads, group = n_heads / m->n_kv_heads;
     float scale = 1.0f / sqrtf((float)hd);
-    int32_t *pos = tsr_malloc((size_t)n_keys * sizeof *pos);
-    if (!pos) {
-        tsr_free(att);
-        return TSR_ERR_NOMEM;
-    }
-    tsr_status st = tsr_kv_paged_read_slots(m, layer, seq, pos, NULL);
+    /* The layer's K rows come to the host once (one gather), as the original code's
+     * matrix product reads them. */
+    int32_t *pos = tsr_malloc((size_t)(n_keys ? n_keys : 1) * sizeof *pos);
+    float *keys = tsr_malloc((size_t)(n_keys ? n_keys : 1) * (size_t)m->kv_dim * sizeof *keys);
+    tsr_status st = pos && keys ? TSR_OK : TSR_ERR_NOMEM;
+    if (st == TSR_OK) st = tsr_kv_paged_read_slots(m, layer, seq, pos, NULL);
+    if (st == TSR_OK) st = tsr_kv_paged_gather(m, layer, seq, NULL, n_keys, keys, NULL);
     if (st != TSR_OK) {
         tsr_free(pos);
+        tsr_free(keys);
         tsr_free(att);
         return st;
     }
@@ -162,8 +164,7 @@ static tsr_status tsr__h2o_materialize(tsr__h2o *h, int layer, int seq, int32_t 
             const float *qi = h->qs.q + (size_t)i * n_heads * hd + (size_t)hh * hd;
             float mx = -INFINITY;
             for (int32_t j = 0; j < n_keys; j++) {
-                float *kr, *vr;
-                tsr_kv_paged_row(m, layer, seq, j, &kr, &vr);
+                const float *kr = keys + (size_t)j * m->kv_dim;
                 float d = 0.0f;
                 for (int t = 0; t < hd; t++) d += qi[t] * kr[g * hd + t];
                 row[j] = pos[j] <= h->qs.pos[i] ? d * scale : -INFINITY;
@@ -178,6 +179,7 @@ static tsr_status tsr__h2o_materialize(tsr__h2o *h, int layer, int seq, int32_t 
         }
     }
     tsr_free(pos);
+    tsr_free(keys);
     tsr_free(att);
     h->st.score_matrix_rebuilds++;
     return TSR_OK;

@@ -320,8 +320,12 @@ static tsr_status tsr__off_write(void *state, int layer, int seq, int32_t n, con
     int32_t at = o->mech->ops->seq_len(o->mech, seq);
     TSR_TRY(tsr__off_grow(o, L, at + n));
     size_t kvd = (size_t)o->kvd;
-    memcpy(L->hk + (size_t)at * kvd, k, (size_t)n * kvd * 4);
-    memcpy(L->hv + (size_t)at * kvd, v, (size_t)n * kvd * 4);
+    /* k and v are the layer's activations (backend memory): the host copy is a download,
+     * and everything below reads that copy. */
+    tsr_backend *be = tsr_kv_paged_backend(o->mech);
+    TSR_TRY(tsr_backend_download(be, L->hk + (size_t)at * kvd, k, (size_t)n * kvd * 4));
+    TSR_TRY(tsr_backend_download(be, L->hv + (size_t)at * kvd, v, (size_t)n * kvd * 4));
+    k = L->hk + (size_t)at * kvd;
     if (!o->chan_set[layer]) {
         tsr__off_energy(o, o->ke + (size_t)layer * o->G * (o->hd / 2), k, n, o->G);
         double *km = o->km + (size_t)layer * o->kvd;
@@ -491,12 +495,25 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
     }
     for (int32_t j = 0; j < len && st == TSR_OK; j++) nf += want[j] && !L->res[j];
     if (st == TSR_OK && nf > 0) st = tsr_kv_paged_reserve_rows(m, layer, seq, nf);
-    for (int32_t j = 0; j < len && st == TSR_OK; j++) {
-        if (!want[j] || L->res[j]) continue;
-        st = tsr_kv_paged_insert(m, layer, seq, j, L->hk + (size_t)j * o->kvd,
-                                 L->hv + (size_t)j * o->kvd);
-        L->res[j] = 1;
-        o->st.bytes_fetched += (int64_t)o->kvd * 8;
+    if (st == TSR_OK && nf > 0) {
+        /* The missing rows, packed from the host copy, go in with one scatter. */
+        size_t kvd = (size_t)o->kvd;
+        float *fk = tsr_malloc((size_t)nf * kvd * 2 * sizeof *fk);
+        int32_t *fp = tsr_malloc((size_t)nf * sizeof *fp);
+        st = fk && fp ? TSR_OK : TSR_ERR_NOMEM;
+        float *fv = fk ? fk + (size_t)nf * kvd : NULL;
+        int32_t f = 0;
+        for (int32_t j = 0; j < len && st == TSR_OK; j++) {
+            if (!want[j] || L->res[j]) continue;
+            memcpy(fk + (size_t)f * kvd, L->hk + (size_t)j * kvd, kvd * 4);
+            memcpy(fv + (size_t)f * kvd, L->hv + (size_t)j * kvd, kvd * 4);
+            fp[f++] = j;
+        }
+        if (st == TSR_OK) st = tsr_kv_paged_insert(m, layer, seq, fp, nf, fk, fv);
+        for (int32_t i = 0; i < f && st == TSR_OK; i++) L->res[fp[i]] = 1;
+        if (st == TSR_OK) o->st.bytes_fetched += (int64_t)nf * o->kvd * 8;
+        tsr_free(fk);
+        tsr_free(fp);
     }
     tsr_free(pos);
     tsr_free(ev);

@@ -1,5 +1,8 @@
 /* KV-cache policies: one vtable, so that a new policy is one file plus one line in
- * registry.c. A policy decides; the paged cache (memory/kv_paged.h) is the mechanism. The
+ * registry.c. A policy decides; the paged cache (memory/kv_paged.h) is the mechanism. A
+ * policy decides from small host arrays (positions, scores, queries, its own host copies)
+ * and never reads K/V bytes in place: those live in backend memory and reach the host only
+ * through the mechanism's gathers or the backend's download. The
  * registry wraps a paged cache into a tsr_kv_cache that calls the policy's hooks in the
  * forward pass's order: admit (seq_add) -> append (before reserve) -> write -> queries ->
  * select (before spans) -> observe (after attention) -> commit. */
@@ -36,22 +39,11 @@ typedef struct tsr_kv_policy_config {
     int owns_host;           /* the cache destroys `host` with itself */
 } tsr_kv_policy_config;
 
-typedef struct tsr_kv_policy_stats {
-    int64_t evictions;        /* token slots dropped (h2o) or moved out of residence */
-    int64_t bytes_offloaded;  /* written to the host copy */
-    int64_t bytes_fetched;    /* host -> resident */
-    int64_t tokens_processed; /* tokens committed (denominator of bytes per token) */
-    int64_t selections;       /* selections made (speculative or fallback) */
-    int64_t fallback_selections; /* of them, without queries: the recent window */
-    double recall_sum;        /* sum of per-selection recall of the exact top tokens */
-    int64_t recall_n;
-    int64_t score_matrix_bytes_peak; /* materialize baseline */
-    int64_t score_matrix_rebuilds;   /* matrices built from the layer's queries */
-    int64_t host_bytes_peak;
-} tsr_kv_policy_stats;
+/* tsr_kv_policy_stats: memory/kv_cache.h (a cache reports it through detail()). */
 
-/* The rotated queries of the layer call in flight (from the cache's queries hook), kept by
- * policies that need them at select/observe time; valid until that layer's observe. */
+/* The rotated queries of the layer call in flight (from the cache's queries hook: host
+ * memory), kept by policies that need them at select/observe time; valid until that
+ * layer's observe. */
 typedef struct tsr_kv_policy_queries {
     const float *q; /* [n][heads * head_dim]; NULL when none */
     const int32_t *pos;
@@ -81,11 +73,14 @@ typedef struct tsr_kv_policy_ops {
     /* All hooks below are optional (NULL: nothing to do). */
     tsr_status (*admit)(void *state, int seq);
     tsr_status (*append)(void *state, int seq, int32_t n);
+    /* k, v: the layer's activations, backend memory (download to keep a host copy). */
     tsr_status (*write)(void *state, int layer, int seq, int32_t n, const float *k,
                         const float *v);
+    /* q, q_pos: host memory (memory/kv_cache.h). */
     tsr_status (*queries)(void *state, int layer, int seq, const float *q,
                           const int32_t *q_pos, int n_q, int n_heads);
     tsr_status (*select)(void *state, int layer, int seq);
+    /* key_scores: host memory. */
     tsr_status (*observe)(void *state, int layer, int seq, const float *key_scores);
     tsr_status (*commit)(void *state, int seq, int32_t n);
     void (*release)(void *state, int seq);

@@ -161,6 +161,38 @@ static void tsr__pc_stats(const tsr_kv_cache *kv, tsr_kv_stats *out) {
     if (ps.evictions > out->evictions) out->evictions = ps.evictions;
 }
 
+/* The mechanism's detail, with this policy's name, stats and eviction count. */
+static void tsr__pc_detail(const tsr_kv_cache *kv, tsr_kv_detail *out) {
+    const tsr__pcache *c = (const tsr__pcache *)kv;
+    tsr_kv_cache_detail(c->mech, out);
+    out->policy = c->pol->name;
+    tsr__pc_stats(kv, &out->kv);
+    tsr_kv_policy_get_stats(kv, &out->pol);
+}
+
+/* Checkpoints save and restore the mechanism's rows; a policy's own state (offload's host
+ * copy) is not part of them. */
+static tsr_status tsr__pc_export_seq(const tsr_kv_cache *kv, int seq, tsr_kv_seq_state *out) {
+    const tsr_kv_cache *m = ((const tsr__pcache *)kv)->mech;
+    return tsr_kv_export_seq(m, seq, out);
+}
+
+static tsr_status tsr__pc_import_seq(tsr_kv_cache *kv, int seq, const tsr_kv_seq_state *st) {
+    return tsr_kv_import_seq(TSR__M(kv), seq, st);
+}
+
+/* The mechanism's answer; the policy's own append hook runs only in reserve. */
+static tsr_status tsr__pc_reserve_check(tsr_kv_cache *kv, int seq, int32_t n) {
+    tsr_kv_cache *m = TSR__M(kv);
+    return m->ops->reserve_check(m, seq, n);
+}
+
+static int32_t tsr__pc_seq_blocks(const tsr_kv_cache *kv, int layer, int seq,
+                                  const int32_t **ids) {
+    const tsr_kv_cache *m = ((const tsr__pcache *)kv)->mech;
+    return m->ops->seq_blocks(m, layer, seq, ids);
+}
+
 static const tsr_kv_cache_ops tsr__pcache_ops = {
     .name = "policy",
     .destroy = tsr__pc_destroy,
@@ -175,6 +207,11 @@ static const tsr_kv_cache_ops tsr__pcache_ops = {
     .prefix_attach = tsr__pc_prefix_attach,
     .stats = tsr__pc_stats,
     .queries = tsr__pc_queries,
+    .detail = tsr__pc_detail,
+    .export_seq = tsr__pc_export_seq,
+    .import_seq = tsr__pc_import_seq,
+    .reserve_check = tsr__pc_reserve_check,
+    .seq_blocks = tsr__pc_seq_blocks,
 };
 
 tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_ops *ops,

@@ -103,7 +103,7 @@ static tsr_status tsr__start(tsr_engine *e, const tsr_engine_options *o) {
     kvo.be = e->be;
     tsr_status st;
     if (o->dense_kv_tokens > 0)
-        st = tsr_kv_dense_create(c->n_layers, c->n_kv_heads, c->head_dim, o->dense_kv_tokens,
+        st = tsr_kv_dense_create(e->be, c->n_layers, c->n_kv_heads, c->head_dim, o->dense_kv_tokens,
                                  kvo.max_seqs > 0 ? kvo.max_seqs : 1, &e->kv);
     else
         st = tsr_kv_setup(&kvo, c, &e->kv);

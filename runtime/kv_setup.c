@@ -155,37 +155,7 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
 }
 
 int tsr_kv_stats_json(const tsr_kv_cache *kv, char *buf, size_t size) {
-    kv = tsr_kv_dist_inner(kv);
-    tsr_kv_stats s;
-    kv->ops->stats(kv, &s);
-    const tsr_kv_cache *mech = tsr_kv_is_policy(kv) ? tsr_kv_policy_mech(kv) : kv;
-    tsr_kv_paged_stats ps;
-    memset(&ps, 0, sizeof ps);
-    if (tsr_kv_is_paged(mech)) tsr_kv_paged_get_stats(mech, &ps);
-    tsr_kv_policy_stats pol;
-    tsr_kv_policy_get_stats(kv, &pol);
-    double recall = pol.recall_n ? pol.recall_sum / (double)pol.recall_n : -1.0;
-    double per_tok = pol.tokens_processed
-                         ? (double)(pol.bytes_offloaded + pol.bytes_fetched) / pol.tokens_processed
-                         : 0.0;
-    return snprintf(buf, size,
-                    "{\"policy\":\"%s\",\"block_size\":%d,\"blocks_used\":%d,"
-                    "\"blocks_total\":%d,\"blocks_peak\":%d,\"bytes_used\":%lld,"
-                    "\"bytes_peak\":%lld,\"bytes_capacity\":%lld,\"tokens_resident\":%lld,"
-                    "\"evictions\":%lld,\"prefix_query_tokens\":%lld,\"prefix_hit_tokens\":%lld,"
-                    "\"cow_copies\":%lld,\"swap_out_bytes\":%lld,\"swap_in_bytes\":%lld,"
-                    "\"bytes_offloaded\":%lld,\"bytes_fetched\":%lld,"
-                    "\"bytes_moved_per_token\":%.1f,\"host_bytes_peak\":%lld,"
-                    "\"spec_selections\":%lld,\"spec_fallbacks\":%lld,\"spec_recall\":%.4f,"
-                    "\"score_matrix_bytes_peak\":%lld}",
-                    tsr_kv_policy_name(kv), ps.block_size, ps.blocks_used, ps.blocks_total,
-                    ps.blocks_peak, (long long)s.bytes_used, (long long)s.bytes_peak,
-                    (long long)s.bytes_capacity, (long long)s.tokens_resident,
-                    (long long)s.evictions, (long long)ps.prefix_query_tokens,
-                    (long long)ps.prefix_hit_tokens, (long long)ps.cow_copies,
-                    (long long)ps.swap_out_bytes, (long long)ps.swap_in_bytes,
-                    (long long)pol.bytes_offloaded, (long long)pol.bytes_fetched, per_tok,
-                    (long long)pol.host_bytes_peak, (long long)pol.selections,
-                    (long long)pol.fallback_selections, recall,
-                    (long long)pol.score_matrix_bytes_peak);
+    tsr_kv_detail d;
+    tsr_kv_cache_detail(kv, &d);
+    return tsr_kv_detail_json(&d, buf, size);
 }

@@ -52,7 +52,8 @@ static tsr_status run(tsr_model *m, tsr_backend *be, const tsr_forward_parallel 
     tsr_forward *f = NULL;
     tsr_kv_cache *kv = NULL;
     TSR_TRY(tsr_forward_create_parallel(m, be, CHUNK, par, &f));
-    tsr_status st = tsr_kv_dense_create(kv_layers, kv_heads, m->cfg.head_dim, KV_TOKENS, 1, &kv);
+    tsr_status st =
+        tsr_kv_dense_create(be, kv_layers, kv_heads, m->cfg.head_dim, KV_TOKENS, 1, &kv);
     if (st == TSR_OK) st = kv->ops->seq_add(kv, 0);
     int rows = 0;
     for (int pos = 0; st == TSR_OK && pos < NP; pos += CHUNK) {

@@ -61,12 +61,12 @@ static int64_t tsr__sum(int64_t v) {
 
 static uint64_t tsr__fnv(uint64_t h, uint64_t x) { return (h ^ x) * 1099511628211ull; }
 
-/* The paged cache under the dist and policy wrappers. */
-static tsr_kv_cache *tsr__mech(tsr_kv_cache *kv) {
-    tsr_kv_cache *c = tsr_kv_dist_inner(kv);
-    if (tsr_kv_is_policy(c)) c = tsr_kv_policy_mech(c);
-    CHECK(tsr_kv_is_paged(c), "no paged cache under the wrapper");
-    return c;
+/* Free blocks of the pool under the wrappers, through the interface (detail). */
+static int32_t tsr__free_blocks(const tsr_kv_cache *kv) {
+    tsr_kv_detail d;
+    tsr_kv_cache_detail(kv, &d);
+    CHECK(d.blocks.blocks_total > 0, "no block pool under the wrapper");
+    return d.blocks.blocks_total - d.blocks.blocks_used;
 }
 
 /* Identical caches: the same block tables in every TP group (same heads, same layers) and
@@ -78,25 +78,24 @@ static void tsr__check_same(tsr_kv_cache *kv, const char *when) {
     uint64_t h = 1469598103934665603ull;
     for (int s = 0; s < MAX_SEQS; s++) h = tsr__fnv(h, (uint64_t)kv->ops->seq_len(kv, s));
     CHECK(tsr__same(TSR_COMM_WORLD, (int64_t)(h >> 1)), "sequence lengths differ %s", when);
-    tsr_kv_cache *mech = tsr__mech(kv);
     if (g_paged)
-        CHECK(tsr__same(TSR_COMM_WORLD, tsr_kv_paged_free_blocks(mech) / mech->n_layers),
+        CHECK(tsr__same(TSR_COMM_WORLD, tsr__free_blocks(kv) / kv->n_layers),
               "free blocks per layer differ %s", when);
 }
 
 /* Blocks of seq in every local layer (equal across layers here: nothing is evicted). */
-static int32_t tsr__seq_blocks(tsr_kv_cache *mech, int seq) {
-    int32_t nb = tsr_kv_paged_seq_blocks(mech, 0, seq, NULL);
-    for (int l = 1; l < mech->n_layers; l++)
-        CHECK(tsr_kv_paged_seq_blocks(mech, l, seq, NULL) == nb, "layers differ");
+static int32_t tsr__seq_blocks(tsr_kv_cache *kv, int seq) {
+    int32_t nb = kv->ops->seq_blocks(kv, 0, seq, NULL);
+    for (int l = 1; l < kv->n_layers; l++)
+        CHECK(kv->ops->seq_blocks(kv, l, seq, NULL) == nb, "layers differ");
     return nb;
 }
 
 /* One rank short of blocks, every rank fails, and no cache changes. The rank is short by
  * injection, or for real: it alone holds another sequence that fills its pool. */
 static void tsr__agreement(tsr_kv_cache *kv, int world) {
-    tsr_kv_cache *mech = tsr__mech(kv), *in = tsr_kv_dist_inner(kv);
-    int32_t total = tsr_kv_paged_free_blocks(mech), per_layer = total / mech->n_layers;
+    tsr_kv_cache *in = tsr_kv_dist_inner(kv);
+    int32_t total = tsr__free_blocks(kv), per_layer = total / kv->n_layers;
     CHECK(per_layer == BLOCKS && tsr__same(TSR_COMM_WORLD, per_layer), "%d blocks per layer",
           per_layer);
     for (int r = 0; r < world; r++) {
@@ -107,35 +106,35 @@ static void tsr__agreement(tsr_kv_cache *kv, int world) {
               tsr_strerror(st));
         CHECK(kv->ops->seq_add(kv, 0) == TSR_OK, "seq_add after a failed one (rank %d)", r);
         CHECK(kv->ops->reserve(kv, 0, 20) == TSR_OK, "reserve 20");
-        CHECK(tsr__seq_blocks(mech, 0) == 2, "2 blocks per layer");
+        CHECK(tsr__seq_blocks(kv, 0) == 2, "2 blocks per layer");
         /* growth: injected shortage */
         tsr_kv_dist_test_fail_rank(kv, r, 1);
         st = kv->ops->reserve(kv, 0, 40);
         CHECK(st == TSR_ERR_NO_BLOCKS, "reserve with rank %d short gave %s", r,
               tsr_strerror(st));
-        CHECK(tsr__seq_blocks(mech, 0) == 2 && tsr_kv_paged_free_blocks(mech) == total - 2 *
-              mech->n_layers, "a failed reserve kept blocks");
+        CHECK(tsr__seq_blocks(kv, 0) == 2 && tsr__free_blocks(kv) == total - 2 *
+              kv->n_layers, "a failed reserve kept blocks");
         tsr__check_same(kv, "after an injected shortage");
         /* growth: rank r really short (another sequence, on r alone, takes the rest) */
         int32_t rest = (per_layer - 2) * 16;
         if (g_rank == r) {
             CHECK(in->ops->seq_add(in, 1) == TSR_OK && in->ops->reserve(in, 1, rest) == TSR_OK,
                   "filling rank %d", r);
-            CHECK(tsr_kv_paged_free_blocks(mech) == 0, "rank %d not full", r);
+            CHECK(tsr__free_blocks(kv) == 0, "rank %d not full", r);
         }
         st = kv->ops->reserve(kv, 0, 40);
         CHECK(st == TSR_ERR_NO_BLOCKS, "reserve with rank %d full gave %s", r, tsr_strerror(st));
-        CHECK(tsr__seq_blocks(mech, 0) == 2, "a failed reserve kept blocks");
+        CHECK(tsr__seq_blocks(kv, 0) == 2, "a failed reserve kept blocks");
         if (g_rank == r) in->ops->seq_free(in, 1);
-        CHECK(tsr__same(TSR_COMM_WORLD, tsr_kv_paged_free_blocks(mech) / mech->n_layers),
+        CHECK(tsr__same(TSR_COMM_WORLD, tsr__free_blocks(kv) / kv->n_layers),
               "free blocks differ");
         tsr__check_same(kv, "after a real shortage");
         /* the shortage gone, the same reserve succeeds everywhere */
         CHECK(kv->ops->reserve(kv, 0, 40) == TSR_OK, "reserve 40");
-        CHECK(tsr__seq_blocks(mech, 0) == 3, "3 blocks per layer");
+        CHECK(tsr__seq_blocks(kv, 0) == 3, "3 blocks per layer");
         tsr__check_same(kv, "after growth");
         kv->ops->seq_free(kv, 0);
-        CHECK(tsr_kv_paged_free_blocks(mech) == total, "blocks leaked");
+        CHECK(tsr__free_blocks(kv) == total, "blocks leaked");
     }
     tsr_kv_dist_stats ds;
     tsr_kv_dist_get_stats(kv, &ds);
@@ -190,6 +189,45 @@ static uint64_t tsr__job(tsr_kv_cache *kv, tsr_forward *f, const tsr_model_confi
     return sum;
 }
 
+/* tsr_kv_setup's distributed cache (the same blocks per layer on every rank: the least any
+ * rank offers; the dist wrapper over more than one rank) with the K/V store on `be`, made
+ * here while tsr_kv_options has no backend (runtime/kv_setup.c is the engine's to change;
+ * then this goes back to tsr_kv_setup). */
+static tsr_kv_cache *tsr__kv_setup(const tsr_kv_options *o, const tsr_model_config *mc,
+                                   tsr_backend *be) {
+    const tsr_parallel_shard *sh = o->shard;
+    const tsr_kv_policy_ops *pol = tsr_kv_policy_find(o->policy);
+    CHECK(pol != NULL, "policy %s", o->policy);
+    int layers = sh->layer_end - sh->layer_begin;
+    tsr_kv_paged_config kc = {.n_layers = layers,
+                              .n_kv_heads = sh->kv_head_end - sh->kv_head_begin,
+                              .head_dim = mc->head_dim, .block_size = o->block_size,
+                              .memory_bytes = o->memory_bytes, .max_seqs = o->max_seqs,
+                              .max_seq_len = mc->max_seq_len, .prefix_caching = 1,
+                              .keep_scores = pol->wants_scores, .be = be};
+    bool dist = tsr_comm_world_size(o->comm) > 1;
+    if (dist) {
+        int64_t bb = tsr_kv_paged_block_bytes(&kc);
+        int64_t per_layer = o->memory_bytes / bb / layers;
+        CHECK(tsr_comm_allreduce_i64(o->comm, TSR_COMM_WORLD, &per_layer, 1, TSR_COMM_MIN) ==
+                  TSR_OK, "pool agreement");
+        kc.memory_bytes = per_layer * layers * bb;
+    }
+    tsr_host_pool *host = NULL;
+    CHECK(tsr_host_pool_create(0, &host) == TSR_OK, "host pool");
+    kc.host = host;
+    tsr_kv_policy_config pc = {.budget = o->budget, .n_heads = sh->head_end - sh->head_begin,
+                               .rope_interleaved = mc->rope_interleaved, .host = host,
+                               .owns_host = 1, .comm = o->comm,
+                               .kv_share_begin = sh->kv_share_begin,
+                               .kv_share_end = sh->kv_share_end};
+    tsr_kv_cache *kv = NULL, *w = NULL;
+    CHECK(tsr_kv_policy_cache_create(pol, &pc, &kc, &kv) == TSR_OK, "kv cache");
+    if (!dist) return kv;
+    CHECK(tsr_kv_dist_create(kv, o->comm, &w) == TSR_OK, "dist wrapper");
+    return w;
+}
+
 int main(int argc, char **argv) {
     const char *policy = argc > 1 ? argv[1] : "paged";
     int pp = argc > 2 ? atoi(argv[2]) : 1;
@@ -224,8 +262,7 @@ int main(int argc, char **argv) {
                          .memory_bytes = block * (sh.layer_end - sh.layer_begin) * blocks,
                          .budget = strcmp(policy, "paged") ? 0.5 : 0, .chunk_tokens = 32,
                          .shard = &sh, .comm = c};
-    tsr_kv_cache *kv = NULL;
-    CHECK(tsr_kv_setup(&ko, &m->cfg, &kv) == TSR_OK, "kv setup");
+    tsr_kv_cache *kv = tsr__kv_setup(&ko, &m->cfg, be);
     CHECK((world > 1) == tsr_kv_is_dist(kv), "dist wrapper");
     if (inject && world == 1) { /* the reference for injected runs: the same shortages */
         tsr_kv_cache *w = NULL;
@@ -239,8 +276,7 @@ int main(int argc, char **argv) {
     tsr_kv_stats ks;
     kv->ops->stats(kv, &ks);
     CHECK(tsr__same(TSR_COMM_TP, ks.bytes_capacity), "pools differ in the TP group");
-    CHECK(tsr__same(TSR_COMM_WORLD, tsr_kv_paged_free_blocks(tsr__mech(kv)) /
-                                        (sh.layer_end - sh.layer_begin)),
+    CHECK(tsr__same(TSR_COMM_WORLD, tsr__free_blocks(kv) / (sh.layer_end - sh.layer_begin)),
           "blocks per layer differ");
     if (inject) tsr__agreement(kv, world);
     tsr_kv_dist_stats before;

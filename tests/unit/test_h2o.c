@@ -8,6 +8,7 @@
 #include "runtime/forward.h"
 #include "runtime/kv_setup.h"
 #include "runtime/model.h"
+#include "tests/kv_test_util.h"
 #include "tests/test.h"
 
 #include "tests/policy_util.h"
@@ -20,7 +21,8 @@
 static tsr_status tsr__mk_h2o(double budget, double recent, int materialize, int64_t limit,
                               tsr_kv_cache **kv) {
     tsr_kv_paged_config kc = {.n_layers = 1, .n_kv_heads = G_, .head_dim = HD_,
-                              .block_size = 4, .max_seqs = 1, .max_seq_len = 4096};
+                              .block_size = 4, .max_seqs = 1, .max_seq_len = 4096,
+                              .be = kvt_be};
     kc.memory_bytes = 64 * tsr_kv_paged_block_bytes(&kc) * 2;
     tsr_kv_policy_config pc = {.budget = budget, .recent = recent, .n_heads = 2 * G_,
                                .scores_materialize = materialize, .materialize_limit = limit};
@@ -34,7 +36,7 @@ static tsr_status tsr__h2o_step(tsr_kv_cache *kv, int32_t n, const float *score_
     int32_t len = kv->ops->seq_len(kv, 0);
     float k[64 * KVD_], v[64 * KVD_];
     for (int32_t i = 0; i < n * KVD_; i++) k[i] = v[i] = (float)(len + i / KVD_);
-    TSR_TRY(kv->ops->write(kv, 0, 0, n, k, v));
+    TSR_TRY(kvt_write(kv, 0, 0, n, k, v));
     const tsr_kv_span *sp;
     int ns;
     TSR_TRY(kv->ops->spans(kv, 0, 0, &sp, &ns));
@@ -63,7 +65,7 @@ static void tsr__resident(tsr_kv_cache *kv, int *present, int n) {
     for (int32_t i = 0; i < ns; i++) present[pos[i]] = 1;
 }
 
-TSR_TEST(test_heavy_hitters_and_recent_kept) {
+TSR_KV_TEST(test_heavy_hitters_and_recent_kept) {
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr__mk_h2o(6, 0.5, 0, 0, &kv)); /* 3 recent + 3 heavy */
     ASSERT_OK(kv->ops->seq_add(kv, 0));
@@ -94,7 +96,7 @@ TSR_TEST(test_heavy_hitters_and_recent_kept) {
     tsr_kv_cache_destroy(kv);
 }
 
-TSR_TEST(test_budget_fraction_and_blocks_freed) {
+TSR_KV_TEST(test_budget_fraction_and_blocks_freed) {
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr__mk_h2o(0.25, 0.5, 0, 0, &kv));
     ASSERT_OK(kv->ops->seq_add(kv, 0));
@@ -113,7 +115,7 @@ TSR_TEST(test_budget_fraction_and_blocks_freed) {
     tsr_kv_cache_destroy(kv);
 }
 
-TSR_TEST(test_materialize_fails_cleanly) {
+TSR_KV_TEST(test_materialize_fails_cleanly) {
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr__mk_h2o(0, 0.5, 1, 1000, &kv)); /* matrix may take 1000 bytes */
     ASSERT_OK(kv->ops->seq_add(kv, 0));
@@ -131,9 +133,8 @@ TSR_TEST(test_materialize_fails_cleanly) {
 }
 
 /* The kernel's tiled per-key sums equal the naive n x n matrix (materialize) sums. */
-TSR_TEST(test_tiled_scores_equal_materialized) {
-    tsr_backend *be = NULL;
-    ASSERT_OK(tsr_backend_cpu_create(1, &be));
+TSR_KV_TEST(test_tiled_scores_equal_materialized) {
+    tsr_backend *be = kvt_be;
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr__mk_h2o(0, 0.5, 1, 0, &kv));
     ASSERT_OK(kv->ops->seq_add(kv, 0));
@@ -152,16 +153,26 @@ TSR_TEST(test_tiled_scores_equal_materialized) {
     }
     for (int i = 0; i < N; i++) qpos[i] = i;
     ASSERT_OK(kv->ops->reserve(kv, 0, N));
-    ASSERT_OK(kv->ops->write(kv, 0, 0, N, k, v));
-    ASSERT_OK(kv->ops->queries(kv, 0, 0, q, qpos, N, H));
+    ASSERT_OK(kvt_write(kv, 0, 0, N, k, v));
+    ASSERT_OK(kv->ops->queries(kv, 0, 0, q, qpos, N, H)); /* host queries */
     const tsr_kv_span *sp;
     int ns;
     ASSERT_OK(kv->ops->spans(kv, 0, 0, &sp, &ns));
+    /* Attention on the backend (q, out, key scores in its memory), as the forward runs
+     * it; the scores come back to the host for observe. */
     memset(ks, 0, sizeof ks);
-    tsr_attn_args a = {.q = q, .q_pos = qpos, .n_q = N, .spans = sp, .n_spans = ns,
-                       .n_heads = H, .n_kv_heads = G_, .head_dim = HD_, .out = out,
-                       .key_scores = ks};
-    ASSERT_OK(be->ops->attention(be, &a));
+    float *dq = kvt_dev(q, N * H * HD_), *dout = kvt_dev(out, N * H * HD_);
+    float *dks = kvt_dev(ks, H * N);
+    ASSERT_TRUE(dq && dout && dks);
+    tsr_attn_args a = {.q = dq, .q_pos = qpos, .n_q = N, .spans = sp, .n_spans = ns,
+                       .n_heads = H, .n_kv_heads = G_, .head_dim = HD_, .out = dout,
+                       .key_scores = dks};
+    tsr_status ast = be->ops->attention(be, &a);
+    if (ast == TSR_OK) ast = kvt_read(ks, dks, H * N);
+    kvt_dev_free(dq);
+    kvt_dev_free(dout);
+    kvt_dev_free(dks);
+    ASSERT_OK(ast);
     ASSERT_OK(kv->ops->observe(kv, 0, 0, ks)); /* stores the materialized sums */
     ASSERT_OK(kv->ops->commit(kv, 0, toks, N));
     float slot_scores[N];
@@ -180,7 +191,6 @@ TSR_TEST(test_tiled_scores_equal_materialized) {
     tsr_kv_policy_get_stats(kv, &ps);
     ASSERT_EQ_INT(ps.score_matrix_bytes_peak, (int64_t)H * N * N * 4);
     tsr_kv_cache_destroy(kv);
-    tsr_backend_destroy(be);
 }
 
 TSR_TEST(test_forward_full_budget_equals_paged) {
@@ -193,8 +203,8 @@ TSR_TEST(test_forward_full_budget_equals_paged) {
     enum { GEN = 50 };
     int32_t tp[GEN], th[GEN], tb[GEN];
     tsr_kv_cache *paged = NULL, *h2o = NULL, *small = NULL;
-    ASSERT_OK(tsr__policy_kv(&m->cfg, "paged", 0, &paged));
-    ASSERT_OK(tsr__policy_kv(&m->cfg, "h2o", 1.0, &h2o));
+    ASSERT_OK(tsr__policy_kv(be, &m->cfg, "paged", 0, &paged));
+    ASSERT_OK(tsr__policy_kv(be, &m->cfg, "h2o", 1.0, &h2o));
     ASSERT_OK(tsr__greedy(m, be, paged, prompt, 48, 16, GEN, tp, NULL));
     ASSERT_OK(tsr__greedy(m, be, h2o, prompt, 48, 16, GEN, th, NULL));
     for (int g = 0; g < GEN; g++) ASSERT_EQ_INT(tp[g], th[g]);
@@ -202,7 +212,7 @@ TSR_TEST(test_forward_full_budget_equals_paged) {
     h2o->ops->stats(h2o, &s);
     ASSERT_EQ_INT(s.evictions, 0);
     /* A 32-token budget holds the resident set at 32 per layer (+ the step in flight). */
-    ASSERT_OK(tsr__policy_kv(&m->cfg, "h2o", 32, &small));
+    ASSERT_OK(tsr__policy_kv(be, &m->cfg, "h2o", 32, &small));
     ASSERT_OK(tsr__greedy(m, be, small, prompt, 48, 16, GEN, tb, NULL));
     small->ops->stats(small, &s);
     ASSERT_EQ_INT(s.tokens_resident, 32);
@@ -228,12 +238,12 @@ TSR_TEST(test_forward_materialize_uses_queries) {
     enum { GEN = 20 };
     int32_t tp[GEN], tm[GEN], th[GEN];
     tsr_kv_cache *paged = NULL, *mat = NULL, *half = NULL;
-    ASSERT_OK(tsr__policy_kv(&m->cfg, "paged", 0, &paged));
+    ASSERT_OK(tsr__policy_kv(be, &m->cfg, "paged", 0, &paged));
     tsr_kv_options o = {.policy = "h2o", .memory_bytes = 8 << 20, .block_size = 16,
                         .budget = 0, .max_seqs = 1, .h2o_scores = "materialize"};
-    ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &mat));
+    ASSERT_OK(tsr__policy_kv_opts(be, &m->cfg, &o, &mat));
     o.budget = 0.5;
-    ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &half));
+    ASSERT_OK(tsr__policy_kv_opts(be, &m->cfg, &o, &half));
     ASSERT_OK(tsr__greedy(m, be, paged, prompt, 48, 16, GEN, tp, NULL));
     ASSERT_OK(tsr__greedy(m, be, mat, prompt, 48, 16, GEN, tm, NULL));
     ASSERT_OK(tsr__greedy(m, be, half, prompt, 48, 16, GEN, th, NULL));

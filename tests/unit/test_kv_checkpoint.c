@@ -6,7 +6,9 @@
 
 #include "jobs/checkpoint.h"
 #include "memory/kv_paged.h"
+#include "policies/policy.h"
 #include "base/alloc.h"
+#include "tests/kv_test_util.h"
 #include "tests/test.h"
 
 enum { LAYERS = 3, HEADS = 2, HD = 4, KVD = HEADS * HD, BS = 4 };
@@ -14,7 +16,7 @@ enum { LAYERS = 3, HEADS = 2, HD = 4, KVD = HEADS * HD, BS = 4 };
 static tsr_kv_cache *tsr__cache(int64_t blocks) {
     tsr_kv_paged_config c = {.n_layers = LAYERS, .n_kv_heads = HEADS, .head_dim = HD,
                              .block_size = BS, .max_seqs = 4, .max_seq_len = 64,
-                             .prefix_caching = 1, .keep_scores = 1};
+                             .prefix_caching = 1, .keep_scores = 1, .be = kvt_be};
     c.memory_bytes = blocks * tsr_kv_paged_block_bytes(&c);
     tsr_kv_cache *kv = NULL;
     return tsr_kv_paged_create(&c, &kv) == TSR_OK ? kv : NULL;
@@ -32,7 +34,7 @@ static tsr_status tsr__grow(tsr_kv_cache *kv, int seq, int n) {
                 k[i * KVD + d] = (float)(len + i) + 0.01f * (float)d + 100.0f * (float)l;
                 v[i * KVD + d] = -k[i * KVD + d];
             }
-        TSR_TRY(kv->ops->write(kv, l, seq, n, k, v));
+        TSR_TRY(kvt_write(kv, l, seq, n, k, v));
     }
     for (int i = 0; i < n; i++) toks[i] = 7 + len + i;
     return kv->ops->commit(kv, seq, toks, n);
@@ -48,18 +50,18 @@ static int tsr__same(tsr_kv_cache *a, int sa, tsr_kv_cache *b, int sb) {
         float ca[64], cb[64];
         if (tsr_kv_paged_read_slots(a, l, sa, pa, ca) || tsr_kv_paged_read_slots(b, l, sb, pb, cb))
             return 0;
-        for (int32_t i = 0; i < n; i++) {
-            float *ka, *va, *kb, *vb;
+        float ka[64 * KVD], va[64 * KVD], kb[64 * KVD], vb[64 * KVD];
+        if (tsr_kv_paged_gather(a, l, sa, NULL, n, ka, va) ||
+            tsr_kv_paged_gather(b, l, sb, NULL, n, kb, vb))
+            return 0;
+        for (int32_t i = 0; i < n; i++)
             if (pa[i] != pb[i] || ca[i] != cb[i]) return 0;
-            if (tsr_kv_paged_row(a, l, sa, i, &ka, &va) || tsr_kv_paged_row(b, l, sb, i, &kb, &vb))
-                return 0;
-            if (memcmp(ka, kb, KVD * 4) || memcmp(va, vb, KVD * 4)) return 0;
-        }
+        if (memcmp(ka, kb, (size_t)n * KVD * 4) || memcmp(va, vb, (size_t)n * KVD * 4)) return 0;
     }
     return 1;
 }
 
-TSR_TEST(kv_export_import_round_trip) {
+TSR_KV_TEST(kv_export_import_round_trip) {
     tsr_kv_cache *a = tsr__cache(64), *b = tsr__cache(40);
     ASSERT_TRUE(a && b);
     ASSERT_EQ_INT(a->ops->seq_add(a, 1), TSR_OK);
@@ -72,7 +74,7 @@ TSR_TEST(kv_export_import_round_trip) {
     ASSERT_EQ_INT(tsr_kv_paged_evict(a, 1, 1, gone, 2), TSR_OK);
 
     tsr_kv_seq_state st;
-    ASSERT_EQ_INT(tsr_kv_paged_export_seq(a, 1, &st), TSR_OK);
+    ASSERT_EQ_INT(tsr_kv_export_seq(a, 1, &st), TSR_OK);
     ASSERT_EQ_INT(st.len, 11);
     ASSERT_EQ_INT(st.layers[0].slots, 11);
     ASSERT_EQ_INT(st.layers[1].slots, 9);
@@ -83,10 +85,10 @@ TSR_TEST(kv_export_import_round_trip) {
     ASSERT_EQ_INT(b->ops->seq_add(b, 0), TSR_OK);
     ASSERT_EQ_INT(tsr__grow(b, 0, 9), TSR_OK);
     ASSERT_EQ_INT(b->ops->seq_add(b, 3), TSR_OK);
-    ASSERT_EQ_INT(tsr_kv_paged_import_seq(b, 3, &st), TSR_OK);
+    ASSERT_EQ_INT(tsr_kv_import_seq(b, 3, &st), TSR_OK);
     ASSERT_TRUE(tsr__same(a, 1, b, 3));
     /* A second import into a non-empty sequence is refused. */
-    ASSERT_EQ_INT(tsr_kv_paged_import_seq(b, 3, &st), TSR_ERR_INVALID);
+    ASSERT_EQ_INT(tsr_kv_import_seq(b, 3, &st), TSR_ERR_INVALID);
     /* Both go on alike. */
     ASSERT_EQ_INT(tsr__grow(a, 1, 6), TSR_OK);
     ASSERT_EQ_INT(tsr__grow(b, 3, 6), TSR_OK);
@@ -95,11 +97,11 @@ TSR_TEST(kv_export_import_round_trip) {
     tsr_kv_cache *c = tsr__cache(3);
     ASSERT_TRUE(c != NULL);
     ASSERT_EQ_INT(c->ops->seq_add(c, 0), TSR_OK);
-    ASSERT_EQ_INT(tsr_kv_paged_import_seq(c, 0, &st), TSR_ERR_NO_BLOCKS);
+    ASSERT_EQ_INT(tsr_kv_import_seq(c, 0, &st), TSR_ERR_NO_BLOCKS);
     ASSERT_EQ_INT(tsr_kv_paged_free_blocks(c), 3);
     /* Bad geometry is refused. */
     st.kv_dim++;
-    ASSERT_EQ_INT(tsr_kv_paged_import_seq(c, 0, &st), TSR_ERR_INVALID);
+    ASSERT_EQ_INT(tsr_kv_import_seq(c, 0, &st), TSR_ERR_INVALID);
     st.kv_dim--;
     tsr_kv_seq_state_free(&st);
     tsr_kv_cache_destroy(a);
@@ -107,7 +109,7 @@ TSR_TEST(kv_export_import_round_trip) {
     tsr_kv_cache_destroy(c);
 }
 
-TSR_TEST(ckpt_file_round_trip) {
+TSR_KV_TEST(ckpt_file_round_trip) {
     if (!tsr_ckpt_available()) {
         tsr_ckpt ck;
         ASSERT_EQ_INT(tsr_ckpt_read("x.h5", &ck), TSR_ERR_UNSUPPORTED);
@@ -138,7 +140,7 @@ TSR_TEST(ckpt_file_round_trip) {
                              .text = text, .len = strlen(text), .prev = 5, .n_prompt = 4,
                              .n_gen = 2, .has_kv = true};
     reqs[0].stops[0] = stop;
-    ASSERT_EQ_INT(tsr_kv_paged_export_seq(a, 2, &reqs[0].kv), TSR_OK);
+    ASSERT_EQ_INT(tsr_kv_export_seq(a, 2, &reqs[0].kv), TSR_OK);
     reqs[1] = (tsr_ckpt_req){.s = {.tag = 0, .tokens = toks, .n_tokens = 3, .n_prompt = 3,
                                    .max_new_tokens = 8, .sampling = {.top_p = 1.0f},
                                    .slot = -1},
@@ -165,7 +167,7 @@ TSR_TEST(ckpt_file_round_trip) {
     ASSERT_TRUE(q->has_kv);
     tsr_kv_cache *b = tsr__cache(16);
     ASSERT_EQ_INT(b->ops->seq_add(b, 0), TSR_OK);
-    ASSERT_EQ_INT(tsr_kv_paged_import_seq(b, 0, &q->kv), TSR_OK);
+    ASSERT_EQ_INT(tsr_kv_import_seq(b, 0, &q->kv), TSR_OK);
     ASSERT_TRUE(tsr__same(a, 2, b, 0));
     ASSERT_TRUE(r.reqs[1].custom_id == NULL && !r.reqs[1].has_kv && r.reqs[1].len == 0);
     /* A field that differs is named. */
@@ -193,6 +195,51 @@ TSR_TEST(ckpt_file_round_trip) {
     tsr_kv_cache_destroy(b);
 }
 
+/* The checkpoint calls go through the interface: a policy cache (and the checkpoint
+ * module's check) export and import its mechanism's rows without unwrapping. */
+TSR_KV_TEST(kv_export_through_policy) {
+    tsr_kv_paged_config c = {.n_layers = LAYERS, .n_kv_heads = HEADS, .head_dim = HD,
+                             .block_size = BS, .max_seqs = 4, .max_seq_len = 64,
+                             .prefix_caching = 1, .be = kvt_be};
+    c.memory_bytes = 32 * tsr_kv_paged_block_bytes(&c);
+    tsr_kv_policy_config pc = {.n_heads = HEADS};
+    tsr_kv_cache *a = NULL, *b = NULL;
+    ASSERT_OK(tsr_kv_policy_cache_create(&tsr_kv_policy_paged, &pc, &c, &a));
+    ASSERT_OK(tsr_kv_policy_cache_create(&tsr_kv_policy_paged, &pc, &c, &b));
+    ASSERT_TRUE(tsr_ckpt_kv_mech(a) == a);
+    ASSERT_EQ_INT(tsr_kv_block_size(a), BS);
+    ASSERT_OK(a->ops->seq_add(a, 0));
+    ASSERT_OK(tsr__grow(a, 0, 9));
+    tsr_kv_seq_state st;
+    ASSERT_OK(tsr_kv_export_seq(a, 0, &st));
+    ASSERT_EQ_INT(st.len, 9);
+    ASSERT_OK(b->ops->seq_add(b, 2));
+    ASSERT_OK(tsr_kv_import_seq(b, 2, &st));
+    tsr_kv_seq_state st2;
+    ASSERT_OK(tsr_kv_export_seq(b, 2, &st2));
+    for (int l = 0; l < LAYERS; l++) {
+        ASSERT_EQ_INT(st2.layers[l].slots, 9);
+        ASSERT_TRUE(!memcmp(st.layers[l].k, st2.layers[l].k, 9 * KVD * 4));
+        ASSERT_TRUE(!memcmp(st.layers[l].v, st2.layers[l].v, 9 * KVD * 4));
+    }
+    tsr_kv_detail d;
+    tsr_kv_cache_detail(b, &d);
+    ASSERT_STR_EQ(d.policy, "paged");
+    ASSERT_EQ_INT(d.blocks.block_size, BS);
+    ASSERT_EQ_INT(d.kv.tokens_resident, 9);
+    tsr_kv_seq_state_free(&st);
+    tsr_kv_seq_state_free(&st2);
+    tsr_kv_cache_destroy(a);
+    tsr_kv_cache_destroy(b);
+    /* A cache without the calls says so. */
+    tsr_kv_cache *dense = NULL;
+    ASSERT_OK(tsr_kv_dense_create(kvt_be, 1, 1, 4, 8, 1, &dense));
+    ASSERT_TRUE(tsr_ckpt_kv_mech(dense) == NULL);
+    ASSERT_EQ_INT(tsr_kv_export_seq(dense, 0, &st), TSR_ERR_UNSUPPORTED);
+    ASSERT_EQ_INT(tsr_kv_block_size(dense), 0);
+    tsr_kv_cache_destroy(dense);
+}
+
 TSR_TEST(ckpt_rank_paths) {
     char buf[128];
     tsr_ckpt_rank_path("run/ck.h5", 0, 1, buf, sizeof buf);
@@ -203,4 +250,5 @@ TSR_TEST(ckpt_rank_paths) {
     ASSERT_TRUE(!strcmp(buf, "ck.rank1.h5"));
 }
 
-TSR_TEST_MAIN(kv_export_import_round_trip, ckpt_file_round_trip, ckpt_rank_paths)
+TSR_TEST_MAIN(kv_export_import_round_trip, ckpt_file_round_trip, kv_export_through_policy,
+              ckpt_rank_paths)

@@ -1,10 +1,11 @@
 #include "memory/kv_cache.h"
 #include "base/status.h"
+#include "tests/kv_test_util.h"
 #include "tests/test.h"
 
-TSR_TEST(test_write_commit_spans) {
+TSR_KV_TEST(test_write_commit_spans) {
     tsr_kv_cache *kv = NULL;
-    ASSERT_OK(tsr_kv_dense_create(2, 2, 4, 300, 2, &kv));
+    ASSERT_OK(tsr_kv_dense_create(kvt_be, 2, 2, 4, 300, 2, &kv));
     ASSERT_OK(kv->ops->seq_add(kv, 1));
     float k[8 * 100], v[8 * 100];
     for (int i = 0; i < 800; i++) {
@@ -14,7 +15,7 @@ TSR_TEST(test_write_commit_spans) {
     /* Two steps: 100 tokens, then 100 more, forcing growth past the first capacity. */
     for (int step = 0; step < 2; step++) {
         ASSERT_OK(kv->ops->reserve(kv, 1, 100));
-        for (int l = 0; l < 2; l++) ASSERT_OK(kv->ops->write(kv, l, 1, 100, k, v));
+        for (int l = 0; l < 2; l++) ASSERT_OK(kvt_write(kv, l, 1, 100, k, v));
         const tsr_kv_span *sp;
         int ns;
         ASSERT_OK(kv->ops->spans(kv, 1, 1, &sp, &ns));
@@ -27,8 +28,11 @@ TSR_TEST(test_write_commit_spans) {
     const tsr_kv_span *sp;
     int ns;
     ASSERT_OK(kv->ops->spans(kv, 0, 1, &sp, &ns));
-    ASSERT_NEAR(sp[0].k[150 * 8 + 3], k[50 * 8 + 3], 0);
-    ASSERT_NEAR(sp[0].v[7], v[7], 0);
+    float rk[1], rv[1];
+    ASSERT_OK(kvt_read(rk, sp[0].k + 150 * 8 + 3, 1));
+    ASSERT_OK(kvt_read(rv, sp[0].v + 7, 1));
+    ASSERT_NEAR(rk[0], k[50 * 8 + 3], 0);
+    ASSERT_NEAR(rv[0], v[7], 0);
     tsr_kv_stats s;
     kv->ops->stats(kv, &s);
     ASSERT_EQ_INT(s.tokens_resident, 200);
@@ -36,9 +40,10 @@ TSR_TEST(test_write_commit_spans) {
     tsr_kv_cache_destroy(kv);
 }
 
-TSR_TEST(test_budget_and_errors) {
+TSR_KV_TEST(test_budget_and_errors) {
     tsr_kv_cache *kv = NULL;
-    ASSERT_OK(tsr_kv_dense_create(1, 1, 2, 10, 1, &kv));
+    ASSERT_EQ_INT(tsr_kv_dense_create(NULL, 1, 1, 2, 10, 1, &kv), TSR_ERR_INVALID);
+    ASSERT_OK(tsr_kv_dense_create(kvt_be, 1, 1, 2, 10, 1, &kv));
     ASSERT_EQ_INT(kv->ops->seq_add(kv, 3), TSR_ERR_INVALID);
     ASSERT_OK(kv->ops->seq_add(kv, 0));
     ASSERT_EQ_INT(kv->ops->seq_add(kv, 0), TSR_ERR_INVALID);
@@ -50,12 +55,12 @@ TSR_TEST(test_budget_and_errors) {
 }
 
 
-/* Growth of a sequence whose rows of all layers (one buffer, huge pages from 2 MiB on)
- * reach several MiB: every layer's K and V rows survive each doubling. */
-TSR_TEST(test_growth_keeps_every_layer) {
+/* Growth of a sequence whose rows of all layers (one backend buffer) reach several MiB:
+ * every layer's K and V rows survive each doubling (backend copies). */
+TSR_KV_TEST(test_growth_keeps_every_layer) {
     enum { L = 3, KVD = 1024, STEP = 150, STEPS = 5 };
     tsr_kv_cache *kv = NULL;
-    ASSERT_OK(tsr_kv_dense_create(L, 8, KVD / 8, STEP * STEPS, 1, &kv));
+    ASSERT_OK(tsr_kv_dense_create(kvt_be, L, 8, KVD / 8, STEP * STEPS, 1, &kv));
     ASSERT_OK(kv->ops->seq_add(kv, 0));
     static float k[STEP * KVD], v[STEP * KVD];
     int32_t toks[STEP] = {0};
@@ -67,7 +72,7 @@ TSR_TEST(test_growth_keeps_every_layer) {
                 k[i] = (float)(l * 1000000 + row * 1000 + i % KVD % 997);
                 v[i] = -k[i];
             }
-            ASSERT_OK(kv->ops->write(kv, l, 0, STEP, k, v));
+            ASSERT_OK(kvt_write(kv, l, 0, STEP, k, v));
         }
         ASSERT_OK(kv->ops->commit(kv, 0, toks, STEP));
     }
@@ -76,12 +81,16 @@ TSR_TEST(test_growth_keeps_every_layer) {
         int ns;
         ASSERT_OK(kv->ops->spans(kv, l, 0, &sp, &ns));
         ASSERT_EQ_INT(sp[0].n, STEP * STEPS);
-        for (int row = 0; row < STEP * STEPS; row += 37)
+        static float rk[KVD], rv[KVD];
+        for (int row = 0; row < STEP * STEPS; row += 37) {
+            ASSERT_OK(kvt_read(rk, sp[0].k + (size_t)row * KVD, KVD));
+            ASSERT_OK(kvt_read(rv, sp[0].v + (size_t)row * KVD, KVD));
             for (int c = 0; c < KVD; c += 101) {
                 float want = (float)(l * 1000000 + row * 1000 + c % 997);
-                ASSERT_TRUE(sp[0].k[(size_t)row * KVD + c] == want);
-                ASSERT_TRUE(sp[0].v[(size_t)row * KVD + c] == -want);
+                ASSERT_TRUE(rk[c] == want);
+                ASSERT_TRUE(rv[c] == -want);
             }
+        }
     }
     tsr_kv_cache_destroy(kv);
 }

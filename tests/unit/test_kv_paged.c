@@ -8,6 +8,7 @@
 #include "base/status.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
+#include "tests/kv_test_util.h"
 #include "tests/test.h"
 
 #define L_ 2
@@ -23,7 +24,8 @@ static tsr_status tsr__mk(int block, int64_t blocks, int prefix, tsr_host_pool *
                           tsr_kv_cache **kv) {
     tsr_kv_paged_config c = {.n_layers = L_, .n_kv_heads = G_, .head_dim = HD_,
                              .block_size = block, .max_seqs = 4, .max_seq_len = 8192,
-                             .prefix_caching = prefix, .keep_scores = 1, .host = host};
+                             .prefix_caching = prefix, .keep_scores = 1, .host = host,
+                             .be = kvt_be};
     c.memory_bytes = blocks * tsr_kv_paged_block_bytes(&c);
     return tsr_kv_paged_create(&c, kv);
 }
@@ -39,35 +41,56 @@ static tsr_status tsr__step(tsr_kv_cache *kv, int seq, const int32_t *toks, int3
                 k[i * KVD_ + c] = tsr__val(l, len + i, c, 0);
                 v[i * KVD_ + c] = tsr__val(l, len + i, c, 1);
             }
-        TSR_TRY(kv->ops->write(kv, l, seq, n, k, v));
+        TSR_TRY(kvt_write(kv, l, seq, n, k, v));
     }
     tsr_free(k);
     tsr_free(v);
     return kv->ops->commit(kv, seq, toks, n);
 }
 
-/* Every span row holds the value of its position (and contiguous positions 0..n-1). */
+/* A span's K and V rows, downloaded from backend memory into k, v ([n][KVD_]). */
+static int tsr__span_rows(const tsr_kv_span *sp, float *k, float *v) {
+    if (sp->stride != KVD_) return 0;
+    return kvt_read(k, sp->k, (size_t)sp->n * KVD_) == TSR_OK &&
+           kvt_read(v, sp->v, (size_t)sp->n * KVD_) == TSR_OK;
+}
+
+/* Every span row holds the value of its position (and contiguous positions 0..n-1), read
+ * through the spans (downloads) and through the gather of table slots. */
 static int tsr__check_rows(tsr_kv_cache *kv, int seq, int32_t n) {
+    float k[64 * KVD_], v[64 * KVD_];
     for (int l = 0; l < L_; l++) {
         const tsr_kv_span *sp;
         int ns;
         if (kv->ops->spans(kv, l, seq, &sp, &ns) != TSR_OK) return 0;
         int32_t total = 0;
-        for (int j = 0; j < ns; j++)
+        for (int j = 0; j < ns; j++) {
+            if (sp[j].n > 64 || !tsr__span_rows(&sp[j], k, v)) return 0;
             for (int32_t i = 0; i < sp[j].n; i++, total++) {
                 int32_t pos = sp[j].pos ? sp[j].pos[i] : sp[j].pos0 + i;
                 if (pos != total) return 0;
                 for (int c = 0; c < KVD_; c++)
-                    if (sp[j].k[i * sp[j].stride + c] != tsr__val(l, pos, c, 0) ||
-                        sp[j].v[i * sp[j].stride + c] != tsr__val(l, pos, c, 1))
+                    if (k[i * KVD_ + c] != tsr__val(l, pos, c, 0) ||
+                        v[i * KVD_ + c] != tsr__val(l, pos, c, 1))
                         return 0;
             }
+        }
         if (total != n) return 0;
+        for (int32_t at = 0; at < n; at += 64) {
+            int32_t m = n - at < 64 ? n - at : 64, slots[64];
+            for (int32_t i = 0; i < m; i++) slots[i] = at + i;
+            if (tsr_kv_paged_gather(kv, l, seq, slots, m, k, v) != TSR_OK) return 0;
+            for (int32_t i = 0; i < m; i++)
+                for (int c = 0; c < KVD_; c++)
+                    if (k[i * KVD_ + c] != tsr__val(l, at + i, c, 0) ||
+                        v[i * KVD_ + c] != tsr__val(l, at + i, c, 1))
+                        return 0;
+        }
     }
     return 1;
 }
 
-TSR_TEST(test_write_spans_blocks) {
+TSR_KV_TEST(test_write_spans_blocks) {
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr__mk(16, 64, 1, NULL, &kv));
     ASSERT_OK(kv->ops->seq_add(kv, 0));
@@ -102,7 +125,7 @@ static int tsr__layers_adjacent(tsr_kv_cache *kv, int seq) {
     return 1;
 }
 
-TSR_TEST(test_layer_blocks_adjacent) {
+TSR_KV_TEST(test_layer_blocks_adjacent) {
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr__mk(16, 64, 1, NULL, &kv));
     int32_t toks[200];
@@ -120,7 +143,7 @@ TSR_TEST(test_layer_blocks_adjacent) {
     tsr_kv_cache_destroy(kv);
 }
 
-TSR_TEST(test_shared_prefix_one_copy) {
+TSR_KV_TEST(test_shared_prefix_one_copy) {
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr__mk(16, 400, 1, NULL, &kv));
     enum { P = 1024 };
@@ -161,7 +184,7 @@ TSR_TEST(test_shared_prefix_one_copy) {
     tsr_kv_cache_destroy(kv);
 }
 
-TSR_TEST(test_copy_on_write) {
+TSR_KV_TEST(test_copy_on_write) {
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr__mk(16, 64, 1, NULL, &kv));
     int32_t toks[40] = {0};
@@ -174,7 +197,7 @@ TSR_TEST(test_copy_on_write) {
     ASSERT_OK(kv->ops->reserve(kv, 1, 1));
     float k[KVD_], v[KVD_];
     for (int c = 0; c < KVD_; c++) k[c] = v[c] = 777.0f;
-    for (int l = 0; l < L_; l++) ASSERT_OK(kv->ops->write(kv, l, 1, 1, k, v));
+    for (int l = 0; l < L_; l++) ASSERT_OK(kvt_write(kv, l, 1, 1, k, v));
     ASSERT_OK(kv->ops->commit(kv, 1, toks, 1));
     tsr_kv_paged_stats ps;
     tsr_kv_paged_get_stats(kv, &ps);
@@ -188,11 +211,16 @@ TSR_TEST(test_copy_on_write) {
     }
     /* seq 0 is untouched; seq 1 has the copied rows and its own new one. */
     ASSERT_TRUE(tsr__check_rows(kv, 0, 21));
-    float *rk, *rv;
-    ASSERT_OK(tsr_kv_paged_row(kv, 1, 1, 20, &rk, &rv));
+    float rk[2 * KVD_], rv[2 * KVD_];
+    int32_t rows[2] = {20, 21};
+    ASSERT_OK(tsr_kv_paged_gather(kv, 1, 1, rows, 2, rk, rv));
     ASSERT_NEAR(rk[3], tsr__val(1, 20, 3, 0), 0);
-    ASSERT_OK(tsr_kv_paged_row(kv, 1, 1, 21, &rk, &rv));
-    ASSERT_NEAR(rk[3], 777.0f, 0);
+    ASSERT_NEAR(rv[3], tsr__val(1, 20, 3, 1), 0);
+    ASSERT_NEAR(rk[KVD_ + 3], 777.0f, 0);
+    ASSERT_OK(tsr_kv_paged_gather(kv, 1, 1, rows + 1, 1, NULL, rv)); /* V only */
+    ASSERT_NEAR(rv[3], 777.0f, 0);
+    int32_t bad[1] = {22};
+    ASSERT_EQ_INT(tsr_kv_paged_gather(kv, 1, 1, bad, 1, rk, rv), TSR_ERR_INVALID);
     /* seq 0 writing its own next token: its block is private again (ref 1), no copy. */
     ASSERT_OK(tsr__step(kv, 0, toks, 1));
     tsr_kv_paged_get_stats(kv, &ps);
@@ -201,7 +229,7 @@ TSR_TEST(test_copy_on_write) {
     tsr_kv_cache_destroy(kv);
 }
 
-TSR_TEST(test_cached_blocks_lru_eviction) {
+TSR_KV_TEST(test_cached_blocks_lru_eviction) {
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr__mk(4, 16, 1, NULL, &kv)); /* 8 blocks per layer of 4 tokens */
     int32_t a[17], z[32];
@@ -231,7 +259,7 @@ TSR_TEST(test_cached_blocks_lru_eviction) {
     tsr_kv_cache_destroy(kv);
 }
 
-TSR_TEST(test_no_blocks_vs_budget) {
+TSR_KV_TEST(test_no_blocks_vs_budget) {
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr__mk(16, 8, 0, NULL, &kv)); /* 8 blocks: 64 tokens per sequence max */
     int32_t toks[80] = {0};
@@ -250,11 +278,16 @@ TSR_TEST(test_no_blocks_vs_budget) {
     ASSERT_TRUE(tsr__check_rows(kv, 1, 56));
     tsr_kv_cache_destroy(kv);
     tsr_kv_paged_config c = {.n_layers = 1, .n_kv_heads = 1, .head_dim = 4, .max_seqs = 1,
-                             .max_seq_len = 10, .memory_bytes = 10};
+                             .max_seq_len = 10, .memory_bytes = 10, .be = kvt_be};
     ASSERT_EQ_INT(tsr_kv_paged_create(&c, &kv), TSR_ERR_BUDGET);
+    /* The store is backend memory: no backend, no cache (one clear line). */
+    c.memory_bytes = 1 << 20;
+    c.be = NULL;
+    ASSERT_EQ_INT(tsr_kv_paged_create(&c, &kv), TSR_ERR_INVALID);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "no backend");
 }
 
-TSR_TEST(test_swap_out_in) {
+TSR_KV_TEST(test_swap_out_in) {
     tsr_host_pool *host = NULL;
     ASSERT_OK(tsr_host_pool_create(1 << 20, &host));
     tsr_kv_cache *kv = NULL;
@@ -288,7 +321,7 @@ TSR_TEST(test_swap_out_in) {
     tsr_host_pool_destroy(host);
 }
 
-TSR_TEST(test_drop_recompute) {
+TSR_KV_TEST(test_drop_recompute) {
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr__mk(16, 16, 1, NULL, &kv));
     int32_t toks[40];
@@ -310,7 +343,7 @@ TSR_TEST(test_drop_recompute) {
     tsr_kv_cache_destroy(kv);
 }
 
-TSR_TEST(test_evict_compacts) {
+TSR_KV_TEST(test_evict_compacts) {
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr__mk(4, 16, 0, NULL, &kv));
     int32_t toks[10] = {0};
@@ -325,12 +358,16 @@ TSR_TEST(test_evict_compacts) {
     int ns;
     ASSERT_OK(kv->ops->spans(kv, 1, 0, &sp, &ns));
     int seen[10] = {0}, total = 0;
-    for (int j = 0; j < ns; j++)
+    float rk[4 * KVD_], rv[4 * KVD_];
+    for (int j = 0; j < ns; j++) {
+        ASSERT_TRUE(tsr__span_rows(&sp[j], rk, rv));
         for (int32_t i = 0; i < sp[j].n; i++, total++) {
             int32_t pos = sp[j].pos ? sp[j].pos[i] : sp[j].pos0 + i;
             seen[pos]++;
-            ASSERT_NEAR(sp[j].k[i * sp[j].stride + 2], tsr__val(1, pos, 2, 0), 0);
+            ASSERT_NEAR(rk[i * KVD_ + 2], tsr__val(1, pos, 2, 0), 0);
+            ASSERT_NEAR(rv[i * KVD_ + 2], tsr__val(1, pos, 2, 1), 0);
         }
+    }
     ASSERT_EQ_INT(total, 6);
     int expect[10] = {1, 0, 1, 1, 0, 0, 1, 1, 1, 0};
     for (int i = 0; i < 10; i++) ASSERT_EQ_INT(seen[i], expect[i]);
@@ -342,6 +379,115 @@ TSR_TEST(test_evict_compacts) {
     kv->ops->stats(kv, &s);
     ASSERT_EQ_INT(s.evictions, 4);
     tsr_kv_cache_destroy(kv);
+}
+
+/* Eviction in a forked sequence: the blocks that receive rows are shared, so they are
+ * copied first, and those copies and the compaction's moves run as one ordered kv_copy.
+ * The source sequence keeps every row; the fork keeps exactly the rows not evicted. */
+TSR_KV_TEST(test_evict_shared_blocks) {
+    tsr_kv_cache *kv = NULL;
+    ASSERT_OK(tsr__mk(4, 32, 0, NULL, &kv));
+    int32_t toks[14] = {0};
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    ASSERT_OK(tsr__step(kv, 0, toks, 14)); /* 4 blocks per layer, all shared after fork */
+    ASSERT_OK(tsr_kv_paged_fork(kv, 0, 1));
+    int32_t ev[5] = {0, 2, 5, 9, 12};
+    ASSERT_OK(tsr_kv_paged_evict(kv, 0, 1, ev, 5));
+    tsr_kv_paged_stats ps;
+    tsr_kv_paged_get_stats(kv, &ps);
+    ASSERT_TRUE(ps.cow_copies >= 2);
+    ASSERT_TRUE(tsr__check_rows(kv, 0, 14));
+    int32_t n = tsr_kv_paged_slots(kv, 0, 1);
+    ASSERT_EQ_INT(n, 9);
+    int32_t pos[9];
+    float k[9 * KVD_], v[9 * KVD_];
+    ASSERT_OK(tsr_kv_paged_read_slots(kv, 0, 1, pos, NULL));
+    ASSERT_OK(tsr_kv_paged_gather(kv, 0, 1, NULL, n, k, v));
+    int seen[14] = {0};
+    for (int32_t i = 0; i < n; i++) {
+        seen[pos[i]]++;
+        for (int c = 0; c < KVD_; c++) {
+            ASSERT_NEAR(k[i * KVD_ + c], tsr__val(0, pos[i], c, 0), 0);
+            ASSERT_NEAR(v[i * KVD_ + c], tsr__val(0, pos[i], c, 1), 0);
+        }
+    }
+    int expect[14] = {0, 1, 0, 1, 1, 0, 1, 1, 1, 0, 1, 1, 0, 1};
+    for (int i = 0; i < 14; i++) ASSERT_EQ_INT(seen[i], expect[i]);
+    tsr_kv_cache_destroy(kv);
+}
+
+/* One backend call per operation, never one per row (a GPU launch per row would be slow):
+ * the KV row ops of kvt_be, counted through a wrapping vtable. */
+static const tsr_backend_ops *tsr__inner_ops;
+static int tsr__n_write, tsr__n_copy, tsr__n_gather, tsr__n_scatter;
+static tsr_backend *tsr__inner_be;
+
+static tsr_status tsr__cnt_write(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *slots,
+                                 int64_t n, const float *k, const float *v) {
+    (void)be;
+    tsr__n_write++;
+    return tsr__inner_ops->kv_write(tsr__inner_be, lay, slots, n, k, v);
+}
+static tsr_status tsr__cnt_copy(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *dst,
+                                const int32_t *src, int64_t n) {
+    (void)be;
+    tsr__n_copy++;
+    return tsr__inner_ops->kv_copy(tsr__inner_be, lay, dst, src, n);
+}
+static tsr_status tsr__cnt_gather(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *slots,
+                                  int64_t n, float *k, float *v, tsr_stream *stream) {
+    (void)be;
+    tsr__n_gather++;
+    return tsr__inner_ops->kv_gather(tsr__inner_be, lay, slots, n, k, v, stream);
+}
+static tsr_status tsr__cnt_scatter(tsr_backend *be, const tsr_kv_layout *lay,
+                                   const int32_t *slots, int64_t n, const float *k,
+                                   const float *v, tsr_stream *stream) {
+    (void)be;
+    tsr__n_scatter++;
+    return tsr__inner_ops->kv_scatter(tsr__inner_be, lay, slots, n, k, v, stream);
+}
+
+TSR_KV_TEST(test_one_backend_call_per_operation) {
+    tsr_backend_ops ops = *kvt_be->ops;
+    ops.kv_write = tsr__cnt_write;
+    ops.kv_copy = tsr__cnt_copy;
+    ops.kv_gather = tsr__cnt_gather;
+    ops.kv_scatter = tsr__cnt_scatter;
+    tsr__inner_ops = kvt_be->ops;
+    tsr__inner_be = kvt_be;
+    tsr_backend counted = *kvt_be;
+    counted.ops = &ops;
+    tsr_host_pool *host = NULL;
+    ASSERT_OK(tsr_host_pool_create(0, &host));
+    tsr_kv_paged_config c = {.n_layers = L_, .n_kv_heads = G_, .head_dim = HD_,
+                             .block_size = 4, .max_seqs = 2, .max_seq_len = 256,
+                             .keep_scores = 1, .host = host, .be = &counted};
+    c.memory_bytes = 64 * tsr_kv_paged_block_bytes(&c);
+    tsr_kv_cache *kv = NULL;
+    ASSERT_OK(tsr_kv_paged_create(&c, &kv));
+    tsr__n_write = tsr__n_copy = tsr__n_gather = tsr__n_scatter = 0;
+    int32_t toks[37] = {0};
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    ASSERT_OK(tsr__step(kv, 0, toks, 37)); /* 10 blocks per layer */
+    ASSERT_EQ_INT(tsr__n_write, L_);       /* one per layer chunk */
+    ASSERT_OK(tsr_kv_paged_fork(kv, 0, 1));
+    int32_t ev[6] = {0, 3, 8, 17, 22, 30};
+    ASSERT_OK(tsr_kv_paged_evict(kv, 1, 1, ev, 6)); /* copy-on-write and moves */
+    ASSERT_EQ_INT(tsr__n_copy, 1);
+    ASSERT_OK(tsr_kv_paged_swap_out(kv, 0));
+    ASSERT_EQ_INT(tsr__n_gather, 1); /* every layer at once */
+    ASSERT_OK(tsr_kv_paged_swap_in(kv, 0));
+    ASSERT_EQ_INT(tsr__n_scatter, 1);
+    ASSERT_TRUE(tsr__check_rows(kv, 0, 37));
+    int32_t pos[3] = {40, 41, 42};
+    float k[3 * KVD_] = {0}, v[3 * KVD_] = {0};
+    ASSERT_OK(tsr_kv_paged_reserve_rows(kv, 1, 1, 3));
+    ASSERT_OK(tsr_kv_paged_insert(kv, 1, 1, pos, 3, k, v));
+    ASSERT_EQ_INT(tsr__n_scatter, 2);
+    ASSERT_EQ_INT(tsr_kv_paged_slots(kv, 1, 1), 37 - 6 + 3);
+    tsr_kv_cache_destroy(kv);
+    tsr_host_pool_destroy(host);
 }
 
 /* --- forward pass: paged == dense on the real model ----------------------------------- */
@@ -380,6 +526,8 @@ static tsr_status tsr__run_greedy(tsr_model *m, tsr_backend *be, tsr_kv_cache *k
     return st;
 }
 
+/* On "cpu" only: the forward pass (runtime/) is the engine's to make device-correct; make
+ * this a TSR_KV_TEST (with be = kvt_be) once it runs on cpu-fenced. */
 TSR_TEST(test_forward_paged_equals_dense) {
     tsr_model *m = NULL;
     ASSERT_OK(tsr_model_load(TSR_SOURCE_DIR "/models/stories260K.bin", &m));
@@ -394,11 +542,11 @@ TSR_TEST(test_forward_paged_equals_dense) {
     float *fp = tsr_malloc((size_t)13 * c->vocab_size * 4);
     float *ld = tsr_malloc((size_t)c->vocab_size * 4), *lp = tsr_malloc((size_t)c->vocab_size * 4);
     tsr_kv_cache *dense = NULL, *paged = NULL;
-    ASSERT_OK(tsr_kv_dense_create(c->n_layers, c->n_kv_heads, c->head_dim, c->max_seq_len, 1,
+    ASSERT_OK(tsr_kv_dense_create(be, c->n_layers, c->n_kv_heads, c->head_dim, c->max_seq_len, 1,
                                   &dense));
     tsr_kv_paged_config pc = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
                               .head_dim = c->head_dim, .block_size = 16, .max_seqs = 1,
-                              .max_seq_len = c->max_seq_len, .prefix_caching = 1};
+                              .max_seq_len = c->max_seq_len, .prefix_caching = 1, .be = be};
     pc.memory_bytes = 64LL * c->n_layers * tsr_kv_paged_block_bytes(&pc);
     ASSERT_OK(tsr_kv_paged_create(&pc, &paged));
     ASSERT_OK(tsr__run_greedy(m, be, dense, prompt, 40, GEN, td, fd, ld));
@@ -420,6 +568,9 @@ TSR_TEST(test_forward_paged_equals_dense) {
     tsr_model_destroy(m);
 }
 
-TSR_TEST_MAIN(test_write_spans_blocks, test_layer_blocks_adjacent, test_shared_prefix_one_copy, test_copy_on_write,
+TSR_TEST_MAIN(test_write_spans_blocks, test_layer_blocks_adjacent, test_shared_prefix_one_copy,
+              test_copy_on_write,
               test_cached_blocks_lru_eviction, test_no_blocks_vs_budget, test_swap_out_in,
-              test_drop_recompute, test_evict_compacts, test_forward_paged_equals_dense)
+              test_drop_recompute, test_evict_compacts, test_evict_shared_blocks,
+              test_one_backend_call_per_operation,
+              test_forward_paged_equals_dense)

@@ -8,6 +8,7 @@
 #include "runtime/forward.h"
 #include "runtime/kv_setup.h"
 #include "runtime/model.h"
+#include "tests/kv_test_util.h"
 #include "tests/test.h"
 
 #include "tests/policy_util.h"
@@ -17,11 +18,12 @@
 
 /* One layer, one KV head, two query heads; keys are small noise except `hot` positions,
  * which point along the query direction: the speculative score must find them. */
-TSR_TEST(test_speculative_selection_and_bytes) {
+TSR_KV_TEST(test_speculative_selection_and_bytes) {
     tsr_host_pool *host = NULL;
     ASSERT_OK(tsr_host_pool_create(0, &host));
     tsr_kv_paged_config kc = {.n_layers = 1, .n_kv_heads = 1, .head_dim = HD_,
-                              .block_size = 4, .max_seqs = 1, .max_seq_len = 4096};
+                              .block_size = 4, .max_seqs = 1, .max_seq_len = 4096,
+                              .be = kvt_be};
     kc.memory_bytes = 32 * tsr_kv_paged_block_bytes(&kc);
     tsr_kv_policy_config pc = {.budget = 12, .spec_pairs = 2, .measure_recall = 1,
                                .n_heads = 2, .rope_interleaved = 1, .host = host,
@@ -44,7 +46,7 @@ TSR_TEST(test_speculative_selection_and_bytes) {
     }
     int32_t toks[N] = {0};
     ASSERT_OK(kv->ops->reserve(kv, 0, N));
-    ASSERT_OK(kv->ops->write(kv, 0, 0, N, k, v));
+    ASSERT_OK(kvt_write(kv, 0, 0, N, k, v));
     const tsr_kv_span *sp;
     int ns;
     ASSERT_OK(kv->ops->spans(kv, 0, 0, &sp, &ns)); /* prefill: all current tokens resident */
@@ -58,7 +60,7 @@ TSR_TEST(test_speculative_selection_and_bytes) {
     q[HD_ + 2] = q[HD_ + 3] = 1.0f;
     int32_t qpos = N;
     ASSERT_OK(kv->ops->reserve(kv, 0, 1));
-    ASSERT_OK(kv->ops->write(kv, 0, 0, 1, k1, v1));
+    ASSERT_OK(kvt_write(kv, 0, 0, 1, k1, v1));
     ASSERT_OK(kv->ops->queries(kv, 0, 0, q, &qpos, 1, 2));
     ASSERT_OK(kv->ops->spans(kv, 0, 0, &sp, &ns));
     int present[N + 1] = {0}, total = 0;
@@ -66,7 +68,9 @@ TSR_TEST(test_speculative_selection_and_bytes) {
         for (int32_t i = 0; i < sp[j].n; i++, total++) {
             int32_t pos = sp[j].pos ? sp[j].pos[i] : sp[j].pos0 + i;
             present[pos] = 1;
-            ASSERT_NEAR(sp[j].v[i * sp[j].stride], pos < N ? (float)pos : 0.0f, 0);
+            float v0; /* the fetched rows came back through the scatter */
+            ASSERT_OK(kvt_read(&v0, sp[j].v + i * sp[j].stride, 1));
+            ASSERT_NEAR(v0, pos < N ? (float)pos : 0.0f, 0);
         }
     ASSERT_EQ_INT(total, 12); /* budget: 11 prior + the new token */
     for (int h = 0; h < 6; h++) ASSERT_EQ_INT(present[hot[h]], 1);
@@ -84,7 +88,7 @@ TSR_TEST(test_speculative_selection_and_bytes) {
     for (int i = 0; i < 8; i++) k[10 * HD_ + i] = 0.0f;
     qpos = N + 1;
     ASSERT_OK(kv->ops->reserve(kv, 0, 1));
-    ASSERT_OK(kv->ops->write(kv, 0, 0, 1, k1, v1));
+    ASSERT_OK(kvt_write(kv, 0, 0, 1, k1, v1));
     ASSERT_OK(kv->ops->queries(kv, 0, 0, q2, &qpos, 1, 2));
     ASSERT_OK(kv->ops->spans(kv, 0, 0, &sp, &ns));
     ASSERT_OK(kv->ops->commit(kv, 0, toks, 1));
@@ -93,7 +97,11 @@ TSR_TEST(test_speculative_selection_and_bytes) {
     ASSERT_EQ_INT(tsr_kv_paged_slots(tsr_kv_policy_mech(kv), 0, 0), 12);
     ASSERT_TRUE(host->used >= (N + 2) * HD_ * 8);
     char json[1024];
-    ASSERT_TRUE(tsr_kv_stats_json(kv, json, sizeof json) > 0);
+    tsr_kv_detail d;
+    tsr_kv_cache_detail(kv, &d);
+    ASSERT_TRUE(tsr_kv_detail_json(&d, json, sizeof json) > 0);
+    ASSERT_EQ_INT(d.pol.bytes_fetched, ps.bytes_fetched);
+    ASSERT_EQ_INT(d.blocks.block_size, 4);
     ASSERT_STR_CONTAINS(json, "\"policy\":\"offload\"");
     ASSERT_STR_CONTAINS(json, "\"bytes_fetched\":");
     tsr_kv_cache_destroy(kv);
@@ -111,8 +119,8 @@ TSR_TEST(test_forward_full_budget_equals_paged) {
     float *lp = tsr_malloc((size_t)m->cfg.vocab_size * 4);
     float *lo = tsr_malloc((size_t)m->cfg.vocab_size * 4);
     tsr_kv_cache *paged = NULL, *off = NULL, *small = NULL;
-    ASSERT_OK(tsr__policy_kv(&m->cfg, "paged", 0, &paged));
-    ASSERT_OK(tsr__policy_kv(&m->cfg, "offload", 1.0, &off));
+    ASSERT_OK(tsr__policy_kv(be, &m->cfg, "paged", 0, &paged));
+    ASSERT_OK(tsr__policy_kv(be, &m->cfg, "offload", 1.0, &off));
     ASSERT_OK(tsr__greedy(m, be, paged, prompt, 48, 16, GEN, tp, lp));
     ASSERT_OK(tsr__greedy(m, be, off, prompt, 48, 16, GEN, to, lo));
     for (int g = 0; g < GEN; g++) ASSERT_EQ_INT(tp[g], to[g]);
@@ -123,7 +131,7 @@ TSR_TEST(test_forward_full_budget_equals_paged) {
                   (int64_t)(48 + GEN) * m->cfg.n_layers * m->cfg.n_kv_heads * m->cfg.head_dim * 8);
     ASSERT_EQ_INT(ps.evictions, 0);
     /* 24-token budget: the resident set stays bounded, the host copy holds everything. */
-    ASSERT_OK(tsr__policy_kv(&m->cfg, "offload", 24, &small));
+    ASSERT_OK(tsr__policy_kv(be, &m->cfg, "offload", 24, &small));
     ASSERT_OK(tsr__greedy(m, be, small, prompt, 48, 16, GEN, tb, NULL));
     tsr_kv_stats s;
     small->ops->stats(small, &s);
@@ -156,7 +164,7 @@ TSR_TEST(test_forward_uses_speculation) {
                             .budget = 0.25, .max_seqs = 1, .measure_recall = 1,
                             .spec_pairs = pairs};
         tsr_kv_cache *kv = NULL;
-        ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &kv));
+        ASSERT_OK(tsr__policy_kv_opts(be, &m->cfg, &o, &kv));
         ASSERT_OK(tsr__greedy(m, be, kv, prompt, 8, 1, GEN, toks, NULL));
         tsr_kv_policy_stats ps;
         tsr_kv_policy_get_stats(kv, &ps);

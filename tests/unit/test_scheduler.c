@@ -97,9 +97,17 @@ static tsr_sched_config small_cfg(int max_seqs, int max_tokens, int ctx) {
     return c;
 }
 
+/* The backend of the fake-forward tests' dense caches (their rows are never written):
+ * made once, kept for the process. */
+static tsr_backend *fake_be(void) {
+    static tsr_backend *be;
+    if (!be && tsr_backend_create("cpu", 1, &be) != TSR_OK) be = NULL;
+    return be;
+}
+
 TSR_TEST(test_batching_invariants_and_tokens) {
     tsr_kv_cache *kv = NULL;
-    ASSERT_OK(tsr_kv_dense_create(2, 1, 4, 128, 4, &kv));
+    ASSERT_OK(tsr_kv_dense_create(fake_be(), 2, 1, 4, 128, 4, &kv));
     fake_ctx fc = {.max_seqs = 4, .max_tokens = 16};
     tsr_sched_config cfg = small_cfg(4, 16, 128);
     tsr_sched *s = NULL;
@@ -148,7 +156,7 @@ TSR_TEST(test_batching_invariants_and_tokens) {
 
 TSR_TEST(test_join_finish_eos_context_and_early_stop) {
     tsr_kv_cache *kv = NULL;
-    ASSERT_OK(tsr_kv_dense_create(1, 1, 4, 16, 2, &kv));
+    ASSERT_OK(tsr_kv_dense_create(fake_be(), 1, 1, 4, 16, 2, &kv));
     fake_ctx fc = {.max_seqs = 2, .max_tokens = 8};
     tsr_sched_config cfg = small_cfg(2, 8, 16);
     tsr_sched *s = NULL;
@@ -287,7 +295,7 @@ TSR_TEST(test_short_kv_defers_and_preempts) {
     int64_t preempt = 0;
     for (int pass = 0; pass < 2; pass++) {
         tsr_kv_cache *inner = NULL;
-        ASSERT_OK(tsr_kv_dense_create(1, 1, 4, 64, 4, &inner));
+        ASSERT_OK(tsr_kv_dense_create(fake_be(), 1, 1, 4, 64, 4, &inner));
         tight_kv tk;
         tight_init(&tk, inner, pass == 0 ? 100000 : 40); /* 40 tokens for 4 x ~30 wanted */
         fake_ctx fc = {.max_seqs = 4, .max_tokens = 12};

@@ -1,0 +1,85 @@
+/* Helpers of the KV tests: every KV test runs once per backend of {"cpu", "cpu-fenced"}
+ * (a backend whose create answers TSR_ERR_UNSUPPORTED is skipped with a note), and reads
+ * K/V only through gathers and downloads, so that it is device-correct: on the fenced
+ * device a host read of backend memory faults. */
+#ifndef TSR_TESTS_KV_TEST_UTIL_H
+#define TSR_TESTS_KV_TEST_UTIL_H
+
+#include <stdio.h>
+
+#include "kernels/backend.h"
+#include "base/status.h"
+#include "tests/test.h"
+
+static const char *const kvt_names[] = {"cpu", "cpu-fenced"};
+/* The backend of the round in progress. */
+static tsr_backend *kvt_be;
+
+/* Opens backend b for a round; false (with a note, or a failure) when it cannot run. */
+static inline int kvt_open(int b) {
+    kvt_be = NULL;
+    tsr_status st = tsr_backend_create(kvt_names[b], 1, &kvt_be);
+    if (st == TSR_ERR_UNSUPPORTED) {
+        fprintf(stderr, "  skip %s: %s\n", kvt_names[b], tsr_last_error());
+        return 0;
+    }
+    if (st != TSR_OK) {
+        fprintf(stderr, "  %s: backend create failed: %s\n", kvt_names[b], tsr_last_error());
+        tsr_test_failed_flag = 1;
+        return 0;
+    }
+    return 1;
+}
+
+/* TSR_KV_TEST(name) { body }: body runs once per backend with kvt_be set; the backend
+ * is destroyed after the body, also when an assert left it early. */
+#define TSR_KV_TEST(name)                                                               \
+    static void name##_on(void);                                                        \
+    TSR_TEST(name) {                                                                    \
+        for (int b_ = 0; b_ < (int)(sizeof kvt_names / sizeof kvt_names[0]); b_++) {    \
+            if (!kvt_open(b_)) continue;                                                \
+            int failed_ = tsr_test_failed_flag;                                         \
+            tsr_test_failed_flag = 0;                                                   \
+            name##_on();                                                                \
+            if (tsr_test_failed_flag) fprintf(stderr, "  (on %s)\n", kvt_names[b_]);    \
+            tsr_test_failed_flag |= failed_;                                            \
+            tsr_backend_destroy(kvt_be);                                                \
+            kvt_be = NULL;                                                              \
+        }                                                                               \
+    }                                                                                   \
+    static void name##_on(void)
+
+/* A backend copy of n host floats (activations for a cache's write); NULL on failure. */
+static inline float *kvt_dev(const float *host, size_t n) {
+    void *p = NULL;
+    if (kvt_be->ops->buffer_alloc(kvt_be, (n ? n : 1) * sizeof(float), &p) != TSR_OK)
+        return NULL;
+    if (tsr_backend_upload(kvt_be, p, host, n * sizeof(float)) != TSR_OK) {
+        kvt_be->ops->buffer_free(kvt_be, p);
+        return NULL;
+    }
+    return p;
+}
+
+static inline void kvt_dev_free(void *p) {
+    if (p) kvt_be->ops->buffer_free(kvt_be, p);
+}
+
+/* Writes n host rows k, v ([n][kv_dim]) of `layer` through the cache's write, from
+ * backend memory as the forward pass does. */
+static inline tsr_status kvt_write(tsr_kv_cache *kv, int layer, int seq, int32_t n, const float *k,
+                            const float *v) {
+    size_t nf = (size_t)n * (size_t)kv->kv_dim;
+    float *dk = kvt_dev(k, nf), *dv = kvt_dev(v, nf);
+    tsr_status st = dk && dv ? kv->ops->write(kv, layer, seq, n, dk, dv) : TSR_ERR_NOMEM;
+    kvt_dev_free(dk);
+    kvt_dev_free(dv);
+    return st;
+}
+
+/* n floats of backend memory src to host dst. */
+static inline tsr_status kvt_read(float *dst, const float *src, size_t n) {
+    return tsr_backend_download(kvt_be, dst, src, n * sizeof(float));
+}
+
+#endif
