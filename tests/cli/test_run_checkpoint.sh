@@ -15,7 +15,7 @@ if "$BIN" run --model "$MODEL" --input /dev/null --output "$TMP/x.jsonl" \
 fi
 command -v python3 >/dev/null 2>&1 || { echo "test_run_checkpoint: skipped (no python3)"; exit 77; }
 
-N=100
+N=$(fenced_scale 100 30)
 IN=$TMP/in.jsonl
 # Prompts shorter than a KV block (16 tokens), so no prefix-cache hit makes a resumed run's
 # schedule differ from the uninterrupted one's.

@@ -6,7 +6,7 @@
 set -u
 # shellcheck source=tests/cli/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-N=160
+N=$(fenced_scale 160 40)
 IN=$TMP/in.jsonl
 for i in $(seq 0 $((N - 1))); do
     printf '{"custom_id": "s-%03d", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 150, "temperature": 0.8, "seed": %d}}\n' "$i" "$i"
