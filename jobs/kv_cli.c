@@ -14,7 +14,8 @@ void tsr_kv_cli_opts(tsr_kv_cli *k, tsr_cli_opt *out) {
          "KV-cache policy: paged (keep all), h2o (heavy hitters + recent), offload "
          "(host tier + speculative fetch)", false},
         {"kv-memory", TSR_OPT_STRING, &k->memory, "BYTES",
-         "KV block pool size, e.g. 512M or 4G (default: half the free memory less the "
+         "KV block pool size, e.g. 512M or 4G (default: on the CPU half the host's free "
+         "memory, on a device 90 % of the device's free memory after the weights; less the "
          "prefill workspace)", false},
         {"block-size", TSR_OPT_INT, &k->kv.block_size, "N", "tokens per KV block", false},
         {"kv-budget", TSR_OPT_FLOAT, &k->budget, "B",
