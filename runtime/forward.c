@@ -228,11 +228,14 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
         TSR_TRY(kv->ops->write(kv, layer, s->seq, s->n_tokens, f->k + row * kvd,
                                f->v + row * kvd));
         if (kv->ops->queries) { /* the cache reads them on the host */
-            size_t qb = (size_t)s->n_tokens * qd * sizeof(float);
-            TSR_TRY(tsr__grow_host(&f->q_host, &f->q_host_cap, qb));
-            TSR_TRY(tsr_backend_download(be, f->q_host, f->q + row * qd, qb));
-            TSR_TRY(kv->ops->queries(kv, layer, s->seq, f->q_host, f->pos + row, s->n_tokens,
-                                     f->nh));
+            const float *qh = f->q + row * qd; /* in place when backend memory is host memory */
+            if (!be->host_memory) {
+                size_t qb = (size_t)s->n_tokens * qd * sizeof(float);
+                TSR_TRY(tsr__grow_host(&f->q_host, &f->q_host_cap, qb));
+                TSR_TRY(tsr_backend_download(be, f->q_host, qh, qb));
+                qh = f->q_host;
+            }
+            TSR_TRY(kv->ops->queries(kv, layer, s->seq, qh, f->pos + row, s->n_tokens, f->nh));
         }
         const tsr_kv_span *spans;
         int n_spans;
@@ -243,10 +246,16 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
             size_t keys = 0;
             for (int j = 0; j < n_spans; j++) keys += (size_t)spans[j].n;
             sb = keys * (size_t)f->nh * sizeof(float); /* per query head */
-            TSR_TRY(tsr__grow_dev(f, &f->scores_dev, &f->scores_cap, sb));
-            TSR_TRY(tsr__grow_host(&f->scores_host, &f->scores_host_cap, sb));
-            TSR_TRY(be->ops->memset(be, f->scores_dev, 0, sb)); /* attention adds to it */
-            scores = f->scores_dev;
+            /* On a host-memory backend attention adds into the host array itself. */
+            if (be->host_memory) {
+                TSR_TRY(tsr__grow_host(&f->scores_host, &f->scores_host_cap, sb));
+                scores = f->scores_host;
+            } else {
+                TSR_TRY(tsr__grow_dev(f, &f->scores_dev, &f->scores_cap, sb));
+                TSR_TRY(tsr__grow_host(&f->scores_host, &f->scores_host_cap, sb));
+                scores = f->scores_dev;
+            }
+            TSR_TRY(be->ops->memset(be, scores, 0, sb)); /* attention adds to it */
         }
         tsr_attn_args a = {.q = f->q + row * qd, .q_pos = f->pos + row, .n_q = s->n_tokens,
                            .spans = spans, .n_spans = n_spans, .n_heads = f->nh,
@@ -254,7 +263,8 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
                            .out = f->att + row * qd, .key_scores = scores};
         TSR_TRY(be->ops->attention(be, &a));
         if (scores) {
-            TSR_TRY(tsr_backend_download(be, f->scores_host, scores, sb));
+            if (scores != f->scores_host)
+                TSR_TRY(tsr_backend_download(be, f->scores_host, scores, sb));
             TSR_TRY(kv->ops->observe(kv, layer, s->seq, f->scores_host));
         }
         row += s->n_tokens;
@@ -486,10 +496,14 @@ tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq
      * the last stage and shares the ids (tsr_forward_share_tokens). */
     if (f->sh.last_stage && nl > 0) {
         size_t lb = (size_t)nl * (size_t)c->vocab_size * sizeof(float);
-        TSR_TRY(tsr__grow_dev(f, &f->logits_dev, &f->logits_cap, lb));
         TSR_TRY(op->rmsnorm(be, f->xl, &m->out_norm, nl, c->dim, c->norm_eps, f->xl));
-        TSR_TRY(op->matmul(be, f->xl, nl, &m->classifier, f->logits_dev));
-        TSR_TRY(tsr_backend_download(be, logits, f->logits_dev, lb));
+        if (be->host_memory) { /* the caller's buffer is the backend's memory: no copy */
+            TSR_TRY(op->matmul(be, f->xl, nl, &m->classifier, logits));
+        } else {
+            TSR_TRY(tsr__grow_dev(f, &f->logits_dev, &f->logits_cap, lb));
+            TSR_TRY(op->matmul(be, f->xl, nl, &m->classifier, f->logits_dev));
+            TSR_TRY(tsr_backend_download(be, logits, f->logits_dev, lb));
+        }
     }
     TSR_TRY(op->synchronize(be));
     if (f->pp > 1 && nl_all > 0 && !f->sample_last)
