@@ -1,7 +1,8 @@
 /* Helpers of the KV tests: every KV test runs once per backend of {"cpu", "cpu-fenced"}
  * (a backend whose create answers TSR_ERR_UNSUPPORTED is skipped with a note), and reads
  * K/V only through gathers and downloads, so that it is device-correct: on the fenced
- * device a host read of backend memory faults. */
+ * device a host read of backend memory faults. The forward-pass tests (TSR_KV_FWD_TEST)
+ * also get the model's weights in backend memory, through the engine. */
 #ifndef TSR_TESTS_KV_TEST_UTIL_H
 #define TSR_TESTS_KV_TEST_UTIL_H
 
@@ -9,6 +10,8 @@
 
 #include "kernels/backend.h"
 #include "base/status.h"
+#include "runtime/engine.h"
+#include "runtime/model.h"
 #include "tests/test.h"
 
 static const char *const kvt_names[] = {"cpu", "cpu-fenced"};
@@ -31,23 +34,70 @@ static inline int kvt_open(int b) {
     return 1;
 }
 
-/* TSR_KV_TEST(name) { body }: body runs once per backend with kvt_be set; the backend
- * is destroyed after the body, also when an assert left it early. */
-#define TSR_KV_TEST(name)                                                               \
+static inline void kvt_close(void) {
+    tsr_backend_destroy(kvt_be);
+    kvt_be = NULL;
+}
+
+/* The engine of a forward-pass round (TSR_KV_FWD_TEST): stories260K with its weights
+ * placed in kvt_be's memory, which a forward on cpu-fenced needs. Hand kvt_eng->weights to
+ * tsr_forward_create, never kvt_eng->model (host tensors, views of the file). */
+static tsr_engine *kvt_eng;
+
+/* Opens backend b for a forward-pass round: kvt_eng owns the model and kvt_be. The
+ * engine's own cache and forward go unused (each test builds its caches on kvt_be and its
+ * forwards over kvt_eng->weights), so they are the smallest the engine makes. */
+static inline int kvt_open_engine(int b) {
+    kvt_be = NULL;
+    kvt_eng = NULL;
+    tsr_model *m = NULL;
+    tsr_status st = tsr_model_load(TSR_SOURCE_DIR "/models/stories260K.bin", &m);
+    tsr_engine_options eo = {.backend = kvt_names[b], .threads = 1, .max_tokens = 1,
+                             .kv = {.max_seqs = 1}, .dense_kv_tokens = 1};
+    if (st == TSR_OK) st = tsr_engine_create(m, &eo, &kvt_eng);
+    if (st == TSR_ERR_UNSUPPORTED) {
+        fprintf(stderr, "  skip %s: %s\n", kvt_names[b], tsr_last_error());
+        return 0;
+    }
+    if (st != TSR_OK) {
+        fprintf(stderr, "  %s: engine create failed: %s\n", kvt_names[b], tsr_last_error());
+        tsr_test_failed_flag = 1;
+        return 0;
+    }
+    kvt_be = kvt_eng->be;
+    return 1;
+}
+
+static inline void kvt_close_engine(void) {
+    tsr_engine_destroy(kvt_eng);
+    kvt_eng = NULL;
+    kvt_be = NULL;
+}
+
+/* The rounds of one test: body runs once per backend that `open` opened, and `close` runs
+ * after it, also when an assert left it early. */
+#define TSR__KV_ROUNDS(name, open, close)                                               \
     static void name##_on(void);                                                        \
     TSR_TEST(name) {                                                                    \
         for (int b_ = 0; b_ < (int)(sizeof kvt_names / sizeof kvt_names[0]); b_++) {    \
-            if (!kvt_open(b_)) continue;                                                \
+            if (!open(b_)) continue;                                                    \
             int failed_ = tsr_test_failed_flag;                                         \
             tsr_test_failed_flag = 0;                                                   \
             name##_on();                                                                \
             if (tsr_test_failed_flag) fprintf(stderr, "  (on %s)\n", kvt_names[b_]);    \
             tsr_test_failed_flag |= failed_;                                            \
-            tsr_backend_destroy(kvt_be);                                                \
-            kvt_be = NULL;                                                              \
+            close();                                                                    \
         }                                                                               \
     }                                                                                   \
     static void name##_on(void)
+
+/* TSR_KV_TEST(name) { body }: body runs once per backend with kvt_be set; the backend
+ * is destroyed after the body, also when an assert left it early. */
+#define TSR_KV_TEST(name) TSR__KV_ROUNDS(name, kvt_open, kvt_close)
+
+/* TSR_KV_FWD_TEST(name) { body }: the same for a test that runs the forward pass, with
+ * kvt_eng (stories260K placed on kvt_be) set as well. */
+#define TSR_KV_FWD_TEST(name) TSR__KV_ROUNDS(name, kvt_open_engine, kvt_close_engine)
 
 /* A backend copy of n host floats (activations for a cache's write); NULL on failure. */
 static inline float *kvt_dev(const float *host, size_t n) {

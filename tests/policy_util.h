@@ -16,8 +16,9 @@
 #include "runtime/model.h"
 
 /* Greedy generation through the forward pass: prefill in chunks of `chunk`, then `gen`
- * decode steps; returns the tokens and the logits of the last step. */
-static tsr_status tsr__greedy(tsr_model *m, tsr_backend *be, tsr_kv_cache *kv,
+ * decode steps; returns the tokens and the logits of the last step. m's weights are in
+ * be's memory (kvt_eng->weights). */
+static tsr_status tsr__greedy(const tsr_model *m, tsr_backend *be, tsr_kv_cache *kv,
                               const int32_t *prompt, int np, int chunk, int gen,
                               int32_t *out_toks, float *last_logits) {
     tsr_forward *f = NULL;
@@ -48,40 +49,12 @@ static tsr_status tsr__greedy(tsr_model *m, tsr_backend *be, tsr_kv_cache *kv,
     return st;
 }
 
-/* tsr_kv_setup's one-process cache from options, with the K/V store on `be`: made here
- * because tsr_kv_options has no backend yet (runtime/kv_setup.c is the engine's to
- * change); then these helpers go back to tsr_kv_setup. */
-static tsr_status tsr__policy_kv_opts(tsr_backend *be, const tsr_model_config *c,
-                                      const tsr_kv_options *o, tsr_kv_cache **kv) {
-    const tsr_kv_policy_ops *pol = tsr_kv_policy_find(o->policy ? o->policy : "paged");
-    if (!pol) return tsr_error_set(TSR_ERR_INVALID, "test: unknown policy");
-    tsr_kv_paged_config kc = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
-                              .head_dim = c->head_dim, .block_size = o->block_size,
-                              .memory_bytes = o->memory_bytes,
-                              .max_seqs = o->max_seqs > 0 ? o->max_seqs : 1,
-                              .max_seq_len = c->max_seq_len,
-                              .prefix_caching = !o->no_prefix_cache,
-                              .keep_scores = pol->wants_scores, .be = be};
-    tsr_host_pool *host = NULL;
-    TSR_TRY(tsr_host_pool_create(o->host_bytes, &host));
-    kc.host = host;
-    tsr_kv_policy_config pc = {
-        .budget = o->budget, .recent = o->recent,
-        .scores_materialize = o->h2o_scores && strcmp(o->h2o_scores, "materialize") == 0,
-        .spec_pairs = o->spec_pairs, .measure_recall = o->measure_recall,
-        .n_heads = c->n_heads, .rope_interleaved = c->rope_interleaved, .host = host,
-        .owns_host = 1};
-    tsr_status st = tsr_kv_policy_cache_create(pol, &pc, &kc, kv);
-    if (st != TSR_OK) tsr_host_pool_destroy(host);
-    return st;
-}
-
 /* A policy cache for one sequence of the model, in an 8 MiB pool on `be`. */
 static tsr_status tsr__policy_kv(tsr_backend *be, const tsr_model_config *c,
                                  const char *policy, double budget, tsr_kv_cache **kv) {
     tsr_kv_options o = {.policy = policy, .memory_bytes = 8 << 20, .block_size = 16,
-                        .budget = budget, .max_seqs = 1, .measure_recall = 1};
-    return tsr__policy_kv_opts(be, c, &o, kv);
+                        .budget = budget, .max_seqs = 1, .measure_recall = 1, .be = be};
+    return tsr_kv_setup(&o, c, kv);
 }
 
 #endif

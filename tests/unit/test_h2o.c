@@ -193,11 +193,9 @@ TSR_KV_TEST(test_tiled_scores_equal_materialized) {
     tsr_kv_cache_destroy(kv);
 }
 
-TSR_TEST(test_forward_full_budget_equals_paged) {
-    tsr_model *m = NULL;
-    ASSERT_OK(tsr_model_load(TSR_SOURCE_DIR "/models/stories260K.bin", &m));
-    tsr_backend *be = NULL;
-    ASSERT_OK(tsr_backend_cpu_create(1, &be));
+TSR_KV_FWD_TEST(test_forward_full_budget_equals_paged) {
+    const tsr_model *m = kvt_eng->weights;
+    tsr_backend *be = kvt_be;
     int32_t prompt[48];
     for (int i = 0; i < 48; i++) prompt[i] = 1 + (i * 53) % (m->cfg.vocab_size - 1);
     enum { GEN = 50 };
@@ -221,18 +219,14 @@ TSR_TEST(test_forward_full_budget_equals_paged) {
     tsr_kv_cache_destroy(paged);
     tsr_kv_cache_destroy(h2o);
     tsr_kv_cache_destroy(small);
-    tsr_backend_destroy(be);
-    tsr_model_destroy(m);
 }
 
 /* --h2o-scores=materialize through the forward pass: the n x n matrix is rebuilt from the
  * queries the forward gives (one per layer and step), and at a 100 % budget the tokens are
  * paged's. */
-TSR_TEST(test_forward_materialize_uses_queries) {
-    tsr_model *m = NULL;
-    ASSERT_OK(tsr_model_load(TSR_SOURCE_DIR "/models/stories260K.bin", &m));
-    tsr_backend *be = NULL;
-    ASSERT_OK(tsr_backend_cpu_create(1, &be));
+TSR_KV_FWD_TEST(test_forward_materialize_uses_queries) {
+    const tsr_model *m = kvt_eng->weights;
+    tsr_backend *be = kvt_be;
     int32_t prompt[48];
     for (int i = 0; i < 48; i++) prompt[i] = 1 + (i * 53) % (m->cfg.vocab_size - 1);
     enum { GEN = 20 };
@@ -240,10 +234,10 @@ TSR_TEST(test_forward_materialize_uses_queries) {
     tsr_kv_cache *paged = NULL, *mat = NULL, *half = NULL;
     ASSERT_OK(tsr__policy_kv(be, &m->cfg, "paged", 0, &paged));
     tsr_kv_options o = {.policy = "h2o", .memory_bytes = 8 << 20, .block_size = 16,
-                        .budget = 0, .max_seqs = 1, .h2o_scores = "materialize"};
-    ASSERT_OK(tsr__policy_kv_opts(be, &m->cfg, &o, &mat));
+                        .budget = 0, .max_seqs = 1, .h2o_scores = "materialize", .be = be};
+    ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &mat));
     o.budget = 0.5;
-    ASSERT_OK(tsr__policy_kv_opts(be, &m->cfg, &o, &half));
+    ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &half));
     ASSERT_OK(tsr__greedy(m, be, paged, prompt, 48, 16, GEN, tp, NULL));
     ASSERT_OK(tsr__greedy(m, be, mat, prompt, 48, 16, GEN, tm, NULL));
     ASSERT_OK(tsr__greedy(m, be, half, prompt, 48, 16, GEN, th, NULL));
@@ -259,8 +253,6 @@ TSR_TEST(test_forward_materialize_uses_queries) {
     tsr_kv_cache_destroy(paged);
     tsr_kv_cache_destroy(mat);
     tsr_kv_cache_destroy(half);
-    tsr_backend_destroy(be);
-    tsr_model_destroy(m);
 }
 
 TSR_TEST_MAIN(test_heavy_hitters_and_recent_kept, test_budget_fraction_and_blocks_freed,

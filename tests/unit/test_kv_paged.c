@@ -492,7 +492,7 @@ TSR_KV_TEST(test_one_backend_call_per_operation) {
 
 /* --- forward pass: paged == dense on the real model ----------------------------------- */
 
-static tsr_status tsr__run_greedy(tsr_model *m, tsr_backend *be, tsr_kv_cache *kv,
+static tsr_status tsr__run_greedy(const tsr_model *m, tsr_backend *be, tsr_kv_cache *kv,
                                   const int32_t *prompt, int np, int gen, int32_t *out_toks,
                                   float *first_logits, float *last_logits) {
     tsr_forward *f = NULL;
@@ -526,13 +526,9 @@ static tsr_status tsr__run_greedy(tsr_model *m, tsr_backend *be, tsr_kv_cache *k
     return st;
 }
 
-/* On "cpu" only: the forward pass (runtime/) is the engine's to make device-correct; make
- * this a TSR_KV_TEST (with be = kvt_be) once it runs on cpu-fenced. */
-TSR_TEST(test_forward_paged_equals_dense) {
-    tsr_model *m = NULL;
-    ASSERT_OK(tsr_model_load(TSR_SOURCE_DIR "/models/stories260K.bin", &m));
-    tsr_backend *be = NULL;
-    ASSERT_OK(tsr_backend_cpu_create(1, &be));
+TSR_KV_FWD_TEST(test_forward_paged_equals_dense) {
+    const tsr_model *m = kvt_eng->weights;
+    tsr_backend *be = kvt_be;
     const tsr_model_config *c = &m->cfg;
     int32_t prompt[40];
     for (int i = 0; i < 40; i++) prompt[i] = 1 + (i * 37) % (c->vocab_size - 1);
@@ -564,8 +560,6 @@ TSR_TEST(test_forward_paged_equals_dense) {
     tsr_free(fp);
     tsr_free(ld);
     tsr_free(lp);
-    tsr_backend_destroy(be);
-    tsr_model_destroy(m);
 }
 
 TSR_TEST_MAIN(test_write_spans_blocks, test_layer_blocks_adjacent, test_shared_prefix_one_copy,

@@ -107,11 +107,9 @@ TSR_KV_TEST(test_speculative_selection_and_bytes) {
     tsr_kv_cache_destroy(kv);
 }
 
-TSR_TEST(test_forward_full_budget_equals_paged) {
-    tsr_model *m = NULL;
-    ASSERT_OK(tsr_model_load(TSR_SOURCE_DIR "/models/stories260K.bin", &m));
-    tsr_backend *be = NULL;
-    ASSERT_OK(tsr_backend_cpu_create(1, &be));
+TSR_KV_FWD_TEST(test_forward_full_budget_equals_paged) {
+    const tsr_model *m = kvt_eng->weights;
+    tsr_backend *be = kvt_be;
     int32_t prompt[48];
     for (int i = 0; i < 48; i++) prompt[i] = 1 + (i * 53) % (m->cfg.vocab_size - 1);
     enum { GEN = 50 };
@@ -142,18 +140,14 @@ TSR_TEST(test_forward_full_budget_equals_paged) {
     tsr_kv_cache_destroy(small);
     tsr_free(lp);
     tsr_free(lo);
-    tsr_backend_destroy(be);
-    tsr_model_destroy(m);
 }
 
 /* Through the forward pass (which gives the `queries` hook): decode with a 25 % budget must
  * use the speculative selection, never the recent-window fallback; with every channel pair
  * the speculation is exact (recall 1), and the resident set is not just the newest tokens. */
-TSR_TEST(test_forward_uses_speculation) {
-    tsr_model *m = NULL;
-    ASSERT_OK(tsr_model_load(TSR_SOURCE_DIR "/models/stories260K.bin", &m));
-    tsr_backend *be = NULL;
-    ASSERT_OK(tsr_backend_cpu_create(1, &be));
+TSR_KV_FWD_TEST(test_forward_uses_speculation) {
+    const tsr_model *m = kvt_eng->weights;
+    tsr_backend *be = kvt_be;
     int32_t prompt[8];
     for (int i = 0; i < 8; i++) prompt[i] = 1 + (i * 37) % (m->cfg.vocab_size - 1);
     enum { GEN = 80 };
@@ -162,9 +156,9 @@ TSR_TEST(test_forward_uses_speculation) {
         int pairs = exact ? m->cfg.head_dim / 2 : 1;
         tsr_kv_options o = {.policy = "offload", .memory_bytes = 8 << 20, .block_size = 16,
                             .budget = 0.25, .max_seqs = 1, .measure_recall = 1,
-                            .spec_pairs = pairs};
+                            .spec_pairs = pairs, .be = be};
         tsr_kv_cache *kv = NULL;
-        ASSERT_OK(tsr__policy_kv_opts(be, &m->cfg, &o, &kv));
+        ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &kv));
         ASSERT_OK(tsr__greedy(m, be, kv, prompt, 8, 1, GEN, toks, NULL));
         tsr_kv_policy_stats ps;
         tsr_kv_policy_get_stats(kv, &ps);
@@ -188,8 +182,6 @@ TSR_TEST(test_forward_uses_speculation) {
         ASSERT_TRUE(old > 0);
         tsr_kv_cache_destroy(kv);
     }
-    tsr_backend_destroy(be);
-    tsr_model_destroy(m);
 }
 
 TSR_TEST_MAIN(test_speculative_selection_and_bytes, test_forward_full_budget_equals_paged,
