@@ -14,7 +14,10 @@
  *    steps: an agreed failure must give the schedule (preemptions, deferrals) of one
  *    process. (Not fewer shortages: h2o and offload evict per prefill chunk, so a different
  *    schedule may give different tokens; paged would not.)
- * Usage: test_kv_dist POLICY [PP [inject]]   (POLICY: paged | h2o | offload) */
+ * The weights and the K/V live in the memory of the backend given with --backend (default
+ * cpu; kv_dist.sh compares a cpu-fenced job with one cpu process, so the fenced device must
+ * also give the plain CPU's tokens). Exits 77 (skipped) where this build lacks the backend.
+ * Usage: test_kv_dist [--backend NAME] POLICY [PP [inject]]   (POLICY: paged | h2o | offload) */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +27,7 @@
 #include "memory/kv_dist.h"
 #include "memory/kv_paged.h"
 #include "policies/policy.h"
+#include "runtime/engine.h"
 #include "runtime/forward.h"
 #include "runtime/kv_setup.h"
 #include "runtime/model.h"
@@ -189,55 +193,93 @@ static uint64_t tsr__job(tsr_kv_cache *kv, tsr_forward *f, const tsr_model_confi
     return sum;
 }
 
-/* tsr_kv_setup's distributed cache (the same blocks per layer on every rank: the least any
- * rank offers; the dist wrapper over more than one rank) with the K/V store on `be`, made
- * here while tsr_kv_options has no backend (runtime/kv_setup.c is the engine's to change;
- * then this goes back to tsr_kv_setup). */
-static tsr_kv_cache *tsr__kv_setup(const tsr_kv_options *o, const tsr_model_config *mc,
-                                   tsr_backend *be) {
-    const tsr_parallel_shard *sh = o->shard;
-    const tsr_kv_policy_ops *pol = tsr_kv_policy_find(o->policy);
-    CHECK(pol != NULL, "policy %s", o->policy);
-    int layers = sh->layer_end - sh->layer_begin;
-    tsr_kv_paged_config kc = {.n_layers = layers,
-                              .n_kv_heads = sh->kv_head_end - sh->kv_head_begin,
-                              .head_dim = mc->head_dim, .block_size = o->block_size,
-                              .memory_bytes = o->memory_bytes, .max_seqs = o->max_seqs,
-                              .max_seq_len = mc->max_seq_len, .prefix_caching = 1,
-                              .keep_scores = pol->wants_scores, .be = be};
-    bool dist = tsr_comm_world_size(o->comm) > 1;
-    if (dist) {
-        int64_t bb = tsr_kv_paged_block_bytes(&kc);
-        int64_t per_layer = o->memory_bytes / bb / layers;
-        CHECK(tsr_comm_allreduce_i64(o->comm, TSR_COMM_WORLD, &per_layer, 1, TSR_COMM_MIN) ==
-                  TSR_OK, "pool agreement");
-        kc.memory_bytes = per_layer * layers * bb;
+/* What the run gave. */
+typedef struct tsr__result {
+    uint64_t sum;
+    int64_t preemptions, agreements, disagreements;
+} tsr__result;
+
+/* The test on `backend`: an engine over the model (this rank's shard, its weights placed in
+ * the backend's memory; the engine's own cache, one dense token, goes unused) and
+ * tsr_kv_setup's cache on the engine's backend (the distributed one: the same blocks per
+ * layer on every rank, the least any rank offers). False when this build lacks the backend
+ * (on every rank: the engine agrees). */
+static bool tsr__run_on(const char *backend, tsr_model *m, const tsr_parallel_shard *sh,
+                        const char *policy, bool inject, int world, tsr__result *r) {
+    tsr_comm *c = g_comm;
+    /* One micro-batch: the same row counts as one process, so the same bits. */
+    tsr_engine_options eo = {.backend = backend, .threads = 1, .max_tokens = 32,
+                             .kv = {.max_seqs = 1}, .dense_kv_tokens = 1,
+                             .par = {.comm = c, .shard = *sh, .micro_batches = 1}};
+    tsr_engine *eng = NULL;
+    tsr_status st = tsr_engine_create(m, &eo, &eng); /* takes the model */
+    if (st == TSR_ERR_UNSUPPORTED) {
+        if (g_rank == 0) printf("skipped: backend %s: %s\n", backend, tsr_last_error());
+        return false;
     }
-    tsr_host_pool *host = NULL;
-    CHECK(tsr_host_pool_create(0, &host) == TSR_OK, "host pool");
-    kc.host = host;
-    tsr_kv_policy_config pc = {.budget = o->budget, .n_heads = sh->head_end - sh->head_begin,
-                               .rope_interleaved = mc->rope_interleaved, .host = host,
-                               .owns_host = 1, .comm = o->comm,
-                               .kv_share_begin = sh->kv_share_begin,
-                               .kv_share_end = sh->kv_share_end};
-    tsr_kv_cache *kv = NULL, *w = NULL;
-    CHECK(tsr_kv_policy_cache_create(pol, &pc, &kc, &kv) == TSR_OK, "kv cache");
-    if (!dist) return kv;
-    CHECK(tsr_kv_dist_create(kv, o->comm, &w) == TSR_OK, "dist wrapper");
-    return w;
+    CHECK(st == TSR_OK, "engine on %s", backend);
+    const tsr_model_config *mc = &eng->model->cfg;
+    /* A pool too small for MAX_SEQS full sequences (BLOCKS per layer, as in one process);
+     * rank 1 offers even less than the others. */
+    int kvd = (sh->kv_head_end - sh->kv_head_begin) * mc->head_dim;
+    int64_t block = 16 * (2 * (int64_t)kvd * 4 + 8);
+    int blocks = g_rank == 1 || world == 1 ? BLOCKS : BLOCKS + 2;
+    tsr_kv_options ko = {.policy = policy, .block_size = 16, .max_seqs = MAX_SEQS,
+                         .memory_bytes = block * (sh->layer_end - sh->layer_begin) * blocks,
+                         .budget = strcmp(policy, "paged") ? 0.5 : 0, .chunk_tokens = 32,
+                         .shard = sh, .comm = c, .be = eng->be};
+    tsr_kv_cache *kv = NULL;
+    CHECK(tsr_kv_setup(&ko, mc, &kv) == TSR_OK, "kv cache on %s", backend);
+    CHECK((world > 1) == tsr_kv_is_dist(kv), "dist wrapper");
+    if (inject && world == 1) { /* the reference for injected runs: the same shortages */
+        tsr_kv_cache *w = NULL;
+        CHECK(tsr_kv_dist_create(kv, c, &w) == TSR_OK, "dist wrapper");
+        kv = w;
+    }
+    tsr_kv_stats ks;
+    kv->ops->stats(kv, &ks);
+    CHECK(tsr__same(TSR_COMM_TP, ks.bytes_capacity), "pools differ in the TP group");
+    CHECK(tsr__same(TSR_COMM_WORLD, tsr__free_blocks(kv) / (sh->layer_end - sh->layer_begin)),
+          "blocks per layer differ");
+    if (inject) tsr__agreement(kv, world);
+    tsr_kv_dist_stats before;
+    tsr_kv_dist_get_stats(kv, &before);
+    r->sum = tsr__job(kv, eng->fwd, mc, inject, world, &r->preemptions);
+    tsr_kv_dist_stats ds;
+    tsr_kv_dist_get_stats(kv, &ds);
+    r->disagreements = tsr__sum(ds.disagreements - before.disagreements);
+    r->agreements = ds.agreements - before.agreements;
+    int64_t inj = tsr__sum(ds.injected - before.injected);
+    if (inject) /* the ranks not short were overruled */
+        CHECK(inj > 0 && (r->disagreements > 0) == (world > 1), "%lld shortages injected, "
+              "%lld disagreements", (long long)inj, (long long)r->disagreements);
+    else
+        CHECK(r->disagreements == 0, "%lld local answers differed from the agreed ones",
+              (long long)r->disagreements);
+    /* The pool holds fewer blocks than MAX_SEQS sequences need: decodes must preempt. */
+    CHECK(r->preemptions > 0, "no preemption");
+    CHECK(tsr__same(TSR_COMM_WORLD, (int64_t)(r->sum >> 1)), "tokens differ between ranks");
+    tsr_kv_cache_destroy(kv);
+    tsr_engine_destroy(eng);
+    return true;
 }
 
 int main(int argc, char **argv) {
-    const char *policy = argc > 1 ? argv[1] : "paged";
-    int pp = argc > 2 ? atoi(argv[2]) : 1;
-    bool inject = argc > 3 && strcmp(argv[3], "inject") == 0;
-    g_paged = strcmp(policy, "paged") == 0;
     tsr_comm_options o = {.backend = TSR_COMM_AUTO, .argc = &argc, .argv = &argv};
     if (tsr_comm_init(&o, &g_comm) != TSR_OK) {
         fprintf(stderr, "test_kv_dist: %s\n", tsr_last_error());
         return 1;
     }
+    const char *backend = "cpu";
+    int a = 1;
+    if (argc > 2 && strcmp(argv[1], "--backend") == 0) {
+        backend = argv[2];
+        a = 3;
+    }
+    const char *policy = argc > a ? argv[a] : "paged";
+    int pp = argc > a + 1 ? atoi(argv[a + 1]) : 1;
+    bool inject = argc > a + 2 && strcmp(argv[a + 2], "inject") == 0;
+    g_paged = strcmp(policy, "paged") == 0;
     tsr_comm *c = g_comm;
     g_rank = tsr_comm_world_rank(c);
     int world = tsr_comm_world_size(c);
@@ -251,67 +293,24 @@ int main(int argc, char **argv) {
     CHECK(tsr_parallel_layout_init(tp, pp, world, &l) == TSR_OK, "layout init");
     CHECK(tsr_parallel_shard_of(&l, &m->cfg, g_rank, "stories260K", &sh) == TSR_OK, "shard");
     CHECK(tsr_parallel_shard_model(m, &sh) == TSR_OK, "cut");
-    tsr_backend *be = NULL;
-    CHECK(tsr_backend_cpu_create(1, &be) == TSR_OK, "backend");
-    /* A pool too small for MAX_SEQS full sequences (BLOCKS per layer, as in one process);
-     * rank 1 offers even less than the others. */
-    int kvd = (sh.kv_head_end - sh.kv_head_begin) * m->cfg.head_dim;
-    int64_t block = 16 * (2 * (int64_t)kvd * 4 + 8);
-    int blocks = g_rank == 1 || world == 1 ? BLOCKS : BLOCKS + 2;
-    tsr_kv_options ko = {.policy = policy, .block_size = 16, .max_seqs = MAX_SEQS,
-                         .memory_bytes = block * (sh.layer_end - sh.layer_begin) * blocks,
-                         .budget = strcmp(policy, "paged") ? 0.5 : 0, .chunk_tokens = 32,
-                         .shard = &sh, .comm = c};
-    tsr_kv_cache *kv = tsr__kv_setup(&ko, &m->cfg, be);
-    CHECK((world > 1) == tsr_kv_is_dist(kv), "dist wrapper");
-    if (inject && world == 1) { /* the reference for injected runs: the same shortages */
-        tsr_kv_cache *w = NULL;
-        CHECK(tsr_kv_dist_create(kv, c, &w) == TSR_OK, "dist wrapper");
-        kv = w;
+    tsr__result r;
+    if (!tsr__run_on(backend, m, &sh, policy, inject, world, &r)) {
+        tsr_comm_destroy(c);
+        return 77;
     }
-    /* One micro-batch: the same row counts as one process, so the same bits. */
-    tsr_forward_parallel fp = {.comm = c, .shard = sh, .micro_batches = 1};
-    tsr_forward *f = NULL;
-    CHECK(tsr_forward_create_parallel(m, be, 32, &fp, &f) == TSR_OK, "forward");
-    tsr_kv_stats ks;
-    kv->ops->stats(kv, &ks);
-    CHECK(tsr__same(TSR_COMM_TP, ks.bytes_capacity), "pools differ in the TP group");
-    CHECK(tsr__same(TSR_COMM_WORLD, tsr__free_blocks(kv) / (sh.layer_end - sh.layer_begin)),
-          "blocks per layer differ");
-    if (inject) tsr__agreement(kv, world);
-    tsr_kv_dist_stats before;
-    tsr_kv_dist_get_stats(kv, &before);
-    int64_t pre = 0;
-    uint64_t sum = tsr__job(kv, f, &m->cfg, inject, world, &pre);
-    tsr_kv_dist_stats ds;
-    tsr_kv_dist_get_stats(kv, &ds);
-    int64_t dis = tsr__sum(ds.disagreements - before.disagreements);
-    int64_t inj = tsr__sum(ds.injected - before.injected);
-    if (inject) /* the ranks not short were overruled */
-        CHECK(inj > 0 && (dis > 0) == (world > 1), "%lld shortages injected, %lld "
-              "disagreements", (long long)inj, (long long)dis);
-    else
-        CHECK(dis == 0, "%lld local answers differed from the agreed ones", (long long)dis);
-    /* The pool holds fewer blocks than MAX_SEQS sequences need: decodes must preempt. */
-    CHECK(pre > 0, "no preemption");
-    CHECK(tsr__same(TSR_COMM_WORLD, (int64_t)(sum >> 1)), "tokens differ between ranks");
     if (g_rank == 0) {
-        printf("policy %s, %d ranks (tp %d x pp %d)%s: token checksum %016llx, %lld "
+        printf("policy %s on %s, %d ranks (tp %d x pp %d)%s: token checksum %016llx, %lld "
                "preemptions, %lld agreements, %lld disagreements\n",
-               policy, world, tp, pp, inject ? ", injected shortages" : "",
-               (unsigned long long)sum, (long long)pre,
-               (long long)(ds.agreements - before.agreements), (long long)dis);
+               policy, backend, world, tp, pp, inject ? ", injected shortages" : "",
+               (unsigned long long)r.sum, (long long)r.preemptions, (long long)r.agreements,
+               (long long)r.disagreements);
         const char *want = getenv("TSR_EXPECT_SUM");
-        if (want && strtoull(want, NULL, 16) != sum) {
-            fprintf(stderr, "test_kv_dist: checksum %016llx, one process gave %s\n",
-                    (unsigned long long)sum, want);
+        if (want && strtoull(want, NULL, 16) != r.sum) {
+            fprintf(stderr, "test_kv_dist: checksum %016llx, one cpu process gave %s\n",
+                    (unsigned long long)r.sum, want);
             tsr_comm_abort(c, 1, "tokens differ from one process");
         }
     }
-    tsr_forward_destroy(f);
-    tsr_kv_cache_destroy(kv);
-    tsr_backend_destroy(be);
-    tsr_model_destroy(m);
     tsr_comm_destroy(c);
     return 0;
 }
