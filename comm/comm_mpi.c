@@ -50,6 +50,7 @@ enum { TSR__FAST_POLLS = 64 };
 #define TSR__MAX_PAUSE_NS 1000000 /* pauses grow from 1 us up to 1 ms ... */
 #define TSR__PAUSE_SHARE 16       /* ... and at most 1/16 of the wait so far */
 #define TSR__CHECK_S 0.1          /* the peers' liveness, this often */
+#define TSR__GAP_S 1.0            /* a longer gap between two tests: we were not running */
 
 /* Completes *r (the watchdog, see tsr_comm_set_timeout): MPI_Test in a loop with a pause
  * that backs off, the node's peers checked every TSR__CHECK_S, and the job ended when the
@@ -67,12 +68,18 @@ static tsr_status tsr__wait(tsr__comm_grp *g, MPI_Request *r, MPI_Status *s, con
         TSR__MPI_TRY(MPI_Test(r, &done, s), what);
         if (done) return TSR_OK;
     }
-    double t0 = tsr__now(), checked = t0;
+    double t0 = tsr__now(), checked = t0, prev = t0;
     long pause = 0;
     for (;;) {
         TSR__MPI_TRY(MPI_Test(r, &done, s), what);
         if (done) return TSR_OK;
-        double t = tsr__now(), waited = t - t0;
+        double t = tsr__now();
+        /* A gap far longer than any pause: this rank itself did not run (stopped, a
+         * suspended job, e.g. scontrol suspend stops every rank). That time is nobody's lack
+         * of progress; without this, a resumed job would abort at once. */
+        if (t - prev > TSR__GAP_S) t0 += t - prev;
+        prev = t;
+        double waited = t - t0;
         if (waited < TSR__SPIN_S) continue;
         if (t - checked >= TSR__CHECK_S) {
             checked = t;
@@ -287,7 +294,7 @@ tsr_status tsr__comm_mpi_allreduce_i64(tsr__comm_grp *g, int64_t *buf, size_t n,
     MPI_Request q;
     TSR__MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, buf, cnt, MPI_INT64_T, mop, tsr__mc(g), &q),
                  "MPI_Iallreduce");
-    return tsr__wait(g, &q, MPI_STATUS_IGNORE, "MPI_Iallreduce", "allreduce (control)", -1);
+    return tsr__wait(g, &q, MPI_STATUS_IGNORE, "MPI_Iallreduce", "control allreduce", -1);
 }
 
 tsr_status tsr__comm_mpi_barrier(tsr__comm_grp *g) {

@@ -3,6 +3,10 @@
  *                                   others' timeout (2 s) ends the job with one line each
  *   test_comm_watchdog die OP    -> the last rank kills itself (SIGKILL) before OP; the
  *                                   others name it at once (well before the timeout)
+ *   test_comm_watchdog suspend   -> rank 0 is stopped for 3 s while it waits in a barrier
+ *                                   for rank 1, which arrives after 4 s (timeout 2 s): the
+ *                                   time rank 0 itself was stopped (a suspended job) does
+ *                                   not count, the barrier completes, exit 0
  *   test_comm_watchdog fast      -> 20000 small allreduces with the watchdog on and off:
  *                                   polling must not make them slower (prints both times)
  * OP: allreduce (the chain sum on the tp group of a tp = world layout), recv (rank 0
@@ -14,7 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "comm/comm.h"
 
@@ -93,6 +99,32 @@ int main(int argc, char **argv) {
                    "off %.3f s\n", on, off);
         tsr_comm_destroy(c);
         return on < 0 || off < 0 ? 1 : 0;
+    }
+    if (strcmp(argv[1], "suspend") == 0) {
+        tsr_comm_set_timeout(c, 2);
+        pid_t child = -1;
+        if (rank == 0) {
+            pid_t parent = getpid();
+            child = fork();
+            if (child == 0) { /* only sleeps and signals: safe in a forked MPI process */
+                struct timespec a = {0, 500000000}, b = {3, 0};
+                nanosleep(&a, NULL);
+                kill(parent, SIGSTOP);
+                nanosleep(&b, NULL);
+                kill(parent, SIGCONT);
+                _exit(0);
+            }
+        } else {
+            struct timespec d = {4, 0};
+            nanosleep(&d, NULL);
+        }
+        double t0 = now();
+        tsr_status st = tsr_comm_barrier(c, TSR_COMM_WORLD);
+        if (child > 0) waitpid(child, NULL, 0);
+        printf("test_comm_watchdog: rank %d: barrier %s after %.1f s\n", rank,
+               st == TSR_OK ? "ok" : tsr_last_error(), now() - t0);
+        tsr_comm_destroy(c);
+        return st == TSR_OK ? 0 : 1;
     }
     if (argc < 3) return 2;
     signal(SIGTERM, SIG_IGN);
