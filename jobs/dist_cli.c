@@ -32,8 +32,7 @@ void tsr_dist_cli_opts(tsr_dist_cli *d, tsr_cli_opt *out) {
          "the launcher, e.g. srun --cpu-bind or mpirun --bind-to)", false},
         {"comm-timeout", TSR_OPT_FLOAT, &d->comm_timeout, "SECONDS",
          "end the job with a message naming the operation (and the rank, where known) when "
-         "a collective or a pipeline transfer makes no progress for this long (default 600; "
-         "0: off)", false},
+         "a collective or a pipeline transfer makes no progress for this long (0: off)", false},
     };
     memcpy(out, opts, sizeof opts);
 }
