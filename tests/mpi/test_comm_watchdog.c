@@ -8,7 +8,8 @@
  *                                   time rank 0 itself was stopped (a suspended job) does
  *                                   not count, the barrier completes, exit 0
  *   test_comm_watchdog fast      -> 20000 small allreduces with the watchdog on and off:
- *                                   polling must not make them slower (prints both times)
+ *                                   polling must not make them slower (prints both times;
+ *                                   fails above twice the time without, plus 0.2 s)
  * OP: allreduce (the chain sum on the tp group of a tp = world layout), recv (rank 0
  * receives from the last rank on the world group), barrier, bcast, allgather, wait (an
  * irecv completed by tsr_comm_wait).
@@ -98,7 +99,13 @@ int main(int argc, char **argv) {
             printf("test_comm_watchdog: 20000 allreduces of 1 KiB: watchdog on %.3f s, "
                    "off %.3f s\n", on, off);
         tsr_comm_destroy(c);
-        return on < 0 || off < 0 ? 1 : 0;
+        /* Loose on purpose (a shared machine): catches a wait that pauses before testing,
+         * not noise. */
+        if (on < 0 || off < 0 || on > 2 * off + 0.2) {
+            if (rank == 0) printf("test_comm_watchdog: the watchdog makes them slower\n");
+            return 1;
+        }
+        return 0;
     }
     if (strcmp(argv[1], "suspend") == 0) {
         tsr_comm_set_timeout(c, 2);
