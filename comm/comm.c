@@ -2,10 +2,13 @@
  * local path (one-rank groups), NCCL (data plane when on) or MPI. */
 #include "comm/comm.h"
 
+#include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #include "comm/comm_impl.h"
 #include "base/alloc.h"
@@ -103,6 +106,7 @@ tsr_status tsr_comm_init(const tsr_comm_options *opt, tsr_comm **out) {
     if (!c) return TSR_ERR_NOMEM;
     c->device = o.device;
     c->stream = o.cuda_stream;
+    c->timeout_s = TSR_COMM_DEFAULT_TIMEOUT;
     c->nccl = o.nccl;
     tsr_status st = TSR_OK;
     if (o.backend == TSR_COMM_SELF) {
@@ -229,7 +233,70 @@ void tsr_comm_destroy(tsr_comm *c) {
     if (c->backend == TSR_COMM_MPI) tsr__comm_mpi_finalize(c);
 #endif
     tsr_free(c->scratch);
+    tsr_free(c->peers);
     tsr_free(c);
+}
+
+void tsr_comm_set_timeout(tsr_comm *c, double seconds) { c->timeout_s = seconds > 0 ? seconds : 0; }
+double tsr_comm_timeout(const tsr_comm *c) { return c->timeout_s; }
+
+/* ---- the watchdog ---------------------------------------------------------------------- */
+
+/* The state of a process: /proc/<pid>/stat's letter on Linux ('T' stopped, 'Z' a zombie
+ * not yet reaped by the launcher), 0 when it is gone, '?' when alive but unknown. */
+static char tsr__proc_state(int pid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return kill((pid_t)pid, 0) == 0 || errno == EPERM ? '?' : 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    return p && p[1] == ' ' && p[2] ? p[2] : '?';
+}
+
+/* A group rank as a world rank (Megatron order, see the top of comm.h). */
+static int tsr__world_of(const tsr_comm *c, int which, int grank) {
+    int tp = c->grp[TSR_COMM_TP].size > 0 ? c->grp[TSR_COMM_TP].size : 1;
+    if (which == TSR_COMM_TP) return c->world_rank - c->world_rank % tp + grank;
+    if (which == TSR_COMM_PP) return grank * tp + c->world_rank % tp;
+    return grank;
+}
+
+static const char *tsr__wname(int which) {
+    return which >= 0 && which < TSR_COMM_GROUP_COUNT ? tsr__group_names[which] : "?";
+}
+
+void tsr__comm_check_peers(tsr__comm_grp *g, const char *op, int peer) {
+    tsr_comm *c = g->owner;
+    (void)peer;
+    for (int i = 0; c && i < c->n_peers; i++) {
+        char st = tsr__proc_state(c->peers[i].pid);
+        if (st != 0 && st != 'Z' && st != 'X') continue;
+        char msg[300];
+        snprintf(msg, sizeof msg, "rank %d (pid %d) died (killed, crashed or aborted) while "
+                 "this rank waited in %s (%s group); aborting", c->peers[i].world_rank, c->peers[i].pid, op,
+                 tsr__wname(g->which));
+        tsr_comm_abort(c, 1, msg);
+    }
+}
+
+_Noreturn void tsr__comm_stuck(tsr__comm_grp *g, const char *op, int peer, double waited) {
+    tsr_comm *c = g->owner;
+    char who[64] = "", stopped[160] = "", msg[400];
+    if (peer >= 0)
+        snprintf(who, sizeof who, ", waiting for rank %d", tsr__world_of(c, g->which, peer));
+    size_t k = 0;
+    for (int i = 0; i < c->n_peers && k < sizeof stopped - 48; i++) {
+        char st = tsr__proc_state(c->peers[i].pid);
+        if (st == 'T' || st == 't')
+            k += (size_t)snprintf(stopped + k, sizeof stopped - k, "; rank %d (pid %d) is stopped",
+                                  c->peers[i].world_rank, c->peers[i].pid);
+    }
+    snprintf(msg, sizeof msg, "no progress for %.0f s in %s (%s group%s)%s; aborting", waited,
+             op, tsr__wname(g->which), who, stopped);
+    tsr_comm_abort(c, 1, msg);
 }
 
 const char *tsr_comm_backend_name(const tsr_comm *c) {
@@ -516,13 +583,13 @@ tsr_status tsr_comm_irecv(tsr_comm *c, tsr_comm_group which, void *buf, size_t b
 }
 
 tsr_status tsr_comm_wait(tsr_comm *c, tsr_comm_request *req) {
-    (void)c;
+    (void)c; /* unused in a build without MPI */
     switch (req->kind) {
     case TSR__REQ_NONE:
         return TSR_OK;
 #ifdef TSR_HAVE_MPI
     case TSR__REQ_MPI:
-        return tsr__comm_mpi_wait(req);
+        return tsr__comm_mpi_wait(c, req);
 #endif
 #ifdef TSR__COMM_NCCL
     case TSR__REQ_NCCL:

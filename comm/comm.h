@@ -83,6 +83,25 @@ tsr_status tsr_comm_set_layout(tsr_comm *c, int tp, int pp);
  * communicators, then MPI_Finalize when tsr_comm_init called MPI_Init. NULL is accepted. */
 void tsr_comm_destroy(tsr_comm *c);
 
+/* The watchdog. Every wait of an MPI operation (collectives, send/recv, tsr_comm_wait)
+ * polls its request instead of blocking: first without pause (a fast collective costs
+ * what it did), then sleeping with a backoff up to 1 ms so that a waiting rank does not
+ * burn a core. While it waits it checks, every 100 ms, that the other ranks of this node
+ * are alive: one that died (kill -9, a crash) ends the job at once with
+ *   "tessera: rank R: rank P (pid N) died (killed, crashed or aborted) while this rank
+ *    waited in OP (G group); aborting".
+ * When an operation makes no progress for `seconds`, the job ends with
+ *   "tessera: rank R: no progress for S s in OP (G group[, waiting for rank P])[; rank Q
+ *    (pid N) is stopped]; aborting"
+ * (P: the peer of a point-to-point transfer or of the chain sum's hop; Q: a rank of this
+ * node found stopped, e.g. by SIGSTOP). Both call MPI_Abort (exit code 1). Ranks are world
+ * ranks. 0 turns the watchdog off (plain blocking MPI waits). Default
+ * TSR_COMM_DEFAULT_TIMEOUT. Local; each rank sets its own. NCCL operations are not
+ * watched. */
+#define TSR_COMM_DEFAULT_TIMEOUT 600.0
+void tsr_comm_set_timeout(tsr_comm *c, double seconds);
+double tsr_comm_timeout(const tsr_comm *c);
+
 /* "self" or "mpi", and whether the data plane is on NCCL. */
 const char *tsr_comm_backend_name(const tsr_comm *c);
 bool tsr_comm_uses_nccl(const tsr_comm *c);

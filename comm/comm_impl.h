@@ -13,7 +13,15 @@ typedef struct tsr__comm_grp {
      * that its messages can never match the caller's sends and receives, whatever tags. */
     void *mpi_internal;
     void *nccl;     /* ncclComm_t, NULL without NCCL */
+    struct tsr_comm *owner; /* for the watchdog: timeout, rank names, peers */
+    int which;              /* tsr_comm_group */
 } tsr__comm_grp;
+
+/* A rank of this node, for the watchdog's liveness check (a dead or stopped peer). */
+typedef struct tsr__comm_peer {
+    int world_rank;
+    int pid;
+} tsr__comm_peer;
 
 struct tsr_comm {
     tsr_comm_backend backend; /* resolved: SELF or MPI */
@@ -29,6 +37,9 @@ struct tsr_comm {
     float *scratch; /* one received chunk of the chain sum */
     size_t scratch_cap;
     tsr_comm_stats stats; /* data plane and bcast of this rank (tsr_comm_get_stats) */
+    double timeout_s;      /* watchdog (tsr_comm_set_timeout); 0: plain blocking waits */
+    tsr__comm_peer *peers; /* the other ranks of this node */
+    int n_peers;
 };
 
 enum { TSR__REQ_NONE = 0, TSR__REQ_MPI = 1, TSR__REQ_NCCL = 2 };
@@ -40,6 +51,13 @@ void tsr__comm_self_sum_parts(const float *parts, int n_parts, size_t n, float *
 /* comm.c: adds to *st what a binomial-tree broadcast of `bytes` from `root` moves for
  * `rank` of `size` (the model tsr_comm_stats documents). */
 void tsr__comm_tally_bcast(tsr_comm_stats *st, int rank, int size, int root, size_t bytes);
+
+/* comm.c, the watchdog (see tsr_comm_set_timeout). `op` names the operation, `peer` the
+ * group rank waited for (-1: a collective, unknown). check_peers ends the job with one line
+ * when a rank of this node has died; stuck ends it after `waited` seconds without progress,
+ * naming the operation, the group, the peer and any stopped rank of this node. */
+void tsr__comm_check_peers(tsr__comm_grp *g, const char *op, int peer);
+_Noreturn void tsr__comm_stuck(tsr__comm_grp *g, const char *op, int peer, double waited);
 
 #ifdef TSR_HAVE_MPI
 /* comm_mpi.c */
@@ -67,7 +85,7 @@ tsr_status tsr__comm_mpi_isend(tsr__comm_grp *g, const void *buf, size_t bytes, 
                                int tag, tsr_comm_request *req);
 tsr_status tsr__comm_mpi_irecv(tsr__comm_grp *g, void *buf, size_t bytes, int peer, int tag,
                                tsr_comm_request *req);
-tsr_status tsr__comm_mpi_wait(tsr_comm_request *req);
+tsr_status tsr__comm_mpi_wait(tsr_comm *c, tsr_comm_request *req);
 _Noreturn void tsr__comm_mpi_abort(int code);
 #endif
 

@@ -8,11 +8,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 
-_Static_assert(sizeof(MPI_Request) <= sizeof(((tsr_comm_request *)0)->impl),
-               "tsr_comm_request too small for MPI_Request");
+/* What a tsr_comm_request holds on MPI: the request and, for the watchdog's line, what it
+ * waits for. */
+typedef struct tsr__mpi_req {
+    MPI_Request r;
+    int which; /* tsr_comm_group */
+    int peer;  /* group rank */
+    int is_send;
+} tsr__mpi_req;
+_Static_assert(sizeof(tsr__mpi_req) <= sizeof(((tsr_comm_request *)0)->impl),
+               "tsr_comm_request too small for an MPI request");
 
 static tsr_status tsr__mpi_err(int rc, const char *what) {
     char s[MPI_MAX_ERROR_STRING];
@@ -26,6 +36,64 @@ static tsr_status tsr__mpi_err(int rc, const char *what) {
         int rc_ = (call);                                                                \
         if (rc_ != MPI_SUCCESS) return tsr__mpi_err(rc_, what);                          \
     } while (0)
+
+static double tsr__now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Polls before the first clock read and the first pause: most waits of a running job end
+ * within microseconds (the peer is already there), and those must cost what MPI_Wait did. */
+enum { TSR__FAST_POLLS = 64 };
+#define TSR__SPIN_S 50e-6         /* then tests without pause for this long */
+#define TSR__MAX_PAUSE_NS 1000000 /* pauses grow from 1 us up to 1 ms ... */
+#define TSR__PAUSE_SHARE 16       /* ... and at most 1/16 of the wait so far */
+#define TSR__CHECK_S 0.1          /* the peers' liveness, this often */
+#define TSR__GAP_S 1.0            /* a longer gap between two tests: we were not running */
+
+/* Completes *r (the watchdog, see tsr_comm_set_timeout): MPI_Test in a loop with a pause
+ * that backs off, the node's peers checked every TSR__CHECK_S, and the job ended when the
+ * wait outlasts the timeout. `what` names the MPI call in error lines, `op` and `peer`
+ * (group rank, -1 for a collective) the operation in the watchdog's. */
+static tsr_status tsr__wait(tsr__comm_grp *g, MPI_Request *r, MPI_Status *s, const char *what,
+                            const char *op, int peer) {
+    tsr_comm *c = g->owner;
+    if (!c || c->timeout_s <= 0) {
+        TSR__MPI_TRY(MPI_Wait(r, s), what);
+        return TSR_OK;
+    }
+    int done = 0;
+    for (int i = 0; i < TSR__FAST_POLLS; i++) {
+        TSR__MPI_TRY(MPI_Test(r, &done, s), what);
+        if (done) return TSR_OK;
+    }
+    double t0 = tsr__now(), checked = t0, prev = t0;
+    long pause = 0;
+    for (;;) {
+        TSR__MPI_TRY(MPI_Test(r, &done, s), what);
+        if (done) return TSR_OK;
+        double t = tsr__now();
+        /* A gap far longer than any pause: this rank itself did not run (stopped, a
+         * suspended job, e.g. scontrol suspend stops every rank). That time is nobody's lack
+         * of progress; without this, a resumed job would abort at once. */
+        if (t - prev > TSR__GAP_S) t0 += t - prev;
+        prev = t;
+        double waited = t - t0;
+        if (waited < TSR__SPIN_S) continue;
+        if (t - checked >= TSR__CHECK_S) {
+            checked = t;
+            tsr__comm_check_peers(g, op, peer); /* returns only while they all live */
+        }
+        if (waited >= c->timeout_s) tsr__comm_stuck(g, op, peer, waited);
+        pause = pause ? 2 * pause : 1000;
+        double cap = waited * 1e9 / TSR__PAUSE_SHARE;
+        if (cap > TSR__MAX_PAUSE_NS) cap = TSR__MAX_PAUSE_NS;
+        if ((double)pause > cap) pause = (long)cap;
+        struct timespec ts = {0, pause};
+        nanosleep(&ts, NULL);
+    }
+}
 
 static tsr_status tsr__count(size_t bytes, const char *what, int *out) {
     if (bytes > (size_t)INT_MAX)
@@ -83,6 +151,8 @@ tsr_status tsr__comm_mpi_init(tsr_comm *c, const tsr_comm_options *o) {
     TSR__MPI_TRY(MPI_Comm_size(world, &c->world_size), "MPI_Comm_size");
     c->grp[TSR_COMM_WORLD].rank = c->world_rank;
     c->grp[TSR_COMM_WORLD].size = c->world_size;
+    c->grp[TSR_COMM_WORLD].owner = c;
+    c->grp[TSR_COMM_WORLD].which = TSR_COMM_WORLD;
 
     MPI_Comm node;
     TSR__MPI_TRY(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, c->world_rank, MPI_INFO_NULL,
@@ -91,6 +161,28 @@ tsr_status tsr__comm_mpi_init(tsr_comm *c, const tsr_comm_options *o) {
     TSR_TRY(tsr__wrap(node, "node communicator", &c->mpi_node));
     TSR__MPI_TRY(MPI_Comm_rank(node, &c->local_rank), "MPI_Comm_rank(node)");
     TSR__MPI_TRY(MPI_Comm_size(node, &c->local_size), "MPI_Comm_size(node)");
+
+    /* The node's ranks and their pids: the watchdog tells a dead or stopped peer from a
+     * slow one by looking at the process. */
+    int mine[2] = {c->world_rank, (int)getpid()};
+    int *all = tsr_malloc(2 * (size_t)c->local_size * sizeof *all);
+    if (!all) return TSR_ERR_NOMEM;
+    int rc = MPI_Allgather(mine, 2, MPI_INT, all, 2, MPI_INT, node);
+    if (rc != MPI_SUCCESS) {
+        tsr_free(all);
+        return tsr__mpi_err(rc, "MPI_Allgather(node pids)");
+    }
+    if (c->local_size > 1) {
+        c->peers = tsr_calloc((size_t)c->local_size - 1, sizeof *c->peers);
+        if (!c->peers) {
+            tsr_free(all);
+            return TSR_ERR_NOMEM;
+        }
+    }
+    for (int i = 0; i < c->local_size; i++)
+        if (all[2 * i] != c->world_rank)
+            c->peers[c->n_peers++] = (tsr__comm_peer){all[2 * i], all[2 * i + 1]};
+    tsr_free(all);
     return TSR_OK;
 }
 
@@ -125,6 +217,8 @@ tsr_status tsr__comm_mpi_split(tsr_comm *c, int color, int key, tsr__comm_grp *o
     TSR_TRY(tsr__wrap(sub, what, &out->mpi));
     TSR__MPI_TRY(MPI_Comm_rank(sub, &out->rank), what);
     TSR__MPI_TRY(MPI_Comm_size(sub, &out->size), what);
+    out->owner = c;
+    out->which = (int)(out - c->grp);
     return tsr__dup_internal(out, what);
 }
 
@@ -145,8 +239,9 @@ tsr_status tsr__comm_mpi_chain_sum_f32(tsr__comm_grp *g, const float *parts, int
         if (r == 0) {
             if (o != p0) memcpy(o, p0, m * sizeof(float));
         } else {
-            MPI_Status s;
-            TSR__MPI_TRY(MPI_Recv(scratch, cnt, MPI_FLOAT, r - 1, 0, ic, &s), "chain sum recv");
+            MPI_Request q;
+            TSR__MPI_TRY(MPI_Irecv(scratch, cnt, MPI_FLOAT, r - 1, 0, ic, &q), "chain sum recv");
+            TSR_TRY(tsr__wait(g, &q, MPI_STATUS_IGNORE, "chain sum recv", "allreduce", r - 1));
             for (size_t i = 0; i < m; i++) o[i] = scratch[i] + p0[i];
             st->bytes_recv += (int64_t)(m * sizeof(float));
             st->messages++;
@@ -156,7 +251,9 @@ tsr_status tsr__comm_mpi_chain_sum_f32(tsr__comm_grp *g, const float *parts, int
             for (size_t i = 0; i < m; i++) o[i] += src[i];
         }
         if (r < last) {
-            TSR__MPI_TRY(MPI_Send(o, cnt, MPI_FLOAT, r + 1, 0, ic), "chain sum send");
+            MPI_Request q;
+            TSR__MPI_TRY(MPI_Isend(o, cnt, MPI_FLOAT, r + 1, 0, ic, &q), "chain sum send");
+            TSR_TRY(tsr__wait(g, &q, MPI_STATUS_IGNORE, "chain sum send", "allreduce", r + 1));
             st->bytes_sent += (int64_t)(m * sizeof(float));
             st->messages++;
         }
@@ -164,7 +261,9 @@ tsr_status tsr__comm_mpi_chain_sum_f32(tsr__comm_grp *g, const float *parts, int
     size_t bytes = n * sizeof(float);
     int nb = 0;
     TSR_TRY(tsr__count(bytes, "chain sum MPI_Bcast", &nb));
-    TSR__MPI_TRY(MPI_Bcast(out, nb, MPI_BYTE, last, ic), "chain sum MPI_Bcast");
+    MPI_Request q;
+    TSR__MPI_TRY(MPI_Ibcast(out, nb, MPI_BYTE, last, ic, &q), "chain sum MPI_Ibcast");
+    TSR_TRY(tsr__wait(g, &q, MPI_STATUS_IGNORE, "chain sum MPI_Ibcast", "allreduce", -1));
     tsr__comm_tally_bcast(st, r, g->size, last, bytes);
     return TSR_OK;
 }
@@ -173,16 +272,18 @@ tsr_status tsr__comm_mpi_allgather(tsr__comm_grp *g, const void *send, size_t by
                                    void *recv) {
     int n = 0;
     TSR_TRY(tsr__count(bytes, "MPI_Allgather", &n));
-    TSR__MPI_TRY(MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, tsr__mc(g)),
-                 "MPI_Allgather");
-    return TSR_OK;
+    MPI_Request q;
+    TSR__MPI_TRY(MPI_Iallgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, tsr__mc(g), &q),
+                 "MPI_Iallgather");
+    return tsr__wait(g, &q, MPI_STATUS_IGNORE, "MPI_Iallgather", "allgather", -1);
 }
 
 tsr_status tsr__comm_mpi_bcast(tsr__comm_grp *g, void *buf, size_t bytes, int root) {
     int n = 0;
     TSR_TRY(tsr__count(bytes, "MPI_Bcast", &n));
-    TSR__MPI_TRY(MPI_Bcast(buf, n, MPI_BYTE, root, tsr__mc(g)), "MPI_Bcast");
-    return TSR_OK;
+    MPI_Request q;
+    TSR__MPI_TRY(MPI_Ibcast(buf, n, MPI_BYTE, root, tsr__mc(g), &q), "MPI_Ibcast");
+    return tsr__wait(g, &q, MPI_STATUS_IGNORE, "MPI_Ibcast", "bcast", -1);
 }
 
 tsr_status tsr__comm_mpi_allreduce_i64(tsr__comm_grp *g, int64_t *buf, size_t n,
@@ -190,29 +291,34 @@ tsr_status tsr__comm_mpi_allreduce_i64(tsr__comm_grp *g, int64_t *buf, size_t n,
     int cnt = 0;
     TSR_TRY(tsr__count(n, "MPI_Allreduce", &cnt));
     MPI_Op mop = op == TSR_COMM_MIN ? MPI_MIN : op == TSR_COMM_MAX ? MPI_MAX : MPI_SUM;
-    TSR__MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, buf, cnt, MPI_INT64_T, mop, tsr__mc(g)),
-                 "MPI_Allreduce");
-    return TSR_OK;
+    MPI_Request q;
+    TSR__MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, buf, cnt, MPI_INT64_T, mop, tsr__mc(g), &q),
+                 "MPI_Iallreduce");
+    return tsr__wait(g, &q, MPI_STATUS_IGNORE, "MPI_Iallreduce", "control allreduce", -1);
 }
 
 tsr_status tsr__comm_mpi_barrier(tsr__comm_grp *g) {
-    TSR__MPI_TRY(MPI_Barrier(tsr__mc(g)), "MPI_Barrier");
-    return TSR_OK;
+    MPI_Request q;
+    TSR__MPI_TRY(MPI_Ibarrier(tsr__mc(g), &q), "MPI_Ibarrier");
+    return tsr__wait(g, &q, MPI_STATUS_IGNORE, "MPI_Ibarrier", "barrier", -1);
 }
 
 tsr_status tsr__comm_mpi_send(tsr__comm_grp *g, const void *buf, size_t bytes, int peer,
                               int tag) {
     int n = 0;
     TSR_TRY(tsr__count(bytes, "MPI_Send", &n));
-    TSR__MPI_TRY(MPI_Send(buf, n, MPI_BYTE, peer, tag, tsr__mc(g)), "MPI_Send");
-    return TSR_OK;
+    MPI_Request q;
+    TSR__MPI_TRY(MPI_Isend(buf, n, MPI_BYTE, peer, tag, tsr__mc(g), &q), "MPI_Send");
+    return tsr__wait(g, &q, MPI_STATUS_IGNORE, "MPI_Send", "send", peer);
 }
 
 tsr_status tsr__comm_mpi_recv(tsr__comm_grp *g, void *buf, size_t bytes, int peer, int tag) {
     int n = 0, got = 0;
     MPI_Status s;
     TSR_TRY(tsr__count(bytes, "MPI_Recv", &n));
-    TSR__MPI_TRY(MPI_Recv(buf, n, MPI_BYTE, peer, tag, tsr__mc(g), &s), "MPI_Recv");
+    MPI_Request q;
+    TSR__MPI_TRY(MPI_Irecv(buf, n, MPI_BYTE, peer, tag, tsr__mc(g), &q), "MPI_Recv");
+    TSR_TRY(tsr__wait(g, &q, &s, "MPI_Recv", "recv", peer));
     MPI_Get_count(&s, MPI_BYTE, &got);
     if (got != n)
         return tsr_error_set(TSR_ERR_MPI, "MPI_Recv from rank %d (tag %d): %d bytes, expected %d",
@@ -223,9 +329,9 @@ tsr_status tsr__comm_mpi_recv(tsr__comm_grp *g, void *buf, size_t bytes, int pee
 tsr_status tsr__comm_mpi_isend(tsr__comm_grp *g, const void *buf, size_t bytes, int peer,
                                int tag, tsr_comm_request *req) {
     int n = 0;
-    MPI_Request r;
+    tsr__mpi_req r = {.which = g->which, .peer = peer, .is_send = 1};
     TSR_TRY(tsr__count(bytes, "MPI_Isend", &n));
-    TSR__MPI_TRY(MPI_Isend(buf, n, MPI_BYTE, peer, tag, tsr__mc(g), &r), "MPI_Isend");
+    TSR__MPI_TRY(MPI_Isend(buf, n, MPI_BYTE, peer, tag, tsr__mc(g), &r.r), "MPI_Isend");
     memcpy(req->impl.bytes, &r, sizeof r);
     req->kind = TSR__REQ_MPI;
     return TSR_OK;
@@ -234,20 +340,22 @@ tsr_status tsr__comm_mpi_isend(tsr__comm_grp *g, const void *buf, size_t bytes, 
 tsr_status tsr__comm_mpi_irecv(tsr__comm_grp *g, void *buf, size_t bytes, int peer, int tag,
                                tsr_comm_request *req) {
     int n = 0;
-    MPI_Request r;
+    tsr__mpi_req r = {.which = g->which, .peer = peer, .is_send = 0};
     TSR_TRY(tsr__count(bytes, "MPI_Irecv", &n));
-    TSR__MPI_TRY(MPI_Irecv(buf, n, MPI_BYTE, peer, tag, tsr__mc(g), &r), "MPI_Irecv");
+    TSR__MPI_TRY(MPI_Irecv(buf, n, MPI_BYTE, peer, tag, tsr__mc(g), &r.r), "MPI_Irecv");
     memcpy(req->impl.bytes, &r, sizeof r);
     req->kind = TSR__REQ_MPI;
     return TSR_OK;
 }
 
-tsr_status tsr__comm_mpi_wait(tsr_comm_request *req) {
-    MPI_Request r;
+tsr_status tsr__comm_mpi_wait(tsr_comm *c, tsr_comm_request *req) {
+    tsr__mpi_req r;
     memcpy(&r, req->impl.bytes, sizeof r);
     req->kind = TSR__REQ_NONE;
-    TSR__MPI_TRY(MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
-    return TSR_OK;
+    if (r.which < 0 || r.which >= TSR_COMM_GROUP_COUNT)
+        return tsr_error_set(TSR_ERR_INVALID, "wait: a request of unknown group %d", r.which);
+    return tsr__wait(&c->grp[r.which], &r.r, MPI_STATUS_IGNORE, "MPI_Wait",
+                     r.is_send ? "isend" : "irecv", r.peer);
 }
 
 _Noreturn void tsr__comm_mpi_abort(int code) {

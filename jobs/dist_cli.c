@@ -14,7 +14,10 @@
 #include "base/log.h"
 #include "base/sys.h"
 
-void tsr_dist_cli_init(tsr_dist_cli *d) { memset(d, 0, sizeof *d); }
+void tsr_dist_cli_init(tsr_dist_cli *d) {
+    memset(d, 0, sizeof *d);
+    d->comm_timeout = (float)TSR_COMM_DEFAULT_TIMEOUT;
+}
 
 void tsr_dist_cli_opts(tsr_dist_cli *d, tsr_cli_opt *out) {
     const tsr_cli_opt opts[TSR_DIST_CLI_N_OPTS] = {
@@ -27,6 +30,9 @@ void tsr_dist_cli_opts(tsr_dist_cli *d, tsr_cli_opt *out) {
         {"bind", TSR_OPT_FLAG, &d->bind, NULL,
          "bind each rank to its share of its NUMA node's cores (default: leave binding to "
          "the launcher, e.g. srun --cpu-bind or mpirun --bind-to)", false},
+        {"comm-timeout", TSR_OPT_FLOAT, &d->comm_timeout, "SECONDS",
+         "end the job with a message naming the operation (and the rank, where known) when "
+         "a collective or a pipeline transfer makes no progress for this long (0: off)", false},
     };
     memcpy(out, opts, sizeof opts);
 }
@@ -42,6 +48,8 @@ tsr_cli_result tsr_dist_cli_check(const tsr_cli *cli, const tsr_dist_cli *d) {
     if (tsr__bad_count(cli, "pp", d->pp)) return tsr_cli_usage_error(cli, "--pp must be >= 1");
     if (tsr__bad_count(cli, "micro-batches", d->micro_batches))
         return tsr_cli_usage_error(cli, "--micro-batches must be >= 1");
+    if (!(d->comm_timeout >= 0) || d->comm_timeout > 1e9f) /* also NaN */
+        return tsr_cli_usage_error(cli, "--comm-timeout must be between 0 (off) and 1e9 seconds");
     return TSR_CLI_OK;
 }
 
@@ -64,6 +72,7 @@ tsr_status tsr_dist_start(tsr_dist *j) {
     const char *die = getenv("TSR_FAULT_DIE_RANK");
     tsr_comm_options o = {.backend = TSR_COMM_AUTO};
     TSR_TRY(tsr_comm_init(&o, &j->comm));
+    tsr_comm_set_timeout(j->comm, 0); /* until tsr_dist_ready: see there */
     j->rank = tsr_comm_world_rank(j->comm);
     j->world = tsr_comm_world_size(j->comm);
     j->local_rank = tsr_comm_local_rank(j->comm);
@@ -84,7 +93,7 @@ tsr_status tsr_dist_start(tsr_dist *j) {
 }
 
 void tsr_dist_ready(tsr_dist *j) {
-    (void)j;
+    if (j->comm) tsr_comm_set_timeout(j->comm, j->comm_timeout);
     if (tsr__term_set) sigaction(SIGTERM, &tsr__old_term, NULL);
     tsr__term_set = false;
 }
@@ -111,6 +120,7 @@ tsr_status tsr_dist_layout(tsr_dist *j, const tsr_dist_cli *d, tsr_model *m, con
     TSR_TRY(tsr_parallel_layout_init(tp, pp, j->world, &l));
     TSR_TRY(tsr_parallel_shard_of(&l, &m->cfg, j->rank, what, &j->shard));
     j->micro_batches = d->micro_batches;
+    j->comm_timeout = d->comm_timeout;
     /* Cutting the model is local; agree so that no rank goes on alone. */
     return tsr_dist_agree(j, tsr_parallel_shard_model(m, &j->shard));
 }

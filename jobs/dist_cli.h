@@ -17,12 +17,13 @@
 #include "runtime/model.h"
 #include "runtime/parallel.h"
 
-#define TSR_DIST_CLI_N_OPTS 4
+#define TSR_DIST_CLI_N_OPTS 5
 
 typedef struct tsr_dist_cli {
     int tp, pp;        /* 0: pp 1, tp = world / pp */
     int micro_batches; /* 0: pp */
     bool bind;         /* bind each rank to its cores */
+    float comm_timeout; /* --comm-timeout seconds (tsr_comm_set_timeout); 0: off */
 } tsr_dist_cli;
 
 /* Where the activations cross ranks (the data plane; control-plane agreements always use
@@ -52,6 +53,7 @@ typedef struct tsr_dist {
     tsr_placement place;      /* this rank's */
     bool bound;               /* bound to place's cores */
     const char *kv_policy;    /* for the data-plane choice (tsr_dist_engine_options) */
+    double comm_timeout;      /* the watchdog's, from tsr_dist_layout on at tsr_dist_ready */
 } tsr_dist;
 
 void tsr_dist_cli_init(tsr_dist_cli *d);
@@ -64,7 +66,9 @@ tsr_cli_result tsr_dist_cli_check(const tsr_cli *cli, const tsr_dist_cli *d);
  * "tessera: rank R: ..." and exits 1, so that a rank stuck in a start-up collective still
  * says why it ends. */
 tsr_status tsr_dist_start(tsr_dist *j);
-/* The start-up is over: the previous SIGTERM disposition comes back. */
+/* The start-up is over: the previous SIGTERM disposition comes back, and the watchdog
+ * (--comm-timeout, see tsr_comm_set_timeout) starts. It is off during the start-up, whose
+ * agreements wait for the slowest rank's model load, which may take long on a big model. */
 void tsr_dist_ready(tsr_dist *j);
 /* Every rank passes its own status; all get the same answer (tsr_comm_agree). */
 tsr_status tsr_dist_agree(tsr_dist *j, tsr_status st);
