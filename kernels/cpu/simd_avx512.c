@@ -15,7 +15,8 @@
 /* clang has no GCC target pragma; its attribute pragma gives every function below the same
  * target (the always-inline helpers included), which is what the GCC pragma does. */
 #ifdef __clang__
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), \
+                             apply_to = function)
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
