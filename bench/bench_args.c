@@ -15,7 +15,7 @@ static int tsr__parse_int(const char *s, int lo, int hi, int *out) {
 
 int tsr_bench_parse(const char *prog, int argc, char **argv, const tsr_bench_opt *opts,
                     int n_opts, void (*usage)(FILE *)) {
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             return 1;
@@ -31,7 +31,6 @@ int tsr_bench_parse(const char *prog, int argc, char **argv, const tsr_bench_opt
                     opts[o].hi);
             return 2;
         }
-        i++;
     }
     return 0;
 }

@@ -332,7 +332,8 @@ static void tsr__rstr_into(tsr__h5 *h, hid_t obj, const char *name, char *buf, s
     tsr_free(s);
 }
 
-/* A dataset of `want` rows x cols (cols 0: 1-D) read into data (want * max(cols,1)). */
+/* A dataset of `want` rows x cols (cols 0: 1-D) read into data (want * max(cols,1));
+ * data NULL: only its shape is checked. */
 static void tsr__rdata(tsr__h5 *h, hid_t obj, const char *name, hid_t type, void *data,
                        hsize_t want, hsize_t cols) {
     if (!tsr__ok(h)) return;
@@ -342,7 +343,7 @@ static void tsr__rdata(tsr__h5 *h, hid_t obj, const char *name, hid_t type, void
     hsize_t dims[2] = {0, 0};
     if (nd == (cols ? 2 : 1) && H5Sget_simple_extent_dims(sp, dims, NULL) >= 0 &&
         dims[0] == want && (!cols || dims[1] == cols)) {
-        if (want > 0 && H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+        if (want > 0 && data && H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
             tsr__fail(h, "read dataset", name);
     } else if (tsr__ok(h)) {
         h->st = tsr_error_set(TSR_ERR_FORMAT, "%s: dataset %s is missing or has the wrong shape",
@@ -398,6 +399,14 @@ static void tsr__rkv(tsr__h5 *h, hid_t rg, const tsr_ckpt_meta *m, tsr_kv_seq_st
     kv->has_scores = tsr__rint(h, g, "has_scores", 0, 1);
     kv->n_layers = m->kv_layers;
     kv->kv_dim = m->kv_dim;
+    /* Counts read from attributes are checked against what the file holds before anything
+     * is allocated from them: a corrupt count is refused, never a huge allocation. */
+    tsr__rdata(h, g, "tokens", H5T_NATIVE_INT32, NULL, (hsize_t)kv->len, 0);
+    char last[32];
+    snprintf(last, sizeof last, "layer%d", kv->n_layers - 1);
+    if (tsr__ok(h) && kv->n_layers > 0 && H5Lexists(g, last, H5P_DEFAULT) <= 0)
+        h->st = tsr_error_set(TSR_ERR_FORMAT, "%s: a request's KV has no group %s", h->path,
+                              last);
     if (tsr__ok(h) && tsr_kv_seq_state_alloc_layers(kv) != TSR_OK) h->st = TSR_ERR_NOMEM;
     tsr__rdata(h, g, "tokens", H5T_NATIVE_INT32, kv->tokens, (hsize_t)kv->len, 0);
     for (int l = 0; l < kv->n_layers && tsr__ok(h); l++) {
@@ -407,6 +416,8 @@ static void tsr__rkv(tsr__h5 *h, hid_t rg, const tsr_ckpt_meta *m, tsr_kv_seq_st
         if (lg < 0) break;
         kv->layers[l].slots = tsr__rint(h, lg, "slots", 0, kv->len);
         kv->layers[l].dense = tsr__rint(h, lg, "dense", 0, 1);
+        tsr__rdata(h, lg, "k", H5T_NATIVE_FLOAT, NULL, (hsize_t)kv->layers[l].slots,
+                   (hsize_t)kv->kv_dim);
         H5Gclose(lg);
     }
     if (tsr__ok(h) && tsr_kv_seq_state_alloc_rows(kv) != TSR_OK) h->st = TSR_ERR_NOMEM;
@@ -492,12 +503,16 @@ tsr_status tsr_ckpt_read(const char *path, tsr_ckpt *out) {
                              "corrupt?)", path);
     tsr__rmeta(&h, f, &out->meta);
     int n = tsr__rint(&h, f, "n_requests", 0, 2 * (int64_t)out->meta.max_batch_seqs + 1);
+    hid_t reqs = tsr__rgroup(&h, f, "requests");
+    H5G_info_t gi; /* n is checked against the groups there before it sizes an allocation */
+    if (tsr__ok(&h) && n > 0 && (H5Gget_info(reqs, &gi) < 0 || gi.nlinks < (hsize_t)n))
+        h.st = tsr_error_set(TSR_ERR_FORMAT, "%s: n_requests is %d, the file holds fewer",
+                             path, n);
     if (tsr__ok(&h) && n > 0) {
         out->reqs = tsr_calloc((size_t)n, sizeof *out->reqs);
         if (!out->reqs) h.st = TSR_ERR_NOMEM;
         else out->n_reqs = n;
     }
-    hid_t reqs = tsr__rgroup(&h, f, "requests");
     for (int i = 0; i < out->n_reqs && tsr__ok(&h); i++)
         tsr__rreq(&h, reqs, i, &out->meta, &out->reqs[i]);
     if (reqs >= 0) H5Gclose(reqs);

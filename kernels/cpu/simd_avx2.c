@@ -12,8 +12,14 @@
 
 #ifdef TSR__X86
 
+/* clang has no GCC target pragma; its attribute pragma gives every function below the same
+ * target (the always-inline helpers included), which is what the GCC pragma does. */
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 
 TSR__INLINE __m256 tsr__y_load(const void *w, int64_t k, int dt) {
     if (dt == TSR__DT_F32) return _mm256_loadu_ps((const float *)w + k);
@@ -347,6 +353,10 @@ const tsr__cpu_kernels tsr__cpu_k_avx2 = {
     tsr__y_silu_mul, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
 };
 
+#ifdef __clang__
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 #endif /* TSR__X86 */

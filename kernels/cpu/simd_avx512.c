@@ -12,8 +12,15 @@
 
 #ifdef TSR__X86
 
+/* clang has no GCC target pragma; its attribute pragma gives every function below the same
+ * target (the always-inline helpers included), which is what the GCC pragma does. */
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), \
+                             apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#endif
 
 TSR__INLINE __m512 tsr__z_cvt16(__m256i h, int dt) {
     if (dt == TSR__DT_BF16)
@@ -1003,6 +1010,10 @@ const tsr__cpu_kernels tsr__cpu_k_avx512 = {
     tsr__z_gemm_short, tsr__z_rmsnorm_f32, tsr__z_gemm_short_sum, tsr__z_attn_scores_qblock,
 };
 
+#ifdef __clang__
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 #endif /* TSR__X86 */

@@ -1,9 +1,10 @@
 /* Runtime-dispatched SIMD kernels of the CPU backend: the scalar kernels, the BF16 pair
  * reorder, and the dispatch (CPU feature detection, the TSR_CPU_ISA cap, the cached choice).
  * The project is built for the baseline x86-64 (no -march=native), so the AVX2 (simd_avx2.c)
- * and AVX-512 (simd_avx512.c) kernels are compiled in files of their own, each under its GCC
- * target pragma, and picked here with __builtin_cpu_supports; this file has no target pragma,
- * so the scalar kernels and the dispatch run on any x86-64 (or other) CPU. Each kernel sums
+ * and AVX-512 (simd_avx512.c) kernels are compiled in files of their own, each under its
+ * target pragma (GCC's, or clang's attribute pragma), and picked here with
+ * __builtin_cpu_supports (CPUID for F16C under clang); this file has no target pragma, so
+ * the scalar kernels and the dispatch run on any x86-64 (or other) CPU. Each kernel sums
  * in a fixed order per output element (independent of row ranges and of how many input rows
  * share the pass), so results do not depend on the thread count. */
 #include "kernels/cpu/simd_internal.h"
@@ -14,6 +15,10 @@
 #include <string.h>
 
 #include "base/dtype.h"
+
+#if defined(TSR__X86) && defined(__clang__)
+#include <cpuid.h>
+#endif
 
 /* ---------------------------------------------------------------- scalar ---- */
 
@@ -157,6 +162,20 @@ void tsr__cpu_bf16_pairs(const float *x, int64_t ldx, int nx, const int32_t *seg
     }
 }
 
+#ifdef TSR__X86
+/* clang (14, Debian 12's) rejects __builtin_cpu_supports("f16c") as an unknown feature: it
+ * reads CPUID leaf 1 (ECX bit 29) itself. Asked only after AVX2, whose check covers the OS
+ * saving the YMM state that F16C's instructions use. GCC keeps its builtin. */
+static bool tsr__cpu_has_f16c(void) {
+#ifdef __clang__
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+#else
+    return __builtin_cpu_supports("f16c");
+#endif
+}
+#endif
+
 const tsr__cpu_kernels *tsr__cpu_kernels_for(tsr__cpu_isa isa) {
     switch (isa) {
     case TSR__ISA_SCALAR: return &tsr__k_scalar;
@@ -164,7 +183,7 @@ const tsr__cpu_kernels *tsr__cpu_kernels_for(tsr__cpu_isa isa) {
     case TSR__ISA_AVX2:
         __builtin_cpu_init();
         if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-            __builtin_cpu_supports("f16c"))
+            tsr__cpu_has_f16c())
             return &tsr__cpu_k_avx2;
         return NULL;
     case TSR__ISA_AVX512:
