@@ -72,7 +72,12 @@ static bool tsr__same_str(const char *a, const char *b) {
 
 /* Everything a resume uses, field by field. */
 static bool tsr__same(const tsr_ckpt *a, const tsr_ckpt *b) {
-    if (memcmp(&a->meta, &b->meta, sizeof a->meta) || a->n_reqs != b->n_reqs) return false;
+    /* field by field (a struct's padding is not its contents) */
+    if (tsr_ckpt_check("x", &a->meta, &b->meta) != TSR_OK ||
+        tsr_ckpt_check_records("x", &a->meta, &b->meta) != TSR_OK ||
+        strcmp(a->meta.model, b->meta.model) || strcmp(a->meta.tokenizer, b->meta.tokenizer) ||
+        a->n_reqs != b->n_reqs)
+        return false;
     for (int i = 0; i < a->n_reqs; i++) {
         const tsr_ckpt_req *x = &a->reqs[i], *y = &b->reqs[i];
         const tsr_sched_saved *s = &x->s, *t = &y->s;
