@@ -19,8 +19,10 @@ if "$BIN" run --model "$MODEL" --input /dev/null --output "$TMP/x.jsonl" \
     exit 77
 fi
 command -v python3 >/dev/null 2>&1 || { echo "test_checkpoint_bind: skipped (no python3)"; exit 77; }
+# Sanitize build: HDF5's own losses on corrupt files are not tessera's (tests/lsan.supp).
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$ROOT/tests/lsan.supp:print_suppressions=0}
 
-N=$(fenced_scale 100 30)
+N=$(fenced_scale 60 30)
 FLIPS=$(fenced_scale 16 8)
 # Job A's and job B's inputs: the same custom_ids, other prompts. Prompts shorter than a KV
 # block, so no prefix-cache hit makes a resumed schedule differ from the uninterrupted one.
@@ -30,7 +32,7 @@ d, n = sys.argv[1], int(sys.argv[2])
 sets = {"a": ["Once upon a time", "The little dog", "Lily wanted to", "One day, a cat"],
         "b": ["Tom and Sue", "The sun was", "A big red ball", "Mom said"]}
 def line(i, prompts, extra=0):
-    body = {"prompt": prompts[i % 4], "max_tokens": 60 + (i * 7) % 80 + extra}
+    body = {"prompt": prompts[i % 4], "max_tokens": 30 + (i * 7) % 50 + extra}
     if i % 2:
         body.update(temperature=0.9, seed=i, top_p=0.95)
     return json.dumps({"custom_id": "r-%03d" % i, "url": "/v1/completions", "body": body})

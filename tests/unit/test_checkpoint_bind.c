@@ -14,6 +14,14 @@
 
 enum { LAYERS = 2, KVD = 8 };
 
+/* LeakSanitizer (the Sanitize build) reads this when it starts, as it reads tests/lsan.supp
+ * through LSAN_OPTIONS under .ci/run: HDF5 loses a few hundred bytes inside the library on
+ * some failed opens of a corrupt object, which this test provokes by the thousand. */
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void) { return "leak:libhdf5\n"; }
+const char *__lsan_default_options(void);
+const char *__lsan_default_options(void) { return "print_suppressions=0"; }
+
 static tsr_ckpt_meta tsr__meta(void) {
     return (tsr_ckpt_meta){.format_version = TSR_CKPT_VERSION, .model = "m.bin", .dim = 64,
                            .n_layers = LAYERS, .n_heads = 4, .n_kv_heads = 2,
@@ -89,7 +97,7 @@ static bool tsr__same(const tsr_ckpt *a, const tsr_ckpt *b) {
             s->sampler_ready != t->sampler_ready || s->slot != t->slot ||
             !tsr__same_str(x->custom_id, y->custom_id) || x->line != y->line ||
             x->body_hash != y->body_hash || x->kind != y->kind || x->n_stops != y->n_stops ||
-            x->len != y->len || memcmp(x->text, y->text, x->len) || x->prev != y->prev ||
+            x->len != y->len || (x->len && memcmp(x->text, y->text, x->len)) || x->prev != y->prev ||
             x->n_prompt != y->n_prompt || x->n_gen != y->n_gen || x->has_kv != y->has_kv)
             return false;
         for (int j = 0; j < x->n_stops; j++)
