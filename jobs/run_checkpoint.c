@@ -100,7 +100,8 @@ static tsr_status tsr__ckpt_meta(tsr_run_job *g, int64_t records, tsr_ckpt_meta 
     tsr_kv_detail d;
     tsr_kv_cache_detail(g->kv, &d);
     snprintf(m->policy, sizeof m->policy, "%s", d.policy);
-    /* What changes the rows a policy keeps (the pool's size only changes when). */
+    /* The options that change the rows a policy keeps (the pool size changes only when
+     * requests run, not their tokens). */
     const tsr_kv_options *ko = &g->o->kv.kv;
     if (!strcmp(d.policy, "h2o"))
         snprintf(m->policy_options, sizeof m->policy_options, "budget=%g recent=%g scores=%s",
