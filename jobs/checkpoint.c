@@ -1,5 +1,7 @@
-/* HDF5 checkpoints (see checkpoint.h). Layout (docs/jobs.md):
- *   /                      attributes: the tsr_ckpt_meta fields, n_requests
+/* HDF5 checkpoints (see checkpoint.h). Layout (docs/jobs.md), HDF5 1.10 file format,
+ * every non-empty dataset chunked with Fletcher-32:
+ *   /                      attributes: the tsr_ckpt_meta fields, n_requests, checksum (the
+ *                          sum of the hashes of everything else)
  *   /requests/NNNNNN       one group per request in scheduler order (running first):
  *                          attributes (ids, counters, sampler), datasets tokens, text
  *   /requests/NNNNNN/kv    running requests: attribute len, dataset tokens, and groups
@@ -42,27 +44,55 @@ void tsr_ckpt_free(tsr_ckpt *c) {
     memset(c, 0, sizeof *c);
 }
 
-/* The fields of tsr_ckpt_meta that a checkpoint stores and a resumed job must match, in
- * file order after format_version: I(int field), S(string field). One list serves the
- * writer, the reader and the check, so they cannot drift apart. */
-#define TSR__CKPT_FIELDS(I, S)                                                          \
-    S(model) I(dim) I(n_layers) I(n_heads) I(n_kv_heads) I(vocab_size) S(dtype) S(policy)  \
-    I(block_size) I(tp) I(pp) I(rank) I(world) I(max_batch_seqs) I(max_context)          \
-    I(kv_layers) I(kv_dim) S(output)
+/* The fields of tsr_ckpt_meta that a checkpoint stores, in file order after
+ * format_version: I(int field), U(uint64 field), S(string field). One list serves the writer
+ * and the reader, so they cannot drift apart; tsr_ckpt_check names each in its own words. */
+#define TSR__CKPT_FIELDS(I, U, S)                                                        \
+    S(model) I(dim) I(n_layers) I(n_heads) I(n_kv_heads) I(vocab_size) S(dtype)          \
+    U(model_config) U(model_tensors) U(model_weights) S(tokenizer) U(tokenizer_id)       \
+    S(policy) S(policy_options) I(block_size) I(tp) I(pp) I(rank) I(world)               \
+    I(max_batch_seqs) I(max_context) I(no_bos) U(seed) I(kv_layers) I(kv_dim) S(output)
 
 #define TSR__CK_I(f)                                                                    \
     if (saved->f != job->f)                                                             \
         return tsr_error_set(TSR_ERR_INVALID, "%s: checkpoint %s is %lld, this job has %lld", \
                              path, #f, (long long)saved->f, (long long)job->f);
+#define TSR__CK_U(f)                                                                    \
+    if (saved->f != job->f)                                                             \
+        return tsr_error_set(TSR_ERR_INVALID, "%s: checkpoint %s is %llu, this job has %llu", \
+                             path, #f, (unsigned long long)saved->f,                    \
+                             (unsigned long long)job->f);
 #define TSR__CK_S(f)                                                                    \
     if (strcmp(saved->f, job->f))                                                       \
         return tsr_error_set(TSR_ERR_INVALID, "%s: checkpoint %s is \"%s\", this job has \"%s\"", \
                              path, #f, saved->f, job->f);
+/* An identity hash: what differs is said in words (the hashes mean nothing to a user). */
+#define TSR__CK_H(f, what, fmt, ...)                                                    \
+    if (saved->f != job->f)                                                             \
+        return tsr_error_set(TSR_ERR_INVALID, "%s: checkpoint " what " " fmt, path, __VA_ARGS__);
 
 tsr_status tsr_ckpt_check(const char *path, const tsr_ckpt_meta *saved,
                           const tsr_ckpt_meta *job) {
     TSR__CK_I(format_version)
-    TSR__CKPT_FIELDS(TSR__CK_I, TSR__CK_S)
+    TSR__CK_I(dim) TSR__CK_I(n_layers) TSR__CK_I(n_heads) TSR__CK_I(n_kv_heads)
+    TSR__CK_I(vocab_size) TSR__CK_S(dtype)
+    TSR__CK_H(model_config, "model", "%s has another configuration than this job's model %s",
+              saved->model, job->model)
+    TSR__CK_H(model_tensors, "model", "%s has other tensors (names, shapes or dtypes) than "
+              "this job's model %s", saved->model, job->model)
+    TSR__CK_H(model_weights, "model", "%s has other weights than this job's model %s (same "
+              "tensors and shapes, other contents)", saved->model, job->model)
+    TSR__CK_H(tokenizer_id, "tokenizer", "%s differs from this job's tokenizer %s (its "
+              "contents or the chat template)", saved->tokenizer, job->tokenizer)
+    TSR__CK_S(policy) TSR__CK_S(policy_options)
+    TSR__CK_I(block_size) TSR__CK_I(tp) TSR__CK_I(pp) TSR__CK_I(rank) TSR__CK_I(world)
+    TSR__CK_I(max_batch_seqs) TSR__CK_I(max_context) TSR__CK_I(no_bos) TSR__CK_U(seed)
+    TSR__CK_I(kv_layers) TSR__CK_I(kv_dim) TSR__CK_S(output)
+    return TSR_OK;
+}
+
+tsr_status tsr_ckpt_check_records(const char *path, const tsr_ckpt_meta *saved,
+                                  const tsr_ckpt_meta *job) {
     if (saved->output_records != job->output_records)
         return tsr_error_set(TSR_ERR_INVALID,
                              "%s: checkpoint was written when %s held %lld records, it holds "
@@ -70,6 +100,125 @@ tsr_status tsr_ckpt_check(const char *path, const tsr_ckpt_meta *saved,
                              "resume by records", path, job->output,
                              (long long)saved->output_records, (long long)job->output_records);
     return TSR_OK;
+}
+
+/* --- identity ------------------------------------------------------------------------ */
+
+/* Multiply-xorshift on 8-byte words: xor with the word, a multiplication by an odd constant
+ * and a xorshift are each a bijection of the 64-bit state, so one differing word always
+ * yields a different result (a single bit flip is never missed). */
+#define TSR__HK 0x9fb21c651e98df25ull
+
+static uint64_t tsr__mix(uint64_t h) {
+    h ^= h >> 31;
+    h *= TSR__HK;
+    h ^= h >> 29;
+    return h;
+}
+
+uint64_t tsr_ckpt_hash(uint64_t h, const void *data, size_t n) {
+    const unsigned char *b = data;
+    h = tsr__mix(h ^ ((uint64_t)n * 0x9e3779b97f4a7c15ull));
+    for (; n >= 8; n -= 8, b += 8) {
+        uint64_t w;
+        memcpy(&w, b, 8);
+        h = (h ^ w) * TSR__HK;
+        h ^= h >> 32;
+    }
+    uint64_t w = 0;
+    if (n) memcpy(&w, b, n);
+    h = (h ^ w ^ ((uint64_t)n << 59)) * TSR__HK;
+    return tsr__mix(h);
+}
+
+tsr_status tsr_ckpt_file_hash(const char *path, uint64_t *out) {
+    *out = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return tsr_error_set(TSR_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    enum { CHUNK = 1 << 20 };
+    unsigned char *buf = tsr_malloc(CHUNK);
+    if (!buf) {
+        fclose(f);
+        return TSR_ERR_NOMEM;
+    }
+    uint64_t h = 0x746f6b656e697a65ull;
+    size_t n;
+    while ((n = fread(buf, 1, CHUNK, f)) > 0) h = tsr_ckpt_hash(h, buf, n);
+    bool bad = ferror(f);
+    fclose(f);
+    tsr_free(buf);
+    if (bad) return tsr_error_set(TSR_ERR_IO, "%s: read error", path);
+    *out = h;
+    return TSR_OK;
+}
+
+static uint64_t tsr__hash_i64(uint64_t h, int64_t v) { return tsr_ckpt_hash(h, &v, sizeof v); }
+static uint64_t tsr__hash_f32(uint64_t h, float v) { return tsr_ckpt_hash(h, &v, sizeof v); }
+static uint64_t tsr__hash_str(uint64_t h, const char *s) {
+    return tsr_ckpt_hash(h, s, strlen(s));
+}
+
+enum { TSR__FP_WHOLE = 256 << 10, TSR__FP_BLOCKS = 32, TSR__FP_BLOCK = 4 << 10 };
+
+/* One tensor into the shape hash (name, dtype, rows, cols) and the content fingerprint
+ * (its size, then all of it or its sampled blocks). Absent tensors (another pipeline
+ * stage's layers: data NULL) count by shape only. */
+static void tsr__hash_tensor(uint64_t *shape, uint64_t *content, const char *name,
+                             const tsr_tensor *t) {
+    *shape = tsr__hash_str(*shape, name);
+    *shape = tsr__hash_i64(*shape, t->data ? (int64_t)t->dtype : -1);
+    *shape = tsr__hash_i64(*shape, t->data ? t->rows : 0);
+    *shape = tsr__hash_i64(*shape, t->data ? t->cols : 0);
+    size_t bytes = t->data ? tsr_tensor_bytes(t) : 0;
+    *content = tsr__hash_i64(*content, (int64_t)bytes);
+    if (!bytes) return;
+    const unsigned char *p = t->data;
+    if (bytes <= TSR__FP_WHOLE) {
+        *content = tsr_ckpt_hash(*content, p, bytes);
+        return;
+    }
+    for (int i = 0; i < TSR__FP_BLOCKS; i++) {
+        size_t off = (bytes - TSR__FP_BLOCK) / (TSR__FP_BLOCKS - 1) * (size_t)i;
+        if (i == TSR__FP_BLOCKS - 1) off = bytes - TSR__FP_BLOCK;
+        *content = tsr_ckpt_hash(*content, p + off, TSR__FP_BLOCK);
+    }
+}
+
+void tsr_ckpt_model_identity(const tsr_model *m, uint64_t *config, uint64_t *tensors,
+                             uint64_t *weights) {
+    const tsr_model_config *c = &m->cfg;
+    /* Field by field (the struct's padding is not part of the identity). */
+    int64_t ints[] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads,
+                      c->head_dim, c->vocab_size, c->max_seq_len, c->rope_interleaved,
+                      c->rope_scaling, c->rope_original_max_pos, c->tied_embeddings,
+                      c->dtype, c->bos_id, c->eos_id, c->n_eos_ids};
+    uint64_t h = 0x636f6e666967ull;
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) h = tsr__hash_i64(h, ints[i]);
+    for (int i = 0; i < c->n_eos_ids && i < 8; i++) h = tsr__hash_i64(h, c->eos_ids[i]);
+    float fl[] = {c->norm_eps, c->rope_theta, c->rope_factor, c->rope_low_freq_factor,
+                  c->rope_high_freq_factor};
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) h = tsr__hash_f32(h, fl[i]);
+    *config = h;
+    uint64_t sh = 0x74656e736f7273ull, ct = 0x77656967687473ull;
+    tsr__hash_tensor(&sh, &ct, "tok_emb", &m->tok_emb);
+    for (int l = 0; l < c->n_layers && m->layers; l++) {
+        const tsr_layer_weights *w = &m->layers[l];
+        const struct {
+            const char *name;
+            const tsr_tensor *t;
+        } lt[] = {{"attn_norm", &w->attn_norm}, {"wq", &w->wq}, {"wk", &w->wk},
+                  {"wv", &w->wv}, {"wo", &w->wo}, {"ffn_norm", &w->ffn_norm},
+                  {"w_gate", &w->w_gate}, {"w_up", &w->w_up}, {"w_down", &w->w_down}};
+        for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) {
+            char name[64];
+            snprintf(name, sizeof name, "layers.%d.%s", l, lt[i].name);
+            tsr__hash_tensor(&sh, &ct, name, lt[i].t);
+        }
+    }
+    tsr__hash_tensor(&sh, &ct, "out_norm", &m->out_norm);
+    tsr__hash_tensor(&sh, &ct, "classifier", &m->classifier);
+    *tensors = sh;
+    *weights = ct;
 }
 
 #ifndef TSR_HAVE_HDF5
@@ -94,10 +243,14 @@ tsr_status tsr_ckpt_read(const char *path, tsr_ckpt *out) {
 
 bool tsr_ckpt_available(void) { return true; }
 
-/* One file being written or read; the first failure is kept, later calls do nothing. */
+/* One file being written or read; the first failure is kept, later calls do nothing.
+ * sum: the sum of the hashes of every attribute and dataset written or read (each hashed
+ * with its object's path and its name, so the sum does not depend on the order of the
+ * reads and a missing or extra item changes it too). */
 typedef struct tsr__h5 {
     const char *path;
     tsr_status st;
+    uint64_t sum;
 } tsr__h5;
 
 static bool tsr__ok(tsr__h5 *h) { return h->st == TSR_OK; }
@@ -106,6 +259,14 @@ static void tsr__fail(tsr__h5 *h, const char *what, const char *name) {
     if (h->st == TSR_OK)
         h->st = tsr_error_set(TSR_ERR_HDF5, "%s: cannot %s %s (truncated or corrupt checkpoint?)",
                               h->path, what, name);
+}
+
+static void tsr__sum(tsr__h5 *h, hid_t obj, const char *name, const void *v, size_t n) {
+    char at[512] = "";
+    if (H5Iget_name(obj, at, sizeof at) < 0) at[0] = '\0';
+    uint64_t x = tsr_ckpt_hash(0x636b7074ull, at, strlen(at));
+    x = tsr_ckpt_hash(x, name, strlen(name));
+    h->sum += tsr_ckpt_hash(x, v, n);
 }
 
 /* --- writing ------------------------------------------------------------------------- */
@@ -121,12 +282,15 @@ static void tsr__wattr(tsr__h5 *h, hid_t obj, const char *name, hid_t type, cons
 
 static void tsr__wi64(tsr__h5 *h, hid_t obj, const char *name, int64_t v) {
     tsr__wattr(h, obj, name, H5T_NATIVE_INT64, &v);
+    tsr__sum(h, obj, name, &v, sizeof v);
 }
 static void tsr__wu64(tsr__h5 *h, hid_t obj, const char *name, uint64_t v) {
     tsr__wattr(h, obj, name, H5T_NATIVE_UINT64, &v);
+    tsr__sum(h, obj, name, &v, sizeof v);
 }
 static void tsr__wf32(tsr__h5 *h, hid_t obj, const char *name, float v) {
     tsr__wattr(h, obj, name, H5T_NATIVE_FLOAT, &v);
+    tsr__sum(h, obj, name, &v, sizeof v);
 }
 
 static void tsr__wstr(tsr__h5 *h, hid_t obj, const char *name, const char *s) {
@@ -142,20 +306,34 @@ static void tsr__wstr(tsr__h5 *h, hid_t obj, const char *name, const char *s) {
         tsr__wattr(h, obj, name, t, &z);
     }
     if (t >= 0) H5Tclose(t);
+    tsr__sum(h, obj, name, s, n);
 }
 
-/* A 1-D or 2-D dataset (cols 0: 1-D). */
+/* A 1-D or 2-D dataset (cols 0: 1-D) of `esize`-byte elements. Chunked (1 MiB chunks at
+ * most) with the Fletcher-32 filter, so HDF5 checks every chunk when it reads it back; an
+ * empty one has no data to check. */
 static void tsr__wdata(tsr__h5 *h, hid_t obj, const char *name, hid_t type, const void *data,
                        hsize_t rows, hsize_t cols) {
     if (!tsr__ok(h)) return;
+    size_t esize = H5Tget_size(type);
     hsize_t dims[2] = {rows, cols};
     hid_t sp = H5Screate_simple(cols ? 2 : 1, dims, NULL);
-    hid_t d = sp >= 0 ? H5Dcreate2(obj, name, type, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)
-                      : -1;
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    bool ok = sp >= 0 && dcpl >= 0;
+    if (ok && rows > 0) {
+        hsize_t row_bytes = (cols ? cols : 1) * esize;
+        hsize_t chunk[2] = {(1u << 20) / row_bytes, cols};
+        if (chunk[0] < 1) chunk[0] = 1;
+        if (chunk[0] > rows) chunk[0] = rows;
+        ok = H5Pset_chunk(dcpl, cols ? 2 : 1, chunk) >= 0 && H5Pset_fletcher32(dcpl) >= 0;
+    }
+    hid_t d = ok ? H5Dcreate2(obj, name, type, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT) : -1;
     if (d < 0 || (rows > 0 && H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0))
         tsr__fail(h, "write dataset", name);
     if (d >= 0) H5Dclose(d);
+    if (dcpl >= 0) H5Pclose(dcpl);
     if (sp >= 0) H5Sclose(sp);
+    tsr__sum(h, obj, name, data, (size_t)(rows * (cols ? cols : 1)) * esize);
 }
 
 static hid_t tsr__wgroup(tsr__h5 *h, hid_t parent, const char *name) {
@@ -168,9 +346,11 @@ static hid_t tsr__wgroup(tsr__h5 *h, hid_t parent, const char *name) {
 static void tsr__wmeta(tsr__h5 *h, hid_t f, const tsr_ckpt_meta *m, int n_reqs) {
     tsr__wi64(h, f, "format_version", m->format_version);
 #define TSR__W_I(x) tsr__wi64(h, f, #x, m->x);
+#define TSR__W_U(x) tsr__wu64(h, f, #x, m->x);
 #define TSR__W_S(x) tsr__wstr(h, f, #x, m->x);
-    TSR__CKPT_FIELDS(TSR__W_I, TSR__W_S)
+    TSR__CKPT_FIELDS(TSR__W_I, TSR__W_U, TSR__W_S)
 #undef TSR__W_I
+#undef TSR__W_U
 #undef TSR__W_S
     tsr__wi64(h, f, "output_records", m->output_records);
     tsr__wi64(h, f, "n_requests", n_reqs);
@@ -208,6 +388,7 @@ static void tsr__wreq(tsr__h5 *h, hid_t reqs, int i, const tsr_ckpt_req *r) {
     const tsr_sched_saved *s = &r->s;
     if (r->custom_id) tsr__wstr(h, g, "custom_id", r->custom_id);
     tsr__wi64(h, g, "line", r->line);
+    tsr__wu64(h, g, "body_hash", r->body_hash);
     tsr__wi64(h, g, "kind", r->kind);
     tsr__wu64(h, g, "tag", s->tag);
     tsr__wi64(h, g, "n_prompt", s->n_prompt);
@@ -241,13 +422,20 @@ tsr_status tsr_ckpt_write(const char *path, const tsr_ckpt *c) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     tsr__h5 h = {.path = tmp, .st = TSR_OK};
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    /* The 1.10 file format: checksummed superblock, object headers, heaps and chunk
+     * indexes, so damaged metadata fails in HDF5's reader instead of being parsed. */
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    hid_t f = fapl >= 0 && H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_LATEST) >= 0
+                  ? H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl) : -1;
+    if (fapl >= 0) H5Pclose(fapl);
     if (f < 0)
         return tsr_error_set(TSR_ERR_HDF5, "%s: cannot create the checkpoint", tmp);
     tsr__wmeta(&h, f, &c->meta, c->n_reqs);
     hid_t reqs = tsr__wgroup(&h, f, "requests");
     for (int i = 0; i < c->n_reqs && tsr__ok(&h); i++) tsr__wreq(&h, reqs, i, &c->reqs[i]);
     if (reqs >= 0) H5Gclose(reqs);
+    /* Last: the sum of everything above (not part of itself). */
+    tsr__wattr(&h, f, "checksum", H5T_NATIVE_UINT64, &h.sum);
     if (tsr__ok(&h) && H5Fflush(f, H5F_SCOPE_GLOBAL) < 0) tsr__fail(&h, "flush", "the file");
     if (H5Fclose(f) < 0) tsr__fail(&h, "close", "the file");
     if (h.st == TSR_OK) {
@@ -274,6 +462,7 @@ static void tsr__rattr(tsr__h5 *h, hid_t obj, const char *name, hid_t type, void
     hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
     if (a < 0 || H5Aread(a, type, v) < 0) tsr__fail(h, "read attribute", name);
     if (a >= 0) H5Aclose(a);
+    if (tsr__ok(h)) tsr__sum(h, obj, name, v, H5Tget_size(type));
 }
 
 static int64_t tsr__ri64(tsr__h5 *h, hid_t obj, const char *name) {
@@ -296,14 +485,14 @@ static float tsr__rf32(tsr__h5 *h, hid_t obj, const char *name) {
 static int tsr__rint(tsr__h5 *h, hid_t obj, const char *name, int64_t lo, int64_t hi) {
     int64_t v = tsr__ri64(h, obj, name);
     if (tsr__ok(h) && (v < lo || v > hi)) {
-        h->st = tsr_error_set(TSR_ERR_FORMAT, "%s: attribute %s = %lld is out of range", h->path,
-                              name, (long long)v);
+        h->st = tsr_error_set(TSR_ERR_FORMAT, "%s: attribute %s = %lld is out of range "
+                              "(corrupt checkpoint?)", h->path, name, (long long)v);
         return 0;
     }
     return (int)v;
 }
 
-/* A string attribute: allocated (tsr_free), "" on failure paths. */
+/* A string attribute: allocated (tsr_free), NULL on failure. */
 static char *tsr__rstr(tsr__h5 *h, hid_t obj, const char *name) {
     if (!tsr__ok(h)) return NULL;
     char *out = NULL;
@@ -323,6 +512,7 @@ static char *tsr__rstr(tsr__h5 *h, hid_t obj, const char *name) {
     if (mt >= 0) H5Tclose(mt);
     if (ft >= 0) H5Tclose(ft);
     if (a >= 0) H5Aclose(a);
+    if (out) tsr__sum(h, obj, name, out, strlen(out));
     return out;
 }
 
@@ -333,7 +523,8 @@ static void tsr__rstr_into(tsr__h5 *h, hid_t obj, const char *name, char *buf, s
 }
 
 /* A dataset of `want` rows x cols (cols 0: 1-D) read into data (want * max(cols,1));
- * data NULL: only its shape is checked. */
+ * data NULL: only its shape is checked. HDF5 verifies each chunk's Fletcher-32 checksum as
+ * it reads it. */
 static void tsr__rdata(tsr__h5 *h, hid_t obj, const char *name, hid_t type, void *data,
                        hsize_t want, hsize_t cols) {
     if (!tsr__ok(h)) return;
@@ -346,11 +537,13 @@ static void tsr__rdata(tsr__h5 *h, hid_t obj, const char *name, hid_t type, void
         if (want > 0 && data && H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
             tsr__fail(h, "read dataset", name);
     } else if (tsr__ok(h)) {
-        h->st = tsr_error_set(TSR_ERR_FORMAT, "%s: dataset %s is missing or has the wrong shape",
-                              h->path, name);
+        h->st = tsr_error_set(TSR_ERR_FORMAT, "%s: dataset %s is missing or has the wrong shape "
+                              "(corrupt checkpoint?)", h->path, name);
     }
     if (sp >= 0) H5Sclose(sp);
     if (d >= 0) H5Dclose(d);
+    if (tsr__ok(h) && data) /* a shape check alone adds nothing: the read adds it once */
+        tsr__sum(h, obj, name, data, (size_t)(want * (cols ? cols : 1)) * H5Tget_size(type));
 }
 
 /* Rows of a 1-D dataset (-1 on failure). */
@@ -385,9 +578,11 @@ static void tsr__rmeta(tsr__h5 *h, hid_t f, tsr_ckpt_meta *m) {
         return;
     }
 #define TSR__R_I(x) m->x = tsr__rint(h, f, #x, 0, big);
+#define TSR__R_U(x) m->x = tsr__ru64(h, f, #x);
 #define TSR__R_S(x) tsr__rstr_into(h, f, #x, m->x, sizeof m->x);
-    TSR__CKPT_FIELDS(TSR__R_I, TSR__R_S)
+    TSR__CKPT_FIELDS(TSR__R_I, TSR__R_U, TSR__R_S)
 #undef TSR__R_I
+#undef TSR__R_U
 #undef TSR__R_S
     m->output_records = tsr__ri64(h, f, "output_records");
 }
@@ -446,6 +641,7 @@ static void tsr__rreq(tsr__h5 *h, hid_t reqs, int i, const tsr_ckpt_meta *m,
     tsr_sched_saved *s = &r->s;
     if (tsr__has(g, "custom_id")) r->custom_id = tsr__rstr(h, g, "custom_id");
     r->line = tsr__ri64(h, g, "line");
+    r->body_hash = tsr__ru64(h, g, "body_hash");
     r->kind = tsr__rint(h, g, "kind", 0, 16);
     s->tag = tsr__ru64(h, g, "tag");
     s->n_prompt = tsr__rint(h, g, "n_prompt", 1, m->max_context);
@@ -471,8 +667,8 @@ static void tsr__rreq(tsr__h5 *h, hid_t reqs, int i, const tsr_ckpt_meta *m,
     }
     int64_t nt = tsr__rlen(h, g, "tokens");
     if (tsr__ok(h) && (nt < 1 || nt > (int64_t)m->max_context + 1))
-        h->st = tsr_error_set(TSR_ERR_FORMAT, "%s: request %d has %lld tokens", h->path, i,
-                              (long long)nt);
+        h->st = tsr_error_set(TSR_ERR_FORMAT, "%s: request %d has %lld tokens (corrupt "
+                              "checkpoint?)", h->path, i, (long long)nt);
     if (tsr__ok(h)) {
         int32_t *t = tsr_malloc((size_t)nt * sizeof *t);
         if (!t) h->st = TSR_ERR_NOMEM;
@@ -516,6 +712,16 @@ tsr_status tsr_ckpt_read(const char *path, tsr_ckpt *out) {
     for (int i = 0; i < out->n_reqs && tsr__ok(&h); i++)
         tsr__rreq(&h, reqs, i, &out->meta, &out->reqs[i]);
     if (reqs >= 0) H5Gclose(reqs);
+    uint64_t stored = 0, sum = h.sum;
+    if (tsr__ok(&h)) {
+        hid_t a = H5Aopen(f, "checksum", H5P_DEFAULT);
+        if (a < 0 || H5Aread(a, H5T_NATIVE_UINT64, &stored) < 0)
+            tsr__fail(&h, "read attribute", "checksum");
+        if (a >= 0) H5Aclose(a);
+    }
+    if (tsr__ok(&h) && stored != sum)
+        h.st = tsr_error_set(TSR_ERR_FORMAT, "%s: checksum mismatch: the checkpoint is corrupt "
+                             "(its contents are not what was written)", path);
     H5Fclose(f);
     if (h.st != TSR_OK) tsr_ckpt_free(out);
     return h.st;

@@ -262,6 +262,7 @@ static tsr_status tsr__submit(tsr_run_job *g, tsr_batch_request *r) {
         return tsr__put_error(g, r->custom_id, r->line, TSR_BATCH_E_PARAM, tsr_last_error());
     tsr_run_req *q = &g->reqs[slot];
     q->used = true;
+    q->body_hash = tsr_run_req_body_hash(r); /* before its strings move */
     q->custom_id = r->custom_id; /* ownership moves */
     r->custom_id = NULL;
     q->line = r->line;
@@ -593,7 +594,11 @@ int tsr_cmd_run(int argc, char **argv) {
         {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
         {"checkpoint", TSR_OPT_STRING, &o.checkpoint, "FILE.h5",
          "on a stop signal save the in-flight requests and their KV here (HDF5; FILE.rankR.h5 "
-         "per rank); a rerun resumes them where they stopped", false},
+         "per rank); a rerun resumes them where they stopped; one written by another job "
+         "(model, tokenizer, input lines, options) or damaged is refused", false},
+        {"checkpoint-discard", TSR_OPT_FLAG, &o.checkpoint_discard, NULL,
+         "a --checkpoint file that does not fit this job or is damaged is removed and its "
+         "requests are recomputed, instead of refused", false},
     };
     enum { N_BASE = sizeof base / sizeof base[0] };
     tsr_cli_opt opts[N_BASE + TSR_KV_CLI_N_OPTS + TSR_DIST_CLI_N_OPTS];
@@ -629,6 +634,8 @@ int tsr_cmd_run(int argc, char **argv) {
         return tsr_cli_usage_error(&cli, "--progress-interval must be >= 0");
     if (!strcmp(o.input, o.output))
         return tsr_cli_usage_error(&cli, "--input and --output must differ");
+    if (o.checkpoint_discard && !o.checkpoint)
+        return tsr_cli_usage_error(&cli, "--checkpoint-discard needs --checkpoint");
     if (o.checkpoint && !tsr_ckpt_available())
         return tsr_cli_usage_error(&cli, "--checkpoint: this build has no HDF5 (configure with "
                                          "-DTESSERA_HDF5=ON)");

@@ -20,6 +20,7 @@
 typedef struct tsr_run_opts {
     const char *model, *tokenizer, *input, *output, *errors, *metrics, *backend;
     const char *checkpoint; /* --checkpoint FILE.h5, or NULL */
+    bool checkpoint_discard; /* --checkpoint-discard: drop one that does not fit the job */
     int max_batch_seqs, max_batch_tokens, max_context, threads;
     float progress_interval;
     uint64_t seed;
@@ -33,6 +34,7 @@ typedef struct tsr_run_req {
     bool used;
     char *custom_id;
     int64_t line;
+    uint64_t body_hash; /* tsr_run_req_body_hash of its input line */
     tsr_batch_kind kind;
     char *stops[TSR_BATCH_MAX_STOPS];
     int n_stops;
@@ -76,6 +78,10 @@ typedef struct tsr_run_job {
     char ck_path[4200];
     int64_t *ck_lines;
     int n_ck_lines;
+    /* the job's identity in a checkpoint (model, tokenizer), computed once */
+    bool ck_id_done;
+    uint64_t ck_model_config, ck_model_tensors, ck_model_weights, ck_tokenizer_id;
+    char ck_tokenizer[4096];
 } tsr_run_job;
 
 void tsr_run_req_clear(tsr_run_req *r);
@@ -87,5 +93,8 @@ tsr_status tsr_run_ckpt_start(tsr_run_job *g, int *n_resumed);
 tsr_status tsr_run_ckpt_save(tsr_run_job *g, int *n_saved);
 /* Whether input line `line` was resumed from the checkpoint (already in the scheduler). */
 bool tsr_run_ckpt_resumed(const tsr_run_job *g, int64_t line);
+/* The hash of a parsed request (custom_id and every field that changes its result), which
+ * binds a checkpointed request to its input line. */
+uint64_t tsr_run_req_body_hash(const tsr_batch_request *r);
 
 #endif

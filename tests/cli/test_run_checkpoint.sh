@@ -2,8 +2,10 @@
 # tessera run --checkpoint: a SIGTERM mid-run saves every in-flight request (scheduler state,
 # sampler, text, KV rows) to HDF5 and exits 3; the rerun resumes them where they stopped, so
 # the records equal an uninterrupted run's token for token (greedy and seeded sampling) and
-# the in-flight prompts are not prefilled again. Mismatched jobs and damaged files are
-# refused with one line. Skipped (exit 77) in a build without HDF5.
+# the in-flight prompts are not prefilled again. Mismatched jobs (policy, weights, edited
+# output) and a truncated file are refused with one line; tests/cli/test_checkpoint_bind.sh
+# checks the rest of the binding (another job's checkpoint, other input lines, bit flips,
+# --checkpoint-discard). Skipped (exit 77) in a build without HDF5.
 # Args: $1 tessera binary, $2 repo root, $3 scratch dir.
 set -u
 # shellcheck source=tests/cli/common.sh
@@ -106,13 +108,21 @@ for policy in paged h2o; do
     grep -q "^tessera run: $D/ck.h5: checkpoint policy is \"$policy\", this job has \"$other\"" \
         "$D/m.err" || fail "$policy: policy mismatch line: $(cat "$D/m.err")"
     [ "$(wc -l <"$D/m.err")" -eq 1 ] || fail "$policy: policy mismatch: more than one line"
-    cp "$MODEL" "$D/other.bin"
+    # Other weights at the same shapes (a copy with 8 bytes changed inside the token
+    # embedding, after the 28-byte llama2.c header): the model's content is its identity.
+    python3 - "$MODEL" "$D/other.bin" <<'PY'
+import sys
+b = bytearray(open(sys.argv[1], "rb").read())
+b[28 + 4000:28 + 4008] = bytes(8)
+open(sys.argv[2], "wb").write(b)
+PY
     "$BIN" run "${ARGS[@]}" --model "$D/other.bin" --tokenizer "$ROOT/models/tok512.bin" \
         --output "$D/a.jsonl" --checkpoint "$D/ck.h5" --quiet 2>"$D/m2.err"
     rc=$?
     [ $rc -eq 1 ] || fail "$policy: model mismatch: exit $rc, want 1"
-    grep -q "ck.h5: checkpoint model is" "$D/m2.err" ||
-        fail "$policy: model mismatch line: $(cat "$D/m2.err")"
+    grep -q "ck.h5: checkpoint model .*stories260K.bin has other weights than this job's model .*other.bin" \
+        "$D/m2.err" || fail "$policy: model mismatch line: $(cat "$D/m2.err")"
+    [ "$(wc -l <"$D/m2.err")" -eq 1 ] || fail "$policy: model mismatch: more than one line"
     cp "$D/a.jsonl" "$D/a.bak"
     head -n $((na - 1)) "$D/a.bak" >"$D/a.jsonl"
     "$BIN" run "${ARGS[@]}" --output "$D/a.jsonl" --checkpoint "$D/ck.h5" --quiet \
