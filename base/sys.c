@@ -181,7 +181,7 @@ static int tsr__cgroup_path(char *path, size_t size) {
             version = 1;
             break; /* the memory controller's own hierarchy wins over the unified one */
         }
-        if (*ctl == 0 && strncmp(line, "0", 2) == 0) {
+        if (*ctl == 0 && c1 == line + 1 && line[0] == '0') {
             snprintf(path, size, "%s", p);
             version = 2;
         }
