@@ -131,10 +131,12 @@ static tsr_status tsr__check_context(const tsr_kv_options *opt, const tsr_kv_pol
     if (have < 1 || have >= need) return TSR_OK;
     return tsr_error_set(TSR_ERR_BUDGET,
                          "KV cache: one sequence of the full context (%d tokens%s) needs "
-                         "%.1f MiB of KV, the pool holds %.1f MiB (from %s): give the job "
-                         "more memory or lower --max-context",
+                         "%.1f MiB of KV, the pool holds %.1f MiB (from %s): %s or lower "
+                         "--max-context",
                          ctx, toks < ctx ? ", of which the policy keeps its budget" : "",
-                         tsr__mib(need * bb), tsr__mib(have * bb), src);
+                         tsr__mib(need * bb), tsr__mib(have * bb), src,
+                         opt->memory_bytes > 0 ? "raise --kv-memory"
+                                               : "give the job more memory");
 }
 
 /* The host pool's pin hooks from the backend's optional host_register (ctx: the backend). */
