@@ -62,7 +62,9 @@ rc=$?
 [ $rc -eq 1 ] || fail "1 MiB left under the cgroup: exit $rc, want 1"
 grep -q "memory.max.*leaves 1.0 MiB" "$TMP/tiny.err" ||
     fail "1 MiB left: no clear line: $(cat "$TMP/tiny.err")"
-[ "$(wc -l <"$TMP/tiny.err")" -eq 1 ] || fail "1 MiB left: more than one line: $(cat "$TMP/tiny.err")"
+# one line of tessera's (a loaded machine may add an MPI library's own warnings)
+[ "$(grep -c '^tessera' "$TMP/tiny.err")" -eq 1 ] ||
+    fail "1 MiB left: not one line: $(cat "$TMP/tiny.err")"
 
 # --- a pool smaller than one sequence of the full context: refused at start ------------
 env $(fake_tree small 20447232 16777216) "$BIN" run --backend cpu --model "$MODEL" \
