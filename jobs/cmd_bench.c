@@ -402,7 +402,8 @@ int tsr_cmd_bench(int argc, char **argv) {
                                  .memory_bytes = blocks * c->n_layers *
                                                  tsr_kv_paged_block_bytes(&pc),
                                  .block_size = TSR__BENCH_BLOCK, .max_seqs = 1,
-                                 .no_prefix_cache = 1, .chunk_tokens = n};
+                                 .no_prefix_cache = 1, .chunk_tokens = n,
+                                 .max_context = n + g};
     }
     /* The engine owns the model from here on, whatever happens. */
     tsr_status est = tsr_engine_create(m, &eo, &eng);

@@ -171,6 +171,7 @@ static tsr_status tsr__setup(tsr_run_job *g) {
                              .pack_weights = true};
     eo.kv.max_seqs = o->max_batch_seqs;
     eo.kv.chunk_tokens = o->max_batch_tokens;
+    eo.kv.max_context = g->ctx; /* the pool must hold one sequence of it (kv_setup.h) */
     tsr_dist_engine_options(d, &eo);
     tsr_model *model = g->model;
     g->model = NULL; /* the engine's from here on, whatever happens */

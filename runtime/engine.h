@@ -9,7 +9,9 @@
  *   4. the weights in backend memory, once (tsr_backend_place_tensor: a copy only when the
  *      backend's memory is not the host's; the stored dtype is kept);
  *   5. the KV cache (runtime/kv_setup.h), its pool sized from the backend's memory query for
- *      a device backend (after the weights, so they are not counted twice);
+ *      a device backend (after the weights, so they are not counted twice), from the job's
+ *      host bounds (cgroup, Slurm, ulimit -v, MemAvailable) otherwise; the start fails with
+ *      one line when the pool cannot hold one sequence of the context (kv.max_context);
  *   6. the forward pass over the placed weights.
  * Every fallible step is agreed over the ranks of par.comm (tsr_comm_agree), so a failure on
  * any rank fails every rank with the same message and nobody hangs in a later collective.

@@ -5,6 +5,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/log.h"
+#include "base/sys.h"
 #include "memory/host_pool.h"
 #include "memory/kv_dist.h"
 #include "memory/kv_paged.h"
@@ -19,22 +21,53 @@ size_t tsr_kv_workspace_bytes(const tsr_model_config *cfg, int chunk_tokens) {
     return ws;
 }
 
-static int64_t tsr__free_memory(void) {
-    long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    return pages > 0 && psz > 0 ? (int64_t)pages * psz : 0;
+/* What this rank may still take from the host: the least of the job's bounds
+ * (base/sys.h), shared by the ranks of this node (every bound is the node's or the job's
+ * cgroup's, which they share). Falls back to the free pages when no bound is readable. */
+static void tsr__host_headroom(const tsr_kv_options *opt, tsr_sys_mem_limit *lim,
+                               int *share) {
+    tsr_sys_mem_headroom(lim);
+    if (lim->bound == TSR_SYS_MEM_NONE) {
+        long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        lim->bytes = lim->limit = pages > 0 && psz > 0 ? (int64_t)pages * psz : 0;
+        snprintf(lim->where, sizeof lim->where, "free pages");
+    }
+    *share = opt->comm ? tsr_comm_local_size(opt->comm) : 1;
+    if (*share < 1) *share = 1;
 }
 
-/* The pool's bytes when --kv-memory is not given (kv_setup.h says how). */
+static double tsr__mib(int64_t b) { return (double)b / 1048576.0; }
+
+/* The pool's bytes when --kv-memory is not given (kv_setup.h says how); *src names the
+ * bound for messages. */
 static tsr_status tsr__pool_bytes(const tsr_kv_options *opt, const tsr_model_config *cfg,
-                                  int64_t *mem) {
+                                  int64_t *mem, char *src, size_t src_size) {
     tsr_backend *be = opt->be;
     int64_t ws = (int64_t)tsr_kv_workspace_bytes(cfg, opt->chunk_tokens);
     if (!be || be->host_memory) {
+        tsr_sys_mem_limit lim;
+        int share = 1;
+        tsr__host_headroom(opt, &lim, &share);
         double frac = opt->memory_fraction > 0 ? opt->memory_fraction : 0.5;
-        *mem = (int64_t)((double)tsr__free_memory() * frac) - ws;
+        int64_t mine = lim.bytes / share;
+        *mem = (int64_t)((double)mine * frac) - ws;
+        const char *shared = share > 1 ? ", shared by this node's ranks" : "";
+        if (lim.used > 0)
+            snprintf(src, src_size, "%s (%s: %.1f MiB, %.1f MiB in use%s)",
+                     tsr_sys_mem_bound_name(lim.bound), lim.where, tsr__mib(lim.limit),
+                     tsr__mib(lim.used), shared);
+        else
+            snprintf(src, src_size, "%s (%s%s)", tsr_sys_mem_bound_name(lim.bound), lim.where,
+                     shared);
         if (*mem <= 0)
             return tsr_error_set(TSR_ERR_BUDGET,
-                                 "KV cache: free memory does not cover the prefill workspace");
+                                 "KV cache: %s leaves %.1f MiB for this process, not enough "
+                                 "for the prefill workspace (%.1f MiB) and one sequence's KV: "
+                                 "give the job more memory (--mem) or set --kv-memory",
+                                 src, tsr__mib(mine), tsr__mib(ws));
+        TSR_LOG_INFO("KV pool: %.1f MiB = %.0f %% of %.1f MiB left under %s, less %.1f MiB "
+                     "of prefill workspace", tsr__mib(*mem), frac * 100.0, tsr__mib(mine),
+                     src, tsr__mib(ws));
         return TSR_OK;
     }
     size_t free_b = 0, total_b = 0;
@@ -43,13 +76,67 @@ static tsr_status tsr__pool_bytes(const tsr_kv_options *opt, const tsr_model_con
     int64_t seqs = opt->max_seqs > 0 ? opt->max_seqs : 1;
     ws += seqs * (int64_t)cfg->vocab_size * 4; /* one logits row per sequence */
     *mem = (int64_t)((double)free_b * frac) - ws;
+    snprintf(src, src_size, "the %s backend's free memory (%.1f MiB of %.1f MiB)",
+             be->ops->name, tsr__mib((int64_t)free_b), tsr__mib((int64_t)total_b));
     if (*mem <= 0)
         return tsr_error_set(TSR_ERR_BUDGET,
-                             "KV cache: the %s backend's free memory (%.1f MiB of %.1f MiB) "
-                             "does not cover the prefill workspace (%.1f MiB)",
-                             be->ops->name, (double)free_b / 1048576.0,
-                             (double)total_b / 1048576.0, (double)ws / 1048576.0);
+                             "KV cache: %s does not cover the prefill workspace (%.1f MiB)",
+                             src, tsr__mib(ws));
+    TSR_LOG_INFO("KV pool: %.1f MiB = %.0f %% of %s, less %.1f MiB of prefill workspace",
+                 tsr__mib(*mem), frac * 100.0, src, tsr__mib(ws));
     return TSR_OK;
+}
+
+/* A device backend's pool follows the device, but the host pool (swap, offload's host
+ * copy) is host memory: unless host_bytes is given it gets half of what the host bounds
+ * leave this rank, so that it ends in an error rather than the OOM killer. */
+static int64_t tsr__host_pool_bytes(const tsr_kv_options *opt) {
+    if (opt->host_bytes > 0 || !opt->be || opt->be->host_memory) return opt->host_bytes;
+    tsr_sys_mem_limit lim;
+    int share = 1;
+    tsr__host_headroom(opt, &lim, &share);
+    int64_t b = lim.bytes / share / 2;
+    if (b <= 0) return opt->host_bytes;
+    TSR_LOG_INFO("KV host pool: %.1f MiB = 50 %% of what %s (%s) leaves this rank",
+                 tsr__mib(b), tsr_sys_mem_bound_name(lim.bound), lim.where);
+    return b;
+}
+
+/* Tokens one sequence holds at once in the pool: the whole context, or under a token
+ * budget (h2o, offload) the budget plus one prefill chunk written before eviction. */
+static int64_t tsr__seq_tokens(const tsr_kv_options *opt, const tsr_kv_policy_ops *pol,
+                               int ctx) {
+    if (strcmp(pol->name, "paged") == 0 || opt->budget <= 0) return ctx;
+    tsr_kv_policy_config pc = {.budget = opt->budget};
+    int64_t chunk = opt->chunk_tokens > 0 ? opt->chunk_tokens : 512;
+    int64_t t = (int64_t)tsr_kv_policy_budget(&pc, ctx) + chunk;
+    return t < ctx ? t : ctx;
+}
+
+/* vLLM's check of max_model_len against the pool: one sequence of the full context must
+ * fit, or the job refuses to start; from then on every request that fits the context
+ * runs (the scheduler preempts others to make room). A pool of no block at all is left
+ * to the cache's own error. */
+static tsr_status tsr__check_context(const tsr_kv_options *opt, const tsr_kv_policy_ops *pol,
+                                     const tsr_model_config *cfg, const tsr_kv_paged_config *kc,
+                                     const char *src) {
+    int ctx = opt->max_context > 0 && opt->max_context < cfg->max_seq_len ? opt->max_context
+                                                                          : cfg->max_seq_len;
+    tsr_kv_paged_config c = *kc;
+    if (c.block_size <= 0) c.block_size = 16;
+    int64_t bb = tsr_kv_paged_block_bytes(&c);
+    int64_t have = c.memory_bytes / bb;
+    int64_t toks = tsr__seq_tokens(opt, pol, ctx);
+    int64_t need = (toks + c.block_size - 1) / c.block_size * c.n_layers;
+    if (have < 1 || have >= need) return TSR_OK;
+    return tsr_error_set(TSR_ERR_BUDGET,
+                         "KV cache: one sequence of the full context (%d tokens%s) needs "
+                         "%.1f MiB of KV, the pool holds %.1f MiB (from %s): %s or lower "
+                         "--max-context",
+                         ctx, toks < ctx ? ", of which the policy keeps its budget" : "",
+                         tsr__mib(need * bb), tsr__mib(have * bb), src,
+                         opt->memory_bytes > 0 ? "raise --kv-memory"
+                                               : "give the job more memory");
 }
 
 /* The host pool's pin hooks from the backend's optional host_register (ctx: the backend). */
@@ -81,7 +168,8 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
     bool dist = opt->comm && tsr_comm_world_size(opt->comm) > 1;
     int64_t mem = opt->memory_bytes;
     tsr_status mst = TSR_OK;
-    if (mem <= 0) mst = tsr__pool_bytes(opt, cfg, &mem);
+    char src[768] = "--kv-memory";
+    if (mem <= 0) mst = tsr__pool_bytes(opt, cfg, &mem, src, sizeof src);
     /* free memory is this rank's: agree before the collective sizing below */
     if (dist) mst = tsr_comm_agree(opt->comm, mst);
     TSR_TRY(mst);
@@ -110,11 +198,14 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
         TSR_TRY(tsr_comm_allreduce_i64(opt->comm, TSR_COMM_WORLD, &per_layer, 1, TSR_COMM_MIN));
         kc.memory_bytes = per_layer * layers * bb;
     }
+    /* Every rank's pool has the same blocks per layer here: the ranks answer alike. */
+    TSR_TRY(tsr__check_context(opt, pol, cfg, &kc, src));
+    int64_t host_bytes = tsr__host_pool_bytes(opt);
     tsr_host_pool *host = NULL;
     if (opt->topo && opt->place)
-        TSR_TRY(tsr_host_pool_create_placed(opt->host_bytes, opt->topo, opt->place, &host));
+        TSR_TRY(tsr_host_pool_create_placed(host_bytes, opt->topo, opt->place, &host));
     else
-        TSR_TRY(tsr_host_pool_create(opt->host_bytes, &host));
+        TSR_TRY(tsr_host_pool_create(host_bytes, &host));
     tsr_host_pool_pin_fn pin = opt->pin;
     tsr_host_pool_unpin_fn unpin = opt->unpin;
     void *pin_ctx = NULL;

@@ -4,13 +4,24 @@
  *
  * Pool size without --kv-memory:
  * - host-memory backends (the plain CPU) and no backend: memory_fraction (default 0.5) of
- *   the host's available memory, less the prefill workspace;
+ *   what the job may still take from the host, less the prefill workspace. That is the
+ *   least of MemAvailable, the cgroup's memory.max / memory.limit_in_bytes less its
+ *   usage, Slurm's allocation less the RSS and ulimit -v less the address space in use
+ *   (tsr_sys_mem_headroom), divided among the ranks of the node; --verbose logs which
+ *   bound won;
  * - other backends (cpu-fenced, CUDA): memory_fraction (default 0.9) of the backend memory
  *   still free (be->ops->memory), less the prefill workspace and one logits row per
  *   sequence. The weights are already placed when this runs (runtime/engine.c places them
  *   first), so "free" excludes them; the forward's workspace is allocated after the pool,
  *   hence subtracted. The 10 % left is the safety margin for allocator rounding and the
- *   buffers the forward grows on demand (all-logits rows, the per-key score buffer). */
+ *   buffers the forward grows on demand (all-logits rows, the per-key score buffer). Their
+ *   host pool (swap, offload's host copy) gets, unless host_bytes is set, half of what the
+ *   host bounds leave the rank.
+ * Whatever its size, the pool must hold one sequence of the full context (max_context, or
+ * the model's; under h2o/offload with a budget, the budget plus one chunk): otherwise
+ * tsr_kv_setup refuses with TSR_ERR_BUDGET and one line, as vLLM checks max_model_len
+ * against its pool. Every request that fits the context then runs, preempting others when
+ * the pool is short (runtime/scheduler.h). */
 #ifndef TSR_RUNTIME_KV_SETUP_H
 #define TSR_RUNTIME_KV_SETUP_H
 
@@ -38,6 +49,8 @@ typedef struct tsr_kv_options {
     int spec_pairs;          /* offload: channel pairs per head (0: 4) */
     int measure_recall;      /* offload: report recall of exact top tokens (slow) */
     int chunk_tokens;        /* prefill chunk (workspace budgeting; 0: 512) */
+    int max_context;         /* positions one sequence may hold: --max-context, checked
+                              * against the pool at setup (0: the model's context) */
     /* Distributed jobs: this rank's layers and KV heads, and the comm whose world agrees
      * on capacity and admission (memory/kv_dist.h). NULL: the whole model, one process. */
     const tsr_parallel_shard *shard;

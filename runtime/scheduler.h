@@ -21,7 +21,11 @@ typedef enum tsr_finish_reason {
     TSR_FINISH_EOS,      /* the model produced an end-of-sequence token (not reported) */
     TSR_FINISH_LENGTH,   /* max_new_tokens generated */
     TSR_FINISH_CONTEXT,  /* the context is full */
-    TSR_FINISH_ERROR,    /* can never fit the KV cache (TSR_ERR_BUDGET from reserve) */
+    TSR_FINISH_ERROR,    /* can never fit the KV cache (TSR_ERR_BUDGET from reserve): a
+                          * sequence larger than the whole pool. tsr_kv_setup refuses
+                          * pools that cannot hold one full context at start, so with its
+                          * caches every request that fits the context finishes, however
+                          * often the others are preempted for it. */
 } tsr_finish_reason;
 
 typedef struct tsr_sched_config {

@@ -1,11 +1,91 @@
 /* The CPU backend: host buffers, the vtable, and OpenMP/OpenBLAS thread setup. Kernels are
  * in gemm_cpu.c (matmul), ops_cpu.c (elementwise, norms, rope, embed), attn_cpu.c
  * (attention) and simd_cpu.c (runtime-dispatched SIMD). */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
 #include <cblas.h>
+#include <stdio.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "kernels/cpu/cpu_internal.h"
 #include "base/alloc.h"
 #include "base/log.h"
+#include "base/sys.h"
+
+/* OpenBLAS starts in a library constructor (gotoblas_init, before main) by mapping one
+ * buffer of about 129 MiB per thread it means to use (the OpenMP build: OMP_NUM_THREADS,
+ * else every CPU), and when mmap fails it retries forever: under an address-space limit
+ * (ulimit -v) a few such buffers past the limit spin at 100 % CPU with no message. tessera
+ * runs OpenBLAS on one thread only (tsr_backend_cpu_create), so under such a limit this
+ * runs first (.preinit_array: before any library's constructor) and makes OpenBLAS map
+ * one buffer; when even that one cannot be mapped it ends with one line instead of the
+ * hang. Without a limit nothing changes: the buffers are address space, not memory.
+ *
+ * The thread count can only reach OpenBLAS through the environment it reads at load, and
+ * an environment changed this early does not survive libc's own start-up, so the process
+ * executes itself again once with OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 (tessera's
+ * own parallel regions all name their thread count). */
+#define TSR__BLAS_START_BYTES ((size_t)136 << 20) /* one buffer and a margin */
+
+static const char *const tsr__blas_env[] = {"OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1"};
+
+static bool tsr__env_has(char **envp, const char *kv) {
+    for (char **e = envp; e && *e; e++)
+        if (strcmp(*e, kv) == 0) return true;
+    return false;
+}
+
+/* Re-executes the process with one OpenBLAS thread in its environment; returns only when
+ * that is not possible (then the probe below still gives the line instead of the hang). */
+static void tsr__blas_reexec(char **argv, char **envp) {
+    size_t n = 0;
+    while (envp && envp[n]) n++;
+    char **env = malloc((n + 3) * sizeof *env);
+    if (!env) return;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(envp[i], "OMP_NUM_THREADS=", 16) != 0 &&
+            strncmp(envp[i], "OPENBLAS_NUM_THREADS=", 21) != 0)
+            env[k++] = envp[i];
+    env[k++] = (char *)tsr__blas_env[0];
+    env[k++] = (char *)tsr__blas_env[1];
+    env[k] = NULL;
+    execve("/proc/self/exe", argv, env);
+    free(env);
+}
+
+static void tsr__blas_preinit(int argc, char **argv, char **envp) {
+    (void)argc;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
+    if (!tsr__env_has(envp, tsr__blas_env[0]) || !tsr__env_has(envp, tsr__blas_env[1]))
+        tsr__blas_reexec(argv, envp);
+    void *p = mmap(NULL, TSR__BLAS_START_BYTES, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p != MAP_FAILED) {
+        munmap(p, TSR__BLAS_START_BYTES);
+        return;
+    }
+    char msg[400];
+    int n = snprintf(msg, sizeof msg,
+                     "tessera: the address-space limit (ulimit -v: %.0f MiB, %.0f MiB in use) "
+                     "leaves no room for the %.0f MiB OpenBLAS maps at start-up: raise or "
+                     "remove ulimit -v (limit memory with the job's --mem instead)\n",
+                     (double)rl.rlim_cur / 1048576.0, (double)tsr_sys_vm_size() / 1048576.0,
+                     (double)TSR__BLAS_START_BYTES / 1048576.0);
+    if (n > 0) {
+        ssize_t w = write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+        (void)w;
+    }
+    _exit(1);
+}
+
+__attribute__((section(".preinit_array"), used)) static void (*const tsr__blas_preinit_entry)(
+    int, char **, char **) = tsr__blas_preinit;
 
 tsr_status tsr__cpu_scratch(float **buf, size_t *cap, size_t n) {
     if (n <= *cap) return TSR_OK;
