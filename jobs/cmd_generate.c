@@ -110,6 +110,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
                              .kv = o->kv.kv, .pack_weights = true};
     eo.kv.chunk_tokens = chunk;
     eo.kv.max_seqs = 1;
+    eo.kv.max_context = ctx;
     tsr_dist_engine_options(d, &eo);
     tsr_model *model = g->model;
     g->model = NULL; /* the engine's from here on, whatever happens */
