@@ -1,8 +1,9 @@
 /* The AVX2 kernels of the CPU backend (AVX2, FMA, F16C: 8 floats a vector), table
  * tsr__cpu_k_avx2, which simd_cpu.c hands out only on CPUs with those extensions. The whole
- * file is under one GCC target pragma and has nothing else in it, so the compiler may use
- * these instructions here and nowhere else: the scalar kernels and the dispatch (simd_cpu.c)
- * stay baseline x86-64, and an AVX2 kernel cannot pick up AVX-512 instructions. */
+ * file is under one target pragma (GCC's, or clang's attribute pragma) and has nothing else in
+ * it, so the compiler may use these instructions here and nowhere else: the scalar kernels and
+ * the dispatch (simd_cpu.c) stay baseline x86-64, and an AVX2 kernel cannot pick up AVX-512
+ * instructions. */
 #include "kernels/cpu/simd_internal.h"
 
 #include <math.h>

@@ -1,8 +1,9 @@
-/* The AVX-512 kernels of the CPU backend (AVX-512 F/BW/VL on top of AVX2, FMA, F16C: 16
- * floats a vector, masked loads and stores), table tsr__cpu_k_avx512, which simd_cpu.c hands
- * out only on CPUs with those extensions. The whole file is under one GCC target pragma and
- * has nothing else in it, so the compiler may use these instructions here and nowhere else
- * (the scalar kernels and the dispatch in simd_cpu.c stay baseline x86-64). */
+/* The AVX-512 kernels of the CPU backend (AVX-512 F/BW/VL on top of AVX2, FMA, F16C: 16 floats
+ * a vector, masked loads and stores), table tsr__cpu_k_avx512, which simd_cpu.c hands out only
+ * on CPUs with those extensions. The whole file is under one target pragma (GCC's, or clang's
+ * attribute pragma) and has nothing else in it, so the compiler may use these instructions
+ * here and nowhere else (the scalar kernels and the dispatch in simd_cpu.c stay baseline
+ * x86-64). */
 #include "kernels/cpu/simd_internal.h"
 
 #include <math.h>

@@ -1,6 +1,6 @@
 /* Private to the SIMD kernels of the CPU backend (simd_cpu.c, simd_avx2.c, simd_avx512.c):
  * what the kernels of every instruction set share. Each ISA's kernels live in a file of
- * their own under that file's GCC target pragma, so no kernel can pick up instructions of a
+ * their own under that file's target pragma, so no kernel can pick up instructions of a
  * wider ISA than the one its table is chosen for; this header holds only macros, the dtype
  * codes and the tables' declarations, none of which generate code on their own. */
 #ifndef TSR_KERNELS_CPU_SIMD_INTERNAL_H
