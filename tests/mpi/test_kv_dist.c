@@ -227,7 +227,10 @@ static bool tsr__run_on(const char *backend, tsr_model *m, const tsr_parallel_sh
     tsr_kv_options ko = {.policy = policy, .block_size = 16, .max_seqs = MAX_SEQS,
                          .memory_bytes = block * (sh->layer_end - sh->layer_begin) * blocks,
                          .budget = strcmp(policy, "paged") ? 0.5 : 0, .chunk_tokens = 32,
-                         .shard = sh, .comm = c, .be = eng->be};
+                         .shard = sh, .comm = c, .be = eng->be,
+                         /* the longest request (20 prompt + GEN tokens): what the start-up
+                          * check must find room for, not the model's whole context */
+                         .max_context = 48};
     tsr_kv_cache *kv = NULL;
     CHECK(tsr_kv_setup(&ko, mc, &kv) == TSR_OK, "kv cache on %s", backend);
     CHECK((world > 1) == tsr_kv_is_dist(kv), "dist wrapper");
