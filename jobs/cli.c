@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/sys.h"
+
 tsr_cli_result tsr_cli_usage_error(const tsr_cli *cli, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -111,6 +113,20 @@ tsr_cli_result tsr_cli_parse(tsr_cli *cli, int argc, char **argv) {
         if (tsr__set(cli, o, val) != 0) return TSR_CLI_USAGE;
         o->seen = true;
     }
+    return TSR_CLI_OK;
+}
+
+int tsr_cli_max_threads(void) { return TSR_CLI_THREADS_PER_CPU * tsr_sys_cpus(); }
+
+tsr_cli_result tsr_cli_check_threads(const tsr_cli *cli, int threads) {
+    if (threads < 1) return tsr_cli_usage_error(cli, "--threads must be >= 1");
+    int cpus = tsr_sys_cpus();
+    if (threads > TSR_CLI_THREADS_PER_CPU * cpus)
+        return tsr_cli_usage_error(cli,
+                                   "--threads %d: more than %d per CPU this process may run "
+                                   "on (%d CPU%s: at most %d)",
+                                   threads, TSR_CLI_THREADS_PER_CPU, cpus, cpus == 1 ? "" : "s",
+                                   TSR_CLI_THREADS_PER_CPU * cpus);
     return TSR_CLI_OK;
 }
 

@@ -577,7 +577,8 @@ int tsr_cmd_run(int argc, char **argv) {
         {"max-context", TSR_OPT_INT, &o.max_context, "N",
          "context length in tokens, prompt included (0 = the model's maximum)", false},
         {"threads", TSR_OPT_INT, &o.threads, "N",
-         "CPU threads per rank (default: the CPUs given to the job over its ranks on the node)",
+         "CPU threads per rank (default: the CPUs given to the job over its ranks on the node; "
+         "at most 4 per CPU this process may run on)",
          false},
         {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu, cpu-fenced or cuda", false},
         {"seed", TSR_OPT_U64, &o.seed, "S", "seed of requests whose body has no \"seed\"",
@@ -624,7 +625,7 @@ int tsr_cmd_run(int argc, char **argv) {
     if (o.max_batch_tokens < o.max_batch_seqs)
         return tsr_cli_usage_error(&cli, "--max-batch-tokens must be >= --max-batch-seqs");
     if (o.max_context < 0) return tsr_cli_usage_error(&cli, "--max-context must be >= 0");
-    if (o.threads < 1) return tsr_cli_usage_error(&cli, "--threads must be >= 1");
+    if (tsr_cli_check_threads(&cli, o.threads) != TSR_CLI_OK) return 2;
     if (o.progress_interval < 0)
         return tsr_cli_usage_error(&cli, "--progress-interval must be >= 0");
     if (!strcmp(o.input, o.output))
