@@ -602,12 +602,16 @@ tsr_status tsr_batch_rebuild_errors(const char *out_path, const char *err_path) 
     int n = snprintf(tmp, sizeof tmp, "%s.tmp", err_path);
     if (n < 0 || (size_t)n >= sizeof tmp)
         return tsr_error_set(TSR_ERR_INVALID, "%s: path too long", err_path);
+    /* Errors name err_path, the file the user asked for (--errors, or the default beside
+     * --output), not the temporary that is an implementation detail. */
     FILE *out = fopen(tmp, "wb");
-    if (!out) return tsr_error_set(TSR_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    if (!out)
+        return tsr_error_set(TSR_ERR_IO, "%s: cannot create the errors file: %s", err_path,
+                             strerror(errno));
     tsr_status st = TSR_OK;
     FILE *in = fopen(out_path, "rb");
     if (in) {
-        tsr__err_copy c = {out, tmp};
+        tsr__err_copy c = {out, err_path};
         int64_t good_end, size;
         st = tsr__each_line(out_path, in, tsr__copy_errors, &c, &good_end, &size);
         fclose(in);
@@ -615,7 +619,7 @@ tsr_status tsr_batch_rebuild_errors(const char *out_path, const char *err_path) 
         st = tsr_error_set(TSR_ERR_IO, "%s: cannot open: %s", out_path, strerror(errno));
     }
     if (fflush(out) != 0 || fsync(fileno(out)) != 0) {
-        if (st == TSR_OK) st = tsr_error_set(TSR_ERR_IO, "%s: write error: %s", tmp,
+        if (st == TSR_OK) st = tsr_error_set(TSR_ERR_IO, "%s: write error: %s", err_path,
                                              strerror(errno));
     }
     fclose(out);
@@ -632,7 +636,7 @@ tsr_status tsr_batch_writer_open(tsr_batch_writer *w, const char *path) {
     memset(w, 0, sizeof *w);
     w->f = fopen(path, "ab");
     if (!w->f)
-        return tsr_error_set(TSR_ERR_IO, "%s: cannot open for appending: %s", path,
+        return tsr_error_set(TSR_ERR_IO, "%s: cannot open for writing: %s", path,
                              strerror(errno));
     w->path = tsr_strdup(path);
     if (!w->path) {

@@ -99,8 +99,10 @@ static tsr_status tsr__open_output(tsr_run_job *g) {
     if (g->resume.n_ignored > 0)
         TSR_LOG_WARN("%s: %" PRId64 " complete lines are not batch records (left in place)",
                      o->output, g->resume.n_ignored);
-    TSR_TRY(tsr_batch_rebuild_errors(o->output, g->err_path));
+    /* The output first: an unwritable --output is reported as such, before the errors
+     * file beside it fails the same way. */
     TSR_TRY(tsr_batch_writer_open(&g->out, o->output));
+    TSR_TRY(tsr_batch_rebuild_errors(o->output, g->err_path));
     return tsr_batch_writer_open(&g->err, g->err_path);
 }
 
