@@ -113,19 +113,12 @@ static tsr_status tsr__setup_files(tsr_run_job *g) {
     if (!g->in)
         return tsr_error_set(TSR_ERR_IO, "%s: cannot open the input: %s", o->input,
                              strerror(errno));
-    /* Count the requests (non-blank lines) for progress. */
-    char *buf = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    while ((n = getline(&buf, &cap, g->in)) >= 0) {
-        ssize_t k = 0;
-        while (k < n && (buf[k] == ' ' || buf[k] == '\t' || buf[k] == '\r' || buf[k] == '\n'))
-            k++;
-        if (k < n) g->m.lines++;
-    }
-    free(buf);
-    if (ferror(g->in) || fseek(g->in, 0, SEEK_SET) != 0)
-        return tsr_error_set(TSR_ERR_IO, "%s: read error", o->input);
+    /* Refuse an input that is not UTF-8 before any output; count the requests (non-blank
+     * lines) for progress. */
+    long start = 0;
+    TSR_TRY(tsr_batch_input_scan(o->input, g->in, &g->m.lines, &start));
+    if (fseek(g->in, start, SEEK_SET) != 0)
+        return tsr_error_set(TSR_ERR_IO, "%s: read error: %s", o->input, strerror(errno));
 
     if (o->errors) {
         snprintf(g->err_path, sizeof g->err_path, "%s", o->errors);
