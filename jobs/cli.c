@@ -20,6 +20,15 @@ tsr_cli_result tsr_cli_usage_error(const tsr_cli *cli, const char *fmt, ...) {
     return TSR_CLI_USAGE;
 }
 
+void tsr_cli_warn(const tsr_cli *cli, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "tessera %s: warning: ", cli->cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
 const tsr_cli_opt *tsr_cli_find(const tsr_cli *cli, const char *name) {
     for (int i = 0; i < cli->n_opts; i++)
         if (!strcmp(cli->opts[i].name, name)) return &cli->opts[i];

@@ -43,6 +43,8 @@ void tsr_cli_print_help(const tsr_cli *cli);
 /* Prints "tessera CMD: message" to stderr and returns TSR_CLI_USAGE (for post-parse checks). */
 tsr_cli_result tsr_cli_usage_error(const tsr_cli *cli, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* Prints "tessera CMD: warning: message" to stderr. */
+void tsr_cli_warn(const tsr_cli *cli, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 const tsr_cli_opt *tsr_cli_find(const tsr_cli *cli, const char *name);
 
 /* --threads above this many threads per CPU the process may run on (sched_getaffinity) is

@@ -611,6 +611,7 @@ int tsr_cmd_run(int argc, char **argv) {
     if (r == TSR_CLI_HELP) return 0;
     if (r != TSR_CLI_OK) return 2;
     if (!o.model) return tsr_cli_usage_error(&cli, "--model is required");
+    o.kv.quiet = o.quiet;
     if (tsr_kv_cli_check(&cli, &o.kv) != TSR_CLI_OK) return 2;
     if (tsr_dist_cli_check(&cli, &o.dist) != TSR_CLI_OK) return 2;
     o.threads_given = tsr_cli_find(&cli, "threads")->seen;
