@@ -125,8 +125,6 @@ tsr_cli_result tsr_cli_parse(tsr_cli *cli, int argc, char **argv) {
     return TSR_CLI_OK;
 }
 
-int tsr_cli_max_threads(void) { return TSR_CLI_THREADS_PER_CPU * tsr_sys_cpus(); }
-
 tsr_cli_result tsr_cli_check_threads(const tsr_cli *cli, int threads) {
     if (threads < 1) return tsr_cli_usage_error(cli, "--threads must be >= 1");
     int cpus = tsr_sys_cpus();

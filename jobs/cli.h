@@ -51,9 +51,7 @@ const tsr_cli_opt *tsr_cli_find(const tsr_cli *cli, const char *name);
  * refused: past a few per CPU the kernels' threads only wait on each other (10000 threads
  * ran 250x slower), yet MPI ranks bound to one core keep room to oversubscribe a little. */
 #define TSR_CLI_THREADS_PER_CPU 4
-/* TSR_CLI_THREADS_PER_CPU x tsr_sys_cpus(). */
-int tsr_cli_max_threads(void);
-/* Usage error unless 1 <= threads <= tsr_cli_max_threads() (for --threads). */
+/* Usage error unless 1 <= threads <= TSR_CLI_THREADS_PER_CPU x tsr_sys_cpus() (--threads). */
 tsr_cli_result tsr_cli_check_threads(const tsr_cli *cli, int threads);
 
 /* Parses a byte count: "1048576", "512M", "4G", "1.5GiB" (K/M/G/T are powers of 1024).

@@ -99,8 +99,8 @@ static int tsr__check_range(tsr_cli *cli, const char *name, int v, int lo, int h
 
 /* Returns 0 to run, else the exit code (0 after --help, 2 on a usage error). */
 static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit_code) {
-    *o = (tsr__bench_opts){.prompt_tokens = 128, .gen_tokens = 128, .threads = tsr_sys_cpus(), .dtype = -1, .repeat = 3,
-                           .warmup = 1};
+    *o = (tsr__bench_opts){.prompt_tokens = 128, .gen_tokens = 128, .threads = tsr_sys_cpus(),
+                           .dtype = -1, .repeat = 3, .warmup = 1};
     tsr_cli_opt opts[] = {
         {"model", TSR_OPT_STRING, &o->model, "SPEC", "model to load (required)", false},
         {"prompt-tokens", TSR_OPT_INT, &o->prompt_tokens, "N", "prefill chunk length", false},
