@@ -320,6 +320,24 @@ void tsr_batch_record_id(const char *custom_id, int64_t line, char *buf, size_t 
     snprintf(buf, cap, "batch_req_%016" PRIx64, tsr__fnv(custom_id));
 }
 
+/* Length of the UTF-8 character at p (n bytes left): 1-4, or 0 when p does not start a
+ * valid one (a NUL byte, a stray continuation byte, a cut sequence, an overlong form, a
+ * surrogate, a value past U+10FFFF). */
+static size_t tsr__utf8_char(const uint8_t *p, size_t n) {
+    uint8_t c = p[0];
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (c == 0 || len == 0 || len > n) return 0;
+    uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1fu) : len == 3 ? (c & 0x0fu) : (c & 0x07u);
+    for (size_t k = 1; k < len; k++) {
+        if ((p[k] & 0xc0) != 0x80) return 0;
+        cp = (cp << 6) | (p[k] & 0x3fu);
+    }
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
+        (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return len;
+}
+
 /* Valid UTF-8 copy: invalid sequences and NUL bytes become U+FFFD (JSON needs UTF-8). */
 static char *tsr__utf8_clean(const char *s, size_t n) {
     size_t cap;
@@ -329,20 +347,8 @@ static char *tsr__utf8_clean(const char *s, size_t n) {
     const uint8_t *p = (const uint8_t *)s;
     size_t o = 0;
     for (size_t i = 0; i < n;) {
-        uint8_t c = p[i];
-        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        bool ok = c != 0 && len > 0 && i + len <= n;
-        uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1fu) : len == 3 ? (c & 0x0fu) : (c & 0x07u);
-        for (size_t k = 1; ok && k < len; k++) {
-            if ((p[i + k] & 0xc0) != 0x80) ok = false;
-            cp = (cp << 6) | (p[i + k] & 0x3fu);
-        }
-        /* reject overlong forms, surrogates and values past U+10FFFF */
-        if (ok && ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
-                   (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-                   (cp >= 0xd800 && cp <= 0xdfff)))
-            ok = false;
-        if (ok) {
+        size_t len = tsr__utf8_char(p + i, n - i);
+        if (len > 0) {
             memcpy(out + o, p + i, len);
             o += len;
             i += len;
@@ -452,6 +458,77 @@ char *tsr_batch_format_error(const char *custom_id, int64_t line, const char *co
     cJSON_AddItemToObject(doc, "error", err);
     tsr_free(msg);
     return tsr__line(doc);
+}
+
+/* ---- input file ------------------------------------------------------------------------- */
+
+/* A file that begins with a byte-order mark other than UTF-8's: its encoding, else NULL. */
+static const char *tsr__foreign_bom(const uint8_t *p, size_t n) {
+    if (n >= 4 && p[0] == 0xff && p[1] == 0xfe && p[2] == 0 && p[3] == 0)
+        return "UTF-32LE (byte-order mark FF FE 00 00)";
+    if (n >= 4 && p[0] == 0 && p[1] == 0 && p[2] == 0xfe && p[3] == 0xff)
+        return "UTF-32BE (byte-order mark 00 00 FE FF)";
+    if (n >= 2 && p[0] == 0xff && p[1] == 0xfe) return "UTF-16LE (byte-order mark FF FE)";
+    if (n >= 2 && p[0] == 0xfe && p[1] == 0xff) return "UTF-16BE (byte-order mark FE FF)";
+    return NULL;
+}
+
+tsr_status tsr_batch_input_scan(const char *path, FILE *f, int64_t *n_requests, long *start) {
+    *n_requests = 0;
+    *start = 0;
+    char *buf = NULL;
+    size_t cap = 0;
+    int64_t line = 0;
+    tsr_status st = TSR_OK;
+    for (;;) {
+        errno = 0;
+        ssize_t n = getline(&buf, &cap, f);
+        if (n < 0) {
+            if (ferror(f))
+                st = tsr_error_set(TSR_ERR_IO, "%s: read error: %s", path, strerror(errno));
+            break;
+        }
+        line++;
+        const uint8_t *p = (const uint8_t *)buf;
+        size_t len = (size_t)n, i = 0;
+        if (line == 1) {
+            const char *enc = tsr__foreign_bom(p, len);
+            if (enc) {
+                st = tsr_error_set(TSR_ERR_INVALID,
+                                   "%s: the input is %s, not UTF-8: convert it first (e.g. "
+                                   "iconv -f UTF-16 -t UTF-8)", path, enc);
+                break;
+            }
+            if (len >= 3 && p[0] == 0xef && p[1] == 0xbb && p[2] == 0xbf) {
+                i = 3; /* UTF-8's byte-order mark: allowed, the reader starts after it */
+                *start = 3;
+            }
+        }
+        bool blank = true;
+        while (i < len) {
+            size_t k = tsr__utf8_char(p + i, len - i);
+            if (k == 0) {
+                if (p[i] == 0)
+                    st = tsr_error_set(TSR_ERR_INVALID,
+                                       "%s: line %" PRId64 " has a NUL byte at byte %zu (UTF-16 "
+                                       "without a byte-order mark, or binary?): the input must "
+                                       "be UTF-8 JSONL", path, line, i + 1);
+                else
+                    st = tsr_error_set(TSR_ERR_INVALID,
+                                       "%s: line %" PRId64 " is not UTF-8 (byte 0x%02x at byte "
+                                       "%zu): the input must be UTF-8 JSONL", path, line, p[i],
+                                       i + 1);
+                break;
+            }
+            if (!(k == 1 && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r' || p[i] == '\n')))
+                blank = false;
+            i += k;
+        }
+        if (st != TSR_OK) break;
+        if (!blank) (*n_requests)++;
+    }
+    free(buf); /* getline allocates with malloc */
+    return st;
 }
 
 /* ---- resume ----------------------------------------------------------------------------- */
@@ -602,12 +679,16 @@ tsr_status tsr_batch_rebuild_errors(const char *out_path, const char *err_path) 
     int n = snprintf(tmp, sizeof tmp, "%s.tmp", err_path);
     if (n < 0 || (size_t)n >= sizeof tmp)
         return tsr_error_set(TSR_ERR_INVALID, "%s: path too long", err_path);
+    /* Errors name err_path, the file the user asked for (--errors, or the default beside
+     * --output), not the temporary that is an implementation detail. */
     FILE *out = fopen(tmp, "wb");
-    if (!out) return tsr_error_set(TSR_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    if (!out)
+        return tsr_error_set(TSR_ERR_IO, "%s: cannot create the errors file: %s", err_path,
+                             strerror(errno));
     tsr_status st = TSR_OK;
     FILE *in = fopen(out_path, "rb");
     if (in) {
-        tsr__err_copy c = {out, tmp};
+        tsr__err_copy c = {out, err_path};
         int64_t good_end, size;
         st = tsr__each_line(out_path, in, tsr__copy_errors, &c, &good_end, &size);
         fclose(in);
@@ -615,7 +696,7 @@ tsr_status tsr_batch_rebuild_errors(const char *out_path, const char *err_path) 
         st = tsr_error_set(TSR_ERR_IO, "%s: cannot open: %s", out_path, strerror(errno));
     }
     if (fflush(out) != 0 || fsync(fileno(out)) != 0) {
-        if (st == TSR_OK) st = tsr_error_set(TSR_ERR_IO, "%s: write error: %s", tmp,
+        if (st == TSR_OK) st = tsr_error_set(TSR_ERR_IO, "%s: write error: %s", err_path,
                                              strerror(errno));
     }
     fclose(out);
@@ -632,7 +713,7 @@ tsr_status tsr_batch_writer_open(tsr_batch_writer *w, const char *path) {
     memset(w, 0, sizeof *w);
     w->f = fopen(path, "ab");
     if (!w->f)
-        return tsr_error_set(TSR_ERR_IO, "%s: cannot open for appending: %s", path,
+        return tsr_error_set(TSR_ERR_IO, "%s: cannot open for writing: %s", path,
                              strerror(errno));
     w->path = tsr_strdup(path);
     if (!w->path) {

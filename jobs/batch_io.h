@@ -99,6 +99,17 @@ char *tsr_batch_format_error(const char *custom_id, int64_t line, const char *co
 /* The deterministic "batch_req_<16 hex>" id of a record (FNV-1a of its key). */
 void tsr_batch_record_id(const char *custom_id, int64_t line, char *buf, size_t cap);
 
+/* ---- input file ------------------------------------------------------------------------- */
+
+/* Reads f (the input file at `path`) from where it stands to the end: checks that it is
+ * UTF-8, the encoding JSON requires, and counts its requests (non-blank lines). A UTF-16 or
+ * UTF-32 byte-order mark, a NUL byte (UTF-16 without a mark, a binary file) or a byte
+ * sequence that is not UTF-8 refuses the whole file (TSR_ERR_INVALID, one line naming the
+ * file, the line and the problem), so that no job presents a run of invalid_json records as
+ * its result. A UTF-8 byte-order mark is allowed: *start gets its length (3), the offset the
+ * reader should begin at, else 0. */
+tsr_status tsr_batch_input_scan(const char *path, FILE *f, int64_t *n_requests, long *start);
+
 /* ---- output file ------------------------------------------------------------------------ */
 
 typedef struct tsr_batch_resume {

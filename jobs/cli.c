@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/sys.h"
+
 tsr_cli_result tsr_cli_usage_error(const tsr_cli *cli, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -16,6 +18,15 @@ tsr_cli_result tsr_cli_usage_error(const tsr_cli *cli, const char *fmt, ...) {
     fprintf(stderr, " (see tessera %s --help)\n", cli->cmd);
     va_end(ap);
     return TSR_CLI_USAGE;
+}
+
+void tsr_cli_warn(const tsr_cli *cli, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "tessera %s: warning: ", cli->cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
 }
 
 const tsr_cli_opt *tsr_cli_find(const tsr_cli *cli, const char *name) {
@@ -111,6 +122,18 @@ tsr_cli_result tsr_cli_parse(tsr_cli *cli, int argc, char **argv) {
         if (tsr__set(cli, o, val) != 0) return TSR_CLI_USAGE;
         o->seen = true;
     }
+    return TSR_CLI_OK;
+}
+
+tsr_cli_result tsr_cli_check_threads(const tsr_cli *cli, int threads) {
+    if (threads < 1) return tsr_cli_usage_error(cli, "--threads must be >= 1");
+    int cpus = tsr_sys_cpus();
+    if (threads > TSR_CLI_THREADS_PER_CPU * cpus)
+        return tsr_cli_usage_error(cli,
+                                   "--threads %d: more than %d per CPU this process may run "
+                                   "on (%d CPU%s: at most %d)",
+                                   threads, TSR_CLI_THREADS_PER_CPU, cpus, cpus == 1 ? "" : "s",
+                                   TSR_CLI_THREADS_PER_CPU * cpus);
     return TSR_CLI_OK;
 }
 

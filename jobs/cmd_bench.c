@@ -99,17 +99,16 @@ static int tsr__check_range(tsr_cli *cli, const char *name, int v, int lo, int h
 
 /* Returns 0 to run, else the exit code (0 after --help, 2 on a usage error). */
 static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit_code) {
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    *o = (tsr__bench_opts){.prompt_tokens = 128, .gen_tokens = 128,
-                           .threads = ncpu > 0 ? (int)ncpu : 1, .dtype = -1, .repeat = 3,
-                           .warmup = 1};
+    *o = (tsr__bench_opts){.prompt_tokens = 128, .gen_tokens = 128, .threads = tsr_sys_cpus(),
+                           .dtype = -1, .repeat = 3, .warmup = 1};
     tsr_cli_opt opts[] = {
         {"model", TSR_OPT_STRING, &o->model, "SPEC", "model to load (required)", false},
         {"prompt-tokens", TSR_OPT_INT, &o->prompt_tokens, "N", "prefill chunk length", false},
         {"gen-tokens", TSR_OPT_INT, &o->gen_tokens, "M", "decode steps (0: prefill only)",
          false},
         {"threads", TSR_OPT_INT, &o->threads, "T",
-         "CPU kernel threads (the default is the online CPU count)", false},
+         "CPU kernel threads (the default is the CPUs this process may run on; at most 4 per "
+         "such CPU)", false},
         {"dtype", TSR_OPT_STRING, &o->dtype_name, "f32|bf16",
          "weight dtype (default: as the model stores it)", false},
         {"repeat", TSR_OPT_INT, &o->repeat, "R", "timed repeats, median reported", false},
@@ -137,10 +136,10 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
     if (!o->model || !*o->model) return tsr_cli_usage_error(&cli, "--model SPEC is required");
     if (tsr__check_range(&cli, "prompt-tokens", o->prompt_tokens, 1, 1 << 20) ||
         tsr__check_range(&cli, "gen-tokens", o->gen_tokens, 0, 1 << 20) ||
-        tsr__check_range(&cli, "threads", o->threads, 1, 4096) ||
         tsr__check_range(&cli, "repeat", o->repeat, 1, 1000) ||
         tsr__check_range(&cli, "warmup", o->warmup, 0, 1000) ||
-        tsr__check_range(&cli, "membw-mib", o->membw_mib, 0, 1 << 20))
+        tsr__check_range(&cli, "membw-mib", o->membw_mib, 0, 1 << 20) ||
+        tsr_cli_check_threads(&cli, o->threads) != TSR_CLI_OK)
         return 1;
     int64_t avail;
     if (o->membw_mib > 0 && !tsr_membw_fits((size_t)o->membw_mib << 20, &avail))

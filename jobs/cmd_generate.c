@@ -228,7 +228,8 @@ int tsr_cmd_generate(int argc, char **argv) {
         {"top-k", TSR_OPT_INT, &o.top_k, "K", "sample among the K most likely, 0 = off", false},
         {"seed", TSR_OPT_U64, &o.seed, "S", "random seed (same seed, same tokens)", false},
         {"threads", TSR_OPT_INT, &o.threads, "N",
-         "CPU threads per rank (default: the CPUs given to the job over its ranks on the node)",
+         "CPU threads per rank (default: the CPUs given to the job over its ranks on the node; "
+         "at most 4 per CPU this process may run on)",
          false},
         {"max-context", TSR_OPT_INT, &o.max_context, "N",
          "context length in tokens, prompt included (0 = the model's maximum)", false},
@@ -255,7 +256,7 @@ int tsr_cmd_generate(int argc, char **argv) {
     if (!o.prompt == !o.prompt_file)
         return tsr_cli_usage_error(&cli, "give exactly one of --prompt and --prompt-file");
     if (o.max_tokens < 0) return tsr_cli_usage_error(&cli, "--max-tokens must be >= 0");
-    if (o.threads < 1) return tsr_cli_usage_error(&cli, "--threads must be >= 1");
+    if (tsr_cli_check_threads(&cli, o.threads) != TSR_CLI_OK) return 2;
     if (o.chunk < 1) return tsr_cli_usage_error(&cli, "--chunk must be >= 1");
     if (o.max_context < 0) return tsr_cli_usage_error(&cli, "--max-context must be >= 0");
     if (o.temperature < 0) return tsr_cli_usage_error(&cli, "--temperature must be >= 0");

@@ -99,8 +99,10 @@ static tsr_status tsr__open_output(tsr_run_job *g) {
     if (g->resume.n_ignored > 0)
         TSR_LOG_WARN("%s: %" PRId64 " complete lines are not batch records (left in place)",
                      o->output, g->resume.n_ignored);
-    TSR_TRY(tsr_batch_rebuild_errors(o->output, g->err_path));
+    /* The output first: an unwritable --output is reported as such, before the errors
+     * file beside it fails the same way. */
     TSR_TRY(tsr_batch_writer_open(&g->out, o->output));
+    TSR_TRY(tsr_batch_rebuild_errors(o->output, g->err_path));
     return tsr_batch_writer_open(&g->err, g->err_path);
 }
 
@@ -111,19 +113,12 @@ static tsr_status tsr__setup_files(tsr_run_job *g) {
     if (!g->in)
         return tsr_error_set(TSR_ERR_IO, "%s: cannot open the input: %s", o->input,
                              strerror(errno));
-    /* Count the requests (non-blank lines) for progress. */
-    char *buf = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    while ((n = getline(&buf, &cap, g->in)) >= 0) {
-        ssize_t k = 0;
-        while (k < n && (buf[k] == ' ' || buf[k] == '\t' || buf[k] == '\r' || buf[k] == '\n'))
-            k++;
-        if (k < n) g->m.lines++;
-    }
-    free(buf);
-    if (ferror(g->in) || fseek(g->in, 0, SEEK_SET) != 0)
-        return tsr_error_set(TSR_ERR_IO, "%s: read error", o->input);
+    /* Refuse an input that is not UTF-8 before any output; count the requests (non-blank
+     * lines) for progress. */
+    long start = 0;
+    TSR_TRY(tsr_batch_input_scan(o->input, g->in, &g->m.lines, &start));
+    if (fseek(g->in, start, SEEK_SET) != 0)
+        return tsr_error_set(TSR_ERR_IO, "%s: read error: %s", o->input, strerror(errno));
 
     if (o->errors) {
         snprintf(g->err_path, sizeof g->err_path, "%s", o->errors);
@@ -579,7 +574,8 @@ int tsr_cmd_run(int argc, char **argv) {
         {"max-context", TSR_OPT_INT, &o.max_context, "N",
          "context length in tokens, prompt included (0 = the model's maximum)", false},
         {"threads", TSR_OPT_INT, &o.threads, "N",
-         "CPU threads per rank (default: the CPUs given to the job over its ranks on the node)",
+         "CPU threads per rank (default: the CPUs given to the job over its ranks on the node; "
+         "at most 4 per CPU this process may run on)",
          false},
         {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu, cpu-fenced or cuda", false},
         {"seed", TSR_OPT_U64, &o.seed, "S", "seed of requests whose body has no \"seed\"",
@@ -621,6 +617,7 @@ int tsr_cmd_run(int argc, char **argv) {
     if (r == TSR_CLI_HELP) return 0;
     if (r != TSR_CLI_OK) return 2;
     if (!o.model) return tsr_cli_usage_error(&cli, "--model is required");
+    o.kv.quiet = o.quiet;
     if (tsr_kv_cli_check(&cli, &o.kv) != TSR_CLI_OK) return 2;
     if (tsr_dist_cli_check(&cli, &o.dist) != TSR_CLI_OK) return 2;
     o.threads_given = tsr_cli_find(&cli, "threads")->seen;
@@ -630,7 +627,7 @@ int tsr_cmd_run(int argc, char **argv) {
     if (o.max_batch_tokens < o.max_batch_seqs)
         return tsr_cli_usage_error(&cli, "--max-batch-tokens must be >= --max-batch-seqs");
     if (o.max_context < 0) return tsr_cli_usage_error(&cli, "--max-context must be >= 0");
-    if (o.threads < 1) return tsr_cli_usage_error(&cli, "--threads must be >= 1");
+    if (tsr_cli_check_threads(&cli, o.threads) != TSR_CLI_OK) return 2;
     if (o.progress_interval < 0)
         return tsr_cli_usage_error(&cli, "--progress-interval must be >= 0");
     if (!strcmp(o.input, o.output))

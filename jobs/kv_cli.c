@@ -19,12 +19,13 @@ void tsr_kv_cli_opts(tsr_kv_cli *k, tsr_cli_opt *out) {
          "prefill workspace)", false},
         {"block-size", TSR_OPT_INT, &k->kv.block_size, "N", "tokens per KV block", false},
         {"kv-budget", TSR_OPT_FLOAT, &k->budget, "B",
-         "h2o/offload: tokens kept per layer (> 1) or a fraction of the sequence (<= 1); "
-         "0 = keep all", false},
+         "h2o and offload (paged ignores it, with a warning): tokens kept per layer (> 1) "
+         "or a fraction of the sequence (<= 1); 0 = keep all", false},
         {"h2o-recent", TSR_OPT_FLOAT, &k->recent, "F",
-         "h2o: share of the budget for the recent window", false},
+         "h2o only (others warn): share of the budget for the recent window", false},
         {"h2o-scores", TSR_OPT_STRING, &k->kv.h2o_scores, "MODE",
-         "h2o: tiled (never materialized) or materialize (the original n x n baseline)", false},
+         "h2o only (others warn): tiled (never materialized) or materialize (the original "
+         "n x n baseline)", false},
         {"stats", TSR_OPT_FLAG, &k->stats, NULL,
          "print JSON lines of KV-cache stats (and, for generate, communication) to stderr",
          false},
@@ -39,6 +40,28 @@ tsr_cli_result tsr_kv_cli_check(const tsr_cli *cli, tsr_kv_cli *k) {
     if (k->budget < 0) return tsr_cli_usage_error(cli, "--kv-budget must be >= 0");
     if (!(k->recent >= 0 && k->recent <= 1))
         return tsr_cli_usage_error(cli, "--h2o-recent must be in [0, 1]");
+    /* An option the chosen policy ignores (paged keeps every token: no budget; offload
+     * budgets without h2o's scores or window) gets one warning line instead of silence.
+     * Not refused: scripts that loop over policies with one set of options rely on it
+     * (tests/cli/test_run_checkpoint.sh). An unknown policy is left to tsr_kv_setup. */
+    const char *pol = k->kv.policy ? k->kv.policy : "paged";
+    static const struct {
+        const char *opt;
+        bool h2o, offload;
+        const char *which;
+    } only[] = {{"kv-budget", true, true, "h2o and offload"},
+                {"h2o-recent", true, false, "h2o"},
+                {"h2o-scores", true, false, "h2o"}};
+    bool is_h2o = !strcmp(pol, "h2o"), is_off = !strcmp(pol, "offload");
+    if (!k->quiet && (is_h2o || is_off || !strcmp(pol, "paged"))) {
+        for (size_t i = 0; i < sizeof only / sizeof only[0]; i++) {
+            const tsr_cli_opt *o = tsr_cli_find(cli, only[i].opt);
+            if (!o || !o->seen || (is_h2o && only[i].h2o) || (is_off && only[i].offload))
+                continue;
+            tsr_cli_warn(cli, "--%s is ignored under --kv-policy %s (it applies to %s)",
+                         only[i].opt, pol, only[i].which);
+        }
+    }
     k->kv.budget = k->budget;
     k->kv.recent = k->recent;
     return TSR_CLI_OK;

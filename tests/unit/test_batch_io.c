@@ -326,6 +326,72 @@ TSR_TEST(test_chat_template_llama3) {
     ASSERT_EQ_INT(t.kind, TSR_CHAT_NONE);
 }
 
+/* tsr_batch_input_scan over `n` bytes: the status, the request count, the start offset and
+ * the error line. */
+static tsr_status scan_bytes(const char *bytes, size_t n, int64_t *reqs, long *start) {
+    FILE *f = fmemopen((void *)bytes, n, "rb");
+    if (!f) return TSR_ERR_IO;
+    tsr_status st = tsr_batch_input_scan("in.jsonl", f, reqs, start);
+    fclose(f);
+    return st;
+}
+
+TSR_TEST(test_input_scan_encodings) {
+    int64_t reqs;
+    long start;
+    /* UTF-8: blank lines (spaces, CRLF) are not requests; the last line may lack '\n' */
+    const char ok[] = "{\"a\":\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"}\r\n \t\r\n\n{}";
+    ASSERT_OK(scan_bytes(ok, sizeof ok - 1, &reqs, &start));
+    ASSERT_EQ_INT(reqs, 2);
+    ASSERT_EQ_INT(start, 0);
+    /* UTF-8 byte-order mark: accepted, the reader starts after it */
+    const char bom[] = "\xef\xbb\xbf{}\n{}\n";
+    ASSERT_OK(scan_bytes(bom, sizeof bom - 1, &reqs, &start));
+    ASSERT_EQ_INT(reqs, 2);
+    ASSERT_EQ_INT(start, 3);
+    /* a mark alone on the first line leaves it blank */
+    ASSERT_OK(scan_bytes("\xef\xbb\xbf\n{}\n", 7, &reqs, &start));
+    ASSERT_EQ_INT(reqs, 1);
+    /* UTF-16 and UTF-32, with and without a mark: refused naming the file and the problem */
+    const char u16le[] = "\xff\xfe{\0}\0\n\0";
+    ASSERT_EQ_INT(scan_bytes(u16le, sizeof u16le - 1, &reqs, &start), TSR_ERR_INVALID);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "in.jsonl: the input is UTF-16LE");
+    const char u16be[] = "\xfe\xff\0{\0}\0\n";
+    ASSERT_EQ_INT(scan_bytes(u16be, sizeof u16be - 1, &reqs, &start), TSR_ERR_INVALID);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "UTF-16BE");
+    const char u32le[] = "\xff\xfe\0\0{\0\0\0";
+    ASSERT_EQ_INT(scan_bytes(u32le, sizeof u32le - 1, &reqs, &start), TSR_ERR_INVALID);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "UTF-32LE");
+    const char nobom[] = "{\0}\0\n\0";
+    ASSERT_EQ_INT(scan_bytes(nobom, sizeof nobom - 1, &reqs, &start), TSR_ERR_INVALID);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "in.jsonl: line 1 has a NUL byte at byte 2");
+    /* Latin-1 on line 3, a lone continuation byte, an overlong '/', a surrogate, a cut
+     * sequence at the end of the file */
+    const char lat[] = "{}\n{}\n{\"p\":\"caf\xe9\"}\n";
+    ASSERT_EQ_INT(scan_bytes(lat, sizeof lat - 1, &reqs, &start), TSR_ERR_INVALID);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "in.jsonl: line 3 is not UTF-8 (byte 0xe9 at byte 10)");
+    const char *bad[] = {"{\x80}\n", "{\xc0\xaf}\n", "{\xed\xa0\x80}\n", "{}\n\xe2\x82"};
+    for (int i = 0; i < 4; i++) {
+        ASSERT_EQ_INT(scan_bytes(bad[i], strlen(bad[i]), &reqs, &start), TSR_ERR_INVALID);
+        ASSERT_STR_CONTAINS(tsr_last_error(), "is not UTF-8");
+    }
+}
+
+TSR_TEST(test_errors_file_failure_names_the_path_given) {
+    char out[512], err[600];
+    snprintf(out, sizeof out, "%s/test_batch_io_nodir.%d/out.jsonl", TSR_BINARY_DIR,
+             (int)getpid());
+    snprintf(err, sizeof err, "%s/test_batch_io_nodir.%d/out.errors.jsonl", TSR_BINARY_DIR,
+             (int)getpid());
+    ASSERT_EQ_INT(tsr_batch_rebuild_errors(out, err), TSR_ERR_IO);
+    ASSERT_STR_CONTAINS(tsr_last_error(), err);
+    ASSERT_TRUE(strstr(tsr_last_error(), ".tmp") == NULL);
+    tsr_batch_writer w;
+    ASSERT_EQ_INT(tsr_batch_writer_open(&w, out), TSR_ERR_IO);
+    ASSERT_STR_CONTAINS(tsr_last_error(), out);
+}
+
 TSR_TEST_MAIN(test_parse_valid_completion_and_defaults, test_parse_each_bad_line,
               test_record_shapes, test_resume_scan_truncated_output, test_strset,
-              test_chat_template_llama3)
+              test_chat_template_llama3, test_input_scan_encodings,
+              test_errors_file_failure_names_the_path_given)
