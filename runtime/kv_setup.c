@@ -188,6 +188,21 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
                               .max_seq_len = cfg->max_seq_len,
                               .prefix_caching = !opt->no_prefix_cache,
                               .keep_scores = pol->wants_scores, .be = opt->be};
+    if (opt->memory_bytes <= 0 && (!opt->be || opt->be->host_memory)) {
+        /* On the host the default pool is at most what the job's sequences can use: twice
+         * max_seqs contexts (room for prefix-cache hits). Half the free memory for a small
+         * model costs tens of MB of block records written up front, and the rest of the
+         * machine's memory belongs to other jobs. */
+        int64_t bs = kc.block_size > 0 ? kc.block_size : 16;
+        int64_t ctx = opt->max_context > 0 ? opt->max_context : cfg->max_seq_len;
+        int64_t need = 2 * (int64_t)kc.max_seqs * layers * ((ctx + bs - 1) / bs) *
+                       tsr_kv_paged_block_bytes(&kc);
+        if (need < kc.memory_bytes) {
+            TSR_LOG_INFO("KV pool: %.1f MiB, what %d sequences of %lld tokens can use (twice)",
+                         tsr__mib(need), kc.max_seqs, (long long)ctx);
+            kc.memory_bytes = mem = need;
+        }
+    }
     if (dist) {
         /* One logical cache: the same blocks per layer on every rank (the least any rank
          * can hold), so a stage with more layers gets a proportionally larger pool and the

@@ -132,10 +132,9 @@ grep -q warning "$TMP/err" && fail "offload with a budget warned: $(cat "$TMP/er
 # --- e. a 1 MB model's peak resident memory -------------------------------------------------
 # Measured on the plain CPU build only: ASan's shadow memory and the fenced device's
 # page-granular buffers are not what a user runs.
-# The default pool (no --kv-memory) used to hold half the host's memory in block records
-# (75-233 MB for stories260K); check_default_pool=1 checks it too, once runtime/kv_setup.c
-# caps the default pool at what the job's sequences can fill (issue 17 item 5e).
-check_default_pool=0
+# The default pool (no --kv-memory) is capped at what the job's sequences can fill
+# (runtime/kv_setup.c), not half the host's memory in block records.
+check_default_pool=1
 real=${TSR_TEST_BIN:-$BIN}
 peak_kib() { # peak RSS in KiB of the command, from getrusage of the children
     python3 -c "import resource, subprocess, sys
