@@ -40,9 +40,11 @@ ok_records() { grep -c '"error":null' "$1"; }
 unset SLURM_MEM_PER_NODE SLURM_MEM_PER_CPU SLURM_CPUS_ON_NODE
 
 # --- a 256 MiB cgroup: the pool follows it, every request finishes ---------------------
+# 128 sequences at once could fill more than the cgroup gives (the default pool is also
+# capped at twice what the job's sequences can fill), so the cgroup is the bound here.
 env $(fake_tree big 268435456 16777216) "$BIN" run --backend cpu --model "$MODEL" \
     --input "$IN" --output "$TMP/out.jsonl" --stats --verbose --quiet --threads 2 \
-    2>"$TMP/big.err"
+    --max-batch-seqs 128 2>"$TMP/big.err"
 rc=$?
 [ $rc -eq 0 ] || fail "256 MiB cgroup: exit $rc: $(tail -3 "$TMP/big.err")"
 n=$(ok_records "$TMP/out.jsonl")
