@@ -19,3 +19,22 @@ fail() {
 fenced_scale() {
     if [ "${TSR_TEST_BACKEND:-cpu}" = cpu-fenced ]; then echo "$2"; else echo "$1"; fi
 }
+# Lines of a file (0 when it does not exist yet).
+nlines() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
+# same_records A B WHAT: the same custom_ids once each with the same texts and reasons.
+same_records() {
+    python3 - "$1" "$2" <<'PY' || fail "$3: records differ"
+import json, sys
+def load(p):
+    d = {}
+    for line in open(p):
+        r = json.loads(line)
+        assert r["custom_id"] not in d, "duplicate " + r["custom_id"]
+        c = r["response"]["body"]["choices"][0]
+        d[r["custom_id"]] = (c["text"], c["finish_reason"])
+    return d
+a, b = load(sys.argv[1]), load(sys.argv[2])
+bad = sorted(k for k in b if a.get(k) != b[k])
+assert len(a) == len(b) and not bad, "%d vs %d records, differing: %s" % (len(a), len(b), bad[:5])
+PY
+}

@@ -49,7 +49,6 @@ ARGS=(--model "$MODEL" --max-batch-seqs 8 --threads 1 --progress-interval 0)
 DA=$TMP/job_a
 DB=$TMP/job_b
 mkdir -p "$DA" "$DB"
-nlines() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
 
 # stop_job DIR INPUT: runs the job in DIR (out.jsonl, ck.h5), SIGTERM after 15 records.
 stop_job() {
@@ -66,24 +65,6 @@ stop_job() {
     local rc=$?
     [ $rc -eq 3 ] || fail "$1: SIGTERM: exit $rc, want 3: $(cat "$1/stop.err")"
     [ -f "$1/ck.h5" ] || fail "$1: no checkpoint after SIGTERM"
-}
-
-# same_records A B WHAT: the same custom_ids once each with the same texts and reasons.
-same_records() {
-    python3 - "$1" "$2" <<'PY' || fail "$3: records differ from the uninterrupted run"
-import json, sys
-def load(p):
-    d = {}
-    for line in open(p):
-        r = json.loads(line)
-        assert r["custom_id"] not in d, "duplicate " + r["custom_id"]
-        c = r["response"]["body"]["choices"][0]
-        d[r["custom_id"]] = (c["text"], c["finish_reason"])
-    return d
-a, b = load(sys.argv[1]), load(sys.argv[2])
-bad = sorted(k for k in b if a.get(k) != b[k])
-assert len(a) == len(b) and not bad, "%d vs %d records, differing: %s" % (len(a), len(b), bad[:5])
-PY
 }
 
 "$BIN" run "${ARGS[@]}" --input "$TMP/in_a.jsonl" --output "$TMP/full.jsonl" --quiet ||

@@ -45,23 +45,6 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"custom_id": "r-%03d" % i, "url": "/v1/completions",
                             "body": body}) + "\n")
 PY
-# same_records A B WHAT: the same custom_ids once each with the same texts and reasons.
-same_records() {
-    python3 - "$1" "$2" <<'PY' || fail "$3: records differ"
-import json, sys
-def load(p):
-    d = {}
-    for line in open(p):
-        r = json.loads(line)
-        assert r["custom_id"] not in d, "duplicate " + r["custom_id"]
-        c = r["response"]["body"]["choices"][0]
-        d[r["custom_id"]] = (c["text"], c["finish_reason"])
-    return d
-a, b = load(sys.argv[1]), load(sys.argv[2])
-bad = sorted(k for k in b if a.get(k) != b[k])
-assert len(a) == len(b) and not bad, "%d vs %d records, differing: %s" % (len(a), len(b), bad[:5])
-PY
-}
 for pol in "${POLICIES[@]}"; do
     tag=${pol// /_}
     for be in cpu cpu-fenced; do
@@ -79,7 +62,6 @@ if "$BIN" run --model "$MODEL" --input /dev/null --output "$TMP/x.jsonl" \
     --checkpoint "$TMP/x.h5" 2>&1 | grep -q "this build has no HDF5"; then
     echo "test_fenced_same: checkpoint part skipped (built without HDF5)"
 else
-    nlines() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
     for pol in "paged" "h2o --kv-budget 0.5"; do
         tag=${pol// /_}
         out=$TMP/ck.$tag.jsonl ck=$TMP/ck.$tag.h5

@@ -36,7 +36,6 @@ with open(sys.argv[1], "w") as f:
                             "body": body}) + "\n")
 PY
 
-nlines() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
 # run_and_term OUT CKPT ERR [args]: starts a run, SIGTERMs it once it wrote 15 records;
 # sets rc.
 run_and_term() {
@@ -51,24 +50,6 @@ run_and_term() {
     kill -TERM "$pid"
     wait "$pid"
     rc=$?
-}
-
-# same_records A B WHAT: the same custom_ids once each with the same texts and reasons.
-same_records() {
-    python3 - "$1" "$2" <<'PY' || fail "$3: records differ from the uninterrupted run"
-import json, sys
-def load(p):
-    d = {}
-    for line in open(p):
-        r = json.loads(line)
-        assert r["custom_id"] not in d, "duplicate " + r["custom_id"]
-        c = r["response"]["body"]["choices"][0]
-        d[r["custom_id"]] = (c["text"], c["finish_reason"])
-    return d
-a, b = load(sys.argv[1]), load(sys.argv[2])
-bad = sorted(k for k in b if a.get(k) != b[k])
-assert len(a) == len(b) and not bad, "%d vs %d records, differing: %s" % (len(a), len(b), bad[:5])
-PY
 }
 
 prefill() {

@@ -16,7 +16,6 @@ done >"$IN"
 ARGS=(--model "$MODEL" --input "$IN" --max-batch-seqs 4 --max-batch-tokens 16 --threads 1
     --progress-interval 0)
 
-nlines() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
 # Starts a run in the background, sends $2 once it has written 5 records (so the handlers
 # are installed); sets rc.
 run_and_signal() {
