@@ -13,6 +13,7 @@ static const struct {
     {"run", tsr_cmd_run, "bulk generation: OpenAI batch JSONL in, completions JSONL out"},
     {"convert", tsr_cmd_convert, "convert a model (e.g. llama2.c .bin) to a Hugging Face directory"},
     {"bench", tsr_cmd_bench, "measure prefill and decode speed"},
+    {"characterize", tsr_cmd_characterize, "run a KV-policy characterization study (cells.csv, report, plots)"},
 };
 
 static void tsr__usage(FILE *f) {
