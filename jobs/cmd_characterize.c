@@ -315,7 +315,9 @@ static void tsr__fill_metrics(cJSON *rec, const cJSON *m) {
     moved += isfinite(si) ? si : 0;
     tsr__set(rec, "bytes_offloaded", off);
     tsr__set(rec, "bytes_fetched", fet);
-    tsr__set(rec, "bytes_moved", moved);
+    /* tessera run's own total when it reports one */
+    double own = tsr__num(m, "kv", "bytes_moved", NULL);
+    tsr__set(rec, "bytes_moved", isfinite(own) ? own : moved);
     tsr__set(rec, "evictions", tsr__num(m, "kv", "evictions", NULL));
     tsr__set(rec, "preemptions", tsr__num(m, "scheduler", "preemptions", NULL));
     tsr__set(rec, "score_matrix_bytes_peak", tsr__num(m, "kv", "score_matrix_bytes_peak", NULL));
@@ -385,7 +387,7 @@ static tsr_status tsr__run_cell(tsr__char *c, const tsr_cell *cell, cJSON **out_
             tsr__arg(a, "%d", cell->batch);
             /* the original H2O prefills the prompt in one call (n_q = n); the tiled
              * policies in tessera run's default chunks */
-            int chunk = p->whole_prefill ? cell->prompt_len + cell->batch : 512;
+            int chunk = p->whole_prefill ? cell->batch * (cell->prompt_len + 1) : 512;
             if (chunk < cell->batch) chunk = cell->batch;
             tsr__arg(a, "--max-batch-tokens");
             tsr__arg(a, "%d", chunk);
@@ -439,6 +441,11 @@ static tsr_status tsr__run_cell(tsr__char *c, const tsr_cell *cell, cJSON **out_
             tsr__arg(a, "%g", cell->budget);
         }
         for (int i = 0; i < p->n_args; i++) tsr__arg(a, "%s", p->args[i]);
+        if (s->threads > 0) {
+            tsr__arg(a, "--threads");
+            tsr__arg(a, "%d", s->threads);
+        }
+        tsr__arg(a, "--quiet");
         tsr__arg(a, "--json");
         tsr__arg(a, "%s", met);
     }
