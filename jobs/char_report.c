@@ -122,7 +122,7 @@ static void tsr__csv_str(FILE *f, const char *s) {
 }
 
 static tsr_status tsr__write_csv(cJSON *const *recs, size_t n, const char *path) {
-    char tmp[4200];
+    char tmp[4400];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     if (!f) return tsr_error_set(TSR_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
@@ -347,8 +347,8 @@ static void tsr__f_oom(const tsr_study *s, cJSON *const *r, size_t n, tsr__findi
                 "32K one matrix alone is 164 GB. tessera's `h2o-materialize` policy is that "
                 "baseline (the whole prompt in one forward call); `h2o` and `offload` take "
                 "their scores from the tiled attention kernel and never hold the matrix.\n\n");
-    fprintf(md, "| model | policy | n (tokens) | heads | n x n bytes | limit | predicted | "
-                "measured | peak host |\n|---|---|---:|---:|---:|---:|---|---|---:|\n");
+    fprintf(md, "| model | policy | n (tokens) | batch | heads | n x n bytes | limit | predicted | "
+                "measured | peak host |\n|---|---|---:|---:|---:|---:|---:|---|---|---:|\n");
     int match = 0, total = 0, fails = 0;
     double first_fail = INFINITY;
     for (size_t i = 0; i < n; i++) {
@@ -365,9 +365,9 @@ static void tsr__f_oom(const tsr_study *s, cJSON *const *r, size_t n, tsr__findi
         }
         char lims[32] = "none";
         if (isfinite(lim)) snprintf(lims, sizeof lims, "%.0f MiB", tsr__mib(lim));
-        fprintf(md, "| %s | %s | %.0f | %.0f | %.1f MiB | %s | %s | %s | %.1f MiB |\n",
+        fprintf(md, "| %s | %s | %.0f | %.0f | %.0f | %.1f MiB | %s | %s | %s | %.1f MiB |\n",
                 tsr__s(r[i], "model"), tsr__s(r[i], "policy"), tsr__n(r[i], "prompt_tokens"),
-                tsr__n(r[i], "heads"), tsr__mib(nx), lims, pred ? "out of memory" : "fits",
+                tsr__n(r[i], "batch"), tsr__n(r[i], "heads"), tsr__mib(nx), lims, pred ? "out of memory" : "fits",
                 tsr__s(r[i], "status"), tsr__mib(tsr__n(r[i], "peak_host_bytes")));
     }
     fputc('\n', md);
@@ -375,7 +375,8 @@ static void tsr__f_oom(const tsr_study *s, cJSON *const *r, size_t n, tsr__findi
     fprintf(md, "Tiled policies, peak host memory against the prompt length (least-squares "
                 "line over the completed cells at the first budget, batch and rate):\n\n"
                 "| model | policy | budget | longest ok (tokens) | longest asked | MiB per 1K "
-                "tokens | R^2 | failed |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
+                "tokens (line) | R^2 | MiB per 1K tokens, last step | failed |\n"
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     int tiled_ok = 0, tiled_total = 0;
     for (int m = 0; m < s->n_models; m++)
         for (int p = 0; p < s->n_policies; p++) {
@@ -406,12 +407,27 @@ static void tsr__f_oom(const tsr_study *s, cJSON *const *r, size_t n, tsr__findi
                 }
             }
             if (asked == 0) continue;
-            double slope = NAN, r2 = NAN;
+            double slope = NAN, r2 = NAN, last = NAN;
             if (k >= 2) tsr__fit(x, y, k, &slope, &r2);
+            /* the growth between the two longest prompts: an n^2 term would make it many
+             * times the line's slope (the n x n matrix grows 2n^2 x heads x 4 B per step) */
+            int a = -1, b = -1;
+            for (int j = 0; j < k; j++)
+                if (b < 0 || x[j] > x[b]) b = j;
+            for (int j = 0; j < k; j++)
+                if (j != b && (a < 0 || x[j] > x[a])) a = j;
+            if (a >= 0 && b >= 0 && x[b] > x[a]) last = (y[b] - y[a]) / (x[b] - x[a]);
+            bool linear = k < 3 || r2 >= 0.95 ||
+                          (isfinite(last) && last <= 2 * fabs(slope) + 64.0); /* 64 B/token */
             tiled_total++;
-            if (longest == asked && failed == 0 && (k < 3 || r2 >= 0.95)) tiled_ok++;
-            fprintf(md, "| %s | %s | %g | %.0f | %.0f | %.3f | %.4f | %d |\n", s->models[m].label,
-                    pol->label, tsr__bud0(s, pol), longest, asked, tsr__mib(slope) * 1000, r2, failed);
+            if (longest == asked && failed == 0 && linear) tiled_ok++;
+            char sl[32] = "-", rr[32] = "-", ls[32] = "-";
+            if (isfinite(slope)) snprintf(sl, sizeof sl, "%.3f", tsr__mib(slope) * 1000);
+            if (isfinite(r2)) snprintf(rr, sizeof rr, "%.4f", r2);
+            if (isfinite(last)) snprintf(ls, sizeof ls, "%.3f", tsr__mib(last) * 1000);
+            fprintf(md, "| %s | %s | %g | %.0f | %.0f | %s | %s | %s | %d |\n",
+                    s->models[m].label, pol->label, tsr__bud0(s, pol), longest, asked, sl, rr,
+                    ls, failed);
         }
     fputc('\n', md);
     if (total == 0) {
@@ -423,8 +439,9 @@ static void tsr__f_oom(const tsr_study *s, cJSON *const *r, size_t n, tsr__findi
     snprintf(f->measured, sizeof f->measured,
              "the materialize baseline ran out of memory in %d of %d cells (first at %.0f "
              "tokens); the arithmetic heads x n^2 x 4 B > limit predicted %d of %d outcomes. "
-             "The tiled h2o/offload completed every prompt length asked with memory fitting a "
-             "line (R^2 >= 0.95) in %d of %d policy series.",
+             "The tiled h2o/offload completed every prompt length asked with memory growing "
+             "linearly (R^2 >= 0.95, or the last step's growth at most twice the line's slope "
+             "+ 64 B/token) in %d of %d policy series.",
              fails, total, isfinite(first_fail) ? first_fail : 0, match, total, tiled_ok,
              tiled_total);
     f->verdict = match == total && fails > 0 && tiled_ok == tiled_total ? "agree"
@@ -470,24 +487,41 @@ static const char tsr__gp_head[] =
  * rate, layout), out-of-memory points marked, heads x n^2 x 4 and the limit as lines. */
 static bool tsr__plot_memory(const tsr_study *s, cJSON *const *r, size_t n, int m,
                              const char *dir, const char *gp, char *png, size_t cap) {
-    char dat[4200], script[4200];
+    char script[4200];
     snprintf(png, cap, "memory_vs_prompt_%s.png", s->models[m].label);
-    snprintf(dat, sizeof dat, "%s/plots/memory_%s.dat", dir, s->models[m].label);
     snprintf(script, sizeof script, "%s/plots/memory_%s.gp", dir, s->models[m].label);
-    FILE *d = fopen(dat, "w");
-    if (!d) return false;
     char rs[32];
     tsr_study_rate_str(s->rates[0], rs, sizeof rs);
-    int blocks = 0;
     double lim = s->mem_limit > 0 ? tsr__mib((double)s->mem_limit) : NAN;
     double xmin = INFINITY, xmax = 0, ymax = 1;
-    bool used[64] = {0};
-    /* one block per policy: ok points, then (second block) the failures */
-    for (int p = 0; p < s->n_policies && p < 64; p++) {
+    FILE *g = fopen(script, "w");
+    if (!g) return false;
+    fprintf(g, "%s", tsr__gp_head);
+    fprintf(g, "set key below box\nset terminal pngcairo size 960,760\n");
+    fprintf(g, "set output '%s/%s'\n", dir, png);
+    fprintf(g, "set title \"%s: peak host memory vs prompt length (batch %d, %s; h2o/offload "
+               "at their first budget)\"\n", s->models[m].label, s->batch_sizes[0], rs);
+    fprintf(g, "set xlabel 'prompt length (tokens)'\nset ylabel 'peak host memory (MiB)'\n");
+    fprintf(g, "set logscale xy 2\n");
+    fprintf(g, "nxn(x) = %d * x * x * 4 / 1048576.0\n", s->models[m].heads);
+    /* one data file per policy and outcome; only series with points are plotted */
+    char plot[8192] = "";
+    size_t pl = 0;
+    for (int p = 0; p < s->n_policies; p++) {
         const tsr_study_policy *pol = &s->policies[p];
         double bud = tsr__bud0(s, pol);
+        char bs[48] = "full cache";
+        if (pol->budgeted) snprintf(bs, sizeof bs, "budget %g", bud);
         for (int pass = 0; pass < 2; pass++) {
-            fprintf(d, "# %s %s\n", pol->label, pass ? "failed" : "ok");
+            char dat[4200];
+            snprintf(dat, sizeof dat, "%s/plots/memory_%s_%s_%s.dat", dir, s->models[m].label,
+                     pol->label, pass ? "failed" : "ok");
+            FILE *d = fopen(dat, "w");
+            if (!d) {
+                fclose(g);
+                return false;
+            }
+            int pts = 0;
             for (size_t i = 0; i < n; i++) {
                 rec_t c = r[i];
                 if (!tsr__perf(c) || !tsr__is(c, "model", s->models[m].label) ||
@@ -495,54 +529,43 @@ static bool tsr__plot_memory(const tsr_study *s, cJSON *const *r, size_t n, int 
                     tsr__n(c, "batch") != s->batch_sizes[0] || !tsr__is(c, "request_rate", rs) ||
                     !tsr__is(c, "layout", s->layouts[0].label) || tsr__is(c, "status", "skipped"))
                     continue;
-                bool ok = tsr__ok(c);
-                if (ok == (pass == 1)) continue;
+                if (tsr__ok(c) == (pass == 1)) continue;
                 double y = tsr__mib(tsr__n(c, "peak_host_bytes"));
                 if (!isfinite(y)) y = isfinite(lim) ? lim : 1;
                 double x = tsr__n(c, "prompt_tokens");
                 fprintf(d, "%g %g\n", x, y);
-                used[p] = true;
+                pts++;
                 xmin = fmin(xmin, x);
                 xmax = fmax(xmax, x);
                 ymax = fmax(ymax, y);
             }
-            fprintf(d, "\n\n");
-            blocks++;
+            fclose(d);
+            if (!pts || pl > sizeof plot - 600) continue;
+            if (pass == 0)
+                pl += (size_t)snprintf(plot + pl, sizeof plot - pl,
+                                       "%s'%s' using 1:2 with linespoints lw 2 pt 7 lc %d title "
+                                       "'%s (%s)'", pl ? ", \\\n     " : "", dat, p + 1,
+                                       pol->label, bs);
+            else
+                pl += (size_t)snprintf(plot + pl, sizeof plot - pl,
+                                       "%s'%s' using 1:2 with points pt 2 ps 3 lw 3 lc %d title "
+                                       "'%s: out of memory / failed (memory reached)'",
+                                       pl ? ", \\\n     " : "", dat, p + 1, pol->label);
         }
     }
-    fclose(d);
-    if (xmax == 0) return false;
-    FILE *g = fopen(script, "w");
-    if (!g) return false;
-    fprintf(g, "%s", tsr__gp_head);
-    fprintf(g, "set output '%s/%s'\n", dir, png);
-    fprintf(g, "set title \"%s: peak host memory vs prompt length (budget %g, batch %d, %s)\"\n",
-            s->models[m].label, s->budgets[0], s->batch_sizes[0], rs);
-    fprintf(g, "set xlabel 'prompt length (tokens)'\nset ylabel 'peak host memory (MiB)'\n");
-    fprintf(g, "set logscale xy 2\n");
-    double top = fmax(ymax, isfinite(lim) ? lim : 0) * 2;
-    fprintf(g, "set xrange [%g:%g]\nset yrange [%g:%g]\n", xmin / 1.5, xmax * 1.5, 1.0, top);
-    fprintf(g, "nxn(x) = %d * x * x * 4 / 1048576.0\n", s->models[m].heads);
-    fprintf(g, "plot ");
-    int b = 0;
-    bool first = true;
-    for (int p = 0; p < s->n_policies && p < 64; p++, b += 2) {
-        if (!used[p]) continue;
-        fprintf(g, "%s'%s' index %d using 1:2 with linespoints lw 2 pt 7 lc %d title '%s', "
-                   "'%s' index %d using 1:2 with points pt 2 ps 3 lw 3 lc %d title '%s: out of "
-                   "memory / failed'",
-                first ? "" : ", \\\n     ", dat, b, p + 1, s->policies[p].label, dat, b + 1,
-                p + 1, s->policies[p].label);
-        first = false;
+    if (xmax == 0) {
+        fclose(g);
+        return false;
     }
-    fprintf(g, ", \\\n     nxn(x) with lines dt 2 lw 2 lc rgb 'black' title 'n x n scores: %d "
-               "heads x n^2 x 4 B'", s->models[m].heads);
+    double top = fmax(ymax, isfinite(lim) ? lim : 0) * 4;
+    fprintf(g, "set xrange [%g:%g]\nset yrange [%g:%g]\n", xmin / 1.5, xmax * 1.5, 1.0, top);
+    fprintf(g, "plot %s, \\\n     nxn(x) with lines dt 2 lw 2 lc rgb 'black' title 'n x n "
+               "scores: %d heads x n^2 x 4 B'", plot, s->models[m].heads);
     if (isfinite(lim))
         fprintf(g, ", \\\n     %g with lines dt 3 lw 2 lc rgb 'red' title 'cell memory limit "
                    "(%.0f MiB)'", lim, lim);
     fprintf(g, "\n");
     fclose(g);
-    (void)blocks;
     return tsr__gnuplot(gp, script, dir);
 }
 
@@ -555,18 +578,19 @@ static bool tsr__plot_rate(const tsr_study *s, cJSON *const *r, size_t n, const 
     if (numeric == 0) return false;
     int batch = s->sweep_batch ? s->sweep_batch : s->batch_sizes[s->n_batch_sizes - 1];
     int plen = s->sweep_len ? s->sweep_len : s->prompt_lengths[0];
-    char dat[4200], script[4200];
+    char script[4200], plot[8192] = "";
+    size_t pl = 0;
     snprintf(png, cap, "%s_vs_rate.png", name);
-    snprintf(dat, sizeof dat, "%s/plots/%s_rate.dat", dir, name);
     snprintf(script, sizeof script, "%s/plots/%s_rate.gp", dir, name);
-    FILE *d = fopen(dat, "w");
-    if (!d) return false;
-    bool any = false;
-    double xmax = 0;
+    double xmin = INFINITY, xmax = 0;
     for (int p = 0; p < s->n_policies; p++) {
         const tsr_study_policy *pol = &s->policies[p];
         double bud = tsr__bud0(s, pol);
-        fprintf(d, "# %s\n", pol->label);
+        char dat[4200];
+        snprintf(dat, sizeof dat, "%s/plots/%s_rate_%s.dat", dir, name, pol->label);
+        FILE *d = fopen(dat, "w");
+        if (!d) return false;
+        int pts = 0;
         for (int k = 0; k < s->n_rates; k++) {
             if (s->rates[k] <= 0) continue;
             char rs[32];
@@ -582,27 +606,30 @@ static bool tsr__plot_rate(const tsr_study *s, cJSON *const *r, size_t n, const 
                 double y = tsr__n(c, col);
                 if (!isfinite(y)) continue;
                 fprintf(d, "%g %g\n", s->rates[k], y * scale);
-                any = true;
+                pts++;
+                xmin = fmin(xmin, s->rates[k]);
                 xmax = fmax(xmax, s->rates[k]);
             }
         }
-        fprintf(d, "\n\n");
+        fclose(d);
+        if (!pts || pl > sizeof plot - 400) continue;
+        pl += (size_t)snprintf(plot + pl, sizeof plot - pl,
+                               "%s'%s' using 1:2 with linespoints lw 2 pt 7 lc %d title '%s%s'",
+                               pl ? ", \\\n     " : "", dat, p + 1, pol->label,
+                               pol->budgeted ? " (first budget)" : "");
     }
-    fclose(d);
-    if (!any) return false;
+    if (!pl) return false;
     FILE *g = fopen(script, "w");
     if (!g) return false;
     fprintf(g, "%s", tsr__gp_head);
+    fprintf(g, "set key inside top left box opaque\n");
     fprintf(g, "set output '%s/%s'\n", dir, png);
     fprintf(g, "set title \"%s: %s vs request rate (Poisson arrivals; %d requests of %d "
-               "tokens, first budget)\"\n", s->models[0].label, ylabel, batch, plen);
-    fprintf(g, "set xlabel 'request rate (requests/s)'\nset ylabel '%s'\n", ylabel);
-    fprintf(g, "set xrange [0:%g]\nset yrange [0:*]\n", xmax * 1.1);
-    fprintf(g, "plot ");
-    for (int p = 0; p < s->n_policies; p++)
-        fprintf(g, "%s'%s' index %d using 1:2 with linespoints lw 2 pt 7 lc %d title '%s'",
-                p ? ", \\\n     " : "", dat, p, p + 1, s->policies[p].label);
-    fprintf(g, "\n");
+               "tokens)\"\n", s->models[0].label, ylabel, batch, plen);
+    fprintf(g, "set xlabel 'request rate (requests/s, log scale)'\nset ylabel '%s'\n", ylabel);
+    fprintf(g, "set logscale x 2\nset xrange [%g:%g]\nset yrange [0:*]\n", xmin / 1.5,
+            xmax * 1.5);
+    fprintf(g, "plot %s\n", plot);
     fclose(g);
     return tsr__gnuplot(gp, script, dir);
 }
@@ -611,17 +638,19 @@ static bool tsr__plot_rate(const tsr_study *s, cJSON *const *r, size_t n, const 
  * model; the full cache (paged) at budget 1. */
 static bool tsr__plot_fidelity(const tsr_study *s, cJSON *const *r, size_t n, const char *dir,
                                const char *gp, char *png, size_t cap) {
-    char dat[4200], script[4200];
+    char script[4200], plot[16384] = "";
+    size_t pl = 0;
     snprintf(png, cap, "fidelity_vs_budget.png");
-    snprintf(dat, sizeof dat, "%s/plots/fidelity.dat", dir);
     snprintf(script, sizeof script, "%s/plots/fidelity.gp", dir);
-    FILE *d = fopen(dat, "w");
-    if (!d) return false;
     int series = 0;
-    char titles[64][96];
     for (int m = 0; m < s->n_models; m++)
-        for (int p = 0; p < s->n_policies && series < 64; p++) {
-            bool any = false;
+        for (int p = 0; p < s->n_policies; p++) {
+            char dat[4200];
+            snprintf(dat, sizeof dat, "%s/plots/fidelity_%s_%s.dat", dir, s->models[m].label,
+                     s->policies[p].label);
+            FILE *d = fopen(dat, "w");
+            if (!d) return false;
+            int pts = 0;
             for (size_t i = 0; i < n; i++) {
                 rec_t c = r[i];
                 if (!tsr__is(c, "kind", "fidelity") || !tsr__ok(c) ||
@@ -634,18 +663,19 @@ static bool tsr__plot_fidelity(const tsr_study *s, cJSON *const *r, size_t n, co
                 if (isfinite(ag)) snprintf(as, sizeof as, "%g", ag);
                 if (isfinite(kl)) snprintf(ks, sizeof ks, "%g", kl);
                 fprintf(d, "%g %s %s\n", b > 0 && b <= 1 ? b : 1.0, as, ks);
-                any = true;
+                pts += isfinite(ag) || isfinite(kl);
             }
-            fprintf(d, "\n\n");
-            snprintf(titles[series], sizeof titles[series], "%s %s", s->models[m].label,
-                     s->policies[p].label);
-            if (!any) titles[series][0] = '\0';
+            fclose(d);
+            if (!pts || pl > sizeof plot - 800) continue;
             series++;
+            pl += (size_t)snprintf(
+                plot + pl, sizeof plot - pl,
+                "%s'%s' using 1:2 with linespoints lw 2 pt 7 lc %d title '%s %s agreement', "
+                "'%s' using 1:3 axes x1y2 with linespoints dt 2 lw 2 pt 6 lc %d title '%s %s KL'",
+                pl ? ", \\\n     " : "", dat, series, s->models[m].label, s->policies[p].label,
+                dat, series, s->models[m].label, s->policies[p].label);
         }
-    fclose(d);
-    bool any = false;
-    for (int i = 0; i < series; i++) any = any || titles[i][0];
-    if (!any) return false;
+    if (!pl) return false;
     FILE *g = fopen(script, "w");
     if (!g) return false;
     fprintf(g, "%s", tsr__gp_head);
@@ -653,19 +683,9 @@ static bool tsr__plot_fidelity(const tsr_study *s, cJSON *const *r, size_t n, co
     fprintf(g, "set title 'fidelity against the full cache vs KV budget (paged = budget 1)'\n");
     fprintf(g, "set xlabel 'KV budget (fraction of the sequence kept)'\n");
     fprintf(g, "set ylabel 'top-1 agreement with the full cache (solid)'\n");
-    fprintf(g, "set y2label 'KL(full || policy) in nats (dashed)'\nset y2tics\nset ytics nomirror\n");
+    fprintf(g, "set y2label 'KL(full || policy), nats (dashed)'\nset y2tics\nset ytics nomirror\n");
     fprintf(g, "set xrange [0:1.05]\nset yrange [0:1.05]\nset y2range [0:*]\n");
-    fprintf(g, "plot ");
-    bool first = true;
-    for (int i = 0; i < series; i++) {
-        if (!titles[i][0]) continue;
-        fprintf(g, "%s'%s' index %d using 1:2 with linespoints lw 2 pt 7 lc %d title '%s "
-                   "agreement', '%s' index %d using 1:3 axes x1y2 with linespoints dt 2 lw 2 "
-                   "pt 6 lc %d title '%s KL'",
-                first ? "" : ", \\\n     ", dat, i, i + 1, titles[i], dat, i, i + 1, titles[i]);
-        first = false;
-    }
-    fprintf(g, "\n");
+    fprintf(g, "plot %s\n", plot);
     fclose(g);
     return tsr__gnuplot(gp, script, dir);
 }
@@ -774,15 +794,37 @@ tsr_status tsr_char_report(const tsr_study *s, cJSON *const *recs, size_t n, con
     for (int i = 0; i < n_png; i++) fprintf(md, "![%s](%s)\n\n", pngs[i], pngs[i]);
     if (have_gp && n_png == 0) fprintf(md, "No series had data to plot.\n\n");
     fprintf(md, "## Cells that did not complete\n\n");
-    int shown = 0;
+    int shown = 0, skipped = 0;
     for (size_t i = 0; i < n; i++) {
         if (tsr__ok(recs[i])) continue;
+        if (tsr__is(recs[i], "status", "skipped")) {
+            skipped++;
+            continue;
+        }
         if (shown++ == 0) fprintf(md, "| cell | status | reason |\n|---|---|---|\n");
         fprintf(md, "| %s | %s | ", tsr__s(recs[i], "id"), tsr__s(recs[i], "status"));
         for (const char *c = tsr__s(recs[i], "reason"); *c; c++) fputc(*c == '|' ? '/' : *c, md);
         fprintf(md, " |\n");
     }
-    if (!shown) fprintf(md, "All cells completed.\n");
+    if (!shown) fprintf(md, "Every cell that ran completed.\n");
+    if (skipped) {
+        /* the distinct reasons, with their counts */
+        fprintf(md, "\n%d cells were skipped (not run):\n\n", skipped);
+        bool *seen = tsr_calloc(n, sizeof *seen);
+        for (size_t i = 0; seen && i < n; i++) {
+            if (seen[i] || !tsr__is(recs[i], "status", "skipped")) continue;
+            const char *why = tsr__s(recs[i], "reason");
+            int cnt = 0;
+            for (size_t j = i; j < n; j++)
+                if (!seen[j] && tsr__is(recs[j], "status", "skipped") &&
+                    tsr__is(recs[j], "reason", why)) {
+                    seen[j] = true;
+                    cnt++;
+                }
+            fprintf(md, "- %d: %s\n", cnt, why);
+        }
+        tsr_free(seen);
+    }
     bool bad = ferror(md) != 0;
     if (fclose(md) != 0 || bad || rename(tmp, mdp) != 0) {
         remove(tmp);
