@@ -100,6 +100,15 @@ static double tsr__bud0(const tsr_study *s, const tsr_study_policy *p) {
     return !p->budgeted ? 0 : p->budgets ? p->budgets[0] : s->budgets[0];
 }
 
+/* Text accuracy of random weights means nothing: the findings' accuracy side uses the
+ * real models' fidelity cells only (the synthetic ones stay in the CSV and the plot). */
+static bool tsr__synthetic(const tsr_study *s, rec_t r) {
+    for (int i = 0; i < s->n_models; i++)
+        if (tsr__is(r, "model", s->models[i].label))
+            return !strncmp(s->models[i].spec, "synthetic:", 10);
+    return false;
+}
+
 /* Same coordinates but policy and budget. */
 static bool tsr__same_point(rec_t a, rec_t b) {
     return tsr__is(a, "model", tsr__s(b, "model")) && tsr__is(a, "layout", tsr__s(b, "layout")) &&
@@ -238,7 +247,8 @@ static void tsr__f_h2o_memory(const tsr_study *s, cJSON *const *r, size_t n, tsr
     size_t al = 0;
     bool cost = false, have_fid = false;
     for (size_t i = 0; i < n; i++) {
-        if (!tsr__is(r[i], "kind", "fidelity") || !tsr__ok(r[i]) || !tsr__is(r[i], "policy", "h2o"))
+        if (!tsr__is(r[i], "kind", "fidelity") || !tsr__ok(r[i]) ||
+            !tsr__is(r[i], "policy", "h2o") || tsr__synthetic(s, r[i]))
             continue;
         have_fid = true;
         double ag = tsr__n(r[i], "fid_agreement"), kl = tsr__n(r[i], "fid_kl");
@@ -258,13 +268,12 @@ static void tsr__f_h2o_memory(const tsr_study *s, cJSON *const *r, size_t n, tsr
     snprintf(f->measured, sizeof f->measured,
              "h2o's KV pool peak was up to %.0f %% below paged's (budget %g, %g-token prompt; "
              "%d comparisons). Accuracy: %s", 100 * best, best_b, best_n, cmp,
-             have_fid ? acc : "not measured (no fidelity cells ran)");
+             have_fid ? acc : "not measured (no fidelity cell of a real model ran)");
     bool mem = best >= 0.5;
     f->verdict = mem && have_fid && cost ? "agree" : mem ? "partly" : "disagree";
 }
 
 static void tsr__f_offload(const tsr_study *s, cJSON *const *r, size_t n, tsr__finding *f) {
-    (void)s;
     double moved_off = 0, moved_h2o = 0;
     int n_off = 0;
     for (size_t i = 0; i < n; i++) {
@@ -284,7 +293,7 @@ static void tsr__f_offload(const tsr_study *s, cJSON *const *r, size_t n, tsr__f
     size_t al = 0;
     for (size_t i = 0; i < n; i++) {
         if (!tsr__is(r[i], "kind", "fidelity") || !tsr__ok(r[i]) ||
-            !tsr__is(r[i], "policy", "offload"))
+            !tsr__is(r[i], "policy", "offload") || tsr__synthetic(s, r[i]))
             continue;
         rec_t h = tsr__fid(r, n, tsr__s(r[i], "model"), "h2o", tsr__n(r[i], "budget"));
         if (!h) continue;
@@ -311,7 +320,7 @@ static void tsr__f_offload(const tsr_study *s, cJSON *const *r, size_t n, tsr__f
     snprintf(f->measured, sizeof f->measured,
              "offload moved up to %.1f MiB between the host tier and the pool in a cell (h2o: "
              "%.1f MiB). Accuracy against h2o at the same budget: %s%s", tsr__mib(moved_off),
-             tsr__mib(moved_h2o), pairs ? "" : "not measured (no fidelity cells ran)",
+             tsr__mib(moved_h2o), pairs ? "" : "not measured (no fidelity cell of a real model ran)",
              pairs ? acc : "");
     bool traffic = moved_off > moved_h2o;
     f->verdict = traffic && pairs && 2 * better >= pairs ? "agree"
@@ -779,7 +788,9 @@ tsr_status tsr_char_report(const tsr_study *s, cJSON *const *recs, size_t n, con
     }
     fprintf(md, "\nScale: these cells run on the machine at hand (a CPU run is not a GPU's "
                 "throughput); the comparisons are between policies on the same inputs, which "
-                "is what the findings are about.\n\n");
+                "is what the findings are about. Accuracy in findings 2 and 3 comes from the "
+                "fidelity cells of real models; a synthetic model's text figures (random "
+                "weights) are in the CSV and the fidelity plot only.\n\n");
     fprintf(md, "## The n x n arithmetic\n\n");
     if (oom) {
         rewind(oom);
