@@ -689,6 +689,7 @@ static bool tsr__plot_fidelity(const tsr_study *s, cJSON *const *r, size_t n, co
     if (!g) return false;
     fprintf(g, "%s", tsr__gp_head);
     fprintf(g, "set output '%s/%s'\n", dir, png);
+    fprintf(g, "set key below box maxrows 6\nset terminal pngcairo size 1100,800\n");
     fprintf(g, "set title 'fidelity against the full cache vs KV budget (paged = budget 1)'\n");
     fprintf(g, "set xlabel 'KV budget (fraction of the sequence kept)'\n");
     fprintf(g, "set ylabel 'top-1 agreement with the full cache (solid)'\n");

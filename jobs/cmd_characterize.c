@@ -79,7 +79,8 @@ static const char tsr__char_about[] =
     "    \"kv_memory\": \"256M\",\n"
     "    \"limits\": {\"memory\": \"1G\", \"time_s\": 120},\n"
     "    \"launcher\": \"mpirun -np {ranks}\",\n"
-    "    \"fidelity\": {\"text\": \"bench/data/heldout.txt\", \"probe_length\": 256}\n"
+    "    \"fidelity\": {\"text\": \"bench/data/heldout.txt\", \"probe_length\": 256,\n"
+    "                 \"max_tokens\": 400}\n"
     "  }\n"
     "models: a path or synthetic:NAME, or an object (label, path, tokenizer; context and\n"
     "  heads spare loading the model to learn them). policies: any --kv-policy name;\n"
@@ -433,6 +434,10 @@ static tsr_status tsr__run_cell(tsr__char *c, const tsr_cell *cell, cJSON **out_
         if (s->fid_probe_length > 0) {
             tsr__arg(a, "--probe-length");
             tsr__arg(a, "%d", s->fid_probe_length);
+        }
+        if (s->fid_max_tokens > 0) {
+            tsr__arg(a, "--max-tokens");
+            tsr__arg(a, "%d", s->fid_max_tokens);
         }
         tsr__arg(a, "--kv-policy");
         tsr__arg(a, "%s", p->policy);

@@ -316,6 +316,7 @@ static tsr_status tsr__fidelity(tsr_study *s, const cJSON *root) {
         return tsr__bad(s, "fidelity", "an object {\"text\", \"probe_length\"}");
     TSR_TRY(tsr__str_key(s, f, "text", "fidelity.text", &s->fid_text));
     if (!s->fid_text) return tsr__bad(s, "fidelity.text", "a text file path (missing)");
+    TSR_TRY(tsr__int_key(s, f, "max_tokens", "fidelity.max_tokens", 0, &s->fid_max_tokens));
     return tsr__int_key(s, f, "probe_length", "fidelity.probe_length", 0, &s->fid_probe_length);
 }
 

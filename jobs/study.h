@@ -66,6 +66,7 @@ typedef struct tsr_study {
     /* fidelity (a cell per model x policy x budget, when text is set) */
     char *fid_text;
     int fid_probe_length;
+    int fid_max_tokens; /* --max-tokens: positions of the text scored (0: all) */
 } tsr_study;
 
 typedef enum tsr_cell_kind { TSR_CELL_PERF = 0, TSR_CELL_FIDELITY = 1 } tsr_cell_kind;
