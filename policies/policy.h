@@ -168,6 +168,9 @@ typedef struct tsr_kv_policy_ops {
 const tsr_kv_policy_ops *tsr_kv_policy_find(const char *name);
 /* "paged|h2o|offload": the registered names, for --help and error lines. */
 const char *tsr_kv_policy_names(void);
+/* Adds a policy after registry.c's table, for tests (a policy that ships is a line in
+ * that table). Not thread-safe: call before any option table is built. */
+tsr_status tsr_kv_policy_register(const tsr_kv_policy_ops *ops);
 /* The registered policies, in registry order (i in [0, tsr_kv_policy_count())). */
 int tsr_kv_policy_count(void);
 const tsr_kv_policy_ops *tsr_kv_policy_at(int i);

@@ -17,28 +17,44 @@ static const tsr_kv_policy_ops *const tsr__policies[] = {
     &tsr_kv_policy_offload,
 };
 
-enum { TSR__N_POLICIES = sizeof tsr__policies / sizeof tsr__policies[0] };
+enum { TSR__N_POLICIES = sizeof tsr__policies / sizeof tsr__policies[0], TSR__N_EXTRA = 8 };
 
-int tsr_kv_policy_count(void) { return TSR__N_POLICIES; }
+/* Policies registered at run time (tests/unit/test_policy_registry.c), after the table. */
+static const tsr_kv_policy_ops *tsr__extra[TSR__N_EXTRA];
+static int tsr__n_extra;
+
+int tsr_kv_policy_count(void) { return TSR__N_POLICIES + tsr__n_extra; }
 
 const tsr_kv_policy_ops *tsr_kv_policy_at(int i) {
-    return i >= 0 && i < TSR__N_POLICIES ? tsr__policies[i] : NULL;
+    if (i >= 0 && i < TSR__N_POLICIES) return tsr__policies[i];
+    if (i >= TSR__N_POLICIES && i < TSR__N_POLICIES + tsr__n_extra)
+        return tsr__extra[i - TSR__N_POLICIES];
+    return NULL;
 }
 
 const tsr_kv_policy_ops *tsr_kv_policy_find(const char *name) {
-    for (int i = 0; i < TSR__N_POLICIES; i++)
-        if (name && strcmp(tsr__policies[i]->name, name) == 0) return tsr__policies[i];
+    for (int i = 0; name && i < tsr_kv_policy_count(); i++)
+        if (strcmp(tsr_kv_policy_at(i)->name, name) == 0) return tsr_kv_policy_at(i);
     return NULL;
+}
+
+tsr_status tsr_kv_policy_register(const tsr_kv_policy_ops *ops) {
+    if (tsr_kv_policy_find(ops->name))
+        return tsr_error_set(TSR_ERR_INVALID, "KV policy %s: already registered", ops->name);
+    if (tsr__n_extra == TSR__N_EXTRA)
+        return tsr_error_set(TSR_ERR_INVALID, "KV policy %s: at most %d registered at run "
+                             "time", ops->name, TSR__N_EXTRA);
+    tsr__extra[tsr__n_extra++] = ops;
+    return TSR_OK;
 }
 
 const char *tsr_kv_policy_names(void) {
     static char names[256];
-    if (!names[0]) {
-        size_t len = 0;
-        for (int i = 0; i < TSR__N_POLICIES && len < sizeof names; i++)
-            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? "|" : "",
-                                    tsr__policies[i]->name);
-    }
+    size_t len = 0;
+    names[0] = '\0';
+    for (int i = 0; i < tsr_kv_policy_count() && len < sizeof names; i++)
+        len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? "|" : "",
+                                tsr_kv_policy_at(i)->name);
     return names;
 }
 
