@@ -9,21 +9,21 @@ void tsr_kv_cli_init(tsr_kv_cli *k) {
     k->kv = (tsr_kv_options){.policy = "paged", .block_size = 16};
 }
 
-/* "h2o and offload" / "a, b and c": the policies for which `name` is an option (kv-budget:
- * those with uses_budget). */
+/* Non-zero when --name is an option of p (kv-budget: the policies with uses_budget). */
+static int tsr__applies(const tsr_kv_policy_ops *p, const char *name) {
+    return !strcmp(name, "kv-budget") ? p->uses_budget : !!tsr_kv_policy_option_find(p, name);
+}
+
+/* "h2o and offload" / "a, b and c": the policies --name applies to. */
 static void tsr__owners(const char *name, char *buf, size_t size) {
-    int n = 0, total = 0;
-    for (int i = 0; i < tsr_kv_policy_count(); i++) {
-        const tsr_kv_policy_ops *p = tsr_kv_policy_at(i);
-        if (!strcmp(name, "kv-budget") ? p->uses_budget : !!tsr_kv_policy_option_find(p, name))
-            total++;
-    }
+    int total = 0, n = 0;
+    for (int i = 0; i < tsr_kv_policy_count(); i++)
+        total += tsr__applies(tsr_kv_policy_at(i), name);
     size_t len = 0;
     buf[0] = '\0';
     for (int i = 0; i < tsr_kv_policy_count() && len < size; i++) {
         const tsr_kv_policy_ops *p = tsr_kv_policy_at(i);
-        if (!(!strcmp(name, "kv-budget") ? p->uses_budget : !!tsr_kv_policy_option_find(p, name)))
-            continue;
+        if (!tsr__applies(p, name)) continue;
         const char *sep = n == 0 ? "" : n == total - 1 ? " and " : ", ";
         len += (size_t)snprintf(buf + len, size - len, "%s%s", sep, p->name);
         n++;

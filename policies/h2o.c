@@ -137,7 +137,8 @@ static tsr_status tsr__h2o_materialize(tsr__h2o *h, int layer, int seq, int32_t 
         have_q ? h->qs.heads : (h->cfg.n_heads > 0 ? h->cfg.n_heads : m->n_kv_heads);
     int64_t n_q = have_q ? h->qs.n : h->pending[seq];
     double bytes = (double)n_heads * (double)n_q * (double)n_keys * 4.0;
-    int64_t limit = h->opt.materialize_limit > 0 ? (int64_t)h->opt.materialize_limit : tsr__avail_bytes();
+    int64_t limit = h->opt.materialize_limit > 0 ? (int64_t)h->opt.materialize_limit
+                                                  : tsr__avail_bytes();
     if (bytes > (double)limit)
         return tsr_error_set(TSR_ERR_NOMEM,
                              "h2o --h2o-scores=materialize: the %d x %lld x %d score matrix "
