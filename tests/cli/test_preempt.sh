@@ -16,7 +16,7 @@ prompts=("Once upon a time, there was a little girl named Lily. She loved to pla
     "One day, a cat found a red ball in the garden. The cat wanted to play with it, but")
 IN=$TMP/in.jsonl
 : >"$IN"
-n_req=$(fenced_scale 24 8)
+n_req=$(fenced_scale 16 8)
 for i in $(seq 0 $((n_req - 1))); do
     p=${prompts[$((i % 4))]}
     mt=$((60 + (i % 5) * 10))
