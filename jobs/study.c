@@ -10,6 +10,7 @@
 #include "base/alloc.h"
 #include "base/file.h"
 #include "jobs/cli.h"
+#include "policies/policy.h"
 #include "runtime/model.h"
 
 /* One error line for a malformed study: the file, the key, what was expected. */
@@ -192,8 +193,16 @@ static tsr_status tsr__policies(tsr_study *s, const cJSON *root) {
         } else {
             return tsr__bad(s, k, "a policy name or an object with \"policy\"");
         }
-        /* paged keeps every token: a budget would only repeat the same cell */
-        p->budgeted = strcmp(p->policy, "paged") != 0;
+        /* any registered policy; one that reads no --kv-budget (paged keeps every token)
+         * is one cell per point, not one per budget */
+        const tsr_kv_policy_ops *ops = tsr_kv_policy_find(p->policy);
+        if (!ops) {
+            char want[256];
+            snprintf(want, sizeof want, "a registered policy (%s)", tsr_kv_policy_names());
+            snprintf(k, sizeof k, cJSON_IsObject(v) ? "policies[%d].policy" : "policies[%d]", i);
+            return tsr__bad(s, k, want);
+        }
+        p->budgeted = ops->uses_budget != 0;
         for (const char *c = p->label; *c; c++)
             if (!(*c == '-' || *c == '_' || *c == '.' || (*c >= '0' && *c <= '9') ||
                   (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z'))) {

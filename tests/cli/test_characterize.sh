@@ -176,6 +176,7 @@ bad() { # NAME JSON PATTERN
 bad notjson '{"models": ["m"], ' "not valid JSON"
 bad nomodels '{"policies": ["paged"], "prompt_lengths": [8]}' "key 'models'"
 bad badpolicy '{"models": ["'"$MODEL"'"], "policies": [3], "prompt_lengths": [8]}' "key 'policies\[0\]'"
+bad nopolicy '{"models": ["'"$MODEL"'"], "policies": ["paged", "lru"], "prompt_lengths": [8]}' "key 'policies\[1\]': expected a registered policy (paged"
 bad badlen '{"models": ["'"$MODEL"'"], "policies": ["paged"], "prompt_lengths": [8, -1]}' "key 'prompt_lengths\[1\]': expected an integer"
 bad badrate '{"models": ["'"$MODEL"'"], "policies": ["paged"], "prompt_lengths": [8], "request_rates": ["fast"]}' "offline"
 bad badmem '{"models": ["'"$MODEL"'"], "policies": ["paged"], "prompt_lengths": [8], "limits": {"memory": "lots"}}' "limits.memory"
