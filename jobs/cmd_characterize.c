@@ -486,6 +486,12 @@ static tsr_status tsr__run_cell(tsr__char *c, const tsr_cell *cell, cJSON **out_
     char reason[1024];
     int64_t reached = -1;
     const char *status = tsr_cell_classify(&pr, s->time_limit, reason, sizeof reason, &reached);
+    /* "cannot allocate the B-byte score matrix": heads x n x n x 4 = B gives n */
+    const char *sm = strstr(pr.last_line, "cannot allocate the ");
+    double mb = 0;
+    if (reached < 0 && sm && sscanf(sm, "cannot allocate the %lf-byte score matrix", &mb) == 1 &&
+        m->heads > 0 && mb > 0)
+        reached = (int64_t)llround(sqrt(mb / (4.0 * m->heads)));
     cJSON *mj = tsr__json_file(met);
     if (!strcmp(status, "ok") && !mj) {
         status = "error";
