@@ -167,14 +167,14 @@ typedef struct tsr__finding {
     const char *verdict; /* agree, disagree, partly, not measured */
 } tsr__finding;
 
+static int tsr__cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 static double tsr__median(double *v, int n) {
-    if (n == 0) return NAN;
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
+    if (n == 0 || !v) return NAN;
+    qsort(v, (size_t)n, sizeof *v, tsr__cmp);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
@@ -183,18 +183,24 @@ static double tsr__median(double *v, int n) {
 static void tsr__f_paged_fastest(const tsr_study *s, cJSON *const *r, size_t n, tsr__finding *f) {
     (void)s;
     int pairs = 0, wins = 0, nr = 0;
-    double *ratio = tsr_calloc(n * n + 1, sizeof *ratio);
-    for (size_t i = 0; i < n; i++) {
-        if (!tsr__perf(r[i]) || !tsr__ok(r[i]) || !tsr__is(r[i], "kv_policy", "paged")) continue;
-        for (size_t j = 0; j < n; j++) {
-            if (j == i || !tsr__perf(r[j]) || !tsr__ok(r[j]) || tsr__is(r[j], "kv_policy", "paged") ||
-                !tsr__same_point(r[i], r[j]))
+    double *ratio = NULL;
+    /* two passes: count the pairs, then keep their ratios for the median */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1 && pairs > 0) ratio = tsr_calloc((size_t)pairs, sizeof *ratio);
+        pairs = wins = nr = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!tsr__perf(r[i]) || !tsr__ok(r[i]) || !tsr__is(r[i], "kv_policy", "paged"))
                 continue;
-            double a = tsr__n(r[i], "output_tok_s"), b = tsr__n(r[j], "output_tok_s");
-            if (!(a > 0 && b > 0)) continue;
-            pairs++;
-            wins += a >= b;
-            if (ratio) ratio[nr++] = a / b;
+            for (size_t j = 0; j < n; j++) {
+                if (j == i || !tsr__perf(r[j]) || !tsr__ok(r[j]) ||
+                    tsr__is(r[j], "kv_policy", "paged") || !tsr__same_point(r[i], r[j]))
+                    continue;
+                double a = tsr__n(r[i], "output_tok_s"), b = tsr__n(r[j], "output_tok_s");
+                if (!(a > 0 && b > 0)) continue;
+                pairs++;
+                wins += a >= b;
+                if (ratio) ratio[nr++] = a / b;
+            }
         }
     }
     if (pairs == 0) {
