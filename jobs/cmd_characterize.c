@@ -58,7 +58,8 @@ static const char tsr__char_about[] =
     "cells.csv, summary.json, report.md (the paper's findings next to the measured ones)\n"
     "and PNG plots (gnuplot). Progress (cells done / total, the current cell, ETA) goes\n"
     "to stderr. Exit 0 when the study ran (failed cells included), 1 on fatal errors,\n"
-    "2 for usage errors and malformed studies.\n"
+    "2 for usage errors and malformed studies, 3 when SIGTERM/SIGINT/SIGUSR1 stopped it\n"
+    "(rerun to resume).\n"
     "\n"
     "Study file (JSON; every key but models, policies and prompt_lengths is optional):\n"
     "  {\n"
@@ -72,6 +73,7 @@ static const char tsr__char_about[] =
     "    \"prompt_lengths\": [256, 1024, 4096],\n"
     "    \"batch_sizes\": [1, 4],\n"
     "    \"request_rates\": [\"offline\", 2, 8],\n"
+    "    \"rate_sweep\": {\"prompt_length\": 256, \"batch\": 8},\n"
     "    \"kv_budgets\": [0.1, 0.2, 0.5],\n"
     "    \"layouts\": [\"tp1\", \"tp2\", \"pp2\", {\"tp\": 2, \"pp\": 2}],\n"
     "    \"gen_tokens\": 16,\n"
@@ -86,9 +88,11 @@ static const char tsr__char_about[] =
     "  heads spare loading the model to learn them). policies: any --kv-policy name;\n"
     "  \"h2o-materialize\" is h2o with --h2o-scores materialize and the whole prompt in one\n"
     "  forward call (the original n x n baseline); an object gives a label, the policy,\n"
-    "  extra `tessera run` options (args) and whole_prefill. paged ignores kv_budgets (one\n"
+    "  extra `tessera run` options (args), whole_prefill and its own budgets. A policy\n"
+    "  that reads no --kv-budget (paged) ignores kv_budgets (one\n"
     "  cell, the full cache). request_rates: \"offline\" (all requests at once) or Poisson\n"
-    "  arrivals of R requests/s (needs `tessera run --arrival-rate`). kv_budgets: a\n"
+    "  arrivals of R requests/s (needs `tessera run --arrival-rate`); with rate_sweep the\n"
+    "  numeric rates run at that one point only. kv_budgets: a\n"
     "  fraction of the sequence (<= 1) or tokens (> 1); default 0.2. layouts with more\n"
     "  than one rank run under the launcher ({ranks} is replaced). limits.memory: address\n"
     "  space per cell (e.g. \"1G\"; 0 none), limits.time_s: seconds per cell (0 none).\n"
@@ -731,7 +735,7 @@ out:
 int tsr_cmd_characterize(int argc, char **argv) {
     tsr__char_opts o = {0};
     tsr_cli_opt opts[] = {
-        {"study", TSR_OPT_STRING, &o.study, "STUDY.json", "the study (format below) (required)",
+        {"study", TSR_OPT_STRING, &o.study, "STUDY.json", "the study (format above) (required)",
          false},
         {"out", TSR_OPT_STRING, &o.out, "DIR",
          "results: cells/ (one record per finished cell), work/, cells.csv, summary.json, "
