@@ -181,14 +181,15 @@ sec_configure() {
             fi
         done
         L=$DEBROOT/usr/lib/$MA
-        # openblas.pc lives in openblas-pthread/ (Debian's alternatives link is not in the
-        # .deb); the sysroot rewrites every -I/-L into the prefix; the system-path filters
-        # would drop them once rewritten. deps.env carries this to the later sections.
+        # openblas.pc lives in openblas-openmp/ (Debian's OpenMP flavour, which the build
+        # prefers, cmake/TesseraDeps.cmake; the alternatives link is not in the .deb); the
+        # sysroot rewrites every -I/-L into the prefix; the system-path filters would drop
+        # them once rewritten. deps.env carries this to the later sections.
         cat >"$LOGS/deps.env" <<EOF
-export PKG_CONFIG_LIBDIR=$L/pkgconfig:$L/openblas-pthread/pkgconfig:$DEBROOT/usr/share/pkgconfig
+export PKG_CONFIG_LIBDIR=$L/pkgconfig:$L/openblas-openmp/pkgconfig:$DEBROOT/usr/share/pkgconfig
 export PKG_CONFIG_SYSROOT_DIR=$DEBROOT PKG_CONFIG_PATH=
 export PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1
-export LD_LIBRARY_PATH=$L:$L/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=$L:$L/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 EOF
         . "$LOGS/deps.env"
         # without pkg-config, the unpacked pkgconf (PKG_CONFIG_LIBDIR replaces its
