@@ -20,7 +20,8 @@
  *   prefill tokens=N seconds= tok_s= flops_per_token= bytes=
  *   decode batch=B ctx=C steps=M seconds= step_s= tok_s= bytes_per_step= flops_per_step=
  * Derived (L layers, d dim, H heads, G kv heads, hd head dim, V vocab, P the layer matrices'
- * parameters, W weight_bytes, kv = 2*L*G*hd*4 bytes of f32 K and V per token):
+ * parameters, W weight_bytes, kv = the K and V bytes per token as the paged pool stores them,
+ * L * block bytes / block rows: 2*L*G*hd*4 for f32 rows, plus the positions):
  *   prefill flops_per_token = 2P + 4*L*H*hd*(N+1)/2 + 2*V*d/N (as tessera bench)
  *   prefill bytes = W + N*kv (each weight read once, K/V written once)
  *   decode bytes_per_step = W + B*d*esize (embedding rows) + B*kv*(c + 1), c the mean
@@ -223,7 +224,11 @@ int main(int argc, char **argv) {
         double L = c->n_layers, dm = c->dim, H = c->n_heads, G = c->n_kv_heads, hd = c->head_dim,
                V = c->vocab_size, h = c->hidden_dim;
         double P = L * (dm * H * hd + 2 * dm * G * hd + H * hd * dm + 3 * dm * h);
-        double W = tsr__weight_bytes(hm), kv = 2 * L * G * hd * 4;
+        /* K/V bytes per token as the pool stores them (a block's bytes over its rows), so
+         * the figure follows the storage type. */
+        tsr_kv_paged_config kc = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
+                                  .head_dim = c->head_dim, .block_size = 16};
+        double W = tsr__weight_bytes(hm), kv = L * (double)tsr_kv_paged_block_bytes(&kc) / 16;
         double esize = (double)tsr_dtype_size(hm->tok_emb.dtype);
         printf("model spec=%s device=%s layers=%d dim=%d hidden=%d heads=%d kv_heads=%d "
                "head_dim=%d vocab=%d dtype=%s weight_bytes=%.0f kv_bytes_per_token=%.0f\n",

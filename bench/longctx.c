@@ -6,8 +6,11 @@
  * out of memory.
  *
  *   tsr_longctx SPEC POLICY N [--budget B] [--chunk C] [--materialize] [--threads T]
- *               [--backend NAME] [--pool-tokens T]
+ *               [--backend NAME] [--pool-tokens T] [--progress S]
  *   tsr_longctx --policies      the policies the registry knows, one a line
+ *
+ * --progress S: every S seconds a line "progress tokens= seconds= device_peak_mb=" on
+ * stderr, so that a run stopped at a time limit still says how far it got.
  *
  * The block pool holds what the policy keeps of one sequence (all N tokens for paged, the
  * budget otherwise) plus two chunks (--pool-tokens overrides), so the device peak is the
@@ -59,20 +62,21 @@ int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "--policies")) return tsr__list_policies();
     if (argc < 4) {
         fprintf(stderr, "usage: %s SPEC POLICY N [--budget B] [--chunk C] [--materialize] "
-                        "[--threads T] [--backend NAME] [--pool-tokens T]\n"
+                        "[--threads T] [--backend NAME] [--pool-tokens T] [--progress S]\n"
                         "       %s --policies\n", argv[0], argv[0]);
         return 1;
     }
     const char *spec = argv[1], *policy = argv[2], *backend = "cpu";
     int n = atoi(argv[3]), chunk = 512, threads = 2, materialize = 0;
     long long pool_tokens = 0;
-    double budget = 0;
+    double budget = 0, progress = 0;
     for (int i = 4; i < argc; i++) {
         if (!strcmp(argv[i], "--budget") && i + 1 < argc) budget = atof(argv[++i]);
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
         else if (!strcmp(argv[i], "--pool-tokens") && i + 1 < argc) pool_tokens = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--progress") && i + 1 < argc) progress = atof(argv[++i]);
         else if (!strcmp(argv[i], "--materialize")) materialize = 1;
         else {
             fprintf(stderr, "longctx: unknown or incomplete option %s\n", argv[i]);
@@ -135,6 +139,7 @@ int main(int argc, char **argv) {
             toks[i] = (int32_t)((r >> 8) % (uint32_t)vocab);
         }
         peak_used = tsr__dev_used(eng->be);
+        double last = t0;
         for (int pos = 0; pos < n && st == TSR_OK; pos += chunk) {
             int len = n - pos < chunk ? n - pos : chunk, rows;
             tsr_batch_seq b = {.seq = 0, .tokens = toks + pos, .n_tokens = len,
@@ -142,6 +147,14 @@ int main(int argc, char **argv) {
             st = tsr_forward_run(f, kv, &b, 1, logits, &rows);
             size_t u = tsr__dev_used(eng->be);
             if (u > peak_used) peak_used = u;
+            /* How far a run got, for a caller that stops it at a time limit. */
+            double now = tsr__now();
+            if (progress > 0 && now - last >= progress) {
+                fprintf(stderr, "progress tokens=%d seconds=%.1f device_peak_mb=%.1f\n",
+                        pos + len, now - t0,
+                        (double)(peak_used > base_used ? peak_used - base_used : 0) / 1048576.0);
+                last = now;
+            }
         }
         if (st == TSR_OK && !isfinite(logits[0]))
             st = tsr_error_set(TSR_ERR_INTERNAL, "longctx: last logits are not finite");

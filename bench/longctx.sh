@@ -33,14 +33,19 @@ mapfile -t POLICIES < <("$BIN" --policies)
 echo "# $SPEC on $BACKEND, budget $BUDGET (policies: ${POLICIES[*]})"
 printf '%-22s %8s %10s %12s %12s %10s %14s\n' policy n seconds peak_rss_mb kv_peak_mb evictions \
     device_peak_mb
+ERR=$(mktemp)
+trap 'rm -f "$ERR"' EXIT
 row() {
-    local line rc=0 pre=()
+    local line rc=0 pre=() prog
     [ "$RUN_TIMEOUT" != 0 ] && command -v timeout >/dev/null && pre=(timeout -k 5 "$RUN_TIMEOUT")
-    line=$("${pre[@]}" "$BIN" "$SPEC" "$@" --threads "$THREADS" --backend "$BACKEND" 2>/dev/null) ||
-        rc=$?
+    line=$("${pre[@]}" "$BIN" "$SPEC" "$@" --threads "$THREADS" --backend "$BACKEND" \
+        --progress 2 2>"$ERR") || rc=$?
     local pol n secs rss kvp ev dpk
     if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-        printf '%-22s %8s %10s\n' "$1" "$2" "FAILED: timeout ${RUN_TIMEOUT}s"
+        # how far it got: the last progress line (tokens, seconds, device peak so far)
+        prog=$(grep '^progress' "$ERR" | tail -n 1 |
+            sed -n 's/progress tokens=\([0-9]*\) seconds=\([0-9.]*\) device_peak_mb=\([0-9.]*\)/: \1 tokens in \2 s, device peak \3 MB so far/p')
+        printf '%-22s %8s %10s\n' "$1" "$2" "FAILED: timeout ${RUN_TIMEOUT}s${prog}"
         return
     fi
     pol=$(sed -n 's/^policy=\([^ ]*\).*/\1/p' <<<"$line")
