@@ -44,7 +44,7 @@ row() {
     if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
         # how far it got: the last progress line (tokens, seconds, device peak so far)
         prog=$(grep '^progress' "$ERR" | tail -n 1 |
-            sed -n 's/progress tokens=\([0-9]*\) seconds=\([0-9.]*\) device_peak_mb=\([0-9.]*\)/: \1 tokens in \2 s, device peak \3 MB so far/p')
+            sed -n 's/progress tokens=\([0-9]*\) seconds=\([0-9.]*\) device_peak_mb=\([0-9.]*\)/: \1 tokens in \2 s, device peak \3 MB so far/p' || true)
         printf '%-22s %8s %10s\n' "$1" "$2" "FAILED: timeout ${RUN_TIMEOUT}s${prog}"
         return
     fi

@@ -228,17 +228,23 @@ EOF
 }
 
 sec_build() {
-    local t
+    local t rc=0 keep=(-k) missing=0
+    # keep going past a target that fails, so that the checks of the others still run
+    grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja' "$B/CMakeCache.txt" && keep=(-k 0)
     echo "targets: ${DEVICE_TARGETS_S}"
     # shellcheck disable=SC2086
-    cmake --build "$B" -j"$JOBS" --target $DEVICE_TARGETS_S >"$LOGS/build-cmake.log" 2>&1 || {
-        tail -n 40 "$LOGS/build-cmake.log"
-        return 1
-    }
+    cmake --build "$B" -j"$JOBS" --target $DEVICE_TARGETS_S -- "${keep[@]}" \
+        >"$LOGS/build-cmake.log" 2>&1 || rc=1
+    [ $rc = 0 ] || grep -E -B2 -A12 'error|Error' "$LOGS/build-cmake.log" | head -n 60
     for t in $DEVICE_TARGETS_S; do
-        [ -n "$(find "$B" -name "$t" -type f -perm -u+x | head -n 1)" ] || echo "missing: $t"
+        [ -n "$(find "$B" -name "$t" -type f -perm -u+x | head -n 1)" ] || {
+            echo "missing: $t"
+            missing=$((missing + 1))
+        }
     done
+    [ $missing = 0 ] || echo "NOTE $missing target(s) did not build"
     echo "built in $B"
+    return $rc
 }
 
 sec_backend_ops() {
