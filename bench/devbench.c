@@ -183,7 +183,10 @@ int main(int argc, char **argv) {
 
     tsr__db d = {.rng = 12345u};
     tsr_model *m = NULL;
-    tsr_status st = tsr_model_load(spec, &m);
+    tsr_backend *be = NULL;
+    /* The backend first: without it (no GPU) the run fails before building the model. */
+    tsr_status st = tsr_backend_create(backend, threads, &be);
+    if (st == TSR_OK) st = tsr_model_load(spec, &m);
     int max_tokens = prefill > ctx ? prefill : ctx;
     if (max_b > max_tokens) max_tokens = max_b;
     if (st == TSR_OK) {
@@ -201,14 +204,15 @@ int main(int argc, char **argv) {
         tsr_kv_paged_config kc = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
                                   .head_dim = c->head_dim, .block_size = 16};
         tsr_engine_options eo = {
-            .backend = backend, .threads = threads, .max_tokens = max_tokens,
+            .backend_given = be, .threads = threads, .max_tokens = max_tokens,
             .kv = {.policy = "paged", .block_size = 16, .max_seqs = max_b,
                    .no_prefix_cache = 1, .chunk_tokens = max_tokens,
                    .max_context = (int)(per > prefill + 16 ? per : prefill + 16),
                    .memory_bytes = (toks / 16 + max_b + 1) * c->n_layers *
                                    tsr_kv_paged_block_bytes(&kc)}};
-        st = tsr_engine_create(m, &eo, &d.eng); /* owns the model from here on */
+        st = tsr_engine_create(m, &eo, &d.eng); /* owns the model and backend from here on */
         m = NULL;
+        be = NULL;
     }
     if (st == TSR_OK) {
         d.n_ids = prefill > ctx ? prefill : ctx;
@@ -266,5 +270,6 @@ int main(int argc, char **argv) {
     tsr_free(d.logits);
     if (d.eng) tsr_engine_destroy(d.eng);
     tsr_model_destroy(m);
+    tsr_backend_destroy(be);
     return rc;
 }

@@ -331,6 +331,17 @@ int main(int argc, char **argv) {
                  (int)(eq - ref_arg[loaded] < 31 ? eq - ref_arg[loaded] : 31), ref_arg[loaded]);
         if (tsr__ref_load(names[loaded], eq + 1, &refs[loaded]) != 0) goto done;
     }
+    /* Both backends must come up before a model is built (an 8B shape takes seconds). */
+    const char *names2[2] = {bname, aname};
+    for (int i = 0; i < 2; i++) {
+        tsr_backend *probe = NULL;
+        tsr_status pst = tsr_backend_create(names2[i], 1, &probe);
+        tsr_backend_destroy(probe);
+        if (pst != TSR_OK) {
+            fprintf(stderr, "logits_check: backend %s: %s\n", names2[i], tsr_last_error());
+            goto done;
+        }
+    }
     if (tsr_model_load(model, &m) != TSR_OK) {
         fprintf(stderr, "logits_check: %s\n", tsr_last_error());
         goto done;

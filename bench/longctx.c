@@ -96,8 +96,9 @@ int main(int argc, char **argv) {
     float *logits = NULL;
     int32_t *toks = NULL;
     size_t base_used = 0, peak_used = 0;
-    tsr_status st = tsr_model_load(spec, &m);
-    if (st == TSR_OK) st = tsr_backend_create(backend, threads, &be);
+    /* The backend first: without it (no GPU) the run fails before building the model. */
+    tsr_status st = tsr_backend_create(backend, threads, &be);
+    if (st == TSR_OK) st = tsr_model_load(spec, &m);
     if (st == TSR_OK) {
         const tsr_model_config *c = &m->cfg;
         base_used = tsr__dev_used(be);

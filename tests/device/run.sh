@@ -40,7 +40,7 @@
 #   (from nvidia-smi, else 90), CONFIGURE_ONLY=1 (stop after cmake), FORCE_DEBS=1 (use .debs
 #   even if the system has the libraries), DEVICE_BUDGET_S (285), SECTIONS (names to run,
 #   default all), SKIP_CTEST=1, LONG_N (131072), LONG_LAYERS (1), BENCH_LAYERS (32),
-#   PREFILL (2048), CTX (512), GEN (32), BATCHES (1,64), TORCH_DEVICE (cpu: the PyTorch
+#   PREFILL (2048), CTX (512), GEN (32), BATCHES (1,64), BUILD_LIMIT_S (150), TORCH_DEVICE (cpu: the PyTorch
 #   reference in float32 on the host; cuda also works).
 #   DEVICE_BACKEND (cuda): any other backend (cpu, cpu-fenced) is the CPU rehearsal used by
 #   tests/device/test_cpu.sh: no configure or build (BUILD_DIR must hold a build), small
@@ -372,6 +372,7 @@ perf_table() {
     gemm=$(kv "$rl" gemm_layer tflops)
     echo "| measure | tokens/s | achieved | ceiling, measured in this run | of ceiling | target | |"
     echo "|---|---:|---:|---:|---:|---:|---|"
+    [ -f "$tp" ] || tp=/dev/null
     awk -v hbm="${hbm:-0}" -v gemm="${gemm:-0}" '
         function val(k,   i, a) { for (i = 2; i <= NF; i++) { split($i, a, "="); if (a[1] == k) return a[2] } return "" }
         function verdict(p, t) { return (hbm > 0 && gemm > 0) ? (p >= t ? "PASS" : "BELOW") : "no ceiling" }
@@ -453,7 +454,7 @@ if [ "$BACKEND" = cuda ]; then
         say "configured (CONFIGURE_ONLY)"
         exit 0
     fi
-    section build 150 sec_build 30
+    section build "${BUILD_LIMIT_S:-150}" sec_build 30
 else
     echo "(rehearsal on $BACKEND: configure and build skipped, using $B)"
 fi
