@@ -61,7 +61,8 @@ mkdir -p "$LOGS"
 exec > >(tee "$OUT/run.log") 2>&1
 TEE_PID=$!
 T0=$(date +%s)
-export JOBS=$(nproc)
+JOBS=$(nproc)
+export JOBS
 export MA=x86_64-linux-gnu
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
     export PATH=/usr/local/cuda/bin:$PATH
@@ -116,7 +117,8 @@ section() {
         return 0
     fi
     [ "$limit" -gt "$left" ] && limit=$left
-    local t=$(date +%s) rc
+    local t rc
+    t=$(date +%s)
     SECTION_LIMIT=$limit timeout -k 10 "$limit" bash -c "$fn" 2>&1 | tee "$LOGS/$name.log"
     rc=${PIPESTATUS[0]}
     local secs=$(($(date +%s) - t)) st note

@@ -8,7 +8,7 @@ ROOT=$2
 TMP=$3
 rm -rf "$TMP"
 mkdir -p "$TMP"
-cd "$ROOT"
+cd "$ROOT" || exit 1
 fails=0
 fail() {
     echo "FAIL: $*" >&2
