@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/sys.h"
 #include "jobs/cell_runner.h"
 
 const tsr_char_col tsr_char_cols[] = {
@@ -783,6 +785,15 @@ tsr_status tsr_char_report(const tsr_study *s, cJSON *const *recs, size_t n, con
                 "the records in `cells/`, each cell's command line and stderr in `work/ID/`.\n\n",
             s->path, study_wall_s, n, counts[0], counts[1], counts[2], counts[3], counts[4],
             counts[5], lims, s->time_limit, s->gen_tokens);
+    {
+        time_t now = time(NULL);
+        struct tm tm;
+        char when[64] = "?";
+        if (gmtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", &tm);
+        fprintf(md, "Written %s on a machine with %d CPUs for this process and %.1f GiB of "
+                    "memory.\n\n", when, tsr_sys_cpus(),
+                (double)tsr_sys_mem_total() / 1073741824.0);
+    }
     fprintf(md, "Reference: Mamo, Kogiou, Yi and Yu (2026), \"Comparative Characterization of KV "
                 "Cache Management Strategies for LLM Inference\", arXiv 2604.05012. Their H2O "
                 "is tessera's `h2o` (and `h2o-materialize` for the original n x n code), their "
