@@ -26,6 +26,10 @@ void tsr_kv_cli_opts(tsr_kv_cli *k, tsr_cli_opt *out) {
         {"h2o-scores", TSR_OPT_STRING, &k->kv.h2o_scores, "MODE",
          "h2o only (others warn): tiled (never materialized) or materialize (the original "
          "n x n baseline)", false},
+        {"offload-mode", TSR_OPT_STRING, &k->kv.offload_mode, "MODE",
+         "offload only (others warn): skew (InfiniGen: partial keys from the weights' SVD, "
+         "the next layer speculated, one process only) or warmup (channel pairs from the "
+         "first keys, the layer's own queries; default under mpirun)", false},
         {"stats", TSR_OPT_FLAG, &k->stats, NULL,
          "print JSON lines of KV-cache stats (and, for generate, communication) to stderr",
          false},
@@ -38,6 +42,9 @@ tsr_cli_result tsr_kv_cli_check(const tsr_cli *cli, tsr_kv_cli *k) {
         return tsr_cli_usage_error(cli, "invalid size '%s' for --kv-memory", k->memory);
     if (k->kv.block_size < 1) return tsr_cli_usage_error(cli, "--block-size must be >= 1");
     if (k->budget < 0) return tsr_cli_usage_error(cli, "--kv-budget must be >= 0");
+    if (k->kv.offload_mode && strcmp(k->kv.offload_mode, "skew") &&
+        strcmp(k->kv.offload_mode, "warmup"))
+        return tsr_cli_usage_error(cli, "--offload-mode must be skew or warmup");
     if (!(k->recent >= 0 && k->recent <= 1))
         return tsr_cli_usage_error(cli, "--h2o-recent must be in [0, 1]");
     /* An option the chosen policy ignores (paged keeps every token: no budget; offload
@@ -51,7 +58,8 @@ tsr_cli_result tsr_kv_cli_check(const tsr_cli *cli, tsr_kv_cli *k) {
         const char *which;
     } only[] = {{"kv-budget", true, true, "h2o and offload"},
                 {"h2o-recent", true, false, "h2o"},
-                {"h2o-scores", true, false, "h2o"}};
+                {"h2o-scores", true, false, "h2o"},
+                {"offload-mode", false, true, "offload"}};
     bool is_h2o = !strcmp(pol, "h2o"), is_off = !strcmp(pol, "offload");
     if (!k->quiet && (is_h2o || is_off || !strcmp(pol, "paged"))) {
         for (size_t i = 0; i < sizeof only / sizeof only[0]; i++) {

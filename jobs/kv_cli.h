@@ -8,7 +8,7 @@
 #include "jobs/cli.h"
 #include "runtime/kv_setup.h"
 
-#define TSR_KV_CLI_N_OPTS 7
+#define TSR_KV_CLI_N_OPTS 8
 
 typedef struct tsr_kv_cli {
     tsr_kv_options kv; /* filled by tsr_kv_cli_check */

@@ -15,6 +15,23 @@
 #include "memory/host_pool.h"
 #include "memory/kv_cache.h"
 #include "memory/kv_paged.h"
+#include "base/model_config.h"
+#include "base/tensor.h"
+
+/* Host views of one layer's attention weights (this rank's heads: wq [heads*hd][dim], wk
+ * [kv_heads*hd][dim], attn_norm [1][dim]), for policies that derive something from the
+ * weights (offload's skew). Not owned: the data must outlive the cache. */
+typedef struct tsr_kv_policy_layer {
+    tsr_tensor wq, wk, attn_norm;
+} tsr_kv_policy_layer;
+
+typedef struct tsr_kv_policy_model {
+    const tsr_model_config *cfg;
+    const tsr_kv_policy_layer *layers; /* [the cache's layers] (copied at create) */
+} tsr_kv_policy_model;
+
+/* offload's modes (tsr_kv_policy_config.offload_mode; docs/kv-cache.md). */
+enum { TSR_OFFLOAD_SKEW = 0, TSR_OFFLOAD_WARMUP = 1 };
 
 typedef struct tsr_kv_policy_config {
     /* --kv-budget: > 1 a token count; in (0, 1] a fraction of the sequence (1: 100 %); 0
@@ -37,6 +54,10 @@ typedef struct tsr_kv_policy_config {
      * their query group. Both 0: this rank alone. */
     int kv_share_begin, kv_share_end;
     int owns_host;           /* the cache destroys `host` with itself */
+    /* offload: TSR_OFFLOAD_SKEW (InfiniGen: needs `model`, else it runs the warm-up mode)
+     * or TSR_OFFLOAD_WARMUP; `model`: the weights of the cache's layers, NULL: none. */
+    int offload_mode;
+    const tsr_kv_policy_model *model;
 } tsr_kv_policy_config;
 
 /* tsr_kv_policy_stats: memory/kv_cache.h (a cache reports it through detail()). */
@@ -79,6 +100,8 @@ typedef struct tsr_kv_policy_ops {
     /* q, q_pos: host memory (memory/kv_cache.h). */
     tsr_status (*queries)(void *state, int layer, int seq, const float *q,
                           const int32_t *q_pos, int n_q, int n_heads);
+    /* x: the layer's attention input, host memory ([n][dim]; memory/kv_cache.h). */
+    tsr_status (*attn_input)(void *state, int layer, int seq, const float *x, int n, int dim);
     tsr_status (*select)(void *state, int layer, int seq);
     /* key_scores: host memory. */
     tsr_status (*observe)(void *state, int layer, int seq, const float *key_scores);

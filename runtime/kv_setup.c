@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/alloc.h"
 #include "base/log.h"
 #include "base/sys.h"
 #include "memory/host_pool.h"
@@ -12,6 +13,7 @@
 #include "memory/kv_paged.h"
 #include "policies/policy.h"
 #include "runtime/forward.h"
+#include "runtime/model.h"
 
 size_t tsr_kv_workspace_bytes(const tsr_model_config *cfg, int chunk_tokens) {
     size_t chunk = chunk_tokens > 0 ? (size_t)chunk_tokens : 512;
@@ -237,6 +239,28 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
         }
     }
     kc.host = host;
+    int off_mode = TSR_OFFLOAD_SKEW;
+    if (opt->offload_mode && !strcmp(opt->offload_mode, "warmup")) off_mode = TSR_OFFLOAD_WARMUP;
+    else if (opt->offload_mode && strcmp(opt->offload_mode, "skew")) {
+        tsr_host_pool_destroy(host);
+        return tsr_error_set(TSR_ERR_INVALID, "--offload-mode %s: unknown (use skew|warmup)",
+                             opt->offload_mode);
+    }
+    /* offload's skew reads this stage's Wq/Wk on the host (views, copied at create) */
+    tsr_kv_policy_layer *pl = NULL;
+    tsr_kv_policy_model pm = {.cfg = cfg};
+    if (opt->model && strcmp(pol->name, "offload") == 0) {
+        pl = tsr_calloc((size_t)(layers > 0 ? layers : 1), sizeof *pl);
+        if (!pl) {
+            tsr_host_pool_destroy(host);
+            return TSR_ERR_NOMEM;
+        }
+        for (int l = 0; l < layers; l++) {
+            const tsr_layer_weights *w = &opt->model->layers[sh->layer_begin + l];
+            pl[l] = (tsr_kv_policy_layer){.wq = w->wq, .wk = w->wk, .attn_norm = w->attn_norm};
+        }
+        pm.layers = pl;
+    }
     tsr_kv_policy_config pc = {.budget = opt->budget, .recent = opt->recent,
                                .scores_materialize = materialize, .spec_pairs = opt->spec_pairs,
                                .measure_recall = opt->measure_recall,
@@ -244,9 +268,11 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
                                .rope_interleaved = cfg->rope_interleaved, .host = host,
                                .owns_host = 1, .comm = opt->comm,
                                .kv_share_begin = sh->kv_share_begin,
-                               .kv_share_end = sh->kv_share_end};
+                               .kv_share_end = sh->kv_share_end,
+                               .offload_mode = off_mode, .model = pl ? &pm : NULL};
     tsr_kv_cache *kv = NULL;
     tsr_status st = tsr_kv_policy_cache_create(pol, &pc, &kc, &kv);
+    tsr_free(pl);
     if (st != TSR_OK) {
         tsr_host_pool_destroy(host);
         return st;

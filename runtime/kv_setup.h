@@ -48,6 +48,10 @@ typedef struct tsr_kv_options {
     int64_t host_bytes;      /* host pool budget for swap and offload (0: unlimited) */
     int spec_pairs;          /* offload: channel pairs per head (0: 4) */
     int measure_recall;      /* offload: report recall of exact top tokens (slow) */
+    const char *offload_mode; /* --offload-mode skew|warmup (NULL: skew) */
+    /* Host weights of the model (this rank's shard), for offload's skew mode; must outlive
+     * the cache. NULL: none (offload then runs its warm-up mode). */
+    const struct tsr_model *model;
     int chunk_tokens;        /* prefill chunk (workspace budgeting; 0: 512) */
     int max_context;         /* positions one sequence may hold: --max-context, checked
                               * against the pool at setup (0: the model's context) */

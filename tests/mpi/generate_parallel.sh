@@ -13,7 +13,7 @@ prompt="Once upon a time, there was a little dog named Max who lived in a small 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
-for pol in "paged" "h2o --kv-budget 0.5" "offload --kv-budget 0.5" \
+for pol in "paged" "h2o --kv-budget 0.5" "offload --kv-budget 0.5 --offload-mode warmup" \
     "paged --temperature 0.9 --top-p 0.95 --seed 7"; do
     # shellcheck disable=SC2086
     "$bin" generate --model "$model" --prompt "$prompt" --max-tokens 80 --temperature 0 \
