@@ -25,6 +25,7 @@ int tsr_kv_detail_json(const tsr_kv_detail *d, char *buf, size_t size) {
     double per_tok = p->tokens_processed
                          ? (double)(p->bytes_offloaded + p->bytes_fetched) / p->tokens_processed
                          : 0.0;
+    double fetch_tok = p->tokens_processed ? (double)p->bytes_fetched / p->tokens_processed : 0.0;
     return snprintf(buf, size,
                     "{\"policy\":\"%s\",\"block_size\":%d,\"blocks_used\":%d,"
                     "\"blocks_total\":%d,\"blocks_peak\":%d,\"bytes_used\":%lld,"
@@ -32,7 +33,8 @@ int tsr_kv_detail_json(const tsr_kv_detail *d, char *buf, size_t size) {
                     "\"evictions\":%lld,\"prefix_query_tokens\":%lld,\"prefix_hit_tokens\":%lld,"
                     "\"cow_copies\":%lld,\"swap_out_bytes\":%lld,\"swap_in_bytes\":%lld,"
                     "\"bytes_offloaded\":%lld,\"bytes_fetched\":%lld,"
-                    "\"bytes_moved_per_token\":%.1f,\"host_bytes_peak\":%lld,"
+                    "\"bytes_moved_per_token\":%.1f,\"bytes_fetched_per_token\":%.1f,"
+                    "\"host_bytes_peak\":%lld,"
                     "\"spec_selections\":%lld,\"spec_fallbacks\":%lld,\"spec_recall\":%.4f,"
                     "\"score_matrix_bytes_peak\":%lld}",
                     d->policy ? d->policy : "", b->block_size, b->blocks_used, b->blocks_total,
@@ -41,7 +43,7 @@ int tsr_kv_detail_json(const tsr_kv_detail *d, char *buf, size_t size) {
                     (long long)d->kv.evictions, (long long)b->prefix_query_tokens,
                     (long long)b->prefix_hit_tokens, (long long)b->cow_copies,
                     (long long)b->swap_out_bytes, (long long)b->swap_in_bytes,
-                    (long long)p->bytes_offloaded, (long long)p->bytes_fetched, per_tok,
+                    (long long)p->bytes_offloaded, (long long)p->bytes_fetched, per_tok, fetch_tok,
                     (long long)p->host_bytes_peak, (long long)p->selections,
                     (long long)p->fallback_selections, recall,
                     (long long)p->score_matrix_bytes_peak);
