@@ -120,8 +120,8 @@ static tsr_status tsr__off_skew_init(tsr__off *o, const tsr_kv_policy_model *pm)
         o->wq[l] = w->wq;
         for (int g = 0; g < o->G; g++)
             TSR_TRY(tsr_offload_skew_head(mc, o->inv_freq, &w->wq, (int64_t)g * group * o->hd,
-                                          group, &w->wk, (int64_t)g * o->hd, &w->attn_norm,
-                                          cols, o->A + ((size_t)l * o->G + g) * cols * o->hd));
+                                          group, &w->attn_norm, cols,
+                                          o->A + ((size_t)l * o->G + g) * cols * o->hd));
     }
     return TSR_OK;
 }

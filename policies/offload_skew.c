@@ -119,43 +119,34 @@ static tsr_status tsr__cov(const tsr_tensor *w, int64_t row0, int heads, int hd,
 
 tsr_status tsr_offload_skew_head(const tsr_model_config *cfg, const float *inv_freq,
                                  const tsr_tensor *wq, int64_t q_row0, int group,
-                                 const tsr_tensor *wk, int64_t k_row0, const tsr_tensor *norm,
-                                 int cols, float *a) {
+                                 const tsr_tensor *norm, int cols, float *a) {
     int hd = cfg->head_dim;
     size_t dim = (size_t)wq->cols, hh = (size_t)hd * hd;
-    if (hd <= 0 || (hd & 1) || cols < 1 || cols > hd || wk->cols != wq->cols ||
+    if (hd <= 0 || (hd & 1) || cols < 1 || cols > hd ||
         (size_t)norm->cols * (size_t)norm->rows != dim)
         return tsr_error_set(TSR_ERR_INVALID, "offload: skew of head_dim %d, %d columns", hd,
                              cols);
     float *g = tsr_malloc(dim * sizeof *g);
-    double *cq = tsr_calloc(4 * hh + 2 * (size_t)hd, sizeof *cq);
+    double *cq = tsr_calloc(2 * hh + (size_t)hd, sizeof *cq);
     if (!g || !cq) {
         tsr_free(g);
         tsr_free(cq);
         return TSR_ERR_NOMEM;
     }
-    double *ck = cq + hh, *v = ck + hh, *tmp = v + hh, *w = tmp + hh, *rank = w + hd;
+    double *v = cq + hh, *w = v + hh;
     tsr_dtype_to_f32(norm->dtype, norm->data, g, dim);
     tsr_status st = tsr__cov(wq, q_row0, group, hd, g, cq);
-    if (st == TSR_OK) st = tsr__cov(wk, k_row0, 1, hd, g, ck);
     if (st == TSR_OK) {
         tsr_offload_rope_average(cq, hd, inv_freq, cfg->rope_interleaved, cfg->max_seq_len);
-        tsr_offload_rope_average(ck, hd, inv_freq, cfg->rope_interleaved, cfg->max_seq_len);
-        memcpy(tmp, cq, hh * sizeof *tmp);
-        tsr_offload_eig_sym(tmp, hd, w, v);
-        for (int c = 0; c < hd; c++) {
-            double kv = 0.0; /* the key's variance along column c */
-            for (int i = 0; i < hd; i++)
-                for (int j = 0; j < hd; j++)
-                    kv += v[(size_t)i * hd + c] * ck[(size_t)i * hd + j] * v[(size_t)j * hd + c];
-            rank[c] = (w[c] > 0 ? w[c] : 0) * (kv > 0 ? kv : 0);
-        }
+        tsr_offload_eig_sym(cq, hd, w, v);
+        /* the columns by their share of the query's energy, largest first (InfiniGen orders
+         * them by the query's singular values) */
         for (int r = 0; r < cols; r++) {
             int best = 0;
             for (int c = 1; c < hd; c++)
-                if (rank[c] > rank[best]) best = c;
+                if (w[c] > w[best]) best = c;
             for (int i = 0; i < hd; i++) a[(size_t)r * hd + i] = (float)v[(size_t)i * hd + best];
-            rank[best] = -1.0;
+            w[best] = -INFINITY;
         }
     }
     tsr_free(g);

@@ -35,13 +35,12 @@ void tsr_offload_rope_average(double *c, int hd, const float *inv_freq, int inte
                               int64_t n_pos);
 
 /* The skew of one KV head: the `cols` best columns of A as rows of a ([cols][hd], best
- * first), from the query rows [q_row0, q_row0 + group * hd) of wq, the key rows [k_row0,
- * k_row0 + hd) of wk and the attention norm (cfg: head_dim, rope, context). A column's
- * rank is its query variance times its key variance. */
+ * first), from the query rows [q_row0, q_row0 + group * hd) of wq (the head's query group)
+ * and the attention norm (cfg: head_dim, rope, context). Columns rank by their eigenvalue:
+ * the expected energy of the rotated query along them. */
 tsr_status tsr_offload_skew_head(const tsr_model_config *cfg, const float *inv_freq,
                                  const tsr_tensor *wq, int64_t q_row0, int group,
-                                 const tsr_tensor *wk, int64_t k_row0, const tsr_tensor *norm,
-                                 int cols, float *a);
+                                 const tsr_tensor *norm, int cols, float *a);
 
 /* Rotates `heads` heads of hd channels of x by RoPE at position pos, as the backends do. */
 void tsr_offload_rope(float *x, int heads, int hd, const float *inv_freq, int interleaved,

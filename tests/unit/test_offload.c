@@ -204,7 +204,7 @@ TSR_TEST(test_skew_keeps_qk) {
     for (size_t i = 0; i < sizeof wq / sizeof wq[0]; i++) wq[i] = tsr__rnd();
     for (size_t i = 0; i < sizeof wk / sizeof wk[0]; i++) wk[i] = tsr__rnd();
     for (int i = 0; i < DIM; i++) norm[i] = 0.5f + tsr__rnd();
-    tsr_tensor tq = {TSR_F32, GROUP * HD, DIM, wq}, tk = {TSR_F32, HD, DIM, wk};
+    tsr_tensor tq = {TSR_F32, GROUP * HD, DIM, wq};
     tsr_tensor tn = {TSR_F32, 1, DIM, norm};
     for (int inter = 0; inter < 2; inter++) {
         tsr_model_config cfg = {.dim = DIM, .head_dim = HD, .n_heads = GROUP, .n_kv_heads = 1,
@@ -212,7 +212,7 @@ TSR_TEST(test_skew_keeps_qk) {
                                 .rope_interleaved = inter};
         float inv[HD / 2], a[HD * HD];
         tsr_rope_inv_freq(&cfg, inv);
-        ASSERT_OK(tsr_offload_skew_head(&cfg, inv, &tq, 0, GROUP, &tk, 0, &tn, HD, a));
+        ASSERT_OK(tsr_offload_skew_head(&cfg, inv, &tq, 0, GROUP, &tn, HD, a));
         for (int i = 0; i < HD; i++)
             for (int j = 0; j < HD; j++) {
                 double d = 0;
