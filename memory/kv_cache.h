@@ -154,6 +154,8 @@ struct tsr_kv_cache {
     int max_seq_len;
     /* non-zero when observe() wants key scores from attention */
     int wants_scores;
+    /* non-zero when attn_input() wants the layer's attention input (a download on a device) */
+    int wants_attn_input;
 };
 
 /* Dense cache: each sequence gets [n_layers][tokens][kv_dim] for K and V in backend memory

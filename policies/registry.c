@@ -243,6 +243,7 @@ tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_ops *ops,
     c->base = *c->mech;
     c->base.ops = &tsr__pcache_ops;
     c->base.wants_scores = ops->wants_scores;
+    c->base.wants_attn_input = ops->attn_input != NULL;
     *out = &c->base;
     return TSR_OK;
 }

@@ -226,7 +226,7 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
     int64_t row = row0;
     for (int i = s0; i < s1; i++) {
         const tsr_batch_seq *s = &seqs[i];
-        if (kv->ops->attn_input) { /* the layer's normed input, on the host */
+        if (kv->wants_attn_input && kv->ops->attn_input) { /* the normed input, on the host */
             size_t dim = (size_t)c->dim;
             const float *xh = f->xb + row * dim;
             if (!be->host_memory) {
