@@ -1,18 +1,27 @@
-/* The `offload` policy, InfiniGen-style (Lee et al. 2024): the full KV of every layer lives
+/* The `offload` policy, InfiniGen (Lee et al., OSDI'24): the full KV of every layer lives
  * in the host pool; the paged cache holds only a budgeted resident set (on the CPU backend a
  * separately budgeted arena, so the copies and the bytes moved are real). Before a layer's
- * attention, a cheap speculative score - partial q.k over a few rotary channel pairs per KV
- * head, kept as a small "partial key" cache - picks the prior tokens to make resident; the
- * tokens of the current step are always resident. Channel pairs are chosen per layer during
- * a warm-up (the first TSR__OFF_WARM keys and their queries) by the largest
- * sqrt(E|q_p|^2 * E|k_p|^2), which bounds the pair's share of q.k (Cauchy-Schwarz): the
- * data-driven stand-in for InfiniGen's offline choice from the weights. A pair is
- * rotation-invariant, so partial scores match RoPE'd keys. The queries come through the
- * cache's `queries` hook; without them the selection falls back to the most recent tokens
- * (counted apart in the stats).
+ * attention, a cheap speculative score over a small "partial key" cache picks the prior
+ * tokens to make resident; the tokens of the current step are always resident. Two modes
+ * (docs/kv-cache.md):
  *
- * Tensor parallelism: every rank must choose the channels one process would. The query
- * energy of a KV head is the sum over its whole query group, added per query head in
+ * skew (TSR_OFFLOAD_SKEW, the default): at create, per layer and KV head, the best columns
+ * of an orthogonal transform from the weights (policies/offload_skew.h: the eigenvectors of
+ * the rotated query's position-averaged covariance), applied after RoPE to queries and keys
+ * alike, so it cancels in q.k exactly. The partial keys are the rotated keys' projections;
+ * layer L's attention input (the cache's `attn_input` hook) times layer L+1's Wq, rotated
+ * and projected, speculates L+1's selection; InfiniGen's alpha rule sizes the fetch. One
+ * process only (pipeline stages and TP slices would speculate differently).
+ *
+ * warmup (TSR_OFFLOAD_WARMUP; also whenever the policy gets no weights): partial q.k over a
+ * few rotary channel pairs per KV head with the layer's own queries (the `queries` hook).
+ * Channel pairs are chosen per layer during a warm-up (the first TSR__OFF_WARM keys and
+ * their queries) by the largest query energy x key variance. A pair is rotation-invariant,
+ * so partial scores match RoPE'd keys. Without queries the selection falls back to the most
+ * recent tokens (counted apart in the stats).
+ *
+ * Tensor parallelism (warmup): every rank must choose the channels one process would. The
+ * query energy of a KV head is the sum over its whole query group, added per query head in
  * global head order; when tp exceeds the KV heads, a rank holds a replicated KV head but
  * only part of its group, so the group's per-head energies are gathered from the ranks
  * that share it (tsr__off_group_qe, kv_share_begin/end of the policy config). */
@@ -65,8 +74,7 @@ typedef struct tsr__off {
     tsr_tensor *wq;   /* skew: [L] this rank's query rows (views of the model's weights) */
     float *inv_freq;  /* skew: [hd / 2] rotary frequencies */
     float *wrow;      /* skew: [dim] one weight row as f32 */
-    float *qrow;      /* skew: [H * hd] one speculated query */
-    int dim;
+    int dim;          /* skew: the attention input's width */
     int *chan;        /* [L][G][2 * pairs] channel indices within the head */
     uint8_t *chan_set; /* [L] the choice is final */
     double *ke;       /* [L][G][hd / 2] warm-up key energy per pair */
@@ -106,8 +114,7 @@ static tsr_status tsr__off_skew_init(tsr__off *o, const tsr_kv_policy_model *pm)
     o->wq = tsr_malloc((size_t)o->L * sizeof *o->wq);
     o->inv_freq = tsr_malloc((size_t)(o->hd / 2 ? o->hd / 2 : 1) * sizeof *o->inv_freq);
     o->wrow = tsr_malloc((size_t)(o->dim > 0 ? o->dim : 1) * sizeof *o->wrow);
-    o->qrow = tsr_malloc((size_t)o->H * o->hd * sizeof *o->qrow);
-    if (!o->A || !o->wq || !o->inv_freq || !o->wrow || !o->qrow) return TSR_ERR_NOMEM;
+    if (!o->A || !o->wq || !o->inv_freq || !o->wrow) return TSR_ERR_NOMEM;
     tsr_rope_inv_freq(mc, o->inv_freq);
     int group = o->H / o->G;
     for (int l = 0; l < o->L; l++) {
@@ -206,7 +213,6 @@ static void tsr__off_destroy(void *state) {
     tsr_free(o->wq);
     tsr_free(o->inv_freq);
     tsr_free(o->wrow);
-    tsr_free(o->qrow);
     tsr_free(o->chan);
     tsr_free(o->chan_set);
     tsr_free(o->ke);
