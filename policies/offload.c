@@ -561,10 +561,7 @@ static tsr_status tsr__off_speculate(tsr__off *o, tsr__olayer *L, int t, const f
         if (wq->dtype == TSR_F32) w = tsr_tensor_row(wq, (int64_t)i);
         else tsr_dtype_to_f32(wq->dtype, tsr_tensor_row(wq, (int64_t)i), o->wrow, dim);
         for (int r = 0; r < rows; r++) {
-            const float *xr = x + (size_t)(n - rows + r) * dim;
-            float d = 0.0f;
-            for (size_t k = 0; k < dim; k++) d += w[k] * xr[k];
-            q[(size_t)r * qd + i] = d;
+            q[(size_t)r * qd + i] = (float)tsr_offload_dot(w, x + (size_t)(n - rows + r) * dim, dim);
         }
     }
     for (int r = 0; r < rows; r++)

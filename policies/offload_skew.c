@@ -88,6 +88,17 @@ void tsr_offload_rope_average(double *c, int hd, const float *inv_freq, int inte
         }
 }
 
+double tsr_offload_dot(const float *a, const float *b, size_t n) {
+    float acc[8] = {0};
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[k + j] * b[k + j];
+    double s = 0.0;
+    for (int j = 0; j < 8; j++) s += acc[j];
+    for (; k < n; k++) s += (double)a[k] * b[k];
+    return s;
+}
+
 /* c ([hd][hd]) += sum over `heads` heads of W D W^T, W the head's rows of w from row0, D
  * the squared norm weights g (dim). */
 static tsr_status tsr__cov(const tsr_tensor *w, int64_t row0, int heads, int hd,
@@ -108,8 +119,7 @@ static tsr_status tsr__cov(const tsr_tensor *w, int64_t row0, int heads, int hd,
         for (int i = 0; i < hd; i++)
             for (int j = i; j < hd; j++) {
                 const float *x = ws + ((size_t)h * hd + i) * dim, *y = ws + ((size_t)h * hd + j) * dim;
-                double s = 0.0;
-                for (size_t k = 0; k < dim; k++) s += (double)x[k] * y[k];
+                double s = tsr_offload_dot(x, y, dim);
                 c[(size_t)i * hd + j] += s;
                 if (j != i) c[(size_t)j * hd + i] += s;
             }

@@ -14,6 +14,7 @@
 #ifndef TSR_POLICIES_OFFLOAD_SKEW_H
 #define TSR_POLICIES_OFFLOAD_SKEW_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "base/model_config.h"
@@ -41,6 +42,10 @@ void tsr_offload_rope_average(double *c, int hd, const float *inv_freq, int inte
 tsr_status tsr_offload_skew_head(const tsr_model_config *cfg, const float *inv_freq,
                                  const tsr_tensor *wq, int64_t q_row0, int group,
                                  const tsr_tensor *norm, int cols, float *a);
+
+/* a . b over n floats in 8 independent lanes (vectorizable without reassociation), the
+ * lanes added in double. */
+double tsr_offload_dot(const float *a, const float *b, size_t n);
 
 /* Rotates `heads` heads of hd channels of x by RoPE at position pos, as the backends do. */
 void tsr_offload_rope(float *x, int heads, int hd, const float *inv_freq, int interleaved,
