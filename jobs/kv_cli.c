@@ -28,8 +28,8 @@ void tsr_kv_cli_opts(tsr_kv_cli *k, tsr_cli_opt *out) {
          "n x n baseline)", false},
         {"offload-mode", TSR_OPT_STRING, &k->kv.offload_mode, "MODE",
          "offload only (others warn): skew (InfiniGen: partial keys from the weights' SVD, "
-         "the next layer speculated, one process only) or warmup (channel pairs from the "
-         "first keys, the layer's own queries; default under mpirun)", false},
+         "the next layer speculated; not with --pp) or warmup (channel pairs from the "
+         "first keys, the layer's own queries)", false},
         {"stats", TSR_OPT_FLAG, &k->stats, NULL,
          "print JSON lines of KV-cache stats (and, for generate, communication) to stderr",
          false},

@@ -10,8 +10,9 @@
  * the rotated query's position-averaged covariance), applied after RoPE to queries and keys
  * alike, so it cancels in q.k exactly. The partial keys are the rotated keys' projections;
  * layer L's attention input (the cache's `attn_input` hook) times layer L+1's Wq, rotated
- * and projected, speculates L+1's selection; InfiniGen's alpha rule sizes the fetch. One
- * process only (pipeline stages and TP slices would speculate differently).
+ * and projected, speculates L+1's selection; InfiniGen's alpha rule sizes the fetch. Under
+ * tensor parallelism the heads' scores and counts are summed over the group, as below; not
+ * with pipeline stages or replicated KV heads (those run warmup).
  *
  * warmup (TSR_OFFLOAD_WARMUP; also whenever the policy gets no weights): partial q.k over a
  * few rotary channel pairs per KV head with the layer's own queries (the `queries` hook).
@@ -75,6 +76,7 @@ typedef struct tsr__off {
     float *inv_freq;  /* skew: [hd / 2] rotary frequencies */
     float *wrow;      /* skew: [dim] one weight row as f32 */
     int dim;          /* skew: the attention input's width */
+    int tp;           /* ranks of the TP group (each with H query heads) */
     int *chan;        /* [L][G][2 * pairs] channel indices within the head */
     uint8_t *chan_set; /* [L] the choice is final */
     double *ke;       /* [L][G][hd / 2] warm-up key energy per pair */
@@ -169,14 +171,18 @@ static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
     }
     o->mode = cfg->offload_mode == TSR_OFFLOAD_SKEW && cfg->model ? TSR_OFFLOAD_SKEW
                                                                    : TSR_OFFLOAD_WARMUP;
-    int world = cfg->comm ? tsr_comm_world_size(cfg->comm) : 1;
-    if (o->mode == TSR_OFFLOAD_SKEW && world > 1) {
-        /* Not split-independent yet: a pipeline stage's first layer has no previous layer's
-         * input to speculate from, and a tensor-parallel rank holds only its heads' Wq (a
-         * replicated KV head's transform needs the whole group's). The warm-up mode is. */
+    int pp = cfg->comm ? tsr_comm_size(cfg->comm, TSR_COMM_PP) : 1;
+    int shared = cfg->kv_share_end - cfg->kv_share_begin > 1;
+    o->tp = cfg->comm ? tsr_comm_size(cfg->comm, TSR_COMM_TP) : 1;
+    if (o->mode == TSR_OFFLOAD_SKEW && (pp > 1 || shared)) {
+        /* Not split-independent: a pipeline stage's first layer has no previous layer's
+         * input to speculate from, and a replicated KV head's transform needs its whole
+         * query group's Wq, which no rank holds. The warm-up mode is split-independent.
+         * Plain tensor parallelism is: a rank holds whole query groups, and the scores and
+         * counts are summed over the group's heads (tsr_kv_policy_sum_heads). */
         if (tsr_comm_world_rank(cfg->comm) == 0)
-            TSR_LOG_WARN("offload: --offload-mode skew runs in one process; %d ranks use "
-                         "--offload-mode warmup", world);
+            TSR_LOG_WARN("offload: --offload-mode skew needs pp 1 and tp <= the KV heads; "
+                         "this job uses --offload-mode warmup");
         o->mode = TSR_OFFLOAD_WARMUP;
     }
     tsr_status st = o->mode == TSR_OFFLOAD_SKEW ? tsr__off_skew_init(o, cfg->model) : TSR_OK;
@@ -631,7 +637,7 @@ static tsr_status tsr__off_skew_scores(tsr__off *o, const tsr__olayer *L, int32_
     float tot = 0.0f;
     if (st == TSR_OK) st = tsr_kv_policy_sum_heads(&o->cfg, part, heads, (size_t)len, sum);
     if (st == TSR_OK) st = tsr_kv_policy_sum_heads(&o->cfg, cnt, heads, 1, &tot);
-    if (st == TSR_OK) *take = tsr_offload_alpha_fetch(tot, (double)rows * heads, cap);
+    if (st == TSR_OK) *take = tsr_offload_alpha_fetch(tot, (double)rows * heads * o->tp, cap);
     for (int32_t j = 0; j < len && st == TSR_OK; j++) c[j] = (tsr__ocand){sum[j], j};
     tsr_free(lg);
     tsr_free(part);
