@@ -101,6 +101,7 @@ static tsr_status tsr__start(tsr_engine *e, const tsr_engine_options *o) {
     const tsr_model_config *c = &e->model->cfg;
     tsr_kv_options kvo = o->kv;
     kvo.be = e->be;
+    kvo.model = e->model; /* host weights (offload's skew) */
     tsr_status st;
     if (o->dense_kv_tokens > 0)
         st = tsr_kv_dense_create(e->be, c->n_layers, c->n_kv_heads, c->head_dim, o->dense_kv_tokens,

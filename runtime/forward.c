@@ -43,8 +43,8 @@ struct tsr_forward {
      * cache's observe(), and the queries handed to the cache's queries() hook. */
     float *logits_dev, *scores_dev;
     size_t logits_cap, scores_cap;        /* bytes */
-    float *scores_host, *q_host;
-    size_t scores_host_cap, q_host_cap;   /* bytes */
+    float *scores_host, *q_host, *xb_host;
+    size_t scores_host_cap, q_host_cap, xb_host_cap; /* bytes */
     /* MPI data plane on a backend whose memory the host may not touch: the activations
      * cross ranks through these host buffers (host_alloc), [max_tokens][dim] for the
      * pipeline and the parts and sum of one row-parallel block for tensor parallelism. */
@@ -83,6 +83,7 @@ void tsr_forward_destroy(tsr_forward *f) {
     tsr_free(f->ids);
     tsr_free(f->scores_host);
     tsr_free(f->q_host);
+    tsr_free(f->xb_host);
     tsr_free(f->wo_seg);
     tsr_free(f->down_seg);
     tsr_free(f);
@@ -225,6 +226,17 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
     int64_t row = row0;
     for (int i = s0; i < s1; i++) {
         const tsr_batch_seq *s = &seqs[i];
+        if (kv->wants_attn_input && kv->ops->attn_input) { /* the normed input, on the host */
+            size_t dim = (size_t)c->dim;
+            const float *xh = f->xb + row * dim;
+            if (!be->host_memory) {
+                size_t nb = (size_t)s->n_tokens * dim * sizeof(float);
+                TSR_TRY(tsr__grow_host(&f->xb_host, &f->xb_host_cap, nb));
+                TSR_TRY(tsr_backend_download(be, f->xb_host, xh, nb));
+                xh = f->xb_host;
+            }
+            TSR_TRY(kv->ops->attn_input(kv, layer, s->seq, xh, s->n_tokens, c->dim));
+        }
         TSR_TRY(kv->ops->write(kv, layer, s->seq, s->n_tokens, f->k + row * kvd,
                                f->v + row * kvd));
         if (kv->ops->queries) { /* the cache reads them on the host */
