@@ -60,6 +60,8 @@ typedef struct tsr__cuda_ctx {
     tsr__cuda_scratch slots;  /* slot list of a KV op on the compute stream (kv_copy: dst) */
     tsr__cuda_scratch slots2; /* kv_copy's src list */
     tsr__cuda_scratch rows;   /* host K/V rows of kv_gather / kv_scatter on the compute stream */
+    tsr__cuda_scratch attn;   /* split-K attention partials (tsr__cuda_attention_work) */
+    int sm_count;             /* multiprocessors: sizes the split-K chunks */
     tsr__cuda_span *host_spans;
     int64_t *span_pos_off; /* per span: offset of its positions in kpos_host, or -1 */
     int host_spans_cap;
@@ -807,7 +809,8 @@ static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
                         .head_dim = a->head_dim,
                         .scale = 1.0f / sqrtf((float)a->head_dim),
                         .out = a->out,
-                        .key_scores = a->key_scores};
+                        .key_scores = a->key_scores,
+                        .sm_count = c->sm_count};
     if (a->n_spans > 0) {
         size_t bytes = (size_t)a->n_spans * sizeof(tsr__cuda_span);
         TSR_TRY(tsr__scratch_reserve(&c->spans, bytes, c->stream));
@@ -817,6 +820,11 @@ static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
     }
     bool staged;
     TSR_TRY(tsr__stage_i32(c, a->q_pos, a->n_q, &k.q_pos, &staged));
+    size_t work = tsr__cuda_attention_work(&k);
+    if (work > 0) {
+        TSR_TRY(tsr__scratch_reserve(&c->attn, work * sizeof(float), c->stream));
+        k.work = c->attn.ptr;
+    }
     TSR_CUDA_TRY(tsr__cuda_launch_attention(&k, c->stream));
     return TSR_OK;
 }
@@ -837,6 +845,7 @@ static void tsr__cuda_destroy(tsr_backend *be) {
         tsr__scratch_release(&c->slots);
         tsr__scratch_release(&c->slots2);
         tsr__scratch_release(&c->rows);
+        tsr__scratch_release(&c->attn);
         if (c->bad_id) (void)cudaFree(c->bad_id);
         if (c->inv_freq) (void)cudaFree(c->inv_freq);
         if (c->stream) (void)cudaStreamDestroy(c->stream);
@@ -939,6 +948,7 @@ tsr_status tsr_backend_cuda_create(int device, tsr_backend **out) {
     struct cudaDeviceProp prop;
     TSR_CUDA_TRY_GOTO(cudaGetDeviceProperties(&prop, device), st, fail);
     snprintf(c->name, sizeof c->name, "%s", prop.name);
+    c->sm_count = prop.multiProcessorCount;
     TSR_CUDA_TRY_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), st, fail);
     TSR_CUBLAS_TRY_GOTO(cublasCreate(&c->blas), st, fail);
     TSR_CUBLAS_TRY_GOTO(cublasSetStream(c->blas, c->stream), st, fail);

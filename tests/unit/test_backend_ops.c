@@ -885,6 +885,16 @@ TSR_TEST(test_attention_decode) {
     check_attention(&c2);
     attn_case c3 = {"attn decode hd64 scattered 2 spans", 1, 4, 2, 64, 2, {40, 9}, 1, 0};
     check_attention(&c3);
+    /* Long enough for CUDA's split-K path (kernels/cuda/attn.cu: at most 8 queries, 256
+     * keys or more): chunks of the key range merged, query heads of a group in one block. */
+    attn_case c4 = {"attn split-K gqa4 hd128 4000 keys+scores", 1, 16, 4, 128, 1, {4000}, 0, 1};
+    check_attention(&c4);
+    attn_case c5 = {"attn split-K gqa8 hd64 scattered 3 spans+sc", 1, 8, 1, 64, 3,
+                    {700, 900, 513}, 1, 1};
+    check_attention(&c5);
+    attn_case c6 = {"attn split-K 4 queries gqa2 hd96 2 spans+sc", 4, 4, 2, 96, 2, {1000, 600},
+                    0, 1};
+    check_attention(&c6);
 }
 
 TSR_TEST(test_attention_prefill) {
@@ -894,6 +904,12 @@ TSR_TEST(test_attention_prefill) {
     check_attention(&c2);
     attn_case c3 = {"attn prefill hd160 scattered+scores", 12, 2, 1, 160, 2, {90, 60}, 1, 1};
     check_attention(&c3);
+    /* CUDA's tiled prefill (head_dim <= 128): several query tiles, a ragged last one. */
+    attn_case c4 = {"attn prefill tiled gqa4 hd128 100 q+scores", 100, 8, 2, 128, 3,
+                    {64, 300, 36}, 0, 1};
+    check_attention(&c4);
+    attn_case c5 = {"attn prefill tiled hd80 scattered 33 q", 33, 4, 4, 80, 2, {50, 70}, 1, 0};
+    check_attention(&c5);
 }
 
 /* ---- timings (TSR_BENCH=1; tests/device/run.sh) ---- */
