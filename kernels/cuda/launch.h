@@ -5,6 +5,7 @@
 #ifndef TSR_KERNELS_CUDA_LAUNCH_H
 #define TSR_KERNELS_CUDA_LAUNCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <cuda_runtime_api.h>
@@ -98,6 +99,23 @@ cudaError_t tsr__cuda_launch_attention(const tsr__cuda_attn *a, cudaStream_t str
 /* Floats of device scratch the call `a` (its geometry and sm_count) needs in a->work: the
  * split-K path's per-chunk partials; 0 for the other paths. */
 size_t tsr__cuda_attention_work(const tsr__cuda_attn *a);
+
+/* tsr_sample_params (kernels/backend.h) as the sample kernels read it (sample.cu). */
+typedef struct tsr__cuda_sample_row {
+    float temperature;
+    float top_p;
+    int32_t top_k;
+    float r;
+} tsr__cuda_sample_row;
+
+/* Bytes of device scratch tsr__cuda_launch_sample needs for n rows of vocab tokens (0 when
+ * no row has top-k or top-p: `sorts` false). */
+size_t tsr__cuda_sample_work(int64_t n, int vocab, int sorts);
+/* ids[i] (device) = the token drawn from row i of logits (overwritten) with par[i] (device);
+ * sorts: some row has top-k or top-p (work then has tsr__cuda_sample_work bytes). */
+cudaError_t tsr__cuda_launch_sample(float *logits, int64_t n, int vocab,
+                                    const tsr__cuda_sample_row *par, int sorts, int32_t *ids,
+                                    void *work, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "kernels/backend.h"
+#include "kernels/sample.h"
 #include "base/alloc.h"
 #include "base/dtype.h"
 #include "tests/test.h"
@@ -912,6 +913,84 @@ TSR_TEST(test_attention_prefill) {
     check_attention(&c5);
 }
 
+/* ---- sampling ---- */
+
+/* The sample op (optional) against the host arithmetic (kernels/sample.c, which the CPU op
+ * runs): greedy rows must give the same id everywhere; a sampled row must too unless its
+ * draw is fragile (r moved by 1e-4 either way changes the host's token: a GPU's parallel
+ * sums may then fall on the other side). Rows: greedy, plain temperature, top-k, top-p,
+ * both, top-k above the vocabulary; a large vocabulary (two passes of the device's chunked
+ * scans) and a small one. */
+static void check_sample(int vocab, int rows) {
+    targets t;
+    ASSERT_OK(targets_open(&t));
+    size_t nf = (size_t)rows * (size_t)vocab;
+    float *x = rand_floats(nf, 4.0f), *y = tsr_malloc((size_t)vocab * sizeof(float));
+    tsr_sample_cand *cand = tsr_malloc((size_t)vocab * sizeof *cand);
+    tsr_sample_params *par = tsr_malloc((size_t)rows * sizeof *par);
+    int32_t *want = tsr_malloc((size_t)rows * sizeof(int32_t));
+    int32_t *got = tsr_malloc((size_t)rows * sizeof(int32_t));
+    int *fragile = tsr_malloc((size_t)rows * sizeof(int));
+    ASSERT_TRUE(x && y && cand && par && want && got && fragile);
+    static const tsr_sample_params kinds[] = {{0.0f, 1.0f, 0, 0.0f},  {0.8f, 1.0f, 0, 0.0f},
+                                              {1.0f, 1.0f, 40, 0.0f}, {1.2f, 0.9f, 0, 0.0f},
+                                              {0.7f, 0.95f, 50, 0.0f}, {1.5f, 0.6f, 1 << 30, 0.0f}};
+    for (int i = 0; i < rows; i++) {
+        par[i] = kinds[i % 6];
+        par[i].r = 0.5f * (frand() + 1.0f);
+        if (i % 5 == 0) x[(size_t)i * vocab + (size_t)(i * 7 % vocab)] = 9.0f; /* a clear max */
+        int32_t ids3[3];
+        for (int d = -1; d <= 1; d++) {
+            tsr_sample_params q = par[i];
+            q.r += 1e-4f * (float)d;
+            q.r = q.r < 0.0f ? 0.0f : q.r >= 1.0f ? 0.99999f : q.r;
+            memcpy(y, x + (size_t)i * vocab, (size_t)vocab * sizeof(float));
+            ids3[d + 1] = tsr_sample_row(y, vocab, &q, cand);
+        }
+        want[i] = ids3[1];
+        fragile[i] = par[i].temperature != 0.0f && (ids3[0] != ids3[1] || ids3[2] != ids3[1]);
+    }
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        tsr_backend *be = target(&t, b);
+        const char *label = b < 0 ? "cpu/1" : t.label[b];
+        if (!be->ops->sample) {
+            printf("  sample vocab %-6d %-6s no sample op: the host samples\n", vocab, label);
+            continue;
+        }
+        float *dx = be_dup(be, x, nf * sizeof(float));
+        ASSERT_TRUE(dx != NULL);
+        ASSERT_OK(be->ops->sample(be, dx, rows, vocab, par, got));
+        int same = 0, skipped = 0;
+        for (int i = 0; i < rows; i++) {
+            if (got[i] == want[i]) {
+                same++;
+            } else if (fragile[i]) {
+                skipped++;
+            } else {
+                TSR_FAIL_("sample vocab %d %s row %d (T %.2f top-k %d top-p %.2f r %.5f): id %d, "
+                          "host %d", vocab, label, i, (double)par[i].temperature, par[i].top_k,
+                          (double)par[i].top_p, (double)par[i].r, got[i], want[i]);
+            }
+        }
+        printf("  sample vocab %-6d rows %-3d %-6s %d ids as the host, %d fragile draws "
+               "differ\n", vocab, rows, label, same, skipped);
+        be_release(be, dx);
+    }
+    tsr_free(x);
+    tsr_free(y);
+    tsr_free(cand);
+    tsr_free(par);
+    tsr_free(want);
+    tsr_free(got);
+    tsr_free(fragile);
+    targets_close(&t);
+}
+
+TSR_TEST(test_sample) {
+    check_sample(50000, 30);
+    check_sample(37, 12);
+}
+
 /* ---- timings (TSR_BENCH=1; tests/device/run.sh) ---- */
 
 static double now_s(void) {
@@ -1046,5 +1125,6 @@ TSR_TEST(test_backend_select) {
 
 TSR_TEST_MAIN(test_memory, test_copies, test_kv_rows, test_matmul_f32, test_matmul_bf16,
               test_matmul_f16, test_matmul_parts, test_rmsnorm, test_rope, test_swiglu_add,
-              test_embed, test_attention_decode, test_attention_prefill, test_backend_select,
+              test_embed, test_attention_decode, test_attention_prefill, test_sample,
+              test_backend_select,
               test_bench)
