@@ -5,6 +5,10 @@
 #include "base/alloc.h"
 #include "base/status.h"
 #include "kernels/backend.h"
+#include "memory/kv_cache.h"
+#include "runtime/forward.h"
+#include "runtime/engine.h"
+#include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "tests/test.h"
 
@@ -247,6 +251,92 @@ TSR_TEST(test_backend_sample_equals_host) {
     tsr_free(cand);
 }
 
+/* The forward pass with its logits left on the backend (tsr_forward_run with logits NULL)
+ * and tsr_forward_sample: the tokens of a seeded generation equal those of host logits and
+ * tsr_sampler_sample, on cpu, cpu-fenced and a CPU backend without the sample op (the
+ * download fallback). Two sequences in one batch, each with its own seeded sampler. */
+enum { FNP = 12, FGEN = 20 };
+
+static tsr_backend_ops nosample_ops;
+
+static tsr_status generate(const char *backend, tsr_model *m, bool on_device,
+                           int32_t out[2][FGEN]) {
+    tsr_backend *given = NULL;
+    if (backend[0] == '-') { /* "-cpu": the CPU without a sample op */
+        TSR_TRY(tsr_backend_cpu_create(1, &given));
+        nosample_ops = *given->ops;
+        nosample_ops.sample = NULL;
+        given->ops = &nosample_ops;
+    }
+    const int V = m->cfg.vocab_size;
+    tsr_engine_options eo = {.backend = backend, .backend_given = given, .threads = 1,
+                             .max_tokens = 2 * FNP,
+                             .kv = {.policy = "paged", .block_size = 16, .max_seqs = 2,
+                                    .memory_bytes = 8 << 20},
+                             .borrow_model = true};
+    tsr_engine *e = NULL;
+    tsr_sampler smp[2] = {0};
+    float *logits = tsr_malloc((size_t)2 * (size_t)V * sizeof(float));
+    tsr_status st = logits ? tsr_engine_create(m, &eo, &e) : TSR_ERR_NOMEM;
+    tsr_kv_cache *kv = st == TSR_OK ? e->kv : NULL;
+    tsr_forward *f = st == TSR_OK ? e->fwd : NULL;
+    for (int s = 0; st == TSR_OK && s < 2; s++) {
+        tsr_sampler_params p = {.temperature = s ? 1.1f : 0.8f, .top_p = s ? 0.9f : 1.0f,
+                                .top_k = s ? 0 : 20, .seed = 42u + (uint64_t)s};
+        st = tsr_sampler_init(&smp[s], V, &p);
+        if (st == TSR_OK) st = kv->ops->seq_add(kv, s);
+    }
+    int32_t prompt[2][FNP];
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < FNP; i++) prompt[s][i] = (int32_t)(1 + (i * 37 + s * 11) % (V - 1));
+    tsr_batch_seq b[2];
+    for (int s = 0; s < 2; s++)
+        b[s] = (tsr_batch_seq){.seq = s, .tokens = prompt[s], .n_tokens = FNP, .want_logits = 1};
+    for (int g = 0; st == TSR_OK && g < FGEN; g++) {
+        int rows = 0;
+        st = tsr_forward_run(f, kv, b, 2, on_device ? NULL : logits, &rows);
+        if (st != TSR_OK) break;
+        if (rows != 2) {
+            st = tsr_error_set(TSR_ERR_INTERNAL, "%d logits rows, want 2", rows);
+            break;
+        }
+        int32_t ids[2];
+        if (on_device) {
+            tsr_sampler *sp[2] = {&smp[0], &smp[1]};
+            st = tsr_forward_sample(f, sp, 2, ids);
+        } else {
+            for (int s = 0; s < 2; s++)
+                ids[s] = tsr_sampler_sample(&smp[s], logits + (size_t)s * (size_t)V);
+        }
+        for (int s = 0; s < 2; s++) {
+            out[s][g] = ids[s];
+            b[s] = (tsr_batch_seq){.seq = s, .tokens = &out[s][g], .n_tokens = 1,
+                                   .want_logits = 1};
+        }
+    }
+    for (int s = 0; s < 2; s++) tsr_sampler_free(&smp[s]);
+    tsr_engine_destroy(e); /* the engine owns `given`, even after a failed start */
+    if (!logits) tsr_backend_destroy(given);
+    tsr_free(logits);
+    return st;
+}
+
+TSR_TEST(test_forward_sample_on_backend) {
+    tsr_model *m = NULL;
+    ASSERT_OK(tsr_model_load(TSR_SOURCE_DIR "/models/stories260K.bin", &m));
+    int32_t want[2][FGEN], got[2][FGEN];
+    ASSERT_OK(generate("cpu", m, false, want));
+    const char *names[] = {"cpu", "cpu-fenced", "-cpu"};
+    for (int b = 0; b < 3 && !tsr_test_failed_flag; b++) {
+        memset(got, 0xff, sizeof got);
+        ASSERT_OK(generate(names[b], m, true, got));
+        printf("  %-10s logits on the backend, tsr_forward_sample: %s\n", names[b],
+               memcmp(got, want, sizeof got) ? "DIFFER" : "the host sampler's tokens");
+        ASSERT_TRUE(memcmp(got, want, sizeof got) == 0);
+    }
+    tsr_model_destroy(m);
+}
+
 TSR_TEST_MAIN(test_greedy_picks_argmax, test_argmax_equals_scan, test_seeded_reproducible, test_top_k_restricts,
               test_top_p_restricts, test_distribution_matches_softmax, test_rejects_bad_params,
-              test_backend_sample_equals_host)
+              test_backend_sample_equals_host, test_forward_sample_on_backend)
