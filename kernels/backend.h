@@ -227,7 +227,8 @@ struct tsr_backend {
  * K, M, G) or, unset, a default documented in kernels/cpu/backend_fenced.c. */
 tsr_status tsr_backend_create(const char *name, int threads, tsr_backend **out);
 /* The same for one rank of a node: a CUDA backend takes GPU local_rank % (visible GPUs), so
- * the ranks of a node spread over its GPUs. */
+ * the ranks of a node spread over its GPUs; a local rank at or past the GPU count is an
+ * error unless TSR_GPU_SHARE=1 (kernels/device_choice.h). */
 tsr_status tsr_backend_create_local(const char *name, int threads, int local_rank,
                                     tsr_backend **out);
 /* GPUs this process sees (0 without CUDA), and the PCI bus id ("0000:65:00.0") of one, for
