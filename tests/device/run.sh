@@ -120,10 +120,14 @@ grep -q "100% tests passed" "$OUT/ctest.log" || rc=1
 
 say "test_backend_ops: CUDA vs CPU, with timings"
 TSR_BENCH=1 "$B/tests/test_backend_ops" 2>&1 | tee "$OUT/backend_ops.log" || rc=1
-grep -q "CUDA backend on" "$OUT/backend_ops.log" || {
+grep -q "backend cuda on" "$OUT/backend_ops.log" || {
     echo "run.sh: the CUDA backend did not come up" >&2
     rc=1
 }
+# split-K decode, tiled prefill and the sample op must have met the CPU on the GPU
+for k in "attn split-K" "attn prefill tiled" "sample vocab 50000"; do
+    grep -q "^  $k.* cuda " "$OUT/backend_ops.log" || { echo "run.sh: no cuda line for '$k'" >&2; rc=1; }
+done
 
 # The memory contract (kernels/backend.h) on the GPU: host staging, sync and stream copies,
 # events, KV rows by slot (kv.cu), attention with host positions; CUDA against the CPU.
