@@ -184,6 +184,11 @@ constexpr int kMaxGroup = 16;         // query heads per kv head one block serve
 constexpr int64_t kMinChunk = 2 * kTile;
 constexpr int kMaxChunks = 1024;
 constexpr size_t kSmemLimit = 48 * 1024; // without cudaFuncSetAttribute
+constexpr int kUnroll = 8;               // V rows loaded at once per thread
+// Blocks per multiprocessor the chunking aims at: with one query and a few kv heads the
+// blocks are few, and each holds only 4 warps with one K row load each in flight, so
+// enough of them must share a multiprocessor to cover the memory latency.
+constexpr int kBlocksPerSm = 8;
 
 // The K and V rows of flat key `key` for kv head kvh, or false when the key's position is
 // past the query's (masked).
@@ -211,14 +216,14 @@ size_t split_smem(int group, int hd) {
            kTile * sizeof(const float *);
 }
 
-// Whether call a goes split-K, and its chunks: enough (query, kv head, chunk) blocks for two
-// waves over the multiprocessors, chunks of at least kMinChunk keys, at most kMaxChunks.
+// Whether call a goes split-K, and its chunks: kBlocksPerSm (query, kv head, chunk) blocks
+// per multiprocessor, chunks of at least kMinChunk keys, at most kMaxChunks.
 bool split_plan_for(const tsr__cuda_attn &a, split_plan *p) {
     if (a.n_q > kSplitMaxQ || a.n_keys < kSplitMinKeys || a.n_spans <= 0) return false;
     const int group = a.n_heads / a.n_kv_heads;
     if (group > kMaxGroup || split_smem(group, a.head_dim) > kSmemLimit) return false;
     const int64_t base = static_cast<int64_t>(a.n_q) * a.n_kv_heads;
-    const int64_t target = 2 * static_cast<int64_t>(a.sm_count > 0 ? a.sm_count : 1);
+    const int64_t target = kBlocksPerSm * static_cast<int64_t>(a.sm_count > 0 ? a.sm_count : 1);
     int64_t want = (target + base - 1) / base;
     if (want < 1) want = 1;
     int64_t chunk = (a.n_keys + want - 1) / want;
@@ -327,11 +332,22 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(tsr__cuda_attn a, 
         __syncthreads();
         for (int d = tid; d < hd; d += kThreads) {
             for (int g = 0; g < group; g++) acc[g * hd + d] *= ast[g];
-            for (int j = 0; j < kTile; j++) {
-                const float *vr = vrows[j];
-                if (!vr) continue;
-                const float vj = vr[d];
-                for (int g = 0; g < group; g++) acc[g * hd + d] += ps[g * kTile + j] * vj;
+            // kUnroll V loads in flight before they are used; a masked key has p = 0 and
+            // contributes an exact 0
+            for (int j0 = 0; j0 < kTile; j0 += kUnroll) {
+                float vj[kUnroll];
+#pragma unroll
+                for (int u = 0; u < kUnroll; u++) {
+                    const float *vr = vrows[j0 + u];
+                    vj[u] = vr ? vr[d] : 0.0f;
+                }
+#pragma unroll 1 // (unrolled, nvcc put vj on the stack)
+                for (int g = 0; g < group; g++) {
+                    float o = acc[g * hd + d];
+#pragma unroll
+                    for (int u = 0; u < kUnroll; u++) o += ps[g * kTile + j0 + u] * vj[u];
+                    acc[g * hd + d] = o;
+                }
             }
         }
         __syncthreads(); // ps, vrows and the stats are rewritten by the next tile
