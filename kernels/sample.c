@@ -1,6 +1,7 @@
 #include "kernels/sample.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 int32_t tsr_sample_argmax(const float *x, int n) {
@@ -28,6 +29,44 @@ static int tsr__cand_desc(const void *a, const void *b) {
     return x->id - y->id; /* stable order on ties keeps draws reproducible */
 }
 
+/* a comes before b in the order above (probability descending, lowest id first). */
+static inline bool tsr__before(float pa, int32_t ia, float pb, int32_t ib) {
+    return pa > pb || (pa == pb && ia < ib);
+}
+
+/* Restores the heap below i: h[0] is the candidate that comes last in the order. */
+static void tsr__sift_down(tsr_sample_cand *h, int m, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < m && tsr__before(h[w].p, h[w].id, h[l].p, h[l].id)) w = l;
+        if (r < m && tsr__before(h[w].p, h[w].id, h[r].p, h[r].id)) w = r;
+        if (w == i) return;
+        tsr_sample_cand t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+/* cand[0 .. m) = the first m of p[0 .. n) in the order above, sorted: the same prefix a
+ * full sort gives (the order is total), in O(n log m) and a sort of m instead of n. */
+static void tsr__top_m(const float *p, int n, int m, tsr_sample_cand *cand) {
+    for (int i = 0; i < m; i++) cand[i] = (tsr_sample_cand){p[i], i};
+    if (m < n) {
+        for (int i = m / 2 - 1; i >= 0; i--) tsr__sift_down(cand, m, i);
+        for (int i = m; i < n; i++)
+            if (tsr__before(p[i], i, cand[0].p, cand[0].id)) {
+                cand[0] = (tsr_sample_cand){p[i], i};
+                tsr__sift_down(cand, m, 0);
+            }
+    }
+    qsort(cand, (size_t)m, sizeof *cand, tsr__cand_desc);
+}
+
+/* Candidates sorted first: top-k needs k of them; top-p alone starts with this many and
+ * grows eightfold until the kept mass is inside them. */
+#define TSR__TOP_P_FIRST 1024
+
 int32_t tsr_sample_row(float *logits, int n, const tsr_sample_params *p, tsr_sample_cand *cand) {
     if (p->temperature == 0.0f) return tsr_sample_argmax(logits, n);
     float mx = logits[tsr_sample_argmax(logits, n)];
@@ -47,17 +86,28 @@ int32_t tsr_sample_row(float *logits, int n, const tsr_sample_params *p, tsr_sam
         }
         return n - 1;
     }
-    for (int i = 0; i < n; i++) cand[i] = (tsr_sample_cand){logits[i], i};
-    qsort(cand, (size_t)n, sizeof *cand, tsr__cand_desc);
-    /* Keep the top k, then the smallest prefix whose mass reaches top-p. */
-    float mass = 0.0f;
-    int keep = 0;
-    for (; keep < k; keep++) {
-        mass += cand[keep].p;
-        if (mass >= p->top_p) {
-            keep++;
-            break;
+    /* Keep the top k, then the smallest prefix whose mass reaches top-p. Only that prefix
+     * of the full order matters, so only it is sorted: the k first, or for top-p alone
+     * a first m that grows until the prefix ends inside it (the same sums, in the same
+     * order, as over the whole sorted vocabulary). */
+    int m = k < n ? k : n < TSR__TOP_P_FIRST ? n : TSR__TOP_P_FIRST;
+    float mass;
+    int keep;
+    for (;;) {
+        tsr__top_m(logits, n, m, cand);
+        mass = 0.0f;
+        keep = 0;
+        bool reached = false;
+        for (; keep < m; keep++) {
+            mass += cand[keep].p;
+            if (mass >= p->top_p) {
+                keep++;
+                reached = true;
+                break;
+            }
         }
+        if (reached || m == k || m == n) break;
+        m = m > n / 8 ? n : 8 * m;
     }
     float target = r * mass, cdf = 0.0f;
     for (int i = 0; i < keep; i++) {

@@ -169,6 +169,9 @@ static const tsr_sampler_params sample_cases[] = {
     {.temperature = 1.3f, .top_p = 0.9f, .top_k = 0, .seed = 4},
     {.temperature = 0.8f, .top_p = 0.95f, .top_k = 50, .seed = 5},
     {.temperature = 2.0f, .top_p = 0.5f, .top_k = SV + 5, .seed = 6},
+    /* top-p alone over most of the vocabulary: the sorted prefix grows to all of it */
+    {.temperature = 3.0f, .top_p = 0.999f, .top_k = 0, .seed = 7},
+    {.temperature = 1.0f, .top_p = 0.97f, .top_k = 2500, .seed = 8},
 };
 #define N_SCASES ((int)(sizeof sample_cases / sizeof sample_cases[0]))
 
