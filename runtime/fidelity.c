@@ -348,8 +348,8 @@ tsr_status tsr_fidelity_run(tsr_model *model, const tsr_tokenizer *tok, const ch
         out->agreement = (double)f.agree / (double)f.count;
         out->kl = f.kl / (double)f.count;
     }
-    if (st == TSR_OK && f.pol) tsr_kv_stats_json(f.pol->kv, out->kv_json, sizeof out->kv_json);
     if (st == TSR_OK && o->probe_length > 0) st = tsr__run_probe(&f, tok, out);
+    if (st == TSR_OK) tsr_kv_stats_json(f.pol->kv, out->kv_json, sizeof out->kv_json);
     tsr_free(f.lf);
     tsr_free(f.lp);
     tsr_engine_destroy(f.full);

@@ -60,7 +60,7 @@ typedef struct tsr_fidelity_result {
     double probe_text_recall;      /* [0, 1]; < 0: not measured (no tokenizer) */
     double probe_attention_recall; /* [0, 1]; < 0: no probe */
     double wall_s;
-    char kv_json[2048];  /* the policy cache's stats after the text (tsr_kv_stats_json) */
+    char kv_json[2048];  /* the policy cache's stats at the end (tsr_kv_stats_json) */
 } tsr_fidelity_result;
 
 /* Runs text (may be NULL: no text scoring) and the probe (o->probe_length > 0) through
