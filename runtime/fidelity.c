@@ -144,8 +144,8 @@ static tsr_status tsr__probe_make(const tsr_model_config *c, const tsr_tokenizer
     memset(pr, 0, sizeof *pr);
     static const char *const text[4] = {
         "Here is a secret. The pass key is", " 4 7 2 9 5",
-        ". Remember it. The grass is green. The sky is blue. The sun is warm. A cat sat on "
-        "the mat and a dog ran in the park.",
+        (". Remember it. The grass is green. The sky is blue. The sun is warm. A cat sat on "
+         "the mat and a dog ran in the park."),
         " What is the pass key? The pass key is"};
     int32_t *part[4] = {NULL, NULL, NULL, NULL};
     size_t np[4] = {0, 0, 0, 0};
