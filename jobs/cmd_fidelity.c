@@ -4,6 +4,7 @@
  * out (--json FILE, else stdout), for bench/quality.sh and `tessera characterize`. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
@@ -39,7 +40,10 @@ static tsr_status tsr__write_json(const tsr__fid_opts *o, const tsr_fidelity_res
     bool text = r->tokens > 0, probe = r->probe_tokens > 0;
     cJSON_AddNumberToObject(d, "schema_version", 1);
     cJSON_AddStringToObject(d, "policy", r->policy ? r->policy : "");
-    cJSON_AddNumberToObject(d, "budget", (double)o->kv.kv.budget);
+    /* the option as given (a float: 0.1, not 0.100000001) */
+    char b[32];
+    snprintf(b, sizeof b, "%.7g", o->kv.kv.budget);
+    cJSON_AddNumberToObject(d, "budget", strtod(b, NULL));
     cJSON_AddStringToObject(d, "model", o->model);
     cJSON_AddNumberToObject(d, "tokens", (double)r->tokens);
     tsr__num(d, "nll", text, r->nll);

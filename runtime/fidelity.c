@@ -109,6 +109,7 @@ static tsr_status tsr__score_text(tsr__fid *f, const tsr_tokenizer *tok, const c
         size_t n_ids = 0;
         st = tsr_tokenizer_encode(tok, p, n, true, false, &ids, &n_ids);
         for (size_t at = 0; st == TSR_OK && at + 1 < n_ids; at += (size_t)f->ctx) {
+            if (f->o->max_tokens > 0 && f->count >= f->o->max_tokens) break;
             size_t w = n_ids - at < (size_t)f->ctx ? n_ids - at : (size_t)f->ctx;
             st = tsr__score(f, ids + at, (int32_t)w);
             (*windows)++;
