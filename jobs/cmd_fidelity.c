@@ -21,7 +21,7 @@
 
 typedef struct tsr__fid_opts {
     const char *model, *tokenizer, *text, *json, *backend;
-    int probe_length, max_tokens, max_context, chunk, threads;
+    int probe_length, max_tokens, max_context, chunk, threads, gen_tokens;
     bool quiet;
     tsr_kv_cli kv;
 } tsr__fid_opts;
@@ -52,6 +52,9 @@ static tsr_status tsr__write_json(const tsr__fid_opts *o, const tsr_fidelity_res
     tsr__num(d, "ppl_full", text, r->ppl_full);
     tsr__num(d, "agreement", text, r->agreement);
     tsr__num(d, "kl", text, r->kl);
+    cJSON_AddNumberToObject(d, "gen_tokens", (double)r->gen_tokens);
+    tsr__num(d, "gen_agreement", r->gen_tokens > 0, r->gen_agreement);
+    tsr__num(d, "gen_kl", r->gen_tokens > 0, r->gen_kl);
     tsr__num(d, "probe_text_recall", probe && r->probe_text_recall >= 0, r->probe_text_recall);
     tsr__num(d, "probe_attention_recall", probe, r->probe_attention_recall);
     cJSON_AddNumberToObject(d, "probe_tokens", r->probe_tokens);
@@ -95,7 +98,8 @@ static tsr_status tsr__fidelity(const tsr__fid_opts *o) {
         tsr_fidelity_options fo = {.backend = o->backend, .threads = o->threads,
                                    .kv = o->kv.kv, .chunk_tokens = o->chunk,
                                    .max_tokens = o->max_tokens,
-                                   .probe_length = o->probe_length};
+                                   .probe_length = o->probe_length,
+                                   .gen_tokens = o->gen_tokens};
         fo.kv.max_context = o->max_context;
         st = tsr_fidelity_run(m, tok, text, text_len, &fo, &r);
     }
@@ -137,6 +141,9 @@ int tsr_cmd_fidelity(int argc, char **argv) {
          "(0 = no probe; at most the context)", false},
         {"max-tokens", TSR_OPT_INT, &o.max_tokens, "N",
          "score at most N positions of the text (0 = all)", false},
+        {"gen-tokens", TSR_OPT_INT, &o.gen_tokens, "N",
+         "after each text sequence, N greedy tokens of the full cache fed to both caches: "
+         "gen_agreement and gen_kl over them (0 = none)", false},
         {"max-context", TSR_OPT_INT, &o.max_context, "N",
          "context length in tokens (0 = the model's maximum)", false},
         {"chunk", TSR_OPT_INT, &o.chunk, "N", "prefill chunk of the probe's prompt, tokens",
@@ -173,6 +180,10 @@ int tsr_cmd_fidelity(int argc, char **argv) {
             "  probe_text_recall       share of the key's tokens greedy decoding repeats "
             "(needs a\n"
             "              tokenizer; meaningful on a real model only)\n"
+            "  gen_agreement, gen_kl   the same over --gen-tokens greedy tokens of the full "
+            "cache\n"
+            "              after each text sequence (teacher-forced on the full cache's "
+            "tokens)\n"
             "  wall_s, and the policy cache's stats under \"kv\". A field not measured is "
             "null.\n"
             "--kv-policy paged against itself gives agreement 1 and kl 0 exactly. Exit "
@@ -187,6 +198,9 @@ int tsr_cmd_fidelity(int argc, char **argv) {
         return tsr_cli_usage_error(&cli, "--text or --probe-length is required");
     if (o.probe_length < 0) return tsr_cli_usage_error(&cli, "--probe-length must be >= 0");
     if (o.max_tokens < 0) return tsr_cli_usage_error(&cli, "--max-tokens must be >= 0");
+    if (o.gen_tokens < 0) return tsr_cli_usage_error(&cli, "--gen-tokens must be >= 0");
+    if (o.gen_tokens > 0 && !o.text)
+        return tsr_cli_usage_error(&cli, "--gen-tokens needs --text (it continues the text)");
     if (o.max_context < 0) return tsr_cli_usage_error(&cli, "--max-context must be >= 0");
     if (o.chunk < 1) return tsr_cli_usage_error(&cli, "--chunk must be >= 1");
     if (tsr_cli_check_threads(&cli, o.threads) != TSR_CLI_OK) return 2;

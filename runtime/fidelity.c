@@ -54,6 +54,8 @@ typedef struct tsr__fid {
     /* running sums of the text scoring */
     double nll, nll_full, kl;
     int64_t agree, count;
+    double gen_kl; /* the greedy continuations */
+    int64_t gen_agree, gen_count;
 } tsr__fid;
 
 /* Feeds n tokens of sequence 0 to engine e; the last one's logits go to `logits`. */
@@ -72,7 +74,8 @@ static tsr_status tsr__score(tsr__fid *f, const int32_t *ids, int32_t n) {
         kf->ops->seq_free(kf, 0);
         return st;
     }
-    for (int32_t t = 0; st == TSR_OK && t + 1 < n; t++) {
+    int32_t t = 0;
+    for (; st == TSR_OK && t + 1 < n; t++) {
         if (f->o->max_tokens > 0 && f->count >= f->o->max_tokens) break;
         st = tsr__feed(f->full, ids + t, 1, f->lf);
         if (st == TSR_OK) st = tsr__feed(f->pol, ids + t, 1, f->lp);
@@ -82,6 +85,20 @@ static tsr_status tsr__score(tsr__fid *f, const int32_t *ids, int32_t n) {
         f->kl += tsr_fidelity_kl(f->lf, f->lp, f->V);
         f->agree += tsr__argmax(f->lf, f->V) == tsr__argmax(f->lp, f->V);
         f->count++;
+    }
+    /* A scored window goes on with the full cache's greedy tokens, fed to both: positions
+     * n-1 .. n+g-2, as many as the context holds. */
+    int32_t g = f->o->gen_tokens;
+    if (g > f->ctx - n + 1) g = f->ctx - n + 1;
+    int32_t next = n > 0 ? ids[n - 1] : 0;
+    for (int32_t i = 0; st == TSR_OK && t + 1 == n && i < g; i++) {
+        st = tsr__feed(f->full, &next, 1, f->lf);
+        if (st == TSR_OK) st = tsr__feed(f->pol, &next, 1, f->lp);
+        if (st != TSR_OK) break;
+        next = tsr__argmax(f->lf, f->V);
+        f->gen_kl += tsr_fidelity_kl(f->lf, f->lp, f->V);
+        f->gen_agree += next == tsr__argmax(f->lp, f->V);
+        f->gen_count++;
     }
     kp->ops->seq_free(kp, 0);
     kf->ops->seq_free(kf, 0);
@@ -348,6 +365,11 @@ tsr_status tsr_fidelity_run(tsr_model *model, const tsr_tokenizer *tok, const ch
         out->ppl_full = exp(out->nll_full);
         out->agreement = (double)f.agree / (double)f.count;
         out->kl = f.kl / (double)f.count;
+        out->gen_tokens = f.gen_count;
+        if (f.gen_count > 0) {
+            out->gen_agreement = (double)f.gen_agree / (double)f.gen_count;
+            out->gen_kl = f.gen_kl / (double)f.gen_count;
+        }
     }
     if (st == TSR_OK && o->probe_length > 0) st = tsr__run_probe(&f, tok, out);
     if (st == TSR_OK) tsr_kv_stats_json(f.pol->kv, out->kv_json, sizeof out->kv_json);

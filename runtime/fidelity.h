@@ -14,6 +14,10 @@
  * - kl: KL(full || policy) of the next-token distributions (nats), mean over positions.
  * The paged policy against itself gives agreement 1 and kl 0.0 exactly: both engines
  * compute the same bits and each KL term is p * (x - x).
+ * With gen_tokens > 0 every scored sequence then goes on for that many greedy tokens of the
+ * full cache (as the context allows), fed to both caches (teacher forcing on the full
+ * cache's own tokens): gen_agreement and gen_kl are agreement and KL over those positions,
+ * where the inputs are the full cache's generation rather than reference text.
  *
  * The retrieval probe (passkey / needle): a key of a few tokens placed early in a long
  * filler context, then a question that asks for it, probe_length tokens in all; the prompt
@@ -44,6 +48,7 @@ typedef struct tsr_fidelity_options {
     int chunk_tokens;     /* probe prefill chunk (0: 256) */
     int64_t max_tokens;   /* text positions scored at most (0: all of the text) */
     int probe_length;     /* tokens of the retrieval probe's prompt (0: no probe) */
+    int gen_tokens;       /* greedy continuation after each text sequence (0: none) */
 } tsr_fidelity_options;
 
 typedef struct tsr_fidelity_result {
@@ -54,6 +59,8 @@ typedef struct tsr_fidelity_result {
     double nll_full, ppl_full; /* the full cache's */
     double agreement;          /* [0, 1] */
     double kl;                 /* >= 0 */
+    int64_t gen_tokens;        /* continuation positions compared (0: none) */
+    double gen_agreement, gen_kl;
     int probe_tokens;          /* the probe's prompt length (0: no probe ran) */
     int probe_key_tokens;      /* key tokens (the answer's length) */
     int probe_key_pos;         /* position of the key's first token */

@@ -59,6 +59,14 @@ check $? fidelity_paged_exact
 [ $? -eq 0 ] && fields "$TMP/h2o.json" h2o lossy && [ ! -s "$TMP/err" ]
 check $? fidelity_h2o_lossy
 
+# --gen-tokens: the full cache's greedy continuation of each story, fed to both (exact too).
+printf 'Once upon a time there was a little cat.\n\nThe dog ran to the park. It was happy.\n' >"$TMP/short.txt"
+"$BIN" fidelity --model "$MODEL" --text "$TMP/short.txt" --gen-tokens 8 --probe-length 200 \
+    --kv-policy paged --threads 1 --quiet --json "$TMP/gen.json" &&
+    fields "$TMP/gen.json" paged exact &&
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['gen_tokens'] == 16 and d['gen_agreement'] == 1 and d['gen_kl'] == 0, d" "$TMP/gen.json"
+check $? fidelity_gen_tokens
+
 # No --json: the object on stdout. A synthetic model without a tokenizer: the probe alone.
 "$BIN" fidelity --model synthetic:tiny,ctx=512 --probe-length 400 --kv-policy h2o \
     --kv-budget 0.2 --quiet >"$TMP/syn.json" 2>"$TMP/err"

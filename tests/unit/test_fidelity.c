@@ -65,10 +65,14 @@ TSR_KV_TEST(test_paged_against_itself_is_exact) {
 
 static void test_paged_against_itself_is_exact_body(void) {
     tsr_fidelity_options o = tf_opts("paged", 0, 200);
+    o.gen_tokens = 8;
     tsr_fidelity_result r;
     ASSERT_OK(tsr_fidelity_run(tf_model, tf_tok, tf_text, tf_len, &o, &r));
     tf_in_range(&r);
     ASSERT_STR_EQ(r.policy, "paged");
+    /* the greedy continuations too (the stories scored whole before TF_TOKENS ran out) */
+    ASSERT_TRUE(r.gen_tokens >= 8);
+    ASSERT_TRUE(r.gen_agreement == 1.0 && r.gen_kl == 0.0);
     ASSERT_EQ_INT(r.tokens, TF_TOKENS);
     ASSERT_TRUE(r.agreement == 1.0);
     ASSERT_TRUE(r.kl == 0.0);
