@@ -9,9 +9,10 @@
 #
 #   bench/quality.sh [BUILD_DIR] [PAIRS]
 #     BUILD_DIR  default build; needs the tsr_quality target (bench/quality.c)
-#     PAIRS      an extra offload row per budget speculating on PAIRS rotary channel pairs
-#                per KV head (default 2 of the model's 4, i.e. half the channels; offload's
-#                own default, 4, is exact)
+#     PAIRS      extra offload rows per budget speculating on PAIRS channel pairs per KV
+#                head, in skew and in warmup mode (default 2 of the model's 4, i.e. half the
+#                channels; offload's own default is skew with 20 % of the channels,
+#                InfiniGen's partial-weight ratio: 2 of 8 here)
 # Columns: mean NLL (nats/token), perplexity, top-1 agreement of the greedy next token with
 # the full cache, KL(full || policy) of the next-token distributions (nats, mean over
 # positions), KV peak (block pool), evictions, bytes moved per token (host writes + fetches)
@@ -24,7 +25,7 @@ BIN="$BUILD/bench/tsr_quality"
 [ -x "$BIN" ] || { echo "quality.sh: $BIN not built (cmake --build $BUILD --target tsr_quality)" >&2; exit 1; }
 ARGS=("$ROOT/models/stories260K.bin" "$ROOT/models/tok512.bin" "$ROOT/bench/data/heldout.txt")
 
-printf '%-20s %6s %6s %7s %7s %9s %8s %11s %10s %12s %7s\n' policy budget tokens nll ppl \
+printf '%-22s %6s %6s %7s %7s %9s %8s %11s %10s %12s %7s\n' policy budget tokens nll ppl \
     agreement kl kv_peak_kb evictions moved_B/tok recall
 row() {
     local label=$1 budget=$2
@@ -37,8 +38,9 @@ row() {
     rec=$(f '"spec_recall":')
     [ -z "$rec" ] || [ "$rec" = "-1.0000" ] && rec=-
     moved=$(f '"bytes_moved_per_token":')
-    [ "$moved" = "0.0" ] && moved=-
-    printf '%-20s %6s %6s %7s %7s %9s %8s %11.1f %10s %12s %7s\n' "$label" "$budget" \
+    [ -z "$moved" ] || [ "$moved" = "0.0" ] || [ "$moved" = "0.0000" ] && moved=-
+    [ "$moved" = - ] || moved=$(printf '%.0f' "$moved")
+    printf '%-22s %6s %6s %7s %7s %9s %8s %11.1f %10s %12s %7s\n' "$label" "$budget" \
         "$(f ' tokens=')" "$(f ' nll=')" "$(f ' ppl=')" "$(f ' agreement=')" "$(f ' kl=')" \
         "$(awk -v b="$(f '"bytes_peak":')" 'BEGIN{print b/1024}')" "$(f '"evictions":')" \
         "$moved" "${rec:--}"
@@ -50,6 +52,10 @@ for b in 0.1 0.2 0.5; do
     for p in "${POLICIES[@]}"; do
         [ "$p" = paged ] && continue
         row "$p" "$pct" "$p" --budget $b --recall
-        [ "$p" = offload ] && row "offload (p=$PAIRS)" "$pct" offload --budget $b --pairs "$PAIRS" --recall
+        if [ "$p" = offload ]; then
+            row "offload (p=$PAIRS)" "$pct" offload --budget $b --pairs "$PAIRS" --recall
+            row "offload warmup (p=$PAIRS)" "$pct" offload --budget $b --pairs "$PAIRS" \
+                --offload-mode warmup --recall
+        fi
     done
 done
