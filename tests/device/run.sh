@@ -257,6 +257,15 @@ sec_backend_ops() {
         echo "NOTE no CUDA backend"
         return 1
     }
+    # split-K decode, tiled prefill and the sample op must have met the CPU on the GPU
+    local k rc=0
+    for k in "attn split-K" "attn prefill tiled" "sample vocab 50000"; do
+        grep -q "^  $k.* cuda " "$LOGS/backend_ops.log" || {
+            echo "run.sh: no cuda line for '$k'"
+            rc=1
+        }
+    done
+    return $rc
 }
 
 # The memory contract (kernels/backend.h) on the GPU: host staging, sync and stream copies,
