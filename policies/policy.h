@@ -116,5 +116,7 @@ int32_t tsr_kv_policy_budget(const tsr_kv_policy_config *cfg, int32_t len);
 extern const tsr_kv_policy_ops tsr_kv_policy_paged;
 extern const tsr_kv_policy_ops tsr_kv_policy_h2o;
 extern const tsr_kv_policy_ops tsr_kv_policy_offload;
+extern const tsr_kv_policy_ops tsr_kv_policy_snapkv;
+extern const tsr_kv_policy_ops tsr_kv_policy_streaming;
 
 #endif

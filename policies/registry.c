@@ -10,6 +10,8 @@ static const tsr_kv_policy_ops *const tsr__policies[] = {
     &tsr_kv_policy_paged,
     &tsr_kv_policy_h2o,
     &tsr_kv_policy_offload,
+    &tsr_kv_policy_snapkv,
+    &tsr_kv_policy_streaming,
 };
 
 const tsr_kv_policy_ops *tsr_kv_policy_find(const char *name) {
@@ -18,7 +20,7 @@ const tsr_kv_policy_ops *tsr_kv_policy_find(const char *name) {
     return NULL;
 }
 
-const char *tsr_kv_policy_names(void) { return "paged|h2o|offload"; }
+const char *tsr_kv_policy_names(void) { return "paged|h2o|offload|snapkv|streaming"; }
 
 int32_t tsr_kv_policy_budget(const tsr_kv_policy_config *cfg, int32_t len) {
     double b = cfg->budget;
