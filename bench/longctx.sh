@@ -8,7 +8,8 @@
 #     SIZES      default "8192 32768 131072"
 #     LAYERS     default 1 (paged attention is O(n^2): 128K with 5 layers takes ~40 min on
 #                2 cores; 1 layer keeps the table to minutes and shows the same scaling)
-# Budgets: h2o and offload keep 10 % of the sequence (--kv-budget 0.1).
+# Budgets: h2o, offload, snapkv and streaming keep 10 % of the sequence (--kv-budget 0.1).
+# POLICIES (default "paged h2o offload snapkv streaming") picks the rows.
 set -euo pipefail
 BUILD=${1:-build}
 SIZES=${2:-"8192 32768 131072"}
@@ -17,6 +18,7 @@ BIN="$BUILD/bench/tsr_longctx"
 [ -x "$BIN" ] || { echo "longctx.sh: $BIN not built (cmake --build $BUILD --target tsr_longctx)" >&2; exit 1; }
 SPEC="synthetic:tiny,ctx=131072,layers=$LAYERS"
 THREADS=${THREADS:-2}
+POLICIES=${POLICIES:-"paged h2o offload snapkv streaming"}
 
 printf '%-22s %8s %10s %12s %12s %10s\n' policy n seconds peak_rss_mb kv_peak_mb evictions
 row() {
@@ -38,11 +40,11 @@ row() {
         "$(awk -v b="$kvp" 'BEGIN{print b/1048576}')" "$ev"
 }
 for n in $SIZES; do
-    row paged "$n"
-    row h2o "$n" --budget 0.1
-    row offload "$n" --budget 0.1
+    for pol in $POLICIES; do
+        if [ "$pol" = paged ]; then row paged "$n"; else row "$pol" "$n" --budget 0.1; fi
+    done
 done
-# The original H2O: one n x n prefill call with the full score matrix.
-for n in $SIZES; do
-    row h2o "$n" --budget 0.1 --materialize
-done
+# The original H2O: one n x n prefill call with the full score matrix (with the h2o rows).
+case " $POLICIES " in
+*" h2o "*) for n in $SIZES; do row h2o "$n" --budget 0.1 --materialize; done ;;
+esac

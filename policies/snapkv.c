@@ -185,18 +185,21 @@ static void tsr__snap_pool(const float *in, int32_t n, int kernel, int maxpool, 
 }
 
 /* sc ([H][nc]): per local query head, the attention the w window queries (q: [w][H][hd],
- * positions qpos) give the first nc of the n keys in `slot` order (positions kpos), each
- * query's softmax over all n keys it may see (causal). Keys come tile by tile. */
+ * positions qpos) give the first nc of the n keys in `slot` order (positions kpos,
+ * ascending), each query's softmax over all n keys it may see (causal). Keys come tile by
+ * tile, transposed per KV head so that the dots run along the keys. */
 static tsr_status tsr__snap_scores(tsr__snap *s, int layer, int seq, const float *q,
                                    const int32_t *qpos, int w, const int32_t *slot,
                                    const int32_t *kpos, int32_t n, int32_t nc, float *sc) {
+    enum { T = TSR__SNAP_TILE };
     int H = s->H, hd = s->hd, group = s->H / s->G;
     size_t qw = (size_t)H * hd, hw = (size_t)H * (size_t)w;
     float scale = 1.0f / sqrtf((float)hd);
-    float *kt = tsr_malloc((size_t)TSR__SNAP_TILE * (size_t)s->kvd * sizeof *kt);
+    float *kt = tsr_malloc((size_t)T * (size_t)s->kvd * sizeof *kt);
+    float *kT = tsr_malloc((size_t)T * (size_t)s->kvd * sizeof *kT); /* [kvd][T] */
     float *mx = tsr_malloc(hw * sizeof *mx), *sum = tsr_malloc(hw * sizeof *sum);
-    float *lg = tsr_malloc((size_t)TSR__SNAP_TILE * sizeof *lg);
-    tsr_status st = kt && mx && sum && lg ? TSR_OK : TSR_ERR_NOMEM;
+    float *lg = tsr_malloc((size_t)T * sizeof *lg);
+    tsr_status st = kt && kT && mx && sum && lg ? TSR_OK : TSR_ERR_NOMEM;
     if (st == TSR_OK) {
         for (size_t i = 0; i < hw; i++) {
             mx[i] = -INFINITY;
@@ -205,41 +208,49 @@ static tsr_status tsr__snap_scores(tsr__snap *s, int layer, int seq, const float
         memset(sc, 0, (size_t)H * (size_t)nc * sizeof *sc);
     }
     /* Pass 0: each (head, query)'s running maximum and sum over all n keys; pass 1: the
-     * probabilities of the candidates, summed over the window's queries. */
+     * probabilities of the candidates (all older than every window query: no mask),
+     * summed over the window's queries. */
     for (int pass = 0; pass < 2 && st == TSR_OK; pass++) {
         int32_t end = pass == 0 ? n : nc;
-        for (int32_t t0 = 0; t0 < end && st == TSR_OK; t0 += TSR__SNAP_TILE) {
-            int32_t tn = end - t0 < TSR__SNAP_TILE ? end - t0 : TSR__SNAP_TILE;
+        for (int32_t t0 = 0; t0 < end && st == TSR_OK; t0 += T) {
+            int32_t tn = end - t0 < T ? end - t0 : T;
             st = tsr_kv_paged_gather(s->mech, layer, seq, slot + t0, tn, kt, NULL);
             if (st != TSR_OK) break;
+            for (int32_t j = 0; j < tn; j++)
+                for (int c = 0; c < s->kvd; c++) kT[(size_t)c * T + j] = kt[(size_t)j * s->kvd + c];
             for (int h = 0; h < H; h++) {
-                int g = h / group;
+                const float *kg = kT + (size_t)(h / group) * hd * T;
                 for (int i = 0; i < w; i++) {
                     const float *qi = q + (size_t)i * qw + (size_t)h * hd;
-                    float m = -INFINITY;
-                    for (int32_t j = 0; j < tn; j++) {
-                        const float *kr = kt + (size_t)j * s->kvd + (size_t)g * hd;
-                        float d = 0.0f;
-                        for (int c = 0; c < hd; c++) d += qi[c] * kr[c];
-                        lg[j] = kpos[t0 + j] <= qpos[i] ? d * scale : -INFINITY;
-                        m = lg[j] > m ? lg[j] : m;
+                    for (int32_t j = 0; j < tn; j++) lg[j] = 0.0f;
+                    for (int c = 0; c < hd; c++) {
+                        float qc = qi[c] * scale;
+                        const float *kc = kg + (size_t)c * T;
+                        for (int32_t j = 0; j < tn; j++) lg[j] += qc * kc[j];
                     }
                     size_t hi = (size_t)h * w + (size_t)i;
-                    if (pass == 0) {
-                        if (m == -INFINITY) continue;
-                        float nm = m > mx[hi] ? m : mx[hi], acc = 0.0f;
-                        for (int32_t j = 0; j < tn; j++) acc += expf(lg[j] - nm);
-                        sum[hi] = sum[hi] * expf(mx[hi] - nm) + acc;
-                        mx[hi] = nm;
-                    } else if (sum[hi] > 0.0f) {
+                    if (pass == 1) {
+                        if (!(sum[hi] > 0.0f)) continue; /* saw no key: no weight */
                         float inv = 1.0f / sum[hi], *out = sc + (size_t)h * nc + t0;
                         for (int32_t j = 0; j < tn; j++) out[j] += expf(lg[j] - mx[hi]) * inv;
+                        continue;
                     }
+                    /* keys after the query (the window's own, in the last tiles) */
+                    int32_t vis = tn;
+                    while (vis > 0 && kpos[t0 + vis - 1] > qpos[i]) vis--;
+                    if (vis == 0) continue;
+                    float m = lg[0];
+                    for (int32_t j = 1; j < vis; j++) m = lg[j] > m ? lg[j] : m;
+                    float nm = m > mx[hi] ? m : mx[hi], acc = 0.0f;
+                    for (int32_t j = 0; j < vis; j++) acc += expf(lg[j] - nm);
+                    sum[hi] = sum[hi] * expf(mx[hi] - nm) + acc;
+                    mx[hi] = nm;
                 }
             }
         }
     }
     tsr_free(kt);
+    tsr_free(kT);
     tsr_free(mx);
     tsr_free(sum);
     tsr_free(lg);
