@@ -33,11 +33,23 @@ int main(int argc, char **argv) {
     const char *spec = argv[1], *policy = argv[2];
     int n = atoi(argv[3]), chunk = 512, threads = 2, materialize = 0;
     double budget = 0;
-    for (int i = 4; i < argc; i++) {
+    /* --materialize is h2o's --h2o-scores materialize; any option the policy declares
+     * (policies/policy.h) passes through as --NAME V (a flag: --NAME). */
+    const tsr_kv_policy_ops *pol = tsr_kv_policy_find(policy);
+    tsr_kv_policy_arg args[32];
+    int n_args = 0;
+    for (int i = 4; i < argc && n_args < 32; i++) {
+        const tsr_kv_policy_option *po = pol ? tsr_kv_policy_option_find(pol, argv[i] + 2) : NULL;
         if (!strcmp(argv[i], "--budget") && i + 1 < argc) budget = atof(argv[++i]);
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--materialize")) materialize = 1;
+        else if (!strcmp(argv[i], "--materialize")) {
+            args[n_args++] = (tsr_kv_policy_arg){"h2o-scores", "materialize"};
+            materialize = 1;
+        } else if (po && po->kind == TSR_KV_OPT_FLAG)
+            args[n_args++] = (tsr_kv_policy_arg){po->name, "1"};
+        else if (po && i + 1 < argc)
+            args[n_args++] = (tsr_kv_policy_arg){po->name, argv[++i]};
     }
     if (materialize) chunk = n; /* the original H2O prefill: one n x n call */
     tsr_model *m = NULL;
@@ -55,7 +67,7 @@ int main(int argc, char **argv) {
             .backend = "cpu", .threads = threads, .max_tokens = chunk,
             .kv = {.policy = policy, .memory_bytes = row * ((int64_t)n + 1024) * 2,
                    .block_size = 16, .budget = budget, .max_seqs = 1,
-                   .h2o_scores = materialize ? "materialize" : "tiled",
+                   .policy_args = args, .n_policy_args = n_args,
                    .chunk_tokens = chunk}};
         st = tsr_engine_create(m, &eo, &eng); /* owns the model from here on */
         m = st == TSR_OK ? eng->model : NULL;

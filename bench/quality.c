@@ -105,15 +105,31 @@ int main(int argc, char **argv) {
     }
     const char *model_path = argv[1], *tok_path = argv[2], *text_path = argv[3];
     const char *policy = argv[4];
-    int threads = 1, pairs = 0, recall = 0, materialize = 0;
-    double budget = 0, recent = 0;
-    for (int i = 5; i < argc; i++) {
+    int threads = 1, materialize = 0;
+    double budget = 0;
+    /* Policy options: any the policy declares (--h2o-recent F, --offload-recall, ...),
+     * checked by the registry; --recent, --pairs, --recall and --materialize are the
+     * short names bench/quality.sh uses. */
+    const tsr_kv_policy_ops *pol = tsr_kv_policy_find(policy);
+    tsr_kv_policy_arg args[32];
+    int n_args = 0;
+    for (int i = 5; i < argc && n_args < 32; i++) {
+        const tsr_kv_policy_option *po = pol ? tsr_kv_policy_option_find(pol, argv[i] + 2) : NULL;
         if (!strcmp(argv[i], "--budget") && i + 1 < argc) budget = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--recent") && i + 1 < argc) recent = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--pairs") && i + 1 < argc) pairs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--recall")) recall = 1;
-        else if (!strcmp(argv[i], "--materialize")) materialize = 1;
+        else if (!strcmp(argv[i], "--recent") && i + 1 < argc)
+            args[n_args++] = (tsr_kv_policy_arg){"h2o-recent", argv[++i]};
+        else if (!strcmp(argv[i], "--pairs") && i + 1 < argc)
+            args[n_args++] = (tsr_kv_policy_arg){"offload-pairs", argv[++i]};
+        else if (!strcmp(argv[i], "--recall"))
+            args[n_args++] = (tsr_kv_policy_arg){"offload-recall", "1"};
+        else if (!strcmp(argv[i], "--materialize")) {
+            args[n_args++] = (tsr_kv_policy_arg){"h2o-scores", "materialize"};
+            materialize = 1;
+        } else if (po && po->kind == TSR_KV_OPT_FLAG)
+            args[n_args++] = (tsr_kv_policy_arg){po->name, "1"};
+        else if (po && i + 1 < argc)
+            args[n_args++] = (tsr_kv_policy_arg){po->name, argv[++i]};
         else {
             fprintf(stderr, "quality: unknown option %s\n", argv[i]);
             return 1;
@@ -137,9 +153,8 @@ int main(int argc, char **argv) {
         tsr_engine_options eo = {
             .backend = "cpu", .threads = threads, .max_tokens = 1,
             .kv = {.policy = policy, .memory_bytes = 16 << 20, .block_size = 16,
-                   .budget = budget, .recent = recent, .max_seqs = 1,
-                   .h2o_scores = materialize ? "materialize" : "tiled", .spec_pairs = pairs,
-                   .measure_recall = recall, .chunk_tokens = 1}};
+                   .budget = budget, .policy_args = args, .n_policy_args = n_args,
+                   .max_seqs = 1, .chunk_tokens = 1}};
         st = tsr_engine_create(m, &eo, &eng); /* owns the model from here on */
         m = st == TSR_OK ? eng->model : NULL;
     }

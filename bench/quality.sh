@@ -30,7 +30,7 @@ row() {
     f() { sed -n "s/.*$1\([^ ,}]*\).*/\1/p" <<<"$line"; }
     local rec
     rec=$(f '"spec_recall":')
-    [ "$rec" = "-1.0000" ] && rec=-
+    [ -z "$rec" ] || [ "$rec" = "-1.0000" ] && rec=-
     printf '%-20s %6s %7s %7s %8s %11.1f %10s %12s %7s\n' "$label" "$budget" "$(f ' tokens=')" \
         "$(f ' nll=')" "$(f ' ppl=')" "$(awk -v b="$(f '"bytes_peak":')" 'BEGIN{print b/1024}')" \
         "$(f '"evictions":')" "$(f '"bytes_moved_per_token":')" "$rec"

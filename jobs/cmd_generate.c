@@ -241,14 +241,14 @@ int tsr_cmd_generate(int argc, char **argv) {
     enum { N_BASE = sizeof base / sizeof base[0] };
     tsr_cli_opt opts[N_BASE + TSR_KV_CLI_N_OPTS + TSR_DIST_CLI_N_OPTS];
     memcpy(opts, base, sizeof base);
-    tsr_kv_cli_opts(&o.kv, opts + N_BASE);
-    tsr_dist_cli_opts(&o.dist, opts + N_BASE + TSR_KV_CLI_N_OPTS);
+    int n_kv = tsr_kv_cli_opts(&o.kv, opts + N_BASE); /* one per policy option */
+    tsr_dist_cli_opts(&o.dist, opts + N_BASE + n_kv);
     tsr_cli cli = {.cmd = "generate",
                    .synopsis = "--model PATH (--prompt TEXT | --prompt-file PATH|-) [options]",
                    .about = "Generates a continuation of one prompt. The continuation goes to "
                             "stdout, a summary line\n(tokens, tokens/s) to stderr.",
                    .opts = opts,
-                   .n_opts = (int)(sizeof opts / sizeof opts[0])};
+                   .n_opts = N_BASE + n_kv + TSR_DIST_CLI_N_OPTS};
     tsr_cli_result r = tsr_cli_parse(&cli, argc, argv);
     if (r == TSR_CLI_HELP) return 0;
     if (r != TSR_CLI_OK) return 2;

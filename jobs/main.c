@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "jobs/commands.h"
+#include "jobs/kv_cli.h"
 
 static const struct {
     const char *name;
@@ -19,6 +20,7 @@ static void tsr__usage(FILE *f) {
     fprintf(f, "usage: tessera COMMAND [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof tsr__cmds / sizeof tsr__cmds[0]; i++)
         fprintf(f, "  %-10s %s\n", tsr__cmds[i].name, tsr__cmds[i].help);
+    tsr_kv_cli_print_policies(f);
     fprintf(f, "\n'tessera COMMAND --help' describes each command's options.\n");
 }
 

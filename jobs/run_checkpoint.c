@@ -101,13 +101,10 @@ static tsr_status tsr__ckpt_meta(tsr_run_job *g, int64_t records, tsr_ckpt_meta 
     tsr_kv_cache_detail(g->kv, &d);
     snprintf(m->policy, sizeof m->policy, "%s", d.policy);
     /* The options that change the rows a policy keeps (the pool size changes only when
-     * requests run, not their tokens). */
-    const tsr_kv_options *ko = &g->o->kv.kv;
-    if (!strcmp(d.policy, "h2o"))
-        snprintf(m->policy_options, sizeof m->policy_options, "budget=%g recent=%g scores=%s",
-                 ko->budget, ko->recent, ko->h2o_scores ? ko->h2o_scores : "tiled");
-    else
-        snprintf(m->policy_options, sizeof m->policy_options, "none");
+     * requests run, not their tokens): all of the policy's declared options and its budget,
+     * as the registry writes them. */
+    snprintf(m->policy_options, sizeof m->policy_options, "%s",
+             d.policy_options ? d.policy_options : "none");
     snprintf(m->output, sizeof m->output, "%s", g->o->output);
     return TSR_OK;
 }

@@ -18,33 +18,51 @@ void tsr_kv_cache_detail(const tsr_kv_cache *kv, tsr_kv_detail *out) {
     else kv->ops->stats(kv, &out->kv);
 }
 
+double tsr_kv_policy_stat(const tsr_kv_policy_stats *s, const char *name) {
+    for (int i = 0; i < s->n; i++)
+        if (!strcmp(s->v[i].name, name)) return s->v[i].is_double ? s->v[i].d : (double)s->v[i].i;
+    return 0.0;
+}
+
+/* Adds what one snprintf at buf + *len needed, so the total is known past the end. */
+static void tsr__cat(int *len, int n) {
+    if (n > 0) *len += n;
+}
+
 int tsr_kv_detail_json(const tsr_kv_detail *d, char *buf, size_t size) {
     const tsr_kv_block_stats *b = &d->blocks;
     const tsr_kv_policy_stats *p = &d->pol;
-    double recall = p->recall_n ? p->recall_sum / (double)p->recall_n : -1.0;
-    double per_tok = p->tokens_processed
-                         ? (double)(p->bytes_offloaded + p->bytes_fetched) / p->tokens_processed
-                         : 0.0;
-    return snprintf(buf, size,
-                    "{\"policy\":\"%s\",\"block_size\":%d,\"blocks_used\":%d,"
-                    "\"blocks_total\":%d,\"blocks_peak\":%d,\"bytes_used\":%lld,"
-                    "\"bytes_peak\":%lld,\"bytes_capacity\":%lld,\"tokens_resident\":%lld,"
-                    "\"evictions\":%lld,\"prefix_query_tokens\":%lld,\"prefix_hit_tokens\":%lld,"
-                    "\"cow_copies\":%lld,\"swap_out_bytes\":%lld,\"swap_in_bytes\":%lld,"
-                    "\"bytes_offloaded\":%lld,\"bytes_fetched\":%lld,"
-                    "\"bytes_moved_per_token\":%.1f,\"host_bytes_peak\":%lld,"
-                    "\"spec_selections\":%lld,\"spec_fallbacks\":%lld,\"spec_recall\":%.4f,"
-                    "\"score_matrix_bytes_peak\":%lld}",
-                    d->policy ? d->policy : "", b->block_size, b->blocks_used, b->blocks_total,
-                    b->blocks_peak, (long long)d->kv.bytes_used, (long long)d->kv.bytes_peak,
-                    (long long)d->kv.bytes_capacity, (long long)d->kv.tokens_resident,
-                    (long long)d->kv.evictions, (long long)b->prefix_query_tokens,
-                    (long long)b->prefix_hit_tokens, (long long)b->cow_copies,
-                    (long long)b->swap_out_bytes, (long long)b->swap_in_bytes,
-                    (long long)p->bytes_offloaded, (long long)p->bytes_fetched, per_tok,
-                    (long long)p->host_bytes_peak, (long long)p->selections,
-                    (long long)p->fallback_selections, recall,
-                    (long long)p->score_matrix_bytes_peak);
+    int len = 0;
+#define TSR__AT (buf && (size_t)len < size ? buf + len : NULL), \
+                (buf && (size_t)len < size ? size - (size_t)len : 0)
+    tsr__cat(&len,
+             snprintf(TSR__AT,
+                      "{\"policy\":\"%s\",\"block_size\":%d,\"blocks_used\":%d,"
+                      "\"blocks_total\":%d,\"blocks_peak\":%d,\"bytes_used\":%lld,"
+                      "\"bytes_peak\":%lld,\"bytes_capacity\":%lld,\"tokens_resident\":%lld,"
+                      "\"evictions\":%lld,\"prefix_query_tokens\":%lld,"
+                      "\"prefix_hit_tokens\":%lld,\"cow_copies\":%lld,\"swap_out_bytes\":%lld,"
+                      "\"swap_in_bytes\":%lld",
+                      d->policy ? d->policy : "", b->block_size, b->blocks_used,
+                      b->blocks_total, b->blocks_peak, (long long)d->kv.bytes_used,
+                      (long long)d->kv.bytes_peak, (long long)d->kv.bytes_capacity,
+                      (long long)d->kv.tokens_resident, (long long)d->kv.evictions,
+                      (long long)b->prefix_query_tokens, (long long)b->prefix_hit_tokens,
+                      (long long)b->cow_copies, (long long)b->swap_out_bytes,
+                      (long long)b->swap_in_bytes));
+    /* The policy's own values; its evictions are already the cache's above. */
+    for (int i = 0; i < p->n; i++) {
+        const tsr_kv_stat_value *v = &p->v[i];
+        if (!strcmp(v->name, "evictions")) continue;
+        if (v->is_double)
+            tsr__cat(&len, snprintf(TSR__AT, ",\"%s\":%.4f", v->name, v->d));
+        else
+            tsr__cat(&len,
+                     snprintf(TSR__AT, ",\"%s\":%lld", v->name, (long long)v->i));
+    }
+    tsr__cat(&len, snprintf(TSR__AT, "}"));
+#undef TSR__AT
+    return len;
 }
 
 tsr_status tsr_kv_export_seq(const tsr_kv_cache *kv, int seq, tsr_kv_seq_state *out) {

@@ -39,24 +39,31 @@ typedef struct tsr_kv_block_stats {
     int64_t preempt_drops;
 } tsr_kv_block_stats;
 
-/* A policy's counters (policies/policy.h); zero without a policy. */
+/* A policy's counters as named values: each policy declares its own (policies/policy.h),
+ * so this layer knows none of them by name. Zero values without a policy. */
+#define TSR_KV_POLICY_STATS_MAX 32
+typedef struct tsr_kv_stat_value {
+    const char *name; /* JSON key (static storage: the policy's declaration) */
+    int is_double;
+    int64_t i;
+    double d;
+} tsr_kv_stat_value;
+
 typedef struct tsr_kv_policy_stats {
-    int64_t evictions;        /* token slots dropped (h2o) or moved out of residence */
-    int64_t bytes_offloaded;  /* written to the host copy */
-    int64_t bytes_fetched;    /* host -> resident */
-    int64_t tokens_processed; /* tokens committed (denominator of bytes per token) */
-    int64_t selections;       /* selections made (speculative or fallback) */
-    int64_t fallback_selections; /* of them, without queries: the recent window */
-    double recall_sum;        /* sum of per-selection recall of the exact top tokens */
-    int64_t recall_n;
-    int64_t score_matrix_bytes_peak; /* materialize baseline */
-    int64_t score_matrix_rebuilds;   /* matrices built from the layer's queries */
-    int64_t host_bytes_peak;
+    int64_t evictions; /* the value named "evictions", if any: counts as the cache's */
+    int n;
+    tsr_kv_stat_value v[TSR_KV_POLICY_STATS_MAX];
 } tsr_kv_policy_stats;
+
+/* The value named `name` as a double (0 when the policy reports none). */
+double tsr_kv_policy_stat(const tsr_kv_policy_stats *s, const char *name);
 
 /* Everything a cache reports, through whatever wrappers it sits in (tsr_kv_cache_detail). */
 typedef struct tsr_kv_detail {
     const char *policy;        /* the policy's name, else the cache's ("paged", "dense") */
+    /* The policy's option settings as text ("kv-budget=24 h2o-recent=0.5 ..."; NULL without
+     * a policy), owned by the cache. */
+    const char *policy_options;
     tsr_kv_stats kv;
     tsr_kv_block_stats blocks;
     tsr_kv_policy_stats pol;
@@ -161,7 +168,8 @@ void tsr_kv_cache_destroy(tsr_kv_cache *kv);
 /* The cache's stats, block stats and policy stats (ops->detail, else the plain stats). */
 void tsr_kv_cache_detail(const tsr_kv_cache *kv, tsr_kv_detail *out);
 /* One JSON object (no newline) of d: policy, blocks, bytes, evictions, prefix hits, swap
- * and offload traffic. Returns what snprintf returns. */
+ * traffic, then the policy's own stats under their declared names. Returns the length
+ * it needs (as snprintf). */
 int tsr_kv_detail_json(const tsr_kv_detail *d, char *buf, size_t size);
 
 /* Checkpoint calls through the interface: TSR_ERR_UNSUPPORTED when the cache has none. */

@@ -20,14 +20,29 @@
 #include "policies/policy.h"
 #include "base/alloc.h"
 
+/* Its options (the declaration below) and stats. */
+typedef struct tsr__h2o_opts {
+    double recent;           /* share of the budget for recent tokens (0: 0.5) */
+    int scores_materialize;  /* the original n x n score matrix */
+    double materialize_limit; /* bytes the matrix may take; 0: the available memory */
+} tsr__h2o_opts;
+
+typedef struct tsr__h2o_counters {
+    int64_t evictions;
+    int64_t tokens_processed;
+    int64_t score_matrix_bytes_peak; /* materialize baseline */
+    int64_t score_matrix_rebuilds;   /* matrices built from the layer's queries */
+} tsr__h2o_counters;
+
 typedef struct tsr__h2o {
     tsr_kv_policy_config cfg;
+    tsr__h2o_opts opt;
     tsr_kv_cache *mech;
     int32_t *pending; /* per seq: tokens of the step in flight */
     int n_seqs;
     /* the queries of the current layer call (materialize), valid until observe */
     tsr_kv_policy_queries qs;
-    tsr_kv_policy_stats st;
+    tsr__h2o_counters st;
 } tsr__h2o;
 
 typedef struct tsr__cand {
@@ -57,8 +72,9 @@ static tsr_status tsr__h2o_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
     tsr__h2o *h = tsr_calloc(1, sizeof *h);
     if (!h) return TSR_ERR_NOMEM;
     h->cfg = *cfg;
-    if (!(h->cfg.recent > 0.0)) h->cfg.recent = 0.5;
-    if (h->cfg.recent > 1.0) h->cfg.recent = 1.0;
+    h->opt = *(const tsr__h2o_opts *)cfg->opts;
+    if (!(h->opt.recent > 0.0)) h->opt.recent = 0.5;
+    if (h->opt.recent > 1.0) h->opt.recent = 1.0;
     h->mech = mech;
     h->qs.layer = -1;
     *state = h;
@@ -87,14 +103,14 @@ static tsr_status tsr__h2o_append(void *state, int seq, int32_t n) {
         h->n_seqs = seq + 1;
     }
     h->pending[seq] = n;
-    if (h->cfg.scores_materialize) {
+    if (h->opt.scores_materialize) {
         /* Fail before any work when the step's n_q x n_k matrix cannot fit. */
         tsr_kv_cache *m = h->mech;
         int heads = h->cfg.n_heads > 0 ? h->cfg.n_heads : m->n_kv_heads;
         double keys = (double)tsr_kv_paged_slots(m, 0, seq) + n;
         double bytes = (double)heads * n * keys * 4.0;
         int64_t limit =
-            h->cfg.materialize_limit > 0 ? h->cfg.materialize_limit : tsr__avail_bytes();
+            h->opt.materialize_limit > 0 ? (int64_t)h->opt.materialize_limit : tsr__avail_bytes();
         if (bytes > (double)limit)
             return tsr_error_set(TSR_ERR_NOMEM,
                                  "h2o --h2o-scores=materialize: the %d x %d x %.0f score "
@@ -121,7 +137,8 @@ static tsr_status tsr__h2o_materialize(tsr__h2o *h, int layer, int seq, int32_t 
         have_q ? h->qs.heads : (h->cfg.n_heads > 0 ? h->cfg.n_heads : m->n_kv_heads);
     int64_t n_q = have_q ? h->qs.n : h->pending[seq];
     double bytes = (double)n_heads * (double)n_q * (double)n_keys * 4.0;
-    int64_t limit = h->cfg.materialize_limit > 0 ? h->cfg.materialize_limit : tsr__avail_bytes();
+    int64_t limit = h->opt.materialize_limit > 0 ? (int64_t)h->opt.materialize_limit
+                                                  : tsr__avail_bytes();
     if (bytes > (double)limit)
         return tsr_error_set(TSR_ERR_NOMEM,
                              "h2o --h2o-scores=materialize: the %d x %lld x %d score matrix "
@@ -198,7 +215,7 @@ static tsr_status tsr__h2o_evict(tsr__h2o *h, int layer, int seq, int32_t budget
     if (st == TSR_OK) st = tsr_kv_paged_read_slots(m, layer, seq, pos, sc);
     if (st == TSR_OK) {
         for (int32_t i = 0; i < n; i++) c[i] = (tsr__cand){sc[i], pos[i], i};
-        int32_t recent = (int32_t)floor(budget * h->cfg.recent + 0.5);
+        int32_t recent = (int32_t)floor(budget * h->opt.recent + 0.5);
         if (recent > budget) recent = budget;
         int32_t heavy = budget - recent;
         qsort(c, (size_t)n, sizeof *c, tsr__by_pos_desc);
@@ -225,7 +242,7 @@ static tsr_status tsr__h2o_observe(void *state, int layer, int seq, const float 
     tsr_status st = TSR_OK;
     const float *ks = key_scores;
     int parts = h->cfg.n_heads; /* the kernel's and materialize's: per query head */
-    if (h->cfg.scores_materialize) {
+    if (h->opt.scores_materialize) {
         int have_q = tsr_kv_policy_queries_for(&h->qs, layer, seq);
         int heads = have_q ? h->qs.heads : h->cfg.n_heads;
         ms = tsr_malloc((size_t)heads * (n ? n : 1) * sizeof *ms);
@@ -258,14 +275,44 @@ static tsr_status tsr__h2o_commit(void *state, int seq, int32_t n) {
     return TSR_OK;
 }
 
-static void tsr__h2o_stats(const void *state, tsr_kv_policy_stats *out) {
-    *out = ((const tsr__h2o *)state)->st;
+static void tsr__h2o_stats(const void *state, void *out) {
+    *(tsr__h2o_counters *)out = ((const tsr__h2o *)state)->st;
 }
+
+static const char *const tsr__h2o_score_modes[] = {"tiled", "materialize", NULL};
+
+static const tsr_kv_policy_option tsr__h2o_options[] = {
+    {"h2o-recent", TSR_KV_OPT_DOUBLE, offsetof(tsr__h2o_opts, recent), "F",
+     "share of the budget for the recent window", "0.5", 0, 1, NULL},
+    {"h2o-scores", TSR_KV_OPT_ENUM, offsetof(tsr__h2o_opts, scores_materialize), "MODE",
+     "how scores accumulate: tiled never builds the n x n matrix, materialize does (the "
+     "original baseline)",
+     "tiled", 0, 0, tsr__h2o_score_modes},
+    {"h2o-materialize-limit", TSR_KV_OPT_DOUBLE, offsetof(tsr__h2o_opts, materialize_limit),
+     "BYTES", "bytes the materialized n x n matrix may take (0: the available memory)",
+     "0", 0, 1e18, NULL},
+};
+
+static const tsr_kv_policy_stat_field tsr__h2o_stat_fields[] = {
+    {"evictions", TSR_KV_STAT_I64, offsetof(tsr__h2o_counters, evictions)},
+    {"tokens_processed", TSR_KV_STAT_I64, offsetof(tsr__h2o_counters, tokens_processed)},
+    {"score_matrix_bytes_peak", TSR_KV_STAT_I64,
+     offsetof(tsr__h2o_counters, score_matrix_bytes_peak)},
+    {"score_matrix_rebuilds", TSR_KV_STAT_I64, offsetof(tsr__h2o_counters, score_matrix_rebuilds)},
+};
 
 const tsr_kv_policy_ops tsr_kv_policy_h2o = {
     .name = "h2o",
+    .help = "heavy hitters + recent window",
     .wants_scores = 1,
     .allows_prefix_cache = 0,
+    .uses_budget = 1,
+    .options = tsr__h2o_options,
+    .n_options = TSR_KV_COUNT(tsr__h2o_options),
+    .options_size = sizeof(tsr__h2o_opts),
+    .stat_fields = tsr__h2o_stat_fields,
+    .n_stats = TSR_KV_COUNT(tsr__h2o_stat_fields),
+    .stats_size = sizeof(tsr__h2o_counters),
     .create = tsr__h2o_create,
     .destroy = tsr__h2o_destroy,
     .append = tsr__h2o_append,

@@ -43,8 +43,29 @@ typedef struct tsr__oseq {
     tsr__olayer *layers;
 } tsr__oseq;
 
+/* Its options (the declaration below) and stats. */
+typedef struct tsr__off_opts {
+    int spec_pairs;     /* rotary channel pairs per head to speculate on */
+    int measure_recall; /* also compute exact scores to report recall (slow) */
+} tsr__off_opts;
+
+typedef struct tsr__off_counters {
+    int64_t evictions;        /* token slots moved out of residence */
+    int64_t bytes_offloaded;  /* written to the host copy */
+    int64_t bytes_fetched;    /* host -> resident */
+    int64_t tokens_processed; /* tokens committed (denominator of bytes per token) */
+    int64_t selections;       /* selections made (speculative or fallback) */
+    int64_t fallback_selections; /* of them, without queries: the recent window */
+    double recall_sum;        /* sum of per-selection recall of the exact top tokens */
+    int64_t recall_n;
+    int64_t host_bytes_peak;
+    double bytes_per_token;   /* reported: (offloaded + fetched) / tokens */
+    double recall;            /* reported: recall_sum / recall_n, -1 when not measured */
+} tsr__off_counters;
+
 typedef struct tsr__off {
     tsr_kv_policy_config cfg;
+    tsr__off_opts opt;
     tsr_kv_cache *mech;
     int L, G, H, hd, kvd, pairs; /* H: this rank's query heads */
     int *chan;        /* [L][G][2 * pairs] channel indices within the head */
@@ -59,7 +80,7 @@ typedef struct tsr__off {
     int n_seqs;
     tsr_kv_policy_queries qs;
     int64_t resident_meta_bytes;
-    tsr_kv_policy_stats st;
+    tsr__off_counters st;
 } tsr__off;
 
 typedef struct tsr__ocand {
@@ -74,13 +95,14 @@ static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
     tsr__off *o = tsr_calloc(1, sizeof *o);
     if (!o) return TSR_ERR_NOMEM;
     o->cfg = *cfg;
+    o->opt = *(const tsr__off_opts *)cfg->opts;
     o->mech = mech;
     o->L = mech->n_layers;
     o->G = mech->n_kv_heads;
     o->kvd = mech->kv_dim;
     o->hd = o->kvd / o->G;
     o->H = cfg->n_heads > 0 ? cfg->n_heads : o->G;
-    o->pairs = cfg->spec_pairs > 0 ? cfg->spec_pairs : 4;
+    o->pairs = o->opt.spec_pairs > 0 ? o->opt.spec_pairs : 4;
     if (o->pairs > o->hd / 2) o->pairs = o->hd / 2;
     o->chan = tsr_calloc((size_t)o->L * o->G * 2 * o->pairs, sizeof *o->chan);
     o->chan_set = tsr_calloc((size_t)o->L, 1);
@@ -462,7 +484,7 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
         tsr__oselect(c, len, keep);
         for (int32_t j = 0; j < keep; j++) want[c[j].pos] = 1;
         o->st.selections++;
-        if (have_q && o->cfg.measure_recall) {
+        if (have_q && o->opt.measure_recall) {
             /* the exact pass is collective too (same flag on every rank) */
             sst = tsr__off_scores(o, L, layer, len, 1, c);
             if (sst != TSR_OK) {
@@ -530,16 +552,52 @@ static tsr_status tsr__off_commit(void *state, int seq, int32_t n) {
     return TSR_OK;
 }
 
-static void tsr__off_stats(const void *state, tsr_kv_policy_stats *out) {
+static void tsr__off_stats(const void *state, void *out_) {
     const tsr__off *o = state;
+    tsr__off_counters *out = out_;
     *out = o->st;
     if (o->cfg.host->peak > out->host_bytes_peak) out->host_bytes_peak = o->cfg.host->peak;
+    out->bytes_per_token = out->tokens_processed ? (double)(out->bytes_offloaded +
+                                                            out->bytes_fetched) /
+                                                       (double)out->tokens_processed
+                                                 : 0.0;
+    out->recall = out->recall_n ? out->recall_sum / (double)out->recall_n : -1.0;
 }
+
+static const tsr_kv_policy_option tsr__off_options[] = {
+    {"offload-pairs", TSR_KV_OPT_INT, offsetof(tsr__off_opts, spec_pairs), "N",
+     "rotary channel pairs per head the speculation scores with", "4", 1, 64, NULL},
+    {"offload-recall", TSR_KV_OPT_FLAG, offsetof(tsr__off_opts, measure_recall), NULL,
+     "also score every token exactly to report the speculation's recall (slow)",
+     NULL, 0, 1, NULL},
+};
+
+/* The JSON keys predate the declaration (bench/quality.sh reads them). */
+static const tsr_kv_policy_stat_field tsr__off_stat_fields[] = {
+    {"evictions", TSR_KV_STAT_I64, offsetof(tsr__off_counters, evictions)},
+    {"bytes_offloaded", TSR_KV_STAT_I64, offsetof(tsr__off_counters, bytes_offloaded)},
+    {"bytes_fetched", TSR_KV_STAT_I64, offsetof(tsr__off_counters, bytes_fetched)},
+    {"bytes_moved_per_token", TSR_KV_STAT_F64, offsetof(tsr__off_counters, bytes_per_token)},
+    {"tokens_processed", TSR_KV_STAT_I64, offsetof(tsr__off_counters, tokens_processed)},
+    {"host_bytes_peak", TSR_KV_STAT_I64, offsetof(tsr__off_counters, host_bytes_peak)},
+    {"spec_selections", TSR_KV_STAT_I64, offsetof(tsr__off_counters, selections)},
+    {"spec_fallbacks", TSR_KV_STAT_I64, offsetof(tsr__off_counters, fallback_selections)},
+    {"spec_recall", TSR_KV_STAT_F64, offsetof(tsr__off_counters, recall)},
+    {"spec_recall_n", TSR_KV_STAT_I64, offsetof(tsr__off_counters, recall_n)},
+};
 
 const tsr_kv_policy_ops tsr_kv_policy_offload = {
     .name = "offload",
+    .help = "host tier + speculative fetch",
     .wants_scores = 0,
     .allows_prefix_cache = 0,
+    .uses_budget = 1,
+    .options = tsr__off_options,
+    .n_options = TSR_KV_COUNT(tsr__off_options),
+    .options_size = sizeof(tsr__off_opts),
+    .stat_fields = tsr__off_stat_fields,
+    .n_stats = TSR_KV_COUNT(tsr__off_stat_fields),
+    .stats_size = sizeof(tsr__off_counters),
     .create = tsr__off_create,
     .destroy = tsr__off_destroy,
     .admit = tsr__off_admit,

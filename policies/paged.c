@@ -12,6 +12,7 @@ static tsr_status tsr__paged_pol_create(const tsr_kv_policy_config *cfg, tsr_kv_
 
 const tsr_kv_policy_ops tsr_kv_policy_paged = {
     .name = "paged",
+    .help = "keep all",
     .wants_scores = 0,
     .allows_prefix_cache = 1,
     .create = tsr__paged_pol_create,

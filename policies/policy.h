@@ -9,6 +9,7 @@
 #ifndef TSR_POLICIES_POLICY_H
 #define TSR_POLICIES_POLICY_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "comm/comm.h"
@@ -16,18 +17,30 @@
 #include "memory/kv_cache.h"
 #include "memory/kv_paged.h"
 
+/* A policy option as text, the way it came: {"h2o-recent", "0.3"}; a flag's value is NULL
+ * or "1". */
+typedef struct tsr_kv_policy_arg {
+    const char *name, *value;
+} tsr_kv_policy_arg;
+
+/* What every policy gets. The policy's own options arrive in `opts`, parsed from its
+ * declaration (below). */
 typedef struct tsr_kv_policy_config {
-    /* --kv-budget: > 1 a token count; in (0, 1] a fraction of the sequence (1: 100 %); 0
-     * (or a count >= the sequence) keeps everything. */
+    /* --kv-budget (a common option, for policies with uses_budget): > 1 a token count; in
+     * (0, 1] a fraction of the sequence (1: 100 %); 0 (or a count >= the sequence) keeps
+     * everything. */
     double budget;
-    double recent;           /* --h2o-recent: share of the budget for recent tokens (0: 0.5) */
-    int scores_materialize;  /* --h2o-scores=materialize: the original n x n score matrix */
-    int64_t materialize_limit; /* bytes the matrix may take; 0: the available memory */
-    int spec_pairs;          /* offload: rotary channel pairs per head to speculate on (0: 4) */
-    int measure_recall;      /* offload: also compute exact scores to report recall (slow) */
+    /* The policy's options as given (an arg the policy does not declare is skipped: the
+     * command line warns about it); tsr_kv_policy_cache_create parses them into `opts`. */
+    const tsr_kv_policy_arg *args;
+    int n_args;
+    /* Set by tsr_kv_policy_cache_create for `create`: the policy's options struct
+     * (options_size bytes: the declared defaults, then args), owned by the cache and valid
+     * as long as it lives. Callers leave it NULL. */
+    const void *opts;
     int n_heads;             /* query heads */
     int rope_interleaved;    /* rotary pairs (2i, 2i+1) rather than (i, i + hd/2) */
-    tsr_host_pool *host;     /* offload: where the full KV lives */
+    tsr_host_pool *host;     /* where host copies live (offload's full KV) */
     /* Tensor parallelism: the ranks of the TP group hold different KV heads of the same
      * tokens, so score decisions sum the heads over the group (tsr_kv_policy_sum_heads)
      * and every rank evicts / selects the same tokens. NULL: one process. */
@@ -39,7 +52,37 @@ typedef struct tsr_kv_policy_config {
     int owns_host;           /* the cache destroys `host` with itself */
 } tsr_kv_policy_config;
 
-/* tsr_kv_policy_stats: memory/kv_cache.h (a cache reports it through detail()). */
+/* ---- Declarations. A policy declares its options and stats as tables; --help, the
+ * command line's checks and warnings, the checkpoint binding, --stats JSON, the metrics
+ * file's kv section and tsr_quality's line are generated from them. ------------------ */
+
+typedef enum tsr_kv_opt_kind {
+    TSR_KV_OPT_DOUBLE, /* double; min..max */
+    TSR_KV_OPT_INT,    /* int; min..max */
+    TSR_KV_OPT_ENUM,   /* int: the index into `values` */
+    TSR_KV_OPT_FLAG,   /* int: 0 or 1, takes no value on the command line */
+} tsr_kv_opt_kind;
+
+typedef struct tsr_kv_policy_option {
+    const char *name;    /* the flag without "--", prefixed by the policy: "h2o-recent" */
+    tsr_kv_opt_kind kind;
+    size_t offset;       /* of the value in the policy's options struct (offsetof) */
+    const char *metavar; /* "F", "N", "MODE" (NULL for a flag) */
+    const char *help;    /* one line, without the default or range (generated) */
+    const char *def;     /* the default as text: "0.5", "tiled"; NULL: 0 / the first value */
+    double min, max;     /* DOUBLE and INT: the accepted range, inclusive */
+    const char *const *values; /* ENUM: the accepted names, NULL-terminated */
+} tsr_kv_policy_option;
+
+typedef enum tsr_kv_stat_kind { TSR_KV_STAT_I64, TSR_KV_STAT_F64 } tsr_kv_stat_kind;
+
+typedef struct tsr_kv_policy_stat_field {
+    const char *name;    /* its JSON key; "evictions" also counts as the cache's evictions */
+    tsr_kv_stat_kind kind;
+    size_t offset;       /* of an int64_t or double in the policy's stats struct */
+} tsr_kv_policy_stat_field;
+
+#define TSR_KV_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* The rotated queries of the layer call in flight (from the cache's queries hook: host
  * memory), kept by policies that need them at select/observe time; valid until that
@@ -63,10 +106,43 @@ static inline int tsr_kv_policy_queries_for(const tsr_kv_policy_queries *qs, int
     return qs->q && qs->layer == layer && qs->seq == seq;
 }
 
+/* A policy, in one file (policies/NAME.c) plus one line in registry.c's table:
+ *
+ *   typedef struct { double keep; int exact; } tsr__my_opts;
+ *   typedef struct { int64_t evictions; double mean; } tsr__my_counters;
+ *   static const char *const tsr__my_modes[] = {"fast", "exact", NULL};
+ *   static const tsr_kv_policy_option tsr__my_options[] = {
+ *       {"my-keep", TSR_KV_OPT_DOUBLE, offsetof(tsr__my_opts, keep), "F",
+ *        "share of the budget kept", "0.5", 0, 1, NULL},
+ *       {"my-mode", TSR_KV_OPT_ENUM, offsetof(tsr__my_opts, exact), "MODE",
+ *        "how to score", "fast", 0, 0, tsr__my_modes}};
+ *   static const tsr_kv_policy_stat_field tsr__my_stat_fields[] = {
+ *       {"evictions", TSR_KV_STAT_I64, offsetof(tsr__my_counters, evictions)},
+ *       {"my_mean", TSR_KV_STAT_F64, offsetof(tsr__my_counters, mean)}};
+ *   const tsr_kv_policy_ops tsr_kv_policy_my = {
+ *       .name = "my", .help = "what it keeps", .uses_budget = 1,
+ *       .create = ..., .stats = ...,
+ *       .options = tsr__my_options, .n_options = TSR_KV_COUNT(tsr__my_options),
+ *       .options_size = sizeof(tsr__my_opts),
+ *       .stat_fields = tsr__my_stat_fields, .n_stats = TSR_KV_COUNT(tsr__my_stat_fields),
+ *       .stats_size = sizeof(tsr__my_counters)};
+ *
+ * create reads its options from cfg->opts (a tsr__my_opts); stats fills a zeroed
+ * tsr__my_counters. Option names start with the policy's name (two policies may share a
+ * name only when they mean the same thing). tests/unit/test_policy_registry.c registers
+ * a policy this way. */
 typedef struct tsr_kv_policy_ops {
     const char *name;
+    const char *help;        /* a few words for --help: "heavy hitters + recent window" */
     int wants_scores;        /* attention must produce key_scores for observe */
     int allows_prefix_cache; /* sharing blocks needs an unmodified layout (paged only) */
+    int uses_budget;         /* reads the common option --kv-budget (cfg->budget) */
+    const tsr_kv_policy_option *options; /* its own options (NULL: none) */
+    int n_options;
+    size_t options_size;     /* of its options struct (cfg->opts) */
+    const tsr_kv_policy_stat_field *stat_fields; /* what its stats hook reports (NULL: none) */
+    int n_stats;
+    size_t stats_size;       /* of its stats struct */
     /* `mech` is the paged cache the policy steers (owned by the wrapper). */
     tsr_status (*create)(const tsr_kv_policy_config *cfg, tsr_kv_cache *mech, void **state);
     void (*destroy)(void *state);
@@ -84,13 +160,40 @@ typedef struct tsr_kv_policy_ops {
     tsr_status (*observe)(void *state, int layer, int seq, const float *key_scores);
     tsr_status (*commit)(void *state, int seq, int32_t n);
     void (*release)(void *state, int seq);
-    void (*stats)(const void *state, tsr_kv_policy_stats *out);
+    /* Fills `out`, the policy's stats struct (stats_size bytes, zeroed by the caller). */
+    void (*stats)(const void *state, void *out);
 } tsr_kv_policy_ops;
 
-/* The policy named `name` ("paged", "h2o", "offload"), or NULL. */
+/* The policy named `name`, or NULL. */
 const tsr_kv_policy_ops *tsr_kv_policy_find(const char *name);
-/* "paged|h2o|offload", for --help and error lines. */
+/* "paged|h2o|offload": the registered names, for --help and error lines. */
 const char *tsr_kv_policy_names(void);
+/* Adds a policy after registry.c's table, for tests (a policy that ships is a line in
+ * that table). Not thread-safe: call before any option table is built. */
+tsr_status tsr_kv_policy_register(const tsr_kv_policy_ops *ops);
+/* The registered policies, in registry order (i in [0, tsr_kv_policy_count())). */
+int tsr_kv_policy_count(void);
+const tsr_kv_policy_ops *tsr_kv_policy_at(int i);
+
+/* The option `name` (without "--") ops declares, or NULL. Its help is prefixed by the
+ * policy's name where listed (kv_cli), so it does not name the policy itself. */
+const tsr_kv_policy_option *tsr_kv_policy_option_find(const tsr_kv_policy_ops *ops,
+                                                      const char *name);
+/* Checks `text` against the declaration (kind, range, values) and, when opts is not NULL,
+ * stores the value at o->offset. TSR_ERR_INVALID with one line ("--h2o-recent 2: must be
+ * in [0, 1]") when wrong. */
+tsr_status tsr_kv_policy_option_parse(const tsr_kv_policy_option *o, const char *text,
+                                      void *opts);
+/* The help line of o, generated: its help, then its values or range and default. */
+int tsr_kv_policy_option_help(const tsr_kv_policy_option *o, char *buf, size_t size);
+/* ops's options struct (options_size bytes at opts): the defaults, then `args` in order
+ * (args ops does not declare are skipped). */
+tsr_status tsr_kv_policy_options_parse(const tsr_kv_policy_ops *ops,
+                                       const tsr_kv_policy_arg *args, int n_args, void *opts);
+/* "kv-budget=24 h2o-recent=0.5 h2o-scores=tiled": what the options of ops are (budget
+ * only with uses_budget), "none" when it has none; for the checkpoint binding. */
+int tsr_kv_policy_options_string(const tsr_kv_policy_ops *ops, double budget,
+                                 const void *opts, char *buf, size_t size);
 
 /* A tsr_kv_cache: a paged cache made from `kcfg`, steered by policy `ops`. */
 tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_ops *ops,
@@ -100,6 +203,8 @@ tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_ops *ops,
 int tsr_kv_is_policy(const tsr_kv_cache *kv);
 /* The paged cache underneath, and the policy's stats. */
 tsr_kv_cache *tsr_kv_policy_mech(const tsr_kv_cache *kv);
+/* The policy's stats as named values, in its declaration's order (zero values without a
+ * policy). */
 void tsr_kv_policy_get_stats(const tsr_kv_cache *kv, tsr_kv_policy_stats *out);
 const char *tsr_kv_policy_name(const tsr_kv_cache *kv);
 
@@ -116,7 +221,5 @@ int32_t tsr_kv_policy_budget(const tsr_kv_policy_config *cfg, int32_t len);
 extern const tsr_kv_policy_ops tsr_kv_policy_paged;
 extern const tsr_kv_policy_ops tsr_kv_policy_h2o;
 extern const tsr_kv_policy_ops tsr_kv_policy_offload;
-extern const tsr_kv_policy_ops tsr_kv_policy_snapkv;
-extern const tsr_kv_policy_ops tsr_kv_policy_streaming;
 
 #endif

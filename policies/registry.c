@@ -1,10 +1,18 @@
-/* The policy table and the wrapper cache that runs a policy's hooks around the paged
- * mechanism. A new policy: one file defining a tsr_kv_policy_ops, one line below. */
+/* The policy table, what is generated from the policies' declarations (option parsing,
+ * help lines, the options string, named stats) and the wrapper cache that runs a
+ * policy's hooks around the paged mechanism. A new policy: one file defining a
+ * tsr_kv_policy_ops (policy.h shows how), one line below. */
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "policies/policy.h"
 #include "base/alloc.h"
+
+extern const tsr_kv_policy_ops tsr_kv_policy_snapkv;
+extern const tsr_kv_policy_ops tsr_kv_policy_streaming;
 
 static const tsr_kv_policy_ops *const tsr__policies[] = {
     &tsr_kv_policy_paged,
@@ -14,13 +22,170 @@ static const tsr_kv_policy_ops *const tsr__policies[] = {
     &tsr_kv_policy_streaming,
 };
 
-const tsr_kv_policy_ops *tsr_kv_policy_find(const char *name) {
-    for (size_t i = 0; i < sizeof tsr__policies / sizeof tsr__policies[0]; i++)
-        if (name && strcmp(tsr__policies[i]->name, name) == 0) return tsr__policies[i];
+enum { TSR__N_POLICIES = sizeof tsr__policies / sizeof tsr__policies[0], TSR__N_EXTRA = 8 };
+
+/* Policies registered at run time (tests/unit/test_policy_registry.c), after the table. */
+static const tsr_kv_policy_ops *tsr__extra[TSR__N_EXTRA];
+static int tsr__n_extra;
+
+int tsr_kv_policy_count(void) { return TSR__N_POLICIES + tsr__n_extra; }
+
+const tsr_kv_policy_ops *tsr_kv_policy_at(int i) {
+    if (i >= 0 && i < TSR__N_POLICIES) return tsr__policies[i];
+    if (i >= TSR__N_POLICIES && i < TSR__N_POLICIES + tsr__n_extra)
+        return tsr__extra[i - TSR__N_POLICIES];
     return NULL;
 }
 
-const char *tsr_kv_policy_names(void) { return "paged|h2o|offload|snapkv|streaming"; }
+const tsr_kv_policy_ops *tsr_kv_policy_find(const char *name) {
+    for (int i = 0; name && i < tsr_kv_policy_count(); i++)
+        if (strcmp(tsr_kv_policy_at(i)->name, name) == 0) return tsr_kv_policy_at(i);
+    return NULL;
+}
+
+tsr_status tsr_kv_policy_register(const tsr_kv_policy_ops *ops) {
+    if (tsr_kv_policy_find(ops->name))
+        return tsr_error_set(TSR_ERR_INVALID, "KV policy %s: already registered", ops->name);
+    if (tsr__n_extra == TSR__N_EXTRA)
+        return tsr_error_set(TSR_ERR_INVALID, "KV policy %s: at most %d registered at run "
+                             "time", ops->name, TSR__N_EXTRA);
+    tsr__extra[tsr__n_extra++] = ops;
+    return TSR_OK;
+}
+
+const char *tsr_kv_policy_names(void) {
+    static char names[256];
+    size_t len = 0;
+    names[0] = '\0';
+    for (int i = 0; i < tsr_kv_policy_count() && len < sizeof names; i++)
+        len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? "|" : "",
+                                tsr_kv_policy_at(i)->name);
+    return names;
+}
+
+const tsr_kv_policy_option *tsr_kv_policy_option_find(const tsr_kv_policy_ops *ops,
+                                                      const char *name) {
+    for (int i = 0; ops && name && i < ops->n_options; i++)
+        if (!strcmp(ops->options[i].name, name)) return &ops->options[i];
+    return NULL;
+}
+
+tsr_status tsr_kv_policy_option_parse(const tsr_kv_policy_option *o, const char *text,
+                                      void *opts) {
+    char *at = opts ? (char *)opts + o->offset : NULL;
+    char *end = NULL;
+    switch (o->kind) {
+    case TSR_KV_OPT_FLAG: {
+        int v = !text || !strcmp(text, "1") ? 1 : !strcmp(text, "0") ? 0 : -1;
+        if (v < 0) break;
+        if (at) memcpy(at, &v, sizeof v);
+        return TSR_OK;
+    }
+    case TSR_KV_OPT_ENUM:
+        for (int i = 0; text && o->values[i]; i++)
+            if (!strcmp(o->values[i], text)) {
+                if (at) memcpy(at, &i, sizeof i);
+                return TSR_OK;
+            }
+        break;
+    case TSR_KV_OPT_DOUBLE:
+    case TSR_KV_OPT_INT: {
+        if (!text) break;
+        errno = 0;
+        double v = o->kind == TSR_KV_OPT_INT ? (double)strtol(text, &end, 10)
+                                             : strtod(text, &end);
+        if (errno || end == text || *end || !isfinite(v)) break;
+        if (v < o->min || v > o->max)
+            return tsr_error_set(TSR_ERR_INVALID, "--%s %s: must be in [%g, %g]", o->name,
+                                 text, o->min, o->max);
+        if (at && o->kind == TSR_KV_OPT_INT) {
+            int iv = (int)v;
+            memcpy(at, &iv, sizeof iv);
+        } else if (at) {
+            memcpy(at, &v, sizeof v);
+        }
+        return TSR_OK;
+    }
+    }
+    if (o->kind == TSR_KV_OPT_ENUM) {
+        char vals[256];
+        size_t len = 0;
+        for (int i = 0; o->values[i] && len < sizeof vals; i++)
+            len += (size_t)snprintf(vals + len, sizeof vals - len, "%s%s", i ? ", " : "",
+                                    o->values[i]);
+        return tsr_error_set(TSR_ERR_INVALID, "--%s %s: use one of %s", o->name,
+                             text ? text : "(none)", vals);
+    }
+    return tsr_error_set(TSR_ERR_INVALID, "--%s %s: not %s", o->name, text ? text : "(none)",
+                         o->kind == TSR_KV_OPT_INT    ? "an integer"
+                         : o->kind == TSR_KV_OPT_FLAG ? "0 or 1"
+                                                      : "a number");
+}
+
+int tsr_kv_policy_option_help(const tsr_kv_policy_option *o, char *buf, size_t size) {
+    int n = snprintf(buf, size, "%s", o->help);
+    size_t len = n > 0 ? (size_t)n : 0;
+    if (len >= size) return n;
+    if (o->kind == TSR_KV_OPT_ENUM) {
+        for (int i = 0; o->values[i] && len < size; i++)
+            len += (size_t)snprintf(buf + len, size - len, "%s%s", i ? "|" : " (",
+                                    o->values[i]);
+        if (len < size)
+            len += (size_t)snprintf(buf + len, size - len, "; default: %s)",
+                                    o->def ? o->def : o->values[0]);
+    } else if (o->kind != TSR_KV_OPT_FLAG) {
+        if (o->max >= 1e15) /* no upper bound worth printing */
+            len += (size_t)snprintf(buf + len, size - len, " (>= %g; default: %s)", o->min,
+                                    o->def ? o->def : "0");
+        else
+            len += (size_t)snprintf(buf + len, size - len, " (%g..%g; default: %s)", o->min,
+                                    o->max, o->def ? o->def : "0");
+    }
+    return (int)len;
+}
+
+tsr_status tsr_kv_policy_options_parse(const tsr_kv_policy_ops *ops,
+                                       const tsr_kv_policy_arg *args, int n_args, void *opts) {
+    if (ops->options_size) memset(opts, 0, ops->options_size);
+    for (int i = 0; i < ops->n_options; i++) {
+        const tsr_kv_policy_option *o = &ops->options[i];
+        if (o->def) TSR_TRY(tsr_kv_policy_option_parse(o, o->def, opts));
+    }
+    for (int i = 0; i < n_args; i++) {
+        const tsr_kv_policy_option *o = tsr_kv_policy_option_find(ops, args[i].name);
+        if (o) TSR_TRY(tsr_kv_policy_option_parse(o, args[i].value, opts));
+    }
+    return TSR_OK;
+}
+
+int tsr_kv_policy_options_string(const tsr_kv_policy_ops *ops, double budget,
+                                 const void *opts, char *buf, size_t size) {
+    size_t len = 0;
+    buf[0] = '\0';
+#define TSR__ADD(...)                                                                  \
+    do {                                                                               \
+        if (len < size) len += (size_t)snprintf(buf + len, size - len, __VA_ARGS__);   \
+    } while (0)
+    if (ops->uses_budget) TSR__ADD("kv-budget=%g", budget);
+    for (int i = 0; i < ops->n_options; i++) {
+        const tsr_kv_policy_option *o = &ops->options[i];
+        const char *at = (const char *)opts + o->offset;
+        const char *sep = len ? " " : "";
+        int iv = 0;
+        double dv = 0;
+        if (o->kind == TSR_KV_OPT_DOUBLE) {
+            memcpy(&dv, at, sizeof dv);
+            TSR__ADD("%s%s=%g", sep, o->name, dv);
+            continue;
+        }
+        memcpy(&iv, at, sizeof iv);
+        if (o->kind == TSR_KV_OPT_ENUM) TSR__ADD("%s%s=%s", sep, o->name, o->values[iv]);
+        else TSR__ADD("%s%s=%d", sep, o->name, iv);
+    }
+#undef TSR__ADD
+    if (!len) return snprintf(buf, size, "none");
+    return (int)len;
+}
 
 int32_t tsr_kv_policy_budget(const tsr_kv_policy_config *cfg, int32_t len) {
     double b = cfg->budget;
@@ -51,6 +216,9 @@ typedef struct tsr__pcache {
     const tsr_kv_policy_ops *pol;
     void *state;
     tsr_host_pool *owned_host;
+    void *opts;       /* the policy's parsed options (cfg->opts) */
+    void *stats_buf;  /* the policy's stats struct, refilled by each get_stats */
+    char opts_text[512];
 } tsr__pcache;
 
 static const tsr_kv_cache_ops tsr__pcache_ops;
@@ -69,7 +237,20 @@ void tsr_kv_policy_get_stats(const tsr_kv_cache *kv, tsr_kv_policy_stats *out) {
     memset(out, 0, sizeof *out);
     if (!tsr_kv_is_policy(kv)) return;
     const tsr__pcache *c = (const tsr__pcache *)kv;
-    if (c->pol->stats) c->pol->stats(c->state, out);
+    const tsr_kv_policy_ops *pol = c->pol;
+    if (!pol->stats || !c->stats_buf) return;
+    memset(c->stats_buf, 0, pol->stats_size);
+    pol->stats(c->state, c->stats_buf);
+    for (int i = 0; i < pol->n_stats && out->n < TSR_KV_POLICY_STATS_MAX; i++) {
+        const tsr_kv_policy_stat_field *f = &pol->stat_fields[i];
+        const char *at = (const char *)c->stats_buf + f->offset;
+        tsr_kv_stat_value *v = &out->v[out->n++];
+        v->name = f->name;
+        v->is_double = f->kind == TSR_KV_STAT_F64;
+        if (v->is_double) memcpy(&v->d, at, sizeof v->d);
+        else memcpy(&v->i, at, sizeof v->i);
+        if (!v->is_double && !strcmp(f->name, "evictions")) out->evictions = v->i;
+    }
 }
 
 #define TSR__M(kv) (((tsr__pcache *)(kv))->mech)
@@ -80,6 +261,8 @@ static void tsr__pc_destroy(tsr_kv_cache *kv) {
     if (c->state && c->pol->destroy) c->pol->destroy(c->state);
     tsr_kv_cache_destroy(c->mech);
     tsr_host_pool_destroy(c->owned_host);
+    tsr_free(c->opts);
+    tsr_free(c->stats_buf);
     tsr_free(c);
 }
 
@@ -168,6 +351,7 @@ static void tsr__pc_detail(const tsr_kv_cache *kv, tsr_kv_detail *out) {
     const tsr__pcache *c = (const tsr__pcache *)kv;
     tsr_kv_cache_detail(c->mech, out);
     out->policy = c->pol->name;
+    out->policy_options = c->opts_text;
     tsr__pc_stats(kv, &out->kv);
     tsr_kv_policy_get_stats(kv, &out->pol);
 }
@@ -224,16 +408,28 @@ tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_ops *ops,
     tsr_kv_paged_config kc = *kcfg;
     if (!ops->allows_prefix_cache) kc.prefix_caching = 0;
     if (ops->wants_scores) kc.keep_scores = 1;
+    if (ops->n_stats > TSR_KV_POLICY_STATS_MAX)
+        return tsr_error_set(TSR_ERR_INVALID, "KV policy %s: %d stats, at most %d", ops->name,
+                             ops->n_stats, TSR_KV_POLICY_STATS_MAX);
     tsr__pcache *c = tsr_calloc(1, sizeof *c);
     if (!c) return TSR_ERR_NOMEM;
     c->pol = ops;
-    tsr_status st = tsr_kv_paged_create(&kc, &c->mech);
-    if (st == TSR_OK) st = ops->create(pcfg, c->mech, &c->state);
+    c->opts = tsr_calloc(1, ops->options_size ? ops->options_size : 1);
+    c->stats_buf = ops->stats_size ? tsr_calloc(1, ops->stats_size) : NULL;
+    tsr_status st = c->opts && (c->stats_buf || !ops->stats_size) ? TSR_OK : TSR_ERR_NOMEM;
+    if (st == TSR_OK) st = tsr_kv_policy_options_parse(ops, pcfg->args, pcfg->n_args, c->opts);
+    tsr_kv_policy_config pc = *pcfg;
+    pc.opts = c->opts;
+    if (st == TSR_OK) st = tsr_kv_paged_create(&kc, &c->mech);
+    if (st == TSR_OK) st = ops->create(&pc, c->mech, &c->state);
     if (st != TSR_OK) {
         tsr_kv_cache_destroy(c->mech);
+        tsr_free(c->opts);
+        tsr_free(c->stats_buf);
         tsr_free(c);
         return st;
     }
+    tsr_kv_policy_options_string(ops, pcfg->budget, c->opts, c->opts_text, sizeof c->opts_text);
     if (pcfg->owns_host) c->owned_host = pcfg->host;
     c->base = *c->mech;
     c->base.ops = &tsr__pcache_ops;

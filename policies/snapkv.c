@@ -1,9 +1,9 @@
 /* The `snapkv` policy (Li et al. 2024, "SnapKV: LLM Knows What You are Looking for Before
  * Generation"): at the end of a prompt, the attention the last W prompt queries (the
- * observation window) give each earlier key, pooled over neighbouring keys (1-D average
- * pooling, kernel 7) and summed over heads, picks the keys to keep: the top
- * (budget - window) of them plus the window itself. Decode steps then append without
- * eviction, as in the paper.
+ * observation window, --snapkv-window, 32) give each earlier key, pooled over neighbouring
+ * keys (1-D pooling, --snapkv-pool avg|max, --snapkv-kernel 7) and summed over heads, picks
+ * the keys to keep: the top (budget - window) of them plus the window itself. Decode steps
+ * then append without eviction, as in the paper.
  *
  * When the prompt ends: the cache interface sees step sizes, not requests, so every step of
  * more than one token (a prefill chunk) ends with a compression of each layer that holds
@@ -26,18 +26,29 @@
  * head), pools them per head and sums them over the whole TP group in global head order
  * (tsr_kv_policy_sum_heads), so every rank keeps the same tokens, the same bits for any tp. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "policies/policy.h"
 #include "base/alloc.h"
 
-/* TEMPORARY until the registry declares per-policy options: the paper's defaults. */
-#define TSR__SNAP_WINDOW 32
-#define TSR__SNAP_KERNEL 7
-#define TSR__SNAP_MAXPOOL 0
 /* Keys gathered to the host per tile. */
 #define TSR__SNAP_TILE 256
+
+/* Its options (the declaration below) and stats. */
+typedef struct tsr__snap_opts {
+    int window;  /* the observation window: the last `window` queries */
+    int kernel;  /* pooling kernel over neighbouring keys (odd) */
+    int maxpool; /* max rather than average pooling */
+} tsr__snap_opts;
+
+typedef struct tsr__snap_counters {
+    int64_t evictions;
+    int64_t tokens_processed;
+    int64_t compressions;          /* layer compressions */
+    int64_t compressions_unscored; /* of them, without window queries: the newest kept */
+} tsr__snap_counters;
 
 typedef struct tsr__sseq {
     int active;
@@ -53,7 +64,7 @@ typedef struct tsr__snap {
     int window, kernel, maxpool;
     tsr__sseq *seqs;
     int n_seqs;
-    tsr_kv_policy_stats st;
+    tsr__snap_counters st;
 } tsr__snap;
 
 typedef struct tsr__scand {
@@ -76,9 +87,12 @@ static int tsr__snap_by_score(const void *a, const void *b) {
 
 static tsr_status tsr__snap_create(const tsr_kv_policy_config *cfg, tsr_kv_cache *mech,
                                    void **state) {
+    const tsr__snap_opts *o = cfg->opts;
     if (cfg->n_heads <= 0 || cfg->n_heads % mech->n_kv_heads != 0)
         return tsr_error_set(TSR_ERR_INVALID, "snapkv: %d query heads over %d kv heads",
                              cfg->n_heads, mech->n_kv_heads);
+    if (o->kernel % 2 == 0) /* a centred window: kernel / 2 keys on either side */
+        return tsr_error_set(TSR_ERR_INVALID, "--snapkv-kernel %d: must be odd", o->kernel);
     tsr__snap *s = tsr_calloc(1, sizeof *s);
     if (!s) return TSR_ERR_NOMEM;
     s->cfg = *cfg;
@@ -88,9 +102,9 @@ static tsr_status tsr__snap_create(const tsr_kv_policy_config *cfg, tsr_kv_cache
     s->kvd = mech->kv_dim;
     s->hd = s->kvd / s->G;
     s->H = cfg->n_heads;
-    s->window = TSR__SNAP_WINDOW;
-    s->kernel = TSR__SNAP_KERNEL;
-    s->maxpool = TSR__SNAP_MAXPOOL;
+    s->window = o->window;
+    s->kernel = o->kernel;
+    s->maxpool = o->maxpool;
     *state = s;
     return TSR_OK;
 }
@@ -271,10 +285,10 @@ static tsr_status tsr__snap_choose(tsr__snap *s, tsr__sseq *sq, int layer, int s
     if (w > 0)
         while (nc > 0 && c[nc - 1].pos >= qpos[0]) nc--;
     int32_t cap = budget - (n - nc);
-    s->st.selections++;
+    s->st.compressions++;
     if (w == 0 || cap <= 0) {
         /* No queries, or the window alone fills the budget: the newest tokens stay. */
-        if (w == 0) s->st.fallback_selections++;
+        if (w == 0) s->st.compressions_unscored++;
         for (int32_t i = 0; i < n - budget; i++) ev[(*ne)++] = c[i].slot;
         return TSR_OK;
     }
@@ -349,14 +363,42 @@ static tsr_status tsr__snap_commit(void *state, int seq, int32_t n) {
     return TSR_OK;
 }
 
-static void tsr__snap_stats(const void *state, tsr_kv_policy_stats *out) {
-    *out = ((const tsr__snap *)state)->st;
+static void tsr__snap_stats(const void *state, void *out) {
+    *(tsr__snap_counters *)out = ((const tsr__snap *)state)->st;
 }
+
+static const char *const tsr__snap_pools[] = {"avg", "max", NULL};
+
+static const tsr_kv_policy_option tsr__snap_options[] = {
+    {"snapkv-window", TSR_KV_OPT_INT, offsetof(tsr__snap_opts, window), "N",
+     "observation window: the last N prompt queries score the older keys", "32", 1, 4096,
+     NULL},
+    {"snapkv-kernel", TSR_KV_OPT_INT, offsetof(tsr__snap_opts, kernel), "N",
+     "pooling kernel over neighbouring keys, odd; 1 pools nothing", "7", 1, 255, NULL},
+    {"snapkv-pool", TSR_KV_OPT_ENUM, offsetof(tsr__snap_opts, maxpool), "KIND",
+     "pooling of the window's scores", "avg", 0, 0, tsr__snap_pools},
+};
+
+static const tsr_kv_policy_stat_field tsr__snap_stat_fields[] = {
+    {"evictions", TSR_KV_STAT_I64, offsetof(tsr__snap_counters, evictions)},
+    {"tokens_processed", TSR_KV_STAT_I64, offsetof(tsr__snap_counters, tokens_processed)},
+    {"snapkv_compressions", TSR_KV_STAT_I64, offsetof(tsr__snap_counters, compressions)},
+    {"snapkv_unscored", TSR_KV_STAT_I64,
+     offsetof(tsr__snap_counters, compressions_unscored)},
+};
 
 const tsr_kv_policy_ops tsr_kv_policy_snapkv = {
     .name = "snapkv",
+    .help = "prompt keys the last queries attend to + that window",
     .wants_scores = 0, /* its own window's scores, not the kernel's sums over all queries */
     .allows_prefix_cache = 0,
+    .uses_budget = 1,
+    .options = tsr__snap_options,
+    .n_options = TSR_KV_COUNT(tsr__snap_options),
+    .options_size = sizeof(tsr__snap_opts),
+    .stat_fields = tsr__snap_stat_fields,
+    .n_stats = TSR_KV_COUNT(tsr__snap_stat_fields),
+    .stats_size = sizeof(tsr__snap_counters),
     .create = tsr__snap_create,
     .destroy = tsr__snap_destroy,
     .admit = tsr__snap_admit,

@@ -1,6 +1,6 @@
 /* The `streaming` policy (Xiao et al. 2024, "Efficient Streaming Language Models with
  * Attention Sinks", StreamingLLM): per layer, the first `sinks` tokens (the attention
- * sinks, 4 by default) and the most recent ones stay, the middle is evicted as the sequence
+ * sinks, --streaming-sinks, 4 by default) and the most recent ones stay, the middle is evicted as the sequence
  * grows; --kv-budget is sinks + window. Eviction runs at the end of every step (commit), so
  * a step's queries see the sinks, the window as it was before the step, and the step's own
  * tokens; after it each layer holds exactly positions [0, sinks) and [len - window, len).
@@ -12,20 +12,28 @@
  *
  * The choice needs only positions (host metadata of the paged cache), no scores and no
  * K/V bytes, so it is the same on every rank of a tensor-parallel group by construction. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "policies/policy.h"
 #include "base/alloc.h"
 
-/* TEMPORARY until the registry declares per-policy options: the paper's four sinks. */
-#define TSR__STREAM_SINKS 4
+/* Its options (the declaration below) and stats. */
+typedef struct tsr__stream_opts {
+    int sinks; /* the first tokens, always kept */
+} tsr__stream_opts;
+
+typedef struct tsr__stream_counters {
+    int64_t evictions;
+    int64_t tokens_processed;
+} tsr__stream_counters;
 
 typedef struct tsr__stream {
     tsr_kv_policy_config cfg;
     tsr_kv_cache *mech;
     int32_t sinks;
-    tsr_kv_policy_stats st;
+    tsr__stream_counters st;
 } tsr__stream;
 
 static tsr_status tsr__stream_create(const tsr_kv_policy_config *cfg, tsr_kv_cache *mech,
@@ -34,7 +42,7 @@ static tsr_status tsr__stream_create(const tsr_kv_policy_config *cfg, tsr_kv_cac
     if (!s) return TSR_ERR_NOMEM;
     s->cfg = *cfg;
     s->mech = mech;
-    s->sinks = TSR__STREAM_SINKS;
+    s->sinks = ((const tsr__stream_opts *)cfg->opts)->sinks;
     *state = s;
     return TSR_OK;
 }
@@ -75,14 +83,33 @@ static tsr_status tsr__stream_commit(void *state, int seq, int32_t n) {
     return TSR_OK;
 }
 
-static void tsr__stream_stats(const void *state, tsr_kv_policy_stats *out) {
-    *out = ((const tsr__stream *)state)->st;
+static void tsr__stream_stats(const void *state, void *out) {
+    *(tsr__stream_counters *)out = ((const tsr__stream *)state)->st;
 }
+
+static const tsr_kv_policy_option tsr__stream_options[] = {
+    {"streaming-sinks", TSR_KV_OPT_INT, offsetof(tsr__stream_opts, sinks), "N",
+     "attention sinks: the first N tokens, always kept (part of the budget)", "4", 0, 65536,
+     NULL},
+};
+
+static const tsr_kv_policy_stat_field tsr__stream_stat_fields[] = {
+    {"evictions", TSR_KV_STAT_I64, offsetof(tsr__stream_counters, evictions)},
+    {"tokens_processed", TSR_KV_STAT_I64, offsetof(tsr__stream_counters, tokens_processed)},
+};
 
 const tsr_kv_policy_ops tsr_kv_policy_streaming = {
     .name = "streaming",
+    .help = "attention sinks + recent window",
     .wants_scores = 0,
     .allows_prefix_cache = 0,
+    .uses_budget = 1,
+    .options = tsr__stream_options,
+    .n_options = TSR_KV_COUNT(tsr__stream_options),
+    .options_size = sizeof(tsr__stream_opts),
+    .stat_fields = tsr__stream_stat_fields,
+    .n_stats = TSR_KV_COUNT(tsr__stream_stat_fields),
+    .stats_size = sizeof(tsr__stream_counters),
     .create = tsr__stream_create,
     .destroy = tsr__stream_destroy,
     .commit = tsr__stream_commit,

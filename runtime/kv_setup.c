@@ -106,7 +106,7 @@ static int64_t tsr__host_pool_bytes(const tsr_kv_options *opt) {
  * budget (h2o, offload) the budget plus one prefill chunk written before eviction. */
 static int64_t tsr__seq_tokens(const tsr_kv_options *opt, const tsr_kv_policy_ops *pol,
                                int ctx) {
-    if (strcmp(pol->name, "paged") == 0 || opt->budget <= 0) return ctx;
+    if (!pol->uses_budget || opt->budget <= 0) return ctx;
     tsr_kv_policy_config pc = {.budget = opt->budget};
     int64_t chunk = opt->chunk_tokens > 0 ? opt->chunk_tokens : 512;
     int64_t t = (int64_t)tsr_kv_policy_budget(&pc, ctx) + chunk;
@@ -158,13 +158,12 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
     if (!pol)
         return tsr_error_set(TSR_ERR_INVALID, "--kv-policy %s: unknown (use %s)", name,
                              tsr_kv_policy_names());
-    int materialize = 0;
-    if (opt->h2o_scores && strcmp(opt->h2o_scores, "materialize") == 0) materialize = 1;
-    else if (opt->h2o_scores && strcmp(opt->h2o_scores, "tiled") != 0)
-        return tsr_error_set(TSR_ERR_INVALID, "--h2o-scores %s: use tiled or materialize",
-                             opt->h2o_scores);
-    if (opt->budget < 0 || opt->recent < 0 || opt->recent > 1)
-        return tsr_error_set(TSR_ERR_INVALID, "--kv-budget/--h2o-recent out of range");
+    if (opt->budget < 0) return tsr_error_set(TSR_ERR_INVALID, "--kv-budget must be >= 0");
+    /* Bad policy options are refused before any memory is sized or allocated. */
+    for (int i = 0; i < opt->n_policy_args; i++) {
+        const tsr_kv_policy_option *o = tsr_kv_policy_option_find(pol, opt->policy_args[i].name);
+        if (o) TSR_TRY(tsr_kv_policy_option_parse(o, opt->policy_args[i].value, NULL));
+    }
     bool dist = opt->comm && tsr_comm_world_size(opt->comm) > 1;
     int64_t mem = opt->memory_bytes;
     tsr_status mst = TSR_OK;
@@ -237,9 +236,8 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
         }
     }
     kc.host = host;
-    tsr_kv_policy_config pc = {.budget = opt->budget, .recent = opt->recent,
-                               .scores_materialize = materialize, .spec_pairs = opt->spec_pairs,
-                               .measure_recall = opt->measure_recall,
+    tsr_kv_policy_config pc = {.budget = opt->budget, .args = opt->policy_args,
+                               .n_args = opt->n_policy_args,
                                .n_heads = sh->head_end - sh->head_begin,
                                .rope_interleaved = cfg->rope_interleaved, .host = host,
                                .owns_host = 1, .comm = opt->comm,

@@ -31,23 +31,24 @@
 #include "comm/comm.h"
 #include "memory/host_pool.h"
 #include "memory/kv_cache.h"
+#include "policies/policy.h"
 #include "runtime/config.h"
 #include "runtime/parallel.h"
 
 typedef struct tsr_kv_options {
-    const char *policy;      /* --kv-policy paged|h2o|offload (NULL: paged) */
+    const char *policy;      /* --kv-policy: a registered name (NULL: paged) */
     int64_t memory_bytes;    /* --kv-memory BYTES for the block pool; 0: a fraction of free
                               * memory, less the prefill workspace */
     double memory_fraction;  /* used when memory_bytes is 0 (0: 0.5) */
     int block_size;          /* --block-size (0: 16) */
     double budget;           /* --kv-budget: tokens (> 1) or fraction (<= 1); 0: keep all */
-    double recent;           /* --h2o-recent share of the budget (0: 0.5) */
-    const char *h2o_scores;  /* --h2o-scores tiled|materialize (NULL: tiled) */
+    /* The policy's own options as text ({"h2o-recent", "0.3"}), checked against its
+     * declaration (policies/policy.h); ones it does not declare are skipped. */
+    const tsr_kv_policy_arg *policy_args;
+    int n_policy_args;
     int max_seqs;            /* concurrent sequences (0: 1) */
     int no_prefix_cache;     /* disable prefix sharing (paged) */
     int64_t host_bytes;      /* host pool budget for swap and offload (0: unlimited) */
-    int spec_pairs;          /* offload: channel pairs per head (0: 4) */
-    int measure_recall;      /* offload: report recall of exact top tokens (slow) */
     int chunk_tokens;        /* prefill chunk (workspace budgeting; 0: 512) */
     int max_context;         /* positions one sequence may hold: --max-context, checked
                               * against the pool at setup (0: the model's context) */
@@ -79,7 +80,8 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
                         tsr_kv_cache **out);
 
 /* One JSON object (no newline) of KV stats: policy, blocks used/total/peak, peak bytes,
- * evictions, bytes offloaded and fetched, prefix hits. Returns the length written. */
+ * evictions, prefix hits, then the policy's declared stats. Returns the length it needs
+ * (as snprintf). */
 int tsr_kv_stats_json(const tsr_kv_cache *kv, char *buf, size_t size);
 
 #endif

@@ -1,4 +1,5 @@
 #include <stdint.h>
+#include <stdio.h>
 
 #include "kernels/backend.h"
 #include "memory/kv_paged.h"
@@ -14,6 +15,8 @@
 #include "tests/policy_util.h"
 
 
+/* A policy stat by its declared name. */
+#define TSR__PS(name) ((int64_t)tsr_kv_policy_stat(&ps, name))
 #define G_ 2
 #define HD_ 4
 #define KVD_ (G_ * HD_)
@@ -24,8 +27,13 @@ static tsr_status tsr__mk_h2o(double budget, double recent, int materialize, int
                               .block_size = 4, .max_seqs = 1, .max_seq_len = 4096,
                               .be = kvt_be};
     kc.memory_bytes = 64 * tsr_kv_paged_block_bytes(&kc) * 2;
-    tsr_kv_policy_config pc = {.budget = budget, .recent = recent, .n_heads = 2 * G_,
-                               .scores_materialize = materialize, .materialize_limit = limit};
+    char rtext[32], ltext[32];
+    snprintf(rtext, sizeof rtext, "%.17g", recent);
+    snprintf(ltext, sizeof ltext, "%lld", (long long)limit);
+    tsr_kv_policy_arg args[] = {{"h2o-recent", rtext},
+                                {"h2o-scores", materialize ? "materialize" : "tiled"},
+                                {"h2o-materialize-limit", ltext}};
+    tsr_kv_policy_config pc = {.budget = budget, .args = args, .n_args = 3, .n_heads = 2 * G_};
     return tsr_kv_policy_cache_create(tsr_kv_policy_find("h2o"), &pc, &kc, kv);
 }
 
@@ -189,7 +197,7 @@ TSR_KV_TEST(test_tiled_scores_equal_materialized) {
     ASSERT_NEAR(total, (double)N * H, 1e-2); /* every query row's probabilities sum to 1 */
     tsr_kv_policy_stats ps;
     tsr_kv_policy_get_stats(kv, &ps);
-    ASSERT_EQ_INT(ps.score_matrix_bytes_peak, (int64_t)H * N * N * 4);
+    ASSERT_EQ_INT(TSR__PS("score_matrix_bytes_peak"), (int64_t)H * N * N * 4);
     tsr_kv_cache_destroy(kv);
 }
 
@@ -233,8 +241,10 @@ TSR_KV_FWD_TEST(test_forward_materialize_uses_queries) {
     int32_t tp[GEN], tm[GEN], th[GEN];
     tsr_kv_cache *paged = NULL, *mat = NULL, *half = NULL;
     ASSERT_OK(tsr__policy_kv(be, &m->cfg, "paged", 0, &paged));
+    static const tsr_kv_policy_arg mat_args[] = {{"h2o-scores", "materialize"}};
     tsr_kv_options o = {.policy = "h2o", .memory_bytes = 8 << 20, .block_size = 16,
-                        .budget = 0, .max_seqs = 1, .h2o_scores = "materialize", .be = be};
+                        .budget = 0, .max_seqs = 1, .policy_args = mat_args,
+                        .n_policy_args = 1, .be = be};
     ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &mat));
     o.budget = 0.5;
     ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &half));
@@ -244,12 +254,12 @@ TSR_KV_FWD_TEST(test_forward_materialize_uses_queries) {
     for (int g = 0; g < GEN; g++) ASSERT_EQ_INT(tp[g], tm[g]);
     tsr_kv_policy_stats ps;
     tsr_kv_policy_get_stats(mat, &ps);
-    ASSERT_EQ_INT(ps.score_matrix_rebuilds, (int64_t)(3 + GEN) * m->cfg.n_layers);
+    ASSERT_EQ_INT(TSR__PS("score_matrix_rebuilds"), (int64_t)(3 + GEN) * m->cfg.n_layers);
     /* the largest: the last 16-query chunk over 48 keys */
-    ASSERT_EQ_INT(ps.score_matrix_bytes_peak, (int64_t)m->cfg.n_heads * 16 * 48 * 4);
+    ASSERT_EQ_INT(TSR__PS("score_matrix_bytes_peak"), (int64_t)m->cfg.n_heads * 16 * 48 * 4);
     tsr_kv_policy_get_stats(half, &ps);
-    ASSERT_EQ_INT(ps.score_matrix_rebuilds, (int64_t)(3 + GEN) * m->cfg.n_layers);
-    ASSERT_TRUE(ps.evictions > 0);
+    ASSERT_EQ_INT(TSR__PS("score_matrix_rebuilds"), (int64_t)(3 + GEN) * m->cfg.n_layers);
+    ASSERT_TRUE(TSR__PS("evictions") > 0);
     tsr_kv_cache_destroy(paged);
     tsr_kv_cache_destroy(mat);
     tsr_kv_cache_destroy(half);

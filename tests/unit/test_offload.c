@@ -1,3 +1,4 @@
+#include <stdio.h>
 #include <stdint.h>
 
 #include "kernels/backend.h"
@@ -14,6 +15,9 @@
 #include "tests/policy_util.h"
 
 
+/* A policy stat by its declared name. */
+#define TSR__PS(name) ((int64_t)tsr_kv_policy_stat(&ps, name))
+#define TSR__PSD(name) tsr_kv_policy_stat(&ps, name)
 #define HD_ 8
 
 /* One layer, one KV head, two query heads; keys are small noise except `hot` positions,
@@ -25,7 +29,8 @@ TSR_KV_TEST(test_speculative_selection_and_bytes) {
                               .block_size = 4, .max_seqs = 1, .max_seq_len = 4096,
                               .be = kvt_be};
     kc.memory_bytes = 32 * tsr_kv_paged_block_bytes(&kc);
-    tsr_kv_policy_config pc = {.budget = 12, .spec_pairs = 2, .measure_recall = 1,
+    static const tsr_kv_policy_arg args[] = {{"offload-pairs", "2"}, {"offload-recall", "1"}};
+    tsr_kv_policy_config pc = {.budget = 12, .args = args, .n_args = 2,
                                .n_heads = 2, .rope_interleaved = 1, .host = host,
                                .owns_host = 1};
     tsr_kv_cache *kv = NULL;
@@ -53,7 +58,7 @@ TSR_KV_TEST(test_speculative_selection_and_bytes) {
     ASSERT_OK(kv->ops->commit(kv, 0, toks, N));
     tsr_kv_policy_stats ps;
     tsr_kv_policy_get_stats(kv, &ps);
-    ASSERT_EQ_INT(ps.bytes_offloaded, N * HD_ * 8);
+    ASSERT_EQ_INT(TSR__PS("bytes_offloaded"), N * HD_ * 8);
     /* Decode one token whose queries align with the hot keys. */
     float q[2 * HD_] = {0}, k1[HD_] = {0}, v1[HD_] = {0};
     q[2] = q[3] = 1.0f;
@@ -77,10 +82,10 @@ TSR_KV_TEST(test_speculative_selection_and_bytes) {
     ASSERT_EQ_INT(present[N], 1);
     ASSERT_OK(kv->ops->commit(kv, 0, toks, 1));
     tsr_kv_policy_get_stats(kv, &ps);
-    ASSERT_EQ_INT(ps.selections, 1);
-    ASSERT_TRUE(ps.recall_n == 1 && ps.recall_sum >= 6.0 / 11.0);
-    ASSERT_EQ_INT(ps.evictions, N - 11);
-    ASSERT_EQ_INT(ps.bytes_fetched, 0); /* all 11 were resident from the prefill */
+    ASSERT_EQ_INT(TSR__PS("spec_selections"), 1);
+    ASSERT_TRUE(TSR__PS("spec_recall_n") == 1 && TSR__PSD("spec_recall") >= 6.0 / 11.0);
+    ASSERT_EQ_INT(TSR__PS("evictions"), N - 11);
+    ASSERT_EQ_INT(TSR__PS("bytes_fetched"), 0); /* all 11 were resident from the prefill */
     /* Next step with queries pointing elsewhere: some tokens must be fetched back. */
     float q2[2 * HD_] = {0};
     q2[0] = q2[1] = 1.0f;
@@ -93,14 +98,14 @@ TSR_KV_TEST(test_speculative_selection_and_bytes) {
     ASSERT_OK(kv->ops->spans(kv, 0, 0, &sp, &ns));
     ASSERT_OK(kv->ops->commit(kv, 0, toks, 1));
     tsr_kv_policy_get_stats(kv, &ps);
-    ASSERT_TRUE(ps.bytes_fetched > 0 && ps.bytes_fetched % (HD_ * 8) == 0);
+    ASSERT_TRUE(TSR__PS("bytes_fetched") > 0 && TSR__PS("bytes_fetched") % (HD_ * 8) == 0);
     ASSERT_EQ_INT(tsr_kv_paged_slots(tsr_kv_policy_mech(kv), 0, 0), 12);
     ASSERT_TRUE(host->used >= (N + 2) * HD_ * 8);
     char json[1024];
     tsr_kv_detail d;
     tsr_kv_cache_detail(kv, &d);
     ASSERT_TRUE(tsr_kv_detail_json(&d, json, sizeof json) > 0);
-    ASSERT_EQ_INT(d.pol.bytes_fetched, ps.bytes_fetched);
+    ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&d.pol, "bytes_fetched"), TSR__PS("bytes_fetched"));
     ASSERT_EQ_INT(d.blocks.block_size, 4);
     ASSERT_STR_CONTAINS(json, "\"policy\":\"offload\"");
     ASSERT_STR_CONTAINS(json, "\"bytes_fetched\":");
@@ -125,9 +130,9 @@ TSR_KV_FWD_TEST(test_forward_full_budget_equals_paged) {
     for (int i = 0; i < m->cfg.vocab_size; i++) ASSERT_NEAR(lp[i], lo[i], 1e-5);
     tsr_kv_policy_stats ps;
     tsr_kv_policy_get_stats(off, &ps);
-    ASSERT_EQ_INT(ps.bytes_offloaded,
+    ASSERT_EQ_INT(TSR__PS("bytes_offloaded"),
                   (int64_t)(48 + GEN) * m->cfg.n_layers * m->cfg.n_kv_heads * m->cfg.head_dim * 8);
-    ASSERT_EQ_INT(ps.evictions, 0);
+    ASSERT_EQ_INT(TSR__PS("evictions"), 0);
     /* 24-token budget: the resident set stays bounded, the host copy holds everything. */
     ASSERT_OK(tsr__policy_kv(be, &m->cfg, "offload", 24, &small));
     ASSERT_OK(tsr__greedy(m, be, small, prompt, 48, 16, GEN, tb, NULL));
@@ -153,22 +158,24 @@ TSR_KV_FWD_TEST(test_forward_uses_speculation) {
     enum { GEN = 80 };
     int32_t toks[GEN];
     for (int exact = 0; exact < 2; exact++) {
-        int pairs = exact ? m->cfg.head_dim / 2 : 1;
+        char pairs[16];
+        snprintf(pairs, sizeof pairs, "%d", exact ? m->cfg.head_dim / 2 : 1);
+        tsr_kv_policy_arg args[] = {{"offload-pairs", pairs}, {"offload-recall", "1"}};
         tsr_kv_options o = {.policy = "offload", .memory_bytes = 8 << 20, .block_size = 16,
-                            .budget = 0.25, .max_seqs = 1, .measure_recall = 1,
-                            .spec_pairs = pairs, .be = be};
+                            .budget = 0.25, .max_seqs = 1, .policy_args = args,
+                            .n_policy_args = 2, .be = be};
         tsr_kv_cache *kv = NULL;
         ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &kv));
         ASSERT_OK(tsr__greedy(m, be, kv, prompt, 8, 1, GEN, toks, NULL));
         tsr_kv_policy_stats ps;
         tsr_kv_policy_get_stats(kv, &ps);
-        ASSERT_TRUE(ps.selections > 0);
-        ASSERT_EQ_INT(ps.fallback_selections, 0);
-        ASSERT_TRUE(ps.recall_n > 0);
-        double recall = ps.recall_sum / (double)ps.recall_n;
+        ASSERT_TRUE(TSR__PS("spec_selections") > 0);
+        ASSERT_EQ_INT(TSR__PS("spec_fallbacks"), 0);
+        ASSERT_TRUE(TSR__PS("spec_recall_n") > 0);
+        double recall = TSR__PSD("spec_recall");
         if (exact) ASSERT_NEAR(recall, 1.0, 1e-9);
         else ASSERT_TRUE(recall > 0.2 && recall < 1.0);
-        ASSERT_TRUE(ps.bytes_fetched > 0);
+        ASSERT_TRUE(TSR__PS("bytes_fetched") > 0);
         /* Some layer keeps a token older than the budget's recent window. */
         tsr_kv_cache *mech = tsr_kv_policy_mech(kv);
         int32_t len = kv->ops->seq_len(kv, 0), budget = (len + 3) / 4, old = 0;

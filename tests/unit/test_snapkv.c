@@ -26,13 +26,20 @@
 #define WIN_ 32
 #define MAXN_ 640
 
-static tsr_status tsr__mk_snap(double budget, tsr_kv_cache **kv) {
+/* args: snapkv's options (n of them), e.g. {"snapkv-pool", "max"}. */
+static tsr_status tsr__mk_snap_with(double budget, const tsr_kv_policy_arg *args, int n,
+                                    tsr_kv_cache **kv) {
     tsr_kv_paged_config kc = {.n_layers = 1, .n_kv_heads = G_, .head_dim = HD_,
                               .block_size = 4, .max_seqs = 1, .max_seq_len = 4096,
                               .be = kvt_be};
     kc.memory_bytes = (MAXN_ / 4 + 8) * tsr_kv_paged_block_bytes(&kc);
-    tsr_kv_policy_config pc = {.budget = budget, .n_heads = H_};
+    tsr_kv_policy_config pc = {.budget = budget, .n_heads = H_, .args = args, .n_args = n};
     return tsr_kv_policy_cache_create(tsr_kv_policy_find("snapkv"), &pc, &kc, kv);
+}
+
+/* The defaults: window 32, kernel 7, average pooling. */
+static tsr_status tsr__mk_snap(double budget, tsr_kv_cache **kv) {
+    return tsr__mk_snap_with(budget, NULL, 0, kv);
 }
 
 static int tsr__is_planted(int32_t p, const int32_t *planted, int n_planted) {
@@ -94,19 +101,24 @@ static int tsr__present(tsr_kv_cache *kv, int *present, int n) {
     return ns;
 }
 
-/* After a compression of len tokens: the window [len - 32, len) and the 7-neighbourhood
+/* After a compression of len tokens: the window [len - win, len) and the 7-neighbourhood
  * of every planted key, nothing else. */
-static void tsr__expect_kept(tsr_kv_cache *kv, int32_t len, const int32_t *planted,
-                             int n_planted) {
+static void tsr__expect_kept_w(tsr_kv_cache *kv, int32_t len, const int32_t *planted,
+                               int n_planted, int32_t win) {
     static int present[MAXN_];
-    ASSERT_EQ_INT(tsr__present(kv, present, MAXN_), WIN_ + 7 * n_planted);
+    ASSERT_EQ_INT(tsr__present(kv, present, MAXN_), win + 7 * n_planted);
     for (int32_t p = 0; p < len; p++) {
-        int want = p >= len - WIN_;
+        int want = p >= len - win;
         for (int i = 0; i < n_planted; i++)
             if (p >= planted[i] - 3 && p <= planted[i] + 3) want = 1;
         if (present[p] != want) fprintf(stderr, "  position %d of %d\n", p, len);
         ASSERT_EQ_INT(present[p], want);
     }
+}
+
+static void tsr__expect_kept(tsr_kv_cache *kv, int32_t len, const int32_t *planted,
+                             int n_planted) {
+    tsr__expect_kept_w(kv, len, planted, n_planted, WIN_);
 }
 
 /* One 96-token prefill: two planted keys, a budget of window + two pooling kernels. Only
@@ -127,8 +139,8 @@ TSR_KV_TEST(test_planted_keys_survive_with_pooling) {
     ASSERT_EQ_INT(kv->ops->seq_len(kv, 0), 101);
     tsr_kv_policy_stats ps;
     tsr_kv_policy_get_stats(kv, &ps);
-    ASSERT_EQ_INT(ps.selections, 1);
-    ASSERT_EQ_INT(ps.fallback_selections, 0);
+    ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "snapkv_compressions"), 1);
+    ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "snapkv_unscored"), 0);
     ASSERT_EQ_INT(ps.evictions, 50);
     tsr_kv_cache_destroy(kv);
 }
@@ -156,6 +168,45 @@ TSR_KV_TEST(test_window_over_several_calls) {
     ASSERT_OK(tsr__snap_step(kv, 16, planted, 2, 96 - WIN_));
     tsr__expect_kept(kv, 96, planted, 2);
     tsr_kv_cache_destroy(kv);
+}
+
+/* --snapkv-pool max keeps the same neighbourhoods (a planted key is its neighbours' max);
+ * --snapkv-kernel 1 (no pooling) keeps the planted keys but not their neighbours;
+ * --snapkv-window 16 moves the window; an even kernel is refused. */
+TSR_KV_TEST(test_options) {
+    tsr_kv_cache *kv = NULL;
+    const int32_t planted[2] = {10, 40};
+    static const tsr_kv_policy_arg maxpool[] = {{"snapkv-pool", "max"}};
+    ASSERT_OK(tsr__mk_snap_with(WIN_ + 14, maxpool, 1, &kv));
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    ASSERT_OK(tsr__snap_step(kv, 96, planted, 2, 96 - WIN_));
+    tsr__expect_kept(kv, 96, planted, 2);
+    tsr_kv_cache_destroy(kv);
+
+    static const tsr_kv_policy_arg nopool[] = {{"snapkv-kernel", "1"}};
+    ASSERT_OK(tsr__mk_snap_with(WIN_ + 14, nopool, 1, &kv));
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    ASSERT_OK(tsr__snap_step(kv, 96, planted, 2, 96 - WIN_));
+    static int present[MAXN_];
+    ASSERT_EQ_INT(tsr__present(kv, present, MAXN_), WIN_ + 14);
+    ASSERT_EQ_INT(present[10], 1);
+    ASSERT_EQ_INT(present[40], 1);
+    int neighbours = 0;
+    for (int d = 1; d <= 3; d++)
+        neighbours += present[10 - d] + present[10 + d] + present[40 - d] + present[40 + d];
+    ASSERT_TRUE(neighbours < 12);
+    tsr_kv_cache_destroy(kv);
+
+    static const tsr_kv_policy_arg win16[] = {{"snapkv-window", "16"}};
+    ASSERT_OK(tsr__mk_snap_with(16 + 14, win16, 1, &kv));
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    ASSERT_OK(tsr__snap_step(kv, 96, planted, 2, 96 - 16));
+    tsr__expect_kept_w(kv, 96, planted, 2, 16);
+    tsr_kv_cache_destroy(kv);
+
+    static const tsr_kv_policy_arg even[] = {{"snapkv-kernel", "6"}};
+    ASSERT_EQ_INT(tsr__mk_snap_with(46, even, 1, &kv), TSR_ERR_INVALID);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "--snapkv-kernel 6: must be odd");
 }
 
 /* A budget smaller than the window keeps the newest tokens. */
@@ -209,5 +260,5 @@ TSR_KV_FWD_TEST(test_forward_full_budget_equals_paged) {
 }
 
 TSR_TEST_MAIN(test_planted_keys_survive_with_pooling, test_planted_keys_across_tiles,
-              test_window_over_several_calls, test_budget_below_window,
+              test_window_over_several_calls, test_options, test_budget_below_window,
               test_forward_full_budget_equals_paged)

@@ -21,12 +21,16 @@
 #define KVD_ (G_ * HD_)
 #define SINKS_ 4
 
-static tsr_status tsr__mk_stream(double budget, int layers, tsr_kv_cache **kv) {
+/* sinks: --streaming-sinks as text, NULL for the default (4). */
+static tsr_status tsr__mk_stream(double budget, int layers, const char *sinks,
+                                 tsr_kv_cache **kv) {
     tsr_kv_paged_config kc = {.n_layers = layers, .n_kv_heads = G_, .head_dim = HD_,
                               .block_size = 4, .max_seqs = 1, .max_seq_len = 4096,
                               .be = kvt_be};
     kc.memory_bytes = 64 * tsr_kv_paged_block_bytes(&kc) * layers;
-    tsr_kv_policy_config pc = {.budget = budget, .n_heads = 2 * G_};
+    tsr_kv_policy_arg arg = {"streaming-sinks", sinks};
+    tsr_kv_policy_config pc = {.budget = budget, .n_heads = 2 * G_, .args = &arg,
+                               .n_args = sinks ? 1 : 0};
     return tsr_kv_policy_cache_create(tsr_kv_policy_find("streaming"), &pc, &kc, kv);
 }
 
@@ -59,20 +63,24 @@ static int tsr__present(tsr_kv_cache *kv, int layer, int *present, int n) {
     return ns;
 }
 
-/* Exactly positions [0, 4) and [len - (budget - 4), len) in every layer. */
-static void tsr__expect_sinks_recent(tsr_kv_cache *kv, int32_t len, int32_t budget) {
+/* Exactly positions [0, sinks) and [len - (budget - sinks), len) in every layer. */
+static void tsr__expect_sinks_n(tsr_kv_cache *kv, int32_t len, int32_t budget, int32_t sinks) {
     int present[256];
     for (int l = 0; l < kv->n_layers; l++) {
         int ns = tsr__present(kv, l, present, 256);
         ASSERT_EQ_INT(ns, len < budget ? len : budget);
         for (int32_t p = 0; p < len; p++)
-            ASSERT_EQ_INT(present[p], p < SINKS_ || p >= len - (budget - SINKS_) ? 1 : 0);
+            ASSERT_EQ_INT(present[p], p < sinks || p >= len - (budget - sinks) ? 1 : 0);
     }
+}
+
+static void tsr__expect_sinks_recent(tsr_kv_cache *kv, int32_t len, int32_t budget) {
+    tsr__expect_sinks_n(kv, len, budget, SINKS_);
 }
 
 TSR_KV_TEST(test_sinks_and_recent_kept) {
     tsr_kv_cache *kv = NULL;
-    ASSERT_OK(tsr__mk_stream(10, 2, &kv)); /* 4 sinks + 6 recent */
+    ASSERT_OK(tsr__mk_stream(10, 2, NULL, &kv)); /* 4 sinks + 6 recent */
     ASSERT_OK(kv->ops->seq_add(kv, 0));
     ASSERT_OK(tsr__stream_step(kv, 8)); /* within the budget: nothing evicted */
     tsr__expect_sinks_recent(kv, 8, 10);
@@ -92,25 +100,44 @@ TSR_KV_TEST(test_sinks_and_recent_kept) {
     ASSERT_EQ_INT(tsr_kv_paged_seq_blocks(tsr_kv_policy_mech(kv), 0, 0, NULL), 3);
     tsr_kv_policy_stats ps;
     tsr_kv_policy_get_stats(kv, &ps);
-    ASSERT_EQ_INT(ps.tokens_processed, 63);
+    ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "tokens_processed"), 63);
+    ASSERT_EQ_INT(ps.evictions, (63 - 10) * 2);
     tsr_kv_cache_destroy(kv);
 }
 
 TSR_KV_TEST(test_budget_fraction_and_tiny_budget) {
     tsr_kv_cache *kv = NULL;
-    ASSERT_OK(tsr__mk_stream(0.25, 1, &kv));
+    ASSERT_OK(tsr__mk_stream(0.25, 1, NULL, &kv));
     ASSERT_OK(kv->ops->seq_add(kv, 0));
     for (int step = 0; step < 4; step++) ASSERT_OK(tsr__stream_step(kv, 40));
     tsr__expect_sinks_recent(kv, 160, 40); /* 25 % of 160: 4 sinks + 36 recent */
     tsr_kv_cache_destroy(kv);
     /* A budget below the sinks keeps the first tokens only. */
-    ASSERT_OK(tsr__mk_stream(3, 1, &kv));
+    ASSERT_OK(tsr__mk_stream(3, 1, NULL, &kv));
     ASSERT_OK(kv->ops->seq_add(kv, 0));
     ASSERT_OK(tsr__stream_step(kv, 12));
     int present[256];
     ASSERT_EQ_INT(tsr__present(kv, 0, present, 256), 3);
     for (int p = 0; p < 12; p++) ASSERT_EQ_INT(present[p], p < 3);
     tsr_kv_cache_destroy(kv);
+}
+
+/* --streaming-sinks: 0 is a plain sliding window, 2 keeps two sinks. */
+TSR_KV_TEST(test_sinks_option) {
+    tsr_kv_cache *kv = NULL;
+    ASSERT_OK(tsr__mk_stream(10, 1, "0", &kv));
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    ASSERT_OK(tsr__stream_step(kv, 30));
+    tsr__expect_sinks_n(kv, 30, 10, 0);
+    tsr_kv_cache_destroy(kv);
+    ASSERT_OK(tsr__mk_stream(10, 1, "2", &kv));
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    ASSERT_OK(tsr__stream_step(kv, 30));
+    ASSERT_OK(tsr__stream_step(kv, 1));
+    tsr__expect_sinks_n(kv, 31, 10, 2);
+    tsr_kv_cache_destroy(kv);
+    ASSERT_EQ_INT(tsr__mk_stream(10, 1, "-1", &kv), TSR_ERR_INVALID);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "--streaming-sinks -1");
 }
 
 TSR_KV_FWD_TEST(test_forward_full_budget_equals_paged) {
@@ -151,4 +178,4 @@ TSR_KV_FWD_TEST(test_forward_full_budget_equals_paged) {
 }
 
 TSR_TEST_MAIN(test_sinks_and_recent_kept, test_budget_fraction_and_tiny_budget,
-              test_forward_full_budget_equals_paged)
+              test_sinks_option, test_forward_full_budget_equals_paged)
