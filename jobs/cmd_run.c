@@ -176,7 +176,9 @@ static tsr_status tsr__setup(tsr_run_job *g) {
     g->kv = g->eng->kv;
     g->fwd = g->eng->fwd;
     tsr_sched_config sc = {.max_seqs = o->max_batch_seqs, .max_tokens = o->max_batch_tokens,
-                           .max_context = g->ctx, .vocab_size = c->vocab_size};
+                           .max_context = g->ctx, .vocab_size = c->vocab_size,
+                           .preempt = strcmp(o->preempt, "swap") ? TSR_PREEMPT_RECOMPUTE
+                                                                 : TSR_PREEMPT_SWAP};
     if (g->tok->eos_id >= 0) sc.eos_ids[sc.n_eos++] = g->tok->eos_id;
     for (int i = 0; i < g->tok->n_eos_ids && i < 8; i++) {
         bool dup = false;
@@ -520,6 +522,12 @@ static tsr_status tsr__job(tsr_run_job *g) {
     m->decode_tokens = t.decode_tokens;
     m->preemptions = t.preemptions;
     m->max_running = t.max_running;
+    m->preempt = o->preempt;
+    m->swaps_out = t.swaps_out;
+    m->swaps_in = t.swaps_in;
+    m->swap_out_bytes = t.swap_out_bytes;
+    m->swap_in_bytes = t.swap_in_bytes;
+    m->swap_fallbacks = t.swap_fallbacks;
     m->peak_host_rss_bytes = tsr_sys_peak_rss();
     m->peak_device_bytes = 0; /* host backends; device backends expose no counter yet */
     char kv_json[2048];
@@ -546,13 +554,18 @@ static tsr_status tsr__job(tsr_run_job *g) {
                 m->completion_tokens,
                 m->wall_s > 0 ? (double)m->completion_tokens / m->wall_s : 0.0, o->output,
                 g->err_path);
+    if (!o->quiet && !g->stop_signo && m->preemptions > 0)
+        fprintf(stderr, "tessera run: %" PRId64 " preemptions (--preempt %s): %" PRId64
+                " swapped out, %" PRId64 " in (%.1f MiB out), %" PRId64 " recomputed for a "
+                "full host pool\n", m->preemptions, o->preempt, m->swaps_out, m->swaps_in,
+                (double)m->swap_out_bytes / 1048576.0, m->swap_fallbacks);
     return TSR_OK;
 }
 
 int tsr_cmd_run(int argc, char **argv) {
     tsr_run_opts o = {.max_batch_seqs = 16, .max_batch_tokens = 512, .max_context = 0,
                        .threads = tsr_sys_cpus(), .progress_interval = 10.0f,
-                       .seed = 42, .backend = "auto"};
+                       .seed = 42, .backend = "auto", .preempt = "swap"};
     tsr_kv_cli_init(&o.kv);
     tsr_dist_cli_init(&o.dist);
     tsr_cli_opt base[] = {
@@ -589,6 +602,10 @@ int tsr_cmd_run(int argc, char **argv) {
          false},
         {"quiet", TSR_OPT_FLAG, &o.quiet, NULL, "no progress or summary on stderr", false},
         {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
+        {"preempt", TSR_OPT_STRING, &o.preempt, "MODE",
+         "how a sequence gives up its KV when memory is short: swap (to the host pool, back "
+         "intact; recompute when the host pool is full) or recompute (prefill it again)",
+         false},
         {"checkpoint", TSR_OPT_STRING, &o.checkpoint, "FILE.h5",
          "on a stop signal save the in-flight requests and their KV here (HDF5; FILE.rankR.h5 "
          "per rank); a rerun resumes them where they stopped; one written by another job "
@@ -627,6 +644,8 @@ int tsr_cmd_run(int argc, char **argv) {
     if (o.max_batch_tokens < o.max_batch_seqs)
         return tsr_cli_usage_error(&cli, "--max-batch-tokens must be >= --max-batch-seqs");
     if (o.max_context < 0) return tsr_cli_usage_error(&cli, "--max-context must be >= 0");
+    if (strcmp(o.preempt, "swap") && strcmp(o.preempt, "recompute"))
+        return tsr_cli_usage_error(&cli, "--preempt must be swap or recompute");
     if (tsr_cli_check_threads(&cli, o.threads) != TSR_CLI_OK) return 2;
     if (o.progress_interval < 0)
         return tsr_cli_usage_error(&cli, "--progress-interval must be >= 0");

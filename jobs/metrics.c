@@ -132,6 +132,12 @@ tsr_status tsr_metrics_write(tsr_metrics *m, const char *path) {
         cJSON_AddNumberToObject(sc, "decode_tokens", (double)m->decode_tokens);
         cJSON_AddNumberToObject(sc, "preemptions", (double)m->preemptions);
         cJSON_AddNumberToObject(sc, "max_running", m->max_running);
+        cJSON_AddStringToObject(sc, "preempt", m->preempt ? m->preempt : "recompute");
+        cJSON_AddNumberToObject(sc, "swaps_out", (double)m->swaps_out);
+        cJSON_AddNumberToObject(sc, "swaps_in", (double)m->swaps_in);
+        cJSON_AddNumberToObject(sc, "swap_out_bytes", (double)m->swap_out_bytes);
+        cJSON_AddNumberToObject(sc, "swap_in_bytes", (double)m->swap_in_bytes);
+        cJSON_AddNumberToObject(sc, "swap_fallbacks", (double)m->swap_fallbacks);
     }
     cJSON *mem = cJSON_AddObjectToObject(d, "memory");
     if (mem) {

@@ -42,6 +42,8 @@ typedef struct tsr_metrics {
     /* scheduler */
     int64_t steps, batch_tokens, prefill_tokens, decode_tokens, preemptions;
     int max_running;
+    const char *preempt; /* "swap" or "recompute" */
+    int64_t swaps_out, swaps_in, swap_out_bytes, swap_in_bytes, swap_fallbacks;
     /* memory */
     int rank;
     int64_t peak_host_rss_bytes, peak_device_bytes;

@@ -25,6 +25,7 @@ typedef struct tsr_run_opts {
     float progress_interval;
     uint64_t seed;
     bool no_bos, quiet, verbose, threads_given;
+    const char *preempt; /* --preempt swap|recompute */
     tsr_kv_cli kv;
     tsr_dist_cli dist;
 } tsr_run_opts;

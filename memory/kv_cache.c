@@ -80,6 +80,26 @@ tsr_status tsr_kv_import_seq(tsr_kv_cache *kv, int seq, const tsr_kv_seq_state *
     return kv->ops->import_seq(kv, seq, st);
 }
 
+int tsr_kv_can_swap(const tsr_kv_cache *kv) {
+    return kv->ops->swap_out && kv->ops->swap_in;
+}
+
+tsr_status tsr_kv_swap_out(tsr_kv_cache *kv, int seq, int check, int64_t *bytes) {
+    if (bytes) *bytes = 0;
+    if (!tsr_kv_can_swap(kv))
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "KV cache: a %s cache cannot swap",
+                             kv->ops->name);
+    return kv->ops->swap_out(kv, seq, check, bytes);
+}
+
+tsr_status tsr_kv_swap_in(tsr_kv_cache *kv, int seq, int check, int64_t *bytes) {
+    if (bytes) *bytes = 0;
+    if (!tsr_kv_can_swap(kv))
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "KV cache: a %s cache cannot swap",
+                             kv->ops->name);
+    return kv->ops->swap_in(kv, seq, check, bytes);
+}
+
 int32_t tsr_kv_block_size(const tsr_kv_cache *kv) {
     tsr_kv_detail d;
     tsr_kv_cache_detail(kv, &d);

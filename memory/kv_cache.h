@@ -145,6 +145,17 @@ typedef struct tsr_kv_cache_ops {
     tsr_status (*reserve_check)(tsr_kv_cache *kv, int seq, int32_t n);
     /* Blocks of `layer` in seq's table (*ids valid until the next call that changes it). */
     int32_t (*seq_blocks)(const tsr_kv_cache *kv, int layer, int seq, const int32_t **ids);
+    /* Preemption by swap (between steps). swap_out moves seq's rows (with their positions
+     * and scores, table order kept) to the host pool and frees its blocks; the sequence
+     * keeps its id, length and whatever its cache keeps per sequence, and may only be
+     * swapped in or freed until swap_in brings the rows back, into other blocks, in the same
+     * table order. check != 0 answers without changing anything (swap_out: TSR_ERR_NO_BLOCKS
+     * when the host pool is short; swap_in: TSR_ERR_NO_BLOCKS until the pool has room for
+     * the rows and the sequence's next token); after that TSR_OK the call with check == 0
+     * fails only on a device or system error. *bytes (may be NULL): the host bytes the
+     * sequence takes swapped out. A step reserved for seq but not run is abandoned. */
+    tsr_status (*swap_out)(tsr_kv_cache *kv, int seq, int check, int64_t *bytes);
+    tsr_status (*swap_in)(tsr_kv_cache *kv, int seq, int check, int64_t *bytes);
 } tsr_kv_cache_ops;
 
 struct tsr_kv_cache {
@@ -175,6 +186,11 @@ int tsr_kv_detail_json(const tsr_kv_detail *d, char *buf, size_t size);
 /* Checkpoint calls through the interface: TSR_ERR_UNSUPPORTED when the cache has none. */
 tsr_status tsr_kv_export_seq(const tsr_kv_cache *kv, int seq, tsr_kv_seq_state *out);
 tsr_status tsr_kv_import_seq(tsr_kv_cache *kv, int seq, const tsr_kv_seq_state *st);
+/* Swap calls through the interface (ops->swap_out / swap_in): TSR_ERR_UNSUPPORTED when the
+ * cache cannot swap; tsr_kv_can_swap says whether it can. */
+int tsr_kv_can_swap(const tsr_kv_cache *kv);
+tsr_status tsr_kv_swap_out(tsr_kv_cache *kv, int seq, int check, int64_t *bytes);
+tsr_status tsr_kv_swap_in(tsr_kv_cache *kv, int seq, int check, int64_t *bytes);
 /* Tokens per block of a block-managed cache, 0 otherwise. */
 int32_t tsr_kv_block_size(const tsr_kv_cache *kv);
 

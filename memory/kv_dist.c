@@ -212,6 +212,35 @@ static int32_t tsr__dist_seq_blocks(const tsr_kv_cache *kv, int layer, int seq,
     return in->ops->seq_blocks(in, layer, seq, ids);
 }
 
+/* Swap is collective like reserve: every rank checks (its host pool for a swap-out, its
+ * blocks for a swap-in), the ranks agree, and only an agreed TSR_OK is carried out,
+ * everywhere; a shortage on any rank leaves every cache as it was, so the scheduler falls
+ * back to recompute (or keeps the sequence out) on all ranks alike. */
+static tsr_status tsr__dist_swap(tsr_kv_cache *kv, int seq, int check, int64_t *bytes,
+                                 int out) {
+    tsr__dist *d = TSR__D(kv);
+    tsr_status (*op)(tsr_kv_cache *, int, int, int64_t *) = out ? tsr_kv_swap_out
+                                                                : tsr_kv_swap_in;
+    tsr_status local = op(d->in, seq, 1, bytes);
+    if (check) return local; /* this rank's answer (the agreement is the call's) */
+    TSR_TRY(tsr__agree(d, local));
+    tsr_status st = op(d->in, seq, 0, bytes);
+    if (st != TSR_OK) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s (after the ranks agreed on the swap)", tsr_last_error());
+        tsr_comm_abort(d->comm, 1, msg);
+    }
+    return st;
+}
+
+static tsr_status tsr__dist_swap_out(tsr_kv_cache *kv, int seq, int check, int64_t *bytes) {
+    return tsr__dist_swap(kv, seq, check, bytes, 1);
+}
+
+static tsr_status tsr__dist_swap_in(tsr_kv_cache *kv, int seq, int check, int64_t *bytes) {
+    return tsr__dist_swap(kv, seq, check, bytes, 0);
+}
+
 static const tsr_kv_cache_ops tsr__dist_ops = {
     .name = "dist",
     .destroy = tsr__dist_destroy,
@@ -231,6 +260,8 @@ static const tsr_kv_cache_ops tsr__dist_ops = {
     .import_seq = tsr__dist_import_seq,
     .reserve_check = tsr__dist_reserve_check,
     .seq_blocks = tsr__dist_seq_blocks,
+    .swap_out = tsr__dist_swap_out,
+    .swap_in = tsr__dist_swap_in,
 };
 
 tsr_status tsr_kv_dist_create(tsr_kv_cache *inner, tsr_comm *comm, tsr_kv_cache **out) {

@@ -475,6 +475,8 @@ static const tsr_kv_cache_ops tsr__paged_ops = {
     .import_seq = tsr__kvp_import_seq,
     .reserve_check = tsr__paged_reserve_check_op,
     .seq_blocks = tsr_kv_paged_seq_blocks,
+    .swap_out = tsr__kvp_swap_out_op,
+    .swap_in = tsr__kvp_swap_in_op,
 };
 
 tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **out) {

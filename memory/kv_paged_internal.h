@@ -117,5 +117,8 @@ tsr_status tsr__kvp_hash_full_blocks(tsr__paged *p, tsr__pseq *s);
 /* The checkpoint ops (kv_paged_slots.c). */
 tsr_status tsr__kvp_export_seq(const tsr_kv_cache *kv, int seq, tsr_kv_seq_state *out);
 tsr_status tsr__kvp_import_seq(tsr_kv_cache *kv, int seq, const tsr_kv_seq_state *in);
+/* The swap ops (kv_paged_slots.c; memory/kv_cache.h). */
+tsr_status tsr__kvp_swap_out_op(tsr_kv_cache *kv, int seq, int check, int64_t *bytes);
+tsr_status tsr__kvp_swap_in_op(tsr_kv_cache *kv, int seq, int check, int64_t *bytes);
 
 #endif

@@ -200,37 +200,75 @@ tsr_status tsr_kv_paged_fork(tsr_kv_cache *kv, int src, int dst) {
     return TSR_OK;
 }
 
-tsr_status tsr_kv_paged_swap_out(tsr_kv_cache *kv, int seq) {
-    tsr__paged *p = tsr__P(kv);
-    tsr__pseq *s = tsr__seq(p, seq);
-    if (!s || s->swapped || s->in_step)
+/* Host bytes of seq's rows swapped out: K and V rows, a position and a score each. */
+static size_t tsr__swap_rows(const tsr__paged *p, const tsr__pseq *s, size_t *bytes) {
+    size_t rows = 0;
+    for (int l = 0; l < p->base.n_layers; l++) rows += (size_t)s->layers[l].slots;
+    *bytes = rows * tsr__row_bytes(p);
+    return rows;
+}
+
+/* A step reserved but not run (the scheduler preempts while it plans) is abandoned: its
+ * rows were never written, and its blocks go with the others. */
+static void tsr__abandon_step(tsr__paged *p, tsr__pseq *s) {
+    if (!s->in_step) return;
+    for (int l = 0; l < p->base.n_layers; l++) s->layers[l].slots = s->layers[l].base;
+    s->in_step = 0;
+}
+
+/* The swap-out answer: the host pool's budget decides (an allocation can still fail when
+ * the system refuses, which the check cannot see). */
+static tsr_status tsr__swap_out_check(tsr__paged *p, tsr__pseq *s, int seq, size_t *bytes) {
+    if (!s || s->swapped)
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: cannot swap out sequence %d", seq);
     if (!p->cfg.host)
-        return tsr_error_set(TSR_ERR_INVALID, "KV cache: no host pool to swap sequence %d to",
-                             seq);
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "KV cache: no host pool to swap sequence %d "
+                             "to", seq);
     size_t rows = 0;
-    for (int l = 0; l < kv->n_layers; l++) rows += (size_t)s->layers[l].slots;
-    size_t bytes = rows * tsr__row_bytes(p);
+    for (int l = 0; l < p->base.n_layers; l++) {
+        const tsr__player *L = &s->layers[l];
+        rows += (size_t)(s->in_step ? L->base : L->slots);
+    }
+    *bytes = rows * tsr__row_bytes(p);
+    const tsr_host_pool *h = p->cfg.host;
+    if (h->budget > 0 && (int64_t)*bytes > h->budget)
+        return tsr_error_set(TSR_ERR_BUDGET, "KV cache: sequence %d takes %zu bytes swapped "
+                             "out, the host pool holds %lld", seq, *bytes,
+                             (long long)h->budget);
+    if (h->budget > 0 && h->used + (int64_t)*bytes > h->budget)
+        return tsr_error_set(TSR_ERR_NO_BLOCKS, "KV cache: swap-out of sequence %d needs %zu "
+                             "bytes, the host pool has %lld free", seq, *bytes,
+                             (long long)(h->budget - h->used));
+    return TSR_OK;
+}
+
+static tsr_status tsr__swap_out(tsr__paged *p, tsr__pseq *s, int seq) {
+    size_t bytes;
+    TSR_TRY(tsr__swap_out_check(p, s, seq, &bytes));
+    tsr__abandon_step(p, s);
+    size_t rows = tsr__swap_rows(p, s, &bytes);
     TSR_TRY(tsr__kvp_scratch(p, (int64_t)rows));
-    void *buf;
-    TSR_TRY(tsr_host_pool_alloc(p->cfg.host, bytes, &buf));
+    void *buf = NULL;
+    if (bytes) TSR_TRY(tsr_host_pool_alloc(p->cfg.host, bytes, &buf));
     /* The sequence's references pin its blocks until the copy is done. Every layer's rows
      * in one gather: K [rows][kv_dim], V [rows][kv_dim], then positions and scores. */
     size_t kvd = tsr__kvd(p), r = 0;
-    for (int l = 0; l < kv->n_layers; l++) {
+    for (int l = 0; l < p->base.n_layers; l++) {
         tsr__player *L = &s->layers[l];
         tsr__slots_of(p, L, 0, L->slots, p->sl_a + r);
         r += (size_t)L->slots;
     }
-    float *hk = buf, *hv = hk + rows * kvd;
-    int32_t *hp = (int32_t *)(hv + rows * kvd);
-    float *hs = (float *)(hp + rows);
-    tsr_status st = tsr_kv_store_gather(&p->kvs, p->sl_a, (int64_t)rows, hk, hv, hp, hs);
-    if (st != TSR_OK) {
-        tsr_host_pool_free(p->cfg.host, buf, bytes);
-        return st;
+    if (rows) {
+        float *hk = buf, *hv = hk + rows * kvd;
+        int32_t *hp = (int32_t *)(hv + rows * kvd);
+        float *hs = (float *)(hp + rows);
+        tsr_status st = tsr_kv_store_gather(&p->kvs, p->sl_a, (int64_t)rows, hk, hv, hp, hs);
+        if (st != TSR_OK) {
+            tsr_host_pool_free(p->cfg.host, buf, bytes);
+            return st;
+        }
     }
-    for (int l = kv->n_layers - 1; l >= 0; l--) tsr__kvp_layer_release(p, &s->layers[l]);
+    for (int l = p->base.n_layers - 1; l >= 0; l--) tsr__kvp_layer_release(p, &s->layers[l]);
     s->swap_buf = buf;
     s->swap_bytes = bytes;
     s->swapped = 1;
@@ -238,26 +276,43 @@ tsr_status tsr_kv_paged_swap_out(tsr_kv_cache *kv, int seq) {
     return TSR_OK;
 }
 
-tsr_status tsr_kv_paged_swap_in(tsr_kv_cache *kv, int seq) {
+tsr_status tsr_kv_paged_swap_out(tsr_kv_cache *kv, int seq) {
     tsr__paged *p = tsr__P(kv);
     tsr__pseq *s = tsr__seq(p, seq);
+    if (s && s->in_step)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: cannot swap out sequence %d", seq);
+    return tsr__swap_out(p, s, seq);
+}
+
+/* The swap-in answer: blocks for every layer's rows plus `extra` more slots each. */
+static tsr_status tsr__swap_in_check(tsr__paged *p, tsr__pseq *s, int seq, int32_t extra) {
     if (!s || !s->swapped)
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: sequence %d is not swapped out", seq);
     int64_t need = 0;
-    for (int l = 0; l < kv->n_layers; l++) need += tsr__ceil_div(s->layers[l].slots, p->bs);
+    for (int l = 0; l < p->base.n_layers; l++)
+        need += tsr__ceil_div((int64_t)s->layers[l].slots + extra, p->bs);
+    if (need > p->pool->n_blocks)
+        return tsr_error_set(TSR_ERR_BUDGET,
+                             "KV cache: swap-in of sequence %d needs %lld blocks, the pool "
+                             "holds %d", seq, (long long)need, p->pool->n_blocks);
     if (need > p->pool->n_free)
         return tsr_error_set(TSR_ERR_NO_BLOCKS,
                              "KV cache: swap-in of sequence %d needs %lld blocks, %d free", seq,
                              (long long)need, p->pool->n_free);
-    for (int l = 0; l < kv->n_layers; l++) {
+    for (int l = 0; l < p->base.n_layers; l++) {
         tsr__player *L = &s->layers[l];
         TSR_TRY(tsr__kvp_grow_i32(&L->blocks, &L->cap, tsr__ceil_div(L->slots, p->bs)));
     }
-    size_t rows = 0;
-    for (int l = 0; l < kv->n_layers; l++) rows += (size_t)s->layers[l].slots;
-    TSR_TRY(tsr__kvp_scratch(p, (int64_t)rows));
+    size_t bytes;
+    return tsr__kvp_scratch(p, (int64_t)tsr__swap_rows(p, s, &bytes));
+}
+
+static tsr_status tsr__swap_in(tsr__paged *p, tsr__pseq *s, int seq, int32_t extra) {
+    TSR_TRY(tsr__swap_in_check(p, s, seq, extra));
+    size_t bytes;
+    size_t rows = tsr__swap_rows(p, s, &bytes);
     size_t kvd = tsr__kvd(p), r = 0;
-    for (int l = 0; l < kv->n_layers; l++) {
+    for (int l = 0; l < p->base.n_layers; l++) {
         tsr__player *L = &s->layers[l];
         int32_t nb = tsr__ceil_div(L->slots, p->bs);
         tsr__kvp_layer_alloc(p, l, -1, nb, L->blocks);
@@ -268,23 +323,49 @@ tsr_status tsr_kv_paged_swap_in(tsr_kv_cache *kv, int seq) {
             for (int32_t i = 0; i < s->n_hashed && i < nb; i++)
                 tsr_block_pool_set_hash(p->pool, L->blocks[i], tsr__layer_hash(s->hashes[i], l));
     }
-    /* The swap-out layout (K rows, V rows, positions, scores), in one scatter. */
-    const float *hk = s->swap_buf, *hv = hk + rows * kvd;
-    const int32_t *hp = (const int32_t *)(hv + rows * kvd);
-    const float *hs = (const float *)(hp + rows);
-    tsr_status st = tsr_kv_store_scatter(&p->kvs, p->sl_a, (int64_t)rows, hk, hv, hp, hs);
-    if (st != TSR_OK) {
-        /* Nothing lost: the rows are still in the host buffer; the blocks go back. */
-        for (int l = kv->n_layers - 1; l >= 0; l--) tsr__kvp_layer_release(p, &s->layers[l]);
-        return st;
+    if (rows) {
+        /* The swap-out layout (K rows, V rows, positions, scores), in one scatter. */
+        const float *hk = s->swap_buf, *hv = hk + rows * kvd;
+        const int32_t *hp = (const int32_t *)(hv + rows * kvd);
+        const float *hs = (const float *)(hp + rows);
+        tsr_status st = tsr_kv_store_scatter(&p->kvs, p->sl_a, (int64_t)rows, hk, hv, hp, hs);
+        if (st != TSR_OK) {
+            /* Nothing lost: the rows are still in the host buffer; the blocks go back. */
+            for (int l = p->base.n_layers - 1; l >= 0; l--)
+                tsr__kvp_layer_release(p, &s->layers[l]);
+            return st;
+        }
     }
-    tsr_host_pool_free(p->cfg.host, s->swap_buf, s->swap_bytes);
+    if (s->swap_buf) tsr_host_pool_free(p->cfg.host, s->swap_buf, s->swap_bytes);
     p->st.swap_in_bytes += (int64_t)s->swap_bytes;
     s->swap_buf = NULL;
     s->swap_bytes = 0;
     s->swapped = 0;
     tsr__note_peak(p);
     return TSR_OK;
+}
+
+tsr_status tsr_kv_paged_swap_in(tsr_kv_cache *kv, int seq) {
+    tsr__paged *p = tsr__P(kv);
+    return tsr__swap_in(p, tsr__seq(p, seq), seq, 0);
+}
+
+/* The cache ops (memory/kv_cache.h): swap-in waits until the sequence can also take its
+ * next token, so that a sequence brought back is not preempted again at once. */
+tsr_status tsr__kvp_swap_out_op(tsr_kv_cache *kv, int seq, int check, int64_t *bytes) {
+    tsr__paged *p = tsr__P(kv);
+    tsr__pseq *s = tsr__seq(p, seq);
+    size_t b = 0;
+    tsr_status st = check ? tsr__swap_out_check(p, s, seq, &b) : tsr__swap_out(p, s, seq);
+    if (bytes) *bytes = st == TSR_OK && !check ? (int64_t)s->swap_bytes : (int64_t)b;
+    return st;
+}
+
+tsr_status tsr__kvp_swap_in_op(tsr_kv_cache *kv, int seq, int check, int64_t *bytes) {
+    tsr__paged *p = tsr__P(kv);
+    tsr__pseq *s = tsr__seq(p, seq);
+    if (bytes) *bytes = s && s->swapped ? (int64_t)s->swap_bytes : 0;
+    return check ? tsr__swap_in_check(p, s, seq, 1) : tsr__swap_in(p, s, seq, 1);
 }
 
 int tsr_kv_paged_is_swapped(const tsr_kv_cache *kv, int seq) {

@@ -379,6 +379,18 @@ static int32_t tsr__pc_seq_blocks(const tsr_kv_cache *kv, int layer, int seq,
     return m->ops->seq_blocks(m, layer, seq, ids);
 }
 
+/* Swap moves the mechanism's rows in table order with their positions and scores, so what
+ * a policy keeps per sequence stays true: h2o's scores travel in the rows, offload's host
+ * copy and resident flags are keyed by position, and neither keys anything by block or
+ * store slot. A policy that does must be told here. */
+static tsr_status tsr__pc_swap_out(tsr_kv_cache *kv, int seq, int check, int64_t *bytes) {
+    return tsr_kv_swap_out(TSR__M(kv), seq, check, bytes);
+}
+
+static tsr_status tsr__pc_swap_in(tsr_kv_cache *kv, int seq, int check, int64_t *bytes) {
+    return tsr_kv_swap_in(TSR__M(kv), seq, check, bytes);
+}
+
 static const tsr_kv_cache_ops tsr__pcache_ops = {
     .name = "policy",
     .destroy = tsr__pc_destroy,
@@ -398,6 +410,8 @@ static const tsr_kv_cache_ops tsr__pcache_ops = {
     .import_seq = tsr__pc_import_seq,
     .reserve_check = tsr__pc_reserve_check,
     .seq_blocks = tsr__pc_seq_blocks,
+    .swap_out = tsr__pc_swap_out,
+    .swap_in = tsr__pc_swap_in,
 };
 
 tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_ops *ops,

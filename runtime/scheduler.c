@@ -1,6 +1,10 @@
 /* Continuous batching over one KV cache (see scheduler.h). A request's tokens (prompt plus
- * what it generated) are kept whole, so a preempted request is recomputed by prefilling
- * them again; its sampler state travels with it, so preemption does not change the draws. */
+ * what it generated) are kept whole, so a preempted request can be recomputed by prefilling
+ * them again; under --preempt swap its KV goes to the host pool instead and comes back
+ * intact. Its sampler state travels with it, so preemption does not change the draws.
+ * Every decision follows from the cache's answers (reserve, swap), which the distributed
+ * cache (memory/kv_dist.c) makes the same on every rank, so all ranks preempt, swap and
+ * resume the same sequences at the same step. */
 #include "runtime/scheduler.h"
 
 #include <string.h>
@@ -32,6 +36,9 @@ struct tsr_sched {
     /* running, in admission order (the last is the newest: preempted first) */
     tsr__req **run;
     int n_run;
+    /* swapped out, in preemption order (the first resumes first); each keeps its slot */
+    tsr__req **swq;
+    int n_swq;
     bool *slot_used;
     /* per step */
     tsr_batch_seq *plan;
@@ -63,8 +70,13 @@ void tsr_sched_destroy(tsr_sched *s) {
         if (s->run[i]->slot >= 0) s->kv->ops->seq_free(s->kv, s->run[i]->slot);
         tsr__req_free(s->run[i]);
     }
+    for (int i = 0; i < s->n_swq; i++) {
+        s->kv->ops->seq_free(s->kv, s->swq[i]->slot);
+        tsr__req_free(s->swq[i]);
+    }
     for (int i = 0; i < s->wq_len; i++) tsr__req_free(s->wq[(s->wq_head + i) % s->wq_cap]);
     tsr_free(s->wq);
+    tsr_free(s->swq);
     tsr_free(s->run);
     tsr_free(s->slot_used);
     tsr_free(s->plan);
@@ -79,7 +91,8 @@ tsr_status tsr_sched_create(const tsr_sched_config *cfg, tsr_kv_cache *kv, tsr_s
                             void *exec_ctx, tsr_sched **out) {
     *out = NULL;
     if (!kv || !exec || cfg->max_seqs < 1 || cfg->max_tokens < cfg->max_seqs ||
-        cfg->max_context < 2 || cfg->vocab_size < 1 || cfg->n_eos < 0 || cfg->n_eos > 9)
+        cfg->max_context < 2 || cfg->vocab_size < 1 || cfg->n_eos < 0 || cfg->n_eos > 9 ||
+        (cfg->preempt != TSR_PREEMPT_RECOMPUTE && cfg->preempt != TSR_PREEMPT_SWAP))
         return tsr_error_set(TSR_ERR_INVALID,
                              "scheduler: need max_seqs >= 1, max_tokens >= max_seqs (%d, %d), "
                              "context >= 2 (%d)",
@@ -94,6 +107,7 @@ tsr_status tsr_sched_create(const tsr_sched_config *cfg, tsr_kv_cache *kv, tsr_s
     s->wq_cap = 64;
     s->wq = tsr_malloc((size_t)s->wq_cap * sizeof *s->wq);
     s->run = tsr_calloc(n, sizeof *s->run);
+    s->swq = tsr_calloc(n, sizeof *s->swq);
     s->slot_used = tsr_calloc(n, sizeof *s->slot_used);
     s->plan = tsr_calloc(n, sizeof *s->plan);
     s->plan_req = tsr_calloc(n, sizeof *s->plan_req);
@@ -103,7 +117,7 @@ tsr_status tsr_sched_create(const tsr_sched_config *cfg, tsr_kv_cache *kv, tsr_s
     size_t nl;
     if (tsr_mul_size(n, (size_t)cfg->vocab_size * sizeof(float), &nl))
         s->logits = tsr_malloc(nl);
-    if (!s->wq || !s->run || !s->slot_used || !s->plan || !s->plan_req || !s->ev ||
+    if (!s->wq || !s->run || !s->swq || !s->slot_used || !s->plan || !s->plan_req || !s->ev ||
         !s->logits || !s->ids) {
         tsr_sched_destroy(s);
         return TSR_ERR_NOMEM;
@@ -121,7 +135,7 @@ tsr_status tsr_sched_sample_last_stage(tsr_sched *s, tsr_forward *f) {
     return TSR_OK;
 }
 
-int tsr_sched_n_waiting(const tsr_sched *s) { return s->wq_len; }
+int tsr_sched_n_waiting(const tsr_sched *s) { return s->wq_len + s->n_swq; }
 int tsr_sched_n_running(const tsr_sched *s) { return s->n_run; }
 
 void tsr_sched_get_totals(const tsr_sched *s, tsr_sched_totals *out) { *out = s->totals; }
@@ -224,20 +238,88 @@ static tsr__req *tsr__run_remove(tsr_sched *s, int i) {
     return r;
 }
 
-/* The newest running request goes back to the front of the queue; its KV is dropped and
- * recomputed from its tokens when it is admitted again. */
-static tsr_status tsr__preempt_newest(tsr_sched *s, tsr_sched_step_info *info) {
-    tsr__req *r = tsr__run_remove(s, s->n_run - 1);
+/* Removes swq[i] (order kept). */
+static tsr__req *tsr__swq_remove(tsr_sched *s, int i) {
+    tsr__req *r = s->swq[i];
+    memmove(&s->swq[i], &s->swq[i + 1], (size_t)(s->n_swq - i - 1) * sizeof *s->swq);
+    s->n_swq--;
+    return r;
+}
+
+/* Sends r (no longer running or swapped) to the front of the queue with its KV freed: its
+ * tokens are prefilled again when it is admitted. */
+static tsr_status tsr__to_recompute(tsr_sched *s, tsr__req *r) {
+    if (r->slot >= 0) {
+        s->kv->ops->seq_free(s->kv, r->slot);
+        s->slot_used[r->slot] = false;
+        r->slot = -1;
+    }
     r->n_computed = 0;
+    return tsr__wq_push_front(s, r);
+}
+
+/* The newest running request leaves the running set. Under swap its KV goes to the host
+ * pool and it keeps its slot; else (recompute, nothing computed yet, or the host pool
+ * short: a fallback) it goes back to the front of the queue, its KV dropped. */
+static tsr_status tsr__preempt_newest(tsr_sched *s, tsr_sched_step_info *info) {
+    tsr__req *r = s->run[s->n_run - 1];
     s->totals.preemptions++;
     info->n_preempted++;
-    return tsr__wq_push_front(s, r);
+    if (s->cfg.preempt == TSR_PREEMPT_SWAP && r->n_computed > 0) {
+        int64_t bytes = 0;
+        tsr_status st = tsr_kv_swap_out(s->kv, r->slot, 0, &bytes);
+        if (st == TSR_OK) {
+            s->n_run--;
+            s->swq[s->n_swq++] = r;
+            s->totals.swaps_out++;
+            s->totals.swap_out_bytes += bytes;
+            info->n_swapped_out++;
+            return TSR_OK;
+        }
+        if (st != TSR_ERR_NO_BLOCKS && st != TSR_ERR_BUDGET && st != TSR_ERR_UNSUPPORTED)
+            return st;
+        s->totals.swap_fallbacks++;
+    }
+    s->n_run--;
+    return tsr__to_recompute(s, r);
+}
+
+/* Brings swapped requests back, first swapped first, while the cache has room for them
+ * (and their next token). One that cannot come back while nothing runs never will: it is
+ * recomputed instead (a fallback). */
+static tsr_status tsr__swap_in(tsr_sched *s, tsr_sched_step_info *info) {
+    while (s->n_swq > 0) {
+        tsr__req *r = s->swq[0];
+        int64_t bytes = 0;
+        tsr_status st = tsr_kv_swap_in(s->kv, r->slot, 0, &bytes);
+        if (st == TSR_ERR_NO_BLOCKS && s->n_run > 0) break;
+        if (st == TSR_ERR_NO_BLOCKS || st == TSR_ERR_BUDGET) {
+            s->totals.swap_fallbacks++;
+            TSR_TRY(tsr__to_recompute(s, tsr__swq_remove(s, 0)));
+            continue;
+        }
+        TSR_TRY(st);
+        tsr__swq_remove(s, 0);
+        s->run[s->n_run++] = r;
+        s->totals.swaps_in++;
+        s->totals.swap_in_bytes += bytes;
+        info->n_swapped_in++;
+    }
+    return TSR_OK;
 }
 
 bool tsr_sched_finish(tsr_sched *s, uint64_t tag) {
     for (int i = 0; i < s->n_run; i++)
         if (s->run[i]->tag == tag) {
             tsr__req_free(tsr__run_remove(s, i));
+            return true;
+        }
+    for (int i = 0; i < s->n_swq; i++)
+        if (s->swq[i]->tag == tag) {
+            tsr__req *r = tsr__swq_remove(s, i);
+            s->kv->ops->seq_free(s->kv, r->slot);
+            s->slot_used[r->slot] = false;
+            tsr__req_free(r);
             return true;
         }
     for (int i = 0; i < s->wq_len; i++) {
@@ -252,11 +334,13 @@ bool tsr_sched_finish(tsr_sched *s, uint64_t tag) {
     return false;
 }
 
-/* Moves waiting requests into free sequence slots until the running set is full or the
- * cache is short (TSR_ERR_NO_BLOCKS: try again after something finishes). */
+/* Brings swapped requests back, then (when none is left out) moves waiting requests into
+ * free sequence slots until the running set is full or the cache is short
+ * (TSR_ERR_NO_BLOCKS: try again after something finishes). */
 static tsr_status tsr__admit(tsr_sched *s, tsr_sched_step_info *info) {
     tsr_kv_cache *kv = s->kv;
-    while (s->wq_len > 0 && s->n_run < s->cfg.max_seqs) {
+    TSR_TRY(tsr__swap_in(s, info));
+    while (s->n_swq == 0 && s->wq_len > 0 && s->n_run < s->cfg.max_seqs) {
         tsr__req *r = s->wq[s->wq_head];
         if (r->max_new == 0) { /* nothing to compute: done at once */
             tsr__wq_pop_front(s);
@@ -368,7 +452,7 @@ tsr_status tsr_sched_step(tsr_sched *s, const tsr_sched_event **events, int *n_e
     TSR_TRY(tsr__admit(s, info));
     int n = 0;
     TSR_TRY(tsr__plan(s, &n, info));
-    if (n == 0 && s->n_run == 0 && s->wq_len > 0) {
+    if (n == 0 && s->n_run == 0 && s->n_swq == 0 && s->wq_len > 0) {
         /* Nothing runs and the front request cannot even be admitted: it never fits. */
         tsr__req *r = tsr__wq_pop_front(s);
         tsr_status st = tsr__emit(s, r, -1, TSR_FINISH_ERROR);
@@ -450,6 +534,11 @@ static void tsr__save(const tsr__req *r, tsr_sched_saved *o) {
 void tsr_sched_export(const tsr_sched *s, tsr_sched_saved *out) {
     int n = 0;
     for (int i = 0; i < s->n_run; i++) tsr__save(s->run[i], &out[n++]);
+    for (int i = 0; i < s->n_swq; i++) { /* their KV is in the host pool: recomputed */
+        tsr__save(s->swq[i], &out[n]);
+        out[n].slot = -1;
+        out[n++].n_computed = 0;
+    }
     for (int i = 0; i < s->wq_len; i++) tsr__save(s->wq[(s->wq_head + i) % s->wq_cap], &out[n++]);
 }
 

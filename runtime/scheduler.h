@@ -5,7 +5,9 @@
  * decode). Each request has its own sampler (seeded per request), so its tokens do not
  * depend on its batch neighbours. KV memory is used only through memory/kv_cache.h ops: a
  * cache that is short (TSR_ERR_NO_BLOCKS) defers admission, and when a running sequence
- * cannot grow the newest one is preempted (its KV dropped, its tokens recomputed later). */
+ * cannot grow the newest one is preempted: by recompute (its KV dropped, its tokens
+ * prefilled again later) or by swap (its KV moved to the host pool and brought back intact
+ * before any new request is admitted). */
 #ifndef TSR_RUNTIME_SCHEDULER_H
 #define TSR_RUNTIME_SCHEDULER_H
 
@@ -28,6 +30,14 @@ typedef enum tsr_finish_reason {
                           * often the others are preempted for it. */
 } tsr_finish_reason;
 
+/* How a preempted sequence gives up its KV (docs/kv-cache.md, "Preemption"). */
+typedef enum tsr_sched_preempt {
+    TSR_PREEMPT_RECOMPUTE = 0, /* drop it; prefill its tokens again when readmitted */
+    TSR_PREEMPT_SWAP,          /* move it to the host pool (kv ops swap_out / swap_in); a
+                                * sequence the host pool has no room for, or a cache that
+                                * cannot swap, is recomputed instead (counted as a fallback) */
+} tsr_sched_preempt;
+
 typedef struct tsr_sched_config {
     int max_seqs;    /* running sequences at most (KV sequence ids 0 .. max_seqs-1) */
     int max_tokens;  /* tokens per forward call at most; >= max_seqs */
@@ -35,6 +45,7 @@ typedef struct tsr_sched_config {
     int vocab_size;  /* logits row width */
     int n_eos;       /* ids that end generation */
     int32_t eos_ids[9];
+    tsr_sched_preempt preempt;
 } tsr_sched_config;
 
 /* Runs one batch (tsr_forward_run's contract). Tests pass their own. */
@@ -67,11 +78,16 @@ typedef struct tsr_sched_step_info {
     int n_prefill;        /* sequences contributing a prefill chunk */
     int n_preempted;      /* sequences preempted during this step */
     int n_admitted;       /* sequences that joined the running set */
+    int n_swapped_out;    /* of the preempted, those swapped to the host pool */
+    int n_swapped_in;     /* swapped sequences that came back (not in n_admitted) */
 } tsr_sched_step_info;
 
 typedef struct tsr_sched_totals {
     int64_t steps, batch_tokens, prefill_tokens, decode_tokens, preemptions;
     int max_running;      /* largest running set seen */
+    /* preemption by swap: sequences swapped out and back in, the host bytes they moved
+     * each way, and preemptions that fell back to recompute (host pool short) */
+    int64_t swaps_out, swaps_in, swap_out_bytes, swap_in_bytes, swap_fallbacks;
 } tsr_sched_totals;
 
 typedef struct tsr_sched tsr_sched;
@@ -94,6 +110,7 @@ bool tsr_sched_finish(tsr_sched *s, uint64_t tag);
  * the job calls it, or none. */
 tsr_status tsr_sched_sample_last_stage(tsr_sched *s, tsr_forward *f);
 
+/* Waiting requests, the swapped-out ones included (they resume first). */
 int tsr_sched_n_waiting(const tsr_sched *s);
 int tsr_sched_n_running(const tsr_sched *s);
 static inline bool tsr_sched_has_work(const tsr_sched *s) {
@@ -128,7 +145,8 @@ static inline int tsr_sched_n_requests(const tsr_sched *s) {
     return tsr_sched_n_waiting(s) + tsr_sched_n_running(s);
 }
 /* Fills out[0 .. n) (n = tsr_sched_n_requests) with the running requests in admission
- * order, then the waiting ones front to back. tokens point into the scheduler, valid
+ * order, then the swapped-out ones (as waiting: slot -1, recomputed when imported), then
+ * the waiting ones front to back. tokens point into the scheduler, valid
  * until the next step, finish or import. Call between steps. */
 void tsr_sched_export(const tsr_sched *s, tsr_sched_saved *out);
 /* Adds a saved request (tokens copied), in export order: slot >= 0 joins the running set

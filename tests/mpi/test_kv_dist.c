@@ -17,7 +17,13 @@
  * The weights and the K/V live in the memory of the backend given with --backend (default
  * cpu; kv_dist.sh compares a cpu-fenced job with one cpu process, so the fenced device must
  * also give the plain CPU's tokens). Exits 77 (skipped) where this build lacks the backend.
- * Usage: test_kv_dist [--backend NAME] POLICY [PP [inject]]   (POLICY: paged | h2o | offload) */
+ *  - with `swap`: the scheduler preempts by swap (runtime/scheduler.h); every rank swaps
+ *    the same sequences out and in at the same steps (equal counts, identical tables after
+ *    every step) and no swap falls back; with `swapfull` rank 1's host pool (rank 0's in
+ *    one process) holds about one short sequence, so its shortage makes every rank fall
+ *    back to recompute for those sequences (equal fallback counts, > 0).
+ * Usage: test_kv_dist [--backend NAME] POLICY [PP [inject|swap|swapfull]]
+ *        (POLICY: paged | h2o | offload) */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +43,7 @@
 static tsr_comm *g_comm;
 static int g_rank;
 static bool g_paged; /* policy paged: every layer of a sequence holds the same blocks */
+static int g_swap;   /* 1: preempt by swap; 2: and a small host pool on one rank */
 
 #define CHECK(cond, ...)                                                                    \
     do {                                                                                    \
@@ -150,9 +157,10 @@ static void tsr__agreement(tsr_kv_cache *kv, int world) {
 /* Runs the job on the cache; returns a checksum of every request's tokens (per request, so
  * independent of the order in which requests progress). */
 static uint64_t tsr__job(tsr_kv_cache *kv, tsr_forward *f, const tsr_model_config *mc,
-                         bool inject, int world, int64_t *preempt) {
+                         bool inject, int world, tsr_sched_totals *tot) {
     tsr_sched_config sc = {.max_seqs = MAX_SEQS, .max_tokens = 32, .max_context = 256,
-                           .vocab_size = mc->vocab_size};
+                           .vocab_size = mc->vocab_size,
+                           .preempt = g_swap ? TSR_PREEMPT_SWAP : TSR_PREEMPT_RECOMPUTE};
     tsr_sched *s = NULL;
     CHECK(tsr_sched_create(&sc, kv, tsr_sched_exec_forward, f, &s) == TSR_OK, "sched");
     int32_t prompts[N_REQ][20];
@@ -184,9 +192,7 @@ static uint64_t tsr__job(tsr_kv_cache *kv, tsr_forward *f, const tsr_model_confi
         }
         tsr__check_same(kv, "after a step");
     }
-    tsr_sched_totals t;
-    tsr_sched_get_totals(s, &t);
-    *preempt = t.preemptions;
+    tsr_sched_get_totals(s, tot);
     tsr_sched_destroy(s);
     uint64_t sum = 1469598103934665603ull;
     for (int i = 0; i < N_REQ; i++) sum = tsr__fnv(sum, req_sum[i]);
@@ -196,7 +202,7 @@ static uint64_t tsr__job(tsr_kv_cache *kv, tsr_forward *f, const tsr_model_confi
 /* What the run gave. */
 typedef struct tsr__result {
     uint64_t sum;
-    int64_t preemptions, agreements, disagreements;
+    int64_t preemptions, agreements, disagreements, swaps, fallbacks;
 } tsr__result;
 
 /* The test on `backend`: an engine over the model (this rank's shard, its weights placed in
@@ -231,6 +237,9 @@ static bool tsr__run_on(const char *backend, tsr_model *m, const tsr_parallel_sh
                          /* the longest request (20 prompt + GEN tokens): what the start-up
                           * check must find room for, not the model's whole context */
                          .max_context = 48};
+    /* swapfull: room for about 20 tokens of one sequence on one rank */
+    if (g_swap == 2 && g_rank == (world > 1 ? 1 : 0))
+        ko.host_bytes = (2 * (int64_t)kvd * 4 + 8) * (sh->layer_end - sh->layer_begin) * 20;
     tsr_kv_cache *kv = NULL;
     CHECK(tsr_kv_setup(&ko, mc, &kv) == TSR_OK, "kv cache on %s", backend);
     CHECK((world > 1) == tsr_kv_is_dist(kv), "dist wrapper");
@@ -247,7 +256,24 @@ static bool tsr__run_on(const char *backend, tsr_model *m, const tsr_parallel_sh
     if (inject) tsr__agreement(kv, world);
     tsr_kv_dist_stats before;
     tsr_kv_dist_get_stats(kv, &before);
-    r->sum = tsr__job(kv, eng->fwd, mc, inject, world, &r->preemptions);
+    tsr_sched_totals tot;
+    r->sum = tsr__job(kv, eng->fwd, mc, inject, world, &tot);
+    r->preemptions = tot.preemptions;
+    r->swaps = tot.swaps_out;
+    r->fallbacks = tot.swap_fallbacks;
+    /* The scheduler's decisions are the same on every rank: so are its counts. */
+    CHECK(tsr__same(TSR_COMM_WORLD, tot.preemptions), "preemptions differ between ranks");
+    CHECK(tsr__same(TSR_COMM_WORLD, tot.swaps_out) && tsr__same(TSR_COMM_WORLD, tot.swaps_in),
+          "swaps differ between ranks");
+    CHECK(tsr__same(TSR_COMM_WORLD, tot.swap_fallbacks), "swap fallbacks differ between ranks");
+    CHECK(tot.swaps_in == tot.swaps_out, "%lld swapped out, %lld in", (long long)tot.swaps_out,
+          (long long)tot.swaps_in);
+    if (g_swap)
+        CHECK(tot.swaps_out > 0 && (g_swap == 2) == (tot.swap_fallbacks > 0),
+              "%lld swaps, %lld fallbacks", (long long)tot.swaps_out,
+              (long long)tot.swap_fallbacks);
+    else
+        CHECK(tot.swaps_out == 0 && tot.swap_fallbacks == 0, "swapped under recompute");
     tsr_kv_dist_stats ds;
     tsr_kv_dist_get_stats(kv, &ds);
     r->disagreements = tsr__sum(ds.disagreements - before.disagreements);
@@ -256,6 +282,8 @@ static bool tsr__run_on(const char *backend, tsr_model *m, const tsr_parallel_sh
     if (inject) /* the ranks not short were overruled */
         CHECK(inj > 0 && (r->disagreements > 0) == (world > 1), "%lld shortages injected, "
               "%lld disagreements", (long long)inj, (long long)r->disagreements);
+    else if (g_swap == 2 && world > 1) /* rank 1's host pool overruled the others */
+        CHECK(r->disagreements > 0, "no disagreement with a small host pool on rank 1");
     else
         CHECK(r->disagreements == 0, "%lld local answers differed from the agreed ones",
               (long long)r->disagreements);
@@ -282,6 +310,8 @@ int main(int argc, char **argv) {
     const char *policy = argc > a ? argv[a] : "paged";
     int pp = argc > a + 1 ? atoi(argv[a + 1]) : 1;
     bool inject = argc > a + 2 && strcmp(argv[a + 2], "inject") == 0;
+    if (argc > a + 2 && strcmp(argv[a + 2], "swap") == 0) g_swap = 1;
+    if (argc > a + 2 && strcmp(argv[a + 2], "swapfull") == 0) g_swap = 2;
     g_paged = strcmp(policy, "paged") == 0;
     tsr_comm *c = g_comm;
     g_rank = tsr_comm_world_rank(c);
@@ -303,10 +333,13 @@ int main(int argc, char **argv) {
     }
     if (g_rank == 0) {
         printf("policy %s on %s, %d ranks (tp %d x pp %d)%s: token checksum %016llx, %lld "
-               "preemptions, %lld agreements, %lld disagreements\n",
-               policy, backend, world, tp, pp, inject ? ", injected shortages" : "",
-               (unsigned long long)r.sum, (long long)r.preemptions, (long long)r.agreements,
-               (long long)r.disagreements);
+               "preemptions (%lld swapped, %lld fallbacks), %lld agreements, %lld "
+               "disagreements\n",
+               policy, backend, world, tp, pp,
+               inject ? ", injected shortages" : g_swap == 2 ? ", swap, small host pool"
+                                                 : g_swap ? ", swap" : "",
+               (unsigned long long)r.sum, (long long)r.preemptions, (long long)r.swaps,
+               (long long)r.fallbacks, (long long)r.agreements, (long long)r.disagreements);
         const char *want = getenv("TSR_EXPECT_SUM");
         if (want && strtoull(want, NULL, 16) != r.sum) {
             fprintf(stderr, "test_kv_dist: checksum %016llx, one cpu process gave %s\n",

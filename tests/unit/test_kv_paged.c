@@ -321,6 +321,60 @@ TSR_KV_TEST(test_swap_out_in) {
     tsr_host_pool_destroy(host);
 }
 
+/* The interface's swap ops: the check answers without a change (the host pool's budget for
+ * a swap-out, free blocks for the rows and the next token for a swap-in), a step reserved
+ * but not run is abandoned by the swap-out, and the rows come back intact. */
+TSR_KV_TEST(test_swap_ops_check_and_abandon) {
+    int64_t one = 40 * L_ * (KVD_ * 8 + 8); /* a 40-token sequence swapped out */
+    tsr_host_pool *host = NULL;
+    ASSERT_OK(tsr_host_pool_create(one, &host));
+    tsr_kv_cache *kv = NULL;
+    ASSERT_OK(tsr__mk(16, 12, 1, host, &kv));
+    ASSERT_TRUE(tsr_kv_can_swap(kv));
+    int32_t toks[64];
+    for (int i = 0; i < 64; i++) toks[i] = i;
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    ASSERT_OK(kv->ops->seq_add(kv, 1));
+    ASSERT_OK(tsr__step(kv, 0, toks, 40));
+    ASSERT_OK(tsr__step(kv, 1, toks, 16));
+    int32_t free0 = tsr_kv_paged_free_blocks(kv);
+    int64_t b = 0;
+    ASSERT_OK(tsr_kv_swap_out(kv, 0, 1, &b));
+    ASSERT_EQ_INT(b, one);
+    ASSERT_TRUE(!tsr_kv_paged_is_swapped(kv, 0));
+    ASSERT_EQ_INT(tsr_kv_paged_free_blocks(kv), free0);
+    ASSERT_EQ_INT(host->used, 0);
+    /* reserved for 8 more tokens, then preempted before the step ran */
+    ASSERT_OK(kv->ops->reserve(kv, 0, 8));
+    ASSERT_OK(tsr_kv_swap_out(kv, 0, 0, &b));
+    ASSERT_EQ_INT(b, one);
+    ASSERT_TRUE(tsr_kv_paged_is_swapped(kv, 0));
+    ASSERT_EQ_INT(host->used, one);
+    ASSERT_EQ_INT(tsr_kv_paged_free_blocks(kv), 12 - L_); /* seq 1's block per layer */
+    /* the host pool is full: seq 1 stays, both as check and as call */
+    ASSERT_EQ_INT(tsr_kv_swap_out(kv, 1, 1, &b), TSR_ERR_NO_BLOCKS);
+    ASSERT_EQ_INT(tsr_kv_swap_out(kv, 1, 0, &b), TSR_ERR_NO_BLOCKS);
+    ASSERT_TRUE(!tsr_kv_paged_is_swapped(kv, 1));
+    ASSERT_TRUE(tsr__check_rows(kv, 1, 16));
+    /* seq 1 grows to 6 blocks: 6 free, seq 0 needs 3 per layer (40 rows and one more) */
+    ASSERT_OK(tsr__step(kv, 1, toks + 16, 32));
+    ASSERT_OK(tsr_kv_swap_in(kv, 0, 1, NULL));
+    ASSERT_OK(tsr__step(kv, 1, toks + 48, 1)); /* 4 blocks a layer: 4 free */
+    ASSERT_EQ_INT(tsr_kv_swap_in(kv, 0, 1, NULL), TSR_ERR_NO_BLOCKS);
+    ASSERT_EQ_INT(tsr_kv_swap_in(kv, 0, 0, NULL), TSR_ERR_NO_BLOCKS);
+    ASSERT_TRUE(tsr_kv_paged_is_swapped(kv, 0));
+    kv->ops->seq_free(kv, 1);
+    ASSERT_OK(tsr_kv_swap_in(kv, 0, 0, &b));
+    ASSERT_EQ_INT(b, one);
+    ASSERT_EQ_INT(host->used, 0);
+    ASSERT_EQ_INT(kv->ops->seq_len(kv, 0), 40);
+    ASSERT_TRUE(tsr__check_rows(kv, 0, 40));
+    ASSERT_OK(tsr__step(kv, 0, toks + 40, 8));
+    ASSERT_TRUE(tsr__check_rows(kv, 0, 48));
+    tsr_kv_cache_destroy(kv);
+    tsr_host_pool_destroy(host);
+}
+
 TSR_KV_TEST(test_drop_recompute) {
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr__mk(16, 16, 1, NULL, &kv));
@@ -565,6 +619,6 @@ TSR_KV_FWD_TEST(test_forward_paged_equals_dense) {
 TSR_TEST_MAIN(test_write_spans_blocks, test_layer_blocks_adjacent, test_shared_prefix_one_copy,
               test_copy_on_write,
               test_cached_blocks_lru_eviction, test_no_blocks_vs_budget, test_swap_out_in,
-              test_drop_recompute, test_evict_compacts, test_evict_shared_blocks,
+              test_swap_ops_check_and_abandon, test_drop_recompute, test_evict_compacts, test_evict_shared_blocks,
               test_one_backend_call_per_operation,
               test_forward_paged_equals_dense)

@@ -1,15 +1,20 @@
 /* The continuous-batching scheduler: batch invariants (sequence and token limits, decode
  * mixed with chunked prefill, each sequence at most once per step), join/finish, early
  * finish, preemption under a short KV cache, and greedy identity with solo runs on the
- * bundled model (plus a report on whether batched matmul rows are bit-identical). */
+ * bundled model (plus a report on whether batched matmul rows are bit-identical); swap
+ * preemption under a tiny pool, for every registered policy, gives the tokens of an
+ * unconstrained run, also when a full host pool makes some preemptions recompute. */
 #include <stdint.h>
 #include <string.h>
 
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
+#include "memory/kv_paged.h"
+#include "policies/policy.h"
 #include "base/alloc.h"
 #include "runtime/engine.h"
 #include "runtime/forward.h"
+#include "runtime/kv_setup.h"
 #include "runtime/model.h"
 #include "runtime/scheduler.h"
 #include "runtime/tokenizer.h"
@@ -431,6 +436,143 @@ TSR_TEST(test_greedy_batched_equals_solo_on_model) {
     tsr_model_destroy(m);
 }
 
+/* ---- preemption by swap -------------------------------------------------------------- */
+
+enum { SW_N = 8, SW_NEW = 40, SW_CTX = 96 };
+
+typedef struct swap_run {
+    int32_t toks[SW_N][SW_NEW];
+    int n[SW_N];
+    tsr_sched_totals t;
+} swap_run;
+
+/* The job on `eng` (its forward; the KV cache made here by tsr_kv_setup on its backend):
+ * SW_N requests, greedy and sampled, 4 at a time, preempting by `mode`. blocks: the pool's
+ * blocks per layer; host_bytes: the host pool's budget (0: unlimited). */
+static tsr_status swap_job(tsr_engine *eng, const char *policy, int blocks, int64_t host_bytes,
+                           tsr_sched_preempt mode, int32_t **prompts, const int *np,
+                           swap_run *out) {
+    const tsr_model_config *c = &eng->model->cfg;
+    tsr_kv_paged_config pc = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
+                              .head_dim = c->head_dim, .block_size = 16, .keep_scores = 1};
+    bool budgeted = strcmp(policy, "paged") != 0;
+    tsr_kv_options ko = {.policy = policy, .block_size = 16, .max_seqs = 4,
+                         .memory_bytes = tsr_kv_paged_block_bytes(&pc) * c->n_layers * blocks,
+                         .budget = budgeted ? 0.5 : 0, .host_bytes = host_bytes,
+                         .chunk_tokens = 256, .max_context = SW_CTX, .be = eng->be};
+    tsr_kv_cache *kv = NULL;
+    tsr_sched *s = NULL;
+    tsr_status st = tsr_kv_setup(&ko, c, &kv);
+    /* Every prompt prefills in one chunk in both runs (max_tokens holds them all): h2o and
+     * offload decide per chunk, so only the preemptions may differ between the runs. */
+    tsr_sched_config cfg = {.max_seqs = 4, .max_tokens = 256, .max_context = SW_CTX,
+                            .vocab_size = c->vocab_size, .preempt = mode};
+    if (st == TSR_OK) st = tsr_sched_create(&cfg, kv, tsr_sched_exec_forward, eng->fwd, &s);
+    memset(out, 0, sizeof *out);
+    for (int r = 0; r < SW_N && st == TSR_OK; r++) {
+        tsr_sched_request q = {.tag = (uint64_t)r, .prompt = prompts[r], .n_prompt = np[r],
+                               .max_new_tokens = SW_NEW,
+                               .sampling = {.temperature = r % 2 ? 0.8f : 0.0f, .top_p = 0.9f,
+                                            .seed = 7 + (uint64_t)r}};
+        st = tsr_sched_submit(s, &q);
+    }
+    while (st == TSR_OK && tsr_sched_has_work(s)) {
+        const tsr_sched_event *ev;
+        int n_ev;
+        st = tsr_sched_step(s, &ev, &n_ev, NULL);
+        for (int i = 0; st == TSR_OK && i < n_ev; i++) {
+            if (ev[i].finish == TSR_FINISH_ERROR)
+                st = tsr_error_set(TSR_ERR_INTERNAL, "request %d failed", (int)ev[i].tag);
+            if (ev[i].token >= 0 && out->n[ev[i].tag] < SW_NEW)
+                out->toks[ev[i].tag][out->n[ev[i].tag]++] = ev[i].token;
+        }
+    }
+    if (s) tsr_sched_get_totals(s, &out->t);
+    tsr_sched_destroy(s);
+    tsr_kv_cache_destroy(kv);
+    return st;
+}
+
+static void swap_same(const swap_run *a, const swap_run *b) {
+    for (int r = 0; r < SW_N; r++) {
+        ASSERT_EQ_INT(a->n[r], b->n[r]);
+        for (int k = 0; k < a->n[r]; k++) ASSERT_EQ_INT(a->toks[r][k], b->toks[r][k]);
+    }
+}
+
+static void check_swap_on(const char *backend, tsr_model *m, int32_t **prompts, const int *np) {
+    tsr_engine_options eo = {.backend = backend, .threads = 2, .max_tokens = 256,
+                             .kv = {.max_seqs = 1}, .dense_kv_tokens = 1,
+                             .borrow_model = true};
+    tsr_engine *eng = NULL;
+    ASSERT_OK(tsr_engine_create(m, &eo, &eng));
+    static swap_run big, tiny, full;
+    /* Every registered policy, by name, so a new one is covered without a line here. */
+    const char *names = tsr_kv_policy_names();
+    for (const char *p = names; *p && !tsr_test_failed_flag;) {
+        size_t len = strcspn(p, "|");
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)len, p);
+        p += len + (p[len] == '|');
+        if (!tsr_kv_policy_find(name)) continue;
+        /* 64 blocks per layer hold all 4 running sequences; 10 hold fewer than two (6
+         * under a budget of half the sequence). */
+        int few = strcmp(name, "paged") ? 6 : 10;
+        ASSERT_OK(swap_job(eng, name, 64, 0, TSR_PREEMPT_SWAP, prompts, np, &big));
+        ASSERT_OK(swap_job(eng, name, few, 0, TSR_PREEMPT_SWAP, prompts, np, &tiny));
+        fprintf(stderr, "  %s %s: %lld preemptions, %lld swapped out (%lld bytes), %lld in, "
+                "%lld fallbacks\n", backend, name, (long long)tiny.t.preemptions,
+                (long long)tiny.t.swaps_out, (long long)tiny.t.swap_out_bytes,
+                (long long)tiny.t.swaps_in, (long long)tiny.t.swap_fallbacks);
+        ASSERT_EQ_INT(big.t.preemptions, 0);
+        ASSERT_TRUE(tiny.t.swaps_out > 0);
+        ASSERT_EQ_INT(tiny.t.swaps_in, tiny.t.swaps_out);
+        ASSERT_EQ_INT(tiny.t.swap_in_bytes, tiny.t.swap_out_bytes);
+        ASSERT_EQ_INT(tiny.t.swap_fallbacks, 0);
+        swap_same(&big, &tiny);
+        if (strcmp(name, "paged") != 0) continue;
+        /* A host pool with room for about one swapped sequence: the others recompute (the
+         * host copy of offload lives there too, so only paged can run on it). */
+        int64_t row = 2 * (int64_t)m->cfg.n_kv_heads * m->cfg.head_dim * 4 + 8;
+        ASSERT_OK(swap_job(eng, name, 10, row * m->cfg.n_layers * 40, TSR_PREEMPT_SWAP,
+                           prompts, np, &full));
+        fprintf(stderr, "  %s %s, small host pool: %lld swapped out, %lld fallbacks\n",
+                backend, name, (long long)full.t.swaps_out, (long long)full.t.swap_fallbacks);
+        ASSERT_TRUE(full.t.swap_fallbacks > 0);
+        ASSERT_TRUE(full.t.swaps_out > 0);
+        swap_same(&big, &full);
+    }
+    tsr_engine_destroy(eng);
+}
+
+TSR_TEST(test_swap_preemption_each_policy) {
+    tsr_model *m = NULL;
+    tsr_tokenizer *tok = NULL;
+    ASSERT_OK(tsr_model_load(model_path(), &m));
+    ASSERT_OK(tsr_tokenizer_load(TSR_SOURCE_DIR "/models/tok512.bin", &tok));
+    static const char *texts[] = {
+        "Once upon a time, there was a little girl named Lily. She loved to play outside",
+        "The little dog ran to the big tree and saw a bird. The bird was sad because",
+        "Tom and Sam went to the beach. They built a big sand castle and then",
+        "One day, a cat found a red ball in the garden. The cat wanted to play with it",
+    };
+    int32_t *prompts[SW_N];
+    int np[SW_N];
+    for (int r = 0; r < SW_N; r++) {
+        size_t n = 0;
+        const char *t = texts[r % 4];
+        ASSERT_OK(tsr_tokenizer_encode(tok, t, strlen(t) - (size_t)(r / 4) * 6, true, false,
+                                       &prompts[r], &n));
+        np[r] = (int)n;
+    }
+    for (int b = 0; b < N_TEST_BACKENDS && !tsr_test_failed_flag; b++)
+        if (backend_available(TEST_BACKENDS[b]))
+            check_swap_on(TEST_BACKENDS[b], m, prompts, np);
+    for (int r = 0; r < SW_N; r++) tsr_free(prompts[r]);
+    tsr_tokenizer_destroy(tok);
+    tsr_model_destroy(m);
+}
+
 /* Are the rows of a batched matmul bit-identical to one-row products? The forward's rows
  * are otherwise independent, so this decides whether batched logits equal solo logits
  * exactly. The answer is printed; the test asserts closeness only. A property of the CPU
@@ -485,4 +627,4 @@ TSR_TEST(test_matmul_rows_batched_vs_single) {
 
 TSR_TEST_MAIN(test_batching_invariants_and_tokens, test_join_finish_eos_context_and_early_stop,
               test_short_kv_defers_and_preempts, test_greedy_batched_equals_solo_on_model,
-              test_matmul_rows_batched_vs_single)
+              test_matmul_rows_batched_vs_single, test_swap_preemption_each_policy)
