@@ -1,9 +1,24 @@
-/* Long-context prefill driver for bench/longctx.sh: feeds N pseudo-random tokens to one
- * sequence in chunks through the forward pass with the KV cache of a policy, then prints
- * one line: policy, n, seconds, peak RSS and the KV stats JSON. Exit 0 on success, 2 when
- * the run fails (the error line goes to stderr), e.g. materialize running out of memory.
+/* Long-context prefill driver for bench/longctx.sh and tests/device/run.sh: feeds N
+ * pseudo-random tokens to one sequence in chunks through the forward pass with the KV cache
+ * of a policy, on a backend (the CPU by default), then prints one line: policy, n, seconds,
+ * peak RSS, on a device backend the peak device memory, and the KV stats JSON. Exit 0 on
+ * success, 2 when the run fails (the error line goes to stderr), e.g. materialize running
+ * out of memory.
  *
- *   tsr_longctx SPEC POLICY N [--budget B] [--chunk C] [--materialize] [--threads T] */
+ *   tsr_longctx SPEC POLICY N [--budget B] [--chunk C] [--materialize] [--threads T]
+ *               [--backend NAME] [--pool-tokens T] [--progress S]
+ *   tsr_longctx --policies      the policies the registry knows, one a line
+ *
+ * --progress S: every S seconds a line "progress tokens= seconds= device_peak_mb=" on
+ * stderr, so that a run stopped at a time limit still says how far it got.
+ *
+ * The block pool holds what the policy keeps of one sequence (all N tokens for paged, the
+ * budget otherwise) plus two chunks (--pool-tokens overrides), so the device peak is the
+ * policy's and not a fixed pool's. device_peak_mb is the most device memory in use (the
+ * backend's memory query: total - free) after any chunk, less what was in use before the
+ * weights were placed: weights + pool + workspace. It is sampled after each chunk (the
+ * backend's scratch buffers only grow, so a chunk's transients stay counted). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +27,8 @@
 
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
+#include "memory/kv_paged.h"
+#include "policies/policy.h"
 #include "base/alloc.h"
 #include "runtime/forward.h"
 #include "runtime/engine.h"
@@ -24,96 +41,165 @@ static double tsr__now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Backend memory in use now (0 when the backend's memory is the host's: not ours alone). */
+static size_t tsr__dev_used(tsr_backend *be) {
+    size_t fb = 0, tb = 0;
+    if (be->host_memory || be->ops->synchronize(be) != TSR_OK ||
+        be->ops->memory(be, &fb, &tb) != TSR_OK)
+        return 0;
+    return tb > fb ? tb - fb : 0;
+}
+
+static int tsr__list_policies(void) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", tsr_kv_policy_names());
+    char *save = NULL;
+    for (char *p = strtok_r(buf, "|", &save); p; p = strtok_r(NULL, "|", &save)) puts(p);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "--policies")) return tsr__list_policies();
     if (argc < 4) {
         fprintf(stderr, "usage: %s SPEC POLICY N [--budget B] [--chunk C] [--materialize] "
-                        "[--threads T]\n", argv[0]);
+                        "[--threads T] [--backend NAME] [--pool-tokens T] [--progress S]\n"
+                        "       %s --policies\n", argv[0], argv[0]);
         return 1;
     }
-    const char *spec = argv[1], *policy = argv[2];
+    const char *spec = argv[1], *policy = argv[2], *backend = "cpu";
     int n = atoi(argv[3]), chunk = 512, threads = 2, materialize = 0;
-    double budget = 0;
+    long long pool_tokens = 0;
+    double budget = 0, progress = 0;
     /* --materialize is h2o's --h2o-scores materialize; any option the policy declares
      * (policies/policy.h) passes through as --NAME V (a flag: --NAME). */
     const tsr_kv_policy_ops *pol = tsr_kv_policy_find(policy);
     tsr_kv_policy_arg args[32];
     int n_args = 0;
-    for (int i = 4; i < argc && n_args < 32; i++) {
-        const tsr_kv_policy_option *po = pol ? tsr_kv_policy_option_find(pol, argv[i] + 2) : NULL;
+    for (int i = 4; i < argc; i++) {
+        const tsr_kv_policy_option *po =
+            pol && !strncmp(argv[i], "--", 2) ? tsr_kv_policy_option_find(pol, argv[i] + 2) : NULL;
         if (!strcmp(argv[i], "--budget") && i + 1 < argc) budget = atof(argv[++i]);
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--materialize")) {
+        else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
+        else if (!strcmp(argv[i], "--pool-tokens") && i + 1 < argc) pool_tokens = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--progress") && i + 1 < argc) progress = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--materialize") && n_args < 32) {
             args[n_args++] = (tsr_kv_policy_arg){"h2o-scores", "materialize"};
             materialize = 1;
-        } else if (po && po->kind == TSR_KV_OPT_FLAG)
+        } else if (po && po->kind == TSR_KV_OPT_FLAG && n_args < 32)
             args[n_args++] = (tsr_kv_policy_arg){po->name, "1"};
-        else if (po && i + 1 < argc)
+        else if (po && i + 1 < argc && n_args < 32)
             args[n_args++] = (tsr_kv_policy_arg){po->name, argv[++i]};
+        else {
+            fprintf(stderr, "longctx: unknown or incomplete option %s\n", argv[i]);
+            return 1;
+        }
+    }
+    if (n <= 0 || chunk <= 0) {
+        fprintf(stderr, "longctx: N and --chunk must be positive\n");
+        return 1;
     }
     if (materialize) chunk = n; /* the original H2O prefill: one n x n call */
     tsr_model *m = NULL;
     tsr_engine *eng = NULL;
+    tsr_backend *be = NULL;
     tsr_forward *f = NULL;
     tsr_kv_cache *kv = NULL;
     float *logits = NULL;
     int32_t *toks = NULL;
-    tsr_status st = tsr_model_load(spec, &m);
+    size_t base_used = 0, peak_used = 0;
+    /* The backend first: without it (no GPU) the run fails before building the model. */
+    tsr_status st = tsr_backend_create(backend, threads, &be);
+    if (st == TSR_OK) st = tsr_model_load(spec, &m);
     if (st == TSR_OK) {
         const tsr_model_config *c = &m->cfg;
-        /* A pool that holds the whole sequence (pages are touched only as blocks fill). */
-        int64_t row = (int64_t)c->n_layers * c->n_kv_heads * c->head_dim * 8 + 8 * c->n_layers;
+        base_used = tsr__dev_used(be);
+        /* What the policy keeps of one sequence, plus two chunks of slack. */
+        int64_t keep = n;
+        if (strcmp(policy, "paged") != 0 && budget > 0) {
+            tsr_kv_policy_config pc = {.budget = budget};
+            keep = tsr_kv_policy_budget(&pc, n);
+        }
+        int64_t toks_in_pool = pool_tokens > 0 ? pool_tokens : keep + 2 * (int64_t)chunk;
+        tsr_kv_paged_config kc = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
+                                  .head_dim = c->head_dim, .block_size = 16};
+        int64_t blocks = (toks_in_pool + 15) / 16 + 1;
         tsr_engine_options eo = {
-            .backend = "cpu", .threads = threads, .max_tokens = chunk,
-            .kv = {.policy = policy, .memory_bytes = row * ((int64_t)n + 1024) * 2,
-                   .block_size = 16, .budget = budget, .max_seqs = 1,
+            .backend_given = be, .threads = threads, .max_tokens = chunk,
+            .kv = {.policy = policy,
+                   .memory_bytes = blocks * c->n_layers * tsr_kv_paged_block_bytes(&kc),
+                   .block_size = 16, .budget = budget, .max_seqs = 1, .max_context = n,
                    .policy_args = args, .n_policy_args = n_args,
                    .chunk_tokens = chunk}};
+        be = NULL;                             /* the engine owns it from here on */
         st = tsr_engine_create(m, &eo, &eng); /* owns the model from here on */
-        m = st == TSR_OK ? eng->model : NULL;
+        m = NULL;
     }
     if (st == TSR_OK) {
         f = eng->fwd;
         kv = eng->kv;
-        logits = tsr_malloc((size_t)m->cfg.vocab_size * 4);
+        logits = tsr_malloc((size_t)eng->model->cfg.vocab_size * 4);
         toks = tsr_malloc((size_t)n * sizeof *toks);
         if (!logits || !toks) st = TSR_ERR_NOMEM;
     }
     if (st == TSR_OK) st = kv->ops->seq_add(kv, 0);
     double t0 = tsr__now();
     if (st == TSR_OK) {
+        int vocab = eng->model->cfg.vocab_size;
         uint32_t r = 42;
         for (int i = 0; i < n; i++) {
             r = r * 1664525u + 1013904223u;
-            toks[i] = (int32_t)((r >> 8) % (uint32_t)m->cfg.vocab_size);
+            toks[i] = (int32_t)((r >> 8) % (uint32_t)vocab);
         }
+        peak_used = tsr__dev_used(eng->be);
+        double last = t0;
         for (int pos = 0; pos < n && st == TSR_OK; pos += chunk) {
             int len = n - pos < chunk ? n - pos : chunk, rows;
             tsr_batch_seq b = {.seq = 0, .tokens = toks + pos, .n_tokens = len,
                                .want_logits = pos + len == n};
             st = tsr_forward_run(f, kv, &b, 1, logits, &rows);
+            size_t u = tsr__dev_used(eng->be);
+            if (u > peak_used) peak_used = u;
+            /* How far a run got, for a caller that stops it at a time limit. */
+            double now = tsr__now();
+            if (progress > 0 && now - last >= progress) {
+                fprintf(stderr, "progress tokens=%d seconds=%.1f device_peak_mb=%.1f\n",
+                        pos + len, now - t0,
+                        (double)(peak_used > base_used ? peak_used - base_used : 0) / 1048576.0);
+                last = now;
+            }
         }
+        if (st == TSR_OK && !isfinite(logits[0]))
+            st = tsr_error_set(TSR_ERR_INTERNAL, "longctx: last logits are not finite");
     }
     double secs = tsr__now() - t0;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
+    char dev[320] = "";
+    if (eng && !eng->be->host_memory)
+        snprintf(dev, sizeof dev, " device=%s device_peak_mb=%.1f weights_mb=%.1f",
+                 tsr_engine_device_name(eng),
+                 (double)(peak_used > base_used ? peak_used - base_used : 0) / 1048576.0,
+                 (double)eng->placed_bytes / 1048576.0);
     int rc = 0;
     if (st == TSR_OK) {
         char json[2048];
         tsr_kv_stats_json(kv, json, sizeof json);
-        printf("policy=%s%s n=%d budget=%g seconds=%.2f peak_rss_mb=%.1f kv=%s\n", policy,
-               materialize ? "(materialize)" : "", n, budget, secs, ru.ru_maxrss / 1024.0,
+        printf("policy=%s%s n=%d budget=%g seconds=%.2f peak_rss_mb=%.1f%s kv=%s\n", policy,
+               materialize ? "(materialize)" : "", n, budget, secs, ru.ru_maxrss / 1024.0, dev,
                json);
     } else {
         fprintf(stderr, "longctx: %s: %s\n", tsr_strerror(st), tsr_last_error());
-        printf("policy=%s%s n=%d budget=%g FAILED (%s) peak_rss_mb=%.1f\n", policy,
+        printf("policy=%s%s n=%d budget=%g FAILED (%s) peak_rss_mb=%.1f%s\n", policy,
                materialize ? "(materialize)" : "", n, budget, tsr_strerror(st),
-               ru.ru_maxrss / 1024.0);
+               ru.ru_maxrss / 1024.0, dev);
         rc = 2;
     }
     tsr_free(logits);
     tsr_free(toks);
     if (eng) tsr_engine_destroy(eng);
-    else if (m) tsr_model_destroy(m);
+    tsr_backend_destroy(be);
+    tsr_model_destroy(m);
     return rc;
 }

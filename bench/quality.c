@@ -1,32 +1,23 @@
-/* Perplexity driver for bench/quality.sh: scores held-out text token by token (decode mode,
+/* Fidelity driver for bench/quality.sh: scores held-out text token by token (decode mode,
  * one token per forward call, so a policy evicts exactly as it does in generation) through
- * the KV cache of a policy, and prints one line: policy, budget, tokens scored, mean NLL,
- * perplexity, seconds and the KV stats JSON. Stories are separated by blank lines; each is
- * one sequence starting at BOS (and must fit the model context). Exit 0 on success, 2 when
- * the run fails (the error line goes to stderr).
+ * the full cache and the KV cache of a policy side by side (runtime/fidelity.h), and prints
+ * one line: policy, budget, tokens scored, mean NLL and perplexity of both, top-1 agreement,
+ * KL(full || policy), seconds and the policy's KV stats JSON. Stories are separated by blank
+ * lines; each is one sequence starting at BOS. Exit 0 on success, 2 when the run fails (the
+ * error line goes to stderr). --list-policies prints the registry's policy names, one a line.
  *
  *   tsr_quality MODEL TOKENIZER TEXT POLICY [--budget B] [--recent R] [--pairs P]
- *               [--recall] [--materialize] [--threads T] */
-#include <math.h>
+ *               [--recall] [--materialize] [--threads T]
+ *   tsr_quality --list-policies */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "kernels/backend.h"
-#include "memory/kv_cache.h"
 #include "base/alloc.h"
-#include "runtime/forward.h"
-#include "runtime/engine.h"
-#include "runtime/kv_setup.h"
+#include "policies/policy.h"
+#include "runtime/fidelity.h"
 #include "runtime/model.h"
 #include "runtime/tokenizer.h"
-
-static double tsr__now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static tsr_status tsr__read_file(const char *path, char **out, size_t *len) {
     FILE *fp = fopen(path, "rb");
@@ -60,44 +51,12 @@ static tsr_status tsr__read_file(const char *path, char **out, size_t *len) {
     return TSR_OK;
 }
 
-/* Natural-log NLL of `next` under logits (log-sum-exp minus the logit). */
-static double tsr__nll(const float *logits, int V, int32_t next) {
-    float mx = logits[0];
-    for (int i = 1; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
-    double sum = 0.0;
-    for (int i = 0; i < V; i++) sum += exp((double)logits[i] - mx);
-    return log(sum) + mx - logits[next];
-}
-
-/* Scores one story as sequence 0 of kv; adds to *nll and *count. */
-static tsr_status tsr__score(tsr_forward *f, tsr_kv_cache *kv, const tsr_tokenizer *tok,
-                             int V, int ctx, const char *text, size_t len, float *logits,
-                             double *nll, int64_t *count) {
-    int32_t *ids = NULL;
-    size_t n = 0;
-    TSR_TRY(tsr_tokenizer_encode(tok, text, len, true, false, &ids, &n));
-    tsr_status st = TSR_OK;
-    if ((int64_t)n > ctx)
-        st = tsr_error_set(TSR_ERR_BUDGET, "quality: a story of %zu tokens exceeds the "
-                                           "model context of %d", n, ctx);
-    int added = 0;
-    if (st == TSR_OK) st = kv->ops->seq_add(kv, 0);
-    if (st == TSR_OK) added = 1;
-    for (size_t t = 0; st == TSR_OK && t + 1 < n; t++) {
-        int rows;
-        tsr_batch_seq b = {.seq = 0, .tokens = ids + t, .n_tokens = 1, .want_logits = 1};
-        st = tsr_forward_run(f, kv, &b, 1, logits, &rows);
-        if (st == TSR_OK) {
-            *nll += tsr__nll(logits, V, ids[t + 1]);
-            (*count)++;
-        }
-    }
-    if (added) kv->ops->seq_free(kv, 0);
-    tsr_free(ids);
-    return st;
-}
-
 int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "--list-policies")) {
+        for (const char *p = tsr_kv_policy_names(); *p; p++) putchar(*p == '|' ? '\n' : *p);
+        putchar('\n');
+        return 0;
+    }
     if (argc < 5) {
         fprintf(stderr, "usage: %s MODEL TOKENIZER TEXT POLICY [--budget B] [--recent R] "
                         "[--pairs P] [--recall] [--materialize] [--threads T]\n", argv[0]);
@@ -137,63 +96,34 @@ int main(int argc, char **argv) {
     }
     tsr_model *m = NULL;
     tsr_tokenizer *tok = NULL;
-    tsr_engine *eng = NULL;
-    tsr_forward *f = NULL;
-    tsr_kv_cache *kv = NULL;
-    float *logits = NULL;
     char *text = NULL;
     size_t text_len = 0;
-    double nll = 0.0, t0 = tsr__now();
-    int64_t count = 0;
-    int stories = 0;
+    tsr_fidelity_result r;
     tsr_status st = tsr_model_load(model_path, &m);
     if (st == TSR_OK) st = tsr_tokenizer_load(tok_path, &tok);
     if (st == TSR_OK) st = tsr__read_file(text_path, &text, &text_len);
     if (st == TSR_OK) {
-        tsr_engine_options eo = {
-            .backend = "cpu", .threads = threads, .max_tokens = 1,
+        tsr_fidelity_options fo = {
+            .backend = "cpu", .threads = threads, .chunk_tokens = 1,
             .kv = {.policy = policy, .memory_bytes = 16 << 20, .block_size = 16,
                    .budget = budget, .policy_args = args, .n_policy_args = n_args,
                    .max_seqs = 1, .chunk_tokens = 1}};
-        st = tsr_engine_create(m, &eo, &eng); /* owns the model from here on */
-        m = st == TSR_OK ? eng->model : NULL;
+        st = tsr_fidelity_run(m, tok, text, text_len, &fo, &r);
     }
-    if (st == TSR_OK) {
-        f = eng->fwd;
-        kv = eng->kv;
-        logits = tsr_malloc((size_t)m->cfg.vocab_size * 4);
-        if (!logits) st = TSR_ERR_NOMEM;
-    }
-    /* Stories: runs of text separated by blank lines. */
-    for (char *p = text; st == TSR_OK && p && *p;) {
-        while (*p == '\n' || *p == ' ') p++;
-        if (!*p) break;
-        char *end = strstr(p, "\n\n");
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        while (len > 0 && (p[len - 1] == '\n' || p[len - 1] == ' ')) len--;
-        st = tsr__score(f, kv, tok, m->cfg.vocab_size, m->cfg.max_seq_len, p, len, logits,
-                        &nll, &count);
-        stories++;
-        p = end ? end + 2 : NULL;
-    }
-    double secs = tsr__now() - t0;
     int rc = 0;
-    if (st == TSR_OK && count > 0) {
-        char json[2048];
-        tsr_kv_stats_json(kv, json, sizeof json);
-        printf("policy=%s%s budget=%g stories=%d tokens=%lld nll=%.4f ppl=%.3f seconds=%.2f "
-               "kv=%s\n", policy, materialize ? "(materialize)" : "", budget, stories,
-               (long long)count, nll / (double)count, exp(nll / (double)count), secs, json);
+    if (st == TSR_OK) {
+        printf("policy=%s%s budget=%g stories=%d tokens=%lld nll=%.4f ppl=%.3f "
+               "nll_full=%.4f ppl_full=%.3f agreement=%.4f kl=%.5f seconds=%.2f kv=%s\n",
+               policy, materialize ? "(materialize)" : "", budget, r.windows,
+               (long long)r.tokens, r.nll, r.ppl, r.nll_full, r.ppl_full, r.agreement, r.kl,
+               r.wall_s, r.kv_json);
     } else {
-        if (st == TSR_OK) st = tsr_error_set(TSR_ERR_INVALID, "%s: no text", text_path);
         fprintf(stderr, "quality: %s: %s\n", tsr_strerror(st), tsr_last_error());
         printf("policy=%s budget=%g FAILED (%s)\n", policy, budget, tsr_strerror(st));
         rc = 2;
     }
-    tsr_free(logits);
     tsr_free(text);
-    if (eng) tsr_engine_destroy(eng);
-    else if (m) tsr_model_destroy(m);
+    if (m) tsr_model_destroy(m);
     if (tok) tsr_tokenizer_destroy(tok);
     return rc;
 }

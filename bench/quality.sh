@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Perplexity per KV policy on held-out TinyStories-style text (bench/data/heldout.txt, written
-# for this bench, never seen in training) with the bundled stories260K model: paged (the full
-# cache) next to h2o and offload at budgets of 10 %, 20 % and 50 % of the sequence. Scoring
-# is decode mode (one token per forward call), so eviction happens as in generation.
+# Fidelity per KV policy on held-out TinyStories-style text (bench/data/heldout.txt, written
+# for this bench, never seen in training) with the bundled stories260K model: every policy
+# the registry knows (tsr_quality --list-policies, so a policy added later appears without
+# editing this script) at budgets of 10 %, 20 % and 50 % of the sequence, next to the full
+# cache (paged). Each row runs the full cache and the policy side by side on the same tokens
+# (runtime/fidelity.h); scoring is decode mode (one token per forward call), so eviction
+# happens as in generation.
 #
 #   bench/quality.sh [BUILD_DIR] [PAIRS]
 #     BUILD_DIR  default build; needs the tsr_quality target (bench/quality.c)
-#     PAIRS      offload: rotary channel pairs per KV head for the speculation (default 2 of
-#                the model's 4, i.e. half the channels; 4 makes it exact)
-# Columns: mean NLL (nats/token), perplexity, KV peak (block pool), evictions, offload's
-# bytes moved per token (host writes + fetches) and speculative recall of the exact top
-# tokens.
+#     PAIRS      an extra offload row per budget speculating on PAIRS rotary channel pairs
+#                per KV head (default 2 of the model's 4, i.e. half the channels; offload's
+#                own default, 4, is exact)
+# Columns: mean NLL (nats/token), perplexity, top-1 agreement of the greedy next token with
+# the full cache, KL(full || policy) of the next-token distributions (nats, mean over
+# positions), KV peak (block pool), evictions, bytes moved per token (host writes + fetches)
+# and offload's speculative recall of the exact top tokens.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-build}
@@ -19,8 +24,8 @@ BIN="$BUILD/bench/tsr_quality"
 [ -x "$BIN" ] || { echo "quality.sh: $BIN not built (cmake --build $BUILD --target tsr_quality)" >&2; exit 1; }
 ARGS=("$ROOT/models/stories260K.bin" "$ROOT/models/tok512.bin" "$ROOT/bench/data/heldout.txt")
 
-printf '%-20s %6s %7s %7s %8s %11s %10s %12s %7s\n' policy budget tokens nll ppl kv_peak_kb \
-    evictions moved_B/tok recall
+printf '%-20s %6s %6s %7s %7s %9s %8s %11s %10s %12s %7s\n' policy budget tokens nll ppl \
+    agreement kl kv_peak_kb evictions moved_B/tok recall
 row() {
     local label=$1 budget=$2
     shift 2
@@ -28,18 +33,23 @@ row() {
     line=$("$BIN" "${ARGS[@]}" "$@" 2>&1) || { printf '%-20s %6s FAILED: %s\n' "$label" "$budget" "$line"; return; }
     local f
     f() { sed -n "s/.*$1\([^ ,}]*\).*/\1/p" <<<"$line"; }
-    local rec
+    local rec moved
     rec=$(f '"spec_recall":')
     [ -z "$rec" ] || [ "$rec" = "-1.0000" ] && rec=-
-    printf '%-20s %6s %7s %7s %8s %11.1f %10s %12s %7s\n' "$label" "$budget" "$(f ' tokens=')" \
-        "$(f ' nll=')" "$(f ' ppl=')" "$(awk -v b="$(f '"bytes_peak":')" 'BEGIN{print b/1024}')" \
-        "$(f '"evictions":')" "$(f '"bytes_moved_per_token":')" "$rec"
+    moved=$(f '"bytes_moved_per_token":')
+    [ "$moved" = "0.0" ] && moved=-
+    printf '%-20s %6s %6s %7s %7s %9s %8s %11.1f %10s %12s %7s\n' "$label" "$budget" \
+        "$(f ' tokens=')" "$(f ' nll=')" "$(f ' ppl=')" "$(f ' agreement=')" "$(f ' kl=')" \
+        "$(awk -v b="$(f '"bytes_peak":')" 'BEGIN{print b/1024}')" "$(f '"evictions":')" \
+        "$moved" "${rec:--}"
 }
-row paged 100% paged
+mapfile -t POLICIES < <("$BIN" --list-policies)
+row "paged (full cache)" 100% paged
 for b in 0.1 0.2 0.5; do
     pct="$(awk -v b=$b 'BEGIN{print b*100}')%"
-    row h2o "$pct" h2o --budget $b
-    row "h2o (materialize)" "$pct" h2o --budget $b --materialize
-    row "offload (p=$PAIRS)" "$pct" offload --budget $b --pairs "$PAIRS" --recall
-    row "offload (exact)" "$pct" offload --budget $b --pairs 4 --recall
+    for p in "${POLICIES[@]}"; do
+        [ "$p" = paged ] && continue
+        row "$p" "$pct" "$p" --budget $b --recall
+        [ "$p" = offload ] && row "offload (p=$PAIRS)" "$pct" offload --budget $b --pairs "$PAIRS" --recall
+    done
 done

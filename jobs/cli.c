@@ -43,6 +43,7 @@ static void tsr__print_default(const tsr_cli_opt *o) {
         break;
     case TSR_OPT_INT: printf(" (default: %d)", *(int *)o->dest); break;
     case TSR_OPT_FLOAT: printf(" (default: %g)", (double)*(float *)o->dest); break;
+    case TSR_OPT_DOUBLE: printf(" (default: %g)", *(double *)o->dest); break;
     case TSR_OPT_U64: printf(" (default: %" PRIu64 ")", *(uint64_t *)o->dest); break;
     }
 }
@@ -79,6 +80,12 @@ static int tsr__set(tsr_cli *cli, tsr_cli_opt *o, const char *val) {
         float v = strtof(val, &end);
         if (errno || end == val || *end || !isfinite(v)) break;
         *(float *)o->dest = v;
+        return 0;
+    }
+    case TSR_OPT_DOUBLE: {
+        double v = strtod(val, &end);
+        if (errno || end == val || *end || !isfinite(v)) break;
+        *(double *)o->dest = v;
         return 0;
     }
     case TSR_OPT_U64: {

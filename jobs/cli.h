@@ -11,6 +11,7 @@ typedef enum tsr_opt_kind {
     TSR_OPT_STRING, /* const char * */
     TSR_OPT_INT,    /* int */
     TSR_OPT_FLOAT,  /* float */
+    TSR_OPT_DOUBLE, /* double (where a float would round: 0.1 of a length) */
     TSR_OPT_U64,    /* uint64_t */
 } tsr_opt_kind;
 

@@ -8,6 +8,7 @@
  * stopped it between steps with work left (a rerun resumes). */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +60,7 @@ static void tsr__run_free(tsr_run_job *g) {
         for (int i = 0; i < g->n_reqs; i++) tsr_run_req_clear(&g->reqs[i]);
     tsr_free(g->reqs);
     tsr_metrics_free(&g->m);
+    if (g->has_pending) tsr_batch_request_free(&g->pending);
     tsr_free(g->ck_lines);
     tsr_dist_end(&g->dist);
 }
@@ -206,8 +208,10 @@ static tsr_status tsr__setup(tsr_run_job *g) {
     return TSR_OK;
 }
 
-/* Encodes and submits one parsed request, or writes its error record. */
-static tsr_status tsr__submit(tsr_run_job *g, tsr_batch_request *r) {
+/* Encodes and submits one parsed request, or writes its error record. `arrival` >= 0: the
+ * request's arrival (seconds after t_start), from which its latencies count; < 0
+ * (offline): from now. */
+static tsr_status tsr__submit(tsr_run_job *g, tsr_batch_request *r, double arrival) {
     char *rendered = NULL;
     const char *text = r->prompt;
     size_t text_len = text ? strlen(text) : 0;
@@ -270,17 +274,53 @@ static tsr_status tsr__submit(tsr_run_job *g, tsr_batch_request *r) {
     r->n_stops = 0;
     q->prev = last; /* SentencePiece's leading-space rule looks at it, as in generate */
     q->n_prompt = (int)n_ids;
-    q->t_submit = tsr_sys_now();
+    q->t_submit = arrival >= 0 ? g->t_start + arrival : tsr_sys_now();
     g->m.prompt_tokens += (int64_t)n_ids;
     return TSR_OK;
 }
 
+/* --arrival-rate: the gap to the next arrival of a Poisson process of rate R, -ln(1-U)/R
+ * with U uniform in [0, 1) from a splitmix64 stream seeded by --seed (the same on every
+ * rank, so the ranks agree on the arrivals). */
+static double tsr__arrival_gap(tsr_run_job *g) {
+    uint64_t z = (g->arrival_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    double u = (double)(z >> 11) * 0x1.0p-53;
+    return -log1p(-u) / (double)g->o->arrival_rate;
+}
+
+/* The job's clock (seconds since t_start), agreed over the ranks (their least), so that
+ * every rank admits the same requests at the same step. */
+static double tsr__clock(tsr_run_job *g) {
+    double t = tsr_sys_now() - g->t_start;
+    if (g->dist.world <= 1) return t;
+    int64_t us = (int64_t)(t * 1e6);
+    if (tsr_comm_allreduce_i64(g->dist.comm, TSR_COMM_WORLD, &us, 1, TSR_COMM_MIN) != TSR_OK)
+        tsr_comm_abort(g->dist.comm, 1, tsr_last_error());
+    return (double)us * 1e-6;
+}
+
 /* Reads and handles input lines until the waiting queue holds max_batch_seqs requests or
- * the input ends. */
+ * the input ends. With --arrival-rate a valid request is submitted only once the clock has
+ * reached its arrival; one read early waits in g->pending (bad lines get their error
+ * records when read: they never reach the engine). */
 static tsr_status tsr__feed(tsr_run_job *g, int64_t *line_no, bool *eof) {
     char *buf = NULL;
     size_t cap = 0;
     tsr_status st = TSR_OK;
+    bool arrivals = g->o->arrival_rate > 0;
+    double clock = arrivals ? tsr__clock(g) : 0.0;
+    if (g->has_pending) {
+        if (clock < g->pending_arrival ||
+            tsr_sched_n_waiting(g->sched) >= g->o->max_batch_seqs)
+            return TSR_OK;
+        g->has_pending = false;
+        st = tsr__submit(g, &g->pending, g->pending_arrival);
+        tsr_batch_request_free(&g->pending);
+        TSR_TRY(st);
+    }
     while (!*eof && tsr_sched_n_waiting(g->sched) < g->o->max_batch_seqs) {
         errno = 0;
         ssize_t n = getline(&buf, &cap, g->in);
@@ -327,8 +367,18 @@ static tsr_status tsr__feed(tsr_run_job *g, int64_t *line_no, bool *eof) {
             /* restored from the checkpoint: already in the scheduler */
         } else if (pst != TSR_OK) {
             st = tsr__put_error(g, r.custom_id, *line_no, e.code, e.message);
+        } else if (arrivals) {
+            double at = g->next_arrival;
+            g->next_arrival += tsr__arrival_gap(g);
+            if (clock < at) { /* not yet: it waits, and the reading stops */
+                g->pending = r;
+                g->pending_arrival = at;
+                g->has_pending = true;
+                break;
+            }
+            st = tsr__submit(g, &r, at);
         } else {
-            st = tsr__submit(g, &r);
+            st = tsr__submit(g, &r, -1.0);
         }
         tsr_batch_request_free(&r);
         if (st != TSR_OK) break;
@@ -403,6 +453,9 @@ static tsr_status tsr__events(tsr_run_job *g, const tsr_sched_event *ev, int n_e
         if (q->t_first == 0) q->t_first = now;
         bool stopped = false;
         if (ev[i].token >= 0) {
+            /* inter-token latency: the gap since the request's previous output token */
+            if (q->t_last > 0) TSR_TRY(tsr_samples_add(&g->m.itl, now - q->t_last));
+            q->t_last = now;
             int nb = tsr_tokenizer_decode(g->tok, q->prev, ev[i].token, piece,
                                           sizeof piece);
             q->prev = ev[i].token;
@@ -456,6 +509,8 @@ static tsr_status tsr__job(tsr_run_job *g) {
     int64_t todo = g->m.lines - g->resume.n_records;
     if (todo < 0) todo = 0;
     g->t_start = tsr_sys_now();
+    g->arrival_rng = o->seed ^ 0x6172726976616C73ull; /* its own stream, not the samplers' */
+    g->next_arrival = 0.0;
     g->m.setup_s = g->t_start - t_setup;
     bool quiet = o->quiet || !g->root;
     tsr_progress_init(&g->prog, stderr, "tessera run", todo, o->progress_interval, quiet,
@@ -479,7 +534,16 @@ static tsr_status tsr__job(tsr_run_job *g) {
     for (;;) {
         TSR_TRY(tsr__feed(g, &line_no, &eof));
         if (!tsr_sched_has_work(g->sched)) {
-            if (eof) break;
+            if (eof && !g->has_pending) break;
+            if (g->has_pending) { /* idle until the next arrival (a signal cuts it short) */
+                if (tsr__should_stop(g)) break;
+                double wait = g->t_start + g->pending_arrival - tsr_sys_now();
+                if (wait > 0.1) wait = 0.1;
+                if (wait > 0) {
+                    struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)(wait * 1e9)};
+                    nanosleep(&ts, NULL);
+                }
+            }
             continue;
         }
         const tsr_sched_event *ev;
@@ -489,6 +553,8 @@ static tsr_status tsr__job(tsr_run_job *g) {
         if (tsr__should_stop(g)) break;
         TSR_TRY(tsr_dist_must(&g->dist, tsr_sched_step(g->sched, &ev, &n_ev, NULL)));
         TSR_TRY(tsr__events(g, ev, n_ev));
+        int64_t dev = tsr_engine_device_bytes(g->eng);
+        if (dev > g->m.peak_device_bytes) g->m.peak_device_bytes = dev;
         int64_t toks = g->m.completion_tokens;
         for (int i = 0; i < g->n_reqs; i++) toks += g->reqs[i].n_gen;
         tsr_progress_update(&g->prog, tsr_sys_now(), g->processed, toks);
@@ -529,7 +595,9 @@ static tsr_status tsr__job(tsr_run_job *g) {
     m->swap_in_bytes = t.swap_in_bytes;
     m->swap_fallbacks = t.swap_fallbacks;
     m->peak_host_rss_bytes = tsr_sys_peak_rss();
-    m->peak_device_bytes = 0; /* host backends; device backends expose no counter yet */
+    int64_t dev = tsr_engine_device_bytes(g->eng); /* runtime/engine.h says what it counts */
+    if (dev > m->peak_device_bytes) m->peak_device_bytes = dev;
+    m->arrival_rate = o->arrival_rate;
     char kv_json[2048];
     tsr_kv_stats_json(g->kv, kv_json, sizeof kv_json);
     m->kv_json = kv_json;
@@ -591,8 +659,13 @@ int tsr_cmd_run(int argc, char **argv) {
          "at most 4 per CPU this process may run on)",
          false},
         {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu, cpu-fenced or cuda", false},
-        {"seed", TSR_OPT_U64, &o.seed, "S", "seed of requests whose body has no \"seed\"",
+        {"seed", TSR_OPT_U64, &o.seed, "S",
+         "seed of requests whose body has no \"seed\", and of the --arrival-rate arrivals",
          false},
+        {"arrival-rate", TSR_OPT_FLOAT, &o.arrival_rate, "R",
+         "requests arrive by a Poisson process of R requests/s (the first at the start), "
+         "each admitted once the job's clock reaches its arrival; latencies count from the "
+         "arrival (0 = offline: all at once)", false},
         {"metrics", TSR_OPT_STRING, &o.metrics, "FILE.json",
          "write totals, latency percentiles, throughput, memory and KV stats here", false},
         {"progress-interval", TSR_OPT_FLOAT, &o.progress_interval, "S",
@@ -647,6 +720,8 @@ int tsr_cmd_run(int argc, char **argv) {
     if (strcmp(o.preempt, "swap") && strcmp(o.preempt, "recompute"))
         return tsr_cli_usage_error(&cli, "--preempt must be swap or recompute");
     if (tsr_cli_check_threads(&cli, o.threads) != TSR_CLI_OK) return 2;
+    if (!(o.arrival_rate >= 0 && o.arrival_rate < 1e9))
+        return tsr_cli_usage_error(&cli, "--arrival-rate must be >= 0 (requests/s)");
     if (o.progress_interval < 0)
         return tsr_cli_usage_error(&cli, "--progress-interval must be >= 0");
     if (!strcmp(o.input, o.output))

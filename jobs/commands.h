@@ -8,6 +8,7 @@ int tsr_cmd_generate(int argc, char **argv); /* jobs/cmd_generate.c */
 int tsr_cmd_convert(int argc, char **argv);  /* jobs/cmd_convert.c */
 int tsr_cmd_bench(int argc, char **argv);    /* jobs/cmd_bench.c */
 int tsr_cmd_run(int argc, char **argv);      /* jobs/cmd_run.c: bulk JSONL generation */
+int tsr_cmd_fidelity(int argc, char **argv); /* jobs/cmd_fidelity.c: a policy vs the full cache */
 
 /* Prints "tessera <cmd>: <last error line>" to stderr and returns 1. */
 int tsr_cmd_fail(const char *cmd);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "jobs/commands.h"
+#include "kernels/device_choice.h"
 #include "memory/host_pool.h"
 #include "policies/policy.h"
 #include "base/alloc.h"
@@ -75,7 +76,10 @@ tsr_status tsr_dist_start(tsr_dist *j) {
     tsr_comm_set_timeout(j->comm, 0); /* until tsr_dist_ready: see there */
     j->rank = tsr_comm_world_rank(j->comm);
     j->world = tsr_comm_world_size(j->comm);
-    j->local_rank = tsr_comm_local_rank(j->comm);
+    /* MPI's node-local rank; a process alone takes the launcher's (srun -n 4 of separate
+     * processes: each its own GPU) */
+    j->local_rank = tsr_local_rank_pick(tsr_comm_local_rank(j->comm), j->world,
+                                        tsr_local_rank_env(getenv));
     j->local_size = tsr_comm_local_size(j->comm);
     if (die && *die && atoi(die) == j->rank && j->world > 1) _Exit(3);
     if (j->world > 1 && !tsr__term_set) {

@@ -51,7 +51,7 @@ int tsr_kv_cli_opts(tsr_kv_cli *k, tsr_cli_opt *out) {
                              "memory after the weights; less the prefill workspace)", false};
     out[n++] = (tsr_cli_opt){"block-size", TSR_OPT_INT, &k->kv.block_size, "N",
                              "tokens per KV block", false};
-    out[n++] = (tsr_cli_opt){"kv-budget", TSR_OPT_FLOAT, &k->budget, "B", k->budget_help,
+    out[n++] = (tsr_cli_opt){"kv-budget", TSR_OPT_DOUBLE, &k->budget, "B", k->budget_help,
                              false};
     /* Each policy's options under it, in registry order; a name two policies share is
      * listed once, under the first. */

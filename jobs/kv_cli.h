@@ -19,7 +19,7 @@
 typedef struct tsr_kv_cli {
     tsr_kv_options kv; /* filled by tsr_kv_cli_check */
     const char *memory;
-    float budget;
+    double budget; /* double: a float 0.1 keeps one token more at some lengths */
     bool stats;
     bool quiet; /* set by the caller before tsr_kv_cli_check: no warning lines */
     /* The policies' options as parsed (text, or a flag), one per distinct name. */

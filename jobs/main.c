@@ -14,6 +14,7 @@ static const struct {
     {"run", tsr_cmd_run, "bulk generation: OpenAI batch JSONL in, completions JSONL out"},
     {"convert", tsr_cmd_convert, "convert a model (e.g. llama2.c .bin) to a Hugging Face directory"},
     {"bench", tsr_cmd_bench, "measure prefill and decode speed"},
+    {"fidelity", tsr_cmd_fidelity, "a KV policy against the full cache: perplexity, agreement, KL, recall"},
 };
 
 static void tsr__usage(FILE *f) {

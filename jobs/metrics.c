@@ -57,6 +57,7 @@ void tsr_metrics_free(tsr_metrics *m) {
     tsr_samples_free(&m->ttft);
     tsr_samples_free(&m->tpot);
     tsr_samples_free(&m->e2e);
+    tsr_samples_free(&m->itl);
 }
 
 static void tsr__add_summary(cJSON *parent, const char *name, tsr_samples *s) {
@@ -70,6 +71,20 @@ static void tsr__add_summary(cJSON *parent, const char *name, tsr_samples *s) {
     cJSON_AddNumberToObject(o, "p90", q.p90);
     cJSON_AddNumberToObject(o, "p99", q.p99);
     cJSON_AddNumberToObject(o, "max", q.max);
+}
+
+/* kv.bytes_moved: host<->device KV traffic, the sum of the cache's swap and offload byte
+ * counters (whichever it reports). */
+static void tsr__add_bytes_moved(cJSON *kv) {
+    static const char *const parts[] = {"swap_out_bytes", "swap_in_bytes", "bytes_offloaded",
+                                        "bytes_fetched"};
+    double sum = 0.0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(kv, parts[i]);
+        if (cJSON_IsNumber(x)) sum += x->valuedouble;
+    }
+    if (!cJSON_GetObjectItemCaseSensitive(kv, "bytes_moved"))
+        cJSON_AddNumberToObject(kv, "bytes_moved", sum);
 }
 
 static double tsr__rate(double x, double t) { return t > 0 ? x / t : 0.0; }
@@ -90,6 +105,7 @@ tsr_status tsr_metrics_write(tsr_metrics *m, const char *path) {
         cJSON_AddNumberToObject(run, "max_context", m->max_context);
         cJSON_AddNumberToObject(run, "setup_s", m->setup_s);
         cJSON_AddNumberToObject(run, "wall_s", m->wall_s);
+        cJSON_AddNumberToObject(run, "arrival_rate", m->arrival_rate);
     }
     cJSON *rq = cJSON_AddObjectToObject(d, "requests");
     if (rq) {
@@ -122,6 +138,7 @@ tsr_status tsr_metrics_write(tsr_metrics *m, const char *path) {
         tsr__add_summary(lat, "ttft", &m->ttft);
         tsr__add_summary(lat, "tpot", &m->tpot);
         tsr__add_summary(lat, "e2e", &m->e2e);
+        tsr__add_summary(lat, "itl", &m->itl);
     }
     cJSON *sc = cJSON_AddObjectToObject(d, "scheduler");
     if (sc) {
@@ -156,7 +173,10 @@ tsr_status tsr_metrics_write(tsr_metrics *m, const char *path) {
     }
     /* The cache's own stats line (runtime/kv_setup.h), so metrics and --stats agree. */
     cJSON *kv = m->kv_json ? cJSON_Parse(m->kv_json) : cJSON_CreateObject();
-    if (kv) cJSON_AddItemToObject(d, "kv", kv);
+    if (kv) {
+        tsr__add_bytes_moved(kv);
+        cJSON_AddItemToObject(d, "kv", kv);
+    }
     char *js = cJSON_Print(d);
     cJSON_Delete(d);
     if (!js) return tsr_error_set(TSR_ERR_NOMEM, "%s: cannot format the metrics", path);

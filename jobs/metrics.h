@@ -37,8 +37,10 @@ typedef struct tsr_metrics {
     int64_t prompt_tokens, completion_tokens;
     double wall_s;   /* from the first request to the last record */
     double setup_s;  /* model load and resume scan */
-    /* per-request samples, seconds */
-    tsr_samples ttft, tpot, e2e;
+    /* per-request samples, seconds; itl: every gap between successive output tokens of a
+     * request */
+    tsr_samples ttft, tpot, e2e, itl;
+    double arrival_rate; /* --arrival-rate, requests/s (0: offline) */
     /* scheduler */
     int64_t steps, batch_tokens, prefill_tokens, decode_tokens, preemptions;
     int max_running;

@@ -23,6 +23,7 @@ typedef struct tsr_run_opts {
     bool checkpoint_discard; /* --checkpoint-discard: drop one that does not fit the job */
     int max_batch_seqs, max_batch_tokens, max_context, threads;
     float progress_interval;
+    float arrival_rate; /* --arrival-rate: requests/s of a Poisson process; 0: offline */
     uint64_t seed;
     bool no_bos, quiet, verbose, threads_given;
     const char *preempt; /* --preempt swap|recompute */
@@ -44,6 +45,7 @@ typedef struct tsr_run_req {
     int32_t prev;
     int n_prompt, n_gen;
     double t_submit, t_first;
+    double t_last; /* the last output token (inter-token latency) */
 } tsr_run_req;
 
 typedef struct tsr_run_job {
@@ -67,6 +69,14 @@ typedef struct tsr_run_job {
     tsr_run_req *reqs;
     int n_reqs;
     tsr_metrics m;
+    /* --arrival-rate: the next request's arrival (seconds after t_start), the generator of
+     * the gaps, and a parsed request read before its arrival, held until the clock reaches
+     * it */
+    double next_arrival;
+    uint64_t arrival_rng;
+    bool has_pending;
+    tsr_batch_request pending;
+    double pending_arrival;
     tsr_progress prog;
     int64_t records_this_run, kill_after, processed;
     double t_start;

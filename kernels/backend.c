@@ -1,6 +1,9 @@
 #include "kernels/backend.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+#include "kernels/device_choice.h"
 
 tsr_status tsr_backend_create(const char *name, int threads, tsr_backend **out) {
     return tsr_backend_create_local(name, threads, 0, out);
@@ -27,8 +30,11 @@ int tsr_backend_gpu_busid(int device, char *buf, size_t cap) {
 tsr_status tsr_backend_create_local(const char *name, int threads, int local_rank,
                                     tsr_backend **out) {
     *out = NULL;
-    int gpus = tsr_backend_gpu_count();
-    int dev = gpus > 0 && local_rank > 0 ? local_rank % gpus : 0;
+    bool gpu_wanted = !name || !strcmp(name, "auto") || !strcmp(name, "cuda");
+    int gpus = gpu_wanted ? tsr_backend_gpu_count() : 0;
+    int dev = 0;
+    if (gpus > 0) /* more ranks than GPUs on the node: an error unless TSR_GPU_SHARE=1 */
+        TSR_TRY(tsr_gpu_for_local_rank(local_rank, gpus, tsr_gpu_share_env(getenv), &dev));
     (void)dev;
     if (!name || !strcmp(name, "auto")) {
 #ifdef TSR_HAVE_CUDA

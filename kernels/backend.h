@@ -88,6 +88,16 @@ typedef struct tsr_attn_args {
     float *key_scores;
 } tsr_attn_args;
 
+/* One row's sampling parameters for the op `sample`. r is the uniform in [0, 1) that the
+ * request's seeded sampler drew on the host (runtime/sampler.c), so that every backend picks
+ * with the same number. */
+typedef struct tsr_sample_params {
+    float temperature; /* 0: greedy (argmax; r unused) */
+    float top_p;       /* 1: off */
+    int32_t top_k;     /* 0: off */
+    float r;
+} tsr_sample_params;
+
 typedef struct tsr_backend_ops {
     const char *name;
     void (*destroy)(tsr_backend *be);
@@ -179,6 +189,16 @@ typedef struct tsr_backend_ops {
      * parts in order gives the bits of `sum`. Optional: NULL when the backend lacks it. */
     tsr_status (*matmul_parts)(tsr_backend *be, const float *x, int64_t n, const tsr_tensor *w,
                                const int32_t *seg, int n_parts, bool sum, float *y);
+    /* Optional (NULL: the caller downloads the logits and samples on the host): ids[i] =
+     * the token drawn from row i of logits ([n][vocab], backend memory, overwritten: the
+     * op's scratch) with params[i], as runtime/sampler.c draws it (kernels/sample.h: argmax
+     * when greedy, else softmax at the temperature, top-k, top-p, then params[i].r picks in
+     * the kept mass). params and ids are host memory; only the ids come back, in place
+     * when the call returns. The CPU backends give the host sampler's tokens bit for bit; a
+     * GPU's parallel sums may round a draw that falls within a few ulps of a boundary the
+     * other way. */
+    tsr_status (*sample)(tsr_backend *be, float *logits, int64_t n, int vocab,
+                         const tsr_sample_params *params, int32_t *ids);
 } tsr_backend_ops;
 
 /* Short forms of the memory calls, synchronous (stream NULL). */
@@ -207,7 +227,8 @@ struct tsr_backend {
  * K, M, G) or, unset, a default documented in kernels/cpu/backend_fenced.c. */
 tsr_status tsr_backend_create(const char *name, int threads, tsr_backend **out);
 /* The same for one rank of a node: a CUDA backend takes GPU local_rank % (visible GPUs), so
- * the ranks of a node spread over its GPUs. */
+ * the ranks of a node spread over its GPUs; a local rank at or past the GPU count is an
+ * error unless TSR_GPU_SHARE=1 (kernels/device_choice.h). */
 tsr_status tsr_backend_create_local(const char *name, int threads, int local_rank,
                                     tsr_backend **out);
 /* GPUs this process sees (0 without CUDA), and the PCI bus id ("0000:65:00.0") of one, for

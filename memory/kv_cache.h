@@ -128,6 +128,12 @@ typedef struct tsr_kv_cache_ops {
      * rotated queries before the call); valid until that layer's observe. */
     tsr_status (*queries)(tsr_kv_cache *kv, int layer, int seq, const float *q,
                           const int32_t *q_pos, int n_q, int n_heads);
+    /* Optional (may be NULL): layer `layer`'s attention input for `seq` (the normed hidden
+     * rows, [n][dim], HOST memory: downloaded like the queries), given before write(), so
+     * that a cache can speculate what the next layer will attend to (offload's InfiniGen
+     * mode) while this layer computes. Valid during the call only. */
+    tsr_status (*attn_input)(tsr_kv_cache *kv, int layer, int seq, const float *x, int n,
+                             int dim);
 
     /* --- what callers need from a cache whatever wraps it (all optional: NULL where the
      * cache has no such thing; wrappers forward to the cache they wrap) --------------- */
@@ -166,6 +172,8 @@ struct tsr_kv_cache {
     int max_seq_len;
     /* non-zero when observe() wants key scores from attention */
     int wants_scores;
+    /* non-zero when attn_input() wants the layer's attention input (a download on a device) */
+    int wants_attn_input;
 };
 
 /* Dense cache: each sequence gets [n_layers][tokens][kv_dim] for K and V in backend memory

@@ -152,6 +152,12 @@ static tsr_status tsr__dist_queries(tsr_kv_cache *kv, int layer, int seq, const 
     return in->ops->queries ? in->ops->queries(in, layer, seq, q, q_pos, n_q, n_heads) : TSR_OK;
 }
 
+static tsr_status tsr__dist_attn_input(tsr_kv_cache *kv, int layer, int seq, const float *x,
+                                       int n, int dim) {
+    tsr_kv_cache *in = TSR__IN(kv);
+    return in->ops->attn_input ? in->ops->attn_input(in, layer, seq, x, n, dim) : TSR_OK;
+}
+
 static tsr_status tsr__dist_commit(tsr_kv_cache *kv, int seq, const int32_t *tokens,
                                    int32_t n) {
     tsr_kv_cache *in = TSR__IN(kv);
@@ -255,6 +261,7 @@ static const tsr_kv_cache_ops tsr__dist_ops = {
     .prefix_attach = tsr__dist_prefix_attach,
     .stats = tsr__dist_stats,
     .queries = tsr__dist_queries,
+    .attn_input = tsr__dist_attn_input,
     .detail = tsr__dist_detail,
     .export_seq = tsr__dist_export_seq,
     .import_seq = tsr__dist_import_seq,

@@ -1,18 +1,28 @@
-/* The `offload` policy, InfiniGen-style (Lee et al. 2024): the full KV of every layer lives
+/* The `offload` policy, InfiniGen (Lee et al., OSDI'24): the full KV of every layer lives
  * in the host pool; the paged cache holds only a budgeted resident set (on the CPU backend a
  * separately budgeted arena, so the copies and the bytes moved are real). Before a layer's
- * attention, a cheap speculative score - partial q.k over a few rotary channel pairs per KV
- * head, kept as a small "partial key" cache - picks the prior tokens to make resident; the
- * tokens of the current step are always resident. Channel pairs are chosen per layer during
- * a warm-up (the first TSR__OFF_WARM keys and their queries) by the largest
- * sqrt(E|q_p|^2 * E|k_p|^2), which bounds the pair's share of q.k (Cauchy-Schwarz): the
- * data-driven stand-in for InfiniGen's offline choice from the weights. A pair is
- * rotation-invariant, so partial scores match RoPE'd keys. The queries come through the
- * cache's `queries` hook; without them the selection falls back to the most recent tokens
- * (counted apart in the stats).
+ * attention, a cheap speculative score over a small "partial key" cache picks the prior
+ * tokens to make resident; the tokens of the current step are always resident. Two modes
+ * (docs/kv-cache.md):
  *
- * Tensor parallelism: every rank must choose the channels one process would. The query
- * energy of a KV head is the sum over its whole query group, added per query head in
+ * skew (TSR_OFFLOAD_SKEW, the default): at create, per layer and KV head, the best columns
+ * of an orthogonal transform from the weights (policies/offload_skew.h: the eigenvectors of
+ * the rotated query's position-averaged covariance), applied after RoPE to queries and keys
+ * alike, so it cancels in q.k exactly. The partial keys are the rotated keys' projections;
+ * layer L's attention input (the cache's `attn_input` hook) times layer L+1's Wq, rotated
+ * and projected, speculates L+1's selection; InfiniGen's alpha rule sizes the fetch. Under
+ * tensor parallelism the heads' scores and counts are summed over the group, as below; not
+ * with pipeline stages or replicated KV heads (those run warmup).
+ *
+ * warmup (TSR_OFFLOAD_WARMUP; also whenever the policy gets no weights): partial q.k over a
+ * few rotary channel pairs per KV head with the layer's own queries (the `queries` hook).
+ * Channel pairs are chosen per layer during a warm-up (the first TSR__OFF_WARM keys and
+ * their queries) by the largest query energy x key variance. A pair is rotation-invariant,
+ * so partial scores match RoPE'd keys. Without queries the selection falls back to the most
+ * recent tokens (counted apart in the stats).
+ *
+ * Tensor parallelism (warmup): every rank must choose the channels one process would. The
+ * query energy of a KV head is the sum over its whole query group, added per query head in
  * global head order; when tp exceeds the KV heads, a rank holds a replicated KV head but
  * only part of its group, so the group's per-head energies are gathered from the ranks
  * that share it (tsr__off_group_qe, kv_share_begin/end of the policy config). */
@@ -20,13 +30,20 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "kernels/rope_freq.h"
+#include "policies/offload_skew.h"
 #include "policies/policy.h"
 #include "base/alloc.h"
+#include "base/log.h"
 
 /* Rows (per layer) whose key and query energy choose the channel pairs; the choice is
  * final after them. */
 #define TSR__OFF_WARM 64
 #define TSR__OFF_MAXHALF 128
+/* Query rows (the last of a call) that score a selection. */
+#define TSR__OFF_ROWS 4
+/* Without --measure-recall, one selection in this many also measures recall. */
+#define TSR__OFF_RECALL_EVERY 16
 
 typedef struct tsr__olayer {
     float *hk, *hv;  /* host copy: [cap][kv_dim] ([cap_v] for hv: see tsr__off_grow) */
@@ -35,6 +52,10 @@ typedef struct tsr__olayer {
     uint8_t *res;    /* [cap] resident flag */
     size_t cap;
     int32_t n;       /* rows in the host copy */
+    /* skew: the speculated partial queries of this layer's next selection ([TSR__OFF_ROWS]
+     * [H][cols], from the previous layer's attention input), sq_n rows; 0: none */
+    float *sq;
+    int sq_n;
 } tsr__olayer;
 
 typedef struct tsr__oseq {
@@ -44,9 +65,14 @@ typedef struct tsr__oseq {
 } tsr__oseq;
 
 /* Its options (the declaration below) and stats. */
+/* The modes (--offload-mode, docs/kv-cache.md); the index into tsr__off_modes. */
+enum { TSR_OFFLOAD_SKEW = 0, TSR_OFFLOAD_WARMUP = 1 };
+static const char *const tsr__off_modes[] = {"skew", "warmup", NULL};
+
 typedef struct tsr__off_opts {
-    int spec_pairs;     /* rotary channel pairs per head to speculate on */
-    int measure_recall; /* also compute exact scores to report recall (slow) */
+    int mode;           /* TSR_OFFLOAD_SKEW or TSR_OFFLOAD_WARMUP */
+    int spec_pairs;     /* channel pairs per head to speculate on (0: the mode's default) */
+    int measure_recall; /* also compute exact scores on every selection (slow) */
 } tsr__off_opts;
 
 typedef struct tsr__off_counters {
@@ -60,6 +86,7 @@ typedef struct tsr__off_counters {
     int64_t recall_n;
     int64_t host_bytes_peak;
     double bytes_per_token;   /* reported: (offloaded + fetched) / tokens */
+    double fetched_per_token; /* reported: fetched / tokens */
     double recall;            /* reported: recall_sum / recall_n, -1 when not measured */
 } tsr__off_counters;
 
@@ -68,6 +95,15 @@ typedef struct tsr__off {
     tsr__off_opts opt;
     tsr_kv_cache *mech;
     int L, G, H, hd, kvd, pairs; /* H: this rank's query heads */
+    int mode;         /* what runs: TSR_OFFLOAD_SKEW or TSR_OFFLOAD_WARMUP */
+    int pw;           /* partial key width per KV head: 2 * pairs, or cols (skew) */
+    int cols;         /* skew: columns of the partial query / key */
+    float *A;         /* skew: [L][G][cols][hd], the best columns of each head's transform */
+    tsr_tensor *wq;   /* skew: [L] this rank's query rows (views of the model's weights) */
+    float *inv_freq;  /* skew: [hd / 2] rotary frequencies */
+    float *wrow;      /* skew: [dim] one weight row as f32 */
+    int dim;          /* skew: the attention input's width */
+    int tp;           /* ranks of the TP group (each with H query heads) */
     int *chan;        /* [L][G][2 * pairs] channel indices within the head */
     uint8_t *chan_set; /* [L] the choice is final */
     double *ke;       /* [L][G][hd / 2] warm-up key energy per pair */
@@ -87,6 +123,44 @@ typedef struct tsr__ocand {
     float score;
     int32_t pos;
 } tsr__ocand;
+
+static void tsr__off_destroy(void *state);
+
+/* The skew mode's transforms from the weights (once, at create): per layer and KV head the
+ * best `cols` columns of the orthogonal transform (policies/offload_skew.h). */
+static tsr_status tsr__off_skew_init(tsr__off *o, const tsr_kv_policy_model *pm) {
+    const tsr_model_config *mc = pm->cfg;
+    if (mc->head_dim != o->hd || o->H % o->G)
+        return tsr_error_set(TSR_ERR_INVALID, "offload: the model's head_dim %d, the cache's %d",
+                             mc->head_dim, o->hd);
+    int cols = o->opt.spec_pairs > 0 ? 2 * o->opt.spec_pairs
+                                     : (int)ceil(TSR_OFFLOAD_PARTIAL_RATIO * o->hd);
+    if (cols > o->hd) cols = o->hd;
+    if (cols < 1) cols = 1;
+    o->cols = o->pw = cols;
+    o->dim = (int)pm->layers[0].wq.cols;
+    o->A = tsr_malloc((size_t)o->L * o->G * cols * o->hd * sizeof *o->A);
+    o->wq = tsr_malloc((size_t)o->L * sizeof *o->wq);
+    o->inv_freq = tsr_malloc((size_t)(o->hd / 2 ? o->hd / 2 : 1) * sizeof *o->inv_freq);
+    o->wrow = tsr_malloc((size_t)(o->dim > 0 ? o->dim : 1) * sizeof *o->wrow);
+    if (!o->A || !o->wq || !o->inv_freq || !o->wrow) return TSR_ERR_NOMEM;
+    tsr_rope_inv_freq(mc, o->inv_freq);
+    int group = o->H / o->G;
+    for (int l = 0; l < o->L; l++) {
+        const tsr_kv_policy_layer *w = &pm->layers[l];
+        if (w->wq.rows != (int64_t)o->H * o->hd || w->wk.rows != (int64_t)o->kvd ||
+            w->wq.cols != o->dim)
+            return tsr_error_set(TSR_ERR_INVALID, "offload: layer %d's Wq/Wk have %lld/%lld "
+                                 "rows, the cache wants %d/%d", l, (long long)w->wq.rows,
+                                 (long long)w->wk.rows, o->H * o->hd, o->kvd);
+        o->wq[l] = w->wq;
+        for (int g = 0; g < o->G; g++)
+            TSR_TRY(tsr_offload_skew_head(mc, o->inv_freq, &w->wq, (int64_t)g * group * o->hd,
+                                          group, &w->attn_norm, cols,
+                                          o->A + ((size_t)l * o->G + g) * cols * o->hd));
+    }
+    return TSR_OK;
+}
 
 static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache *mech,
                                   void **state) {
@@ -112,29 +186,46 @@ static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
     o->qe = tsr_calloc(nq ? nq : 1, sizeof *o->qe);
     o->km = tsr_calloc(ne ? 2 * ne : 1, sizeof *o->km);
     o->warm = tsr_calloc((size_t)o->L, sizeof *o->warm);
+    o->pw = 2 * o->pairs;
+    o->qs.layer = -1;
+    *state = o;
     int too_wide = o->hd / 2 > TSR__OFF_MAXHALF;
     if (!o->chan || !o->chan_set || !o->ke || !o->qe || !o->km || !o->warm || too_wide) {
-        tsr_free(o->chan);
-        tsr_free(o->chan_set);
-        tsr_free(o->ke);
-        tsr_free(o->qe);
-        tsr_free(o->km);
-        tsr_free(o->warm);
-        tsr_free(o);
+        tsr__off_destroy(o);
+        *state = NULL;
         return too_wide ? tsr_error_set(TSR_ERR_UNSUPPORTED, "offload: head_dim > %d",
                                         2 * TSR__OFF_MAXHALF)
                         : TSR_ERR_NOMEM;
     }
-    o->qs.layer = -1;
-    *state = o;
-    return TSR_OK;
+    o->mode = o->opt.mode == TSR_OFFLOAD_SKEW && cfg->model ? TSR_OFFLOAD_SKEW
+                                                                   : TSR_OFFLOAD_WARMUP;
+    int pp = cfg->comm ? tsr_comm_size(cfg->comm, TSR_COMM_PP) : 1;
+    int shared = cfg->kv_share_end - cfg->kv_share_begin > 1;
+    o->tp = cfg->comm ? tsr_comm_size(cfg->comm, TSR_COMM_TP) : 1;
+    if (o->mode == TSR_OFFLOAD_SKEW && (pp > 1 || shared)) {
+        /* Not split-independent: a pipeline stage's first layer has no previous layer's
+         * input to speculate from, and a replicated KV head's transform needs its whole
+         * query group's Wq, which no rank holds. The warm-up mode is split-independent.
+         * Plain tensor parallelism is: a rank holds whole query groups, and the scores and
+         * counts are summed over the group's heads (tsr_kv_policy_sum_heads). */
+        if (tsr_comm_world_rank(cfg->comm) == 0)
+            TSR_LOG_WARN("offload: --offload-mode skew needs pp 1 and tp <= the KV heads; "
+                         "this job uses --offload-mode warmup");
+        o->mode = TSR_OFFLOAD_WARMUP;
+    }
+    tsr_status st = o->mode == TSR_OFFLOAD_SKEW ? tsr__off_skew_init(o, cfg->model) : TSR_OK;
+    if (st != TSR_OK) {
+        tsr__off_destroy(o);
+        *state = NULL;
+    }
+    return st;
 }
 
 static void tsr__off_release(void *state, int seq) {
     tsr__off *o = state;
     if (seq < 0 || seq >= o->n_seqs || !o->seqs[seq].active) return;
     tsr__oseq *s = &o->seqs[seq];
-    size_t pw = (size_t)o->G * 2 * o->pairs;
+    size_t pw = (size_t)o->G * o->pw;
     for (int l = 0; l < o->L; l++) {
         tsr__olayer *L = &s->layers[l];
         tsr_host_pool_free(o->cfg.host, L->hk, L->cap * o->kvd * 4);
@@ -142,6 +233,7 @@ static void tsr__off_release(void *state, int seq) {
         o->resident_meta_bytes -= (int64_t)(L->cap * (pw * 4 + 1));
         tsr_free(L->pk);
         tsr_free(L->res);
+        tsr_free(L->sq);
     }
     tsr_free(s->layers);
     memset(s, 0, sizeof *s);
@@ -151,6 +243,10 @@ static void tsr__off_destroy(void *state) {
     tsr__off *o = state;
     for (int i = 0; i < o->n_seqs; i++) tsr__off_release(o, i);
     tsr_free(o->seqs);
+    tsr_free(o->A);
+    tsr_free(o->wq);
+    tsr_free(o->inv_freq);
+    tsr_free(o->wrow);
     tsr_free(o->chan);
     tsr_free(o->chan_set);
     tsr_free(o->ke);
@@ -209,10 +305,25 @@ static void tsr__off_energy(const tsr__off *o, double *e, const float *x, int32_
         }
 }
 
-/* Partial keys of rows [from, to) of L from the host copy. */
+/* Partial keys of rows [from, to) of L from the host copy: the chosen channels, or (skew)
+ * the rotated key times the layer's transform columns. */
 static void tsr__off_partial(const tsr__off *o, tsr__olayer *L, int layer, int32_t from,
                              int32_t to) {
-    int pw = 2 * o->pairs;
+    int pw = o->pw;
+    if (o->mode == TSR_OFFLOAD_SKEW) {
+        for (int32_t i = from; i < to; i++)
+            for (int g = 0; g < o->G; g++) {
+                float *pk = L->pk + ((size_t)i * o->G + g) * pw;
+                const float *k = L->hk + (size_t)i * o->kvd + (size_t)g * o->hd;
+                const float *a = o->A + ((size_t)layer * o->G + g) * pw * o->hd;
+                for (int c = 0; c < pw; c++) {
+                    float d = 0.0f;
+                    for (int t = 0; t < o->hd; t++) d += a[(size_t)c * o->hd + t] * k[t];
+                    pk[c] = d;
+                }
+            }
+        return;
+    }
     const int *chan = o->chan + (size_t)layer * o->G * pw;
     for (int32_t i = from; i < to; i++)
         for (int g = 0; g < o->G; g++) {
@@ -312,7 +423,7 @@ static tsr_status tsr__off_grow(tsr__off *o, tsr__olayer *L, int32_t rows) {
     if ((size_t)rows <= L->cap) return TSR_OK;
     size_t cap = L->cap ? L->cap : 256;
     while (cap < (size_t)rows) cap *= 2;
-    size_t kb = (size_t)o->kvd * 4, pw = (size_t)o->G * 2 * o->pairs;
+    size_t kb = (size_t)o->kvd * 4, pw = (size_t)o->G * o->pw;
     /* Heap metadata first (freed without a size), then the two host-pool arrays, each
      * with its own recorded size, so that a failure anywhere still frees everything with
      * its true length (a placed pool unmaps exactly that). */
@@ -348,7 +459,7 @@ static tsr_status tsr__off_write(void *state, int layer, int seq, int32_t n, con
     TSR_TRY(tsr_backend_download(be, L->hk + (size_t)at * kvd, k, (size_t)n * kvd * 4));
     TSR_TRY(tsr_backend_download(be, L->hv + (size_t)at * kvd, v, (size_t)n * kvd * 4));
     k = L->hk + (size_t)at * kvd;
-    if (!o->chan_set[layer]) {
+    if (o->mode == TSR_OFFLOAD_WARMUP && !o->chan_set[layer]) {
         tsr__off_energy(o, o->ke + (size_t)layer * o->G * (o->hd / 2), k, n, o->G);
         double *km = o->km + (size_t)layer * o->kvd;
         for (int32_t i = 0; i < n; i++)
@@ -366,7 +477,8 @@ static tsr_status tsr__off_queries(void *state, int layer, int seq, const float 
                                    const int32_t *q_pos, int n_q, int n_heads) {
     tsr__off *o = state;
     tsr_kv_policy_queries_set(&o->qs, layer, seq, q, q_pos, n_q, n_heads);
-    if (!o->chan_set[layer] && n_heads == o->H && n_heads % o->G == 0)
+    if (o->mode == TSR_OFFLOAD_WARMUP && !o->chan_set[layer] && n_heads == o->H &&
+        n_heads % o->G == 0)
         tsr__off_energy(o, o->qe + (size_t)layer * o->H * (o->hd / 2), q, n_q, n_heads);
     return TSR_OK;
 }
@@ -403,7 +515,7 @@ static void tsr__oselect(tsr__ocand *c, int32_t n, int32_t k) {
 static tsr_status tsr__off_scores(tsr__off *o, const tsr__olayer *L, int layer, int32_t len,
                                   int exact, tsr__ocand *c) {
     int rows = o->qs.n < 4 ? o->qs.n : 4, heads = o->qs.heads, group = heads / o->G;
-    int pw = 2 * o->pairs;
+    int pw = o->pw;
     const int *chan = o->chan + (size_t)layer * o->G * pw;
     size_t n = (size_t)(len ? len : 1);
     float *lg = tsr_malloc(n * sizeof *lg);
@@ -444,13 +556,131 @@ static tsr_status tsr__off_scores(tsr__off *o, const tsr__olayer *L, int layer, 
     return st;
 }
 
+/* The skew mode's partial queries of layer `t` ([rows][H][cols] into L->sq) from rotated
+ * queries q ([rows][H * hd]). */
+static tsr_status tsr__off_project(tsr__off *o, tsr__olayer *L, int t, const float *q,
+                                   int rows) {
+    size_t w = (size_t)o->H * o->cols;
+    if (!L->sq) {
+        L->sq = tsr_malloc(TSR__OFF_ROWS * w * sizeof *L->sq);
+        if (!L->sq) return TSR_ERR_NOMEM;
+    }
+    int group = o->H / o->G;
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < o->H; h++) {
+            const float *qh = q + ((size_t)r * o->H + h) * o->hd;
+            const float *a = o->A + ((size_t)t * o->G + h / group) * o->cols * o->hd;
+            float *out = L->sq + (size_t)r * w + (size_t)h * o->cols;
+            for (int c = 0; c < o->cols; c++) {
+                float d = 0.0f;
+                for (int i = 0; i < o->hd; i++) d += a[(size_t)c * o->hd + i] * qh[i];
+                out[c] = d;
+            }
+        }
+    L->sq_n = rows;
+    return TSR_OK;
+}
+
+/* Speculates layer t's queries of the last rows of x ([n][dim], an attention input, the
+ * rows at positions pos0 ..): x . Wq_t^T, rotated, projected on t's transform columns. */
+static tsr_status tsr__off_speculate(tsr__off *o, tsr__olayer *L, int t, const float *x,
+                                     int n, int32_t pos0) {
+    int rows = n < TSR__OFF_ROWS ? n : TSR__OFF_ROWS;
+    size_t qd = (size_t)o->H * o->hd, dim = (size_t)o->dim;
+    float *q = tsr_malloc((size_t)rows * qd * sizeof *q);
+    if (!q) return TSR_ERR_NOMEM;
+    const tsr_tensor *wq = &o->wq[t];
+    for (size_t i = 0; i < qd; i++) {
+        const float *w = o->wrow;
+        if (wq->dtype == TSR_F32) w = tsr_tensor_row(wq, (int64_t)i);
+        else tsr_dtype_to_f32(wq->dtype, tsr_tensor_row(wq, (int64_t)i), o->wrow, dim);
+        for (int r = 0; r < rows; r++) {
+            q[(size_t)r * qd + i] = (float)tsr_offload_dot(w, x + (size_t)(n - rows + r) * dim, dim);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        tsr_offload_rope(q + (size_t)r * qd, o->H, o->hd, o->inv_freq, o->cfg.rope_interleaved,
+                         pos0 + n - rows + r);
+    tsr_status st = tsr__off_project(o, L, t, q, rows);
+    tsr_free(q);
+    return st;
+}
+
+/* Layer `layer`'s attention input: speculates the next layer's selection from it (InfiniGen:
+ * hidden states change little from one layer to the next, so the next layer's fetch can be
+ * decided, and overlap, while this layer computes). The first layer of a rank has no
+ * previous one here and speculates from its own input. */
+static tsr_status tsr__off_attn_input(void *state, int layer, int seq, const float *x, int n,
+                                      int dim) {
+    tsr__off *o = state;
+    if (o->mode != TSR_OFFLOAD_SKEW || n <= 0) return TSR_OK;
+    tsr__oseq *s = tsr__oseq_get(o, seq);
+    if (!s) return tsr_error_set(TSR_ERR_INVALID, "offload: no sequence %d", seq);
+    if (dim != o->dim)
+        return tsr_error_set(TSR_ERR_INVALID, "offload: attention input of width %d, Wq has %d",
+                             dim, o->dim);
+    int32_t pos0 = o->mech->ops->seq_len(o->mech, seq);
+    if (tsr_kv_policy_budget(&o->cfg, pos0 + n) >= pos0 + n) return TSR_OK; /* keeps all */
+    if (s->layers[layer].sq_n == 0) TSR_TRY(tsr__off_speculate(o, &s->layers[layer], layer, x, n, pos0));
+    if (layer + 1 < o->L) TSR_TRY(tsr__off_speculate(o, &s->layers[layer + 1], layer + 1, x, n, pos0));
+    return TSR_OK;
+}
+
+/* The skew mode's scores of prior positions [0, len) from L's speculated partial queries:
+ * the softmax of the partial logits summed over rows and heads (the ranking), and the
+ * fetch size by InfiniGen's rule, the mean count per row and head of logits within alpha
+ * of the maximum, capped at `cap` (tsr_offload_alpha_fetch). */
+static tsr_status tsr__off_skew_scores(tsr__off *o, const tsr__olayer *L, int32_t len,
+                                       int32_t cap, tsr__ocand *c, int32_t *take) {
+    int rows = L->sq_n, heads = o->H, group = heads / o->G, pw = o->pw;
+    size_t n = (size_t)(len ? len : 1);
+    float *lg = tsr_malloc(n * sizeof *lg);
+    float *part = tsr_calloc(n * (size_t)heads, sizeof *part);
+    float *sum = tsr_malloc(n * sizeof *sum);
+    float *cnt = tsr_calloc((size_t)heads, sizeof *cnt);
+    tsr_status st = lg && part && sum && cnt ? TSR_OK : TSR_ERR_NOMEM;
+    float scale = 1.0f / sqrtf((float)o->hd);
+    for (int h = 0; h < heads && st == TSR_OK; h++) {
+        int g = h / group;
+        float *ph = part + (size_t)h * (size_t)len;
+        for (int r = 0; r < rows; r++) {
+            const float *q = L->sq + ((size_t)r * heads + h) * o->cols;
+            float mx = -INFINITY;
+            for (int32_t j = 0; j < len; j++) {
+                const float *pk = L->pk + (size_t)j * o->G * pw + (size_t)g * pw;
+                float d = 0.0f;
+                for (int t = 0; t < pw; t++) d += q[t] * pk[t];
+                lg[j] = d * scale;
+                mx = lg[j] > mx ? lg[j] : mx;
+            }
+            cnt[h] += (float)tsr_offload_alpha_count(lg, 1, len, TSR_OFFLOAD_ALPHA);
+            float z = 0.0f;
+            for (int32_t j = 0; j < len; j++) {
+                lg[j] = expf(lg[j] - mx);
+                z += lg[j];
+            }
+            for (int32_t j = 0; j < len; j++) ph[j] += lg[j] / z;
+        }
+    }
+    float tot = 0.0f;
+    if (st == TSR_OK) st = tsr_kv_policy_sum_heads(&o->cfg, part, heads, (size_t)len, sum);
+    if (st == TSR_OK) st = tsr_kv_policy_sum_heads(&o->cfg, cnt, heads, 1, &tot);
+    if (st == TSR_OK) *take = tsr_offload_alpha_fetch(tot, (double)rows * heads * o->tp, cap);
+    for (int32_t j = 0; j < len && st == TSR_OK; j++) c[j] = (tsr__ocand){sum[j], j};
+    tsr_free(lg);
+    tsr_free(part);
+    tsr_free(sum);
+    tsr_free(cnt);
+    return st;
+}
+
 static tsr_status tsr__off_select(void *state, int layer, int seq) {
     tsr__off *o = state;
     tsr__oseq *s = tsr__oseq_get(o, seq);
     if (!s) return tsr_error_set(TSR_ERR_INVALID, "offload: no sequence %d", seq);
     tsr__olayer *L = &s->layers[layer];
     tsr_kv_cache *m = o->mech;
-    if (!o->chan_set[layer]) {
+    if (o->mode == TSR_OFFLOAD_WARMUP && !o->chan_set[layer]) {
         TSR_TRY(tsr__off_choose(o, layer));
         if (o->warm[layer] >= TSR__OFF_WARM) o->chan_set[layer] = 1;
     }
@@ -471,7 +701,16 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
         }
         int have_q = tsr_kv_policy_queries_for(&o->qs, layer, seq) && o->qs.n > 0;
         tsr_status sst = TSR_OK;
-        if (have_q) sst = tsr__off_scores(o, L, layer, len, 0, c);
+        int32_t take = keep;
+        if (o->mode == TSR_OFFLOAD_SKEW && !L->sq_n && have_q) {
+            /* nothing speculated (no attention input came): this layer's own queries */
+            int rows = o->qs.n < TSR__OFF_ROWS ? o->qs.n : TSR__OFF_ROWS;
+            sst = tsr__off_project(o, L, layer,
+                                   o->qs.q + (size_t)(o->qs.n - rows) * o->H * o->hd, rows);
+        }
+        if (sst == TSR_OK && o->mode == TSR_OFFLOAD_SKEW && L->sq_n)
+            sst = tsr__off_skew_scores(o, L, len, keep, c, &take);
+        else if (sst == TSR_OK && have_q) sst = tsr__off_scores(o, L, layer, len, 0, c);
         else {
             for (int32_t j = 0; j < len; j++) c[j] = (tsr__ocand){(float)j, j};
             o->st.fallback_selections++;
@@ -481,21 +720,22 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
             tsr_free(want);
             return sst;
         }
-        tsr__oselect(c, len, keep);
-        for (int32_t j = 0; j < keep; j++) want[c[j].pos] = 1;
+        tsr__oselect(c, len, take);
+        for (int32_t j = 0; j < take; j++) want[c[j].pos] = 1;
         o->st.selections++;
-        if (have_q && o->opt.measure_recall) {
-            /* the exact pass is collective too (same flag on every rank) */
+        if (have_q && (o->opt.measure_recall || o->st.selections % TSR__OFF_RECALL_EVERY == 1)) {
+            /* the exact pass is collective too (the same flag and count on every rank);
+             * recall of the exact top `take` tokens (the layer's own queries, all keys) */
             sst = tsr__off_scores(o, L, layer, len, 1, c);
             if (sst != TSR_OK) {
                 tsr_free(c);
                 tsr_free(want);
                 return sst;
             }
-            tsr__oselect(c, len, keep);
+            tsr__oselect(c, len, take);
             int32_t hit = 0;
-            for (int32_t j = 0; j < keep; j++) hit += want[c[j].pos];
-            o->st.recall_sum += (double)hit / keep;
+            for (int32_t j = 0; j < take; j++) hit += want[c[j].pos];
+            o->st.recall_sum += (double)hit / take;
             o->st.recall_n++;
         }
         tsr_free(c);
@@ -541,6 +781,7 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
     tsr_free(ev);
     tsr_free(want);
     o->qs.q = NULL;
+    L->sq_n = 0; /* a speculation serves one selection */
     return st;
 }
 
@@ -561,15 +802,23 @@ static void tsr__off_stats(const void *state, void *out_) {
                                                             out->bytes_fetched) /
                                                        (double)out->tokens_processed
                                                  : 0.0;
+    out->fetched_per_token = out->tokens_processed
+                                 ? (double)out->bytes_fetched / (double)out->tokens_processed
+                                 : 0.0;
     out->recall = out->recall_n ? out->recall_sum / (double)out->recall_n : -1.0;
 }
 
 static const tsr_kv_policy_option tsr__off_options[] = {
+    {"offload-mode", TSR_KV_OPT_ENUM, offsetof(tsr__off_opts, mode), "MODE",
+     "skew (InfiniGen: partial keys from the weights' eigenvectors, the next layer "
+     "speculated; warmup under --pp) or warmup (channel pairs from the first keys, the "
+     "layer's own queries)", "skew", 0, 0, tsr__off_modes},
     {"offload-pairs", TSR_KV_OPT_INT, offsetof(tsr__off_opts, spec_pairs), "N",
-     "rotary channel pairs per head the speculation scores with", "4", 1, 64, NULL},
+     "channel pairs per head the speculation scores with (0: 20 % of the head's channels "
+     "in skew mode, 4 pairs in warmup)", "0", 0, 64, NULL},
     {"offload-recall", TSR_KV_OPT_FLAG, offsetof(tsr__off_opts, measure_recall), NULL,
-     "also score every token exactly to report the speculation's recall (slow)",
-     NULL, 0, 1, NULL},
+     "score every selection exactly for the speculation's recall (slow; by default every "
+     "16th)", NULL, 0, 1, NULL},
 };
 
 /* The JSON keys predate the declaration (bench/quality.sh reads them). */
@@ -578,6 +827,8 @@ static const tsr_kv_policy_stat_field tsr__off_stat_fields[] = {
     {"bytes_offloaded", TSR_KV_STAT_I64, offsetof(tsr__off_counters, bytes_offloaded)},
     {"bytes_fetched", TSR_KV_STAT_I64, offsetof(tsr__off_counters, bytes_fetched)},
     {"bytes_moved_per_token", TSR_KV_STAT_F64, offsetof(tsr__off_counters, bytes_per_token)},
+    {"bytes_fetched_per_token", TSR_KV_STAT_F64,
+     offsetof(tsr__off_counters, fetched_per_token)},
     {"tokens_processed", TSR_KV_STAT_I64, offsetof(tsr__off_counters, tokens_processed)},
     {"host_bytes_peak", TSR_KV_STAT_I64, offsetof(tsr__off_counters, host_bytes_peak)},
     {"spec_selections", TSR_KV_STAT_I64, offsetof(tsr__off_counters, selections)},
@@ -604,6 +855,7 @@ const tsr_kv_policy_ops tsr_kv_policy_offload = {
     .append = tsr__off_append,
     .write = tsr__off_write,
     .queries = tsr__off_queries,
+    .attn_input = tsr__off_attn_input,
     .select = tsr__off_select,
     .commit = tsr__off_commit,
     .release = tsr__off_release,

@@ -16,6 +16,20 @@
 #include "memory/host_pool.h"
 #include "memory/kv_cache.h"
 #include "memory/kv_paged.h"
+#include "base/model_config.h"
+#include "base/tensor.h"
+
+/* Host views of one layer's attention weights (this rank's heads: wq [heads*hd][dim], wk
+ * [kv_heads*hd][dim], attn_norm [1][dim]), for policies that derive something from the
+ * weights (offload's skew). Not owned: the data must outlive the cache. */
+typedef struct tsr_kv_policy_layer {
+    tsr_tensor wq, wk, attn_norm;
+} tsr_kv_policy_layer;
+
+typedef struct tsr_kv_policy_model {
+    const tsr_model_config *cfg;
+    const tsr_kv_policy_layer *layers; /* [the cache's layers] (copied at create) */
+} tsr_kv_policy_model;
 
 /* A policy option as text, the way it came: {"h2o-recent", "0.3"}; a flag's value is NULL
  * or "1". */
@@ -50,6 +64,9 @@ typedef struct tsr_kv_policy_config {
      * their query group. Both 0: this rank alone. */
     int kv_share_begin, kv_share_end;
     int owns_host;           /* the cache destroys `host` with itself */
+    /* The weights of the cache's layers (host views), for policies that derive something
+     * from them at create (offload's skew mode); NULL: none. */
+    const tsr_kv_policy_model *model;
 } tsr_kv_policy_config;
 
 /* ---- Declarations. A policy declares its options and stats as tables; --help, the
@@ -155,6 +172,8 @@ typedef struct tsr_kv_policy_ops {
     /* q, q_pos: host memory (memory/kv_cache.h). */
     tsr_status (*queries)(void *state, int layer, int seq, const float *q,
                           const int32_t *q_pos, int n_q, int n_heads);
+    /* x: the layer's attention input, host memory ([n][dim]; memory/kv_cache.h). */
+    tsr_status (*attn_input)(void *state, int layer, int seq, const float *x, int n, int dim);
     tsr_status (*select)(void *state, int layer, int seq);
     /* key_scores: host memory. */
     tsr_status (*observe)(void *state, int layer, int seq, const float *key_scores);

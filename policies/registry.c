@@ -311,6 +311,12 @@ static tsr_status tsr__pc_queries(tsr_kv_cache *kv, int layer, int seq, const fl
                            : TSR_OK;
 }
 
+static tsr_status tsr__pc_attn_input(tsr_kv_cache *kv, int layer, int seq, const float *x,
+                                     int n, int dim) {
+    tsr__pcache *c = TSR__C(kv);
+    return c->pol->attn_input ? c->pol->attn_input(c->state, layer, seq, x, n, dim) : TSR_OK;
+}
+
 static tsr_status tsr__pc_spans(tsr_kv_cache *kv, int layer, int seq,
                                 const tsr_kv_span **spans, int *n_spans) {
     tsr__pcache *c = TSR__C(kv);
@@ -405,6 +411,7 @@ static const tsr_kv_cache_ops tsr__pcache_ops = {
     .prefix_attach = tsr__pc_prefix_attach,
     .stats = tsr__pc_stats,
     .queries = tsr__pc_queries,
+    .attn_input = tsr__pc_attn_input,
     .detail = tsr__pc_detail,
     .export_seq = tsr__pc_export_seq,
     .import_seq = tsr__pc_import_seq,
@@ -448,6 +455,7 @@ tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_ops *ops,
     c->base = *c->mech;
     c->base.ops = &tsr__pcache_ops;
     c->base.wants_scores = ops->wants_scores;
+    c->base.wants_attn_input = ops->attn_input != NULL;
     *out = &c->base;
     return TSR_OK;
 }

@@ -89,18 +89,35 @@ static tsr_status tsr__pack(tsr_engine *e, const tsr_engine_options *o) {
     return TSR_OK;
 }
 
+/* Bytes of backend memory in use by the backend's own count (0 on a host-memory backend,
+ * or when it cannot say). */
+static int64_t tsr__device_used(tsr_backend *be) {
+    size_t free_b = 0, total_b = 0;
+    if (be->host_memory || !be->ops->memory || be->ops->memory(be, &free_b, &total_b) != TSR_OK ||
+        free_b > total_b)
+        return 0;
+    return (int64_t)(total_b - free_b);
+}
+
+int64_t tsr_engine_device_bytes(const tsr_engine *e) {
+    int64_t used = tsr__device_used(e->be) - e->device_base_;
+    return used > 0 ? used : 0;
+}
+
 static tsr_status tsr__start(tsr_engine *e, const tsr_engine_options *o) {
     if (o->backend_given)
         e->be = o->backend_given;
     else
         TSR_TRY(tsr__agree(o, tsr_backend_create_local(o->backend, o->threads, o->local_rank,
                                                        &e->be)));
+    e->device_base_ = tsr__device_used(e->be);
     if (o->on_backend) TSR_TRY(o->on_backend(o->on_backend_ctx, e->be));
     TSR_TRY(tsr__pack(e, o));
     TSR_TRY(tsr__agree(o, tsr__place_weights(e)));
     const tsr_model_config *c = &e->model->cfg;
     tsr_kv_options kvo = o->kv;
     kvo.be = e->be;
+    kvo.model = e->model; /* host weights (offload's skew) */
     tsr_status st;
     if (o->dense_kv_tokens > 0)
         st = tsr_kv_dense_create(e->be, c->n_layers, c->n_kv_heads, c->head_dim, o->dense_kv_tokens,

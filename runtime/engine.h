@@ -66,6 +66,7 @@ typedef struct tsr_engine {
     tsr_forward *fwd;
     size_t placed_bytes;      /* weight bytes copied into backend memory */
     /* private */
+    int64_t device_base_;     /* backend memory in use when the backend was made */
     tsr_model placed_;
     void **bufs_;
     int n_bufs_, cap_bufs_;
@@ -76,6 +77,14 @@ typedef struct tsr_engine {
  * o->borrow_model. Collective when o->par.comm spans several ranks. */
 tsr_status tsr_engine_create(tsr_model *model, const tsr_engine_options *o, tsr_engine **out);
 void tsr_engine_destroy(tsr_engine *e);
+
+/* Backend (device) memory in use now, in bytes, from the backend's memory query, less what
+ * was in use when the engine made the backend: on cpu-fenced the arena's allocated buffers
+ * (weights, KV pool, workspace; page-rounded); on CUDA cudaMemGetInfo's used memory less the
+ * CUDA context and what other processes held at the start (so this process's buffers and
+ * allocator rounding, plus any growth of other processes on the device). 0 on the plain
+ * CPU backend, whose buffers are host memory (peak RSS counts them). */
+int64_t tsr_engine_device_bytes(const tsr_engine *e);
 
 /* The device's name for logs (ops->device_name, else the backend's name). */
 const char *tsr_engine_device_name(const tsr_engine *e);

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "kernels/sample.h"
 
 /* Pipeline micro-batches per call at most. */
 #define TSR__MAX_MB 64
@@ -43,8 +44,9 @@ struct tsr_forward {
      * cache's observe(), and the queries handed to the cache's queries() hook. */
     float *logits_dev, *scores_dev;
     size_t logits_cap, scores_cap;        /* bytes */
-    float *scores_host, *q_host;
-    size_t scores_host_cap, q_host_cap;   /* bytes */
+    int logits_rows; /* rows of logits_dev from the last call with logits NULL */
+    float *scores_host, *q_host, *xb_host;
+    size_t scores_host_cap, q_host_cap, xb_host_cap; /* bytes */
     /* MPI data plane on a backend whose memory the host may not touch: the activations
      * cross ranks through these host buffers (host_alloc), [max_tokens][dim] for the
      * pipeline and the parts and sum of one row-parallel block for tensor parallelism. */
@@ -83,6 +85,7 @@ void tsr_forward_destroy(tsr_forward *f) {
     tsr_free(f->ids);
     tsr_free(f->scores_host);
     tsr_free(f->q_host);
+    tsr_free(f->xb_host);
     tsr_free(f->wo_seg);
     tsr_free(f->down_seg);
     tsr_free(f);
@@ -225,6 +228,17 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
     int64_t row = row0;
     for (int i = s0; i < s1; i++) {
         const tsr_batch_seq *s = &seqs[i];
+        if (kv->wants_attn_input && kv->ops->attn_input) { /* the normed input, on the host */
+            size_t dim = (size_t)c->dim;
+            const float *xh = f->xb + row * dim;
+            if (!be->host_memory) {
+                size_t nb = (size_t)s->n_tokens * dim * sizeof(float);
+                TSR_TRY(tsr__grow_host(&f->xb_host, &f->xb_host_cap, nb));
+                TSR_TRY(tsr_backend_download(be, f->xb_host, xh, nb));
+                xh = f->xb_host;
+            }
+            TSR_TRY(kv->ops->attn_input(kv, layer, s->seq, xh, s->n_tokens, c->dim));
+        }
         TSR_TRY(kv->ops->write(kv, layer, s->seq, s->n_tokens, f->k + row * kvd,
                                f->v + row * kvd));
         if (kv->ops->queries) { /* the cache reads them on the host */
@@ -451,6 +465,9 @@ tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq
         return tsr_error_set(TSR_ERR_INVALID, "forward: the KV cache has %d layers of width %d, "
                              "this rank computes %d of width %d", kv->n_layers, kv->kv_dim,
                              f->sh.layer_end - f->sh.layer_begin, f->kvd);
+    if (!logits && f->pp > 1 && !f->sample_last)
+        return tsr_error_set(TSR_ERR_INVALID, "forward: logits kept on the device need "
+                             "sampling on the last stage (tsr_forward_sample_last_stage)");
     int64_t T = 0;
     for (int i = 0; i < n_seqs; i++) {
         if (seqs[i].n_tokens <= 0)
@@ -494,10 +511,15 @@ tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq
     /* Norm + classifier on the gathered rows only, on the last stage; then every stage
      * gets the logits (every rank samples the same tokens), unless the caller samples on
      * the last stage and shares the ids (tsr_forward_share_tokens). */
+    f->logits_rows = 0;
     if (f->sh.last_stage && nl > 0) {
         size_t lb = (size_t)nl * (size_t)c->vocab_size * sizeof(float);
         TSR_TRY(op->rmsnorm(be, f->xl, &m->out_norm, nl, c->dim, c->norm_eps, f->xl));
-        if (be->host_memory) { /* the caller's buffer is the backend's memory: no copy */
+        if (!logits) { /* kept in backend memory for tsr_forward_sample */
+            TSR_TRY(tsr__grow_dev(f, &f->logits_dev, &f->logits_cap, lb));
+            TSR_TRY(op->matmul(be, f->xl, nl, &m->classifier, f->logits_dev));
+            f->logits_rows = (int)nl;
+        } else if (be->host_memory) { /* the caller's buffer is the backend's memory: no copy */
             TSR_TRY(op->matmul(be, f->xl, nl, &m->classifier, logits));
         } else {
             TSR_TRY(tsr__grow_dev(f, &f->logits_dev, &f->logits_cap, lb));
@@ -506,9 +528,41 @@ tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq
         }
     }
     TSR_TRY(op->synchronize(be));
-    if (f->pp > 1 && nl_all > 0 && !f->sample_last)
+    if (f->pp > 1 && nl_all > 0 && !f->sample_last && logits)
         TSR_TRY(tsr_comm_bcast(f->comm, TSR_COMM_PP, logits,
                                (size_t)nl_all * (size_t)c->vocab_size * sizeof(float), f->pp - 1));
     *n_rows = (int)nl_all;
     return TSR_OK;
+}
+
+tsr_status tsr_forward_sample(tsr_forward *f, tsr_sampler *const *samplers, int n_rows,
+                              int32_t *ids) {
+    tsr_backend *be = f->be;
+    const int V = f->m->cfg.vocab_size;
+    if (n_rows <= 0) return TSR_OK;
+    if (n_rows != f->logits_rows)
+        return tsr_error_set(TSR_ERR_INVALID, "forward: %d rows to sample, the last call kept "
+                             "%d rows of logits on the device", n_rows, f->logits_rows);
+    tsr_sample_params stack[16];
+    tsr_sample_params *par = n_rows <= 16 ? stack : tsr_malloc((size_t)n_rows * sizeof *par);
+    if (!par) return TSR_ERR_NOMEM;
+    /* The uniforms come from each request's seeded sampler here, on the host, exactly as
+     * tsr_sampler_sample draws them, so the backend picks the host's tokens. */
+    for (int i = 0; i < n_rows; i++) tsr_sampler_row_params(samplers[i], &par[i]);
+    tsr_status st = TSR_OK;
+    if (be->ops->sample) {
+        st = be->ops->sample(be, f->logits_dev, n_rows, V, par, ids);
+    } else { /* no device sampler: the logits come down and the host draws */
+        size_t lb = (size_t)n_rows * (size_t)V * sizeof(float);
+        float *h = tsr_malloc(lb);
+        tsr_sample_cand *cand = tsr_malloc((size_t)V * sizeof *cand);
+        st = h && cand ? tsr_backend_download(be, h, f->logits_dev, lb) : TSR_ERR_NOMEM;
+        for (int i = 0; st == TSR_OK && i < n_rows; i++)
+            ids[i] = tsr_sample_row(h + (size_t)i * (size_t)V, V, &par[i], cand);
+        tsr_free(h);
+        tsr_free(cand);
+    }
+    if (par != stack) tsr_free(par);
+    f->logits_rows = 0; /* the op overwrote them */
+    return st;
 }

@@ -11,6 +11,7 @@
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
 #include "runtime/model.h"
+#include "runtime/sampler.h"
 #include "runtime/parallel.h"
 
 typedef struct tsr_batch_seq {
@@ -52,7 +53,7 @@ void tsr_forward_destroy(tsr_forward *f);
  * and writes logits rows, in batch order, to `logits` ([rows][vocab], host memory: the
  * classifier runs into a backend buffer and its rows are downloaded); *n_rows gets the
  * count. `logits` must hold max_tokens rows when any seq asks all_logits, else one row per
- * sequence. */
+ * sequence. logits NULL: the rows stay in backend memory for tsr_forward_sample. */
 tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq *seqs,
                            int n_seqs, float *logits, int *n_rows);
 
@@ -65,6 +66,16 @@ tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq
 void tsr_forward_sample_last_stage(tsr_forward *f, bool on);
 bool tsr_forward_has_logits(const tsr_forward *f);
 tsr_status tsr_forward_share_tokens(tsr_forward *f, int32_t *ids, int n);
+
+/* Sampling on the backend (its op `sample`, kernels/backend.h): tsr_forward_run with
+ * logits NULL leaves the rows' logits in backend memory (nothing is downloaded; with
+ * pp > 1 only after tsr_forward_sample_last_stage, on the last stage); then
+ * tsr_forward_sample draws row i with samplers[i] (its RNG advances as tsr_sampler_sample
+ * would; n_rows as tsr_forward_run returned) and writes the token ids to ids (host). Only
+ * the ids leave the device; on the CPU backends the tokens are tsr_sampler_sample's bit for
+ * bit. A backend without the op gets the logits downloaded and sampled on the host. */
+tsr_status tsr_forward_sample(tsr_forward *f, tsr_sampler *const *samplers, int n_rows,
+                              int32_t *ids);
 
 /* Bytes of scratch the forward holds for max_tokens (admission budgets it). */
 size_t tsr_forward_workspace_bytes(const tsr_model_config *c, int max_tokens);

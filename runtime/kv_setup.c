@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/alloc.h"
 #include "base/log.h"
 #include "base/sys.h"
 #include "memory/host_pool.h"
@@ -12,6 +13,7 @@
 #include "memory/kv_paged.h"
 #include "policies/policy.h"
 #include "runtime/forward.h"
+#include "runtime/model.h"
 
 size_t tsr_kv_workspace_bytes(const tsr_model_config *cfg, int chunk_tokens) {
     size_t chunk = chunk_tokens > 0 ? (size_t)chunk_tokens : 512;
@@ -236,8 +238,24 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
         }
     }
     kc.host = host;
+    /* Host views of this stage's weights, for policies that read them at create
+     * (offload's skew mode reads Wq/Wk; they copy what they keep). */
+    tsr_kv_policy_layer *pl = NULL;
+    tsr_kv_policy_model pm = {.cfg = cfg};
+    if (opt->model) {
+        pl = tsr_calloc((size_t)(layers > 0 ? layers : 1), sizeof *pl);
+        if (!pl) {
+            tsr_host_pool_destroy(host);
+            return TSR_ERR_NOMEM;
+        }
+        for (int l = 0; l < layers; l++) {
+            const tsr_layer_weights *w = &opt->model->layers[sh->layer_begin + l];
+            pl[l] = (tsr_kv_policy_layer){.wq = w->wq, .wk = w->wk, .attn_norm = w->attn_norm};
+        }
+        pm.layers = pl;
+    }
     tsr_kv_policy_config pc = {.budget = opt->budget, .args = opt->policy_args,
-                               .n_args = opt->n_policy_args,
+                               .n_args = opt->n_policy_args, .model = pl ? &pm : NULL,
                                .n_heads = sh->head_end - sh->head_begin,
                                .rope_interleaved = cfg->rope_interleaved, .host = host,
                                .owns_host = 1, .comm = opt->comm,
@@ -245,6 +263,7 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
                                .kv_share_end = sh->kv_share_end};
     tsr_kv_cache *kv = NULL;
     tsr_status st = tsr_kv_policy_cache_create(pol, &pc, &kc, &kv);
+    tsr_free(pl);
     if (st != TSR_OK) {
         tsr_host_pool_destroy(host);
         return st;

@@ -49,6 +49,9 @@ typedef struct tsr_kv_options {
     int max_seqs;            /* concurrent sequences (0: 1) */
     int no_prefix_cache;     /* disable prefix sharing (paged) */
     int64_t host_bytes;      /* host pool budget for swap and offload (0: unlimited) */
+    /* Host weights of the model (this rank's shard), for policies that read them at
+     * create (offload's skew mode); must outlive the cache. NULL: none. */
+    const struct tsr_model *model;
     int chunk_tokens;        /* prefill chunk (workspace budgeting; 0: 512) */
     int max_context;         /* positions one sequence may hold: --max-context, checked
                               * against the pool at setup (0: the model's context) */

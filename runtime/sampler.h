@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "base/status.h"
+#include "kernels/backend.h"
 
 typedef struct tsr_sampler_params {
     float temperature; /* 0: greedy */
@@ -20,7 +21,7 @@ typedef struct tsr_sampler {
     uint64_t rng; /* xorshift64* state */
     int vocab_size;
     /* scratch for top-k/top-p sorting, vocab_size entries */
-    struct tsr_sampler_cand *cand;
+    struct tsr_sample_cand *cand;
 } tsr_sampler;
 
 tsr_status tsr_sampler_init(tsr_sampler *s, int vocab_size, const tsr_sampler_params *p);
@@ -34,6 +35,11 @@ void tsr_sampler_skip(tsr_sampler *s);
 /* tsr_sampler_sample where this rank has the logits, else tsr_sampler_skip and -1 (the
  * token then comes from the rank that has them). */
 int32_t tsr_sampler_draw(tsr_sampler *s, float *logits, bool have_logits);
+/* Row i's parameters for the backend op `sample` (kernels/backend.h), the device-side
+ * tsr_sampler_sample: advances the RNG exactly as tsr_sampler_sample does (the uniform is
+ * drawn here, on the host, from the request's seeded state), so that a backend that samples
+ * draws the tokens the host would. */
+void tsr_sampler_row_params(tsr_sampler *s, tsr_sample_params *out);
 /* Index of the largest logit (lowest index on ties). */
 int32_t tsr_argmax(const float *x, int n);
 

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(
-    libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev libgfortran5 libquadmath0
+    libopenblas0-openmp libopenblas-openmp-dev libopenblas-dev libgfortran5 libquadmath0
     libcjson1 libcjson-dev
     libpcre2-8-0 libpcre2-dev
     libhwloc15 libhwloc-dev libudev1

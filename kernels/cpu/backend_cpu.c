@@ -198,6 +198,7 @@ static const tsr_backend_ops tsr__cpu_ops = {
     .embed = tsr__cpu_embed,
     .attention = tsr__cpu_attention,
     .matmul_parts = tsr__cpu_matmul_parts,
+    .sample = tsr__cpu_sample,
 };
 
 tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {

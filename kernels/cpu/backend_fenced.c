@@ -489,6 +489,17 @@ static tsr_status tsr__fenced_matmul_parts(tsr_backend *be, const float *x, int6
                           f->inner->ops->matmul_parts(f->inner, x, n, w, seg, n_parts, sum, y));
 }
 
+static tsr_status tsr__fenced_sample(tsr_backend *be, float *logits, int64_t n, int vocab,
+                                     const tsr_sample_params *params, int32_t *ids) {
+    tsr__fenced *f = TSR__F(be);
+    if (n <= 0) return TSR_OK;
+    TSR_TRY(tsr__dev(f, "sample", "logits", logits, tsr__bytes3(n, vocab, sizeof(float))));
+    TSR_TRY(tsr__host(f, "sample", "params", params, tsr__bytes3(n, 1, sizeof *params)));
+    TSR_TRY(tsr__host(f, "sample", "ids", ids, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->sample(f->inner, logits, n, vocab, params, ids));
+}
+
 static tsr_status tsr__fenced_rmsnorm(tsr_backend *be, const float *x, const tsr_tensor *w,
                                       int64_t n, int dim, float eps, float *out) {
     tsr__fenced *f = TSR__F(be);
@@ -615,6 +626,7 @@ static const tsr_backend_ops tsr__fenced_ops = {
     .embed = tsr__fenced_embed,
     .attention = tsr__fenced_attention,
     .matmul_parts = tsr__fenced_matmul_parts,
+    .sample = tsr__fenced_sample,
 };
 
 /* TSR_FENCED_MEMORY: digits with an optional K/M/G/T suffix (powers of 1024). */

@@ -96,6 +96,8 @@ tsr_status tsr__cpu_add(tsr_backend *be, float *x, const float *y, int64_t n);
 tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t *ids,
                           int64_t n, float *out);
 tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a);
+tsr_status tsr__cpu_sample(tsr_backend *be, float *logits, int64_t n, int vocab,
+                           const tsr_sample_params *params, int32_t *ids);
 
 
 /* --- SIMD kernels, chosen once at runtime (AVX-512F, AVX2+FMA+F16C, or scalar) --- */

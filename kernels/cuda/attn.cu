@@ -1,8 +1,17 @@
-// Causal GQA attention over KV spans (kernels/backend.h, tsr_attn_args), one thread block
-// per (query, head). Keys are visited in tiles of kTile with an online softmax (running
-// max m, running sum l, rescaled accumulator), so memory stays O(head_dim) per block and no
-// n_q x n_keys matrix exists. When key_scores is wanted, a second pass over the same keys
-// recomputes each score and adds its final probability exp(s - m) / l with atomics.
+// Causal GQA attention over KV spans (kernels/backend.h, tsr_attn_args). Three kernels, all
+// with an online softmax (running max m, running sum l, rescaled accumulator), so no
+// n_q x n_keys matrix exists; the launcher picks one per call:
+// - split-K decode (flash-decoding): a few queries over many keys. A block per (query, kv
+//   head, key chunk) serves every query head of the kv head's group, so each K/V row is read
+//   once per group, and leaves a partial (m, l, acc) per head and chunk; a small kernel
+//   merges the chunks. The chunks are sized so that one sequence fills the multiprocessors.
+// - tiled prefill: a block per (tile of kBq queries, head); K/V tiles of kBk keys go through
+//   shared memory once for the whole query tile.
+// - otherwise (head_dim beyond the tiled kernel's) a block per (query, head).
+// When key_scores is wanted, a second pass over the same keys recomputes each score and
+// adds its final probability exp(s - m) / l with atomics (per key and query tile in the
+// tiled kernel, so the atomics are kBq times fewer).
+#include <limits.h>
 #include <math.h>
 
 #include <cuda_runtime.h>
@@ -167,13 +176,465 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(tsr__cuda_attn a) {
     }
 }
 
+// ---- split-K decode (flash-decoding) ----------------------------------------------------
+
+constexpr int kSplitMaxQ = 8;         // queries per call up to which split-K is chosen
+constexpr int64_t kSplitMinKeys = 256; // and keys from which
+constexpr int kMaxGroup = 16;         // query heads per kv head one block serves
+constexpr int64_t kMinChunk = 2 * kTile;
+constexpr int kMaxChunks = 1024;
+constexpr size_t kSmemLimit = 48 * 1024; // without cudaFuncSetAttribute
+constexpr int kUnroll = 8;               // V rows loaded at once per thread
+// Blocks per multiprocessor the chunking aims at: with one query and a few kv heads the
+// blocks are few, and each holds only 4 warps with one K row load each in flight, so
+// enough of them must share a multiprocessor to cover the memory latency.
+constexpr int kBlocksPerSm = 8;
+
+// The K and V rows of flat key `key` for kv head kvh, or false when the key's position is
+// past the query's (masked).
+__device__ bool key_rows(const tsr__cuda_attn &a, int64_t key, int32_t qp, int kvh,
+                         const float **kr, const float **vr) {
+    const int s = a.n_spans > 1 ? find_span(a.spans, a.n_spans, key) : 0;
+    const tsr__cuda_span &sp = a.spans[s];
+    const int64_t i = key - sp.key_off;
+    const int32_t kp = sp.pos ? sp.pos[i] : sp.pos0 + static_cast<int32_t>(i);
+    if (kp > qp) return false;
+    const int64_t off = i * sp.stride + static_cast<int64_t>(kvh) * a.head_dim;
+    *kr = sp.k + off;
+    *vr = sp.v + off;
+    return true;
+}
+
+struct split_plan {
+    int64_t chunk; // keys per chunk, a multiple of kTile
+    int chunks;
+};
+
+size_t split_smem(int group, int hd) {
+    // qs and acc [group][hd], scores [group][kTile], m/l/alpha/pad [4][group], V row pointers
+    return (static_cast<size_t>(2 * group * hd + group * kTile + 4 * group)) * sizeof(float) +
+           kTile * sizeof(const float *);
+}
+
+// Whether call a goes split-K, and its chunks: kBlocksPerSm (query, kv head, chunk) blocks
+// per multiprocessor, chunks of at least kMinChunk keys, at most kMaxChunks.
+bool split_plan_for(const tsr__cuda_attn &a, split_plan *p) {
+    if (a.n_q > kSplitMaxQ || a.n_keys < kSplitMinKeys || a.n_spans <= 0) return false;
+    const int group = a.n_heads / a.n_kv_heads;
+    if (group > kMaxGroup || split_smem(group, a.head_dim) > kSmemLimit) return false;
+    const int64_t base = static_cast<int64_t>(a.n_q) * a.n_kv_heads;
+    const int64_t target = kBlocksPerSm * static_cast<int64_t>(a.sm_count > 0 ? a.sm_count : 1);
+    int64_t want = (target + base - 1) / base;
+    if (want < 1) want = 1;
+    int64_t chunk = (a.n_keys + want - 1) / want;
+    if (chunk < kMinChunk) chunk = kMinChunk;
+    if ((a.n_keys + chunk - 1) / chunk > kMaxChunks) chunk = (a.n_keys + kMaxChunks - 1) / kMaxChunks;
+    chunk = (chunk + kTile - 1) / kTile * kTile;
+    p->chunk = chunk;
+    p->chunks = static_cast<int>((a.n_keys + chunk - 1) / chunk);
+    return true;
+}
+
+// Scratch layout of the split path, in floats: acc [n_q][n_heads][chunks][hd], then m and
+// l [n_q][n_heads][chunks], then the merged m and l [n_q][n_heads] (the score pass's).
+struct split_work {
+    float *acc, *m, *l, *fm, *fl;
+};
+
+__host__ __device__ split_work split_layout(const tsr__cuda_attn &a, int chunks) {
+    const int64_t rows = static_cast<int64_t>(a.n_q) * a.n_heads;
+    split_work w;
+    w.acc = a.work;
+    w.m = w.acc + rows * chunks * a.head_dim;
+    w.l = w.m + rows * chunks;
+    w.fm = w.l + rows * chunks;
+    w.fl = w.fm + rows;
+    return w;
+}
+
+size_t split_floats(const tsr__cuda_attn &a, int chunks) {
+    const size_t rows = static_cast<size_t>(a.n_q) * static_cast<size_t>(a.n_heads);
+    return rows * static_cast<size_t>(chunks) * (static_cast<size_t>(a.head_dim) + 2) + 2 * rows;
+}
+
+// Block (query qi, kv head kvh, chunk c) over keys [c * chunk, (c + 1) * chunk) for the
+// group's query heads. Warps take interleaved keys of a tile and compute the key's score for
+// every head of the group (the K row is read once, from L1 after the first head); a warp per
+// head does that head's online softmax step; then every thread owns head_dim columns of the
+// group's accumulators (shared memory) and reads each V row element once for all heads.
+__global__ void __launch_bounds__(kThreads) attn_split_kernel(tsr__cuda_attn a, int64_t chunk,
+                                                              int chunks) {
+    extern __shared__ __align__(16) float smem[];
+    const int group = a.n_heads / a.n_kv_heads, hd = a.head_dim;
+    float *qs = smem, *acc = qs + group * hd, *ps = acc + group * hd;
+    float *mst = ps + group * kTile, *lst = mst + group, *ast = lst + group;
+    const float **vrows = reinterpret_cast<const float **>(mst + 4 * group);
+
+    const int qi = blockIdx.x, kvh = blockIdx.y, c = blockIdx.z, tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid % 32, h0 = kvh * group;
+    const int64_t qrow = static_cast<int64_t>(qi) * a.n_heads * hd + static_cast<int64_t>(h0) * hd;
+    for (int e = tid; e < group * hd; e += kThreads) {
+        qs[e] = a.q[qrow + e]; // the group's heads are adjacent in the query row
+        acc[e] = 0.0f;
+    }
+    if (tid < group) {
+        mst[tid] = -INFINITY;
+        lst[tid] = 0.0f;
+    }
+    const int32_t qp = a.q_pos[qi];
+    const int64_t lim = key_limit(a, qp);
+    const int64_t k0 = static_cast<int64_t>(c) * chunk;
+    const int64_t k1 = k0 + chunk < lim ? k0 + chunk : lim;
+    __syncthreads();
+
+    for (int64_t t0 = k0; t0 < k1; t0 += kTile) {
+        for (int j = warp; j < kTile; j += kWarps) {
+            const int64_t key = t0 + j;
+            const float *kr = nullptr, *vr = nullptr;
+            if (key < k1 && !key_rows(a, key, qp, kvh, &kr, &vr)) kr = vr = nullptr;
+            for (int g = 0; g < group; g++) {
+                float sc = -INFINITY;
+                if (kr) {
+                    float d = 0.0f;
+                    for (int e = lane; e < hd; e += 32) d += qs[g * hd + e] * kr[e];
+                    sc = warp_sum(d) * a.scale;
+                }
+                if (lane == 0) ps[g * kTile + j] = sc;
+            }
+            if (lane == 0) vrows[j] = vr;
+        }
+        __syncthreads();
+        for (int g = warp; g < group; g += kWarps) {
+            float sv[kTile / 32];
+            float mt = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < kTile / 32; i++) {
+                sv[i] = ps[g * kTile + lane + 32 * i];
+                mt = fmaxf(mt, sv[i]);
+            }
+            mt = warp_max(mt);
+            const float m_old = mst[g], m_new = fmaxf(m_old, mt);
+            const float alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < kTile / 32; i++) {
+                const float p = sv[i] == -INFINITY ? 0.0f : expf(sv[i] - m_new);
+                ps[g * kTile + lane + 32 * i] = p;
+                sum += p;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                mst[g] = m_new;
+                lst[g] = lst[g] * alpha + sum;
+                ast[g] = alpha;
+            }
+        }
+        __syncthreads();
+        for (int d = tid; d < hd; d += kThreads) {
+            for (int g = 0; g < group; g++) acc[g * hd + d] *= ast[g];
+            // kUnroll V loads in flight before they are used; a masked key has p = 0 and
+            // contributes an exact 0
+            for (int j0 = 0; j0 < kTile; j0 += kUnroll) {
+                float vj[kUnroll];
+#pragma unroll
+                for (int u = 0; u < kUnroll; u++) {
+                    const float *vr = vrows[j0 + u];
+                    vj[u] = vr ? vr[d] : 0.0f;
+                }
+#pragma unroll 1 // (unrolled, nvcc put vj on the stack)
+                for (int g = 0; g < group; g++) {
+                    float o = acc[g * hd + d];
+#pragma unroll
+                    for (int u = 0; u < kUnroll; u++) o += ps[g * kTile + j0 + u] * vj[u];
+                    acc[g * hd + d] = o;
+                }
+            }
+        }
+        __syncthreads(); // ps, vrows and the stats are rewritten by the next tile
+    }
+
+    const split_work w = split_layout(a, chunks);
+    for (int g = 0; g < group; g++) {
+        const int64_t idx = (static_cast<int64_t>(qi) * a.n_heads + h0 + g) * chunks + c;
+        if (tid == 0) {
+            w.m[idx] = mst[g];
+            w.l[idx] = lst[g];
+        }
+        for (int d = tid; d < hd; d += kThreads) w.acc[idx * hd + d] = acc[g * hd + d];
+    }
+}
+
+// Block (query, head): out = sum_c acc_c exp(m_c - M) / sum_c l_c exp(m_c - M), M the
+// largest chunk max; the merged M and L are kept for the score pass.
+__global__ void __launch_bounds__(kThreads) attn_merge_kernel(tsr__cuda_attn a, int chunks) {
+    __shared__ float wts[kMaxChunks];
+    __shared__ float red[kWarps];
+    const int qi = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, hd = a.head_dim;
+    const split_work w = split_layout(a, chunks);
+    const int64_t rowi = static_cast<int64_t>(qi) * a.n_heads + h, base = rowi * chunks;
+    float mx = -INFINITY;
+    for (int c = tid; c < chunks; c += kThreads)
+        if (w.l[base + c] > 0.0f) mx = fmaxf(mx, w.m[base + c]);
+    mx = block_max(mx, red);
+    float lsum = 0.0f;
+    for (int c = tid; c < chunks; c += kThreads) {
+        const float wt = w.l[base + c] > 0.0f ? expf(w.m[base + c] - mx) : 0.0f;
+        wts[c] = wt;
+        lsum += w.l[base + c] * wt;
+    }
+    lsum = block_sum(lsum, red); // its barriers also publish wts
+    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+    const int64_t row = static_cast<int64_t>(qi) * a.n_heads * hd + static_cast<int64_t>(h) * hd;
+    for (int d = tid; d < hd; d += kThreads) {
+        float o = 0.0f;
+        for (int c = 0; c < chunks; c++)
+            if (wts[c] != 0.0f) o += w.acc[(base + c) * hd + d] * wts[c];
+        a.out[row + d] = o * inv;
+    }
+    if (tid == 0) {
+        w.fm[rowi] = mx;
+        w.fl[rowi] = lsum;
+    }
+}
+
+// The split path's score pass: block (query, kv head, chunk) adds exp(s - M) / L of every
+// visible key of its chunk, for each head of the group, into key_scores.
+__global__ void __launch_bounds__(kThreads) attn_split_scores_kernel(tsr__cuda_attn a,
+                                                                     int64_t chunk, int chunks) {
+    extern __shared__ __align__(16) float smem[];
+    const int group = a.n_heads / a.n_kv_heads, hd = a.head_dim;
+    float *qs = smem, *mg = qs + group * hd, *ig = mg + group;
+    const int qi = blockIdx.x, kvh = blockIdx.y, c = blockIdx.z, tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid % 32, h0 = kvh * group;
+    const int64_t qrow = static_cast<int64_t>(qi) * a.n_heads * hd + static_cast<int64_t>(h0) * hd;
+    for (int e = tid; e < group * hd; e += kThreads) qs[e] = a.q[qrow + e];
+    const split_work w = split_layout(a, chunks);
+    if (tid < group) {
+        const int64_t rowi = static_cast<int64_t>(qi) * a.n_heads + h0 + tid;
+        mg[tid] = w.fm[rowi];
+        ig[tid] = w.fl[rowi] > 0.0f ? 1.0f / w.fl[rowi] : 0.0f;
+    }
+    const int32_t qp = a.q_pos[qi];
+    const int64_t lim = key_limit(a, qp);
+    const int64_t k0 = static_cast<int64_t>(c) * chunk;
+    const int64_t k1 = k0 + chunk < lim ? k0 + chunk : lim;
+    __syncthreads();
+    for (int64_t key = k0 + warp; key < k1; key += kWarps) {
+        const float *kr, *vr;
+        if (!key_rows(a, key, qp, kvh, &kr, &vr)) continue;
+        for (int g = 0; g < group; g++) {
+            float d = 0.0f;
+            for (int e = lane; e < hd; e += 32) d += qs[g * hd + e] * kr[e];
+            const float sc = warp_sum(d) * a.scale;
+            if (lane == 0 && ig[g] > 0.0f)
+                atomicAdd(a.key_scores + static_cast<int64_t>(h0 + g) * a.n_keys + key,
+                          expf(sc - mg[g]) * ig[g]);
+        }
+    }
+}
+
+// ---- tiled prefill ---------------------------------------------------------------------
+
+constexpr int kBq = 16;          // queries per block
+constexpr int kBk = 32;          // keys per shared-memory tile (a warp's lanes)
+constexpr int kPreMaxHd = 128;   // head_dim up to which the tiled kernel runs
+constexpr int kRows = kBq / kWarps; // query rows per warp
+
+// Block (query tile, head). Per key tile: the tile's K and V rows go to shared memory once
+// (a thread per key finds its span); warp w scores its kRows query rows against the tile's
+// keys (lane = key) and does their online softmax step with shuffles; then thread d adds
+// p . V[:, d] for every row of the tile. The K tile rows are padded by one float so that
+// the lanes' reads of different keys fall in different banks.
+__global__ void __launch_bounds__(kThreads) attn_prefill_kernel(tsr__cuda_attn a) {
+    __shared__ float qs[kBq][kPreMaxHd];
+    __shared__ float kt[kBk][kPreMaxHd + 1];
+    __shared__ float vt[kBk][kPreMaxHd];
+    __shared__ float pt[kBq][kBk + 1];
+    __shared__ const float *krow[kBk];
+    __shared__ const float *vrow[kBk];
+    __shared__ int32_t kpos[kBk];
+    __shared__ int32_t qps[kBq];
+    __shared__ float arow[kBq], mrow[kBq], lrow[kBq];
+    __shared__ float colsum[kWarps][kBk];
+
+    const int h = blockIdx.y, q0 = blockIdx.x * kBq, hd = a.head_dim;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int kvh = h / (a.n_heads / a.n_kv_heads);
+    const int nq = a.n_q - q0 < kBq ? a.n_q - q0 : kBq;
+    const int64_t q_ld = static_cast<int64_t>(a.n_heads) * hd;
+    for (int e = tid; e < kBq * hd; e += kThreads) {
+        const int r = e / hd, d = e % hd;
+        qs[r][d] = r < nq ? a.q[(q0 + r) * q_ld + static_cast<int64_t>(h) * hd + d] : 0.0f;
+    }
+    if (tid < kBq) qps[tid] = tid < nq ? a.q_pos[q0 + tid] : INT_MIN; // padding rows see nothing
+    __syncthreads();
+    int64_t lim = 0; // keys any query of the tile can see
+    for (int r = 0; r < nq; r++) {
+        const int64_t l = key_limit(a, qps[r]);
+        lim = l > lim ? l : lim;
+    }
+
+    float m[kRows], l[kRows], acc[kBq];
+#pragma unroll
+    for (int i = 0; i < kRows; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < kBq; r++) acc[r] = 0.0f;
+
+    for (int64_t t0 = 0; t0 < lim; t0 += kBk) {
+        if (tid < kBk) {
+            const int64_t key = t0 + tid;
+            const float *kr = nullptr, *vr = nullptr;
+            int32_t kp = INT_MAX;
+            if (key < lim) {
+                const int s = a.n_spans > 1 ? find_span(a.spans, a.n_spans, key) : 0;
+                const tsr__cuda_span &sp = a.spans[s];
+                const int64_t i = key - sp.key_off;
+                kp = sp.pos ? sp.pos[i] : sp.pos0 + static_cast<int32_t>(i);
+                const int64_t off = i * sp.stride + static_cast<int64_t>(kvh) * hd;
+                kr = sp.k + off;
+                vr = sp.v + off;
+            }
+            krow[tid] = kr;
+            vrow[tid] = vr;
+            kpos[tid] = kp;
+        }
+        __syncthreads();
+        for (int e = tid; e < kBk * hd; e += kThreads) {
+            const int j = e / hd, d = e % hd;
+            const float *kr = krow[j];
+            kt[j][d] = kr ? kr[d] : 0.0f;
+            vt[j][d] = kr ? vrow[j][d] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < kRows; i++) {
+            const int r = warp * kRows + i;
+            float sc = -INFINITY;
+            if (krow[lane] && kpos[lane] <= qps[r]) {
+                float d = 0.0f;
+                for (int e = 0; e < hd; e++) d += qs[r][e] * kt[lane][e];
+                sc = d * a.scale;
+            }
+            const float m_new = fmaxf(m[i], warp_max(sc));
+            const float alpha = m_new == -INFINITY ? 1.0f : expf(m[i] - m_new);
+            const float p = sc == -INFINITY ? 0.0f : expf(sc - m_new);
+            l[i] = l[i] * alpha + warp_sum(p);
+            m[i] = m_new;
+            pt[r][lane] = p;
+            if (lane == 0) arow[r] = alpha;
+        }
+        __syncthreads();
+        if (tid < hd) {
+#pragma unroll
+            for (int r = 0; r < kBq; r++) {
+                float o = acc[r] * arow[r];
+                for (int j = 0; j < kBk; j++) o += pt[r][j] * vt[j][tid];
+                acc[r] = o;
+            }
+        }
+        __syncthreads(); // the tile's shared arrays are rewritten next
+    }
+#pragma unroll
+    for (int i = 0; i < kRows; i++)
+        if (lane == 0) {
+            mrow[warp * kRows + i] = m[i];
+            lrow[warp * kRows + i] = l[i];
+        }
+    __syncthreads();
+    if (tid < hd) {
+#pragma unroll
+        for (int r = 0; r < kBq; r++) {
+            if (r >= nq) break;
+            const float inv = lrow[r] > 0.0f ? 1.0f / lrow[r] : 0.0f;
+            a.out[(q0 + r) * q_ld + static_cast<int64_t>(h) * hd + tid] = acc[r] * inv;
+        }
+    }
+    if (!a.key_scores) return;
+
+    // Score pass: per key tile, the final probabilities of the tile's queries, summed over
+    // the query rows in the block (a column sum) and added with one atomic per key.
+    float *ks = a.key_scores + static_cast<int64_t>(h) * a.n_keys;
+    for (int64_t t0 = 0; t0 < lim; t0 += kBk) {
+        if (tid < kBk) {
+            const int64_t key = t0 + tid;
+            const float *kr = nullptr;
+            int32_t kp = INT_MAX;
+            if (key < lim) {
+                const int s = a.n_spans > 1 ? find_span(a.spans, a.n_spans, key) : 0;
+                const tsr__cuda_span &sp = a.spans[s];
+                const int64_t i = key - sp.key_off;
+                kp = sp.pos ? sp.pos[i] : sp.pos0 + static_cast<int32_t>(i);
+                kr = sp.k + i * sp.stride + static_cast<int64_t>(kvh) * hd;
+            }
+            krow[tid] = kr;
+            kpos[tid] = kp;
+        }
+        __syncthreads();
+        for (int e = tid; e < kBk * hd; e += kThreads) {
+            const int j = e / hd, d = e % hd;
+            kt[j][d] = krow[j] ? krow[j][d] : 0.0f;
+        }
+        __syncthreads();
+        float cs = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kRows; i++) {
+            const int r = warp * kRows + i;
+            if (krow[lane] && kpos[lane] <= qps[r] && lrow[r] > 0.0f) {
+                float d = 0.0f;
+                for (int e = 0; e < hd; e++) d += qs[r][e] * kt[lane][e];
+                cs += expf(d * a.scale - mrow[r]) * (1.0f / lrow[r]);
+            }
+        }
+        colsum[warp][lane] = cs;
+        __syncthreads();
+        if (tid < kBk && t0 + tid < lim) {
+            float t = 0.0f;
+            for (int w = 0; w < kWarps; w++) t += colsum[w][tid];
+            if (t != 0.0f) atomicAdd(ks + t0 + tid, t);
+        }
+        __syncthreads();
+    }
+}
+
 } // namespace
+
+extern "C" size_t tsr__cuda_attention_work(const tsr__cuda_attn *a) {
+    split_plan p;
+    if (a->n_q <= 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 || !split_plan_for(*a, &p)) return 0;
+    return split_floats(*a, p.chunks);
+}
 
 extern "C" cudaError_t tsr__cuda_launch_attention(const tsr__cuda_attn *a, cudaStream_t stream) {
     if (a->n_q <= 0 || a->n_heads <= 0) return cudaSuccess;
     if (a->head_dim > TSR__CUDA_MAX_HEAD_DIM || a->n_heads > 65535 || a->n_kv_heads <= 0 ||
         a->n_heads % a->n_kv_heads != 0)
         return cudaErrorInvalidValue;
+    split_plan p;
+    if (a->work && split_plan_for(*a, &p)) {
+        const int group = a->n_heads / a->n_kv_heads;
+        const dim3 grid(static_cast<unsigned>(a->n_q), static_cast<unsigned>(a->n_kv_heads),
+                        static_cast<unsigned>(p.chunks));
+        attn_split_kernel<<<grid, kThreads, split_smem(group, a->head_dim), stream>>>(
+            *a, p.chunk, p.chunks);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+        const dim3 mgrid(static_cast<unsigned>(a->n_q), static_cast<unsigned>(a->n_heads));
+        attn_merge_kernel<<<mgrid, kThreads, 0, stream>>>(*a, p.chunks);
+        e = cudaGetLastError();
+        if (e != cudaSuccess || !a->key_scores) return e;
+        const size_t smem = static_cast<size_t>(group * a->head_dim + 2 * group) * sizeof(float);
+        attn_split_scores_kernel<<<grid, kThreads, smem, stream>>>(*a, p.chunk, p.chunks);
+        return cudaGetLastError();
+    }
+    if (a->n_q > kSplitMaxQ && a->head_dim <= kPreMaxHd) {
+        const dim3 grid(static_cast<unsigned>((a->n_q + kBq - 1) / kBq),
+                        static_cast<unsigned>(a->n_heads));
+        attn_prefill_kernel<<<grid, kThreads, 0, stream>>>(*a);
+        return cudaGetLastError();
+    }
     const dim3 grid(static_cast<unsigned>(a->n_q), static_cast<unsigned>(a->n_heads));
     attn_kernel<<<grid, kThreads, 0, stream>>>(*a);
     return cudaGetLastError();

@@ -60,6 +60,12 @@ typedef struct tsr__cuda_ctx {
     tsr__cuda_scratch slots;  /* slot list of a KV op on the compute stream (kv_copy: dst) */
     tsr__cuda_scratch slots2; /* kv_copy's src list */
     tsr__cuda_scratch rows;   /* host K/V rows of kv_gather / kv_scatter on the compute stream */
+    tsr__cuda_scratch attn;   /* split-K attention partials (tsr__cuda_attention_work) */
+    tsr__cuda_scratch spar;   /* sample: the rows' parameters */
+    tsr__cuda_scratch sids;   /* sample: the drawn ids */
+    tsr__cuda_scratch swork;  /* sample: sort keys and cub's storage (tsr__cuda_sample_work) */
+    tsr__host_buf spar_host;  /* sample: the parameters converted for the kernels */
+    int sm_count;             /* multiprocessors: sizes the split-K chunks */
     tsr__cuda_span *host_spans;
     int64_t *span_pos_off; /* per span: offset of its positions in kpos_host, or -1 */
     int host_spans_cap;
@@ -807,7 +813,8 @@ static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
                         .head_dim = a->head_dim,
                         .scale = 1.0f / sqrtf((float)a->head_dim),
                         .out = a->out,
-                        .key_scores = a->key_scores};
+                        .key_scores = a->key_scores,
+                        .sm_count = c->sm_count};
     if (a->n_spans > 0) {
         size_t bytes = (size_t)a->n_spans * sizeof(tsr__cuda_span);
         TSR_TRY(tsr__scratch_reserve(&c->spans, bytes, c->stream));
@@ -817,7 +824,47 @@ static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
     }
     bool staged;
     TSR_TRY(tsr__stage_i32(c, a->q_pos, a->n_q, &k.q_pos, &staged));
+    size_t work = tsr__cuda_attention_work(&k);
+    if (work > 0) {
+        TSR_TRY(tsr__scratch_reserve(&c->attn, work * sizeof(float), c->stream));
+        k.work = c->attn.ptr;
+    }
     TSR_CUDA_TRY(tsr__cuda_launch_attention(&k, c->stream));
+    return TSR_OK;
+}
+
+/* Sampling on the device: the parameters go up (host memory by the contract), the kernels
+ * of sample.cu draw, and only the n ids come back. */
+static tsr_status tsr__cuda_sample(tsr_backend *be, float *logits, int64_t n, int vocab,
+                                   const tsr_sample_params *params, int32_t *ids) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    if (n <= 0) return TSR_OK;
+    if (vocab <= 0)
+        return tsr_error_set(TSR_ERR_INVALID, "cuda sample: vocabulary of %d tokens", vocab);
+    if (n > 0x7fffffffLL)
+        return tsr_error_set(TSR_ERR_INVALID, "cuda sample: %lld rows", (long long)n);
+    TSR_TRY(tsr__host_reserve(&c->spar_host, (size_t)n * sizeof(tsr__cuda_sample_row)));
+    tsr__cuda_sample_row *hp = c->spar_host.ptr;
+    int sorts = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const tsr_sample_params *p = &params[i];
+        hp[i] = (tsr__cuda_sample_row){.temperature = p->temperature,
+                                       .top_p = p->top_p,
+                                       .top_k = p->top_k,
+                                       .r = p->r};
+        int k = p->top_k > 0 && p->top_k < vocab ? p->top_k : vocab;
+        if (p->temperature != 0.0f && !(k == vocab && p->top_p >= 1.0f)) sorts = 1;
+    }
+    const void *dpar = NULL;
+    TSR_TRY(tsr__stage(c, &c->spar, hp, (size_t)n * sizeof *hp, c->stream, &dpar));
+    TSR_TRY(tsr__scratch_reserve(&c->sids, (size_t)n * sizeof(int32_t), c->stream));
+    size_t work = tsr__cuda_sample_work(n, vocab, sorts);
+    if (work > 0) TSR_TRY(tsr__scratch_reserve(&c->swork, work, c->stream));
+    TSR_CUDA_TRY(tsr__cuda_launch_sample(logits, n, vocab, dpar, sorts, c->sids.ptr,
+                                         work > 0 ? c->swork.ptr : NULL, c->stream));
+    TSR_CUDA_TRY(cudaMemcpyAsync(ids, c->sids.ptr, (size_t)n * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, c->stream));
+    TSR_CUDA_TRY(cudaStreamSynchronize(c->stream));
     return TSR_OK;
 }
 
@@ -837,6 +884,10 @@ static void tsr__cuda_destroy(tsr_backend *be) {
         tsr__scratch_release(&c->slots);
         tsr__scratch_release(&c->slots2);
         tsr__scratch_release(&c->rows);
+        tsr__scratch_release(&c->attn);
+        tsr__scratch_release(&c->spar);
+        tsr__scratch_release(&c->sids);
+        tsr__scratch_release(&c->swork);
         if (c->bad_id) (void)cudaFree(c->bad_id);
         if (c->inv_freq) (void)cudaFree(c->inv_freq);
         if (c->stream) (void)cudaStreamDestroy(c->stream);
@@ -846,6 +897,7 @@ static void tsr__cuda_destroy(tsr_backend *be) {
         tsr_free(c->span_pos_off);
         tsr_free(c->kpos_host.ptr);
         tsr_free(c->bounce.ptr);
+        tsr_free(c->spar_host.ptr);
         tsr_free(c);
     }
     tsr_free(be);
@@ -887,6 +939,7 @@ static const tsr_backend_ops tsr__cuda_ops = {
     .embed = tsr__cuda_embed,
     .attention = tsr__cuda_attention,
     .matmul_parts = tsr__cuda_matmul_parts,
+    .sample = tsr__cuda_sample,
 };
 
 int tsr_backend_cuda_device_count(void) {
@@ -939,6 +992,7 @@ tsr_status tsr_backend_cuda_create(int device, tsr_backend **out) {
     struct cudaDeviceProp prop;
     TSR_CUDA_TRY_GOTO(cudaGetDeviceProperties(&prop, device), st, fail);
     snprintf(c->name, sizeof c->name, "%s", prop.name);
+    c->sm_count = prop.multiProcessorCount;
     TSR_CUDA_TRY_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), st, fail);
     TSR_CUBLAS_TRY_GOTO(cublasCreate(&c->blas), st, fail);
     TSR_CUBLAS_TRY_GOTO(cublasSetStream(c->blas, c->stream), st, fail);

@@ -5,6 +5,7 @@
 #ifndef TSR_KERNELS_CUDA_LAUNCH_H
 #define TSR_KERNELS_CUDA_LAUNCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <cuda_runtime_api.h>
@@ -44,6 +45,12 @@ typedef struct tsr__cuda_attn {
     float scale;
     float *out;
     float *key_scores; /* NULL or [n_heads][n_keys], added to */
+    /* Multiprocessors of the device: the split-K decode path sizes its key chunks so that
+     * one sequence fills them. */
+    int sm_count;
+    /* Device scratch of tsr__cuda_attention_work(a) floats (the split-K partials), or NULL
+     * when that is 0. */
+    float *work;
 } tsr__cuda_attn;
 
 /* tsr_kv_layout (kernels/backend.h) as the KV row kernels take it: slot s's K row is at
@@ -84,8 +91,31 @@ cudaError_t tsr__cuda_launch_add(float *x, const float *y, int64_t n, cudaStream
 /* dst[i] = (dtype) src[i], round to nearest even (BF16 or F16) */
 cudaError_t tsr__cuda_launch_convert_f32(void *dst, int dtype, const float *src, int64_t n,
                                          cudaStream_t stream);
-/* Causal GQA attention with an online softmax (attn.cu). `a` itself is host memory. */
+/* Causal GQA attention with an online softmax (attn.cu). `a` itself is host memory. The
+ * launcher picks the kernel: split-K over the key range (flash-decoding) for a few queries
+ * over many keys, query tiles with K/V tiles in shared memory for prefill, else one block
+ * per (query, head). */
 cudaError_t tsr__cuda_launch_attention(const tsr__cuda_attn *a, cudaStream_t stream);
+/* Floats of device scratch the call `a` (its geometry and sm_count) needs in a->work: the
+ * split-K path's per-chunk partials; 0 for the other paths. */
+size_t tsr__cuda_attention_work(const tsr__cuda_attn *a);
+
+/* tsr_sample_params (kernels/backend.h) as the sample kernels read it (sample.cu). */
+typedef struct tsr__cuda_sample_row {
+    float temperature;
+    float top_p;
+    int32_t top_k;
+    float r;
+} tsr__cuda_sample_row;
+
+/* Bytes of device scratch tsr__cuda_launch_sample needs for n rows of vocab tokens (0 when
+ * no row has top-k or top-p: `sorts` false). */
+size_t tsr__cuda_sample_work(int64_t n, int vocab, int sorts);
+/* ids[i] (device) = the token drawn from row i of logits (overwritten) with par[i] (device);
+ * sorts: some row has top-k or top-p (work then has tsr__cuda_sample_work bytes). */
+cudaError_t tsr__cuda_launch_sample(float *logits, int64_t n, int vocab,
+                                    const tsr__cuda_sample_row *par, int sorts, int32_t *ids,
+                                    void *work, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -42,8 +42,8 @@ expect_usage scores_enum "--h2o-scores bogus: use one of tiled, materialize" -- 
 expect_usage pairs_int "--offload-pairs 1.5: not an integer" -- \
     "${G[@]}" --kv-policy offload --offload-pairs 1.5
 # checked whichever policy runs (as --h2o-recent always was)
-expect_usage pairs_under_paged "--offload-pairs 0: must be in [1, 64]" -- \
-    "${G[@]}" --offload-pairs 0
+expect_usage pairs_under_paged "--offload-pairs 99: must be in [0, 64]" -- \
+    "${G[@]}" --offload-pairs 99
 
 # --stats: the policy's declared stats in the JSON line
 "${G[@]}" --max-tokens 4 --kv-policy offload --kv-budget 0.5 --offload-pairs 2 --offload-recall \

@@ -1,148 +1,490 @@
 #!/usr/bin/env bash
-# GPU check for the device machine (one NVIDIA GPU; CUDA toolkit, CMake, ninja, PyTorch;
-# no Debian -dev packages, no MPI, no network). Builds tessera with CUDA, runs ctest and
-# test_backend_ops (every op, CUDA vs CPU, plus timings) and prints the figures, checks the
-# backend memory contract on the GPU (test_cuda_mem), then the data-plane choice for the
-# real CUDA backend (test_dist_plane).
+# The device check: one script for the GPU machine (one NVIDIA GPU; CUDA toolkit, CMake,
+# ninja, Python with PyTorch and transformers; no Debian -dev packages, no MPI, no network).
+# Meant to finish in < 5 minutes on an H200 and to print everything in one go:
+#   machine    GPU, driver, CUDA, toolkit, torch
+#   configure  tessera with CUDA into build-device/ (missing libraries from carried .debs)
+#   build      only the targets below, -j$(nproc)
+#   backend_ops  every backend op, CUDA against the CPU, then GEMM/attention timings
+#   cuda_mem   the backend memory contract on the GPU
+#   dist_plane the CUDA backend as a device data plane
+#   logits     CUDA against the CPU backend and against PyTorch (tools/torch_reference.py,
+#              computed here and now) and the bundled golden files, on models/stories260K.bin
+#              and tests/data/synth_bf16_gqa; CUDA against the CPU on the Llama-3.1-8B shape
+#              (2 layers); max abs / rel diff, top-1 and greedy agreement (bench/logits_check.c
+#              states the tolerance)
+#   roofline   this GPU's ceilings: HBM GB/s (copies) and cuBLAS BF16 GEMM TFLOP/s at the
+#              prefill GEMM shapes of the 8B model (bench/gpu_roofline.cu)
+#   throughput prefill tokens/s and decode tokens/s at batch 1 and 64 on the 8B shape
+#              (bench/devbench.c), each set against its ceiling from `roofline`
+#   longctx    every policy the registry knows on a 128K-token prefill of the 8B shape
+#              (LONG_LAYERS layers), with peak device memory (bench/longctx.sh)
+#   ctest      the unit tests, if time is left
+# then a summary: every section's status and time, and a block for docs/gpu-results.md.
 #
 #   here:    tools/fetch-device-debs.sh           # OpenBLAS, cJSON, PCRE2, hwloc, pkgconf
-#   there:   bash tests/device/run.sh             # run tool: carry [".debs"]
+#   there:   bash tests/device/run.sh             # run tool: carry [".debs"], timeout_s 420
 #
-# Missing libraries come from .debs/*.deb, unpacked with `dpkg -x` into $DEBROOT (never /),
-# found through PKG_CONFIG_LIBDIR + PKG_CONFIG_SYSROOT_DIR, so no -I/usr/include is needed.
-# Options (environment): BUILD_DIR (build-device), DEBROOT (/tmp/debroot), CUDA_ARCH (native,
-# else 90), OUT (where logs go; the run tool's $OUT), CONFIGURE_ONLY=1 (stop after cmake),
-# FORCE_DEBS=1 (use .debs even if the system has the libraries). Meant to finish in < 5 min.
-set -euo pipefail
+# Every section runs under its own time limit and the whole under DEVICE_BUDGET_S; a section
+# that would start with less than its minimum left is skipped (SKIP in the summary), so a
+# hang costs one section, not the session. The expensive sections come last. Another device
+# test: add its target to DEVICE_TARGETS and one `section` line (one section per check).
+#
+# Logs: $OUT/run.log (all of stdout), $OUT/gpu-results.md (the summary block),
+# $OUT/device-logs.tar.gz (each section's log, configure/build logs, the PyTorch reference
+# JSON), packed again after every section so that a killed run still brings them back; the
+# run tool returns at most 8 files from $OUT.
+#
+# Options (environment):
+#   OUT (/tmp/tessera-device), BUILD_DIR (build-device), DEBROOT (/tmp/debroot), CUDA_ARCH
+#   (from nvidia-smi, else 90), CONFIGURE_ONLY=1 (stop after cmake), FORCE_DEBS=1 (use .debs
+#   even if the system has the libraries), DEVICE_BUDGET_S (285), SECTIONS (names to run,
+#   default all), SKIP_CTEST=1, LONG_N (131072), LONG_LAYERS (1), BENCH_LAYERS (32),
+#   PREFILL (2048), CTX (512), GEN (32), BATCHES (1,64), BUILD_LIMIT_S (150), TORCH_DEVICE (cpu: the PyTorch
+#   reference in float32 on the host; cuda also works).
+#   DEVICE_BACKEND (cuda): any other backend (cpu, cpu-fenced) is the CPU rehearsal used by
+#   tests/device/test_cpu.sh: no configure or build (BUILD_DIR must hold a build), small
+#   models and sizes, the CPU's own ceilings (tsr_membw, tsr_sgemm) in `roofline`.
+set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-B=${BUILD_DIR:-build-device}
-DEBROOT=${DEBROOT:-/tmp/debroot}
-OUT=${OUT:-/tmp/tessera-device}
+export ROOT
+export B=${BUILD_DIR:-build-device}
+export DEBROOT=${DEBROOT:-/tmp/debroot}
+export OUT=${OUT:-/tmp/tessera-device}
+export BACKEND=${DEVICE_BACKEND:-cuda}
+BUDGET=${DEVICE_BUDGET_S:-285}
+RESERVE=8 # seconds kept for the summary
 mkdir -p "$OUT"
+export LOGS=${LOGS_DIR:-$(mktemp -d /tmp/tessera-device-logs.XXXXXX)}
+mkdir -p "$LOGS"
+exec > >(tee "$OUT/run.log") 2>&1
+TEE_PID=$!
 T0=$(date +%s)
-say() { printf '\n==== %s (%ds) ====\n' "$*" "$(( $(date +%s) - T0 ))"; }
-MA=x86_64-linux-gnu
-
-say "machine"
-command -v nvidia-smi >/dev/null &&
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+JOBS=$(nproc)
+export JOBS
+export MA=x86_64-linux-gnu
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
     export PATH=/usr/local/cuda/bin:$PATH
 fi
-nvcc --version | tail -n 1
-cmake --version | head -n 1
-JOBS=$(nproc)
+if ! command -v timeout >/dev/null; then
+    timeout() { shift 3; "$@"; } # "-k N LIMIT cmd...": no limits without coreutils' timeout
+fi
 
-# ---- dependencies: the system's when complete, else the carried .debs ----
-have_pc() { command -v pkg-config >/dev/null && pkg-config --exists "$@" 2>/dev/null; }
-CMAKE_DEPS=()
-if [ -z "${FORCE_DEBS:-}" ] && have_pc openblas libcjson libpcre2-8 hwloc; then
-    echo "dependencies: from the system"
+if [ "$BACKEND" = cuda ]; then
+    export SMALL=${SMALL:-0}
 else
-    say "dependencies: unpacking .debs into $DEBROOT"
-    shopt -s nullglob
-    debs=("$ROOT"/.debs/*.deb)
-    if [ ${#debs[@]} -eq 0 ]; then
-        echo "run.sh: no .debs/*.deb (run tools/fetch-device-debs.sh and carry .debs)" >&2
-        exit 2
+    export SMALL=${SMALL:-1}
+fi
+if [ "$SMALL" = 1 ]; then # CPU rehearsal: the same steps on small shapes
+    export LONG_MODEL=${LONG_MODEL:-tiny} LONG_N=${LONG_N:-2048} LONG_LAYERS=${LONG_LAYERS:-1}
+    export BENCH_SPEC=${BENCH_SPEC:-synthetic:tiny,dtype=bf16} PREFILL=${PREFILL:-128}
+    export CTX=${CTX:-32} GEN=${GEN:-4} BATCHES=${BATCHES:-1,8}
+    export SHAPE_SPEC=${SHAPE_SPEC:-synthetic:tiny,dtype=bf16,layers=2}
+    export GEMM_DIMS=${GEMM_DIMS:-64,64,32,172}
+else
+    export LONG_MODEL=${LONG_MODEL:-llama-3.1-8b} LONG_N=${LONG_N:-131072}
+    export LONG_LAYERS=${LONG_LAYERS:-1}
+    export BENCH_SPEC=${BENCH_SPEC:-synthetic:llama-3.1-8b,layers=${BENCH_LAYERS:-32}}
+    export PREFILL=${PREFILL:-2048} CTX=${CTX:-512} GEN=${GEN:-32} BATCHES=${BATCHES:-1,64}
+    export SHAPE_SPEC=${SHAPE_SPEC:-synthetic:llama-3.1-8b,layers=2}
+    # dim, q_dim, kv_dim, hidden of Llama-3.1-8B: the GEMMs of one prefill chunk
+    export GEMM_DIMS=${GEMM_DIMS:-4096,4096,1024,14336}
+fi
+export TORCH_DEVICE=${TORCH_DEVICE:-cpu}
+# The targets this check runs (more device tests: add them here and a section below).
+DEVICE_TARGETS=(tessera tsr_longctx tsr_devbench tsr_logits_check tsr_gpu_roofline
+    tsr_membw tsr_sgemm test_backend_ops test_cuda_mem test_dist_plane)
+
+say() { printf '\n==== %s (%ds) ====\n' "$*" "$(($(date +%s) - T0))"; }
+pack_logs() { tar -czf "$OUT/device-logs.tar.gz" -C "$LOGS" . 2>/dev/null || true; }
+
+S_NAME=() S_STATUS=() S_SECS=() S_NOTE=()
+record() { S_NAME+=("$1") S_STATUS+=("$2") S_SECS+=("$3") S_NOTE+=("$4"); }
+FAILED=0
+
+# section NAME LIMIT_S FUNCTION [MIN_S]: FUNCTION in a child bash under min(LIMIT_S, time
+# left), output to the terminal and $LOGS/NAME.log. Exit 0 PASS, 77 SKIP, 124/137 TIMEOUT,
+# else FAIL; the function's last line starting "NOTE " becomes the summary's note.
+section() {
+    local name=$1 limit=$2 fn=$3 min=${4:-10}
+    if [ -n "${SECTIONS:-}" ] && ! grep -qw -- "$name" <<<"$SECTIONS"; then return 0; fi
+    local left=$((BUDGET - ($(date +%s) - T0) - RESERVE))
+    say "$name (limit ${limit}s, ${left}s left)"
+    if [ "$left" -lt "$min" ]; then
+        echo "skipped: ${left}s left, the section needs at least ${min}s"
+        record "$name" SKIP 0 "out of time (${left}s left of ${BUDGET}s)"
+        return 0
     fi
-    mkdir -p "$DEBROOT"
-    for f in "${debs[@]}"; do
-        if command -v dpkg >/dev/null; then
-            dpkg -x "$f" "$DEBROOT"
-        else # dpkg-less: a .deb is an ar archive holding data.tar.*
-            tmp=$(mktemp -d)
-            (cd "$tmp" && ar x "$f" && tar -xf data.tar.* -C "$DEBROOT")
-            rm -rf "$tmp"
-        fi
-    done
-    L=$DEBROOT/usr/lib/$MA
-    # openblas.pc lives in openblas-pthread/ (Debian's alternatives link is not in the .deb).
-    export PKG_CONFIG_LIBDIR=$L/pkgconfig:$L/openblas-pthread/pkgconfig:$DEBROOT/usr/share/pkgconfig
-    export PKG_CONFIG_SYSROOT_DIR=$DEBROOT
-    export PKG_CONFIG_PATH=
-    # keep -I/-L of the prefix even where they look like system paths once rewritten
-    export PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1
-    export LD_LIBRARY_PATH=$L:$L/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    PKGCONF=$(command -v pkg-config || true)
-    if [ -z "$PKGCONF" ]; then
-        PKGCONF=$DEBROOT/usr/bin/pkgconf
-        # pkgconf's personality files would point at /usr; the LIBDIR above replaces them.
-    fi
-    CMAKE_DEPS+=(-DPKG_CONFIG_EXECUTABLE="$PKGCONF")
-    for m in openblas libcjson libpcre2-8 hwloc; do
-        printf '  %-11s %s\n' "$m" "$("$PKGCONF" --cflags --libs "$m")"
-    done
-fi
-
-# NCCL: the toolkit's, else pip's nvidia-nccl wheel (PyTorch brings one).
-NCCL_ROOT=${NCCL_ROOT:-}
-if [ -z "$NCCL_ROOT" ] && [ ! -f "$(dirname "$(command -v nvcc)")/../include/nccl.h" ] &&
-    command -v python3 >/dev/null; then
-    NCCL_ROOT=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null ||
-        true)
-fi
-[ -n "$NCCL_ROOT" ] && CMAKE_DEPS+=(-DNCCL_ROOT="$NCCL_ROOT")
-
-ARCH=${CUDA_ARCH:-}
-if [ -z "$ARCH" ]; then
-    cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 |
-        tr -d . || true)
-    ARCH=${cap:-90}
-fi
-GEN=()
-command -v ninja >/dev/null && GEN=(-G Ninja)
-
-say "configure ($B, sm_$ARCH)"
-rm -rf "$B"
-cmake -S . -B "$B" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DTESSERA_WERROR=OFF \
-    -DTESSERA_CUDA=ON -DTESSERA_MPI=OFF -DTESSERA_HDF5=OFF -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
-    "${CMAKE_DEPS[@]}" 2>&1 | tee "$OUT/configure.log" |
-    grep -E "tessera|NCCL|CUDA|Warn|Error" || true
-[ -f "$B/CMakeCache.txt" ] && grep -q "^TESSERA_CUDA:BOOL=ON" "$B/CMakeCache.txt"
-if [ -n "${CONFIGURE_ONLY:-}" ]; then
-    say "configured (CONFIGURE_ONLY)"
-    exit 0
-fi
-
-say "build (-j$JOBS)"
-cmake --build "$B" -j"$JOBS" >"$OUT/build.log" 2>&1 || {
-    tail -n 40 "$OUT/build.log"
-    exit 1
+    [ "$limit" -gt "$left" ] && limit=$left
+    local t rc
+    t=$(date +%s)
+    SECTION_LIMIT=$limit timeout -k 10 "$limit" bash -c "$fn" 2>&1 | tee "$LOGS/$name.log"
+    rc=${PIPESTATUS[0]}
+    local secs=$(($(date +%s) - t)) st note
+    note=$(sed -n 's/^NOTE //p' "$LOGS/$name.log" | tail -n 1)
+    case $rc in
+    0) st=PASS ;;
+    77) st=SKIP ;;
+    124 | 137)
+        st=TIMEOUT
+        note="killed after ${limit}s${note:+; $note}"
+        ;;
+    *)
+        st=FAIL
+        note="exit $rc${note:+; $note}"
+        ;;
+    esac
+    [ "$st" = FAIL ] || [ "$st" = TIMEOUT ] && FAILED=1
+    record "$name" "$st" "$secs" "$note"
+    pack_logs
 }
 
-say "ctest"
-rc=0
-ctest --test-dir "$B" --output-on-failure -j"$JOBS" --timeout 120 2>&1 | tee "$OUT/ctest.log" |
-    tail -n 25 || rc=1
-grep -q "100% tests passed" "$OUT/ctest.log" || rc=1
+# ---- the sections ------------------------------------------------------------------------
 
-say "test_backend_ops: CUDA vs CPU, with timings"
-TSR_BENCH=1 "$B/tests/test_backend_ops" 2>&1 | tee "$OUT/backend_ops.log" || rc=1
-grep -q "CUDA backend on" "$OUT/backend_ops.log" || {
-    echo "run.sh: the CUDA backend did not come up" >&2
-    rc=1
+sec_machine() {
+    command -v nvidia-smi >/dev/null &&
+        nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,clocks.max.sm \
+            --format=csv,noheader | sed 's/^/gpu /'
+    command -v nvidia-smi >/dev/null && nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/driver CUDA \1/p'
+    command -v nvcc >/dev/null && nvcc --version | tail -n 1
+    cmake --version | head -n 1
+    echo "cpus $JOBS, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
+    python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)' 2>&1 | tail -n 1
+    echo "backend $BACKEND, bench $BENCH_SPEC, longctx synthetic:$LONG_MODEL x $LONG_N tokens, $LONG_LAYERS layer(s)"
+    return 0
+}
+
+sec_configure() {
+    set -e
+    # ---- dependencies: the system's when complete, else the carried .debs ----
+    have_pc() { command -v pkg-config >/dev/null && pkg-config --exists "$@" 2>/dev/null; }
+    local deps=() f m L PKGCONF
+    if [ -z "${FORCE_DEBS:-}" ] && have_pc openblas libcjson libpcre2-8 hwloc; then
+        echo "dependencies: from the system"
+    else
+        echo "dependencies: unpacking .debs into $DEBROOT"
+        shopt -s nullglob
+        local debs=("$ROOT"/.debs/*.deb)
+        if [ ${#debs[@]} -eq 0 ]; then
+            echo "run.sh: no .debs/*.deb (run tools/fetch-device-debs.sh and carry .debs)"
+            echo "NOTE no .debs carried"
+            return 2
+        fi
+        mkdir -p "$DEBROOT"
+        for f in "${debs[@]}"; do
+            if command -v dpkg >/dev/null; then
+                dpkg -x "$f" "$DEBROOT"
+            else # dpkg-less: a .deb is an ar archive holding data.tar.*
+                local tmp
+                tmp=$(mktemp -d)
+                (cd "$tmp" && ar x "$f" && tar -xf data.tar.* -C "$DEBROOT")
+                rm -rf "$tmp"
+            fi
+        done
+        L=$DEBROOT/usr/lib/$MA
+        # openblas.pc lives in openblas-openmp/ (Debian's OpenMP flavour, which the build
+        # prefers, cmake/TesseraDeps.cmake; the alternatives link is not in the .deb); the
+        # sysroot rewrites every -I/-L into the prefix; the system-path filters would drop
+        # them once rewritten. deps.env carries this to the later sections.
+        cat >"$LOGS/deps.env" <<EOF
+export PKG_CONFIG_LIBDIR=$L/pkgconfig:$L/openblas-openmp/pkgconfig:$DEBROOT/usr/share/pkgconfig
+export PKG_CONFIG_SYSROOT_DIR=$DEBROOT PKG_CONFIG_PATH=
+export PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1
+export LD_LIBRARY_PATH=$L:$L/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+EOF
+        . "$LOGS/deps.env"
+        # without pkg-config, the unpacked pkgconf (PKG_CONFIG_LIBDIR replaces its
+        # personality files, which would point at /usr)
+        PKGCONF=$(command -v pkg-config || echo "$DEBROOT/usr/bin/pkgconf")
+        deps+=(-DPKG_CONFIG_EXECUTABLE="$PKGCONF")
+        for m in openblas libcjson libpcre2-8 hwloc; do
+            printf '  %-11s %s\n' "$m" "$("$PKGCONF" --cflags --libs "$m")"
+        done
+    fi
+    # NCCL: the toolkit's, else pip's nvidia-nccl wheel (PyTorch brings one).
+    local nccl=${NCCL_ROOT:-}
+    if [ -z "$nccl" ] && [ ! -f "$(dirname "$(command -v nvcc)")/../include/nccl.h" ] &&
+        command -v python3 >/dev/null; then
+        nccl=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null ||
+            true)
+    fi
+    [ -n "$nccl" ] && deps+=(-DNCCL_ROOT="$nccl")
+    local arch=${CUDA_ARCH:-} cap gen=()
+    if [ -z "$arch" ]; then
+        cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
+            head -n 1 | tr -d . || true)
+        arch=${cap:-90}
+    fi
+    command -v ninja >/dev/null && gen=(-G Ninja)
+    echo "configure $B for sm_$arch"
+    rm -rf "$B"
+    cmake -S . -B "$B" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DTESSERA_WERROR=OFF \
+        -DTESSERA_CUDA=ON -DTESSERA_MPI=OFF -DTESSERA_HDF5=OFF \
+        -DCMAKE_CUDA_ARCHITECTURES="$arch" "${deps[@]}" >"$LOGS/configure-cmake.log" 2>&1 || {
+        tail -n 30 "$LOGS/configure-cmake.log"
+        return 1
+    }
+    grep -E "tessera|NCCL|CUDA|Warn|Error" "$LOGS/configure-cmake.log" || true
+    grep -q "^TESSERA_CUDA:BOOL=ON" "$B/CMakeCache.txt"
+}
+
+sec_build() {
+    local t rc=0 keep=(-k) missing=0
+    # keep going past a target that fails, so that the checks of the others still run
+    grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja' "$B/CMakeCache.txt" && keep=(-k 0)
+    echo "targets: ${DEVICE_TARGETS_S}"
+    # shellcheck disable=SC2086
+    cmake --build "$B" -j"$JOBS" --target $DEVICE_TARGETS_S -- "${keep[@]}" \
+        >"$LOGS/build-cmake.log" 2>&1 || rc=1
+    [ $rc = 0 ] || grep -E -B2 -A12 'error|Error' "$LOGS/build-cmake.log" | head -n 60
+    for t in $DEVICE_TARGETS_S; do
+        [ -n "$(find "$B" -name "$t" -type f -perm -u+x | head -n 1)" ] || {
+            echo "missing: $t"
+            missing=$((missing + 1))
+        }
+    done
+    [ $missing = 0 ] || echo "NOTE $missing target(s) did not build"
+    echo "built in $B"
+    return $rc
+}
+
+sec_backend_ops() {
+    [ "$BACKEND" != cuda ] && { "$B/tests/test_backend_ops"; return; } # no timings on a CPU
+    TSR_BENCH=1 "$B/tests/test_backend_ops" || return 1
+    grep -q "backend cuda on" "$LOGS/backend_ops.log" || {
+        echo "run.sh: the CUDA backend did not come up"
+        echo "NOTE no CUDA backend"
+        return 1
+    }
+    # split-K decode, tiled prefill and the sample op must have met the CPU on the GPU
+    local k rc=0
+    for k in "attn split-K" "attn prefill tiled" "sample vocab 50000"; do
+        grep -q "^  $k.* cuda " "$LOGS/backend_ops.log" || {
+            echo "run.sh: no cuda line for '$k'"
+            rc=1
+        }
+    done
+    return $rc
 }
 
 # The memory contract (kernels/backend.h) on the GPU: host staging, sync and stream copies,
 # events, KV rows by slot (kv.cu), attention with host positions; CUDA against the CPU.
-say "test_cuda_mem: the CUDA backend's memory calls"
-"$B/tests/test_cuda_mem" 2>&1 | tee "$OUT/cuda_mem.log" || rc=1
-grep -q "cuda: attention with host positions" "$OUT/cuda_mem.log" || {
-    echo "run.sh: test_cuda_mem did not run on the CUDA backend" >&2
-    rc=1
+sec_cuda_mem() {
+    "$B/tests/test_cuda_mem" || return 1
+    [ "$BACKEND" != cuda ] && return 0
+    grep -q "cuda: attention with host positions" "$LOGS/cuda_mem.log" || {
+        echo "run.sh: test_cuda_mem did not run on the CUDA backend"
+        return 1
+    }
 }
 
-# No MPI here, so no multi-rank NCCL run: this checks that the real CUDA backend counts as a
-# device backend with its own stream, i.e. what would put a multi-rank data plane on NCCL
-# (and is refused cleanly by this MPI-less, NCCL-less build).
-say "test_dist_plane: the CUDA backend's data plane"
-"$B/tests/test_dist_plane" test_cuda_backend_if_present 2>&1 | tee "$OUT/dist_plane.log" || rc=1
-grep -q "cuda backend on GPU" "$OUT/dist_plane.log" || {
-    echo "run.sh: test_dist_plane did not get the CUDA backend" >&2
-    rc=1
+# No MPI here, so no multi-rank NCCL run: the real CUDA backend must count as a device
+# backend with its own stream, i.e. what would put a multi-rank data plane on NCCL.
+sec_dist_plane() {
+    "$B/tests/test_dist_plane" test_cuda_backend_if_present || return 1
+    [ "$BACKEND" != cuda ] && return 0
+    grep -q "cuda backend on GPU" "$LOGS/dist_plane.log" || {
+        echo "run.sh: test_dist_plane did not get the CUDA backend"
+        return 1
+    }
 }
 
-say "done (rc=$rc)"
-exit $rc
+sec_logits() {
+    local rc=0 torch=1 r name model gold refs
+    local check=("$B/bench/tsr_logits_check")
+    for name in stories260K synth_bf16_gqa; do
+        if [ $name = stories260K ]; then model=models/stories260K.bin; else model=tests/data/$name; fi
+        gold=tests/data/golden/$name.json
+        refs=(--ref "golden=$gold")
+        if [ $torch = 1 ]; then
+            r=0
+            PYTHONUNBUFFERED=1 python3 tools/torch_reference.py --model "$model" \
+                --prompts-from "$gold" --device "$TORCH_DEVICE" --threads "$JOBS" \
+                --out "$LOGS/torch_$name.json" || r=$?
+            if [ $r = 0 ]; then
+                refs=(--ref "torch=$LOGS/torch_$name.json" "${refs[@]}")
+            elif [ $r = 3 ]; then
+                torch=0 # no torch/transformers: the golden files (transformers, made ahead)
+            else
+                rc=1
+            fi
+        fi
+        "${check[@]}" "$model" --backend "$BACKEND" --against cpu "${refs[@]}" \
+            --label "$name" --threads "$JOBS" || rc=1
+    done
+    # The 8B shape (GQA 32/8, head_dim 128, vocab 128256, llama3 rope), 2 layers: CUDA vs CPU.
+    "${check[@]}" "$SHAPE_SPEC" --backend "$BACKEND" --against cpu --random 32 --greedy 8 \
+        --label "$SHAPE_SPEC" --threads "$JOBS" || rc=1
+    [ $torch = 1 ] || echo "NOTE PyTorch reference skipped (no torch/transformers here); golden files used"
+    return $rc
+}
+
+sec_roofline() {
+    local d q kv h
+    IFS=, read -r d q kv h <<<"$GEMM_DIMS"
+    if [ "$BACKEND" = cuda ]; then
+        "$B/bench/tsr_gpu_roofline" --copy-mib 4096 --repeat 20 \
+            --layer "$PREFILL,$d,$q,$kv,$h" --gemm 8192x8192x8192
+        return
+    fi
+    # CPU rehearsal: the host's streaming-read bandwidth and OpenBLAS SGEMM, in the GPU
+    # tool's keys (hbm_gbs, gemm_layer tflops).
+    local bw g
+    bw=$("$B/bench/tsr_membw" --mib 256 --repeat 3 --max-threads "$JOBS") || return 1
+    echo "$bw"
+    g=$("$B/bench/tsr_sgemm" --m "$PREFILL" --n "$h" --k "$d" --threads "$JOBS" --repeat 3) ||
+        return 1
+    echo "$g"
+    echo "hbm_gbs=$(sed -n "s/.*\"read_gb_s_${JOBS}t\":\([0-9.]*\).*/\1/p" <<<"$bw")"
+    echo "gemm_layer tokens=$PREFILL tflops=$(sed -n 's/.*"gflops_best":\([0-9.]*\).*/\1/p' <<<"$g" |
+        awk '{print $1 / 1000}')"
+}
+
+sec_throughput() {
+    "$B/bench/tsr_devbench" "$BENCH_SPEC" --backend "$BACKEND" --threads "$JOBS" \
+        --prefill "$PREFILL" --ctx "$CTX" --gen "$GEN" --batch "$BATCHES" --repeat 3
+}
+
+sec_longctx() {
+    local n_pol per out
+    n_pol=$("$B/bench/tsr_longctx" --policies | wc -l)
+    # each policy an equal share of what is left, less the model set-up margin
+    per=$(((SECTION_LIMIT - 5) / (n_pol > 0 ? n_pol : 1)))
+    echo "$n_pol policies, at most ${per}s each"
+    out=$(BACKEND=$BACKEND MODEL=$LONG_MODEL THREADS=$JOBS RUN_TIMEOUT=$per \
+        bash bench/longctx.sh "$B" "$LONG_N" "$LONG_LAYERS") || return 1
+    echo "$out"
+    if grep -q FAILED <<<"$out"; then
+        echo "NOTE $(grep -c FAILED <<<"$out") of $n_pol policies failed"
+        return 1
+    fi
+}
+
+sec_ctest() {
+    [ -n "${SKIP_CTEST:-}" ] && { echo "NOTE SKIP_CTEST set"; return 77; }
+    cmake --build "$B" -j"$JOBS" >"$LOGS/build-all.log" 2>&1 || {
+        tail -n 30 "$LOGS/build-all.log"
+        return 1
+    }
+    ctest --test-dir "$B" -L unit -LE "slurm|fenced" -j"$JOBS" --timeout 60 \
+        --output-on-failure 2>&1 | tail -n 25
+    return "${PIPESTATUS[0]}"
+}
+
+# ---- the summary -------------------------------------------------------------------------
+
+# key=value of the last line of FILE starting with PREFIX
+kv() { sed -n "/^$2/p" "$1" 2>/dev/null | tail -n 1 | tr ' ' '\n' | sed -n "s/^$3=//p"; }
+
+perf_table() {
+    local rl=$LOGS/roofline.log tp=$LOGS/throughput.log hbm gemm
+    hbm=$(kv "$rl" hbm_gbs= hbm_gbs)
+    gemm=$(kv "$rl" gemm_layer tflops)
+    echo "| measure | tokens/s | achieved | ceiling, measured in this run | of ceiling | target | |"
+    echo "|---|---:|---:|---:|---:|---:|---|"
+    [ -f "$tp" ] || tp=/dev/null
+    awk -v hbm="${hbm:-0}" -v gemm="${gemm:-0}" '
+        function val(k,   i, a) { for (i = 2; i <= NF; i++) { split($i, a, "="); if (a[1] == k) return a[2] } return "" }
+        function verdict(p, t) { return (hbm > 0 && gemm > 0) ? (p >= t ? "PASS" : "BELOW") : "no ceiling" }
+        function floor_s(bytes, flops,   a, b) { a = hbm > 0 ? bytes / (hbm * 1e9) : 0; b = gemm > 0 ? flops / (gemm * 1e12) : 0; return a > b ? a : b }
+        /^prefill / {
+            n = val("tokens"); s = val("seconds"); f = n * val("flops_per_token")
+            p = 100 * floor_s(val("bytes"), f) / s
+            printf "| prefill, %d tokens in one call | %.0f | %.3g TFLOP/s | %.3g TFLOP/s cuBLAS BF16 GEMM at this shape | %.1f %% | >= 60 %% | %s |\n", n, val("tok_s"), f / s / 1e12, gemm, p, verdict(p, 60)
+            seen = 1
+        }
+        /^decode / {
+            s = val("step_s"); by = val("bytes_per_step"); fl = val("flops_per_step")
+            p = 100 * floor_s(by, fl) / s
+            printf "| decode, batch %d, context %d | %.1f | %.4g GB/s (weights + KV) | %.4g GB/s HBM copy | %.1f %% | >= 80 %% | %s |\n", val("batch"), val("ctx"), val("tok_s"), by / s / 1e9, hbm, p, verdict(p, 80)
+            seen = 1
+        }
+        END { if (!seen) print "| not measured (see the throughput section) | | | | | | |" }
+    ' "$tp" 2>/dev/null
+    echo
+    echo "Ceilings: HBM ${hbm:-?} GB/s (best device-to-device copy, bytes read + written);"
+    echo "cuBLAS BF16 GEMM ${gemm:-?} TFLOP/s (the seven GEMMs of one layer at $PREFILL tokens:"
+    echo "total flops / total best time). Of ceiling: the roofline time of the step (bytes/HBM or"
+    echo "flops/GEMM, whichever is longer) over the measured time."
+}
+
+summary() {
+    local md=$OUT/gpu-results.md i gpu drv cuda
+    gpu=$(sed -n 's/^gpu //p' "$LOGS/machine.log" 2>/dev/null | head -n 1 | cut -d, -f1)
+    drv=$(sed -n 's/^gpu //p' "$LOGS/machine.log" 2>/dev/null | head -n 1 | cut -d, -f2 | tr -d ' ')
+    cuda=$(sed -n 's/^driver CUDA //p' "$LOGS/machine.log" 2>/dev/null)
+    {
+        echo "## Run of $(date -u '+%Y-%m-%d %H:%M UTC')"
+        echo
+        echo "- GPU: ${gpu:-?}; driver ${drv:-?}; CUDA (driver) ${cuda:-?};" \
+            "$(grep -m1 -o 'release [0-9.]*' "$LOGS/machine.log" 2>/dev/null | sed 's/^/nvcc /')"
+        echo "- $(grep -m1 '^torch' "$LOGS/machine.log" 2>/dev/null || echo 'torch: ?')"
+        echo "- backend $BACKEND; tests/device/run.sh took $(($(date +%s) - T0)) s of a ${BUDGET} s budget"
+        echo
+        echo "| section | status | seconds | note |"
+        echo "|---|---|---:|---|"
+        for i in "${!S_NAME[@]}"; do
+            echo "| ${S_NAME[$i]} | ${S_STATUS[$i]} | ${S_SECS[$i]} | ${S_NOTE[$i]} |"
+        done
+        echo
+        echo "### Logits (bench/logits_check.c; CUDA vs CPU, vs PyTorch, vs the golden files)"
+        echo
+        echo '```'
+        grep -h -E '^(== logits|RESULT logits|  [a-z0-9-]+ +max_abs)' "$LOGS/logits.log" 2>/dev/null ||
+            echo "not run"
+        echo '```'
+        echo
+        echo "### Throughput against the roofline ($BENCH_SPEC)"
+        echo
+        perf_table
+        echo
+        echo "### 128K-token prefill per policy (synthetic:$LONG_MODEL, $LONG_LAYERS layer(s), budget 10 %)"
+        echo
+        echo '```'
+        grep -h -E '^(# |policy |[a-z0-9_()-]+ +[0-9]+ )' "$LOGS/longctx.log" 2>/dev/null ||
+            echo "not run"
+        echo '```'
+    } >"$md"
+    say "summary (paste into docs/gpu-results.md)"
+    echo "----- 8< -----"
+    cat "$md"
+    echo "----- >8 -----"
+}
+
+export -f sec_machine sec_configure sec_build sec_backend_ops sec_cuda_mem sec_dist_plane \
+    sec_logits sec_roofline sec_throughput sec_longctx sec_ctest
+export DEVICE_TARGETS_S="${DEVICE_TARGETS[*]}"
+
+section machine 30 sec_machine 1
+if [ "$BACKEND" = cuda ]; then
+    section configure 90 sec_configure 20
+    # the carried libraries' environment (sec_configure), for the build and every binary
+    [ -f "$LOGS/deps.env" ] && . "$LOGS/deps.env"
+    if [ -n "${CONFIGURE_ONLY:-}" ]; then
+        say "configured (CONFIGURE_ONLY)"
+        exit 0
+    fi
+    section build "${BUILD_LIMIT_S:-150}" sec_build 30
+else
+    echo "(rehearsal on $BACKEND: configure and build skipped, using $B)"
+fi
+if [ -x "$B/bench/tsr_logits_check" ]; then
+    section backend_ops 60 sec_backend_ops
+    section cuda_mem 30 sec_cuda_mem
+    section dist_plane 20 sec_dist_plane
+    section logits 90 sec_logits 20
+    section roofline 40 sec_roofline
+    section throughput 90 sec_throughput 30
+    section longctx 240 sec_longctx 30
+    section ctest 120 sec_ctest 60
+else
+    echo "run.sh: $B has no build: the checks are skipped"
+    FAILED=1
+fi
+summary
+pack_logs
+say "done: $([ $FAILED = 0 ] && echo PASS || echo FAIL)"
+exec >&- 2>&-
+wait "$TEE_PID" 2>/dev/null # run.log complete before the run tool collects $OUT
+exit $FAILED

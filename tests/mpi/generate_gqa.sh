@@ -25,7 +25,8 @@ for kv in 1 2; do
 EOF
     model=synthetic:$tmp/gqa$kv.json
     for pol in "paged" "h2o --kv-budget 0.4" "h2o --kv-budget 0.4 --h2o-scores materialize" \
-               "offload --kv-budget 0.4" "snapkv --kv-budget 0.4" "streaming --kv-budget 0.4"; do
+               "offload --kv-budget 0.4 --offload-mode warmup" "snapkv --kv-budget 0.4" \
+               "streaming --kv-budget 0.4"; do
         # shellcheck disable=SC2086
         "$bin" generate --model "$model" "${common[@]}" --kv-policy $pol --stats \
             >"$tmp/ref.txt" 2>"$tmp/ref.err" || { cat "$tmp/ref.err"; exit 1; }

@@ -16,7 +16,7 @@ texts() {
     sed -E 's/.*"custom_id":"([^"]*)".*"text":(".*"),"finish_reason".*/\1 \2/' "$1" | sort
 }
 fail=0
-for pol in "paged" "h2o --kv-budget 0.5" "offload --kv-budget 0.5"; do
+for pol in "paged" "h2o --kv-budget 0.5" "offload --kv-budget 0.5 --offload-mode warmup"; do
     rm -f "$tmp"/*.jsonl
     # shellcheck disable=SC2086
     "$bin" "${args[@]}" --kv-policy $pol --output "$tmp/ref.jsonl" || exit 1

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "kernels/backend.h"
+#include "kernels/sample.h"
 #include "base/alloc.h"
 #include "base/dtype.h"
 #include "tests/test.h"
@@ -885,6 +886,16 @@ TSR_TEST(test_attention_decode) {
     check_attention(&c2);
     attn_case c3 = {"attn decode hd64 scattered 2 spans", 1, 4, 2, 64, 2, {40, 9}, 1, 0};
     check_attention(&c3);
+    /* Long enough for CUDA's split-K path (kernels/cuda/attn.cu: at most 8 queries, 256
+     * keys or more): chunks of the key range merged, query heads of a group in one block. */
+    attn_case c4 = {"attn split-K gqa4 hd128 4000 keys+scores", 1, 16, 4, 128, 1, {4000}, 0, 1};
+    check_attention(&c4);
+    attn_case c5 = {"attn split-K gqa8 hd64 scattered 3 spans+sc", 1, 8, 1, 64, 3,
+                    {700, 900, 513}, 1, 1};
+    check_attention(&c5);
+    attn_case c6 = {"attn split-K 4 queries gqa2 hd96 2 spans+sc", 4, 4, 2, 96, 2, {1000, 600},
+                    0, 1};
+    check_attention(&c6);
 }
 
 TSR_TEST(test_attention_prefill) {
@@ -894,6 +905,90 @@ TSR_TEST(test_attention_prefill) {
     check_attention(&c2);
     attn_case c3 = {"attn prefill hd160 scattered+scores", 12, 2, 1, 160, 2, {90, 60}, 1, 1};
     check_attention(&c3);
+    /* CUDA's tiled prefill (head_dim <= 128): several query tiles, a ragged last one. */
+    attn_case c4 = {"attn prefill tiled gqa4 hd128 100 q+scores", 100, 8, 2, 128, 3,
+                    {64, 300, 36}, 0, 1};
+    check_attention(&c4);
+    attn_case c5 = {"attn prefill tiled hd80 scattered 33 q", 33, 4, 4, 80, 2, {50, 70}, 1, 0};
+    check_attention(&c5);
+}
+
+/* ---- sampling ---- */
+
+/* The sample op (optional) against the host arithmetic (kernels/sample.c, which the CPU op
+ * runs): greedy rows must give the same id everywhere; a sampled row must too unless its
+ * draw is fragile (r moved by 1e-4 either way changes the host's token: a GPU's parallel
+ * sums may then fall on the other side). Rows: greedy, plain temperature, top-k, top-p,
+ * both, top-k above the vocabulary; a large vocabulary (two passes of the device's chunked
+ * scans) and a small one. */
+static void check_sample(int vocab, int rows) {
+    targets t;
+    ASSERT_OK(targets_open(&t));
+    size_t nf = (size_t)rows * (size_t)vocab;
+    float *x = rand_floats(nf, 4.0f), *y = tsr_malloc((size_t)vocab * sizeof(float));
+    tsr_sample_cand *cand = tsr_malloc((size_t)vocab * sizeof *cand);
+    tsr_sample_params *par = tsr_malloc((size_t)rows * sizeof *par);
+    int32_t *want = tsr_malloc((size_t)rows * sizeof(int32_t));
+    int32_t *got = tsr_malloc((size_t)rows * sizeof(int32_t));
+    int *fragile = tsr_malloc((size_t)rows * sizeof(int));
+    ASSERT_TRUE(x && y && cand && par && want && got && fragile);
+    static const tsr_sample_params kinds[] = {{0.0f, 1.0f, 0, 0.0f},  {0.8f, 1.0f, 0, 0.0f},
+                                              {1.0f, 1.0f, 40, 0.0f}, {1.2f, 0.9f, 0, 0.0f},
+                                              {0.7f, 0.95f, 50, 0.0f}, {1.5f, 0.6f, 1 << 30, 0.0f}};
+    for (int i = 0; i < rows; i++) {
+        par[i] = kinds[i % 6];
+        par[i].r = 0.5f * (frand() + 1.0f);
+        if (i % 5 == 0) x[(size_t)i * vocab + (size_t)(i * 7 % vocab)] = 9.0f; /* a clear max */
+        int32_t ids3[3];
+        for (int d = -1; d <= 1; d++) {
+            tsr_sample_params q = par[i];
+            q.r += 1e-4f * (float)d;
+            q.r = q.r < 0.0f ? 0.0f : q.r >= 1.0f ? 0.99999f : q.r;
+            memcpy(y, x + (size_t)i * vocab, (size_t)vocab * sizeof(float));
+            ids3[d + 1] = tsr_sample_row(y, vocab, &q, cand);
+        }
+        want[i] = ids3[1];
+        fragile[i] = par[i].temperature != 0.0f && (ids3[0] != ids3[1] || ids3[2] != ids3[1]);
+    }
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        tsr_backend *be = target(&t, b);
+        const char *label = b < 0 ? "cpu/1" : t.label[b];
+        if (!be->ops->sample) {
+            printf("  sample vocab %-6d %-6s no sample op: the host samples\n", vocab, label);
+            continue;
+        }
+        float *dx = be_dup(be, x, nf * sizeof(float));
+        ASSERT_TRUE(dx != NULL);
+        ASSERT_OK(be->ops->sample(be, dx, rows, vocab, par, got));
+        int same = 0, skipped = 0;
+        for (int i = 0; i < rows; i++) {
+            if (got[i] == want[i]) {
+                same++;
+            } else if (fragile[i]) {
+                skipped++;
+            } else {
+                TSR_FAIL_("sample vocab %d %s row %d (T %.2f top-k %d top-p %.2f r %.5f): id %d, "
+                          "host %d", vocab, label, i, (double)par[i].temperature, par[i].top_k,
+                          (double)par[i].top_p, (double)par[i].r, got[i], want[i]);
+            }
+        }
+        printf("  sample vocab %-6d rows %-3d %-6s %d ids as the host, %d fragile draws "
+               "differ\n", vocab, rows, label, same, skipped);
+        be_release(be, dx);
+    }
+    tsr_free(x);
+    tsr_free(y);
+    tsr_free(cand);
+    tsr_free(par);
+    tsr_free(want);
+    tsr_free(got);
+    tsr_free(fragile);
+    targets_close(&t);
+}
+
+TSR_TEST(test_sample) {
+    check_sample(50000, 30);
+    check_sample(37, 12);
 }
 
 /* ---- timings (TSR_BENCH=1; tests/device/run.sh) ---- */
@@ -998,6 +1093,38 @@ TSR_TEST(test_bench) {
                "%7.1f GB/s KV\n",
                at[i].n_q, at[i].n_k, s * 1e3, flop / s * 1e-12, kvbytes / s * 1e-9);
     }
+    /* the sample op on a Llama-3 vocabulary: greedy, and top-k 50 + top-p 0.9 (the sort) */
+    if (be->ops->sample) {
+        const int V = 128256, rows[2] = {1, 64};
+        for (int ri = 0; ri < 2; ri++) {
+            for (int kind = 0; kind < 2; kind++) {
+                const int n = rows[ri];
+                if (be->device < 0 && n > 1 && kind) continue; /* the host's qsort: seconds */
+                float *x = rand_floats((size_t)n * V, 4.0f);
+                tsr_sample_params *par = tsr_malloc((size_t)n * sizeof *par);
+                int32_t *ids = tsr_malloc((size_t)n * sizeof(int32_t));
+                float *dx = be_dup(be, NULL, (size_t)n * V * sizeof(float));
+                double best = INFINITY;
+                for (int i = 0; par && i < n; i++)
+                    par[i] = kind ? (tsr_sample_params){0.8f, 0.9f, 50, 0.5f}
+                                  : (tsr_sample_params){0.0f, 1.0f, 0, 0.0f};
+                for (int r = 0; x && par && ids && dx && r <= 3; r++) {
+                    /* the op overwrites its logits: fresh ones each time, outside the timing */
+                    if (tsr_backend_upload(be, dx, x, (size_t)n * V * sizeof(float)) != TSR_OK)
+                        break;
+                    double t0 = now_s();
+                    if (be->ops->sample(be, dx, n, V, par, ids) != TSR_OK) break;
+                    if (r > 0 && now_s() - t0 < best) best = now_s() - t0;
+                }
+                printf("  sample %-2d rows x %d vocab %-18s: %9.3f ms (ids on the host)\n", n, V,
+                       kind ? "top-k 50 top-p 0.9" : "greedy", best * 1e3);
+                be_release(be, dx);
+                tsr_free(x);
+                tsr_free(par);
+                tsr_free(ids);
+            }
+        }
+    }
     targets_close(&t);
 }
 
@@ -1030,5 +1157,6 @@ TSR_TEST(test_backend_select) {
 
 TSR_TEST_MAIN(test_memory, test_copies, test_kv_rows, test_matmul_f32, test_matmul_bf16,
               test_matmul_f16, test_matmul_parts, test_rmsnorm, test_rope, test_swiglu_add,
-              test_embed, test_attention_decode, test_attention_prefill, test_backend_select,
+              test_embed, test_attention_decode, test_attention_prefill, test_sample,
+              test_backend_select,
               test_bench)

@@ -14,6 +14,11 @@
 
 #include "tests/policy_util.h"
 
+#include <math.h>
+
+#include "kernels/rope_freq.h"
+#include "policies/offload_skew.h"
+
 
 /* A policy stat by its declared name. */
 #define TSR__PS(name) ((int64_t)tsr_kv_policy_stat(&ps, name))
@@ -191,5 +196,192 @@ TSR_KV_FWD_TEST(test_forward_uses_speculation) {
     }
 }
 
+static uint32_t tsr__rng = 12345u;
+static float tsr__rnd(void) { /* uniform in [-0.5, 0.5) */
+    tsr__rng = tsr__rng * 1664525u + 1013904223u;
+    return (float)((tsr__rng >> 8) & 0xffff) / 65536.0f - 0.5f;
+}
+
+/* The skew is exact on rotated vectors: with every column of the transform, (R q) A . (R k)
+ * A equals (R q) . (R k) within 1e-5 for queries and keys of the weights at different
+ * positions, both rotary layouts; the transform is orthonormal. */
+TSR_TEST(test_skew_keeps_qk) {
+    enum { HD = 16, DIM = 24, GROUP = 2 };
+    static float wq[GROUP * HD * DIM], wk[HD * DIM], norm[DIM];
+    for (size_t i = 0; i < sizeof wq / sizeof wq[0]; i++) wq[i] = tsr__rnd();
+    for (size_t i = 0; i < sizeof wk / sizeof wk[0]; i++) wk[i] = tsr__rnd();
+    for (int i = 0; i < DIM; i++) norm[i] = 0.5f + tsr__rnd();
+    tsr_tensor tq = {TSR_F32, GROUP * HD, DIM, wq};
+    tsr_tensor tn = {TSR_F32, 1, DIM, norm};
+    for (int inter = 0; inter < 2; inter++) {
+        tsr_model_config cfg = {.dim = DIM, .head_dim = HD, .n_heads = GROUP, .n_kv_heads = 1,
+                                .max_seq_len = 2048, .rope_theta = 10000.0f,
+                                .rope_interleaved = inter};
+        float inv[HD / 2], a[HD * HD];
+        tsr_rope_inv_freq(&cfg, inv);
+        ASSERT_OK(tsr_offload_skew_head(&cfg, inv, &tq, 0, GROUP, &tn, HD, a));
+        for (int i = 0; i < HD; i++)
+            for (int j = 0; j < HD; j++) {
+                double d = 0;
+                for (int t = 0; t < HD; t++) d += (double)a[i * HD + t] * a[j * HD + t];
+                ASSERT_NEAR(d, i == j, 1e-6);
+            }
+        for (int trial = 0; trial < 20; trial++) {
+            float x[DIM], y[DIM], q[GROUP * HD], k[HD];
+            for (int i = 0; i < DIM; i++) {
+                x[i] = tsr__rnd() * norm[i];
+                y[i] = tsr__rnd() * norm[i];
+            }
+            for (int r = 0; r < GROUP * HD; r++) {
+                q[r] = 0;
+                for (int i = 0; i < DIM; i++) q[r] += wq[r * DIM + i] * x[i];
+            }
+            for (int r = 0; r < HD; r++) {
+                k[r] = 0;
+                for (int i = 0; i < DIM; i++) k[r] += wk[r * DIM + i] * y[i];
+            }
+            int32_t pq = 17 * trial + 1000, pk = 3 * trial;
+            tsr_offload_rope(q, GROUP, HD, inv, inter, pq);
+            tsr_offload_rope(k, 1, HD, inv, inter, pk);
+            for (int h = 0; h < GROUP; h++) {
+                double dot = 0, skew = 0;
+                for (int t = 0; t < HD; t++) dot += (double)q[h * HD + t] * k[t];
+                for (int c = 0; c < HD; c++) {
+                    double qa = 0, ka = 0;
+                    for (int t = 0; t < HD; t++) {
+                        qa += (double)a[c * HD + t] * q[h * HD + t];
+                        ka += (double)a[c * HD + t] * k[t];
+                    }
+                    skew += qa * ka;
+                }
+                ASSERT_NEAR(skew, dot, 1e-5);
+            }
+        }
+    }
+}
+
+/* The closed-form position average of R(t) C R(t)^T equals the average by brute force,
+ * and the first column of a skew holds at least the variance of the best single channel. */
+TSR_TEST(test_skew_rope_average) {
+    enum { HD = 8, NP = 37 };
+    tsr_model_config cfg = {.head_dim = HD, .rope_theta = 10.0f, .max_seq_len = NP};
+    float inv[HD / 2];
+    tsr_rope_inv_freq(&cfg, inv);
+    for (int inter = 0; inter < 2; inter++) {
+        double c[HD * HD], ref[HD * HD] = {0};
+        for (int i = 0; i < HD; i++)
+            for (int j = 0; j <= i; j++) c[i * HD + j] = c[j * HD + i] = tsr__rnd() + (i == j);
+        for (int t = 0; t < NP; t++) {
+            double r[HD * HD] = {0}, rc[HD * HD] = {0};
+            for (int p = 0; p < HD / 2; p++) {
+                int a = inter ? 2 * p : p, b = inter ? 2 * p + 1 : p + HD / 2;
+                double cs = cos((double)t * inv[p]), sn = sin((double)t * inv[p]);
+                r[a * HD + a] = cs;
+                r[a * HD + b] = -sn;
+                r[b * HD + a] = sn;
+                r[b * HD + b] = cs;
+            }
+            for (int i = 0; i < HD; i++)
+                for (int j = 0; j < HD; j++)
+                    for (int k = 0; k < HD; k++) rc[i * HD + j] += r[i * HD + k] * c[k * HD + j];
+            for (int i = 0; i < HD; i++)
+                for (int j = 0; j < HD; j++)
+                    for (int k = 0; k < HD; k++)
+                        ref[i * HD + j] += rc[i * HD + k] * r[j * HD + k] / NP;
+        }
+        tsr_offload_rope_average(c, HD, inv, inter, NP);
+        for (int i = 0; i < HD * HD; i++) ASSERT_NEAR(c[i], ref[i], 1e-9);
+        double w[HD], v[HD * HD], e[HD * HD], best = 0, top = -1;
+        memcpy(e, c, sizeof e);
+        tsr_offload_eig_sym(e, HD, w, v);
+        for (int i = 0; i < HD; i++) {
+            best = c[i * HD + i] > best ? c[i * HD + i] : best;
+            top = w[i] > top ? w[i] : top;
+            double av = 0; /* C v = w v */
+            for (int j = 0; j < HD; j++) {
+                double cv = 0;
+                for (int k = 0; k < HD; k++) cv += c[j * HD + k] * v[k * HD + i];
+                av += fabs(cv - w[i] * v[j * HD + i]);
+            }
+            ASSERT_NEAR(av, 0.0, 1e-9);
+        }
+        ASSERT_TRUE(top >= best - 1e-12);
+    }
+}
+
+/* InfiniGen's fetch rule on hand-built logits: per head, the keys within alpha of the
+ * head's maximum; the mean over heads, rounded; at least one, at most the cap. */
+TSR_TEST(test_alpha_selection) {
+    float lg[2][5] = {{10.0f, 7.0f, 5.9f, 6.0f, 1.0f}, {0.0f, 0.5f, 4.0f, -1.0f, 3.9f}};
+    ASSERT_NEAR(tsr_offload_alpha_count(lg[0], 1, 5, 4.0f), 3.0, 0); /* 10, 7, 6 */
+    ASSERT_NEAR(tsr_offload_alpha_count(lg[1], 1, 5, 4.0f), 4.0, 0); /* 0, .5, 4, 3.9 */
+    double n = tsr_offload_alpha_count(&lg[0][0], 2, 5, 4.0f);
+    ASSERT_NEAR(n, 7.0, 0);
+    ASSERT_EQ_INT(tsr_offload_alpha_fetch(n, 2, 100), 4); /* 3.5 rounds up */
+    ASSERT_EQ_INT(tsr_offload_alpha_fetch(n, 2, 3), 3);   /* capped */
+    ASSERT_EQ_INT(tsr_offload_alpha_fetch(0.0, 2, 3), 1); /* never nothing */
+    ASSERT_NEAR(tsr_offload_alpha_count(&lg[0][0], 2, 5, 0.0f), 2.0, 0); /* the maxima */
+    ASSERT_NEAR(tsr_offload_alpha_count(&lg[0][0], 2, 5, 100.0f), 10.0, 0);
+}
+
+/* The skew mode through the forward pass with the model's weights: at a 100 % budget the
+ * same tokens and logits as paged; at 20 % every selection is speculated (none falls back
+ * to the recent window), recall is sampled without --measure-recall and bytes are fetched,
+ * the resident set stays within the budget; --offload-mode warmup differs in what it picks. */
+TSR_KV_FWD_TEST(test_forward_skew_mode) {
+    const tsr_model *m = kvt_eng->weights;
+    tsr_backend *be = kvt_be;
+    int32_t prompt[24];
+    for (int i = 0; i < 24; i++) prompt[i] = 1 + (i * 53) % (m->cfg.vocab_size - 1);
+    enum { GEN = 60 };
+    int32_t tp[GEN], ts[GEN];
+    float *lp = tsr_malloc((size_t)m->cfg.vocab_size * 4);
+    float *ls = tsr_malloc((size_t)m->cfg.vocab_size * 4);
+    tsr_kv_cache *paged = NULL, *kv = NULL;
+    ASSERT_OK(tsr__policy_kv(be, &m->cfg, "paged", 0, &paged));
+    ASSERT_OK(tsr__greedy(m, be, paged, prompt, 24, 8, GEN, tp, lp));
+    for (int run = 0; run < 3; run++) {
+        double budget = run == 0 ? 1.0 : 0.2;
+        const tsr_kv_policy_arg warmup[] = {{"offload-mode", "warmup"}};
+        tsr_kv_options o = {.policy = "offload", .memory_bytes = 8 << 20, .block_size = 16,
+                            .budget = budget, .max_seqs = 1, .be = be,
+                            .model = kvt_eng->model, .policy_args = warmup,
+                            .n_policy_args = run == 2 ? 1 : 0};
+        ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &kv));
+        ASSERT_OK(tsr__greedy(m, be, kv, prompt, 24, run == 0 ? 8 : 1, GEN, ts, ls));
+        tsr_kv_policy_stats ps;
+        tsr_kv_policy_get_stats(kv, &ps);
+        if (run == 0) {
+            for (int g = 0; g < GEN; g++) ASSERT_EQ_INT(tp[g], ts[g]);
+            for (int i = 0; i < m->cfg.vocab_size; i++) ASSERT_NEAR(lp[i], ls[i], 1e-5);
+            ASSERT_EQ_INT(TSR__PS("spec_selections"), 0);
+            ASSERT_EQ_INT(TSR__PS("evictions"), 0);
+        } else {
+            ASSERT_TRUE(TSR__PS("spec_selections") > 0);
+            ASSERT_EQ_INT(TSR__PS("spec_fallbacks"), 0);
+            ASSERT_TRUE(TSR__PS("spec_recall_n") > 0 &&
+                        TSR__PS("spec_recall_n") < TSR__PS("spec_selections"));
+            double recall = TSR__PSD("spec_recall");
+            ASSERT_TRUE(recall > 0.0 && recall <= 1.0);
+            ASSERT_TRUE(TSR__PS("bytes_fetched") > 0);
+            tsr_kv_stats s;
+            kv->ops->stats(kv, &s);
+            int32_t len = kv->ops->seq_len(kv, 0);
+            ASSERT_TRUE(s.tokens_resident <= (int64_t)m->cfg.n_layers * ((len + 4) / 5));
+            char json[1024];
+            tsr_kv_detail d;
+            tsr_kv_cache_detail(kv, &d);
+            ASSERT_TRUE(tsr_kv_detail_json(&d, json, sizeof json) > 0);
+            ASSERT_TRUE(strstr(json, "\"spec_recall\":") && !strstr(json, "\"spec_recall\":-"));
+            ASSERT_STR_CONTAINS(json, "\"bytes_fetched_per_token\":");
+        }
+        tsr_kv_cache_destroy(kv);
+    }
+    tsr_kv_cache_destroy(paged);
+    tsr_free(lp);
+    tsr_free(ls);
+}
+
 TSR_TEST_MAIN(test_speculative_selection_and_bytes, test_forward_full_budget_equals_paged,
-              test_forward_uses_speculation)
+              test_forward_uses_speculation, test_skew_keeps_qk, test_skew_rope_average,
+              test_alpha_selection, test_forward_skew_mode)

@@ -1,0 +1,211 @@
+/* `tessera fidelity`: how close a KV policy's outputs stay to the full cache's on the same
+ * tokens (runtime/fidelity.h): perplexity of held-out text under both, top-1 agreement and
+ * KL divergence of the next-token distributions, and a retrieval probe. One JSON object
+ * out (--json FILE, else stdout), for bench/quality.sh and `tessera characterize`. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "base/alloc.h"
+#include "base/file.h"
+#include "base/sys.h"
+#include "jobs/cli.h"
+#include "jobs/commands.h"
+#include "jobs/kv_cli.h"
+#include "runtime/fidelity.h"
+#include "runtime/model.h"
+#include "runtime/tokenizer.h"
+
+typedef struct tsr__fid_opts {
+    const char *model, *tokenizer, *text, *json, *backend;
+    int probe_length, max_tokens, max_context, chunk, threads, gen_tokens;
+    bool quiet;
+    tsr_kv_cli kv;
+} tsr__fid_opts;
+
+/* A measured number, or null when it was not measured. */
+static void tsr__num(cJSON *o, const char *name, bool have, double x) {
+    if (have && isfinite(x))
+        cJSON_AddNumberToObject(o, name, x);
+    else
+        cJSON_AddNullToObject(o, name);
+}
+
+static tsr_status tsr__write_json(const tsr__fid_opts *o, const tsr_fidelity_result *r) {
+    cJSON *d = cJSON_CreateObject();
+    if (!d) return TSR_ERR_NOMEM;
+    bool text = r->tokens > 0, probe = r->probe_tokens > 0;
+    cJSON_AddNumberToObject(d, "schema_version", 1);
+    cJSON_AddStringToObject(d, "policy", r->policy ? r->policy : "");
+    /* the option as given (a float: 0.1, not 0.100000001) */
+    char b[32];
+    snprintf(b, sizeof b, "%.7g", o->kv.kv.budget);
+    cJSON_AddNumberToObject(d, "budget", strtod(b, NULL));
+    cJSON_AddStringToObject(d, "model", o->model);
+    cJSON_AddNumberToObject(d, "tokens", (double)r->tokens);
+    tsr__num(d, "nll", text, r->nll);
+    tsr__num(d, "ppl", text, r->ppl);
+    tsr__num(d, "nll_full", text, r->nll_full);
+    tsr__num(d, "ppl_full", text, r->ppl_full);
+    tsr__num(d, "agreement", text, r->agreement);
+    tsr__num(d, "kl", text, r->kl);
+    cJSON_AddNumberToObject(d, "gen_tokens", (double)r->gen_tokens);
+    tsr__num(d, "gen_agreement", r->gen_tokens > 0, r->gen_agreement);
+    tsr__num(d, "gen_kl", r->gen_tokens > 0, r->gen_kl);
+    tsr__num(d, "probe_text_recall", probe && r->probe_text_recall >= 0, r->probe_text_recall);
+    tsr__num(d, "probe_attention_recall", probe, r->probe_attention_recall);
+    cJSON_AddNumberToObject(d, "probe_tokens", r->probe_tokens);
+    cJSON_AddNumberToObject(d, "probe_key_position", r->probe_key_pos);
+    cJSON_AddNumberToObject(d, "probe_key_tokens", r->probe_key_tokens);
+    cJSON_AddNumberToObject(d, "windows", r->windows);
+    cJSON_AddNumberToObject(d, "wall_s", r->wall_s);
+    cJSON *kv = r->kv_json[0] ? cJSON_Parse(r->kv_json) : NULL;
+    if (kv) cJSON_AddItemToObject(d, "kv", kv);
+    char *js = cJSON_PrintUnformatted(d);
+    cJSON_Delete(d);
+    if (!js) return tsr_error_set(TSR_ERR_NOMEM, "cannot format the result");
+    tsr_status st = TSR_OK;
+    FILE *f = o->json ? fopen(o->json, "wb") : stdout;
+    if (!f) {
+        st = tsr_error_set(TSR_ERR_IO, "%s: cannot create", o->json);
+    } else {
+        if (fprintf(f, "%s\n", js) < 0 || fflush(f) != 0)
+            st = tsr_error_set(TSR_ERR_IO, "%s: write error", o->json ? o->json : "stdout");
+        if (o->json && fclose(f) != 0 && st == TSR_OK)
+            st = tsr_error_set(TSR_ERR_IO, "%s: write error", o->json);
+    }
+    cJSON_free(js);
+    return st;
+}
+
+static tsr_status tsr__fidelity(const tsr__fid_opts *o) {
+    tsr_model *m = NULL;
+    tsr_tokenizer *tok = NULL;
+    char *text = NULL;
+    size_t text_len = 0;
+    tsr_fidelity_result r;
+    tsr_status st = tsr_model_load(o->model, &m);
+    if (st == TSR_OK && o->text)
+        st = tsr_file_read(o->text, "text", 0, &text, &text_len);
+    /* Text needs the tokenizer; the probe uses it when there is one (a real model), and
+     * is made of token ids otherwise (a synthetic model). */
+    if (st == TSR_OK && (o->text || o->tokenizer || strncmp(o->model, "synthetic:", 10) != 0))
+        st = tsr_tokenizer_for_model(o->model, o->tokenizer, m->cfg.vocab_size, &tok);
+    if (st == TSR_OK) {
+        tsr_fidelity_options fo = {.backend = o->backend, .threads = o->threads,
+                                   .kv = o->kv.kv, .chunk_tokens = o->chunk,
+                                   .max_tokens = o->max_tokens,
+                                   .probe_length = o->probe_length,
+                                   .gen_tokens = o->gen_tokens};
+        fo.kv.max_context = o->max_context;
+        st = tsr_fidelity_run(m, tok, text, text_len, &fo, &r);
+    }
+    if (st == TSR_OK) st = tsr__write_json(o, &r);
+    if (st == TSR_OK && !o->quiet) {
+        fprintf(stderr, "tessera fidelity: %s", r.policy);
+        if (r.tokens > 0)
+            fprintf(stderr, ": %lld tokens, ppl %.3f (full %.3f), agreement %.4f, KL %.5f",
+                    (long long)r.tokens, r.ppl, r.ppl_full, r.agreement, r.kl);
+        if (r.probe_tokens > 0) {
+            fprintf(stderr, "; probe of %d tokens: attention recall %.3f", r.probe_tokens,
+                    r.probe_attention_recall);
+            if (r.probe_text_recall >= 0)
+                fprintf(stderr, ", text recall %.3f", r.probe_text_recall);
+        }
+        fprintf(stderr, " (%.2f s)\n", r.wall_s);
+    }
+    if (st == TSR_OK && o->kv.stats) fprintf(stderr, "%s\n", r.kv_json);
+    tsr_free(text);
+    if (tok) tsr_tokenizer_destroy(tok);
+    tsr_model_destroy(m);
+    return st;
+}
+
+int tsr_cmd_fidelity(int argc, char **argv) {
+    tsr__fid_opts o = {.threads = tsr_sys_cpus(), .backend = "auto", .chunk = 256};
+    tsr_kv_cli_init(&o.kv);
+    tsr_cli_opt base[] = {
+        {"model", TSR_OPT_STRING, &o.model, "PATH",
+         "model: llama2.c .bin, Hugging Face directory, or synthetic:NAME (required)", false},
+        {"tokenizer", TSR_OPT_STRING, &o.tokenizer, "PATH",
+         "tokenizer.bin or tokenizer.json (default: found next to the model; a synthetic "
+         "model without one gets a probe made of token ids)", false},
+        {"text", TSR_OPT_STRING, &o.text, "FILE",
+         "held-out text to score: stories separated by blank lines, each from BOS (one "
+         "longer than the context is scored in windows of it)", false},
+        {"probe-length", TSR_OPT_INT, &o.probe_length, "N",
+         "run the retrieval probe: a key early in an N-token prompt, asked for at its end "
+         "(0 = no probe; at most the context)", false},
+        {"max-tokens", TSR_OPT_INT, &o.max_tokens, "N",
+         "score at most N positions of the text (0 = all)", false},
+        {"gen-tokens", TSR_OPT_INT, &o.gen_tokens, "N",
+         "after each text sequence, N greedy tokens of the full cache fed to both caches: "
+         "gen_agreement and gen_kl over them (0 = none)", false},
+        {"max-context", TSR_OPT_INT, &o.max_context, "N",
+         "context length in tokens (0 = the model's maximum)", false},
+        {"chunk", TSR_OPT_INT, &o.chunk, "N", "prefill chunk of the probe's prompt, tokens",
+         false},
+        {"threads", TSR_OPT_INT, &o.threads, "N", "CPU threads", false},
+        {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu, cpu-fenced or cuda",
+         false},
+        {"json", TSR_OPT_STRING, &o.json, "OUT.json",
+         "write the result here (default: stdout)", false},
+        {"quiet", TSR_OPT_FLAG, &o.quiet, NULL, "no summary line on stderr", false},
+    };
+    enum { N_BASE = sizeof base / sizeof base[0] };
+    tsr_cli_opt opts[N_BASE + TSR_KV_CLI_N_OPTS];
+    memcpy(opts, base, sizeof base);
+    tsr_kv_cli_opts(&o.kv, opts + N_BASE);
+    tsr_cli cli = {
+        .cmd = "fidelity",
+        .synopsis = "--model PATH (--text FILE | --probe-length N) [--kv-policy P ...] "
+                    "[--json OUT.json]",
+        .about =
+            "Runs the full cache (paged) and the cache of --kv-policy side by side on the same\n"
+            "tokens, one token per forward call as in generation, and reports in one JSON "
+            "object:\n"
+            "  tokens, nll, ppl, nll_full, ppl_full  text positions scored, mean NLL (nats) "
+            "and\n"
+            "                                        perplexity of the policy and of the full "
+            "cache\n"
+            "  agreement   share of positions where both caches' greedy next tokens agree\n"
+            "  kl          KL(full || policy) of the next-token distributions, mean over "
+            "positions\n"
+            "  probe_attention_recall  share of (layer, key token) pairs still in the "
+            "policy's\n"
+            "              cache when the probe's question is answered\n"
+            "  probe_text_recall       share of the key's tokens greedy decoding repeats "
+            "(needs a\n"
+            "              tokenizer; meaningful on a real model only)\n"
+            "  gen_agreement, gen_kl   the same over --gen-tokens greedy tokens of the full "
+            "cache\n"
+            "              after each text sequence (teacher-forced on the full cache's "
+            "tokens)\n"
+            "  wall_s, and the policy cache's stats under \"kv\". A field not measured is "
+            "null.\n"
+            "--kv-policy paged against itself gives agreement 1 and kl 0 exactly. Exit "
+            "status 0 on\nsuccess, 1 when the run fails, 2 on usage errors.",
+        .opts = opts,
+        .n_opts = (int)(sizeof opts / sizeof opts[0])};
+    tsr_cli_result r = tsr_cli_parse(&cli, argc, argv);
+    if (r == TSR_CLI_HELP) return 0;
+    if (r != TSR_CLI_OK) return 2;
+    if (!o.model) return tsr_cli_usage_error(&cli, "--model is required");
+    if (!o.text && o.probe_length <= 0)
+        return tsr_cli_usage_error(&cli, "--text or --probe-length is required");
+    if (o.probe_length < 0) return tsr_cli_usage_error(&cli, "--probe-length must be >= 0");
+    if (o.max_tokens < 0) return tsr_cli_usage_error(&cli, "--max-tokens must be >= 0");
+    if (o.gen_tokens < 0) return tsr_cli_usage_error(&cli, "--gen-tokens must be >= 0");
+    if (o.gen_tokens > 0 && !o.text)
+        return tsr_cli_usage_error(&cli, "--gen-tokens needs --text (it continues the text)");
+    if (o.max_context < 0) return tsr_cli_usage_error(&cli, "--max-context must be >= 0");
+    if (o.chunk < 1) return tsr_cli_usage_error(&cli, "--chunk must be >= 1");
+    if (tsr_cli_check_threads(&cli, o.threads) != TSR_CLI_OK) return 2;
+    o.kv.quiet = o.quiet;
+    if (tsr_kv_cli_check(&cli, &o.kv) != TSR_CLI_OK) return 2;
+    if (tsr__fidelity(&o) != TSR_OK) return tsr_cmd_fail("fidelity");
+    return 0;
+}
