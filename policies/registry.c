@@ -11,10 +11,15 @@
 #include "policies/policy.h"
 #include "base/alloc.h"
 
+extern const tsr_kv_policy_ops tsr_kv_policy_snapkv;
+extern const tsr_kv_policy_ops tsr_kv_policy_streaming;
+
 static const tsr_kv_policy_ops *const tsr__policies[] = {
     &tsr_kv_policy_paged,
     &tsr_kv_policy_h2o,
     &tsr_kv_policy_offload,
+    &tsr_kv_policy_snapkv,
+    &tsr_kv_policy_streaming,
 };
 
 enum { TSR__N_POLICIES = sizeof tsr__policies / sizeof tsr__policies[0], TSR__N_EXTRA = 8 };
