@@ -13,7 +13,7 @@
 # preset, e.g. llama-3.1-8b, gets ,ctx=131072,layers=LAYERS), THREADS (2), BUDGET (0.1: h2o
 # and offload keep 10 % of the sequence; paged ignores it), RUN_TIMEOUT (seconds per run,
 # 0: none; a run past it is a row "FAILED: timeout"), MATERIALIZE (1 on the CPU, 0
-# elsewhere).
+# elsewhere), POLICIES (default: every registered policy).
 set -euo pipefail
 BUILD=${1:-build}
 SIZES=${2:-"8192 32768 131072"}
@@ -27,7 +27,8 @@ THREADS=${THREADS:-2}
 BUDGET=${BUDGET:-0.1}
 RUN_TIMEOUT=${RUN_TIMEOUT:-0}
 if [ "$BACKEND" = cpu ]; then MATERIALIZE=${MATERIALIZE:-1}; else MATERIALIZE=${MATERIALIZE:-0}; fi
-mapfile -t POLICIES < <("$BIN" --policies)
+if [ -n "${POLICIES:-}" ]; then read -ra POLICIES <<<"$POLICIES" # a subset: POLICIES="snapkv streaming"
+else mapfile -t POLICIES < <("$BIN" --policies); fi
 [ ${#POLICIES[@]} -gt 0 ] || { echo "longctx.sh: $BIN --policies listed none" >&2; exit 1; }
 
 echo "# $SPEC on $BACKEND, budget $BUDGET (policies: ${POLICIES[*]})"

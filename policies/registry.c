@@ -1,7 +1,7 @@
 /* The policy table, what is generated from the policies' declarations (option parsing,
  * help lines, the options string, named stats) and the wrapper cache that runs a
  * policy's hooks around the paged mechanism. A new policy: one file defining a
- * tsr_kv_policy_ops (policy.h shows how), one line below. */
+ * tsr_kv_policy_ops (policy.h shows how), one line in TSR__POLICY_LIST below. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,11 +11,20 @@
 #include "policies/policy.h"
 #include "base/alloc.h"
 
-static const tsr_kv_policy_ops *const tsr__policies[] = {
-    &tsr_kv_policy_paged,
-    &tsr_kv_policy_h2o,
-    &tsr_kv_policy_offload,
-};
+/* The registry: one line per policy, X(NAME) for the `tsr_kv_policy_NAME` its file
+ * defines, in --help order. */
+#define TSR__POLICY_LIST(X) \
+    X(paged)                \
+    X(h2o)                  \
+    X(offload)              \
+    X(snapkv)               \
+    X(streaming)            \
+    /* a new policy: one line above */
+
+#define TSR__DECLARE(name) extern const tsr_kv_policy_ops tsr_kv_policy_##name;
+TSR__POLICY_LIST(TSR__DECLARE)
+#define TSR__ENTRY(name) &tsr_kv_policy_##name,
+static const tsr_kv_policy_ops *const tsr__policies[] = {TSR__POLICY_LIST(TSR__ENTRY)};
 
 enum { TSR__N_POLICIES = sizeof tsr__policies / sizeof tsr__policies[0], TSR__N_EXTRA = 8 };
 

@@ -107,7 +107,8 @@ expect_warn() {
     [ "$(grep -c "warning" "$TMP/err")" -eq 1 ] && grep -qF -- "$sub" "$TMP/err" ||
         fail "$name: expected one warning with '$sub': $(cat "$TMP/err")"
 }
-expect_warn budget_paged_default "tessera generate: warning: --kv-budget is ignored under --kv-policy paged (it applies to h2o and offload)" -- \
+# (the list goes on with every policy that declares uses_budget: a new one adds to its end)
+expect_warn budget_paged_default "tessera generate: warning: --kv-budget is ignored under --kv-policy paged (it applies to h2o, offload, " -- \
     "$BIN" generate --model "$MODEL" --prompt hi --max-tokens 1 --kv-budget 1
 expect_warn budget_paged_run "tessera run: warning: --kv-budget is ignored under --kv-policy paged" -- \
     "$BIN" run --model "$MODEL" --progress-interval 0 --input "$TMP/in.jsonl" \

@@ -21,7 +21,7 @@ for cmd in generate run; do
         fail "$cmd --help lacks the generated --h2o-scores line"
     grep -q -- "--offload-recall  *offload: " "$TMP/help" ||
         fail "$cmd --help lacks --offload-recall"
-    grep -q -- "--kv-budget B  *h2o and offload " "$TMP/help" ||
+    grep -q -- "--kv-budget B  *h2o, offload, " "$TMP/help" || # then the other budget policies
         fail "$cmd --help: --kv-budget does not name its policies"
 done
 

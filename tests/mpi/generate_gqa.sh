@@ -4,9 +4,9 @@
 # print exactly the tokens of one process with tp = 2 and tp = 4, for every KV policy. With
 # tp > n_kv_heads each KV head is replicated on the ranks that share its query group, so a
 # per-KV-head decision made from a rank's own query heads (offload's channel choice) would
-# differ from one process. h2o and offload run with budgets that evict and select (checked
-# in the single-process --stats line), prefill in chunks so that offload also selects
-# during the prefill.
+# differ from one process. h2o, snapkv, streaming and offload run with budgets that evict
+# and select (checked in the single-process --stats line), prefill in chunks so that
+# offload also selects during the prefill.
 set -u
 bin=$1 root=$2 mpiexec=$3
 tmp=$(mktemp -d)
@@ -25,12 +25,13 @@ for kv in 1 2; do
 EOF
     model=synthetic:$tmp/gqa$kv.json
     for pol in "paged" "h2o --kv-budget 0.4" "h2o --kv-budget 0.4 --h2o-scores materialize" \
-               "offload --kv-budget 0.4 --offload-mode warmup"; do
+               "offload --kv-budget 0.4 --offload-mode warmup" "snapkv --kv-budget 0.4" \
+               "streaming --kv-budget 0.4"; do
         # shellcheck disable=SC2086
         "$bin" generate --model "$model" "${common[@]}" --kv-policy $pol --stats \
             >"$tmp/ref.txt" 2>"$tmp/ref.err" || { cat "$tmp/ref.err"; exit 1; }
         case $pol in
-        h2o*) grep -q '"evictions":[1-9]' "$tmp/ref.err" ||
+        h2o*|snapkv*|streaming*) grep -q '"evictions":[1-9]' "$tmp/ref.err" ||
                   { echo "FAIL [kv $kv, $pol]: no eviction"; fail=1; } ;;
         offload*) grep -q '"spec_selections":[1-9]' "$tmp/ref.err" ||
                   { echo "FAIL [kv $kv, $pol]: no selection"; fail=1; } ;;
