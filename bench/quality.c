@@ -3,11 +3,13 @@
  * the full cache and the KV cache of a policy side by side (runtime/fidelity.h), and prints
  * one line: policy, budget, tokens scored, mean NLL and perplexity of both, top-1 agreement,
  * KL(full || policy), seconds and the policy's KV stats JSON. Stories are separated by blank
- * lines; each is one sequence starting at BOS. Exit 0 on success, 2 when the run fails (the
+ * lines; each is one sequence starting at BOS. --prompt P: the first P tokens of each story
+ * go in as one prefill chunk (a prompt; snapkv compresses at its end), the rest as decode.
+ * Exit 0 on success, 2 when the run fails (the
  * error line goes to stderr). --list-policies prints the registry's policy names, one a line.
  *
  *   tsr_quality MODEL TOKENIZER TEXT POLICY [--budget B] [--recent R] [--pairs P]
- *               [--recall] [--materialize] [--threads T]
+ *               [--recall] [--materialize] [--threads T] [--prompt P]
  *   tsr_quality --list-policies */
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,12 +61,12 @@ int main(int argc, char **argv) {
     }
     if (argc < 5) {
         fprintf(stderr, "usage: %s MODEL TOKENIZER TEXT POLICY [--budget B] [--recent R] "
-                        "[--pairs P] [--recall] [--materialize] [--threads T]\n", argv[0]);
+                        "[--pairs P] [--recall] [--materialize] [--threads T] [--prompt P]\n", argv[0]);
         return 1;
     }
     const char *model_path = argv[1], *tok_path = argv[2], *text_path = argv[3];
     const char *policy = argv[4];
-    int threads = 1, materialize = 0;
+    int threads = 1, materialize = 0, prompt = 0;
     double budget = 0;
     /* Policy options: any the policy declares (--h2o-recent F, --offload-recall, ...),
      * checked by the registry; --recent, --pairs, --recall and --materialize are the
@@ -76,6 +78,7 @@ int main(int argc, char **argv) {
         const tsr_kv_policy_option *po = pol ? tsr_kv_policy_option_find(pol, argv[i] + 2) : NULL;
         if (!strcmp(argv[i], "--budget") && i + 1 < argc) budget = atof(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) prompt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--recent") && i + 1 < argc)
             args[n_args++] = (tsr_kv_policy_arg){"h2o-recent", argv[++i]};
         else if (!strcmp(argv[i], "--pairs") && i + 1 < argc)
@@ -104,10 +107,11 @@ int main(int argc, char **argv) {
     if (st == TSR_OK) st = tsr__read_file(text_path, &text, &text_len);
     if (st == TSR_OK) {
         tsr_fidelity_options fo = {
-            .backend = "cpu", .threads = threads, .chunk_tokens = 1,
+            .backend = "cpu", .threads = threads, .chunk_tokens = prompt > 1 ? prompt : 1,
+            .prompt_tokens = prompt,
             .kv = {.policy = policy, .memory_bytes = 16 << 20, .block_size = 16,
                    .budget = budget, .policy_args = args, .n_policy_args = n_args,
-                   .max_seqs = 1, .chunk_tokens = 1}};
+                   .max_seqs = 1, .chunk_tokens = prompt > 1 ? prompt : 1}};
         st = tsr_fidelity_run(m, tok, text, text_len, &fo, &r);
     }
     int rc = 0;

@@ -7,12 +7,15 @@
 # (runtime/fidelity.h); scoring is decode mode (one token per forward call), so eviction
 # happens as in generation.
 #
-#   bench/quality.sh [BUILD_DIR] [PAIRS]
+#   bench/quality.sh [BUILD_DIR] [PAIRS] [PROMPT]
 #     BUILD_DIR  default build; needs the tsr_quality target (bench/quality.c)
 #     PAIRS      extra offload rows per budget speculating on PAIRS channel pairs per KV
 #                head, in skew and in warmup mode (default 2 of the model's 4, i.e. half the
 #                channels; offload's own default is skew with 20 % of the channels,
 #                InfiniGen's partial-weight ratio: 2 of 8 here)
+#     PROMPT     the first PROMPT tokens of each story go in as one prefill chunk, a prompt
+#                (default 64; snapkv compresses at a prompt's end, so it is measured only
+#                with one), the rest one token per call; 0: every position in decode mode
 # Columns: mean NLL (nats/token), perplexity, top-1 agreement of the greedy next token with
 # the full cache, KL(full || policy) of the next-token distributions (nats, mean over
 # positions), KV peak (block pool), evictions, bytes moved per token (host writes + fetches)
@@ -21,6 +24,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-build}
 PAIRS=${2:-2}
+PROMPT=${3:-64}
 BIN="$BUILD/bench/tsr_quality"
 [ -x "$BIN" ] || { echo "quality.sh: $BIN not built (cmake --build $BUILD --target tsr_quality)" >&2; exit 1; }
 ARGS=("$ROOT/models/stories260K.bin" "$ROOT/models/tok512.bin" "$ROOT/bench/data/heldout.txt")
@@ -31,7 +35,7 @@ row() {
     local label=$1 budget=$2
     shift 2
     local line
-    line=$("$BIN" "${ARGS[@]}" "$@" 2>&1) || { printf '%-20s %6s FAILED: %s\n' "$label" "$budget" "$line"; return; }
+    line=$("$BIN" "${ARGS[@]}" "$@" --prompt "$PROMPT" 2>&1) || { printf '%-20s %6s FAILED: %s\n' "$label" "$budget" "$line"; return; }
     local f
     f() { sed -n "s/.*$1\([^ ,}]*\).*/\1/p" <<<"$line"; }
     local rec moved

@@ -85,6 +85,7 @@ typedef struct tsr__off_counters {
     double recall_sum;        /* sum of per-selection recall of the exact top tokens */
     int64_t recall_n;
     int64_t host_bytes_peak;
+    int64_t fetch_short;      /* selections that fetched less for a short pool */
     double bytes_per_token;   /* reported: (offloaded + fetched) / tokens */
     double fetched_per_token; /* reported: fetched / tokens */
     double recall;            /* reported: recall_sum / recall_n, -1 when not measured */
@@ -757,6 +758,22 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
     }
     for (int32_t j = 0; j < len && st == TSR_OK; j++) nf += want[j] && !L->res[j];
     if (st == TSR_OK && nf > 0) st = tsr_kv_paged_reserve_rows(m, layer, seq, nf);
+    if (st == TSR_ERR_NO_BLOCKS) {
+        /* The pool is shorter than the fetch (a tight --kv-memory: skew's alpha rule can
+         * want more rows than the layer held). Failing here would end the job in the middle
+         * of a forward pass, so fetch what fits in the layer's last block, the most recent
+         * tokens first, and count it (fetch_short). */
+        int32_t bs = tsr_kv_block_size(m), cur = tsr_kv_paged_slots(m, layer, seq);
+        int32_t room = bs > 0 ? (bs - cur % bs) % bs : 0, kept = 0;
+        for (int32_t j = len - 1; j >= 0; j--) {
+            if (!want[j] || L->res[j]) continue;
+            if (kept < room) kept++;
+            else want[j] = 0;
+        }
+        nf = kept;
+        o->st.fetch_short++;
+        st = nf > 0 ? tsr_kv_paged_reserve_rows(m, layer, seq, nf) : TSR_OK;
+    }
     if (st == TSR_OK && nf > 0) {
         /* The missing rows, packed from the host copy, go in with one scatter. */
         size_t kvd = (size_t)o->kvd;
@@ -835,6 +852,7 @@ static const tsr_kv_policy_stat_field tsr__off_stat_fields[] = {
     {"spec_fallbacks", TSR_KV_STAT_I64, offsetof(tsr__off_counters, fallback_selections)},
     {"spec_recall", TSR_KV_STAT_F64, offsetof(tsr__off_counters, recall)},
     {"spec_recall_n", TSR_KV_STAT_I64, offsetof(tsr__off_counters, recall_n)},
+    {"fetch_short", TSR_KV_STAT_I64, offsetof(tsr__off_counters, fetch_short)},
 };
 
 const tsr_kv_policy_ops tsr_kv_policy_offload = {

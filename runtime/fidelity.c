@@ -74,7 +74,19 @@ static tsr_status tsr__score(tsr__fid *f, const int32_t *ids, int32_t n) {
         kf->ops->seq_free(kf, 0);
         return st;
     }
-    int32_t t = 0;
+    int32_t t = 0, pr = f->o->prompt_tokens < f->chunk ? f->o->prompt_tokens : f->chunk;
+    if (pr > 1 && pr + 1 < n) { /* the prompt: one chunk, its last position scored */
+        st = tsr__feed(f->full, ids, pr, f->lf);
+        if (st == TSR_OK) st = tsr__feed(f->pol, ids, pr, f->lp);
+        if (st == TSR_OK) {
+            f->nll_full += tsr_fidelity_nll(f->lf, f->V, ids[pr]);
+            f->nll += tsr_fidelity_nll(f->lp, f->V, ids[pr]);
+            f->kl += tsr_fidelity_kl(f->lf, f->lp, f->V);
+            f->agree += tsr__argmax(f->lf, f->V) == tsr__argmax(f->lp, f->V);
+            f->count++;
+            t = pr;
+        }
+    }
     for (; st == TSR_OK && t + 1 < n; t++) {
         if (f->o->max_tokens > 0 && f->count >= f->o->max_tokens) break;
         st = tsr__feed(f->full, ids + t, 1, f->lf);

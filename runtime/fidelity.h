@@ -49,6 +49,11 @@ typedef struct tsr_fidelity_options {
     int64_t max_tokens;   /* text positions scored at most (0: all of the text) */
     int probe_length;     /* tokens of the retrieval probe's prompt (0: no probe) */
     int gen_tokens;       /* greedy continuation after each text sequence (0: none) */
+    /* Text: the first prompt_tokens of each sequence go in as one prefill chunk (a prompt;
+     * only its last position is scored), the rest one token per call. Policies that act at
+     * the end of a prompt (snapkv) are measured only this way. 0: every position in decode
+     * mode. Needs chunk_tokens >= prompt_tokens. */
+    int prompt_tokens;
 } tsr_fidelity_options;
 
 typedef struct tsr_fidelity_result {

@@ -106,6 +106,33 @@ static void test_h2o_ten_percent_differs_body(void) {
     ASSERT_STR_CONTAINS(r.kv_json, "\"policy\":\"h2o\"");
 }
 
+/* prompt_tokens: each story's first tokens as one chunk. paged stays exact; snapkv, which
+ * compresses only at the end of a prompt, equals the full cache without one and differs
+ * with one. */
+static void test_prompt_mode_body(void);
+TSR_KV_TEST(test_prompt_mode) {
+    tf_load();
+    if (!tsr_test_failed_flag) test_prompt_mode_body();
+    tf_free();
+}
+
+static void test_prompt_mode_body(void) {
+    const char *pols[] = {"paged", "snapkv", "snapkv"};
+    for (int i = 0; i < 3; i++) {
+        tsr_fidelity_options o = tf_opts(pols[i], i ? 0.2 : 0, 0);
+        o.prompt_tokens = i == 2 ? 0 : 48;
+        o.chunk_tokens = i == 2 ? 1 : 48;
+        tsr_fidelity_result r;
+        ASSERT_OK(tsr_fidelity_run(tf_model, tf_tok, tf_text, tf_len, &o, &r));
+        tf_in_range(&r);
+        if (i == 1) {
+            ASSERT_TRUE(r.agreement < 1.0 && r.kl > 0.0);
+        } else {
+            ASSERT_TRUE(r.agreement == 1.0 && r.kl == 0.0 && r.nll == r.nll_full);
+        }
+    }
+}
+
 /* No text: the probe alone, made of token ids without a tokenizer (a synthetic model's
  * case); text figures and text recall are not measured. */
 static void test_probe_without_tokenizer_body(void);
@@ -140,4 +167,4 @@ TSR_TEST(test_kl_and_nll) {
 }
 
 TSR_TEST_MAIN(test_paged_against_itself_is_exact, test_h2o_ten_percent_differs,
-              test_probe_without_tokenizer, test_kl_and_nll)
+              test_prompt_mode, test_probe_without_tokenizer, test_kl_and_nll)
