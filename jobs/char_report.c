@@ -652,17 +652,16 @@ static bool tsr__plot_rate(const tsr_study *s, cJSON *const *r, size_t n, const 
     return tsr__gnuplot(gp, script, dir);
 }
 
-/* Agreement (left axis) and KL (right axis) against the budget, a series per policy and
- * model; the full cache (paged) at budget 1. */
-static bool tsr__plot_fidelity(const tsr_study *s, cJSON *const *r, size_t n, const char *dir,
-                               const char *gp, char *png, size_t cap) {
+/* Agreement (left axis) and KL (right axis) against the budget for one model, a series per
+ * policy; the full cache (paged) at budget 1. */
+static bool tsr__plot_fidelity(const tsr_study *s, cJSON *const *r, size_t n, int m,
+                               const char *dir, const char *gp, char *png, size_t cap) {
     char script[4200], plot[16384] = "";
     size_t pl = 0;
-    snprintf(png, cap, "fidelity_vs_budget.png");
-    snprintf(script, sizeof script, "%s/plots/fidelity.gp", dir);
-    int series = 0;
-    for (int m = 0; m < s->n_models; m++)
-        for (int p = 0; p < s->n_policies; p++) {
+    snprintf(png, cap, "fidelity_vs_budget_%s.png", s->models[m].label);
+    snprintf(script, sizeof script, "%s/plots/fidelity_%s.gp", dir, s->models[m].label);
+    for (int p = 0; p < s->n_policies; p++) {
+        {
             char dat[4200];
             snprintf(dat, sizeof dat, "%s/plots/fidelity_%s_%s.dat", dir, s->models[m].label,
                      s->policies[p].label);
@@ -685,21 +684,23 @@ static bool tsr__plot_fidelity(const tsr_study *s, cJSON *const *r, size_t n, co
             }
             fclose(d);
             if (!pts || pl > sizeof plot - 800) continue;
-            series++;
             pl += (size_t)snprintf(
                 plot + pl, sizeof plot - pl,
-                "%s'%s' using 1:2 with linespoints lw 2 pt 7 lc %d title '%s %s agreement', "
-                "'%s' using 1:3 axes x1y2 with linespoints dt 2 lw 2 pt 6 lc %d title '%s %s KL'",
-                pl ? ", \\\n     " : "", dat, series, s->models[m].label, s->policies[p].label,
-                dat, series, s->models[m].label, s->policies[p].label);
+                "%s'%s' using 1:2 with linespoints lw 2 pt 7 lc %d title '%s agreement', "
+                "'%s' using 1:3 axes x1y2 with linespoints dt 2 lw 2 pt 6 lc %d title '%s KL'",
+                pl ? ", \\\n     " : "", dat, p + 1, s->policies[p].label, dat, p + 1,
+                s->policies[p].label);
         }
+    }
     if (!pl) return false;
     FILE *g = fopen(script, "w");
     if (!g) return false;
     fprintf(g, "%s", tsr__gp_head);
     fprintf(g, "set output '%s/%s'\n", dir, png);
-    fprintf(g, "set key below box maxrows 6\nset terminal pngcairo size 1100,800\n");
-    fprintf(g, "set title 'fidelity against the full cache vs KV budget (paged = budget 1)'\n");
+    fprintf(g, "set key below box maxrows 4\nset terminal pngcairo size 1100,760\n");
+    fprintf(g, "set title '%s: fidelity against the full cache vs KV budget (paged = budget "
+               "1)%s'\n", s->models[m].label,
+            strncmp(s->models[m].spec, "synthetic:", 10) ? "" : "; random weights: text figures mean little");
     fprintf(g, "set xlabel 'KV budget (fraction of the sequence kept)'\n");
     fprintf(g, "set ylabel 'top-1 agreement with the full cache (solid)'\n");
     fprintf(g, "set y2label 'KL(full || policy), nats (dashed)'\nset y2tics\nset ytics nomirror\n");
@@ -744,7 +745,8 @@ tsr_status tsr_char_report(const tsr_study *s, cJSON *const *recs, size_t n, con
         if (tsr__plot_rate(s, recs, n, "ttft_p50_s", 1000.0, "median TTFT (ms)", "ttft", dir, gp,
                            pngs[n_png], sizeof pngs[0]))
             n_png++;
-        if (tsr__plot_fidelity(s, recs, n, dir, gp, pngs[n_png], sizeof pngs[0])) n_png++;
+        for (int m = 0; m < s->n_models && n_png < 78; m++)
+            if (tsr__plot_fidelity(s, recs, n, m, dir, gp, pngs[n_png], sizeof pngs[0])) n_png++;
     }
 
     /* report */
