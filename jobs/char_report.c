@@ -166,7 +166,7 @@ static tsr_status tsr__write_csv(cJSON *const *recs, size_t n, const char *path)
 typedef struct tsr__finding {
     const char *key, *paper;
     char measured[2048];
-    const char *verdict; /* agree, disagree, partly, not measured */
+    const char *verdict; /* agree, disagree, partly, no clear difference, not measured */
 } tsr__finding;
 
 static int tsr__cmp(const void *a, const void *b) {
@@ -213,7 +213,12 @@ static void tsr__f_paged_fastest(const tsr_study *s, cJSON *const *r, size_t n, 
                  "paged had the higher output throughput in %d of %d comparisons with another "
                  "policy at the same model, layout, prompt length, batch and rate (median "
                  "paged/other ratio %.2f)", wins, pairs, tsr__median(ratio, nr));
-        f->verdict = 2 * wins >= pairs ? "agree" : "disagree";
+        /* A coin flip is not a finding: paged must win clearly (3 of 5 comparisons and a
+         * median ratio >= 1.05) to agree, and lose as clearly to disagree. */
+        double med = tsr__median(ratio, nr);
+        f->verdict = 5 * wins >= 3 * pairs && med >= 1.05   ? "agree"
+                     : 5 * wins <= 2 * pairs && med <= 0.95 ? "disagree"
+                                                            : "no clear difference";
     }
     tsr_free(ratio);
 }
