@@ -73,6 +73,8 @@ typedef struct tsr__off_opts {
     int mode;           /* TSR_OFFLOAD_SKEW or TSR_OFFLOAD_WARMUP */
     int spec_pairs;     /* channel pairs per head to speculate on (0: the mode's default) */
     int measure_recall; /* also compute exact scores on every selection (slow) */
+    double alpha;       /* skew: fetch the keys within alpha of the max partial logit */
+    double ratio;       /* skew: partial-weight ratio, the share of a head's columns kept */
 } tsr__off_opts;
 
 typedef struct tsr__off_counters {
@@ -135,7 +137,7 @@ static tsr_status tsr__off_skew_init(tsr__off *o, const tsr_kv_policy_model *pm)
         return tsr_error_set(TSR_ERR_INVALID, "offload: the model's head_dim %d, the cache's %d",
                              mc->head_dim, o->hd);
     int cols = o->opt.spec_pairs > 0 ? 2 * o->opt.spec_pairs
-                                     : (int)ceil(TSR_OFFLOAD_PARTIAL_RATIO * o->hd);
+                                     : (int)ceil(o->opt.ratio * o->hd);
     if (cols > o->hd) cols = o->hd;
     if (cols < 1) cols = 1;
     o->cols = o->pw = cols;
@@ -654,7 +656,7 @@ static tsr_status tsr__off_skew_scores(tsr__off *o, const tsr__olayer *L, int32_
                 lg[j] = d * scale;
                 mx = lg[j] > mx ? lg[j] : mx;
             }
-            cnt[h] += (float)tsr_offload_alpha_count(lg, 1, len, TSR_OFFLOAD_ALPHA);
+            cnt[h] += (float)tsr_offload_alpha_count(lg, 1, len, (float)o->opt.alpha);
             float z = 0.0f;
             for (int32_t j = 0; j < len; j++) {
                 lg[j] = expf(lg[j] - mx);
@@ -833,6 +835,12 @@ static const tsr_kv_policy_option tsr__off_options[] = {
     {"offload-pairs", TSR_KV_OPT_INT, offsetof(tsr__off_opts, spec_pairs), "N",
      "channel pairs per head the speculation scores with (0: 20 % of the head's channels "
      "in skew mode, 4 pairs in warmup)", "0", 0, 64, NULL},
+    {"offload-alpha", TSR_KV_OPT_DOUBLE, offsetof(tsr__off_opts, alpha), "A",
+     "skew: fetch the keys whose speculated logit is within A of the maximum (InfiniGen's "
+     "alpha), at most the budget", "4", 0, 1e6, NULL},
+    {"offload-ratio", TSR_KV_OPT_DOUBLE, offsetof(tsr__off_opts, ratio), "R",
+     "skew: the share of each head's channels kept as partial keys when --offload-pairs is "
+     "0 (InfiniGen's partial-weight ratio)", "0.2", 0.01, 1, NULL},
     {"offload-recall", TSR_KV_OPT_FLAG, offsetof(tsr__off_opts, measure_recall), NULL,
      "score every selection exactly for the speculation's recall (slow; by default every "
      "16th)", NULL, 0, 1, NULL},

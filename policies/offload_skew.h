@@ -21,11 +21,6 @@
 #include "base/status.h"
 #include "base/tensor.h"
 
-/* InfiniGen's reference settings: speculated logits within this of the maximum are fetched
- * (before the cap), and this share of the head's columns forms the partial query/key. */
-#define TSR_OFFLOAD_ALPHA 4.0f
-#define TSR_OFFLOAD_PARTIAL_RATIO 0.2
-
 /* Eigen-decomposition of the symmetric n x n matrix a (destroyed): w[n] eigenvalues, v
  * [n][n] with eigenvector c in column c (v[i * n + c]). Cyclic Jacobi. */
 void tsr_offload_eig_sym(double *a, int n, double *w, double *v);

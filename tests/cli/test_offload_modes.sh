@@ -25,6 +25,17 @@ assert 0 < st["spec_recall"] <= 1, st
 assert st["bytes_fetched_per_token"] > 0 and st["bytes_fetched"] > 0, st
 PY
 done
+
+# skew's alpha rule: a wider alpha fetches at least as many tokens (InfiniGen's --offload-alpha)
+for a in 0.5 16; do
+    gen --kv-policy offload --kv-budget 0.5 --offload-alpha $a --stats >/dev/null 2>"$TMP/alpha_$a" ||
+        fail "offload alpha $a: $(cat "$TMP/alpha_$a")"
+done
+python3 - "$TMP/alpha_0.5" "$TMP/alpha_16" <<'PY' || fail "alpha: $(cat "$TMP/alpha_0.5" "$TMP/alpha_16")"
+import json, sys
+f = [[json.loads(l) for l in open(p) if l.startswith('{"policy"')][0]["bytes_fetched"] for p in sys.argv[1:]]
+assert 0 < f[0] < f[1], f
+PY
 gen --kv-policy offload --offload-mode bogus >/dev/null 2>"$TMP/err"
 rc=$?
 [ $rc -eq 2 ] && grep -q -- "--offload-mode bogus: use one of skew, warmup" "$TMP/err" ||
