@@ -59,4 +59,23 @@ static tsr_status tsr__policy_kv(tsr_backend *be, const tsr_model_config *c,
     return tsr_kv_setup(&o, c, kv);
 }
 
+/* `policy` at a 100 % budget gives paged's greedy tokens and evicts nothing: `prompt` (48
+ * tokens, in 16-token chunks), then `gen` tokens (at most 64). Needs tests/test.h. */
+static inline void tsr__check_full_budget(const tsr_model *m, tsr_backend *be, const char *policy,
+                                          const int32_t *prompt, int gen) {
+    int32_t tp[64], ts[64];
+    tsr_kv_cache *paged = NULL, *full = NULL;
+    ASSERT_TRUE(gen <= 64);
+    ASSERT_OK(tsr__policy_kv(be, &m->cfg, "paged", 0, &paged));
+    ASSERT_OK(tsr__policy_kv(be, &m->cfg, policy, 1.0, &full));
+    ASSERT_OK(tsr__greedy(m, be, paged, prompt, 48, 16, gen, tp, NULL));
+    ASSERT_OK(tsr__greedy(m, be, full, prompt, 48, 16, gen, ts, NULL));
+    for (int g = 0; g < gen; g++) ASSERT_EQ_INT(tp[g], ts[g]);
+    tsr_kv_stats s;
+    full->ops->stats(full, &s);
+    ASSERT_EQ_INT(s.evictions, 0);
+    tsr_kv_cache_destroy(paged);
+    tsr_kv_cache_destroy(full);
+}
+
 #endif
