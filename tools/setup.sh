@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS="cmake make gcc libc6-dev pkg-config libopenmpi-dev openmpi-bin libhwloc-dev
-      libhdf5-openmpi-dev libopenblas-dev libopenblas-openmp-dev libcjson-dev libpcre2-dev"
+      libhdf5-openmpi-dev libopenblas-dev libopenblas-openmp-dev libcjson-dev libpcre2-dev gnuplot-nox"
 if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     missing=$(for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
     if [ -n "$missing" ]; then
