@@ -45,7 +45,6 @@ typedef struct tsr__gen {
     tsr_tokenizer *tok;
     tsr_engine *eng;
     tsr_sampler sampler;
-    float *logits;
     int32_t *ids;
     char *prompt_buf;
     size_t n_ids;
@@ -57,7 +56,6 @@ static void tsr__gen_free(tsr__gen *g) {
     tsr_sampler_free(&g->sampler);
     if (g->tok) tsr_tokenizer_destroy(g->tok);
     tsr_model_destroy(g->model);
-    tsr_free(g->logits);
     tsr_free(g->ids);
     tsr_free(g->prompt_buf);
     tsr_dist_end(&g->dist);
@@ -119,10 +117,6 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
     tsr_kv_cache *kv = g->eng->kv;
     tsr_forward *fwd = g->eng->fwd;
     tsr_status st = kv->ops->seq_add(kv, 0);
-    if (st == TSR_OK) {
-        g->logits = tsr_malloc((size_t)c->vocab_size * sizeof(float));
-        if (!g->logits) st = TSR_ERR_NOMEM;
-    }
     tsr_sampler_params sp = {.temperature = o->temperature, .top_p = o->top_p,
                              .top_k = o->top_k, .seed = o->seed};
     if (st == TSR_OK) st = tsr_sampler_init(&g->sampler, c->vocab_size, &sp);
@@ -138,7 +132,9 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
         tsr_dist_log_layout(d);
     }
 
-    /* --pp: the last stage samples and sends the token id, not the logits, to the others */
+    /* The logits stay in backend memory and the backend samples them (tsr_forward_sample):
+     * only the token id comes to the host, and with --pp the last stage samples and sends
+     * it, not the logits, to the others. */
     tsr_forward_sample_last_stage(fwd, true);
     /* Prefill in chunks; logits only for the last prompt token. */
     double t0 = tsr_sys_now();
@@ -147,7 +143,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
         int n = (int)(n_ids - done) < chunk ? (int)(n_ids - done) : chunk;
         tsr_batch_seq b = {.seq = 0, .tokens = g->ids + done, .n_tokens = n,
                            .want_logits = done + (size_t)n == n_ids};
-        TSR_TRY(tsr_dist_must(d, tsr_forward_run(fwd, kv, &b, 1, g->logits, &rows)));
+        TSR_TRY(tsr_dist_must(d, tsr_forward_run(fwd, kv, &b, 1, NULL, &rows)));
         done += (size_t)n;
     }
     double t1 = tsr_sys_now();
@@ -161,7 +157,13 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
     char piece[512];
     int32_t pos = (int32_t)n_ids;
     while (generated < o->max_tokens) {
-        int32_t next = tsr_sampler_draw(&g->sampler, g->logits, tsr_forward_has_logits(fwd));
+        int32_t next = -1;
+        if (tsr_forward_has_logits(fwd)) {
+            tsr_sampler *sm = &g->sampler;
+            TSR_TRY(tsr_dist_must(d, tsr_forward_sample(fwd, &sm, 1, &next)));
+        } else { /* an earlier stage: its sampler advances alike, the id comes from the last */
+            tsr_sampler_skip(&g->sampler);
+        }
         TSR_TRY(tsr_dist_must(d, tsr_forward_share_tokens(fwd, &next, 1)));
         if (tsr_tokenizer_is_eos(g->tok, next)) {
             stop = "eos";
@@ -180,7 +182,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
             break;
         }
         tsr_batch_seq b = {.seq = 0, .tokens = &next, .n_tokens = 1, .want_logits = true};
-        TSR_TRY(tsr_dist_must(d, tsr_forward_run(fwd, kv, &b, 1, g->logits, &rows)));
+        TSR_TRY(tsr_dist_must(d, tsr_forward_run(fwd, kv, &b, 1, NULL, &rows)));
         fed++;
         pos++;
     }

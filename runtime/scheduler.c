@@ -43,9 +43,11 @@ struct tsr_sched {
     /* per step */
     tsr_batch_seq *plan;
     tsr__req **plan_req;
-    float *logits;
+    float *logits; /* host logits for an exec other than the forward's (NULL with fwd) */
     int32_t *ids; /* the step's sampled tokens, one per row with logits */
-    /* set by tsr_sched_sample_last_stage: its logits may live on the last stage only */
+    tsr_sampler **samp; /* the rows' samplers, for tsr_forward_sample */
+    /* set by tsr_sched_sample_last_stage: the logits stay in backend memory, on the last
+     * stage, and the scheduler samples through tsr_forward_sample */
     tsr_forward *fwd;
     tsr_sched_event *ev;
     int n_ev, ev_cap;
@@ -83,6 +85,7 @@ void tsr_sched_destroy(tsr_sched *s) {
     tsr_free(s->plan_req);
     tsr_free(s->logits);
     tsr_free(s->ids);
+    tsr_free(s->samp);
     tsr_free(s->ev);
     tsr_free(s);
 }
@@ -112,13 +115,14 @@ tsr_status tsr_sched_create(const tsr_sched_config *cfg, tsr_kv_cache *kv, tsr_s
     s->plan = tsr_calloc(n, sizeof *s->plan);
     s->plan_req = tsr_calloc(n, sizeof *s->plan_req);
     s->ids = tsr_calloc(n, sizeof *s->ids);
+    s->samp = tsr_calloc(n, sizeof *s->samp);
     s->ev_cap = (int)n + 16;
     s->ev = tsr_calloc((size_t)s->ev_cap, sizeof *s->ev);
     size_t nl;
     if (tsr_mul_size(n, (size_t)cfg->vocab_size * sizeof(float), &nl))
         s->logits = tsr_malloc(nl);
     if (!s->wq || !s->run || !s->swq || !s->slot_used || !s->plan || !s->plan_req || !s->ev ||
-        !s->logits || !s->ids) {
+        !s->logits || !s->ids || !s->samp) {
         tsr_sched_destroy(s);
         return TSR_ERR_NOMEM;
     }
@@ -132,6 +136,8 @@ tsr_status tsr_sched_sample_last_stage(tsr_sched *s, tsr_forward *f) {
                              "the forward it executes");
     tsr_forward_sample_last_stage(f, true);
     s->fwd = f;
+    tsr_free(s->logits); /* the logits never come to the host from here on */
+    s->logits = NULL;
     return TSR_OK;
 }
 
@@ -463,7 +469,9 @@ tsr_status tsr_sched_step(tsr_sched *s, const tsr_sched_event **events, int *n_e
         int rows = 0;
         TSR_TRY(s->exec(s->exec_ctx, s->kv, s->plan, n, s->logits, &rows));
         /* Draw every row's token first: where the logits stayed on the last pipeline
-         * stage, the other stages advance their samplers alike and get the ids from it. */
+         * stage, the other stages advance their samplers alike and get the ids from it.
+         * With fwd the logits are in backend memory and the backend's sample op draws
+         * them (only the ids come to the host); else on the host from s->logits. */
         bool here = !s->fwd || tsr_forward_has_logits(s->fwd);
         int n_ids = 0;
         for (int i = 0; i < n; i++) {
@@ -471,11 +479,17 @@ tsr_status tsr_sched_step(tsr_sched *s, const tsr_sched_event **events, int *n_e
             if (n_ids >= rows)
                 return tsr_error_set(TSR_ERR_INTERNAL, "scheduler: forward returned %d rows",
                                      rows);
-            s->ids[n_ids] = tsr_sampler_draw(&s->plan_req[i]->sampler,
-                                             s->logits + (size_t)n_ids * (size_t)s->cfg.vocab_size,
-                                             here);
+            tsr_sampler *sm = &s->plan_req[i]->sampler;
+            if (!here)
+                tsr_sampler_skip(sm);
+            else if (s->fwd)
+                s->samp[n_ids] = sm;
+            else
+                s->ids[n_ids] = tsr_sampler_sample(
+                    sm, s->logits + (size_t)n_ids * (size_t)s->cfg.vocab_size);
             n_ids++;
         }
+        if (s->fwd && here) TSR_TRY(tsr_forward_sample(s->fwd, s->samp, n_ids, s->ids));
         if (s->fwd) TSR_TRY(tsr_forward_share_tokens(s->fwd, s->ids, n_ids));
         int row = 0;
         for (int i = 0; i < n; i++) {

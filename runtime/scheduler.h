@@ -104,10 +104,12 @@ tsr_status tsr_sched_submit(tsr_sched *s, const tsr_sched_request *r);
  * Returns false when the tag is unknown or already finished. */
 bool tsr_sched_finish(tsr_sched *s, uint64_t tag);
 
-/* Keeps each step's logits on the last pipeline stage of f (the forward this scheduler
- * executes through tsr_sched_exec_forward) and shares the sampled token ids instead: 4
- * bytes a row instead of 4 V over each stage boundary (runtime/forward.h). Every rank of
- * the job calls it, or none. */
+/* Keeps each step's logits in backend memory on the last pipeline stage of f (the forward
+ * this scheduler executes through tsr_sched_exec_forward): the backend's sample op draws
+ * them (tsr_forward_sample, the same tokens as the host's sampler) and only the token ids
+ * come to the host and cross the stage boundaries, 4 bytes a row instead of 4 V
+ * (runtime/forward.h). Without it the exec's logits come to the host and are sampled
+ * there. Every rank of the job calls it, or none. */
 tsr_status tsr_sched_sample_last_stage(tsr_sched *s, tsr_forward *f);
 
 /* Waiting requests, the swapped-out ones included (they resume first). */

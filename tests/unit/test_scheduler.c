@@ -436,6 +436,85 @@ TSR_TEST(test_greedy_batched_equals_solo_on_model) {
     tsr_model_destroy(m);
 }
 
+/* ---- sampling through the backend's op ------------------------------------------------ */
+
+enum { SO_N = 8, SO_NEW = 24 };
+
+/* SO_N requests (greedy, temperature, top-k, top-p, combinations; seeded), batched with a
+ * small token budget so that prefills chunk and mix with decodes; on_device: through
+ * tsr_sched_sample_last_stage (the logits stay in backend memory, the sample op draws),
+ * else the logits come to the host and its sampler draws. */
+static tsr_status sample_job(tsr_model *m, const char *backend, bool on_device,
+                             int32_t **prompts, const int *np, int32_t out[][SO_NEW],
+                             int *n_out) {
+    const tsr_model_config *c = &m->cfg;
+    tsr_engine_options eo = {.backend = backend, .threads = 2, .max_tokens = 16,
+                             .kv = {.max_seqs = 4}, .dense_kv_tokens = c->max_seq_len,
+                             .borrow_model = true};
+    tsr_engine *eng = NULL;
+    tsr_sched *s = NULL;
+    tsr_status st = tsr_engine_create(m, &eo, &eng);
+    tsr_sched_config cfg = {.max_seqs = 4, .max_tokens = 16, .max_context = c->max_seq_len,
+                            .vocab_size = c->vocab_size};
+    if (st == TSR_OK) st = tsr_sched_create(&cfg, eng->kv, tsr_sched_exec_forward, eng->fwd, &s);
+    if (st == TSR_OK && on_device) st = tsr_sched_sample_last_stage(s, eng->fwd);
+    static const tsr_sampler_params sp[SO_N] = {
+        {.temperature = 0, .top_p = 1},
+        {.temperature = 0.8f, .top_p = 1},
+        {.temperature = 1.0f, .top_p = 1, .top_k = 5},
+        {.temperature = 0.9f, .top_p = 0.8f},
+        {.temperature = 1.2f, .top_p = 0.9f, .top_k = 20},
+        {.temperature = 0, .top_p = 0.5f, .top_k = 3},
+        {.temperature = 0.5f, .top_p = 0.95f, .top_k = 1},
+        {.temperature = 1.5f, .top_p = 1, .top_k = 40},
+    };
+    for (int r = 0; r < SO_N && st == TSR_OK; r++) {
+        tsr_sched_request q = {.tag = (uint64_t)r, .prompt = prompts[r], .n_prompt = np[r],
+                               .max_new_tokens = SO_NEW, .sampling = sp[r]};
+        q.sampling.seed = 11 + 3 * (uint64_t)r;
+        st = tsr_sched_submit(s, &q);
+        n_out[r] = 0;
+    }
+    while (st == TSR_OK && tsr_sched_has_work(s)) {
+        const tsr_sched_event *ev;
+        int n_ev;
+        st = tsr_sched_step(s, &ev, &n_ev, NULL);
+        for (int i = 0; st == TSR_OK && i < n_ev; i++)
+            if (ev[i].token >= 0 && n_out[ev[i].tag] < SO_NEW)
+                out[ev[i].tag][n_out[ev[i].tag]++] = ev[i].token;
+    }
+    tsr_sched_destroy(s);
+    tsr_engine_destroy(eng);
+    return st;
+}
+
+TSR_TEST(test_sampling_through_op_equals_host) {
+    tsr_model *m = NULL;
+    ASSERT_OK(tsr_model_load(model_path(), &m));
+    int32_t buf[SO_N][20], *prompts[SO_N];
+    int np[SO_N];
+    for (int r = 0; r < SO_N; r++) {
+        np[r] = 6 + 3 * r % 14;
+        for (int j = 0; j < np[r]; j++) buf[r][j] = 1 + (r * 37 + j * 11) % (m->cfg.vocab_size - 1);
+        prompts[r] = buf[r];
+    }
+    for (int b = 0; b < N_TEST_BACKENDS && !tsr_test_failed_flag; b++) {
+        if (!backend_available(TEST_BACKENDS[b])) continue;
+        fprintf(stderr, "  backend %s\n", TEST_BACKENDS[b]);
+        static int32_t host[SO_N][SO_NEW], dev[SO_N][SO_NEW];
+        int nh[SO_N], nd[SO_N], total = 0;
+        ASSERT_OK(sample_job(m, TEST_BACKENDS[b], false, prompts, np, host, nh));
+        ASSERT_OK(sample_job(m, TEST_BACKENDS[b], true, prompts, np, dev, nd));
+        for (int r = 0; r < SO_N; r++) {
+            ASSERT_EQ_INT(nd[r], nh[r]);
+            for (int k = 0; k < nh[r]; k++) ASSERT_EQ_INT(dev[r][k], host[r][k]);
+            total += nh[r];
+        }
+        ASSERT_TRUE(total > SO_N * 4); /* the requests did generate */
+    }
+    tsr_model_destroy(m);
+}
+
 /* ---- preemption by swap -------------------------------------------------------------- */
 
 enum { SW_N = 8, SW_NEW = 40, SW_CTX = 96 };
@@ -627,4 +706,5 @@ TSR_TEST(test_matmul_rows_batched_vs_single) {
 
 TSR_TEST_MAIN(test_batching_invariants_and_tokens, test_join_finish_eos_context_and_early_stop,
               test_short_kv_defers_and_preempts, test_greedy_batched_equals_solo_on_model,
-              test_matmul_rows_batched_vs_single, test_swap_preemption_each_policy)
+              test_sampling_through_op_equals_host, test_matmul_rows_batched_vs_single,
+              test_swap_preemption_each_policy)
