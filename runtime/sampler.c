@@ -41,12 +41,6 @@ void tsr_sampler_skip(tsr_sampler *s) {
     if (s->p.temperature != 0.0f) (void)tsr__rand01(s);
 }
 
-int32_t tsr_sampler_draw(tsr_sampler *s, float *logits, bool have_logits) {
-    if (have_logits) return tsr_sampler_sample(s, logits);
-    tsr_sampler_skip(s);
-    return -1;
-}
-
 void tsr_sampler_row_params(tsr_sampler *s, tsr_sample_params *out) {
     *out = (tsr_sample_params){.temperature = s->p.temperature,
                                .top_p = s->p.top_p,

@@ -32,9 +32,6 @@ int32_t tsr_sampler_sample(tsr_sampler *s, float *logits);
  * greedy: the draws do not depend on the logits), for a rank that gets the token from
  * the rank that has the logits (pipeline parallelism, runtime/forward.h). */
 void tsr_sampler_skip(tsr_sampler *s);
-/* tsr_sampler_sample where this rank has the logits, else tsr_sampler_skip and -1 (the
- * token then comes from the rank that has them). */
-int32_t tsr_sampler_draw(tsr_sampler *s, float *logits, bool have_logits);
 /* Row i's parameters for the backend op `sample` (kernels/backend.h), the device-side
  * tsr_sampler_sample: advances the RNG exactly as tsr_sampler_sample does (the uniform is
  * drawn here, on the host, from the request's seeded state), so that a backend that samples
