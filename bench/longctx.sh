@@ -12,7 +12,9 @@
 # Environment: BACKEND (cpu; cuda on a GPU), MODEL (tiny: synthetic:tiny; any synthetic
 # preset, e.g. llama-3.1-8b, gets ,ctx=131072,layers=LAYERS), THREADS (2), BUDGET (0.1: h2o
 # and offload keep 10 % of the sequence; paged ignores it), RUN_TIMEOUT (seconds per run,
-# 0: none; a run past it is a row "FAILED: timeout"), MATERIALIZE (1 on the CPU, 0
+# 0: none; a run past it is a row "FAILED: timeout"), DEADLINE (epoch seconds, instead of
+# RUN_TIMEOUT: each run gets the time left over the runs left, so a fast policy leaves its
+# share to the slower ones after it), MATERIALIZE (1 on the CPU, 0
 # elsewhere), POLICIES (default: every registered policy).
 set -euo pipefail
 BUILD=${1:-build}
@@ -36,8 +38,15 @@ printf '%-22s %8s %10s %12s %12s %10s %14s\n' policy n seconds peak_rss_mb kv_pe
     device_peak_mb
 ERR=$(mktemp)
 trap 'rm -f "$ERR"' EXIT
+read -ra SIZE_LIST <<<"$SIZES"
+RUNS_LEFT=$((${#SIZE_LIST[@]} * (${#POLICIES[@]} + (MATERIALIZE == 1 ? 1 : 0))))
 row() {
     local line rc=0 pre=() prog
+    if [ -n "${DEADLINE:-}" ]; then
+        RUN_TIMEOUT=$(((DEADLINE - $(date +%s)) / (RUNS_LEFT > 0 ? RUNS_LEFT : 1)))
+        [ "$RUN_TIMEOUT" -ge 5 ] || RUN_TIMEOUT=5
+    fi
+    RUNS_LEFT=$((RUNS_LEFT - 1))
     [ "$RUN_TIMEOUT" != 0 ] && command -v timeout >/dev/null && pre=(timeout -k 5 "$RUN_TIMEOUT")
     line=$("${pre[@]}" "$BIN" "$SPEC" "$@" --threads "$THREADS" --backend "$BACKEND" \
         --progress 2 2>"$ERR") || rc=$?
