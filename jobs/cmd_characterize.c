@@ -490,12 +490,15 @@ static tsr_status tsr__run_cell(tsr__char *c, const tsr_cell *cell, cJSON **out_
     char reason[1024];
     int64_t reached = -1;
     const char *status = tsr_cell_classify(&pr, s->time_limit, reason, sizeof reason, &reached);
-    /* "cannot allocate the B-byte score matrix": heads x n x n x 4 = B gives n */
-    const char *sm = strstr(pr.last_line, "cannot allocate the ");
+    /* "cannot allocate the B-byte score matrix": heads x n x n x 4 = B gives n, with the
+     * heads of one rank (tensor parallelism splits them) */
+    const char *why = pr.own_line[0] ? pr.own_line : pr.last_line;
+    const char *sm = strstr(why, "cannot allocate the ");
     double mb = 0;
+    int rank_heads = m->heads / (l->tp > 0 ? l->tp : 1);
     if (reached < 0 && sm && sscanf(sm, "cannot allocate the %lf-byte score matrix", &mb) == 1 &&
-        m->heads > 0 && mb > 0)
-        reached = (int64_t)llround(sqrt(mb / (4.0 * m->heads)));
+        rank_heads > 0 && mb > 0)
+        reached = (int64_t)llround(sqrt(mb / (4.0 * rank_heads)));
     cJSON *mj = tsr__json_file(met);
     if (!strcmp(status, "ok") && !mj) {
         status = "error";
