@@ -31,7 +31,7 @@ const tsr_char_col tsr_char_cols[] = {
     {"request_rate", "req/s", "offline (all at once) or the Poisson arrival rate"},
     {"gen_tokens", "tokens", "max_tokens per request"},
     {"status", "", "ok, oom, timeout, crash, error or skipped"},
-    {"reason", "", "why it is not ok (the cell's last stderr line, the limit, the signal)"},
+    {"reason", "", "why it is not ok (tessera's line from the cell's stderr, the limit, the signal)"},
     {"reached_tokens", "tokens", "keys the sequence had when it ran out of memory, when known"},
     {"wall_s", "s", "the cell process's wall time"},
     {"exit_code", "", "exit status of the cell process"},
