@@ -6,17 +6,36 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include "base/status.h"
+#include "base/sys.h"
 
 /* A small header before each block records its size, so live bytes can be counted. */
 #define TSR__HDR 64
 
 static atomic_size_t tsr__live;
 
+/* The error line of a failed allocation. Under an address-space limit (ulimit -v) it names
+ * the limit and what takes the space: the allocation may be small and the culprit a
+ * library's mappings. */
+static void tsr__nomem(size_t size) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) {
+        tsr_error_set(TSR_ERR_NOMEM, "out of memory allocating %zu bytes", size);
+        return;
+    }
+    char top[256];
+    tsr_sys_vm_top(top, sizeof top, 3);
+    tsr_error_set(TSR_ERR_NOMEM,
+                  "out of memory allocating %zu bytes: the address-space limit (ulimit -v: %.0f "
+                  "MiB) has %.0f MiB in use (%s)", size, (double)rl.rlim_cur / 1048576.0,
+                  (double)tsr_sys_vm_size() / 1048576.0, top[0] ? top : "users unknown");
+}
+
 static void *tsr__wrap(void *raw, size_t size) {
     if (!raw) {
-        tsr_error_set(TSR_ERR_NOMEM, "out of memory allocating %zu bytes", size);
+        tsr__nomem(size);
         return NULL;
     }
     *(size_t *)raw = size;

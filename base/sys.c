@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 double tsr_sys_now(void) {
@@ -276,5 +277,99 @@ void tsr_sys_mem_headroom(tsr_sys_mem_limit *out) {
         memset(&b, 0, sizeof b);
         if (!readers[i](&b)) continue;
         if (out->bound == TSR_SYS_MEM_NONE || b.bytes < out->bytes) *out = b;
+    }
+}
+
+/* One user of the address space in tsr_sys_vm_top. */
+typedef struct tsr__vm_user {
+    char name[64];
+    uint64_t bytes;
+} tsr__vm_user;
+
+/* Adds one mapping line of /proc/self/maps ("lo-hi perms off dev inode   path") to u[]. */
+static void tsr__vm_add(tsr__vm_user *u, int *n, int cap, const char *line, size_t len) {
+    uint64_t lo = 0, hi = 0;
+    size_t i = 0;
+    for (; i < len && line[i] != '-'; i++) {
+        char c = line[i];
+        lo = lo * 16 + (uint64_t)(c <= '9' ? c - '0' : (c | 32) - 'a' + 10);
+    }
+    for (i++; i < len && line[i] != ' '; i++) {
+        char c = line[i];
+        hi = hi * 16 + (uint64_t)(c <= '9' ? c - '0' : (c | 32) - 'a' + 10);
+    }
+    if (hi <= lo) return;
+    /* the path is the sixth field; anonymous mappings have none */
+    int field = 1;
+    while (i < len && field < 6) {
+        while (i < len && line[i] == ' ') i++;
+        if (i < len) field++;
+        if (field < 6)
+            while (i < len && line[i] != ' ') i++;
+    }
+    const char *name = "anonymous";
+    size_t nl = 9;
+    if (field == 6 && i < len) {
+        const char *path = line + i;
+        size_t pl = len - i;
+        const char *base = path;
+        for (size_t k = 0; k < pl; k++)
+            if (path[k] == '/') base = path + k + 1;
+        name = base;
+        nl = pl - (size_t)(base - path);
+    }
+    if (nl >= sizeof u[0].name) nl = sizeof u[0].name - 1;
+    for (int k = 0; k < *n; k++)
+        if (strlen(u[k].name) == nl && memcmp(u[k].name, name, nl) == 0) {
+            u[k].bytes += hi - lo;
+            return;
+        }
+    if (*n < cap - 1) {
+        memcpy(u[*n].name, name, nl);
+        u[*n].name[nl] = '\0';
+        u[(*n)++].bytes = hi - lo;
+        return;
+    }
+    /* past the table: the last entry holds the rest */
+    memcpy(u[cap - 1].name, "other", 6);
+    u[cap - 1].bytes += hi - lo;
+    *n = cap;
+}
+
+void tsr_sys_vm_top(char *buf, size_t cap, int top) {
+    if (cap == 0) return;
+    buf[0] = '\0';
+    enum { TSR__VM_USERS = 64 };
+    tsr__vm_user u[TSR__VM_USERS];
+    memset(u, 0, sizeof u);
+    int n = 0;
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    char chunk[4096], line[512];
+    size_t ll = 0;
+    ssize_t got;
+    while ((got = read(fd, chunk, sizeof chunk)) > 0) {
+        for (ssize_t i = 0; i < got; i++) {
+            if (chunk[i] != '\n') {
+                if (ll < sizeof line - 1) line[ll++] = chunk[i];
+                continue;
+            }
+            tsr__vm_add(u, &n, TSR__VM_USERS, line, ll);
+            ll = 0;
+        }
+    }
+    close(fd);
+    if (ll) tsr__vm_add(u, &n, TSR__VM_USERS, line, ll);
+    size_t l = 0;
+    for (int t = 0; t < top; t++) {
+        int best = -1;
+        for (int k = 0; k < n; k++)
+            if (u[k].bytes && (best < 0 || u[k].bytes > u[best].bytes)) best = k;
+        if (best < 0) break;
+        int w = snprintf(buf + l, cap - l, "%s%s %.0f MiB", l ? ", " : "", u[best].name,
+                         (double)u[best].bytes / 1048576.0);
+        if (w < 0 || (size_t)w >= cap - l) break;
+        l += (size_t)w;
+        u[best].bytes = 0;
     }
 }

@@ -30,6 +30,10 @@ int64_t tsr_sys_mem_total(void);
  * unknown. */
 int64_t tsr_sys_rss(void);
 int64_t tsr_sys_vm_size(void);
+/* What takes the address space: the `top` largest users of /proc/self/maps, by file (its
+ * base name, "libcublasLt.so.12") or "anonymous", as "NAME N MiB, ..." in buf ("" when
+ * unknown). Uses no heap (callable where allocation just failed, or before main). */
+void tsr_sys_vm_top(char *buf, size_t cap, int top);
 
 /* Where the memory a process may still take is bounded. */
 typedef enum tsr_sys_mem_bound {

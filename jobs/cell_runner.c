@@ -36,25 +36,97 @@ static void tsr__sleep(double s) {
     }
 }
 
-/* The last non-empty line of a file (its last 4 KiB). */
-static void tsr__last_line(const char *path, char *out, size_t cap) {
-    out[0] = '\0';
-    FILE *f = fopen(path, "rb");
+/* Whether a message says memory ran out (ours, libc's, the OpenBLAS probe's, MPI's,
+ * Slurm's). */
+static bool tsr__says_oom(const char *s) {
+    static const char *const pats[] = {"out of memory", "Out of memory", "Out Of Memory",
+                                       "cannot allocate", "Cannot allocate", "ENOMEM",
+                                       "score matrix", "address-space limit", "bad_alloc",
+                                       "memory exhausted", "needs more memory",
+                                       "not enough memory", "oom-kill"};
+    for (size_t i = 0; i < sizeof pats / sizeof *pats; i++)
+        if (strstr(s, pats[i])) return true;
+    return false;
+}
+
+/* A line of tessera's own that says why it stopped: "tessera: ...", "tessera: rank N: ...",
+ * "tessera error: ...", "tessera[rank N] error: ..."; not its warnings, info or debug lines
+ * (a rank's warning must not stand for the failure). */
+static bool tsr__own_line(const char *l) {
+    if (strncmp(l, "tessera", 7) != 0) return false;
+    const char *colon = strchr(l, ':');
+    if (!colon) return false;
+    static const char *const quiet[] = {" warning:", " info:", " debug:"};
+    for (size_t i = 0; i < sizeof quiet / sizeof *quiet; i++) {
+        const char *w = strstr(l, quiet[i]);
+        if (w && w + strlen(quiet[i]) - 1 == colon) return false;
+    }
+    return true;
+}
+
+/* What a launcher says of a rank that a signal ended: Open MPI's "... exited on signal 9
+ * (Killed)", Slurm's "srun: error: NODE: task 0: Killed". 0 when the line says neither. */
+static int tsr__rank_signal(const char *l) {
+    const char *m = strstr(l, "exited on signal ");
+    int sig = 0;
+    if (m && sscanf(m, "exited on signal %d", &sig) == 1 && sig > 0) return sig;
+    if (strstr(l, "srun: error:") && strstr(l, ": task ")) {
+        size_t n = strlen(l);
+        if (n >= 8 && strcmp(l + n - 8, ": Killed") == 0) return SIGKILL;
+    }
+    return 0;
+}
+
+void tsr_cell_read_stderr(const char *stderr_path, tsr_cell_proc *p) {
+    p->last_line[0] = p->own_line[0] = '\0';
+    p->rank_signal = 0;
+    FILE *f = fopen(stderr_path, "rb");
     if (!f) return;
-    char buf[4096];
+    /* the tail: the launcher's help text is a few KiB at most */
+    static char buf[16384];
     long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
     long start = size > (long)sizeof buf - 1 ? size - (long)sizeof buf + 1 : 0;
     size_t n = 0;
     if (size >= 0 && fseek(f, start, SEEK_SET) == 0) n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[n] = '\0';
-    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) buf[--n] = '\0';
-    char *l = strrchr(buf, '\n');
-    l = l ? l + 1 : buf;
-    /* a progress bar redrawn with \r: its last state */
-    char *cr = strrchr(l, '\r');
-    if (cr) l = cr + 1;
-    snprintf(out, cap, "%s", l);
+    char own_oom[sizeof p->own_line] = "", head[sizeof p->last_line] = "";
+    bool in_help = false;
+    char *line = buf;
+    if (start > 0) { /* the first line is cut: skip it */
+        char *nl = strchr(buf, '\n');
+        line = nl ? nl + 1 : buf + n;
+    }
+    while (*line) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = '\0';
+        /* a progress bar redrawn with \r: its last state */
+        char *l = strrchr(line, '\r');
+        l = l ? l + 1 : line;
+        size_t len = strlen(l);
+        while (len > 0 && (l[len - 1] == ' ' || l[len - 1] == '\t')) l[--len] = '\0';
+        bool rule = len > 0 && strspn(l, "-") == len;
+        if (rule) {
+            /* Open MPI's help text stands between two rules: its first line says what
+             * happened, and stands for the block */
+            if (!in_help) head[0] = '\0';
+            in_help = !in_help;
+            if (!in_help && head[0]) snprintf(p->last_line, sizeof p->last_line, "%s", head);
+        } else if (len > 0) {
+            if (in_help && !head[0]) snprintf(head, sizeof head, "%s", l);
+            snprintf(p->last_line, sizeof p->last_line, "%s", l);
+            if (tsr__own_line(l)) {
+                snprintf(p->own_line, sizeof p->own_line, "%s", l);
+                /* of several ranks' lines, the one that says memory ran out says why */
+                if (tsr__says_oom(l)) snprintf(own_oom, sizeof own_oom, "%s", l);
+            }
+            int sig = tsr__rank_signal(l);
+            if (sig && !p->rank_signal) p->rank_signal = sig;
+        }
+        if (!nl) break;
+        line = nl + 1;
+    }
+    if (own_oom[0]) snprintf(p->own_line, sizeof p->own_line, "%s", own_oom);
 }
 
 tsr_status tsr_cell_spawn(char *const argv[], const char *stdout_path, const char *stderr_path,
@@ -132,19 +204,8 @@ tsr_status tsr_cell_spawn(char *const argv[], const char *stdout_path, const cha
     out->maxrss_bytes = (int64_t)ru.ru_maxrss * 1024;
     if (WIFEXITED(wst)) out->exit_code = WEXITSTATUS(wst);
     else if (WIFSIGNALED(wst)) out->signal = WTERMSIG(wst);
-    tsr__last_line(stderr_path, out->last_line, sizeof out->last_line);
+    tsr_cell_read_stderr(stderr_path, out);
     return TSR_OK;
-}
-
-/* Whether a message says memory ran out (ours, libc's, the OpenBLAS probe's, MPI's). */
-static bool tsr__says_oom(const char *s) {
-    static const char *const pats[] = {"out of memory", "Out of memory", "cannot allocate",
-                                       "Cannot allocate", "ENOMEM", "score matrix",
-                                       "address-space limit", "bad_alloc", "memory exhausted",
-                                       "needs more memory", "not enough memory"};
-    for (size_t i = 0; i < sizeof pats / sizeof *pats; i++)
-        if (strstr(s, pats[i])) return true;
-    return false;
 }
 
 const char *tsr_cell_classify(const tsr_cell_proc *p, double time_limit, char *reason,
@@ -155,26 +216,38 @@ const char *tsr_cell_classify(const tsr_cell_proc *p, double time_limit, char *r
         snprintf(reason, cap, "time limit of %g s", time_limit);
         return "timeout";
     }
+    /* tessera's own line says why; the launcher's help text after it does not */
+    const char *msg = p->own_line[0] ? p->own_line : p->last_line;
+    const char *sep = msg[0] ? "; " : "";
     if (p->signal) {
         /* SIGKILL that we did not send: the kernel's OOM killer (or a cgroup limit) */
         if (p->signal == SIGKILL) {
             snprintf(reason, cap, "killed by SIGKILL (out of memory: the OOM killer)%s%s",
-                     p->last_line[0] ? "; last line: " : "", p->last_line);
+                     msg[0] ? "; last line: " : "", msg);
             return "oom";
         }
         snprintf(reason, cap, "crashed with signal %d (%s)%s%s", p->signal,
-                 strsignal(p->signal), p->last_line[0] ? "; last line: " : "", p->last_line);
+                 strsignal(p->signal), msg[0] ? "; last line: " : "", msg);
         /* an allocation that failed under the limit and was not checked ends like this */
-        return tsr__says_oom(p->last_line) ? "oom" : "crash";
+        return tsr__says_oom(msg) ? "oom" : "crash";
     }
     if (p->exit_code == 0) return "ok";
-    snprintf(reason, cap, "%s", p->last_line[0] ? p->last_line : "exited with no message");
-    if (p->exit_code != 0 && snprintf(reason + strlen(reason), cap - strlen(reason),
-                                      " (exit %d)", p->exit_code) < 0)
-        reason[0] = '\0';
-    if (tsr__says_oom(p->last_line)) {
+    if (!p->own_line[0] && p->rank_signal == SIGKILL) {
+        /* a rank the OOM killer ended: it had no chance to say anything */
+        snprintf(reason, cap, "a rank was killed by SIGKILL (out of memory: the OOM killer)");
+        return "oom";
+    }
+    if (!tsr__says_oom(msg) && p->rank_signal) {
+        snprintf(reason, cap, "a rank crashed with signal %d (%s)%s%s", p->rank_signal,
+                 strsignal(p->rank_signal), sep, msg);
+        return "crash";
+    }
+    snprintf(reason, cap, "%s", msg[0] ? msg : "exited with no message");
+    size_t used = strlen(reason);
+    if (used + 1 < cap) snprintf(reason + used, cap - used, " (exit %d)", p->exit_code);
+    if (tsr__says_oom(msg)) {
         /* h2o materialize: "the H x n_q x n_k score matrix": the keys the step reached */
-        const char *m = strstr(p->last_line, "the ");
+        const char *m = strstr(msg, "the ");
         long long h, q;
         double k;
         while (m) {

@@ -2,7 +2,9 @@
  * (RLIMIT_AS) in the child, exec, and a wall-time limit the parent enforces (SIGTERM to
  * the child's process group, SIGKILL after a grace period), so a cell that runs out of
  * memory, hangs or crashes cannot take the study down. The outcome is classified from
- * the exit status and the child's last stderr line. Also: the prompts of a cell, N tokens
+ * the exit status and the child's stderr: tessera's own last line where there is one (a
+ * launcher such as mpirun prints its help text after a rank's message, in either order),
+ * else the last line, and what the launcher says of a rank that a signal ended. Also: the prompts of a cell, N tokens
  * of filler text for the model's tokenizer. */
 #ifndef TSR_JOBS_CELL_RUNNER_H
 #define TSR_JOBS_CELL_RUNNER_H
@@ -24,6 +26,8 @@ typedef struct tsr_cell_proc {
     double wall_s;
     int64_t maxrss_bytes; /* of the child and its descendants (wait4), 0 when unknown */
     char last_line[512];  /* the last non-empty line of its stderr */
+    char own_line[512];   /* the last line of tessera's own ("tessera..."), "" when none */
+    int rank_signal;      /* a signal that ended a rank, as the launcher reports it (0: none) */
 } tsr_cell_proc;
 
 /* Called about every 0.5 s while the child runs; returning true stops the child (as a
@@ -38,9 +42,14 @@ tsr_status tsr_cell_spawn(char *const argv[], const char *stdout_path, const cha
                           void *ctx, tsr_cell_proc *out);
 
 /* "ok", "oom", "timeout", "crash" or "error" for a finished child, with a one-line reason
- * ("" for ok) and the tokens the sequence reached when the failure says (else -1). */
+ * ("" for ok) and the tokens the sequence reached when the failure says (else -1). The
+ * reason is tessera's own line when the child (or one of its ranks) printed one. */
 const char *tsr_cell_classify(const tsr_cell_proc *p, double time_limit, char *reason,
                               size_t cap, int64_t *reached);
+
+/* Reads the tail of a child's stderr into p->last_line, p->own_line and p->rank_signal
+ * (tsr_cell_spawn does this; tests call it on a file of their own). */
+void tsr_cell_read_stderr(const char *stderr_path, tsr_cell_proc *p);
 
 /* The path of this executable (/proc/self/exe resolved), for the children. */
 tsr_status tsr_cell_self_exe(char *buf, size_t cap);

@@ -13,6 +13,7 @@
 #include "base/alloc.h"
 #include "base/sys.h"
 #include "jobs/cell_runner.h"
+#include "policies/policy.h"
 
 const tsr_char_col tsr_char_cols[] = {
     {"id", "", "the cell's id (DIR/cells/ID.json, DIR/work/ID/)"},
@@ -21,7 +22,7 @@ const tsr_char_col tsr_char_cols[] = {
     {"layout", "", "tpN, ppN or tpNppM (perf cells)"},
     {"tp", "", "tensor-parallel ranks"},
     {"pp", "", "pipeline stages"},
-    {"policy", "", "the policy's label (h2o-materialize: the n x n baseline)"},
+    {"policy", "", "the policy's label (NAME-materialize: the n x n baseline)"},
     {"kv_policy", "", "--kv-policy"},
     {"budget", "", "--kv-budget: fraction of the sequence (<= 1) or tokens; 0 = full cache"},
     {"prompt_tokens", "tokens", "prompt length asked for (BOS included)"},
@@ -30,7 +31,7 @@ const tsr_char_col tsr_char_cols[] = {
     {"request_rate", "req/s", "offline (all at once) or the Poisson arrival rate"},
     {"gen_tokens", "tokens", "max_tokens per request"},
     {"status", "", "ok, oom, timeout, crash, error or skipped"},
-    {"reason", "", "why it is not ok (the cell's last stderr line, the limit, the signal)"},
+    {"reason", "", "why it is not ok (tessera's line from the cell's stderr, the limit, the signal)"},
     {"reached_tokens", "tokens", "keys the sequence had when it ran out of memory, when known"},
     {"wall_s", "s", "the cell process's wall time"},
     {"exit_code", "", "exit status of the cell process"},
@@ -56,12 +57,12 @@ const tsr_char_col tsr_char_cols[] = {
     {"peak_device_bytes", "bytes", "peak device memory (0 on the CPU)"},
     {"kv_peak_bytes", "bytes", "peak bytes of the KV block pool in use"},
     {"bytes_moved", "bytes", "host<->device KV traffic: offloaded + fetched + swapped out + in"},
-    {"bytes_offloaded", "bytes", "KV bytes written to the host tier (offload)"},
-    {"bytes_fetched", "bytes", "KV bytes fetched back from the host tier (offload)"},
+    {"bytes_offloaded", "bytes", "KV bytes written to a host tier"},
+    {"bytes_fetched", "bytes", "KV bytes fetched back from a host tier"},
     {"evictions", "", "tokens that left the resident set"},
     {"preemptions", "", "sequences the scheduler preempted"},
     {"score_matrix_bytes_peak", "bytes", "largest n x n score matrix built (materialize)"},
-    {"heads", "", "query heads of the model"},
+    {"heads", "", "query heads of the model (all ranks)"},
     {"nxn_bytes", "bytes", "heads x n x n x 4: the original H2O's score matrix at this prompt"},
     {"mem_limit_bytes", "bytes", "the cell's address-space limit (RLIMIT_AS)"},
     {"time_limit_s", "s", "the cell's wall-time limit"},
@@ -117,6 +118,53 @@ static bool tsr__same_point(rec_t a, rec_t b) {
            tsr__n(a, "prompt_tokens") == tsr__n(b, "prompt_tokens") &&
            tsr__n(a, "batch") == tsr__n(b, "batch") &&
            tsr__is(a, "request_rate", tsr__s(b, "request_rate"));
+}
+
+/* The paper's systems are roles that a policy's declaration gives it, never names: the
+ * full cache (vLLM) reads no budget; a host tier (InfiniGen) reports the bytes it fetches
+ * back; eviction by the attention kernel's key scores (H2O) wants those scores. A policy
+ * registered later takes its role from what it declares. */
+typedef enum tsr__role {
+    TSR__ROLE_NONE = 0,
+    TSR__ROLE_FULL,   /* keeps every token */
+    TSR__ROLE_SCORES, /* evicts by accumulated key scores */
+    TSR__ROLE_HOST,   /* keeps evicted KV in a host tier and fetches it back */
+    TSR__N_ROLES
+} tsr__role;
+
+static const char *const tsr__role_paper[TSR__N_ROLES] = {"", "vLLM", "H2O", "InfiniGen"};
+static const char *const tsr__role_what[TSR__N_ROLES] = {
+    "", "the full cache", "eviction by the attention kernel's key scores",
+    "a host tier with fetches back"};
+
+static tsr__role tsr__role_of(const tsr_kv_policy_ops *ops) {
+    if (!ops) return TSR__ROLE_NONE;
+    if (!ops->uses_budget) return TSR__ROLE_FULL;
+    for (int i = 0; i < ops->n_stats; i++)
+        if (!strcmp(ops->stat_fields[i].name, "bytes_fetched")) return TSR__ROLE_HOST;
+    if (ops->wants_scores) return TSR__ROLE_SCORES;
+    return TSR__ROLE_NONE;
+}
+
+/* The role of a record's policy (a materialize baseline is only that: NONE here). */
+static tsr__role tsr__role_rec(const tsr_study *s, rec_t r) {
+    if (tsr__materialize(s, r)) return TSR__ROLE_NONE;
+    return tsr__role_of(tsr_kv_policy_find(tsr__s(r, "kv_policy")));
+}
+
+/* The registered policies in a role, "a/b" ("none registered" when none). */
+static const char *tsr__role_names(tsr__role role, char *buf, size_t cap) {
+    size_t l = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < tsr_kv_policy_count() && l + 1 < cap; i++) {
+        const tsr_kv_policy_ops *ops = tsr_kv_policy_at(i);
+        if (tsr__role_of(ops) != role) continue;
+        int w = snprintf(buf + l, cap - l, "%s%s", l ? "/" : "", ops->name);
+        if (w < 0) break;
+        l += (size_t)w;
+    }
+    if (!buf[0]) snprintf(buf, cap, "none registered");
+    return buf;
 }
 
 static void tsr__csv_str(FILE *f, const char *s) {
@@ -180,10 +228,11 @@ static double tsr__median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* paged fastest: in each group of cells at the same point, paged's output throughput
- * against every other policy's that completed there. */
-static void tsr__f_paged_fastest(const tsr_study *s, cJSON *const *r, size_t n, tsr__finding *f) {
-    (void)s;
+/* the full cache fastest: in each group of cells at the same point, the full cache's
+ * output throughput against every other policy's that completed there. */
+static void tsr__f_full_fastest(const tsr_study *s, cJSON *const *r, size_t n, tsr__finding *f) {
+    char full[128];
+    tsr__role_names(TSR__ROLE_FULL, full, sizeof full);
     int pairs = 0, wins = 0, nr = 0;
     double *ratio = NULL;
     /* two passes: count the pairs, then keep their ratios for the median */
@@ -191,11 +240,11 @@ static void tsr__f_paged_fastest(const tsr_study *s, cJSON *const *r, size_t n, 
         if (pass == 1 && pairs > 0) ratio = tsr_calloc((size_t)pairs, sizeof *ratio);
         pairs = wins = nr = 0;
         for (size_t i = 0; i < n; i++) {
-            if (!tsr__perf(r[i]) || !tsr__ok(r[i]) || !tsr__is(r[i], "kv_policy", "paged"))
+            if (!tsr__perf(r[i]) || !tsr__ok(r[i]) || tsr__role_rec(s, r[i]) != TSR__ROLE_FULL)
                 continue;
             for (size_t j = 0; j < n; j++) {
                 if (j == i || !tsr__perf(r[j]) || !tsr__ok(r[j]) ||
-                    tsr__is(r[j], "kv_policy", "paged") || !tsr__same_point(r[i], r[j]))
+                    tsr__role_rec(s, r[j]) == TSR__ROLE_FULL || !tsr__same_point(r[i], r[j]))
                     continue;
                 double a = tsr__n(r[i], "output_tok_s"), b = tsr__n(r[j], "output_tok_s");
                 if (!(a > 0 && b > 0)) continue;
@@ -206,14 +255,15 @@ static void tsr__f_paged_fastest(const tsr_study *s, cJSON *const *r, size_t n, 
         }
     }
     if (pairs == 0) {
-        snprintf(f->measured, sizeof f->measured, "no point where paged and another policy both completed");
+        snprintf(f->measured, sizeof f->measured,
+                 "no point where the full cache (%s) and another policy both completed", full);
         f->verdict = "not measured";
     } else {
         snprintf(f->measured, sizeof f->measured,
-                 "paged had the higher output throughput in %d of %d comparisons with another "
-                 "policy at the same model, layout, prompt length, batch and rate (median "
-                 "paged/other ratio %.2f)", wins, pairs, tsr__median(ratio, nr));
-        /* A coin flip is not a finding: paged must win clearly (3 of 5 comparisons and a
+                 "the full cache (%s) had the higher output throughput in %d of %d comparisons "
+                 "with another policy at the same model, layout, prompt length, batch and rate "
+                 "(median full/other ratio %.2f)", full, wins, pairs, tsr__median(ratio, nr));
+        /* A coin flip is not a finding: the full cache must win clearly (3 of 5 comparisons and a
          * median ratio >= 1.05) to agree, and lose as clearly to disagree. */
         double med = tsr__median(ratio, nr);
         f->verdict = 5 * wins >= 3 * pairs && med >= 1.05   ? "agree"
@@ -223,25 +273,28 @@ static void tsr__f_paged_fastest(const tsr_study *s, cJSON *const *r, size_t n, 
     tsr_free(ratio);
 }
 
-/* the fidelity record of a model x policy x budget (NULL when none completed) */
-static rec_t tsr__fid(cJSON *const *r, size_t n, const char *model, const char *policy,
-                      double budget) {
+/* the fidelity record of a model x role x budget (NULL when none completed) */
+static rec_t tsr__fid(const tsr_study *s, cJSON *const *r, size_t n, const char *model,
+                      tsr__role role, double budget) {
     for (size_t i = 0; i < n; i++)
         if (tsr__is(r[i], "kind", "fidelity") && tsr__ok(r[i]) && tsr__is(r[i], "model", model) &&
-            tsr__is(r[i], "policy", policy) && tsr__n(r[i], "budget") == budget)
+            tsr__role_rec(s, r[i]) == role && tsr__n(r[i], "budget") == budget)
             return r[i];
     return NULL;
 }
 
-static void tsr__f_h2o_memory(const tsr_study *s, cJSON *const *r, size_t n, tsr__finding *f) {
+static void tsr__f_scores_memory(const tsr_study *s, cJSON *const *r, size_t n,
+                                 tsr__finding *f) {
+    char full[128], sc[128];
+    tsr__role_names(TSR__ROLE_FULL, full, sizeof full);
+    tsr__role_names(TSR__ROLE_SCORES, sc, sizeof sc);
     double best = -1, best_b = 0, best_n = 0;
     int cmp = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!tsr__perf(r[i]) || !tsr__ok(r[i]) || !tsr__is(r[i], "kv_policy", "h2o") ||
-            tsr__materialize(s, r[i]))
+        if (!tsr__perf(r[i]) || !tsr__ok(r[i]) || tsr__role_rec(s, r[i]) != TSR__ROLE_SCORES)
             continue;
         for (size_t j = 0; j < n; j++) {
-            if (!tsr__perf(r[j]) || !tsr__ok(r[j]) || !tsr__is(r[j], "kv_policy", "paged") ||
+            if (!tsr__perf(r[j]) || !tsr__ok(r[j]) || tsr__role_rec(s, r[j]) != TSR__ROLE_FULL ||
                 !tsr__same_point(r[i], r[j]))
                 continue;
             double a = tsr__n(r[i], "kv_peak_bytes"), b = tsr__n(r[j], "kv_peak_bytes");
@@ -255,13 +308,13 @@ static void tsr__f_h2o_memory(const tsr_study *s, cJSON *const *r, size_t n, tsr
             }
         }
     }
-    /* the accuracy side: h2o's fidelity at its budgets */
+    /* the accuracy side: the score-evicting policy's fidelity at its budgets */
     char acc[1024] = "";
     size_t al = 0;
     bool cost = false, have_fid = false;
     for (size_t i = 0; i < n; i++) {
         if (!tsr__is(r[i], "kind", "fidelity") || !tsr__ok(r[i]) ||
-            !tsr__is(r[i], "policy", "h2o") || tsr__synthetic(s, r[i]))
+            tsr__role_rec(s, r[i]) != TSR__ROLE_SCORES || tsr__synthetic(s, r[i]))
             continue;
         have_fid = true;
         double ag = tsr__n(r[i], "fid_agreement"), kl = tsr__n(r[i], "fid_kl");
@@ -274,41 +327,49 @@ static void tsr__f_h2o_memory(const tsr_study *s, cJSON *const *r, size_t n, tsr
                                    tsr__n(r[i], "budget"), ag, kl, p, pf);
     }
     if (cmp == 0) {
-        snprintf(f->measured, sizeof f->measured, "no point where h2o and paged both completed");
+        snprintf(f->measured, sizeof f->measured,
+                 "no point where score eviction (%s) and the full cache (%s) both completed", sc,
+                 full);
         f->verdict = "not measured";
         return;
     }
     snprintf(f->measured, sizeof f->measured,
-             "h2o's KV pool peak was up to %.0f %% below paged's (budget %g, %g-token prompt; "
-             "%d comparisons). Accuracy: %s", 100 * best, best_b, best_n, cmp,
+             "score eviction's (%s) KV pool peak was up to %.0f %% below the full cache's (%s) "
+             "(budget %g, %g-token prompt; %d comparisons). Accuracy: %s", sc, 100 * best, full,
+             best_b, best_n, cmp,
              have_fid ? acc : "not measured (no fidelity cell of a real model ran)");
     bool mem = best >= 0.5;
     f->verdict = mem && have_fid && cost ? "agree" : mem ? "partly" : "disagree";
 }
 
-static void tsr__f_offload(const tsr_study *s, cJSON *const *r, size_t n, tsr__finding *f) {
+static void tsr__f_host_tier(const tsr_study *s, cJSON *const *r, size_t n, tsr__finding *f) {
+    char host[128], sc[128];
+    tsr__role_names(TSR__ROLE_HOST, host, sizeof host);
+    tsr__role_names(TSR__ROLE_SCORES, sc, sizeof sc);
     double moved_off = 0, moved_h2o = 0;
     int n_off = 0;
     for (size_t i = 0; i < n; i++) {
         if (!tsr__perf(r[i]) || !tsr__ok(r[i])) continue;
         double m = tsr__n(r[i], "bytes_moved");
         if (!isfinite(m)) continue;
-        if (tsr__is(r[i], "kv_policy", "offload")) {
+        tsr__role role = tsr__role_rec(s, r[i]);
+        if (role == TSR__ROLE_HOST) {
             moved_off = fmax(moved_off, m);
             n_off++;
-        } else if (tsr__is(r[i], "kv_policy", "h2o")) {
+        } else if (role == TSR__ROLE_SCORES) {
             moved_h2o = fmax(moved_h2o, m);
         }
     }
-    /* accuracy: offload against h2o at the same model and budget */
+    /* accuracy: the host tier against score eviction at the same model and budget */
     int better = 0, pairs = 0;
     char acc[1024] = "";
     size_t al = 0;
     for (size_t i = 0; i < n; i++) {
         if (!tsr__is(r[i], "kind", "fidelity") || !tsr__ok(r[i]) ||
-            !tsr__is(r[i], "policy", "offload") || tsr__synthetic(s, r[i]))
+            tsr__role_rec(s, r[i]) != TSR__ROLE_HOST || tsr__synthetic(s, r[i]))
             continue;
-        rec_t h = tsr__fid(r, n, tsr__s(r[i], "model"), "h2o", tsr__n(r[i], "budget"));
+        rec_t h = tsr__fid(s, r, n, tsr__s(r[i], "model"), TSR__ROLE_SCORES,
+                           tsr__n(r[i], "budget"));
         if (!h) continue;
         double ao = tsr__n(r[i], "fid_agreement"), ah = tsr__n(h, "fid_agreement");
         double ko = tsr__n(r[i], "fid_kl"), kh = tsr__n(h, "fid_kl");
@@ -320,20 +381,23 @@ static void tsr__f_offload(const tsr_study *s, cJSON *const *r, size_t n, tsr__f
         better += b;
         if (al < sizeof acc - 200)
             al += (size_t)snprintf(acc + al, sizeof acc - al,
-                                   "%s%s budget %g: offload agreement %.3f KL %.4f probe recall "
-                                   "%.2f vs h2o %.3f / %.4f / %.2f", al ? "; " : "",
-                                   tsr__s(r[i], "model"), tsr__n(r[i], "budget"), ao, ko, po, ah,
+                                   "%s%s budget %g: %s agreement %.3f KL %.4f probe recall "
+                                   "%.2f vs %s %.3f / %.4f / %.2f", al ? "; " : "",
+                                   tsr__s(r[i], "model"), tsr__n(r[i], "budget"),
+                                   tsr__s(r[i], "policy"), ao, ko, po, tsr__s(h, "policy"), ah,
                                    kh, ph);
     }
     if (n_off == 0) {
-        snprintf(f->measured, sizeof f->measured, "no offload cell completed");
+        snprintf(f->measured, sizeof f->measured, "no cell of a host-tier policy (%s) completed",
+                 host);
         f->verdict = "not measured";
         return;
     }
     snprintf(f->measured, sizeof f->measured,
-             "offload moved up to %.1f MiB between the host tier and the pool in a cell (h2o: "
-             "%.1f MiB). Accuracy against h2o at the same budget: %s%s", tsr__mib(moved_off),
-             tsr__mib(moved_h2o), pairs ? "" : "not measured (no fidelity cell of a real model ran)",
+             "the host tier (%s) moved up to %.1f MiB between the host and the pool in a cell "
+             "(score eviction, %s: %.1f MiB). Accuracy against score eviction at the same "
+             "budget: %s%s", host, tsr__mib(moved_off), sc, tsr__mib(moved_h2o),
+             pairs ? "" : "not measured (no fidelity cell of a real model ran)",
              pairs ? acc : "");
     bool traffic = moved_off > moved_h2o;
     f->verdict = traffic && pairs && 2 * better >= pairs ? "agree"
@@ -366,9 +430,28 @@ static void tsr__f_oom(const tsr_study *s, cJSON *const *r, size_t n, tsr__findi
                 "sqrt(M / (4 x heads)). On the paper's setting (OPT-13B, 40 heads, an 80 GB "
                 "GPU) one prompt's matrix is 40 x 10,000^2 x 4 B = 16 GB at 10K tokens, and "
                 "five sequences of 10K would fill the GPU before any weight or KV byte; at "
-                "32K one matrix alone is 164 GB. tessera's `h2o-materialize` policy is that "
-                "baseline (the whole prompt in one forward call); `h2o` and `offload` take "
-                "their scores from the tiled attention kernel and never hold the matrix.\n\n");
+                "32K one matrix alone is 164 GB. Under tensor parallelism each rank holds its "
+                "own heads' part, under its own limit, so the table gives one rank's heads "
+                "and bytes. ");
+    {
+        /* the study's own labels: which are the baseline and which are tiled */
+        char mat[512] = "", til[512] = "";
+        size_t ml = 0, tl = 0;
+        for (int p = 0; p < s->n_policies; p++) {
+            const tsr_study_policy *pol = &s->policies[p];
+            if (pol->materialize && ml + 80 < sizeof mat)
+                ml += (size_t)snprintf(mat + ml, sizeof mat - ml, "%s`%s`", ml ? ", " : "",
+                                       pol->label);
+            else if (!pol->materialize && pol->budgeted && tl + 80 < sizeof til)
+                tl += (size_t)snprintf(til + tl, sizeof til - tl, "%s`%s`", tl ? ", " : "",
+                                       pol->label);
+        }
+        if (ml) fprintf(md, "Here %s %s that baseline (the whole prompt in one forward call). ",
+                        mat, strchr(mat, ',') ? "are" : "is");
+        if (tl) fprintf(md, "%s never hold the matrix: their scores, where they read any, come "
+                        "from the tiled attention kernel.", til);
+        fprintf(md, "\n\n");
+    }
     fprintf(md, "| model | policy | n (tokens) | batch | heads | n x n bytes | limit | predicted | "
                 "measured | peak host |\n|---|---|---:|---:|---:|---:|---:|---|---|---:|\n");
     int match = 0, total = 0, fails = 0;
@@ -376,8 +459,11 @@ static void tsr__f_oom(const tsr_study *s, cJSON *const *r, size_t n, tsr__findi
     for (size_t i = 0; i < n; i++) {
         if (!tsr__perf(r[i]) || !tsr__materialize(s, r[i]) || tsr__is(r[i], "status", "skipped"))
             continue;
-        double nx = tsr__n(r[i], "nxn_bytes"), lim = tsr__n(r[i], "mem_limit_bytes");
-        bool pred = isfinite(lim) && nx > lim;
+        /* one rank's share: tensor parallelism splits the heads, each rank has the limit */
+        double tp = tsr__n(r[i], "tp");
+        if (!(tp >= 1)) tp = 1;
+        double nx = tsr__n(r[i], "nxn_bytes") / tp, lim = tsr__n(r[i], "mem_limit_bytes");
+        bool pred = isfinite(lim) && nx >= lim; /* the matrix alone fills it */
         bool oom = tsr__is(r[i], "status", "oom");
         total++;
         match += pred == oom;
@@ -389,7 +475,8 @@ static void tsr__f_oom(const tsr_study *s, cJSON *const *r, size_t n, tsr__findi
         if (isfinite(lim)) snprintf(lims, sizeof lims, "%.0f MiB", tsr__mib(lim));
         fprintf(md, "| %s | %s | %.0f | %.0f | %.0f | %.1f MiB | %s | %s | %s | %.1f MiB |\n",
                 tsr__s(r[i], "model"), tsr__s(r[i], "policy"), tsr__n(r[i], "prompt_tokens"),
-                tsr__n(r[i], "batch"), tsr__n(r[i], "heads"), tsr__mib(nx), lims, pred ? "out of memory" : "fits",
+                tsr__n(r[i], "batch"), tsr__n(r[i], "heads") / tp, tsr__mib(nx), lims,
+                pred ? "out of memory" : "fits",
                 tsr__s(r[i], "status"), tsr__mib(tsr__n(r[i], "peak_host_bytes")));
     }
     fputc('\n', md);
@@ -454,14 +541,14 @@ static void tsr__f_oom(const tsr_study *s, cJSON *const *r, size_t n, tsr__findi
     fputc('\n', md);
     if (total == 0) {
         snprintf(f->measured, sizeof f->measured,
-                 "no materialize cell ran (the study has no h2o-materialize policy)");
+                 "no materialize cell ran (the study has no NAME-materialize policy)");
         f->verdict = "not measured";
         return;
     }
     snprintf(f->measured, sizeof f->measured,
              "the materialize baseline ran out of memory in %d of %d cells (first at %.0f "
              "tokens); the arithmetic heads x n^2 x 4 B > limit predicted %d of %d outcomes. "
-             "The tiled policies (h2o, offload and any other with a budget) completed every "
+             "The tiled policies (every other policy with a budget) completed every "
              "prompt length asked with memory growing "
              "linearly (R^2 >= 0.95, or the last step's growth at most twice the line's slope "
              "+ 64 B/token) in %d of %d policy series.",
@@ -658,7 +745,7 @@ static bool tsr__plot_rate(const tsr_study *s, cJSON *const *r, size_t n, const 
 }
 
 /* Agreement (left axis) and KL (right axis) against the budget for one model, a series per
- * policy; the full cache (paged) at budget 1. */
+ * policy; the full cache at budget 1. */
 static bool tsr__plot_fidelity(const tsr_study *s, cJSON *const *r, size_t n, int m,
                                const char *dir, const char *gp, char *png, size_t cap) {
     char script[4200], plot[16384] = "";
@@ -703,8 +790,8 @@ static bool tsr__plot_fidelity(const tsr_study *s, cJSON *const *r, size_t n, in
     fprintf(g, "%s", tsr__gp_head);
     fprintf(g, "set output '%s/%s'\n", dir, png);
     fprintf(g, "set key below box maxrows 4\nset terminal pngcairo size 1100,760\n");
-    fprintf(g, "set title '%s: fidelity against the full cache vs KV budget (paged = budget "
-               "1)%s'\n", s->models[m].label,
+    fprintf(g, "set title '%s: fidelity against the full cache vs KV budget (full cache = "
+               "budget 1)%s'\n", s->models[m].label,
             strncmp(s->models[m].spec, "synthetic:", 10) ? "" : "; random weights: text figures mean little");
     fprintf(g, "set xlabel 'KV budget (fraction of the sequence kept)'\n");
     fprintf(g, "set ylabel 'top-1 agreement with the full cache (solid)'\n");
@@ -765,17 +852,17 @@ tsr_status tsr_char_report(const tsr_study *s, cJSON *const *recs, size_t n, con
     snprintf(oomp, sizeof oomp, "%s/plots/oom_section.md", dir);
     FILE *oom = fopen(oomp, "w+");
     tsr__finding f[4] = {
-        {"paged_fastest", "paged (vLLM) is the fastest policy", "", NULL},
-        {"h2o_memory", "H2O saves up to about 70 % of KV memory at some cost in accuracy", "", NULL},
-        {"offload_accuracy", "InfiniGen keeps accuracy best (early facts retained) and pays in "
+        {"full_cache_fastest", "vLLM (the full cache) is the fastest policy", "", NULL},
+        {"score_eviction_memory", "H2O saves up to about 70 % of KV memory at some cost in accuracy", "", NULL},
+        {"host_tier_accuracy", "InfiniGen keeps accuracy best (early facts retained) and pays in "
                              "host<->device traffic", "", NULL},
         {"nxn_oom", "H2O and InfiniGen run out of memory near 10K tokens of prefill because "
                     "their code materializes the n x n score matrix; tessera's tiled policies "
                     "do not", "", NULL},
     };
-    tsr__f_paged_fastest(s, recs, n, &f[0]);
-    tsr__f_h2o_memory(s, recs, n, &f[1]);
-    tsr__f_offload(s, recs, n, &f[2]);
+    tsr__f_full_fastest(s, recs, n, &f[0]);
+    tsr__f_scores_memory(s, recs, n, &f[1]);
+    tsr__f_host_tier(s, recs, n, &f[2]);
     if (oom) tsr__f_oom(s, recs, n, &f[3], oom);
     else {
         snprintf(f[3].measured, sizeof f[3].measured, "(scratch file failed)");
@@ -809,9 +896,16 @@ tsr_status tsr_char_report(const tsr_study *s, cJSON *const *recs, size_t n, con
                 (double)tsr_sys_mem_total() / 1073741824.0);
     }
     fprintf(md, "Reference: Mamo, Kogiou, Yi and Yu (2026), \"Comparative Characterization of KV "
-                "Cache Management Strategies for LLM Inference\", arXiv 2604.05012. Their H2O "
-                "is tessera's `h2o` (and `h2o-materialize` for the original n x n code), their "
-                "InfiniGen is `offload`, their vLLM is `paged`.\n\n");
+                "Cache Management Strategies for LLM Inference\", arXiv 2604.05012. Each of "
+                "their systems is the role a registered policy declares:");
+    for (int role = TSR__ROLE_FULL; role < TSR__N_ROLES; role++) {
+        char names[128];
+        fprintf(md, "%s their %s is %s (%s)", role == TSR__ROLE_FULL ? "" : ";",
+                tsr__role_paper[role], tsr__role_what[role],
+                tsr__role_names((tsr__role)role, names, sizeof names));
+    }
+    fprintf(md, "; a policy with a `materialize` mode, labelled NAME-materialize, is the "
+                "original n x n code.\n\n");
     fprintf(md, "## Findings\n\n| # | the paper | measured here | verdict |\n|---|---|---|---|\n");
     for (int i = 0; i < 4; i++) {
         fprintf(md, "| %d | %s | ", i + 1, f[i].paper);

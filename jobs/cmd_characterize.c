@@ -86,8 +86,9 @@ static const char tsr__char_about[] =
     "  }\n"
     "models: a path or synthetic:NAME, or an object (label, path, tokenizer; context and\n"
     "  heads spare loading the model to learn them). policies: any --kv-policy name;\n"
-    "  \"h2o-materialize\" is h2o with --h2o-scores materialize and the whole prompt in one\n"
-    "  forward call (the original n x n baseline); an object gives a label, the policy,\n"
+    "  NAME-materialize runs a policy that has a materialize mode in it, with the whole\n"
+    "  prompt in one forward call (h2o-materialize: h2o with --h2o-scores materialize, the\n"
+    "  original n x n baseline); an object gives a label, the policy,\n"
     "  extra `tessera run` options (args), whole_prefill and its own budgets. A policy\n"
     "  that reads no --kv-budget (paged) ignores kv_budgets (one\n"
     "  cell, the full cache). request_rates: \"offline\" (all requests at once) or Poisson\n"
@@ -490,12 +491,15 @@ static tsr_status tsr__run_cell(tsr__char *c, const tsr_cell *cell, cJSON **out_
     char reason[1024];
     int64_t reached = -1;
     const char *status = tsr_cell_classify(&pr, s->time_limit, reason, sizeof reason, &reached);
-    /* "cannot allocate the B-byte score matrix": heads x n x n x 4 = B gives n */
-    const char *sm = strstr(pr.last_line, "cannot allocate the ");
+    /* "cannot allocate the B-byte score matrix": heads x n x n x 4 = B gives n, with the
+     * heads of one rank (tensor parallelism splits them) */
+    const char *why = pr.own_line[0] ? pr.own_line : pr.last_line;
+    const char *sm = strstr(why, "cannot allocate the ");
     double mb = 0;
+    int rank_heads = m->heads / (l->tp > 0 ? l->tp : 1);
     if (reached < 0 && sm && sscanf(sm, "cannot allocate the %lf-byte score matrix", &mb) == 1 &&
-        m->heads > 0 && mb > 0)
-        reached = (int64_t)llround(sqrt(mb / (4.0 * m->heads)));
+        rank_heads > 0 && mb > 0)
+        reached = (int64_t)llround(sqrt(mb / (4.0 * rank_heads)));
     cJSON *mj = tsr__json_file(met);
     if (!strcmp(status, "ok") && !mj) {
         status = "error";

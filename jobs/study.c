@@ -128,11 +128,45 @@ static tsr_status tsr__policy_args(tsr_study *s, const cJSON *args, const char *
         p->args[p->n_args] = tsr_strdup(v->valuestring);
         if (!p->args[p->n_args]) return TSR_ERR_NOMEM;
         p->n_args++;
-        if (!strcmp(v->valuestring, "materialize") || !strcmp(v->valuestring,
-                                                               "--h2o-scores=materialize"))
+        /* "--OPTION materialize" or "--OPTION=materialize": the n x n baseline */
+        const char *eq = strchr(v->valuestring, '=');
+        if (!strcmp(v->valuestring, "materialize") ||
+            (eq && !strncmp(v->valuestring, "--", 2) && !strcmp(eq + 1, "materialize")))
             p->materialize = true;
     }
     return TSR_OK;
+}
+
+/* "NAME-materialize" where NAME is a registered policy with an ENUM option that accepts
+ * "materialize": true, with NAME in base and that option in *opt. */
+static bool tsr__materialize_of(const char *label, char *base, size_t cap,
+                                const tsr_kv_policy_option **opt) {
+    static const char suffix[] = "-materialize";
+    size_t n = strlen(label), k = sizeof suffix - 1;
+    if (n <= k || strcmp(label + n - k, suffix) != 0 || n - k >= cap) return false;
+    memcpy(base, label, n - k);
+    base[n - k] = '\0';
+    const tsr_kv_policy_ops *ops = tsr_kv_policy_find(base);
+    for (int i = 0; ops && i < ops->n_options; i++) {
+        const tsr_kv_policy_option *o = &ops->options[i];
+        if (o->kind != TSR_KV_OPT_ENUM || !o->values) continue;
+        for (const char *const *v = o->values; *v; v++)
+            if (!strcmp(*v, "materialize")) {
+                *opt = o;
+                return true;
+            }
+    }
+    return false;
+}
+
+/* a followed by b, allocated (NULL when out of memory) */
+static char *tsr__strcat2(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    char *r = tsr_malloc(na + nb + 1);
+    if (!r) return NULL;
+    memcpy(r, a, na);
+    memcpy(r + na, b, nb + 1);
+    return r;
 }
 
 static tsr_status tsr__policies(tsr_study *s, const cJSON *root) {
@@ -149,11 +183,14 @@ static tsr_status tsr__policies(tsr_study *s, const cJSON *root) {
         snprintf(k, sizeof k, "policies[%d]", i);
         if (cJSON_IsString(v) && v->valuestring[0]) {
             p->label = tsr_strdup(v->valuestring);
-            /* The faithful baseline has its own name: h2o with the n x n matrix built over
-             * the whole prompt at once, as the original code does. */
-            if (!strcmp(v->valuestring, "h2o-materialize")) {
-                p->policy = tsr_strdup("h2o");
-                p->args[p->n_args++] = tsr_strdup("--h2o-scores");
+            /* The faithful baseline has its own name, NAME-materialize: a policy that
+             * declares a "materialize" mode, run in it with the whole prompt in one
+             * forward call, as the original code does. */
+            const tsr_kv_policy_option *mo = NULL;
+            char base[96];
+            if (tsr__materialize_of(v->valuestring, base, sizeof base, &mo)) {
+                p->policy = tsr_strdup(base);
+                p->args[p->n_args++] = tsr__strcat2("--", mo->name);
                 p->args[p->n_args++] = tsr_strdup("materialize");
                 if (!p->args[0] || !p->args[1]) return TSR_ERR_NOMEM;
                 p->whole_prefill = p->materialize = true;

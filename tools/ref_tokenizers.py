@@ -5,7 +5,7 @@ Outputs (committed data; rerun only to regenerate):
   tests/data/tokenizers/spm_cases.json
       Llama-2 tokenizer.bin cases, ids from the `sentencepiece` package with
       tokenizer.model (the model tokenizer.bin was exported from). Also tok512.bin cases:
-      tok512 has no SentencePiece model anywhere (see shared/data/SOURCES.md), so its ids
+      tok512 has no SentencePiece model anywhere (models/SOURCES.md), so its ids
       come from the pure-Python SentencePiece-BPE encoder below, which is first checked to
       agree with `sentencepiece` on every Llama-2 case.
   tests/data/tokenizers/bpe_llama3/tokenizer.json
@@ -18,7 +18,9 @@ Outputs (committed data; rerun only to regenerate):
 
 Strings are base64 so that any bytes survive JSON.
 
-Usage: python3 tools/ref_tokenizers.py [--data /work/shared/data]
+Usage: python3 tools/ref_tokenizers.py --data DIR
+  DIR holds tokenizer.model (the Llama 2 SentencePiece model), tokenizer.bin and tok512.bin
+  (the last two are also in models/).
 """
 import argparse
 import base64
@@ -322,8 +324,12 @@ def make_bpe():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data"))
+    ap.add_argument("--data", required=True,
+                    help="a folder with tokenizer.model, tokenizer.bin and tok512.bin")
     args = ap.parse_args()
+    if not os.path.isfile(os.path.join(args.data, "tokenizer.model")):
+        sys.exit("ref_tokenizers.py: %s has no tokenizer.model (the Llama 2 SentencePiece "
+                 "model that tokenizer.bin was exported from)" % args.data)
     os.makedirs(OUT, exist_ok=True)
     make_spm(args.data)
     make_bpe()

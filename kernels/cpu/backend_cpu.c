@@ -70,13 +70,15 @@ static void tsr__blas_preinit(int argc, char **argv, char **envp) {
         munmap(p, TSR__BLAS_START_BYTES);
         return;
     }
-    char msg[400];
+    /* what took the space (the libraries mapped before main) says what to do about it */
+    char msg[640], top[256];
+    tsr_sys_vm_top(top, sizeof top, 3);
     int n = snprintf(msg, sizeof msg,
-                     "tessera: the address-space limit (ulimit -v: %.0f MiB, %.0f MiB in use) "
-                     "leaves no room for the %.0f MiB OpenBLAS maps at start-up: raise or "
+                     "tessera: the address-space limit (ulimit -v: %.0f MiB, %.0f MiB in use: "
+                     "%s) leaves no room for the %.0f MiB OpenBLAS maps at start-up: raise or "
                      "remove ulimit -v (limit memory with the job's --mem instead)\n",
                      (double)rl.rlim_cur / 1048576.0, (double)tsr_sys_vm_size() / 1048576.0,
-                     (double)TSR__BLAS_START_BYTES / 1048576.0);
+                     top[0] ? top : "users unknown", (double)TSR__BLAS_START_BYTES / 1048576.0);
     if (n > 0) {
         ssize_t w = write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
         (void)w;

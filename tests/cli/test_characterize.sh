@@ -97,7 +97,8 @@ s = json.load(open(out + "/summary.json"))
 assert s["cells"] == len(rows) and s["status_counts"]["ok"] == len(ok) + (6 if have_fid else 0), s["status_counts"]
 assert len(s["findings"]) == 4 and all(x["verdict"] for x in s["findings"])
 rep = open(out + "/report.md").read()
-assert "n x n" in rep and "heads x n^2 x 4" in rep and "| paged (vLLM) is the fastest" in rep
+assert "n x n" in rep and "heads x n^2 x 4" in rep and "| vLLM (the full cache) is the fastest" in rep
+assert "their vLLM is the full cache (paged)" in rep and "their H2O is eviction by" in rep, rep[:2000]
 PY
 [ $HAVE_FID = 1 ] || echo "NOTE: this build has no 'tessera fidelity': the fidelity checks (paged against itself: agreement 1, KL 0) were skipped"
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A private single-node Slurm for tests (docs: /work/shared/design/slurm-single-node.md):
+# A private single-node Slurm for tests (docs/jobs.md, "Signals and Slurm"):
 # slurm.conf, state, spool and logs all live in one directory; daemons are stopped by PID.
 #
 #   source tests/slurm/start-slurm.sh

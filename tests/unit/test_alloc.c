@@ -1,10 +1,17 @@
 /* base/alloc.c: tsr_malloc_huge gives 2 MiB-aligned mappings from 2 MiB on and plain
  * aligned memory below (no huge page fits there), both writable, counted in the live bytes
- * and returned by tsr_free_huge with the same size. */
+ * and returned by tsr_free_huge with the same size. Under an address-space limit a failed
+ * allocation's line names the limit and what takes the space. */
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/status.h"
+#include "base/sys.h"
 #include "tests/test.h"
 
 TSR_TEST(test_malloc_huge_sizes) {
@@ -24,4 +31,39 @@ TSR_TEST(test_malloc_huge_sizes) {
     tsr_free_huge(NULL, 123); /* a no-op, like free(NULL) */
 }
 
-TSR_TEST_MAIN(test_malloc_huge_sizes)
+/* In a child (the limit stays there): 1 GiB under a limit of the space in use + 256 MiB. */
+TSR_TEST(test_nomem_names_the_space) {
+#if defined(__SANITIZE_ADDRESS__)
+    return; /* ASan's allocator reserves its own space and ends the process instead */
+#endif
+    char top[256];
+    tsr_sys_vm_top(top, sizeof top, 3);
+    ASSERT_STR_CONTAINS(top, " MiB");
+    int fds[2];
+    ASSERT_EQ_INT(pipe(fds), 0);
+    pid_t pid = fork();
+    ASSERT_TRUE(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        int64_t used = tsr_sys_vm_size();
+        struct rlimit rl = {(rlim_t)used + (256u << 20), (rlim_t)used + (256u << 20)};
+        if (used <= 0 || setrlimit(RLIMIT_AS, &rl) != 0) _exit(2);
+        void *p = tsr_malloc((size_t)1 << 30);
+        const char *msg = p ? "allocated" : tsr_last_error();
+        ssize_t w = write(fds[1], msg, strlen(msg));
+        _exit(w > 0 ? 0 : 3);
+    }
+    close(fds[1]);
+    char msg[1024] = "";
+    ssize_t n = read(fds[0], msg, sizeof msg - 1);
+    close(fds[0]);
+    int wst = 0;
+    waitpid(pid, &wst, 0);
+    ASSERT_TRUE(n > 0);
+    msg[n > 0 ? n : 0] = '\0';
+    ASSERT_STR_CONTAINS(msg, "out of memory allocating 1073741824 bytes: the address-space "
+                             "limit (ulimit -v: ");
+    ASSERT_STR_CONTAINS(msg, " MiB in use (");
+}
+
+TSR_TEST_MAIN(test_malloc_huge_sizes, test_nomem_names_the_space)
