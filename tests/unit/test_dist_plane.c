@@ -23,7 +23,7 @@ static tsr_dist_plane_query tsr__q(int world, int tp, int device_ranks, bool ncc
                                    const char *policy) {
     return (tsr_dist_plane_query){.world = world, .tp = tp, .device_ranks = device_ranks,
                                   .nccl_built = nccl, .backend = device_ranks ? "cuda" : "cpu",
-                                  .kv_policy = policy};
+                                  .kv_policy = policy ? tsr_kv_policy_find(policy) : NULL};
 }
 
 TSR_TEST(test_cpu_backend_keeps_mpi) {
@@ -90,7 +90,7 @@ TSR_TEST(test_single_process_stays_local) {
     tsr_dist_cli_init(&dc);
     ASSERT_OK(tsr_comm_set_layout(d.comm, 1, 1));
     tsr_backend gpu = {.ops = &tsr__fake_gpu_ops, .device = 0};
-    ASSERT_OK(tsr_dist_data_plane(&d, &gpu, "h2o"));
+    ASSERT_OK(tsr_dist_data_plane(&d, &gpu, &tsr_kv_policy_h2o));
     ASSERT_EQ_INT(d.plane, TSR_DIST_PLANE_LOCAL);
     ASSERT_TRUE(!tsr_comm_uses_nccl(d.comm));
     tsr_backend *cpu = NULL;
