@@ -93,7 +93,8 @@ static tsr_status greedy(tsr_model *m, tsr_backend *be, tsr_kv_cache *kv,
 
 static void greedy_on(tsr_model *m, tsr_backend *be, const char *policy, double budget,
                       const int32_t *prompt, int32_t *toks, float *logits) {
-    tsr_kv_options o = {.policy = tsr_kv_policy_find(policy), .memory_bytes = 8 << 20, .block_size = 16,
+    tsr_kv_options o = {.policy = tsr_kv_policy_find(policy), .memory_bytes = 8 << 20,
+                        .block_size = 16,
                         .budget = budget, .max_seqs = 1, .be = be};
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &kv));
