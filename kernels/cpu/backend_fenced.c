@@ -56,6 +56,12 @@ typedef struct tsr__ranges {
     size_t n, cap;
 } tsr__ranges;
 
+/* The counters (tsr_backend_counters' fields, in its order). */
+enum {
+    TSR__CNT_UP, TSR__CNT_UP_BYTES, TSR__CNT_DOWN, TSR__CNT_DOWN_BYTES, TSR__CNT_SYNC,
+    TSR__CNT_ARGS, TSR__CNT_ARG_BYTES, TSR__CNT_OPS, TSR__CNT_N
+};
+
 typedef struct tsr__fenced {
     tsr_backend *inner; /* the CPU backend whose ops run inside the open fence */
     char *base;
@@ -68,15 +74,9 @@ typedef struct tsr__fenced {
     int depth;
     size_t opened;
     bool bad_free_reported;
-    /* tsr_backend_counters' fields, in its order (TSR__CNT_*); atomic: ops may run on
-     * several threads */
-    _Atomic int64_t cnt[8];
+    /* TSR__CNT_*; atomic: ops may run on several threads */
+    _Atomic int64_t cnt[TSR__CNT_N];
 } tsr__fenced;
-
-enum {
-    TSR__CNT_UP, TSR__CNT_UP_BYTES, TSR__CNT_DOWN, TSR__CNT_DOWN_BYTES, TSR__CNT_SYNC,
-    TSR__CNT_ARGS, TSR__CNT_ARG_BYTES, TSR__CNT_OPS
-};
 
 static void tsr__count(tsr__fenced *f, int what, int64_t n) {
     atomic_fetch_add_explicit(&f->cnt[what], n, memory_order_relaxed);
@@ -637,8 +637,8 @@ static tsr_status tsr__fenced_attention(tsr_backend *be, const tsr_attn_args *a)
 
 static void tsr__fenced_counters(tsr_backend *be, tsr_backend_counters *out, bool reset) {
     tsr__fenced *f = TSR__F(be);
-    int64_t v[8];
-    for (int i = 0; i < 8; i++)
+    int64_t v[TSR__CNT_N];
+    for (int i = 0; i < TSR__CNT_N; i++)
         v[i] = reset ? atomic_exchange_explicit(&f->cnt[i], 0, memory_order_relaxed)
                      : atomic_load_explicit(&f->cnt[i], memory_order_relaxed);
     *out = (tsr_backend_counters){
