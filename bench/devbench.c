@@ -205,7 +205,7 @@ int main(int argc, char **argv) {
                                   .head_dim = c->head_dim, .block_size = 16};
         tsr_engine_options eo = {
             .backend_given = be, .threads = threads, .max_tokens = max_tokens,
-            .kv = {.policy = "paged", .block_size = 16, .max_seqs = max_b,
+            .kv = {.policy = &tsr_kv_policy_paged, .block_size = 16, .max_seqs = max_b,
                    .no_prefix_cache = 1, .chunk_tokens = max_tokens,
                    .max_context = (int)(per > prefill + 16 ? per : prefill + 16),
                    .memory_bytes = (toks / 16 + max_b + 1) * c->n_layers *

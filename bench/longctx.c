@@ -72,12 +72,16 @@ int main(int argc, char **argv) {
     double budget = 0, progress = 0;
     /* --materialize is h2o's --h2o-scores materialize; any option the policy declares
      * (policies/policy.h) passes through as --NAME V (a flag: --NAME). */
-    const tsr_kv_policy_ops *pol = tsr_kv_policy_find(policy);
+    const tsr_kv_policy_decl *pol = tsr_kv_policy_find(policy);
+    if (!pol) {
+        fprintf(stderr, "longctx: unknown policy %s (use %s)\n", policy, tsr_kv_policy_names());
+        return 1;
+    }
     tsr_kv_policy_arg args[32];
     int n_args = 0;
     for (int i = 4; i < argc; i++) {
         const tsr_kv_policy_option *po =
-            pol && !strncmp(argv[i], "--", 2) ? tsr_kv_policy_option_find(pol, argv[i] + 2) : NULL;
+            !strncmp(argv[i], "--", 2) ? tsr_kv_policy_option_find(pol, argv[i] + 2) : NULL;
         if (!strcmp(argv[i], "--budget") && i + 1 < argc) budget = atof(argv[++i]);
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
@@ -117,7 +121,7 @@ int main(int argc, char **argv) {
         base_used = tsr__dev_used(be);
         /* What the policy keeps of one sequence, plus two chunks of slack. */
         int64_t keep = n;
-        if (strcmp(policy, "paged") != 0 && budget > 0) {
+        if (pol->uses_budget && budget > 0) {
             tsr_kv_policy_config pc = {.budget = budget};
             keep = tsr_kv_policy_budget(&pc, n);
         }
@@ -127,7 +131,7 @@ int main(int argc, char **argv) {
         int64_t blocks = (toks_in_pool + 15) / 16 + 1;
         tsr_engine_options eo = {
             .backend_given = be, .threads = threads, .max_tokens = chunk,
-            .kv = {.policy = policy,
+            .kv = {.policy = pol,
                    .memory_bytes = blocks * c->n_layers * tsr_kv_paged_block_bytes(&kc),
                    .block_size = 16, .budget = budget, .max_seqs = 1, .max_context = n,
                    .policy_args = args, .n_policy_args = n_args,

@@ -71,11 +71,15 @@ int main(int argc, char **argv) {
     /* Policy options: any the policy declares (--h2o-recent F, --offload-recall, ...),
      * checked by the registry; --recent, --pairs, --recall and --materialize are the
      * short names bench/quality.sh uses. */
-    const tsr_kv_policy_ops *pol = tsr_kv_policy_find(policy);
+    const tsr_kv_policy_decl *pol = tsr_kv_policy_find(policy);
+    if (!pol) {
+        fprintf(stderr, "quality: unknown policy %s (use %s)\n", policy, tsr_kv_policy_names());
+        return 1;
+    }
     tsr_kv_policy_arg args[32];
     int n_args = 0;
     for (int i = 5; i < argc && n_args < 32; i++) {
-        const tsr_kv_policy_option *po = pol ? tsr_kv_policy_option_find(pol, argv[i] + 2) : NULL;
+        const tsr_kv_policy_option *po = tsr_kv_policy_option_find(pol, argv[i] + 2);
         if (!strcmp(argv[i], "--budget") && i + 1 < argc) budget = atof(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) prompt = atoi(argv[++i]);
@@ -109,7 +113,7 @@ int main(int argc, char **argv) {
         tsr_fidelity_options fo = {
             .backend = "cpu", .threads = threads, .chunk_tokens = prompt > 1 ? prompt : 1,
             .prompt_tokens = prompt,
-            .kv = {.policy = policy, .memory_bytes = 16 << 20, .block_size = 16,
+            .kv = {.policy = pol, .memory_bytes = 16 << 20, .block_size = 16,
                    .budget = budget, .policy_args = args, .n_policy_args = n_args,
                    .max_seqs = 1, .chunk_tokens = prompt > 1 ? prompt : 1}};
         st = tsr_fidelity_run(m, tok, text, text_len, &fo, &r);

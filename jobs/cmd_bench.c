@@ -397,7 +397,7 @@ int tsr_cmd_bench(int argc, char **argv) {
         int64_t blocks = ((int64_t)n + g + TSR__BENCH_BLOCK - 1) / TSR__BENCH_BLOCK;
         tsr_kv_paged_config pc = {.n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                                   .block_size = TSR__BENCH_BLOCK};
-        eo.kv = (tsr_kv_options){.policy = "paged",
+        eo.kv = (tsr_kv_options){.policy = &tsr_kv_policy_paged,
                                  .memory_bytes = blocks * c->n_layers *
                                                  tsr_kv_paged_block_bytes(&pc),
                                  .block_size = TSR__BENCH_BLOCK, .max_seqs = 1,

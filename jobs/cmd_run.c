@@ -731,9 +731,10 @@ int tsr_cmd_run(int argc, char **argv) {
     if (o.checkpoint && !tsr_ckpt_available())
         return tsr_cli_usage_error(&cli, "--checkpoint: this build has no HDF5 (configure with "
                                          "-DTESSERA_HDF5=ON)");
-    if (o.checkpoint && o.kv.kv.policy && !strcmp(o.kv.kv.policy, "offload"))
-        return tsr_cli_usage_error(&cli, "--checkpoint does not support --kv-policy offload "
-                                         "(its host copy of the KV is not saved)");
+    if (o.checkpoint && !o.kv.kv.policy->checkpointable)
+        return tsr_cli_usage_error(&cli, "--checkpoint does not support --kv-policy %s (it "
+                                   "keeps KV of its own that a checkpoint does not save)",
+                                   o.kv.kv.policy->name);
     if (o.verbose) tsr_log_set_level(TSR_LOG_INFO);
 
     tsr_run_job g = {.o = &o};

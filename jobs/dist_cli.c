@@ -179,10 +179,10 @@ tsr_status tsr_dist_plane_choose(const tsr_dist_plane_query *q, tsr_dist_plane *
                              "memory, which MPI cannot send), but this tessera was built "
                              "without it (configure with -DTESSERA_NCCL=ON), or use "
                              "--backend cpu", be, q->world);
-    /* h2o and offload read queries or attention scores on the host and sum them over the
-     * TP group with the host-memory MPI path: device activations cannot take that road. */
-    const tsr_kv_policy_ops *pol = tsr_kv_policy_find(q->kv_policy ? q->kv_policy : "paged");
-    if (q->tp > 1 && pol && (pol->wants_scores || pol->queries || pol->observe))
+    /* A policy that sums over the TP group does it in host memory, over MPI: device
+     * activations cannot take that road. */
+    const tsr_kv_policy_decl *pol = q->kv_policy ? q->kv_policy : tsr_kv_policy_default();
+    if (q->tp > 1 && pol->tp_host_sums)
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
                              "--kv-policy %s with tensor parallelism (tp %d) on the %s "
                              "backend is not supported: its score sums over the TP ranks take "
@@ -192,7 +192,8 @@ tsr_status tsr_dist_plane_choose(const tsr_dist_plane_query *q, tsr_dist_plane *
     return TSR_OK;
 }
 
-tsr_status tsr_dist_data_plane(tsr_dist *j, tsr_backend *be, const char *kv_policy) {
+tsr_status tsr_dist_data_plane(tsr_dist *j, tsr_backend *be,
+                               const tsr_kv_policy_decl *kv_policy) {
     j->plane = TSR_DIST_PLANE_LOCAL;
     int64_t dev = be->device >= 0;
     if (j->world > 1) /* `auto` may give GPUs to some nodes' ranks only: count them */

@@ -40,7 +40,7 @@ typedef struct tsr_dist_plane_query {
     int device_ranks;      /* ranks whose backend keeps activations on a GPU */
     bool nccl_built;       /* tsr_comm_nccl_built() */
     const char *backend;   /* this rank's backend name, for messages */
-    const char *kv_policy; /* --kv-policy; NULL: paged */
+    const tsr_kv_policy_decl *kv_policy; /* --kv-policy's declaration; NULL: the default */
 } tsr_dist_plane_query;
 
 typedef struct tsr_dist {
@@ -52,7 +52,7 @@ typedef struct tsr_dist {
     tsr_topology *topo;       /* after tsr_dist_place */
     tsr_placement place;      /* this rank's */
     bool bound;               /* bound to place's cores */
-    const char *kv_policy;    /* for the data-plane choice (tsr_dist_engine_options) */
+    const tsr_kv_policy_decl *kv_policy; /* for the data plane (tsr_dist_engine_options) */
     double comm_timeout;      /* the watchdog's, from tsr_dist_layout on at tsr_dist_ready */
 } tsr_dist;
 
@@ -86,8 +86,8 @@ tsr_status tsr_dist_place(tsr_dist *j, bool bind);
 /* The data plane for a job (pure; tests): LOCAL for one rank, MPI when no rank has a
  * device backend, NCCL when all have. Errors (one line): some ranks on a GPU and others
  * not; a device backend across ranks in a build without NCCL (device memory cannot go
- * through MPI); a KV policy that reads queries or attention scores on the host and sums
- * them over the TP group (h2o, offload) with tp > 1 on a device backend. */
+ * through MPI); a KV policy that sums over the TP group in host memory (its declaration's
+ * tp_host_sums) with tp > 1 on a device backend. */
 tsr_status tsr_dist_plane_choose(const tsr_dist_plane_query *q, tsr_dist_plane *out);
 const char *tsr_dist_plane_name(tsr_dist_plane p);
 /* Once the backend exists (after tsr_dist_layout): the ranks agree on whether it is a
@@ -95,7 +95,8 @@ const char *tsr_dist_plane_name(tsr_dist_plane p);
  * plane to the backend's device and stream (tsr_comm_enable_nccl). Collective; every
  * error is the same on every rank, except a failure inside NCCL's own initialization,
  * which ends the job. */
-tsr_status tsr_dist_data_plane(tsr_dist *j, tsr_backend *be, const char *kv_policy);
+tsr_status tsr_dist_data_plane(tsr_dist *j, tsr_backend *be,
+                               const tsr_kv_policy_decl *kv_policy);
 
 /* Fills the distributed fields of KV options: shard, comm and the placed host pool. */
 void tsr_dist_kv_options(const tsr_dist *j, tsr_kv_options *kvo);

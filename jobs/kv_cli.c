@@ -6,11 +6,12 @@
 
 void tsr_kv_cli_init(tsr_kv_cli *k) {
     memset(k, 0, sizeof *k);
-    k->kv = (tsr_kv_options){.policy = "paged", .block_size = 16};
+    k->kv = (tsr_kv_options){.policy = tsr_kv_policy_default(), .block_size = 16};
+    k->policy_name = k->kv.policy->name;
 }
 
 /* Non-zero when --name is an option of p (kv-budget: the policies with uses_budget). */
-static int tsr__applies(const tsr_kv_policy_ops *p, const char *name) {
+static int tsr__applies(const tsr_kv_policy_decl *p, const char *name) {
     return !strcmp(name, "kv-budget") ? p->uses_budget : !!tsr_kv_policy_option_find(p, name);
 }
 
@@ -22,7 +23,7 @@ static void tsr__owners(const char *name, char *buf, size_t size) {
     size_t len = 0;
     buf[0] = '\0';
     for (int i = 0; i < tsr_kv_policy_count() && len < size; i++) {
-        const tsr_kv_policy_ops *p = tsr_kv_policy_at(i);
+        const tsr_kv_policy_decl *p = tsr_kv_policy_at(i);
         if (!tsr__applies(p, name)) continue;
         const char *sep = n == 0 ? "" : n == total - 1 ? " and " : ", ";
         len += (size_t)snprintf(buf + len, size - len, "%s%s", sep, p->name);
@@ -33,7 +34,7 @@ static void tsr__owners(const char *name, char *buf, size_t size) {
 int tsr_kv_cli_opts(tsr_kv_cli *k, tsr_cli_opt *out) {
     size_t len = (size_t)snprintf(k->policy_help, sizeof k->policy_help, "KV-cache policy:");
     for (int i = 0; i < tsr_kv_policy_count() && len < sizeof k->policy_help; i++) {
-        const tsr_kv_policy_ops *p = tsr_kv_policy_at(i);
+        const tsr_kv_policy_decl *p = tsr_kv_policy_at(i);
         len += (size_t)snprintf(k->policy_help + len, sizeof k->policy_help - len, "%s %s (%s)",
                                 i ? "," : "", p->name, p->help ? p->help : "");
     }
@@ -43,7 +44,7 @@ int tsr_kv_cli_opts(tsr_kv_cli *k, tsr_cli_opt *out) {
              "%s (others ignore it, with a warning): tokens kept per layer (> 1) or a "
              "fraction of the sequence (<= 1); 0 = keep all", users);
     int n = 0;
-    out[n++] = (tsr_cli_opt){"kv-policy", TSR_OPT_STRING, &k->kv.policy, "NAME",
+    out[n++] = (tsr_cli_opt){"kv-policy", TSR_OPT_STRING, &k->policy_name, "NAME",
                              k->policy_help, false};
     out[n++] = (tsr_cli_opt){"kv-memory", TSR_OPT_STRING, &k->memory, "BYTES",
                              "KV block pool size, e.g. 512M or 4G (default: on the CPU half "
@@ -57,7 +58,7 @@ int tsr_kv_cli_opts(tsr_kv_cli *k, tsr_cli_opt *out) {
      * listed once, under the first. */
     k->n_pol = 0;
     for (int i = 0; i < tsr_kv_policy_count(); i++) {
-        const tsr_kv_policy_ops *p = tsr_kv_policy_at(i);
+        const tsr_kv_policy_decl *p = tsr_kv_policy_at(i);
         for (int j = 0; j < p->n_options && k->n_pol < TSR_KV_CLI_MAX_POLICY_OPTS; j++) {
             const tsr_kv_policy_option *o = &p->options[j];
             int dup = 0;
@@ -85,6 +86,13 @@ int tsr_kv_cli_opts(tsr_kv_cli *k, tsr_cli_opt *out) {
 }
 
 tsr_cli_result tsr_kv_cli_check(const tsr_cli *cli, tsr_kv_cli *k) {
+    /* The one place a policy's name is resolved: from here on, its declaration. */
+    const tsr_kv_policy_decl *decl = tsr_kv_policy_find(k->policy_name);
+    if (!decl)
+        return tsr_cli_usage_error(cli, "--kv-policy %s: unknown (use %s)",
+                                   k->policy_name ? k->policy_name : "(none)",
+                                   tsr_kv_policy_names());
+    k->kv.policy = decl;
     if (k->memory && tsr_cli_parse_bytes(k->memory, &k->kv.memory_bytes) != 0)
         return tsr_cli_usage_error(cli, "invalid size '%s' for --kv-memory", k->memory);
     if (k->kv.block_size < 1) return tsr_cli_usage_error(cli, "--block-size must be >= 1");
@@ -99,11 +107,10 @@ tsr_cli_result tsr_kv_cli_check(const tsr_cli *cli, tsr_kv_cli *k) {
     /* An option the chosen policy ignores (paged keeps every token: no budget; offload
      * budgets without h2o's scores or window) gets one warning line instead of silence.
      * Not refused: scripts that loop over policies with one set of options rely on it
-     * (tests/cli/test_run_checkpoint.sh). An unknown policy is left to tsr_kv_setup. */
-    const char *pol = k->kv.policy ? k->kv.policy : "paged";
-    const tsr_kv_policy_ops *ops = tsr_kv_policy_find(pol);
+     * (tests/cli/test_run_checkpoint.sh). */
+    const char *pol = decl->name;
     char owners[128];
-    if (ops && !k->quiet && !ops->uses_budget) {
+    if (!k->quiet && !decl->uses_budget) {
         const tsr_cli_opt *c = tsr_cli_find(cli, "kv-budget");
         if (c && c->seen) {
             tsr__owners("kv-budget", owners, sizeof owners);
@@ -115,8 +122,8 @@ tsr_cli_result tsr_kv_cli_check(const tsr_cli *cli, tsr_kv_cli *k) {
     for (int e = 0; e < k->n_pol; e++) {
         const tsr_kv_policy_option *o = k->pol_opt[e];
         const tsr_cli_opt *c = tsr_cli_find(cli, o->name);
-        if (!c || !c->seen || !ops) continue;
-        if (tsr_kv_policy_option_find(ops, o->name)) {
+        if (!c || !c->seen) continue;
+        if (tsr_kv_policy_option_find(decl, o->name)) {
             k->args[n_args++] = (tsr_kv_policy_arg){
                 o->name, o->kind == TSR_KV_OPT_FLAG ? "1" : k->pol_text[e]};
         } else if (!k->quiet) {
@@ -134,7 +141,7 @@ tsr_cli_result tsr_kv_cli_check(const tsr_cli *cli, tsr_kv_cli *k) {
 void tsr_kv_cli_print_policies(FILE *f) {
     fprintf(f, "\nKV-cache policies (--kv-policy NAME) and their options:\n");
     for (int i = 0; i < tsr_kv_policy_count(); i++) {
-        const tsr_kv_policy_ops *p = tsr_kv_policy_at(i);
+        const tsr_kv_policy_decl *p = tsr_kv_policy_at(i);
         fprintf(f, "  %-10s %s%s\n", p->name, p->help ? p->help : "",
                 p->uses_budget ? " (uses --kv-budget)" : "");
         for (int j = 0; j < p->n_options; j++) {

@@ -1,6 +1,8 @@
 /* The KV-cache options shared by `tessera generate` and `tessera run`: the common --kv-*
  * flags, then every registered policy's own options, generated from their declarations
- * (policies/policy.h), validated once, turned into tsr_kv_options. */
+ * (policies/policy.h), validated once, turned into tsr_kv_options. --kv-policy is resolved
+ * here, once, into the policy's declaration (tsr_kv_options.policy); callers ask it, not
+ * the name. */
 #ifndef TSR_JOBS_KV_CLI_H
 #define TSR_JOBS_KV_CLI_H
 
@@ -18,6 +20,7 @@
 
 typedef struct tsr_kv_cli {
     tsr_kv_options kv; /* filled by tsr_kv_cli_check */
+    const char *policy_name; /* --kv-policy as given */
     const char *memory;
     double budget; /* double: a float 0.1 keeps one token more at some lengths */
     bool stats;
@@ -38,9 +41,9 @@ void tsr_kv_cli_init(tsr_kv_cli *k);
  * how many: --kv-policy, --kv-memory, --block-size, --kv-budget, then each policy's
  * options in registry order (help generated: "h2o: ..."), then --stats. */
 int tsr_kv_cli_opts(tsr_kv_cli *k, tsr_cli_opt *out);
-/* Validates the parsed values against their declarations and completes k->kv; prints a
- * usage error when wrong, and (unless k->quiet) one warning line per option the chosen
- * policy ignores. */
+/* Validates the parsed values against their declarations and completes k->kv (its policy:
+ * the declaration --kv-policy names); prints a usage error when wrong (an unknown policy
+ * included), and (unless k->quiet) one warning line per option the chosen policy ignores. */
 tsr_cli_result tsr_kv_cli_check(const tsr_cli *cli, tsr_kv_cli *k);
 /* The registered policies, each with its options under it (for `tessera --help`). */
 void tsr_kv_cli_print_policies(FILE *f);

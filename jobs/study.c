@@ -232,7 +232,7 @@ static tsr_status tsr__policies(tsr_study *s, const cJSON *root) {
         }
         /* any registered policy; one that reads no --kv-budget (paged keeps every token)
          * is one cell per point, not one per budget */
-        const tsr_kv_policy_ops *ops = tsr_kv_policy_find(p->policy);
+        const tsr_kv_policy_decl *ops = tsr_kv_policy_find(p->policy);
         if (!ops) {
             char want[256];
             snprintf(want, sizeof want, "a registered policy (%s)", tsr_kv_policy_names());

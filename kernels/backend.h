@@ -98,6 +98,21 @@ typedef struct tsr_sample_params {
     float r;
 } tsr_sample_params;
 
+/* What crossed between host and backend memory, and how often the host waited, since the
+ * last reset (the op `counters`). The fenced CPU device keeps them, so that a CPU run
+ * counts what a step would cost a GPU (tests/unit/test_policy_transfers.c, tsr_stepcount). */
+typedef struct tsr_backend_counters {
+    int64_t uploads, upload_bytes;     /* upload, kv_scatter */
+    int64_t downloads, download_bytes; /* download, kv_gather */
+    /* Host waits: synchronize, event_sync, a copy with stream NULL (a device waits for the
+     * work queued before it), and sample (its ids come back). */
+    int64_t syncs;
+    /* Host arrays an op reads besides its data (positions, ids, slot lists, spans, segment
+     * bounds, sampling parameters): a device backend stages each with a copy. */
+    int64_t host_args, host_arg_bytes;
+    int64_t ops; /* compute, KV-row, copy and memset calls */
+} tsr_backend_counters;
+
 typedef struct tsr_backend_ops {
     const char *name;
     void (*destroy)(tsr_backend *be);
@@ -199,6 +214,9 @@ typedef struct tsr_backend_ops {
      * other way. */
     tsr_status (*sample)(tsr_backend *be, float *logits, int64_t n, int vocab,
                          const tsr_sample_params *params, int32_t *ids);
+    /* Optional (NULL: the backend counts nothing): *out = the counters since the last
+     * reset; reset: start again from zero. */
+    void (*counters)(tsr_backend *be, tsr_backend_counters *out, bool reset);
 } tsr_backend_ops;
 
 /* Short forms of the memory calls, synchronous (stream NULL). */

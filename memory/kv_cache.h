@@ -121,11 +121,12 @@ typedef struct tsr_kv_cache_ops {
      * the last prompt token still produces logits); the caller then feeds only the rest. */
     int32_t (*prefix_attach)(tsr_kv_cache *kv, int seq, const int32_t *tokens, int32_t n);
     void (*stats)(const tsr_kv_cache *kv, tsr_kv_stats *out);
-    /* Optional (may be NULL): this call's rotated queries of `layer` ([n_q][n_heads *
-     * head_dim], positions q_pos), given before spans() so that a cache can choose what to
-     * make resident (offload's speculative selection) or rebuild scores (h2o's
-     * materialize baseline). q and q_pos are HOST memory (the forward pass downloads the
-     * rotated queries before the call); valid until that layer's observe. */
+    /* Optional (may be NULL; called only with wants_queries): this call's rotated queries
+     * of `layer` ([n_q][n_heads * head_dim], positions q_pos), given before spans() so
+     * that a cache can choose what to make resident (offload's speculative selection) or
+     * rebuild scores (h2o's materialize baseline). q and q_pos are HOST memory (the
+     * forward pass downloads the rotated queries before the call); valid until that
+     * layer's observe. */
     tsr_status (*queries)(tsr_kv_cache *kv, int layer, int seq, const float *q,
                           const int32_t *q_pos, int n_q, int n_heads);
     /* Optional (may be NULL): layer `layer`'s attention input for `seq` (the normed hidden
@@ -174,6 +175,9 @@ struct tsr_kv_cache {
     int wants_scores;
     /* non-zero when attn_input() wants the layer's attention input (a download on a device) */
     int wants_attn_input;
+    /* non-zero when queries() wants the layer's rotated queries (a download on a device);
+     * the forward pass calls queries() only then */
+    int wants_queries;
 };
 
 /* Dense cache: each sequence gets [n_layers][tokens][kv_dim] for K and V in backend memory

@@ -301,12 +301,22 @@ static const tsr_kv_policy_stat_field tsr__h2o_stat_fields[] = {
     {"score_matrix_rebuilds", TSR_KV_STAT_I64, offsetof(tsr__h2o_counters, score_matrix_rebuilds)},
 };
 
-const tsr_kv_policy_ops tsr_kv_policy_h2o = {
+/* Queries only for the materialized matrix: the tiled scores come from the kernel. */
+static int tsr__h2o_reads_queries(const void *opts) {
+    return ((const tsr__h2o_opts *)opts)->scores_materialize;
+}
+
+/* Scores every layer; queries only to materialize; the scores summed over the TP group;
+ * its scores travel in the mechanism's rows, so a checkpoint restores it. */
+const tsr_kv_policy_decl tsr_kv_policy_h2o = {
     .name = "h2o",
     .help = "heavy hitters + recent window",
-    .wants_scores = 1,
-    .allows_prefix_cache = 0,
+    .reads_queries = 1,
+    .reads_queries_with = tsr__h2o_reads_queries,
+    .reads_scores = 1,
     .uses_budget = 1,
+    .checkpointable = 1,
+    .tp_host_sums = 1,
     .options = tsr__h2o_options,
     .n_options = TSR_KV_COUNT(tsr__h2o_options),
     .options_size = sizeof(tsr__h2o_opts),

@@ -863,12 +863,16 @@ static const tsr_kv_policy_stat_field tsr__off_stat_fields[] = {
     {"fetch_short", TSR_KV_STAT_I64, offsetof(tsr__off_counters, fetch_short)},
 };
 
-const tsr_kv_policy_ops tsr_kv_policy_offload = {
+/* Queries (warmup's channel choice and selection, recall checks in both modes) and the
+ * attention input (skew's speculation) every layer; partial scores summed over the TP
+ * group; its host copy of the KV is no part of a checkpoint. */
+const tsr_kv_policy_decl tsr_kv_policy_offload = {
     .name = "offload",
     .help = "host tier + speculative fetch",
-    .wants_scores = 0,
-    .allows_prefix_cache = 0,
+    .reads_queries = 1,
+    .reads_attn_input = 1,
     .uses_budget = 1,
+    .tp_host_sums = 1,
     .options = tsr__off_options,
     .n_options = TSR_KV_COUNT(tsr__off_options),
     .options_size = sizeof(tsr__off_opts),

@@ -10,10 +10,12 @@ static tsr_status tsr__paged_pol_create(const tsr_kv_policy_config *cfg, tsr_kv_
     return TSR_OK;
 }
 
-const tsr_kv_policy_ops tsr_kv_policy_paged = {
+/* Reads nothing from the forward pass: a decode step downloads no queries, scores or
+ * attention input for it (tests/unit/test_policy_transfers.c counts). */
+const tsr_kv_policy_decl tsr_kv_policy_paged = {
     .name = "paged",
     .help = "keep all",
-    .wants_scores = 0,
     .allows_prefix_cache = 1,
+    .checkpointable = 1,
     .create = tsr__paged_pol_create,
 };

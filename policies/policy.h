@@ -1,11 +1,19 @@
-/* KV-cache policies: one vtable, so that a new policy is one file plus one line in
- * registry.c. A policy decides; the paged cache (memory/kv_paged.h) is the mechanism. A
+/* KV-cache policies: one declaration each, so that a new policy is one file plus one line
+ * in registry.c. A policy decides; the paged cache (memory/kv_paged.h) is the mechanism. A
  * policy decides from small host arrays (positions, scores, queries, its own host copies)
  * and never reads K/V bytes in place: those live in backend memory and reach the host only
- * through the mechanism's gathers or the backend's download. The
- * registry wraps a paged cache into a tsr_kv_cache that calls the policy's hooks in the
- * forward pass's order: admit (seq_add) -> append (before reserve) -> write -> queries ->
- * select (before spans) -> observe (after attention) -> commit. */
+ * through the mechanism's gathers or the backend's download.
+ *
+ * A policy is named once: the command line (jobs/kv_cli.c) resolves --kv-policy with
+ * tsr_kv_policy_find into its tsr_kv_policy_decl, and from there on every layer asks the
+ * declaration what the policy reads (queries, attention input, key scores: each a download
+ * per layer and sequence on a device, made only for a policy that declares it), uses
+ * (--kv-budget) and allows (prefix sharing, checkpoints, an NCCL data plane under tensor
+ * parallelism). Nothing outside policies/ compares a policy's name or looks at its hooks.
+ *
+ * The registry wraps a paged cache into a tsr_kv_cache that calls the policy's hooks in
+ * the forward pass's order: admit (seq_add) -> append (before reserve) -> attn_input ->
+ * write -> queries -> select (before spans) -> observe (after attention) -> commit. */
 #ifndef TSR_POLICIES_POLICY_H
 #define TSR_POLICIES_POLICY_H
 
@@ -136,9 +144,10 @@ static inline int tsr_kv_policy_queries_for(const tsr_kv_policy_queries *qs, int
  *   static const tsr_kv_policy_stat_field tsr__my_stat_fields[] = {
  *       {"evictions", TSR_KV_STAT_I64, offsetof(tsr__my_counters, evictions)},
  *       {"my_mean", TSR_KV_STAT_F64, offsetof(tsr__my_counters, mean)}};
- *   const tsr_kv_policy_ops tsr_kv_policy_my = {
- *       .name = "my", .help = "what it keeps", .uses_budget = 1,
- *       .create = ..., .stats = ...,
+ *   const tsr_kv_policy_decl tsr_kv_policy_my = {
+ *       .name = "my", .help = "what it keeps",
+ *       .uses_budget = 1, .checkpointable = 1, .reads_scores = 1, .tp_host_sums = 1,
+ *       .create = ..., .observe = ..., .stats = ...,
  *       .options = tsr__my_options, .n_options = TSR_KV_COUNT(tsr__my_options),
  *       .options_size = sizeof(tsr__my_opts),
  *       .stat_fields = tsr__my_stat_fields, .n_stats = TSR_KV_COUNT(tsr__my_stat_fields),
@@ -148,18 +157,42 @@ static inline int tsr_kv_policy_queries_for(const tsr_kv_policy_queries *qs, int
  * tsr__my_counters. Option names start with the policy's name (two policies may share a
  * name only when they mean the same thing). tests/unit/test_policy_registry.c registers
  * a policy this way. */
-typedef struct tsr_kv_policy_ops {
+typedef struct tsr_kv_policy_decl {
     const char *name;
     const char *help;        /* a few words for --help: "heavy hitters + recent window" */
-    int wants_scores;        /* attention must produce key_scores for observe */
-    int allows_prefix_cache; /* sharing blocks needs an unmodified layout (paged only) */
+
+    /* --- what it reads: host copies the forward pass makes for it, each a download and a
+     * wait per layer and sequence on a device backend, so only a policy that declares one
+     * gets it. Each goes with its hook: declared, the hook is there; not declared, it is
+     * NULL (tsr_kv_policy_cache_create refuses a declaration where they disagree). ----- */
+    int reads_queries;       /* the layer's rotated queries: `queries` */
+    int reads_attn_input;    /* the layer's attention input: `attn_input` */
+    int reads_scores;        /* the attention's per-key scores: `observe` */
+    /* Optional (NULL: as declared): whether, with its options (cfg->opts), it reads the
+     * queries after all (h2o only for --h2o-scores materialize). */
+    int (*reads_queries_with)(const void *opts);
+
+    /* --- what it uses and allows ------------------------------------------------------ */
     int uses_budget;         /* reads the common option --kv-budget (cfg->budget) */
+    int allows_prefix_cache; /* sharing blocks needs an unmodified layout (paged only) */
+    /* Its state lives in the mechanism's rows (positions, scores) or is rebuilt from them,
+     * so a checkpoint of the rows (tsr_kv_export_seq) restores a request: `tessera run
+     * --checkpoint` takes it. 0: it keeps K/V of its own (offload's host copy). */
+    int checkpointable;
+    /* It sums per-head values over the TP group in host memory (tsr_kv_policy_sum_heads,
+     * over MPI), so tensor parallelism on a device backend, whose data plane is NCCL,
+     * cannot run it (jobs/dist_cli.c refuses with one line). */
+    int tp_host_sums;
+
+    /* --- its options and stats -------------------------------------------------------- */
     const tsr_kv_policy_option *options; /* its own options (NULL: none) */
     int n_options;
     size_t options_size;     /* of its options struct (cfg->opts) */
     const tsr_kv_policy_stat_field *stat_fields; /* what its stats hook reports (NULL: none) */
     int n_stats;
     size_t stats_size;       /* of its stats struct */
+
+    /* --- its hooks -------------------------------------------------------------------- */
     /* `mech` is the paged cache the policy steers (owned by the wrapper). */
     tsr_status (*create)(const tsr_kv_policy_config *cfg, tsr_kv_cache *mech, void **state);
     void (*destroy)(void *state);
@@ -169,34 +202,38 @@ typedef struct tsr_kv_policy_ops {
     /* k, v: the layer's activations, backend memory (download to keep a host copy). */
     tsr_status (*write)(void *state, int layer, int seq, int32_t n, const float *k,
                         const float *v);
-    /* q, q_pos: host memory (memory/kv_cache.h). */
+    /* q, q_pos: host memory (memory/kv_cache.h). With reads_queries. */
     tsr_status (*queries)(void *state, int layer, int seq, const float *q,
                           const int32_t *q_pos, int n_q, int n_heads);
-    /* x: the layer's attention input, host memory ([n][dim]; memory/kv_cache.h). */
+    /* x: the layer's attention input, host memory ([n][dim]; memory/kv_cache.h). With
+     * reads_attn_input. */
     tsr_status (*attn_input)(void *state, int layer, int seq, const float *x, int n, int dim);
     tsr_status (*select)(void *state, int layer, int seq);
-    /* key_scores: host memory. */
+    /* key_scores: host memory. With reads_scores. */
     tsr_status (*observe)(void *state, int layer, int seq, const float *key_scores);
     tsr_status (*commit)(void *state, int seq, int32_t n);
     void (*release)(void *state, int seq);
     /* Fills `out`, the policy's stats struct (stats_size bytes, zeroed by the caller). */
     void (*stats)(const void *state, void *out);
-} tsr_kv_policy_ops;
+} tsr_kv_policy_decl;
 
-/* The policy named `name`, or NULL. */
-const tsr_kv_policy_ops *tsr_kv_policy_find(const char *name);
+/* The registry's lookup, the one place a policy's name is read: the policy named `name`,
+ * or NULL. */
+const tsr_kv_policy_decl *tsr_kv_policy_find(const char *name);
+/* The policy a cache gets when none is named: the first of the table (paged, keep all). */
+const tsr_kv_policy_decl *tsr_kv_policy_default(void);
 /* "paged|h2o|offload": the registered names, for --help and error lines. */
 const char *tsr_kv_policy_names(void);
 /* Adds a policy after registry.c's table, for tests (a policy that ships is a line in
  * that table). Not thread-safe: call before any option table is built. */
-tsr_status tsr_kv_policy_register(const tsr_kv_policy_ops *ops);
+tsr_status tsr_kv_policy_register(const tsr_kv_policy_decl *pol);
 /* The registered policies, in registry order (i in [0, tsr_kv_policy_count())). */
 int tsr_kv_policy_count(void);
-const tsr_kv_policy_ops *tsr_kv_policy_at(int i);
+const tsr_kv_policy_decl *tsr_kv_policy_at(int i);
 
-/* The option `name` (without "--") ops declares, or NULL. Its help is prefixed by the
+/* The option `name` (without "--") pol declares, or NULL. Its help is prefixed by the
  * policy's name where listed (kv_cli), so it does not name the policy itself. */
-const tsr_kv_policy_option *tsr_kv_policy_option_find(const tsr_kv_policy_ops *ops,
+const tsr_kv_policy_option *tsr_kv_policy_option_find(const tsr_kv_policy_decl *pol,
                                                       const char *name);
 /* Checks `text` against the declaration (kind, range, values) and, when opts is not NULL,
  * stores the value at o->offset. TSR_ERR_INVALID with one line ("--h2o-recent 2: must be
@@ -205,17 +242,20 @@ tsr_status tsr_kv_policy_option_parse(const tsr_kv_policy_option *o, const char 
                                       void *opts);
 /* The help line of o, generated: its help, then its values or range and default. */
 int tsr_kv_policy_option_help(const tsr_kv_policy_option *o, char *buf, size_t size);
-/* ops's options struct (options_size bytes at opts): the defaults, then `args` in order
- * (args ops does not declare are skipped). */
-tsr_status tsr_kv_policy_options_parse(const tsr_kv_policy_ops *ops,
+/* pol's options struct (options_size bytes at opts): the defaults, then `args` in order
+ * (args pol does not declare are skipped). */
+tsr_status tsr_kv_policy_options_parse(const tsr_kv_policy_decl *pol,
                                        const tsr_kv_policy_arg *args, int n_args, void *opts);
-/* "kv-budget=24 h2o-recent=0.5 h2o-scores=tiled": what the options of ops are (budget
+/* "kv-budget=24 h2o-recent=0.5 h2o-scores=tiled": what the options of pol are (budget
  * only with uses_budget), "none" when it has none; for the checkpoint binding. */
-int tsr_kv_policy_options_string(const tsr_kv_policy_ops *ops, double budget,
+int tsr_kv_policy_options_string(const tsr_kv_policy_decl *pol, double budget,
                                  const void *opts, char *buf, size_t size);
 
-/* A tsr_kv_cache: a paged cache made from `kcfg`, steered by policy `ops`. */
-tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_ops *ops,
+/* A tsr_kv_cache: a paged cache made from `kcfg`, steered by policy `pol`. The cache's
+ * wants_queries, wants_attn_input and wants_scores (memory/kv_cache.h) are what pol
+ * declares it reads, so the forward pass makes those host copies and no others.
+ * TSR_ERR_INVALID when pol's reads_* and its hooks disagree. */
+tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_decl *pol,
                                       const tsr_kv_policy_config *pcfg,
                                       const tsr_kv_paged_config *kcfg, tsr_kv_cache **out);
 /* Non-zero when kv was made by tsr_kv_policy_cache_create. */
@@ -230,15 +270,18 @@ const char *tsr_kv_policy_name(const tsr_kv_cache *kv);
 /* out[i] = sum over the heads of the whole TP group, in global head order, of parts[h][i]
  * (this rank gives n_local heads of n floats each): ((h0 + h1) + h2) + ..., so that the
  * per-token scores, and the decisions made from them, are the same bits on every rank and
- * for every tp. out may not alias parts. */
+ * for every tp. out may not alias parts. A policy that calls it declares tp_host_sums. */
 tsr_status tsr_kv_policy_sum_heads(const tsr_kv_policy_config *cfg, const float *parts,
                                    int n_local, size_t n, float *out);
 
 /* The budget in tokens for a sequence of `len` tokens (len when everything is kept). */
 int32_t tsr_kv_policy_budget(const tsr_kv_policy_config *cfg, int32_t len);
 
-extern const tsr_kv_policy_ops tsr_kv_policy_paged;
-extern const tsr_kv_policy_ops tsr_kv_policy_h2o;
-extern const tsr_kv_policy_ops tsr_kv_policy_offload;
+/* The shipped declarations (registry.c's table), for callers that mean one of them. */
+extern const tsr_kv_policy_decl tsr_kv_policy_paged;
+extern const tsr_kv_policy_decl tsr_kv_policy_h2o;
+extern const tsr_kv_policy_decl tsr_kv_policy_offload;
+extern const tsr_kv_policy_decl tsr_kv_policy_snapkv;
+extern const tsr_kv_policy_decl tsr_kv_policy_streaming;
 
 #endif

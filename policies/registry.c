@@ -1,7 +1,9 @@
-/* The policy table, what is generated from the policies' declarations (option parsing,
- * help lines, the options string, named stats) and the wrapper cache that runs a
- * policy's hooks around the paged mechanism. A new policy: one file defining a
- * tsr_kv_policy_ops (policy.h shows how), one line in TSR__POLICY_LIST below. */
+/* The policy table and its lookup by name (the only place a policy's name is compared),
+ * what is generated from the policies' declarations (option parsing, help lines, the
+ * options string, named stats) and the wrapper cache that runs a policy's hooks around the
+ * paged mechanism, calling only the ones its declaration says it reads. A new policy: one
+ * file defining a tsr_kv_policy_decl (policy.h shows how), one line in TSR__POLICY_LIST
+ * below. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -21,39 +23,62 @@
     X(streaming)            \
     /* a new policy: one line above */
 
-#define TSR__DECLARE(name) extern const tsr_kv_policy_ops tsr_kv_policy_##name;
+#define TSR__DECLARE(name) extern const tsr_kv_policy_decl tsr_kv_policy_##name;
 TSR__POLICY_LIST(TSR__DECLARE)
 #define TSR__ENTRY(name) &tsr_kv_policy_##name,
-static const tsr_kv_policy_ops *const tsr__policies[] = {TSR__POLICY_LIST(TSR__ENTRY)};
+static const tsr_kv_policy_decl *const tsr__policies[] = {TSR__POLICY_LIST(TSR__ENTRY)};
 
 enum { TSR__N_POLICIES = sizeof tsr__policies / sizeof tsr__policies[0], TSR__N_EXTRA = 8 };
 
 /* Policies registered at run time (tests/unit/test_policy_registry.c), after the table. */
-static const tsr_kv_policy_ops *tsr__extra[TSR__N_EXTRA];
+static const tsr_kv_policy_decl *tsr__extra[TSR__N_EXTRA];
 static int tsr__n_extra;
 
 int tsr_kv_policy_count(void) { return TSR__N_POLICIES + tsr__n_extra; }
 
-const tsr_kv_policy_ops *tsr_kv_policy_at(int i) {
+const tsr_kv_policy_decl *tsr_kv_policy_at(int i) {
     if (i >= 0 && i < TSR__N_POLICIES) return tsr__policies[i];
     if (i >= TSR__N_POLICIES && i < TSR__N_POLICIES + tsr__n_extra)
         return tsr__extra[i - TSR__N_POLICIES];
     return NULL;
 }
 
-const tsr_kv_policy_ops *tsr_kv_policy_find(const char *name) {
+const tsr_kv_policy_decl *tsr_kv_policy_find(const char *name) {
     for (int i = 0; name && i < tsr_kv_policy_count(); i++)
         if (strcmp(tsr_kv_policy_at(i)->name, name) == 0) return tsr_kv_policy_at(i);
     return NULL;
 }
 
-tsr_status tsr_kv_policy_register(const tsr_kv_policy_ops *ops) {
-    if (tsr_kv_policy_find(ops->name))
-        return tsr_error_set(TSR_ERR_INVALID, "KV policy %s: already registered", ops->name);
+const tsr_kv_policy_decl *tsr_kv_policy_default(void) { return tsr__policies[0]; }
+
+/* What pol says it reads and the hooks it has must agree: the forward pass makes the host
+ * copies the declaration names, and the wrapper calls exactly those hooks. */
+static tsr_status tsr__check_decl(const tsr_kv_policy_decl *pol) {
+    static const char *const what[] = {"queries", "attn_input", "observe"};
+    const int declared[] = {pol->reads_queries, pol->reads_attn_input, pol->reads_scores};
+    const int hooked[] = {pol->queries != NULL, pol->attn_input != NULL, pol->observe != NULL};
+    static const char *const flag[] = {"reads_queries", "reads_attn_input", "reads_scores"};
+    if (!pol->create)
+        return tsr_error_set(TSR_ERR_INVALID, "KV policy %s: no create hook", pol->name);
+    for (int i = 0; i < 3; i++)
+        if (!declared[i] != !hooked[i])
+            return tsr_error_set(TSR_ERR_INVALID, "KV policy %s: %s is %d but its %s hook is "
+                                 "%s", pol->name, flag[i], declared[i], what[i],
+                                 hooked[i] ? "set" : "NULL");
+    if (pol->reads_queries_with && !pol->reads_queries)
+        return tsr_error_set(TSR_ERR_INVALID, "KV policy %s: reads_queries_with without "
+                             "reads_queries", pol->name);
+    return TSR_OK;
+}
+
+tsr_status tsr_kv_policy_register(const tsr_kv_policy_decl *pol) {
+    if (tsr_kv_policy_find(pol->name))
+        return tsr_error_set(TSR_ERR_INVALID, "KV policy %s: already registered", pol->name);
     if (tsr__n_extra == TSR__N_EXTRA)
         return tsr_error_set(TSR_ERR_INVALID, "KV policy %s: at most %d registered at run "
-                             "time", ops->name, TSR__N_EXTRA);
-    tsr__extra[tsr__n_extra++] = ops;
+                             "time", pol->name, TSR__N_EXTRA);
+    TSR_TRY(tsr__check_decl(pol));
+    tsr__extra[tsr__n_extra++] = pol;
     return TSR_OK;
 }
 
@@ -67,10 +92,10 @@ const char *tsr_kv_policy_names(void) {
     return names;
 }
 
-const tsr_kv_policy_option *tsr_kv_policy_option_find(const tsr_kv_policy_ops *ops,
+const tsr_kv_policy_option *tsr_kv_policy_option_find(const tsr_kv_policy_decl *pol,
                                                       const char *name) {
-    for (int i = 0; ops && name && i < ops->n_options; i++)
-        if (!strcmp(ops->options[i].name, name)) return &ops->options[i];
+    for (int i = 0; pol && name && i < pol->n_options; i++)
+        if (!strcmp(pol->options[i].name, name)) return &pol->options[i];
     return NULL;
 }
 
@@ -148,21 +173,21 @@ int tsr_kv_policy_option_help(const tsr_kv_policy_option *o, char *buf, size_t s
     return (int)len;
 }
 
-tsr_status tsr_kv_policy_options_parse(const tsr_kv_policy_ops *ops,
+tsr_status tsr_kv_policy_options_parse(const tsr_kv_policy_decl *pol,
                                        const tsr_kv_policy_arg *args, int n_args, void *opts) {
-    if (ops->options_size) memset(opts, 0, ops->options_size);
-    for (int i = 0; i < ops->n_options; i++) {
-        const tsr_kv_policy_option *o = &ops->options[i];
+    if (pol->options_size) memset(opts, 0, pol->options_size);
+    for (int i = 0; i < pol->n_options; i++) {
+        const tsr_kv_policy_option *o = &pol->options[i];
         if (o->def) TSR_TRY(tsr_kv_policy_option_parse(o, o->def, opts));
     }
     for (int i = 0; i < n_args; i++) {
-        const tsr_kv_policy_option *o = tsr_kv_policy_option_find(ops, args[i].name);
+        const tsr_kv_policy_option *o = tsr_kv_policy_option_find(pol, args[i].name);
         if (o) TSR_TRY(tsr_kv_policy_option_parse(o, args[i].value, opts));
     }
     return TSR_OK;
 }
 
-int tsr_kv_policy_options_string(const tsr_kv_policy_ops *ops, double budget,
+int tsr_kv_policy_options_string(const tsr_kv_policy_decl *pol, double budget,
                                  const void *opts, char *buf, size_t size) {
     size_t len = 0;
     buf[0] = '\0';
@@ -170,9 +195,9 @@ int tsr_kv_policy_options_string(const tsr_kv_policy_ops *ops, double budget,
     do {                                                                               \
         if (len < size) len += (size_t)snprintf(buf + len, size - len, __VA_ARGS__);   \
     } while (0)
-    if (ops->uses_budget) TSR__ADD("kv-budget=%g", budget);
-    for (int i = 0; i < ops->n_options; i++) {
-        const tsr_kv_policy_option *o = &ops->options[i];
+    if (pol->uses_budget) TSR__ADD("kv-budget=%g", budget);
+    for (int i = 0; i < pol->n_options; i++) {
+        const tsr_kv_policy_option *o = &pol->options[i];
         const char *at = (const char *)opts + o->offset;
         const char *sep = len ? " " : "";
         int iv = 0;
@@ -217,7 +242,7 @@ tsr_status tsr_kv_policy_sum_heads(const tsr_kv_policy_config *cfg, const float 
 typedef struct tsr__pcache {
     tsr_kv_cache base;
     tsr_kv_cache *mech;
-    const tsr_kv_policy_ops *pol;
+    const tsr_kv_policy_decl *pol;
     void *state;
     tsr_host_pool *owned_host;
     void *opts;       /* the policy's parsed options (cfg->opts) */
@@ -241,7 +266,7 @@ void tsr_kv_policy_get_stats(const tsr_kv_cache *kv, tsr_kv_policy_stats *out) {
     memset(out, 0, sizeof *out);
     if (!tsr_kv_is_policy(kv)) return;
     const tsr__pcache *c = (const tsr__pcache *)kv;
-    const tsr_kv_policy_ops *pol = c->pol;
+    const tsr_kv_policy_decl *pol = c->pol;
     if (!pol->stats || !c->stats_buf) return;
     memset(c->stats_buf, 0, pol->stats_size);
     pol->stats(c->state, c->stats_buf);
@@ -425,28 +450,29 @@ static const tsr_kv_cache_ops tsr__pcache_ops = {
     .swap_in = tsr__pc_swap_in,
 };
 
-tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_ops *ops,
+tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_decl *pol,
                                       const tsr_kv_policy_config *pcfg,
                                       const tsr_kv_paged_config *kcfg, tsr_kv_cache **out) {
     *out = NULL;
-    if (!ops) return tsr_error_set(TSR_ERR_INVALID, "KV policy: unknown policy");
+    if (!pol) return tsr_error_set(TSR_ERR_INVALID, "KV policy: unknown policy");
+    TSR_TRY(tsr__check_decl(pol));
     tsr_kv_paged_config kc = *kcfg;
-    if (!ops->allows_prefix_cache) kc.prefix_caching = 0;
-    if (ops->wants_scores) kc.keep_scores = 1;
-    if (ops->n_stats > TSR_KV_POLICY_STATS_MAX)
-        return tsr_error_set(TSR_ERR_INVALID, "KV policy %s: %d stats, at most %d", ops->name,
-                             ops->n_stats, TSR_KV_POLICY_STATS_MAX);
+    if (!pol->allows_prefix_cache) kc.prefix_caching = 0;
+    if (pol->reads_scores) kc.keep_scores = 1;
+    if (pol->n_stats > TSR_KV_POLICY_STATS_MAX)
+        return tsr_error_set(TSR_ERR_INVALID, "KV policy %s: %d stats, at most %d", pol->name,
+                             pol->n_stats, TSR_KV_POLICY_STATS_MAX);
     tsr__pcache *c = tsr_calloc(1, sizeof *c);
     if (!c) return TSR_ERR_NOMEM;
-    c->pol = ops;
-    c->opts = tsr_calloc(1, ops->options_size ? ops->options_size : 1);
-    c->stats_buf = ops->stats_size ? tsr_calloc(1, ops->stats_size) : NULL;
-    tsr_status st = c->opts && (c->stats_buf || !ops->stats_size) ? TSR_OK : TSR_ERR_NOMEM;
-    if (st == TSR_OK) st = tsr_kv_policy_options_parse(ops, pcfg->args, pcfg->n_args, c->opts);
+    c->pol = pol;
+    c->opts = tsr_calloc(1, pol->options_size ? pol->options_size : 1);
+    c->stats_buf = pol->stats_size ? tsr_calloc(1, pol->stats_size) : NULL;
+    tsr_status st = c->opts && (c->stats_buf || !pol->stats_size) ? TSR_OK : TSR_ERR_NOMEM;
+    if (st == TSR_OK) st = tsr_kv_policy_options_parse(pol, pcfg->args, pcfg->n_args, c->opts);
     tsr_kv_policy_config pc = *pcfg;
     pc.opts = c->opts;
     if (st == TSR_OK) st = tsr_kv_paged_create(&kc, &c->mech);
-    if (st == TSR_OK) st = ops->create(&pc, c->mech, &c->state);
+    if (st == TSR_OK) st = pol->create(&pc, c->mech, &c->state);
     if (st != TSR_OK) {
         tsr_kv_cache_destroy(c->mech);
         tsr_free(c->opts);
@@ -454,12 +480,15 @@ tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_ops *ops,
         tsr_free(c);
         return st;
     }
-    tsr_kv_policy_options_string(ops, pcfg->budget, c->opts, c->opts_text, sizeof c->opts_text);
+    tsr_kv_policy_options_string(pol, pcfg->budget, c->opts, c->opts_text, sizeof c->opts_text);
     if (pcfg->owns_host) c->owned_host = pcfg->host;
     c->base = *c->mech;
     c->base.ops = &tsr__pcache_ops;
-    c->base.wants_scores = ops->wants_scores;
-    c->base.wants_attn_input = ops->attn_input != NULL;
+    /* What the forward pass copies to the host for this cache: what the policy reads. */
+    c->base.wants_queries =
+        pol->reads_queries && (!pol->reads_queries_with || pol->reads_queries_with(c->opts));
+    c->base.wants_attn_input = pol->reads_attn_input;
+    c->base.wants_scores = pol->reads_scores;
     *out = &c->base;
     return TSR_OK;
 }

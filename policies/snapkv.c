@@ -15,7 +15,7 @@
  * paper's, over the keys the earlier ones kept.
  *
  * The forward pass's key_scores sum over every query of a call, so this policy does not
- * ask for them (wants_scores 0): the queries hook hands the step's rotated queries (host
+ * ask for them (reads_scores 0): the queries hook hands the step's rotated queries (host
  * memory), of which each layer keeps the last W; at commit each layer's keys come to the
  * host tile by tile through the mechanism's gather, and q.k is the score (queries and keys
  * are both rotated with their own positions, so q.k carries RoPE's relative position). The
@@ -387,12 +387,15 @@ static const tsr_kv_policy_stat_field tsr__snap_stat_fields[] = {
      offsetof(tsr__snap_counters, compressions_unscored)},
 };
 
-const tsr_kv_policy_ops tsr_kv_policy_snapkv = {
+/* Queries (its observation window's), not the kernel's scores summed over all queries;
+ * the window's scores summed over the TP group. */
+const tsr_kv_policy_decl tsr_kv_policy_snapkv = {
     .name = "snapkv",
     .help = "prompt keys the last queries attend to + that window",
-    .wants_scores = 0, /* its own window's scores, not the kernel's sums over all queries */
-    .allows_prefix_cache = 0,
+    .reads_queries = 1,
     .uses_budget = 1,
+    .checkpointable = 1,
+    .tp_host_sums = 1,
     .options = tsr__snap_options,
     .n_options = TSR_KV_COUNT(tsr__snap_options),
     .options_size = sizeof(tsr__snap_opts),

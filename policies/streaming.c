@@ -98,12 +98,12 @@ static const tsr_kv_policy_stat_field tsr__stream_stat_fields[] = {
     {"tokens_processed", TSR_KV_STAT_I64, offsetof(tsr__stream_counters, tokens_processed)},
 };
 
-const tsr_kv_policy_ops tsr_kv_policy_streaming = {
+/* Positions only: reads nothing from the forward pass. */
+const tsr_kv_policy_decl tsr_kv_policy_streaming = {
     .name = "streaming",
     .help = "attention sinks + recent window",
-    .wants_scores = 0,
-    .allows_prefix_cache = 0,
     .uses_budget = 1,
+    .checkpointable = 1,
     .options = tsr__stream_options,
     .n_options = TSR_KV_COUNT(tsr__stream_options),
     .options_size = sizeof(tsr__stream_opts),

@@ -327,7 +327,7 @@ static tsr_status tsr__engines(tsr__fid *f, tsr_model *model) {
     TSR_TRY(tsr_engine_create(model, &eo, &f->pol));
     /* The full cache: the same pool, blocks and context, and nothing a policy adds. */
     const tsr_kv_options *k = &o->kv;
-    eo.kv = (tsr_kv_options){.policy = "paged", .memory_bytes = k->memory_bytes,
+    eo.kv = (tsr_kv_options){.policy = &tsr_kv_policy_paged, .memory_bytes = k->memory_bytes,
                              .memory_fraction = k->memory_fraction,
                              .block_size = k->block_size, .max_seqs = 1,
                              .no_prefix_cache = k->no_prefix_cache,

@@ -219,7 +219,10 @@ static tsr_status tsr__grow_host(float **p, size_t *cap, size_t bytes) {
 }
 
 /* Attention of sequences [s0, s1) of the batch for local layer `layer`; their rows start at
- * row0 of q/k/v. */
+ * row0 of q/k/v. The cache's policy gets host copies of what its declaration says it reads
+ * (kv->wants_attn_input, wants_queries, wants_scores: policies/policy.h) and nothing else:
+ * on a device backend each is a download, and a wait, per layer and sequence, so a policy
+ * that reads none of them (paged, streaming) costs none. */
 static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
                                  const tsr_batch_seq *seqs, int s0, int s1, int64_t row0) {
     const tsr_model_config *c = &f->m->cfg;
@@ -241,7 +244,7 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
         }
         TSR_TRY(kv->ops->write(kv, layer, s->seq, s->n_tokens, f->k + row * kvd,
                                f->v + row * kvd));
-        if (kv->ops->queries) { /* the cache reads them on the host */
+        if (kv->wants_queries && kv->ops->queries) { /* the cache reads them on the host */
             const float *qh = f->q + row * qd; /* in place when backend memory is host memory */
             if (!be->host_memory) {
                 size_t qb = (size_t)s->n_tokens * qd * sizeof(float);

@@ -105,8 +105,9 @@ static int64_t tsr__host_pool_bytes(const tsr_kv_options *opt) {
 }
 
 /* Tokens one sequence holds at once in the pool: the whole context, or under a token
- * budget (h2o, offload) the budget plus one prefill chunk written before eviction. */
-static int64_t tsr__seq_tokens(const tsr_kv_options *opt, const tsr_kv_policy_ops *pol,
+ * budget (a policy with uses_budget) the budget plus one prefill chunk written before
+ * eviction. */
+static int64_t tsr__seq_tokens(const tsr_kv_options *opt, const tsr_kv_policy_decl *pol,
                                int ctx) {
     if (!pol->uses_budget || opt->budget <= 0) return ctx;
     tsr_kv_policy_config pc = {.budget = opt->budget};
@@ -119,7 +120,7 @@ static int64_t tsr__seq_tokens(const tsr_kv_options *opt, const tsr_kv_policy_op
  * fit, or the job refuses to start; from then on every request that fits the context
  * runs (the scheduler preempts others to make room). A pool of no block at all is left
  * to the cache's own error. */
-static tsr_status tsr__check_context(const tsr_kv_options *opt, const tsr_kv_policy_ops *pol,
+static tsr_status tsr__check_context(const tsr_kv_options *opt, const tsr_kv_policy_decl *pol,
                                      const tsr_model_config *cfg, const tsr_kv_paged_config *kc,
                                      const char *src) {
     int ctx = opt->max_context > 0 && opt->max_context < cfg->max_seq_len ? opt->max_context
@@ -155,11 +156,7 @@ static void tsr__unpin(void *ctx, void *ptr) {
 tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
                         tsr_kv_cache **out) {
     *out = NULL;
-    const char *name = opt->policy ? opt->policy : "paged";
-    const tsr_kv_policy_ops *pol = tsr_kv_policy_find(name);
-    if (!pol)
-        return tsr_error_set(TSR_ERR_INVALID, "--kv-policy %s: unknown (use %s)", name,
-                             tsr_kv_policy_names());
+    const tsr_kv_policy_decl *pol = opt->policy ? opt->policy : tsr_kv_policy_default();
     if (opt->budget < 0) return tsr_error_set(TSR_ERR_INVALID, "--kv-budget must be >= 0");
     /* Bad policy options are refused before any memory is sized or allocated. */
     for (int i = 0; i < opt->n_policy_args; i++) {
@@ -188,7 +185,7 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
                               .max_seqs = opt->max_seqs > 0 ? opt->max_seqs : 1,
                               .max_seq_len = cfg->max_seq_len,
                               .prefix_caching = !opt->no_prefix_cache,
-                              .keep_scores = pol->wants_scores, .be = opt->be};
+                              .keep_scores = pol->reads_scores, .be = opt->be};
     if (opt->memory_bytes <= 0 && (!opt->be || opt->be->host_memory)) {
         /* On the host the default pool is at most what the job's sequences can use: twice
          * max_seqs contexts (room for prefix-cache hits). Half the free memory for a small

@@ -18,10 +18,10 @@
  *   host pool (swap, offload's host copy) gets, unless host_bytes is set, half of what the
  *   host bounds leave the rank.
  * Whatever its size, the pool must hold one sequence of the full context (max_context, or
- * the model's; under h2o/offload with a budget, the budget plus one chunk): otherwise
- * tsr_kv_setup refuses with TSR_ERR_BUDGET and one line, as vLLM checks max_model_len
- * against its pool. Every request that fits the context then runs, preempting others when
- * the pool is short (runtime/scheduler.h). */
+ * the model's; under a policy that uses --kv-budget and is given one, the budget plus one
+ * chunk): otherwise tsr_kv_setup refuses with TSR_ERR_BUDGET and one line, as vLLM checks
+ * max_model_len against its pool. Every request that fits the context then runs,
+ * preempting others when the pool is short (runtime/scheduler.h). */
 #ifndef TSR_RUNTIME_KV_SETUP_H
 #define TSR_RUNTIME_KV_SETUP_H
 
@@ -36,7 +36,9 @@
 #include "runtime/parallel.h"
 
 typedef struct tsr_kv_options {
-    const char *policy;      /* --kv-policy: a registered name (NULL: paged) */
+    /* --kv-policy, resolved once by the registry's lookup (tsr_kv_policy_find, jobs/kv_cli.c)
+     * into its declaration, which is all this layer asks (NULL: tsr_kv_policy_default). */
+    const tsr_kv_policy_decl *policy;
     int64_t memory_bytes;    /* --kv-memory BYTES for the block pool; 0: a fraction of free
                               * memory, less the prefill workspace */
     double memory_fraction;  /* used when memory_bytes is 0 (0: 0.5) */

@@ -53,7 +53,8 @@ static tsr_status tsr__greedy(const tsr_model *m, tsr_backend *be, tsr_kv_cache 
 static tsr_status tsr__policy_kv(tsr_backend *be, const tsr_model_config *c,
                                  const char *policy, double budget, tsr_kv_cache **kv) {
     static const tsr_kv_policy_arg recall[] = {{"offload-recall", "1"}};
-    tsr_kv_options o = {.policy = policy, .memory_bytes = 8 << 20, .block_size = 16,
+    tsr_kv_options o = {.policy = tsr_kv_policy_find(policy), .memory_bytes = 8 << 20,
+                        .block_size = 16,
                         .budget = budget, .max_seqs = 1, .policy_args = recall,
                         .n_policy_args = 1, .be = be};
     return tsr_kv_setup(&o, c, kv);

@@ -16,6 +16,10 @@
  *   arena buffer, and the ones it calls host memory (positions, ids, slot lists, spans, the
  *   upload source, the download destination) must lie outside the arena; either mistake is
  *   a TSR_ERR_INVALID with one line naming the op and the argument.
+ * - Counters (the op `counters`, tsr_backend_counters): uploads, downloads, host waits,
+ *   host arrays handed to ops and op calls, counted as a GPU backend would pay them (a
+ *   copy with stream NULL waits, as the CUDA backend's cudaStreamSynchronize after it), so
+ *   that a CPU run shows what a step moves and how often it stops the host.
  *
  * Arena size: the arena_bytes given to tsr_backend_fenced_create, or, when that is 0, the
  * environment variable TSR_FENCED_MEMORY (bytes, with an optional K, M, G or T suffix,
@@ -25,6 +29,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +56,12 @@ typedef struct tsr__ranges {
     size_t n, cap;
 } tsr__ranges;
 
+/* The counters (tsr_backend_counters' fields, in its order). */
+enum {
+    TSR__CNT_UP, TSR__CNT_UP_BYTES, TSR__CNT_DOWN, TSR__CNT_DOWN_BYTES, TSR__CNT_SYNC,
+    TSR__CNT_ARGS, TSR__CNT_ARG_BYTES, TSR__CNT_OPS, TSR__CNT_N
+};
+
 typedef struct tsr__fenced {
     tsr_backend *inner; /* the CPU backend whose ops run inside the open fence */
     char *base;
@@ -63,7 +74,20 @@ typedef struct tsr__fenced {
     int depth;
     size_t opened;
     bool bad_free_reported;
+    /* TSR__CNT_*; atomic: ops may run on several threads */
+    _Atomic int64_t cnt[TSR__CNT_N];
 } tsr__fenced;
+
+static void tsr__count(tsr__fenced *f, int what, int64_t n) {
+    atomic_fetch_add_explicit(&f->cnt[what], n, memory_order_relaxed);
+}
+
+/* One transfer of `bytes` (up or down); stream NULL: the host waits for it. */
+static void tsr__count_copy(tsr__fenced *f, bool up, size_t bytes, const tsr_stream *stream) {
+    tsr__count(f, up ? TSR__CNT_UP : TSR__CNT_DOWN, 1);
+    tsr__count(f, up ? TSR__CNT_UP_BYTES : TSR__CNT_DOWN_BYTES, (int64_t)bytes);
+    if (!stream) tsr__count(f, TSR__CNT_SYNC, 1);
+}
 
 /* ---- the arena's bookkeeping ---- */
 
@@ -204,6 +228,18 @@ static tsr_status tsr__host(const tsr__fenced *f, const char *op, const char *ar
     return TSR_OK;
 }
 
+/* A host array an op reads besides its data (positions, ids, slots, spans, ...): checked
+ * as host memory, and counted, since a device backend stages it with a copy. */
+static tsr_status tsr__arg(tsr__fenced *f, const char *op, const char *arg, const void *p,
+                           size_t bytes) {
+    TSR_TRY(tsr__host(f, op, arg, p, bytes));
+    if (p && bytes && bytes != SIZE_MAX) {
+        tsr__count(f, TSR__CNT_ARGS, 1);
+        tsr__count(f, TSR__CNT_ARG_BYTES, (int64_t)bytes);
+    }
+    return TSR_OK;
+}
+
 /* Every K and V row the slots name lies inside the layout's live buffer. */
 static tsr_status tsr__dev_slots(tsr__fenced *f, const char *op, const tsr_kv_layout *lay,
                                  const int32_t *slots, int64_t n) {
@@ -333,6 +369,7 @@ static tsr_status tsr__fenced_memory(tsr_backend *be, size_t *free_bytes,
 }
 
 static tsr_status tsr__fenced_synchronize(tsr_backend *be) {
+    tsr__count(TSR__F(be), TSR__CNT_SYNC, 1);
     return TSR__INNER(be)->ops->synchronize(TSR__INNER(be));
 }
 
@@ -341,6 +378,7 @@ static tsr_status tsr__fenced_upload(tsr_backend *be, void *dst, const void *src
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev(f, "upload", "dst", dst, bytes));
     TSR_TRY(tsr__host(f, "upload", "src", src, bytes));
+    tsr__count_copy(f, true, bytes, stream);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->upload(f->inner, dst, src, bytes, stream));
 }
@@ -350,6 +388,7 @@ static tsr_status tsr__fenced_download(tsr_backend *be, void *dst, const void *s
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev(f, "download", "src", src, bytes));
     TSR_TRY(tsr__host(f, "download", "dst", dst, bytes));
+    tsr__count_copy(f, false, bytes, stream);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->download(f->inner, dst, src, bytes, stream));
 }
@@ -358,6 +397,7 @@ static tsr_status tsr__fenced_copy(tsr_backend *be, void *dst, const void *src, 
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev(f, "copy", "dst", dst, bytes));
     TSR_TRY(tsr__dev(f, "copy", "src", src, bytes));
+    tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->copy(f->inner, dst, src, bytes));
 }
@@ -365,6 +405,7 @@ static tsr_status tsr__fenced_copy(tsr_backend *be, void *dst, const void *src, 
 static tsr_status tsr__fenced_memset(tsr_backend *be, void *dst, int byte, size_t bytes) {
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev(f, "memset", "dst", dst, bytes));
+    tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->memset(f->inner, dst, byte, bytes));
 }
@@ -395,6 +436,7 @@ static tsr_status tsr__fenced_stream_wait(tsr_backend *be, tsr_stream *stream, t
 }
 
 static tsr_status tsr__fenced_event_sync(tsr_backend *be, tsr_event *ev) {
+    tsr__count(TSR__F(be), TSR__CNT_SYNC, 1);
     return TSR__INNER(be)->ops->event_sync(TSR__INNER(be), ev);
 }
 
@@ -413,10 +455,11 @@ static tsr_status tsr__fenced_kv_write(tsr_backend *be, const tsr_kv_layout *lay
                                        const int32_t *slots, int64_t n, const float *k,
                                        const float *v) {
     tsr__fenced *f = TSR__F(be);
-    TSR_TRY(tsr__host(f, "kv_write", "slots", slots, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__arg(f, "kv_write", "slots", slots, tsr__bytes3(n, 1, sizeof(int32_t))));
     TSR_TRY(tsr__dev_slots(f, "kv_write", lay, slots, n));
     TSR_TRY(tsr__dev(f, "kv_write", "k", k, tsr__rows_bytes(lay, n)));
     TSR_TRY(tsr__dev(f, "kv_write", "v", v, tsr__rows_bytes(lay, n)));
+    tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->kv_write(f->inner, lay, slots, n, k, v));
 }
@@ -424,10 +467,11 @@ static tsr_status tsr__fenced_kv_write(tsr_backend *be, const tsr_kv_layout *lay
 static tsr_status tsr__fenced_kv_copy(tsr_backend *be, const tsr_kv_layout *lay,
                                       const int32_t *dst, const int32_t *src, int64_t n) {
     tsr__fenced *f = TSR__F(be);
-    TSR_TRY(tsr__host(f, "kv_copy", "dst slots", dst, tsr__bytes3(n, 1, sizeof(int32_t))));
-    TSR_TRY(tsr__host(f, "kv_copy", "src slots", src, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__arg(f, "kv_copy", "dst slots", dst, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__arg(f, "kv_copy", "src slots", src, tsr__bytes3(n, 1, sizeof(int32_t))));
     TSR_TRY(tsr__dev_slots(f, "kv_copy", lay, dst, n));
     TSR_TRY(tsr__dev_slots(f, "kv_copy", lay, src, n));
+    tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->kv_copy(f->inner, lay, dst, src, n));
 }
@@ -436,10 +480,11 @@ static tsr_status tsr__fenced_kv_gather(tsr_backend *be, const tsr_kv_layout *la
                                         const int32_t *slots, int64_t n, float *k, float *v,
                                         tsr_stream *stream) {
     tsr__fenced *f = TSR__F(be);
-    TSR_TRY(tsr__host(f, "kv_gather", "slots", slots, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__arg(f, "kv_gather", "slots", slots, tsr__bytes3(n, 1, sizeof(int32_t))));
     TSR_TRY(tsr__dev_slots(f, "kv_gather", lay, slots, n));
     TSR_TRY(tsr__host(f, "kv_gather", "k", k, tsr__rows_bytes(lay, n)));
     TSR_TRY(tsr__host(f, "kv_gather", "v", v, tsr__rows_bytes(lay, n)));
+    tsr__count_copy(f, false, tsr__rows_bytes(lay, n) * ((k != NULL) + (v != NULL)), stream);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->kv_gather(f->inner, lay, slots, n, k, v, stream));
 }
@@ -448,10 +493,11 @@ static tsr_status tsr__fenced_kv_scatter(tsr_backend *be, const tsr_kv_layout *l
                                          const int32_t *slots, int64_t n, const float *k,
                                          const float *v, tsr_stream *stream) {
     tsr__fenced *f = TSR__F(be);
-    TSR_TRY(tsr__host(f, "kv_scatter", "slots", slots, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__arg(f, "kv_scatter", "slots", slots, tsr__bytes3(n, 1, sizeof(int32_t))));
     TSR_TRY(tsr__dev_slots(f, "kv_scatter", lay, slots, n));
     TSR_TRY(tsr__host(f, "kv_scatter", "k", k, tsr__rows_bytes(lay, n)));
     TSR_TRY(tsr__host(f, "kv_scatter", "v", v, tsr__rows_bytes(lay, n)));
+    tsr__count_copy(f, true, tsr__rows_bytes(lay, n) * ((k != NULL) + (v != NULL)), stream);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->kv_scatter(f->inner, lay, slots, n, k, v, stream));
 }
@@ -470,6 +516,7 @@ static tsr_status tsr__fenced_matmul(tsr_backend *be, const float *x, int64_t n,
     TSR_TRY(tsr__dev_tensor(f, "matmul", "weight", w));
     TSR_TRY(tsr__dev(f, "matmul", "x", x, tsr__bytes3(n, w->cols, sizeof(float))));
     TSR_TRY(tsr__dev(f, "matmul", "y", y, tsr__bytes3(n, w->rows, sizeof(float))));
+    tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->matmul(f->inner, x, n, w, y));
 }
@@ -482,8 +529,9 @@ static tsr_status tsr__fenced_matmul_parts(tsr_backend *be, const float *x, int6
     TSR_TRY(tsr__dev(f, "matmul_parts", "x", x, tsr__bytes3(n, w->cols, sizeof(float))));
     TSR_TRY(tsr__dev(f, "matmul_parts", "y", y,
                      tsr__bytes3(sum ? 1 : n_parts, n * w->rows, sizeof(float))));
-    TSR_TRY(tsr__host(f, "matmul_parts", "seg", seg,
+    TSR_TRY(tsr__arg(f, "matmul_parts", "seg", seg,
                       tsr__bytes3(n_parts + 1, 1, sizeof(int32_t))));
+    tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f,
                           f->inner->ops->matmul_parts(f->inner, x, n, w, seg, n_parts, sum, y));
@@ -494,8 +542,10 @@ static tsr_status tsr__fenced_sample(tsr_backend *be, float *logits, int64_t n, 
     tsr__fenced *f = TSR__F(be);
     if (n <= 0) return TSR_OK;
     TSR_TRY(tsr__dev(f, "sample", "logits", logits, tsr__bytes3(n, vocab, sizeof(float))));
-    TSR_TRY(tsr__host(f, "sample", "params", params, tsr__bytes3(n, 1, sizeof *params)));
+    TSR_TRY(tsr__arg(f, "sample", "params", params, tsr__bytes3(n, 1, sizeof *params)));
     TSR_TRY(tsr__host(f, "sample", "ids", ids, tsr__bytes3(n, 1, sizeof(int32_t))));
+    tsr__count(f, TSR__CNT_OPS, 1);
+    tsr__count(f, TSR__CNT_SYNC, 1); /* the ids come back */
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->sample(f->inner, logits, n, vocab, params, ids));
 }
@@ -506,6 +556,7 @@ static tsr_status tsr__fenced_rmsnorm(tsr_backend *be, const float *x, const tsr
     TSR_TRY(tsr__dev_tensor(f, "rmsnorm", "weight", w));
     TSR_TRY(tsr__dev(f, "rmsnorm", "x", x, tsr__bytes3(n, dim, sizeof(float))));
     TSR_TRY(tsr__dev(f, "rmsnorm", "out", out, tsr__bytes3(n, dim, sizeof(float))));
+    tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->rmsnorm(f->inner, x, w, n, dim, eps, out));
 }
@@ -515,7 +566,8 @@ static tsr_status tsr__fenced_rope(tsr_backend *be, float *x, const int32_t *pos
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev(f, "rope", "x", x,
                      tsr__bytes3(n, (int64_t)n_heads * cfg->head_dim, sizeof(float))));
-    TSR_TRY(tsr__host(f, "rope", "pos", pos, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__arg(f, "rope", "pos", pos, tsr__bytes3(n, 1, sizeof(int32_t))));
+    tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->rope(f->inner, x, pos, n, n_heads, cfg));
 }
@@ -524,6 +576,7 @@ static tsr_status tsr__fenced_swiglu(tsr_backend *be, float *gate, const float *
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev(f, "swiglu", "gate", gate, tsr__bytes3(n, 1, sizeof(float))));
     TSR_TRY(tsr__dev(f, "swiglu", "up", up, tsr__bytes3(n, 1, sizeof(float))));
+    tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->swiglu(f->inner, gate, up, n));
 }
@@ -532,6 +585,7 @@ static tsr_status tsr__fenced_add(tsr_backend *be, float *x, const float *y, int
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev(f, "add", "x", x, tsr__bytes3(n, 1, sizeof(float))));
     TSR_TRY(tsr__dev(f, "add", "y", y, tsr__bytes3(n, 1, sizeof(float))));
+    tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->add(f->inner, x, y, n));
 }
@@ -540,8 +594,9 @@ static tsr_status tsr__fenced_embed(tsr_backend *be, const tsr_tensor *emb, cons
                                     int64_t n, float *out) {
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev_tensor(f, "embed", "weight", emb));
-    TSR_TRY(tsr__host(f, "embed", "ids", ids, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__arg(f, "embed", "ids", ids, tsr__bytes3(n, 1, sizeof(int32_t))));
     TSR_TRY(tsr__dev(f, "embed", "out", out, tsr__bytes3(n, emb->cols, sizeof(float))));
+    tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->embed(f->inner, emb, ids, n, out));
 }
@@ -554,8 +609,8 @@ static tsr_status tsr__fenced_attention(tsr_backend *be, const tsr_attn_args *a)
     TSR_TRY(tsr__host(f, op, "args", a, sizeof *a));
     TSR_TRY(tsr__dev(f, op, "q", a->q, tsr__bytes3(a->n_q, q_row, sizeof(float))));
     TSR_TRY(tsr__dev(f, op, "out", a->out, tsr__bytes3(a->n_q, q_row, sizeof(float))));
-    TSR_TRY(tsr__host(f, op, "q_pos", a->q_pos, tsr__bytes3(a->n_q, 1, sizeof(int32_t))));
-    TSR_TRY(tsr__host(f, op, "spans", a->spans,
+    TSR_TRY(tsr__arg(f, op, "q_pos", a->q_pos, tsr__bytes3(a->n_q, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__arg(f, op, "spans", a->spans,
                       tsr__bytes3(a->n_spans, 1, sizeof(tsr_kv_span))));
     int64_t keys = 0;
     for (int s = 0; s < a->n_spans; s++) {
@@ -567,14 +622,30 @@ static tsr_status tsr__fenced_attention(tsr_backend *be, const tsr_attn_args *a)
         bytes = bytes > SIZE_MAX - last ? SIZE_MAX : bytes + last;
         TSR_TRY(tsr__dev(f, op, "span k", sp->k, bytes));
         TSR_TRY(tsr__dev(f, op, "span v", sp->v, bytes));
-        TSR_TRY(tsr__host(f, op, "span pos", sp->pos, tsr__bytes3(sp->n, 1, sizeof(int32_t))));
+        TSR_TRY(tsr__arg(f, op, "span pos", sp->pos, tsr__bytes3(sp->n, 1, sizeof(int32_t))));
         keys += sp->n;
     }
     if (a->key_scores)
         TSR_TRY(tsr__dev(f, op, "key_scores", a->key_scores,
                          tsr__bytes3(a->n_heads, keys, sizeof(float))));
+    tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->attention(f->inner, a));
+}
+
+/* ---- counters ---- */
+
+static void tsr__fenced_counters(tsr_backend *be, tsr_backend_counters *out, bool reset) {
+    tsr__fenced *f = TSR__F(be);
+    int64_t v[TSR__CNT_N];
+    for (int i = 0; i < TSR__CNT_N; i++)
+        v[i] = reset ? atomic_exchange_explicit(&f->cnt[i], 0, memory_order_relaxed)
+                     : atomic_load_explicit(&f->cnt[i], memory_order_relaxed);
+    *out = (tsr_backend_counters){
+        .uploads = v[TSR__CNT_UP], .upload_bytes = v[TSR__CNT_UP_BYTES],
+        .downloads = v[TSR__CNT_DOWN], .download_bytes = v[TSR__CNT_DOWN_BYTES],
+        .syncs = v[TSR__CNT_SYNC], .host_args = v[TSR__CNT_ARGS],
+        .host_arg_bytes = v[TSR__CNT_ARG_BYTES], .ops = v[TSR__CNT_OPS]};
 }
 
 /* ---- creation ---- */
@@ -627,6 +698,7 @@ static const tsr_backend_ops tsr__fenced_ops = {
     .attention = tsr__fenced_attention,
     .matmul_parts = tsr__fenced_matmul_parts,
     .sample = tsr__fenced_sample,
+    .counters = tsr__fenced_counters,
 };
 
 /* TSR_FENCED_MEMORY: digits with an optional K/M/G/T suffix (powers of 1024). */

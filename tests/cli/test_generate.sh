@@ -38,7 +38,7 @@ expect no_prompt 2 "give exactly one of --prompt and --prompt-file" -- "$BIN" ge
 expect no_model 2 "--model is required" -- "$BIN" generate --prompt hi
 expect bad_top_p 2 "--top-p must be in (0, 1]" -- "$BIN" generate --model "$MODEL" --prompt hi --top-p 0
 expect missing_tokenizer 1 "tokenizer" -- "$BIN" generate --model "$MODEL" --prompt hi --tokenizer "$TMP/none.bin"
-expect bad_policy 1 "--kv-policy bogus: unknown (use paged|h2o|offload|snapkv|streaming)" -- "$BIN" generate --model "$MODEL" --prompt hi --kv-policy bogus
+expect bad_policy 2 "--kv-policy bogus: unknown (use paged|h2o|offload|snapkv|streaming)" -- "$BIN" generate --model "$MODEL" --prompt hi --kv-policy bogus
 expect tiny_kv_memory 1 "holds no block" -- "$BIN" generate --model "$MODEL" --prompt hi --kv-memory 1K
 expect bad_kv_memory 2 "invalid size '12Q' for --kv-memory" -- "$BIN" generate --model "$MODEL" --prompt hi --kv-memory 12Q
 expect unknown_command 2 "unknown command 'frob'" -- "$BIN" frob

@@ -230,7 +230,8 @@ static bool tsr__run_on(const char *backend, tsr_model *m, const tsr_parallel_sh
     int kvd = (sh->kv_head_end - sh->kv_head_begin) * mc->head_dim;
     int64_t block = 16 * (2 * (int64_t)kvd * 4 + 8);
     int blocks = g_rank == 1 || world == 1 ? BLOCKS : BLOCKS + 2;
-    tsr_kv_options ko = {.policy = policy, .block_size = 16, .max_seqs = MAX_SEQS,
+    tsr_kv_options ko = {.policy = tsr_kv_policy_find(policy), .block_size = 16,
+                         .max_seqs = MAX_SEQS,
                          .memory_bytes = block * (sh->layer_end - sh->layer_begin) * blocks,
                          .budget = strcmp(policy, "paged") ? 0.5 : 0, .chunk_tokens = 32,
                          .shard = sh, .comm = c, .be = eng->be,

@@ -23,7 +23,7 @@ static tsr_dist_plane_query tsr__q(int world, int tp, int device_ranks, bool ncc
                                    const char *policy) {
     return (tsr_dist_plane_query){.world = world, .tp = tp, .device_ranks = device_ranks,
                                   .nccl_built = nccl, .backend = device_ranks ? "cuda" : "cpu",
-                                  .kv_policy = policy};
+                                  .kv_policy = policy ? tsr_kv_policy_find(policy) : NULL};
 }
 
 TSR_TEST(test_cpu_backend_keeps_mpi) {
@@ -70,12 +70,21 @@ TSR_TEST(test_device_backend_refusals) {
     q = tsr__q(4, 4, 3, true, NULL);
     ASSERT_EQ_INT(tsr_dist_plane_choose(&q, &p), TSR_ERR_INVALID);
     ASSERT_STR_CONTAINS(tsr_last_error(), "3 of the job's 4 ranks got a GPU backend");
-    const char *pols[] = {"h2o", "offload"};
-    for (size_t i = 0; i < 2; i++) {
+    /* the policies whose declaration sums over the TP group in host memory */
+    const char *pols[] = {"h2o", "offload", "snapkv"};
+    for (size_t i = 0; i < 3; i++) {
         q = tsr__q(2, 2, 2, true, pols[i]);
+        ASSERT_TRUE(q.kv_policy && q.kv_policy->tp_host_sums);
         ASSERT_EQ_INT(tsr_dist_plane_choose(&q, &p), TSR_ERR_UNSUPPORTED);
         ASSERT_STR_CONTAINS(tsr_last_error(), "with tensor parallelism (tp 2) on the cuda backend");
         ASSERT_STR_CONTAINS(tsr_last_error(), pols[i]);
+    }
+    /* the others run on NCCL under tp */
+    const char *fine[] = {"paged", "streaming"};
+    for (size_t i = 0; i < 2; i++) {
+        q = tsr__q(2, 2, 2, true, fine[i]);
+        ASSERT_OK(tsr_dist_plane_choose(&q, &p));
+        ASSERT_EQ_INT(p, TSR_DIST_PLANE_NCCL);
     }
 }
 
@@ -90,7 +99,7 @@ TSR_TEST(test_single_process_stays_local) {
     tsr_dist_cli_init(&dc);
     ASSERT_OK(tsr_comm_set_layout(d.comm, 1, 1));
     tsr_backend gpu = {.ops = &tsr__fake_gpu_ops, .device = 0};
-    ASSERT_OK(tsr_dist_data_plane(&d, &gpu, "h2o"));
+    ASSERT_OK(tsr_dist_data_plane(&d, &gpu, &tsr_kv_policy_h2o));
     ASSERT_EQ_INT(d.plane, TSR_DIST_PLANE_LOCAL);
     ASSERT_TRUE(!tsr_comm_uses_nccl(d.comm));
     tsr_backend *cpu = NULL;

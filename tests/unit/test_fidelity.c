@@ -42,7 +42,8 @@ static tsr_fidelity_options tf_opts(const char *policy, double budget, int probe
     return (tsr_fidelity_options){
         .backend = kvt_be->ops->name, .threads = 1, .max_tokens = TF_TOKENS,
         .probe_length = probe, .chunk_tokens = 64,
-        .kv = {.policy = policy, .budget = budget, .memory_bytes = 4 << 20, .block_size = 16}};
+        .kv = {.policy = tsr_kv_policy_find(policy), .budget = budget, .memory_bytes = 4 << 20,
+               .block_size = 16}};
 }
 
 static void tf_in_range(const tsr_fidelity_result *r) {

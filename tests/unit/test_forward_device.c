@@ -93,7 +93,8 @@ static tsr_status greedy(tsr_model *m, tsr_backend *be, tsr_kv_cache *kv,
 
 static void greedy_on(tsr_model *m, tsr_backend *be, const char *policy, double budget,
                       const int32_t *prompt, int32_t *toks, float *logits) {
-    tsr_kv_options o = {.policy = policy, .memory_bytes = 8 << 20, .block_size = 16,
+    tsr_kv_options o = {.policy = tsr_kv_policy_find(policy), .memory_bytes = 8 << 20,
+                        .block_size = 16,
                         .budget = budget, .max_seqs = 1, .be = be};
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &kv));
@@ -142,7 +143,7 @@ TSR_TEST(test_pool_follows_backend_memory) {
     tsr_backend *dev = NULL;
     ASSERT_OK(tsr_model_load(model_path(), &m));
     ASSERT_OK(fake_device_create(&dev));
-    tsr_kv_options o = {.policy = "paged", .block_size = 16, .max_seqs = 4, .be = dev};
+    tsr_kv_options o = {.policy = &tsr_kv_policy_paged, .block_size = 16, .max_seqs = 4, .be = dev};
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &kv));
     tsr_kv_stats s;
@@ -168,7 +169,7 @@ TSR_TEST(test_engine_places_weights) {
     float *la = tsr_malloc(V * 4), *lb = tsr_malloc(V * 4);
     ASSERT_TRUE(la && lb);
     tsr_engine_options eo = {.backend = "cpu", .threads = 1, .max_tokens = CHUNK,
-                             .kv = {.policy = "h2o", .budget = 0.5, .block_size = 16,
+                             .kv = {.policy = &tsr_kv_policy_h2o, .budget = 0.5, .block_size = 16,
                                     .max_seqs = 1, .memory_bytes = 8 << 20},
                              .borrow_model = true};
     tsr_engine *e = NULL;

@@ -235,7 +235,7 @@ TSR_KV_FWD_TEST(test_forward_materialize_uses_queries) {
     tsr_kv_cache *paged = NULL, *mat = NULL, *half = NULL;
     ASSERT_OK(tsr__policy_kv(be, &m->cfg, "paged", 0, &paged));
     static const tsr_kv_policy_arg mat_args[] = {{"h2o-scores", "materialize"}};
-    tsr_kv_options o = {.policy = "h2o", .memory_bytes = 8 << 20, .block_size = 16,
+    tsr_kv_options o = {.policy = &tsr_kv_policy_h2o, .memory_bytes = 8 << 20, .block_size = 16,
                         .budget = 0, .max_seqs = 1, .policy_args = mat_args,
                         .n_policy_args = 1, .be = be};
     ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &mat));

@@ -166,7 +166,8 @@ TSR_KV_FWD_TEST(test_forward_uses_speculation) {
         char pairs[16];
         snprintf(pairs, sizeof pairs, "%d", exact ? m->cfg.head_dim / 2 : 1);
         tsr_kv_policy_arg args[] = {{"offload-pairs", pairs}, {"offload-recall", "1"}};
-        tsr_kv_options o = {.policy = "offload", .memory_bytes = 8 << 20, .block_size = 16,
+        tsr_kv_options o = {.policy = &tsr_kv_policy_offload, .memory_bytes = 8 << 20,
+                            .block_size = 16,
                             .budget = 0.25, .max_seqs = 1, .policy_args = args,
                             .n_policy_args = 2, .be = be};
         tsr_kv_cache *kv = NULL;
@@ -343,7 +344,8 @@ TSR_KV_FWD_TEST(test_forward_skew_mode) {
     for (int run = 0; run < 3; run++) {
         double budget = run == 0 ? 1.0 : 0.2;
         const tsr_kv_policy_arg warmup[] = {{"offload-mode", "warmup"}};
-        tsr_kv_options o = {.policy = "offload", .memory_bytes = 8 << 20, .block_size = 16,
+        tsr_kv_options o = {.policy = &tsr_kv_policy_offload, .memory_bytes = 8 << 20,
+                            .block_size = 16,
                             .budget = budget, .max_seqs = 1, .be = be,
                             .model = kvt_eng->model, .policy_args = warmup,
                             .n_policy_args = run == 2 ? 1 : 0};

@@ -60,8 +60,8 @@ static void tsr__fake_stats(const void *state, void *out) {
     c->count = o->count + 10 * o->mode + 100 * o->verbose;
 }
 
-static const tsr_kv_policy_ops tsr__fake = {
-    .name = "fake", .help = "a test policy", .uses_budget = 1,
+static const tsr_kv_policy_decl tsr__fake = {
+    .name = "fake", .help = "a test policy", .uses_budget = 1, .checkpointable = 1,
     .options = tsr__fake_options, .n_options = TSR_KV_COUNT(tsr__fake_options),
     .options_size = sizeof(tsr__fake_opts),
     .stat_fields = tsr__fake_stat_fields, .n_stats = TSR_KV_COUNT(tsr__fake_stat_fields),
@@ -143,6 +143,7 @@ TSR_TEST(test_cli_is_generated) {
                     "--kv-budget", "0.5", "--h2o-recent", "0.3"};
     ASSERT_EQ_INT(tsr_cli_parse(&cli, 10, good), TSR_CLI_OK);
     ASSERT_EQ_INT(tsr_kv_cli_check(&cli, &k), TSR_CLI_OK);
+    ASSERT_TRUE(k.kv.policy == &tsr__fake); /* resolved once, into the declaration */
     ASSERT_EQ_INT(k.kv.n_policy_args, 2);
     ASSERT_STR_EQ(k.kv.policy_args[0].name, "fake-mode");
     ASSERT_STR_EQ(k.kv.policy_args[0].value, "exact");
@@ -202,5 +203,113 @@ TSR_KV_TEST(test_cache_reports_declared_stats) {
     tsr_kv_cache_destroy(kv);
 }
 
+/* An unknown --kv-policy is a usage error at the command line, naming the registered
+ * ones; no policy given is the default declaration (paged). */
+TSR_TEST(test_cli_resolves_the_name) {
+    tsr_kv_cli k;
+    tsr_kv_cli_init(&k);
+    tsr_cli_opt opts[TSR_KV_CLI_N_OPTS];
+    int n = tsr_kv_cli_opts(&k, opts);
+    tsr_cli cli = {.cmd = "generate", .synopsis = "", .about = "", .opts = opts, .n_opts = n};
+    char *none[] = {"generate"};
+    ASSERT_EQ_INT(tsr_cli_parse(&cli, 1, none), TSR_CLI_OK);
+    ASSERT_EQ_INT(tsr_kv_cli_check(&cli, &k), TSR_CLI_OK);
+    ASSERT_TRUE(k.kv.policy == tsr_kv_policy_default());
+    ASSERT_TRUE(tsr_kv_policy_default() == &tsr_kv_policy_paged);
+    tsr_kv_cli_init(&k);
+    n = tsr_kv_cli_opts(&k, opts);
+    char *bogus[] = {"generate", "--kv-policy", "bogus"};
+    ASSERT_EQ_INT(tsr_cli_parse(&cli, 3, bogus), TSR_CLI_OK);
+    ASSERT_EQ_INT(tsr_kv_cli_check(&cli, &k), TSR_CLI_USAGE);
+}
+
+/* What each shipped policy declares it reads and allows, the facts the forward pass and
+ * the command line act on (a change here changes what a GPU step downloads). */
+TSR_TEST(test_shipped_declarations) {
+    struct {
+        const tsr_kv_policy_decl *d;
+        int queries, attn_input, scores, budget, prefix, ckpt, tp_sums;
+    } want[] = {
+        {&tsr_kv_policy_paged, 0, 0, 0, 0, 1, 1, 0},
+        {&tsr_kv_policy_h2o, 1, 0, 1, 1, 0, 1, 1},
+        {&tsr_kv_policy_offload, 1, 1, 0, 1, 0, 0, 1},
+        {&tsr_kv_policy_snapkv, 1, 0, 0, 1, 0, 1, 1},
+        {&tsr_kv_policy_streaming, 0, 0, 0, 1, 0, 1, 0},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const tsr_kv_policy_decl *d = want[i].d;
+        ASSERT_TRUE(tsr_kv_policy_find(d->name) == d);
+        ASSERT_EQ_INT(d->reads_queries, want[i].queries);
+        ASSERT_EQ_INT(d->reads_attn_input, want[i].attn_input);
+        ASSERT_EQ_INT(d->reads_scores, want[i].scores);
+        ASSERT_EQ_INT(d->uses_budget, want[i].budget);
+        ASSERT_EQ_INT(d->allows_prefix_cache, want[i].prefix);
+        ASSERT_EQ_INT(d->checkpointable, want[i].ckpt);
+        ASSERT_EQ_INT(d->tp_host_sums, want[i].tp_sums);
+    }
+}
+
+static tsr_status tsr__noop_queries(void *state, int layer, int seq, const float *q,
+                                    const int32_t *q_pos, int n_q, int n_heads) {
+    (void)state, (void)layer, (void)seq, (void)q, (void)q_pos, (void)n_q, (void)n_heads;
+    return TSR_OK;
+}
+
+static int tsr__never(const void *opts) {
+    (void)opts;
+    return 0;
+}
+
+/* The cache wants what the declaration reads (and what its options make it read), and a
+ * declaration whose reads_* disagree with its hooks is refused. */
+TSR_KV_TEST(test_cache_wants_what_is_declared) {
+    tsr_kv_paged_config kc = {.n_layers = 1, .n_kv_heads = 1, .head_dim = 4, .block_size = 4,
+                              .max_seqs = 1, .max_seq_len = 64, .be = kvt_be};
+    kc.memory_bytes = 8 * tsr_kv_paged_block_bytes(&kc);
+    tsr_kv_policy_config pc = {.budget = 0.5, .n_heads = 1};
+    struct {
+        const tsr_kv_policy_decl *d;
+        const char *arg, *value;
+        int queries, attn_input, scores;
+    } cases[] = {
+        {&tsr_kv_policy_paged, NULL, NULL, 0, 0, 0},
+        {&tsr_kv_policy_streaming, NULL, NULL, 0, 0, 0},
+        {&tsr_kv_policy_h2o, NULL, NULL, 0, 0, 1}, /* tiled: the kernel's scores only */
+        {&tsr_kv_policy_h2o, "h2o-scores", "materialize", 1, 0, 1},
+        {&tsr_kv_policy_snapkv, NULL, NULL, 1, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tsr_kv_policy_arg a = {cases[i].arg, cases[i].value};
+        pc.args = cases[i].arg ? &a : NULL;
+        pc.n_args = cases[i].arg ? 1 : 0;
+        tsr_kv_cache *kv = NULL;
+        ASSERT_OK(tsr_kv_policy_cache_create(cases[i].d, &pc, &kc, &kv));
+        ASSERT_EQ_INT(kv->wants_queries, cases[i].queries);
+        ASSERT_EQ_INT(kv->wants_attn_input, cases[i].attn_input);
+        ASSERT_EQ_INT(kv->wants_scores, cases[i].scores);
+        tsr_kv_cache_destroy(kv);
+    }
+    pc.args = NULL;
+    pc.n_args = 0;
+    tsr_kv_cache *kv = NULL;
+    tsr_kv_policy_decl bad = tsr__fake;
+    bad.name = "fake-bad";
+    bad.reads_queries = 1; /* but no queries hook */
+    ASSERT_EQ_INT(tsr_kv_policy_cache_create(&bad, &pc, &kc, &kv), TSR_ERR_INVALID);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "reads_queries is 1 but its queries hook is NULL");
+    ASSERT_EQ_INT(tsr_kv_policy_register(&bad), TSR_ERR_INVALID);
+    bad.reads_queries = 0;
+    bad.queries = tsr__noop_queries; /* a hook it does not declare */
+    ASSERT_EQ_INT(tsr_kv_policy_cache_create(&bad, &pc, &kc, &kv), TSR_ERR_INVALID);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "reads_queries is 0 but its queries hook is set");
+    bad.reads_queries = 1;
+    bad.reads_queries_with = tsr__never; /* declared, but these options read none */
+    ASSERT_OK(tsr_kv_policy_cache_create(&bad, &pc, &kc, &kv));
+    ASSERT_EQ_INT(kv->wants_queries, 0);
+    tsr_kv_cache_destroy(kv);
+    ASSERT_TRUE(tsr_kv_policy_find("fake-bad") == NULL); /* refused at registration */
+}
+
 TSR_TEST_MAIN(test_declaration_parses_and_refuses, test_cli_is_generated,
-              test_cache_reports_declared_stats)
+              test_cache_reports_declared_stats, test_cli_resolves_the_name,
+              test_shipped_declarations, test_cache_wants_what_is_declared)

@@ -274,7 +274,7 @@ static tsr_status generate(const char *backend, tsr_model *m, bool on_device,
     const int V = m->cfg.vocab_size;
     tsr_engine_options eo = {.backend = backend, .backend_given = given, .threads = 1,
                              .max_tokens = 2 * FNP,
-                             .kv = {.policy = "paged", .block_size = 16, .max_seqs = 2,
+                             .kv = {.policy = &tsr_kv_policy_paged, .block_size = 16, .max_seqs = 2,
                                     .memory_bytes = 8 << 20},
                              .borrow_model = true};
     tsr_engine *e = NULL;

@@ -535,7 +535,7 @@ static tsr_status swap_job(tsr_engine *eng, const char *policy, int blocks, int6
     tsr_kv_paged_config pc = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
                               .head_dim = c->head_dim, .block_size = 16, .keep_scores = 1};
     bool budgeted = strcmp(policy, "paged") != 0;
-    tsr_kv_options ko = {.policy = policy, .block_size = 16, .max_seqs = 4,
+    tsr_kv_options ko = {.policy = tsr_kv_policy_find(policy), .block_size = 16, .max_seqs = 4,
                          .memory_bytes = tsr_kv_paged_block_bytes(&pc) * c->n_layers * blocks,
                          .budget = budgeted ? 0.5 : 0, .host_bytes = host_bytes,
                          .chunk_tokens = 256, .max_context = SW_CTX, .be = eng->be};
