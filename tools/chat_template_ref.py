@@ -50,8 +50,15 @@ TOOL_MSGS = [S("Use tools when needed."), U("Weather in Paris?"),
              {"role": "tool", "tool_call_id": "abc123XYZ", "name": "get_weather",
               "content": "{\"temp\": 21.5, \"sky\": \"clear\"}"},
              A("It is 21.5 degrees and clear."), U("Thanks!")]
-# (name, messages, add_generation_prompt, continue_final, tools)
-CASES = [c + (None,) for c in CASES] + [("tools", TOOL_MSGS, True, False, TOOLS)]
+KWARGS = {"enable_thinking": False, "reasoning_effort": "high", "date_string": "01 Jan 2025",
+          "builtin_tools": ["browser", "code_interpreter"], "model_identity": "You are Tess."}
+THINK_MSGS = [S("Think first."), U("What is 6*7?"),
+              A("<think>\nsix times seven\n</think>\n\n42"), U("And 7*8?")]
+# (name, messages, add_generation_prompt, continue_final, tools, extra template variables)
+CASES = [c + (None, {}) for c in CASES] + [
+    ("tools", TOOL_MSGS, True, False, TOOLS, {}),
+    ("kwargs", THINK_MSGS, True, False, None, KWARGS),
+]
 
 
 class AssistantTracker(Extension):
@@ -88,9 +95,9 @@ def make_env():
     return env
 
 
-def render(tpl, messages, add_gen, cont, tools):
+def render(tpl, messages, add_gen, cont, tools, extra):
     out = tpl.render(messages=messages, tools=tools, documents=None,
-                     add_generation_prompt=add_gen, bos_token=BOS, eos_token=EOS)
+                     add_generation_prompt=add_gen, bos_token=BOS, eos_token=EOS, **extra)
     if cont:  # transformers' continue_final_message
         final = messages[-1]["content"]
         if final.strip() not in out:
@@ -118,15 +125,15 @@ def main():
         except jinja2.TemplateError as e:
             results.append({"template": name, "compile_error": str(e)})
             continue
-        for cname, msgs, add_gen, cont, tools in CASES:
+        for cname, msgs, add_gen, cont, tools, extra in CASES:
             r = {"template": name, "case": cname}
             try:
-                r["output"] = render(tpl, msgs, add_gen, cont, tools)
+                r["output"] = render(tpl, msgs, add_gen, cont, tools, extra)
             except Exception as e:  # the C side must refuse too
                 r["error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             results.append(r)
     cases = [{"name": c, "messages": m, "add_generation_prompt": g, "continue_final": k,
-              "tools": t} for c, m, g, k, t in CASES]
+              "tools": t, "extra": x} for c, m, g, k, t, x in CASES]
     doc = {"generator": "tools/chat_template_ref.py", "jinja2": jinja2.__version__,
            "now": NOW, "bos_token": BOS, "eos_token": EOS, "cases": cases,
            "results": results}

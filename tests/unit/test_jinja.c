@@ -198,6 +198,9 @@ TSR_TEST(test_jinja_corpus) {
         cJSON_AddItemToObject(ctx, "messages",
                               cJSON_Duplicate(cJSON_GetObjectItem(c, "messages"), true));
         cJSON_AddItemToObject(ctx, "tools", cJSON_Duplicate(cJSON_GetObjectItem(c, "tools"), true));
+        const cJSON *x;
+        cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "extra"))
+            cJSON_AddItemToObject(ctx, x->string, cJSON_Duplicate(x, true));
         tsr_chat_opts o = {
             .add_generation_prompt = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")),
             .continue_final = cJSON_IsTrue(cJSON_GetObjectItem(c, "continue_final")),
