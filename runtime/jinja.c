@@ -112,6 +112,7 @@ typedef struct tsr__jv {
 struct tsr__jlist {
     tsr__jv *v;
     size_t n, cap;
+    bool tup; /* a tuple: repr "(a, b)"; never equal to a list */
 };
 struct tsr__jdict {
     tsr__jv *k, *v;
@@ -562,8 +563,8 @@ static const char *const tsr__jfilters[] = {
     "trim", "tojson", "length", "count", "selectattr", "rejectattr", "map", "join", "upper",
     "lower", "replace", "default", "d", "first", "last", "list", "string", "int", "float",
     "items", "capitalize", "title", "indent", "abs", "reverse", "unique", "sort", "safe",
-    "e", "escape", "select", "reject", "min", "max", "sum", "batch", "wordcount", "round",
-    "dictsort", "center", "truncate", "striptags", "bool", "attr", NULL};
+    "select", "reject", "min", "max", "sum", "wordcount", "round", "dictsort", "format",
+    NULL};
 static const char *const tsr__jtests[] = {
     "defined", "undefined", "none", "string", "mapping", "iterable", "sequence", "number",
     "integer", "float", "boolean", "true", "false", "equalto", "eq", "==", "ne", "!=", "in",
@@ -630,7 +631,9 @@ static tsr__jnode *tsr__jprimary(tsr__jparser *p) {
             if (tsr__jis_op(tsr__jpeek(p), ")")) { /* empty tuple */
                 tsr__jnext(p);
                 p->depth--;
-                return tsr__jnew(p, JN_LIST, t);
+                tsr__jnode *e = tsr__jnew(p, JN_LIST, t);
+                e->op = 1;
+                return e;
             }
             tsr__jnode *e = tsr__jexpr(p);
             if (tsr__jis_op(tsr__jpeek(p), ",")) { /* a tuple: kept as a list */
@@ -642,6 +645,7 @@ static tsr__jnode *tsr__jprimary(tsr__jparser *p) {
                     tsr__jvec_push(p, &v, tsr__jexpr(p), NULL);
                 }
                 e = tsr__jnew(p, JN_LIST, t);
+                e->op = 1; /* a tuple */
                 e->args = v.v;
                 e->nargs = v.n;
             }
@@ -1074,6 +1078,7 @@ static tsr__jnode *tsr__jstmt(tsr__jparser *p, tsr__jtok *at) {
                     tsr__jnext(p);
                     tsr__jvec_push(p, &v, tsr__jexpr(p), NULL);
                 }
+                l->op = 1; /* a tuple */
                 l->args = v.v;
                 l->nargs = v.n;
                 nd->a = l;
@@ -1272,6 +1277,7 @@ static tsr__jv tsr__jv_cstr(const char *p) { return tsr__jv_str(p, strlen(p)); }
 static tsr__jv tsr__jv_list(tsr__jctx *c, size_t cap) {
     tsr__jlist *l = tsr__jra(c, sizeof *l);
     l->n = 0;
+    l->tup = false;
     l->cap = cap ? cap : 4;
     l->v = tsr__jra(c, l->cap * sizeof *l->v);
     return (tsr__jv){.t = JV_LIST, .u.l = l};
@@ -1472,7 +1478,9 @@ static void tsr__jrepr_str(tsr__jsb *b, const char *s, size_t n) {
 static void tsr__jstr_into(tsr__jsb *b, tsr__jv v, bool repr) {
     char buf[32];
     switch (v.t) {
-    case JV_UNDEF: break;
+    case JV_UNDEF:
+        if (repr) tsr__jsb_str(b, "Undefined");
+        break;
     case JV_NONE: tsr__jsb_str(b, "None"); break;
     case JV_BOOL: tsr__jsb_str(b, v.u.b ? "True" : "False"); break;
     case JV_INT:
@@ -1485,12 +1493,13 @@ static void tsr__jstr_into(tsr__jsb *b, tsr__jv v, bool repr) {
         else tsr__jsb_put(b, v.u.s.p, v.u.s.n);
         break;
     case JV_LIST:
-        tsr__jsb_ch(b, '[');
+        tsr__jsb_ch(b, v.u.l->tup ? '(' : '[');
         for (size_t i = 0; i < v.u.l->n; i++) {
             if (i) tsr__jsb_str(b, ", ");
             tsr__jstr_into(b, v.u.l->v[i], true);
         }
-        tsr__jsb_ch(b, ']');
+        if (v.u.l->tup && v.u.l->n == 1) tsr__jsb_ch(b, ',');
+        tsr__jsb_ch(b, v.u.l->tup ? ')' : ']');
         break;
     case JV_DICT:
         tsr__jsb_ch(b, '{');
@@ -1642,7 +1651,7 @@ static bool tsr__jeq(tsr__jv a, tsr__jv b) {
     case JV_UNDEF: case JV_NONE: return true;
     case JV_STR: return a.u.s.n == b.u.s.n && !memcmp(a.u.s.p, b.u.s.p, a.u.s.n);
     case JV_LIST:
-        if (a.u.l->n != b.u.l->n) return false;
+        if (a.u.l->n != b.u.l->n || a.u.l->tup != b.u.l->tup) return false;
         for (size_t i = 0; i < a.u.l->n; i++)
             if (!tsr__jeq(a.u.l->v[i], b.u.l->v[i])) return false;
         return true;
@@ -1991,23 +2000,107 @@ static tsr__jv tsr__jstrip(tsr__jv s, tsr__jv *chars, bool left, bool right) {
     return tsr__jv_str(p + i, n - i);
 }
 
-static tsr__jv tsr__jcase(tsr__jctx *c, tsr__jv s, int mode) {
-    /* 0 upper, 1 lower, 2 title, 3 capitalize (ASCII letters; others kept) */
-    char *d = tsr__jra(c, s.u.s.n + 1);
-    bool prev_alpha = false;
-    for (size_t i = 0; i < s.u.s.n; i++) {
-        unsigned char ch = (unsigned char)s.u.s.p[i];
-        char o = (char)ch;
-        if (mode == 0) o = (char)toupper(ch);
-        else if (mode == 1) o = (char)tolower(ch);
-        else if (mode == 2) o = (char)(prev_alpha ? tolower(ch) : toupper(ch));
-        else o = (char)(i == 0 ? toupper(ch) : tolower(ch));
-        if (ch >= 0x80) o = (char)ch;
-        prev_alpha = isalpha(ch) || ch >= 0x80 || (mode == 2 && isdigit(ch) && 0);
-        d[i] = o;
+/* Case mapping of one code point for the scripts chat content commonly holds (ASCII,
+ * Latin-1, Latin Extended-A, basic Greek and Cyrillic); others have no case here. */
+static uint32_t tsr__jcp_upper(uint32_t cp) {
+    if (cp < 0x80) return cp >= 'a' && cp <= 'z' ? cp - 32 : cp;
+    if ((cp >= 0xE0 && cp <= 0xFE && cp != 0xF7)) return cp - 0x20;
+    if (cp == 0xFF) return 0x178;
+    if (cp == 0xB5) return 0x39C;
+    if (cp >= 0x100 && cp <= 0x137) return cp & ~1u;
+    if ((cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17E)) return (cp & 1) ? cp : cp - 1;
+    if (cp >= 0x14A && cp <= 0x177) return cp & ~1u;
+    if (cp == 0x131) return 'I';
+    if (cp == 0x3C2) return 0x3A3;
+    if (cp >= 0x3B1 && cp <= 0x3C9) return cp - 0x20;
+    if (cp >= 0x430 && cp <= 0x44F) return cp - 0x20;
+    if (cp >= 0x450 && cp <= 0x45F) return cp - 0x50;
+    return cp;
+}
+static uint32_t tsr__jcp_lower(uint32_t cp) {
+    if (cp < 0x80) return cp >= 'A' && cp <= 'Z' ? cp + 32 : cp;
+    if (cp >= 0xC0 && cp <= 0xDE && cp != 0xD7) return cp + 0x20;
+    if (cp == 0x178) return 0xFF;
+    if (cp >= 0x100 && cp <= 0x137) return cp | 1u;
+    if ((cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17E)) return (cp & 1) ? cp + 1 : cp;
+    if (cp >= 0x14A && cp <= 0x177) return cp | 1u;
+    if (cp >= 0x391 && cp <= 0x3A9 && cp != 0x3A2) return cp + 0x20;
+    if (cp >= 0x410 && cp <= 0x42F) return cp + 0x20;
+    if (cp >= 0x400 && cp <= 0x40F) return cp + 0x50;
+    return cp;
+}
+static bool tsr__jcp_cased(uint32_t cp) {
+    return tsr__jcp_upper(cp) != cp || tsr__jcp_lower(cp) != cp || cp == 0xDF || cp == 0x138 ||
+           cp == 0x149;
+}
+
+/* One code point from s[*i] (an invalid byte counts as itself). */
+static uint32_t tsr__jcp_next(const char *s, size_t n, size_t *i) {
+    const unsigned char *u = (const unsigned char *)s;
+    unsigned char b = u[*i];
+    size_t l = b < 0x80 ? 1 : (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 1;
+    if (*i + l > n) l = 1;
+    uint32_t cp = l == 1 ? b : l == 2 ? (b & 0x1Fu) : l == 3 ? (b & 0x0Fu) : (b & 0x07u);
+    for (size_t k = 1; k < l; k++) {
+        if ((u[*i + k] & 0xC0) != 0x80) {
+            l = 1;
+            cp = b;
+            break;
+        }
+        cp = (cp << 6) | (u[*i + k] & 0x3Fu);
     }
-    d[s.u.s.n] = 0;
-    return tsr__jv_str(d, s.u.s.n);
+    *i += l;
+    return cp;
+}
+
+/* mode 0 str.upper, 1 str.lower, 2 str.title, 3 str.capitalize, 4 Jinja's title filter
+ * (words begin after '-', whitespace, '(', '{', '[', '<'). */
+static tsr__jv tsr__jcase(tsr__jctx *c, tsr__jv s, int mode) {
+    char *d = tsr__jra(c, s.u.s.n + 1);
+    size_t o = 0;
+    bool prev_cased = false, word_start = true;
+    for (size_t i = 0; i < s.u.s.n;) {
+        size_t at = i;
+        uint32_t cp = tsr__jcp_next(s.u.s.p, s.u.s.n, &i), r = cp;
+        bool up;
+        switch (mode) {
+        case 0: up = true; break;
+        case 1: up = false; break;
+        case 2: up = !prev_cased; break;
+        case 3: up = at == 0; break;
+        default: up = word_start; break;
+        }
+        if (mode == 0 && cp == 0xDF) { /* ß.upper() is "SS" */
+            d[o++] = 'S';
+            d[o++] = 'S';
+        } else {
+            r = up ? tsr__jcp_upper(cp) : tsr__jcp_lower(cp);
+            if (r == cp && i - at > 1 && cp >= 0x80) {
+                memcpy(d + o, s.u.s.p + at, i - at); /* unchanged bytes, valid or not */
+                o += i - at;
+            } else {
+                o += tsr__jutf8(d + o, r);
+            }
+        }
+        prev_cased = tsr__jcp_cased(cp);
+        word_start = cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' ||
+                     tsr__jws((char)cp) || (cp == ' ');
+        if (cp >= 0x80) word_start = false;
+    }
+    d[o] = 0;
+    return tsr__jv_str(d, o);
+}
+
+/* str.islower / str.isupper: every cased character in that case, at least one. */
+static bool tsr__jis_case(tsr__jv s, bool lower) {
+    bool any = false;
+    for (size_t i = 0; i < s.u.s.n;) {
+        uint32_t cp = tsr__jcp_next(s.u.s.p, s.u.s.n, &i);
+        if (!tsr__jcp_cased(cp)) continue;
+        any = true;
+        if ((lower ? tsr__jcp_lower(cp) : tsr__jcp_upper(cp)) != cp) return false;
+    }
+    return any;
 }
 
 static tsr__jv tsr__jreplace(tsr__jctx *c, const tsr__jnode *at, tsr__jv s, tsr__jv from,
@@ -2150,6 +2243,7 @@ static tsr__jv tsr__jitems(tsr__jctx *c, tsr__jv d) {
     tsr__jv r = tsr__jv_list(c, d.u.d->n + 1);
     for (size_t i = 0; i < d.u.d->n; i++) {
         tsr__jv pair = tsr__jv_list(c, 2);
+        pair.u.l->tup = true;
         tsr__jlist_push(c, pair.u.l, d.u.d->k[i]);
         tsr__jlist_push(c, pair.u.l, d.u.d->v[i]);
         tsr__jlist_push(c, r.u.l, pair);
@@ -2248,6 +2342,7 @@ static tsr__jv tsr__jmethod(tsr__jctx *c, const tsr__jnode *nd, tsr__jv o, const
             if (m[6] == 's' && tsr__jends(o, x) && x.u.s.n) return tsr__jv_str(o.u.s.p, o.u.s.n - x.u.s.n);
             return o;
         }
+        if (!strcmp(m, "islower") || !strcmp(m, "isupper")) return tsr__jv_bool(tsr__jis_case(o, m[2] == 'l'));
         if (!strncmp(m, "is", 2)) {
             if (o.u.s.n == 0) return tsr__jv_bool(false);
             for (size_t i = 0; i < o.u.s.n; i++) {
@@ -2332,9 +2427,64 @@ static tsr__jv tsr__jfilter(tsr__jctx *c, const tsr__jnode *nd, tsr__jscope *sc)
             return tsr__jarg(&a, 0, "default_value", &x) ? x : tsr__jv_str("", 0);
         return v;
     }
-    if (!strcmp(f, "safe") || !strcmp(f, "e") || !strcmp(f, "escape")) {
-        if (f[0] != 's') tsr__jrfail(c, nd, TSR_ERR_UNSUPPORTED, "filter '%s' (HTML escaping)", f);
-        return v;
+    if (!strcmp(f, "safe")) return v;
+    if (!strcmp(f, "wordcount")) {
+        tsr__jv s = tsr__jto_str(c, v);
+        int64_t k = 0;
+        bool in = false;
+        for (size_t i = 0; i < s.u.s.n; i++) {
+            unsigned char ch = (unsigned char)s.u.s.p[i];
+            bool w = isalnum(ch) || ch == '_' || ch >= 0x80; /* \w, non-ASCII as letters */
+            if (w && !in) k++;
+            in = w;
+        }
+        return tsr__jv_int(k);
+    }
+    if (!strcmp(f, "round")) {
+        int64_t prec = tsr__jarg(&a, 0, "precision", &x) && x.t == JV_INT ? x.u.i : 0;
+        tsr__jv meth = tsr__jv_cstr("common");
+        tsr__jarg(&a, 1, "method", &meth);
+        if (!tsr__jnum(v)) tsr__jrfail(c, nd, TSR_ERR_INVALID, "round: not a number");
+        if (prec < 0 || prec > 15) tsr__jrfail(c, nd, TSR_ERR_UNSUPPORTED, "round with precision %lld", (long long)prec);
+        if (tsr__jstr_eq(meth, "common", 6)) {
+            if (v.t != JV_FLOAT) return v.t == JV_BOOL ? tsr__jv_int(v.u.b) : v; /* round(int, n) */
+            /* Python's round(): correctly rounded, ties to even, as printf rounds */
+            char buf[400];
+            snprintf(buf, sizeof buf, "%.*f", (int)prec, v.u.f);
+            return tsr__jv_float(strtod(buf, NULL));
+        }
+        double m = pow(10.0, (double)prec), f0 = tsr__jnumf(v) * m;
+        if (tsr__jstr_eq(meth, "floor", 5)) return tsr__jv_float(floor(f0) / m);
+        if (tsr__jstr_eq(meth, "ceil", 4)) return tsr__jv_float(ceil(f0) / m);
+        tsr__jrfail(c, nd, TSR_ERR_INVALID, "round: method must be common, ceil or floor");
+    }
+    if (!strcmp(f, "format")) {
+        /* printf-style "%s" formatting, the conversions templates use */
+        tsr__jv fmt = tsr__jto_str(c, v);
+        tsr__jsb b = {.c = c};
+        tsr__jsb_put(&b, "", 0);
+        int ai = 0;
+        for (size_t i = 0; i < fmt.u.s.n; i++) {
+            char ch = fmt.u.s.p[i];
+            if (ch != '%') {
+                tsr__jsb_ch(&b, ch);
+                continue;
+            }
+            char cv = i + 1 < fmt.u.s.n ? fmt.u.s.p[++i] : 0;
+            if (cv == '%') {
+                tsr__jsb_ch(&b, '%');
+                continue;
+            }
+            tsr__jv arg;
+            if (!tsr__jarg(&a, ai++, NULL, &arg))
+                tsr__jrfail(c, nd, TSR_ERR_INVALID, "format: not enough arguments");
+            if (cv == 's') tsr__jstr_into(&b, arg, false);
+            else if (cv == 'r') tsr__jstr_into(&b, arg, true);
+            else if ((cv == 'd' || cv == 'i') && tsr__jnum(arg))
+                tsr__jstr_into(&b, tsr__jv_int(arg.t == JV_FLOAT ? (int64_t)arg.u.f : tsr__jnumi(arg)), false);
+            else tsr__jrfail(c, nd, TSR_ERR_UNSUPPORTED, "format conversion '%%%c'", cv ? cv : ' ');
+        }
+        return tsr__jsb_val(&b);
     }
     if (!strcmp(f, "tojson")) {
         tsr__jjson o = {.indent = -1, .item_sep = ", ", .key_sep = ": "};
@@ -2408,7 +2558,7 @@ static tsr__jv tsr__jfilter(tsr__jctx *c, const tsr__jnode *nd, tsr__jscope *sc)
     if (!strcmp(f, "upper") || !strcmp(f, "lower") || !strcmp(f, "capitalize") ||
         !strcmp(f, "title")) {
         tsr__jv s = tsr__jto_str(c, v);
-        return tsr__jcase(c, s, f[0] == 'u' ? 0 : f[0] == 'l' ? 1 : f[0] == 't' ? 2 : 3);
+        return tsr__jcase(c, s, f[0] == 'u' ? 0 : f[0] == 'l' ? 1 : f[0] == 't' ? 4 : 3);
     }
     if (!strcmp(f, "replace")) {
         tsr__jv s = tsr__jto_str(c, v);
@@ -2633,10 +2783,11 @@ static bool tsr__jtest(tsr__jctx *c, const tsr__jnode *nd, const char *t, tsr__j
     if (!strcmp(t, "true")) return v.t == JV_BOOL && v.u.b;
     if (!strcmp(t, "false")) return v.t == JV_BOOL && !v.u.b;
     if (!strcmp(t, "callable")) return v.t == JV_MACRO || v.t == JV_FUNC;
-    if (!strcmp(t, "lower") || !strcmp(t, "upper")) {
-        if (v.t != JV_STR) return false;
-        tsr__jv s = tsr__jcase(c, v, t[0] == 'l' ? 1 : 0);
-        return tsr__jeq(s, v);
+    if (!strcmp(t, "lower") || !strcmp(t, "upper"))
+        return tsr__jis_case(tsr__jto_str(c, v), t[0] == 'l');
+    if (!strcmp(t, "odd") || !strcmp(t, "even")) {
+        if (v.t != JV_INT) tsr__jrfail(c, nd, TSR_ERR_INVALID, "test '%s' needs an integer", t);
+        return t[0] == 'o' ? (v.u.i & 1) != 0 : (v.u.i & 1) == 0;
     }
     if (!has) tsr__jrfail(c, nd, TSR_ERR_INVALID, "test '%s' needs an argument", t);
     if (!strcmp(t, "equalto") || !strcmp(t, "eq") || !strcmp(t, "==")) return tsr__jeq(v, x);
@@ -2798,6 +2949,7 @@ static tsr__jv tsr__jeval(tsr__jctx *c, const tsr__jnode *nd, tsr__jscope *sc) {
     case JN_NAME: return tsr__jlookup(sc, nd->name);
     case JN_LIST: {
         tsr__jv r = tsr__jv_list(c, (size_t)nd->nargs + 1);
+        r.u.l->tup = nd->op == 1;
         for (int i = 0; i < nd->nargs; i++) tsr__jlist_push(c, r.u.l, tsr__jeval(c, nd->args[i], sc));
         return r;
     }
