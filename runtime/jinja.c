@@ -811,14 +811,15 @@ static tsr__jnode *tsr__jfilter_expr(tsr__jparser *p, tsr__jnode *nd) {
                 tsr__jcall_args(p, te);
                 p->depth--;
             } else if ((u->t == JT_NAME && !tsr__jis_name(u, "else") && !tsr__jis_name(u, "or") &&
-                        !tsr__jis_name(u, "and") && !tsr__jis_name(u, "if") &&
-                        !tsr__jis_name(u, "is") && !tsr__jis_name(u, "in") &&
-                        !tsr__jis_name(u, "not")) ||
+                        !tsr__jis_name(u, "and")) ||
                        u->t == JT_STR || u->t == JT_INT || u->t == JT_FLOAT ||
-                       tsr__jis_op(u, "[") || tsr__jis_op(u, "{") || tsr__jis_op(u, "-")) {
+                       tsr__jis_op(u, "[") || tsr__jis_op(u, "{")) {
+                /* Jinja's rule: a test takes one argument without parentheses when a
+                 * primary follows (not else/or/and) */
+                if (tsr__jis_name(u, "is"))
+                    tsr__jp_fail(p, TSR_ERR_FORMAT, u->line, u->col, "tests cannot be chained with is");
                 tsr__jdepth(p, u);
-                tsr__jnode *arg = tsr__jis_op(u, "-") ? tsr__junary(p, false)
-                                                      : tsr__jpostfix(p, tsr__jprimary(p));
+                tsr__jnode *arg = tsr__jpostfix(p, tsr__jprimary(p));
                 p->depth--;
                 te->args = tsr__jalloc(p->ar, p->err, sizeof *te->args);
                 te->kw = tsr__jalloc(p->ar, p->err, sizeof *te->kw);
@@ -1065,10 +1066,20 @@ static tsr__jnode *tsr__jstmt(tsr__jparser *p, tsr__jtok *at) {
             tsr__jexpect_op(p, "=");
             nd->a = tsr__jexpr(p);
             tsr__jend_tag(p);
-        } else if (tsr__jis_op(tsr__jpeek(p), "=")) {
-            tsr__jnext(p);
+        } else if (tsr__jis_op(tsr__jpeek(p), ",") || tsr__jis_op(tsr__jpeek(p), "=")) {
             nd = tsr__jnew(p, JN_SET, at);
             nd->name = nm;
+            if (tsr__jis_op(tsr__jpeek(p), ",")) { /* set a, b = ...: names in kw */
+                tsr__jvec names = {0};
+                tsr__jvec_push(p, &names, NULL, nm);
+                while (tsr__jis_op(tsr__jpeek(p), ",")) {
+                    tsr__jnext(p);
+                    tsr__jvec_push(p, &names, NULL, tsr__jexpect_name(p));
+                }
+                nd->kw = names.kw;
+                nd->nargs = names.n;
+            }
+            tsr__jexpect_op(p, "=");
             nd->a = tsr__jexpr(p);
             if (tsr__jis_op(tsr__jpeek(p), ",")) { /* set x = a, b: a tuple */
                 tsr__jnode *l = tsr__jnew(p, JN_LIST, nt);
@@ -1854,6 +1865,34 @@ static int64_t tsr__jfloordiv(int64_t a, int64_t b) {
     return q;
 }
 
+/* Python's "fmt" % args for the conversions templates use: %s %r %d %i %%. */
+static tsr__jv tsr__jprintf(tsr__jctx *c, const tsr__jnode *nd, tsr__jv fmt, tsr__jv args) {
+    tsr__jsb b = {.c = c};
+    tsr__jsb_put(&b, "", 0);
+    size_t ai = 0;
+    for (size_t i = 0; i < fmt.u.s.n; i++) {
+        char ch = fmt.u.s.p[i];
+        if (ch != '%') {
+            tsr__jsb_ch(&b, ch);
+            continue;
+        }
+        char cv = i + 1 < fmt.u.s.n ? fmt.u.s.p[++i] : 0;
+        if (cv == '%') {
+            tsr__jsb_ch(&b, '%');
+            continue;
+        }
+        if (ai >= args.u.l->n) tsr__jrfail(c, nd, TSR_ERR_INVALID, "not enough arguments for format string");
+        tsr__jv arg = args.u.l->v[ai++];
+        if (cv == 's') tsr__jstr_into(&b, arg, false);
+        else if (cv == 'r') tsr__jstr_into(&b, arg, true);
+        else if ((cv == 'd' || cv == 'i') && tsr__jnum(arg))
+            tsr__jstr_into(&b, tsr__jv_int(arg.t == JV_FLOAT ? (int64_t)arg.u.f : tsr__jnumi(arg)), false);
+        else tsr__jrfail(c, nd, TSR_ERR_UNSUPPORTED, "format conversion '%%%c'", cv ? cv : ' ');
+    }
+    if (ai < args.u.l->n) tsr__jrfail(c, nd, TSR_ERR_INVALID, "not all arguments converted during string formatting");
+    return tsr__jsb_val(&b);
+}
+
 static tsr__jv tsr__jbinop(tsr__jctx *c, const tsr__jnode *nd, tsr__jop op, tsr__jv a, tsr__jv b) {
     switch (op) {
     case JO_CAT: return tsr__jconcat_str(c, a, b);
@@ -1868,6 +1907,12 @@ static tsr__jv tsr__jbinop(tsr__jctx *c, const tsr__jnode *nd, tsr__jop op, tsr_
     default: break;
     }
     if (op == JO_ADD && a.t == JV_STR && b.t == JV_STR) return tsr__jconcat_str(c, a, b);
+    if (op == JO_MOD && a.t == JV_STR) {
+        if (b.t == JV_LIST && b.u.l->tup) return tsr__jprintf(c, nd, a, b);
+        tsr__jv one = tsr__jv_list(c, 1);
+        tsr__jlist_push(c, one.u.l, b);
+        return tsr__jprintf(c, nd, a, one);
+    }
     if (op == JO_ADD && a.t == JV_LIST && b.t == JV_LIST) {
         tsr__jv r = tsr__jv_list(c, a.u.l->n + b.u.l->n + 1);
         for (size_t i = 0; i < a.u.l->n; i++) tsr__jlist_push(c, r.u.l, a.u.l->v[i]);
@@ -2459,32 +2504,12 @@ static tsr__jv tsr__jfilter(tsr__jctx *c, const tsr__jnode *nd, tsr__jscope *sc)
         tsr__jrfail(c, nd, TSR_ERR_INVALID, "round: method must be common, ceil or floor");
     }
     if (!strcmp(f, "format")) {
-        /* printf-style "%s" formatting, the conversions templates use */
-        tsr__jv fmt = tsr__jto_str(c, v);
-        tsr__jsb b = {.c = c};
-        tsr__jsb_put(&b, "", 0);
-        int ai = 0;
-        for (size_t i = 0; i < fmt.u.s.n; i++) {
-            char ch = fmt.u.s.p[i];
-            if (ch != '%') {
-                tsr__jsb_ch(&b, ch);
-                continue;
-            }
-            char cv = i + 1 < fmt.u.s.n ? fmt.u.s.p[++i] : 0;
-            if (cv == '%') {
-                tsr__jsb_ch(&b, '%');
-                continue;
-            }
-            tsr__jv arg;
-            if (!tsr__jarg(&a, ai++, NULL, &arg))
-                tsr__jrfail(c, nd, TSR_ERR_INVALID, "format: not enough arguments");
-            if (cv == 's') tsr__jstr_into(&b, arg, false);
-            else if (cv == 'r') tsr__jstr_into(&b, arg, true);
-            else if ((cv == 'd' || cv == 'i') && tsr__jnum(arg))
-                tsr__jstr_into(&b, tsr__jv_int(arg.t == JV_FLOAT ? (int64_t)arg.u.f : tsr__jnumi(arg)), false);
-            else tsr__jrfail(c, nd, TSR_ERR_UNSUPPORTED, "format conversion '%%%c'", cv ? cv : ' ');
+        tsr__jv l = tsr__jv_list(c, (size_t)a.n + 1);
+        for (int i = 0; i < a.n; i++) {
+            if (a.kw[i]) tsr__jrfail(c, nd, TSR_ERR_UNSUPPORTED, "format with keyword arguments");
+            tsr__jlist_push(c, l.u.l, a.v[i]);
         }
-        return tsr__jsb_val(&b);
+        return tsr__jprintf(c, nd, tsr__jto_str(c, v), l);
     }
     if (!strcmp(f, "tojson")) {
         tsr__jjson o = {.indent = -1, .item_sep = ", ", .key_sep = ": "};
@@ -3122,7 +3147,18 @@ static void tsr__jexec(tsr__jctx *c, const tsr__jnode *nd, tsr__jscope *sc, tsr_
         }
         return;
     }
-    case JN_SET: tsr__jsetvar(c, sc, nd->name, tsr__jeval(c, nd->a, sc)); return;
+    case JN_SET: {
+        tsr__jv v = tsr__jeval(c, nd->a, sc);
+        if (!nd->kw) {
+            tsr__jsetvar(c, sc, nd->name, v);
+            return;
+        }
+        if (v.t == JV_STR || v.t == JV_DICT) v = tsr__jiter(c, nd, v);
+        if (v.t != JV_LIST || v.u.l->n != (size_t)nd->nargs)
+            tsr__jrfail(c, nd, TSR_ERR_INVALID, "cannot unpack into %d names", nd->nargs);
+        for (int i = 0; i < nd->nargs; i++) tsr__jsetvar(c, sc, nd->kw[i], v.u.l->v[i]);
+        return;
+    }
     case JN_SETATTR: {
         tsr__jv ns = tsr__jlookup(sc, nd->name);
         if (ns.t != JV_NS)
