@@ -176,6 +176,8 @@ typedef struct tsr__jparser {
     tsr__jtok *toks;
     size_t ntok, cap, pos;
     int depth;
+    size_t pos_off; /* tsr__jpos's cursor */
+    int pos_line, pos_col;
 } tsr__jparser;
 
 static void tsr__jp_fail(tsr__jparser *p, tsr_status code, int line, int col, const char *fmt,
@@ -190,18 +192,24 @@ static void tsr__jp_fail(tsr__jparser *p, tsr_status code, int line, int col, co
     tsr__jfail(p->err, code, "%s: %d:%d: %s", p->what, line, col, m);
 }
 
-static void tsr__jpos(const tsr__jparser *p, size_t off, int *line, int *col) {
-    int l = 1, c = 1;
-    for (size_t i = 0; i < off && i < p->len; i++) {
+/* Line and column of byte `off`, counted on from the last position asked (tokens come in
+ * order), so that a large template costs one pass, not one per token. */
+static void tsr__jpos(tsr__jparser *p, size_t off, int *line, int *col) {
+    if (off < p->pos_off) {
+        p->pos_off = 0;
+        p->pos_line = p->pos_col = 1;
+    }
+    for (size_t i = p->pos_off; i < off && i < p->len; i++) {
         if (p->src[i] == '\n') {
-            l++;
-            c = 1;
+            p->pos_line++;
+            p->pos_col = 1;
         } else {
-            c++;
+            p->pos_col++;
         }
     }
-    *line = l;
-    *col = c;
+    p->pos_off = off;
+    *line = p->pos_line;
+    *col = p->pos_col;
 }
 
 static tsr__jtok *tsr__jpush(tsr__jparser *p, tsr__jtt t, size_t off) {
@@ -1208,7 +1216,7 @@ tsr_status tsr_jinja_parse(const char *src, size_t len, const char *what, tsr_ji
     snprintf(t->what, sizeof t->what, "%s", what ? what : "template");
     t->ar.limit = 64u << 20;
     tsr__jerr err;
-    tsr__jparser p = {.ar = &t->ar, .err = &err, .what = t->what};
+    tsr__jparser p = {.ar = &t->ar, .err = &err, .what = t->what, .pos_line = 1, .pos_col = 1};
     if (setjmp(err.jb)) {
         tsr__jarena_free(&t->ar);
         tsr_free(t);
