@@ -1731,6 +1731,11 @@ static void tsr__jsetvar(tsr__jctx *c, tsr__jscope *sc, const char *nm, tsr__jv 
     tsr__jdict_set(c, &sc->vars, tsr__jv_cstr(nm), v);
 }
 
+static tsr__jv tsr__jiter(tsr__jctx *c, const tsr__jnode *at, tsr__jv v);
+static tsr__jv tsr__jjoin(tsr__jctx *c, tsr__jv list, tsr__jv sep);
+static uint32_t tsr__jcp_next(const char *s, size_t n, size_t *i);
+static bool tsr__jascii(tsr__jv s);
+
 static tsr__jv tsr__jgetattr(tsr__jctx *c, const tsr__jnode *at, tsr__jv o, tsr__jv key) {
     if (o.t == JV_UNDEF)
         tsr__jrfail(c, at, TSR_ERR_INVALID, "attribute or item of an undefined value");
@@ -1739,15 +1744,13 @@ static tsr__jv tsr__jgetattr(tsr__jctx *c, const tsr__jnode *at, tsr__jv o, tsr_
         return v ? *v : tsr__jv_undef();
     }
     if ((o.t == JV_LIST || o.t == JV_STR) && (key.t == JV_INT || key.t == JV_BOOL)) {
+        if (o.t == JV_STR && !tsr__jascii(o)) o = tsr__jiter(c, at, o); /* code points */
         int64_t n = o.t == JV_LIST ? (int64_t)o.u.l->n : (int64_t)o.u.s.n;
         int64_t i = tsr__jnumi(key);
         if (i < 0) i += n;
         if (i < 0 || i >= n) return tsr__jv_undef();
         if (o.t == JV_LIST) return o.u.l->v[i];
-        /* one character: a UTF-8 code point */
-        const unsigned char *s = (const unsigned char *)o.u.s.p;
-        if (s[i] < 0x80) return tsr__jv_str(o.u.s.p + i, 1);
-        tsr__jrfail(c, at, TSR_ERR_UNSUPPORTED, "indexing a non-ASCII string");
+        return tsr__jv_str(o.u.s.p + i, 1);
     }
     if (o.t == JV_NONE)
         tsr__jrfail(c, at, TSR_ERR_INVALID, "'NoneType' object has no attribute or item");
@@ -1776,8 +1779,11 @@ static tsr__jv tsr__jslice(tsr__jctx *c, const tsr__jnode *nd, tsr__jscope *sc) 
     tsr__jv o = tsr__jeval(c, nd->a, sc);
     if (o.t != JV_LIST && o.t != JV_STR)
         tsr__jrfail(c, nd, TSR_ERR_INVALID, "slicing a value that is not a list or string");
-    if (o.t == JV_STR && !tsr__jascii(o))
-        tsr__jrfail(c, nd, TSR_ERR_UNSUPPORTED, "slicing a non-ASCII string");
+    bool joined = false; /* a non-ASCII string is sliced as its list of code points */
+    if (o.t == JV_STR && !tsr__jascii(o)) {
+        o = tsr__jiter(c, nd, o);
+        joined = true;
+    }
     int64_t n = o.t == JV_LIST ? (int64_t)o.u.l->n : (int64_t)o.u.s.n;
     bool g1, g2, g3;
     int64_t step = tsr__jsli(c, nd->d, sc, 1, n, &g3);
@@ -1800,7 +1806,7 @@ static tsr__jv tsr__jslice(tsr__jctx *c, const tsr__jnode *nd, tsr__jscope *sc) 
         tsr__jv r = tsr__jv_list(c, 4);
         for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
             tsr__jlist_push(c, r.u.l, o.u.l->v[i]);
-        return r;
+        return joined ? tsr__jjoin(c, r, tsr__jv_str("", 0)) : r;
     }
     tsr__jsb b = {.c = c};
     tsr__jsb_put(&b, "", 0);
@@ -1821,11 +1827,11 @@ static tsr__jv tsr__jiter(tsr__jctx *c, const tsr__jnode *at, tsr__jv v) {
     if (v.t == JV_STR) {
         tsr__jv r = tsr__jv_list(c, v.u.s.n + 1);
         const unsigned char *s = (const unsigned char *)v.u.s.p;
+        (void)s;
         for (size_t i = 0; i < v.u.s.n;) {
-            size_t l = s[i] < 0x80 ? 1 : s[i] < 0xE0 ? 2 : s[i] < 0xF0 ? 3 : 4;
-            if (i + l > v.u.s.n) l = v.u.s.n - i;
-            tsr__jlist_push(c, r.u.l, tsr__jv_str(v.u.s.p + i, l));
-            i += l;
+            size_t at0 = i;
+            tsr__jcp_next(v.u.s.p, v.u.s.n, &i);
+            tsr__jlist_push(c, r.u.l, tsr__jv_str(v.u.s.p + at0, i - at0));
         }
         return r;
     }
@@ -2057,13 +2063,13 @@ static tsr__jv tsr__jstrip(tsr__jv s, tsr__jv *chars, bool left, bool right) {
  * Latin-1, Latin Extended-A, basic Greek and Cyrillic); others have no case here. */
 static uint32_t tsr__jcp_upper(uint32_t cp) {
     if (cp < 0x80) return cp >= 'a' && cp <= 'z' ? cp - 32 : cp;
+    if (cp == 0x131) return 'I';
     if ((cp >= 0xE0 && cp <= 0xFE && cp != 0xF7)) return cp - 0x20;
     if (cp == 0xFF) return 0x178;
     if (cp == 0xB5) return 0x39C;
     if (cp >= 0x100 && cp <= 0x137) return cp & ~1u;
     if ((cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17E)) return (cp & 1) ? cp : cp - 1;
     if (cp >= 0x14A && cp <= 0x177) return cp & ~1u;
-    if (cp == 0x131) return 'I';
     if (cp == 0x3C2) return 0x3A3;
     if (cp >= 0x3B1 && cp <= 0x3C9) return cp - 0x20;
     if (cp >= 0x430 && cp <= 0x44F) return cp - 0x20;
@@ -2074,7 +2080,7 @@ static uint32_t tsr__jcp_lower(uint32_t cp) {
     if (cp < 0x80) return cp >= 'A' && cp <= 'Z' ? cp + 32 : cp;
     if (cp >= 0xC0 && cp <= 0xDE && cp != 0xD7) return cp + 0x20;
     if (cp == 0x178) return 0xFF;
-    if (cp >= 0x100 && cp <= 0x137) return cp | 1u;
+    if (cp >= 0x100 && cp <= 0x137 && cp != 0x130) return cp | 1u;
     if ((cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17E)) return (cp & 1) ? cp + 1 : cp;
     if (cp >= 0x14A && cp <= 0x177) return cp | 1u;
     if (cp >= 0x391 && cp <= 0x3A9 && cp != 0x3A2) return cp + 0x20;
@@ -2389,6 +2395,45 @@ static tsr__jv tsr__jmethod(tsr__jctx *c, const tsr__jnode *nd, tsr__jv o, const
             if (b < o.u.s.n) tsr__jlist_push(c, r.u.l, tsr__jv_str(o.u.s.p + b, o.u.s.n - b));
             return r;
         }
+        if (!strcmp(m, "format")) {
+            /* str.format: {} {0} {name} and {{ }}; no format specs */
+            tsr__jsb b = {.c = c};
+            tsr__jsb_put(&b, "", 0);
+            int auto_i = 0;
+            for (size_t i = 0; i < o.u.s.n; i++) {
+                char ch = o.u.s.p[i];
+                if ((ch == '{' || ch == '}') && i + 1 < o.u.s.n && o.u.s.p[i + 1] == ch) {
+                    tsr__jsb_ch(&b, ch);
+                    i++;
+                    continue;
+                }
+                if (ch == '}') tsr__jrfail(c, nd, TSR_ERR_INVALID, "format: single '}'");
+                if (ch != '{') {
+                    tsr__jsb_ch(&b, ch);
+                    continue;
+                }
+                size_t e = i + 1;
+                while (e < o.u.s.n && o.u.s.p[e] != '}') e++;
+                if (e >= o.u.s.n) tsr__jrfail(c, nd, TSR_ERR_INVALID, "format: single '{'");
+                char field[64];
+                size_t fl = e - i - 1;
+                if (fl >= sizeof field || memchr(o.u.s.p + i + 1, ':', fl) ||
+                    memchr(o.u.s.p + i + 1, '!', fl) || memchr(o.u.s.p + i + 1, '.', fl) ||
+                    memchr(o.u.s.p + i + 1, '[', fl))
+                    tsr__jrfail(c, nd, TSR_ERR_UNSUPPORTED, "str.format field with a format spec");
+                memcpy(field, o.u.s.p + i + 1, fl);
+                field[fl] = 0;
+                tsr__jv arg;
+                bool ok;
+                if (fl == 0) ok = tsr__jarg(a, auto_i++, NULL, &arg);
+                else if (isdigit((unsigned char)field[0])) ok = tsr__jarg(a, atoi(field), NULL, &arg);
+                else ok = tsr__jarg(a, -1, field, &arg);
+                if (!ok) tsr__jrfail(c, nd, TSR_ERR_INVALID, "format: no argument for {%s}", field);
+                tsr__jstr_into(&b, arg, false);
+                i = e;
+            }
+            return tsr__jsb_val(&b);
+        }
         if (!strcmp(m, "removeprefix") || !strcmp(m, "removesuffix")) {
             x = tsr__jstr_arg(c, nd, a, 0, NULL);
             if (m[6] == 'p' && tsr__jstarts(o, x)) return tsr__jv_str(o.u.s.p + x.u.s.n, o.u.s.n - x.u.s.n);
@@ -2563,8 +2608,6 @@ static tsr__jv tsr__jfilter(tsr__jctx *c, const tsr__jnode *nd, tsr__jscope *sc)
         return it.u.l->v[f[0] == 'f' ? 0 : it.u.l->n - 1];
     }
     if (!strcmp(f, "reverse")) {
-        if (v.t == JV_STR && !tsr__jascii(v))
-            tsr__jrfail(c, nd, TSR_ERR_UNSUPPORTED, "reverse of a non-ASCII string");
         tsr__jv it = tsr__jiter(c, nd, v);
         tsr__jv r = tsr__jv_list(c, it.u.l->n + 1);
         for (size_t i = it.u.l->n; i > 0; i--) tsr__jlist_push(c, r.u.l, it.u.l->v[i - 1]);
