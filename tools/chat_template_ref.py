@@ -110,6 +110,33 @@ def render(tpl, messages, add_gen, cont, tools, extra):
     return out
 
 
+# The context of snippets.txt: small templates, one construct or two each, separated by
+# lines "====", rendered with this context only.
+SNIPPET_CTX = {
+    "messages": [{"role": "system", "content": " Sys "}, {"role": "user", "content": "Hi\nthere"},
+                 {"role": "assistant", "content": "Yo", "tool_calls": [{"function": {
+                     "name": "f", "arguments": {"b": 2, "a": [1, 2.5, None, True]}}}]}],
+    "d": {"b": 1, "A": 2, "a": 3}, "xs": [3, 1, 2], "s": "Hello World", "n": None, "f": 2.5,
+    "i": -7, "u": "h\u00e9llo w\u00f6rld", "e": "", "l": [], "strs": ["b", "A", "a"]}
+
+
+def snippets(env, d):
+    path = os.path.join(d, "snippets.txt")
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8", newline="") as f:
+        texts = f.read().split("\n====\n")
+    out = []
+    for t in texts:
+        r = {"template": t}
+        try:
+            r["output"] = env.from_string(t).render(**SNIPPET_CTX)
+        except Exception as e:
+            r["error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        out.append(r)
+    return out
+
+
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     d = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "tests/data/chat_templates")
@@ -136,7 +163,7 @@ def main():
               "tools": t, "extra": x} for c, m, g, k, t, x in CASES]
     doc = {"generator": "tools/chat_template_ref.py", "jinja2": jinja2.__version__,
            "now": NOW, "bos_token": BOS, "eos_token": EOS, "cases": cases,
-           "results": results}
+           "results": results, "snippet_context": SNIPPET_CTX, "snippets": snippets(env, d)}
     with open(os.path.join(d, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False, indent=1)
         f.write("\n")

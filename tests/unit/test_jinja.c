@@ -1,8 +1,9 @@
 /* runtime/jinja.c and runtime/chat_template.c: every template of the corpus in
  * tests/data/chat_templates times every case of expected.json (written by
  * tools/chat_template_ref.py with Python jinja2 under transformers' settings) rendered
- * byte for byte the same, or refused with the line listed in refusals.txt; plus constructs
- * one at a time and hostile templates that must end in one error line. */
+ * byte for byte the same, or refused with the line listed in refusals.txt; the snippets of
+ * snippets.txt the same as jinja2; plus constructs one at a time and hostile templates that
+ * must end in one error line. */
 #include <cjson/cJSON.h>
 
 #include "base/alloc.h"
@@ -241,4 +242,45 @@ TSR_TEST(test_jinja_corpus) {
     ASSERT_TRUE(n_ok > 250);
 }
 
-TSR_TEST_MAIN(test_jinja_constructs, test_jinja_errors, test_jinja_corpus)
+/* snippets.txt: small templates, one or two constructs each, rendered by jinja2 with one
+ * context (expected.json "snippets"): equal bytes, or an error where jinja2 raised. */
+TSR_TEST(test_jinja_snippets) {
+    size_t len = 0;
+    char *text = tsr__read(TSR__DIR "expected.json", &len);
+    ASSERT_TRUE(text != NULL);
+    cJSON *doc = cJSON_ParseWithLength(text, len);
+    tsr_free(text);
+    ASSERT_TRUE(doc != NULL);
+    const cJSON *ctx = cJSON_GetObjectItem(doc, "snippet_context");
+    int n_ok = 0, n_bad = 0;
+    const cJSON *r;
+    cJSON_ArrayForEach(r, cJSON_GetObjectItem(doc, "snippets")) {
+        const char *src = cJSON_GetObjectItem(r, "template")->valuestring;
+        const cJSON *want = cJSON_GetObjectItem(r, "output");
+        tsr_jinja *t = NULL;
+        char *out = NULL;
+        size_t n = 0;
+        tsr_status st = tsr_jinja_parse(src, strlen(src), "snippet", &t);
+        if (st == TSR_OK) {
+            tsr_jinja_opts o = {.now = 1721995200};
+            st = tsr_jinja_render(t, ctx, &o, &out, &n);
+            tsr_jinja_free(t);
+        }
+        if (!want ? st != TSR_OK
+                  : st == TSR_OK && n == strlen(want->valuestring) && !memcmp(out, want->valuestring, n)) {
+            n_ok++;
+        } else {
+            fprintf(stderr, "  snippet %.80s\n    got  %s\n    want %s\n", src,
+                    st == TSR_OK ? out : tsr_last_error(),
+                    want ? want->valuestring : cJSON_GetObjectItem(r, "error")->valuestring);
+            n_bad++;
+        }
+        tsr_free(out);
+    }
+    cJSON_Delete(doc);
+    fprintf(stderr, "  snippets: %d as jinja2, %d differ\n", n_ok, n_bad);
+    ASSERT_EQ_INT(n_bad, 0);
+    ASSERT_TRUE(n_ok > 60);
+}
+
+TSR_TEST_MAIN(test_jinja_constructs, test_jinja_errors, test_jinja_corpus, test_jinja_snippets)
