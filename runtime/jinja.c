@@ -52,11 +52,25 @@ static void tsr__jfail(tsr__jerr *e, tsr_status code, const char *fmt, ...) {
     longjmp(e->jb, 1);
 }
 
+/* Under AddressSanitizer every allocation is a chunk of its own, exactly sized, so that an
+ * overrun is reported instead of landing in a neighbour inside a shared chunk. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TSR__J_EXACT 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TSR__J_EXACT 1
+#endif
+#endif
+#ifndef TSR__J_EXACT
+#define TSR__J_EXACT 0
+#endif
+
 static void *tsr__jalloc(tsr__jarena *a, tsr__jerr *e, size_t n) {
-    n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
+    if (!TSR__J_EXACT || n == 0)
+        n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
     if (n > a->limit) tsr__jfail(e, TSR_ERR_BUDGET, "template needs more than %zu bytes", a->limit);
-    if (!a->head || a->head->cap - a->head->used < n) {
-        size_t cap = n > 65536 ? n : 65536;
+    if (TSR__J_EXACT || !a->head || a->head->cap - a->head->used < n) {
+        size_t cap = TSR__J_EXACT ? n : n > 65536 ? n : 65536;
         if (a->total + cap > a->limit)
             tsr__jfail(e, TSR_ERR_BUDGET, "template needs more than %zu bytes", a->limit);
         tsr__jchunk *c = tsr_malloc(sizeof *c + cap);
@@ -2093,18 +2107,21 @@ static bool tsr__jcp_cased(uint32_t cp) {
            cp == 0x149;
 }
 
-/* One code point from s[*i] (an invalid byte counts as itself). */
+/* One code point from s[*i]; a byte that starts no valid sequence (template source is not
+ * checked for UTF-8) gives 0x110000 + the byte: no case, copied as it is. */
 static uint32_t tsr__jcp_next(const char *s, size_t n, size_t *i) {
     const unsigned char *u = (const unsigned char *)s;
     unsigned char b = u[*i];
     size_t l = b < 0x80 ? 1 : (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 1;
-    if (*i + l > n) l = 1;
+    if (*i + l > n || (b >= 0x80 && l == 1)) {
+        *i += 1;
+        return b < 0x80 ? b : 0x110000u + b;
+    }
     uint32_t cp = l == 1 ? b : l == 2 ? (b & 0x1Fu) : l == 3 ? (b & 0x0Fu) : (b & 0x07u);
     for (size_t k = 1; k < l; k++) {
         if ((u[*i + k] & 0xC0) != 0x80) {
-            l = 1;
-            cp = b;
-            break;
+            *i += 1;
+            return 0x110000u + b;
         }
         cp = (cp << 6) | (u[*i + k] & 0x3Fu);
     }
@@ -2115,6 +2132,7 @@ static uint32_t tsr__jcp_next(const char *s, size_t n, size_t *i) {
 /* mode 0 str.upper, 1 str.lower, 2 str.title, 3 str.capitalize, 4 Jinja's title filter
  * (words begin after '-', whitespace, '(', '{', '[', '<'). */
 static tsr__jv tsr__jcase(tsr__jctx *c, tsr__jv s, int mode) {
+    /* every mapping keeps or shrinks the UTF-8 length; unmapped bytes are copied */
     char *d = tsr__jra(c, s.u.s.n + 1);
     size_t o = 0;
     bool prev_cased = false, word_start = true;
@@ -2134,7 +2152,7 @@ static tsr__jv tsr__jcase(tsr__jctx *c, tsr__jv s, int mode) {
             d[o++] = 'S';
         } else {
             r = up ? tsr__jcp_upper(cp) : tsr__jcp_lower(cp);
-            if (r == cp && i - at > 1 && cp >= 0x80) {
+            if (r == cp && cp >= 0x80) {
                 memcpy(d + o, s.u.s.p + at, i - at); /* unchanged bytes, valid or not */
                 o += i - at;
             } else {
