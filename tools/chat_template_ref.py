@@ -35,6 +35,8 @@ CASES = [
     ("multi_turn_nosys", [U("Hi"), A("Hello."), U("Bye")], True, False),
     ("no_gen_prompt", [U("Hi"), A("Hello.")], False, False),
     ("assistant_prefix", [U("Name a colour."), A("The colour is")], False, True),
+    ("assistant_prefix_ws", [S("Be brief."), U("Name a colour."), A(" The colour is ")], False,
+     True),
     ("unicode", [U("  Grüße, 世界! 😀\ttabs\r\n and \"quotes\" 'single' \\ back  ")], True,
      False),
 ]
