@@ -143,7 +143,7 @@ typedef enum {
     JN_TEST, JN_NOT, JN_NEG, JN_POS, JN_BIN, JN_AND, JN_OR, JN_COND,
     /* statements */
     JN_TEXT, JN_OUT, JN_IF, JN_FOR, JN_SET, JN_SETATTR, JN_SETBLOCK, JN_MACRO, JN_BREAK,
-    JN_CONTINUE, JN_BODY
+    JN_CONTINUE, JN_BODY, JN_FILTERBLOCK
 } tsr__jk;
 
 typedef enum {
@@ -1157,6 +1157,29 @@ static tsr__jnode *tsr__jstmt(tsr__jparser *p, tsr__jtok *at) {
         tsr__jend_tag(p);
     } else if (!strcmp(kw, "break") || !strcmp(kw, "continue")) {
         nd = tsr__jnew(p, kw[0] == 'b' ? JN_BREAK : JN_CONTINUE, at);
+        tsr__jend_tag(p);
+    } else if (!strcmp(kw, "filter")) {
+        /* {% filter f(args)|g %}body{% endfilter %}: the filters applied to the rendered
+         * body, which they read as a reserved variable */
+        nd = tsr__jnew(p, JN_FILTERBLOCK, at);
+        tsr__jtok *nt = tsr__jpeek(p);
+        tsr__jnode *base = tsr__jnew(p, JN_NAME, nt);
+        base->name = "\x01body";
+        const char *nm = tsr__jexpect_name(p);
+        if (!tsr__jin_set(tsr__jfilters, nm))
+            tsr__jp_fail(p, TSR_ERR_UNSUPPORTED, nt->line, nt->col, "unsupported filter '%s'", nm);
+        tsr__jnode *f = tsr__jnew(p, JN_FILTER, nt);
+        f->name = nm;
+        f->a = base;
+        if (tsr__jis_op(tsr__jpeek(p), "(")) {
+            tsr__jnext(p);
+            tsr__jcall_args(p, f);
+        }
+        nd->a = tsr__jfilter_expr(p, f);
+        tsr__jend_tag(p);
+        static const char *const ends[] = {"endfilter", NULL};
+        const char *which;
+        nd->b = tsr__jbody(p, ends, &which);
         tsr__jend_tag(p);
     } else if (!strcmp(kw, "generation")) {
         /* transformers' AssistantTracker: the body renders as is */
@@ -3246,6 +3269,16 @@ static void tsr__jexec(tsr__jctx *c, const tsr__jnode *nd, tsr__jscope *sc, tsr_
     case JN_MACRO:
         tsr__jsetvar(c, sc, nd->name, (tsr__jv){.t = JV_MACRO, .u.m = nd});
         return;
+    case JN_FILTERBLOCK: {
+        tsr__jsb b = {.c = c};
+        tsr__jsb_put(&b, "", 0);
+        tsr__jexec(c, nd->b, sc, &b, ctl);
+        tsr__jscope fs = {.parent = sc};
+        tsr__jsetvar(c, &fs, "\x01body", tsr__jsb_val(&b));
+        tsr__jv r = tsr__jto_str(c, tsr__jeval(c, nd->a, &fs));
+        tsr__jemit(c, nd, out, r.u.s.p, r.u.s.n);
+        return;
+    }
     case JN_BREAK: *ctl = 1; return;
     case JN_CONTINUE: *ctl = 2; return;
     default: break;

@@ -53,7 +53,9 @@ TOOL_MSGS = [S("Use tools when needed."), U("Weather in Paris?"),
               "content": "{\"temp\": 21.5, \"sky\": \"clear\"}"},
              A("It is 21.5 degrees and clear."), U("Thanks!")]
 KWARGS = {"enable_thinking": False, "reasoning_effort": "high", "date_string": "01 Jan 2025",
-          "builtin_tools": ["browser", "code_interpreter"], "model_identity": "You are Tess."}
+          "builtin_tools": ["browser", "code_interpreter"], "model_identity": "You are Tess.",
+          "functions": '[{"name": "get_weather", "parameters": {"city": "string"}}]',
+          "datetime": "2024-07-26"}
 THINK_MSGS = [S("Think first."), U("What is 6*7?"),
               A("<think>\nsix times seven\n</think>\n\n42"), U("And 7*8?")]
 # (name, messages, add_generation_prompt, continue_final, tools, extra template variables)

@@ -91,6 +91,7 @@ TSR_TEST(test_jinja_constructs) {
     ASSERT_RENDERS("a  {%- if true -%}  b  {%- endif %}\nc {{- ' d ' -}} e", NULL, "abc d e");
     ASSERT_RENDERS("x {# c #}\n  {#- c2 #} y", NULL, "x  y");
     ASSERT_RENDERS("{% set s %}in{{ 1 }}{% endset %}[{{ s }}]", NULL, "[in1]");
+    ASSERT_RENDERS("{% filter trim|upper %}  ab{{ 'c' }}  {% endfilter %}.", NULL, "ABC.");
     ASSERT_RENDERS("end\n", NULL, "end"); /* one trailing newline dropped */
 }
 
