@@ -1398,10 +1398,9 @@ static tsr__jv tsr__jfrom_json(tsr__jctx *c, const cJSON *j, int depth) {
     if (cJSON_IsBool(j)) return tsr__jv_bool(cJSON_IsTrue(j));
     if (cJSON_IsNumber(j)) {
         double f = j->valuedouble;
-        if (f == floor(f) && fabs(f) < 9.2e18 && !strpbrk(j->string ? "" : "", ".")) {
-            /* cJSON keeps no int/float distinction; integral numbers are ints */
-            return tsr__jv_int((int64_t)f);
-        }
+        /* cJSON keeps no int/float distinction: integral numbers become ints (a JSON 2.0
+         * prints as 2, where Python would print 2.0) */
+        if (f == floor(f) && fabs(f) < 9.2e18) return tsr__jv_int((int64_t)f);
         return tsr__jv_float(f);
     }
     if (cJSON_IsString(j)) return tsr__jv_cstr(j->valuestring);
