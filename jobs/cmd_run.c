@@ -51,6 +51,7 @@ static void tsr__run_free(tsr_run_job *g) {
     tsr_engine_destroy(g->eng); /* forward, KV cache, placed weights, backend, model */
     if (!g->eng) tsr_model_destroy(g->model);
     if (g->tok) tsr_tokenizer_destroy(g->tok);
+    tsr_chat_template_free(&g->chat);
     if (g->in) fclose(g->in);
     tsr_batch_writer_close(&g->out);
     tsr_batch_writer_close(&g->err);
@@ -200,8 +201,7 @@ static tsr_status tsr__setup(tsr_run_job *g) {
                      o->model, c->dim, c->n_layers, c->vocab_size, g->ctx,
                      tsr_engine_device_name(g->eng),
                      g->be->threads,
-                     g->chat.kind == TSR_CHAT_NONE ? "none"
-                     : g->chat.kind == TSR_CHAT_LLAMA3 ? "llama3" : "llama3.1",
+                     g->chat.kind == TSR_CHAT_NONE ? "none" : "the model's (jinja)",
                      g->resume.n_records);
     if (o->verbose) tsr_dist_log_layout(d);
     tsr_dist_ready(d);
@@ -221,7 +221,10 @@ static tsr_status tsr__submit(tsr_run_job *g, tsr_batch_request *r, double arriv
             return tsr__put_error(g, r->custom_id, r->line, TSR_BATCH_E_TEMPLATE,
                                   "model has no chat template tessera can render "
                                   "(use /v1/completions)");
-        TSR_TRY(tsr_chat_render(&g->chat, r->messages, r->n_messages, &rendered, &text_len));
+        tsr_status cs = tsr_chat_render(&g->chat, r->messages, r->n_messages, &rendered, &text_len);
+        if (cs == TSR_ERR_INVALID) /* the template refused these messages (raise_exception) */
+            return tsr__put_error(g, r->custom_id, r->line, TSR_BATCH_E_TEMPLATE, tsr_last_error());
+        TSR_TRY(cs);
         text = rendered;
         bos = false; /* the template starts with bos_token */
     }

@@ -68,6 +68,7 @@ static tsr_status tsr__ckpt_identity(tsr_run_job *g) {
     /* The chat template renders chat prompts: part of what the tokens mean. */
     int64_t kind = g->chat.kind;
     h = tsr__hval(h, &kind, sizeof kind);
+    h = tsr__hval(h, &g->chat.source_hash, sizeof g->chat.source_hash);
     g->ck_tokenizer_id = tsr__hstr(h, g->chat.bos);
     g->ck_id_done = true;
     return TSR_OK;

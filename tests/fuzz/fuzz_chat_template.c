@@ -17,7 +17,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tsr_chat_template t;
     tsr_status st = tsr_chat_template_parse(json, cfg_len, "fuzz", &t);
     free(json);
-    if (st != TSR_OK || t.kind == TSR_CHAT_NONE) return 0;
+    if (st != TSR_OK || t.kind == TSR_CHAT_NONE) {
+        if (t.jinja) abort(); /* a refusal leaves nothing behind */
+        return 0;
+    }
     /* NUL-terminated copy of the message strings. */
     char *buf = malloc(rest_len + 1);
     if (!buf) abort();
@@ -39,5 +42,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         tsr_free(out);
     }
     free(buf);
+    tsr_chat_template_free(&t);
     return 0;
 }

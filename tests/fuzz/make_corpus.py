@@ -156,6 +156,26 @@ put("fuzz_chat_template", "llama3", split2(llama3, msgs))
 put("fuzz_chat_template", "llama31", split2(llama31, b"user\0Hello!"))
 put("fuzz_chat_template", "none", split2(b'{"model_max_length": 512}', msgs))
 
+# ---- jinja: corpus templates with a chat context (tests/fuzz/fuzz_jinja.c)
+ctx = json.dumps({"messages": [{"role": "system", "content": "Be brief."},
+                               {"role": "user", "content": "Hi"},
+                               {"role": "assistant", "content": "<think>x</think>Hello"},
+                               {"role": "user", "content": "Bye"}],
+                  "tools": None, "add_generation_prompt": True, "bos_token": "<s>",
+                  "eos_token": "</s>"}).encode()
+for name in ["HuggingFaceTB-SmolLM2-1.7B-Instruct", "meta-llama-Llama-3.1-8B-Instruct",
+             "Qwen-Qwen3-0.6B", "mistralai-Mistral-Nemo-Instruct-2407", "google-gemma-2-2b-it",
+             "microsoft-Phi-3.5-mini-instruct"]:
+    src = read("tests/data/chat_templates/%s.jinja" % name)
+    put("fuzz_jinja", name, split2(src, ctx))
+put("fuzz_jinja", "constructs", split2(
+    b"{% set ns = namespace(n=0) %}{% macro m(a, b=2) %}{{ a ~ b }}{% endmacro %}"
+    b"{% for x in messages if x.role != 'system' %}{% set ns.n = ns.n + 1 %}"
+    b"{{ loop.index }}{{ x.content|trim|upper }}{{ x.content.split('>')[-1][:3] }}"
+    b"{{ m(x.role, b=loop.last) }}{% endfor %}{{ messages|selectattr('role', 'equalto', 'user')"
+    b"|map(attribute='content')|join(',') }}{{ {'a': [1, 2.5, none]}|tojson(indent=2) }}"
+    b"{{ strftime_now('%Y') }}{{ 'x' if ns.n is odd else raise_exception('even') }}", ctx))
+
 # ---- checkpoint: edit scripts on the base checkpoint (tests/fuzz/fuzz_checkpoint.c)
 put("fuzz_checkpoint", "unedited", b"")
 put("fuzz_checkpoint", "patch", bytes([0, 3, 0, 3, 0xff, 0xff, 0xff, 0x7f, 0, 9, 4, 0, 0x80]))

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# tessera run with the model's own chat template (runtime/jinja.c): a model directory whose
+# tokenizer_config.json carries a template from tests/data/chat_templates renders chat
+# requests with it; a request the template refuses (raise_exception) gets an error record
+# with the template's message while the others run; a template using a construct tessera
+# lacks gives a start-up warning naming it and line:col, and no_chat_template records.
+# Args: $1 tessera binary, $2 repo root, $3 scratch dir.
+set -u
+bin=$1 root=$2 tmp=$3
+rm -rf "$tmp" && mkdir -p "$tmp"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+m=$tmp/hf
+"$bin" convert --model "$root/models/stories260K.bin" --output "$m" 2>"$tmp/err" ||
+    fail "convert exited $? ($(cat "$tmp/err"))"
+# tokenizer_config.json with a template file as its chat_template (JSON-escaped by hand:
+# backslash, quote, newline, tab).
+config() {
+    printf '{"bos_token": "%s", "chat_template": "' "$2"
+    sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/\t/\\t/g' "$1" | sed -e ':a;N;$!ba;s/\n/\\n/g' | tr -d '\n'
+    printf '"}\n'
+}
+cat >"$tmp/in.jsonl" <<'JSONL'
+{"custom_id": "user", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 3}}
+{"custom_id": "system", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], "max_tokens": 3}}
+JSONL
+
+# SmolLM2's ChatML template: both requests rendered and answered.
+config "$root/tests/data/chat_templates/HuggingFaceTB-SmolLM2-1.7B-Instruct.jinja" "<s>" \
+    >"$m/tokenizer_config.json"
+"$bin" run --model "$m" --input "$tmp/in.jsonl" --output "$tmp/out1.jsonl" --threads 2 \
+    --progress-interval 0 2>"$tmp/err1" || fail "run exited $? ($(cat "$tmp/err1"))"
+[ "$(grep -c '"status_code":200' "$tmp/out1.jsonl")" -eq 2 ] ||
+    fail "SmolLM2 template: not two answers: $(cat "$tmp/out1.jsonl")"
+grep -q '"prompt_tokens":0' "$tmp/out1.jsonl" && fail "an empty rendered prompt"
+
+# Gemma 2 refuses a system message: that request alone gets the template's message.
+config "$root/tests/data/chat_templates/google-gemma-2-2b-it.jinja" "<bos>" \
+    >"$m/tokenizer_config.json"
+"$bin" run --model "$m" --input "$tmp/in.jsonl" --output "$tmp/out2.jsonl" --threads 2 \
+    --progress-interval 0 2>"$tmp/err2" || fail "run exited $? ($(cat "$tmp/err2"))"
+grep '"custom_id":"user"' "$tmp/out2.jsonl" | grep -q '"status_code":200' ||
+    fail "Gemma template: the user-only request failed: $(cat "$tmp/out2.jsonl")"
+grep '"custom_id":"system"' "$tmp/out2.jsonl" |
+    grep -q '"code":"no_chat_template","message":"[^"]*raise_exception: System role not supported"' ||
+    fail "Gemma template: no raise_exception record: $(cat "$tmp/out2.jsonl")"
+
+# A construct tessera lacks: a warning with line:col; chat requests get no_chat_template.
+printf '{"chat_template": "{%% for m in messages %%}\\n{%% include \\"x\\" %%}{%% endfor %%}"}\n' \
+    >"$m/tokenizer_config.json"
+"$bin" run --model "$m" --input "$tmp/in.jsonl" --output "$tmp/out3.jsonl" --threads 2 \
+    --progress-interval 0 2>"$tmp/err3" || fail "run exited $? ($(cat "$tmp/err3"))"
+grep -q "tokenizer_config.json: 2:4: unsupported statement 'include'" "$tmp/err3" ||
+    fail "no warning naming the construct: $(cat "$tmp/err3")"
+[ "$(grep -c '"code":"no_chat_template"' "$tmp/out3.jsonl")" -eq 2 ] ||
+    fail "unsupported template: not two no_chat_template records"
+echo "ok"
