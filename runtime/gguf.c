@@ -256,20 +256,20 @@ static tsr_status tsr__parse(tsr_gguf *g) {
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
                              "%s: GGUF version %u (tessera reads versions 2 and 3)", g->path,
                              g->version);
-    TSR_TRY(tsr__u64(&c, "the tensor count", &g->n_tensors));
-    TSR_TRY(tsr__u64(&c, "the metadata count", &g->n_kv));
+    /* g->n_kv/n_tensors count what is parsed so far, so close frees only that. */
+    uint64_t n_kv, n_t;
+    TSR_TRY(tsr__u64(&c, "the tensor count", &n_t));
+    TSR_TRY(tsr__u64(&c, "the metadata count", &n_kv));
     /* A key/value takes at least 13 bytes and a tensor info 28: counts beyond what the file
      * could hold are refused before anything is allocated from them. */
-    if (g->n_kv > c.left / 13 || g->n_tensors > c.left / 28)
+    if (n_kv > c.left / 13 || n_t > c.left / 28)
         return tsr_error_set(TSR_ERR_FORMAT,
                              "%s: header claims %llu metadata entries and %llu tensors, more "
-                             "than the file holds", g->path, (unsigned long long)g->n_kv,
-                             (unsigned long long)g->n_tensors);
-    g->kv = tsr_calloc((size_t)(g->n_kv ? g->n_kv : 1), sizeof *g->kv);
-    g->tensors = tsr_calloc((size_t)(g->n_tensors ? g->n_tensors : 1), sizeof *g->tensors);
+                             "than the file holds", g->path, (unsigned long long)n_kv,
+                             (unsigned long long)n_t);
+    g->kv = tsr_calloc((size_t)(n_kv ? n_kv : 1), sizeof *g->kv);
+    g->tensors = tsr_calloc((size_t)(n_t ? n_t : 1), sizeof *g->tensors);
     if (!g->kv || !g->tensors) return TSR_ERR_NOMEM;
-    uint64_t n_kv = g->n_kv, n_t = g->n_tensors;
-    g->n_kv = g->n_tensors = 0; /* count what is parsed, so close frees only that */
     for (uint64_t i = 0; i < n_kv; i++) {
         g->n_kv++;
         TSR_TRY(tsr__parse_kv(g, &c, &g->kv[i]));
