@@ -105,9 +105,10 @@ def bytes_to_unicode():
     return dict(zip(bs, map(chr, cs)))
 
 
-def tiny_llama():
-    path = os.path.join(OUT, "tiny_llama.gguf")
-    dim, hidden, heads, kv, hd = 256, 256, 4, 2, 64
+def tiny_llama(path=None, small=False):
+    """small: the fuzz seed (dim 32, row-32 block types only); else the unit-test model."""
+    path = path or os.path.join(OUT, "tiny_llama.gguf")
+    dim, hidden, heads, kv, hd = (32, 32, 2, 1, 16) if small else (256, 256, 4, 2, 64)
     w = gguf.GGUFWriter(path, "llama")
     w.add_block_count(1)
     w.add_context_length(128)
@@ -148,6 +149,9 @@ def tiny_llama():
            ("attn_v", T.Q6_K, kv * hd, dim), ("attn_output", T.Q4_1, dim, heads * hd),
            ("ffn_gate", T.Q4_0, hidden, dim), ("ffn_up", T.BF16, hidden, dim),
            ("ffn_down", T.F16, dim, hidden)]
+    if small:
+        lay = [(n, {T.Q4_K: T.Q8_0, T.Q5_K: T.Q4_0, T.Q6_K: T.Q4_1}.get(t, t), r, c)
+               for n, t, r, c in lay]
     for name, t, r, c in lay:
         full = "blk.0.%s.weight" % name
         if r == 1:
@@ -160,6 +164,8 @@ def tiny_llama():
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if small:
+        return
     exp = {"dim": dim, "hidden": hidden, "heads": heads, "kv_heads": kv, "head_dim": hd,
            "vocab": vocab, "layers": 1, "ctx": 128, "theta": 50000.0, "eps": 1e-6,
            "bos": 256 + len(merges), "eos": 256 + len(merges) + 1,
@@ -173,4 +179,10 @@ if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     types_file()
     tiny_llama()
+    seeds = os.path.join(OUT, "..", "..", "fuzz", "corpus", "fuzz_gguf")
+    os.makedirs(seeds, exist_ok=True)
+    tiny_llama(os.path.join(seeds, "tiny_model"), small=True)
+    with open(os.path.join(OUT, "types.gguf"), "rb") as f, \
+            open(os.path.join(seeds, "types"), "wb") as g:
+        g.write(f.read())
     print("wrote", OUT, file=sys.stderr)
