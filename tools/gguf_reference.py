@@ -47,7 +47,8 @@ def prompts(tok):
         ids = tok.encode(text, add_special_tokens=False).ids[:n]
         return ids
     out = [
-        tok.encode("The capital of France is", add_special_tokens=False).ids,
+        tok.encode("The capital of France is a city that many people visit because",
+                   add_special_tokens=False).ids,
         tok.encode(chat("What is the capital of France?"), add_special_tokens=False).ids,
         tok.encode(chat("Write a short poem about the sea, then explain in two sentences "
                         "why people have always written about it."), add_special_tokens=False).ids,
@@ -93,7 +94,7 @@ def main():
                 o = model(torch.tensor([[t]]), past_key_values=past, use_cache=True)
             past = o.past_key_values
             cur = o.logits[0, -1].float().numpy()
-        text = tok.decode(greedy)
+        text = tok.decode(greedy, skip_special_tokens=False)
         print(f"prompt of {n} tokens: |logit|max {np.abs(lg).max():.3g}; greedy: {text[:80]!r}",
               file=sys.stderr)
         res["prompts"].append({"ids": ids, "rows": rows, "top": top, "greedy": greedy,
