@@ -623,3 +623,45 @@ tsr_status tsr_gguf_dequant(const tsr_gguf *g, const tsr_gguf_tensor *t, tsr_dty
     }
     return TSR_OK;
 }
+
+/* ---- chat template ------------------------------------------------------------------------ */
+
+/* Text of token `key`'s id from tokenizer.ggml.tokens, or NULL. */
+static tsr_status tsr__token_text(const tsr_gguf *g, const char *key, char **out) {
+    *out = NULL;
+    int64_t id;
+    bool have;
+    TSR_TRY(tsr_gguf_get_int(g, key, &id, &have));
+    const tsr_gguf_kv *toks = tsr_gguf_find(g, "tokenizer.ggml.tokens");
+    if (!have || !toks || toks->type != TSR_GGUF_ARRAY || toks->elem != TSR_GGUF_STRING ||
+        id < 0 || (uint64_t)id >= toks->n)
+        return TSR_OK;
+    const char *s;
+    uint64_t len;
+    tsr_gguf_arr_str(toks, (uint64_t)id, &s, &len);
+    *out = tsr__dup((const uint8_t *)s, len);
+    return *out ? TSR_OK : TSR_ERR_NOMEM;
+}
+
+tsr_status tsr_gguf_chat_template(const char *path, char **tpl, char **bos, char **eos) {
+    *tpl = *bos = *eos = NULL;
+    tsr_gguf *g;
+    TSR_TRY(tsr_gguf_open(path, &g));
+    const char *t = NULL;
+    bool have = false;
+    tsr_status st = tsr_gguf_get_str(g, "tokenizer.chat_template", &t, &have);
+    if (st == TSR_OK && have) {
+        *tpl = tsr_strdup(t);
+        if (!*tpl) st = TSR_ERR_NOMEM;
+    }
+    if (st == TSR_OK) st = tsr__token_text(g, "tokenizer.ggml.bos_token_id", bos);
+    if (st == TSR_OK) st = tsr__token_text(g, "tokenizer.ggml.eos_token_id", eos);
+    tsr_gguf_close(g);
+    if (st != TSR_OK) {
+        tsr_free(*tpl);
+        tsr_free(*bos);
+        tsr_free(*eos);
+        *tpl = *bos = *eos = NULL;
+    }
+    return st;
+}

@@ -116,6 +116,11 @@ tsr_status tsr_gguf_get_str(const tsr_gguf *g, const char *key, const char **out
 void tsr_gguf_arr_str(const tsr_gguf_kv *kv, uint64_t i, const char **s, uint64_t *len);
 int64_t tsr_gguf_arr_int(const tsr_gguf_kv *kv, uint64_t i);
 
+/* The chat template of a GGUF file (tokenizer.chat_template) and the text of its BOS/EOS
+ * tokens (tokenizer.ggml.tokens at bos/eos_token_id), for tsr_chat_template_from_source.
+ * Each out-string is tsr_malloc'd (tsr_free), NULL when the file has none. */
+tsr_status tsr_gguf_chat_template(const char *path, char **tpl, char **bos, char **eos);
+
 /* Name of a ggml type ("Q4_1"), or "unknown". */
 const char *tsr_gguf_type_name(uint32_t type);
 /* Whether tsr_gguf_dequant converts this type. */

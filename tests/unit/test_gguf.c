@@ -373,5 +373,28 @@ TSR_TEST(test_model_errors_name_the_file) {
     remove(path);
 }
 
-TSR_TEST_MAIN(test_metadata_types, test_dequant_types, test_versions, test_truncated_everywhere,
+/* The SmolLM2 GGUF's ChatML template and special tokens, when models/ has it; the tiny
+ * model has no template. */
+TSR_TEST(test_chat_template) {
+    char *tpl, *bos, *eos;
+    ASSERT_OK(tsr_gguf_chat_template(DATA "tiny_llama.gguf", &tpl, &bos, &eos));
+    ASSERT_TRUE(!tpl && bos && eos);
+    ASSERT_STR_EQ(bos, "<|im_start|>");
+    ASSERT_STR_EQ(eos, "<|im_end|>");
+    tsr_free(bos);
+    tsr_free(eos);
+    FILE *f = fopen(TSR_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "rb");
+    if (!f) return;
+    fclose(f);
+    ASSERT_OK(tsr_gguf_chat_template(TSR_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+                                     &tpl, &bos, &eos));
+    ASSERT_TRUE(tpl && strstr(tpl, "<|im_start|>") && strstr(tpl, "messages"));
+    ASSERT_STR_EQ(bos, "<|im_start|>");
+    ASSERT_STR_EQ(eos, "<|im_end|>");
+    tsr_free(tpl);
+    tsr_free(bos);
+    tsr_free(eos);
+}
+
+TSR_TEST_MAIN(test_chat_template, test_metadata_types, test_dequant_types, test_versions, test_truncated_everywhere,
               test_hostile, test_tiny_llama, test_tiny_tokenizer, test_model_errors_name_the_file)
