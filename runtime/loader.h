@@ -10,6 +10,9 @@ tsr_status tsr_loader_llama2c(const char *path, tsr_model **out);
 /* Hugging Face directory: config.json + model.safetensors or model.safetensors.index.json. */
 tsr_status tsr_loader_hf(const char *dir, tsr_model **out);
 
+/* GGUF file (v2/v3, llama architecture); tensors dequantized to f32/f16/bf16 at load. */
+tsr_status tsr_loader_gguf(const char *path, tsr_model **out);
+
 /* "synthetic:NAME" without the prefix: NAME is a known shape (tiny, llama-3.2-1b,
  * llama-3.1-8b, stories15M, stories110M, ...) or a path to a config.json.
  * Optional ",dtype=bf16" and ",seed=N" suffixes select dtype and seed. */

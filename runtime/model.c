@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "base/alloc.h"
+#include "runtime/gguf.h"
 #include "runtime/loader.h"
 
 struct tsr_model_resource {
@@ -232,7 +233,9 @@ tsr_status tsr_model_load(const char *spec, tsr_model **out) {
         struct stat sb;
         if (stat(spec, &sb) != 0)
             return tsr_error_set(TSR_ERR_IO, "%s: model not found", spec);
-        st = S_ISDIR(sb.st_mode) ? tsr_loader_hf(spec, out) : tsr_loader_llama2c(spec, out);
+        st = S_ISDIR(sb.st_mode)       ? tsr_loader_hf(spec, out)
+             : tsr_gguf_is_gguf(spec) ? tsr_loader_gguf(spec, out)
+                                      : tsr_loader_llama2c(spec, out);
     }
     if (st != TSR_OK) return st;
     st = tsr_model_check(*out);

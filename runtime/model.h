@@ -34,7 +34,7 @@ typedef struct tsr_model {
     size_t arena_left;
 } tsr_model;
 
-/* Opens a model: a llama2.c .bin file, a Hugging Face directory (config.json +
+/* Opens a model: a llama2.c .bin file, a GGUF file, a Hugging Face directory (config.json +
  * model.safetensors[.index.json]), or "synthetic:NAME" (see runtime/synthetic.h). */
 tsr_status tsr_model_load(const char *spec, tsr_model **out);
 

@@ -5,6 +5,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "runtime/gguf.h"
+
 static bool tsr__has_suffix(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);
     return n >= m && strcmp(s + n - m, suffix) == 0;
@@ -26,6 +28,7 @@ tsr_status tsr_tokenizer_load(const char *path, tsr_tokenizer **out) {
     if (!path || !*path) return tsr_error_set(TSR_ERR_INVALID, "tokenizer: empty path");
     if (tsr__has_suffix(path, ".json") || tsr__looks_like_json(path))
         return tsr_tokenizer_load_bpe(path, out);
+    if (tsr_gguf_is_gguf(path)) return tsr_tokenizer_load_gguf(path, out);
     return tsr_tokenizer_load_spm(path, out);
 }
 
@@ -61,6 +64,12 @@ tsr_status tsr_tokenizer_find(const char *model_path, int vocab_size, char *buf,
         return tsr_error_set(TSR_ERR_IO,
                              "%s: no tokenizer.json or tokenizer.bin in this directory "
                              "(pass --tokenizer PATH)", model_path);
+    }
+    if (tsr_gguf_is_gguf(model_path)) {
+        int n = snprintf(buf, cap, "%s", model_path);
+        if (n > 0 && (size_t)n < cap) return TSR_OK;
+        buf[0] = '\0';
+        return tsr_error_set(TSR_ERR_INVALID, "%s: path too long", model_path);
     }
     const char *slash = strrchr(model_path, '/');
     const char *dir = slash ? model_path : ".";

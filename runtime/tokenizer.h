@@ -33,12 +33,16 @@ struct tsr_tokenizer {
     int eos_ids[8]; /* every id that ends generation (<|eot_id|>, <|end_of_text|>, ...) */
 };
 
-/* Loads by extension/content: "*.json" -> BPE, anything else -> tokenizer.bin. */
+/* Loads by extension/content: "*.json" -> BPE, a GGUF file -> its metadata's tokenizer,
+ * anything else -> tokenizer.bin. */
 tsr_status tsr_tokenizer_load(const char *path, tsr_tokenizer **out);
 tsr_status tsr_tokenizer_load_spm(const char *path, tsr_tokenizer **out);
 tsr_status tsr_tokenizer_load_bpe(const char *path, tsr_tokenizer **out);
+/* The tokenizer inside a GGUF file's metadata (gpt2 byte-level BPE). */
+tsr_status tsr_tokenizer_load_gguf(const char *path, tsr_tokenizer **out);
 
-/* Finds a tokenizer next to a model: for a directory DIR/tokenizer.json, then
+/* Finds a tokenizer next to a model: a GGUF file is its own tokenizer; for a directory
+ * DIR/tokenizer.json, then
  * DIR/tokenizer.bin; for a file, tokenizer.bin or tok<vocab>.bin in its folder.
  * Writes the path into buf; TSR_ERR_IO with a clear message when none is found. */
 tsr_status tsr_tokenizer_find(const char *model_path, int vocab_size, char *buf, size_t cap);

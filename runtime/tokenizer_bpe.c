@@ -18,6 +18,7 @@
 #include "base/alloc.h"
 #include "base/file.h"
 #include "base/heap.h"
+#include "runtime/gguf.h"
 #include "runtime/tokenizer.h"
 
 /* ByteLevel(use_regex=true), GPT-2. */
@@ -54,6 +55,7 @@ typedef struct tsr__bpe {
     uint8_t added_first[256]; /* first bytes of added tokens: a quick reject */
     int32_t unk_id;
     bool ignore_merges;
+    pcre2_code *digits; /* Digits pre-tokenizer, applied before re (NULL: none) */
     pcre2_code *re;
 } tsr__bpe;
 
@@ -99,6 +101,7 @@ static void tsr__bpe_destroy(tsr_tokenizer *base) {
     tsr_free(t->vslots);
     tsr_free(t->mslots);
     if (t->re) pcre2_code_free(t->re);
+    if (t->digits) pcre2_code_free(t->digits);
     tsr_free(t);
 }
 
@@ -179,23 +182,32 @@ static void tsr__bpe_word(const tsr__bpe *t, const char *w, size_t n, tsr__scrat
     for (int32_t i = 0; i >= 0; i = sym[i].next) sc->ids[sc->n_ids++] = sym[i].id;
 }
 
-/* Pre-tokenizes text[0..n) (no added tokens inside) and encodes every piece. */
-static tsr_status tsr__bpe_span(const tsr__bpe *t, const char *text, size_t n,
-                                pcre2_match_data *md, tsr__scratch *sc) {
-    if (!t->re) {
-        tsr__bpe_word(t, text, n, sc);
-        return TSR_OK;
-    }
+/* Splits text[0..n) with `re` (stage 0: the Digits step, whose pieces and gaps then go
+ * through stage 1; stage 1: the Split/ByteLevel regex, whose pieces are BPE words). */
+static tsr_status tsr__bpe_split(const tsr__bpe *t, int stage, const char *text, size_t n,
+                                 pcre2_match_data *md, tsr__scratch *sc);
+
+static tsr_status tsr__bpe_piece(const tsr__bpe *t, int stage, const char *text, size_t n,
+                                 pcre2_match_data *md, tsr__scratch *sc) {
+    if (stage == 0) return tsr__bpe_split(t, 1, text, n, md, sc);
+    tsr__bpe_word(t, text, n, sc);
+    return TSR_OK;
+}
+
+static tsr_status tsr__bpe_split(const tsr__bpe *t, int stage, const char *text, size_t n,
+                                 pcre2_match_data *md, tsr__scratch *sc) {
+    const pcre2_code *re = stage == 0 ? t->digits : t->re;
+    if (!re) return tsr__bpe_piece(t, stage, text, n, md, sc);
     size_t pos = 0;
     uint32_t opts = 0;
     while (pos < n) {
-        int rc = pcre2_match(t->re, (PCRE2_SPTR)text, n, pos, opts, md, NULL);
+        int rc = pcre2_match(re, (PCRE2_SPTR)text, n, pos, opts, md, NULL);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !(opts & PCRE2_NO_JIT)) {
             opts |= PCRE2_NO_JIT; /* a huge whitespace run: the interpreter copes */
             continue;
         }
         if (rc == PCRE2_ERROR_NOMATCH) {
-            tsr__bpe_word(t, text + pos, n - pos, sc);
+            TSR_TRY(tsr__bpe_piece(t, stage, text + pos, n - pos, md, sc));
             break;
         }
         if (rc < 0) {
@@ -209,11 +221,18 @@ static tsr_status tsr__bpe_span(const tsr__bpe *t, const char *text, size_t n,
         if (e <= s) { /* the patterns used never match empty; be safe anyway */
             e = s + 1;
         }
-        if (s > pos) tsr__bpe_word(t, text + pos, s - pos, sc); /* unmatched (invalid) bytes */
-        tsr__bpe_word(t, text + s, e - s, sc);
+        if (s > pos) /* unmatched bytes (invalid UTF-8, or text between digits) */
+            TSR_TRY(tsr__bpe_piece(t, stage, text + pos, s - pos, md, sc));
+        TSR_TRY(tsr__bpe_piece(t, stage, text + s, e - s, md, sc));
         pos = e;
     }
     return TSR_OK;
+}
+
+/* Pre-tokenizes text[0..n) (no added tokens inside) and encodes every piece. */
+static tsr_status tsr__bpe_span(const tsr__bpe *t, const char *text, size_t n,
+                                pcre2_match_data *md, tsr__scratch *sc) {
+    return tsr__bpe_split(t, 0, text, n, md, sc);
 }
 
 /* Longest added token at text[i..n), or -1. */
@@ -243,8 +262,9 @@ static tsr_status tsr__bpe_encode(const tsr_tokenizer *base, const char *text, s
     sc.ids = tsr_malloc((len + 2) * sizeof *sc.ids);
     sc.sym = tsr_malloc((len + 1) * sizeof *sc.sym);
     sc.heap = tsr_malloc((3 * len + 1) * sizeof *sc.heap);
-    if (t->re) md = pcre2_match_data_create_from_pattern(t->re, NULL);
-    if (!sc.ids || !sc.sym || !sc.heap || (t->re && !md)) {
+    const pcre2_code *md_re = t->re ? t->re : t->digits;
+    if (md_re) md = pcre2_match_data_create_from_pattern(md_re, NULL);
+    if (!sc.ids || !sc.sym || !sc.heap || (md_re && !md)) {
         st = tsr_error_set(TSR_ERR_NOMEM, "bpe encode: out of memory for %zu bytes", len);
         goto done;
     }
@@ -343,6 +363,7 @@ static size_t tsr__unbyte(const int16_t map[324], const char *s, char *out) {
 
 /* What the pre_tokenizer asks for: a Split regex and/or a ByteLevel step. */
 typedef struct tsr__pretok {
+    const char *digits;  /* Digits: "\\p{N}" (individual_digits) or "\\p{N}+", or NULL */
     const char *split;   /* Split's Regex, or NULL */
     bool byte_level;     /* a ByteLevel step is present */
     bool byte_regex;     /* ...with use_regex (the GPT-2 pattern) */
@@ -370,6 +391,17 @@ static tsr_status tsr__parse_pretok(const char *path, const cJSON *pt, tsr__pret
         p->byte_regex = !cJSON_IsFalse(use_regex); /* tokenizers' default is true */
         return TSR_OK;
     }
+    if (strcmp(ty, "Digits") == 0) {
+        /* Tessera runs Digits first; later in a Sequence it would split the same pieces only
+         * if nothing before it merged digits with other characters. */
+        if (p->split || p->byte_level)
+            return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                                 "%s: a Digits pre-tokenizer after Split/ByteLevel is not "
+                                 "supported", path);
+        p->digits = cJSON_IsTrue(cJSON_GetObjectItem(pt, "individual_digits")) ? "\\p{N}"
+                                                                              : "\\p{N}+";
+        return TSR_OK;
+    }
     if (strcmp(ty, "Split") != 0)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: pre-tokenizer %s is not supported", path,
                              ty);
@@ -385,6 +417,21 @@ static tsr_status tsr__parse_pretok(const char *path, const cJSON *pt, tsr__pret
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: more than one Split pre-tokenizer",
                              path);
     p->split = re->valuestring;
+    return TSR_OK;
+}
+
+static tsr_status tsr__compile(const char *path, const char *regex, pcre2_code **out) {
+    int err = 0;
+    PCRE2_SIZE err_off = 0;
+    *out = pcre2_compile((PCRE2_SPTR)regex, PCRE2_ZERO_TERMINATED,
+                         PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &err_off, NULL);
+    if (!*out) {
+        PCRE2_UCHAR msg[120];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: pre-tokenizer regex fails at offset %zu: %s",
+                             path, (size_t)err_off, (const char *)msg);
+    }
+    (void)pcre2_jit_compile(*out, PCRE2_JIT_COMPLETE); /* optional speed-up */
     return TSR_OK;
 }
 
@@ -586,18 +633,25 @@ static tsr_status tsr__bpe_build(const char *path, const cJSON *doc, tsr__bpe *t
                              "%s: Split followed by ByteLevel(use_regex=true) is not supported",
                              path);
     const char *regex = pre.split ? pre.split : pre.byte_regex ? TSR__GPT2_REGEX : NULL;
+    if (pre.digits) TSR_TRY(tsr__compile(path, pre.digits, &t->digits));
     if (!regex) return TSR_OK;
-    int err = 0;
-    PCRE2_SIZE err_off = 0;
-    t->re = pcre2_compile((PCRE2_SPTR)regex, PCRE2_ZERO_TERMINATED,
-                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &err_off, NULL);
-    if (!t->re) {
-        PCRE2_UCHAR msg[120];
-        pcre2_get_error_message(err, msg, sizeof msg);
-        return tsr_error_set(TSR_ERR_FORMAT, "%s: pre-tokenizer regex fails at offset %zu: %s",
-                             path, (size_t)err_off, (const char *)msg);
+    return tsr__compile(path, regex, &t->re);
+}
+
+static tsr_status tsr__bpe_from_doc(const char *path, const cJSON *doc, tsr__bpe **out) {
+    *out = NULL;
+    tsr__bpe *t = tsr_calloc(1, sizeof *t);
+    if (!t) return TSR_ERR_NOMEM;
+    t->base.ops = &tsr__bpe_ops;
+    t->base.bos_id = -1;
+    t->base.eos_id = -1;
+    t->unk_id = -1;
+    tsr_status st = tsr__bpe_build(path, doc, t);
+    if (st != TSR_OK) {
+        tsr__bpe_destroy(&t->base);
+        return st;
     }
-    (void)pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE); /* optional speed-up */
+    *out = t;
     return TSR_OK;
 }
 
@@ -614,19 +668,174 @@ tsr_status tsr_tokenizer_load_bpe(const char *path, tsr_tokenizer **out) {
         return tsr_error_set(TSR_ERR_FORMAT, "%s: not valid JSON (near byte %ld)", path, off);
     }
     tsr_free(data);
-    tsr__bpe *t = tsr_calloc(1, sizeof *t);
-    if (!t) {
-        cJSON_Delete(doc);
+    tsr__bpe *t;
+    tsr_status st = tsr__bpe_from_doc(path, doc, &t);
+    cJSON_Delete(doc);
+    if (st == TSR_OK) *out = &t->base;
+    return st;
+}
+
+/* ---- GGUF metadata ---------------------------------------------------------------------- */
+
+/* llama.cpp's tokenizer.ggml.pre names -> the HF pre_tokenizer they stand for. */
+#define TSR__LLAMA3_REGEX                                                                   \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "               \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define TSR__QWEN2_REGEX                                                                    \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                    \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+static tsr_status tsr__gguf_pretok(const tsr_gguf *g, const char *pre, cJSON *doc) {
+    cJSON *seq = cJSON_AddObjectToObject(doc, "pre_tokenizer");
+    if (!seq) return TSR_ERR_NOMEM;
+    cJSON_AddStringToObject(seq, "type", "Sequence");
+    cJSON *list = cJSON_AddArrayToObject(seq, "pretokenizers");
+    cJSON *a = cJSON_CreateObject(), *b = cJSON_CreateObject();
+    if (!list || !a || !b) {
+        cJSON_Delete(a);
+        cJSON_Delete(b);
         return TSR_ERR_NOMEM;
     }
-    t->base.ops = &tsr__bpe_ops;
-    t->base.bos_id = -1;
-    t->base.eos_id = -1;
-    t->unk_id = -1;
-    tsr_status st = tsr__bpe_build(path, doc, t);
+    cJSON_AddItemToArray(list, a);
+    cJSON_AddItemToArray(list, b);
+    cJSON_AddStringToObject(b, "type", "ByteLevel");
+    if (!pre || !strcmp(pre, "default") || !strcmp(pre, "gpt-2") || !strcmp(pre, "gpt2")) {
+        cJSON_DetachItemFromArray(list, 0); /* ByteLevel's own regex only */
+        cJSON_Delete(a);
+        return TSR_OK;
+    }
+    if (!strcmp(pre, "smollm") || !strcmp(pre, "starcoder")) {
+        /* HF: Sequence[Digits(individual_digits), ByteLevel(use_regex)] */
+        cJSON_AddStringToObject(a, "type", "Digits");
+        cJSON_AddBoolToObject(a, "individual_digits", 1);
+        return TSR_OK;
+    }
+    const char *re = !strcmp(pre, "llama-bpe") || !strcmp(pre, "llama3") ? TSR__LLAMA3_REGEX
+                     : !strcmp(pre, "qwen2")                            ? TSR__QWEN2_REGEX
+                                                                        : NULL;
+    if (!re)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "%s: tokenizer pre-tokenizer \"%.48s\" is not supported (tessera "
+                             "knows smollm, starcoder, llama-bpe, qwen2, gpt2)", g->path, pre);
+    cJSON_AddStringToObject(a, "type", "Split");
+    cJSON *pat = cJSON_AddObjectToObject(a, "pattern");
+    if (!pat) return TSR_ERR_NOMEM;
+    cJSON_AddStringToObject(pat, "Regex", re);
+    cJSON_AddStringToObject(a, "behavior", "Isolated");
+    cJSON_AddBoolToObject(b, "use_regex", 0);
+    return TSR_OK;
+}
+
+/* Token strings must be NUL-free to pass through cJSON (they never hold NUL in practice). */
+static tsr_status tsr__gguf_tok(const tsr_gguf *g, const tsr_gguf_kv *kv, uint64_t i,
+                                char **out) {
+    const char *s;
+    uint64_t n;
+    tsr_gguf_arr_str(kv, i, &s, &n);
+    if (n == 0 || memchr(s, 0, (size_t)n))
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: %s[%llu] is empty or holds a NUL byte",
+                             g->path, kv->key, (unsigned long long)i);
+    *out = tsr_malloc((size_t)n + 1);
+    if (!*out) return TSR_ERR_NOMEM;
+    memcpy(*out, s, (size_t)n);
+    (*out)[n] = '\0';
+    return TSR_OK;
+}
+
+/* Builds the tokenizer.json equivalent of the GGUF tokenizer metadata. */
+static tsr_status tsr__gguf_doc(const tsr_gguf *g, cJSON *doc) {
+    const char *model = NULL, *pre = NULL;
+    bool have;
+    TSR_TRY(tsr_gguf_get_str(g, "tokenizer.ggml.model", &model, NULL));
+    if (strcmp(model, "gpt2") != 0)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "%s: tokenizer model \"%.32s\" is not supported (tessera reads "
+                             "gpt2 byte-level BPE from GGUF)", g->path, model);
+    TSR_TRY(tsr_gguf_get_str(g, "tokenizer.ggml.pre", &pre, &have));
+    const tsr_gguf_kv *toks = tsr_gguf_find(g, "tokenizer.ggml.tokens");
+    const tsr_gguf_kv *types = tsr_gguf_find(g, "tokenizer.ggml.token_type");
+    const tsr_gguf_kv *merges = tsr_gguf_find(g, "tokenizer.ggml.merges");
+    if (!toks || toks->type != TSR_GGUF_ARRAY || toks->elem != TSR_GGUF_STRING)
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: tokenizer.ggml.tokens is missing or not a "
+                             "string array", g->path);
+    if (toks->n == 0 || toks->n > (1 << 24))
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: tokenizer.ggml.tokens has %llu entries",
+                             g->path, (unsigned long long)toks->n);
+    if (types && (types->type != TSR_GGUF_ARRAY || types->n != toks->n ||
+                  types->elem == TSR_GGUF_STRING || types->elem == TSR_GGUF_ARRAY ||
+                  types->elem == TSR_GGUF_F32 || types->elem == TSR_GGUF_F64))
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: tokenizer.ggml.token_type does not match the "
+                             "tokens", g->path);
+    if (merges && (merges->type != TSR_GGUF_ARRAY || merges->elem != TSR_GGUF_STRING))
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: tokenizer.ggml.merges is not a string array",
+                             g->path);
+    cJSON *m = cJSON_AddObjectToObject(doc, "model");
+    cJSON *vocab = m ? cJSON_AddObjectToObject(m, "vocab") : NULL;
+    cJSON *marr = m ? cJSON_AddArrayToObject(m, "merges") : NULL;
+    cJSON *added = cJSON_AddArrayToObject(doc, "added_tokens");
+    if (!vocab || !marr || !added) return TSR_ERR_NOMEM;
+    cJSON_AddStringToObject(m, "type", "BPE");
+    for (uint64_t i = 0; i < toks->n; i++) {
+        char *s;
+        TSR_TRY(tsr__gguf_tok(g, toks, i, &s));
+        /* Control (3) and user-defined (4) tokens are matched whole, like HF added tokens. */
+        int64_t ty = types ? tsr_gguf_arr_int(types, i) : 1;
+        cJSON *item;
+        if (ty == 3 || ty == 4) {
+            item = cJSON_CreateObject();
+            if (item) {
+                cJSON_AddNumberToObject(item, "id", (double)i);
+                cJSON_AddStringToObject(item, "content", s);
+                cJSON_AddItemToArray(added, item);
+            }
+        } else {
+            item = cJSON_CreateNumber((double)i);
+            if (item) cJSON_AddItemToObject(vocab, s, item);
+        }
+        tsr_free(s);
+        if (!item) return TSR_ERR_NOMEM;
+    }
+    for (uint64_t i = 0; merges && i < merges->n; i++) {
+        char *s;
+        TSR_TRY(tsr__gguf_tok(g, merges, i, &s));
+        cJSON *item = cJSON_CreateString(s);
+        tsr_free(s);
+        if (!item) return TSR_ERR_NOMEM;
+        cJSON_AddItemToArray(marr, item);
+    }
+    return tsr__gguf_pretok(g, have ? pre : NULL, doc);
+}
+
+tsr_status tsr_tokenizer_load_gguf(const char *path, tsr_tokenizer **out) {
+    *out = NULL;
+    tsr_gguf *g;
+    TSR_TRY(tsr_gguf_open(path, &g));
+    cJSON *doc = cJSON_CreateObject();
+    tsr_status st = doc ? tsr__gguf_doc(g, doc) : TSR_ERR_NOMEM;
+    tsr__bpe *t = NULL;
+    if (st == TSR_OK) st = tsr__bpe_from_doc(path, doc, &t);
     cJSON_Delete(doc);
+    /* The file's own special ids and add-BOS flag replace what the names suggested. */
+    int64_t v;
+    bool have, add_bos = false;
+    if (st == TSR_OK) st = tsr_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos, &have);
+    if (st == TSR_OK) st = tsr_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &v, &have);
+    if (st == TSR_OK) {
+        t->base.bos_id = add_bos && have && v >= 0 && v < t->base.vocab_size ? (int)v : -1;
+        t->base.n_eos_ids = 0;
+        static const char *const keys[] = {"tokenizer.ggml.eos_token_id",
+                                           "tokenizer.ggml.eot_token_id",
+                                           "tokenizer.ggml.eom_token_id"};
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0] && st == TSR_OK; i++) {
+            st = tsr_gguf_get_int(g, keys[i], &v, &have);
+            if (st == TSR_OK && have && v >= 0 && v < t->base.vocab_size)
+                t->base.eos_ids[t->base.n_eos_ids++] = (int)v;
+        }
+        t->base.eos_id = t->base.n_eos_ids ? t->base.eos_ids[0] : -1;
+    }
+    tsr_gguf_close(g);
     if (st != TSR_OK) {
-        tsr__bpe_destroy(&t->base);
+        if (t) tsr__bpe_destroy(&t->base);
         return st;
     }
     *out = &t->base;
