@@ -137,12 +137,12 @@ static const char *const tsr__role_what[TSR__N_ROLES] = {
     "", "the full cache", "eviction by the attention kernel's key scores",
     "a host tier with fetches back"};
 
-static tsr__role tsr__role_of(const tsr_kv_policy_ops *ops) {
+static tsr__role tsr__role_of(const tsr_kv_policy_decl *ops) {
     if (!ops) return TSR__ROLE_NONE;
     if (!ops->uses_budget) return TSR__ROLE_FULL;
     for (int i = 0; i < ops->n_stats; i++)
         if (!strcmp(ops->stat_fields[i].name, "bytes_fetched")) return TSR__ROLE_HOST;
-    if (ops->wants_scores) return TSR__ROLE_SCORES;
+    if (ops->reads_scores) return TSR__ROLE_SCORES;
     return TSR__ROLE_NONE;
 }
 
@@ -157,7 +157,7 @@ static const char *tsr__role_names(tsr__role role, char *buf, size_t cap) {
     size_t l = 0;
     buf[0] = '\0';
     for (int i = 0; i < tsr_kv_policy_count() && l + 1 < cap; i++) {
-        const tsr_kv_policy_ops *ops = tsr_kv_policy_at(i);
+        const tsr_kv_policy_decl *ops = tsr_kv_policy_at(i);
         if (tsr__role_of(ops) != role) continue;
         int w = snprintf(buf + l, cap - l, "%s%s", l ? "/" : "", ops->name);
         if (w < 0) break;

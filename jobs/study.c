@@ -146,7 +146,7 @@ static bool tsr__materialize_of(const char *label, char *base, size_t cap,
     if (n <= k || strcmp(label + n - k, suffix) != 0 || n - k >= cap) return false;
     memcpy(base, label, n - k);
     base[n - k] = '\0';
-    const tsr_kv_policy_ops *ops = tsr_kv_policy_find(base);
+    const tsr_kv_policy_decl *ops = tsr_kv_policy_find(base);
     for (int i = 0; ops && i < ops->n_options; i++) {
         const tsr_kv_policy_option *o = &ops->options[i];
         if (o->kind != TSR_KV_OPT_ENUM || !o->values) continue;
