@@ -317,14 +317,15 @@ static tsr_status tsr__run_probe(tsr__fid *f, const tsr_tokenizer *tok,
 
 static tsr_status tsr__engines(tsr__fid *f, tsr_model *model) {
     const tsr_fidelity_options *o = f->o;
-    tsr_engine_options eo = {.backend = o->backend ? o->backend : "cpu",
+    tsr_engine_spec eo = {.backend = o->backend ? o->backend : "cpu",
                              .threads = o->threads > 0 ? o->threads : 1,
                              .max_tokens = f->chunk, .borrow_model = true};
     eo.kv = o->kv;
     eo.kv.max_seqs = 1;
     eo.kv.chunk_tokens = f->chunk;
     eo.kv.max_context = f->ctx;
-    TSR_TRY(tsr_engine_create(model, &eo, &f->pol));
+    eo.model = model;
+    TSR_TRY(tsr_engine_create(&eo, &f->pol));
     /* The full cache: the same pool, blocks and context, and nothing a policy adds. */
     const tsr_kv_options *k = &o->kv;
     eo.kv = (tsr_kv_options){.policy = "paged", .memory_bytes = k->memory_bytes,
@@ -333,7 +334,8 @@ static tsr_status tsr__engines(tsr__fid *f, tsr_model *model) {
                              .no_prefix_cache = k->no_prefix_cache,
                              .host_bytes = k->host_bytes, .chunk_tokens = f->chunk,
                              .max_context = f->ctx};
-    return tsr_engine_create(model, &eo, &f->full);
+    eo.model = model;
+    return tsr_engine_create(&eo, &f->full);
 }
 
 tsr_status tsr_fidelity_run(tsr_model *model, const tsr_tokenizer *tok, const char *text,
