@@ -130,6 +130,7 @@ static tsr_status tsr__load(tsr_engine *e, const tsr_engine_spec *o) {
     if (st == TSR_OK)
         e->ctx = o->kv.max_context > 0 && o->kv.max_context < c->max_seq_len ? o->kv.max_context
                                                                             : c->max_seq_len;
+    if (st == TSR_OK && o->one_sequence && e->max_tokens > e->ctx) e->max_tokens = e->ctx;
     if (st == TSR_OK && prompt && !e->tok)
         st = tsr_error_set(TSR_ERR_INVALID, "a prompt needs the tokenizer (load_tokenizer)");
     if (st == TSR_OK && prompt)
@@ -189,7 +190,7 @@ static tsr_status tsr__start(tsr_engine *e, const tsr_engine_spec *o) {
     kvo.be = e->be;
     kvo.model = e->model; /* host weights (offload's skew) */
     kvo.max_context = e->ctx;
-    if (o->prompt.text || o->prompt.file) kvo.chunk_tokens = e->max_tokens;
+    if (o->one_sequence || o->prompt.text || o->prompt.file) kvo.chunk_tokens = e->max_tokens;
     tsr_status st;
     if (o->dense_kv_tokens > 0)
         st = tsr_kv_dense_create(e->be, c->n_layers, c->n_kv_heads, c->head_dim, o->dense_kv_tokens,

@@ -73,6 +73,9 @@ typedef struct tsr_engine_spec {
     int local_rank;       /* not distributed: this rank's index on its node (0: one
                            * process) */
     int max_tokens;       /* tokens one forward call may carry (prefill chunk, batch) */
+    /* One sequence at a time (generate, fidelity): max_tokens and kv.chunk_tokens are held
+     * to the context (and to the prompt's length, spec.prompt implies it). */
+    bool one_sequence;
     /* The KV cache: policy, sizes, and for a distributed job shard, comm and host-pool
      * placement (set by the engine). The engine sets kv.be and kv.model; kv.max_context 0
      * or above the model's: the model's (tsr_engine.ctx). */
