@@ -203,14 +203,15 @@ int main(int argc, char **argv) {
         if (toks < prefill + 32) toks = prefill + 32;
         tsr_kv_paged_config kc = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
                                   .head_dim = c->head_dim, .block_size = 16};
-        tsr_engine_options eo = {
+        tsr_engine_spec eo = {
             .backend_given = be, .threads = threads, .max_tokens = max_tokens,
             .kv = {.policy = &tsr_kv_policy_paged, .block_size = 16, .max_seqs = max_b,
                    .no_prefix_cache = 1, .chunk_tokens = max_tokens,
                    .max_context = (int)(per > prefill + 16 ? per : prefill + 16),
                    .memory_bytes = (toks / 16 + max_b + 1) * c->n_layers *
                                    tsr_kv_paged_block_bytes(&kc)}};
-        st = tsr_engine_create(m, &eo, &d.eng); /* owns the model and backend from here on */
+        eo.model = m;
+        st = tsr_engine_create(&eo, &d.eng); /* owns the model and backend from here on */
         m = NULL;
         be = NULL;
     }

@@ -376,15 +376,17 @@ int main(int argc, char **argv) {
     if (max_g < 1) max_g = 1;
     size_t Vs = (size_t)V;
     int step = max_n < TSR__CHUNK ? max_n : TSR__CHUNK;
-    tsr_engine_options eo = {.threads = threads, .max_tokens = step, .kv = {.max_seqs = 1},
+    tsr_engine_spec eo = {.threads = threads, .max_tokens = step, .kv = {.max_seqs = 1},
                              .dense_kv_tokens = max_n + max_g + 16, .borrow_model = true};
     eo.backend = bname;
-    if (tsr_engine_create(m, &eo, &eb) != TSR_OK) {
+    eo.model = m;
+    if (tsr_engine_create(&eo, &eb) != TSR_OK) {
         fprintf(stderr, "logits_check: backend %s: %s\n", bname, tsr_last_error());
         goto done;
     }
     eo.backend = aname;
-    if (tsr_engine_create(m, &eo, &ea) != TSR_OK) {
+    eo.model = m;
+    if (tsr_engine_create(&eo, &ea) != TSR_OK) {
         fprintf(stderr, "logits_check: backend %s: %s\n", aname, tsr_last_error());
         goto done;
     }

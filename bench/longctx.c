@@ -129,7 +129,7 @@ int main(int argc, char **argv) {
         tsr_kv_paged_config kc = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
                                   .head_dim = c->head_dim, .block_size = 16};
         int64_t blocks = (toks_in_pool + 15) / 16 + 1;
-        tsr_engine_options eo = {
+        tsr_engine_spec eo = {
             .backend_given = be, .threads = threads, .max_tokens = chunk,
             .kv = {.policy = pol,
                    .memory_bytes = blocks * c->n_layers * tsr_kv_paged_block_bytes(&kc),
@@ -137,7 +137,8 @@ int main(int argc, char **argv) {
                    .policy_args = args, .n_policy_args = n_args,
                    .chunk_tokens = chunk}};
         be = NULL;                             /* the engine owns it from here on */
-        st = tsr_engine_create(m, &eo, &eng); /* owns the model from here on */
+        eo.model = m;
+        st = tsr_engine_create(&eo, &eng); /* owns the model from here on */
         m = NULL;
     }
     if (st == TSR_OK) {

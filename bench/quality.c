@@ -101,14 +101,13 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    tsr_model *m = NULL;
-    tsr_tokenizer *tok = NULL;
     char *text = NULL;
     size_t text_len = 0;
     tsr_fidelity_result r;
-    tsr_status st = tsr_model_load(model_path, &m);
-    if (st == TSR_OK) st = tsr_tokenizer_load(tok_path, &tok);
-    if (st == TSR_OK) st = tsr__read_file(text_path, &text, &text_len);
+    /* The engines load the model and its tokenizer (runtime/fidelity.h). */
+    tsr_engine_spec spec = {.model_path = model_path, .load_tokenizer = true,
+                            .tokenizer_path = tok_path};
+    tsr_status st = tsr__read_file(text_path, &text, &text_len);
     if (st == TSR_OK) {
         tsr_fidelity_options fo = {
             .backend = "cpu", .threads = threads, .chunk_tokens = prompt > 1 ? prompt : 1,
@@ -116,7 +115,7 @@ int main(int argc, char **argv) {
             .kv = {.policy = pol, .memory_bytes = 16 << 20, .block_size = 16,
                    .budget = budget, .policy_args = args, .n_policy_args = n_args,
                    .max_seqs = 1, .chunk_tokens = prompt > 1 ? prompt : 1}};
-        st = tsr_fidelity_run(m, tok, text, text_len, &fo, &r);
+        st = tsr_fidelity_run(&spec, NULL, text, text_len, &fo, &r);
     }
     int rc = 0;
     if (st == TSR_OK) {
@@ -131,7 +130,5 @@ int main(int argc, char **argv) {
         rc = 2;
     }
     tsr_free(text);
-    if (m) tsr_model_destroy(m);
-    if (tok) tsr_tokenizer_destroy(tok);
     return rc;
 }

@@ -138,14 +138,15 @@ int main(int argc, char **argv) {
                            "ctx + steps", spec, m->cfg.max_seq_len);
     if (st == TSR_OK) {
         int max_tokens = batch * ctx;
-        tsr_engine_options eo = {
+        tsr_engine_spec eo = {
             .backend_given = be, .threads = threads, .max_tokens = max_tokens,
             .kv = {.policy = pol, .block_size = 16, .max_seqs = batch,
                    .budget = pol->uses_budget ? budget : 0, .policy_args = args,
                    .n_policy_args = n_args, .no_prefix_cache = 1, .chunk_tokens = max_tokens,
                    .max_context = ctx + steps + 1}};
         be = NULL;                          /* the engine owns it from here on */
-        st = tsr_engine_create(m, &eo, &e); /* and the model */
+        eo.model = m;
+        st = tsr_engine_create(&eo, &e); /* and the model */
         m = NULL;
     }
     tsr_backend_counters c = {0};

@@ -387,7 +387,7 @@ int tsr_cmd_bench(int argc, char **argv) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         r.prompt[i] = (int32_t)(s % (uint64_t)c->vocab_size);
     }
-    tsr_engine_options eo = {.backend = o.backend, .threads = o.threads, .max_tokens = n};
+    tsr_engine_spec eo = {.backend = o.backend, .threads = o.threads, .max_tokens = n};
     if (strcmp(o.kv, "dense") == 0) {
         eo.dense_kv_tokens = n + g;
         eo.kv.max_seqs = 1;
@@ -405,7 +405,8 @@ int tsr_cmd_bench(int argc, char **argv) {
                                  .max_context = n + g};
     }
     /* The engine owns the model from here on, whatever happens. */
-    tsr_status est = tsr_engine_create(m, &eo, &eng);
+    eo.model = m;
+    tsr_status est = tsr_engine_create(&eo, &eng);
     m = NULL;
     if (est != TSR_OK) goto fail;
     m = eng->model;

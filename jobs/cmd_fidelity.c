@@ -82,18 +82,17 @@ static tsr_status tsr__write_json(const tsr__fid_opts *o, const tsr_fidelity_res
 }
 
 static tsr_status tsr__fidelity(const tsr__fid_opts *o) {
-    tsr_model *m = NULL;
-    tsr_tokenizer *tok = NULL;
     char *text = NULL;
     size_t text_len = 0;
     tsr_fidelity_result r;
-    tsr_status st = tsr_model_load(o->model, &m);
-    if (st == TSR_OK && o->text)
-        st = tsr_file_read(o->text, "text", 0, &text, &text_len);
     /* Text needs the tokenizer; the probe uses it when there is one (a real model), and
-     * is made of token ids otherwise (a synthetic model). */
-    if (st == TSR_OK && (o->text || o->tokenizer || strncmp(o->model, "synthetic:", 10) != 0))
-        st = tsr_tokenizer_for_model(o->model, o->tokenizer, m->cfg.vocab_size, &tok);
+     * is made of token ids otherwise (a synthetic model). The engines load the model and
+     * tokenizer (runtime/fidelity.h). */
+    tsr_engine_spec spec = {.model_path = o->model, .tokenizer_path = o->tokenizer,
+                            .load_tokenizer = o->text || o->tokenizer ||
+                                              strncmp(o->model, "synthetic:", 10) != 0};
+    tsr_status st = TSR_OK;
+    if (o->text) st = tsr_file_read(o->text, "text", 0, &text, &text_len);
     if (st == TSR_OK) {
         tsr_fidelity_options fo = {.backend = o->backend, .threads = o->threads,
                                    .kv = o->kv.kv, .chunk_tokens = o->chunk,
@@ -101,7 +100,7 @@ static tsr_status tsr__fidelity(const tsr__fid_opts *o) {
                                    .probe_length = o->probe_length,
                                    .gen_tokens = o->gen_tokens};
         fo.kv.max_context = o->max_context;
-        st = tsr_fidelity_run(m, tok, text, text_len, &fo, &r);
+        st = tsr_fidelity_run(&spec, NULL, text, text_len, &fo, &r);
     }
     if (st == TSR_OK) st = tsr__write_json(o, &r);
     if (st == TSR_OK && !o->quiet) {
@@ -119,8 +118,6 @@ static tsr_status tsr__fidelity(const tsr__fid_opts *o) {
     }
     if (st == TSR_OK && o->kv.stats) fprintf(stderr, "%s\n", r.kv_json);
     tsr_free(text);
-    if (tok) tsr_tokenizer_destroy(tok);
-    tsr_model_destroy(m);
     return st;
 }
 

@@ -41,78 +41,36 @@ typedef struct tsr__gen_opts {
 } tsr__gen_opts;
 
 typedef struct tsr__gen {
-    tsr_model *model; /* until the engine takes it */
-    tsr_tokenizer *tok;
-    tsr_engine *eng;
+    tsr_engine *eng; /* the job, model, tokenizer, prompt ids, backend, KV cache, forward */
     tsr_sampler sampler;
-    int32_t *ids;
-    char *prompt_buf;
-    size_t n_ids;
-    tsr_dist dist;
+    int rank;        /* this rank's (tsr_engine_spec.rank_out), for the failure message */
 } tsr__gen;
 
 static void tsr__gen_free(tsr__gen *g) {
-    tsr_engine_destroy(g->eng);
     tsr_sampler_free(&g->sampler);
-    if (g->tok) tsr_tokenizer_destroy(g->tok);
-    tsr_model_destroy(g->model);
-    tsr_free(g->ids);
-    tsr_free(g->prompt_buf);
-    tsr_dist_end(&g->dist);
-}
-
-/* The local part of the start: prompt, model, tokenizer, encoding. */
-static tsr_status tsr__gen_prepare(const tsr__gen_opts *o, tsr__gen *g, int *ctx) {
-    const char *text = o->prompt;
-    size_t text_len = text ? strlen(text) : 0;
-    if (o->prompt_file) {
-        TSR_TRY(tsr_file_read(o->prompt_file, "prompt file", 0, &g->prompt_buf, &text_len));
-        text = g->prompt_buf;
-    }
-    if (text_len == 0)
-        return tsr_error_set(TSR_ERR_INVALID, "%s: empty prompt",
-                             o->prompt_file ? o->prompt_file : "--prompt");
-
-    TSR_TRY(tsr_model_load(o->model, &g->model));
-    const tsr_model_config *c = &g->model->cfg;
-    TSR_TRY(tsr_tokenizer_for_model(o->model, o->tokenizer, c->vocab_size, &g->tok));
-
-    *ctx = o->max_context > 0 && o->max_context < c->max_seq_len ? o->max_context
-                                                                 : c->max_seq_len;
-    TSR_TRY(tsr_tokenizer_encode(g->tok, text, text_len, !o->no_bos && g->tok->bos_id >= 0,
-                                 false, &g->ids, &g->n_ids));
-    if (g->n_ids == 0) return tsr_error_set(TSR_ERR_INVALID, "prompt encodes to no tokens");
-    if ((int64_t)g->n_ids >= *ctx)
-        return tsr_error_set(TSR_ERR_BUDGET,
-                             "prompt of %zu tokens does not fit the context of %d tokens "
-                             "(leaves no room to generate; see --max-context)",
-                             g->n_ids, *ctx);
-    return TSR_OK;
+    tsr_engine_destroy(g->eng); /* the comm last */
 }
 
 /* Every rank runs this with the same inputs and takes the same steps; rank 0 prints. */
 static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
-    tsr_dist *d = &g->dist;
-    TSR_TRY(tsr_dist_start(d));
-    int ctx = 0;
-    TSR_TRY(tsr_dist_agree(d, tsr__gen_prepare(o, g, &ctx)));
-    TSR_TRY(tsr_dist_layout(d, &o->dist, g->model, o->model));
-    const tsr_model_config *c = &g->model->cfg;
-    size_t n_ids = g->n_ids;
+    tsr_engine_spec spec = {.model_path = o->model, .load_tokenizer = true,
+                            .tokenizer_path = o->tokenizer,
+                            .prompt = {.text = o->prompt, .file = o->prompt_file,
+                                       .no_bos = o->no_bos},
+                            .distributed = true, .dist = o->dist, .backend = o->backend,
+                            .threads = o->threads_given ? o->threads : 0,
+                            .max_tokens = o->chunk, .kv = o->kv.kv, .pack_weights = true,
+                            .rank_out = &g->rank};
+    spec.kv.max_seqs = 1;
+    spec.kv.max_context = o->max_context; /* 0: the model's; the engine holds it to it */
+    TSR_TRY(tsr_engine_create(&spec, &g->eng));
+    tsr_dist *d = &g->eng->dist;
+    const tsr_model_config *c = &g->eng->model->cfg;
+    const int32_t *ids = g->eng->prompt_ids;
+    size_t n_ids = g->eng->n_prompt;
+    int ctx = g->eng->ctx, chunk = g->eng->max_tokens; /* held to the prompt */
     bool root = tsr_dist_is_root(d);
-
-    int threads = o->threads_given ? o->threads : tsr_dist_default_threads(d);
-    TSR_TRY(tsr_dist_agree(d, tsr_dist_place(d, o->dist.bind)));
-    int chunk = o->chunk < (int)n_ids ? o->chunk : (int)n_ids;
-    tsr_engine_options eo = {.backend = o->backend, .threads = threads, .max_tokens = chunk,
-                             .kv = o->kv.kv, .pack_weights = true};
-    eo.kv.chunk_tokens = chunk;
-    eo.kv.max_seqs = 1;
-    eo.kv.max_context = ctx;
-    tsr_dist_engine_options(d, &eo);
-    tsr_model *model = g->model;
-    g->model = NULL; /* the engine's from here on, whatever happens */
-    TSR_TRY(tsr_engine_create(model, &eo, &g->eng));
+    tsr_tokenizer *tok = g->eng->tok;
     tsr_backend *be = g->eng->be;
     tsr_kv_cache *kv = g->eng->kv;
     tsr_forward *fwd = g->eng->fwd;
@@ -121,7 +79,6 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
                              .top_k = o->top_k, .seed = o->seed};
     if (st == TSR_OK) st = tsr_sampler_init(&g->sampler, c->vocab_size, &sp);
     TSR_TRY(tsr_dist_agree(d, st));
-    tsr_dist_ready(d);
     if (o->verbose) {
         if (root)
             TSR_LOG_INFO("model %s: dim %d, %d layers, %d heads (%d kv), vocab %d, %s; "
@@ -141,7 +98,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
     int rows = 0;
     for (size_t done = 0; done < n_ids;) {
         int n = (int)(n_ids - done) < chunk ? (int)(n_ids - done) : chunk;
-        tsr_batch_seq b = {.seq = 0, .tokens = g->ids + done, .n_tokens = n,
+        tsr_batch_seq b = {.seq = 0, .tokens = ids + done, .n_tokens = n,
                            .want_logits = done + (size_t)n == n_ids};
         TSR_TRY(tsr_dist_must(d, tsr_forward_run(fwd, kv, &b, 1, NULL, &rows)));
         done += (size_t)n;
@@ -152,7 +109,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
     tsr_comm_reset_stats(d->comm);
 
     int generated = 0, fed = 0; /* fed: decode tokens that went through the forward */
-    int32_t prev = g->ids[n_ids - 1];
+    int32_t prev = ids[n_ids - 1];
     const char *stop = "length";
     char piece[512];
     int32_t pos = (int32_t)n_ids;
@@ -165,11 +122,11 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
             tsr_sampler_skip(&g->sampler);
         }
         TSR_TRY(tsr_dist_must(d, tsr_forward_share_tokens(fwd, &next, 1)));
-        if (tsr_tokenizer_is_eos(g->tok, next)) {
+        if (tsr_tokenizer_is_eos(tok, next)) {
             stop = "eos";
             break;
         }
-        int nb = tsr_tokenizer_decode(g->tok, prev, next, piece, sizeof piece);
+        int nb = tsr_tokenizer_decode(tok, prev, next, piece, sizeof piece);
         if (nb > 0 && root) {
             fwrite(piece, 1, (size_t)nb, stdout);
             fflush(stdout);
@@ -271,7 +228,7 @@ int tsr_cmd_generate(int argc, char **argv) {
 
     tsr__gen g = {0};
     tsr_status st = tsr__generate(&o, &g);
-    int rc = st == TSR_OK ? 0 : tsr_dist_fail(&g.dist, "generate");
+    int rc = st == TSR_OK ? 0 : tsr_dist_fail(g.rank, "generate");
     tsr__gen_free(&g);
     return rc;
 }

@@ -48,9 +48,6 @@ void tsr_run_req_clear(tsr_run_req *r) {
 
 static void tsr__run_free(tsr_run_job *g) {
     tsr_sched_destroy(g->sched);
-    tsr_engine_destroy(g->eng); /* forward, KV cache, placed weights, backend, model */
-    if (!g->eng) tsr_model_destroy(g->model);
-    if (g->tok) tsr_tokenizer_destroy(g->tok);
     tsr_chat_template_free(&g->chat);
     if (g->in) fclose(g->in);
     tsr_batch_writer_close(&g->out);
@@ -63,7 +60,8 @@ static void tsr__run_free(tsr_run_job *g) {
     tsr_metrics_free(&g->m);
     if (g->has_pending) tsr_batch_request_free(&g->pending);
     tsr_free(g->ck_lines);
-    tsr_dist_end(&g->dist);
+    /* forward, KV cache, placed weights, backend, tokenizer, model, comm */
+    tsr_engine_destroy(g->eng);
 }
 
 /* One record written: output first (the source of truth), then the errors file. */
@@ -109,7 +107,7 @@ static tsr_status tsr__open_output(tsr_run_job *g) {
     return tsr_batch_writer_open(&g->err, g->err_path);
 }
 
-/* The local part of the start: input, output, model, tokenizer, chat template. */
+/* The job's files, once the engine runs: input, output, chat template. */
 static tsr_status tsr__setup_files(tsr_run_job *g) {
     const tsr_run_opts *o = g->o;
     g->in = fopen(o->input, "rb");
@@ -134,14 +132,11 @@ static tsr_status tsr__setup_files(tsr_run_job *g) {
      * ranks read the same records (input and output on a shared file system). */
     tsr_status st = TSR_OK;
     if (g->root) st = tsr__open_output(g);
-    TSR_TRY(tsr_dist_agree(&g->dist, st));
+    TSR_TRY(tsr_dist_agree(g->dist, st));
     st = g->root ? TSR_OK : tsr_batch_resume_scan(o->output, &g->resume);
-    TSR_TRY(tsr_dist_agree(&g->dist, st));
+    TSR_TRY(tsr_dist_agree(g->dist, st));
     TSR_TRY(tsr_strset_create(&g->seen));
 
-    TSR_TRY(tsr_model_load(o->model, &g->model));
-    const tsr_model_config *c = &g->model->cfg;
-    TSR_TRY(tsr_tokenizer_for_model(o->model, o->tokenizer, c->vocab_size, &g->tok));
     tsr_status cst = tsr_chat_template_detect(o->model, &g->chat);
     if (cst == TSR_ERR_UNSUPPORTED) { /* completions still work; chat lines get errors */
         if (!o->quiet) fprintf(stderr, "tessera run: warning: %s\n", tsr_last_error());
@@ -150,34 +145,37 @@ static tsr_status tsr__setup_files(tsr_run_job *g) {
         return cst;
     }
     tsr__basename(o->model, g->model_name, sizeof g->model_name);
-    g->ctx = o->max_context > 0 && o->max_context < c->max_seq_len ? o->max_context
-                                                                   : c->max_seq_len;
     return TSR_OK;
 }
 
-/* Every fallible local step is agreed on before the next collective one. */
+/* The engine is the start-up (job, model, tokenizer, shard, placement, backend, data plane,
+ * weights, KV cache, forward); then the job's files and the scheduler. Every fallible local
+ * step is agreed on before the next collective one. */
 static tsr_status tsr__setup(tsr_run_job *g) {
     const tsr_run_opts *o = g->o;
-    tsr_dist *d = &g->dist;
-    TSR_TRY(tsr_dist_agree(d, tsr__setup_files(g)));
-    TSR_TRY(tsr_dist_layout(d, &o->dist, g->model, o->model));
-    const tsr_model_config *c = &g->model->cfg;
-    int threads = o->threads_given ? o->threads : tsr_dist_default_threads(d);
-    TSR_TRY(tsr_dist_agree(d, tsr_dist_place(d, o->dist.bind)));
-    tsr_engine_options eo = {.backend = o->backend, .threads = threads,
-                             .max_tokens = o->max_batch_tokens, .kv = o->kv.kv,
-                             .pack_weights = true};
-    eo.kv.max_seqs = o->max_batch_seqs;
-    eo.kv.chunk_tokens = o->max_batch_tokens;
-    eo.kv.max_context = g->ctx; /* the pool must hold one sequence of it (kv_setup.h) */
-    tsr_dist_engine_options(d, &eo);
-    tsr_model *model = g->model;
-    g->model = NULL; /* the engine's from here on, whatever happens */
-    TSR_TRY(tsr_engine_create(model, &eo, &g->eng));
+    tsr_engine_spec spec = {.model_path = o->model, .load_tokenizer = true,
+                            .tokenizer_path = o->tokenizer, .distributed = true,
+                            .dist = o->dist, .backend = o->backend,
+                            .threads = o->threads_given ? o->threads : 0,
+                            .max_tokens = o->max_batch_tokens, .kv = o->kv.kv,
+                            .pack_weights = true, .rank_out = &g->rank};
+    spec.kv.max_seqs = o->max_batch_seqs;
+    spec.kv.chunk_tokens = o->max_batch_tokens;
+    /* the pool must hold one sequence of the context (kv_setup.h); 0: the model's */
+    spec.kv.max_context = o->max_context;
+    g->root = g->rank == 0;
+    TSR_TRY(tsr_engine_create(&spec, &g->eng));
+    g->dist = &g->eng->dist;
+    g->root = tsr_dist_is_root(g->dist);
     g->model = g->eng->model;
+    g->tok = g->eng->tok;
+    g->ctx = g->eng->ctx;
     g->be = g->eng->be;
     g->kv = g->eng->kv;
     g->fwd = g->eng->fwd;
+    tsr_dist *d = g->dist;
+    const tsr_model_config *c = &g->model->cfg;
+    TSR_TRY(tsr_dist_agree(d, tsr__setup_files(g)));
     tsr_sched_config sc = {.max_seqs = o->max_batch_seqs, .max_tokens = o->max_batch_tokens,
                            .max_context = g->ctx, .vocab_size = c->vocab_size,
                            .preempt = strcmp(o->preempt, "swap") ? TSR_PREEMPT_RECOMPUTE
@@ -204,7 +202,6 @@ static tsr_status tsr__setup(tsr_run_job *g) {
                      g->chat.kind == TSR_CHAT_NONE ? "none" : "the model's (jinja)",
                      g->resume.n_records);
     if (o->verbose) tsr_dist_log_layout(d);
-    tsr_dist_ready(d);
     return TSR_OK;
 }
 
@@ -298,10 +295,10 @@ static double tsr__arrival_gap(tsr_run_job *g) {
  * every rank admits the same requests at the same step. */
 static double tsr__clock(tsr_run_job *g) {
     double t = tsr_sys_now() - g->t_start;
-    if (g->dist.world <= 1) return t;
+    if (g->dist->world <= 1) return t;
     int64_t us = (int64_t)(t * 1e6);
-    if (tsr_comm_allreduce_i64(g->dist.comm, TSR_COMM_WORLD, &us, 1, TSR_COMM_MIN) != TSR_OK)
-        tsr_comm_abort(g->dist.comm, 1, tsr_last_error());
+    if (tsr_comm_allreduce_i64(g->dist->comm, TSR_COMM_WORLD, &us, 1, TSR_COMM_MIN) != TSR_OK)
+        tsr_comm_abort(g->dist->comm, 1, tsr_last_error());
     return (double)us * 1e-6;
 }
 
@@ -493,9 +490,9 @@ static bool tsr__should_stop(tsr_run_job *g) {
     int signo = 0;
     int64_t sig = tsr_signals_stop_requested(&signo) ? signo : 0;
     /* Collective: the ranks see a signal at different steps; the first one stops them all. */
-    if (g->dist.world > 1 &&
-        tsr_comm_allreduce_i64(g->dist.comm, TSR_COMM_WORLD, &sig, 1, TSR_COMM_MAX) != TSR_OK)
-        tsr_comm_abort(g->dist.comm, 1, tsr_last_error());
+    if (g->dist->world > 1 &&
+        tsr_comm_allreduce_i64(g->dist->comm, TSR_COMM_WORLD, &sig, 1, TSR_COMM_MAX) != TSR_OK)
+        tsr_comm_abort(g->dist->comm, 1, tsr_last_error());
     if (!sig) return false;
     g->stop_signo = (int)sig;
     return true;
@@ -506,8 +503,6 @@ static tsr_status tsr__job(tsr_run_job *g) {
     double t_setup = tsr_sys_now();
     const char *kill = getenv("TSR_TEST_KILL_AFTER");
     g->kill_after = kill ? strtoll(kill, NULL, 10) : 0;
-    TSR_TRY(tsr_dist_start(&g->dist));
-    g->root = tsr_dist_is_root(&g->dist);
     TSR_TRY(tsr__setup(g));
     int64_t todo = g->m.lines - g->resume.n_records;
     if (todo < 0) todo = 0;
@@ -554,7 +549,7 @@ static tsr_status tsr__job(tsr_run_job *g) {
         /* Requests still running are dropped: their records are not written, so a rerun
          * runs them again (every written record is already flushed and fsynced). */
         if (tsr__should_stop(g)) break;
-        TSR_TRY(tsr_dist_must(&g->dist, tsr_sched_step(g->sched, &ev, &n_ev, NULL)));
+        TSR_TRY(tsr_dist_must(g->dist, tsr_sched_step(g->sched, &ev, &n_ev, NULL)));
         TSR_TRY(tsr__events(g, ev, n_ev));
         int64_t dev = tsr_engine_device_bytes(g->eng);
         if (dev > g->m.peak_device_bytes) g->m.peak_device_bytes = dev;
@@ -565,7 +560,7 @@ static tsr_status tsr__job(tsr_run_job *g) {
     int n_saved = -1;
     if (o->checkpoint && g->stop_signo) {
         int n = 0;
-        TSR_TRY(tsr_dist_agree(&g->dist, tsr_run_ckpt_save(g, &n)));
+        TSR_TRY(tsr_dist_agree(g->dist, tsr_run_ckpt_save(g, &n)));
         n_saved = n;
     } else if (o->checkpoint && remove(g->ck_path) != 0 && errno != ENOENT) {
         TSR_LOG_WARN("%s: cannot remove the checkpoint: %s", g->ck_path, strerror(errno));
@@ -615,7 +610,7 @@ static tsr_status tsr__job(tsr_run_job *g) {
                 tsr_signals_name(g->stop_signo), done < m->lines ? done : m->lines, m->lines);
         if (n_saved >= 0)
             fprintf(stderr, "tessera run: checkpoint: %d in-flight requests saved to %s%s\n",
-                    n_saved, o->checkpoint, g->dist.world > 1 ? " (one file per rank)" : "");
+                    n_saved, o->checkpoint, g->dist->world > 1 ? " (one file per rank)" : "");
     } else if (!o->quiet)
         fprintf(stderr,
                 "tessera run: %" PRId64 " requests: %" PRId64 " ok, %" PRId64 " failed, %" PRId64
@@ -743,7 +738,7 @@ int tsr_cmd_run(int argc, char **argv) {
     tsr_run_job g = {.o = &o};
     tsr_status st = tsr_signals_install();
     if (st == TSR_OK) st = tsr__job(&g);
-    int rc = st != TSR_OK ? tsr_dist_fail(&g.dist, "run") : g.stop_signo ? TSR_EXIT_STOPPED : 0;
+    int rc = st != TSR_OK ? tsr_dist_fail(g.rank, "run") : g.stop_signo ? TSR_EXIT_STOPPED : 0;
     tsr__run_free(&g);
     tsr_signals_restore();
     return rc;

@@ -79,7 +79,7 @@ static tsr_status tsr__ckpt_meta(tsr_run_job *g, int64_t records, tsr_ckpt_meta 
     TSR_TRY(tsr__ckpt_identity(g));
     const tsr_model_config *c = &g->model->cfg;
     tsr_kv_cache *mech = tsr_ckpt_kv_mech(g->kv);
-    bool multi = g->dist.world > 1;
+    bool multi = g->dist->world > 1;
     *m = (tsr_ckpt_meta){.format_version = TSR_CKPT_VERSION, .dim = c->dim,
                          .n_layers = c->n_layers, .n_heads = c->n_heads,
                          .n_kv_heads = c->n_kv_heads, .vocab_size = c->vocab_size,
@@ -88,9 +88,9 @@ static tsr_status tsr__ckpt_meta(tsr_run_job *g, int64_t records, tsr_ckpt_meta 
                          .model_weights = g->ck_model_weights,
                          .tokenizer_id = g->ck_tokenizer_id,
                          .block_size = mech ? tsr_kv_block_size(mech) : 0,
-                         .tp = multi ? tsr_comm_size(g->dist.comm, TSR_COMM_TP) : 1,
-                         .pp = multi ? tsr_comm_size(g->dist.comm, TSR_COMM_PP) : 1,
-                         .rank = g->dist.rank, .world = multi ? g->dist.world : 1,
+                         .tp = multi ? tsr_comm_size(g->dist->comm, TSR_COMM_TP) : 1,
+                         .pp = multi ? tsr_comm_size(g->dist->comm, TSR_COMM_PP) : 1,
+                         .rank = g->dist->rank, .world = multi ? g->dist->world : 1,
                          .max_batch_seqs = g->o->max_batch_seqs, .max_context = g->ctx,
                          .no_bos = g->o->no_bos, .seed = g->o->seed,
                          .kv_layers = mech ? mech->n_layers : 0,
@@ -303,27 +303,27 @@ static tsr_status tsr__ckpt_discard(tsr_run_job *g, tsr_status why) {
         fprintf(stderr, "tessera run: warning: %s; --checkpoint-discard: removed, its requests "
                 "are recomputed\n", tsr_last_error());
     if (remove(g->ck_path) != 0 && errno != ENOENT)
-        return tsr_dist_agree(&g->dist, tsr_error_set(TSR_ERR_IO, "%s: cannot remove the "
+        return tsr_dist_agree(g->dist, tsr_error_set(TSR_ERR_IO, "%s: cannot remove the "
                               "discarded checkpoint: %s", g->ck_path, strerror(errno)));
-    return tsr_dist_agree(&g->dist, TSR_OK);
+    return tsr_dist_agree(g->dist, TSR_OK);
 }
 
 /* At the start: resumes from this rank's checkpoint when every rank has one. Collective. */
 tsr_status tsr_run_ckpt_start(tsr_run_job *g, int *n_resumed) {
     *n_resumed = 0;
-    tsr_ckpt_rank_path(g->o->checkpoint, g->dist.rank, g->dist.world, g->ck_path,
+    tsr_ckpt_rank_path(g->o->checkpoint, g->dist->rank, g->dist->world, g->ck_path,
                        sizeof g->ck_path);
     int64_t have[2] = {access(g->ck_path, F_OK) == 0, 0};
     have[1] = -have[0];
-    if (g->dist.world > 1)
-        TSR_TRY(tsr_comm_allreduce_i64(g->dist.comm, TSR_COMM_WORLD, have, 2, TSR_COMM_MAX));
+    if (g->dist->world > 1)
+        TSR_TRY(tsr_comm_allreduce_i64(g->dist->comm, TSR_COMM_WORLD, have, 2, TSR_COMM_MAX));
     if (have[0] != -have[1])
-        return tsr__ckpt_discard(g, tsr_dist_agree(&g->dist, tsr_error_set(TSR_ERR_INVALID,
+        return tsr__ckpt_discard(g, tsr_dist_agree(g->dist, tsr_error_set(TSR_ERR_INVALID,
                                  "%s: some ranks have a checkpoint file and others not",
                                  g->ck_path)));
     if (!have[0]) return TSR_OK;
     tsr_ckpt ck;
-    tsr_status st = tsr_dist_agree(&g->dist, tsr__ckpt_load(g, &ck));
+    tsr_status st = tsr_dist_agree(g->dist, tsr__ckpt_load(g, &ck));
     if (st != TSR_OK) {
         tsr_ckpt_free(&ck);
         return tsr__ckpt_discard(g, st);
@@ -334,7 +334,7 @@ tsr_status tsr_run_ckpt_start(tsr_run_job *g, int *n_resumed) {
         snprintf(msg, sizeof msg, "%s", tsr_last_error());
         st = tsr_error_set(st, "%s: cannot resume: %s", g->ck_path, msg);
     }
-    st = tsr_dist_must(&g->dist, st);
+    st = tsr_dist_must(g->dist, st);
     if (st == TSR_OK) *n_resumed = ck.n_reqs;
     tsr_ckpt_free(&ck);
     /* Resumed: from here on the output and this run's next checkpoint are the state (a

@@ -53,7 +53,7 @@ typedef struct tsr_run_job {
     char model_name[256];
     char err_path[4096];
     tsr_engine *eng;
-    /* The engine's (borrowed once it runs; model is the job's until then). */
+    /* The engine's, borrowed. */
     tsr_model *model;
     tsr_backend *be;
     tsr_kv_cache *kv;
@@ -83,7 +83,8 @@ typedef struct tsr_run_job {
     int stop_signo; /* the signal that stopped the job early, 0 if it ran to the end */
     /* Every rank runs the same job (same input, same scheduler decisions); rank 0 alone
      * writes the output, errors, metrics and progress. */
-    tsr_dist dist;
+    tsr_dist *dist; /* the engine's (after tsr_engine_create) */
+    int rank;       /* this rank's, known even when the start failed (rank_out) */
     bool root;
     /* --checkpoint: this rank's file and the input lines of the requests it resumed */
     char ck_path[4200];

@@ -315,49 +315,53 @@ static tsr_status tsr__run_probe(tsr__fid *f, const tsr_tokenizer *tok,
 
 /* ---- the run ------------------------------------------------------------------------------ */
 
-static tsr_status tsr__engines(tsr__fid *f, tsr_model *model) {
+/* The policy's engine from the caller's model spec (it loads or takes the model, and the
+ * tokenizer when asked), then the full cache's engine over the same model (borrowed). */
+static tsr_status tsr__engines(tsr__fid *f, const tsr_engine_spec *model) {
     const tsr_fidelity_options *o = f->o;
-    tsr_engine_options eo = {.backend = o->backend ? o->backend : "cpu",
-                             .threads = o->threads > 0 ? o->threads : 1,
-                             .max_tokens = f->chunk, .borrow_model = true};
+    tsr_engine_spec eo = *model;
+    eo.backend = o->backend ? o->backend : "cpu";
+    eo.threads = o->threads > 0 ? o->threads : 1;
+    eo.max_tokens = o->chunk_tokens > 0 ? o->chunk_tokens : 256;
+    eo.one_sequence = true; /* the chunk is held to the context */
     eo.kv = o->kv;
     eo.kv.max_seqs = 1;
-    eo.kv.chunk_tokens = f->chunk;
-    eo.kv.max_context = f->ctx;
-    TSR_TRY(tsr_engine_create(model, &eo, &f->pol));
+    TSR_TRY(tsr_engine_create(&eo, &f->pol));
+    f->V = f->pol->model->cfg.vocab_size;
+    f->ctx = f->pol->ctx;
+    f->chunk = f->pol->max_tokens;
     /* The full cache: the same pool, blocks and context, and nothing a policy adds. */
     const tsr_kv_options *k = &o->kv;
+    eo = (tsr_engine_spec){.model = f->pol->model, .borrow_model = true,
+                           .backend = eo.backend, .threads = eo.threads,
+                           .max_tokens = f->chunk};
     eo.kv = (tsr_kv_options){.policy = &tsr_kv_policy_paged, .memory_bytes = k->memory_bytes,
                              .memory_fraction = k->memory_fraction,
                              .block_size = k->block_size, .max_seqs = 1,
                              .no_prefix_cache = k->no_prefix_cache,
                              .host_bytes = k->host_bytes, .chunk_tokens = f->chunk,
                              .max_context = f->ctx};
-    return tsr_engine_create(model, &eo, &f->full);
+    return tsr_engine_create(&eo, &f->full);
 }
 
-tsr_status tsr_fidelity_run(tsr_model *model, const tsr_tokenizer *tok, const char *text,
-                            size_t text_len, const tsr_fidelity_options *o,
+tsr_status tsr_fidelity_run(const tsr_engine_spec *model, const tsr_tokenizer *tok,
+                            const char *text, size_t text_len, const tsr_fidelity_options *o,
                             tsr_fidelity_result *out) {
     memset(out, 0, sizeof *out);
     out->probe_text_recall = -1.0;
     out->probe_attention_recall = -1.0;
     double t0 = tsr_sys_now();
-    const tsr_model_config *c = &model->cfg;
-    tsr__fid f = {.o = o, .V = c->vocab_size};
-    f.ctx = o->kv.max_context > 0 && o->kv.max_context < c->max_seq_len ? o->kv.max_context
-                                                                        : c->max_seq_len;
-    f.chunk = o->chunk_tokens > 0 ? o->chunk_tokens : 256;
-    if (f.chunk > f.ctx) f.chunk = f.ctx;
-    if (text && !tok)
-        return tsr_error_set(TSR_ERR_INVALID, "fidelity: scoring text needs a tokenizer");
-    if (!text && o->probe_length <= 0)
-        return tsr_error_set(TSR_ERR_INVALID, "fidelity: nothing to measure (no text, no "
-                                              "probe)");
-    if (o->probe_length > f.ctx)
-        return tsr_error_set(TSR_ERR_INVALID, "fidelity: --probe-length %d exceeds the context "
-                                              "of %d tokens", o->probe_length, f.ctx);
+    tsr__fid f = {.o = o};
     tsr_status st = tsr__engines(&f, model);
+    if (st == TSR_OK && !tok) tok = f.pol->tok;
+    if (st == TSR_OK && text && !tok)
+        st = tsr_error_set(TSR_ERR_INVALID, "fidelity: scoring text needs a tokenizer");
+    if (st == TSR_OK && !text && o->probe_length <= 0)
+        st = tsr_error_set(TSR_ERR_INVALID, "fidelity: nothing to measure (no text, no "
+                                            "probe)");
+    if (st == TSR_OK && o->probe_length > f.ctx)
+        st = tsr_error_set(TSR_ERR_INVALID, "fidelity: --probe-length %d exceeds the context "
+                                            "of %d tokens", o->probe_length, f.ctx);
     if (st == TSR_OK) {
         out->policy = tsr_kv_policy_name(f.pol->kv);
         f.lf = tsr_malloc((size_t)f.V * sizeof *f.lf);

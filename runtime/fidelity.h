@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "runtime/kv_setup.h"
+#include "runtime/engine.h"
 #include "runtime/model.h"
 #include "runtime/tokenizer.h"
 
@@ -76,11 +77,14 @@ typedef struct tsr_fidelity_result {
 } tsr_fidelity_result;
 
 /* Runs text (may be NULL: no text scoring) and the probe (o->probe_length > 0) through
- * both caches. `model` is borrowed (both engines run it; the caller destroys it); `tok` may
- * be NULL when there is no text (the probe is then made of token ids). Fails with one line
- * when the text is empty, a probe does not fit the context, or an engine cannot start. */
-tsr_status tsr_fidelity_run(tsr_model *model, const tsr_tokenizer *tok, const char *text,
-                            size_t text_len, const tsr_fidelity_options *o,
+ * both caches. `model` says where the model comes from (an engine spec's model_path, or
+ * model with borrow_model; load_tokenizer, tokenizer_path): the policy's engine starts
+ * from it, the full cache's engine borrows its model; fidelity sets the rest (backend,
+ * threads, KV, chunk). `tok` NULL: the engine's tokenizer, if it loaded one; without one
+ * there is no text (the probe is then made of token ids). Fails with one line when the
+ * text is empty, a probe does not fit the context, or an engine cannot start. */
+tsr_status tsr_fidelity_run(const tsr_engine_spec *model, const tsr_tokenizer *tok,
+                            const char *text, size_t text_len, const tsr_fidelity_options *o,
                             tsr_fidelity_result *out);
 
 /* Log-softmax helpers, exposed for tests: the natural-log NLL of `next` under logits, and

@@ -52,9 +52,10 @@ static inline int kvt_open_engine(int b) {
     kvt_eng = NULL;
     tsr_model *m = NULL;
     tsr_status st = tsr_model_load(TSR_SOURCE_DIR "/models/stories260K.bin", &m);
-    tsr_engine_options eo = {.backend = kvt_names[b], .threads = 1, .max_tokens = 1,
+    tsr_engine_spec eo = {.backend = kvt_names[b], .threads = 1, .max_tokens = 1,
                              .kv = {.max_seqs = 1}, .dense_kv_tokens = 1};
-    if (st == TSR_OK) st = tsr_engine_create(m, &eo, &kvt_eng);
+    eo.model = m;
+    if (st == TSR_OK) st = tsr_engine_create(&eo, &kvt_eng);
     if (st == TSR_ERR_UNSUPPORTED) {
         fprintf(stderr, "  skip %s: %s\n", kvt_names[b], tsr_last_error());
         return 0;

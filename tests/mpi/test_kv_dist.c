@@ -214,11 +214,12 @@ static bool tsr__run_on(const char *backend, tsr_model *m, const tsr_parallel_sh
                         const char *policy, bool inject, int world, tsr__result *r) {
     tsr_comm *c = g_comm;
     /* One micro-batch: the same row counts as one process, so the same bits. */
-    tsr_engine_options eo = {.backend = backend, .threads = 1, .max_tokens = 32,
+    tsr_engine_spec eo = {.backend = backend, .threads = 1, .max_tokens = 32,
                              .kv = {.max_seqs = 1}, .dense_kv_tokens = 1,
                              .par = {.comm = c, .shard = *sh, .micro_batches = 1}};
     tsr_engine *eng = NULL;
-    tsr_status st = tsr_engine_create(m, &eo, &eng); /* takes the model */
+    eo.model = m;
+    tsr_status st = tsr_engine_create(&eo, &eng); /* takes the model */
     if (st == TSR_ERR_UNSUPPORTED) {
         if (g_rank == 0) printf("skipped: backend %s: %s\n", backend, tsr_last_error());
         return false;

@@ -29,6 +29,13 @@ static void tf_load(void) {
                             &tf_len));
 }
 
+/* The engines borrow the test's model (several runs on one model). */
+static const tsr_engine_spec *tf_spec(void) {
+    static tsr_engine_spec spec;
+    spec = (tsr_engine_spec){.model = tf_model, .borrow_model = true};
+    return &spec;
+}
+
 static void tf_free(void) {
     tsr_model_destroy(tf_model);
     if (tf_tok) tsr_tokenizer_destroy(tf_tok);
@@ -68,7 +75,7 @@ static void test_paged_against_itself_is_exact_body(void) {
     tsr_fidelity_options o = tf_opts("paged", 0, 200);
     o.gen_tokens = 8;
     tsr_fidelity_result r;
-    ASSERT_OK(tsr_fidelity_run(tf_model, tf_tok, tf_text, tf_len, &o, &r));
+    ASSERT_OK(tsr_fidelity_run(tf_spec(), tf_tok, tf_text, tf_len, &o, &r));
     tf_in_range(&r);
     ASSERT_STR_EQ(r.policy, "paged");
     /* the greedy continuations too (the stories scored whole before TF_TOKENS ran out) */
@@ -97,7 +104,7 @@ static void test_h2o_ten_percent_differs_body(void) {
     tsr_fidelity_options o = tf_opts("h2o", 0.1, 200);
     o.chunk_tokens = 1;
     tsr_fidelity_result r;
-    ASSERT_OK(tsr_fidelity_run(tf_model, tf_tok, tf_text, tf_len, &o, &r));
+    ASSERT_OK(tsr_fidelity_run(tf_spec(), tf_tok, tf_text, tf_len, &o, &r));
     tf_in_range(&r);
     ASSERT_STR_EQ(r.policy, "h2o");
     ASSERT_TRUE(r.agreement < 1.0);
@@ -124,7 +131,7 @@ static void test_prompt_mode_body(void) {
         o.prompt_tokens = i == 2 ? 0 : 48;
         o.chunk_tokens = i == 2 ? 1 : 48;
         tsr_fidelity_result r;
-        ASSERT_OK(tsr_fidelity_run(tf_model, tf_tok, tf_text, tf_len, &o, &r));
+        ASSERT_OK(tsr_fidelity_run(tf_spec(), tf_tok, tf_text, tf_len, &o, &r));
         tf_in_range(&r);
         if (i == 1) {
             ASSERT_TRUE(r.agreement < 1.0 && r.kl > 0.0);
@@ -146,14 +153,14 @@ TSR_KV_TEST(test_probe_without_tokenizer) {
 static void test_probe_without_tokenizer_body(void) {
     tsr_fidelity_options o = tf_opts("paged", 0, 100);
     tsr_fidelity_result r;
-    ASSERT_OK(tsr_fidelity_run(tf_model, NULL, NULL, 0, &o, &r));
+    ASSERT_OK(tsr_fidelity_run(tf_spec(), NULL, NULL, 0, &o, &r));
     ASSERT_EQ_INT(r.tokens, 0);
     ASSERT_EQ_INT(r.probe_tokens, 100);
     ASSERT_TRUE(r.probe_text_recall < 0);
     ASSERT_TRUE(r.probe_attention_recall == 1.0);
     /* a probe longer than the context is refused with one line */
     o.probe_length = tf_model->cfg.max_seq_len + 1;
-    ASSERT_TRUE(tsr_fidelity_run(tf_model, NULL, NULL, 0, &o, &r) == TSR_ERR_INVALID);
+    ASSERT_TRUE(tsr_fidelity_run(tf_spec(), NULL, NULL, 0, &o, &r) == TSR_ERR_INVALID);
     ASSERT_STR_CONTAINS(tsr_last_error(), "exceeds the context");
 }
 

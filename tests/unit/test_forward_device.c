@@ -168,12 +168,13 @@ TSR_TEST(test_engine_places_weights) {
     for (int i = 0; i < NP; i++) prompt[i] = (int32_t)(1 + (i * 29) % (m->cfg.vocab_size - 1));
     float *la = tsr_malloc(V * 4), *lb = tsr_malloc(V * 4);
     ASSERT_TRUE(la && lb);
-    tsr_engine_options eo = {.backend = "cpu", .threads = 1, .max_tokens = CHUNK,
+    tsr_engine_spec eo = {.backend = "cpu", .threads = 1, .max_tokens = CHUNK,
                              .kv = {.policy = &tsr_kv_policy_h2o, .budget = 0.5, .block_size = 16,
                                     .max_seqs = 1, .memory_bytes = 8 << 20},
                              .borrow_model = true};
     tsr_engine *e = NULL;
-    ASSERT_OK(tsr_engine_create(m, &eo, &e));
+    eo.model = m;
+    ASSERT_OK(tsr_engine_create(&eo, &e));
     ASSERT_TRUE(e->weights == m && e->placed_bytes == 0); /* host memory: nothing copied */
     ASSERT_OK(greedy_with(e->fwd, e->kv, (int)V, prompt, ta, la));
     tsr_engine_destroy(e);
@@ -182,7 +183,8 @@ TSR_TEST(test_engine_places_weights) {
     ASSERT_OK(fake_device_create(&dev));
     eo.backend_given = dev;
     eo.kv.memory_bytes = 0; /* from the memory query */
-    ASSERT_OK(tsr_engine_create(m, &eo, &e));
+    eo.model = m;
+    ASSERT_OK(tsr_engine_create(&eo, &e));
     ASSERT_TRUE(e->weights != m && e->placed_bytes > 0);
     ASSERT_TRUE(e->weights->layers[0].wq.data != m->layers[0].wq.data);
     ASSERT_TRUE(e->weights->tok_emb.data != m->tok_emb.data);

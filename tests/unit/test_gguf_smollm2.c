@@ -112,11 +112,12 @@ TSR_TEST(test_smollm2_logits) {
         if (n > max_n) max_n = n;
     }
     const int step = 512;
-    tsr_engine_options eo = {.backend = "cpu", .threads = 2, .max_tokens = step,
-                             .kv = {.max_seqs = 1}, .dense_kv_tokens = max_n + 8,
-                             .borrow_model = true};
+    tsr_engine_spec eo = {.backend = "cpu", .threads = 2, .max_tokens = step,
+                          .kv = {.max_seqs = 1}, .dense_kv_tokens = max_n + 8,
+                          .borrow_model = true};
+    eo.model = m;
     tsr_engine *eng;
-    ASSERT_OK(tsr_engine_create(m, &eo, &eng));
+    ASSERT_OK(tsr_engine_create(&eo, &eng));
     float *logits = tsr_malloc((size_t)step * (size_t)V * sizeof(float));
     double worst = 0;
     int n_prompts = 0, greedy_total = 0, greedy_checked = 0;

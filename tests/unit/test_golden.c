@@ -247,10 +247,11 @@ typedef struct harness {
 static tsr_status harness_open(harness *h, tsr_model *m, const char *backend) {
     memset(h, 0, sizeof *h);
     h->vocab = m->cfg.vocab_size;
-    tsr_engine_options eo = {.backend = backend, .threads = 1, .max_tokens = STEP_TOKENS,
+    tsr_engine_spec eo = {.backend = backend, .threads = 1, .max_tokens = STEP_TOKENS,
                              .kv = {.max_seqs = 2}, .dense_kv_tokens = KV_TOKENS,
                              .borrow_model = true};
-    TSR_TRY(tsr_engine_create(m, &eo, &h->eng));
+    eo.model = m;
+    TSR_TRY(tsr_engine_create(&eo, &h->eng));
     h->fwd = h->eng->fwd;
     h->kv = h->eng->kv;
     h->logits = tsr_malloc((size_t)STEP_TOKENS * (size_t)h->vocab * sizeof(float));

@@ -34,14 +34,15 @@ static tsr_status decode_step(tsr_model *m, const tsr_kv_policy_decl *pol,
         return tsr_error_set(TSR_ERR_INTERNAL, "cpu-fenced keeps no counters");
     }
     const int V = m->cfg.vocab_size;
-    tsr_engine_options eo = {
+    tsr_engine_spec eo = {
         .backend_given = dev, .threads = 1, .max_tokens = MAX_B * NP,
         .kv = {.policy = pol, .block_size = 16, .max_seqs = MAX_B, .memory_bytes = 8 << 20,
                .budget = pol->uses_budget ? 0.5 : 0, .policy_args = args,
                .n_policy_args = n_args},
         .borrow_model = true};
     tsr_engine *e = NULL;
-    tsr_status st = tsr_engine_create(m, &eo, &e); /* owns dev from here on */
+    eo.model = m;
+    tsr_status st = tsr_engine_create(&eo, &e); /* owns dev from here on */
     tsr_sampler smp[MAX_B] = {0};
     tsr_sampler *sp[MAX_B];
     int32_t prompt[MAX_B][NP], ids[MAX_B];

@@ -272,7 +272,7 @@ static tsr_status generate(const char *backend, tsr_model *m, bool on_device,
         given->ops = &nosample_ops;
     }
     const int V = m->cfg.vocab_size;
-    tsr_engine_options eo = {.backend = backend, .backend_given = given, .threads = 1,
+    tsr_engine_spec eo = {.backend = backend, .backend_given = given, .threads = 1,
                              .max_tokens = 2 * FNP,
                              .kv = {.policy = &tsr_kv_policy_paged, .block_size = 16, .max_seqs = 2,
                                     .memory_bytes = 8 << 20},
@@ -280,7 +280,8 @@ static tsr_status generate(const char *backend, tsr_model *m, bool on_device,
     tsr_engine *e = NULL;
     tsr_sampler smp[2] = {0};
     float *logits = tsr_malloc((size_t)2 * (size_t)V * sizeof(float));
-    tsr_status st = logits ? tsr_engine_create(m, &eo, &e) : TSR_ERR_NOMEM;
+    eo.model = m;
+    tsr_status st = logits ? tsr_engine_create(&eo, &e) : TSR_ERR_NOMEM;
     tsr_kv_cache *kv = st == TSR_OK ? e->kv : NULL;
     tsr_forward *f = st == TSR_OK ? e->fwd : NULL;
     for (int s = 0; st == TSR_OK && s < 2; s++) {

@@ -356,10 +356,11 @@ static tsr_status run_model(tsr_model *m, const char *backend, int max_seqs, int
     const tsr_model_config *c = &m->cfg;
     tsr_engine *eng = NULL;
     tsr_sched *s = NULL;
-    tsr_engine_options eo = {.backend = backend, .threads = 2, .max_tokens = max_tokens,
+    tsr_engine_spec eo = {.backend = backend, .threads = 2, .max_tokens = max_tokens,
                              .kv = {.max_seqs = max_seqs}, .dense_kv_tokens = c->max_seq_len,
                              .borrow_model = true};
-    tsr_status st = tsr_engine_create(m, &eo, &eng);
+    eo.model = m;
+    tsr_status st = tsr_engine_create(&eo, &eng);
     tsr_sched_config cfg = {.max_seqs = max_seqs, .max_tokens = max_tokens,
                             .max_context = c->max_seq_len, .vocab_size = c->vocab_size};
     if (st == TSR_OK) st = tsr_sched_create(&cfg, eng->kv, tsr_sched_exec_forward, eng->fwd, &s);
@@ -448,12 +449,13 @@ static tsr_status sample_job(tsr_model *m, const char *backend, bool on_device,
                              int32_t **prompts, const int *np, int32_t out[][SO_NEW],
                              int *n_out) {
     const tsr_model_config *c = &m->cfg;
-    tsr_engine_options eo = {.backend = backend, .threads = 2, .max_tokens = 16,
+    tsr_engine_spec eo = {.backend = backend, .threads = 2, .max_tokens = 16,
                              .kv = {.max_seqs = 4}, .dense_kv_tokens = c->max_seq_len,
                              .borrow_model = true};
     tsr_engine *eng = NULL;
     tsr_sched *s = NULL;
-    tsr_status st = tsr_engine_create(m, &eo, &eng);
+    eo.model = m;
+    tsr_status st = tsr_engine_create(&eo, &eng);
     tsr_sched_config cfg = {.max_seqs = 4, .max_tokens = 16, .max_context = c->max_seq_len,
                             .vocab_size = c->vocab_size};
     if (st == TSR_OK) st = tsr_sched_create(&cfg, eng->kv, tsr_sched_exec_forward, eng->fwd, &s);
@@ -580,11 +582,12 @@ static void swap_same(const swap_run *a, const swap_run *b) {
 }
 
 static void check_swap_on(const char *backend, tsr_model *m, int32_t **prompts, const int *np) {
-    tsr_engine_options eo = {.backend = backend, .threads = 2, .max_tokens = 256,
+    tsr_engine_spec eo = {.backend = backend, .threads = 2, .max_tokens = 256,
                              .kv = {.max_seqs = 1}, .dense_kv_tokens = 1,
                              .borrow_model = true};
     tsr_engine *eng = NULL;
-    ASSERT_OK(tsr_engine_create(m, &eo, &eng));
+    eo.model = m;
+    ASSERT_OK(tsr_engine_create(&eo, &eng));
     static swap_run big, tiny, full;
     /* Every registered policy, by name, so a new one is covered without a line here. */
     const char *names = tsr_kv_policy_names();
