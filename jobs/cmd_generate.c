@@ -35,7 +35,7 @@ typedef struct tsr__gen_opts {
     int max_tokens, top_k, threads, max_context, chunk;
     float temperature, top_p;
     uint64_t seed;
-    bool no_bos, verbose, threads_given;
+    bool no_bos, chat, verbose, threads_given;
     tsr_kv_cli kv;
     tsr_dist_cli dist;
 } tsr__gen_opts;
@@ -56,7 +56,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
     tsr_engine_spec spec = {.model_path = o->model, .load_tokenizer = true,
                             .tokenizer_path = o->tokenizer,
                             .prompt = {.text = o->prompt, .file = o->prompt_file,
-                                       .no_bos = o->no_bos},
+                                       .no_bos = o->no_bos, .chat = o->chat},
                             .distributed = true, .dist = o->dist, .backend = o->backend,
                             .threads = o->threads_given ? o->threads : 0,
                             .max_tokens = o->chunk, .kv = o->kv.kv, .pack_weights = true,
@@ -195,6 +195,9 @@ int tsr_cmd_generate(int argc, char **argv) {
         {"chunk", TSR_OPT_INT, &o.chunk, "N", "prefill chunk size in tokens", false},
         {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu, cpu-fenced or cuda", false},
         {"no-bos", TSR_OPT_FLAG, &o.no_bos, NULL, "do not prepend the BOS token", false},
+        {"chat", TSR_OPT_FLAG, &o.chat, NULL,
+         "the prompt is a user message, rendered with the model's chat template (GGUF "
+         "metadata or tokenizer_config.json)", false},
         {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
     };
     enum { N_BASE = sizeof base / sizeof base[0] };

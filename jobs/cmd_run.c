@@ -137,7 +137,7 @@ static tsr_status tsr__setup_files(tsr_run_job *g) {
     TSR_TRY(tsr_dist_agree(g->dist, st));
     TSR_TRY(tsr_strset_create(&g->seen));
 
-    tsr_status cst = tsr_chat_template_detect(o->model, &g->chat);
+    tsr_status cst = tsr_model_chat_template(o->model, &g->chat);
     if (cst == TSR_ERR_UNSUPPORTED) { /* completions still work; chat lines get errors */
         if (!o->quiet) fprintf(stderr, "tessera run: warning: %s\n", tsr_last_error());
         g->chat.kind = TSR_CHAT_NONE;

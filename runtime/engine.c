@@ -108,6 +108,22 @@ int64_t tsr_engine_device_bytes(const tsr_engine *e) {
     return used > 0 ? used : 0;
 }
 
+/* A user message rendered with the model's own chat template (generation prompt on). */
+static tsr_status tsr__chat_prompt(const char *model_path, const char *text, char **out,
+                                   size_t *len) {
+    tsr_chat_template t;
+    TSR_TRY(tsr_model_chat_template(model_path, &t));
+    tsr_status st = TSR_OK;
+    if (t.kind == TSR_CHAT_NONE)
+        st = tsr_error_set(TSR_ERR_INVALID, "%s: the model has no chat template (--chat needs "
+                           "one; give the formatted prompt without --chat)",
+                           model_path ? model_path : "model");
+    tsr_chat_message msg = {.role = "user", .content = text};
+    if (st == TSR_OK) st = tsr_chat_render(&t, &msg, 1, out, len);
+    tsr_chat_template_free(&t);
+    return st;
+}
+
 /* Step 2, local (the caller agrees): the prompt's text, the model, its tokenizer, the
  * prompt's ids and the context, in the order a user fixes them. */
 static tsr_status tsr__load(tsr_engine *e, const tsr_engine_spec *o) {
@@ -123,6 +139,13 @@ static tsr_status tsr__load(tsr_engine *e, const tsr_engine_spec *o) {
     tsr_status st = TSR_OK;
     if (prompt && text_len == 0)
         st = tsr_error_set(TSR_ERR_INVALID, "%s: empty prompt", p->file ? p->file : "--prompt");
+    if (st == TSR_OK && prompt && p->chat) { /* the text becomes the rendered conversation */
+        char *rendered = NULL;
+        st = tsr__chat_prompt(o->model_path, text, &rendered, &text_len);
+        tsr_free(buf);
+        buf = rendered;
+        text = rendered;
+    }
     if (st == TSR_OK && !e->model) st = tsr_model_load(o->model_path, &e->model);
     const tsr_model_config *c = e->model ? &e->model->cfg : NULL;
     if (st == TSR_OK && o->load_tokenizer)
@@ -134,7 +157,8 @@ static tsr_status tsr__load(tsr_engine *e, const tsr_engine_spec *o) {
     if (st == TSR_OK && prompt && !e->tok)
         st = tsr_error_set(TSR_ERR_INVALID, "a prompt needs the tokenizer (load_tokenizer)");
     if (st == TSR_OK && prompt)
-        st = tsr_tokenizer_encode(e->tok, text, text_len, !p->no_bos && e->tok->bos_id >= 0,
+        st = tsr_tokenizer_encode(e->tok, text, text_len,
+                                  !p->no_bos && !p->chat && e->tok->bos_id >= 0,
                                   false, &e->prompt_ids, &e->n_prompt);
     tsr_free(buf);
     TSR_TRY(st);

@@ -43,6 +43,10 @@ typedef struct tsr_engine_prompt {
     const char *text; /* the prompt, or NULL */
     const char *file; /* or read from this file ('-': stdin) */
     bool no_bos;      /* do not prepend the tokenizer's BOS */
+    /* The text is one user message, rendered with the model's chat template
+     * (tsr_model_chat_template, generation prompt on) and encoded without an added BOS
+     * (the template writes the tokens it wants). A model without a template is an error. */
+    bool chat;
 } tsr_engine_prompt;
 
 typedef struct tsr_engine_spec {

@@ -245,3 +245,16 @@ tsr_status tsr_model_load(const char *spec, tsr_model **out) {
     }
     return st;
 }
+
+tsr_status tsr_model_chat_template(const char *path, tsr_chat_template *out) {
+    memset(out, 0, sizeof *out);
+    if (!path || !tsr_gguf_is_gguf(path)) return tsr_chat_template_detect(path, out);
+    char *tpl = NULL, *bos = NULL, *eos = NULL;
+    tsr_status st = tsr_gguf_chat_template(path, &tpl, &bos, &eos);
+    if (st == TSR_OK && tpl)
+        st = tsr_chat_template_from_source(tpl, strlen(tpl), bos, eos, path, out);
+    tsr_free(tpl);
+    tsr_free(bos);
+    tsr_free(eos);
+    return st;
+}

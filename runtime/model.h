@@ -3,6 +3,7 @@
 #ifndef TSR_RUNTIME_MODEL_H
 #define TSR_RUNTIME_MODEL_H
 
+#include "runtime/chat_template.h"
 #include "runtime/config.h"
 #include "base/tensor.h"
 
@@ -37,6 +38,10 @@ typedef struct tsr_model {
 /* Opens a model: a llama2.c .bin file, a GGUF file, a Hugging Face directory (config.json +
  * model.safetensors[.index.json]), or "synthetic:NAME" (see runtime/synthetic.h). */
 tsr_status tsr_model_load(const char *spec, tsr_model **out);
+/* The chat template a model carries: a GGUF file's tokenizer.chat_template, or a Hugging
+ * Face directory's tokenizer_config.json (tsr_chat_template_detect). None: kind
+ * TSR_CHAT_NONE and TSR_OK. Free with tsr_chat_template_free. */
+tsr_status tsr_model_chat_template(const char *path, tsr_chat_template *out);
 
 /* Creates an empty model whose fields the caller fills (loaders, tests). */
 tsr_status tsr_model_create(const char *source, const tsr_model_config *cfg, tsr_model **out);

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The bundled real model (tools/fetch-models.sh): `tessera generate --chat` renders the user
+# message with the GGUF's own chat template (SmolLM2's ChatML, with its default system
+# message) and answers; `tessera run` takes a chat request through the same template. A
+# model without a template refuses --chat in one line. Skips (77) without the model.
+. "$(dirname "$0")/common.sh"
+GGUF=$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$GGUF" ]; then
+    echo "SKIP: $GGUF absent (tools/fetch-models.sh fetches it)"
+    exit 77
+fi
+out=$("$BIN" generate --model "$GGUF" --chat --prompt "What is the capital of France?" \
+    --max-tokens 24 --temperature 0 --threads 2 2>"$TMP/gen.err") || fail "generate --chat: exit $?: $(cat "$TMP/gen.err")"
+grep -q "Paris" <<<"$out" || fail "generate --chat: no 'Paris' in: $out"
+# the rendered template is the prompt: 37 tokens with SmolLM2's default system message
+grep -q "prompt 37 tokens" "$TMP/gen.err" || fail "generate --chat: prompt length: $(cat "$TMP/gen.err")"
+
+# run: a /v1/chat/completions request through the GGUF's template
+cat >"$TMP/in.jsonl" <<'J'
+{"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 24, "temperature": 0}}
+J
+"$BIN" run --model "$GGUF" --input "$TMP/in.jsonl" --output "$TMP/out.jsonl" --threads 2 \
+    2>"$TMP/run.err" || fail "run chat: exit $?: $(tail -n 3 "$TMP/run.err")"
+grep -q "Paris" "$TMP/out.jsonl" || fail "run chat: no 'Paris' in $(cat "$TMP/out.jsonl")"
+
+# no template: one line naming the model, exit 1
+if "$BIN" generate --model "$MODEL" --chat --prompt "Hi" --max-tokens 4 2>"$TMP/none.err" >/dev/null; then
+    fail "--chat on a model without a template succeeded"
+fi
+[ "$(wc -l <"$TMP/none.err")" = 1 ] && grep -q "no chat template" "$TMP/none.err" ||
+    fail "--chat without a template: $(cat "$TMP/none.err")"
+[ "$fails" = 0 ] && echo "test_chat_gguf: ok"
+exit $((fails > 0))
