@@ -105,8 +105,15 @@ double tsr_comm_timeout(const tsr_comm *c);
 /* "self" or "mpi", and whether the data plane is on NCCL. */
 const char *tsr_comm_backend_name(const tsr_comm *c);
 bool tsr_comm_uses_nccl(const tsr_comm *c);
-/* Whether this build can put the data plane on NCCL (NCCL and MPI both built in). */
+/* Whether the data plane can go on NCCL: an MPI build into which the CUDA module (built
+ * with NCCL) has been loaded, i.e. once a CUDA backend exists. */
 bool tsr_comm_nccl_built(void);
+/* The NCCL data plane, handed over by the CUDA module when kernels/backend.c loads it (the
+ * table is comm/comm_impl.h's; comm itself never loads anything). TSR_ERR_UNSUPPORTED when
+ * this build has no MPI or the table comes from another build. Start-up only, before any
+ * comm uses NCCL; a second call with the same table is a no-op. */
+struct tsr_comm_nccl_ops;
+tsr_status tsr_comm_provide_nccl(const struct tsr_comm_nccl_ops *ops);
 /* The cudaStream_t the NCCL operations are ordered on; NULL without NCCL (or for the
  * default stream). */
 void *tsr_comm_cuda_stream(const tsr_comm *c);
