@@ -63,8 +63,9 @@ target_link_libraries(tessera_cuda_module PRIVATE tessera_cuda CUDA::cudart CUDA
 if(TESSERA_MPI)
   target_link_libraries(tessera_cuda_module PRIVATE MPI::MPI_C)
 endif()
-# The executables load it at run time; building them builds it.
-add_dependencies(tessera tessera_cuda_module)
+# The executables load it at run time; building any of them builds it (tessera_core is an
+# interface library: its dependencies are followed by every target that links it).
+add_dependencies(tessera_core tessera_cuda_module)
 
 # NCCL: the data plane of a multi-rank job on the CUDA backend (comm/comm_nccl.c; activations
 # stay in GPU memory, which MPI cannot take). It needs MPI to bootstrap, so it defaults to ON
