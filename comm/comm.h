@@ -7,7 +7,7 @@
  *
  * Backends. A job launched by mpirun/srun (detected from the launcher's environment) runs
  * over MPI; anything else is a single process that needs no MPI at all (world size 1, no
- * MPI_Init). With the CUDA backend and NCCL built, tsr_comm_enable_nccl (or
+ * MPI_Init). With the CUDA module (built with NCCL) loaded, tsr_comm_enable_nccl (or
  * tsr_comm_options.nccl at init) puts the data plane of each group on NCCL, on the
  * backend's device and stream.
  *
@@ -53,7 +53,7 @@ typedef enum tsr_comm_backend {
 
 typedef struct tsr_comm_options {
     tsr_comm_backend backend;
-    /* NCCL for the data plane (needs a build with TSR_HAVE_NCCL; an error otherwise).
+    /* NCCL for the data plane (needs NCCL loaded, tsr_comm_nccl_built; an error otherwise).
      * Ignored by the self backend: a single process keeps its data plane local, where only
      * allreduce_sum_f32 (a no-op) is safe on device buffers. */
     bool nccl;
@@ -122,7 +122,7 @@ void *tsr_comm_cuda_stream(const tsr_comm *c);
  * rank) with every operation ordered on `cuda_stream` (a cudaStream_t; NULL: the default
  * stream). Meant for a comm bootstrapped without NCCL: the compute backend, whose device
  * and stream NCCL must share, can only be made once the local rank is known. Collective
- * over the world. Without NCCL in the build: TSR_ERR_UNSUPPORTED. The self backend keeps
+ * over the world. Without NCCL loaded: TSR_ERR_UNSUPPORTED. The self backend keeps
  * its data plane local and returns TSR_OK. The device setup (which also refuses two local
  * ranks on one GPU) and the NCCL ids are agreed over the world: such a failure gives every
  * rank the same line and leaves the comm on MPI. A failure inside NCCL's own collective
