@@ -2,11 +2,12 @@
  * (kernels/backend.h, "the module ABI"). The only symbol the loader looks up. */
 #include <stdint.h>
 
-#include "comm/comm_impl.h"
+#include "comm/comm.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/backend_cuda.h"
 
-#if defined(TSR__COMM_NCCL) && defined(TSR_HAVE_NCCL)
+/* The same condition under which comm/comm_nccl.c defines the table. */
+#if defined(TSR_HAVE_NCCL) && defined(TSR_HAVE_MPI)
 extern const struct tsr_comm_nccl_ops tsr__comm_nccl_module_ops; /* comm/comm_nccl.c */
 #define TSR__MODULE_NCCL (&tsr__comm_nccl_module_ops)
 #else
