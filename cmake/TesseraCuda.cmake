@@ -1,10 +1,14 @@
-# CUDA backend (kernels/cuda), compiled and linked in CI even without a GPU.
+# The CUDA backend as a run-time module: kernels/cuda/* (host code, device code) and the NCCL
+# communicator (comm/comm_nccl.c) build into ONE shared module, libtessera-cuda.so, next to
+# the tessera binary (installed: lib/tessera/). The binary and tessera_objs link no CUDA,
+# cuBLAS or NCCL library; kernels/backend.c dlopens the module only when `--backend cuda` is
+# asked for or `auto` finds an NVIDIA driver, and checks its ABI version.
 #
-# Layout, chosen so that no static-library cycle exists: the host code kernels/cuda/*.c
-# (vtable, cuBLAS, error translation through base/) is compiled into tessera_core
-# like every other C file, and the device code kernels/cuda/*.cu goes into tessera_cuda,
-# which calls nothing of ours (its launchers return cudaError_t, see launch.h). So the
-# graph is tessera_core -> tessera_cuda -> CUDA::cudart, one way.
+# The module's references to the runtime (tsr_error_set, tsr_calloc, tsr_comm_agree, ...)
+# stay undefined in it and resolve against the executable that loads it (every executable
+# links tessera_core whole and exports its symbols, see CMakeLists.txt), so the process has
+# one copy of the runtime's state. The device code (kernels/cuda/*.cu) calls nothing of ours
+# (its launchers return cudaError_t, see launch.h).
 
 # sm_80 (A100) and sm_90 (H100/H200). Set before enable_language, else CMake picks the
 # compiler's default (sm_75 for CUDA 13, which dropped sm_5x..7x). -DCMAKE_CUDA_ARCHITECTURES
@@ -12,8 +16,8 @@
 if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
   set(CMAKE_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures to build for")
 endif()
-# The shared cudart: the C host code links CUDA::cudart, and one process must not hold two
-# runtimes (CMake would add cudart_static to CUDA-linked executables).
+# The shared cudart: one process must not hold two runtimes (CMake would add cudart_static
+# to CUDA-linked targets), and the module's NCCL and cuBLAS use the shared one too.
 set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
@@ -34,18 +38,34 @@ add_library(tessera_cuda STATIC ${TSR_CU_SOURCES})
 target_include_directories(tessera_cuda PRIVATE ${CMAKE_SOURCE_DIR})
 target_compile_options(tessera_cuda PRIVATE ${TSR_CUDA_WARN})
 target_link_libraries(tessera_cuda PUBLIC CUDA::cudart)
+set_target_properties(tessera_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON)
 # Elementwise ops round like the CPU backend (no fused multiply-add); they are memory-bound.
 set_source_files_properties(${CMAKE_SOURCE_DIR}/kernels/cuda/ops.cu PROPERTIES
   COMPILE_OPTIONS --fmad=false)
 
-# TSR_CUDA_SOURCES (kernels/cuda/*.c) is globbed by the top-level CMakeLists.txt.
-target_sources(tessera_core PRIVATE ${TSR_CUDA_SOURCES})
-# tessera_core was created before CUDA was enabled, so its CUDA_ARCHITECTURES is empty,
-# which CMake rejects at generate time once the language is on.
-set_target_properties(tessera_core PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
-  CUDA_RUNTIME_LIBRARY Shared)
-target_link_libraries(tessera_core PUBLIC tessera_cuda CUDA::cudart CUDA::cublas)
-target_compile_definitions(tessera_core PUBLIC TSR_HAVE_CUDA=1)
+# The module: the host code of the backend, its entry point (kernels/cuda/module.c) and the
+# NCCL communicator. Headers and definitions of the runtime, none of its libraries.
+file(GLOB TSR_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/cuda/*.c)
+add_library(tessera_cuda_module MODULE ${TSR_CUDA_SOURCES} ${CMAKE_SOURCE_DIR}/comm/comm_nccl.c)
+set_target_properties(tessera_cuda_module PROPERTIES
+  OUTPUT_NAME tessera-cuda PREFIX lib
+  # Next to build/tessera, where kernels/backend.c looks first (and tests/, bench/ one up).
+  LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}
+  # Installed: the CUDA libraries as the build found them stay on its search path; a
+  # site whose CUDA lives elsewhere sets LD_LIBRARY_PATH (docs/build.md).
+  INSTALL_RPATH_USE_LINK_PATH ON)
+target_include_directories(tessera_cuda_module PRIVATE
+  $<TARGET_PROPERTY:tessera_objs,INTERFACE_INCLUDE_DIRECTORIES>)
+target_compile_definitions(tessera_cuda_module PRIVATE
+  $<TARGET_PROPERTY:tessera_objs,INTERFACE_COMPILE_DEFINITIONS> TSR_HAVE_CUDA=1)
+target_compile_options(tessera_cuda_module PRIVATE ${TSR_WARN})
+target_link_libraries(tessera_cuda_module PRIVATE tessera_cuda CUDA::cudart CUDA::cublas)
+if(TESSERA_MPI)
+  target_link_libraries(tessera_cuda_module PRIVATE MPI::MPI_C)
+endif()
+# The executables load it at run time; building any of them builds it (tessera_core is an
+# interface library: its dependencies are followed by every target that links it).
+add_dependencies(tessera_core tessera_cuda_module)
 
 # NCCL: the data plane of a multi-rank job on the CUDA backend (comm/comm_nccl.c; activations
 # stay in GPU memory, which MPI cannot take). It needs MPI to bootstrap, so it defaults to ON
@@ -64,8 +84,8 @@ if(TESSERA_NCCL)
       "pip's nvidia-nccl-cu12 with -DNCCL_ROOT=<prefix>), or configure with "
       "-DTESSERA_NCCL=OFF to build a CUDA backend that runs on one rank only.")
   endif()
-  target_link_libraries(tessera_core PUBLIC NCCL::NCCL)
-  target_compile_definitions(tessera_core PUBLIC TSR_HAVE_NCCL=1)
+  target_link_libraries(tessera_cuda_module PRIVATE NCCL::NCCL)
+  target_compile_definitions(tessera_cuda_module PRIVATE TSR_HAVE_NCCL=1)
   message(STATUS "tessera: NCCL ${NCCL_VERSION} (${NCCL_LIBRARY})")
 else()
   message(STATUS "tessera: NCCL off: the CUDA backend runs on one rank only")

@@ -21,7 +21,7 @@ pkg_check_modules(TSR_HWLOC REQUIRED IMPORTED_TARGET hwloc)
 add_library(tsr_deps INTERFACE)
 target_link_libraries(tsr_deps INTERFACE
   PkgConfig::TSR_OPENBLAS PkgConfig::TSR_CJSON PkgConfig::TSR_PCRE2 PkgConfig::TSR_HWLOC
-  OpenMP::OpenMP_C Threads::Threads m)
+  OpenMP::OpenMP_C Threads::Threads m ${CMAKE_DL_LIBS})
 
 if(TESSERA_MPI)
   find_package(MPI REQUIRED COMPONENTS C)

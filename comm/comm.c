@@ -22,24 +22,36 @@ static int tsr__env_int(const char *name, bool *found) {
     return *found ? atoi(v) : 0;
 }
 
-#ifndef TSR__COMM_NCCL
+/* The NCCL data plane once the CUDA module has provided it; NULL before (and always in a
+ * build without MPI). */
+static const struct tsr_comm_nccl_ops *tsr__nccl;
+
 static tsr_status tsr__no_nccl(void) {
     return tsr_error_set(TSR_ERR_UNSUPPORTED,
-                         "NCCL requested, but this tessera was built without NCCL%s",
+                         "NCCL requested, but %s",
 #ifdef TSR_HAVE_MPI
-                         " (configure with -DTESSERA_NCCL=ON)"
+                         "no NCCL is loaded: it comes with the CUDA module (a CUDA backend "
+                         "loads it), built with -DTESSERA_CUDA=ON -DTESSERA_NCCL=ON"
 #else
-                         " (NCCL also needs TESSERA_MPI=ON)"
+                         "this tessera was built without MPI, which NCCL needs "
+                         "(configure with -DTESSERA_MPI=ON)"
 #endif
     );
 }
-#endif
 
-bool tsr_comm_nccl_built(void) {
+bool tsr_comm_nccl_built(void) { return tsr__nccl != NULL; }
+
+tsr_status tsr_comm_provide_nccl(const struct tsr_comm_nccl_ops *ops) {
 #ifdef TSR__COMM_NCCL
-    return true;
+    if (!ops || ops->comm_size != sizeof(struct tsr_comm))
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "its NCCL data plane is from another tessera "
+                             "build (comm struct of %u bytes, this binary's %zu)",
+                             ops ? ops->comm_size : 0u, sizeof(struct tsr_comm));
+    tsr__nccl = ops;
+    return TSR_OK;
 #else
-    return false;
+    (void)ops;
+    return tsr__no_nccl();
 #endif
 }
 
@@ -98,9 +110,7 @@ tsr_status tsr_comm_init(const tsr_comm_options *opt, tsr_comm **out) {
     if (o.backend == TSR_COMM_SELF && launched && launched_n > 1)
         return tsr_error_set(TSR_ERR_INVALID, "launched as %d ranks, but TSR_COMM=self asks for "
                              "a single process", launched_n);
-#ifndef TSR__COMM_NCCL
-    if (o.nccl) return tsr__no_nccl();
-#endif
+    if (o.nccl && !tsr__nccl) return tsr__no_nccl();
 
     tsr_comm *c = tsr_calloc(1, sizeof *c);
     if (!c) return TSR_ERR_NOMEM;
@@ -121,7 +131,7 @@ tsr_status tsr_comm_init(const tsr_comm_options *opt, tsr_comm **out) {
 #ifdef TSR__COMM_NCCL
     /* Collective (it compares the node's GPUs): agreed, so that no rank goes on alone. */
     if (st == TSR_OK && c->nccl && c->backend == TSR_COMM_MPI)
-        st = tsr_comm_agree(c, tsr__comm_nccl_setup(c));
+        st = tsr_comm_agree(c, tsr__nccl->setup(c));
 #endif
     if (st != TSR_OK) {
         tsr_comm_destroy(c);
@@ -134,7 +144,7 @@ tsr_status tsr_comm_init(const tsr_comm_options *opt, tsr_comm **out) {
 
 static void tsr__grp_free(tsr_comm *c, tsr__comm_grp *g) {
 #ifdef TSR__COMM_NCCL
-    if (g->nccl) tsr__comm_nccl_grp_free(c, g);
+    if (g->nccl) tsr__nccl->grp_free(c, g);
 #endif
 #ifdef TSR_HAVE_MPI
     if (g->mpi) tsr__comm_mpi_grp_free(g);
@@ -150,7 +160,7 @@ static void tsr__grp_free(tsr_comm *c, tsr__comm_grp *g) {
 static tsr_status tsr__nccl_connect(tsr_comm *c) {
     for (int g = 0; g < TSR_COMM_GROUP_COUNT; g++)
         if (c->grp[g].size > 1 && !c->grp[g].nccl)
-            TSR_TRY(tsr__comm_nccl_grp_init(c, &c->grp[g], tsr__group_names[g]));
+            TSR_TRY(tsr__nccl->grp_init(c, &c->grp[g], tsr__group_names[g]));
     return TSR_OK;
 }
 #endif
@@ -160,6 +170,7 @@ tsr_status tsr_comm_enable_nccl(tsr_comm *c, int device, void *cuda_stream) {
     (void)c, (void)device, (void)cuda_stream;
     return tsr__no_nccl();
 #else
+    if (!tsr__nccl) return tsr__no_nccl();
     /* One process has nobody to talk to: device buffers stay local (see options.nccl). */
     if (c->backend != TSR_COMM_MPI) return TSR_OK;
     if (c->nccl) {
@@ -169,14 +180,14 @@ tsr_status tsr_comm_enable_nccl(tsr_comm *c, int device, void *cuda_stream) {
     }
     c->device = device < 0 ? -1 : device;
     c->stream = cuda_stream;
-    tsr_status st = tsr_comm_agree(c, tsr__comm_nccl_setup(c));
+    tsr_status st = tsr_comm_agree(c, tsr__nccl->setup(c));
     if (st == TSR_OK) {
         c->nccl = true;
         st = tsr__nccl_connect(c);
     }
     if (st != TSR_OK) { /* back to MPI entirely: no group keeps a half-made NCCL side */
         for (int g = 0; g < TSR_COMM_GROUP_COUNT; g++)
-            if (c->grp[g].nccl) tsr__comm_nccl_grp_free(c, &c->grp[g]);
+            if (c->grp[g].nccl) tsr__nccl->grp_free(c, &c->grp[g]);
         c->nccl = false;
         c->stream = NULL;
     }
@@ -426,8 +437,8 @@ tsr_status tsr_comm_allreduce_sum_f32_parts(tsr_comm *c, tsr_comm_group which,
         if (n_local != 1)
             return tsr_error_set(TSR_ERR_UNSUPPORTED, "allreduce_sum_f32_parts on NCCL: sum the "
                                  "%d local parts on the device first", n_local);
-        if (g->size == 1) return tsr__comm_nccl_copy(c, out, parts, n * sizeof(float));
-        TSR_TRY(tsr__comm_nccl_allreduce_sum_f32(c, g, parts, out, n));
+        if (g->size == 1) return tsr__nccl->copy(c, out, parts, n * sizeof(float));
+        TSR_TRY(tsr__nccl->allreduce_sum_f32(c, g, parts, out, n));
         tsr__tally_nccl_allreduce(c, g, n * sizeof(float));
         return TSR_OK;
     }
@@ -452,7 +463,7 @@ tsr_status tsr_comm_allreduce_sum_f32(tsr_comm *c, tsr_comm_group which, float *
     if (g->size == 1 || n == 0) return TSR_OK;
 #ifdef TSR__COMM_NCCL
     if (g->nccl) {
-        TSR_TRY(tsr__comm_nccl_allreduce_sum_f32(c, g, buf, buf, n));
+        TSR_TRY(tsr__nccl->allreduce_sum_f32(c, g, buf, buf, n));
         tsr__tally_nccl_allreduce(c, g, n * sizeof(float));
         return TSR_OK;
     }
@@ -473,11 +484,11 @@ tsr_status tsr_comm_allgather(tsr_comm *c, tsr_comm_group which, const void *sen
     if (bytes == 0) return TSR_OK;
 #ifdef TSR__COMM_NCCL
     if (g->nccl) {
-        TSR_TRY(tsr__comm_nccl_allgather(c, g, send, bytes, recv));
+        TSR_TRY(tsr__nccl->allgather(c, g, send, bytes, recv));
         tsr__tally_ring_allgather(c, g, bytes);
         return TSR_OK;
     }
-    if (c->nccl && c->backend == TSR_COMM_MPI) return tsr__comm_nccl_copy(c, recv, send, bytes);
+    if (c->nccl && c->backend == TSR_COMM_MPI) return tsr__nccl->copy(c, recv, send, bytes);
 #endif
     if (g->size == 1) {
         if (recv != send) memmove(recv, send, bytes);
@@ -499,7 +510,7 @@ tsr_status tsr_comm_send(tsr_comm *c, tsr_comm_group which, const void *buf, siz
     TSR_TRY(tsr__peer_check(g, which, peer, tag, "send"));
     tsr_status st;
 #ifdef TSR__COMM_NCCL
-    if (g->nccl) st = tsr__comm_nccl_send(c, g, buf, bytes, peer, true);
+    if (g->nccl) st = tsr__nccl->send(c, g, buf, bytes, peer, true);
     else
 #endif
 #ifdef TSR_HAVE_MPI
@@ -520,7 +531,7 @@ tsr_status tsr_comm_recv(tsr_comm *c, tsr_comm_group which, void *buf, size_t by
     TSR_TRY(tsr__peer_check(g, which, peer, tag, "recv"));
     tsr_status st;
 #ifdef TSR__COMM_NCCL
-    if (g->nccl) st = tsr__comm_nccl_recv(c, g, buf, bytes, peer, true);
+    if (g->nccl) st = tsr__nccl->recv(c, g, buf, bytes, peer, true);
     else
 #endif
 #ifdef TSR_HAVE_MPI
@@ -544,7 +555,7 @@ tsr_status tsr_comm_isend(tsr_comm *c, tsr_comm_group which, const void *buf, si
 #ifdef TSR__COMM_NCCL
     if (g->nccl) {
         req->kind = TSR__REQ_NCCL;
-        st = tsr__comm_nccl_send(c, g, buf, bytes, peer, false);
+        st = tsr__nccl->send(c, g, buf, bytes, peer, false);
     } else
 #endif
 #ifdef TSR_HAVE_MPI
@@ -568,7 +579,7 @@ tsr_status tsr_comm_irecv(tsr_comm *c, tsr_comm_group which, void *buf, size_t b
 #ifdef TSR__COMM_NCCL
     if (g->nccl) {
         req->kind = TSR__REQ_NCCL;
-        st = tsr__comm_nccl_recv(c, g, buf, bytes, peer, false);
+        st = tsr__nccl->recv(c, g, buf, bytes, peer, false);
     } else
 #endif
 #ifdef TSR_HAVE_MPI
@@ -594,7 +605,7 @@ tsr_status tsr_comm_wait(tsr_comm *c, tsr_comm_request *req) {
 #ifdef TSR__COMM_NCCL
     case TSR__REQ_NCCL:
         req->kind = TSR__REQ_NONE;
-        return tsr__comm_nccl_sync(c);
+        return tsr__nccl->sync(c);
 #endif
     default:
         return tsr_error_set(TSR_ERR_INVALID, "wait: unknown request kind %d", req->kind);

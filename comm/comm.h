@@ -7,7 +7,7 @@
  *
  * Backends. A job launched by mpirun/srun (detected from the launcher's environment) runs
  * over MPI; anything else is a single process that needs no MPI at all (world size 1, no
- * MPI_Init). With the CUDA backend and NCCL built, tsr_comm_enable_nccl (or
+ * MPI_Init). With the CUDA module (built with NCCL) loaded, tsr_comm_enable_nccl (or
  * tsr_comm_options.nccl at init) puts the data plane of each group on NCCL, on the
  * backend's device and stream.
  *
@@ -53,7 +53,7 @@ typedef enum tsr_comm_backend {
 
 typedef struct tsr_comm_options {
     tsr_comm_backend backend;
-    /* NCCL for the data plane (needs a build with TSR_HAVE_NCCL; an error otherwise).
+    /* NCCL for the data plane (needs NCCL loaded, tsr_comm_nccl_built; an error otherwise).
      * Ignored by the self backend: a single process keeps its data plane local, where only
      * allreduce_sum_f32 (a no-op) is safe on device buffers. */
     bool nccl;
@@ -105,8 +105,15 @@ double tsr_comm_timeout(const tsr_comm *c);
 /* "self" or "mpi", and whether the data plane is on NCCL. */
 const char *tsr_comm_backend_name(const tsr_comm *c);
 bool tsr_comm_uses_nccl(const tsr_comm *c);
-/* Whether this build can put the data plane on NCCL (NCCL and MPI both built in). */
+/* Whether the data plane can go on NCCL: an MPI build into which the CUDA module (built
+ * with NCCL) has been loaded, i.e. once a CUDA backend exists. */
 bool tsr_comm_nccl_built(void);
+/* The NCCL data plane, handed over by the CUDA module when kernels/backend.c loads it (the
+ * table is comm/comm_impl.h's; comm itself never loads anything). TSR_ERR_UNSUPPORTED when
+ * this build has no MPI or the table comes from another build. Start-up only, before any
+ * comm uses NCCL; a second call with the same table is a no-op. */
+struct tsr_comm_nccl_ops;
+tsr_status tsr_comm_provide_nccl(const struct tsr_comm_nccl_ops *ops);
 /* The cudaStream_t the NCCL operations are ordered on; NULL without NCCL (or for the
  * default stream). */
 void *tsr_comm_cuda_stream(const tsr_comm *c);
@@ -115,7 +122,7 @@ void *tsr_comm_cuda_stream(const tsr_comm *c);
  * rank) with every operation ordered on `cuda_stream` (a cudaStream_t; NULL: the default
  * stream). Meant for a comm bootstrapped without NCCL: the compute backend, whose device
  * and stream NCCL must share, can only be made once the local rank is known. Collective
- * over the world. Without NCCL in the build: TSR_ERR_UNSUPPORTED. The self backend keeps
+ * over the world. Without NCCL loaded: TSR_ERR_UNSUPPORTED. The self backend keeps
  * its data plane local and returns TSR_OK. The device setup (which also refuses two local
  * ranks on one GPU) and the NCCL ids are agreed over the world: such a failure gives every
  * rank the same line and leaves the comm on MPI. A failure inside NCCL's own collective

@@ -89,23 +89,30 @@ tsr_status tsr__comm_mpi_wait(tsr_comm *c, tsr_comm_request *req);
 _Noreturn void tsr__comm_mpi_abort(int code);
 #endif
 
-#if defined(TSR_HAVE_NCCL) && defined(TSR_HAVE_MPI)
+#ifdef TSR_HAVE_MPI
+/* NCCL can carry the data plane: it comes at run time with the CUDA module (comm_nccl.c is
+ * built into libtessera-cuda.so), which hands this table over through tsr_comm_provide_nccl
+ * when kernels/backend.c loads it. NCCL bootstraps over MPI, hence only in MPI builds. */
 #define TSR__COMM_NCCL 1
-/* comm_nccl.c: one NCCL communicator per group, ops ordered on c->stream. */
-tsr_status tsr__comm_nccl_setup(tsr_comm *c);
-tsr_status tsr__comm_nccl_grp_init(tsr_comm *c, tsr__comm_grp *g, const char *what);
-void tsr__comm_nccl_grp_free(tsr_comm *c, tsr__comm_grp *g);
-tsr_status tsr__comm_nccl_allreduce_sum_f32(tsr_comm *c, tsr__comm_grp *g, const float *in,
-                                            float *out, size_t n);
-tsr_status tsr__comm_nccl_allgather(tsr_comm *c, tsr__comm_grp *g, const void *send,
-                                    size_t bytes, void *recv);
-tsr_status tsr__comm_nccl_send(tsr_comm *c, tsr__comm_grp *g, const void *buf, size_t bytes,
-                               int peer, bool wait);
-tsr_status tsr__comm_nccl_recv(tsr_comm *c, tsr__comm_grp *g, void *buf, size_t bytes,
-                               int peer, bool wait);
-tsr_status tsr__comm_nccl_sync(tsr_comm *c);
-/* Device-to-device copy on the stream: the one-rank group paths of device buffers. */
-tsr_status tsr__comm_nccl_copy(tsr_comm *c, void *dst, const void *src, size_t bytes);
 #endif
+
+/* comm_nccl.c: one NCCL communicator per group, ops ordered on c->stream. */
+struct tsr_comm_nccl_ops {
+    uint32_t comm_size; /* sizeof(struct tsr_comm) where the table was built */
+    tsr_status (*setup)(tsr_comm *c);
+    tsr_status (*grp_init)(tsr_comm *c, tsr__comm_grp *g, const char *what);
+    void (*grp_free)(tsr_comm *c, tsr__comm_grp *g);
+    tsr_status (*allreduce_sum_f32)(tsr_comm *c, tsr__comm_grp *g, const float *in, float *out,
+                                    size_t n);
+    tsr_status (*allgather)(tsr_comm *c, tsr__comm_grp *g, const void *send, size_t bytes,
+                            void *recv);
+    tsr_status (*send)(tsr_comm *c, tsr__comm_grp *g, const void *buf, size_t bytes, int peer,
+                       bool wait);
+    tsr_status (*recv)(tsr_comm *c, tsr__comm_grp *g, void *buf, size_t bytes, int peer,
+                       bool wait);
+    tsr_status (*sync)(tsr_comm *c);
+    /* Device-to-device copy on the stream: the one-rank group paths of device buffers. */
+    tsr_status (*copy)(tsr_comm *c, void *dst, const void *src, size_t bytes);
+};
 
 #endif

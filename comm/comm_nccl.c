@@ -1,12 +1,13 @@
 /* The NCCL data plane: one NCCL communicator per group, bootstrapped the way NCCL's own
  * examples do it (ncclGetUniqueId on group rank 0, MPI_Bcast of the id over the group's MPI
  * communicator, ncclCommInitRank), with every op ordered on the backend's stream (the data
- * plane's buffers are the backend's device memory; control-plane calls stay on MPI). Compiled
- * to nothing unless the build has both NCCL (TSR_HAVE_NCCL, cmake/TesseraCuda.cmake) and MPI:
- * the id needs MPI to travel. */
+ * plane's buffers are the backend's device memory; control-plane calls stay on MPI). Built
+ * into the CUDA module, not the runtime (cmake/TesseraCuda.cmake): the module hands the table
+ * at the end to comm.c when it is loaded (kernels/cuda/module.c). Compiled to nothing unless
+ * the module has NCCL (TSR_HAVE_NCCL) and the build MPI: the id needs MPI to travel. */
 #include "comm/comm_impl.h"
 
-#ifdef TSR__COMM_NCCL
+#if defined(TSR__COMM_NCCL) && defined(TSR_HAVE_NCCL)
 
 #include <cuda_runtime.h>
 #include <mpi.h>
@@ -18,6 +19,7 @@
 
 static cudaStream_t tsr__stream(tsr_comm *c) { return (cudaStream_t)c->stream; }
 static ncclComm_t tsr__nc(const tsr__comm_grp *g) { return (ncclComm_t)g->nccl; }
+static tsr_status tsr__nccl_sync(tsr_comm *c);
 
 #define TSR__NCCL_TRY(call, what)                                                        \
     do {                                                                                 \
@@ -51,7 +53,7 @@ static tsr_status tsr__pick_device(tsr_comm *c, char *busid, int cap) {
  * refuses two ranks on one GPU only inside ncclCommInitRank, where the ranks can no longer
  * agree on the error. Collective over the node (every rank takes part in the exchange even
  * when its own device failed); the caller agrees on the result over the world. */
-tsr_status tsr__comm_nccl_setup(tsr_comm *c) {
+static tsr_status tsr__nccl_setup(tsr_comm *c) {
     enum { ID = 32 };
     char mine[ID];
     memset(mine, 0, sizeof mine);
@@ -78,7 +80,7 @@ tsr_status tsr__comm_nccl_setup(tsr_comm *c) {
     return st;
 }
 
-tsr_status tsr__comm_nccl_grp_init(tsr_comm *c, tsr__comm_grp *g, const char *what) {
+static tsr_status tsr__nccl_grp_init(tsr_comm *c, tsr__comm_grp *g, const char *what) {
     /* The id travels with a flag, so that a failed ncclGetUniqueId still releases the
      * group's MPI_Bcast; then the world agrees before anyone enters ncclCommInitRank. */
     struct {
@@ -120,7 +122,7 @@ tsr_status tsr__comm_nccl_grp_init(tsr_comm *c, tsr__comm_grp *g, const char *wh
     return TSR_OK;
 }
 
-void tsr__comm_nccl_grp_free(tsr_comm *c, tsr__comm_grp *g) {
+static void tsr__nccl_grp_free(tsr_comm *c, tsr__comm_grp *g) {
     if (!g->nccl) return;
     /* NCCL's teardown: finalize (completes the operations still queued), then destroy. The
      * stream is not synchronized: it may belong to a backend destroyed before us. */
@@ -130,43 +132,58 @@ void tsr__comm_nccl_grp_free(tsr_comm *c, tsr__comm_grp *g) {
     g->nccl = NULL;
 }
 
-tsr_status tsr__comm_nccl_allreduce_sum_f32(tsr_comm *c, tsr__comm_grp *g, const float *in,
+static tsr_status tsr__nccl_allreduce_sum_f32(tsr_comm *c, tsr__comm_grp *g, const float *in,
                                             float *out, size_t n) {
     TSR__NCCL_TRY(ncclAllReduce(in, out, n, ncclFloat32, ncclSum, tsr__nc(g), tsr__stream(c)),
                   "ncclAllReduce");
     return TSR_OK;
 }
 
-tsr_status tsr__comm_nccl_allgather(tsr_comm *c, tsr__comm_grp *g, const void *send,
+static tsr_status tsr__nccl_allgather(tsr_comm *c, tsr__comm_grp *g, const void *send,
                                     size_t bytes, void *recv) {
     TSR__NCCL_TRY(ncclAllGather(send, recv, bytes, ncclUint8, tsr__nc(g), tsr__stream(c)),
                   "ncclAllGather");
     return TSR_OK;
 }
 
-tsr_status tsr__comm_nccl_send(tsr_comm *c, tsr__comm_grp *g, const void *buf, size_t bytes,
+static tsr_status tsr__nccl_send(tsr_comm *c, tsr__comm_grp *g, const void *buf, size_t bytes,
                                int peer, bool wait) {
     TSR__NCCL_TRY(ncclSend(buf, bytes, ncclUint8, peer, tsr__nc(g), tsr__stream(c)), "ncclSend");
-    return wait ? tsr__comm_nccl_sync(c) : TSR_OK;
+    return wait ? tsr__nccl_sync(c) : TSR_OK;
 }
 
-tsr_status tsr__comm_nccl_recv(tsr_comm *c, tsr__comm_grp *g, void *buf, size_t bytes,
+static tsr_status tsr__nccl_recv(tsr_comm *c, tsr__comm_grp *g, void *buf, size_t bytes,
                                int peer, bool wait) {
     TSR__NCCL_TRY(ncclRecv(buf, bytes, ncclUint8, peer, tsr__nc(g), tsr__stream(c)), "ncclRecv");
-    return wait ? tsr__comm_nccl_sync(c) : TSR_OK;
+    return wait ? tsr__nccl_sync(c) : TSR_OK;
 }
 
-tsr_status tsr__comm_nccl_sync(tsr_comm *c) {
+static tsr_status tsr__nccl_sync(tsr_comm *c) {
     TSR__CUDA_TRY(cudaStreamSynchronize(tsr__stream(c)), "cudaStreamSynchronize");
     return TSR_OK;
 }
 
-tsr_status tsr__comm_nccl_copy(tsr_comm *c, void *dst, const void *src, size_t bytes) {
+static tsr_status tsr__nccl_copy(tsr_comm *c, void *dst, const void *src, size_t bytes) {
     if (dst == src || bytes == 0) return TSR_OK;
     TSR__CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, tsr__stream(c)),
                   "cudaMemcpyAsync");
     return TSR_OK;
 }
+
+/* kernels/cuda/module.c puts it in the module's table. */
+extern const struct tsr_comm_nccl_ops tsr__comm_nccl_module_ops;
+const struct tsr_comm_nccl_ops tsr__comm_nccl_module_ops = {
+    .comm_size = (uint32_t)sizeof(struct tsr_comm),
+    .setup = tsr__nccl_setup,
+    .grp_init = tsr__nccl_grp_init,
+    .grp_free = tsr__nccl_grp_free,
+    .allreduce_sum_f32 = tsr__nccl_allreduce_sum_f32,
+    .allgather = tsr__nccl_allgather,
+    .send = tsr__nccl_send,
+    .recv = tsr__nccl_recv,
+    .sync = tsr__nccl_sync,
+    .copy = tsr__nccl_copy,
+};
 
 #else
 /* ISO C wants at least one declaration in a translation unit. */

@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "kernels/backend.h"
 #include "base/alloc.h"
 #include "base/file.h"
 #include "base/sys.h"
@@ -146,7 +147,7 @@ int tsr_cmd_fidelity(int argc, char **argv) {
         {"chunk", TSR_OPT_INT, &o.chunk, "N", "prefill chunk of the probe's prompt, tokens",
          false},
         {"threads", TSR_OPT_INT, &o.threads, "N", "CPU threads", false},
-        {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu, cpu-fenced or cuda",
+        {"backend", TSR_OPT_STRING, &o.backend, "NAME", tsr_backend_names(),
          false},
         {"json", TSR_OPT_STRING, &o.json, "OUT.json",
          "write the result here (default: stdout)", false},

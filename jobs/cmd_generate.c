@@ -193,7 +193,7 @@ int tsr_cmd_generate(int argc, char **argv) {
         {"max-context", TSR_OPT_INT, &o.max_context, "N",
          "context length in tokens, prompt included (0 = the model's maximum)", false},
         {"chunk", TSR_OPT_INT, &o.chunk, "N", "prefill chunk size in tokens", false},
-        {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu, cpu-fenced or cuda", false},
+        {"backend", TSR_OPT_STRING, &o.backend, "NAME", tsr_backend_names(), false},
         {"no-bos", TSR_OPT_FLAG, &o.no_bos, NULL, "do not prepend the BOS token", false},
         {"chat", TSR_OPT_FLAG, &o.chat, NULL,
          "the prompt is a user message, rendered with the model's chat template (GGUF "

@@ -656,7 +656,7 @@ int tsr_cmd_run(int argc, char **argv) {
          "CPU threads per rank (default: the CPUs given to the job over its ranks on the node; "
          "at most 4 per CPU this process may run on)",
          false},
-        {"backend", TSR_OPT_STRING, &o.backend, "NAME", "auto, cpu, cpu-fenced or cuda", false},
+        {"backend", TSR_OPT_STRING, &o.backend, "NAME", tsr_backend_names(), false},
         {"seed", TSR_OPT_U64, &o.seed, "S",
          "seed of requests whose body has no \"seed\", and of the --arrival-rate arrivals",
          false},

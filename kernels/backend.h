@@ -1,7 +1,9 @@
 /* Compute backends behind one vtable (the ggml-backend idea, reduced to what the forward
- * pass needs). The CPU backend is always built; the fenced CPU device ("cpu-fenced") runs
- * the CPU kernels on memory the host may not touch; the CUDA backend registers when
- * TESSERA_CUDA is on and a device answers. Row-major throughout.
+ * pass needs), found through one registry (tsr_backend_find, below). The CPU backend and
+ * the fenced CPU device ("cpu-fenced", the CPU kernels on memory the host may not touch)
+ * are built in; the CUDA backend is a module loaded at run time (libtessera-cuda.so, built
+ * when TESSERA_CUDA is on), so that the binary links no CUDA library and a CPU run maps
+ * none. Row-major throughout.
  *
  * The memory contract (what makes a caller device-correct on every backend):
  * - Backend memory (TSR_MEM_DEVICE): from buffer_alloc. Activations, weights once placed
@@ -240,17 +242,61 @@ struct tsr_backend {
     bool host_memory;
 };
 
-/* Creates a backend by name: "cpu", "cpu-fenced", "cuda" or "auto" (CUDA when built and a
- * device answers, else the CPU). cpu-fenced's arena is TSR_FENCED_MEMORY bytes (suffixes
- * K, M, G) or, unset, a default documented in kernels/cpu/backend_fenced.c. */
+/* --- the registry -----------------------------------------------------------------------
+ * Every backend a --backend option can name, built in or loaded from a module, with what
+ * callers ask of it; help texts, messages and the choice of `auto` read this table instead
+ * of lists of names. */
+enum {
+    TSR_BACKEND_CAP_HOST_MEMORY = 1u << 0, /* backend memory is host memory (be->host_memory) */
+    TSR_BACKEND_CAP_FENCED = 1u << 1,      /* host code may not touch its memory (faults) */
+    TSR_BACKEND_CAP_GPU = 1u << 2,         /* one GPU per rank; activations in device memory,
+                                            * so several ranks need NCCL */
+    TSR_BACKEND_CAP_MODULE = 1u << 3,      /* lives in a module loaded at run time */
+};
+
+typedef struct tsr_backend_info {
+    const char *name;    /* the --backend value */
+    const char *summary; /* one line for help texts */
+    unsigned caps;       /* TSR_BACKEND_CAP_* */
+    const char *module;  /* file name of its module (found from the binary's path), or NULL */
+} tsr_backend_info;
+
+/* The registered backends, in table order; NULL past the end. */
+const tsr_backend_info *tsr_backend_info_at(int i);
+/* The entry named `name`; NULL when none ("auto" is no entry: it is a choice among them). */
+const tsr_backend_info *tsr_backend_find(const char *name);
+/* "auto, cpu, cpu-fenced or cuda": the values of --backend, for help texts and messages. */
+const char *tsr_backend_names(void);
+
+/* One device a backend can run on: for a GPU backend one per visible GPU, for the CPU ones
+ * the host. */
+typedef struct tsr_device_info {
+    const char *backend;  /* registry name */
+    int index;            /* GPU index; -1 for the host */
+    char name[128];       /* "NVIDIA H200", "host" */
+    size_t memory_bytes;  /* total memory of the device (the host's for CPU backends) */
+} tsr_device_info;
+/* The devices of backend `name` into out[0 .. cap), their count in *n. A module backend is
+ * loaded to answer; when it cannot run here (module, driver or GPU missing) the error says
+ * which with one line, as tsr_backend_create would. */
+tsr_status tsr_backend_devices(const char *name, tsr_device_info *out, int cap, int *n);
+
+/* Creates a backend by name: a registry entry or "auto" (a GPU backend when an NVIDIA driver
+ * is on the node, its module loads and a GPU answers; else the CPU, saying why at info
+ * level, i.e. under --verbose). cpu-fenced's arena is TSR_FENCED_MEMORY bytes (suffixes K,
+ * M, G) or, unset, a default documented in kernels/cpu/backend_fenced.c. A GPU backend that
+ * cannot run is one line saying why and what to do: its module is not installed, cannot
+ * load (CUDA libraries out of reach), is from another build (ABI version), or the node has
+ * no NVIDIA driver or no GPU. */
 tsr_status tsr_backend_create(const char *name, int threads, tsr_backend **out);
-/* The same for one rank of a node: a CUDA backend takes GPU local_rank % (visible GPUs), so
+/* The same for one rank of a node: a GPU backend takes GPU local_rank % (visible GPUs), so
  * the ranks of a node spread over its GPUs; a local rank at or past the GPU count is an
  * error unless TSR_GPU_SHARE=1 (kernels/device_choice.h). */
 tsr_status tsr_backend_create_local(const char *name, int threads, int local_rank,
                                     tsr_backend **out);
-/* GPUs this process sees (0 without CUDA), and the PCI bus id ("0000:65:00.0") of one, for
- * NUMA placement; returns -1 when unknown. */
+/* GPUs this process sees, and the PCI bus id ("0000:65:00.0") of one, for NUMA placement
+ * (returns -1 when unknown). Loads the GPU module only when an NVIDIA driver is on the node;
+ * 0 GPUs when it is absent or cannot load. */
 int tsr_backend_gpu_count(void);
 int tsr_backend_gpu_busid(int device, char *buf, size_t cap);
 void tsr_backend_destroy(tsr_backend *be);
@@ -258,10 +304,42 @@ void tsr_backend_destroy(tsr_backend *be);
 tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out);
 /* The fenced CPU device with an arena of arena_bytes (0: the default). */
 tsr_status tsr_backend_fenced_create(int threads, size_t arena_bytes, tsr_backend **out);
-#ifdef TSR_HAVE_CUDA
-tsr_status tsr_backend_cuda_create(int device, tsr_backend **out);
-int tsr_backend_cuda_device_count(void);
-int tsr_backend_cuda_busid(int device, char *buf, size_t cap);
-#endif
+
+/* --- the module ABI ----------------------------------------------------------------------
+ * A backend module exports one function, TSR_BACKEND_MODULE_ENTRY, returning this table. The
+ * module is built from the same tree as the binary and shares its structs (tsr_backend_ops,
+ * tsr_backend, the comm's internals), so any change to those bumps
+ * TSR_BACKEND_MODULE_ABI; the loader refuses a module whose version or struct sizes differ
+ * from its own with one line. The module calls back into the runtime (tsr_error_set, ...):
+ * the executables export its symbols (CMakeLists.txt). */
+#define TSR_BACKEND_MODULE_ABI 1
+#define TSR_BACKEND_MODULE_ENTRY "tsr_backend_module_entry"
+
+/* What a GPU probe found. */
+typedef enum tsr_gpu_probe {
+    TSR_GPU_PRESENT = 0,   /* *count GPUs answer */
+    TSR_GPU_NO_DRIVER = 1, /* no usable NVIDIA driver (absent, or older than the runtime) */
+    TSR_GPU_NO_DEVICE = 2, /* the driver is there and sees no GPU */
+    TSR_GPU_FAILED = 3,    /* the runtime failed otherwise (detail says how) */
+} tsr_gpu_probe;
+
+struct tsr_comm_nccl_ops;
+
+typedef struct tsr_backend_module {
+    uint32_t abi;        /* TSR_BACKEND_MODULE_ABI of the build that made it */
+    uint32_t ops_size;   /* sizeof(tsr_backend_ops), sizeof(tsr_backend) there */
+    uint32_t backend_size;
+    const char *name;    /* the registry entry it implements ("cuda") */
+    /* Counts the GPUs; on anything but TSR_GPU_PRESENT, detail gets the runtime's words. */
+    tsr_gpu_probe (*probe)(int *count, char *detail, size_t cap);
+    int (*busid)(int device, char *buf, size_t cap);
+    tsr_status (*device_info)(int device, char *name, size_t cap, size_t *memory_bytes);
+    tsr_status (*create)(int device, tsr_backend **out);
+    /* The NCCL data plane (comm/comm_nccl.c), NULL when the module was built without NCCL;
+     * the loader hands it to the comm layer (tsr_comm_provide_nccl). */
+    const struct tsr_comm_nccl_ops *nccl;
+} tsr_backend_module;
+
+typedef const tsr_backend_module *(*tsr_backend_module_entry_fn)(void);
 
 #endif

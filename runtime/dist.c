@@ -95,9 +95,11 @@ tsr_status tsr_dist_layout(tsr_dist *j, const tsr_dist_options *d, tsr_model *m,
     return tsr_dist_agree(j, tsr_parallel_shard_model(m, &j->shard));
 }
 
-tsr_status tsr_dist_place(tsr_dist *j, bool bind) {
+tsr_status tsr_dist_place(tsr_dist *j, bool bind, const char *backend) {
     int n = j->local_size > 0 ? j->local_size : 1;
-    int gpus = tsr_backend_gpu_count();
+    const tsr_backend_info *bi = backend ? tsr_backend_find(backend) : NULL;
+    bool host_only = bi && !(bi->caps & TSR_BACKEND_CAP_GPU);
+    int gpus = host_only ? 0 : tsr_backend_gpu_count();
     const char *spec = getenv("TSR_TOPOLOGY");
     if (!spec || !*spec) spec = gpus > 0 ? "system" : "system-cpu";
     TSR_TRY(tsr_topology_load(spec, &j->topo));

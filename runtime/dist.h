@@ -82,7 +82,9 @@ tsr_status tsr_dist_layout(tsr_dist *j, const tsr_dist_options *d, tsr_model *m,
  * spread over the NUMA nodes; binds this rank to its cores when asked. The topology is
  * this machine, or the hwloc description in $TSR_TOPOLOGY (tests: a synthetic machine;
  * it cannot be bound to). Local; the caller agrees. */
-tsr_status tsr_dist_place(tsr_dist *j, bool bind);
+/* `backend` (NULL: auto) decides whether GPUs are counted: a host backend never loads the
+ * GPU module, not even on a GPU node. */
+tsr_status tsr_dist_place(tsr_dist *j, bool bind, const char *backend);
 /* The data plane for a job (pure; tests): LOCAL for one rank, MPI when no rank has a
  * device backend, NCCL when all have. Errors (one line): some ranks on a GPU and others
  * not; a device backend across ranks in a build without NCCL (device memory cannot go

@@ -189,7 +189,7 @@ static tsr_status tsr__job(tsr_engine *e, const tsr_engine_spec *o) {
     TSR_TRY(tsr__agree(e, tsr__load(e, o)));
     TSR_TRY(tsr_dist_layout(d, &o->dist, e->model, o->model_path ? o->model_path : "the model"));
     if (e->threads <= 0) e->threads = tsr_dist_default_threads(d);
-    TSR_TRY(tsr__agree(e, tsr_dist_place(d, o->dist.bind)));
+    TSR_TRY(tsr__agree(e, tsr_dist_place(d, o->dist.bind, o->backend)));
     e->par_ = tsr_dist_forward(d);
     return TSR_OK;
 }

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs tessera's Debian build dependencies (when run as root with apt) and builds it
-# into ./build. Usage: tools/setup.sh [extra cmake args...]
+# into ./build with cmake's defaults: the CUDA backend too when nvcc is found, as the module
+# build/libtessera-cuda.so that build/tessera loads only for a GPU run (docs/build.md).
+# Usage: tools/setup.sh [extra cmake args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS="cmake make gcc libc6-dev pkg-config libopenmpi-dev openmpi-bin libhwloc-dev
@@ -15,4 +17,8 @@ if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
 fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
 cmake --build build -j"$(nproc)" >/dev/null
-echo "tools/setup.sh: built build/tessera" >&2
+if [ -f build/libtessera-cuda.so ]; then
+    echo "tools/setup.sh: built build/tessera and its CUDA module build/libtessera-cuda.so" >&2
+else
+    echo "tools/setup.sh: built build/tessera (CPU backends; no nvcc, so no CUDA module)" >&2
+fi

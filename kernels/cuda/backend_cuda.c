@@ -10,7 +10,8 @@
  * ids, slot lists, the model config) is staged to the device, and the caller may reuse it
  * as soon as a call returns. Ops, copy and memset are queued on the compute stream;
  * upload/download/kv_gather/kv_scatter with stream NULL wait for their bytes. Everything
- * else about this backend goes through its vtable: it has no public header. */
+ * else about this backend goes through its vtable and the module's table (module.c): the
+ * runtime reaches it only through the registry (kernels/backend.h). */
 #include "kernels/backend.h"
 
 #include <limits.h>
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/rope_freq.h"
@@ -942,16 +944,24 @@ static const tsr_backend_ops tsr__cuda_ops = {
     .sample = tsr__cuda_sample,
 };
 
-int tsr_backend_cuda_device_count(void) {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
+tsr_gpu_probe tsr__cuda_probe(int *count, char *detail, size_t cap) {
+    *count = 0;
+    if (cap) detail[0] = 0;
+    int n = 0;
+    cudaError_t ce = cudaGetDeviceCount(&n);
+    (void)cudaGetLastError();
+    if (ce == cudaSuccess && n > 0) {
+        *count = n;
+        return TSR_GPU_PRESENT;
     }
-    return count;
+    if (cap) snprintf(detail, cap, "%s", ce == cudaSuccess ? "0 devices" : cudaGetErrorString(ce));
+    /* No driver library, or one older than the runtime: the same advice. */
+    if (ce == cudaErrorInsufficientDriver) return TSR_GPU_NO_DRIVER;
+    if (ce == cudaSuccess || ce == cudaErrorNoDevice) return TSR_GPU_NO_DEVICE;
+    return TSR_GPU_FAILED;
 }
 
-int tsr_backend_cuda_busid(int device, char *buf, size_t cap) {
+int tsr__cuda_busid(int device, char *buf, size_t cap) {
     if (cap == 0) return -1;
     buf[0] = 0;
     if (cudaDeviceGetPCIBusId(buf, (int)cap, device) != cudaSuccess) {
@@ -962,7 +972,19 @@ int tsr_backend_cuda_busid(int device, char *buf, size_t cap) {
     return 0;
 }
 
-tsr_status tsr_backend_cuda_create(int device, tsr_backend **out) {
+tsr_status tsr__cuda_device_info(int device, char *name, size_t cap, size_t *memory_bytes) {
+    struct cudaDeviceProp prop;
+    cudaError_t ce = cudaGetDeviceProperties(&prop, device);
+    if (ce != cudaSuccess) {
+        (void)cudaGetLastError();
+        return tsr_error_set(TSR_ERR_CUDA, "cuda device %d: %s", device, cudaGetErrorString(ce));
+    }
+    if (cap) snprintf(name, cap, "%s", prop.name);
+    *memory_bytes = prop.totalGlobalMem;
+    return TSR_OK;
+}
+
+tsr_status tsr__cuda_create(int device, tsr_backend **out) {
     *out = NULL;
     int count = 0;
     cudaError_t ce = cudaGetDeviceCount(&count);
