@@ -127,7 +127,8 @@ int tsr_cmd_fidelity(int argc, char **argv) {
     tsr_kv_cli_init(&o.kv);
     tsr_cli_opt base[] = {
         {"model", TSR_OPT_STRING, &o.model, "PATH",
-         "model: llama2.c .bin, Hugging Face directory, or synthetic:NAME (required)", false},
+         "model: llama2.c .bin, GGUF file, Hugging Face directory, or synthetic:NAME "
+         "(required)", false},
         {"tokenizer", TSR_OPT_STRING, &o.tokenizer, "PATH",
          "tokenizer.bin or tokenizer.json (default: found next to the model; a synthetic "
          "model without one gets a probe made of token ids)", false},

@@ -174,7 +174,8 @@ int tsr_cmd_generate(int argc, char **argv) {
     tsr_dist_cli_init(&o.dist);
     tsr_cli_opt base[] = {
         {"model", TSR_OPT_STRING, &o.model, "PATH",
-         "model: llama2.c .bin, Hugging Face directory, or synthetic:NAME (required)", false},
+         "model: llama2.c .bin, GGUF file, Hugging Face directory, or synthetic:NAME "
+         "(required)", false},
         {"tokenizer", TSR_OPT_STRING, &o.tokenizer, "PATH",
          "tokenizer.bin or tokenizer.json (default: found next to the model)", false},
         {"prompt", TSR_OPT_STRING, &o.prompt, "TEXT", "the prompt", false},
