@@ -1,6 +1,6 @@
 /* The model's hyper-parameters as a plain type, below every folder: kernels take it (rope
  * reads the rotary settings) without depending on the runtime that parses config files
- * (runtime/config.h). */
+ * (runtime/model/config.h). */
 #ifndef TSR_BASE_MODEL_CONFIG_H
 #define TSR_BASE_MODEL_CONFIG_H
 

@@ -38,10 +38,10 @@
 #include "base/alloc.h"
 #include "base/dtype.h"
 #include "base/sys.h"
-#include "runtime/engine.h"
-#include "runtime/forward.h"
-#include "runtime/kv_setup.h"
-#include "runtime/model.h"
+#include "runtime/engine/engine.h"
+#include "runtime/exec/forward.h"
+#include "runtime/exec/kv_setup.h"
+#include "runtime/model/model.h"
 
 #define TSR__MAX_BATCHES 8
 

@@ -41,9 +41,9 @@
 #include "memory/kv_cache.h"
 #include "base/alloc.h"
 #include "base/sys.h"
-#include "runtime/engine.h"
-#include "runtime/forward.h"
-#include "runtime/model.h"
+#include "runtime/engine/engine.h"
+#include "runtime/exec/forward.h"
+#include "runtime/model/model.h"
 
 #define TSR__MAX_REFS 4
 #define TSR__MAX_PROMPTS 8

@@ -30,10 +30,10 @@
 #include "memory/kv_paged.h"
 #include "policies/policy.h"
 #include "base/alloc.h"
-#include "runtime/forward.h"
-#include "runtime/engine.h"
-#include "runtime/kv_setup.h"
-#include "runtime/model.h"
+#include "runtime/exec/forward.h"
+#include "runtime/engine/engine.h"
+#include "runtime/exec/kv_setup.h"
+#include "runtime/model/model.h"
 
 static double tsr__now(void) {
     struct timespec ts;

@@ -6,7 +6,7 @@
  * runs beside its decode. Prints one JSON line.
  *
  * The buffer is measured twice: in 4 KiB pages and in a 2 MiB-aligned mapping advised for
- * transparent huge pages (how tessera holds its weights, runtime/model.c). The hardware
+ * transparent huge pages (how tessera holds its weights, runtime/model/model.c). The hardware
  * prefetcher stops at page boundaries, so the second is usually faster; the ceiling
  * (read_gb_s_Nt) is the better of the two, and both are printed. */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE */

@@ -1,6 +1,6 @@
 /* Fidelity driver for bench/quality.sh: scores held-out text token by token (decode mode,
  * one token per forward call, so a policy evicts exactly as it does in generation) through
- * the full cache and the KV cache of a policy side by side (runtime/fidelity.h), and prints
+ * the full cache and the KV cache of a policy side by side (runtime/eval/fidelity.h), and prints
  * one line: policy, budget, tokens scored, mean NLL and perplexity of both, top-1 agreement,
  * KL(full || policy), seconds and the policy's KV stats JSON. Stories are separated by blank
  * lines; each is one sequence starting at BOS. --prompt P: the first P tokens of each story
@@ -17,9 +17,9 @@
 
 #include "base/alloc.h"
 #include "policies/policy.h"
-#include "runtime/fidelity.h"
-#include "runtime/model.h"
-#include "runtime/tokenizer.h"
+#include "runtime/eval/fidelity.h"
+#include "runtime/model/model.h"
+#include "runtime/text/tokenizer.h"
 
 static tsr_status tsr__read_file(const char *path, char **out, size_t *len) {
     FILE *fp = fopen(path, "rb");
@@ -104,7 +104,7 @@ int main(int argc, char **argv) {
     char *text = NULL;
     size_t text_len = 0;
     tsr_fidelity_result r;
-    /* The engines load the model and its tokenizer (runtime/fidelity.h). */
+    /* The engines load the model and its tokenizer (runtime/eval/fidelity.h). */
     tsr_engine_spec spec = {.model_path = model_path, .load_tokenizer = true,
                             .tokenizer_path = tok_path};
     tsr_status st = tsr__read_file(text_path, &text, &text_len);

@@ -4,7 +4,7 @@
 # the registry knows (tsr_quality --list-policies, so a policy added later appears without
 # editing this script) at budgets of 10 %, 20 % and 50 % of the sequence, next to the full
 # cache (paged). Each row runs the full cache and the policy side by side on the same tokens
-# (runtime/fidelity.h); scoring is decode mode (one token per forward call), so eviction
+# (runtime/eval/fidelity.h); scoring is decode mode (one token per forward call), so eviction
 # happens as in generation.
 #
 #   bench/quality.sh [BUILD_DIR] [PAIRS] [PROMPT]

@@ -23,10 +23,10 @@
 #include "base/alloc.h"
 #include "base/sys.h"
 #include "policies/policy.h"
-#include "runtime/engine.h"
-#include "runtime/forward.h"
-#include "runtime/model.h"
-#include "runtime/sampler.h"
+#include "runtime/engine/engine.h"
+#include "runtime/exec/forward.h"
+#include "runtime/model/model.h"
+#include "runtime/exec/sampler.h"
 
 #define TSR__MAX_ARGS 32
 

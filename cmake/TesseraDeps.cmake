@@ -29,7 +29,7 @@ if(TESSERA_MPI)
   target_compile_definitions(tsr_deps INTERFACE TSR_HAVE_MPI=1)
 endif()
 
-# HDF5 (checkpoints of `tessera run`, jobs/checkpoint.c): ON when found. Debian ships the
+# HDF5 (checkpoints of `tessera run`, jobs/run/checkpoint.c): ON when found. Debian ships the
 # Open MPI flavour (pkg-config hdf5-openmpi), which also serves a build without MPI (its
 # headers carry their mpi.h include path); a serial hdf5 is taken when there is one.
 # One pkg-config prefix per candidate: pkg_check_modules caches <prefix>_FOUND, so reusing

@@ -3,7 +3,7 @@
  *
  * Rank layout (Megatron order): world rank = pp_rank * tp + tp_rank, so the ranks of one
  * tensor-parallel group are consecutive (the same node, the fastest links) and a pipeline
- * group strides by tp. runtime/parallel.h uses the same mapping.
+ * group strides by tp. runtime/exec/parallel.h uses the same mapping.
  *
  * Backends. A job launched by mpirun/srun (detected from the launcher's environment) runs
  * over MPI; anything else is a single process that needs no MPI at all (world size 1, no

@@ -25,11 +25,11 @@
 #include "base/sys.h"
 #include "base/dtype.h"
 #include "base/membw.h"
-#include "runtime/engine.h"
-#include "runtime/forward.h"
-#include "runtime/kv_setup.h"
-#include "runtime/model.h"
-#include "runtime/sampler.h"
+#include "runtime/engine/engine.h"
+#include "runtime/exec/forward.h"
+#include "runtime/exec/kv_setup.h"
+#include "runtime/model/model.h"
+#include "runtime/exec/sampler.h"
 
 typedef struct tsr__bench_opts {
     const char *model;

@@ -7,9 +7,9 @@
 #include "jobs/cli.h"
 #include "jobs/commands.h"
 #include "base/dtype.h"
-#include "runtime/loader.h"
-#include "runtime/model.h"
-#include "runtime/tokenizer.h"
+#include "runtime/model/loader.h"
+#include "runtime/model/model.h"
+#include "runtime/text/tokenizer.h"
 
 static const char tsr__convert_about[] =
     "Loads SPEC (a llama2.c .bin, a Hugging Face directory, or synthetic:NAME) and writes DIR\n"

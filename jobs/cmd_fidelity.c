@@ -1,5 +1,5 @@
 /* `tessera fidelity`: how close a KV policy's outputs stay to the full cache's on the same
- * tokens (runtime/fidelity.h): perplexity of held-out text under both, top-1 agreement and
+ * tokens (runtime/eval/fidelity.h): perplexity of held-out text under both, top-1 agreement and
  * KL divergence of the next-token distributions, and a retrieval probe. One JSON object
  * out (--json FILE, else stdout), for bench/quality.sh and `tessera characterize`. */
 #include <math.h>
@@ -16,9 +16,9 @@
 #include "jobs/cli.h"
 #include "jobs/commands.h"
 #include "jobs/kv_cli.h"
-#include "runtime/fidelity.h"
-#include "runtime/model.h"
-#include "runtime/tokenizer.h"
+#include "runtime/eval/fidelity.h"
+#include "runtime/model/model.h"
+#include "runtime/text/tokenizer.h"
 
 typedef struct tsr__fid_opts {
     const char *model, *tokenizer, *text, *json, *backend;
@@ -88,7 +88,7 @@ static tsr_status tsr__fidelity(const tsr__fid_opts *o) {
     tsr_fidelity_result r;
     /* Text needs the tokenizer; the probe uses it when there is one (a real model), and
      * is made of token ids otherwise (a synthetic model). The engines load the model and
-     * tokenizer (runtime/fidelity.h). */
+     * tokenizer (runtime/eval/fidelity.h). */
     tsr_engine_spec spec = {.model_path = o->model, .tokenizer_path = o->tokenizer,
                             .load_tokenizer = o->text || o->tokenizer ||
                                               strncmp(o->model, "synthetic:", 10) != 0};

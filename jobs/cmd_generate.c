@@ -17,12 +17,12 @@
 #include "base/sys.h"
 #include "base/file.h"
 #include "base/log.h"
-#include "runtime/engine.h"
-#include "runtime/forward.h"
-#include "runtime/kv_setup.h"
-#include "runtime/model.h"
-#include "runtime/sampler.h"
-#include "runtime/tokenizer.h"
+#include "runtime/engine/engine.h"
+#include "runtime/exec/forward.h"
+#include "runtime/exec/kv_setup.h"
+#include "runtime/model/model.h"
+#include "runtime/exec/sampler.h"
+#include "runtime/text/tokenizer.h"
 
 int tsr_cmd_fail(const char *cmd) {
     const char *msg = tsr_last_error();

@@ -1,4 +1,4 @@
-/* --tp/--pp options of a distributed job (the start-up itself is runtime/dist.c). */
+/* --tp/--pp options of a distributed job (the start-up itself is runtime/engine/dist.c). */
 #include "jobs/dist_cli.h"
 
 #include <string.h>

@@ -1,13 +1,13 @@
 /* Distributed-job options shared by `tessera generate` and `tessera run`: --tp, --pp,
  * --micro-batches, --bind, --comm-timeout. They fill the engine spec's tsr_dist_options;
- * the engine (runtime/engine.h, runtime/dist.h) starts the job. */
+ * the engine (runtime/engine/engine.h, runtime/engine/dist.h) starts the job. */
 #ifndef TSR_JOBS_DIST_CLI_H
 #define TSR_JOBS_DIST_CLI_H
 
 #include <stdbool.h>
 
 #include "jobs/cli.h"
-#include "runtime/dist.h"
+#include "runtime/engine/dist.h"
 
 #define TSR_DIST_CLI_N_OPTS 5
 

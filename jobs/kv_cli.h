@@ -11,7 +11,7 @@
 
 #include "jobs/cli.h"
 #include "policies/policy.h"
-#include "runtime/kv_setup.h"
+#include "runtime/exec/kv_setup.h"
 
 /* Distinct option names over all registered policies. */
 #define TSR_KV_CLI_MAX_POLICY_OPTS 32

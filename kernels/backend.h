@@ -91,7 +91,7 @@ typedef struct tsr_attn_args {
 } tsr_attn_args;
 
 /* One row's sampling parameters for the op `sample`. r is the uniform in [0, 1) that the
- * request's seeded sampler drew on the host (runtime/sampler.c), so that every backend picks
+ * request's seeded sampler drew on the host (runtime/exec/sampler.c), so that every backend picks
  * with the same number. */
 typedef struct tsr_sample_params {
     float temperature; /* 0: greedy (argmax; r unused) */
@@ -196,7 +196,7 @@ typedef struct tsr_backend_ops {
     tsr_status (*embed)(tsr_backend *be, const tsr_tensor *emb, const int32_t *ids, int64_t n,
                         float *out);
     tsr_status (*attention)(tsr_backend *be, const tsr_attn_args *a);
-    /* Row-parallel products over column segments (tensor parallelism, runtime/parallel.h).
+    /* Row-parallel products over column segments (tensor parallelism, runtime/exec/parallel.h).
      * Segment p is columns [seg[p], seg[p+1]) of w and of x (x is [n][w.cols]; seg has
      * n_parts + 1 increasing entries within [0, w.cols]); P_p[n][w.rows] = x[:, seg_p] .
      * w[:, seg_p]^T. With `sum`, y[n][w.rows] = ((P_0 + P_1) + P_2) + ... in part order;
@@ -208,7 +208,7 @@ typedef struct tsr_backend_ops {
                                const int32_t *seg, int n_parts, bool sum, float *y);
     /* Optional (NULL: the caller downloads the logits and samples on the host): ids[i] =
      * the token drawn from row i of logits ([n][vocab], backend memory, overwritten: the
-     * op's scratch) with params[i], as runtime/sampler.c draws it (kernels/sample.h: argmax
+     * op's scratch) with params[i], as runtime/exec/sampler.c draws it (kernels/sample.h: argmax
      * when greedy, else softmax at the temperature, top-k, top-p, then params[i].r picks in
      * the kept mass). params and ids are host memory; only the ids come back, in place
      * when the call returns. The CPU backends give the host sampler's tokens bit for bit; a

@@ -1,5 +1,5 @@
 /* Sampling of one row of logits with the parameters of the backend op `sample`
- * (kernels/backend.h): the arithmetic that runtime/sampler.c and the CPU backends share, so
+ * (kernels/backend.h): the arithmetic that runtime/exec/sampler.c and the CPU backends share, so
  * that the CPU op draws exactly the host sampler's tokens. Host memory only. */
 #ifndef TSR_KERNELS_SAMPLE_H
 #define TSR_KERNELS_SAMPLE_H

@@ -206,7 +206,7 @@ tsr_status tsr_kv_swap_in(tsr_kv_cache *kv, int seq, int check, int64_t *bytes);
 /* Tokens per block of a block-managed cache, 0 otherwise. */
 int32_t tsr_kv_block_size(const tsr_kv_cache *kv);
 
-/* For readers (jobs/checkpoint.c): alloc_layers makes layers[] and tokens[] from len,
+/* For readers (jobs/run/checkpoint.c): alloc_layers makes layers[] and tokens[] from len,
  * n_layers; once layers[l].slots are set, alloc_rows makes each layer's row arrays (kv_dim,
  * has_scores). tsr_kv_seq_state_free frees whatever was made. */
 tsr_status tsr_kv_seq_state_alloc_layers(tsr_kv_seq_state *st);

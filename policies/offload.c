@@ -346,7 +346,7 @@ static void tsr__off_add_heads(double *out, const double *qh, int h0, int h1, in
  * per-head sums added in global head order, so the bits are one process's for any tp.
  * A rank holding several KV heads holds their whole groups. When tp exceeds the KV heads,
  * the TP ranks [kv_share_begin, kv_share_end) share one replicated KV head and each holds
- * part of its group (runtime/parallel.h): every TP rank broadcasts its per-head query
+ * part of its group (runtime/exec/parallel.h): every TP rank broadcasts its per-head query
  * energy (host memory, a control-plane step even when activations go over NCCL) and the
  * sharing ranks add theirs in rank order, which is head order. Collective over TP: select
  * runs in step on all ranks and the warm-up, hence this call, is the same on every rank. */

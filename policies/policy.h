@@ -68,7 +68,7 @@ typedef struct tsr_kv_policy_config {
      * and every rank evicts / selects the same tokens. NULL: one process. */
     tsr_comm *comm;
     /* TP ranks [kv_share_begin, kv_share_end) hold this rank's KV heads (several when tp
-     * exceeds the KV heads and they are replicated; runtime/parallel.h); each holds part of
+     * exceeds the KV heads and they are replicated; runtime/exec/parallel.h); each holds part of
      * their query group. Both 0: this rank alone. */
     int kv_share_begin, kv_share_end;
     int owns_host;           /* the cache destroys `host` with itself */

@@ -11,7 +11,7 @@
  * chunk is compressed once, at its end, exactly as in the paper; a chunked prompt is
  * compressed after each chunk (each with the last W queries seen so far as its window), so
  * a 128K prefill holds budget + one chunk per layer, what the pool is sized for
- * (runtime/kv_setup.c), instead of the whole prompt. The last chunk's compression is the
+ * (runtime/exec/kv_setup.c), instead of the whole prompt. The last chunk's compression is the
  * paper's, over the keys the earlier ones kept.
  *
  * The forward pass's key_scores sum over every query of a call, so this policy does not

@@ -10,8 +10,8 @@
 
 #include "kernels/backend.h"
 #include "base/status.h"
-#include "runtime/engine.h"
-#include "runtime/model.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/model.h"
 #include "tests/test.h"
 
 static const char *const kvt_names[] = {"cpu", "cpu-fenced"};

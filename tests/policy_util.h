@@ -11,9 +11,9 @@
 #include "memory/kv_paged.h"
 #include "policies/policy.h"
 #include "base/alloc.h"
-#include "runtime/forward.h"
-#include "runtime/kv_setup.h"
-#include "runtime/model.h"
+#include "runtime/exec/forward.h"
+#include "runtime/exec/kv_setup.h"
+#include "runtime/model/model.h"
 
 /* Greedy generation through the forward pass: prefill in chunks of `chunk`, then `gen`
  * decode steps; returns the tokens and the logits of the last step. m's weights are in

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "base/status.h"
-#include "runtime/tokenizer.h"
+#include "runtime/text/tokenizer.h"
 
 static char *read_all(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");

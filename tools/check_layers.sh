@@ -3,7 +3,7 @@
 #   base < comm < kernels < memory < policies < runtime < jobs
 # A file may include its own folder or any folder below it; tests/, bench/ and tools/ sit
 # above everything. Inside runtime/ and jobs/ the same holds between rooms:
-#   runtime/text < runtime/model < runtime/exec < runtime/engine < runtime/eval
+#   runtime/format < runtime/text < runtime/model < runtime/exec < runtime/engine < runtime/eval
 #   jobs < jobs/run < jobs/study        (a study reads run records, never the reverse)
 # and a source file of runtime/ outside every room is refused (a new file goes into a room).
 # Private headers: a *_internal.h, or a header listed in PRIVATE, may be included only from
@@ -12,8 +12,8 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 declare -A RANK=([base]=0 [comm]=1 [kernels]=2 [memory]=3 [policies]=4 [runtime]=5 [jobs]=6)
 # Rooms of a layer and their order; the layer's own top folder is a room only when listed.
-declare -A ROOM=([runtime/text]=0 [runtime/model]=1 [runtime/exec]=2 [runtime/engine]=3
-                 [runtime/eval]=4
+declare -A ROOM=([runtime/format]=0 [runtime/text]=1 [runtime/model]=2 [runtime/exec]=3
+                 [runtime/engine]=4 [runtime/eval]=5
                  [jobs]=0 [jobs/run]=1 [jobs/study]=2)
 declare -A HAS_ROOMS=([runtime]=1 [jobs]=1)
 # Headers private to their folder that are not named *_internal.h.
@@ -78,5 +78,5 @@ if [ "$bad" -gt 0 ]; then
     exit 1
 fi
 echo "check_layers: every include follows base < comm < kernels < memory < policies < runtime < jobs,"
-echo "  the rooms (runtime: text < model < exec < engine < eval; jobs < jobs/run < jobs/study)"
+echo "  the rooms (runtime: format < text < model < exec < engine < eval; jobs < jobs/run < jobs/study)"
 echo "  and the private headers"

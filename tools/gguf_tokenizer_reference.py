@@ -12,7 +12,7 @@ too and its disagreements are counted: transformers 5.x maps unknown `tokenizer.
 to plain GPT-2 splitting, so it drops smollm's Digits step (it splits "2024" as one piece).
 
 The corpus: the tricky strings of tests/data/tokenizers/bpe_cases.json, English prose (this
-repository's README.md and docs/architecture.md), code (runtime/gguf.c, tools/*.py), numbers,
+repository's README.md and docs/architecture.md), code (runtime/format/gguf.c, tools/*.py), numbers,
 whitespace runs, CJK, emoji, and special-token strings inside text.
 
 Usage: python3 tools/gguf_tokenizer_reference.py [--model models/SmolLM2-135M-Instruct.Q4_1.gguf]
@@ -61,7 +61,7 @@ def corpus():
     with open(os.path.join(ROOT, "tests", "data", "tokenizers", "bpe_cases.json")) as f:
         for c in json.load(f)["cases"]:
             texts.append((c["name"], base64.b64decode(c["text_b64"])))
-    for rel in ["README.md", "docs/architecture.md", "runtime/gguf.c", "tools/hf_reference.py"]:
+    for rel in ["README.md", "docs/architecture.md", "runtime/format/gguf.c", "tools/hf_reference.py"]:
         with open(os.path.join(ROOT, rel), "rb") as f:
             data = f.read()
         texts.append((rel, data[:24000]))

@@ -1,5 +1,5 @@
 /* The CPU backends' sample op (kernels/backend.h): each row through tsr_sample_row, the
- * arithmetic runtime/sampler.c uses, so the tokens are the host sampler's bit for bit. */
+ * arithmetic runtime/exec/sampler.c uses, so the tokens are the host sampler's bit for bit. */
 #include "base/alloc.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/sample.h"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tessera run with the model's own chat template (runtime/jinja.c): a model directory whose
+# tessera run with the model's own chat template (runtime/text/jinja.c): a model directory whose
 # tokenizer_config.json carries a template from tests/data/chat_templates renders chat
 # requests with it; a request the template refuses (raise_exception) gets an error record
 # with the template's message while the others run; a template using a construct tessera

@@ -134,7 +134,7 @@ grep -q warning "$TMP/err" && fail "offload with a budget warned: $(cat "$TMP/er
 # Measured on the plain CPU build only: ASan's shadow memory and the fenced device's
 # page-granular buffers are not what a user runs.
 # The default pool (no --kv-memory) is capped at what the job's sequences can fill
-# (runtime/kv_setup.c), not half the host's memory in block records.
+# (runtime/exec/kv_setup.c), not half the host's memory in block records.
 check_default_pool=1
 real=${TSR_TEST_BIN:-$BIN}
 peak_kib() { # peak RSS in KiB of the command, from getrusage of the children

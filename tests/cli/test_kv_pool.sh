@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The KV pool of a device backend follows its memory (runtime/kv_setup.h): on cpu-fenced,
+# The KV pool of a device backend follows its memory (runtime/exec/kv_setup.h): on cpu-fenced,
 # without --kv-memory, `generate --stats` reports a bytes_capacity that grows with the fenced
 # arena (TSR_FENCED_MEMORY) and stays below it; the plain CPU's pool does not depend on the
 # arena. Skipped (77) while this build has no cpu-fenced.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Memory from the job's real limit (runtime/kv_setup.h, base/sys.h):
+# Memory from the job's real limit (runtime/exec/kv_setup.h, base/sys.h):
 #  - under a fake cgroup v2 limit of 256 MiB (TSR_PROC_ROOT/TSR_CGROUP_ROOT point the
 #    readers at a fake tree) the host pool follows the limit (--stats bytes_capacity,
 #    --verbose names memory.max) and a bulk job finishes every request;

@@ -1,10 +1,10 @@
-/* libFuzzer target: one JSONL request line (jobs/batch_io.c, tsr_batch_parse_line), given
+/* libFuzzer target: one JSONL request line (jobs/run/batch_io.c, tsr_batch_parse_line), given
  * as exactly its bytes (no terminator), then the record the job would write for it: the
  * error record for a refused line, a result record echoing the request for an accepted one. */
 #include "tests/fuzz/fuzz_util.h"
 
 #include "base/alloc.h"
-#include "jobs/batch_io.h"
+#include "jobs/run/batch_io.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *line = tsr_fuzz_copy(data, size);

@@ -1,11 +1,11 @@
-/* libFuzzer target: chat templates (runtime/chat_template.c). The input is
+/* libFuzzer target: chat templates (runtime/text/chat_template.c). The input is
  * [uint16 LE n][n bytes of tokenizer_config.json][messages], the messages being
  * NUL-separated role, content, role, content, ... (at most 16); a template that parses is
  * rendered with them. */
 #include "tests/fuzz/fuzz_util.h"
 
 #include "base/alloc.h"
-#include "runtime/chat_template.h"
+#include "runtime/text/chat_template.h"
 
 #define TSR__MAX_MSGS 16
 

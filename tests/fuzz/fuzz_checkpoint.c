@@ -1,4 +1,4 @@
-/* libFuzzer target: the checkpoint reader of `tessera run` (jobs/checkpoint.c,
+/* libFuzzer target: the checkpoint reader of `tessera run` (jobs/run/checkpoint.c,
  * tsr_ckpt_read). Mutating an HDF5 file's raw bytes would mostly fuzz HDF5's own parser
  * (not instrumented, and not tessera's to fix: a 20 s run already hits a 10^19-byte
  * malloc inside it). So the input is a script of edits that HDF5 itself applies to a valid

@@ -6,7 +6,7 @@
 
 #include <string.h>
 
-#include "jobs/checkpoint.h"
+#include "jobs/run/checkpoint.h"
 
 #define TSR__KVD 4
 

@@ -1,8 +1,8 @@
-/* libFuzzer target: config.json (runtime/config.c, tsr_config_from_hf_json); an accepted
+/* libFuzzer target: config.json (runtime/model/config.c, tsr_config_from_hf_json); an accepted
  * config is validated and its parameter count taken, as a model load would. */
 #include "tests/fuzz/fuzz_util.h"
 
-#include "runtime/config.h"
+#include "runtime/model/config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = tsr_fuzz_write("config.json", data, size);

@@ -1,4 +1,4 @@
-/* libFuzzer target: GGUF files (runtime/gguf.c, gguf_loader.c, the GGUF tokenizer in
+/* libFuzzer target: GGUF files (runtime/format/gguf.c, gguf_loader.c, the GGUF tokenizer in
  * tokenizer_bpe.c). The parser reads the input in place (an exact-size buffer, so any read
  * past a checked bound faults under ASan); every accepted tensor is read whole and the
  * supported ones are dequantized; then the same bytes as a file go through tsr_model_load and
@@ -6,9 +6,9 @@
 #include "tests/fuzz/fuzz_util.h"
 
 #include "base/alloc.h"
-#include "runtime/gguf.h"
-#include "runtime/model.h"
-#include "runtime/tokenizer.h"
+#include "runtime/format/gguf.h"
+#include "runtime/model/model.h"
+#include "runtime/text/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tsr_gguf *g = NULL;

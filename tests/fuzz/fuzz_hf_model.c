@@ -1,9 +1,9 @@
-/* libFuzzer target: a Hugging Face model directory (runtime/loader_hf.c through
+/* libFuzzer target: a Hugging Face model directory (runtime/model/loader_hf.c through
  * tsr_model_load): the input is [uint16 LE n][n bytes of config.json][model.safetensors],
  * written to a directory of its own; a model that loads is checked and destroyed. */
 #include "tests/fuzz/fuzz_util.h"
 
-#include "runtime/model.h"
+#include "runtime/model/model.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *cfg, *st;

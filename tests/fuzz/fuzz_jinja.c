@@ -1,4 +1,4 @@
-/* libFuzzer target: the Jinja interpreter (runtime/jinja.c). The input is
+/* libFuzzer target: the Jinja interpreter (runtime/text/jinja.c). The input is
  * [uint16 LE n][n bytes of template][context JSON]; a template that compiles is rendered
  * with the context when that parses as a JSON object, else with a fixed chat context.
  * Limits are kept small (1 MiB output, 32 MiB of values) so that every input runs fast;
@@ -8,7 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "base/alloc.h"
-#include "runtime/jinja.h"
+#include "runtime/text/jinja.h"
 
 static const char tsr__ctx[] =
     "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "

@@ -1,8 +1,8 @@
-/* libFuzzer target: the llama2.c checkpoint loader (runtime/loader_llama2c.c): header and
+/* libFuzzer target: the llama2.c checkpoint loader (runtime/model/loader_llama2c.c): header and
  * size checks, and the weight views of a file that passes them. */
 #include "tests/fuzz/fuzz_util.h"
 
-#include "runtime/loader.h"
+#include "runtime/model/loader.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = tsr_fuzz_write("model.bin", data, size);

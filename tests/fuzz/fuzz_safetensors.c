@@ -1,9 +1,9 @@
-/* libFuzzer target: the safetensors reader (runtime/safetensors.c) on a file holding the
+/* libFuzzer target: the safetensors reader (runtime/format/safetensors.c) on a file holding the
  * input. Every tensor it accepts is read end to end, so a view that the bounds checks let
  * past the map faults under ASan. */
 #include "tests/fuzz/fuzz_util.h"
 
-#include "runtime/safetensors.h"
+#include "runtime/format/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = tsr_fuzz_write("model.safetensors", data, size);

@@ -1,4 +1,4 @@
-/* libFuzzer target: encode and decode of the repository's tokenizers (runtime/tokenizer*.c)
+/* libFuzzer target: encode and decode of the repository's tokenizers (runtime/text/tokenizer*.c)
  * on arbitrary bytes. The first input byte picks the tokenizer (bits 0-1: the Llama-3 BPE
  * tokenizer.json, its legacy variant, models/tokenizer.bin, models/tok512.bin), BOS (bit 2)
  * and EOS (bit 3), and the mode (bit 4): encode the rest and decode every id it gives, or
@@ -6,7 +6,7 @@
 #include "tests/fuzz/fuzz_util.h"
 
 #include "base/alloc.h"
-#include "runtime/tokenizer.h"
+#include "runtime/text/tokenizer.h"
 
 static tsr_tokenizer *tsr__tok[4];
 

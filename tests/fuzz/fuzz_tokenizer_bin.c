@@ -1,5 +1,5 @@
 /* libFuzzer target: the llama2.c / SentencePiece tokenizer.bin loader
- * (runtime/tokenizer_spm.c); a tokenizer that loads is exercised
+ * (runtime/text/tokenizer_spm.c); a tokenizer that loads is exercised
  * (tests/fuzz/fuzz_tokenizer_load.h). */
 #include "tests/fuzz/fuzz_util.h"
 

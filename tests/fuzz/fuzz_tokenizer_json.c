@@ -1,4 +1,4 @@
-/* libFuzzer target: the Hugging Face tokenizer.json loader (runtime/tokenizer_bpe.c); a
+/* libFuzzer target: the Hugging Face tokenizer.json loader (runtime/text/tokenizer_bpe.c); a
  * tokenizer that loads is exercised (tests/fuzz/fuzz_tokenizer_load.h). */
 #include "tests/fuzz/fuzz_util.h"
 

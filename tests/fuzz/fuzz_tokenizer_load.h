@@ -5,7 +5,7 @@
 #define TSR_TESTS_FUZZ_TOKENIZER_LOAD_H
 
 #include "base/alloc.h"
-#include "runtime/tokenizer.h"
+#include "runtime/text/tokenizer.h"
 
 static inline void tsr_fuzz_tokenizer_exercise(const tsr_tokenizer *t) {
     static const char text[] = "Hello  world 123, <|begin_of_text|>\xff\xfe \xe2\x82 caf\xc3\xa9\n";

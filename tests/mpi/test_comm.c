@@ -6,7 +6,7 @@
 
 #include "comm/comm.h"
 #include "base/alloc.h"
-#include "runtime/parallel.h"
+#include "runtime/exec/parallel.h"
 #include "tests/test.h"
 
 int tsr_test_failed_flag;

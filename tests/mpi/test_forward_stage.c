@@ -12,9 +12,9 @@
 #include "comm/comm.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
-#include "runtime/forward.h"
-#include "runtime/model.h"
-#include "runtime/parallel.h"
+#include "runtime/exec/forward.h"
+#include "runtime/model/model.h"
+#include "runtime/exec/parallel.h"
 #include "tests/test.h"
 
 int tsr_test_failed_flag;

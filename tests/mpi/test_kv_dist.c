@@ -17,7 +17,7 @@
  * The weights and the K/V live in the memory of the backend given with --backend (default
  * cpu; kv_dist.sh compares a cpu-fenced job with one cpu process, so the fenced device must
  * also give the plain CPU's tokens). Exits 77 (skipped) where this build lacks the backend.
- *  - with `swap`: the scheduler preempts by swap (runtime/scheduler.h); every rank swaps
+ *  - with `swap`: the scheduler preempts by swap (runtime/exec/scheduler.h); every rank swaps
  *    the same sequences out and in at the same steps (equal counts, identical tables after
  *    every step) and no swap falls back; with `swapfull` rank 1's host pool (rank 0's in
  *    one process) holds about one short sequence, so its shortage makes every rank fall
@@ -33,12 +33,12 @@
 #include "memory/kv_dist.h"
 #include "memory/kv_paged.h"
 #include "policies/policy.h"
-#include "runtime/engine.h"
-#include "runtime/forward.h"
-#include "runtime/kv_setup.h"
-#include "runtime/model.h"
-#include "runtime/parallel.h"
-#include "runtime/scheduler.h"
+#include "runtime/engine/engine.h"
+#include "runtime/exec/forward.h"
+#include "runtime/exec/kv_setup.h"
+#include "runtime/model/model.h"
+#include "runtime/exec/parallel.h"
+#include "runtime/exec/scheduler.h"
 
 static tsr_comm *g_comm;
 static int g_rank;

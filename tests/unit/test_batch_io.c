@@ -5,9 +5,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "jobs/batch_io.h"
+#include "jobs/run/batch_io.h"
 #include "base/alloc.h"
-#include "runtime/chat_template.h"
+#include "runtime/text/chat_template.h"
 #include "tests/test.h"
 
 /* Parses `line`; returns the error code ("" when valid) and keeps custom_id presence. */

@@ -1,4 +1,4 @@
-/* jobs/cell_runner.h: a cell's outcome from its stderr. Under mpirun a rank's own line and
+/* jobs/study/cell_runner.h: a cell's outcome from its stderr. Under mpirun a rank's own line and
  * the launcher's help text come in either order; the reason is tessera's line, a rank that
  * ran out of memory makes the cell `oom`, and a rank the kernel killed is `oom` too. */
 #include <signal.h>
@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "jobs/cell_runner.h"
+#include "jobs/study/cell_runner.h"
 #include "tests/test.h"
 
 static const char tsr__help[] =

@@ -1,4 +1,4 @@
-/* Checkpoints bound to their job and checksummed (jobs/checkpoint.h): every single-bit flip
+/* Checkpoints bound to their job and checksummed (jobs/run/checkpoint.h): every single-bit flip
  * of a checkpoint file is refused with one line naming the file or provably harmless (the
  * file reads back equal to the original, so a resume from it is the same); every
  * truncation is refused; the model identity changes with the configuration, the tensors'
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "jobs/checkpoint.h"
+#include "jobs/run/checkpoint.h"
 #include "base/alloc.h"
 #include "tests/test.h"
 

@@ -1,4 +1,4 @@
-/* runtime/fidelity.h on the bundled model, on cpu and cpu-fenced: the paged cache against
+/* runtime/eval/fidelity.h on the bundled model, on cpu and cpu-fenced: the paged cache against
  * itself is exact (agreement 1, KL 0.0, the same NLL bits), h2o at a 10 % budget is not,
  * every figure is in range, and the probe's recall reads the cache's residency. */
 #include <math.h>
@@ -6,9 +6,9 @@
 
 #include "base/alloc.h"
 #include "base/file.h"
-#include "runtime/fidelity.h"
-#include "runtime/model.h"
-#include "runtime/tokenizer.h"
+#include "runtime/eval/fidelity.h"
+#include "runtime/model/model.h"
+#include "runtime/text/tokenizer.h"
 #include "tests/kv_test_util.h"
 #include "tests/test.h"
 

@@ -10,10 +10,10 @@
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
 #include "base/alloc.h"
-#include "runtime/engine.h"
-#include "runtime/forward.h"
-#include "runtime/kv_setup.h"
-#include "runtime/model.h"
+#include "runtime/engine/engine.h"
+#include "runtime/exec/forward.h"
+#include "runtime/exec/kv_setup.h"
+#include "runtime/model/model.h"
 #include "tests/test.h"
 
 #define FAKE_TOTAL ((size_t)128 << 20)

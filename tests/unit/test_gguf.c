@@ -7,9 +7,9 @@
 
 #include "base/alloc.h"
 #include "base/status.h"
-#include "runtime/gguf.h"
-#include "runtime/model.h"
-#include "runtime/tokenizer.h"
+#include "runtime/format/gguf.h"
+#include "runtime/model/model.h"
+#include "runtime/text/tokenizer.h"
 #include "tests/test.h"
 
 #define DATA TSR_SOURCE_DIR "/tests/data/gguf/"

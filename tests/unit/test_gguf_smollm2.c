@@ -11,10 +11,10 @@
 
 #include "base/alloc.h"
 #include "base/status.h"
-#include "runtime/engine.h"
-#include "runtime/forward.h"
-#include "runtime/model.h"
-#include "runtime/tokenizer.h"
+#include "runtime/engine/engine.h"
+#include "runtime/exec/forward.h"
+#include "runtime/model/model.h"
+#include "runtime/text/tokenizer.h"
 #include "memory/kv_cache.h"
 #include "tests/test.h"
 

@@ -17,10 +17,10 @@
 #include "memory/kv_cache.h"
 #include "base/alloc.h"
 #include "base/status.h"
-#include "runtime/engine.h"
-#include "runtime/forward.h"
-#include "runtime/loader.h"
-#include "runtime/model.h"
+#include "runtime/engine/engine.h"
+#include "runtime/exec/forward.h"
+#include "runtime/model/loader.h"
+#include "runtime/model/model.h"
 #include "tests/test.h"
 
 /* f32 math against the f32 reference: summation order differs (BLAS vs torch), nothing else. */

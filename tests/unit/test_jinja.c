@@ -1,4 +1,4 @@
-/* runtime/jinja.c and runtime/chat_template.c: every template of the corpus in
+/* runtime/text/jinja.c and runtime/text/chat_template.c: every template of the corpus in
  * tests/data/chat_templates times every case of expected.json (written by
  * tools/chat_template_ref.py with Python jinja2 under transformers' settings) rendered
  * byte for byte the same, or refused with the line listed in refusals.txt; the snippets of
@@ -8,8 +8,8 @@
 
 #include "base/alloc.h"
 #include "base/file.h"
-#include "runtime/chat_template.h"
-#include "runtime/jinja.h"
+#include "runtime/text/chat_template.h"
+#include "runtime/text/jinja.h"
 #include "tests/test.h"
 
 #define TSR__DIR TSR_SOURCE_DIR "/tests/data/chat_templates/"

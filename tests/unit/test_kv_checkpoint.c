@@ -4,7 +4,7 @@
  * line. */
 #include <unistd.h>
 
-#include "jobs/checkpoint.h"
+#include "jobs/run/checkpoint.h"
 #include "memory/kv_paged.h"
 #include "policies/policy.h"
 #include "base/alloc.h"

@@ -6,8 +6,8 @@
 #include "memory/kv_paged.h"
 #include "base/alloc.h"
 #include "base/status.h"
-#include "runtime/forward.h"
-#include "runtime/model.h"
+#include "runtime/exec/forward.h"
+#include "runtime/model/model.h"
 #include "tests/kv_test_util.h"
 #include "tests/test.h"
 

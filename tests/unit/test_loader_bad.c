@@ -8,9 +8,9 @@
 
 #include "base/alloc.h"
 #include "base/status.h"
-#include "runtime/loader.h"
-#include "runtime/model.h"
-#include "runtime/safetensors.h"
+#include "runtime/model/loader.h"
+#include "runtime/model/model.h"
+#include "runtime/format/safetensors.h"
 #include "tests/test.h"
 
 #define BAD TSR_BINARY_DIR "/loader_bad"

@@ -7,10 +7,10 @@
 
 #include "base/alloc.h"
 #include "base/status.h"
-#include "runtime/config.h"
-#include "runtime/loader.h"
-#include "runtime/model.h"
-#include "runtime/safetensors.h"
+#include "runtime/model/config.h"
+#include "runtime/model/loader.h"
+#include "runtime/model/model.h"
+#include "runtime/format/safetensors.h"
 #include "tests/test.h"
 
 /* dim 16, hidden 24, 2 layers, 4 heads of 4, 2 kv heads, vocab 32. */

@@ -1,4 +1,4 @@
-/* matmul_parts (tensor-parallel reductions, runtime/parallel.h) and the TP slicing
+/* matmul_parts (tensor-parallel reductions, runtime/exec/parallel.h) and the TP slicing
  * properties of matmul, bitwise: (a) the parts of a column slice of W equal the same parts
  * of the whole W; (b) sum mode equals the parts summed in order (out = P0; out += P1 ...);
  * the parts do not depend on the thread count or, for decode, on the SIMD path's row

@@ -6,9 +6,9 @@
 #include "policies/policy.h"
 #include "base/alloc.h"
 #include "base/status.h"
-#include "runtime/forward.h"
-#include "runtime/kv_setup.h"
-#include "runtime/model.h"
+#include "runtime/exec/forward.h"
+#include "runtime/exec/kv_setup.h"
+#include "runtime/model/model.h"
 #include "tests/kv_test_util.h"
 #include "tests/test.h"
 

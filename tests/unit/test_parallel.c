@@ -1,5 +1,5 @@
 /* runtime/parallel: layout checks, rank mapping and per-rank shards. */
-#include "runtime/parallel.h"
+#include "runtime/exec/parallel.h"
 #include "tests/test.h"
 
 /* stories260K: dim 64, hidden 172, 5 layers, 8 heads, 4 KV heads. */

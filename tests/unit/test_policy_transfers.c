@@ -11,10 +11,10 @@
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
 #include "policies/policy.h"
-#include "runtime/engine.h"
-#include "runtime/forward.h"
-#include "runtime/model.h"
-#include "runtime/sampler.h"
+#include "runtime/engine/engine.h"
+#include "runtime/exec/forward.h"
+#include "runtime/model/model.h"
+#include "runtime/exec/sampler.h"
 #include "tests/test.h"
 
 enum { NP = 40, MAX_B = 2 };

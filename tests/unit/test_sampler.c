@@ -6,10 +6,10 @@
 #include "base/status.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
-#include "runtime/forward.h"
-#include "runtime/engine.h"
-#include "runtime/model.h"
-#include "runtime/sampler.h"
+#include "runtime/exec/forward.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/model.h"
+#include "runtime/exec/sampler.h"
 #include "tests/test.h"
 
 TSR_TEST(test_greedy_picks_argmax) {

@@ -12,12 +12,12 @@
 #include "memory/kv_paged.h"
 #include "policies/policy.h"
 #include "base/alloc.h"
-#include "runtime/engine.h"
-#include "runtime/forward.h"
-#include "runtime/kv_setup.h"
-#include "runtime/model.h"
-#include "runtime/scheduler.h"
-#include "runtime/tokenizer.h"
+#include "runtime/engine/engine.h"
+#include "runtime/exec/forward.h"
+#include "runtime/exec/kv_setup.h"
+#include "runtime/model/model.h"
+#include "runtime/exec/scheduler.h"
+#include "runtime/text/tokenizer.h"
 #include "tests/test.h"
 
 #define VOCAB 64

@@ -2,8 +2,8 @@
 #include <stdint.h>
 
 #include "base/status.h"
-#include "runtime/loader.h"
-#include "runtime/model.h"
+#include "runtime/model/loader.h"
+#include "runtime/model/model.h"
 #include "tests/test.h"
 
 static float elem(const tsr_tensor *t, int64_t i) {

@@ -8,7 +8,7 @@
 
 #include "base/alloc.h"
 #include "base/status.h"
-#include "runtime/tokenizer.h"
+#include "runtime/text/tokenizer.h"
 #include "tests/test.h"
 
 #define DATA TSR_SOURCE_DIR "/tests/data/tokenizers"

@@ -1,0 +1,738 @@
+/* OpenAI batch JSONL parsing/emitting with cJSON, and the resume scan (see batch_io.h). */
+#include "jobs/run/batch_io.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+
+/* ---- string set: open addressing, FNV-1a ------------------------------------------------ */
+
+struct tsr_strset {
+    char **slots;
+    size_t cap; /* power of two */
+    int64_t n;
+};
+
+static uint64_t tsr__fnv(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return h;
+}
+
+tsr_status tsr_strset_create(tsr_strset **out) {
+    tsr_strset *s = tsr_calloc(1, sizeof *s);
+    if (!s) return TSR_ERR_NOMEM;
+    s->cap = 64;
+    s->slots = tsr_calloc(s->cap, sizeof *s->slots);
+    if (!s->slots) {
+        tsr_free(s);
+        return TSR_ERR_NOMEM;
+    }
+    *out = s;
+    return TSR_OK;
+}
+
+void tsr_strset_destroy(tsr_strset *s) {
+    if (!s) return;
+    for (size_t i = 0; i < s->cap; i++) tsr_free(s->slots[i]);
+    tsr_free(s->slots);
+    tsr_free(s);
+}
+
+static size_t tsr__find(char *const *slots, size_t cap, const char *key) {
+    size_t i = (size_t)tsr__fnv(key) & (cap - 1);
+    while (slots[i] && strcmp(slots[i], key) != 0) i = (i + 1) & (cap - 1);
+    return i;
+}
+
+bool tsr_strset_has(const tsr_strset *s, const char *key) {
+    return s->slots[tsr__find(s->slots, s->cap, key)] != NULL;
+}
+
+int64_t tsr_strset_count(const tsr_strset *s) { return s->n; }
+
+tsr_status tsr_strset_add(tsr_strset *s, const char *key, bool *added) {
+    if (added) *added = false;
+    size_t i = tsr__find(s->slots, s->cap, key);
+    if (s->slots[i]) return TSR_OK;
+    if ((size_t)(s->n + 1) * 2 > s->cap) { /* keep the load under 1/2 */
+        size_t cap = s->cap * 2;
+        char **ns = tsr_calloc(cap, sizeof *ns);
+        if (!ns) return TSR_ERR_NOMEM;
+        for (size_t j = 0; j < s->cap; j++)
+            if (s->slots[j]) ns[tsr__find(ns, cap, s->slots[j])] = s->slots[j];
+        tsr_free(s->slots);
+        s->slots = ns;
+        s->cap = cap;
+        i = tsr__find(s->slots, s->cap, key);
+    }
+    char *copy = tsr_strdup(key);
+    if (!copy) return TSR_ERR_NOMEM;
+    s->slots[i] = copy;
+    s->n++;
+    if (added) *added = true;
+    return TSR_OK;
+}
+
+/* ---- request parsing -------------------------------------------------------------------- */
+
+void tsr_batch_request_free(tsr_batch_request *r) {
+    if (!r) return;
+    tsr_free(r->custom_id);
+    tsr_free(r->prompt);
+    for (int i = 0; i < r->n_messages; i++) {
+        tsr_free((char *)r->messages[i].role);
+        tsr_free((char *)r->messages[i].content);
+    }
+    tsr_free(r->messages);
+    for (int i = 0; i < r->n_stops; i++) tsr_free(r->stops[i]);
+    memset(r, 0, sizeof *r);
+}
+
+static tsr_status tsr__bad(tsr_batch_error *e, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static tsr_status tsr__bad(tsr_batch_error *e, const char *code, const char *fmt, ...) {
+    snprintf(e->code, sizeof e->code, "%s", code);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return TSR_ERR_INVALID;
+}
+
+/* A message's content: a string, or an array of {"type": "text", "text": ...} parts. */
+static tsr_status tsr__content(const cJSON *c, char **out) {
+    *out = NULL;
+    if (cJSON_IsString(c)) {
+        *out = tsr_strdup(c->valuestring);
+        return *out ? TSR_OK : TSR_ERR_NOMEM;
+    }
+    if (!cJSON_IsArray(c)) return TSR_ERR_INVALID;
+    size_t n = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, c) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(p, "type");
+        const cJSON *tx = cJSON_GetObjectItemCaseSensitive(p, "text");
+        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "text") || !cJSON_IsString(tx))
+            return TSR_ERR_INVALID;
+        n += strlen(tx->valuestring);
+    }
+    char *buf = tsr_malloc(n + 1);
+    if (!buf) return TSR_ERR_NOMEM;
+    size_t at = 0;
+    cJSON_ArrayForEach(p, c) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring;
+        size_t l = strlen(t);
+        memcpy(buf + at, t, l);
+        at += l;
+    }
+    buf[at] = '\0';
+    *out = buf;
+    return TSR_OK;
+}
+
+static tsr_status tsr__parse_body(const cJSON *body, tsr_batch_request *r, tsr_batch_error *e) {
+    if (r->kind == TSR_BATCH_COMPLETION) {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+        /* A one-element array of strings is the same prompt (OpenAI accepts both). */
+        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1) p = cJSON_GetArrayItem(p, 0);
+        if (!p || cJSON_IsNull(p))
+            return tsr__bad(e, TSR_BATCH_E_PROMPT, "body has no \"prompt\"");
+        if (!cJSON_IsString(p))
+            return tsr__bad(e, TSR_BATCH_E_PROMPT,
+                            "\"prompt\" must be a string (token arrays and several prompts per "
+                            "request are not supported)");
+        if (!p->valuestring[0]) return tsr__bad(e, TSR_BATCH_E_PROMPT, "\"prompt\" is empty");
+        r->prompt = tsr_strdup(p->valuestring);
+        if (!r->prompt) return TSR_ERR_NOMEM;
+    } else {
+        const cJSON *ms = cJSON_GetObjectItemCaseSensitive(body, "messages");
+        if (!cJSON_IsArray(ms) || cJSON_GetArraySize(ms) == 0)
+            return tsr__bad(e, TSR_BATCH_E_MESSAGES, "body has no \"messages\" array");
+        int n = cJSON_GetArraySize(ms);
+        r->messages = tsr_calloc((size_t)n, sizeof *r->messages);
+        if (!r->messages) return TSR_ERR_NOMEM;
+        const cJSON *m;
+        cJSON_ArrayForEach(m, ms) {
+            int i = r->n_messages;
+            const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+            if (!cJSON_IsString(role) ||
+                (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "user") &&
+                 strcmp(role->valuestring, "assistant")))
+                return tsr__bad(e, TSR_BATCH_E_MESSAGES,
+                                "messages[%d]: role must be \"system\", \"user\" or "
+                                "\"assistant\"", i);
+            char *content = NULL;
+            tsr_status st = tsr__content(cJSON_GetObjectItemCaseSensitive(m, "content"),
+                                         &content);
+            if (st == TSR_ERR_NOMEM) return st;
+            if (st != TSR_OK)
+                return tsr__bad(e, TSR_BATCH_E_MESSAGES,
+                                "messages[%d]: content must be a string or text parts", i);
+            r->messages[i].content = content;
+            r->messages[i].role = tsr_strdup(role->valuestring);
+            r->n_messages++;
+            if (!r->messages[i].role) return TSR_ERR_NOMEM;
+        }
+    }
+
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, "max_tokens");
+    if (!v || cJSON_IsNull(v)) v = cJSON_GetObjectItemCaseSensitive(body, "max_completion_tokens");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e9 ||
+            v->valuedouble != floor(v->valuedouble))
+            return tsr__bad(e, TSR_BATCH_E_PARAM, "\"max_tokens\" must be an integer >= 0");
+        r->max_tokens = (int)v->valuedouble;
+    }
+    v = cJSON_GetObjectItemCaseSensitive(body, "temperature");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble > 100)
+            return tsr__bad(e, TSR_BATCH_E_PARAM, "\"temperature\" must be a number >= 0");
+        r->temperature = (float)v->valuedouble;
+    }
+    v = cJSON_GetObjectItemCaseSensitive(body, "top_p");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble <= 1))
+            return tsr__bad(e, TSR_BATCH_E_PARAM, "\"top_p\" must be a number in (0, 1]");
+        r->top_p = (float)v->valuedouble;
+    }
+    v = cJSON_GetObjectItemCaseSensitive(body, "seed");
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
+            fabs(v->valuedouble) > 9.2e18)
+            return tsr__bad(e, TSR_BATCH_E_PARAM, "\"seed\" must be an integer");
+        r->has_seed = true;
+        r->seed = (uint64_t)(int64_t)v->valuedouble;
+    }
+    v = cJSON_GetObjectItemCaseSensitive(body, "n");
+    if (v && !cJSON_IsNull(v) && !(cJSON_IsNumber(v) && v->valuedouble == 1))
+        return tsr__bad(e, TSR_BATCH_E_PARAM, "\"n\" other than 1 is not supported");
+    v = cJSON_GetObjectItemCaseSensitive(body, "stop");
+    if (v && !cJSON_IsNull(v)) {
+        const cJSON *one = v;
+        if (cJSON_IsString(v)) {
+            if (v->valuestring[0]) {
+                r->stops[r->n_stops] = tsr_strdup(v->valuestring);
+                if (!r->stops[r->n_stops++]) return TSR_ERR_NOMEM;
+            }
+        } else if (cJSON_IsArray(v)) {
+            if (cJSON_GetArraySize(v) > TSR_BATCH_MAX_STOPS)
+                return tsr__bad(e, TSR_BATCH_E_PARAM, "\"stop\" holds more than %d strings",
+                                TSR_BATCH_MAX_STOPS);
+            cJSON_ArrayForEach(one, v) {
+                if (!cJSON_IsString(one))
+                    return tsr__bad(e, TSR_BATCH_E_PARAM,
+                                    "\"stop\" must be a string or an array of strings");
+                if (!one->valuestring[0]) continue;
+                r->stops[r->n_stops] = tsr_strdup(one->valuestring);
+                if (!r->stops[r->n_stops++]) return TSR_ERR_NOMEM;
+            }
+        } else {
+            return tsr__bad(e, TSR_BATCH_E_PARAM,
+                            "\"stop\" must be a string or an array of strings");
+        }
+    }
+    return TSR_OK;
+}
+
+tsr_status tsr_batch_parse_line(const char *text, size_t len, int64_t line,
+                                tsr_batch_request *r, tsr_batch_error *e) {
+    memset(r, 0, sizeof *r);
+    memset(e, 0, sizeof *e);
+    r->line = line;
+    r->max_tokens = 16;
+    r->temperature = 1.0f;
+    r->top_p = 1.0f;
+    const char *end = NULL;
+    cJSON *doc = cJSON_ParseWithLengthOpts(text, len, &end, false);
+    if (!doc || !cJSON_IsObject(doc)) {
+        cJSON_Delete(doc);
+        return tsr__bad(e, TSR_BATCH_E_JSON, "line %" PRId64 ": not a JSON object", line);
+    }
+    /* Trailing bytes other than whitespace make the line invalid. */
+    for (; end && end < text + len; end++)
+        if (*end != ' ' && *end != '\t' && *end != '\r') {
+            cJSON_Delete(doc);
+            return tsr__bad(e, TSR_BATCH_E_JSON, "line %" PRId64 ": not a JSON object", line);
+        }
+    tsr_status st = TSR_OK;
+    const cJSON *cid = cJSON_GetObjectItemCaseSensitive(doc, "custom_id");
+    if (!cJSON_IsString(cid) || !cid->valuestring[0]) {
+        st = tsr__bad(e, TSR_BATCH_E_CUSTOM_ID,
+                      "line %" PRId64 ": \"custom_id\" is missing or not a non-empty string",
+                      line);
+        goto done;
+    }
+    r->custom_id = tsr_strdup(cid->valuestring);
+    if (!r->custom_id) {
+        st = TSR_ERR_NOMEM;
+        goto done;
+    }
+    const cJSON *method = cJSON_GetObjectItemCaseSensitive(doc, "method");
+    if (method && !(cJSON_IsString(method) && !strcmp(method->valuestring, "POST"))) {
+        st = tsr__bad(e, TSR_BATCH_E_METHOD, "\"method\" must be \"POST\"");
+        goto done;
+    }
+    const cJSON *url = cJSON_GetObjectItemCaseSensitive(doc, "url");
+    if (!cJSON_IsString(url)) {
+        st = tsr__bad(e, TSR_BATCH_E_URL,
+                      "\"url\" is missing (need /v1/completions or /v1/chat/completions)");
+        goto done;
+    }
+    if (!strcmp(url->valuestring, "/v1/completions")) {
+        r->kind = TSR_BATCH_COMPLETION;
+    } else if (!strcmp(url->valuestring, "/v1/chat/completions")) {
+        r->kind = TSR_BATCH_CHAT;
+    } else {
+        st = tsr__bad(e, TSR_BATCH_E_URL,
+                      "\"url\" %.200s is not /v1/completions or /v1/chat/completions",
+                      url->valuestring);
+        goto done;
+    }
+    const cJSON *body = cJSON_GetObjectItemCaseSensitive(doc, "body");
+    if (!cJSON_IsObject(body)) {
+        st = tsr__bad(e, TSR_BATCH_E_BODY, "\"body\" is missing or not an object");
+        goto done;
+    }
+    st = tsr__parse_body(body, r, e);
+done:
+    cJSON_Delete(doc);
+    return st;
+}
+
+/* ---- records ---------------------------------------------------------------------------- */
+
+void tsr_batch_record_id(const char *custom_id, int64_t line, char *buf, size_t cap) {
+    char key[48];
+    if (!custom_id) {
+        snprintf(key, sizeof key, "#line %" PRId64, line);
+        custom_id = key;
+    }
+    snprintf(buf, cap, "batch_req_%016" PRIx64, tsr__fnv(custom_id));
+}
+
+/* Length of the UTF-8 character at p (n bytes left): 1-4, or 0 when p does not start a
+ * valid one (a NUL byte, a stray continuation byte, a cut sequence, an overlong form, a
+ * surrogate, a value past U+10FFFF). */
+static size_t tsr__utf8_char(const uint8_t *p, size_t n) {
+    uint8_t c = p[0];
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (c == 0 || len == 0 || len > n) return 0;
+    uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1fu) : len == 3 ? (c & 0x0fu) : (c & 0x07u);
+    for (size_t k = 1; k < len; k++) {
+        if ((p[k] & 0xc0) != 0x80) return 0;
+        cp = (cp << 6) | (p[k] & 0x3fu);
+    }
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
+        (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return len;
+}
+
+/* Valid UTF-8 copy: invalid sequences and NUL bytes become U+FFFD (JSON needs UTF-8). */
+static char *tsr__utf8_clean(const char *s, size_t n) {
+    size_t cap;
+    if (!tsr_mul_size(n, 3, &cap)) return NULL;
+    char *out = tsr_malloc(cap + 1);
+    if (!out) return NULL;
+    const uint8_t *p = (const uint8_t *)s;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        size_t len = tsr__utf8_char(p + i, n - i);
+        if (len > 0) {
+            memcpy(out + o, p + i, len);
+            o += len;
+            i += len;
+        } else {
+            memcpy(out + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i += 1;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* cJSON output (malloc'd) -> a tsr_malloc'd line with '\n'. */
+static char *tsr__line(cJSON *doc) {
+    char *js = doc ? cJSON_PrintUnformatted(doc) : NULL;
+    cJSON_Delete(doc);
+    if (!js) return NULL;
+    size_t n = strlen(js);
+    char *line = tsr_malloc(n + 2);
+    if (line) {
+        memcpy(line, js, n);
+        line[n] = '\n';
+        line[n + 1] = '\0';
+    }
+    cJSON_free(js);
+    return line;
+}
+
+char *tsr_batch_format_result(const tsr_batch_result *r) {
+    char id[48], req[48];
+    tsr_batch_record_id(r->custom_id, 0, id, sizeof id);
+    snprintf(req, sizeof req, "req_%s", id + strlen("batch_req_"));
+    char *text = tsr__utf8_clean(r->text ? r->text : "", r->text ? r->text_len : 0);
+    if (!text) return NULL;
+    cJSON *doc = cJSON_CreateObject();
+    cJSON *resp = cJSON_CreateObject();
+    cJSON *body = cJSON_CreateObject();
+    cJSON *choices = cJSON_CreateArray();
+    cJSON *choice = cJSON_CreateObject();
+    cJSON *usage = cJSON_CreateObject();
+    bool ok = doc && resp && body && choices && choice && usage;
+    if (ok) {
+        cJSON_AddStringToObject(doc, "id", id);
+        cJSON_AddStringToObject(doc, "custom_id", r->custom_id);
+        cJSON_AddItemToObject(doc, "response", resp);
+        cJSON_AddNumberToObject(resp, "status_code", 200);
+        cJSON_AddStringToObject(resp, "request_id", req);
+        cJSON_AddItemToObject(resp, "body", body);
+        cJSON_AddStringToObject(body, "id", req);
+        cJSON_AddStringToObject(body, "object",
+                                r->kind == TSR_BATCH_CHAT ? "chat.completion" : "text_completion");
+        cJSON_AddStringToObject(body, "model", r->model ? r->model : "");
+        cJSON_AddNumberToObject(choice, "index", 0);
+        if (r->kind == TSR_BATCH_CHAT) {
+            cJSON *msg = cJSON_AddObjectToObject(choice, "message");
+            if (msg) {
+                cJSON_AddStringToObject(msg, "role", "assistant");
+                cJSON_AddStringToObject(msg, "content", text);
+            }
+        } else {
+            cJSON_AddStringToObject(choice, "text", text);
+        }
+        cJSON_AddStringToObject(choice, "finish_reason", r->finish_reason);
+        cJSON_AddItemToArray(choices, choice);
+        cJSON_AddItemToObject(body, "choices", choices);
+        cJSON_AddNumberToObject(usage, "prompt_tokens", r->prompt_tokens);
+        cJSON_AddNumberToObject(usage, "completion_tokens", r->completion_tokens);
+        cJSON_AddNumberToObject(usage, "total_tokens", r->prompt_tokens + r->completion_tokens);
+        cJSON_AddItemToObject(body, "usage", usage);
+        cJSON_AddNullToObject(doc, "error");
+    } else {
+        cJSON_Delete(resp);
+        cJSON_Delete(body);
+        cJSON_Delete(choices);
+        cJSON_Delete(choice);
+        cJSON_Delete(usage);
+        cJSON_Delete(doc);
+        doc = NULL;
+    }
+    tsr_free(text);
+    return tsr__line(doc);
+}
+
+char *tsr_batch_format_error(const char *custom_id, int64_t line, const char *code,
+                             const char *message) {
+    char id[48];
+    tsr_batch_record_id(custom_id, line, id, sizeof id);
+    char *msg = tsr__utf8_clean(message, strlen(message));
+    if (!msg) return NULL;
+    cJSON *doc = cJSON_CreateObject();
+    cJSON *err = doc ? cJSON_CreateObject() : NULL;
+    if (!err) {
+        cJSON_Delete(doc);
+        tsr_free(msg);
+        return NULL;
+    }
+    cJSON_AddStringToObject(doc, "id", id);
+    if (custom_id)
+        cJSON_AddStringToObject(doc, "custom_id", custom_id);
+    else
+        cJSON_AddNullToObject(doc, "custom_id");
+    cJSON_AddNullToObject(doc, "response");
+    cJSON_AddStringToObject(err, "code", code);
+    cJSON_AddStringToObject(err, "message", msg);
+    cJSON_AddNumberToObject(err, "line", (double)line);
+    cJSON_AddItemToObject(doc, "error", err);
+    tsr_free(msg);
+    return tsr__line(doc);
+}
+
+/* ---- input file ------------------------------------------------------------------------- */
+
+/* A file that begins with a byte-order mark other than UTF-8's: its encoding, else NULL. */
+static const char *tsr__foreign_bom(const uint8_t *p, size_t n) {
+    if (n >= 4 && p[0] == 0xff && p[1] == 0xfe && p[2] == 0 && p[3] == 0)
+        return "UTF-32LE (byte-order mark FF FE 00 00)";
+    if (n >= 4 && p[0] == 0 && p[1] == 0 && p[2] == 0xfe && p[3] == 0xff)
+        return "UTF-32BE (byte-order mark 00 00 FE FF)";
+    if (n >= 2 && p[0] == 0xff && p[1] == 0xfe) return "UTF-16LE (byte-order mark FF FE)";
+    if (n >= 2 && p[0] == 0xfe && p[1] == 0xff) return "UTF-16BE (byte-order mark FE FF)";
+    return NULL;
+}
+
+tsr_status tsr_batch_input_scan(const char *path, FILE *f, int64_t *n_requests, long *start) {
+    *n_requests = 0;
+    *start = 0;
+    char *buf = NULL;
+    size_t cap = 0;
+    int64_t line = 0;
+    tsr_status st = TSR_OK;
+    for (;;) {
+        errno = 0;
+        ssize_t n = getline(&buf, &cap, f);
+        if (n < 0) {
+            if (ferror(f))
+                st = tsr_error_set(TSR_ERR_IO, "%s: read error: %s", path, strerror(errno));
+            break;
+        }
+        line++;
+        const uint8_t *p = (const uint8_t *)buf;
+        size_t len = (size_t)n, i = 0;
+        if (line == 1) {
+            const char *enc = tsr__foreign_bom(p, len);
+            if (enc) {
+                st = tsr_error_set(TSR_ERR_INVALID,
+                                   "%s: the input is %s, not UTF-8: convert it first (e.g. "
+                                   "iconv -f UTF-16 -t UTF-8)", path, enc);
+                break;
+            }
+            if (len >= 3 && p[0] == 0xef && p[1] == 0xbb && p[2] == 0xbf) {
+                i = 3; /* UTF-8's byte-order mark: allowed, the reader starts after it */
+                *start = 3;
+            }
+        }
+        bool blank = true;
+        while (i < len) {
+            size_t k = tsr__utf8_char(p + i, len - i);
+            if (k == 0) {
+                if (p[i] == 0)
+                    st = tsr_error_set(TSR_ERR_INVALID,
+                                       "%s: line %" PRId64 " has a NUL byte at byte %zu (UTF-16 "
+                                       "without a byte-order mark, or binary?): the input must "
+                                       "be UTF-8 JSONL", path, line, i + 1);
+                else
+                    st = tsr_error_set(TSR_ERR_INVALID,
+                                       "%s: line %" PRId64 " is not UTF-8 (byte 0x%02x at byte "
+                                       "%zu): the input must be UTF-8 JSONL", path, line, p[i],
+                                       i + 1);
+                break;
+            }
+            if (!(k == 1 && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r' || p[i] == '\n')))
+                blank = false;
+            i += k;
+        }
+        if (st != TSR_OK) break;
+        if (!blank) (*n_requests)++;
+    }
+    free(buf); /* getline allocates with malloc */
+    return st;
+}
+
+/* ---- resume ----------------------------------------------------------------------------- */
+
+void tsr_batch_resume_free(tsr_batch_resume *r) {
+    tsr_strset_destroy(r->ids);
+    tsr_strset_destroy(r->lines);
+    memset(r, 0, sizeof *r);
+}
+
+bool tsr_batch_resume_has(const tsr_batch_resume *r, const char *custom_id, int64_t line) {
+    if (custom_id) return tsr_strset_has(r->ids, custom_id);
+    char key[32];
+    snprintf(key, sizeof key, "%" PRId64, line);
+    return tsr_strset_has(r->lines, key);
+}
+
+/* Classifies one complete output line: 1 = a record (key added), 0 = not a record. */
+static tsr_status tsr__scan_record(tsr_batch_resume *r, const char *text, size_t len, int *is_rec,
+                                   int *is_err) {
+    *is_rec = *is_err = 0;
+    cJSON *doc = cJSON_ParseWithLength(text, len);
+    if (!cJSON_IsObject(doc)) {
+        cJSON_Delete(doc);
+        return TSR_OK;
+    }
+    tsr_status st = TSR_OK;
+    const cJSON *cid = cJSON_GetObjectItemCaseSensitive(doc, "custom_id");
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(doc, "error");
+    const cJSON *resp = cJSON_GetObjectItemCaseSensitive(doc, "response");
+    bool has_err = cJSON_IsObject(err);
+    if (!has_err && !cJSON_IsObject(resp)) goto done;
+    const cJSON *code = has_err ? cJSON_GetObjectItemCaseSensitive(err, "code") : NULL;
+    const cJSON *line = has_err ? cJSON_GetObjectItemCaseSensitive(err, "line") : NULL;
+    bool by_line = !cJSON_IsString(cid) ||
+                   (cJSON_IsString(code) && !strcmp(code->valuestring, TSR_BATCH_E_DUPLICATE));
+    if (by_line) {
+        if (!cJSON_IsNumber(line)) goto done;
+        char key[32];
+        snprintf(key, sizeof key, "%" PRId64, (int64_t)line->valuedouble);
+        st = tsr_strset_add(r->lines, key, NULL);
+    } else {
+        st = tsr_strset_add(r->ids, cid->valuestring, NULL);
+    }
+    *is_rec = 1;
+    *is_err = has_err;
+done:
+    cJSON_Delete(doc);
+    return st;
+}
+
+/* Reads `path` line by line, calling fn on each complete line; *good_end gets the offset
+ * after the last newline and *size the file size. */
+typedef tsr_status (*tsr__line_fn)(void *ctx, const char *line, size_t len);
+
+static tsr_status tsr__each_line(const char *path, FILE *f, tsr__line_fn fn, void *ctx,
+                                 int64_t *good_end, int64_t *size) {
+    char *buf = NULL;
+    size_t cap = 0;
+    int64_t off = 0;
+    *good_end = 0;
+    tsr_status st = TSR_OK;
+    for (;;) {
+        errno = 0;
+        ssize_t n = getline(&buf, &cap, f);
+        if (n < 0) {
+            if (ferror(f)) st = tsr_error_set(TSR_ERR_IO, "%s: read error: %s", path,
+                                              strerror(errno));
+            break;
+        }
+        off += n;
+        if (buf[n - 1] != '\n') break; /* the truncated tail */
+        *good_end = off;
+        st = fn(ctx, buf, (size_t)n - 1);
+        if (st != TSR_OK) break;
+    }
+    free(buf); /* getline allocates with malloc */
+    *size = off;
+    return st;
+}
+
+static tsr_status tsr__scan_line(void *ctx, const char *line, size_t len) {
+    tsr_batch_resume *r = ctx;
+    size_t k = 0;
+    while (k < len && (line[k] == ' ' || line[k] == '\t' || line[k] == '\r')) k++;
+    if (k == len) return TSR_OK; /* blank */
+    int rec, err;
+    TSR_TRY(tsr__scan_record(r, line, len, &rec, &err));
+    if (rec) {
+        r->n_records++;
+        r->n_errors += err;
+    } else {
+        r->n_ignored++;
+    }
+    return TSR_OK;
+}
+
+tsr_status tsr_batch_resume_scan(const char *path, tsr_batch_resume *r) {
+    memset(r, 0, sizeof *r);
+    TSR_TRY(tsr_strset_create(&r->ids));
+    tsr_status st = tsr_strset_create(&r->lines);
+    if (st != TSR_OK) {
+        tsr_batch_resume_free(r);
+        return st;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (errno == ENOENT) return TSR_OK;
+        st = tsr_error_set(TSR_ERR_IO, "%s: cannot open the output file: %s", path,
+                           strerror(errno));
+        tsr_batch_resume_free(r);
+        return st;
+    }
+    int64_t good_end = 0, size = 0;
+    st = tsr__each_line(path, f, tsr__scan_line, r, &good_end, &size);
+    fclose(f);
+    if (st == TSR_OK && size > good_end) {
+        /* A record cut by a kill: remove it, so the next append starts on a fresh line. */
+        if (truncate(path, (off_t)good_end) != 0)
+            st = tsr_error_set(TSR_ERR_IO, "%s: cannot truncate the partial last record: %s",
+                               path, strerror(errno));
+        else
+            r->truncated_bytes = size - good_end;
+    }
+    if (st != TSR_OK) tsr_batch_resume_free(r);
+    return st;
+}
+
+typedef struct tsr__err_copy {
+    FILE *out;
+    const char *path;
+} tsr__err_copy;
+
+static tsr_status tsr__copy_errors(void *ctx, const char *line, size_t len) {
+    tsr__err_copy *c = ctx;
+    cJSON *doc = cJSON_ParseWithLength(line, len);
+    bool is_err = cJSON_IsObject(doc) &&
+                  cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(doc, "error"));
+    cJSON_Delete(doc);
+    if (!is_err) return TSR_OK;
+    if (fwrite(line, 1, len, c->out) != len || fputc('\n', c->out) == EOF)
+        return tsr_error_set(TSR_ERR_IO, "%s: write error", c->path);
+    return TSR_OK;
+}
+
+tsr_status tsr_batch_rebuild_errors(const char *out_path, const char *err_path) {
+    char tmp[4096];
+    int n = snprintf(tmp, sizeof tmp, "%s.tmp", err_path);
+    if (n < 0 || (size_t)n >= sizeof tmp)
+        return tsr_error_set(TSR_ERR_INVALID, "%s: path too long", err_path);
+    /* Errors name err_path, the file the user asked for (--errors, or the default beside
+     * --output), not the temporary that is an implementation detail. */
+    FILE *out = fopen(tmp, "wb");
+    if (!out)
+        return tsr_error_set(TSR_ERR_IO, "%s: cannot create the errors file: %s", err_path,
+                             strerror(errno));
+    tsr_status st = TSR_OK;
+    FILE *in = fopen(out_path, "rb");
+    if (in) {
+        tsr__err_copy c = {out, err_path};
+        int64_t good_end, size;
+        st = tsr__each_line(out_path, in, tsr__copy_errors, &c, &good_end, &size);
+        fclose(in);
+    } else if (errno != ENOENT) {
+        st = tsr_error_set(TSR_ERR_IO, "%s: cannot open: %s", out_path, strerror(errno));
+    }
+    if (fflush(out) != 0 || fsync(fileno(out)) != 0) {
+        if (st == TSR_OK) st = tsr_error_set(TSR_ERR_IO, "%s: write error: %s", err_path,
+                                             strerror(errno));
+    }
+    fclose(out);
+    if (st == TSR_OK && rename(tmp, err_path) != 0)
+        st = tsr_error_set(TSR_ERR_IO, "%s: cannot rename into place: %s", err_path,
+                           strerror(errno));
+    if (st != TSR_OK) remove(tmp);
+    return st;
+}
+
+/* ---- writer ----------------------------------------------------------------------------- */
+
+tsr_status tsr_batch_writer_open(tsr_batch_writer *w, const char *path) {
+    memset(w, 0, sizeof *w);
+    w->f = fopen(path, "ab");
+    if (!w->f)
+        return tsr_error_set(TSR_ERR_IO, "%s: cannot open for writing: %s", path,
+                             strerror(errno));
+    w->path = tsr_strdup(path);
+    if (!w->path) {
+        fclose(w->f);
+        w->f = NULL;
+        return TSR_ERR_NOMEM;
+    }
+    return TSR_OK;
+}
+
+tsr_status tsr_batch_writer_put(tsr_batch_writer *w, const char *line) {
+    size_t n = strlen(line);
+    if (fwrite(line, 1, n, w->f) != n || fflush(w->f) != 0 || fsync(fileno(w->f)) != 0)
+        return tsr_error_set(TSR_ERR_IO, "%s: write error: %s", w->path, strerror(errno));
+    return TSR_OK;
+}
+
+void tsr_batch_writer_close(tsr_batch_writer *w) {
+    if (w->f) fclose(w->f);
+    tsr_free(w->path);
+    memset(w, 0, sizeof *w);
+}

@@ -1,0 +1,112 @@
+/* The state of one `tessera run` job, shared by jobs/run/cmd_run.c (the job) and
+ * jobs/run/run_checkpoint.c (--checkpoint: save at a stop, resume at the start). */
+#ifndef TSR_JOBS_RUN_JOB_H
+#define TSR_JOBS_RUN_JOB_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "jobs/run/batch_io.h"
+#include "jobs/dist_cli.h"
+#include "jobs/kv_cli.h"
+#include "jobs/run/metrics.h"
+#include "jobs/run/progress.h"
+#include "runtime/text/chat_template.h"
+#include "runtime/engine/engine.h"
+#include "runtime/exec/scheduler.h"
+#include "runtime/text/tokenizer.h"
+
+typedef struct tsr_run_opts {
+    const char *model, *tokenizer, *input, *output, *errors, *metrics, *backend;
+    const char *checkpoint; /* --checkpoint FILE.h5, or NULL */
+    bool checkpoint_discard; /* --checkpoint-discard: drop one that does not fit the job */
+    int max_batch_seqs, max_batch_tokens, max_context, threads;
+    float progress_interval;
+    float arrival_rate; /* --arrival-rate: requests/s of a Poisson process; 0: offline */
+    uint64_t seed;
+    bool no_bos, quiet, verbose, threads_given;
+    const char *preempt; /* --preempt swap|recompute */
+    tsr_kv_cli kv;
+    tsr_dist_cli dist;
+} tsr_run_opts;
+
+/* A request between submit and its record. */
+typedef struct tsr_run_req {
+    bool used;
+    char *custom_id;
+    int64_t line;
+    uint64_t body_hash; /* tsr_run_req_body_hash of its input line */
+    tsr_batch_kind kind;
+    char *stops[TSR_BATCH_MAX_STOPS];
+    int n_stops;
+    char *text;
+    size_t len, cap;
+    int32_t prev;
+    int n_prompt, n_gen;
+    double t_submit, t_first;
+    double t_last; /* the last output token (inter-token latency) */
+} tsr_run_req;
+
+typedef struct tsr_run_job {
+    const tsr_run_opts *o;
+    char model_name[256];
+    char err_path[4096];
+    tsr_engine *eng;
+    /* The engine's, borrowed. */
+    tsr_model *model;
+    tsr_backend *be;
+    tsr_kv_cache *kv;
+    tsr_forward *fwd;
+    tsr_tokenizer *tok;
+    tsr_sched *sched;
+    tsr_chat_template chat;
+    int ctx;
+    FILE *in;
+    tsr_batch_writer out, err;
+    tsr_batch_resume resume;
+    tsr_strset *seen;
+    tsr_run_req *reqs;
+    int n_reqs;
+    tsr_metrics m;
+    /* --arrival-rate: the next request's arrival (seconds after t_start), the generator of
+     * the gaps, and a parsed request read before its arrival, held until the clock reaches
+     * it */
+    double next_arrival;
+    uint64_t arrival_rng;
+    bool has_pending;
+    tsr_batch_request pending;
+    double pending_arrival;
+    tsr_progress prog;
+    int64_t records_this_run, kill_after, processed;
+    double t_start;
+    int stop_signo; /* the signal that stopped the job early, 0 if it ran to the end */
+    /* Every rank runs the same job (same input, same scheduler decisions); rank 0 alone
+     * writes the output, errors, metrics and progress. */
+    tsr_dist *dist; /* the engine's (after tsr_engine_create) */
+    int rank;       /* this rank's, known even when the start failed (rank_out) */
+    bool root;
+    /* --checkpoint: this rank's file and the input lines of the requests it resumed */
+    char ck_path[4200];
+    int64_t *ck_lines;
+    int n_ck_lines;
+    /* the job's identity in a checkpoint (model, tokenizer), computed once */
+    bool ck_id_done;
+    uint64_t ck_model_config, ck_model_tensors, ck_model_weights, ck_tokenizer_id;
+    char ck_tokenizer[4096];
+} tsr_run_job;
+
+void tsr_run_req_clear(tsr_run_req *r);
+
+/* --checkpoint (jobs/run/run_checkpoint.c). At the start: resumes from this rank's checkpoint
+ * when every rank has one (collective); *n_resumed gets the requests put back. */
+tsr_status tsr_run_ckpt_start(tsr_run_job *g, int *n_resumed);
+/* Local: saves every request the scheduler holds, with the KV of the running ones. */
+tsr_status tsr_run_ckpt_save(tsr_run_job *g, int *n_saved);
+/* Whether input line `line` was resumed from the checkpoint (already in the scheduler). */
+bool tsr_run_ckpt_resumed(const tsr_run_job *g, int64_t line);
+/* The hash of a parsed request (custom_id and every field that changes its result), which
+ * binds a checkpointed request to its input line. */
+uint64_t tsr_run_req_body_hash(const tsr_batch_request *r);
+
+#endif

@@ -1,0 +1,277 @@
+/* Engine start-up and teardown (runtime/engine/engine.h). */
+#include "runtime/engine/engine.h"
+
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/file.h"
+#include "base/log.h"
+#include "base/sys.h"
+
+/* Every rank passes its own status; all get the same answer. */
+static tsr_status tsr__agree(tsr_engine *e, tsr_status st) {
+    return e->par_.comm ? tsr_comm_agree(e->par_.comm, st) : st;
+}
+
+tsr_status tsr_engine_agree(tsr_engine *e, tsr_status st) { return tsr__agree(e, st); }
+
+static tsr_status tsr__keep_buffer(tsr_engine *e, void *p) {
+    if (e->n_bufs_ == e->cap_bufs_) {
+        int cap = e->cap_bufs_ ? 2 * e->cap_bufs_ : 32;
+        void **b = tsr_realloc(e->bufs_, (size_t)cap * sizeof *b);
+        if (!b) return TSR_ERR_NOMEM;
+        e->bufs_ = b;
+        e->cap_bufs_ = cap;
+    }
+    e->bufs_[e->n_bufs_++] = p;
+    return TSR_OK;
+}
+
+static tsr_status tsr__place(tsr_engine *e, const tsr_tensor *host, tsr_tensor *dev) {
+    bool copied = false;
+    TSR_TRY(tsr_backend_place_tensor(e->be, host, dev, &copied));
+    if (!copied) return TSR_OK;
+    tsr_status st = tsr__keep_buffer(e, (void *)dev->data);
+    if (st != TSR_OK) {
+        e->be->ops->buffer_free(e->be, (void *)dev->data);
+        return st;
+    }
+    e->placed_bytes += tsr_tensor_bytes(host);
+    return TSR_OK;
+}
+
+/* The model's tensors in backend memory, once: the placed model shares the host model's
+ * config and views only, with its own layer array (never destroyed as a model). A tied
+ * classifier stays tied. Layers of other stages are empty tensors and stay so. */
+static tsr_status tsr__place_weights(tsr_engine *e) {
+    const tsr_model *m = e->model;
+    if (e->be->host_memory) {
+        e->weights = m;
+        return TSR_OK;
+    }
+    int L = m->cfg.n_layers;
+    e->placed_ = *m;
+    e->placed_.resources = NULL;
+    e->placed_.arena_next = NULL;
+    e->placed_.arena_left = 0;
+    e->placed_.layers = tsr_calloc((size_t)(L > 0 ? L : 1), sizeof *e->placed_.layers);
+    if (!e->placed_.layers) return TSR_ERR_NOMEM;
+    TSR_TRY(tsr__place(e, &m->tok_emb, &e->placed_.tok_emb));
+    TSR_TRY(tsr__place(e, &m->out_norm, &e->placed_.out_norm));
+    if (m->classifier.data == m->tok_emb.data)
+        e->placed_.classifier = e->placed_.tok_emb;
+    else
+        TSR_TRY(tsr__place(e, &m->classifier, &e->placed_.classifier));
+    for (int l = 0; l < L; l++) {
+        const tsr_layer_weights *h = &m->layers[l];
+        tsr_layer_weights *d = &e->placed_.layers[l];
+        const tsr_tensor *hs[] = {&h->attn_norm, &h->wq,     &h->wk,   &h->wv,    &h->wo,
+                                  &h->ffn_norm,  &h->w_gate, &h->w_up, &h->w_down};
+        tsr_tensor *ds[] = {&d->attn_norm, &d->wq,     &d->wk,   &d->wv,    &d->wo,
+                            &d->ffn_norm,  &d->w_gate, &d->w_up, &d->w_down};
+        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) TSR_TRY(tsr__place(e, hs[i], ds[i]));
+    }
+    e->weights = &e->placed_;
+    return TSR_OK;
+}
+
+/* Host-memory backends: the weights (this rank's shard) leave the file mapping for huge
+ * pages, because decode streams them every token; info level says how much of the process
+ * the kernel backed with huge pages. */
+static tsr_status tsr__pack(tsr_engine *e, const tsr_engine_spec *o) {
+    if (!o->pack_weights || e->borrowed_ || !e->be->host_memory) return TSR_OK;
+    TSR_TRY(tsr__agree(e, tsr_model_pack(e->model)));
+    int64_t huge = tsr_sys_anon_huge_bytes();
+    double mib = (double)tsr_model_weight_bytes(e->model) / 1048576.0;
+    /* Large weights with no huge page at all: THP is off ("never") on this node. */
+    bool thp_off = huge == 0 && mib >= 64.0;
+    int rank = e->par_.comm ? tsr_comm_world_rank(e->par_.comm) : 0;
+    TSR_LOG_INFO("rank %d: weights %.1f MiB in memory, %s%.1f MiB of the process in "
+                 "transparent huge pages%s",
+                 rank, mib, huge < 0 ? "? " : "", huge < 0 ? 0.0 : (double)huge / 1048576.0,
+                 thp_off ? " (THP off? decode reads 4 KiB pages: see docs/perf.md)" : "");
+    return TSR_OK;
+}
+
+/* Bytes of backend memory in use by the backend's own count (0 on a host-memory backend,
+ * or when it cannot say). */
+static int64_t tsr__device_used(tsr_backend *be) {
+    size_t free_b = 0, total_b = 0;
+    if (be->host_memory || !be->ops->memory || be->ops->memory(be, &free_b, &total_b) != TSR_OK ||
+        free_b > total_b)
+        return 0;
+    return (int64_t)(total_b - free_b);
+}
+
+int64_t tsr_engine_device_bytes(const tsr_engine *e) {
+    int64_t used = tsr__device_used(e->be) - e->device_base_;
+    return used > 0 ? used : 0;
+}
+
+/* A user message rendered with the model's own chat template (generation prompt on). */
+static tsr_status tsr__chat_prompt(const char *model_path, const char *text, char **out,
+                                   size_t *len) {
+    tsr_chat_template t;
+    TSR_TRY(tsr_model_chat_template(model_path, &t));
+    tsr_status st = TSR_OK;
+    if (t.kind == TSR_CHAT_NONE)
+        st = tsr_error_set(TSR_ERR_INVALID, "%s: the model has no chat template (--chat needs "
+                           "one; give the formatted prompt without --chat)",
+                           model_path ? model_path : "model");
+    tsr_chat_message msg = {.role = "user", .content = text};
+    if (st == TSR_OK) st = tsr_chat_render(&t, &msg, 1, out, len);
+    tsr_chat_template_free(&t);
+    return st;
+}
+
+/* Step 2, local (the caller agrees): the prompt's text, the model, its tokenizer, the
+ * prompt's ids and the context, in the order a user fixes them. */
+static tsr_status tsr__load(tsr_engine *e, const tsr_engine_spec *o) {
+    const tsr_engine_prompt *p = &o->prompt;
+    char *buf = NULL;
+    const char *text = p->text;
+    size_t text_len = text ? strlen(text) : 0;
+    bool prompt = p->text || p->file;
+    if (p->file) {
+        TSR_TRY(tsr_file_read(p->file, "prompt file", 0, &buf, &text_len));
+        text = buf;
+    }
+    tsr_status st = TSR_OK;
+    if (prompt && text_len == 0)
+        st = tsr_error_set(TSR_ERR_INVALID, "%s: empty prompt", p->file ? p->file : "--prompt");
+    if (st == TSR_OK && prompt && p->chat) { /* the text becomes the rendered conversation */
+        char *rendered = NULL;
+        st = tsr__chat_prompt(o->model_path, text, &rendered, &text_len);
+        tsr_free(buf);
+        buf = rendered;
+        text = rendered;
+    }
+    if (st == TSR_OK && !e->model) st = tsr_model_load(o->model_path, &e->model);
+    const tsr_model_config *c = e->model ? &e->model->cfg : NULL;
+    if (st == TSR_OK && o->load_tokenizer)
+        st = tsr_tokenizer_for_model(o->model_path, o->tokenizer_path, c->vocab_size, &e->tok);
+    if (st == TSR_OK)
+        e->ctx = o->kv.max_context > 0 && o->kv.max_context < c->max_seq_len ? o->kv.max_context
+                                                                            : c->max_seq_len;
+    if (st == TSR_OK && o->one_sequence && e->max_tokens > e->ctx) e->max_tokens = e->ctx;
+    if (st == TSR_OK && prompt && !e->tok)
+        st = tsr_error_set(TSR_ERR_INVALID, "a prompt needs the tokenizer (load_tokenizer)");
+    if (st == TSR_OK && prompt)
+        st = tsr_tokenizer_encode(e->tok, text, text_len,
+                                  !p->no_bos && !p->chat && e->tok->bos_id >= 0,
+                                  false, &e->prompt_ids, &e->n_prompt);
+    tsr_free(buf);
+    TSR_TRY(st);
+    if (!prompt) return TSR_OK;
+    if (e->n_prompt == 0) return tsr_error_set(TSR_ERR_INVALID, "prompt encodes to no tokens");
+    if ((int64_t)e->n_prompt >= e->ctx)
+        return tsr_error_set(TSR_ERR_BUDGET,
+                             "prompt of %zu tokens does not fit the context of %d tokens "
+                             "(leaves no room to generate; see --max-context)",
+                             e->n_prompt, e->ctx);
+    if ((size_t)e->max_tokens > e->n_prompt) e->max_tokens = (int)e->n_prompt;
+    return TSR_OK;
+}
+
+/* Steps 1 to 4: the job, the model, its shard and this rank's place. */
+static tsr_status tsr__job(tsr_engine *e, const tsr_engine_spec *o) {
+    e->par_ = o->par;
+    if (!o->distributed) {
+        e->dist.world = 1;
+        e->dist.local_rank = o->local_rank;
+        return tsr__agree(e, tsr__load(e, o));
+    }
+    tsr_dist *d = &e->dist;
+    e->dist_started_ = true;
+    TSR_TRY(tsr_dist_start(d));
+    if (o->rank_out) *o->rank_out = d->rank;
+    e->par_.comm = d->comm; /* agreements from here on */
+    TSR_TRY(tsr__agree(e, tsr__load(e, o)));
+    TSR_TRY(tsr_dist_layout(d, &o->dist, e->model, o->model_path ? o->model_path : "the model"));
+    if (e->threads <= 0) e->threads = tsr_dist_default_threads(d);
+    TSR_TRY(tsr__agree(e, tsr_dist_place(d, o->dist.bind, o->backend)));
+    e->par_ = tsr_dist_forward(d);
+    return TSR_OK;
+}
+
+static tsr_status tsr__start(tsr_engine *e, const tsr_engine_spec *o) {
+    TSR_TRY(tsr__job(e, o));
+    if (o->backend_given) {
+        e->be = o->backend_given;
+    } else {
+        TSR_TRY(tsr__agree(e, tsr_backend_create_local(o->backend, e->threads, e->dist.local_rank,
+                                                       &e->be)));
+    }
+    e->device_base_ = tsr__device_used(e->be);
+    /* The activations' data plane follows the backend (collective, same answer on every
+     * rank: tsr_dist_data_plane). */
+    if (o->distributed) TSR_TRY(tsr_dist_data_plane(&e->dist, e->be, o->kv.policy));
+    TSR_TRY(tsr__pack(e, o));
+    TSR_TRY(tsr__agree(e, tsr__place_weights(e)));
+    const tsr_model_config *c = &e->model->cfg;
+    tsr_kv_options kvo = o->kv;
+    if (o->distributed) tsr_dist_kv_options(&e->dist, &kvo);
+    kvo.be = e->be;
+    kvo.model = e->model; /* host weights (offload's skew) */
+    kvo.max_context = e->ctx;
+    if (o->one_sequence || o->prompt.text || o->prompt.file) kvo.chunk_tokens = e->max_tokens;
+    tsr_status st;
+    if (o->dense_kv_tokens > 0)
+        st = tsr_kv_dense_create(e->be, c->n_layers, c->n_kv_heads, c->head_dim, o->dense_kv_tokens,
+                                 kvo.max_seqs > 0 ? kvo.max_seqs : 1, &e->kv);
+    else
+        st = tsr_kv_setup(&kvo, c, &e->kv);
+    TSR_TRY(tsr__agree(e, st));
+    const tsr_forward_parallel *par = e->par_.comm ? &e->par_ : NULL;
+    TSR_TRY(tsr__agree(e, tsr_forward_create_parallel(e->weights, e->be, e->max_tokens, par,
+                                                      &e->fwd)));
+    if (o->distributed) tsr_dist_ready(&e->dist);
+    return TSR_OK;
+}
+
+tsr_status tsr_engine_create(const tsr_engine_spec *spec, tsr_engine **out) {
+    *out = NULL;
+    if (spec->rank_out) *spec->rank_out = 0;
+    tsr_engine *e = tsr_calloc(1, sizeof *e);
+    if (!e) {
+        if (!spec->borrow_model) tsr_model_destroy(spec->model);
+        tsr_backend_destroy(spec->backend_given);
+        return TSR_ERR_NOMEM;
+    }
+    e->model = spec->model;
+    e->borrowed_ = spec->model && spec->borrow_model;
+    e->threads = spec->threads;
+    e->max_tokens = spec->max_tokens;
+    tsr_status st = spec->model || spec->model_path
+                        ? TSR_OK
+                        : tsr_error_set(TSR_ERR_INVALID, "engine: no model given");
+    if (st == TSR_OK) st = tsr__start(e, spec);
+    if (st != TSR_OK) {
+        if (!e->be) tsr_backend_destroy(spec->backend_given); /* taken over whatever happens */
+        tsr_engine_destroy(e);
+        return st;
+    }
+    *out = e;
+    return TSR_OK;
+}
+
+void tsr_engine_destroy(tsr_engine *e) {
+    if (!e) return;
+    tsr_forward_destroy(e->fwd);
+    tsr_kv_cache_destroy(e->kv);
+    for (int i = 0; i < e->n_bufs_; i++) e->be->ops->buffer_free(e->be, e->bufs_[i]);
+    tsr_free(e->bufs_);
+    tsr_free(e->placed_.layers);
+    tsr_backend_destroy(e->be);
+    tsr_free(e->prompt_ids);
+    if (e->tok) tsr_tokenizer_destroy(e->tok);
+    if (!e->borrowed_) tsr_model_destroy(e->model);
+    if (e->dist_started_) tsr_dist_end(&e->dist); /* the comm last: MPI finalizes */
+    tsr_free(e);
+}
+
+const char *tsr_engine_device_name(const tsr_engine *e) {
+    tsr_backend *be = e->be;
+    const char *n = be->ops->device_name ? be->ops->device_name(be) : NULL;
+    return n ? n : be->ops->name;
+}

@@ -1,0 +1,234 @@
+/* GGUF model files (llama.cpp's format): the architecture's metadata keys give the config, the
+ * tensors are dequantized at load into model-owned memory, so the file is closed afterwards.
+ *
+ * Rotary layout: llama.cpp's converter permutes the rows of attn_q/attn_k of `llama` models
+ * inside each head so that HF's half rotation (x[i], x[i + hd/2]) becomes a rotation of
+ * adjacent pairs (x[2i], x[2i+1]). Tessera's rope has both conventions, so such files run
+ * with rope_interleaved = true on the rows as stored (q.k is unchanged by the same per-head
+ * permutation of q and k rows). qwen2/qwen3 files are not permuted (llama.cpp's NEOX rope). */
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "runtime/model/config.h"
+#include "runtime/format/gguf.h"
+#include "runtime/model/loader.h"
+
+/* Weights above this many f32 bytes are dequantized to bf16 instead (memory). */
+#define TSR__F32_LIMIT ((int64_t)8 << 30)
+
+typedef struct tsr__ggctx {
+    tsr_gguf *g;
+    const char *arch;
+    char key[160];
+} tsr__ggctx;
+
+static const char *tsr__k(tsr__ggctx *x, const char *suffix) {
+    snprintf(x->key, sizeof x->key, "%s.%s", x->arch, suffix);
+    return x->key;
+}
+
+/* Integer key into an int (range checked); required when present == NULL. */
+static tsr_status tsr__int(tsr__ggctx *x, const char *suffix, int *out, bool *present) {
+    int64_t v;
+    bool have = false;
+    const char *key = tsr__k(x, suffix);
+    TSR_TRY(tsr_gguf_get_int(x->g, key, &v, present ? &have : NULL));
+    if (present) *present = have;
+    if (present && !have) return TSR_OK;
+    if (v < 0 || v > (1 << 30))
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: metadata %s = %lld is out of range",
+                             x->g->path, key, (long long)v);
+    *out = (int)v;
+    return TSR_OK;
+}
+
+static tsr_status tsr__float(tsr__ggctx *x, const char *suffix, float *out) {
+    double v;
+    bool have;
+    TSR_TRY(tsr_gguf_get_float(x->g, tsr__k(x, suffix), &v, &have));
+    if (have) *out = (float)v;
+    return TSR_OK;
+}
+
+static tsr_status tsr__config(tsr__ggctx *x, tsr_model_config *c) {
+    tsr_gguf *g = x->g;
+    bool have;
+    memset(c, 0, sizeof *c);
+    TSR_TRY(tsr_gguf_get_str(g, "general.architecture", &x->arch, NULL));
+    bool llama = !strcmp(x->arch, "llama"), qwen2 = !strcmp(x->arch, "qwen2"),
+         qwen3 = !strcmp(x->arch, "qwen3");
+    if (!llama && !qwen2 && !qwen3)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "%s: unsupported architecture \"%.64s\" (tessera reads llama GGUF "
+                             "files)", g->path, x->arch);
+    TSR_TRY(tsr__int(x, "embedding_length", &c->dim, NULL));
+    TSR_TRY(tsr__int(x, "feed_forward_length", &c->hidden_dim, NULL));
+    TSR_TRY(tsr__int(x, "block_count", &c->n_layers, NULL));
+    TSR_TRY(tsr__int(x, "attention.head_count", &c->n_heads, NULL));
+    TSR_TRY(tsr__int(x, "attention.head_count_kv", &c->n_kv_heads, &have));
+    TSR_TRY(tsr__int(x, "attention.key_length", &c->head_dim, &have));
+    int vlen = 0;
+    TSR_TRY(tsr__int(x, "attention.value_length", &vlen, &have));
+    TSR_TRY(tsr__int(x, "context_length", &c->max_seq_len, NULL));
+    c->norm_eps = 1e-5f;
+    TSR_TRY(tsr__float(x, "attention.layer_norm_rms_epsilon", &c->norm_eps));
+    c->rope_theta = 10000.0f;
+    TSR_TRY(tsr__float(x, "rope.freq_base", &c->rope_theta));
+    tsr_config_defaults(c);
+    if (have && vlen != c->head_dim)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "%s: value head size %d differs from key head size %d", g->path,
+                             vlen, c->head_dim);
+    int rope_dims = c->head_dim;
+    TSR_TRY(tsr__int(x, "rope.dimension_count", &rope_dims, &have));
+    if (rope_dims != c->head_dim)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "%s: partial rotary embedding (%d of %d dimensions) is not "
+                             "supported", g->path, rope_dims, c->head_dim);
+    const char *scaling = NULL;
+    TSR_TRY(tsr_gguf_get_str(g, tsr__k(x, "rope.scaling.type"), &scaling, &have));
+    float factor = 1.0f;
+    TSR_TRY(tsr__float(x, "rope.scaling.factor", &factor));
+    if (scaling && strcmp(scaling, "none") != 0 && factor != 1.0f)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "%s: rope scaling \"%.32s\" (factor %g) is not supported",
+                             g->path, scaling, (double)factor);
+    /* Llama 3.1-style scaling is stored as per-frequency factors in a tensor. */
+    if (tsr_gguf_tensor_find(g, "rope_freqs.weight"))
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "%s: rope_freqs.weight (llama3 rope scaling as factors) is not "
+                             "supported", g->path);
+    c->rope_interleaved = llama;
+    if (qwen2 || qwen3) {
+        /* The forward pass has neither q/k/v biases (qwen2) nor per-head q/k norms (qwen3). */
+        const char *what = qwen2 ? "blk.0.attn_q.bias" : "blk.0.attn_q_norm.weight";
+        if (tsr_gguf_tensor_find(g, what))
+            return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                                 "%s: architecture %s needs %s, which tessera's forward pass "
+                                 "does not implement yet", g->path, x->arch,
+                                 qwen2 ? "q/k/v biases" : "per-head q/k RMS norms");
+    }
+    const tsr_gguf_tensor *emb = tsr_gguf_tensor_find(g, "token_embd.weight");
+    if (!emb || emb->n_dims != 2)
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: missing 2-D tensor token_embd.weight",
+                             g->path);
+    if (emb->ne[1] > (1 << 24))
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: invalid vocab size %lld", g->path,
+                             (long long)emb->ne[1]);
+    c->vocab_size = (int)emb->ne[1];
+    c->tied_embeddings = tsr_gguf_tensor_find(g, "output.weight") == NULL;
+    int64_t v;
+    c->bos_id = c->eos_id = -1;
+    TSR_TRY(tsr_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &v, &have));
+    if (have && v >= 0 && v < c->vocab_size) c->bos_id = (int)v;
+    static const char *const eos_keys[] = {"tokenizer.ggml.eos_token_id",
+                                           "tokenizer.ggml.eot_token_id",
+                                           "tokenizer.ggml.eom_token_id"};
+    for (size_t i = 0; i < sizeof eos_keys / sizeof eos_keys[0]; i++) {
+        TSR_TRY(tsr_gguf_get_int(g, eos_keys[i], &v, &have));
+        if (!have || v < 0 || v >= c->vocab_size) continue;
+        bool dup = false;
+        for (int k = 0; k < c->n_eos_ids; k++) dup |= c->eos_ids[k] == v;
+        if (!dup) c->eos_ids[c->n_eos_ids++] = (int)v;
+    }
+    if (c->n_eos_ids) c->eos_id = c->eos_ids[0];
+    TSR_TRY(tsr_config_validate(c, g->path));
+    /* One dtype for every matrix: float files keep theirs, quantized ones become f32 (bf16
+     * past TSR__F32_LIMIT). Counted over all tensors; norms are f32 regardless. */
+    int64_t per[3] = {0, 0, 0}, quant = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const tsr_gguf_tensor *t = &g->tensors[i];
+        if (t->n_dims < 2) continue;
+        if (t->type == TSR_GGML_F32) per[TSR_F32] += t->numel;
+        else if (t->type == TSR_GGML_F16) per[TSR_F16] += t->numel;
+        else if (t->type == TSR_GGML_BF16) per[TSR_BF16] += t->numel;
+        else quant += t->numel;
+    }
+    c->dtype = TSR_F32;
+    if (quant >= per[0] && quant >= per[1] && quant >= per[2]) {
+        if (tsr_config_param_count(c) * 4 > TSR__F32_LIMIT) c->dtype = TSR_BF16;
+    } else {
+        for (int d = 1; d < 3; d++)
+            if (per[d] > per[c->dtype]) c->dtype = (tsr_dtype)d;
+    }
+    return TSR_OK;
+}
+
+/* Dequantizes tensor `name` (ne = {cols, rows}, or {cols} for a vector) into dst. */
+static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64_t rows,
+                            int64_t cols, bool vector, tsr_tensor *dst) {
+    const tsr_gguf_tensor *t = tsr_gguf_tensor_find(x->g, name);
+    if (!t) return tsr_error_set(TSR_ERR_FORMAT, "%s: missing tensor %s", x->g->path, name);
+    bool ok = vector ? (t->n_dims == 1 && t->ne[0] == cols)
+                     : (t->n_dims == 2 && t->ne[0] == cols && t->ne[1] == rows);
+    if (!ok)
+        return tsr_error_set(TSR_ERR_FORMAT,
+                             "%s: tensor %s has shape [%lld, %lld] (ggml order), expected "
+                             "[%lld, %lld]", x->g->path, name, (long long)t->ne[0],
+                             (long long)t->ne[1], (long long)cols, (long long)(vector ? 1 : rows));
+    tsr_dtype dt = vector ? TSR_F32 : m->cfg.dtype;
+    void *buf;
+    TSR_TRY(tsr_model_alloc(m, (size_t)t->numel * tsr_dtype_size(dt), &buf));
+    TSR_TRY(tsr_gguf_dequant(x->g, t, dt, buf));
+    *dst = (tsr_tensor){.dtype = dt, .rows = vector ? 1 : rows, .cols = cols, .data = buf};
+    return TSR_OK;
+}
+
+static tsr_status tsr__weights(tsr_model *m, tsr__ggctx *x) {
+    const tsr_model_config *c = &m->cfg;
+    int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    TSR_TRY(tsr__load(m, x, "token_embd.weight", c->vocab_size, c->dim, false, &m->tok_emb));
+    if (c->tied_embeddings)
+        m->classifier = m->tok_emb;
+    else
+        TSR_TRY(tsr__load(m, x, "output.weight", c->vocab_size, c->dim, false, &m->classifier));
+    TSR_TRY(tsr__load(m, x, "output_norm.weight", 1, c->dim, true, &m->out_norm));
+    int64_t sizes[4] = {c->dim, q, kv, c->hidden_dim};
+    static const struct {
+        const char *name;
+        size_t off;
+        int rows, cols; /* 0 dim, 1 q, 2 kv, 3 hidden; rows -1: a norm vector */
+    } spec[] = {
+        {"attn_norm", offsetof(tsr_layer_weights, attn_norm), -1, 0},
+        {"ffn_norm", offsetof(tsr_layer_weights, ffn_norm), -1, 0},
+        {"attn_q", offsetof(tsr_layer_weights, wq), 1, 0},
+        {"attn_k", offsetof(tsr_layer_weights, wk), 2, 0},
+        {"attn_v", offsetof(tsr_layer_weights, wv), 2, 0},
+        {"attn_output", offsetof(tsr_layer_weights, wo), 0, 1},
+        {"ffn_gate", offsetof(tsr_layer_weights, w_gate), 3, 0},
+        {"ffn_up", offsetof(tsr_layer_weights, w_up), 3, 0},
+        {"ffn_down", offsetof(tsr_layer_weights, w_down), 0, 3},
+    };
+    char name[96];
+    for (int l = 0; l < c->n_layers; l++) {
+        tsr_layer_weights *w = &m->layers[l];
+        for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, spec[i].name);
+            tsr_tensor *dst = (tsr_tensor *)((char *)w + spec[i].off);
+            bool vec = spec[i].rows < 0;
+            TSR_TRY(tsr__load(m, x, name, vec ? 1 : sizes[spec[i].rows], sizes[spec[i].cols],
+                              vec, dst));
+        }
+    }
+    return TSR_OK;
+}
+
+tsr_status tsr_loader_gguf(const char *path, tsr_model **out) {
+    *out = NULL;
+    tsr__ggctx x = {0};
+    TSR_TRY(tsr_gguf_open(path, &x.g));
+    tsr_model_config cfg;
+    tsr_model *m = NULL;
+    tsr_status st = tsr__config(&x, &cfg);
+    if (st == TSR_OK) st = tsr_model_create(path, &cfg, &m);
+    if (st == TSR_OK) st = tsr__weights(m, &x);
+    tsr_gguf_close(x.g);
+    if (st != TSR_OK) {
+        tsr_model_destroy(m);
+        return st;
+    }
+    *out = m;
+    return TSR_OK;
+}

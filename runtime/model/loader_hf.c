@@ -1,0 +1,510 @@
+/* Hugging Face Llama directories: config.json (cJSON) and safetensors weights, single file or
+ * sharded through model.safetensors.index.json. Matrices stay views into the mmaps; norm
+ * vectors are converted to f32 copies. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/alloc.h"
+#include "base/file.h"
+#include "runtime/model/config.h"
+#include "runtime/model/loader.h"
+#include "runtime/format/safetensors.h"
+
+
+static tsr_status tsr__read_json(const char *path, cJSON **out) {
+    char *text;
+    *out = NULL;
+    TSR_TRY(tsr_file_read(path, "JSON file", (size_t)1 << 30, &text, NULL));
+    cJSON *root = cJSON_Parse(text);
+    tsr_free(text);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: invalid JSON (expected an object)", path);
+    }
+    *out = root;
+    return TSR_OK;
+}
+
+/* ---- config.json ----------------------------------------------------------------------- */
+
+/* Integer field: absent -> *present = false; not an in-range integer -> format error. */
+static tsr_status tsr__json_int(const cJSON *obj, const char *key, const char *path,
+                                const char *prefix, int *out, bool *present) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    *present = v && !cJSON_IsNull(v);
+    if (!*present) return TSR_OK;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!isfinite(d) || d != floor(d) || d < -2147483648.0 || d > 2147483647.0)
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: field %s%s is not an integer", path, prefix,
+                             key);
+    *out = (int)d;
+    return TSR_OK;
+}
+
+static tsr_status tsr__json_req_int(const cJSON *obj, const char *key, const char *path,
+                                    const char *prefix, int *out) {
+    bool present;
+    TSR_TRY(tsr__json_int(obj, key, path, prefix, out, &present));
+    if (!present)
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: missing required field %s%s", path, prefix,
+                             key);
+    return TSR_OK;
+}
+
+static tsr_status tsr__json_float(const cJSON *obj, const char *key, const char *path,
+                                  const char *prefix, float *out, bool required) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (required)
+            return tsr_error_set(TSR_ERR_FORMAT, "%s: missing required field %s%s", path,
+                                 prefix, key);
+        return TSR_OK;
+    }
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: field %s%s is not a number", path, prefix,
+                             key);
+    *out = (float)v->valuedouble;
+    return TSR_OK;
+}
+
+static bool tsr__is_llama(const cJSON *root, const char **what) {
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    *what = NULL;
+    const cJSON *a;
+    cJSON_ArrayForEach(a, arch) {
+        if (!cJSON_IsString(a)) continue;
+        if (!strcmp(a->valuestring, "LlamaForCausalLM")) return true;
+        if (!*what) *what = a->valuestring;
+    }
+    if (cJSON_IsString(mt)) {
+        if (!strcmp(mt->valuestring, "llama")) return true;
+        if (!*what) *what = mt->valuestring;
+    }
+    if (!*what) *what = "(none given)";
+    return false;
+}
+
+static tsr_status tsr__parse_rope_scaling(const cJSON *rs, bool params, const char *path,
+                                          tsr_model_config *c) {
+    if (!rs || cJSON_IsNull(rs)) return TSR_OK;
+    if (!cJSON_IsObject(rs))
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: rope_scaling is not an object", path);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    if (!cJSON_IsString(type)) type = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    if (!cJSON_IsString(type)) {
+        if (params) return TSR_OK; /* rope_parameters may hold only rope_theta */
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: rope_scaling has no rope_type", path);
+    }
+    if (!strcmp(type->valuestring, "default")) return TSR_OK;
+    if (strcmp(type->valuestring, "llama3") != 0)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "%s: unsupported rope_scaling type \"%.32s\" (tessera supports "
+                             "llama3)",
+                             path, type->valuestring);
+    c->rope_scaling = TSR_ROPE_LLAMA3;
+    TSR_TRY(tsr__json_float(rs, "factor", path, "rope_scaling.", &c->rope_factor, true));
+    TSR_TRY(tsr__json_float(rs, "low_freq_factor", path, "rope_scaling.",
+                            &c->rope_low_freq_factor, true));
+    TSR_TRY(tsr__json_float(rs, "high_freq_factor", path, "rope_scaling.",
+                            &c->rope_high_freq_factor, true));
+    return tsr__json_req_int(rs, "original_max_position_embeddings", path, "rope_scaling.",
+                             &c->rope_original_max_pos);
+}
+
+static tsr_status tsr__config_from_json(const cJSON *root, const char *path,
+                                        tsr_model_config *c) {
+    const char *arch;
+    if (!tsr__is_llama(root, &arch))
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "%s: unsupported architecture %.64s (tessera supports "
+                             "LlamaForCausalLM)",
+                             path, arch);
+    bool present;
+    TSR_TRY(tsr__json_req_int(root, "hidden_size", path, "", &c->dim));
+    TSR_TRY(tsr__json_req_int(root, "intermediate_size", path, "", &c->hidden_dim));
+    TSR_TRY(tsr__json_req_int(root, "num_hidden_layers", path, "", &c->n_layers));
+    TSR_TRY(tsr__json_req_int(root, "num_attention_heads", path, "", &c->n_heads));
+    TSR_TRY(tsr__json_req_int(root, "vocab_size", path, "", &c->vocab_size));
+    TSR_TRY(tsr__json_req_int(root, "max_position_embeddings", path, "", &c->max_seq_len));
+    TSR_TRY(tsr__json_int(root, "num_key_value_heads", path, "", &c->n_kv_heads, &present));
+    if (!present) c->n_kv_heads = c->n_heads;
+    TSR_TRY(tsr__json_int(root, "head_dim", path, "", &c->head_dim, &present));
+    /* HF LlamaConfig defaults: eps 1e-6, theta 10000. */
+    c->norm_eps = 1e-6f;
+    TSR_TRY(tsr__json_float(root, "rms_norm_eps", path, "", &c->norm_eps, false));
+    c->rope_theta = 10000.0f;
+    TSR_TRY(tsr__json_float(root, "rope_theta", path, "", &c->rope_theta, false));
+    /* transformers >= 5 writes "rope_parameters" (rope_type, rope_theta, scaling fields)
+     * instead of "rope_scaling" + top-level "rope_theta"; accept both spellings. */
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
+    bool params = false;
+    if ((!rs || cJSON_IsNull(rs)) && cJSON_IsObject(rp)) {
+        rs = rp;
+        params = true;
+        if (!cJSON_GetObjectItemCaseSensitive(root, "rope_theta"))
+            TSR_TRY(tsr__json_float(rp, "rope_theta", path, "rope_parameters.", &c->rope_theta,
+                                    false));
+    }
+    TSR_TRY(tsr__parse_rope_scaling(rs, params, path, c));
+    c->rope_interleaved = false;
+
+    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+    c->tied_embeddings = cJSON_IsTrue(tie);
+
+    /* The file's own dtype wins when weights are loaded; this is what synthetic models use. */
+    c->dtype = TSR_F32;
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "torch_dtype");
+    if (!cJSON_IsString(dt)) dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
+    if (cJSON_IsString(dt)) {
+        int d = tsr_dtype_parse(dt->valuestring);
+        if (d >= 0) c->dtype = (tsr_dtype)d;
+    }
+
+    c->bos_id = -1;
+    TSR_TRY(tsr__json_int(root, "bos_token_id", path, "", &c->bos_id, &present));
+    if (!present) c->bos_id = -1;
+    c->eos_id = -1;
+    c->n_eos_ids = 0;
+    const cJSON *eos = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
+    if (cJSON_IsArray(eos)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, eos) {
+            if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) ||
+                e->valuedouble < 0 || e->valuedouble > 2147483647.0)
+                return tsr_error_set(TSR_ERR_FORMAT, "%s: eos_token_id has a non-integer entry",
+                                     path);
+            if (c->n_eos_ids < (int)(sizeof c->eos_ids / sizeof c->eos_ids[0]))
+                c->eos_ids[c->n_eos_ids++] = (int)e->valuedouble;
+        }
+        if (c->n_eos_ids) c->eos_id = c->eos_ids[0];
+    } else {
+        TSR_TRY(tsr__json_int(root, "eos_token_id", path, "", &c->eos_id, &present));
+        if (present) {
+            c->eos_ids[0] = c->eos_id;
+            c->n_eos_ids = 1;
+        } else {
+            c->eos_id = -1;
+        }
+    }
+    return TSR_OK;
+}
+
+tsr_status tsr_config_from_hf_json(const char *path, tsr_model_config *out) {
+    tsr_model_config c;
+    memset(&c, 0, sizeof c);
+    cJSON *root;
+    TSR_TRY(tsr__read_json(path, &root));
+    tsr_status st = tsr__config_from_json(root, path, &c);
+    cJSON_Delete(root);
+    if (st != TSR_OK) return st;
+    tsr_config_defaults(&c);
+    TSR_TRY(tsr_config_validate(&c, path));
+    *out = c;
+    return TSR_OK;
+}
+
+/* ---- weights --------------------------------------------------------------------------- */
+
+typedef struct tsr__hf_src {
+    const char *dir;
+    char single_path[4096]; /* model.safetensors, or the index when sharded */
+    bool sharded;
+    cJSON *weight_map;      /* name -> shard file name (owned by index_root) */
+    cJSON *index_root;
+    int n_files;
+    tsr_st_file **files;
+    char **file_names;      /* shard file names (index spelling) */
+} tsr__hf_src;
+
+/* A matrix found in a file, before dtype unification. */
+typedef struct tsr__hf_mat {
+    tsr_tensor *dst;
+    const tsr_st_tensor *src;
+    const char *file;
+} tsr__hf_mat;
+
+static void tsr__hf_src_free(tsr__hf_src *s) {
+    for (int i = 0; i < s->n_files; i++) {
+        tsr_st_close(s->files[i]);
+        if (s->file_names) tsr_free(s->file_names[i]);
+    }
+    tsr_free(s->files);
+    tsr_free(s->file_names);
+    cJSON_Delete(s->index_root);
+}
+
+/* Opens a file and moves its mapping into the model at once, so that the model's destroy is
+ * the only cleanup path for maps. */
+static tsr_status tsr__hf_open_file(tsr__hf_src *s, tsr_model *m, const char *path,
+                                    const char *name) {
+    tsr_st_file *f;
+    TSR_TRY(tsr_st_open(path, &f));
+    void *addr;
+    size_t len;
+    tsr_st_take_map(f, &addr, &len);
+    tsr_status st = tsr_model_own_mmap(m, addr, len);
+    if (st != TSR_OK) {
+        f->owns_map = true;
+        tsr_st_close(f);
+        return st;
+    }
+    s->files[s->n_files] = f;
+    s->file_names[s->n_files] = tsr_strdup(name);
+    s->n_files++;
+    return s->file_names[s->n_files - 1] ? TSR_OK : TSR_ERR_NOMEM;
+}
+
+static tsr_status tsr__hf_open(tsr__hf_src *s, tsr_model *m) {
+    char path[4096];
+    struct stat sb;
+    snprintf(s->single_path, sizeof s->single_path, "%s/model.safetensors", s->dir);
+    if (stat(s->single_path, &sb) == 0) {
+        s->files = tsr_calloc(1, sizeof *s->files);
+        s->file_names = tsr_calloc(1, sizeof *s->file_names);
+        if (!s->files || !s->file_names) return TSR_ERR_NOMEM;
+        return tsr__hf_open_file(s, m, s->single_path, "model.safetensors");
+    }
+    snprintf(s->single_path, sizeof s->single_path, "%s/model.safetensors.index.json", s->dir);
+    if (stat(s->single_path, &sb) != 0)
+        return tsr_error_set(TSR_ERR_IO,
+                             "%s: no model.safetensors or model.safetensors.index.json", s->dir);
+    s->sharded = true;
+    TSR_TRY(tsr__read_json(s->single_path, &s->index_root));
+    s->weight_map = cJSON_GetObjectItemCaseSensitive(s->index_root, "weight_map");
+    if (!cJSON_IsObject(s->weight_map))
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: no weight_map object", s->single_path);
+    int n = cJSON_GetArraySize(s->weight_map);
+    s->files = tsr_calloc((size_t)(n ? n : 1), sizeof *s->files);
+    s->file_names = tsr_calloc((size_t)(n ? n : 1), sizeof *s->file_names);
+    if (!s->files || !s->file_names) return TSR_ERR_NOMEM;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, s->weight_map) {
+        if (!cJSON_IsString(e))
+            return tsr_error_set(TSR_ERR_FORMAT, "%s: weight_map entry %s is not a file name",
+                                 s->single_path, e->string);
+        const char *shard = e->valuestring;
+        bool seen = false;
+        for (int i = 0; i < s->n_files && !seen; i++) seen = !strcmp(s->file_names[i], shard);
+        if (seen) continue;
+        /* Shards are plain names next to the index; refuse paths that leave the folder. */
+        if (!*shard || shard[0] == '/' || strstr(shard, ".."))
+            return tsr_error_set(TSR_ERR_FORMAT, "%s: invalid shard name \"%.64s\"",
+                                 s->single_path, shard);
+        snprintf(path, sizeof path, "%s/%s", s->dir, shard);
+        TSR_TRY(tsr__hf_open_file(s, m, path, shard));
+    }
+    return TSR_OK;
+}
+
+/* Finds `name`; *file is the path to blame in messages. NULL tensor + error when missing. */
+static tsr_status tsr__hf_find(const tsr__hf_src *s, const char *name, bool required,
+                               const tsr_st_tensor **out, const char **file) {
+    *out = NULL;
+    *file = s->single_path;
+    if (!s->sharded) {
+        *out = tsr_st_find(s->files[0], name);
+        *file = s->files[0]->path;
+    } else {
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(s->weight_map, name);
+        if (cJSON_IsString(e)) {
+            for (int i = 0; i < s->n_files; i++) {
+                if (strcmp(s->file_names[i], e->valuestring) != 0) continue;
+                *file = s->files[i]->path;
+                *out = tsr_st_find(s->files[i], name);
+                if (!*out && required)
+                    return tsr_error_set(TSR_ERR_FORMAT,
+                                         "%s: missing tensor %s (the index lists it there)",
+                                         *file, name);
+            }
+        }
+    }
+    if (!*out && required)
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: missing tensor %s", *file, name);
+    if (*out && !(*out)->supported)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "%s: tensor %s has dtype %s (tessera supports F32, F16, BF16)",
+                             *file, name, (*out)->st_dtype);
+    return TSR_OK;
+}
+
+static tsr_status tsr__hf_shape(const char *file, const tsr_st_tensor *t, int64_t rows,
+                                int64_t cols, bool vector) {
+    bool ok = vector ? (t->n_dims == 1 && t->shape[0] == cols)
+                     : (t->n_dims == 2 && t->shape[0] == rows && t->shape[1] == cols);
+    if (ok) return TSR_OK;
+    char got[96] = "";
+    size_t len = 0;
+    for (int i = 0; i < t->n_dims && len < sizeof got - 24; i++)
+        len += (size_t)snprintf(got + len, sizeof got - len, "%s%lld", i ? ", " : "",
+                                (long long)t->shape[i]);
+    if (vector)
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: tensor %s has shape [%s], expected [%lld]",
+                             file, t->name, got, (long long)cols);
+    return tsr_error_set(TSR_ERR_FORMAT, "%s: tensor %s has shape [%s], expected [%lld, %lld]",
+                         file, t->name, got, (long long)rows, (long long)cols);
+}
+
+static tsr_status tsr__hf_vector(tsr_model *m, const tsr__hf_src *s, const char *name,
+                                 tsr_tensor *dst) {
+    const tsr_st_tensor *t;
+    const char *file;
+    TSR_TRY(tsr__hf_find(s, name, true, &t, &file));
+    TSR_TRY(tsr__hf_shape(file, t, 1, m->cfg.dim, true));
+    float *buf;
+    TSR_TRY(tsr_model_alloc(m, (size_t)m->cfg.dim * sizeof(float), (void **)&buf));
+    /* memcpy-based conversion: the view may be unaligned. */
+    if (t->dtype == TSR_F32) {
+        memcpy(buf, t->data, (size_t)m->cfg.dim * 4);
+    } else {
+        const uint8_t *p = t->data;
+        for (int i = 0; i < m->cfg.dim; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * (size_t)i, 2);
+            buf[i] = t->dtype == TSR_BF16 ? tsr_bf16_to_f32(h) : tsr_f16_to_f32(h);
+        }
+    }
+    *dst = (tsr_tensor){.dtype = TSR_F32, .rows = 1, .cols = m->cfg.dim, .data = buf};
+    return TSR_OK;
+}
+
+/* Converts one element of src (dtype a) to dtype b at dst (both may be unaligned). */
+static void tsr__convert(tsr_dtype a, const void *src, tsr_dtype b, void *dst, size_t n) {
+    const uint8_t *s = src;
+    uint8_t *d = dst;
+    size_t sa = tsr_dtype_size(a), sb = tsr_dtype_size(b);
+    for (size_t i = 0; i < n; i++) {
+        float f;
+        if (a == TSR_F32) {
+            memcpy(&f, s + i * sa, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, s + i * sa, 2);
+            f = a == TSR_BF16 ? tsr_bf16_to_f32(h) : tsr_f16_to_f32(h);
+        }
+        if (b == TSR_F32) {
+            memcpy(d + i * sb, &f, 4);
+        } else {
+            uint16_t h = b == TSR_BF16 ? tsr_f32_to_bf16(f) : tsr_f32_to_f16(f);
+            memcpy(d + i * sb, &h, 2);
+        }
+    }
+}
+
+/* Points dst at the view, or at an aligned copy in `dtype` when the file's dtype differs or
+ * its offset is misaligned for the element type. */
+static tsr_status tsr__hf_bind(tsr_model *m, const tsr__hf_mat *mm, tsr_dtype dtype) {
+    const tsr_st_tensor *t = mm->src;
+    size_t esz = tsr_dtype_size(t->dtype);
+    tsr_tensor *dst = mm->dst;
+    dst->dtype = dtype;
+    dst->rows = t->shape[0];
+    dst->cols = t->shape[1];
+    if (t->dtype == dtype && ((uintptr_t)t->data % esz) == 0) {
+        dst->data = t->data;
+        return TSR_OK;
+    }
+    void *buf;
+    TSR_TRY(tsr_model_alloc(m, (size_t)t->numel * tsr_dtype_size(dtype), &buf));
+    if (t->dtype == dtype)
+        memcpy(buf, t->data, t->nbytes);
+    else
+        tsr__convert(t->dtype, t->data, dtype, buf, (size_t)t->numel);
+    dst->data = buf;
+    return TSR_OK;
+}
+
+static tsr_status tsr__hf_weights(tsr_model *m, const tsr__hf_src *s) {
+    const tsr_model_config *c = &m->cfg;
+    int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    int n_mats = 2 + 7 * c->n_layers;
+    tsr__hf_mat *mats = tsr_calloc((size_t)n_mats, sizeof *mats);
+    if (!mats) return TSR_ERR_NOMEM;
+    tsr_status st = TSR_OK;
+    int k = 0;
+    char name[160];
+#define TSR__MAT(dstp, nm, r, cc, req)                                                     \
+    do {                                                                                 \
+        const tsr_st_tensor *t_;                                                         \
+        const char *f_;                                                                  \
+        TSR_TRY_GOTO(tsr__hf_find(s, nm, req, &t_, &f_), st, done);                      \
+        if (t_) {                                                                        \
+            TSR_TRY_GOTO(tsr__hf_shape(f_, t_, r, cc, false), st, done);                 \
+            mats[k++] = (tsr__hf_mat){.dst = (dstp), .src = t_, .file = f_};             \
+        }                                                                                \
+    } while (0)
+
+    TSR__MAT(&m->tok_emb, "model.embed_tokens.weight", c->vocab_size, c->dim, true);
+    /* Tied: lm_head is absent (or a duplicate HF ignores); the embedding is the classifier. */
+    if (!c->tied_embeddings)
+        TSR__MAT(&m->classifier, "lm_head.weight", c->vocab_size, c->dim, true);
+    TSR_TRY_GOTO(tsr__hf_vector(m, s, "model.norm.weight", &m->out_norm), st, done);
+    for (int l = 0; l < c->n_layers; l++) {
+        tsr_layer_weights *w = &m->layers[l];
+        static const struct {
+            const char *suffix;
+            size_t off;
+            int rows, cols; /* 0 dim, 1 q, 2 kv, 3 hidden */
+        } spec[] = {
+            {"self_attn.q_proj", offsetof(tsr_layer_weights, wq), 1, 0},
+            {"self_attn.k_proj", offsetof(tsr_layer_weights, wk), 2, 0},
+            {"self_attn.v_proj", offsetof(tsr_layer_weights, wv), 2, 0},
+            {"self_attn.o_proj", offsetof(tsr_layer_weights, wo), 0, 1},
+            {"mlp.gate_proj", offsetof(tsr_layer_weights, w_gate), 3, 0},
+            {"mlp.up_proj", offsetof(tsr_layer_weights, w_up), 3, 0},
+            {"mlp.down_proj", offsetof(tsr_layer_weights, w_down), 0, 3},
+        };
+        int64_t sizes[4] = {c->dim, q, kv, c->hidden_dim};
+        snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
+        TSR_TRY_GOTO(tsr__hf_vector(m, s, name, &w->attn_norm), st, done);
+        snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
+        TSR_TRY_GOTO(tsr__hf_vector(m, s, name, &w->ffn_norm), st, done);
+        for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
+            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, spec[i].suffix);
+            tsr_tensor *dst = (tsr_tensor *)((char *)w + spec[i].off);
+            TSR__MAT(dst, name, sizes[spec[i].rows], sizes[spec[i].cols], true);
+        }
+    }
+#undef TSR__MAT
+
+    /* One dtype per model (the kernels take cfg.dtype): mixed files are unified to the dtype
+     * holding the most elements, converting the minority into model-owned copies. */
+    int64_t per[3] = {0, 0, 0};
+    for (int i = 0; i < k; i++) per[mats[i].src->dtype] += mats[i].src->numel;
+    tsr_dtype dtype = TSR_F32;
+    for (int d = 1; d < 3; d++)
+        if (per[d] > per[dtype]) dtype = (tsr_dtype)d;
+    m->cfg.dtype = dtype;
+    for (int i = 0; i < k; i++) TSR_TRY_GOTO(tsr__hf_bind(m, &mats[i], dtype), st, done);
+    if (c->tied_embeddings) m->classifier = m->tok_emb;
+
+done:
+    tsr_free(mats);
+    return st;
+}
+
+tsr_status tsr_loader_hf(const char *dir, tsr_model **out) {
+    *out = NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    tsr_model_config cfg;
+    TSR_TRY(tsr_config_from_hf_json(path, &cfg));
+    tsr_model *m;
+    TSR_TRY(tsr_model_create(dir, &cfg, &m));
+    tsr__hf_src src = {.dir = dir};
+    tsr_status st = tsr__hf_open(&src, m);
+    if (st == TSR_OK) st = tsr__hf_weights(m, &src);
+    tsr__hf_src_free(&src);
+    if (st != TSR_OK) {
+        tsr_model_destroy(m);
+        return st;
+    }
+    *out = m;
+    return TSR_OK;
+}
