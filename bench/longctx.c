@@ -27,7 +27,6 @@
 
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
-#include "memory/kv_paged.h"
 #include "policies/policy.h"
 #include "base/alloc.h"
 #include "runtime/forward.h"

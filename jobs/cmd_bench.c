@@ -20,7 +20,6 @@
 #include "jobs/commands.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
-#include "memory/kv_paged.h"
 #include "base/alloc.h"
 #include "base/sys.h"
 #include "base/dtype.h"
