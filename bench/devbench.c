@@ -182,39 +182,24 @@ int main(int argc, char **argv) {
     }
 
     tsr__db d = {.rng = 12345u};
-    tsr_model *m = NULL;
-    tsr_backend *be = NULL;
-    /* The backend first: without it (no GPU) the run fails before building the model. */
-    tsr_status st = tsr_backend_create(backend, threads, &be);
-    if (st == TSR_OK) st = tsr_model_load(spec, &m);
     int max_tokens = prefill > ctx ? prefill : ctx;
     if (max_b > max_tokens) max_tokens = max_b;
-    if (st == TSR_OK) {
-        const tsr_model_config *c = &m->cfg;
-        if (prefill + 16 > c->max_seq_len || ctx + gen + 16 > c->max_seq_len)
-            st = tsr_error_set(TSR_ERR_INVALID, "devbench: %s holds %d positions, fewer than "
-                               "the prefill or ctx + gen asked for", spec, c->max_seq_len);
-    }
-    if (st == TSR_OK) {
-        const tsr_model_config *c = &m->cfg;
-        /* The pool: max_b sequences of ctx + gen + 2 tokens, or the prefill, with a block
-         * of slack each. */
-        int64_t per = ctx + gen + 2 + 16, toks = (int64_t)max_b * (per + 16);
-        if (toks < prefill + 32) toks = prefill + 32;
-        tsr_kv_paged_config kc = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
-                                  .head_dim = c->head_dim, .block_size = 16};
-        tsr_engine_spec eo = {
-            .backend_given = be, .threads = threads, .max_tokens = max_tokens,
-            .kv = {.policy = &tsr_kv_policy_paged, .block_size = 16, .max_seqs = max_b,
-                   .no_prefix_cache = 1, .chunk_tokens = max_tokens,
-                   .max_context = (int)(per > prefill + 16 ? per : prefill + 16),
-                   .memory_bytes = (toks / 16 + max_b + 1) * c->n_layers *
-                                   tsr_kv_paged_block_bytes(&kc)}};
-        eo.model = m;
-        st = tsr_engine_create(&eo, &d.eng); /* owns the model and backend from here on */
-        m = NULL;
-        be = NULL;
-    }
+    /* The pool: max_b sequences of ctx + gen + 2 tokens, or the prefill, with a block of
+     * slack each; the model must hold either with a block to spare. */
+    int64_t per = ctx + gen + 2 + 16, toks = (int64_t)max_b * (per + 16);
+    if (toks < prefill + 32) toks = prefill + 32;
+    int need = (prefill > ctx + gen ? prefill : ctx + gen) + 16;
+    tsr_model_config loaded;
+    tsr_engine_spec eo = {
+        .model_path = spec, .backend = backend, .threads = threads, .max_tokens = max_tokens,
+        .min_context = need, .config_out = &loaded, .kv_blocks = toks / 16 + max_b + 1,
+        .kv = {.policy = &tsr_kv_policy_paged, .block_size = 16, .max_seqs = max_b,
+               .no_prefix_cache = 1, .chunk_tokens = max_tokens,
+               .max_context = (int)(per > prefill + 16 ? per : prefill + 16)}};
+    tsr_status st = tsr_engine_create(&eo, &d.eng);
+    if (st == TSR_ERR_BUDGET && loaded.max_seq_len > 0 && loaded.max_seq_len < need)
+        st = tsr_error_set(TSR_ERR_INVALID, "devbench: %s holds %d positions, fewer than "
+                           "the prefill or ctx + gen asked for", spec, loaded.max_seq_len);
     if (st == TSR_OK) {
         d.n_ids = prefill > ctx ? prefill : ctx;
         d.ids = tsr_malloc((size_t)d.n_ids * sizeof *d.ids);
@@ -270,7 +255,5 @@ int main(int argc, char **argv) {
     tsr_free(d.ids);
     tsr_free(d.logits);
     if (d.eng) tsr_engine_destroy(d.eng);
-    tsr_model_destroy(m);
-    tsr_backend_destroy(be);
     return rc;
 }

@@ -320,7 +320,6 @@ int main(int argc, char **argv) {
     tsr__ref refs[TSR__MAX_REFS];
     char names[TSR__MAX_REFS][32];
     int loaded = 0;
-    tsr_model *m = NULL;
     tsr_engine *eb = NULL, *ea = NULL;
     float *buf = NULL;
     tsr__run rb = {0}, ra = {0};
@@ -342,11 +341,31 @@ int main(int argc, char **argv) {
             goto done;
         }
     }
-    if (tsr_model_load(model, &m) != TSR_OK) {
-        fprintf(stderr, "logits_check: %s\n", tsr_last_error());
+    /* The prompts: the first reference's, or one random one (its ids once the model's
+     * vocabulary is known). */
+    int n_prompts = n_refs ? refs[0].n_prompts : 1, max_n = 0, max_g = 0;
+    for (int i = 0; i < n_prompts; i++) {
+        int n = n_refs ? refs[0].p[i].n : n_random, g = n_refs ? refs[0].p[i].n_greedy : greedy;
+        if (n > max_n) max_n = n;
+        if (g > max_g) max_g = g;
+    }
+    if (max_g < 1) max_g = 1;
+    int step = max_n < TSR__CHUNK ? max_n : TSR__CHUNK;
+    /* One model for both engines: the first loads it, the second borrows it (and is
+     * destroyed first). */
+    tsr_model_config cfg;
+    tsr_engine_spec eo = {.model_path = model, .config_out = &cfg, .threads = threads,
+                          .max_tokens = step, .kv = {.max_seqs = 1},
+                          .dense_kv_tokens = max_n + max_g + 16};
+    eo.backend = bname;
+    if (tsr_engine_create(&eo, &eb) != TSR_OK) {
+        if (cfg.vocab_size == 0) /* the model did not load */
+            fprintf(stderr, "logits_check: %s\n", tsr_last_error());
+        else
+            fprintf(stderr, "logits_check: backend %s: %s\n", bname, tsr_last_error());
         goto done;
     }
-    const tsr_model_config *c = &m->cfg;
+    const tsr_model_config *c = &eb->model->cfg;
     int V = c->vocab_size;
     for (int i = 0; i < n_refs; i++)
         if (refs[i].vocab != V) {
@@ -355,9 +374,6 @@ int main(int argc, char **argv) {
             goto done;
         }
     if (tol_rel <= 0) tol_rel = c->dtype == TSR_F32 ? 1e-4 : 2e-2;
-
-    /* The prompts: the first reference's, or one random one. */
-    int n_prompts = n_refs ? refs[0].n_prompts : 1, max_n = 0, max_g = 0;
     if (!n_refs) {
         rand_ids = tsr_malloc((size_t)n_random * sizeof *rand_ids);
         if (!rand_ids) goto done;
@@ -368,24 +384,11 @@ int main(int argc, char **argv) {
             rand_ids[i] = (int32_t)(3 + (s >> 8) % (uint32_t)(V - 3));
         }
     }
-    for (int i = 0; i < n_prompts; i++) {
-        int n = n_refs ? refs[0].p[i].n : n_random, g = n_refs ? refs[0].p[i].n_greedy : greedy;
-        if (n > max_n) max_n = n;
-        if (g > max_g) max_g = g;
-    }
-    if (max_g < 1) max_g = 1;
     size_t Vs = (size_t)V;
-    int step = max_n < TSR__CHUNK ? max_n : TSR__CHUNK;
-    tsr_engine_spec eo = {.threads = threads, .max_tokens = step, .kv = {.max_seqs = 1},
-                             .dense_kv_tokens = max_n + max_g + 16, .borrow_model = true};
-    eo.backend = bname;
-    eo.model = m;
-    if (tsr_engine_create(&eo, &eb) != TSR_OK) {
-        fprintf(stderr, "logits_check: backend %s: %s\n", bname, tsr_last_error());
-        goto done;
-    }
+    eo = (tsr_engine_spec){.model = eb->model, .borrow_model = true, .threads = threads,
+                           .max_tokens = step, .kv = {.max_seqs = 1},
+                           .dense_kv_tokens = max_n + max_g + 16};
     eo.backend = aname;
-    eo.model = m;
     if (tsr_engine_create(&eo, &ea) != TSR_OK) {
         fprintf(stderr, "logits_check: backend %s: %s\n", aname, tsr_last_error());
         goto done;
@@ -473,9 +476,8 @@ done:
     tsr_free(rb.greedy);
     tsr_free(ra.greedy);
     tsr_free(rand_ids);
+    if (ea) tsr_engine_destroy(ea); /* borrows eb's model */
     if (eb) tsr_engine_destroy(eb);
-    if (ea) tsr_engine_destroy(ea);
-    tsr_model_destroy(m);
     for (int i = 0; i < loaded; i++) tsr__ref_free(&refs[i]);
     return rc;
 }

@@ -27,7 +27,6 @@
 
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
-#include "memory/kv_paged.h"
 #include "policies/policy.h"
 #include "base/alloc.h"
 #include "runtime/exec/forward.h"
@@ -41,13 +40,12 @@ static double tsr__now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Backend memory in use now (0 when the backend's memory is the host's: not ours alone). */
-static size_t tsr__dev_used(tsr_backend *be) {
-    size_t fb = 0, tb = 0;
-    if (be->host_memory || be->ops->synchronize(be) != TSR_OK ||
-        be->ops->memory(be, &fb, &tb) != TSR_OK)
-        return 0;
-    return tb > fb ? tb - fb : 0;
+/* Backend memory in use now, once the queued work is done, less what was in use before
+ * the engine placed the weights (0 when the backend's memory is the host's: not ours
+ * alone). */
+static size_t tsr__dev_used(tsr_engine *e) {
+    if (e->be->host_memory || e->be->ops->synchronize(e->be) != TSR_OK) return 0;
+    return (size_t)tsr_engine_device_bytes(e);
 }
 
 static int tsr__list_policies(void) {
@@ -105,42 +103,26 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (materialize) chunk = n; /* the original H2O prefill: one n x n call */
-    tsr_model *m = NULL;
     tsr_engine *eng = NULL;
-    tsr_backend *be = NULL;
     tsr_forward *f = NULL;
     tsr_kv_cache *kv = NULL;
     float *logits = NULL;
     int32_t *toks = NULL;
-    size_t base_used = 0, peak_used = 0;
-    /* The backend first: without it (no GPU) the run fails before building the model. */
-    tsr_status st = tsr_backend_create(backend, threads, &be);
-    if (st == TSR_OK) st = tsr_model_load(spec, &m);
-    if (st == TSR_OK) {
-        const tsr_model_config *c = &m->cfg;
-        base_used = tsr__dev_used(be);
-        /* What the policy keeps of one sequence, plus two chunks of slack. */
-        int64_t keep = n;
-        if (pol->uses_budget && budget > 0) {
-            tsr_kv_policy_config pc = {.budget = budget};
-            keep = tsr_kv_policy_budget(&pc, n);
-        }
-        int64_t toks_in_pool = pool_tokens > 0 ? pool_tokens : keep + 2 * (int64_t)chunk;
-        tsr_kv_paged_config kc = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
-                                  .head_dim = c->head_dim, .block_size = 16};
-        int64_t blocks = (toks_in_pool + 15) / 16 + 1;
-        tsr_engine_spec eo = {
-            .backend_given = be, .threads = threads, .max_tokens = chunk,
-            .kv = {.policy = pol,
-                   .memory_bytes = blocks * c->n_layers * tsr_kv_paged_block_bytes(&kc),
-                   .block_size = 16, .budget = budget, .max_seqs = 1, .max_context = n,
-                   .policy_args = args, .n_policy_args = n_args,
-                   .chunk_tokens = chunk}};
-        be = NULL;                             /* the engine owns it from here on */
-        eo.model = m;
-        st = tsr_engine_create(&eo, &eng); /* owns the model from here on */
-        m = NULL;
+    size_t peak_used = 0;
+    /* What the policy keeps of one sequence, plus two chunks of slack. */
+    int64_t keep = n;
+    if (pol->uses_budget && budget > 0) {
+        tsr_kv_policy_config pc = {.budget = budget};
+        keep = tsr_kv_policy_budget(&pc, n);
     }
+    int64_t toks_in_pool = pool_tokens > 0 ? pool_tokens : keep + 2 * (int64_t)chunk;
+    tsr_engine_spec eo = {
+        .model_path = spec, .backend = backend, .threads = threads, .max_tokens = chunk,
+        .kv_blocks = (toks_in_pool + 15) / 16 + 1,
+        .kv = {.policy = pol, .block_size = 16, .budget = budget, .max_seqs = 1,
+               .max_context = n, .policy_args = args, .n_policy_args = n_args,
+               .chunk_tokens = chunk}};
+    tsr_status st = tsr_engine_create(&eo, &eng);
     if (st == TSR_OK) {
         f = eng->fwd;
         kv = eng->kv;
@@ -157,21 +139,21 @@ int main(int argc, char **argv) {
             r = r * 1664525u + 1013904223u;
             toks[i] = (int32_t)((r >> 8) % (uint32_t)vocab);
         }
-        peak_used = tsr__dev_used(eng->be);
+        peak_used = tsr__dev_used(eng);
         double last = t0;
         for (int pos = 0; pos < n && st == TSR_OK; pos += chunk) {
             int len = n - pos < chunk ? n - pos : chunk, rows;
             tsr_batch_seq b = {.seq = 0, .tokens = toks + pos, .n_tokens = len,
                                .want_logits = pos + len == n};
             st = tsr_forward_run(f, kv, &b, 1, logits, &rows);
-            size_t u = tsr__dev_used(eng->be);
+            size_t u = tsr__dev_used(eng);
             if (u > peak_used) peak_used = u;
             /* How far a run got, for a caller that stops it at a time limit. */
             double now = tsr__now();
             if (progress > 0 && now - last >= progress) {
                 fprintf(stderr, "progress tokens=%d seconds=%.1f device_peak_mb=%.1f\n",
                         pos + len, now - t0,
-                        (double)(peak_used > base_used ? peak_used - base_used : 0) / 1048576.0);
+                        (double)peak_used / 1048576.0);
                 last = now;
             }
         }
@@ -185,7 +167,7 @@ int main(int argc, char **argv) {
     if (eng && !eng->be->host_memory)
         snprintf(dev, sizeof dev, " device=%s device_peak_mb=%.1f weights_mb=%.1f",
                  tsr_engine_device_name(eng),
-                 (double)(peak_used > base_used ? peak_used - base_used : 0) / 1048576.0,
+                 (double)peak_used / 1048576.0,
                  (double)eng->placed_bytes / 1048576.0);
     int rc = 0;
     if (st == TSR_OK) {
@@ -204,7 +186,5 @@ int main(int argc, char **argv) {
     tsr_free(logits);
     tsr_free(toks);
     if (eng) tsr_engine_destroy(eng);
-    tsr_backend_destroy(be);
-    tsr_model_destroy(m);
     return rc;
 }

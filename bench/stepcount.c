@@ -128,27 +128,20 @@ int main(int argc, char **argv) {
         return 1;
     }
 
-    tsr_model *m = NULL;
-    tsr_backend *be = NULL;
     tsr_engine *e = NULL;
-    tsr_status st = tsr_backend_fenced_create(threads, 0, &be);
-    if (st == TSR_OK) st = tsr_model_load(spec, &m);
-    if (st == TSR_OK && (int64_t)ctx + steps + 1 > m->cfg.max_seq_len)
+    int max_tokens = batch * ctx, need = ctx + steps + 1;
+    tsr_model_config loaded;
+    tsr_engine_spec eo = {
+        .model_path = spec, .backend = "cpu-fenced", .threads = threads,
+        .max_tokens = max_tokens, .min_context = need, .config_out = &loaded,
+        .kv = {.policy = pol, .block_size = 16, .max_seqs = batch,
+               .budget = pol->uses_budget ? budget : 0, .policy_args = args,
+               .n_policy_args = n_args, .no_prefix_cache = 1, .chunk_tokens = max_tokens,
+               .max_context = need}};
+    tsr_status st = tsr_engine_create(&eo, &e);
+    if (st == TSR_ERR_BUDGET && loaded.max_seq_len > 0 && loaded.max_seq_len < need)
         st = tsr_error_set(TSR_ERR_INVALID, "stepcount: %s holds %d positions, fewer than "
-                           "ctx + steps", spec, m->cfg.max_seq_len);
-    if (st == TSR_OK) {
-        int max_tokens = batch * ctx;
-        tsr_engine_spec eo = {
-            .backend_given = be, .threads = threads, .max_tokens = max_tokens,
-            .kv = {.policy = pol, .block_size = 16, .max_seqs = batch,
-                   .budget = pol->uses_budget ? budget : 0, .policy_args = args,
-                   .n_policy_args = n_args, .no_prefix_cache = 1, .chunk_tokens = max_tokens,
-                   .max_context = ctx + steps + 1}};
-        be = NULL;                          /* the engine owns it from here on */
-        eo.model = m;
-        st = tsr_engine_create(&eo, &e); /* and the model */
-        m = NULL;
-    }
+                           "ctx + steps", spec, loaded.max_seq_len);
     tsr_backend_counters c = {0};
     if (st == TSR_OK) st = tsr__run(e, batch, ctx, steps, &c);
     int rc = 0;
@@ -168,7 +161,5 @@ int main(int argc, char **argv) {
         rc = 1;
     }
     if (e) tsr_engine_destroy(e);
-    tsr_model_destroy(m);
-    tsr_backend_destroy(be);
     return rc;
 }

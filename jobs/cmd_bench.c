@@ -20,7 +20,6 @@
 #include "jobs/commands.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
-#include "memory/kv_paged.h"
 #include "base/alloc.h"
 #include "base/sys.h"
 #include "base/dtype.h"
@@ -180,84 +179,19 @@ static double tsr__median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Re-stores one matrix in `dt` (model-owned memory); the old data stays with its owner. */
-static tsr_status tsr__convert_tensor(tsr_model *m, tsr_tensor *t, tsr_dtype dt) {
-    if (t->dtype == dt) return TSR_OK;
-    size_t n = (size_t)t->rows * (size_t)t->cols;
-    void *dst;
-    TSR_TRY(tsr_model_alloc(m, n * tsr_dtype_size(dt), &dst));
-    if (dt == TSR_F32) {
-        tsr_dtype_to_f32(t->dtype, t->data, dst, n);
-    } else {
-        float *row = tsr_malloc((size_t)t->cols * sizeof *row);
-        if (!row) return TSR_ERR_NOMEM;
-        for (int64_t r = 0; r < t->rows; r++) {
-            tsr_dtype_to_f32(t->dtype, tsr_tensor_row(t, r), row, (size_t)t->cols);
-            uint16_t *out = (uint16_t *)dst + (size_t)r * (size_t)t->cols;
-            for (int64_t c = 0; c < t->cols; c++)
-                out[c] = dt == TSR_BF16 ? tsr_f32_to_bf16(row[c]) : tsr_f32_to_f16(row[c]);
-        }
-        tsr_free(row);
-    }
-    t->data = dst;
-    t->dtype = dt;
-    return TSR_OK;
-}
-
-/* Matrices only: norms stay f32, as every loader keeps them. */
-static tsr_status tsr__convert_model(tsr_model *m, tsr_dtype dt) {
-    int tied = m->classifier.data == m->tok_emb.data;
-    TSR_TRY(tsr__convert_tensor(m, &m->tok_emb, dt));
-    if (tied)
-        m->classifier = m->tok_emb;
-    else
-        TSR_TRY(tsr__convert_tensor(m, &m->classifier, dt));
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        tsr_layer_weights *w = &m->layers[l];
-        tsr_tensor *ts[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
-        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
-            TSR_TRY(tsr__convert_tensor(m, ts[i], dt));
-    }
-    m->cfg.dtype = dt;
-    return TSR_OK;
-}
-
-/* Loads SPEC; a synthetic SPEC gets ",dtype=" appended, a file is converted in memory. */
-static int tsr__bench_load(const tsr__bench_opts *o, tsr_model **out) {
-    *out = NULL;
+/* A synthetic SPEC that names a dtype other than --dtype is a usage error: the engine
+ * makes a synthetic SPEC in --dtype (",dtype=" appended) and converts any other model. */
+static int tsr__bench_check_dtype(const tsr__bench_opts *o) {
     const char *spec = o->model;
-    char buf[1024];
-    int synthetic = !strncmp(spec, "synthetic:", 10);
-    if (synthetic && o->dtype >= 0) {
-        const char *have = strstr(spec, ",dtype=");
-        if (have) {
-            char given[16];
-            size_t len = strcspn(have + 7, ",");
-            snprintf(given, sizeof given, "%.*s", (int)(len < 15 ? len : 15), have + 7);
-            if (tsr_dtype_parse(given) != o->dtype)
-                return tsr__bench_usage_error("--dtype %s conflicts with the model spec '%s'",
-                                              tsr_dtype_name((tsr_dtype)o->dtype), spec);
-        } else {
-            if ((size_t)snprintf(buf, sizeof buf, "%s,dtype=%s", spec,
-                                 tsr_dtype_name((tsr_dtype)o->dtype)) >= sizeof buf)
-                return tsr__bench_usage_error("model spec too long: '%s'", spec);
-            spec = buf;
-        }
-    }
-    tsr_model *m;
-    if (tsr_model_load(spec, &m) != TSR_OK) return tsr_cmd_fail("bench");
-    if (tsr_model_pack(m) != TSR_OK) { /* huge-page weights, as generate and run use */
-        tsr_model_destroy(m);
-        return tsr_cmd_fail("bench");
-    }
-    if (o->dtype >= 0 && m->cfg.dtype != (tsr_dtype)o->dtype) {
-        if (tsr__convert_model(m, (tsr_dtype)o->dtype) != TSR_OK) {
-            tsr_model_destroy(m);
-            return tsr_cmd_fail("bench");
-        }
-    }
-    *out = m;
-    return 0;
+    if (o->dtype < 0 || strncmp(spec, "synthetic:", 10) != 0) return 0;
+    const char *have = strstr(spec, ",dtype=");
+    if (!have) return 0;
+    char given[16];
+    size_t len = strcspn(have + 7, ",");
+    snprintf(given, sizeof given, "%.*s", (int)(len < 15 ? len : 15), have + 7);
+    if (tsr_dtype_parse(given) == o->dtype) return 0;
+    return tsr__bench_usage_error("--dtype %s conflicts with the model spec '%s'",
+                                  tsr_dtype_name((tsr_dtype)o->dtype), spec);
 }
 
 typedef struct tsr__bench_run {
@@ -358,24 +292,43 @@ int tsr_cmd_bench(int argc, char **argv) {
     int rc;
     if (tsr__bench_parse(argc, argv, &o, &rc)) return rc;
 
-    tsr_model *m = NULL;
     tsr_engine *eng = NULL;
-    tsr_backend *be = NULL;
     tsr__bench_run r = {0};
     tsr__bench_probe probe = {0};
     double *pre = NULL, *dec = NULL;
-    rc = tsr__bench_load(&o, &m);
+    rc = tsr__bench_check_dtype(&o);
     if (rc) return rc;
-    const tsr_model_config *c = &m->cfg;
     int n = o.prompt_tokens, g = o.gen_tokens;
-    if ((int64_t)n + g > c->max_seq_len) {
-        tsr__bench_usage_error("--prompt-tokens %d + --gen-tokens %d exceed the model's "
-                               "context of %d tokens", n, g, c->max_seq_len);
-        tsr_model_destroy(m);
-        return 2;
-    }
 
+    /* The engine loads SPEC (in --dtype), packs the weights into huge pages, as generate
+     * and run use them, and refuses a model whose context cannot hold n + g tokens. */
+    tsr_model_config loaded;
+    tsr_engine_spec eo = {.model_path = o.model, .backend = o.backend, .threads = o.threads,
+                          .max_tokens = n, .min_context = n + g, .config_out = &loaded,
+                          .convert_weights = o.dtype >= 0, .pack_weights = true};
+    if (o.dtype >= 0) eo.weights_dtype = (tsr_dtype)o.dtype;
+    if (strcmp(o.kv, "dense") == 0) {
+        eo.dense_kv_tokens = n + g;
+        eo.kv.max_seqs = 1;
+    } else {
+        /* The pool holds exactly one sequence of n + g tokens: blocks of 16 rows of K and V
+         * per layer. No prefix sharing: every repeat feeds the same prompt. */
+        eo.kv_blocks = ((int64_t)n + g + TSR__BENCH_BLOCK - 1) / TSR__BENCH_BLOCK;
+        eo.kv = (tsr_kv_options){.policy = &tsr_kv_policy_paged, .block_size = TSR__BENCH_BLOCK,
+                                 .max_seqs = 1, .no_prefix_cache = 1, .chunk_tokens = n,
+                                 .max_context = n + g};
+    }
+    tsr_status est = tsr_engine_create(&eo, &eng);
+    if (est == TSR_ERR_BUDGET && loaded.max_seq_len > 0 && (int64_t)n + g > loaded.max_seq_len)
+        return tsr__bench_usage_error("--prompt-tokens %d + --gen-tokens %d exceed the model's "
+                                      "context of %d tokens", n, g, loaded.max_seq_len);
     rc = 1;
+    if (est != TSR_OK) goto fail;
+    const tsr_model *m = eng->model;
+    const tsr_model_config *c = &m->cfg;
+    tsr_backend *be = eng->be;
+    r.kv = eng->kv;
+    r.fwd = eng->fwd;
     r.vocab = c->vocab_size;
     r.logits = tsr_malloc((size_t)c->vocab_size * sizeof *r.logits);
     r.prompt = tsr_malloc((size_t)n * sizeof *r.prompt);
@@ -387,33 +340,6 @@ int tsr_cmd_bench(int argc, char **argv) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         r.prompt[i] = (int32_t)(s % (uint64_t)c->vocab_size);
     }
-    tsr_engine_spec eo = {.backend = o.backend, .threads = o.threads, .max_tokens = n};
-    if (strcmp(o.kv, "dense") == 0) {
-        eo.dense_kv_tokens = n + g;
-        eo.kv.max_seqs = 1;
-    } else {
-        /* The pool holds exactly one sequence of n + g tokens: blocks of 16 rows of K and V
-         * per layer. No prefix sharing: every repeat feeds the same prompt. */
-        int64_t blocks = ((int64_t)n + g + TSR__BENCH_BLOCK - 1) / TSR__BENCH_BLOCK;
-        tsr_kv_paged_config pc = {.n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-                                  .block_size = TSR__BENCH_BLOCK};
-        eo.kv = (tsr_kv_options){.policy = &tsr_kv_policy_paged,
-                                 .memory_bytes = blocks * c->n_layers *
-                                                 tsr_kv_paged_block_bytes(&pc),
-                                 .block_size = TSR__BENCH_BLOCK, .max_seqs = 1,
-                                 .no_prefix_cache = 1, .chunk_tokens = n,
-                                 .max_context = n + g};
-    }
-    /* The engine owns the model from here on, whatever happens. */
-    eo.model = m;
-    tsr_status est = tsr_engine_create(&eo, &eng);
-    m = NULL;
-    if (est != TSR_OK) goto fail;
-    m = eng->model;
-    c = &m->cfg;
-    be = eng->be;
-    r.kv = eng->kv;
-    r.fwd = eng->fwd;
 
     int32_t last = -1;
     for (int w = 0; w < o.warmup; w++) {
@@ -501,7 +427,6 @@ int tsr_cmd_bench(int argc, char **argv) {
 fail:
     if (rc) rc = tsr_cmd_fail("bench");
     tsr_engine_destroy(eng); /* forward, KV cache, placed weights, backend, model */
-    if (!eng) tsr_model_destroy(m);
     tsr_free(r.logits);
     tsr_free(r.prompt);
     tsr_free(pre);

@@ -3,10 +3,14 @@
 
 #include <string.h>
 
+#include <stdio.h>
+
 #include "base/alloc.h"
+#include "base/dtype.h"
 #include "base/file.h"
 #include "base/log.h"
 #include "base/sys.h"
+#include "memory/kv_paged.h"
 
 /* Every rank passes its own status; all get the same answer. */
 static tsr_status tsr__agree(tsr_engine *e, tsr_status st) {
@@ -75,6 +79,59 @@ static tsr_status tsr__place_weights(tsr_engine *e) {
     return TSR_OK;
 }
 
+/* Re-stores one matrix in `dt` (model-owned memory, the huge-page arena for large ones);
+ * the old data stays with its owner (the file mapping, unmapped by a later pack). Empty
+ * tensors (layers of other stages) stay empty. */
+static tsr_status tsr__convert_tensor(tsr_model *m, tsr_tensor *t, tsr_dtype dt) {
+    size_t n = (size_t)t->rows * (size_t)t->cols;
+    if (t->dtype == dt || !t->data || n == 0) return TSR_OK;
+    void *dst;
+    TSR_TRY(tsr_model_alloc(m, n * tsr_dtype_size(dt), &dst));
+    if (dt == TSR_F32) {
+        tsr_dtype_to_f32(t->dtype, t->data, dst, n);
+    } else {
+        float *row = tsr_malloc((size_t)t->cols * sizeof *row);
+        if (!row)
+            return tsr_error_set(TSR_ERR_NOMEM, "%s: out of memory converting the weights",
+                                 m->source);
+        for (int64_t r = 0; r < t->rows; r++) {
+            tsr_dtype_to_f32(t->dtype, tsr_tensor_row(t, r), row, (size_t)t->cols);
+            uint16_t *out = (uint16_t *)dst + (size_t)r * (size_t)t->cols;
+            for (int64_t c = 0; c < t->cols; c++)
+                out[c] = dt == TSR_BF16 ? tsr_f32_to_bf16(row[c]) : tsr_f32_to_f16(row[c]);
+        }
+        tsr_free(row);
+    }
+    t->data = dst;
+    t->dtype = dt;
+    return TSR_OK;
+}
+
+/* The shard's matrices in spec.weights_dtype; norms stay f32, as every loader keeps them.
+ * Before packing, so the pack copies nothing that is converted afterwards. */
+static tsr_status tsr__convert(tsr_engine *e, const tsr_engine_spec *o) {
+    tsr_model *m = e->model;
+    if (!o->convert_weights || m->cfg.dtype == o->weights_dtype) return TSR_OK;
+    if (e->borrowed_)
+        return tsr_error_set(TSR_ERR_INVALID, "engine: a borrowed model is not converted "
+                             "(convert_weights)");
+    tsr_dtype dt = o->weights_dtype;
+    bool tied = m->classifier.data && m->classifier.data == m->tok_emb.data;
+    TSR_TRY(tsr__convert_tensor(m, &m->tok_emb, dt));
+    if (tied)
+        m->classifier = m->tok_emb;
+    else
+        TSR_TRY(tsr__convert_tensor(m, &m->classifier, dt));
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        tsr_layer_weights *w = &m->layers[l];
+        tsr_tensor *ts[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            TSR_TRY(tsr__convert_tensor(m, ts[i], dt));
+    }
+    m->cfg.dtype = dt;
+    return TSR_OK;
+}
+
 /* Host-memory backends: the weights (this rank's shard) leave the file mapping for huge
  * pages, because decode streams them every token; info level says how much of the process
  * the kernel backed with huge pages. */
@@ -124,6 +181,23 @@ static tsr_status tsr__chat_prompt(const char *model_path, const char *text, cha
     return st;
 }
 
+/* spec.model_path; a synthetic shape is made in spec.weights_dtype when the path names no
+ * dtype, so that no conversion doubles its memory. */
+static tsr_status tsr__load_model(const tsr_engine_spec *o, tsr_model **out) {
+    const char *path = o->model_path;
+    if (!o->convert_weights || !path || strncmp(path, "synthetic:", 10) != 0 ||
+        strstr(path, ",dtype="))
+        return tsr_model_load(path, out);
+    const char *dt = tsr_dtype_name(o->weights_dtype);
+    size_t len = strlen(path) + strlen(",dtype=") + strlen(dt) + 1;
+    char *spec = tsr_malloc(len);
+    if (!spec) return TSR_ERR_NOMEM;
+    snprintf(spec, len, "%s,dtype=%s", path, dt);
+    tsr_status st = tsr_model_load(spec, out);
+    tsr_free(spec);
+    return st;
+}
+
 /* Step 2, local (the caller agrees): the prompt's text, the model, its tokenizer, the
  * prompt's ids and the context, in the order a user fixes them. */
 static tsr_status tsr__load(tsr_engine *e, const tsr_engine_spec *o) {
@@ -146,8 +220,13 @@ static tsr_status tsr__load(tsr_engine *e, const tsr_engine_spec *o) {
         buf = rendered;
         text = rendered;
     }
-    if (st == TSR_OK && !e->model) st = tsr_model_load(o->model_path, &e->model);
+    if (st == TSR_OK && !e->model) st = tsr__load_model(o, &e->model);
     const tsr_model_config *c = e->model ? &e->model->cfg : NULL;
+    if (st == TSR_OK && o->config_out) *o->config_out = *c;
+    if (st == TSR_OK && o->min_context > c->max_seq_len)
+        st = tsr_error_set(TSR_ERR_BUDGET, "%s holds %d positions, fewer than the %d this job "
+                           "needs", e->model->source ? e->model->source : "the model",
+                           c->max_seq_len, o->min_context);
     if (st == TSR_OK && o->load_tokenizer)
         st = tsr_tokenizer_for_model(o->model_path, o->tokenizer_path, c->vocab_size, &e->tok);
     if (st == TSR_OK)
@@ -173,6 +252,20 @@ static tsr_status tsr__load(tsr_engine *e, const tsr_engine_spec *o) {
     return TSR_OK;
 }
 
+/* spec.kv_blocks blocks per layer of this rank's paged pool, in bytes (as tsr_kv_setup
+ * counts a block: the policy's declaration says whether it keeps scores). */
+static int64_t tsr__pool_bytes(const tsr_kv_options *kvo, const tsr_model_config *c,
+                               int64_t blocks) {
+    const tsr_kv_policy_decl *pol = kvo->policy ? kvo->policy : tsr_kv_policy_default();
+    const tsr_parallel_shard *sh = kvo->shard;
+    int layers = sh ? sh->layer_end - sh->layer_begin : c->n_layers;
+    tsr_kv_paged_config kc = {.n_kv_heads = sh ? sh->kv_head_end - sh->kv_head_begin
+                                               : c->n_kv_heads,
+                              .head_dim = c->head_dim, .block_size = kvo->block_size,
+                              .keep_scores = pol->reads_scores};
+    return blocks * layers * tsr_kv_paged_block_bytes(&kc);
+}
+
 /* Steps 1 to 4: the job, the model, its shard and this rank's place. */
 static tsr_status tsr__job(tsr_engine *e, const tsr_engine_spec *o) {
     e->par_ = o->par;
@@ -196,6 +289,7 @@ static tsr_status tsr__job(tsr_engine *e, const tsr_engine_spec *o) {
 
 static tsr_status tsr__start(tsr_engine *e, const tsr_engine_spec *o) {
     TSR_TRY(tsr__job(e, o));
+    TSR_TRY(tsr__agree(e, tsr__convert(e, o)));
     if (o->backend_given) {
         e->be = o->backend_given;
     } else {
@@ -215,6 +309,7 @@ static tsr_status tsr__start(tsr_engine *e, const tsr_engine_spec *o) {
     kvo.model = e->model; /* host weights (offload's skew) */
     kvo.max_context = e->ctx;
     if (o->one_sequence || o->prompt.text || o->prompt.file) kvo.chunk_tokens = e->max_tokens;
+    if (o->kv_blocks > 0) kvo.memory_bytes = tsr__pool_bytes(&kvo, c, o->kv_blocks);
     tsr_status st;
     if (o->dense_kv_tokens > 0)
         st = tsr_kv_dense_create(e->be, c->n_layers, c->n_kv_heads, c->head_dim, o->dense_kv_tokens,
@@ -232,6 +327,7 @@ static tsr_status tsr__start(tsr_engine *e, const tsr_engine_spec *o) {
 tsr_status tsr_engine_create(const tsr_engine_spec *spec, tsr_engine **out) {
     *out = NULL;
     if (spec->rank_out) *spec->rank_out = 0;
+    if (spec->config_out) *spec->config_out = (tsr_model_config){0};
     tsr_engine *e = tsr_calloc(1, sizeof *e);
     if (!e) {
         if (!spec->borrow_model) tsr_model_destroy(spec->model);

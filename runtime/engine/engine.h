@@ -2,9 +2,11 @@
  * `fidelity`, the benches and tests. From one spec it makes, in order:
  *   1. the job (runtime/engine/dist.h) when spec.distributed: MPI when a launcher started us, else
  *      one process;
- *   2. the model, loaded from spec.model_path (or the caller's, spec.model), its tokenizer
+ *   2. the model, loaded from spec.model_path (or the caller's, spec.model), checked
+ *      against the context the job needs (spec.min_context), its tokenizer
  *      (spec.load_tokenizer) and the prompt's ids (spec.prompt), one agreed step;
  *   3. the tp x pp layout and the cut of the model to this rank's shard (distributed);
+ *      the shard's matrices converted to spec.weights_dtype (spec.convert_weights);
  *   4. the placement of the node's ranks, and binding to their cores (spec.dist.bind);
  *   5. the backend (tsr_backend_create_local: the local rank picks the GPU);
  *   6. the activations' data plane (distributed: MPI, NCCL, or local);
@@ -27,6 +29,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
@@ -87,11 +90,29 @@ typedef struct tsr_engine_spec {
     /* > 0: a dense cache of this many tokens for kv.max_seqs sequences instead of
      * tsr_kv_setup (bench --kv dense). */
     int dense_kv_tokens;
+    /* > 0: the paged pool (kv.memory_bytes) holds this many blocks of kv.block_size rows
+     * per layer, as the policy's pool stores them (K and V of this rank's KV heads, the
+     * positions, the policy's scores): a pool sized in tokens, whatever the model's shape
+     * (benches). */
+    int64_t kv_blocks;
+    /* > 0: the model must hold this many positions (a prompt and the tokens generated
+     * after it, in one sequence); a model with fewer fails the start with TSR_ERR_BUDGET
+     * and one line, right after the load, before anything is sized. */
+    int min_context;
+    /* The weights in weights_dtype (f32, f16 or bf16): a synthetic model_path is made in
+     * it (",dtype=" appended when the path names none), any other model has its matrices
+     * converted in host memory after the shard cut and before packing (norms stay f32, as
+     * every loader keeps them). Not for a borrowed model. */
+    bool convert_weights;
+    tsr_dtype weights_dtype;
     /* Host-memory backends only: tsr_model_pack (huge pages; logged at info level). */
     bool pack_weights;
     /* Optional: this rank's index in the job, set as soon as the comm is up (0 before),
      * so that a failed start still knows that rank 0 prints its message. */
     int *rank_out;
+    /* Optional: the model's config as loaded, set as soon as the model is (zeroed before),
+     * so that a start refused for min_context can be reported in the caller's words. */
+    tsr_model_config *config_out;
 } tsr_engine_spec;
 
 typedef struct tsr_engine {
