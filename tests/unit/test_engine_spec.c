@@ -1,5 +1,5 @@
 /* What the engine's spec asks of the start-up beyond placing and sizing by default
- * (runtime/engine.h): weights converted to a dtype at load (a synthetic shape made in it),
+ * (runtime/engine/engine.h): weights converted to a dtype at load (a synthetic shape made in it),
  * a context the model must hold (refused with the model's config given back), and a paged
  * pool sized in blocks per layer whatever the model's shape. `tessera bench` and the bench
  * drivers start this way instead of loading the model themselves. */
@@ -11,10 +11,10 @@
 #include "base/dtype.h"
 #include "memory/kv_cache.h"
 #include "policies/policy.h"
-#include "runtime/engine.h"
-#include "runtime/forward.h"
-#include "runtime/kv_setup.h"
-#include "runtime/model.h"
+#include "runtime/engine/engine.h"
+#include "runtime/exec/forward.h"
+#include "runtime/exec/kv_setup.h"
+#include "runtime/model/model.h"
 #include "tests/test.h"
 
 #define MODEL TSR_SOURCE_DIR "/models/stories260K.bin"
