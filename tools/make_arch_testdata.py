@@ -25,6 +25,7 @@ what it wrote.
 """
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -108,16 +109,22 @@ def main():
         for dtype in ("f32", "bf16"):
             seed = 100 + 10 * fi + (dtype == "bf16")
             model = build(family, seed)
-            if dtype == "bf16":  # the reference is the bf16 weights, upcast
-                model = model.to(torch.bfloat16)
             name = f"{family}_{dtype}"
             d = os.path.join(args.out, "arch", name)
             shutil.rmtree(d, ignore_errors=True)
-            model.save_pretrained(d, safe_serialization=True)
+            if dtype == "bf16":
+                # The reference is the bf16 weights upcast, in an f32 model: converting the
+                # model itself would also round its rotary inv_freq buffer to bf16.
+                with torch.no_grad():
+                    for prm in model.parameters():
+                        prm.copy_(prm.to(torch.bfloat16).float())
+                copy.deepcopy(model).to(torch.bfloat16).save_pretrained(
+                    d, safe_serialization=True)
+            else:
+                model.save_pretrained(d, safe_serialization=True)
             for extra in ("generation_config.json",):
                 if os.path.exists(os.path.join(d, extra)):
                     os.remove(os.path.join(d, extra))
-            model = model.float()
             gen = torch.Generator().manual_seed(seed)
             prompts = None
             while prompts is None:
@@ -127,11 +134,11 @@ def main():
                       "versions": {"torch": torch.__version__,
                                    "transformers": transformers.__version__},
                       "math": "float32" + (" (bf16 weights upcast)" if dtype == "bf16" else ""),
-                      "architecture": model.config.architectures[0],
+                      "architecture": type(model).__name__,
                       "vocab_size": VOCAB, "seed": seed, "prompts": prompts}
             with open(os.path.join(args.out, "golden", f"arch_{name}.json"), "w") as f:
                 json.dump(golden, f, separators=(",", ":"))
-            print(f"{name}: {model.config.architectures[0]}, "
+            print(f"{name}: {type(model).__name__}, "
                   f"{sum(p.numel() for p in model.parameters())} parameters")
 
 
