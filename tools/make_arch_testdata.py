@@ -6,6 +6,10 @@ What it writes (under --out, default tests/data):
   arch/<family>_<dtype>/       config.json + model.safetensors (save_pretrained), for
                                family in qwen2 (q/k/v biases), qwen3 (per-head q/k RMSNorm),
                                mistral, and dtype in f32, bf16
+  arch/qwen2_bf16.gguf, arch/qwen3_bf16.gguf
+                               the bf16 models' weights as a GGUF file (BF16 tensors,
+                               llama.cpp's qwen2/qwen3 keys and tensor names, written with
+                               the `gguf` package); their reference is the bf16 golden
   golden/arch_<family>_<dtype>.json
                                prompt ids, logits at a few prompt positions, a 16-token
                                greedy continuation and the logits of its last step, in
@@ -100,6 +104,51 @@ def reference(model, gen):
     return prompts
 
 
+def write_gguf(model, family, path):
+    """llama.cpp's layout for qwen2/qwen3 (convert_hf_to_gguf.py): no rotary permutation
+    (NEOX rope), q/k/v biases as attn_{q,k,v}.bias, q/k norms as attn_{q,k}_norm.weight."""
+    import gguf
+    from gguf import GGMLQuantizationType as T, quants
+    c = model.config
+    w = gguf.GGUFWriter(path, family)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_bos_token_id(c.bos_token_id)
+    w.add_eos_token_id(c.eos_token_id)
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    for name, p in model.state_dict().items():
+        x = p.detach().float().numpy()
+        if name == "model.embed_tokens.weight":
+            out = "token_embd.weight"
+        elif name == "model.norm.weight":
+            out = "output_norm.weight"
+        elif name == "lm_head.weight":
+            continue  # tied
+        else:
+            parts = name.split(".")  # model.layers.L.<module...>.weight|bias
+            out = f"blk.{parts[2]}.{names['.'.join(parts[3:-1])]}.{parts[-1]}"
+        if x.ndim == 2:  # matrices in BF16 (exact: the weights are bf16 values)
+            w.add_tensor(out, quants.quantize(x, T.BF16), raw_dtype=T.BF16)
+        else:  # vectors in F32, as llama.cpp writes them
+            w.add_tensor(out, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/data")
@@ -138,6 +187,8 @@ def main():
                       "vocab_size": VOCAB, "seed": seed, "prompts": prompts}
             with open(os.path.join(args.out, "golden", f"arch_{name}.json"), "w") as f:
                 json.dump(golden, f, separators=(",", ":"))
+            if dtype == "bf16" and family.startswith("qwen"):
+                write_gguf(model, family, os.path.join(args.out, "arch", f"{name}.gguf"))
             print(f"{name}: {type(model).__name__}, "
                   f"{sum(p.numel() for p in model.parameters())} parameters")
 

@@ -2,7 +2,7 @@
  * biases), Qwen3 (per-head q/k RMSNorm) and Mistral models in F32 and BF16, written with
  * their reference outputs by tools/make_arch_testdata.py (tests/data/arch/,
  * tests/data/golden/arch_*.json). Each model runs on cpu and cpu-fenced, its prompts whole
- * and in chunks of 7, then greedy decode: logits within TOL (docs/correctness.md) at the
+ * and in chunks of 7, then greedy decode (the bf16 Qwen models also as GGUF files): logits within TOL (docs/correctness.md) at the
  * stored prompt positions and the last decode step, greedy tokens exactly. Then the
  * config.json rules: unsupported architectures and biases refused by name, a sliding window
  * bounding the context. */
@@ -164,11 +164,12 @@ static tsr_status run_prompt(tsr_engine *e, const ref_prompt *p, int vocab, int 
     return st;
 }
 
-static void check_arch(const char *name, tsr_arch arch, bool bias, bool qk_norm,
-                       tsr_dtype dtype) {
+/* file: the model under tests/data/arch/; golden: tests/data/golden/arch_<golden>.json. */
+static void check_file(const char *name, const char *file, const char *golden, tsr_arch arch,
+                       bool bias, bool qk_norm, tsr_dtype dtype) {
     char dir[512], gold[512];
-    snprintf(dir, sizeof dir, "%s/tests/data/arch/%s", TSR_SOURCE_DIR, name);
-    snprintf(gold, sizeof gold, "%s/tests/data/golden/arch_%s.json", TSR_SOURCE_DIR, name);
+    snprintf(dir, sizeof dir, "%s/tests/data/arch/%s", TSR_SOURCE_DIR, file);
+    snprintf(gold, sizeof gold, "%s/tests/data/golden/arch_%s.json", TSR_SOURCE_DIR, golden);
     tsr_model *m = NULL;
     ASSERT_OK(tsr_model_load(dir, &m));
     ASSERT_EQ_INT(m->cfg.arch, arch);
@@ -214,6 +215,11 @@ static void check_arch(const char *name, tsr_arch arch, bool bias, bool qk_norm,
     tsr_model_destroy(m);
 }
 
+static void check_arch(const char *name, tsr_arch arch, bool bias, bool qk_norm,
+                       tsr_dtype dtype) {
+    check_file(name, name, name, arch, bias, qk_norm, dtype);
+}
+
 TSR_TEST(test_qwen2_f32) { check_arch("qwen2_f32", TSR_ARCH_QWEN2, true, false, TSR_F32); }
 TSR_TEST(test_qwen2_bf16) { check_arch("qwen2_bf16", TSR_ARCH_QWEN2, true, false, TSR_BF16); }
 TSR_TEST(test_qwen3_f32) { check_arch("qwen3_f32", TSR_ARCH_QWEN3, false, true, TSR_F32); }
@@ -223,6 +229,17 @@ TSR_TEST(test_mistral_f32) {
 }
 TSR_TEST(test_mistral_bf16) {
     check_arch("mistral_bf16", TSR_ARCH_MISTRAL, false, false, TSR_BF16);
+}
+
+/* The bf16 Qwen models as GGUF files (llama.cpp's qwen2/qwen3 keys and tensor names): the
+ * same weights, so the same reference. */
+TSR_TEST(test_qwen2_gguf) {
+    check_file("qwen2_bf16.gguf", "qwen2_bf16.gguf", "qwen2_bf16", TSR_ARCH_QWEN2, true, false,
+               TSR_BF16);
+}
+TSR_TEST(test_qwen3_gguf) {
+    check_file("qwen3_bf16.gguf", "qwen3_bf16.gguf", "qwen3_bf16", TSR_ARCH_QWEN3, false, true,
+               TSR_BF16);
 }
 
 /* ---- config.json rules ------------------------------------------------------------------ */
@@ -287,4 +304,5 @@ TSR_TEST(test_config_rules) {
 }
 
 TSR_TEST_MAIN(test_qwen2_f32, test_qwen2_bf16, test_qwen3_f32, test_qwen3_bf16,
-              test_mistral_f32, test_mistral_bf16, test_config_rules)
+              test_mistral_f32, test_mistral_bf16, test_qwen2_gguf, test_qwen3_gguf,
+              test_config_rules)
