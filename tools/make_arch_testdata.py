@@ -153,6 +153,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/data")
     args = ap.parse_args()
+    torch.set_num_threads(1)  # one summation order: reruns give the same files
+    torch.use_deterministic_algorithms(True)
     os.makedirs(os.path.join(args.out, "golden"), exist_ok=True)
     for fi, family in enumerate(FAMILIES):
         for dtype in ("f32", "bf16"):
