@@ -107,6 +107,10 @@ static tsr_status tsr__config(tsr__ggctx *x, tsr_model_config *c) {
      * (some llama-named conversions) is refused rather than dropped. */
     c->qkv_bias = tsr_gguf_tensor_find(g, "blk.0.attn_q.bias") != NULL;
     c->qk_norm = tsr_gguf_tensor_find(g, "blk.0.attn_q_norm.weight") != NULL;
+    if (llama && (c->qkv_bias || c->qk_norm))
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "%s: a llama file with q/k/v biases or q/k norms (their order "
+                             "under llama.cpp's rotary row permutation is not defined)", g->path);
     if (tsr_gguf_tensor_find(g, "blk.0.attn_output.bias"))
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
                              "%s: blk.0.attn_output.bias (an output projection bias) is not "

@@ -21,6 +21,7 @@
 #include "runtime/config.h"
 #include "runtime/engine.h"
 #include "runtime/forward.h"
+#include "runtime/loader.h"
 #include "runtime/model.h"
 #include "tests/test.h"
 
@@ -168,7 +169,10 @@ static tsr_status run_prompt(tsr_engine *e, const ref_prompt *p, int vocab, int 
 static void check_file(const char *name, const char *file, const char *golden, tsr_arch arch,
                        bool bias, bool qk_norm, tsr_dtype dtype) {
     char dir[512], gold[512];
-    snprintf(dir, sizeof dir, "%s/tests/data/arch/%s", TSR_SOURCE_DIR, file);
+    if (file[0] == '/')
+        snprintf(dir, sizeof dir, "%s", file);
+    else
+        snprintf(dir, sizeof dir, "%s/tests/data/arch/%s", TSR_SOURCE_DIR, file);
     snprintf(gold, sizeof gold, "%s/tests/data/golden/arch_%s.json", TSR_SOURCE_DIR, golden);
     tsr_model *m = NULL;
     ASSERT_OK(tsr_model_load(dir, &m));
@@ -242,6 +246,27 @@ TSR_TEST(test_qwen3_gguf) {
                TSR_BF16);
 }
 
+/* tessera convert: a GGUF Qwen model exported as an HF directory (f32) keeps its family,
+ * biases and q/k norms, and loads back to the same logits. */
+static void check_export(const char *gguf, const char *golden, tsr_arch arch, bool bias,
+                         bool qk_norm) {
+    char src[512], out[512];
+    snprintf(src, sizeof src, "%s/tests/data/arch/%s", TSR_SOURCE_DIR, gguf);
+    snprintf(out, sizeof out, "%s/test_arch_export_%s", TSR_BINARY_DIR, golden);
+    tsr_model *m = NULL;
+    ASSERT_OK(tsr_model_load(src, &m));
+    tsr_status st = tsr_export_hf(m, out, TSR_F32);
+    tsr_model_destroy(m);
+    ASSERT_OK(st);
+    check_file(out, out, golden, arch, bias, qk_norm, TSR_F32);
+}
+
+TSR_TEST(test_export_roundtrip) {
+    check_export("qwen2_bf16.gguf", "qwen2_bf16", TSR_ARCH_QWEN2, true, false);
+    if (!tsr_test_failed_flag)
+        check_export("qwen3_bf16.gguf", "qwen3_bf16", TSR_ARCH_QWEN3, false, true);
+}
+
 /* ---- config.json rules ------------------------------------------------------------------ */
 
 static const char *CFG_BASE =
@@ -305,4 +330,4 @@ TSR_TEST(test_config_rules) {
 
 TSR_TEST_MAIN(test_qwen2_f32, test_qwen2_bf16, test_qwen3_f32, test_qwen3_bf16,
               test_mistral_f32, test_mistral_bf16, test_qwen2_gguf, test_qwen3_gguf,
-              test_config_rules)
+              test_export_roundtrip, test_config_rules)
