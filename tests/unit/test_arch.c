@@ -267,6 +267,30 @@ TSR_TEST(test_export_roundtrip) {
         check_export("qwen3_bf16.gguf", "qwen3_bf16", TSR_ARCH_QWEN3, false, true);
 }
 
+/* A GGUF file of another family is refused by name: qwen2_bf16.gguf with its
+ * general.architecture value rewritten (same length, so every offset holds). */
+TSR_TEST(test_gguf_unknown_architecture) {
+    char src[512], dst[512], *data = NULL;
+    size_t len = 0;
+    snprintf(src, sizeof src, "%s/tests/data/arch/qwen2_bf16.gguf", TSR_SOURCE_DIR);
+    snprintf(dst, sizeof dst, "%s/test_arch_gemma.gguf", TSR_BINARY_DIR);
+    ASSERT_OK(tsr_file_read(src, "gguf", (size_t)1 << 24, &data, &len));
+    static const char key[] = "general.architecture";
+    char *at = NULL;
+    for (size_t i = 0; i + sizeof key + 12 + 5 < len && !at; i++)
+        if (!memcmp(data + i, key, sizeof key - 1)) at = data + i + (sizeof key - 1) + 4 + 8;
+    bool ok = at && !memcmp(at, "qwen2", 5);
+    if (ok) memcpy(at, "gemma", 5);
+    FILE *f = ok ? fopen(dst, "wb") : NULL;
+    ok = f && fwrite(data, 1, len, f) == len;
+    if (f) ok = (fclose(f) == 0) && ok;
+    tsr_free(data);
+    ASSERT_TRUE(ok);
+    tsr_model *m = NULL;
+    ASSERT_EQ_INT(tsr_model_load(dst, &m), TSR_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "unsupported architecture \"gemma\"");
+}
+
 /* ---- config.json rules ------------------------------------------------------------------ */
 
 static const char *CFG_BASE =
@@ -330,4 +354,4 @@ TSR_TEST(test_config_rules) {
 
 TSR_TEST_MAIN(test_qwen2_f32, test_qwen2_bf16, test_qwen3_f32, test_qwen3_bf16,
               test_mistral_f32, test_mistral_bf16, test_qwen2_gguf, test_qwen3_gguf,
-              test_export_roundtrip, test_config_rules)
+              test_export_roundtrip, test_gguf_unknown_architecture, test_config_rules)
