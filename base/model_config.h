@@ -14,6 +14,14 @@ typedef enum tsr_rope_scaling {
     TSR_ROPE_LLAMA3 = 1, /* Llama 3.1/3.2 "rope_type": "llama3" frequency smoothing */
 } tsr_rope_scaling;
 
+/* The model family, for messages and for the few places the families differ. */
+typedef enum tsr_arch {
+    TSR_ARCH_LLAMA = 0,
+    TSR_ARCH_QWEN2 = 1,   /* Llama + q/k/v projection biases */
+    TSR_ARCH_QWEN3 = 2,   /* Llama + per-head RMSNorm of q and k before the rotation */
+    TSR_ARCH_MISTRAL = 3, /* Llama's computation (a sliding window bounds the context) */
+} tsr_arch;
+
 typedef struct tsr_model_config {
     int dim;          /* hidden size */
     int hidden_dim;   /* MLP intermediate size */
@@ -39,6 +47,9 @@ typedef struct tsr_model_config {
     int eos_id;           /* -1 when unknown; see also eos_ids */
     int n_eos_ids;
     int eos_ids[8];
+    tsr_arch arch;
+    bool qkv_bias; /* q/k/v projections add a bias (layer weights bq, bk, bv) */
+    bool qk_norm;  /* per-head RMSNorm of q and k (weights q_norm, k_norm) before rope */
 } tsr_model_config;
 
 #endif

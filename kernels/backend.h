@@ -219,6 +219,10 @@ typedef struct tsr_backend_ops {
     /* Optional (NULL: the backend counts nothing): *out = the counters since the last
      * reset; reset: start again from zero. */
     void (*counters)(tsr_backend *be, tsr_backend_counters *out, bool reset);
+    /* x[i][j] += b[j] for n rows of b.cols (b: an f32 [1, width] vector in backend memory):
+     * the q/k/v projection biases of Qwen2. Optional (NULL: the forward pass refuses a
+     * model with biases on this backend). */
+    tsr_status (*bias_add)(tsr_backend *be, float *x, const tsr_tensor *b, int64_t n);
 } tsr_backend_ops;
 
 /* Short forms of the memory calls, synchronous (stream NULL). */

@@ -590,6 +590,16 @@ static tsr_status tsr__fenced_add(tsr_backend *be, float *x, const float *y, int
     return tsr__fence_end(f, f->inner->ops->add(f->inner, x, y, n));
 }
 
+static tsr_status tsr__fenced_bias_add(tsr_backend *be, float *x, const tsr_tensor *b,
+                                       int64_t n) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__dev_tensor(f, "bias_add", "bias", b));
+    TSR_TRY(tsr__dev(f, "bias_add", "x", x, tsr__bytes3(n, b->cols, sizeof(float))));
+    tsr__count(f, TSR__CNT_OPS, 1);
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->bias_add(f->inner, x, b, n));
+}
+
 static tsr_status tsr__fenced_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t *ids,
                                     int64_t n, float *out) {
     tsr__fenced *f = TSR__F(be);
@@ -699,6 +709,7 @@ static const tsr_backend_ops tsr__fenced_ops = {
     .matmul_parts = tsr__fenced_matmul_parts,
     .sample = tsr__fenced_sample,
     .counters = tsr__fenced_counters,
+    .bias_add = tsr__fenced_bias_add,
 };
 
 /* TSR_FENCED_MEMORY: digits with an optional K/M/G/T suffix (powers of 1024). */

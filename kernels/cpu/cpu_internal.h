@@ -93,6 +93,7 @@ tsr_status tsr__cpu_rope(tsr_backend *be, float *x, const int32_t *pos, int64_t 
                          int n_heads, const tsr_model_config *cfg);
 tsr_status tsr__cpu_swiglu(tsr_backend *be, float *gate, const float *up, int64_t n);
 tsr_status tsr__cpu_add(tsr_backend *be, float *x, const float *y, int64_t n);
+tsr_status tsr__cpu_bias_add(tsr_backend *be, float *x, const tsr_tensor *b, int64_t n);
 tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t *ids,
                           int64_t n, float *out);
 tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a);

@@ -223,6 +223,20 @@ tsr_status tsr__cpu_add(tsr_backend *be, float *x, const float *y, int64_t n) {
     return TSR_OK;
 }
 
+tsr_status tsr__cpu_bias_add(tsr_backend *be, float *x, const tsr_tensor *b, int64_t n) {
+    (void)be; /* a bias is a few thousand floats a row: one thread keeps up */
+    if (b->dtype != TSR_F32 || b->rows != 1)
+        return tsr_error_set(TSR_ERR_INVALID, "bias_add: the bias must be an f32 [1, width]");
+    const float *bb = b->data;
+    int64_t w = b->cols;
+    for (int64_t r = 0; r < n; r++) {
+        float *xr = x + r * w;
+#pragma omp simd
+        for (int64_t j = 0; j < w; j++) xr[j] += bb[j];
+    }
+    return TSR_OK;
+}
+
 tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t *ids,
                           int64_t n, float *out) {
     (void)be;

@@ -709,6 +709,18 @@ static tsr_status tsr__cuda_add(tsr_backend *be, float *x, const float *y, int64
     return TSR_OK;
 }
 
+/* One add launch per row: biases only come with Qwen2's q/k/v, where a decode step has few
+ * rows; a broadcasting kernel can replace this when prefill needs it. */
+static tsr_status tsr__cuda_bias_add(tsr_backend *be, float *x, const tsr_tensor *b,
+                                     int64_t n) {
+    if (b->dtype != TSR_F32 || b->rows != 1)
+        return tsr_error_set(TSR_ERR_INVALID, "bias_add: the bias must be an f32 [1, width]");
+    for (int64_t r = 0; r < n; r++)
+        TSR_CUDA_TRY(tsr__cuda_launch_add(x + r * b->cols, b->data, b->cols,
+                                          tsr__ctx(be)->stream));
+    return TSR_OK;
+}
+
 static tsr_status tsr__cuda_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t *ids,
                                   int64_t n, float *out) {
     tsr__cuda_ctx *c = tsr__ctx(be);
@@ -942,6 +954,7 @@ static const tsr_backend_ops tsr__cuda_ops = {
     .attention = tsr__cuda_attention,
     .matmul_parts = tsr__cuda_matmul_parts,
     .sample = tsr__cuda_sample,
+    .bias_add = tsr__cuda_bias_add,
 };
 
 tsr_gpu_probe tsr__cuda_probe(int *count, char *detail, size_t cap) {

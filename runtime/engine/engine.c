@@ -70,9 +70,11 @@ static tsr_status tsr__place_weights(tsr_engine *e) {
         const tsr_layer_weights *h = &m->layers[l];
         tsr_layer_weights *d = &e->placed_.layers[l];
         const tsr_tensor *hs[] = {&h->attn_norm, &h->wq,     &h->wk,   &h->wv,    &h->wo,
-                                  &h->ffn_norm,  &h->w_gate, &h->w_up, &h->w_down};
+                                  &h->ffn_norm,  &h->w_gate, &h->w_up, &h->w_down,
+                                  &h->bq, &h->bk, &h->bv, &h->q_norm, &h->k_norm};
         tsr_tensor *ds[] = {&d->attn_norm, &d->wq,     &d->wk,   &d->wv,    &d->wo,
-                            &d->ffn_norm,  &d->w_gate, &d->w_up, &d->w_down};
+                            &d->ffn_norm,  &d->w_gate, &d->w_up, &d->w_down,
+                            &d->bq, &d->bk, &d->bv, &d->q_norm, &d->k_norm};
         for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) TSR_TRY(tsr__place(e, hs[i], ds[i]));
     }
     e->weights = &e->placed_;

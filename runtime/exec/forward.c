@@ -124,6 +124,9 @@ tsr_status tsr_forward_create_parallel(const tsr_model *m, tsr_backend *be, int 
     if (!be->ops->matmul_parts)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "forward: backend %s lacks matmul_parts",
                              be->ops->name);
+    if (m->cfg.qkv_bias && !be->ops->bias_add)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "forward: backend %s lacks bias_add, which "
+                             "the q/k/v biases of this model need", be->ops->name);
     tsr_comm *comm = par ? par->comm : NULL;
     TSR_TRY(tsr__check_data_plane(comm, be, comm && tsr_comm_uses_nccl(comm)));
     const tsr_model_config *c = &m->cfg;
@@ -342,6 +345,15 @@ static tsr_status tsr__layers(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_
         TSR_TRY(op->matmul(be, xb, n, &w->wq, q));
         TSR_TRY(op->matmul(be, xb, n, &w->wk, k));
         TSR_TRY(op->matmul(be, xb, n, &w->wv, v));
+        if (c->qkv_bias) { /* Qwen2 */
+            TSR_TRY(op->bias_add(be, q, &w->bq, n));
+            TSR_TRY(op->bias_add(be, k, &w->bk, n));
+            TSR_TRY(op->bias_add(be, v, &w->bv, n));
+        }
+        if (c->qk_norm) { /* Qwen3: each head's row of head_dim is normed on its own */
+            TSR_TRY(op->rmsnorm(be, q, &w->q_norm, n * f->nh, c->head_dim, c->norm_eps, q));
+            TSR_TRY(op->rmsnorm(be, k, &w->k_norm, n * f->nkv, c->head_dim, c->norm_eps, k));
+        }
         TSR_TRY(op->rope(be, q, pos, n, f->nh, c));
         TSR_TRY(op->rope(be, k, pos, n, f->nkv, c));
         TSR_TRY(tsr__attention(f, kv, l - f->sh.layer_begin, seqs, s0, s1, row0));

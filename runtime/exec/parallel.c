@@ -185,6 +185,14 @@ tsr_status tsr_parallel_shard_model(tsr_model *m, const tsr_parallel_shard *s) {
         tsr__rows(&w->wq, (int64_t)s->head_begin * hd, (int64_t)s->head_end * hd);
         tsr__rows(&w->wk, (int64_t)s->kv_head_begin * hd, (int64_t)s->kv_head_end * hd);
         tsr__rows(&w->wv, (int64_t)s->kv_head_begin * hd, (int64_t)s->kv_head_end * hd);
+        if (c->qkv_bias) { /* [1, width] vectors: the head slice is a view into the row */
+            w->bq.data = (float *)w->bq.data + (int64_t)s->head_begin * hd;
+            w->bq.cols = (int64_t)(s->head_end - s->head_begin) * hd;
+            w->bk.data = (float *)w->bk.data + (int64_t)s->kv_head_begin * hd;
+            w->bk.cols = (int64_t)(s->kv_head_end - s->kv_head_begin) * hd;
+            w->bv.data = (float *)w->bv.data + (int64_t)s->kv_head_begin * hd;
+            w->bv.cols = w->bk.cols;
+        }
         tsr__rows(&w->w_gate, s->hidden_begin, s->hidden_end);
         tsr__rows(&w->w_up, s->hidden_begin, s->hidden_end);
         TSR_TRY(tsr__cols(m, &w->wo, (int64_t)s->head_begin * hd, (int64_t)s->head_end * hd));

@@ -15,7 +15,8 @@ void tsr_config_defaults(tsr_model_config *c);
 /* Checks every field for sanity; `what` names the source in the error line. */
 tsr_status tsr_config_validate(const tsr_model_config *c, const char *what);
 
-/* Parses a Hugging Face config.json (Llama family). */
+/* Parses a Hugging Face config.json: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+ * Qwen3ForCausalLM (others are refused by name). */
 tsr_status tsr_config_from_hf_json(const char *path, tsr_model_config *out);
 
 /* Number of parameters of the matrices (for benchmarks and progress). */

@@ -62,8 +62,12 @@ static tsr_status tsr__write_config(const tsr_model *m, const char *path, tsr_dt
     const tsr_model_config *c = &m->cfg;
     cJSON *r = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(r, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
-    cJSON_AddStringToObject(r, "model_type", "llama");
+    static const char *const cls[] = {"LlamaForCausalLM", "Qwen2ForCausalLM",
+                                      "Qwen3ForCausalLM", "MistralForCausalLM"};
+    static const char *const type[] = {"llama", "qwen2", "qwen3", "mistral"};
+    int a = (int)c->arch >= 0 && (int)c->arch < 4 ? (int)c->arch : 0;
+    cJSON_AddItemToArray(arch, cJSON_CreateString(cls[a]));
+    cJSON_AddStringToObject(r, "model_type", type[a]);
     cJSON_AddStringToObject(r, "hidden_act", "silu");
     cJSON_AddNumberToObject(r, "hidden_size", c->dim);
     cJSON_AddNumberToObject(r, "intermediate_size", c->hidden_dim);
@@ -222,7 +226,7 @@ tsr_status tsr_export_hf(const tsr_model *m, const char *dir, tsr_dtype dtype) {
     snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
     remove(idx);
 
-    int n = 3 + 9 * c->n_layers;
+    int n = 3 + 14 * c->n_layers;
     tsr__export_item *items = tsr_calloc((size_t)n, sizeof *items);
     if (!items) return TSR_ERR_NOMEM;
     int k = 0;
@@ -247,6 +251,15 @@ tsr_status tsr_export_hf(const tsr_model *m, const char *dir, tsr_dtype dtype) {
         TSR__ITEM(&w->w_gate, false, 0, "model.layers.%d.mlp.gate_proj.weight", l);
         TSR__ITEM(&w->w_up, false, 0, "model.layers.%d.mlp.up_proj.weight", l);
         TSR__ITEM(&w->w_down, false, 0, "model.layers.%d.mlp.down_proj.weight", l);
+        if (c->qkv_bias) { /* Qwen2 */
+            TSR__ITEM(&w->bq, true, 0, "model.layers.%d.self_attn.q_proj.bias", l);
+            TSR__ITEM(&w->bk, true, 0, "model.layers.%d.self_attn.k_proj.bias", l);
+            TSR__ITEM(&w->bv, true, 0, "model.layers.%d.self_attn.v_proj.bias", l);
+        }
+        if (c->qk_norm) { /* Qwen3 */
+            TSR__ITEM(&w->q_norm, true, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+            TSR__ITEM(&w->k_norm, true, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+        }
     }
     TSR__ITEM(&m->out_norm, true, 0, "model.norm.weight");
     if (!c->tied_embeddings) TSR__ITEM(&m->classifier, false, 0, "lm_head.weight");

@@ -61,8 +61,9 @@ static tsr_status tsr__config(tsr__ggctx *x, tsr_model_config *c) {
          qwen3 = !strcmp(x->arch, "qwen3");
     if (!llama && !qwen2 && !qwen3)
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
-                             "%s: unsupported architecture \"%.64s\" (tessera reads llama GGUF "
-                             "files)", g->path, x->arch);
+                             "%s: unsupported architecture \"%.64s\" (tessera reads llama, "
+                             "qwen2 and qwen3 GGUF files)", g->path, x->arch);
+    c->arch = qwen2 ? TSR_ARCH_QWEN2 : qwen3 ? TSR_ARCH_QWEN3 : TSR_ARCH_LLAMA;
     TSR_TRY(tsr__int(x, "embedding_length", &c->dim, NULL));
     TSR_TRY(tsr__int(x, "feed_forward_length", &c->hidden_dim, NULL));
     TSR_TRY(tsr__int(x, "block_count", &c->n_layers, NULL));
@@ -101,15 +102,23 @@ static tsr_status tsr__config(tsr__ggctx *x, tsr_model_config *c) {
                              "%s: rope_freqs.weight (llama3 rope scaling as factors) is not "
                              "supported", g->path);
     c->rope_interleaved = llama;
-    if (qwen2 || qwen3) {
-        /* The forward pass has neither q/k/v biases (qwen2) nor per-head q/k norms (qwen3). */
-        const char *what = qwen2 ? "blk.0.attn_q.bias" : "blk.0.attn_q_norm.weight";
-        if (tsr_gguf_tensor_find(g, what))
-            return tsr_error_set(TSR_ERR_UNSUPPORTED,
-                                 "%s: architecture %s needs %s, which tessera's forward pass "
-                                 "does not implement yet", g->path, x->arch,
-                                 qwen2 ? "q/k/v biases" : "per-head q/k RMS norms");
-    }
+    /* llama.cpp's qwen2 has q/k/v biases and qwen3 per-head q/k norms; either may show up
+     * in a file of the other family's name, so the tensors decide. An o-projection bias
+     * (some llama-named conversions) is refused rather than dropped. */
+    c->qkv_bias = tsr_gguf_tensor_find(g, "blk.0.attn_q.bias") != NULL;
+    c->qk_norm = tsr_gguf_tensor_find(g, "blk.0.attn_q_norm.weight") != NULL;
+    if (llama && (c->qkv_bias || c->qk_norm))
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "%s: a llama file with q/k/v biases or q/k norms (their order "
+                             "under llama.cpp's rotary row permutation is not defined)", g->path);
+    if (tsr_gguf_tensor_find(g, "blk.0.attn_output.bias"))
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "%s: blk.0.attn_output.bias (an output projection bias) is not "
+                             "supported", g->path);
+    /* A sliding window is honoured exactly by bounding the context to it. */
+    int window = 0;
+    TSR_TRY(tsr__int(x, "attention.sliding_window", &window, &have));
+    if (have && window > 0 && window < c->max_seq_len) c->max_seq_len = window;
     const tsr_gguf_tensor *emb = tsr_gguf_tensor_find(g, "token_embd.weight");
     if (!emb || emb->n_dims != 2)
         return tsr_error_set(TSR_ERR_FORMAT, "%s: missing 2-D tensor token_embd.weight",
@@ -210,6 +219,20 @@ static tsr_status tsr__weights(tsr_model *m, tsr__ggctx *x) {
             bool vec = spec[i].rows < 0;
             TSR_TRY(tsr__load(m, x, name, vec ? 1 : sizes[spec[i].rows], sizes[spec[i].cols],
                               vec, dst));
+        }
+        if (c->qkv_bias) {
+            const char *proj[3] = {"q", "k", "v"};
+            tsr_tensor *b[3] = {&w->bq, &w->bk, &w->bv};
+            for (int i = 0; i < 3; i++) {
+                snprintf(name, sizeof name, "blk.%d.attn_%s.bias", l, proj[i]);
+                TSR_TRY(tsr__load(m, x, name, 1, i ? kv : q, true, b[i]));
+            }
+        }
+        if (c->qk_norm) {
+            snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", l);
+            TSR_TRY(tsr__load(m, x, name, 1, c->head_dim, true, &w->q_norm));
+            snprintf(name, sizeof name, "blk.%d.attn_k_norm.weight", l);
+            TSR_TRY(tsr__load(m, x, name, 1, c->head_dim, true, &w->k_norm));
         }
     }
     return TSR_OK;

@@ -1,4 +1,4 @@
-/* Hugging Face Llama directories: config.json (cJSON) and safetensors weights, single file or
+/* Hugging Face directories (Llama, Mistral, Qwen2, Qwen3): config.json (cJSON) and safetensors weights, single file or
  * sharded through model.safetensors.index.json. Matrices stay views into the mmaps; norm
  * vectors are converted to f32 copies. */
 #include <cjson/cJSON.h>
@@ -72,22 +72,73 @@ static tsr_status tsr__json_float(const cJSON *obj, const char *key, const char 
     return TSR_OK;
 }
 
-static bool tsr__is_llama(const cJSON *root, const char **what) {
-    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+/* The family from "architectures" (first match) or else "model_type"; *what names what was
+ * found for the refusal when nothing matches. */
+static bool tsr__arch(const cJSON *root, tsr_arch *arch, const char **what) {
+    static const struct {
+        const char *cls, *type;
+        tsr_arch arch;
+    } known[] = {{"LlamaForCausalLM", "llama", TSR_ARCH_LLAMA},
+                 {"Qwen2ForCausalLM", "qwen2", TSR_ARCH_QWEN2},
+                 {"Qwen3ForCausalLM", "qwen3", TSR_ARCH_QWEN3},
+                 {"MistralForCausalLM", "mistral", TSR_ARCH_MISTRAL}};
+    const size_t n = sizeof known / sizeof known[0];
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     *what = NULL;
     const cJSON *a;
-    cJSON_ArrayForEach(a, arch) {
+    cJSON_ArrayForEach(a, archs) {
         if (!cJSON_IsString(a)) continue;
-        if (!strcmp(a->valuestring, "LlamaForCausalLM")) return true;
+        for (size_t i = 0; i < n; i++)
+            if (!strcmp(a->valuestring, known[i].cls)) {
+                *arch = known[i].arch;
+                return true;
+            }
         if (!*what) *what = a->valuestring;
     }
     if (cJSON_IsString(mt)) {
-        if (!strcmp(mt->valuestring, "llama")) return true;
+        for (size_t i = 0; i < n; i++)
+            if (!strcmp(mt->valuestring, known[i].type)) {
+                *arch = known[i].arch;
+                return true;
+            }
         if (!*what) *what = mt->valuestring;
     }
     if (!*what) *what = "(none given)";
     return false;
+}
+
+/* What the families add to Llama's computation, and what tessera refuses: biases beyond
+ * Qwen2's q/k/v (o_proj, MLP) and a sliding window shorter than the context. A window is
+ * honoured exactly by bounding the context to it (every key a query may see lies inside
+ * the window then). */
+static tsr_status tsr__arch_features(const cJSON *root, const char *path, tsr_model_config *c) {
+    c->qkv_bias = c->arch == TSR_ARCH_QWEN2;
+    c->qk_norm = c->arch == TSR_ARCH_QWEN3;
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "attention_bias")))
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "%s: attention_bias (biases on q/k/v/o projections) is not "
+                             "supported", path);
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "mlp_bias")))
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: mlp_bias is not supported", path);
+    bool windowed = false;
+    if (c->arch == TSR_ARCH_MISTRAL) {
+        windowed = true; /* MistralForCausalLM applies sliding_window whenever it is set */
+    } else if (c->arch == TSR_ARCH_QWEN2 || c->arch == TSR_ARCH_QWEN3) {
+        windowed = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window"));
+        const cJSON *lt, *types = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
+        cJSON_ArrayForEach(lt, types) windowed |= cJSON_IsString(lt) &&
+                                                  !strcmp(lt->valuestring, "sliding_attention");
+    }
+    if (!windowed) return TSR_OK;
+    int window = 0;
+    bool present;
+    TSR_TRY(tsr__json_int(root, "sliding_window", path, "", &window, &present));
+    if (!present) return TSR_OK;
+    if (window <= 0)
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: invalid sliding_window %d", path, window);
+    if (window < c->max_seq_len) c->max_seq_len = window;
+    return TSR_OK;
 }
 
 static tsr_status tsr__parse_rope_scaling(const cJSON *rs, bool params, const char *path,
@@ -120,10 +171,11 @@ static tsr_status tsr__parse_rope_scaling(const cJSON *rs, bool params, const ch
 static tsr_status tsr__config_from_json(const cJSON *root, const char *path,
                                         tsr_model_config *c) {
     const char *arch;
-    if (!tsr__is_llama(root, &arch))
+    if (!tsr__arch(root, &c->arch, &arch))
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
                              "%s: unsupported architecture %.64s (tessera supports "
-                             "LlamaForCausalLM)",
+                             "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                             "Qwen3ForCausalLM)",
                              path, arch);
     bool present;
     TSR_TRY(tsr__json_req_int(root, "hidden_size", path, "", &c->dim));
@@ -135,6 +187,7 @@ static tsr_status tsr__config_from_json(const cJSON *root, const char *path,
     TSR_TRY(tsr__json_int(root, "num_key_value_heads", path, "", &c->n_kv_heads, &present));
     if (!present) c->n_kv_heads = c->n_heads;
     TSR_TRY(tsr__json_int(root, "head_dim", path, "", &c->head_dim, &present));
+    TSR_TRY(tsr__arch_features(root, path, c));
     /* HF LlamaConfig defaults: eps 1e-6, theta 10000. */
     c->norm_eps = 1e-6f;
     TSR_TRY(tsr__json_float(root, "rms_norm_eps", path, "", &c->norm_eps, false));
@@ -351,27 +404,33 @@ static tsr_status tsr__hf_shape(const char *file, const tsr_st_tensor *t, int64_
                          file, t->name, got, (long long)rows, (long long)cols);
 }
 
-static tsr_status tsr__hf_vector(tsr_model *m, const tsr__hf_src *s, const char *name,
-                                 tsr_tensor *dst) {
+/* A vector of `width` floats (norm weights, biases), as an f32 copy. */
+static tsr_status tsr__hf_vector_n(tsr_model *m, const tsr__hf_src *s, const char *name,
+                                   int64_t width, tsr_tensor *dst) {
     const tsr_st_tensor *t;
     const char *file;
     TSR_TRY(tsr__hf_find(s, name, true, &t, &file));
-    TSR_TRY(tsr__hf_shape(file, t, 1, m->cfg.dim, true));
+    TSR_TRY(tsr__hf_shape(file, t, 1, width, true));
     float *buf;
-    TSR_TRY(tsr_model_alloc(m, (size_t)m->cfg.dim * sizeof(float), (void **)&buf));
+    TSR_TRY(tsr_model_alloc(m, (size_t)width * sizeof(float), (void **)&buf));
     /* memcpy-based conversion: the view may be unaligned. */
     if (t->dtype == TSR_F32) {
-        memcpy(buf, t->data, (size_t)m->cfg.dim * 4);
+        memcpy(buf, t->data, (size_t)width * 4);
     } else {
         const uint8_t *p = t->data;
-        for (int i = 0; i < m->cfg.dim; i++) {
+        for (int64_t i = 0; i < width; i++) {
             uint16_t h;
             memcpy(&h, p + 2 * (size_t)i, 2);
             buf[i] = t->dtype == TSR_BF16 ? tsr_bf16_to_f32(h) : tsr_f16_to_f32(h);
         }
     }
-    *dst = (tsr_tensor){.dtype = TSR_F32, .rows = 1, .cols = m->cfg.dim, .data = buf};
+    *dst = (tsr_tensor){.dtype = TSR_F32, .rows = 1, .cols = width, .data = buf};
     return TSR_OK;
+}
+
+static tsr_status tsr__hf_vector(tsr_model *m, const tsr__hf_src *s, const char *name,
+                                 tsr_tensor *dst) {
+    return tsr__hf_vector_n(m, s, name, m->cfg.dim, dst);
 }
 
 /* Converts one element of src (dtype a) to dtype b at dst (both may be unaligned). */
@@ -465,6 +524,20 @@ static tsr_status tsr__hf_weights(tsr_model *m, const tsr__hf_src *s) {
         TSR_TRY_GOTO(tsr__hf_vector(m, s, name, &w->attn_norm), st, done);
         snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
         TSR_TRY_GOTO(tsr__hf_vector(m, s, name, &w->ffn_norm), st, done);
+        if (c->qkv_bias) {
+            const char *proj[3] = {"q", "k", "v"};
+            tsr_tensor *b[3] = {&w->bq, &w->bk, &w->bv};
+            for (int i = 0; i < 3; i++) {
+                snprintf(name, sizeof name, "model.layers.%d.self_attn.%s_proj.bias", l, proj[i]);
+                TSR_TRY_GOTO(tsr__hf_vector_n(m, s, name, i ? kv : q, b[i]), st, done);
+            }
+        }
+        if (c->qk_norm) {
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.q_norm.weight", l);
+            TSR_TRY_GOTO(tsr__hf_vector_n(m, s, name, c->head_dim, &w->q_norm), st, done);
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.k_norm.weight", l);
+            TSR_TRY_GOTO(tsr__hf_vector_n(m, s, name, c->head_dim, &w->k_norm), st, done);
+        }
         for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
             snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, spec[i].suffix);
             tsr_tensor *dst = (tsr_tensor *)((char *)w + spec[i].off);

@@ -150,6 +150,21 @@ tsr_status tsr_model_check(const tsr_model *m) {
         TSR_TRY(tsr__check_tensor(m, &w->w_gate, "gate_proj", l, c->hidden_dim, c->dim));
         TSR_TRY(tsr__check_tensor(m, &w->w_up, "up_proj", l, c->hidden_dim, c->dim));
         TSR_TRY(tsr__check_tensor(m, &w->w_down, "down_proj", l, c->dim, c->hidden_dim));
+        if (c->qkv_bias) {
+            TSR_TRY(tsr__check_tensor(m, &w->bq, "q_proj bias", l, 1, q));
+            TSR_TRY(tsr__check_tensor(m, &w->bk, "k_proj bias", l, 1, kv));
+            TSR_TRY(tsr__check_tensor(m, &w->bv, "v_proj bias", l, 1, kv));
+            if (w->bq.dtype != TSR_F32 || w->bk.dtype != TSR_F32 || w->bv.dtype != TSR_F32)
+                return tsr_error_set(TSR_ERR_INTERNAL, "%s: biases of layer %d not f32",
+                                     m->source, l);
+        }
+        if (c->qk_norm) {
+            TSR_TRY(tsr__check_tensor(m, &w->q_norm, "q_norm", l, 1, c->head_dim));
+            TSR_TRY(tsr__check_tensor(m, &w->k_norm, "k_norm", l, 1, c->head_dim));
+            if (w->q_norm.dtype != TSR_F32 || w->k_norm.dtype != TSR_F32)
+                return tsr_error_set(TSR_ERR_INTERNAL, "%s: q/k norms of layer %d not f32",
+                                     m->source, l);
+        }
         if (w->attn_norm.dtype != TSR_F32 || w->ffn_norm.dtype != TSR_F32)
             return tsr_error_set(TSR_ERR_INTERNAL, "%s: norms of layer %d not f32", m->source, l);
     }
@@ -159,7 +174,8 @@ tsr_status tsr_model_check(const tsr_model *m) {
 /* Initializer of an array with the addresses of a layer's tensors. */
 #define TSR__LAYER_TENSORS(w)                                                        \
     {&(w)->attn_norm, &(w)->wq,     &(w)->wk,   &(w)->wv,    &(w)->wo,                 \
-     &(w)->ffn_norm,  &(w)->w_gate, &(w)->w_up, &(w)->w_down}
+     &(w)->ffn_norm,  &(w)->w_gate, &(w)->w_up, &(w)->w_down, &(w)->bq,                \
+     &(w)->bk,        &(w)->bv,     &(w)->q_norm, &(w)->k_norm}
 
 size_t tsr_model_weight_bytes(const tsr_model *m) {
     size_t total = tsr_tensor_bytes(&m->classifier) + tsr_tensor_bytes(&m->out_norm);

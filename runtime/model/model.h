@@ -17,6 +17,8 @@ typedef struct tsr_layer_weights {
     tsr_tensor w_gate;    /* [hidden, dim] (llama2.c w1) */
     tsr_tensor w_up;      /* [hidden, dim] (llama2.c w3) */
     tsr_tensor w_down;    /* [dim, hidden] (llama2.c w2) */
+    tsr_tensor bq, bk, bv;       /* cfg.qkv_bias: [1, q width] / [1, kv width] f32 */
+    tsr_tensor q_norm, k_norm;   /* cfg.qk_norm: [1, head_dim] f32, shared by the heads */
 } tsr_layer_weights;
 
 typedef struct tsr_model_resource tsr_model_resource;

@@ -218,6 +218,20 @@ tsr_status tsr_synthetic_create(const char *name, tsr_model **out) {
         TSR_TRY_GOTO(tsr__make(m, &w->w_gate, dt, h, d, seed, id + 6, false), st, fail);
         TSR_TRY_GOTO(tsr__make(m, &w->w_up, dt, h, d, seed, id + 7, false), st, fail);
         TSR_TRY_GOTO(tsr__make(m, &w->w_down, dt, d, h, seed, id + 8, false), st, fail);
+        /* Qwen2 biases, Qwen3 q/k norms: ids past every layer's nine, so that the Llama
+         * tensors keep their values */
+        uint64_t id2 = 3 + 9 * (uint64_t)c.n_layers + 5 * (uint64_t)l;
+        if (c.qkv_bias) {
+            TSR_TRY_GOTO(tsr__make(m, &w->bq, TSR_F32, 1, q, seed, id2 + 0, false), st, fail);
+            TSR_TRY_GOTO(tsr__make(m, &w->bk, TSR_F32, 1, kv, seed, id2 + 1, false), st, fail);
+            TSR_TRY_GOTO(tsr__make(m, &w->bv, TSR_F32, 1, kv, seed, id2 + 2, false), st, fail);
+        }
+        if (c.qk_norm) {
+            TSR_TRY_GOTO(tsr__make(m, &w->q_norm, TSR_F32, 1, c.head_dim, seed, id2 + 3, true),
+                         st, fail);
+            TSR_TRY_GOTO(tsr__make(m, &w->k_norm, TSR_F32, 1, c.head_dim, seed, id2 + 4, true),
+                         st, fail);
+        }
     }
     *out = m;
     return TSR_OK;

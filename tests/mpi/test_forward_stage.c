@@ -6,6 +6,7 @@
  * the binary), tp = W, pp = W and (4 ranks) tp 2 x pp 2 give the logits bits of one process
  * on the plain CPU for a chunked prefill and greedy decode of one sequence. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -21,7 +22,13 @@ int tsr_test_failed_flag;
 static tsr_comm *C;
 static int W, R;
 
-#define MODEL TSR_SOURCE_DIR "/models/stories260K.bin"
+/* TSR_TEST_MODEL overrides (the Qwen models of tests/data/arch: biases and q/k norms
+ * sliced by heads). */
+#define MODEL tsr__model_path()
+static const char *tsr__model_path(void) {
+    const char *e = getenv("TSR_TEST_MODEL");
+    return e && *e ? e : TSR_SOURCE_DIR "/models/stories260K.bin";
+}
 enum { NP = 30, CHUNK = 16, GEN = 12, KV_TOKENS = 64 };
 
 static tsr_backend_ops fake_ops;

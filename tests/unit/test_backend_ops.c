@@ -50,7 +50,7 @@ static tsr_status check_vtable(const tsr_backend *be) {
                REQ(stream_wait),   REQ(event_sync),   REQ(kv_write),       REQ(kv_copy),
                REQ(kv_gather),     REQ(kv_scatter),   REQ(matmul),         REQ(rmsnorm),
                REQ(rope),          REQ(swiglu),       REQ(add),            REQ(embed),
-               REQ(attention)};
+               REQ(attention),     REQ(bias_add)};
 #undef REQ
     for (size_t i = 0; i < sizeof req / sizeof req[0]; i++)
         if (!req[i].present)
@@ -751,6 +751,38 @@ TSR_TEST(test_swiglu_add) {
     targets_close(&t);
 }
 
+/* Qwen2's q/k/v biases: x[i][j] += b[j], exact (one add per element), on a width that is
+ * not a multiple of any vector length and over more rows than a decode step has. */
+TSR_TEST(test_bias_add) {
+    targets t;
+    ASSERT_OK(targets_open(&t));
+    const int64_t n = 37, w = 200;
+    const size_t bytes = (size_t)(n * w) * sizeof(float);
+    float *x = rand_floats((size_t)(n * w), 3.0f), *bias = rand_floats((size_t)w, 1.0f);
+    float *want = tsr_malloc(bytes), *got = tsr_malloc(bytes);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < w; j++) want[i * w + j] = x[i * w + j] + bias[j];
+    tsr_tensor hb = {.dtype = TSR_F32, .rows = 1, .cols = w, .data = bias};
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        tsr_backend *be = target(&t, b);
+        placed pb;
+        float *dx = be_dup(be, x, bytes);
+        ASSERT_TRUE(dx != NULL);
+        ASSERT_OK(be_tensor(be, &hb, &pb));
+        ASSERT_OK(be->ops->bias_add(be, dx, &pb.t, n));
+        ASSERT_OK(be_read(be, got, dx, bytes));
+        ASSERT_TRUE(compare("bias_add 37x200", b < 0 ? "cpu/1" : t.label[b], got, want,
+                            (size_t)(n * w), NULL, 0.0) <= 1.0);
+        be_tensor_release(be, &pb);
+        be_release(be, dx);
+    }
+    tsr_free(x);
+    tsr_free(bias);
+    tsr_free(want);
+    tsr_free(got);
+    targets_close(&t);
+}
+
 TSR_TEST(test_embed) {
     targets t;
     ASSERT_OK(targets_open(&t));
@@ -1160,7 +1192,7 @@ TSR_TEST(test_backend_select) {
 }
 
 TSR_TEST_MAIN(test_memory, test_copies, test_kv_rows, test_matmul_f32, test_matmul_bf16,
-              test_matmul_f16, test_matmul_parts, test_rmsnorm, test_rope, test_swiglu_add,
+              test_matmul_f16, test_matmul_parts, test_rmsnorm, test_rope, test_swiglu_add, test_bias_add,
               test_embed, test_attention_decode, test_attention_prefill, test_sample,
               test_backend_select,
               test_bench)

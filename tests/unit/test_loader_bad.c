@@ -229,10 +229,10 @@ TSR_TEST(test_hf_unknown_architecture) {
     const char *dir = BAD "/hf_arch";
     mk(dir);
     write_text(BAD "/hf_arch/config.json",
-               "{\"architectures\": [\"MistralForCausalLM\"], \"model_type\": \"mistral\","
+               "{\"architectures\": [\"GemmaForCausalLM\"], \"model_type\": \"gemma\","
                " \"hidden_size\": 64}");
     ASSERT_FAILS(load(dir), TSR_ERR_UNSUPPORTED, BAD "/hf_arch/config.json",
-                 "unsupported architecture MistralForCausalLM",
+                 "unsupported architecture GemmaForCausalLM",
                  "tessera supports LlamaForCausalLM");
 }
 
