@@ -18,11 +18,11 @@
 #include "base/status.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
-#include "runtime/config.h"
-#include "runtime/engine.h"
-#include "runtime/forward.h"
-#include "runtime/loader.h"
-#include "runtime/model.h"
+#include "runtime/model/config.h"
+#include "runtime/engine/engine.h"
+#include "runtime/exec/forward.h"
+#include "runtime/model/loader.h"
+#include "runtime/model/model.h"
 #include "tests/test.h"
 
 /* f32 math against the f32 reference (bf16 weights upcast on both sides): the summation
