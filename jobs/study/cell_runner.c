@@ -52,6 +52,15 @@ static bool tsr__says_oom(const char *s) {
 /* A line of tessera's own that says why it stopped: "tessera: ...", "tessera: rank N: ...",
  * "tessera error: ...", "tessera[rank N] error: ..."; not its warnings, info or debug lines
  * (a rank's warning must not stand for the failure). */
+/* Copies a line into a fixed buffer, cut at its size (a copy, not a format: lines longer
+ * than the buffer are expected and cut on purpose). */
+static void tsr__set_line(char *dst, size_t cap, const char *src) {
+    size_t n = strlen(src);
+    if (n >= cap) n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
 static bool tsr__own_line(const char *l) {
     if (strncmp(l, "tessera", 7) != 0) return false;
     const char *colon = strchr(l, ':');
@@ -111,14 +120,14 @@ void tsr_cell_read_stderr(const char *stderr_path, tsr_cell_proc *p) {
              * happened, and stands for the block */
             if (!in_help) head[0] = '\0';
             in_help = !in_help;
-            if (!in_help && head[0]) snprintf(p->last_line, sizeof p->last_line, "%s", head);
+            if (!in_help && head[0]) tsr__set_line(p->last_line, sizeof p->last_line, head);
         } else if (len > 0) {
-            if (in_help && !head[0]) snprintf(head, sizeof head, "%s", l);
-            snprintf(p->last_line, sizeof p->last_line, "%s", l);
+            if (in_help && !head[0]) tsr__set_line(head, sizeof head, l);
+            tsr__set_line(p->last_line, sizeof p->last_line, l);
             if (tsr__own_line(l)) {
-                snprintf(p->own_line, sizeof p->own_line, "%s", l);
+                tsr__set_line(p->own_line, sizeof p->own_line, l);
                 /* of several ranks' lines, the one that says memory ran out says why */
-                if (tsr__says_oom(l)) snprintf(own_oom, sizeof own_oom, "%s", l);
+                if (tsr__says_oom(l)) tsr__set_line(own_oom, sizeof own_oom, l);
             }
             int sig = tsr__rank_signal(l);
             if (sig && !p->rank_signal) p->rank_signal = sig;
@@ -126,7 +135,7 @@ void tsr_cell_read_stderr(const char *stderr_path, tsr_cell_proc *p) {
         if (!nl) break;
         line = nl + 1;
     }
-    if (own_oom[0]) snprintf(p->own_line, sizeof p->own_line, "%s", own_oom);
+    if (own_oom[0]) tsr__set_line(p->own_line, sizeof p->own_line, own_oom);
 }
 
 tsr_status tsr_cell_spawn(char *const argv[], const char *stdout_path, const char *stderr_path,
