@@ -316,7 +316,7 @@ static tsr_status tsr__bpe_split(const tsr__bpe *t, int k, const char *text, siz
 }
 
 /* Grows the scratch for a span of n bytes: every stage may prepend one space to a piece, a
- * Metaspace stage (at most one) makes a piece at most 3 times longer plus its prefix, and
+ * Metaspace stage (at most one) makes a piece at most 4 times longer plus its prefix, and
  * every piece byte becomes at most one id. */
 static tsr_status tsr__scratch_reserve(const tsr__bpe *t, tsr__scratch *sc, size_t n) {
     bool meta = false;
