@@ -1,5 +1,5 @@
-/* Tokenizers behind one interface: llama2.c/SentencePiece-style tokenizer.bin and
- * Hugging Face tokenizer.json (byte-level BPE, Llama-3 pre-tokenizer). */
+/* Tokenizers behind one interface: llama2.c/SentencePiece-style tokenizer.bin, Hugging Face
+ * tokenizer.json (BPE: byte-level or byte-fallback; see tokenizer_bpe.c) and GGUF metadata. */
 #ifndef TSR_RUNTIME_TOKENIZER_H
 #define TSR_RUNTIME_TOKENIZER_H
 
@@ -38,8 +38,11 @@ struct tsr_tokenizer {
 tsr_status tsr_tokenizer_load(const char *path, tsr_tokenizer **out);
 tsr_status tsr_tokenizer_load_spm(const char *path, tsr_tokenizer **out);
 tsr_status tsr_tokenizer_load_bpe(const char *path, tsr_tokenizer **out);
-/* The tokenizer inside a GGUF file's metadata (gpt2 byte-level BPE). */
+/* The tokenizer inside a GGUF file's metadata (gpt2 byte-level BPE, llama SentencePiece). */
 tsr_status tsr_tokenizer_load_gguf(const char *path, tsr_tokenizer **out);
+/* The `llama` (SentencePiece) tokenizer of an open GGUF file (tokenizer_spm.c). */
+struct tsr_gguf;
+tsr_status tsr_tokenizer_load_gguf_spm(const struct tsr_gguf *g, tsr_tokenizer **out);
 
 /* Finds a tokenizer next to a model: a GGUF file is its own tokenizer; for a directory
  * DIR/tokenizer.json, then

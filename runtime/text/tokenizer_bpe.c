@@ -1,13 +1,16 @@
-/* Hugging Face tokenizer.json: byte-level BPE (GPT-2 byte map) as used by Llama 3.
+/* Hugging Face tokenizer.json BPE: byte-level (GPT-2 byte map: Llama 3, Qwen2, SmolLM2) and
+ * SentencePiece converted to BPE (byte_fallback: Llama 2, Mistral); also the GGUF gpt2
+ * tokenizer, through an equivalent tokenizer.json built from the metadata.
  *
- * Encode: split the text on added tokens (whole matches, leftmost-longest), pre-tokenize each
- * remaining span through PCRE2 with the file's Split regex (Llama 3 carries
- *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
- *   \s*[\r\n]+|\s+(?!\S)|\s+
- * then ByteLevel(use_regex=false)), then run BPE on each piece's bytes, merging the
- * lowest-ranked pair first (leftmost on ties), as tokenizers' word.rs does. Invalid UTF-8
- * never matches the regex (PCRE2_MATCH_INVALID_UTF); the gaps it leaves become their own
- * pieces, so every byte is still encoded through the 256 byte tokens. */
+ * Encode: split the text on added tokens (whole matches, leftmost-longest); normalize each
+ * remaining span (NFC, Prepend, Replace, in the file's order); pre-tokenize it through the
+ * file's steps as a pipeline, each splitting every piece of the one before (Split's regex and
+ * Digits through PCRE2, ByteLevel's optional prefix space and GPT-2 regex); then run BPE on
+ * each piece, from its bytes (byte-level) or characters (byte_fallback, with <0xXX> tokens
+ * for characters outside the vocabulary), merging the lowest-ranked pair first (leftmost on
+ * ties), as tokenizers' word.rs does. Invalid UTF-8 never matches a regex
+ * (PCRE2_MATCH_INVALID_UTF); the gaps it leaves become their own pieces, so every byte is
+ * still encoded. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <cjson/cJSON.h>
 #include <pcre2.h>
@@ -20,12 +23,14 @@
 #include "base/heap.h"
 #include "runtime/format/gguf.h"
 #include "runtime/text/tokenizer.h"
+#include "runtime/text/tokenizer_nfc.h"
 
 /* ByteLevel(use_regex=true), GPT-2. */
 #define TSR__GPT2_REGEX                                                                     \
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 
 #define TSR__MAX_ID (1 << 26)
+#define TSR__MAX_STAGES 8
 
 typedef struct tsr__merge {
     uint64_t key; /* (left id << 32) | right id; UINT64_MAX when empty */
@@ -55,8 +60,34 @@ typedef struct tsr__bpe {
     uint8_t added_first[256]; /* first bytes of added tokens: a quick reject */
     int32_t unk_id;
     bool ignore_merges;
-    pcre2_code *digits; /* Digits pre-tokenizer, applied before re (NULL: none) */
-    pcre2_code *re;
+    /* The pre-tokenizer as a pipeline: each stage splits every piece of the one before
+     * (Isolated: matches and the gaps between them), after prepending a space to pieces that
+     * lack one when prefix_space (ByteLevel add_prefix_space); re NULL keeps the piece. */
+    int n_stages;
+    struct {
+        pcre2_code *re;
+        bool prefix_space;
+        /* Metaspace: spaces become meta (e.g. U+2581), which is prepended too (meta_prepend
+         * 1: always, 2: only to the piece at the start of the text) unless there already. */
+        char meta[8];
+        int meta_prepend;
+    } stage[TSR__MAX_STAGES];
+    /* The normalizer's steps in order, applied to each span between added tokens. */
+    int n_norm;
+    struct {
+        enum { TSR__NORM_NFC, TSR__NORM_PREPEND, TSR__NORM_REPLACE } kind;
+        char *from, *to; /* Prepend: to; Replace: every `from` becomes `to` */
+    } norm[TSR__MAX_STAGES];
+    /* SentencePiece-style BPE (Llama 2, Mistral): vocabulary strings are raw UTF-8, words
+     * start as characters, a character missing from the vocabulary becomes its <0xXX>
+     * byte tokens (byte_fallback) or unk. */
+    bool raw_vocab, byte_fallback, fuse_unk;
+    /* Decoder: Replace(dec_from -> dec_to), ByteFallback, Strip(dec_strip leading spaces
+     * of the whole text). */
+    char *dec_from, *dec_to;
+    int dec_strip;
+    bool dec_byte_fallback;
+    bool dec_meta_first; /* Metaspace decoder: the first token loses every dec_from */
 } tsr__bpe;
 
 static uint32_t tsr__hash(const char *s, size_t n) {
@@ -100,8 +131,14 @@ static void tsr__bpe_destroy(tsr_tokenizer *base) {
     tsr_free(t->len);
     tsr_free(t->vslots);
     tsr_free(t->mslots);
-    if (t->re) pcre2_code_free(t->re);
-    if (t->digits) pcre2_code_free(t->digits);
+    for (int i = 0; i < t->n_stages; i++)
+        if (t->stage[i].re) pcre2_code_free(t->stage[i].re);
+    for (int i = 0; i < t->n_norm; i++) {
+        tsr_free(t->norm[i].from);
+        tsr_free(t->norm[i].to);
+    }
+    tsr_free(t->dec_from);
+    tsr_free(t->dec_to);
     tsr_free(t);
 }
 
@@ -130,7 +167,10 @@ typedef struct tsr__scratch {
     tsr__sym *sym;
     tsr__cand *heap;
     int32_t *ids;
-    size_t n_ids;
+    size_t n_ids, cap_ids;
+    size_t cap_piece;                /* sym, heap and each pbuf hold a piece this long */
+    char *pbuf[TSR__MAX_STAGES];     /* a piece with its prefix space, per stage */
+    pcre2_match_data *md;
 } tsr__scratch;
 
 static void tsr__bpe_try_pair(const tsr__bpe *t, const tsr__sym *sym, int32_t left,
@@ -144,6 +184,8 @@ static void tsr__bpe_try_pair(const tsr__bpe *t, const tsr__sym *sym, int32_t le
                    (tsr__cand){m->rank, left, right, sym[left].id, sym[right].id, m->id});
 }
 
+static int tsr__utf8_cp(const unsigned char *s, size_t avail, uint32_t *cp);
+
 static void tsr__bpe_word(const tsr__bpe *t, const char *w, size_t n, tsr__scratch *sc) {
     if (n == 0) return;
     if (t->ignore_merges) {
@@ -155,10 +197,32 @@ static void tsr__bpe_word(const tsr__bpe *t, const char *w, size_t n, tsr__scrat
     }
     tsr__sym *sym = sc->sym;
     int32_t ns = 0;
-    for (size_t i = 0; i < n; i++) {
-        int32_t id = t->byte_id[(uint8_t)w[i]];
+    for (size_t i = 0; i < n;) {
+        /* Byte-level: one symbol per byte. Raw: one per character, else its byte tokens. */
+        size_t k = 1;
+        int32_t id;
+        if (t->raw_vocab) {
+            uint32_t cp;
+            int cl = tsr__utf8_cp((const unsigned char *)w + i, n - i, &cp);
+            k = cl > 0 ? (size_t)cl : 1;
+            id = tsr__vocab_lookup(t, w + i, k);
+            if (id < 0 && t->byte_fallback) {
+                bool all = true;
+                for (size_t j = 0; j < k; j++) all = all && t->byte_id[(uint8_t)w[i + j]] >= 0;
+                if (all) {
+                    for (size_t j = 0; j < k; j++, ns++)
+                        sym[ns] = (tsr__sym){t->byte_id[(uint8_t)w[i + j]], ns - 1, ns + 1, true};
+                    i += k;
+                    continue;
+                }
+            }
+        } else {
+            id = t->byte_id[(uint8_t)w[i]];
+        }
+        i += k;
         if (id < 0) id = t->unk_id;
-        if (id < 0) continue; /* no byte token and no unk: dropped, as tokenizers does */
+        if (id < 0) continue; /* no token and no unk: dropped, as tokenizers does */
+        if (id == t->unk_id && t->fuse_unk && ns > 0 && sym[ns - 1].id == id) continue;
         sym[ns] = (tsr__sym){id, ns - 1, ns + 1, true};
         ns++;
     }
@@ -182,32 +246,53 @@ static void tsr__bpe_word(const tsr__bpe *t, const char *w, size_t n, tsr__scrat
     for (int32_t i = 0; i >= 0; i = sym[i].next) sc->ids[sc->n_ids++] = sym[i].id;
 }
 
-/* Splits text[0..n) with `re` (stage 0: the Digits step, whose pieces and gaps then go
- * through stage 1; stage 1: the Split/ByteLevel regex, whose pieces are BPE words). */
-static tsr_status tsr__bpe_split(const tsr__bpe *t, int stage, const char *text, size_t n,
-                                 pcre2_match_data *md, tsr__scratch *sc);
-
-static tsr_status tsr__bpe_piece(const tsr__bpe *t, int stage, const char *text, size_t n,
-                                 pcre2_match_data *md, tsr__scratch *sc) {
-    if (stage == 0) return tsr__bpe_split(t, 1, text, n, md, sc);
-    tsr__bpe_word(t, text, n, sc);
-    return TSR_OK;
-}
-
-static tsr_status tsr__bpe_split(const tsr__bpe *t, int stage, const char *text, size_t n,
-                                 pcre2_match_data *md, tsr__scratch *sc) {
-    const pcre2_code *re = stage == 0 ? t->digits : t->re;
-    if (!re) return tsr__bpe_piece(t, stage, text, n, md, sc);
+/* Runs stage `k` of the pre-tokenizer on text[0..n); past the last stage, a piece is a BPE
+ * word. */
+static tsr_status tsr__bpe_split(const tsr__bpe *t, int k, const char *text, size_t n,
+                                 bool at_start, tsr__scratch *sc) {
+    if (n == 0) return TSR_OK; /* tokenizers drops empty pieces */
+    if (k == t->n_stages) {
+        tsr__bpe_word(t, text, n, sc);
+        return TSR_OK;
+    }
+    if (t->stage[k].prefix_space && text[0] != ' ') {
+        sc->pbuf[k][0] = ' ';
+        memcpy(sc->pbuf[k] + 1, text, n);
+        text = sc->pbuf[k];
+        n++;
+    } else if (t->stage[k].meta[0]) {
+        const char *m = t->stage[k].meta;
+        size_t ml = strlen(m), w = 0;
+        char *o = sc->pbuf[k];
+        bool has = text[0] == ' ' || (n >= ml && memcmp(text, m, ml) == 0);
+        int pre = t->stage[k].meta_prepend;
+        if (!has && (pre == 1 || (pre == 2 && at_start))) {
+            memcpy(o, m, ml);
+            w = ml;
+        }
+        for (size_t i = 0; i < n; i++) {
+            if (text[i] == ' ') {
+                memcpy(o + w, m, ml);
+                w += ml;
+            } else {
+                o[w++] = text[i];
+            }
+        }
+        text = o;
+        n = w;
+    }
+    const pcre2_code *re = t->stage[k].re;
+    if (!re) return tsr__bpe_split(t, k + 1, text, n, at_start, sc);
     size_t pos = 0;
     uint32_t opts = 0;
     while (pos < n) {
-        int rc = pcre2_match(re, (PCRE2_SPTR)text, n, pos, opts, md, NULL);
+        int rc = pcre2_match(re, (PCRE2_SPTR)text, n, pos, opts, sc->md, NULL);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !(opts & PCRE2_NO_JIT)) {
             opts |= PCRE2_NO_JIT; /* a huge whitespace run: the interpreter copes */
             continue;
         }
         if (rc == PCRE2_ERROR_NOMATCH) {
-            TSR_TRY(tsr__bpe_piece(t, stage, text + pos, n - pos, md, sc));
+            TSR_TRY(tsr__bpe_split(t, k + 1, text + pos, n - pos, at_start && pos == 0, sc));
             break;
         }
         if (rc < 0) {
@@ -216,23 +301,105 @@ static tsr_status tsr__bpe_split(const tsr__bpe *t, int stage, const char *text,
             return tsr_error_set(TSR_ERR_INTERNAL, "bpe encode: regex match failed: %s",
                                  (const char *)msg);
         }
-        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(sc->md);
         size_t s = ov[0], e = ov[1];
         if (e <= s) { /* the patterns used never match empty; be safe anyway */
             e = s + 1;
         }
+        /* The match vector is reused by the stages below: keep what is needed first. */
         if (s > pos) /* unmatched bytes (invalid UTF-8, or text between digits) */
-            TSR_TRY(tsr__bpe_piece(t, stage, text + pos, s - pos, md, sc));
-        TSR_TRY(tsr__bpe_piece(t, stage, text + s, e - s, md, sc));
+            TSR_TRY(tsr__bpe_split(t, k + 1, text + pos, s - pos, at_start && pos == 0, sc));
+        TSR_TRY(tsr__bpe_split(t, k + 1, text + s, e - s, at_start && s == 0, sc));
         pos = e;
     }
     return TSR_OK;
 }
 
-/* Pre-tokenizes text[0..n) (no added tokens inside) and encodes every piece. */
-static tsr_status tsr__bpe_span(const tsr__bpe *t, const char *text, size_t n,
-                                pcre2_match_data *md, tsr__scratch *sc) {
-    return tsr__bpe_split(t, 0, text, n, md, sc);
+/* Grows the scratch for a span of n bytes: every stage may prepend one space to a piece, a
+ * Metaspace stage (at most one) makes a piece at most 4 times longer plus its prefix, and
+ * every piece byte becomes at most one id. */
+static tsr_status tsr__scratch_reserve(const tsr__bpe *t, tsr__scratch *sc, size_t n) {
+    bool meta = false;
+    for (int k = 0; k < t->n_stages; k++) meta = meta || t->stage[k].meta[0];
+    size_t piece = (n + (size_t)t->n_stages + 1) * (meta ? 4 : 1) + 8;
+    size_t ids = sc->n_ids + piece * (size_t)(t->n_stages + 1) + 4;
+    if (ids > sc->cap_ids) {
+        int32_t *p = tsr_realloc(sc->ids, ids * sizeof *p);
+        if (!p) return TSR_ERR_NOMEM;
+        sc->ids = p;
+        sc->cap_ids = ids;
+    }
+    if (piece <= sc->cap_piece) return TSR_OK;
+    tsr_free(sc->sym);
+    tsr_free(sc->heap);
+    sc->sym = tsr_malloc(piece * sizeof *sc->sym);
+    sc->heap = tsr_malloc(3 * piece * sizeof *sc->heap);
+    bool ok = sc->sym && sc->heap;
+    for (int k = 0; k < t->n_stages; k++) {
+        tsr_free(sc->pbuf[k]);
+        sc->pbuf[k] = tsr_malloc(piece);
+        ok = ok && sc->pbuf[k];
+    }
+    if (!ok) return TSR_ERR_NOMEM;
+    sc->cap_piece = piece;
+    return TSR_OK;
+}
+
+/* Prepend (`to` before the text) or Replace (every `from` by `to`, left to right) into a new
+ * buffer. */
+static tsr_status tsr__norm_text(bool prepend, const char *from, const char *to,
+                                 const char *text, size_t n, char **out, size_t *out_n) {
+    size_t nf = from ? strlen(from) : 0, nt = strlen(to), count = 0;
+    if (prepend) count = 1;
+    else
+        for (size_t i = 0; nf && i + nf <= n;)
+            if (memcmp(text + i, from, nf) == 0) count++, i += nf;
+            else i++;
+    char *o = tsr_malloc(n + count * nt + 1);
+    if (!o) return TSR_ERR_NOMEM;
+    size_t w = 0;
+    if (prepend) {
+        memcpy(o, to, nt);
+        memcpy(o + nt, text, n);
+        w = nt + n;
+    } else {
+        for (size_t i = 0; i < n;)
+            if (nf && i + nf <= n && memcmp(text + i, from, nf) == 0) {
+                memcpy(o + w, to, nt);
+                w += nt;
+                i += nf;
+            } else {
+                o[w++] = text[i++];
+            }
+    }
+    *out = o;
+    *out_n = w;
+    return TSR_OK;
+}
+
+/* Normalizes text[0..n) (no added tokens inside), pre-tokenizes it and encodes every piece. */
+static tsr_status tsr__bpe_span(const tsr__bpe *t, const char *text, size_t n, bool at_start,
+                                tsr__scratch *sc) {
+    if (n == 0) return TSR_OK;
+    char *norm = NULL;
+    for (int k = 0; k < t->n_norm; k++) {
+        char *next = NULL;
+        size_t nn = 0;
+        tsr_status st = TSR_OK;
+        if (t->norm[k].kind == TSR__NORM_NFC) st = tsr_nfc(text, n, &next, &nn);
+        else
+            st = tsr__norm_text(t->norm[k].kind == TSR__NORM_PREPEND, t->norm[k].from,
+                                t->norm[k].to, text, n, &next, &nn);
+        tsr_free(norm);
+        if (st != TSR_OK) return st;
+        norm = next;
+        text = norm;
+        n = nn;
+    }
+    tsr_status st = tsr__scratch_reserve(t, sc, n);
+    if (st == TSR_OK) st = tsr__bpe_split(t, 0, text, n, at_start, sc);
+    tsr_free(norm);
+    return st;
 }
 
 /* Longest added token at text[i..n), or -1. */
@@ -256,18 +423,16 @@ static tsr_status tsr__bpe_encode(const tsr_tokenizer *base, const char *text, s
     if (len > (size_t)INT32_MAX / 4)
         return tsr_error_set(TSR_ERR_INVALID, "bpe encode: text of %zu bytes is too long", len);
     tsr__scratch sc = {0};
-    pcre2_match_data *md = NULL;
     tsr_status st = TSR_OK;
-    /* Every id covers at least one byte, plus BOS and EOS. */
-    sc.ids = tsr_malloc((len + 2) * sizeof *sc.ids);
-    sc.sym = tsr_malloc((len + 1) * sizeof *sc.sym);
-    sc.heap = tsr_malloc((3 * len + 1) * sizeof *sc.heap);
-    const pcre2_code *md_re = t->re ? t->re : t->digits;
-    if (md_re) md = pcre2_match_data_create_from_pattern(md_re, NULL);
-    if (!sc.ids || !sc.sym || !sc.heap || (md_re && !md)) {
+    const pcre2_code *md_re = NULL;
+    for (int k = 0; k < t->n_stages; k++)
+        if (t->stage[k].re) md_re = t->stage[k].re;
+    if (md_re) sc.md = pcre2_match_data_create_from_pattern(md_re, NULL);
+    if (md_re && !sc.md) {
         st = tsr_error_set(TSR_ERR_NOMEM, "bpe encode: out of memory for %zu bytes", len);
         goto done;
     }
+    TSR_TRY_GOTO(tsr__scratch_reserve(t, &sc, 0), st, done);
     if (bos && t->base.bos_id >= 0) sc.ids[sc.n_ids++] = t->base.bos_id;
     size_t start = 0;
     for (size_t i = 0; i < len;) {
@@ -276,17 +441,20 @@ static tsr_status tsr__bpe_encode(const tsr_tokenizer *base, const char *text, s
             i++;
             continue;
         }
-        TSR_TRY_GOTO(tsr__bpe_span(t, text + start, i - start, md, &sc), st, done);
+        TSR_TRY_GOTO(tsr__bpe_span(t, text + start, i - start, start == 0, &sc), st, done);
+        TSR_TRY_GOTO(tsr__scratch_reserve(t, &sc, 0), st, done);
         sc.ids[sc.n_ids++] = t->added[k].id;
         i += t->added[k].len;
         start = i;
     }
-    TSR_TRY_GOTO(tsr__bpe_span(t, text + start, len - start, md, &sc), st, done);
+    TSR_TRY_GOTO(tsr__bpe_span(t, text + start, len - start, start == 0, &sc), st, done);
+    TSR_TRY_GOTO(tsr__scratch_reserve(t, &sc, 0), st, done);
     if (eos && t->base.eos_id >= 0) sc.ids[sc.n_ids++] = t->base.eos_id;
 done:
-    if (md) pcre2_match_data_free(md);
+    if (sc.md) pcre2_match_data_free(sc.md);
     tsr_free(sc.sym);
     tsr_free(sc.heap);
+    for (int k = 0; k < TSR__MAX_STAGES; k++) tsr_free(sc.pbuf[k]);
     if (st != TSR_OK) {
         tsr_free(sc.ids);
         return st;
@@ -298,13 +466,49 @@ done:
 
 static int tsr__bpe_decode(const tsr_tokenizer *base, int32_t prev, int32_t id, char *buf,
                            size_t cap) {
-    (void)prev; /* byte-level BPE carries its spaces inside the tokens */
     const tsr__bpe *t = (const tsr__bpe *)base;
     if (id < 0 || id >= t->base.vocab_size || t->len[id] == UINT32_MAX) return 0;
+    const char *s = t->blob + t->off[id];
     size_t n = t->len[id];
-    if (n > cap) return -1;
-    memcpy(buf, t->blob + t->off[id], n);
-    return (int)n;
+    if (!t->raw_vocab) { /* byte-level BPE carries its spaces inside the tokens */
+        if (n > cap) return -1;
+        memcpy(buf, s, n);
+        return (int)n;
+    }
+    /* tokenizers' Sequence[Replace, ByteFallback, Fuse, Strip]: Strip acts on the fused
+     * text, so only the first token (prev < 0) loses its leading spaces. */
+    char one;
+    if (t->dec_byte_fallback && n == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>') {
+        unsigned v = 0;
+        if (sscanf(s + 3, "%2X", &v) == 1) {
+            one = (char)v;
+            s = &one;
+            n = 1;
+        }
+    }
+    size_t nf = t->dec_from ? strlen(t->dec_from) : 0, nt = t->dec_to ? strlen(t->dec_to) : 0;
+    size_t w = 0;
+    int strip = prev < 0 ? t->dec_strip : 0;
+    for (size_t i = 0; i < n;) {
+        const char *piece = s + i;
+        size_t pn = 1;
+        if (nf && s != &one && i + nf <= n && memcmp(s + i, t->dec_from, nf) == 0) {
+            piece = t->dec_to;
+            pn = prev < 0 && t->dec_meta_first ? 0 : nt;
+            i += nf;
+        } else {
+            i++;
+        }
+        for (size_t j = 0; j < pn; j++) {
+            if (strip > 0 && w == 0 && piece[j] == ' ') {
+                strip--;
+                continue;
+            }
+            if (w == cap) return -1;
+            buf[w++] = piece[j];
+        }
+    }
+    return (int)w;
 }
 
 static const tsr_tokenizer_ops tsr__bpe_ops = {
@@ -361,13 +565,39 @@ static size_t tsr__unbyte(const int16_t map[324], const char *s, char *out) {
     return o;
 }
 
-/* What the pre_tokenizer asks for: a Split regex and/or a ByteLevel step. */
+/* The pre_tokenizer's steps in order (tsr__bpe's stages, as regex text). */
 typedef struct tsr__pretok {
-    const char *digits;  /* Digits: "\\p{N}" (individual_digits) or "\\p{N}+", or NULL */
-    const char *split;   /* Split's Regex, or NULL */
-    bool byte_level;     /* a ByteLevel step is present */
-    bool byte_regex;     /* ...with use_regex (the GPT-2 pattern) */
+    int n;
+    const char *re[TSR__MAX_STAGES]; /* NULL: no split at this stage */
+    bool prefix_space[TSR__MAX_STAGES];
+    char meta[TSR__MAX_STAGES][8];
+    int meta_prepend[TSR__MAX_STAGES];
+    char meta_re[80]; /* Metaspace split's pattern */
 } tsr__pretok;
+
+static tsr_status tsr__add_stage(const char *path, tsr__pretok *p, const char *re,
+                                 bool prefix_space) {
+    if (p->n == TSR__MAX_STAGES)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: more than %d pre-tokenizer steps", path,
+                             TSR__MAX_STAGES);
+    p->re[p->n] = re;
+    p->prefix_space[p->n] = prefix_space;
+    p->n++;
+    return TSR_OK;
+}
+
+static const char *tsr__str(const cJSON *o, const char *key, const char *sub);
+
+/* Whether a pre_tokenizer (or one inside its Sequence) has type `ty`. */
+static bool tsr__has_pretok(const cJSON *o, const char *ty) {
+    const cJSON *t = cJSON_GetObjectItem(o, "type");
+    if (cJSON_IsString(t) && strcmp(t->valuestring, ty) == 0) return true;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItem(o, "pretokenizers")) {
+        if (tsr__has_pretok(it, ty)) return true;
+    }
+    return false;
+}
 
 static tsr_status tsr__parse_pretok(const char *path, const cJSON *pt, tsr__pretok *p) {
     if (!pt || cJSON_IsNull(pt)) return TSR_OK;
@@ -383,25 +613,50 @@ static tsr_status tsr__parse_pretok(const char *path, const cJSON *pt, tsr__pret
         return TSR_OK;
     }
     if (strcmp(ty, "ByteLevel") == 0) {
+        /* tokenizers: every piece that does not start with a space gets one, then (use_regex,
+         * the default) GPT-2's split. The byte mapping itself is in the vocabulary. */
         const cJSON *use_regex = cJSON_GetObjectItem(pt, "use_regex");
-        if (cJSON_IsTrue(cJSON_GetObjectItem(pt, "add_prefix_space")))
-            return tsr_error_set(TSR_ERR_UNSUPPORTED,
-                                 "%s: ByteLevel add_prefix_space is not supported", path);
-        p->byte_level = true;
-        p->byte_regex = !cJSON_IsFalse(use_regex); /* tokenizers' default is true */
+        return tsr__add_stage(path, p, cJSON_IsFalse(use_regex) ? NULL : TSR__GPT2_REGEX,
+                              cJSON_IsTrue(cJSON_GetObjectItem(pt, "add_prefix_space")));
+    }
+    if (strcmp(ty, "Metaspace") == 0) {
+        /* Spaces become the replacement, prepended per prepend_scheme (older files:
+         * add_prefix_space means always); split cuts before every replacement
+         * (MergedWithNext), as the regex below does with Isolated pieces. */
+        const char *r = tsr__str(pt, "replacement", NULL);
+        const char *scheme = tsr__str(pt, "prepend_scheme", NULL);
+        uint32_t cp = 0;
+        size_t rl = r ? strlen(r) : 0;
+        if (!r || rl == 0 || rl > 4 ||
+            tsr__utf8_cp((const unsigned char *)r, rl, &cp) != (int)rl || cp == ' ')
+            return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: Metaspace needs a one-character "
+                                 "replacement", path);
+        for (int k = 0; k < p->n; k++)
+            if (p->meta[k][0])
+                return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: more than one Metaspace", path);
+        int pre = scheme ? (!strcmp(scheme, "always") ? 1 : !strcmp(scheme, "first") ? 2
+                            : !strcmp(scheme, "never") ? 0 : -1)
+                         : cJSON_IsFalse(cJSON_GetObjectItem(pt, "add_prefix_space")) ? 0 : 1;
+        if (pre < 0)
+            return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: Metaspace prepend_scheme %s", path,
+                                 scheme);
+        const char *re = NULL;
+        if (!cJSON_IsFalse(cJSON_GetObjectItem(pt, "split"))) {
+            snprintf(p->meta_re, sizeof p->meta_re, "\\x{%X}[^\\x{%X}]*|[^\\x{%X}]+",
+                     (unsigned)cp, (unsigned)cp, (unsigned)cp);
+            re = p->meta_re;
+        }
+        TSR_TRY(tsr__add_stage(path, p, re, false));
+        memcpy(p->meta[p->n - 1], r, rl + 1);
+        p->meta_prepend[p->n - 1] = pre;
         return TSR_OK;
     }
-    if (strcmp(ty, "Digits") == 0) {
-        /* Tessera runs Digits first; later in a Sequence it would split the same pieces only
-         * if nothing before it merged digits with other characters. */
-        if (p->split || p->byte_level)
-            return tsr_error_set(TSR_ERR_UNSUPPORTED,
-                                 "%s: a Digits pre-tokenizer after Split/ByteLevel is not "
-                                 "supported", path);
-        p->digits = cJSON_IsTrue(cJSON_GetObjectItem(pt, "individual_digits")) ? "\\p{N}"
-                                                                              : "\\p{N}+";
-        return TSR_OK;
-    }
+    if (strcmp(ty, "Digits") == 0) /* Rust's char::is_numeric is \p{N} */
+        return tsr__add_stage(path, p,
+                              cJSON_IsTrue(cJSON_GetObjectItem(pt, "individual_digits"))
+                                  ? "\\p{N}"
+                                  : "\\p{N}+",
+                              false);
     if (strcmp(ty, "Split") != 0)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: pre-tokenizer %s is not supported", path,
                              ty);
@@ -413,11 +668,102 @@ static tsr_status tsr__parse_pretok(const char *path, const cJSON *pt, tsr__pret
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
                              "%s: only a Split pre-tokenizer with a Regex pattern and "
                              "behavior Isolated is supported", path);
-    if (p->split)
-        return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: more than one Split pre-tokenizer",
-                             path);
-    p->split = re->valuestring;
+    return tsr__add_stage(path, p, re->valuestring, false);
+}
+
+/* A string field of a normalizer or decoder (Replace's pattern must be a String). */
+static const char *tsr__str(const cJSON *o, const char *key, const char *sub) {
+    const cJSON *v = cJSON_GetObjectItem(o, key);
+    if (sub) v = cJSON_GetObjectItem(v, sub);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* Normalizers: NFC (Qwen2); Prepend and Replace with a String (Llama 2, Mistral); in a
+ * Sequence. */
+static tsr_status tsr__parse_norm(const char *path, const cJSON *n, tsr__bpe *t) {
+    if (!n || cJSON_IsNull(n)) return TSR_OK;
+    const cJSON *nt = cJSON_GetObjectItem(n, "type");
+    const char *ty = cJSON_IsString(nt) ? nt->valuestring : "(untyped)";
+    if (strcmp(ty, "Sequence") == 0) {
+        const cJSON *item;
+        cJSON_ArrayForEach(item, cJSON_GetObjectItem(n, "normalizers")) {
+            TSR_TRY(tsr__parse_norm(path, item, t));
+        }
+        return TSR_OK;
+    }
+    if (t->n_norm == TSR__MAX_STAGES)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: more than %d normalizer steps", path,
+                             TSR__MAX_STAGES);
+    const char *from = NULL, *to = NULL;
+    int kind;
+    if (strcmp(ty, "NFC") == 0) {
+        kind = TSR__NORM_NFC;
+    } else if (strcmp(ty, "Prepend") == 0 && (to = tsr__str(n, "prepend", NULL))) {
+        kind = TSR__NORM_PREPEND;
+    } else if (strcmp(ty, "Replace") == 0 && (from = tsr__str(n, "pattern", "String")) &&
+               from[0] && (to = tsr__str(n, "content", NULL))) {
+        kind = TSR__NORM_REPLACE;
+    } else {
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "%s: normalizer %s is not supported (tessera knows NFC, Prepend, "
+                             "Replace of a String, Sequence)", path, ty);
+    }
+    int k = t->n_norm++;
+    t->norm[k].kind = kind;
+    t->norm[k].from = from ? tsr_strdup(from) : NULL;
+    t->norm[k].to = to ? tsr_strdup(to) : NULL;
+    if ((from && !t->norm[k].from) || (to && !t->norm[k].to)) return TSR_ERR_NOMEM;
     return TSR_OK;
+}
+
+/* Decoders: ByteLevel (nothing to do: the vocabulary is stored as bytes), or for raw
+ * vocabularies Replace of a String, ByteFallback, Fuse and Strip of leading spaces. */
+static tsr_status tsr__parse_dec(const char *path, const cJSON *d, tsr__bpe *t) {
+    if (!d || cJSON_IsNull(d)) return TSR_OK;
+    const cJSON *dt = cJSON_GetObjectItem(d, "type");
+    const char *ty = cJSON_IsString(dt) ? dt->valuestring : "(untyped)";
+    if (strcmp(ty, "Sequence") == 0) {
+        const cJSON *item;
+        cJSON_ArrayForEach(item, cJSON_GetObjectItem(d, "decoders")) {
+            TSR_TRY(tsr__parse_dec(path, item, t));
+        }
+        return TSR_OK;
+    }
+    if (strcmp(ty, "ByteLevel") == 0 || strcmp(ty, "Fuse") == 0) return TSR_OK;
+    if (strcmp(ty, "Metaspace") == 0 && !t->dec_from) {
+        /* Each replacement decodes to a space, except in the first token (prepend_scheme
+         * other than never), which loses them all, as tokenizers' decode_chain does. */
+        const char *r = tsr__str(d, "replacement", NULL);
+        const char *scheme = tsr__str(d, "prepend_scheme", NULL);
+        if (r && r[0]) {
+            t->dec_from = tsr_strdup(r);
+            t->dec_to = tsr_strdup(" ");
+            t->dec_meta_first =
+                scheme ? strcmp(scheme, "never") != 0
+                       : !cJSON_IsFalse(cJSON_GetObjectItem(d, "add_prefix_space"));
+            return t->dec_from && t->dec_to ? TSR_OK : TSR_ERR_NOMEM;
+        }
+    }
+    if (strcmp(ty, "ByteFallback") == 0) {
+        t->dec_byte_fallback = true;
+        return TSR_OK;
+    }
+    const char *from = tsr__str(d, "pattern", "String"), *to = tsr__str(d, "content", NULL);
+    if (strcmp(ty, "Replace") == 0 && from && from[0] && to && !t->dec_from) {
+        t->dec_from = tsr_strdup(from);
+        t->dec_to = tsr_strdup(to);
+        return t->dec_from && t->dec_to ? TSR_OK : TSR_ERR_NOMEM;
+    }
+    const cJSON *start = cJSON_GetObjectItem(d, "start");
+    if (strcmp(ty, "Strip") == 0 && to && strcmp(to, " ") == 0 && cJSON_IsNumber(start) &&
+        start->valueint >= 0 && cJSON_GetObjectItem(d, "stop") &&
+        cJSON_GetObjectItem(d, "stop")->valueint == 0) {
+        t->dec_strip = start->valueint;
+        return TSR_OK;
+    }
+    return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                         "%s: decoder %s is not supported (tessera knows ByteLevel, Replace of "
+                         "a String, ByteFallback, Fuse, Strip of leading spaces)", path, ty);
 }
 
 static tsr_status tsr__compile(const char *path, const char *regex, pcre2_code **out) {
@@ -444,16 +790,14 @@ static tsr_status tsr__bpe_build(const char *path, const cJSON *doc, tsr__bpe *t
     if (cJSON_IsString(mtype) && strcmp(mtype->valuestring, "BPE") != 0)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: model type %s (only BPE is supported)",
                              path, mtype->valuestring);
-    if (cJSON_IsTrue(cJSON_GetObjectItem(model, "byte_fallback")))
-        return tsr_error_set(TSR_ERR_UNSUPPORTED,
-                             "%s: byte_fallback BPE (SentencePiece-style) is not supported; "
-                             "use tokenizer.bin", path);
-    const cJSON *norm = cJSON_GetObjectItem(doc, "normalizer");
-    if (norm && !cJSON_IsNull(norm)) {
-        const cJSON *nt = cJSON_GetObjectItem(norm, "type");
-        return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: normalizer %s is not supported", path,
-                             cJSON_IsString(nt) ? nt->valuestring : "(untyped)");
-    }
+    /* byte_fallback vocabularies (SentencePiece converted to BPE) hold raw UTF-8 with
+     * <0xXX> byte tokens; the others hold GPT-2's byte-to-character mapping. */
+    t->byte_fallback = cJSON_IsTrue(cJSON_GetObjectItem(model, "byte_fallback"));
+    t->fuse_unk = cJSON_IsTrue(cJSON_GetObjectItem(model, "fuse_unk"));
+    t->raw_vocab = t->byte_fallback ||
+                   tsr__has_pretok(cJSON_GetObjectItem(doc, "pre_tokenizer"), "Metaspace");
+    TSR_TRY(tsr__parse_dec(path, cJSON_GetObjectItem(doc, "decoder"), t));
+    TSR_TRY(tsr__parse_norm(path, cJSON_GetObjectItem(doc, "normalizer"), t));
     const cJSON *merges = cJSON_GetObjectItem(model, "merges");
     if (merges && !cJSON_IsArray(merges))
         return tsr_error_set(TSR_ERR_FORMAT, "%s: model.merges is not an array", path);
@@ -510,7 +854,8 @@ static tsr_status tsr__bpe_build(const char *path, const cJSON *doc, tsr__bpe *t
             return tsr_error_set(TSR_ERR_FORMAT, "%s: id %d appears twice in model.vocab",
                                  path, id);
         char *dst = t->blob + t->blob_len;
-        size_t n = tsr__unbyte(map, it->string, dst);
+        size_t n = t->raw_vocab ? strlen(it->string) : tsr__unbyte(map, it->string, dst);
+        if (t->raw_vocab) memcpy(dst, it->string, n);
         uint32_t h = tsr__hash(dst, n) & t->vmask;
         for (; t->vslots[h] >= 0; h = (h + 1) & t->vmask) {
             int32_t o = t->vslots[h];
@@ -523,7 +868,12 @@ static tsr_status tsr__bpe_build(const char *path, const cJSON *doc, tsr__bpe *t
         t->len[id] = (uint32_t)n;
         t->vslots[h] = id;
         t->blob_len += n;
-        if (n == 1 && t->byte_id[(uint8_t)dst[0]] < 0) t->byte_id[(uint8_t)dst[0]] = id;
+        unsigned v = 0;
+        if (!t->raw_vocab && n == 1 && t->byte_id[(uint8_t)dst[0]] < 0)
+            t->byte_id[(uint8_t)dst[0]] = id;
+        else if (t->raw_vocab && n == 6 && memcmp(dst, "<0x", 3) == 0 && dst[5] == '>' &&
+                 sscanf(dst + 3, "%2X", &v) == 1 && v < 256)
+            t->byte_id[v] = id;
     }
 
     /* Added tokens decode to their text and are matched whole in the input. */
@@ -601,9 +951,11 @@ static tsr_status tsr__bpe_build(const char *path, const cJSON *doc, tsr__bpe *t
                                path, rank);
             break;
         }
-        size_t na = tsr__unbyte(map, a, tmp);
+        size_t na = t->raw_vocab ? strlen(a) : tsr__unbyte(map, a, tmp);
+        if (t->raw_vocab) memcpy(tmp, a, na);
         int32_t ia = tsr__vocab_lookup(t, tmp, na);
-        size_t nb = tsr__unbyte(map, b, tmp + na);
+        size_t nb = t->raw_vocab ? strlen(b) : tsr__unbyte(map, b, tmp + na);
+        if (t->raw_vocab) memcpy(tmp + na, b, nb);
         int32_t ib = tsr__vocab_lookup(t, tmp + na, nb);
         int32_t im = tsr__vocab_lookup(t, tmp, na + nb);
         if (ia < 0 || ib < 0 || im < 0) {
@@ -624,18 +976,19 @@ static tsr_status tsr__bpe_build(const char *path, const cJSON *doc, tsr__bpe *t
     tsr_free(tmp);
     if (st != TSR_OK) return st;
 
-    /* Llama 3: Split(llama-3 regex) then ByteLevel(use_regex=false). GPT-2 style files use
-     * ByteLevel's own regex. Neither: each span between added tokens is one piece. */
+    /* Llama 3 / Qwen2: Split(regex) then ByteLevel(use_regex=false); SmolLM2: Digits then
+     * ByteLevel(use_regex); GPT-2: ByteLevel alone. No pre_tokenizer: each span between
+     * added tokens is one piece. */
     tsr__pretok pre = {0};
     TSR_TRY(tsr__parse_pretok(path, cJSON_GetObjectItem(doc, "pre_tokenizer"), &pre));
-    if (pre.split && pre.byte_regex)
-        return tsr_error_set(TSR_ERR_UNSUPPORTED,
-                             "%s: Split followed by ByteLevel(use_regex=true) is not supported",
-                             path);
-    const char *regex = pre.split ? pre.split : pre.byte_regex ? TSR__GPT2_REGEX : NULL;
-    if (pre.digits) TSR_TRY(tsr__compile(path, pre.digits, &t->digits));
-    if (!regex) return TSR_OK;
-    return tsr__compile(path, regex, &t->re);
+    for (int k = 0; k < pre.n; k++) {
+        t->stage[k].prefix_space = pre.prefix_space[k];
+        memcpy(t->stage[k].meta, pre.meta[k], sizeof t->stage[k].meta);
+        t->stage[k].meta_prepend = pre.meta_prepend[k];
+        if (pre.re[k]) TSR_TRY(tsr__compile(path, pre.re[k], &t->stage[k].re));
+        t->n_stages = k + 1;
+    }
+    return TSR_OK;
 }
 
 static tsr_status tsr__bpe_from_doc(const char *path, const cJSON *doc, tsr__bpe **out) {
@@ -750,7 +1103,8 @@ static tsr_status tsr__gguf_doc(const tsr_gguf *g, cJSON *doc) {
     if (strcmp(model, "gpt2") != 0)
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
                              "%s: tokenizer model \"%.32s\" is not supported (tessera reads "
-                             "gpt2 byte-level BPE from GGUF)", g->path, model);
+                             "gpt2 byte-level BPE and llama SentencePiece from GGUF)",
+                             g->path, model);
     TSR_TRY(tsr_gguf_get_str(g, "tokenizer.ggml.pre", &pre, &have));
     const tsr_gguf_kv *toks = tsr_gguf_find(g, "tokenizer.ggml.tokens");
     const tsr_gguf_kv *types = tsr_gguf_find(g, "tokenizer.ggml.token_type");
@@ -810,6 +1164,13 @@ tsr_status tsr_tokenizer_load_gguf(const char *path, tsr_tokenizer **out) {
     *out = NULL;
     tsr_gguf *g;
     TSR_TRY(tsr_gguf_open(path, &g));
+    const char *model = NULL;
+    tsr_status mst = tsr_gguf_get_str(g, "tokenizer.ggml.model", &model, NULL);
+    if (mst == TSR_OK && strcmp(model, "llama") == 0) {
+        mst = tsr_tokenizer_load_gguf_spm(g, out);
+        tsr_gguf_close(g);
+        return mst;
+    }
     cJSON *doc = cJSON_CreateObject();
     tsr_status st = doc ? tsr__gguf_doc(g, doc) : TSR_ERR_NOMEM;
     tsr__bpe *t = NULL;

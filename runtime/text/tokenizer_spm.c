@@ -14,6 +14,7 @@
 #include "base/alloc.h"
 #include "base/file.h"
 #include "base/heap.h"
+#include "runtime/format/gguf.h"
 #include "runtime/text/tokenizer.h"
 
 typedef struct tsr__spm {
@@ -239,11 +240,10 @@ static int tsr__hexval(char c) {
     return -1;
 }
 
-tsr_status tsr_tokenizer_load_spm(const char *path, tsr_tokenizer **out) {
+/* Parses tokenizer.bin bytes (data stays the caller's). */
+static tsr_status tsr__spm_parse(const char *path, const char *data, size_t size,
+                                 tsr__spm **out) {
     *out = NULL;
-    char *data = NULL;
-    size_t size = 0;
-    TSR_TRY(tsr_file_read(path, "tokenizer", 0, &data, &size));
     tsr_status st = TSR_OK;
     tsr__spm *t = NULL;
     if (size < 4) {
@@ -349,11 +349,97 @@ tsr_status tsr_tokenizer_load_spm(const char *path, tsr_tokenizer **out) {
         }
         if (!dup) t->slots[h] = (int32_t)i;
     }
-    tsr_free(data);
-    *out = &t->base;
+    *out = t;
     return TSR_OK;
 fail:
-    tsr_free(data);
     if (t) tsr__spm_destroy(&t->base);
     return st;
+}
+
+tsr_status tsr_tokenizer_load_spm(const char *path, tsr_tokenizer **out) {
+    *out = NULL;
+    char *data = NULL;
+    size_t size = 0;
+    TSR_TRY(tsr_file_read(path, "tokenizer", 0, &data, &size));
+    tsr__spm *t = NULL;
+    tsr_status st = tsr__spm_parse(path, data, size, &t);
+    tsr_free(data);
+    if (st == TSR_OK) *out = &t->base;
+    return st;
+}
+
+/* GGUF `llama` tokenizer: tokenizer.ggml.tokens (pieces with U+2581 for spaces) and .scores,
+ * written out as the tokenizer.bin they stand for (U+2581 as ' ', as llama2.c's export does)
+ * and parsed by the code above; the file's unknown/BOS/EOS ids and add-BOS flag then replace
+ * the .bin conventions (<unk>, <s>, </s> at 0, 1, 2). */
+tsr_status tsr_tokenizer_load_gguf_spm(const struct tsr_gguf *g, tsr_tokenizer **out) {
+    *out = NULL;
+    const tsr_gguf_kv *toks = tsr_gguf_find(g, "tokenizer.ggml.tokens");
+    const tsr_gguf_kv *scores = tsr_gguf_find(g, "tokenizer.ggml.scores");
+    if (!toks || toks->type != TSR_GGUF_ARRAY || toks->elem != TSR_GGUF_STRING || toks->n == 0 ||
+        toks->n > (1 << 24))
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: tokenizer.ggml.tokens is missing or not a "
+                             "string array of 1..2^24 entries", g->path);
+    if (scores && (scores->type != TSR_GGUF_ARRAY || scores->elem != TSR_GGUF_F32 ||
+                   scores->n != toks->n))
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: tokenizer.ggml.scores is not an f32 array "
+                             "matching the tokens", g->path);
+    size_t size = 4;
+    for (uint64_t i = 0; i < toks->n; i++) {
+        const char *p;
+        uint64_t n;
+        tsr_gguf_arr_str(toks, i, &p, &n);
+        size += 8 + (size_t)n;
+    }
+    char *data = tsr_malloc(size);
+    if (!data) return TSR_ERR_NOMEM;
+    size_t off = 4;
+    int32_t max_len = 1;
+    for (uint64_t i = 0; i < toks->n; i++) {
+        const char *p;
+        uint64_t n;
+        tsr_gguf_arr_str(toks, i, &p, &n);
+        float score = 0.0f;
+        if (scores) memcpy(&score, scores->data + 4 * i, 4);
+        int32_t len = 0;
+        char *dst = data + off + 8;
+        for (uint64_t k = 0; k < n; k++) {
+            if (k + 2 < n && (uint8_t)p[k] == 0xE2 && (uint8_t)p[k + 1] == 0x96 &&
+                (uint8_t)p[k + 2] == 0x81) {
+                dst[len++] = ' ';
+                k += 2;
+            } else {
+                dst[len++] = p[k];
+            }
+        }
+        memcpy(data + off, &score, 4);
+        memcpy(data + off + 4, &len, 4);
+        off += 8 + (size_t)len;
+        if (len > max_len) max_len = len;
+    }
+    memcpy(data, &max_len, 4);
+    tsr__spm *t = NULL;
+    tsr_status st = tsr__spm_parse(g->path, data, off, &t);
+    tsr_free(data);
+    if (st != TSR_OK) return st;
+    int64_t v;
+    bool have, add_bos = true;
+    st = tsr_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos, &have);
+    if (st == TSR_OK) st = tsr_gguf_get_int(g, "tokenizer.ggml.unknown_token_id", &v, &have);
+    if (st == TSR_OK && have && v >= 0 && v < t->base.vocab_size) t->unk_id = (int)v;
+    if (st == TSR_OK) st = tsr_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &v, &have);
+    if (st == TSR_OK && have) t->base.bos_id = v >= 0 && v < t->base.vocab_size ? (int)v : -1;
+    if (st == TSR_OK && !add_bos) t->base.bos_id = -1;
+    if (st == TSR_OK) st = tsr_gguf_get_int(g, "tokenizer.ggml.eos_token_id", &v, &have);
+    if (st == TSR_OK && have) {
+        t->base.eos_id = v >= 0 && v < t->base.vocab_size ? (int)v : -1;
+        t->base.n_eos_ids = t->base.eos_id >= 0;
+        t->base.eos_ids[0] = t->base.eos_id;
+    }
+    if (st != TSR_OK) {
+        tsr__spm_destroy(&t->base);
+        return st;
+    }
+    *out = &t->base;
+    return TSR_OK;
 }
