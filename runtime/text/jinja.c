@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "base/alloc.h"
+#include "base/utf8.h"
 
 #define TSR__J_MAX_DEPTH 200        /* parser nesting (expressions and blocks) */
 #define TSR__J_MAX_CALLS 64         /* macro call depth */
@@ -252,30 +253,6 @@ static bool tsr__jws(char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
 }
 
-/* Appends a UTF-8 encoding of code point cp at d; returns bytes written. */
-static size_t tsr__jutf8(char *d, uint32_t cp) {
-    if (cp < 0x80) {
-        d[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        d[0] = (char)(0xC0 | (cp >> 6));
-        d[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        d[0] = (char)(0xE0 | (cp >> 12));
-        d[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        d[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    d[0] = (char)(0xF0 | (cp >> 18));
-    d[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    d[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    d[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 /* Tokens inside {{ }} or {% %} from *pos up to the closing delimiter; returns the offset
  * just past the closing "}}"/"%}" and sets *sign to its '-'/'+' prefix (0 if none). */
 static size_t tsr__jscan_tag(tsr__jparser *p, size_t i, bool block, char *sign) {
@@ -399,7 +376,7 @@ static size_t tsr__jscan_tag(tsr__jparser *p, size_t i, bool block, char *sign) 
                         tsr__jpos(p, k, &l, &c);
                         tsr__jp_fail(p, TSR_ERR_FORMAT, l, c, "bad \\%c escape", e);
                     }
-                    m += tsr__jutf8(d + m, cp);
+                    m += tsr_utf8_encode(cp, d + m);
                     break;
                 }
                 default:
@@ -2132,22 +2109,13 @@ static bool tsr__jcp_cased(uint32_t cp) {
 /* One code point from s[*i]; a byte that starts no valid sequence (template source is not
  * checked for UTF-8) gives 0x110000 + the byte: no case, copied as it is. */
 static uint32_t tsr__jcp_next(const char *s, size_t n, size_t *i) {
-    const unsigned char *u = (const unsigned char *)s;
-    unsigned char b = u[*i];
-    size_t l = b < 0x80 ? 1 : (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 1;
-    if (*i + l > n || (b >= 0x80 && l == 1)) {
-        *i += 1;
-        return b < 0x80 ? b : 0x110000u + b;
+    uint32_t cp;
+    int k = tsr_utf8_decode((const unsigned char *)s + *i, n - *i, &cp);
+    if (k == 0) {
+        cp = 0x110000u + (unsigned char)s[*i];
+        k = 1;
     }
-    uint32_t cp = l == 1 ? b : l == 2 ? (b & 0x1Fu) : l == 3 ? (b & 0x0Fu) : (b & 0x07u);
-    for (size_t k = 1; k < l; k++) {
-        if ((u[*i + k] & 0xC0) != 0x80) {
-            *i += 1;
-            return 0x110000u + b;
-        }
-        cp = (cp << 6) | (u[*i + k] & 0x3Fu);
-    }
-    *i += l;
+    *i += (size_t)k;
     return cp;
 }
 
@@ -2178,7 +2146,7 @@ static tsr__jv tsr__jcase(tsr__jctx *c, tsr__jv s, int mode) {
                 memcpy(d + o, s.u.s.p + at, i - at); /* unchanged bytes, valid or not */
                 o += i - at;
             } else {
-                o += tsr__jutf8(d + o, r);
+                o += tsr_utf8_encode(r, d + o);
             }
         }
         prev_cased = tsr__jcp_cased(cp);

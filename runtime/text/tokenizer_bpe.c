@@ -21,6 +21,7 @@
 #include "base/alloc.h"
 #include "base/file.h"
 #include "base/heap.h"
+#include "base/utf8.h"
 #include "runtime/format/gguf.h"
 #include "runtime/text/tokenizer.h"
 #include "runtime/text/tokenizer_nfc.h"
@@ -184,7 +185,6 @@ static void tsr__bpe_try_pair(const tsr__bpe *t, const tsr__sym *sym, int32_t le
                    (tsr__cand){m->rank, left, right, sym[left].id, sym[right].id, m->id});
 }
 
-static int tsr__utf8_cp(const unsigned char *s, size_t avail, uint32_t *cp);
 
 static void tsr__bpe_word(const tsr__bpe *t, const char *w, size_t n, tsr__scratch *sc) {
     if (n == 0) return;
@@ -203,7 +203,7 @@ static void tsr__bpe_word(const tsr__bpe *t, const char *w, size_t n, tsr__scrat
         int32_t id;
         if (t->raw_vocab) {
             uint32_t cp;
-            int cl = tsr__utf8_cp((const unsigned char *)w + i, n - i, &cp);
+            int cl = tsr_utf8_decode((const unsigned char *)w + i, n - i, &cp);
             k = cl > 0 ? (size_t)cl : 1;
             id = tsr__vocab_lookup(t, w + i, k);
             if (id < 0 && t->byte_fallback) {
@@ -533,28 +533,13 @@ static void tsr__byte_map(int16_t unicode_to_byte[324]) {
     }
 }
 
-/* Decodes one UTF-8 codepoint (the JSON parser guarantees valid UTF-8 from escapes, but
- * raw bytes may be anything). Returns its length, or 0 when invalid. */
-static int tsr__utf8_cp(const unsigned char *s, size_t avail, uint32_t *cp) {
-    unsigned c = s[0];
-    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || (size_t)n > avail) return 0;
-    uint32_t v = n == 1 ? c : c & (0x7Fu >> n);
-    for (int i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        v = (v << 6) | (s[i] & 0x3Fu);
-    }
-    *cp = v;
-    return n;
-}
-
 /* Byte-level token string -> raw bytes into out (never longer than s). A string with a
  * codepoint outside the byte map is kept as its UTF-8 bytes. Returns the length. */
 static size_t tsr__unbyte(const int16_t map[324], const char *s, char *out) {
     size_t n = strlen(s), o = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp = 0;
-        int k = tsr__utf8_cp((const unsigned char *)s + i, n - i, &cp);
+        int k = tsr_utf8_decode((const unsigned char *)s + i, n - i, &cp);
         if (k == 0 || cp >= 324 || map[cp] < 0) {
             memcpy(out, s, n);
             return n;
@@ -628,7 +613,7 @@ static tsr_status tsr__parse_pretok(const char *path, const cJSON *pt, tsr__pret
         uint32_t cp = 0;
         size_t rl = r ? strlen(r) : 0;
         if (!r || rl == 0 || rl > 4 ||
-            tsr__utf8_cp((const unsigned char *)r, rl, &cp) != (int)rl || cp == ' ')
+            tsr_utf8_decode((const unsigned char *)r, rl, &cp) != (int)rl || cp == ' ')
             return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: Metaspace needs a one-character "
                                  "replacement", path);
         for (int k = 0; k < p->n; k++)

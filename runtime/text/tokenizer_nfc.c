@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/utf8.h"
 #include "runtime/text/tokenizer_nfc_table.h"
 
 #define TSR__RAW 0x80000000u /* a byte that is not UTF-8: kept as is, never composed */
@@ -82,21 +83,6 @@ static void tsr__decompose(uint32_t cp, uint32_t *cps, size_t *n) {
     if (d[2]) tsr__decompose(d[2], cps, n);
 }
 
-static int tsr__utf8(const unsigned char *s, size_t avail, uint32_t *cp) {
-    unsigned c = s[0];
-    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || (size_t)n > avail) return 0;
-    uint32_t v = n == 1 ? c : c & (0x7Fu >> n);
-    for (int i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        v = (v << 6) | (s[i] & 0x3Fu);
-    }
-    static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (v < min[n] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
-    *cp = v;
-    return n;
-}
-
 static size_t tsr__put(uint32_t cp, char *o) {
     if (cp & TSR__RAW) {
         o[0] = (char)(cp & 0xFF);
@@ -145,7 +131,7 @@ tsr_status tsr_nfc(const char *text, size_t n, char **out, size_t *out_len) {
     size_t m = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        int k = tsr__utf8((const unsigned char *)text + i, n - i, &cp);
+        int k = tsr_utf8_decode((const unsigned char *)text + i, n - i, &cp);
         if (k == 0) {
             cps[m++] = TSR__RAW | (uint8_t)text[i];
             i++;

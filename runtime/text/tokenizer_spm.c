@@ -14,6 +14,7 @@
 #include "base/alloc.h"
 #include "base/file.h"
 #include "base/heap.h"
+#include "base/utf8.h"
 #include "runtime/format/gguf.h"
 #include "runtime/text/tokenizer.h"
 
@@ -56,28 +57,6 @@ static void tsr__spm_destroy(tsr_tokenizer *base) {
     tsr_free(t->byte_of);
     tsr_free(t->slots);
     tsr_free(t);
-}
-
-/* Length of the valid UTF-8 sequence at s (1..4), or 0 when s[0] starts none. Rejects
- * overlongs, surrogates and codepoints past U+10FFFF (SentencePiece sees only valid text). */
-static int tsr__utf8_len(const unsigned char *s, size_t avail) {
-    unsigned c = s[0];
-    if (c < 0x80) return 1;
-    int n;
-    unsigned lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
-    if (c >= 0xC2 && c <= 0xDF) n = 2;
-    else if (c == 0xE0) n = 3, lo = 0xA0;
-    else if (c == 0xED) n = 3, hi = 0x9F;
-    else if (c >= 0xE1 && c <= 0xEF) n = 3;
-    else if (c == 0xF0) n = 4, lo = 0x90;
-    else if (c >= 0xF1 && c <= 0xF3) n = 4;
-    else if (c == 0xF4) n = 4, hi = 0x8F;
-    else return 0;
-    if ((size_t)n > avail) return 0;
-    if (s[1] < lo || s[1] > hi) return 0;
-    for (int i = 2; i < n; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    return n;
 }
 
 /* Max-heap of merge candidates: best score first, then the leftmost symbol. */
@@ -150,7 +129,8 @@ static tsr_status tsr__spm_encode(const tsr_tokenizer *base, const char *text, s
             }
         }
         for (size_t i = 0; i < n_norm;) {
-            int k = tsr__utf8_len((const unsigned char *)norm + i, n_norm - i);
+            uint32_t cp;
+            int k = tsr_utf8_decode((const unsigned char *)norm + i, n_norm - i, &cp);
             tsr__sym *s = &sym[n_sym];
             s->start = (uint32_t)i;
             s->len = k ? (uint32_t)k : 1;
