@@ -216,6 +216,26 @@ def golden(name, seed, prompts, router_min, greedy_min, math_note):
             "min_greedy_margin": round(greedy_min, 6), "prompts": prompts}
 
 
+def check_decode_rule():
+    """transformers' MXFP4 decode equals code value * float32(2^(scale - 127)) (2^128 = inf)
+    on every code and scale byte: the rule kernels/cpu/mxfp4_cpu.c implements and
+    tests/unit/test_gptoss.c checks bit for bit."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    byte = torch.arange(256, dtype=torch.int32)
+    blocks = byte.reshape(16, 16).to(torch.uint8).expand(256, 16, 16).reshape(256, 1, 16, 16)
+    scales = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(256, 1, 1).expand(
+        256, 1, 16).contiguous()
+    hf = convert_moe_packed_tensors(blocks.contiguous(), scales, dtype=torch.float32)
+    hf = hf.reshape(256, 512).numpy()  # [scale][element]
+    codes = np.stack([np.arange(256) & 15, np.arange(256) >> 4], axis=-1).reshape(512)
+    lut = np.concatenate([FP4, -FP4])
+    with np.errstate(over="ignore", invalid="ignore"):
+        pw = np.array([np.float32(2.0) ** np.float32(s - 127) for s in range(256)], np.float32)
+        want = (lut[codes][None, :] * pw[:, None]).astype(np.float32)
+    same = (hf.view(np.uint32) == want.view(np.uint32)) | (np.isnan(hf) & np.isnan(want))
+    assert same.all(), "transformers' MXFP4 decode differs from the documented rule"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/data")
@@ -223,6 +243,7 @@ def main():
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     os.makedirs(os.path.join(args.out, "golden"), exist_ok=True)
+    check_decode_rule()
     arch = os.path.join(args.out, "arch")
     seed = 2800
     while True:  # margins of both references must hold for one seed
