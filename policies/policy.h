@@ -32,6 +32,11 @@
  * weights (offload's skew). Not owned: the data must outlive the cache. */
 typedef struct tsr_kv_policy_layer {
     tsr_tensor wq, wk, attn_norm;
+    /* GPT-OSS: the sink logits of this rank's query heads (f32 [1, heads]; empty: none) and
+     * the layer's sliding window (0: none), for policies that recompute the attention
+     * (h2o's materialize baseline), so that they compute what the kernel does. */
+    tsr_tensor sinks;
+    int window;
 } tsr_kv_policy_layer;
 
 typedef struct tsr_kv_policy_model {

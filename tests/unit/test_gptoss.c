@@ -22,6 +22,7 @@
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/rope_freq.h"
 #include "memory/kv_cache.h"
+#include "policies/policy.h"
 #include "runtime/engine/engine.h"
 #include "runtime/exec/forward.h"
 #include "runtime/exec/moe.h"
@@ -280,6 +281,73 @@ TSR_TEST(test_gptoss_f32) { check_model("gptoss_f32", "gptoss_f32", false); }
 TSR_TEST(test_gptoss_bf16) { check_model("gptoss_bf16", "gptoss_q", false); }
 TSR_TEST(test_gptoss_mxfp4) { check_model("gptoss_mxfp4", "gptoss_q", true); }
 
+/* ---- KV policies ---------------------------------------------------------------------- */
+
+/* Greedy tokens of prompt p under a policy (paged cache), on cpu. */
+static tsr_status policy_tokens(tsr_model *m, const ref_prompt *p, const char *policy,
+                                double budget, const tsr_kv_policy_arg *args, int n_args,
+                                int32_t *out) {
+    tsr_engine_spec spec = {.backend = "cpu", .threads = 1, .max_tokens = STEP_TOKENS,
+                            .kv = {.policy = tsr_kv_policy_find(policy), .budget = budget,
+                                   .policy_args = args, .n_policy_args = n_args,
+                                   .max_seqs = 1, .memory_bytes = (int64_t)4 << 20},
+                            .borrow_model = true, .model = m};
+    tsr_engine *e = NULL;
+    TSR_TRY(tsr_engine_create(&spec, &e));
+    size_t V = (size_t)m->cfg.vocab_size;
+    float *logits = tsr_malloc(V * sizeof(float));
+    tsr_status st = logits ? e->kv->ops->seq_add(e->kv, 0) : TSR_ERR_NOMEM;
+    int rows = 0;
+    tsr_batch_seq s = {.seq = 0, .tokens = (int32_t *)p->ids, .n_tokens = p->n,
+                       .want_logits = true};
+    if (st == TSR_OK) st = tsr_forward_run(e->fwd, e->kv, &s, 1, logits, &rows);
+    for (int i = 0; st == TSR_OK && i < p->n_greedy; i++) {
+        out[i] = argmax(logits, (int)V);
+        s = (tsr_batch_seq){.seq = 0, .tokens = &out[i], .n_tokens = 1, .want_logits = true};
+        if (i + 1 < p->n_greedy) st = tsr_forward_run(e->fwd, e->kv, &s, 1, logits, &rows);
+    }
+    tsr_free(logits);
+    tsr_engine_destroy(e);
+    return st;
+}
+
+/* h2o and streaming with a budget above every sequence give transformers' tokens; and h2o
+ * at a small budget evicts the same tokens whether its scores come from the kernel (sinks
+ * and window inside) or from the materialized matrix (sinks and window applied there). */
+TSR_TEST(test_gptoss_policies) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/tests/data/arch/gptoss_f32", TSR_SOURCE_DIR);
+    tsr_model *m = NULL;
+    ASSERT_OK(tsr_model_load(dir, &m));
+    ref_prompt p[MAX_PROMPTS];
+    memset(p, 0, sizeof p);
+    int np = load_ref("gptoss_f32", m->cfg.vocab_size, p);
+    const char *pols[] = {"paged", "h2o", "streaming"};
+    int32_t got[32], tiled[32], mat[32];
+    for (int k = 0; k < 3 && np == 3 && !tsr_test_failed_flag; k++) {
+        tsr_status st = policy_tokens(m, &p[2], pols[k], 128, NULL, 0, got);
+        if (st != TSR_OK) TSR_FAIL_("%s: %s", pols[k], tsr_last_error());
+        for (int i = 0; i < p[2].n_greedy; i++)
+            if (got[i] != p[2].greedy[i]) {
+                NOTE_FAIL("%s budget 128: token %d is %d, transformers %d", pols[k], i, got[i],
+                          p[2].greedy[i]);
+                break;
+            }
+    }
+    tsr_kv_policy_arg ta[] = {{"h2o-scores", "tiled"}}, ma[] = {{"h2o-scores", "materialize"}};
+    if (np == 3 && !tsr_test_failed_flag) {
+        ASSERT_OK(policy_tokens(m, &p[2], "h2o", 24, ta, 1, tiled));
+        ASSERT_OK(policy_tokens(m, &p[2], "h2o", 24, ma, 1, mat));
+        for (int i = 0; i < p[2].n_greedy; i++)
+            if (tiled[i] != mat[i]) {
+                NOTE_FAIL("h2o budget 24: token %d tiled %d, materialize %d", i, tiled[i], mat[i]);
+                break;
+            }
+    }
+    free_ref(p);
+    tsr_model_destroy(m);
+}
+
 /* ---- YaRN ----------------------------------------------------------------------------- */
 
 /* GPT-OSS-20B's rope (head_dim 64, theta 150000, factor 32, beta 32/1, original 4096,
@@ -524,4 +592,4 @@ TSR_TEST(test_config_spellings) {
 
 TSR_TEST_MAIN(test_yarn_frequencies, test_attention_sinks_window, test_mxfp4_decode,
               test_router, test_config_spellings, test_gptoss_f32, test_gptoss_bf16,
-              test_gptoss_mxfp4)
+              test_gptoss_mxfp4, test_gptoss_policies)
