@@ -41,9 +41,13 @@ static void tsr__mxfp4_rows(const uint8_t *blocks, const uint8_t *scales, int64_
         tsr__mxfp4_row(blocks + (size_t)r * (size_t)(cols / 2),
                        scales + (size_t)r * (size_t)(cols / 32), cols, w);
         for (int64_t i = 0; i < nx; i++) {
+            /* 8 running sums (cols is a multiple of 32): the compiler keeps them in vector
+             * lanes; fixed order, so the result depends only on the row and the input */
             const float *xi = x + (size_t)i * (size_t)cols;
-            float s = 0.0f;
-            for (int64_t c = 0; c < cols; c++) s += w[c] * xi[c];
+            float acc[8] = {0};
+            for (int64_t c = 0; c < cols; c += 8)
+                for (int k = 0; k < 8; k++) acc[k] += w[c + k] * xi[c + k];
+            float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
             y[(size_t)i * (size_t)rows + (size_t)r] = s;
         }
     }

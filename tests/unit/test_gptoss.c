@@ -348,6 +348,43 @@ TSR_TEST(test_gptoss_policies) {
     tsr_model_destroy(m);
 }
 
+/* synthetic:CONFIG of a GPT-OSS config.json builds MXFP4 experts (as synthetic:gpt-oss-20b
+ * does at full size) that run on cpu and cpu-fenced to the same logits. */
+TSR_TEST(test_gptoss_synthetic) {
+    char spec[600];
+    snprintf(spec, sizeof spec, "synthetic:%s/tests/data/arch/gptoss_f32/config.json,seed=5",
+             TSR_SOURCE_DIR);
+    tsr_model *m = NULL;
+    ASSERT_OK(tsr_model_load(spec, &m));
+    ASSERT_EQ_INT(m->layers[1].down.mxfp4, 1);
+    int32_t ids[20];
+    for (int i = 0; i < 20; i++) ids[i] = (i * 37 + 5) % m->cfg.vocab_size;
+    size_t V = (size_t)m->cfg.vocab_size;
+    float *lg[2] = {tsr_malloc(20 * V * 4), tsr_malloc(20 * V * 4)};
+    const char *backends[] = {"cpu", "cpu-fenced"};
+    for (int b = 0; b < 2; b++) {
+        tsr_engine_spec es = {.backend = backends[b], .threads = 1, .max_tokens = 32,
+                              .kv = {.max_seqs = 1}, .dense_kv_tokens = 32,
+                              .borrow_model = true, .model = m};
+        tsr_engine *e = NULL;
+        ASSERT_OK(tsr_engine_create(&es, &e));
+        int rows = 0;
+        tsr_batch_seq s = {.seq = 0, .tokens = ids, .n_tokens = 20, .all_logits = true};
+        tsr_status st = e->kv->ops->seq_add(e->kv, 0);
+        if (st == TSR_OK) st = tsr_forward_run(e->fwd, e->kv, &s, 1, lg[b], &rows);
+        tsr_engine_destroy(e);
+        ASSERT_OK(st);
+    }
+    double d = max_abs(lg[0], lg[1], (int)(20 * V));
+    ASSERT_TRUE(d == 0.0);
+    float mx = 0.0f;
+    for (size_t i = 0; i < 20 * V; i++) mx = fabsf(lg[0][i]) > mx ? fabsf(lg[0][i]) : mx;
+    ASSERT_TRUE(mx > 0.0f && isfinite(mx));
+    tsr_free(lg[0]);
+    tsr_free(lg[1]);
+    tsr_model_destroy(m);
+}
+
 /* ---- YaRN ----------------------------------------------------------------------------- */
 
 /* GPT-OSS-20B's rope (head_dim 64, theta 150000, factor 32, beta 32/1, original 4096,
@@ -592,4 +629,4 @@ TSR_TEST(test_config_spellings) {
 
 TSR_TEST_MAIN(test_yarn_frequencies, test_attention_sinks_window, test_mxfp4_decode,
               test_router, test_config_spellings, test_gptoss_f32, test_gptoss_bf16,
-              test_gptoss_mxfp4, test_gptoss_policies)
+              test_gptoss_mxfp4, test_gptoss_policies, test_gptoss_synthetic)
