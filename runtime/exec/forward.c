@@ -131,9 +131,6 @@ tsr_status tsr_forward_create_parallel(const tsr_model *m, tsr_backend *be, int 
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "forward: backend %s lacks bias_add, which "
                              "the q/k/v biases of this model need", be->ops->name);
     tsr_comm *comm = par ? par->comm : NULL;
-    if (m->cfg.n_experts > 0 && comm && tsr_comm_tp(comm) > 1)
-        return tsr_error_set(TSR_ERR_UNSUPPORTED, "forward: tensor parallelism over a "
-                             "mixture-of-experts model is not supported yet");
     TSR_TRY(tsr__check_data_plane(comm, be, comm && tsr_comm_uses_nccl(comm)));
     const tsr_model_config *c = &m->cfg;
     tsr_parallel_shard sh;
