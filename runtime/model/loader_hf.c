@@ -350,6 +350,17 @@ static tsr_status tsr__config_from_json(const cJSON *root, const char *path,
             c->eos_id = -1;
         }
     }
+    /* GPT-OSS with the o200k_harmony vocabulary: generation stops at <|return|> (200002)
+     * and <|call|> (200012), the harmony format's two stop tokens, whatever config.json
+     * lists (the real file names only 200002) */
+    static const int harmony_stops[2] = {200002, 200012};
+    for (int i = 0; c->arch == TSR_ARCH_GPT_OSS && c->vocab_size > 200012 && i < 2; i++) {
+        bool have = false;
+        for (int j = 0; j < c->n_eos_ids; j++) have |= c->eos_ids[j] == harmony_stops[i];
+        if (!have && c->n_eos_ids < (int)(sizeof c->eos_ids / sizeof c->eos_ids[0]))
+            c->eos_ids[c->n_eos_ids++] = harmony_stops[i];
+        if (c->eos_id < 0) c->eos_id = c->eos_ids[0];
+    }
     return TSR_OK;
 }
 

@@ -615,6 +615,16 @@ TSR_TEST(test_config_spellings) {
                              &c),
                   TSR_ERR_UNSUPPORTED);
     ASSERT_STR_CONTAINS(tsr_last_error(), "gptq");
+    /* the harmony vocabulary stops at <|return|> and <|call|> */
+    ASSERT_OK(parse_text("{\"model_type\": \"gpt_oss\", \"hidden_size\": 32, "
+                         "\"intermediate_size\": 32, \"num_hidden_layers\": 2, "
+                         "\"num_attention_heads\": 4, \"vocab_size\": 201088, "
+                         "\"max_position_embeddings\": 64, \"eos_token_id\": 200002, "
+                         "\"num_local_experts\": 2, \"num_experts_per_tok\": 1}",
+                         &c));
+    ASSERT_EQ_INT(c.n_eos_ids, 2);
+    ASSERT_EQ_INT(c.eos_ids[0], 200002);
+    ASSERT_EQ_INT(c.eos_ids[1], 200012);
     /* default layer types: even layers slide */
     ASSERT_OK(parse_text("{\"model_type\": \"gpt_oss\", \"hidden_size\": 32, "
                          "\"intermediate_size\": 32, \"num_hidden_layers\": 3, "
