@@ -22,6 +22,7 @@
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/rope_freq.h"
 #include "memory/kv_cache.h"
+#include "memory/kv_paged.h"
 #include "policies/policy.h"
 #include "runtime/engine/engine.h"
 #include "runtime/exec/forward.h"
@@ -286,7 +287,7 @@ TSR_TEST(test_gptoss_mxfp4) { check_model("gptoss_mxfp4", "gptoss_q", true); }
 /* Greedy tokens of prompt p under a policy (paged cache), on cpu. */
 static tsr_status policy_tokens(tsr_model *m, const ref_prompt *p, const char *policy,
                                 double budget, const tsr_kv_policy_arg *args, int n_args,
-                                int32_t *out) {
+                                int32_t *out, int32_t rows_out[2]) {
     tsr_engine_spec spec = {.backend = "cpu", .threads = 1, .max_tokens = STEP_TOKENS,
                             .kv = {.policy = tsr_kv_policy_find(policy), .budget = budget,
                                    .policy_args = args, .n_policy_args = n_args,
@@ -306,14 +307,18 @@ static tsr_status policy_tokens(tsr_model *m, const ref_prompt *p, const char *p
         s = (tsr_batch_seq){.seq = 0, .tokens = &out[i], .n_tokens = 1, .want_logits = true};
         if (i + 1 < p->n_greedy) st = tsr_forward_run(e->fwd, e->kv, &s, 1, logits, &rows);
     }
+    for (int l = 0; l < 2 && st == TSR_OK; l++) /* rows each layer holds at the end */
+        rows_out[l] = tsr_kv_paged_slots(tsr_kv_policy_mech(e->kv), l, 0);
     tsr_free(logits);
     tsr_engine_destroy(e);
     return st;
 }
 
-/* h2o and streaming with a budget above every sequence give transformers' tokens; and h2o
- * at a small budget evicts the same tokens whether its scores come from the kernel (sinks
- * and window inside) or from the materialized matrix (sinks and window applied there). */
+/* h2o and streaming with a budget above every sequence give transformers' tokens, the
+ * sliding layer holding only window - 1 rows at the end of each step (its older positions
+ * dropped whatever the policy) and the full layer every position; and h2o at a small budget
+ * evicts the same tokens whether its scores come from the kernel (sinks and window inside)
+ * or from the materialized matrix (sinks and window applied there). */
 TSR_TEST(test_gptoss_policies) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/tests/data/arch/gptoss_f32", TSR_SOURCE_DIR);
@@ -325,8 +330,13 @@ TSR_TEST(test_gptoss_policies) {
     const char *pols[] = {"paged", "h2o", "streaming"};
     int32_t got[32], tiled[32], mat[32];
     for (int k = 0; k < 3 && np == 3 && !tsr_test_failed_flag; k++) {
-        tsr_status st = policy_tokens(m, &p[2], pols[k], 128, NULL, 0, got);
+        int32_t rows[2] = {0, 0};
+        tsr_status st = policy_tokens(m, &p[2], pols[k], 128, NULL, 0, got, rows);
         if (st != TSR_OK) TSR_FAIL_("%s: %s", pols[k], tsr_last_error());
+        /* 41 + 31 positions cached; layer 0 slides over 8 */
+        if (rows[0] != 7 || rows[1] != p[2].n + p[2].n_greedy - 1)
+            NOTE_FAIL("%s: layers hold %d and %d rows, want 7 and %d", pols[k], rows[0], rows[1],
+                      p[2].n + p[2].n_greedy - 1);
         for (int i = 0; i < p[2].n_greedy; i++)
             if (got[i] != p[2].greedy[i]) {
                 NOTE_FAIL("%s budget 128: token %d is %d, transformers %d", pols[k], i, got[i],
@@ -336,8 +346,9 @@ TSR_TEST(test_gptoss_policies) {
     }
     tsr_kv_policy_arg ta[] = {{"h2o-scores", "tiled"}}, ma[] = {{"h2o-scores", "materialize"}};
     if (np == 3 && !tsr_test_failed_flag) {
-        ASSERT_OK(policy_tokens(m, &p[2], "h2o", 24, ta, 1, tiled));
-        ASSERT_OK(policy_tokens(m, &p[2], "h2o", 24, ma, 1, mat));
+        int32_t rows[2];
+        ASSERT_OK(policy_tokens(m, &p[2], "h2o", 24, ta, 1, tiled, rows));
+        ASSERT_OK(policy_tokens(m, &p[2], "h2o", 24, ma, 1, mat, rows));
         for (int i = 0; i < p[2].n_greedy; i++)
             if (tiled[i] != mat[i]) {
                 NOTE_FAIL("h2o budget 24: token %d tiled %d, materialize %d", i, tiled[i], mat[i]);
