@@ -297,6 +297,7 @@ static tsr_status tsr__h2o_observe(void *state, int layer, int seq, const float 
     TSR_TRY(st);
     h->qs.q = NULL;
     int32_t len = m->ops->seq_len(m, seq) + h->pending[seq];
+    if (h->window && h->window[layer] > 0) return TSR_OK; /* a sliding layer keeps its window */
     return tsr__h2o_evict(h, layer, seq, tsr_kv_policy_budget(&h->cfg, len));
 }
 

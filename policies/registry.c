@@ -365,6 +365,16 @@ static tsr_status tsr__pc_observe(tsr_kv_cache *kv, int layer, int seq,
     return c->pol->observe ? c->pol->observe(c->state, layer, seq, key_scores) : TSR_OK;
 }
 
+int32_t *tsr_kv_policy_windows(const tsr_kv_policy_config *cfg, int n_layers) {
+    int32_t *w = NULL;
+    for (int l = 0; cfg->model && cfg->model->layers && l < n_layers; l++) {
+        if (cfg->model->layers[l].window <= 0) continue;
+        if (!w && !(w = tsr_calloc((size_t)n_layers, sizeof *w))) return NULL;
+        w[l] = cfg->model->layers[l].window;
+    }
+    return w;
+}
+
 /* A sliding layer's rows at positions <= len - window: the next query (position >= len)
  * sees only keys > its position - window. */
 static tsr_status tsr__pc_window_evict(tsr__pcache *c, int layer, int seq, int32_t window) {

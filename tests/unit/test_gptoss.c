@@ -344,6 +344,14 @@ TSR_TEST(test_gptoss_policies) {
                 break;
             }
     }
+    /* a budget under the window applies to the full layer only */
+    for (int k = 1; k < 3 && np == 3 && !tsr_test_failed_flag; k++) {
+        int32_t rows[2] = {0, 0};
+        ASSERT_OK(policy_tokens(m, &p[2], pols[k], 4, NULL, 0, got, rows));
+        if (rows[0] != 7 || rows[1] > 5)
+            NOTE_FAIL("%s budget 4: layers hold %d and %d rows, want 7 and <= 5", pols[k],
+                      rows[0], rows[1]);
+    }
     tsr_kv_policy_arg ta[] = {{"h2o-scores", "tiled"}}, ma[] = {{"h2o-scores", "materialize"}};
     if (np == 3 && !tsr_test_failed_flag) {
         int32_t rows[2];
