@@ -282,6 +282,48 @@ TSR_TEST(test_gptoss_f32) { check_model("gptoss_f32", "gptoss_f32", false); }
 TSR_TEST(test_gptoss_bf16) { check_model("gptoss_bf16", "gptoss_q", false); }
 TSR_TEST(test_gptoss_mxfp4) { check_model("gptoss_mxfp4", "gptoss_q", true); }
 
+/* Each feature moves the logits of the 41-token prompt (so the goldens test it): read as
+ * plain rope, without sinks, or with every layer full, the last position's logits move by
+ * far more than TOL. */
+TSR_TEST(test_gptoss_features_matter) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/tests/data/arch/gptoss_f32", TSR_SOURCE_DIR);
+    tsr_model *m = NULL;
+    ASSERT_OK(tsr_model_load(dir, &m));
+    ref_prompt p[MAX_PROMPTS];
+    memset(p, 0, sizeof p);
+    int np = load_ref("gptoss_f32", m->cfg.vocab_size, p);
+    ASSERT_TRUE(np == 3);
+    size_t V = (size_t)m->cfg.vocab_size;
+    float *lg = tsr_malloc(64 * V * 4);
+    tsr_model_config keep = m->cfg;
+    for (int k = 0; k < 3; k++) {
+        m->cfg = keep;
+        if (k == 0) m->cfg.rope_scaling = TSR_ROPE_NONE;
+        if (k == 1) m->cfg.attn_sinks = false;
+        if (k == 2) m->cfg.sliding_window = 0;
+        tsr_engine_spec es = {.backend = "cpu", .threads = 1, .max_tokens = 64,
+                              .kv = {.max_seqs = 1}, .dense_kv_tokens = 64,
+                              .borrow_model = true, .model = m};
+        tsr_engine *e = NULL;
+        ASSERT_OK(tsr_engine_create(&es, &e));
+        int rows = 0;
+        tsr_batch_seq s = {.seq = 0, .tokens = p[2].ids, .n_tokens = p[2].n, .all_logits = true};
+        tsr_status st = e->kv->ops->seq_add(e->kv, 0);
+        if (st == TSR_OK) st = tsr_forward_run(e->fwd, e->kv, &s, 1, lg, &rows);
+        tsr_engine_destroy(e);
+        ASSERT_OK(st);
+        int last = p[2].n_rows - 1; /* the stored row of the last prompt position */
+        double d = max_abs(lg + (size_t)p[2].rows[last] * V, p[2].logits + (size_t)last * V,
+                           (int)V);
+        if (!(d > 1e-2)) NOTE_FAIL("feature %d off: logits move by only %.3g", k, d);
+    }
+    m->cfg = keep;
+    tsr_free(lg);
+    free_ref(p);
+    tsr_model_destroy(m);
+}
+
 /* ---- KV policies ---------------------------------------------------------------------- */
 
 /* Greedy tokens of prompt p under a policy (paged cache), on cpu. */
@@ -658,4 +700,5 @@ TSR_TEST(test_config_spellings) {
 
 TSR_TEST_MAIN(test_yarn_frequencies, test_attention_sinks_window, test_mxfp4_decode,
               test_router, test_config_spellings, test_gptoss_f32, test_gptoss_bf16,
-              test_gptoss_mxfp4, test_gptoss_policies, test_gptoss_synthetic)
+              test_gptoss_mxfp4, test_gptoss_policies, test_gptoss_synthetic,
+              test_gptoss_features_matter)
