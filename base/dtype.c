@@ -2,13 +2,14 @@
 
 #include <strings.h>
 
-size_t tsr_dtype_size(tsr_dtype t) { return t == TSR_F32 ? 4 : 2; }
+size_t tsr_dtype_size(tsr_dtype t) { return t == TSR_F32 ? 4 : t == TSR_U8 ? 1 : 2; }
 
 const char *tsr_dtype_name(tsr_dtype t) {
     switch (t) {
     case TSR_F32: return "f32";
     case TSR_F16: return "f16";
     case TSR_BF16: return "bf16";
+    case TSR_U8: return "u8";
     }
     return "?";
 }
@@ -84,6 +85,11 @@ void tsr_dtype_to_f32(tsr_dtype t, const void *src, float *dst, size_t n) {
     case TSR_F16: {
         const uint16_t *s = src;
         for (size_t i = 0; i < n; i++) dst[i] = tsr_f16_to_f32(s[i]);
+        break;
+    }
+    case TSR_U8: { /* raw bytes as their values (MXFP4 codes are decoded by their kernel) */
+        const uint8_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = (float)s[i];
         break;
     }
     }

@@ -10,6 +10,9 @@ typedef enum tsr_dtype {
     TSR_F32 = 0,
     TSR_F16 = 1,
     TSR_BF16 = 2,
+    /* Raw bytes: MXFP4 blocks and E8M0 scales (tsr_experts); no kernel takes them as a
+     * plain matrix. */
+    TSR_U8 = 3,
 } tsr_dtype;
 
 size_t tsr_dtype_size(tsr_dtype t);

@@ -18,6 +18,21 @@ static inline size_t tsr_tensor_bytes(const tsr_tensor *t) {
     return (size_t)t->rows * (size_t)t->cols * tsr_dtype_size(t->dtype);
 }
 
+/* The experts of one mixture-of-experts projection (GPT-OSS): n experts of [rows, cols]
+ * (out, in features) each, expert e's rows at e * rows. Plain: w is an F32/BF16
+ * [n * rows, cols] matrix. MXFP4 (OCP microscaling): w is U8 [n * rows, cols / 2], 32
+ * consecutive inputs of a row in 16 bytes (element 2j the low nibble of byte j, 2j+1 the
+ * high), each an E2M1 code (bit 3 the sign), times 2^(scale - 127) with the block's E8M0
+ * byte in scales (U8 [n * rows, cols / 32]). bias: f32 [n, rows]. */
+typedef struct tsr_experts {
+    int n;
+    int64_t rows, cols;
+    int mxfp4; /* 1: w and scales as above */
+    tsr_tensor w;
+    tsr_tensor scales;
+    tsr_tensor bias;
+} tsr_experts;
+
 /* Pointer to row r. */
 static inline const void *tsr_tensor_row(const tsr_tensor *t, int64_t r) {
     return (const char *)t->data + (size_t)r * (size_t)t->cols * tsr_dtype_size(t->dtype);

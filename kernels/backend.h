@@ -88,7 +88,33 @@ typedef struct tsr_attn_args {
      * replicated kv head's query group is spread over ranks). Backend memory: the caller
      * zeroes it (memset) and brings it back (download) for the policy. */
     float *key_scores;
+    /* Optional (GPT-OSS). sinks: per query head a logit that joins each query's softmax
+     * denominator once (exp(sink - m), no value), [n_heads] f32 in backend memory; NULL:
+     * none. window > 0: a query at position p sees only keys at positions > p - window,
+     * whatever the spans hold (a sliding layer); 0: every key up to p. */
+    const float *sinks;
+    int window;
 } tsr_attn_args;
+
+/* A mixture-of-experts FFN (GPT-OSS) for n rows, routed on the host: route r (of
+ * offsets[n_experts]) sends token row rows[r] to expert e for offsets[e] <= r <
+ * offsets[e + 1], with weight weights[r]. Each expert reads its weights once for all of
+ * its rows. Expert e: gu = W1_e x + b1_e; gate = min(gu[2j], limit), up =
+ * clamp(gu[2j + 1], -limit, limit); a_j = (up + 1) * gate * sigmoid(alpha * gate);
+ * y = W2_e a + b2_e. out[t] = sum over t's routes in expert order of weight * y (out is
+ * overwritten; a row without routes gets 0). x, out and the tensors' data are backend
+ * memory; offsets, rows and weights are host memory. */
+typedef struct tsr_moe_args {
+    const float *x;        /* [n][gate_up->cols] */
+    int64_t n;
+    const tsr_experts *gate_up; /* n experts of [2 * inter, dim], gate/up rows interleaved */
+    const tsr_experts *down;    /* n experts of [dim, inter] */
+    const int32_t *offsets;     /* [gate_up->n + 1] */
+    const int32_t *rows;
+    const float *weights;
+    float limit, alpha;
+    float *out;            /* [n][down->rows] */
+} tsr_moe_args;
 
 /* One row's sampling parameters for the op `sample`. r is the uniform in [0, 1) that the
  * request's seeded sampler drew on the host (runtime/exec/sampler.c), so that every backend picks
@@ -223,6 +249,9 @@ typedef struct tsr_backend_ops {
      * the q/k/v projection biases of Qwen2. Optional (NULL: the forward pass refuses a
      * model with biases on this backend). */
     tsr_status (*bias_add)(tsr_backend *be, float *x, const tsr_tensor *b, int64_t n);
+    /* The experts of a mixture-of-experts layer (tsr_moe_args). Optional (NULL: the forward
+     * pass refuses a mixture-of-experts model on this backend). */
+    tsr_status (*moe)(tsr_backend *be, const tsr_moe_args *a);
 } tsr_backend_ops;
 
 /* Short forms of the memory calls, synchronous (stream NULL). */

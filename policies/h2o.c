@@ -43,6 +43,9 @@ typedef struct tsr__h2o {
     /* the queries of the current layer call (materialize), valid until observe */
     tsr_kv_policy_queries qs;
     tsr__h2o_counters st;
+    /* GPT-OSS (NULL: none): per cache layer its window, and [layer][head] sink logits */
+    int *window;
+    float *sinks;
 } tsr__h2o;
 
 typedef struct tsr__cand {
@@ -63,6 +66,8 @@ static int tsr__by_score_desc(const void *a, const void *b) {
     return (x->pos < y->pos) - (x->pos > y->pos);
 }
 
+static void tsr__h2o_destroy(void *state);
+
 static tsr_status tsr__h2o_create(const tsr_kv_policy_config *cfg, tsr_kv_cache *mech,
                                   void **state) {
     if (cfg->n_heads <= 0 || cfg->n_heads % mech->n_kv_heads != 0)
@@ -77,6 +82,25 @@ static tsr_status tsr__h2o_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
     if (h->opt.recent > 1.0) h->opt.recent = 1.0;
     h->mech = mech;
     h->qs.layer = -1;
+    /* GPT-OSS: the sinks and windows the materialize baseline must apply (copied: the
+     * model's views may go) */
+    if (cfg->model && cfg->model->layers) {
+        h->window = tsr_calloc((size_t)mech->n_layers, sizeof *h->window);
+        h->sinks = tsr_calloc((size_t)mech->n_layers * (size_t)cfg->n_heads, sizeof *h->sinks);
+        if (!h->window || !h->sinks) {
+            tsr__h2o_destroy(h);
+            return TSR_ERR_NOMEM;
+        }
+        for (int l = 0; l < mech->n_layers; l++) {
+            const tsr_kv_policy_layer *pl = &cfg->model->layers[l];
+            h->window[l] = pl->window;
+            for (int i = 0; i < cfg->n_heads; i++)
+                h->sinks[(size_t)l * cfg->n_heads + i] =
+                    pl->sinks.data && pl->sinks.cols == cfg->n_heads
+                        ? ((const float *)pl->sinks.data)[i]
+                        : -INFINITY;
+        }
+    }
     *state = h;
     return TSR_OK;
 }
@@ -84,6 +108,8 @@ static tsr_status tsr__h2o_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
 static void tsr__h2o_destroy(void *state) {
     tsr__h2o *h = state;
     tsr_free(h->pending);
+    tsr_free(h->window);
+    tsr_free(h->sinks);
     tsr_free(h);
 }
 
@@ -179,15 +205,21 @@ static tsr_status tsr__h2o_materialize(tsr__h2o *h, int layer, int seq, int32_t 
         for (int64_t i = 0; i < n_q; i++) {
             float *row = att + ((size_t)hh * n_q + i) * n_keys;
             const float *qi = h->qs.q + (size_t)i * n_heads * hd + (size_t)hh * hd;
-            float mx = -INFINITY;
+            /* GPT-OSS: the window by position, and the sink once in the denominator */
+            int win = h->window ? h->window[layer] : 0;
+            float sink = h->sinks && hh < h->cfg.n_heads
+                             ? h->sinks[(size_t)layer * h->cfg.n_heads + hh]
+                             : -INFINITY;
+            float mx = sink;
             for (int32_t j = 0; j < n_keys; j++) {
                 const float *kr = keys + (size_t)j * m->kv_dim;
                 float d = 0.0f;
                 for (int t = 0; t < hd; t++) d += qi[t] * kr[g * hd + t];
-                row[j] = pos[j] <= h->qs.pos[i] ? d * scale : -INFINITY;
+                bool vis = pos[j] <= h->qs.pos[i] && (win <= 0 || pos[j] > h->qs.pos[i] - win);
+                row[j] = vis ? d * scale : -INFINITY;
                 mx = row[j] > mx ? row[j] : mx;
             }
-            float sum = 0.0f;
+            float sum = sink == -INFINITY ? 0.0f : expf(sink - mx);
             for (int32_t j = 0; j < n_keys; j++) {
                 row[j] = expf(row[j] - mx);
                 sum += row[j];
@@ -265,6 +297,7 @@ static tsr_status tsr__h2o_observe(void *state, int layer, int seq, const float 
     TSR_TRY(st);
     h->qs.q = NULL;
     int32_t len = m->ops->seq_len(m, seq) + h->pending[seq];
+    if (h->window && h->window[layer] > 0) return TSR_OK; /* a sliding layer keeps its window */
     return tsr__h2o_evict(h, layer, seq, tsr_kv_policy_budget(&h->cfg, len));
 }
 

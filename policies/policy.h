@@ -32,6 +32,11 @@
  * weights (offload's skew). Not owned: the data must outlive the cache. */
 typedef struct tsr_kv_policy_layer {
     tsr_tensor wq, wk, attn_norm;
+    /* GPT-OSS: the sink logits of this rank's query heads (f32 [1, heads]; empty: none) and
+     * the layer's sliding window (0: none), for policies that recompute the attention
+     * (h2o's materialize baseline), so that they compute what the kernel does. */
+    tsr_tensor sinks;
+    int window;
 } tsr_kv_policy_layer;
 
 typedef struct tsr_kv_policy_model {
@@ -250,6 +255,12 @@ tsr_status tsr_kv_policy_options_parse(const tsr_kv_policy_decl *pol,
  * only with uses_budget), "none" when it has none; for the checkpoint binding. */
 int tsr_kv_policy_options_string(const tsr_kv_policy_decl *pol, double budget,
                                  const void *opts, char *buf, size_t size);
+
+/* GPT-OSS: a copy of the sliding windows of the cache's n_layers layers (0: a full layer),
+ * or NULL when there is none (no model weights given, or no sliding layer); the caller frees
+ * it. Budgets apply to full layers only: a sliding layer keeps its window (the policy cache
+ * drops the rows no later query sees, registry.c). */
+int32_t *tsr_kv_policy_windows(const tsr_kv_policy_config *cfg, int n_layers);
 
 /* A tsr_kv_cache: a paged cache made from `kcfg`, steered by policy `pol`. The cache's
  * wants_queries, wants_attn_input and wants_scores (memory/kv_cache.h) are what pol

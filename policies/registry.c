@@ -248,6 +248,11 @@ typedef struct tsr__pcache {
     void *opts;       /* the policy's parsed options (cfg->opts) */
     void *stats_buf;  /* the policy's stats struct, refilled by each get_stats */
     char opts_text[512];
+    /* GPT-OSS: per layer of the cache its sliding window (NULL: no sliding layer). Whatever
+     * the policy, a sliding layer drops the positions no later query can see at every
+     * commit, so it holds at most window - 1 old rows plus a step (and its blocks go back
+     * to the pool as they empty). Not under offload, whose host tier mirrors the slots. */
+    int32_t *windows;
 } tsr__pcache;
 
 static const tsr_kv_cache_ops tsr__pcache_ops;
@@ -292,6 +297,7 @@ static void tsr__pc_destroy(tsr_kv_cache *kv) {
     tsr_host_pool_destroy(c->owned_host);
     tsr_free(c->opts);
     tsr_free(c->stats_buf);
+    tsr_free(c->windows);
     tsr_free(c);
 }
 
@@ -359,11 +365,42 @@ static tsr_status tsr__pc_observe(tsr_kv_cache *kv, int layer, int seq,
     return c->pol->observe ? c->pol->observe(c->state, layer, seq, key_scores) : TSR_OK;
 }
 
+int32_t *tsr_kv_policy_windows(const tsr_kv_policy_config *cfg, int n_layers) {
+    int32_t *w = NULL;
+    for (int l = 0; cfg->model && cfg->model->layers && l < n_layers; l++) {
+        if (cfg->model->layers[l].window <= 0) continue;
+        if (!w && !(w = tsr_calloc((size_t)n_layers, sizeof *w))) return NULL;
+        w[l] = cfg->model->layers[l].window;
+    }
+    return w;
+}
+
+/* A sliding layer's rows at positions <= len - window: the next query (position >= len)
+ * sees only keys > its position - window. */
+static tsr_status tsr__pc_window_evict(tsr__pcache *c, int layer, int seq, int32_t window) {
+    tsr_kv_cache *m = c->mech;
+    int32_t len = m->ops->seq_len(m, seq);
+    int32_t n = tsr_kv_paged_slots(m, layer, seq);
+    if (n <= window - 1) return TSR_OK;
+    int32_t *pos = tsr_malloc((size_t)n * sizeof *pos), *ev = tsr_malloc((size_t)n * sizeof *ev);
+    tsr_status st = pos && ev ? tsr_kv_paged_read_slots(m, layer, seq, pos, NULL) : TSR_ERR_NOMEM;
+    int32_t ne = 0;
+    for (int32_t i = 0; st == TSR_OK && i < n; i++)
+        if (pos[i] <= len - window) ev[ne++] = i;
+    if (st == TSR_OK && ne) st = tsr_kv_paged_evict(m, layer, seq, ev, ne);
+    tsr_free(pos);
+    tsr_free(ev);
+    return st;
+}
+
 static tsr_status tsr__pc_commit(tsr_kv_cache *kv, int seq, const int32_t *tokens,
                                  int32_t n) {
     tsr__pcache *c = TSR__C(kv);
     TSR_TRY(c->mech->ops->commit(c->mech, seq, tokens, n));
-    return c->pol->commit ? c->pol->commit(c->state, seq, n) : TSR_OK;
+    if (c->pol->commit) TSR_TRY(c->pol->commit(c->state, seq, n));
+    for (int l = 0; c->windows && l < c->mech->n_layers; l++)
+        if (c->windows[l] > 0) TSR_TRY(tsr__pc_window_evict(c, l, seq, c->windows[l]));
+    return TSR_OK;
 }
 
 static int32_t tsr__pc_prefix_attach(tsr_kv_cache *kv, int seq, const int32_t *tokens,
@@ -458,12 +495,25 @@ tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_decl *pol,
     TSR_TRY(tsr__check_decl(pol));
     tsr_kv_paged_config kc = *kcfg;
     if (!pol->allows_prefix_cache) kc.prefix_caching = 0;
+    int32_t *windows = NULL; /* sliding layers (GPT-OSS), see tsr__pcache */
+    for (int l = 0; pcfg->model && pcfg->model->layers && strcmp(pol->name, "offload") != 0 &&
+                    l < kc.n_layers; l++) {
+        if (pcfg->model->layers[l].window <= 0) continue;
+        if (!windows && !(windows = tsr_calloc((size_t)kc.n_layers, sizeof *windows)))
+            return TSR_ERR_NOMEM;
+        windows[l] = pcfg->model->layers[l].window;
+    }
+    if (windows) kc.prefix_caching = 0; /* shared blocks would lose rows */
     if (pol->reads_scores) kc.keep_scores = 1;
     if (pol->n_stats > TSR_KV_POLICY_STATS_MAX)
         return tsr_error_set(TSR_ERR_INVALID, "KV policy %s: %d stats, at most %d", pol->name,
                              pol->n_stats, TSR_KV_POLICY_STATS_MAX);
     tsr__pcache *c = tsr_calloc(1, sizeof *c);
-    if (!c) return TSR_ERR_NOMEM;
+    if (!c) {
+        tsr_free(windows);
+        return TSR_ERR_NOMEM;
+    }
+    c->windows = windows;
     c->pol = pol;
     c->opts = tsr_calloc(1, pol->options_size ? pol->options_size : 1);
     c->stats_buf = pol->stats_size ? tsr_calloc(1, pol->stats_size) : NULL;
@@ -477,6 +527,7 @@ tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_decl *pol,
         tsr_kv_cache_destroy(c->mech);
         tsr_free(c->opts);
         tsr_free(c->stats_buf);
+        tsr_free(c->windows);
         tsr_free(c);
         return st;
     }

@@ -60,6 +60,7 @@ typedef struct tsr__sseq {
 typedef struct tsr__snap {
     tsr_kv_policy_config cfg;
     tsr_kv_cache *mech;
+    int32_t *windows; /* GPT-OSS sliding layers: no budget there (tsr_kv_policy_windows) */
     int L, G, H, hd, kvd;
     int window, kernel, maxpool;
     tsr__sseq *seqs;
@@ -105,6 +106,7 @@ static tsr_status tsr__snap_create(const tsr_kv_policy_config *cfg, tsr_kv_cache
     s->window = o->window;
     s->kernel = o->kernel;
     s->maxpool = o->maxpool;
+    s->windows = tsr_kv_policy_windows(cfg, mech->n_layers);
     *state = s;
     return TSR_OK;
 }
@@ -123,6 +125,7 @@ static void tsr__snap_destroy(void *state) {
     tsr__snap *s = state;
     for (int i = 0; i < s->n_seqs; i++) tsr__snap_release(s, i);
     tsr_free(s->seqs);
+    tsr_free(s->windows);
     tsr_free(s);
 }
 
@@ -329,6 +332,7 @@ static tsr_status tsr__snap_choose(tsr__snap *s, tsr__sseq *sq, int layer, int s
 /* Compresses `layer` of seq to its budget when it holds more. */
 static tsr_status tsr__snap_compress(tsr__snap *s, tsr__sseq *sq, int layer, int seq) {
     tsr_kv_cache *m = s->mech;
+    if (s->windows && s->windows[layer] > 0) return TSR_OK; /* a sliding layer keeps its window */
     int32_t n = tsr_kv_paged_slots(m, layer, seq);
     int32_t budget = tsr_kv_policy_budget(&s->cfg, m->ops->seq_len(m, seq));
     if (n <= budget) return TSR_OK;

@@ -34,6 +34,7 @@ typedef struct tsr__stream {
     tsr_kv_cache *mech;
     int32_t sinks;
     tsr__stream_counters st;
+    int32_t *windows; /* GPT-OSS sliding layers: no budget there (tsr_kv_policy_windows) */
 } tsr__stream;
 
 static tsr_status tsr__stream_create(const tsr_kv_policy_config *cfg, tsr_kv_cache *mech,
@@ -43,11 +44,16 @@ static tsr_status tsr__stream_create(const tsr_kv_policy_config *cfg, tsr_kv_cac
     s->cfg = *cfg;
     s->mech = mech;
     s->sinks = ((const tsr__stream_opts *)cfg->opts)->sinks;
+    s->windows = tsr_kv_policy_windows(cfg, mech->n_layers);
     *state = s;
     return TSR_OK;
 }
 
-static void tsr__stream_destroy(void *state) { tsr_free(state); }
+static void tsr__stream_destroy(void *state) {
+    tsr__stream *s = state;
+    if (s) tsr_free(s->windows);
+    tsr_free(s);
+}
 
 /* Evicts every slot of `layer` outside [0, sinks) and [len - window, len), where
  * sinks + window is the budget for len tokens (the sinks first when the budget is smaller). */
@@ -79,7 +85,8 @@ static tsr_status tsr__stream_commit(void *state, int seq, int32_t n) {
     tsr_kv_cache *m = s->mech;
     s->st.tokens_processed += n;
     int32_t len = m->ops->seq_len(m, seq); /* the mechanism has committed the step */
-    for (int l = 0; l < m->n_layers; l++) TSR_TRY(tsr__stream_evict(s, l, seq, len));
+    for (int l = 0; l < m->n_layers; l++)
+        if (!s->windows || s->windows[l] <= 0) TSR_TRY(tsr__stream_evict(s, l, seq, len));
     return TSR_OK;
 }
 

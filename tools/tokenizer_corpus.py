@@ -17,6 +17,7 @@ Python's standard library (the Zen of Python, module docstrings), and text gener
 unicodedata ranges with a fixed seed. Nothing is fetched; the test reads only the stored files.
 
 Usage: python3 tools/tokenizer_corpus.py   (pip install tokenizers)
+       python3 tools/tokenizer_corpus.py --only o200k   (one family, from the stored corpus)
 """
 import inspect
 import json
@@ -32,6 +33,12 @@ OUT = os.path.join(ROOT, "tests", "data", "tokenizers", "hf")
 
 LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
              r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# o200k_base / o200k_harmony (GPT-4o, GPT-OSS; openai/tiktoken tiktoken_ext/openai_public.py)
+O200K_RE = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+            r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+            r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
             r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
@@ -43,6 +50,9 @@ SPECIALS = {
     "gpt2_prefix": ["<|endoftext|>"],
     "llama2": ["<unk>", "<s>", "</s>"],
     "metaspace": ["<unk>", "<s>", "</s>"],
+    # the harmony format's special tokens (GPT-OSS)
+    "o200k": ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>",
+              "<|start|>", "<|end|>", "<|message|>", "<|call|>", "<|endofprompt|>"],
 }
 
 
@@ -257,9 +267,10 @@ def build(family, texts):
         doc = json.loads(tk.to_str())
         doc["added_tokens"] = [a for a in doc["added_tokens"] if a["content"] not in BYTES]
         return Tokenizer.from_str(json.dumps(doc))
-    if family == "llama3":
+    if family in ("llama3", "o200k"):
         tk.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(LLAMA3_RE), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(LLAMA3_RE if family == "llama3" else O200K_RE),
+                                 behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
     elif family == "qwen2":
         tk.normalizer = normalizers.NFC()
@@ -282,13 +293,20 @@ def build(family, texts):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    texts = corpus()
+    # --only FAMILY...: those families' files from the stored corpus (which stays as it is)
+    only = sys.argv[sys.argv.index("--only") + 1:] if "--only" in sys.argv else None
+    if only:
+        with open(os.path.join(OUT, "corpus.json"), encoding="utf-8") as f:
+            texts = json.load(f)["texts"]
+    else:
+        texts = corpus()
     total = sum(len(t.encode("utf-8")) for t in texts)
     if total < 200_000:
         sys.exit(f"corpus is only {total} bytes")
-    with open(os.path.join(OUT, "corpus.json"), "w", encoding="utf-8") as f:
-        json.dump({"texts": texts}, f, ensure_ascii=False, indent=0)
-    for family in SPECIALS:
+    if not only:
+        with open(os.path.join(OUT, "corpus.json"), "w", encoding="utf-8") as f:
+            json.dump({"texts": texts}, f, ensure_ascii=False, indent=0)
+    for family in only or SPECIALS:
         tk = build(family, texts)
         tk.save(os.path.join(OUT, f"{family}.json"), pretty=False)
         tk = Tokenizer.from_file(os.path.join(OUT, f"{family}.json"))

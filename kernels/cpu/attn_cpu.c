@@ -259,6 +259,7 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
         return tsr_error_set(TSR_ERR_INVALID, "cpu attention: %d heads over %d kv heads",
                              a->n_heads, a->n_kv_heads);
     if (a->n_q <= 0) return TSR_OK;
+    if (a->sinks || a->window > 0) return tsr__cpu_attention_sink(be, a); /* attn_sink_cpu.c */
     tsr__attn_geom G = {
         .a = a,
         .k = tsr__cpu_kernels_get(),

@@ -202,6 +202,7 @@ static const tsr_backend_ops tsr__cpu_ops = {
     .matmul_parts = tsr__cpu_matmul_parts,
     .sample = tsr__cpu_sample,
     .bias_add = tsr__cpu_bias_add,
+    .moe = tsr__cpu_moe,
 };
 
 tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {

@@ -638,9 +638,36 @@ static tsr_status tsr__fenced_attention(tsr_backend *be, const tsr_attn_args *a)
     if (a->key_scores)
         TSR_TRY(tsr__dev(f, op, "key_scores", a->key_scores,
                          tsr__bytes3(a->n_heads, keys, sizeof(float))));
+    if (a->sinks)
+        TSR_TRY(tsr__dev(f, op, "sinks", a->sinks, tsr__bytes3(a->n_heads, 1, sizeof(float))));
     tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->attention(f->inner, a));
+}
+
+/* GPT-OSS: the experts' tensors and the activations are device memory, the routing is host
+ * metadata. */
+static tsr_status tsr__fenced_moe(tsr_backend *be, const tsr_moe_args *a) {
+    tsr__fenced *f = TSR__F(be);
+    const char *op = "moe";
+    const tsr_experts *ex[2] = {a->gate_up, a->down};
+    TSR_TRY(tsr__host(f, op, "args", a, sizeof *a));
+    for (int i = 0; i < 2; i++) {
+        TSR_TRY(tsr__host(f, op, "experts", ex[i], sizeof *ex[i]));
+        TSR_TRY(tsr__dev_tensor(f, op, "experts", &ex[i]->w));
+        TSR_TRY(tsr__dev_tensor(f, op, "expert bias", &ex[i]->bias));
+        if (ex[i]->mxfp4) TSR_TRY(tsr__dev_tensor(f, op, "expert scales", &ex[i]->scales));
+    }
+    int ne = a->gate_up->n;
+    TSR_TRY(tsr__arg(f, op, "offsets", a->offsets, tsr__bytes3(ne + 1, 1, sizeof(int32_t))));
+    int64_t routes = a->offsets[ne];
+    TSR_TRY(tsr__arg(f, op, "rows", a->rows, tsr__bytes3(routes, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__arg(f, op, "weights", a->weights, tsr__bytes3(routes, 1, sizeof(float))));
+    TSR_TRY(tsr__dev(f, op, "x", a->x, tsr__bytes3(a->n, a->gate_up->cols, sizeof(float))));
+    TSR_TRY(tsr__dev(f, op, "out", a->out, tsr__bytes3(a->n, a->down->rows, sizeof(float))));
+    tsr__count(f, TSR__CNT_OPS, 1);
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->moe(f->inner, a));
 }
 
 /* ---- counters ---- */
@@ -710,6 +737,7 @@ static const tsr_backend_ops tsr__fenced_ops = {
     .sample = tsr__fenced_sample,
     .counters = tsr__fenced_counters,
     .bias_add = tsr__fenced_bias_add,
+    .moe = tsr__fenced_moe,
 };
 
 /* TSR_FENCED_MEMORY: digits with an optional K/M/G/T suffix (powers of 1024). */

@@ -41,7 +41,7 @@ typedef struct tsr__cpu_ctx {
     int inv_freq_hd;
     float inv_freq_theta;
     int inv_freq_scaling;
-    float inv_freq_params[3];
+    float inv_freq_params[7];
     int inv_freq_orig;
     /* rope: cos and sin of the last position list seen, [n][hd/2] each (the forward ropes
      * q and k of every layer at the same positions, so one table serves 2 * n_layers
@@ -97,6 +97,17 @@ tsr_status tsr__cpu_bias_add(tsr_backend *be, float *x, const tsr_tensor *b, int
 tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t *ids,
                           int64_t n, float *out);
 tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a);
+/* Attention with sinks and/or a sliding window (attn_sink_cpu.c; tsr__cpu_attention hands
+ * such calls over). */
+tsr_status tsr__cpu_attention_sink(tsr_backend *be, const tsr_attn_args *a);
+/* The experts of a mixture-of-experts layer (moe_cpu.c). */
+tsr_status tsr__cpu_moe(tsr_backend *be, const tsr_moe_args *a);
+/* MXFP4 (kernels/cpu/mxfp4_cpu.c): row r of an MXFP4 matrix of `cols` inputs (blocks of 16
+ * bytes, one E8M0 scale byte per 32 inputs) as f32; and y[i][r] = x[i] . W[r] for rows
+ * [0, rows) and nx inputs x ([nx][cols]), y [nx][rows]; each weight row is decoded once. */
+void tsr__mxfp4_row(const uint8_t *blocks, const uint8_t *scales, int64_t cols, float *out);
+void tsr__mxfp4_matmul(const uint8_t *blocks, const uint8_t *scales, int64_t rows, int64_t cols,
+                       const float *x, int64_t nx, float *y, int threads);
 tsr_status tsr__cpu_sample(tsr_backend *be, float *logits, int64_t n, int vocab,
                            const tsr_sample_params *params, int32_t *ids);
 

@@ -33,6 +33,7 @@ static void tsr__matvec_rows(const tsr__cpu_kernels *k, const tsr_tensor *w, con
     case TSR_F32: k->matvec_f32(w->data, w->cols, r0, r1, x, nx, y, w->rows); break;
     case TSR_BF16: k->matvec_bf16(w->data, w->cols, r0, r1, x, nx, y, w->rows); break;
     case TSR_F16: k->matvec_f16(w->data, w->cols, r0, r1, x, nx, y, w->rows); break;
+    case TSR_U8: break; /* refused by tsr__cpu_matmul */
     }
 }
 
@@ -69,6 +70,7 @@ static void tsr__matvec_seg_rows(const tsr__cpu_kernels *k, const tsr_tensor *w,
         k->matvec_seg_f16(w->data, w->cols, r0, r1, x, nx, seg, n_parts, sum, y, w->rows,
                           ldp);
         break;
+    case TSR_U8: break; /* refused by tsr__cpu_matmul_parts */
     }
 }
 

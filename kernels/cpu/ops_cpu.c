@@ -19,6 +19,7 @@ static float tsr__w_at(const tsr_tensor *w, int64_t i) {
     case TSR_F32: return ((const float *)w->data)[i];
     case TSR_BF16: return tsr_bf16_to_f32(((const uint16_t *)w->data)[i]);
     case TSR_F16: return tsr_f16_to_f32(((const uint16_t *)w->data)[i]);
+    case TSR_U8: return (float)((const uint8_t *)w->data)[i];
     }
     return 0.0f;
 }
@@ -75,7 +76,9 @@ tsr_status tsr__cpu_rmsnorm(tsr_backend *be, const float *x, const tsr_tensor *w
 /* inv_freq cached per rope parameters (the forward calls rope twice per layer). */
 static tsr_status tsr__rope_table(tsr__cpu_ctx *c, const tsr_model_config *cfg,
                                   const float **out) {
-    float params[3] = {cfg->rope_factor, cfg->rope_low_freq_factor, cfg->rope_high_freq_factor};
+    float params[7] = {cfg->rope_factor,    cfg->rope_low_freq_factor, cfg->rope_high_freq_factor,
+                       cfg->rope_beta_fast, cfg->rope_beta_slow,       tsr_rope_cos_scale(cfg),
+                       (float)cfg->rope_truncate};
     int scaling = (int)cfg->rope_scaling;
     if (!c->inv_freq || c->inv_freq_hd != cfg->head_dim ||
         c->inv_freq_theta != cfg->rope_theta || c->inv_freq_scaling != scaling ||
@@ -99,18 +102,18 @@ static tsr_status tsr__rope_table(tsr__cpu_ctx *c, const tsr_model_config *cfg,
  * list, and cosf/sinf were ~2 % of a stories260K prefill. Same values as computing them
  * per call. */
 static void tsr__rope_angle_row(float *t, const int32_t *pos, int64_t r, int half,
-                                const float *inv_freq) {
+                                const float *inv_freq, float sc) {
     float *cr = t + (size_t)r * (size_t)half * 2, *sr = cr + half;
     float p = (float)pos[r];
-    for (int j = 0; j < half; j++) {
+    for (int j = 0; j < half; j++) { /* sc: YaRN's attention factor, else 1 (exact) */
         float a = p * inv_freq[j];
-        cr[j] = cosf(a);
-        sr[j] = sinf(a);
+        cr[j] = cosf(a) * sc;
+        sr[j] = sinf(a) * sc;
     }
 }
 
 static tsr_status tsr__rope_angles(tsr__cpu_ctx *c, const int32_t *pos, int64_t n, int half,
-                                   const float *inv_freq, const float **cs) {
+                                   const float *inv_freq, float sc, const float **cs) {
     if (c->rope_n == n && c->rope_half == half &&
         (n == 0 || memcmp(c->rope_pos, pos, (size_t)n * sizeof *pos) == 0)) {
         *cs = c->rope_cs;
@@ -127,9 +130,9 @@ static tsr_status tsr__rope_angles(tsr__cpu_ctx *c, const int32_t *pos, int64_t 
     float *t = c->rope_cs;
     if (c->threads > 1 && n * half >= TSR__CPU_EW_PAR_MIN / 8) { /* cosf + sinf: ~8x an add */
 #pragma omp parallel for num_threads(c->threads) schedule(static)
-        for (int64_t r = 0; r < n; r++) tsr__rope_angle_row(t, pos, r, half, inv_freq);
+        for (int64_t r = 0; r < n; r++) tsr__rope_angle_row(t, pos, r, half, inv_freq, sc);
     } else {
-        for (int64_t r = 0; r < n; r++) tsr__rope_angle_row(t, pos, r, half, inv_freq);
+        for (int64_t r = 0; r < n; r++) tsr__rope_angle_row(t, pos, r, half, inv_freq, sc);
     }
     if (n) memcpy(c->rope_pos, pos, (size_t)n * sizeof *pos);
     c->rope_n = n;
@@ -174,7 +177,7 @@ tsr_status tsr__cpu_rope(tsr_backend *be, float *x, const int32_t *pos, int64_t 
     const float *inv_freq, *cs;
     TSR_TRY(tsr__rope_table(c, cfg, &inv_freq));
     int inter = cfg->rope_interleaved, half = hd / 2;
-    TSR_TRY(tsr__rope_angles(c, pos, n, half, inv_freq, &cs));
+    TSR_TRY(tsr__rope_angles(c, pos, n, half, inv_freq, tsr_rope_cos_scale(cfg), &cs));
     size_t ld = (size_t)n_heads * (size_t)hd;
     if (!(c->threads > 1 && n * n_heads * hd >= TSR__CPU_EW_PAR_MIN)) {
         for (int64_t r = 0; r < n; r++) {
@@ -254,6 +257,7 @@ tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t 
         case TSR_F32: memcpy(o, src, (size_t)d * 4); break;
         case TSR_BF16: k->cvt_bf16(src, o, d); break;
         case TSR_F16: k->cvt_f16(src, o, d); break;
+        case TSR_U8: tsr_dtype_to_f32(TSR_U8, src, o, (size_t)d); break;
         }
     }
     return TSR_OK;

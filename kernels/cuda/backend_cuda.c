@@ -690,6 +690,8 @@ static tsr_status tsr__cuda_rope(tsr_backend *be, float *x, const int32_t *pos, 
         (cfg->rope_factor <= 0 || cfg->rope_original_max_pos <= 0 ||
          cfg->rope_high_freq_factor == cfg->rope_low_freq_factor))
         return tsr_error_set(TSR_ERR_INVALID, "cuda rope: bad llama3 scaling parameters");
+    if (cfg->rope_scaling == TSR_ROPE_YARN) /* its attention factor scales cos and sin */
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda rope: yarn is not supported on cuda yet");
     TSR_TRY(tsr__rope_table(c, cfg));
     const int32_t *dpos;
     bool staged;
@@ -753,6 +755,9 @@ static tsr_status tsr__cuda_embed(tsr_backend *be, const tsr_tensor *emb, const 
 static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
     tsr__cuda_ctx *c = tsr__ctx(be);
     if (a->n_q <= 0) return TSR_OK;
+    if (a->sinks || a->window > 0)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda attention: sinks and sliding windows "
+                             "(GPT-OSS) are not supported on cuda yet");
     if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads || a->head_dim <= 0 ||
         a->head_dim > TSR__CUDA_MAX_HEAD_DIM || a->n_heads > 65535 || a->n_spans < 0)
         return tsr_error_set(TSR_ERR_UNSUPPORTED,

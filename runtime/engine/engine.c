@@ -69,12 +69,20 @@ static tsr_status tsr__place_weights(tsr_engine *e) {
     for (int l = 0; l < L; l++) {
         const tsr_layer_weights *h = &m->layers[l];
         tsr_layer_weights *d = &e->placed_.layers[l];
+        d->gate_up = h->gate_up; /* shapes; the tensors are placed below */
+        d->down = h->down;
         const tsr_tensor *hs[] = {&h->attn_norm, &h->wq,     &h->wk,   &h->wv,    &h->wo,
                                   &h->ffn_norm,  &h->w_gate, &h->w_up, &h->w_down,
-                                  &h->bq, &h->bk, &h->bv, &h->q_norm, &h->k_norm};
+                                  &h->bq, &h->bk, &h->bv, &h->q_norm, &h->k_norm,
+                                  &h->bo, &h->sinks, &h->router, &h->router_b,
+                                  &h->gate_up.w, &h->gate_up.scales, &h->gate_up.bias,
+                                  &h->down.w, &h->down.scales, &h->down.bias};
         tsr_tensor *ds[] = {&d->attn_norm, &d->wq,     &d->wk,   &d->wv,    &d->wo,
                             &d->ffn_norm,  &d->w_gate, &d->w_up, &d->w_down,
-                            &d->bq, &d->bk, &d->bv, &d->q_norm, &d->k_norm};
+                            &d->bq, &d->bk, &d->bv, &d->q_norm, &d->k_norm,
+                            &d->bo, &d->sinks, &d->router, &d->router_b,
+                            &d->gate_up.w, &d->gate_up.scales, &d->gate_up.bias,
+                            &d->down.w, &d->down.scales, &d->down.bias};
         for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) TSR_TRY(tsr__place(e, hs[i], ds[i]));
     }
     e->weights = &e->placed_;

@@ -13,6 +13,7 @@
 
 #include "base/alloc.h"
 #include "kernels/sample.h"
+#include "runtime/exec/moe.h"
 
 /* Pipeline micro-batches per call at most. */
 #define TSR__MAX_MB 64
@@ -52,6 +53,7 @@ struct tsr_forward {
      * pipeline and the parts and sum of one row-parallel block for tensor parallelism. */
     bool stage;
     float *h_x, *h_parts, *h_y;
+    tsr_moe *moe; /* GPT-OSS: the mixture-of-experts block (runtime/exec/moe.h) */
 };
 
 void tsr_forward_sample_last_stage(tsr_forward *f, bool on) { f->sample_last = on; }
@@ -88,6 +90,7 @@ void tsr_forward_destroy(tsr_forward *f) {
     tsr_free(f->xb_host);
     tsr_free(f->wo_seg);
     tsr_free(f->down_seg);
+    tsr_moe_destroy(f->moe);
     tsr_free(f);
 }
 
@@ -192,6 +195,7 @@ tsr_status tsr_forward_create_parallel(const tsr_model *m, tsr_backend *be, int 
         f->down_seg = tsr_calloc((size_t)f->n_parts + 1, sizeof *f->down_seg);
         if (!f->pos || !f->ids || !f->wo_seg || !f->down_seg) st = TSR_ERR_NOMEM;
     }
+    if (st == TSR_OK && c->n_experts > 0) st = tsr_moe_create(be, c, max_tokens, &f->moe);
     if (st != TSR_OK) {
         tsr_forward_destroy(f);
         return st;
@@ -281,6 +285,9 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
                            .spans = spans, .n_spans = n_spans, .n_heads = f->nh,
                            .n_kv_heads = f->nkv, .head_dim = c->head_dim,
                            .out = f->att + row * qd, .key_scores = scores};
+        int gl = f->sh.layer_begin + layer; /* GPT-OSS: sinks of the local heads, window */
+        if (c->attn_sinks) a.sinks = (const float *)f->m->layers[gl].sinks.data + f->sh.head_begin;
+        a.window = tsr_config_layer_window(c, gl);
         TSR_TRY(be->ops->attention(be, &a));
         if (scores) {
             if (scores != f->scores_host)
@@ -358,9 +365,16 @@ static tsr_status tsr__layers(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_
         TSR_TRY(op->rope(be, k, pos, n, f->nkv, c));
         TSR_TRY(tsr__attention(f, kv, l - f->sh.layer_begin, seqs, s0, s1, row0));
         TSR_TRY(tsr__row_parallel(f, att, n, &w->wo, f->wo_seg, xb));
+        if (c->o_bias) TSR_TRY(op->bias_add(be, xb, &w->bo, n)); /* GPT-OSS */
         TSR_TRY(op->add(be, x, xb, n * c->dim));
-        /* SwiGLU MLP block */
         TSR_TRY(op->rmsnorm(be, x, &w->ffn_norm, n, c->dim, c->norm_eps, xb));
+        if (f->moe) { /* GPT-OSS: mixture of experts (runtime/exec/moe.c) */
+            const float *y;
+            TSR_TRY(tsr_moe_run(f->moe, w, xb, n, &y));
+            TSR_TRY(op->add(be, x, y, n * c->dim));
+            continue;
+        }
+        /* SwiGLU MLP block */
         TSR_TRY(op->matmul(be, xb, n, &w->w_gate, hb));
         TSR_TRY(op->matmul(be, xb, n, &w->w_up, hb2));
         TSR_TRY(op->swiglu(be, hb, hb2, n * f->hid));

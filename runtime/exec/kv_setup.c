@@ -247,7 +247,14 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
         }
         for (int l = 0; l < layers; l++) {
             const tsr_layer_weights *w = &opt->model->layers[sh->layer_begin + l];
-            pl[l] = (tsr_kv_policy_layer){.wq = w->wq, .wk = w->wk, .attn_norm = w->attn_norm};
+            pl[l] = (tsr_kv_policy_layer){.wq = w->wq, .wk = w->wk, .attn_norm = w->attn_norm,
+                                          .window = tsr_config_layer_window(cfg,
+                                                                            sh->layer_begin + l)};
+            if (w->sinks.data) /* this rank's query heads */
+                pl[l].sinks = (tsr_tensor){.dtype = TSR_F32, .rows = 1,
+                                           .cols = sh->head_end - sh->head_begin,
+                                           .data = (const float *)w->sinks.data +
+                                                   sh->head_begin};
         }
         pm.layers = pl;
     }

@@ -193,9 +193,10 @@ tsr_status tsr_parallel_shard_model(tsr_model *m, const tsr_parallel_shard *s) {
             w->bv.data = (float *)w->bv.data + (int64_t)s->kv_head_begin * hd;
             w->bv.cols = w->bk.cols;
         }
+        TSR_TRY(tsr__cols(m, &w->wo, (int64_t)s->head_begin * hd, (int64_t)s->head_end * hd));
+        if (c->n_experts > 0) continue; /* GPT-OSS: router and experts replicated per rank */
         tsr__rows(&w->w_gate, s->hidden_begin, s->hidden_end);
         tsr__rows(&w->w_up, s->hidden_begin, s->hidden_end);
-        TSR_TRY(tsr__cols(m, &w->wo, (int64_t)s->head_begin * hd, (int64_t)s->head_end * hd));
         TSR_TRY(tsr__cols(m, &w->w_down, s->hidden_begin, s->hidden_end));
     }
     return TSR_OK;

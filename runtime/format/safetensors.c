@@ -34,6 +34,7 @@ const char *tsr_st_dtype_name(tsr_dtype t) {
     case TSR_F32: return "F32";
     case TSR_F16: return "F16";
     case TSR_BF16: return "BF16";
+    case TSR_U8: return "U8";
     }
     return "?";
 }

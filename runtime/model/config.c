@@ -40,13 +40,28 @@ tsr_status tsr_config_validate(const tsr_model_config *c, const char *what) {
                        c->rope_original_max_pos > 0,
                    "%s: invalid llama3 rope_scaling parameters", what);
     }
+    if (c->rope_scaling == TSR_ROPE_YARN) {
+        TSR__CHECK(c->rope_factor > 0.0f && c->rope_beta_fast > 0.0f && c->rope_beta_slow > 0.0f &&
+                       c->rope_original_max_pos > 0 && c->rope_attn_factor > 0.0f,
+                   "%s: invalid yarn rope parameters", what);
+    }
+    if (c->n_experts > 0) {
+        TSR__CHECK(c->n_experts_used > 0 && c->n_experts_used <= c->n_experts &&
+                       c->n_experts_used <= 64,
+                   "%s: invalid experts: %d, %d per token", what, c->n_experts,
+                   c->n_experts_used);
+        TSR__CHECK(c->arch == TSR_ARCH_GPT_OSS, "%s: experts are only supported for GPT-OSS",
+                   what);
+    }
 #undef TSR__CHECK
     return TSR_OK;
 }
 
 int64_t tsr_config_param_count(const tsr_model_config *c) {
     int64_t d = c->dim, h = c->hidden_dim, hd = c->head_dim;
-    int64_t per_layer = d * hd * c->n_heads * 2 + d * hd * c->n_kv_heads * 2 + 3 * d * h + 2 * d;
+    /* a mixture of experts: every expert's three matrices and the router */
+    int64_t mlp = c->n_experts > 0 ? 3 * d * h * c->n_experts + d * c->n_experts : 3 * d * h;
+    int64_t per_layer = d * hd * c->n_heads * 2 + d * hd * c->n_kv_heads * 2 + mlp + 2 * d;
     int64_t emb = (int64_t)c->vocab_size * d;
     return emb * (c->tied_embeddings ? 1 : 2) + per_layer * c->n_layers + d;
 }

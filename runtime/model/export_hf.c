@@ -43,6 +43,7 @@ static const char *tsr__torch_dtype(tsr_dtype t) {
     case TSR_F32: return "float32";
     case TSR_F16: return "float16";
     case TSR_BF16: return "bfloat16";
+    case TSR_U8: return "uint8";
     }
     return "float32";
 }
@@ -212,6 +213,9 @@ tsr_status tsr_export_hf(const tsr_model *m, const char *dir, tsr_dtype dtype) {
     const tsr_model_config *c = &m->cfg;
     if ((int)dtype < TSR_F32 || (int)dtype > TSR_BF16)
         return tsr_error_set(TSR_ERR_INVALID, "%s: invalid export dtype", dir);
+    if (c->arch == TSR_ARCH_GPT_OSS)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: exporting GPT-OSS models is not "
+                             "supported", dir);
     TSR_TRY(tsr__mkdirs(dir));
     char cfg_path[4200], cfg_tmp[4220], st_path[4200], st_tmp[4220];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);

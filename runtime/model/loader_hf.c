@@ -81,7 +81,8 @@ static bool tsr__arch(const cJSON *root, tsr_arch *arch, const char **what) {
     } known[] = {{"LlamaForCausalLM", "llama", TSR_ARCH_LLAMA},
                  {"Qwen2ForCausalLM", "qwen2", TSR_ARCH_QWEN2},
                  {"Qwen3ForCausalLM", "qwen3", TSR_ARCH_QWEN3},
-                 {"MistralForCausalLM", "mistral", TSR_ARCH_MISTRAL}};
+                 {"MistralForCausalLM", "mistral", TSR_ARCH_MISTRAL},
+                 {"GptOssForCausalLM", "gpt_oss", TSR_ARCH_GPT_OSS}};
     const size_t n = sizeof known / sizeof known[0];
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
@@ -112,7 +113,67 @@ static bool tsr__arch(const cJSON *root, tsr_arch *arch, const char **what) {
  * Qwen2's q/k/v (o_proj, MLP) and a sliding window shorter than the context. A window is
  * honoured exactly by bounding the context to it (every key a query may see lies inside
  * the window then). */
+/* GPT-OSS: q/k/v/o biases, sinks, sliding layers (config.layer_types, default: even layers
+ * sliding), experts and their gate, MXFP4 as the only quantization. Both spellings of the
+ * keys: 5.x num_local_experts / num_experts_per_tok, 4.x num_experts / experts_per_token. */
+static tsr_status tsr__gpt_oss_features(const cJSON *root, const char *path,
+                                        tsr_model_config *c) {
+    bool present;
+    c->qkv_bias = c->o_bias = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(root,
+                                                                              "attention_bias"));
+    c->attn_sinks = true;
+    TSR_TRY(tsr__json_int(root, "num_local_experts", path, "", &c->n_experts, &present));
+    if (!present) TSR_TRY(tsr__json_req_int(root, "num_experts", path, "", &c->n_experts));
+    TSR_TRY(tsr__json_int(root, "num_experts_per_tok", path, "", &c->n_experts_used, &present));
+    if (!present)
+        TSR_TRY(tsr__json_req_int(root, "experts_per_token", path, "", &c->n_experts_used));
+    if (c->n_experts <= 0 || c->n_experts > 4096 || c->n_experts_used <= 0 ||
+        c->n_experts_used > c->n_experts || c->n_experts_used > 64)
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: invalid experts: %d, %d per token", path,
+                             c->n_experts, c->n_experts_used);
+    c->swiglu_limit = 7.0f;
+    c->swiglu_alpha = 1.702f;
+    TSR_TRY(tsr__json_float(root, "swiglu_limit", path, "", &c->swiglu_limit, false));
+    TSR_TRY(tsr__json_float(root, "swiglu_alpha", path, "", &c->swiglu_alpha, false));
+    TSR_TRY(tsr__json_int(root, "sliding_window", path, "", &c->sliding_window, &present));
+    if (!present) c->sliding_window = 0;
+    if (c->sliding_window < 0)
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: invalid sliding_window %d", path,
+                             c->sliding_window);
+    if (c->n_layers > 1024)
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: %d layers (at most 1024)", path, c->n_layers);
+    memset(c->sliding_layers, 0, sizeof c->sliding_layers);
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
+    if (cJSON_IsArray(types)) {
+        if (cJSON_GetArraySize(types) != c->n_layers)
+            return tsr_error_set(TSR_ERR_FORMAT, "%s: layer_types has %d entries for %d layers",
+                                 path, cJSON_GetArraySize(types), c->n_layers);
+        int l = 0;
+        const cJSON *t;
+        cJSON_ArrayForEach(t, types) {
+            bool sw = cJSON_IsString(t) && !strcmp(t->valuestring, "sliding_attention");
+            if (!sw && !(cJSON_IsString(t) && !strcmp(t->valuestring, "full_attention")))
+                return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: layer_types[%d] is not "
+                                     "sliding_attention or full_attention", path, l);
+            if (sw) c->sliding_layers[l / 64] |= (uint64_t)1 << (l % 64);
+            l++;
+        }
+    } else {
+        for (int l = 0; l < c->n_layers; l += 2) c->sliding_layers[l / 64] |= (uint64_t)1 << (l % 64);
+    }
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
+    if (q && !cJSON_IsNull(q)) {
+        const cJSON *qm = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
+        if (!cJSON_IsString(qm) || strcmp(qm->valuestring, "mxfp4") != 0)
+            return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: quantization_config.quant_method "
+                                 "\"%.32s\" is not supported (tessera reads mxfp4)", path,
+                                 cJSON_IsString(qm) ? qm->valuestring : "(none)");
+    }
+    return TSR_OK;
+}
+
 static tsr_status tsr__arch_features(const cJSON *root, const char *path, tsr_model_config *c) {
+    if (c->arch == TSR_ARCH_GPT_OSS) return tsr__gpt_oss_features(root, path, c);
     c->qkv_bias = c->arch == TSR_ARCH_QWEN2;
     c->qk_norm = c->arch == TSR_ARCH_QWEN3;
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "attention_bias")))
@@ -141,6 +202,46 @@ static tsr_status tsr__arch_features(const cJSON *root, const char *path, tsr_mo
     return TSR_OK;
 }
 
+/* YaRN as transformers 5.25 reads it: factor and original_max_position_embeddings required
+ * (GPT-OSS 4.x files may give initial_context_length at the top level instead), beta_fast 32
+ * and beta_slow 1 by default, truncate true by default, attention_factor given or
+ * 0.1 * ln(factor) + 1 (with mscale / mscale_all_dim: their ratio of that form). */
+static tsr_status tsr__parse_yarn(const cJSON *rs, const char *path, tsr_model_config *c) {
+    const char *pre = "rope_scaling.";
+    c->rope_scaling = TSR_ROPE_YARN;
+    TSR_TRY(tsr__json_float(rs, "factor", path, pre, &c->rope_factor, true));
+    bool present;
+    TSR_TRY(tsr__json_int(rs, "original_max_position_embeddings", path, pre,
+                          &c->rope_original_max_pos, &present));
+    if (!present && c->rope_original_max_pos <= 0)
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: missing required field "
+                             "rope_scaling.original_max_position_embeddings", path);
+    c->rope_beta_fast = 32.0f;
+    c->rope_beta_slow = 1.0f;
+    TSR_TRY(tsr__json_float(rs, "beta_fast", path, pre, &c->rope_beta_fast, false));
+    TSR_TRY(tsr__json_float(rs, "beta_slow", path, pre, &c->rope_beta_slow, false));
+    c->rope_truncate = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(rs, "truncate"));
+    float af = -1.0f, ms = 0.0f, msa = 0.0f;
+    TSR_TRY(tsr__json_float(rs, "attention_factor", path, pre, &af, false));
+    TSR_TRY(tsr__json_float(rs, "mscale", path, pre, &ms, false));
+    TSR_TRY(tsr__json_float(rs, "mscale_all_dim", path, pre, &msa, false));
+    if (!(c->rope_factor > 0.0f) || !(c->rope_beta_fast > 0.0f) || !(c->rope_beta_slow > 0.0f) ||
+        c->rope_original_max_pos <= 0)
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: invalid yarn rope_scaling parameters (factor "
+                             "%g, beta_fast %g, beta_slow %g, original_max_position_embeddings "
+                             "%d)", path, (double)c->rope_factor, (double)c->rope_beta_fast,
+                             (double)c->rope_beta_slow, c->rope_original_max_pos);
+    double f = (double)c->rope_factor;
+    if (af > 0.0f) {
+        c->rope_attn_factor = af;
+    } else if (ms != 0.0f && msa != 0.0f && f > 1.0) {
+        c->rope_attn_factor = (float)((0.1 * ms * log(f) + 1.0) / (0.1 * msa * log(f) + 1.0));
+    } else {
+        c->rope_attn_factor = f > 1.0 ? (float)(0.1 * log(f) + 1.0) : 1.0f;
+    }
+    return TSR_OK;
+}
+
 static tsr_status tsr__parse_rope_scaling(const cJSON *rs, bool params, const char *path,
                                           tsr_model_config *c) {
     if (!rs || cJSON_IsNull(rs)) return TSR_OK;
@@ -153,10 +254,11 @@ static tsr_status tsr__parse_rope_scaling(const cJSON *rs, bool params, const ch
         return tsr_error_set(TSR_ERR_FORMAT, "%s: rope_scaling has no rope_type", path);
     }
     if (!strcmp(type->valuestring, "default")) return TSR_OK;
+    if (!strcmp(type->valuestring, "yarn")) return tsr__parse_yarn(rs, path, c);
     if (strcmp(type->valuestring, "llama3") != 0)
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
                              "%s: unsupported rope_scaling type \"%.32s\" (tessera supports "
-                             "llama3)",
+                             "llama3 and yarn)",
                              path, type->valuestring);
     c->rope_scaling = TSR_ROPE_LLAMA3;
     TSR_TRY(tsr__json_float(rs, "factor", path, "rope_scaling.", &c->rope_factor, true));
@@ -175,7 +277,7 @@ static tsr_status tsr__config_from_json(const cJSON *root, const char *path,
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
                              "%s: unsupported architecture %.64s (tessera supports "
                              "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                             "Qwen3ForCausalLM)",
+                             "Qwen3ForCausalLM, GptOssForCausalLM)",
                              path, arch);
     bool present;
     TSR_TRY(tsr__json_req_int(root, "hidden_size", path, "", &c->dim));
@@ -205,6 +307,8 @@ static tsr_status tsr__config_from_json(const cJSON *root, const char *path,
             TSR_TRY(tsr__json_float(rp, "rope_theta", path, "rope_parameters.", &c->rope_theta,
                                     false));
     }
+    TSR_TRY(tsr__json_int(root, "initial_context_length", path, "", &c->rope_original_max_pos,
+                          &present));
     TSR_TRY(tsr__parse_rope_scaling(rs, params, path, c));
     c->rope_interleaved = false;
 
@@ -245,6 +349,17 @@ static tsr_status tsr__config_from_json(const cJSON *root, const char *path,
         } else {
             c->eos_id = -1;
         }
+    }
+    /* GPT-OSS with the o200k_harmony vocabulary: generation stops at <|return|> (200002)
+     * and <|call|> (200012), the harmony format's two stop tokens, whatever config.json
+     * lists (the real file names only 200002) */
+    static const int harmony_stops[2] = {200002, 200012};
+    for (int i = 0; c->arch == TSR_ARCH_GPT_OSS && c->vocab_size > 200012 && i < 2; i++) {
+        bool have = false;
+        for (int j = 0; j < c->n_eos_ids; j++) have |= c->eos_ids[j] == harmony_stops[i];
+        if (!have && c->n_eos_ids < (int)(sizeof c->eos_ids / sizeof c->eos_ids[0]))
+            c->eos_ids[c->n_eos_ids++] = harmony_stops[i];
+        if (c->eos_id < 0) c->eos_id = c->eos_ids[0];
     }
     return TSR_OK;
 }
@@ -356,9 +471,10 @@ static tsr_status tsr__hf_open(tsr__hf_src *s, tsr_model *m) {
     return TSR_OK;
 }
 
-/* Finds `name`; *file is the path to blame in messages. NULL tensor + error when missing. */
-static tsr_status tsr__hf_find(const tsr__hf_src *s, const char *name, bool required,
-                               const tsr_st_tensor **out, const char **file) {
+/* Finds `name` whatever its dtype; *file is the path to blame in messages. NULL tensor +
+ * error when missing and required. */
+static tsr_status tsr__hf_locate(const tsr__hf_src *s, const char *name, bool required,
+                                 const tsr_st_tensor **out, const char **file) {
     *out = NULL;
     *file = s->single_path;
     if (!s->sharded) {
@@ -380,6 +496,13 @@ static tsr_status tsr__hf_find(const tsr__hf_src *s, const char *name, bool requ
     }
     if (!*out && required)
         return tsr_error_set(TSR_ERR_FORMAT, "%s: missing tensor %s", *file, name);
+    return TSR_OK;
+}
+
+/* tsr__hf_locate for a float tensor (F32, F16, BF16). */
+static tsr_status tsr__hf_find(const tsr__hf_src *s, const char *name, bool required,
+                               const tsr_st_tensor **out, const char **file) {
+    TSR_TRY(tsr__hf_locate(s, name, required, out, file));
     if (*out && !(*out)->supported)
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
                              "%s: tensor %s has dtype %s (tessera supports F32, F16, BF16)",
@@ -479,10 +602,113 @@ static tsr_status tsr__hf_bind(tsr_model *m, const tsr__hf_mat *mm, tsr_dtype dt
     return TSR_OK;
 }
 
+/* f32 value i of a float tensor (the view may be unaligned). */
+static float tsr__hf_elem(const tsr_st_tensor *t, size_t i) {
+    float f;
+    tsr__convert(t->dtype, (const uint8_t *)t->data + i * tsr_dtype_size(t->dtype), TSR_F32, &f,
+                 1);
+    return f;
+}
+
+static tsr_status tsr__hf_dims(const char *file, const tsr_st_tensor *t, int n,
+                               const int64_t *want) {
+    bool ok = t->n_dims == n;
+    for (int i = 0; ok && i < n; i++) ok = t->shape[i] == want[i];
+    if (ok) return TSR_OK;
+    char got[96] = "", exp[96] = "";
+    size_t a = 0, b = 0;
+    for (int i = 0; i < t->n_dims && a < sizeof got - 24; i++)
+        a += (size_t)snprintf(got + a, sizeof got - a, "%s%lld", i ? ", " : "",
+                              (long long)t->shape[i]);
+    for (int i = 0; i < n && b < sizeof exp - 24; i++)
+        b += (size_t)snprintf(exp + b, sizeof exp - b, "%s%lld", i ? ", " : "",
+                              (long long)want[i]);
+    return tsr_error_set(TSR_ERR_FORMAT, "%s: tensor %s has shape [%s], expected [%s]", file,
+                         t->name, got, exp);
+}
+
+/* GPT-OSS experts `model.layers.L.mlp.experts.NAME`: n experts of [rows, cols] (out, in).
+ * MXFP4 files: NAME_blocks U8 [E, rows, cols/32, 16] and NAME_scales U8 [E, rows, cols/32],
+ * viewed as they are (4-bit in memory; the kernel decodes). Float files (save_pretrained):
+ * NAME [E, cols, rows], i.e. [in, out], transposed here per expert into [E * rows, cols] in
+ * the file's dtype. NAME_bias [E, rows] becomes f32. */
+static tsr_status tsr__hf_experts(tsr_model *m, const tsr__hf_src *s, int l, const char *nm,
+                                  int64_t rows, int64_t cols, tsr_experts *x) {
+    const int64_t E = m->cfg.n_experts;
+    char name[192];
+    const tsr_st_tensor *t, *sc;
+    const char *file;
+    *x = (tsr_experts){.n = (int)E, .rows = rows, .cols = cols};
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s_blocks", l, nm);
+    TSR_TRY(tsr__hf_locate(s, name, false, &t, &file));
+    if (t) {
+        if (cols % 32)
+            return tsr_error_set(TSR_ERR_FORMAT, "%s: MXFP4 experts need inputs in blocks of "
+                                 "32 (%s has %lld)", file, name, (long long)cols);
+        int64_t wb[4] = {E, rows, cols / 32, 16}, ws[3] = {E, rows, cols / 32};
+        TSR_TRY(tsr__hf_dims(file, t, 4, wb));
+        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s_scales", l, nm);
+        TSR_TRY(tsr__hf_locate(s, name, true, &sc, &file));
+        TSR_TRY(tsr__hf_dims(file, sc, 3, ws));
+        if (strcmp(t->st_dtype, "U8") || strcmp(sc->st_dtype, "U8"))
+            return tsr_error_set(TSR_ERR_FORMAT, "%s: MXFP4 blocks and scales of %s must be "
+                                 "U8 (they are %s and %s)", file, nm, t->st_dtype,
+                                 sc->st_dtype);
+        x->mxfp4 = 1;
+        x->w = (tsr_tensor){.dtype = TSR_U8, .rows = E * rows, .cols = cols / 2, .data = t->data};
+        x->scales = (tsr_tensor){.dtype = TSR_U8, .rows = E * rows, .cols = cols / 32,
+                                 .data = sc->data};
+    } else {
+        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s", l, nm);
+        TSR_TRY(tsr__hf_find(s, name, true, &t, &file));
+        int64_t want[3] = {E, cols, rows};
+        TSR_TRY(tsr__hf_dims(file, t, 3, want));
+        size_t esz = tsr_dtype_size(t->dtype);
+        uint8_t *buf;
+        TSR_TRY(tsr_model_alloc(m, (size_t)t->nbytes, (void **)&buf));
+        const uint8_t *src = t->data;
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t i = 0; i < cols; i++)
+                for (int64_t o = 0; o < rows; o++)
+                    memcpy(buf + (size_t)((e * rows + o) * cols + i) * esz,
+                           src + (size_t)((e * cols + i) * rows + o) * esz, esz);
+        x->w = (tsr_tensor){.dtype = t->dtype, .rows = E * rows, .cols = cols, .data = buf};
+    }
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s_bias", l, nm);
+    TSR_TRY(tsr__hf_find(s, name, true, &t, &file));
+    int64_t wbias[2] = {E, rows};
+    TSR_TRY(tsr__hf_dims(file, t, 2, wbias));
+    float *b;
+    TSR_TRY(tsr_model_alloc(m, (size_t)(E * rows) * sizeof(float), (void **)&b));
+    for (int64_t i = 0; i < E * rows; i++) b[i] = tsr__hf_elem(t, (size_t)i);
+    x->bias = (tsr_tensor){.dtype = TSR_F32, .rows = E, .cols = rows, .data = b};
+    return TSR_OK;
+}
+
+/* GPT-OSS's attention and router extras of layer l (besides q/k/v biases). */
+static tsr_status tsr__hf_gpt_oss_layer(tsr_model *m, const tsr__hf_src *s, int l,
+                                        tsr_layer_weights *w) {
+    const tsr_model_config *c = &m->cfg;
+    char name[160];
+    if (c->o_bias) {
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.o_proj.bias", l);
+        TSR_TRY(tsr__hf_vector_n(m, s, name, c->dim, &w->bo));
+    }
+    if (c->attn_sinks) {
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.sinks", l);
+        TSR_TRY(tsr__hf_vector_n(m, s, name, c->n_heads, &w->sinks));
+    }
+    snprintf(name, sizeof name, "model.layers.%d.mlp.router.bias", l);
+    TSR_TRY(tsr__hf_vector_n(m, s, name, c->n_experts, &w->router_b));
+    TSR_TRY(tsr__hf_experts(m, s, l, "gate_up_proj", 2 * (int64_t)c->hidden_dim, c->dim,
+                            &w->gate_up));
+    return tsr__hf_experts(m, s, l, "down_proj", c->dim, c->hidden_dim, &w->down);
+}
+
 static tsr_status tsr__hf_weights(tsr_model *m, const tsr__hf_src *s) {
     const tsr_model_config *c = &m->cfg;
     int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
-    int n_mats = 2 + 7 * c->n_layers;
+    int n_mats = 2 + 8 * c->n_layers;
     tsr__hf_mat *mats = tsr_calloc((size_t)n_mats, sizeof *mats);
     if (!mats) return TSR_ERR_NOMEM;
     tsr_status st = TSR_OK;
@@ -538,7 +764,13 @@ static tsr_status tsr__hf_weights(tsr_model *m, const tsr__hf_src *s) {
             snprintf(name, sizeof name, "model.layers.%d.self_attn.k_norm.weight", l);
             TSR_TRY_GOTO(tsr__hf_vector_n(m, s, name, c->head_dim, &w->k_norm), st, done);
         }
+        if (c->n_experts > 0) { /* GPT-OSS: a router and experts instead of the MLP */
+            TSR_TRY_GOTO(tsr__hf_gpt_oss_layer(m, s, l, w), st, done);
+            snprintf(name, sizeof name, "model.layers.%d.mlp.router.weight", l);
+            TSR__MAT(&w->router, name, c->n_experts, c->dim, true);
+        }
         for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
+            if (c->n_experts > 0 && spec[i].suffix[0] == 'm') continue; /* mlp.* */
             snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, spec[i].suffix);
             tsr_tensor *dst = (tsr_tensor *)((char *)w + spec[i].off);
             TSR__MAT(dst, name, sizes[spec[i].rows], sizes[spec[i].cols], true);

@@ -133,6 +133,34 @@ static tsr_status tsr__check_tensor(const tsr_model *m, const tsr_tensor *t, con
     return TSR_OK;
 }
 
+/* GPT-OSS: o bias, sinks, router and the two expert projections of layer l. */
+static tsr_status tsr__check_experts(const tsr_model *m, const tsr_layer_weights *w, int l) {
+    const tsr_model_config *c = &m->cfg;
+    int64_t E = c->n_experts;
+    if (c->o_bias) TSR_TRY(tsr__check_tensor(m, &w->bo, "o_proj bias", l, 1, c->dim));
+    if (c->attn_sinks) TSR_TRY(tsr__check_tensor(m, &w->sinks, "sinks", l, 1, c->n_heads));
+    TSR_TRY(tsr__check_tensor(m, &w->router, "router", l, E, c->dim));
+    TSR_TRY(tsr__check_tensor(m, &w->router_b, "router bias", l, 1, E));
+    const tsr_experts *ex[2] = {&w->gate_up, &w->down};
+    const char *nm[2] = {"gate_up_proj", "down_proj"};
+    int64_t rows[2] = {2 * (int64_t)c->hidden_dim, c->dim}, cols[2] = {c->dim, c->hidden_dim};
+    for (int i = 0; i < 2; i++) {
+        const tsr_experts *x = ex[i];
+        if (x->n != E || x->rows != rows[i] || x->cols != cols[i])
+            return tsr_error_set(TSR_ERR_FORMAT, "%s: experts %s of layer %d are %d of [%lld, "
+                                 "%lld], expected %lld of [%lld, %lld]", m->source, nm[i], l,
+                                 x->n, (long long)x->rows, (long long)x->cols, (long long)E,
+                                 (long long)rows[i], (long long)cols[i]);
+        int64_t wc = x->mxfp4 ? cols[i] / 2 : cols[i];
+        TSR_TRY(tsr__check_tensor(m, &x->w, nm[i], l, E * rows[i], wc));
+        if (x->mxfp4)
+            TSR_TRY(tsr__check_tensor(m, &x->scales, "expert scales", l, E * rows[i],
+                                      cols[i] / 32));
+        TSR_TRY(tsr__check_tensor(m, &x->bias, "expert bias", l, E, rows[i]));
+    }
+    return TSR_OK;
+}
+
 tsr_status tsr_model_check(const tsr_model *m) {
     const tsr_model_config *c = &m->cfg;
     int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
@@ -147,9 +175,13 @@ tsr_status tsr_model_check(const tsr_model *m) {
         TSR_TRY(tsr__check_tensor(m, &w->wv, "v_proj", l, kv, c->dim));
         TSR_TRY(tsr__check_tensor(m, &w->wo, "o_proj", l, c->dim, q));
         TSR_TRY(tsr__check_tensor(m, &w->ffn_norm, "mlp norm", l, 1, c->dim));
-        TSR_TRY(tsr__check_tensor(m, &w->w_gate, "gate_proj", l, c->hidden_dim, c->dim));
-        TSR_TRY(tsr__check_tensor(m, &w->w_up, "up_proj", l, c->hidden_dim, c->dim));
-        TSR_TRY(tsr__check_tensor(m, &w->w_down, "down_proj", l, c->dim, c->hidden_dim));
+        if (c->n_experts > 0) {
+            TSR_TRY(tsr__check_experts(m, w, l));
+        } else {
+            TSR_TRY(tsr__check_tensor(m, &w->w_gate, "gate_proj", l, c->hidden_dim, c->dim));
+            TSR_TRY(tsr__check_tensor(m, &w->w_up, "up_proj", l, c->hidden_dim, c->dim));
+            TSR_TRY(tsr__check_tensor(m, &w->w_down, "down_proj", l, c->dim, c->hidden_dim));
+        }
         if (c->qkv_bias) {
             TSR_TRY(tsr__check_tensor(m, &w->bq, "q_proj bias", l, 1, q));
             TSR_TRY(tsr__check_tensor(m, &w->bk, "k_proj bias", l, 1, kv));
@@ -175,7 +207,10 @@ tsr_status tsr_model_check(const tsr_model *m) {
 #define TSR__LAYER_TENSORS(w)                                                        \
     {&(w)->attn_norm, &(w)->wq,     &(w)->wk,   &(w)->wv,    &(w)->wo,                 \
      &(w)->ffn_norm,  &(w)->w_gate, &(w)->w_up, &(w)->w_down, &(w)->bq,                \
-     &(w)->bk,        &(w)->bv,     &(w)->q_norm, &(w)->k_norm}
+     &(w)->bk,        &(w)->bv,     &(w)->q_norm, &(w)->k_norm, &(w)->bo,               \
+     &(w)->sinks,     &(w)->router, &(w)->router_b, &(w)->gate_up.w,                    \
+     &(w)->gate_up.scales, &(w)->gate_up.bias, &(w)->down.w, &(w)->down.scales,          \
+     &(w)->down.bias}
 
 size_t tsr_model_weight_bytes(const tsr_model *m) {
     size_t total = tsr_tensor_bytes(&m->classifier) + tsr_tensor_bytes(&m->out_norm);

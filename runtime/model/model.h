@@ -19,6 +19,13 @@ typedef struct tsr_layer_weights {
     tsr_tensor w_down;    /* [dim, hidden] (llama2.c w2) */
     tsr_tensor bq, bk, bv;       /* cfg.qkv_bias: [1, q width] / [1, kv width] f32 */
     tsr_tensor q_norm, k_norm;   /* cfg.qk_norm: [1, head_dim] f32, shared by the heads */
+    /* GPT-OSS (cfg.n_experts > 0: no w_gate/w_up/w_down) */
+    tsr_tensor bo;               /* cfg.o_bias: [1, dim] f32 */
+    tsr_tensor sinks;            /* cfg.attn_sinks: [1, n_heads] f32 */
+    tsr_tensor router;           /* [n_experts, dim] */
+    tsr_tensor router_b;         /* [1, n_experts] f32 */
+    tsr_experts gate_up;         /* n_experts of [2 * hidden, dim], gate/up rows interleaved */
+    tsr_experts down;            /* n_experts of [dim, hidden] */
 } tsr_layer_weights;
 
 typedef struct tsr_model_resource tsr_model_resource;

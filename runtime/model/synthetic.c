@@ -26,6 +26,17 @@ typedef struct tsr__preset {
 
 #define TSR__LLAMA3_EOS .eos_id = 128001, .n_eos_ids = 3, .eos_ids = {128001, 128008, 128009}
 
+#define TSR__GPT_OSS                                                                      \
+    .dim = 2880, .hidden_dim = 2880, .n_heads = 64, .n_kv_heads = 8, .head_dim = 64,      \
+    .vocab_size = 201088, .max_seq_len = 131072, .norm_eps = 1e-5f, .rope_theta = 150000.0f, \
+    .rope_scaling = TSR_ROPE_YARN, .rope_factor = 32.0f, .rope_beta_fast = 32.0f,            \
+    .rope_beta_slow = 1.0f, .rope_original_max_pos = 4096, .rope_truncate = false,           \
+    .rope_attn_factor = 1.3465736f, .tied_embeddings = false, .dtype = TSR_BF16,             \
+    .bos_id = 199998, .eos_id = 200002, .n_eos_ids = 3, .eos_ids = {200002, 199999, 200012}, \
+    .arch = TSR_ARCH_GPT_OSS, .qkv_bias = true, .o_bias = true, .attn_sinks = true,          \
+    .sliding_window = 128, .sliding_layers = {0x5555555555555555ull}, .n_experts_used = 4,   \
+    .swiglu_limit = 7.0f, .swiglu_alpha = 1.702f
+
 static const tsr__preset tsr__presets[] = {
     {"tiny", {.dim = 64, .hidden_dim = 172, .n_layers = 5, .n_heads = 8, .n_kv_heads = 4,
               .vocab_size = 512, .max_seq_len = 2048, .norm_eps = 1e-5f, .rope_theta = 10000.0f,
@@ -55,6 +66,10 @@ static const tsr__preset tsr__presets[] = {
                       .rope_low_freq_factor = 1.0f, .rope_high_freq_factor = 4.0f,
                       .rope_original_max_pos = 8192, .tied_embeddings = false,
                       .dtype = TSR_BF16, .bos_id = 128000, TSR__LLAMA3_EOS}},
+    /* GPT-OSS (openai/gpt-oss-20b's config.json; 120b: 36 layers, 128 experts): experts in
+     * MXFP4 (random codes, scales near 1/sqrt(cols)), the rest bf16 */
+    {"gpt-oss-20b", {TSR__GPT_OSS, .n_layers = 24, .n_experts = 32}},
+    {"gpt-oss-120b", {TSR__GPT_OSS, .n_layers = 36, .n_experts = 128}},
 };
 
 static uint64_t tsr__splitmix64(uint64_t *s) {
@@ -100,6 +115,36 @@ static tsr_status tsr__make(tsr_model *m, tsr_tensor *t, tsr_dtype dtype, int64_
     else
         tsr__fill(buf, dtype, rows, cols, seed, id, 0.0f, 1.0f / sqrtf((float)cols));
     *t = (tsr_tensor){.dtype = dtype, .rows = rows, .cols = cols, .data = buf};
+    return TSR_OK;
+}
+
+/* GPT-OSS experts in MXFP4: random codes, every scale byte 127 + round(log2(1 / (3 *
+ * sqrt(cols)))) (|code| averages ~2.6, so a row's products stay O(1)); biases small. */
+static tsr_status tsr__make_experts(tsr_model *m, tsr_experts *x, int n, int64_t rows,
+                                    int64_t cols, uint64_t seed, uint64_t id) {
+    *x = (tsr_experts){.n = n, .rows = rows, .cols = cols, .mxfp4 = 1};
+    int64_t R = (int64_t)n * rows;
+    uint8_t *blocks, *scales;
+    TSR_TRY(tsr_model_alloc(m, (size_t)R * (size_t)(cols / 2), (void **)&blocks));
+    TSR_TRY(tsr_model_alloc(m, (size_t)R * (size_t)(cols / 32), (void **)&scales));
+    int sb = 127 + (int)lround(log2(1.0 / (3.0 * sqrt((double)cols))));
+#pragma omp parallel for schedule(static) num_threads(tsr_sys_cpus()) if (R > 256)
+    for (int64_t r = 0; r < R; r++) {
+        uint64_t s = seed * 0x2545f4914f6cdd1dull ^ (id << 40) ^ (uint64_t)r;
+        tsr__splitmix64(&s);
+        uint8_t *row = blocks + (size_t)r * (size_t)(cols / 2);
+        for (int64_t j = 0; j < cols / 2; j += 8) {
+            uint64_t z = tsr__splitmix64(&s);
+            for (int64_t k = j; k < j + 8 && k < cols / 2; k++, z >>= 8) row[k] = (uint8_t)z;
+        }
+        memset(scales + (size_t)r * (size_t)(cols / 32), sb, (size_t)(cols / 32));
+    }
+    x->w = (tsr_tensor){.dtype = TSR_U8, .rows = R, .cols = cols / 2, .data = blocks};
+    x->scales = (tsr_tensor){.dtype = TSR_U8, .rows = R, .cols = cols / 32, .data = scales};
+    void *b;
+    TSR_TRY(tsr_model_alloc(m, (size_t)R * sizeof(float), &b));
+    tsr__fill(b, TSR_F32, n, rows, seed, id + 1, 0.0f, 0.01f);
+    x->bias = (tsr_tensor){.dtype = TSR_F32, .rows = n, .cols = rows, .data = b};
     return TSR_OK;
 }
 
@@ -159,7 +204,8 @@ static tsr_status tsr__base_config(const char *spec, const char *base, tsr_model
     }
     return tsr_error_set(TSR_ERR_INVALID,
                          "synthetic:%s: unknown model \"%s\" (tiny, stories15M, stories110M, "
-                         "llama-3.2-1b, llama-3.1-8b, or a config.json path)",
+                         "llama-3.2-1b, llama-3.1-8b, gpt-oss-20b, gpt-oss-120b, or a "
+                         "config.json path)",
                          spec, base);
 }
 
@@ -187,6 +233,10 @@ tsr_status tsr_synthetic_create(const char *name, tsr_model **out) {
      * the OOM killer instead of an error line. */
     int64_t params = tsr_config_param_count(&c);
     double need = (double)params * (double)tsr_dtype_size(c.dtype);
+    if (c.n_experts > 0) { /* experts in MXFP4: 17 bytes per 32 weights */
+        double ex = 3.0 * (double)c.n_experts * c.hidden_dim * c.dim * c.n_layers;
+        need = ((double)params - ex) * (double)tsr_dtype_size(c.dtype) + ex * 17.0 / 32.0;
+    }
     long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
     if (pages > 0 && psize > 0 && need > 0.9 * (double)pages * (double)psize)
         return tsr_error_set(TSR_ERR_NOMEM,
@@ -215,9 +265,24 @@ tsr_status tsr_synthetic_create(const char *name, tsr_model **out) {
         TSR_TRY_GOTO(tsr__make(m, &w->wv, dt, kv, d, seed, id + 3, false), st, fail);
         TSR_TRY_GOTO(tsr__make(m, &w->wo, dt, d, q, seed, id + 4, false), st, fail);
         TSR_TRY_GOTO(tsr__make(m, &w->ffn_norm, TSR_F32, 1, d, seed, id + 5, true), st, fail);
-        TSR_TRY_GOTO(tsr__make(m, &w->w_gate, dt, h, d, seed, id + 6, false), st, fail);
-        TSR_TRY_GOTO(tsr__make(m, &w->w_up, dt, h, d, seed, id + 7, false), st, fail);
-        TSR_TRY_GOTO(tsr__make(m, &w->w_down, dt, d, h, seed, id + 8, false), st, fail);
+        if (c.n_experts > 0) { /* GPT-OSS: ids past the biases' and norms' */
+            uint64_t id3 = 3 + 14 * (uint64_t)c.n_layers + 10 * (uint64_t)l;
+            int64_t E = c.n_experts;
+            TSR_TRY_GOTO(tsr__make(m, &w->bo, TSR_F32, 1, d, seed, id3 + 0, false), st, fail);
+            TSR_TRY_GOTO(tsr__make(m, &w->sinks, TSR_F32, 1, c.n_heads, seed, id3 + 1, true),
+                         st, fail);
+            TSR_TRY_GOTO(tsr__make(m, &w->router, dt, E, d, seed, id3 + 2, false), st, fail);
+            TSR_TRY_GOTO(tsr__make(m, &w->router_b, TSR_F32, 1, E, seed, id3 + 3, false), st,
+                         fail);
+            TSR_TRY_GOTO(tsr__make_experts(m, &w->gate_up, c.n_experts, 2 * h, d, seed, id3 + 4),
+                         st, fail);
+            TSR_TRY_GOTO(tsr__make_experts(m, &w->down, c.n_experts, d, h, seed, id3 + 6), st,
+                         fail);
+        } else {
+            TSR_TRY_GOTO(tsr__make(m, &w->w_gate, dt, h, d, seed, id + 6, false), st, fail);
+            TSR_TRY_GOTO(tsr__make(m, &w->w_up, dt, h, d, seed, id + 7, false), st, fail);
+            TSR_TRY_GOTO(tsr__make(m, &w->w_down, dt, d, h, seed, id + 8, false), st, fail);
+        }
         /* Qwen2 biases, Qwen3 q/k norms: ids past every layer's nine, so that the Llama
          * tensors keep their values */
         uint64_t id2 = 3 + 9 * (uint64_t)c.n_layers + 5 * (uint64_t)l;

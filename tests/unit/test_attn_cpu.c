@@ -112,7 +112,7 @@ static void run_case(int n_q, const int32_t *q_pos, const span_spec *specs, int 
         ks[t] = tsr_malloc((size_t)(n_heads * total) * 4);
         for (int64_t i = 0; i < n_heads * total; i++) ks[t][i] = 0.5f; /* added to */
         tsr_attn_args a = {q, q_pos, n_q, spans, n_spans, n_heads, n_kv_heads, hd, out[t],
-                           with_scores ? ks[t] : NULL};
+                           with_scores ? ks[t] : NULL, NULL, 0};
         tsr_backend *be;
         ASSERT_OK(tsr_backend_cpu_create(t + 1, &be));
         ASSERT_OK(be->ops->attention(be, &a));
@@ -222,7 +222,7 @@ TSR_TEST(test_no_visible_key) {
     for (int i = 0; i < 8; i++) k[i] = v[i] = q[i] = 1.0f;
     tsr_kv_span sp = {k, v, NULL, 5, 1, 8};
     int32_t qp = 2;
-    tsr_attn_args a = {q, &qp, 1, &sp, 1, 1, 1, 8, out, NULL};
+    tsr_attn_args a = {q, &qp, 1, &sp, 1, 1, 1, 8, out, NULL, NULL, 0};
     tsr_backend *be;
     ASSERT_OK(tsr_backend_cpu_create(1, &be));
     ASSERT_OK(be->ops->attention(be, &a));
@@ -252,7 +252,7 @@ TSR_TEST(test_decode_skips_a_nan_tile_per_head) {
     tsr_kv_span sp = {k, v, NULL, 0, N, KVD};
     int32_t qp = N - 1;
     for (int t = 0; t < 2; t++) {
-        tsr_attn_args a = {q, &qp, 1, &sp, 1, H, G, HD, out[t], NULL};
+        tsr_attn_args a = {q, &qp, 1, &sp, 1, H, G, HD, out[t], NULL, NULL, 0};
         tsr_backend *be;
         ASSERT_OK(tsr_backend_cpu_create(t + 1, &be));
         ASSERT_OK(be->ops->attention(be, &a));
@@ -320,7 +320,7 @@ TSR_TEST(test_prefill_tiny_heads_edges) {
     int32_t qp[NQ];
     for (int i = 0; i < NQ; i++) qp[i] = i < 2 ? 3 + i : 10 + N - NQ + i; /* 2 see nothing */
     for (int t = 0; t < 2; t++) {
-        tsr_attn_args a = {q, qp, NQ, &sp, 1, H, G, HD, out[t], NULL};
+        tsr_attn_args a = {q, qp, NQ, &sp, 1, H, G, HD, out[t], NULL, NULL, 0};
         tsr_backend *be;
         ASSERT_OK(tsr_backend_cpu_create(t + 1, &be));
         ASSERT_OK(be->ops->attention(be, &a));

@@ -321,9 +321,9 @@ TSR_TEST(test_config_v5_and_defaults) {
                         " \"intermediate_size\": 160, \"num_hidden_layers\": 2,"
                         " \"num_attention_heads\": 4, \"vocab_size\": 300,"
                         " \"max_position_embeddings\": 1024,"
-                        " \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}");
+                        " \"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 4.0}}");
     ASSERT_EQ_INT(tsr_config_from_hf_json(path, &c), TSR_ERR_UNSUPPORTED);
-    ASSERT_STR_CONTAINS(tsr_last_error(), "yarn");
+    ASSERT_STR_CONTAINS(tsr_last_error(), "dynamic");
     ASSERT_STR_CONTAINS(tsr_last_error(), path);
 }
 

@@ -145,6 +145,44 @@ TSR_TEST(test_smollm2) { check_family("smollm2"); }
 TSR_TEST(test_gpt2_prefix) { check_family("gpt2_prefix"); }
 TSR_TEST(test_llama2) { check_family("llama2"); }
 TSR_TEST(test_metaspace) { check_family("metaspace"); }
+/* GPT-OSS: o200k's split regex (case-aware letter runs, contractions, digits in threes,
+ * "[\r\n/]*" after punctuation) and the harmony special tokens */
+TSR_TEST(test_o200k) { check_family("o200k"); }
+
+/* The strings where o200k's regex differs from Llama 3's, and a harmony message (each
+ * special token one id), against `tokenizers` on o200k.json (ids printed by it). */
+TSR_TEST(test_o200k_cases) {
+    static const struct {
+        const char *text;
+        int n;
+        int32_t ids[16];
+    } cases[] = {
+        {"\xe4\xb8\xad\xe6\x96\x87\xe5\xad\x97\xe7\xac\xa6", 12,
+         {170, 126, 265, 172, 254, 239, 171, 265, 255, 173, 115, 109}},
+        {"I'M", 3, {50, 16, 54}},
+        {"it's", 1, {335}},
+        {"12345678", 5, {640, 28, 1589, 31, 1001}},
+        {"\r\n\r\n", 1, {390}},
+        {"  x", 2, {230, 432}},
+        {"a/b\n", 4, {74, 24, 75, 208}},
+        {"HELLOWorld", 8, {49, 46, 333, 56, 64, 294, 85, 77}},
+        {"<|start|>assistant<|channel|>final<|message|>Hi<|return|>", 13,
+         {5, 708, 565, 451, 93, 4, 79, 281, 308, 7, 49, 82, 2}},
+    };
+    tsr_tokenizer *t = NULL;
+    ASSERT_OK(tsr_tokenizer_load(HF "/o200k.json", &t));
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        ASSERT_OK(tsr_tokenizer_encode(t, cases[i].text, strlen(cases[i].text), false, false,
+                                       &ids, &n));
+        bool same = (int)n == cases[i].n;
+        for (size_t k = 0; same && k < n; k++) same = ids[k] == cases[i].ids[k];
+        if (!same) TSR_FAIL_("o200k case %zu (\"%s\"): %zu ids differ", i, cases[i].text, n);
+        tsr_free(ids);
+    }
+    tsr_tokenizer_destroy(t);
+}
 
 /* NFC on its own: composed, decomposed, reordered marks, exclusions, Hangul, bad bytes. */
 TSR_TEST(test_nfc) {
@@ -192,6 +230,6 @@ TSR_TEST(test_refused) {
 static void cleanup(void) { cJSON_Delete(g_corpus); }
 TSR_TEST(test_done) { cleanup(); }
 
-TSR_TEST_MAIN(test_nfc, test_llama3, test_qwen2, test_smollm2, test_gpt2_prefix, test_llama2,
+TSR_TEST_MAIN(test_nfc, test_llama3, test_o200k, test_o200k_cases, test_qwen2, test_smollm2, test_gpt2_prefix, test_llama2,
               test_metaspace, test_refused,
               test_done)
