@@ -75,9 +75,13 @@ static void tsr__run_free(tsr_run_job *g) {
 static tsr_status tsr__put(tsr_run_job *g, char *line, bool is_error) {
     if (!line) return tsr_error_set(TSR_ERR_NOMEM, "cannot format an output record");
     tsr_status st = TSR_OK;
-    if (g->root && !g->write_failed) st = tsr_batch_writer_put(&g->out, line);
-    if (st == TSR_OK && is_error && g->root && !g->write_failed)
-        st = tsr_batch_writer_put(&g->err, line);
+    /* in the output (the other ranks count as rank 0 would, until a failure is agreed) */
+    bool in_output = !g->root;
+    if (g->root && !g->write_failed) {
+        st = tsr_batch_writer_put(&g->out, line);
+        in_output = st == TSR_OK;
+        if (st == TSR_OK && is_error) st = tsr_batch_writer_put(&g->err, line);
+    }
     tsr_free(line);
     if (st == TSR_ERR_IO) {
         g->write_failed = true;
@@ -85,7 +89,7 @@ static tsr_status tsr__put(tsr_run_job *g, char *line, bool is_error) {
         st = TSR_OK;
     }
     TSR_TRY(st);
-    g->records_this_run++;
+    if (in_output) g->records_this_run++;
     g->processed++;
     /* Test hook: die like a SIGKILL after N records, to exercise restart. */
     if (g->kill_after > 0 && g->records_this_run >= g->kill_after) _exit(137);
@@ -548,6 +552,11 @@ static tsr_status tsr__job(tsr_run_job *g) {
     bool quiet = o->quiet || !g->root;
     tsr_progress_init(&g->prog, stderr, "tessera run", todo, o->progress_interval, quiet,
                       g->t_start);
+    if (!quiet && g->resume.n_superseded > 0)
+        fprintf(stderr,
+                "tessera run: %" PRId64 " records superseded: their input lines changed since "
+                "they were written; removed from %s, computed again\n",
+                g->resume.n_superseded, o->output);
     if (!quiet && g->resume.n_records > 0)
         fprintf(stderr,
                 "tessera run: resuming: %s holds %" PRId64 " records%s; %" PRId64
@@ -597,6 +606,11 @@ static tsr_status tsr__job(tsr_run_job *g) {
         /* The output is cut back to its last whole record (tsr_batch_writer_put); the
          * requests in flight go to the checkpoint, whose own file system may have room. */
         char ck[4400] = "";
+        /* the records in the output are rank 0's count (the others counted every one) */
+        if (g->dist->world > 1 &&
+            tsr_comm_allreduce_i64(g->dist->comm, TSR_COMM_WORLD, &g->records_this_run, 1,
+                                   TSR_COMM_MIN) != TSR_OK)
+            tsr_comm_abort(g->dist->comm, 1, tsr_last_error());
         if (o->checkpoint) {
             int n = 0;
             if (tsr_dist_agree(g->dist, tsr_run_ckpt_save(g, &n)) == TSR_OK)
