@@ -1031,8 +1031,8 @@ tsr_status tsr_batch_lock_take(tsr_batch_lock *l, const char *file) {
     for (int attempt = 0; attempt < 100; attempt++) {
         int fd = open(l->path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
         if (fd < 0) {
-            tsr_status st = tsr_error_set(TSR_ERR_IO, "%s: cannot create the lock file: %s",
-                                          l->path, strerror(errno));
+            tsr_status st = tsr_error_set(TSR_ERR_IO, "%s: cannot create its lock file %s: %s",
+                                          file, l->path, strerror(errno));
             tsr_batch_lock_release(l);
             return st;
         }
@@ -1063,11 +1063,13 @@ tsr_status tsr_batch_lock_take(tsr_batch_lock *l, const char *file) {
             close(fd); /* removed under us: take the new one */
             continue;
         }
-        char rec[512], host[256] = "?";
+        char rec[512], host[256] = "?", when[32] = "?";
         gethostname(host, sizeof host - 1);
         host[sizeof host - 1] = '\0';
-        int w = snprintf(rec, sizeof rec, "pid %ld@%s since %ld\n", (long)getpid(), host,
-                         (long)time(NULL));
+        time_t now = time(NULL);
+        struct tm tm;
+        if (gmtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        int w = snprintf(rec, sizeof rec, "pid %ld@%s since %s\n", (long)getpid(), host, when);
         if (ftruncate(fd, 0) != 0 || w < 0 || pwrite(fd, rec, (size_t)w, 0) != (ssize_t)w) {
             /* the lock holds without its record; a refused job then says "holder unknown" */
         }
