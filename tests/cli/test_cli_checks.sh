@@ -91,6 +91,9 @@ grep -q '"custom_id":"b".*"code":"invalid_encoding","message":"line 2 is not UTF
     "$TMP/olat.jsonl" || fail "latin1: no invalid_encoding record: $(cat "$TMP/olat.jsonl")"
 [ "$(grep -c '"status_code":200' "$TMP/olat.jsonl")" -eq 1 ] ||
     fail "latin1: the good line was not answered"
+# --kv-budget 2.5 is neither a fraction (<= 1) nor whole tokens: a usage error
+expect_fail kv_budget_fraction 2 "--kv-budget 2.5: a fraction of the sequence must be <= 1" -- \
+    "$BIN" "${RUN[@]}" --input "$TMP/in.jsonl" --output "$TMP/kb.jsonl" --kv-policy h2o --kv-budget 2.5
 # --output DIR: named as a directory, not a read error
 mkdir -p "$TMP/adir"
 expect_fail output_is_dir 1 "--output $TMP/adir is a directory" -- \
