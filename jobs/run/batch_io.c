@@ -878,20 +878,27 @@ tsr_status tsr_batch_resume_scan_bound(const char *path, const tsr_batch_input_i
     tsr__scan sc = {.r = r, .ix = ix};
     st = tsr__each_line(path, f, tsr__scan_line, &sc, &good_end, &size);
     fclose(f);
-    if (st == TSR_OK && size > good_end && writable) {
-        /* A record cut by a kill: remove it, so the next append starts on a fresh line. */
-        if (truncate(path, (off_t)good_end) != 0)
-            st = tsr_error_set(TSR_ERR_IO, "%s: cannot truncate the partial last record: %s",
-                               path, strerror(errno));
-        else
-            r->truncated_bytes = size - good_end;
-    }
-    if (st == TSR_OK && writable && r->n_superseded > 0 && r->n_foreign == 0) {
-        int64_t superseded = r->n_superseded;
-        st = tsr__rewrite(path, &sc);
-        r->n_superseded = superseded;
+    if (st == TSR_OK) {
+        r->good_end = good_end;
+        r->truncated_bytes = size - good_end;
+        if (writable) st = tsr_batch_resume_fix(path, ix, r);
     }
     if (st != TSR_OK) tsr_batch_resume_free(r);
+    return st;
+}
+
+tsr_status tsr_batch_resume_fix(const char *path, const tsr_batch_input_index *ix,
+                                tsr_batch_resume *r) {
+    if (r->n_foreign > 0) return TSR_OK; /* another input's output: left as it was */
+    /* A record cut by a kill: remove it, so the next append starts on a fresh line. */
+    if (r->truncated_bytes > 0 && truncate(path, (off_t)r->good_end) != 0)
+        return tsr_error_set(TSR_ERR_IO, "%s: cannot truncate the partial last record: %s",
+                             path, strerror(errno));
+    if (r->n_superseded == 0) return TSR_OK;
+    int64_t superseded = r->n_superseded;
+    tsr__scan sc = {.r = r, .ix = ix};
+    tsr_status st = tsr__rewrite(path, &sc);
+    r->n_superseded = superseded;
     return st;
 }
 

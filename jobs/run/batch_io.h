@@ -151,7 +151,8 @@ typedef struct tsr_batch_resume {
     int64_t n_records;  /* complete records found */
     int64_t n_errors;   /* of which error records */
     int64_t n_ignored;  /* complete lines that are not records (left in place, warned) */
-    int64_t truncated_bytes; /* partial last line cut away */
+    int64_t truncated_bytes; /* partial last line cut away (or to cut: tsr_batch_resume_fix) */
+    int64_t good_end;        /* bytes up to the end of the last complete line */
     /* Bound to an input (tsr_batch_resume_scan_bound): */
     int64_t n_superseded; /* records of input lines that changed since (removed) */
     int64_t n_foreign;    /* records of requests the input does not have */
@@ -164,13 +165,18 @@ typedef struct tsr_batch_resume {
 tsr_status tsr_batch_resume_scan(const char *path, tsr_batch_resume *r);
 /* The same, bound to the input: a record counts (its key in *r, its line skipped) only when
  * its key and line_hash are those of an input line. A record of an input key with another
- * hash, or none, is superseded: its line changed since, so it is removed from the output
- * (rewritten through a temporary and a rename; only when `writable` and no record is
- * foreign) and the line is computed again. A record whose key the input lacks (a custom_id
- * not in it, a line past its end) is foreign: n_foreign counts them and the output is left
- * as it was (the caller refuses: the output belongs to another input). */
+ * hash, or none, is superseded: its line changed since, so it is to be removed from the
+ * output and the line computed again. A record whose key the input lacks (a custom_id not in
+ * it, a line past its end) is foreign: n_foreign counts them (the caller refuses: the output
+ * belongs to another input). `writable`: the partial last line is cut and the superseded
+ * records removed here (when no record is foreign); else the file is only read, and
+ * tsr_batch_resume_fix does both later (once the job knows it will run). */
 tsr_status tsr_batch_resume_scan_bound(const char *path, const tsr_batch_input_index *ix,
                                        bool writable, tsr_batch_resume *r);
+/* Cuts the partial last line and removes the superseded records (the output is written
+ * again through a temporary and a rename) that a read-only bound scan found. */
+tsr_status tsr_batch_resume_fix(const char *path, const tsr_batch_input_index *ix,
+                                tsr_batch_resume *r);
 void tsr_batch_resume_free(tsr_batch_resume *r);
 bool tsr_batch_resume_has(const tsr_batch_resume *r, const char *custom_id, int64_t line);
 

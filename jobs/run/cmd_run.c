@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -126,16 +127,34 @@ static tsr_status tsr__open_output(tsr_run_job *g) {
     TSR_TRY(tsr_batch_lock_take(&g->out_lock, o->output));
     if (strcmp(g->err_path, o->output) != 0)
         TSR_TRY(tsr_batch_lock_take(&g->err_lock, g->err_path));
-    TSR_TRY(tsr_batch_resume_scan_bound(o->output, &g->ix, true, &g->resume));
+    /* Read only: the output is changed (a partial last line cut, superseded records removed)
+     * by tsr__open_writers, once the job is known to run (a refused checkpoint leaves the
+     * output as it was). */
+    TSR_TRY(tsr_batch_resume_scan_bound(o->output, &g->ix, false, &g->resume));
+    if (g->resume.n_ignored > 0)
+        TSR_LOG_WARN("%s: %" PRId64 " complete lines are not batch records (left in place)",
+                     o->output, g->resume.n_ignored);
+    /* Fails here, before any change, when the output cannot be opened for writing. */
+    int fd = open(o->output, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+    if (fd < 0)
+        return tsr_error_set(TSR_ERR_IO, "%s: cannot open for writing: %s", o->output,
+                             strerror(errno));
+    close(fd);
+    return TSR_OK;
+}
+
+/* Rank 0, once the job runs: the output's partial last line cut and its superseded records
+ * removed, then the writers opened and the errors file rebuilt from the output. */
+static tsr_status tsr__open_writers(tsr_run_job *g) {
+    const tsr_run_opts *o = g->o;
+    /* After the checkpoint's checks, whose refusals are the more specific ones. */
     if (g->resume.n_foreign > 0)
         return tsr_error_set(TSR_ERR_INVALID,
                              "%s holds %" PRId64 " records of requests that %s does not have "
                              "(the first: %.100s): it is another input's output; give another "
                              "--output, or remove those records", o->output,
                              g->resume.n_foreign, o->input, g->resume.first_foreign);
-    if (g->resume.n_ignored > 0)
-        TSR_LOG_WARN("%s: %" PRId64 " complete lines are not batch records (left in place)",
-                     o->output, g->resume.n_ignored);
+    TSR_TRY(tsr_batch_resume_fix(o->output, &g->ix, &g->resume));
     /* The output first: an unwritable --output is reported as such, before the errors
      * file beside it fails the same way. */
     TSR_TRY(tsr_batch_writer_open(&g->out, o->output));
@@ -563,13 +582,12 @@ static tsr_status tsr__job(tsr_run_job *g) {
                 " requests left\n",
                 o->output, g->resume.n_records,
                 g->resume.truncated_bytes ? " (a partial last record was removed)" : "", todo);
-    if (o->checkpoint) {
-        int n_resumed = 0;
-        TSR_TRY(tsr_run_ckpt_start(g, &n_resumed));
-        if (!quiet && n_resumed > 0)
-            fprintf(stderr, "tessera run: resuming %d in-flight requests from %s\n", n_resumed,
-                    g->ck_path);
-    }
+    int n_resumed = 0;
+    if (o->checkpoint) TSR_TRY(tsr_run_ckpt_start(g, &n_resumed));
+    TSR_TRY(tsr_dist_agree(g->dist, g->root ? tsr__open_writers(g) : TSR_OK));
+    if (!quiet && n_resumed > 0)
+        fprintf(stderr, "tessera run: resuming %d in-flight requests from %s\n", n_resumed,
+                g->ck_path);
 
     int64_t line_no = 0;
     bool eof = false;
