@@ -728,9 +728,12 @@ int tsr_cmd_run(int argc, char **argv) {
         {"tokenizer", TSR_OPT_STRING, &o.tokenizer, "PATH",
          "tokenizer.bin or tokenizer.json (default: found next to the model)", false},
         {"input", TSR_OPT_STRING, &o.input, "IN.jsonl",
-         "OpenAI batch requests, one JSON object a line (required)", false},
+         "OpenAI batch requests, one UTF-8 JSON object a line (required); a line that is not "
+         "UTF-8 gets an invalid_encoding error record, a UTF-16/32 file is refused", false},
         {"output", TSR_OPT_STRING, &o.output, "OUT.jsonl",
-         "records are appended here; a rerun skips requests already in it (required)", false},
+         "records are appended here, each bound to its input line (line_hash); locked for the "
+         "job's life (OUT.lock); a rerun skips the lines answered unchanged, recomputes edited "
+         "ones and refuses another input's output (required)", false},
         {"errors", TSR_OPT_STRING, &o.errors, "ERR.jsonl",
          "copy of the error records (default: OUT with .jsonl -> .errors.jsonl)", false},
         {"max-batch-seqs", TSR_OPT_INT, &o.max_batch_seqs, "N",
@@ -782,9 +785,11 @@ int tsr_cmd_run(int argc, char **argv) {
                    .synopsis = "--model PATH --input IN.jsonl --output OUT.jsonl [options]",
                    .about = "Bulk generation: OpenAI batch lines (/v1/completions, "
                             "/v1/chat/completions) in, one record per line out,\n"
-                            "in completion order. Bad lines become error records and the job "
-                            "goes on; exit status 0\nwhen the job ran, 1 on fatal errors "
-                            "(input, model, output), 2 on usage errors,\n3 when stopped by "
+                            "in completion order. Bad lines (invalid JSON, not UTF-8, ...) become "
+                            "error records and\nthe job goes on; exit status 0 when the job "
+                            "ran, 1 on fatal errors (input, model, output;\na write error cuts "
+                            "the output back to its last whole record and writes --checkpoint),"
+                            "\n2 on usage errors, 3 when stopped by "
                             "SIGTERM, SIGINT or SIGUSR1 before the end (finished records are "
                             "kept;\nrerun the same command to resume).",
                    .opts = opts,
