@@ -4,8 +4,10 @@
  * Record keys. Every input line ends in exactly one output record. A record is keyed by its
  * custom_id, except when the line gave no usable one (invalid JSON, missing or non-string
  * custom_id, a custom_id already used by an earlier line): then by its 1-based line number,
- * carried in error.line. A restarted job skips every line whose key is already in the
- * output, so a kill neither duplicates nor loses a record (given the same input file). */
+ * carried in error.line. Every record also carries the hash of its input line (line_hash).
+ * A restarted job skips every line whose key and line hash are already in the output, so a
+ * kill neither duplicates nor loses a record, and an edited line is computed again
+ * (tsr_batch_resume_scan_bound). */
 #ifndef TSR_JOBS_BATCH_IO_H
 #define TSR_JOBS_BATCH_IO_H
 

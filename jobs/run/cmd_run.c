@@ -1,10 +1,12 @@
 /* `tessera run`: offline bulk generation. OpenAI batch JSONL in, one record per input line
  * out (appended, flushed and fsynced as each request finishes), continuous batching through
- * runtime/exec/scheduler.h, progress on stderr and an optional metrics JSON. A restarted job
- * skips the lines whose records are already in the output (jobs/run/batch_io.h), so it can be
- * killed at any moment. Exit codes: 0 when the job ran (bad lines are error records, not
- * failures), 1 for fatal errors (unreadable input or model, unwritable output, a failed
- * forward pass), 2 for usage errors, 3 (TSR_EXIT_STOPPED) when SIGTERM/SIGINT/SIGUSR1
+ * runtime/exec/scheduler.h, progress on stderr and an optional metrics JSON. Rank 0 locks the
+ * output and errors file for the job's life. A restarted job skips the lines whose records
+ * (same key, same line_hash) are already in the output, recomputes edited lines and refuses
+ * another input's output (jobs/run/batch_io.h), so it can be killed at any moment. Exit
+ * codes: 0 when the job ran (bad lines are error records, not failures), 1 for fatal errors
+ * (unreadable input or model, an output unwritable, locked or another input's, a write
+ * error mid-run, a failed forward pass), 2 for usage errors, 3 (TSR_EXIT_STOPPED) when SIGTERM/SIGINT/SIGUSR1
  * stopped it between steps with work left (a rerun resumes). */
 #include <errno.h>
 #include <inttypes.h>
