@@ -634,8 +634,8 @@ static tsr_status tsr__job(tsr_run_job *g) {
         if (o->checkpoint) {
             int n = 0;
             if (tsr_dist_agree(g->dist, tsr_run_ckpt_save(g, &n)) == TSR_OK)
-                snprintf(ck, sizeof ck, "; checkpoint: %d in-flight requests saved to %s", n,
-                         o->checkpoint);
+                snprintf(ck, sizeof ck, "; checkpoint: %d in-flight requests saved to %s%s", n,
+                         o->checkpoint, g->dist->world > 1 ? " (one file per rank)" : "");
             else
                 snprintf(ck, sizeof ck, "; the checkpoint could not be written either: %.300s",
                          tsr_last_error());

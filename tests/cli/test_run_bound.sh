@@ -33,24 +33,23 @@ grep -q '"line_hash":"[0-9a-f]\{16\}"' "$TMP/ref.jsonl" || fail "records carry n
 
 # --- 1. two jobs on one output: the second is refused before it writes anything --------
 OUT=$TMP/out.jsonl
-TSR_TEST_STEP_DELAY_MS=0 "$BIN" "${RUN[@]}" --input "$IN" --output "$OUT" 2>"$TMP/a.err" &
+"$BIN" "${RUN[@]}" --input "$IN" --output "$OUT" 2>"$TMP/a.err" &
 apid=$!
-for _ in $(seq 1 200); do [ -e "$OUT.lock" ] && break; sleep 0.05; done
+for _ in $(seq 1 600); do [ -e "$OUT.lock" ] && break; sleep 0.02; done
+# the first job is held stopped while the second tries, so the order does not depend on speed
+kill -STOP $apid 2>/dev/null
 [ -e "$OUT.lock" ] || fail "lock: no $OUT.lock while the first job runs"
 before=$(nlines "$OUT")
 "$BIN" "${RUN[@]}" --input "$IN" --output "$OUT" 2>"$TMP/b.err"
 rc=$?
+after=$(nlines "$OUT")
+kill -CONT $apid 2>/dev/null
 wait $apid || fail "lock: the first job failed: $(cat "$TMP/a.err")"
-if kill -0 $apid 2>/dev/null || [ $rc -ne 1 ]; then
-    # the first job may have ended before the second started (a fast machine): not a failure
-    # of the lock, but then nothing was checked
-    [ $rc -eq 0 ] && echo "note: the first job ended before the second started" ||
-        fail "lock: second job exit $rc: $(cat "$TMP/b.err")"
-else
-    [ "$(wc -l <"$TMP/b.err")" -eq 1 ] || fail "lock: expected one line: $(cat "$TMP/b.err")"
-    grep -q "out.jsonl is in use by another job (pid [0-9]*@" "$TMP/b.err" ||
-        fail "lock: the line does not name the holder: $(cat "$TMP/b.err")"
-fi
+[ $rc -eq 1 ] || fail "lock: second job exit $rc, want 1: $(cat "$TMP/b.err")"
+[ "$(wc -l <"$TMP/b.err")" -eq 1 ] || fail "lock: expected one line: $(cat "$TMP/b.err")"
+grep -q "out.jsonl is in use by another job (pid $apid@" "$TMP/b.err" ||
+    fail "lock: the line does not name the holder (pid $apid): $(cat "$TMP/b.err")"
+[ "$before" -eq "$after" ] || fail "lock: the refused job changed the output"
 [ "$before" -le "$(nlines "$OUT")" ] || fail "lock: output shrank"
 same_records "$OUT" "$TMP/ref.jsonl" "lock"
 [ -e "$OUT.lock" ] && fail "lock: the lock file was left behind"
