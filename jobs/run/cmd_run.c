@@ -211,6 +211,39 @@ static tsr_status tsr__setup_files(tsr_run_job *g) {
     return TSR_OK;
 }
 
+/* The line hashes of the requests resumed from a checkpoint (their records are bound to
+ * their lines like any other; they may finish before the reader reaches their lines). */
+static tsr_status tsr__resumed_hashes(tsr_run_job *g) {
+    long pos = ftell(g->in);
+    if (pos < 0)
+        return tsr_error_set(TSR_ERR_IO, "%s: %s", g->o->input, strerror(errno));
+    char *buf = NULL;
+    size_t cap = 0;
+    int64_t line = 0;
+    tsr_status st = TSR_OK;
+    for (;;) {
+        errno = 0;
+        ssize_t n = getline(&buf, &cap, g->in);
+        if (n < 0) {
+            if (ferror(g->in))
+                st = tsr_error_set(TSR_ERR_IO, "%s: read error: %s", g->o->input,
+                                   strerror(errno));
+            break;
+        }
+        line++;
+        while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) n--;
+        for (int i = 0; i < g->n_reqs; i++)
+            if (g->reqs[i].used && g->reqs[i].line == line)
+                g->reqs[i].line_hash = tsr_batch_line_hash(buf, (size_t)n);
+    }
+    free(buf); /* getline allocates with malloc */
+    clearerr(g->in);
+    if (fseek(g->in, pos, SEEK_SET) != 0 && st == TSR_OK)
+        st = tsr_error_set(TSR_ERR_IO, "%s: cannot seek the input: %s", g->o->input,
+                           strerror(errno));
+    return st;
+}
+
 /* The engine is the start-up (job, model, tokenizer, shard, placement, backend, data plane,
  * weights, KV cache, forward); then the job's files and the scheduler. Every fallible local
  * step is agreed on before the next collective one. */
@@ -586,6 +619,7 @@ static tsr_status tsr__job(tsr_run_job *g) {
                 g->resume.truncated_bytes ? " (a partial last record was removed)" : "", todo);
     int n_resumed = 0;
     if (o->checkpoint) TSR_TRY(tsr_run_ckpt_start(g, &n_resumed));
+    if (n_resumed > 0) TSR_TRY(tsr_dist_agree(g->dist, tsr__resumed_hashes(g)));
     TSR_TRY(tsr_dist_agree(g->dist, g->root ? tsr__open_writers(g) : TSR_OK));
     if (!quiet && n_resumed > 0)
         fprintf(stderr, "tessera run: resuming %d in-flight requests from %s\n", n_resumed,

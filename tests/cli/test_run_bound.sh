@@ -126,6 +126,9 @@ fi
 "$BIN" "${RUN[@]}" "${CK[@]}" --input "$IN" --output "$MNT/full.jsonl" 2>"$TMP/err" ||
     fail "full: the rerun failed: $(cat "$TMP/err")"
 same_records "$MNT/full.jsonl" "$TMP/ref.jsonl" "full rerun"
+cmp -s <(grep -o '"line_hash":"[0-9a-f]*"' "$MNT/full.jsonl" | sort) \
+    <(grep -o '"line_hash":"[0-9a-f]*"' "$TMP/ref.jsonl" | sort) ||
+    fail "full rerun: the records' line hashes differ from the reference run's"
 
 [ $fails -eq 0 ] || exit 1
 echo "test_run_bound: ok"
