@@ -301,9 +301,14 @@ _Noreturn void tsr__comm_stuck(tsr__comm_grp *g, const char *op, int peer, doubl
     size_t k = 0;
     for (int i = 0; i < c->n_peers && k < sizeof stopped - 48; i++) {
         char st = tsr__proc_state(c->peers[i].pid);
-        if (st == 'T' || st == 't')
+        if (st == 'T' || st == 't') {
             k += (size_t)snprintf(stopped + k, sizeof stopped - k, "; rank %d (pid %d) is stopped",
                                   c->peers[i].world_rank, c->peers[i].pid);
+            /* The job ends here: the launcher's SIGCONT would otherwise wake the stopped
+             * rank, which then finds this rank gone and adds a misleading "rank 0 died"
+             * line after this one. */
+            kill((pid_t)c->peers[i].pid, SIGKILL);
+        }
     }
     snprintf(msg, sizeof msg, "no progress for %.0f s in %s (%s group%s)%s; aborting", waited,
              op, tsr__wname(g->which), who, stopped);

@@ -1,5 +1,6 @@
 #include "jobs/kv_cli.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "base/status.h"
@@ -41,15 +42,18 @@ int tsr_kv_cli_opts(tsr_kv_cli *k, tsr_cli_opt *out) {
     char users[128];
     tsr__owners("kv-budget", users, sizeof users);
     snprintf(k->budget_help, sizeof k->budget_help,
-             "%s (others ignore it, with a warning): tokens kept per layer (> 1) or a "
-             "fraction of the sequence (<= 1); 0 = keep all", users);
+             "%s (others ignore it, with a warning): whole tokens kept per layer (> 1) or "
+             "a fraction of the sequence (<= 1); 0 = keep all", users);
     int n = 0;
     out[n++] = (tsr_cli_opt){"kv-policy", TSR_OPT_STRING, &k->policy_name, "NAME",
                              k->policy_help, false};
     out[n++] = (tsr_cli_opt){"kv-memory", TSR_OPT_STRING, &k->memory, "BYTES",
-                             "KV block pool size, e.g. 512M or 4G (default: on the CPU half "
-                             "the host's free memory, on a device 90 % of the device's free "
-                             "memory after the weights; less the prefill workspace)", false};
+                             "KV block pool size, e.g. 512M or 4G (default: on the CPU what "
+                             "the batch's sequences can use at full context, twice over, at "
+                             "most half the memory left under the job's limit (cgroup, else "
+                             "available memory) shared by the node's ranks; on a device 90 % "
+                             "of its free memory after the weights; less the prefill "
+                             "workspace)", false};
     out[n++] = (tsr_cli_opt){"block-size", TSR_OPT_INT, &k->kv.block_size, "N",
                              "tokens per KV block", false};
     out[n++] = (tsr_cli_opt){"kv-budget", TSR_OPT_DOUBLE, &k->budget, "B", k->budget_help,
@@ -97,6 +101,11 @@ tsr_cli_result tsr_kv_cli_check(const tsr_cli *cli, tsr_kv_cli *k) {
         return tsr_cli_usage_error(cli, "invalid size '%s' for --kv-memory", k->memory);
     if (k->kv.block_size < 1) return tsr_cli_usage_error(cli, "--block-size must be >= 1");
     if (k->budget < 0) return tsr_cli_usage_error(cli, "--kv-budget must be >= 0");
+    /* 2.5 is neither: a fraction is <= 1, a token count a whole number (it was taken as 2
+     * tokens without a word). */
+    if (k->budget > 1 && k->budget != floor(k->budget))
+        return tsr_cli_usage_error(cli, "--kv-budget %g: a fraction of the sequence must be "
+                                   "<= 1, a count of tokens a whole number > 1", k->budget);
     /* Every value given is checked against its declaration, whichever policy runs. */
     for (int e = 0; e < k->n_pol; e++) {
         const tsr_cli_opt *c = tsr_cli_find(cli, k->pol_opt[e]->name);

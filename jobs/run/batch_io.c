@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
@@ -420,6 +421,11 @@ char *tsr_batch_format_result(const tsr_batch_result *r) {
         cJSON_AddNumberToObject(usage, "total_tokens", r->prompt_tokens + r->completion_tokens);
         cJSON_AddItemToObject(body, "usage", usage);
         cJSON_AddNullToObject(doc, "error");
+        if (r->line_hash) {
+            char h[24];
+            snprintf(h, sizeof h, "%016" PRIx64, r->line_hash);
+            cJSON_AddStringToObject(doc, "line_hash", h);
+        }
     } else {
         cJSON_Delete(resp);
         cJSON_Delete(body);
@@ -433,8 +439,19 @@ char *tsr_batch_format_result(const tsr_batch_result *r) {
     return tsr__line(doc);
 }
 
+uint64_t tsr_batch_line_hash(const char *text, size_t len) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)text[i]) * 0x100000001b3ull;
+    return h ? h : 1; /* 0 means "not recorded" */
+}
+
 char *tsr_batch_format_error(const char *custom_id, int64_t line, const char *code,
                              const char *message) {
+    return tsr_batch_format_error_bound(custom_id, line, 0, code, message);
+}
+
+char *tsr_batch_format_error_bound(const char *custom_id, int64_t line, uint64_t line_hash,
+                                   const char *code, const char *message) {
     char id[48];
     tsr_batch_record_id(custom_id, line, id, sizeof id);
     char *msg = tsr__utf8_clean(message, strlen(message));
@@ -456,6 +473,11 @@ char *tsr_batch_format_error(const char *custom_id, int64_t line, const char *co
     cJSON_AddStringToObject(err, "message", msg);
     cJSON_AddNumberToObject(err, "line", (double)line);
     cJSON_AddItemToObject(doc, "error", err);
+    if (line_hash) {
+        char h[24];
+        snprintf(h, sizeof h, "%016" PRIx64, line_hash);
+        cJSON_AddStringToObject(doc, "line_hash", h);
+    }
     tsr_free(msg);
     return tsr__line(doc);
 }
@@ -508,16 +530,14 @@ tsr_status tsr_batch_input_scan(const char *path, FILE *f, int64_t *n_requests, 
         while (i < len) {
             size_t k = tsr__utf8_char(p + i, len - i);
             if (k == 0) {
-                if (p[i] == 0)
+                /* A NUL byte in the first line: UTF-16 without a mark, or binary; the whole
+                 * file is refused. Any other bad byte makes one bad line (its record). */
+                if (line == 1 && p[i] == 0)
                     st = tsr_error_set(TSR_ERR_INVALID,
-                                       "%s: line %" PRId64 " has a NUL byte at byte %zu (UTF-16 "
-                                       "without a byte-order mark, or binary?): the input must "
-                                       "be UTF-8 JSONL", path, line, i + 1);
-                else
-                    st = tsr_error_set(TSR_ERR_INVALID,
-                                       "%s: line %" PRId64 " is not UTF-8 (byte 0x%02x at byte "
-                                       "%zu): the input must be UTF-8 JSONL", path, line, p[i],
-                                       i + 1);
+                                       "%s: line 1 has a NUL byte at byte %zu (UTF-16 without "
+                                       "a byte-order mark, or binary?): the input must be UTF-8 "
+                                       "JSONL", path, i + 1);
+                blank = false;
                 break;
             }
             if (!(k == 1 && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r' || p[i] == '\n')))
@@ -528,6 +548,130 @@ tsr_status tsr_batch_input_scan(const char *path, FILE *f, int64_t *n_requests, 
         if (!blank) (*n_requests)++;
     }
     free(buf); /* getline allocates with malloc */
+    return st;
+}
+
+tsr_status tsr_batch_take_line(char *buf, size_t n, int64_t line, tsr_strset *seen, bool *blank,
+                               uint64_t *hash, tsr_batch_request *r, tsr_batch_error *e,
+                               tsr_status *verdict) {
+    memset(r, 0, sizeof *r);
+    memset(e, 0, sizeof *e);
+    *verdict = TSR_OK;
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) n--;
+    size_t k = 0;
+    while (k < n && (buf[k] == ' ' || buf[k] == '\t')) k++;
+    *blank = k == n;
+    if (*blank) return TSR_OK;
+    *hash = tsr_batch_line_hash(buf, n);
+    size_t bad = SIZE_MAX;
+    for (size_t i = 0; i < n;) {
+        size_t c = tsr__utf8_char((const uint8_t *)buf + i, n - i);
+        if (c == 0) {
+            bad = i;
+            break;
+        }
+        i += c;
+    }
+    tsr_status pst = tsr_batch_parse_line(buf, n, line, r, e);
+    if (pst != TSR_OK && pst != TSR_ERR_INVALID) return pst;
+    if (bad != SIZE_MAX) {
+        /* Keyed by its custom_id when that is UTF-8 (so the record names it), else by line. */
+        if (r->custom_id) {
+            const uint8_t *c = (const uint8_t *)r->custom_id;
+            for (size_t i = 0, m = strlen(r->custom_id); i < m;) {
+                size_t l = tsr__utf8_char(c + i, m - i);
+                if (l == 0) {
+                    tsr_free(r->custom_id);
+                    r->custom_id = NULL;
+                    break;
+                }
+                i += l;
+            }
+        }
+        tsr__bad(e, TSR_BATCH_E_ENCODING,
+                 "line %" PRId64 " is not UTF-8 (byte 0x%02x at byte %zu): JSON lines must be "
+                 "UTF-8", line, (uint8_t)buf[bad], bad + 1);
+        pst = TSR_ERR_INVALID;
+    }
+    if (r->custom_id) {
+        bool added = false;
+        TSR_TRY(tsr_strset_add(seen, r->custom_id, &added));
+        if (!added) { /* keyed by line from here on */
+            snprintf(e->code, sizeof e->code, "%s", TSR_BATCH_E_DUPLICATE);
+            snprintf(e->message, sizeof e->message,
+                     "line %" PRId64 ": custom_id \"%.200s\" is used by an earlier line", line,
+                     r->custom_id);
+            pst = TSR_ERR_INVALID;
+            tsr_free(r->custom_id);
+            r->custom_id = NULL;
+        }
+    }
+    *verdict = pst;
+    return TSR_OK;
+}
+
+/* A record's key: its custom_id, or "#line N". */
+static void tsr__key(const char *custom_id, int64_t line, char *buf, size_t cap) {
+    if (custom_id)
+        snprintf(buf, cap, "%s", custom_id);
+    else
+        snprintf(buf, cap, "#line %" PRId64, line);
+}
+
+void tsr_batch_input_index_free(tsr_batch_input_index *ix) {
+    tsr_strset_destroy(ix->keys);
+    tsr_strset_destroy(ix->pairs);
+    memset(ix, 0, sizeof *ix);
+}
+
+tsr_status tsr_batch_input_index_build(const char *path, FILE *f, tsr_batch_input_index *ix) {
+    memset(ix, 0, sizeof *ix);
+    tsr_strset *seen = NULL;
+    tsr_status st = tsr_strset_create(&ix->keys);
+    if (st == TSR_OK) st = tsr_strset_create(&ix->pairs);
+    if (st == TSR_OK) st = tsr_strset_create(&seen);
+    char *buf = NULL, *pair = NULL;
+    size_t cap = 0, pcap = 0;
+    while (st == TSR_OK) {
+        errno = 0;
+        ssize_t n = getline(&buf, &cap, f);
+        if (n < 0) {
+            if (ferror(f))
+                st = tsr_error_set(TSR_ERR_IO, "%s: read error: %s", path, strerror(errno));
+            break;
+        }
+        ix->n_lines++;
+        bool blank;
+        uint64_t hash = 0;
+        tsr_batch_request r;
+        tsr_batch_error e;
+        tsr_status verdict;
+        st = tsr_batch_take_line(buf, (size_t)n, ix->n_lines, seen, &blank, &hash, &r, &e,
+                                 &verdict);
+        if (st == TSR_OK && !blank) {
+            size_t need = (r.custom_id ? strlen(r.custom_id) : 0) + 64;
+            if (need > pcap) {
+                char *np = tsr_realloc(pair, need);
+                if (!np) st = TSR_ERR_NOMEM;
+                else {
+                    pair = np;
+                    pcap = need;
+                }
+            }
+            if (st == TSR_OK) {
+                tsr__key(r.custom_id, ix->n_lines, pair, pcap);
+                st = tsr_strset_add(ix->keys, pair, NULL);
+                size_t l = strlen(pair);
+                snprintf(pair + l, pcap - l, "\x1f%016" PRIx64, hash);
+                if (st == TSR_OK) st = tsr_strset_add(ix->pairs, pair, NULL);
+            }
+        }
+        tsr_batch_request_free(&r);
+    }
+    free(buf); /* getline allocates with malloc */
+    tsr_free(pair);
+    tsr_strset_destroy(seen);
+    if (st != TSR_OK) tsr_batch_input_index_free(ix);
     return st;
 }
 
@@ -546,10 +690,32 @@ bool tsr_batch_resume_has(const tsr_batch_resume *r, const char *custom_id, int6
     return tsr_strset_has(r->lines, key);
 }
 
-/* Classifies one complete output line: 1 = a record (key added), 0 = not a record. */
-static tsr_status tsr__scan_record(tsr_batch_resume *r, const char *text, size_t len, int *is_rec,
-                                   int *is_err) {
+typedef struct tsr__scan {
+    tsr_batch_resume *r;
+    const tsr_batch_input_index *ix; /* NULL: not bound */
+    FILE *copy; /* the rewrite: every line but the superseded records goes here */
+    const char *tmp;
+} tsr__scan;
+
+/* Whether a record of key `key` (line-keyed: by_line, number n) with line hash `hash` text
+ * (NULL: none) belongs to the input: 1 kept, 0 superseded, -1 foreign. */
+static int tsr__bind(const tsr_batch_input_index *ix, const char *key, bool by_line, int64_t n,
+                     const char *hash) {
+    if (!tsr_strset_has(ix->keys, key)) return by_line && n >= 1 && n <= ix->n_lines ? 0 : -1;
+    if (!hash || strlen(hash) != 16) return 0;
+    char pair[4200];
+    int w = snprintf(pair, sizeof pair, "%s\x1f%s", key, hash);
+    if (w < 0 || (size_t)w >= sizeof pair) return 0;
+    return tsr_strset_has(ix->pairs, pair) ? 1 : 0;
+}
+
+/* Classifies one complete output line: 1 = a record (key added), 0 = not a record;
+ * *drop: a superseded record (bound scans). */
+static tsr_status tsr__scan_record(tsr__scan *sc, const char *text, size_t len, int *is_rec,
+                                   int *is_err, bool *drop) {
+    tsr_batch_resume *r = sc->r;
     *is_rec = *is_err = 0;
+    *drop = false;
     cJSON *doc = cJSON_ParseWithLength(text, len);
     if (!cJSON_IsObject(doc)) {
         cJSON_Delete(doc);
@@ -565,8 +731,24 @@ static tsr_status tsr__scan_record(tsr_batch_resume *r, const char *text, size_t
     const cJSON *line = has_err ? cJSON_GetObjectItemCaseSensitive(err, "line") : NULL;
     bool by_line = !cJSON_IsString(cid) ||
                    (cJSON_IsString(code) && !strcmp(code->valuestring, TSR_BATCH_E_DUPLICATE));
+    if (by_line && !cJSON_IsNumber(line)) goto done;
+    if (sc->ix) {
+        char key[4096];
+        int64_t n = by_line ? (int64_t)line->valuedouble : 0;
+        tsr__key(by_line ? NULL : cid->valuestring, n, key, sizeof key);
+        const cJSON *h = cJSON_GetObjectItemCaseSensitive(doc, "line_hash");
+        int b = tsr__bind(sc->ix, key, by_line, n, cJSON_IsString(h) ? h->valuestring : NULL);
+        if (b <= 0) {
+            if (b == 0) {
+                r->n_superseded++;
+                *drop = true;
+            } else if (r->n_foreign++ == 0) {
+                snprintf(r->first_foreign, sizeof r->first_foreign, "%.120s", key);
+            }
+            goto done; /* not a record of this input: its line is not skipped */
+        }
+    }
     if (by_line) {
-        if (!cJSON_IsNumber(line)) goto done;
         char key[32];
         snprintf(key, sizeof key, "%" PRId64, (int64_t)line->valuedouble);
         st = tsr_strset_add(r->lines, key, NULL);
@@ -611,23 +793,73 @@ static tsr_status tsr__each_line(const char *path, FILE *f, tsr__line_fn fn, voi
 }
 
 static tsr_status tsr__scan_line(void *ctx, const char *line, size_t len) {
-    tsr_batch_resume *r = ctx;
+    tsr__scan *sc = ctx;
+    tsr_batch_resume *r = sc->r;
     size_t k = 0;
     while (k < len && (line[k] == ' ' || line[k] == '\t' || line[k] == '\r')) k++;
-    if (k == len) return TSR_OK; /* blank */
-    int rec, err;
-    TSR_TRY(tsr__scan_record(r, line, len, &rec, &err));
-    if (rec) {
-        r->n_records++;
-        r->n_errors += err;
-    } else {
-        r->n_ignored++;
+    int rec = 0, err = 0;
+    bool drop = false;
+    if (k < len) { /* not blank */
+        int64_t before = r->n_superseded + r->n_foreign;
+        TSR_TRY(tsr__scan_record(sc, line, len, &rec, &err, &drop));
+        if (rec) {
+            r->n_records++;
+            r->n_errors += err;
+        } else if (r->n_superseded + r->n_foreign == before) {
+            r->n_ignored++;
+        }
     }
+    if (sc->copy && !drop &&
+        (fwrite(line, 1, len, sc->copy) != len || fputc('\n', sc->copy) == EOF))
+        return tsr_error_set(TSR_ERR_IO, "%s: write error: %s", sc->tmp, strerror(errno));
     return TSR_OK;
 }
 
+/* Writes `path` again without its superseded records: a temporary beside it, fsynced, then
+ * renamed over it (a kill leaves either file whole). */
+static tsr_status tsr__rewrite(const char *path, tsr__scan *sc) {
+    char tmp[4200];
+    int w = snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (w < 0 || (size_t)w >= sizeof tmp)
+        return tsr_error_set(TSR_ERR_INVALID, "%s: path too long", path);
+    FILE *in = fopen(path, "rb");
+    if (!in) return tsr_error_set(TSR_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *out = fopen(tmp, "wb");
+    if (!out) {
+        fclose(in);
+        return tsr_error_set(TSR_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    }
+    /* A fresh count over the same lines (the sets already hold the kept keys). */
+    tsr_batch_resume *r = sc->r;
+    r->n_records = r->n_errors = r->n_ignored = r->n_superseded = r->n_foreign = 0;
+    sc->copy = out;
+    sc->tmp = tmp;
+    int64_t good_end = 0, size = 0;
+    tsr_status st = tsr__each_line(path, in, tsr__scan_line, sc, &good_end, &size);
+    sc->copy = NULL;
+    fclose(in);
+    if ((fflush(out) != 0 || fsync(fileno(out)) != 0) && st == TSR_OK)
+        st = tsr_error_set(TSR_ERR_IO, "%s: write error: %s", tmp, strerror(errno));
+    if (fclose(out) != 0 && st == TSR_OK)
+        st = tsr_error_set(TSR_ERR_IO, "%s: write error: %s", tmp, strerror(errno));
+    if (st == TSR_OK && rename(tmp, path) != 0)
+        st = tsr_error_set(TSR_ERR_IO, "%s: cannot rename into place: %s", path,
+                           strerror(errno));
+    if (st != TSR_OK) remove(tmp);
+    return st;
+}
+
 tsr_status tsr_batch_resume_scan(const char *path, tsr_batch_resume *r) {
+    return tsr_batch_resume_scan_bound(path, NULL, true, r);
+}
+
+tsr_status tsr_batch_resume_scan_bound(const char *path, const tsr_batch_input_index *ix,
+                                       bool writable, tsr_batch_resume *r) {
     memset(r, 0, sizeof *r);
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return tsr_error_set(TSR_ERR_INVALID, "%s is a directory: the output must be a file "
+                             "path", path);
     TSR_TRY(tsr_strset_create(&r->ids));
     tsr_status st = tsr_strset_create(&r->lines);
     if (st != TSR_OK) {
@@ -643,17 +875,30 @@ tsr_status tsr_batch_resume_scan(const char *path, tsr_batch_resume *r) {
         return st;
     }
     int64_t good_end = 0, size = 0;
-    st = tsr__each_line(path, f, tsr__scan_line, r, &good_end, &size);
+    tsr__scan sc = {.r = r, .ix = ix};
+    st = tsr__each_line(path, f, tsr__scan_line, &sc, &good_end, &size);
     fclose(f);
-    if (st == TSR_OK && size > good_end) {
-        /* A record cut by a kill: remove it, so the next append starts on a fresh line. */
-        if (truncate(path, (off_t)good_end) != 0)
-            st = tsr_error_set(TSR_ERR_IO, "%s: cannot truncate the partial last record: %s",
-                               path, strerror(errno));
-        else
-            r->truncated_bytes = size - good_end;
+    if (st == TSR_OK) {
+        r->good_end = good_end;
+        r->truncated_bytes = size - good_end;
+        if (writable) st = tsr_batch_resume_fix(path, ix, r);
     }
     if (st != TSR_OK) tsr_batch_resume_free(r);
+    return st;
+}
+
+tsr_status tsr_batch_resume_fix(const char *path, const tsr_batch_input_index *ix,
+                                tsr_batch_resume *r) {
+    if (r->n_foreign > 0) return TSR_OK; /* another input's output: left as it was */
+    /* A record cut by a kill: remove it, so the next append starts on a fresh line. */
+    if (r->truncated_bytes > 0 && truncate(path, (off_t)r->good_end) != 0)
+        return tsr_error_set(TSR_ERR_IO, "%s: cannot truncate the partial last record: %s",
+                             path, strerror(errno));
+    if (r->n_superseded == 0) return TSR_OK;
+    int64_t superseded = r->n_superseded;
+    tsr__scan sc = {.r = r, .ix = ix};
+    tsr_status st = tsr__rewrite(path, &sc);
+    r->n_superseded = superseded;
     return st;
 }
 
@@ -711,28 +956,146 @@ tsr_status tsr_batch_rebuild_errors(const char *out_path, const char *err_path) 
 
 tsr_status tsr_batch_writer_open(tsr_batch_writer *w, const char *path) {
     memset(w, 0, sizeof *w);
-    w->f = fopen(path, "ab");
-    if (!w->f)
+    w->fd = -1;
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return tsr_error_set(TSR_ERR_IO, "%s is a directory: give a file path", path);
+    w->fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+    if (w->fd < 0)
         return tsr_error_set(TSR_ERR_IO, "%s: cannot open for writing: %s", path,
                              strerror(errno));
+    off_t end = lseek(w->fd, 0, SEEK_END);
     w->path = tsr_strdup(path);
-    if (!w->path) {
-        fclose(w->f);
-        w->f = NULL;
-        return TSR_ERR_NOMEM;
+    if (end < 0 || !w->path) {
+        tsr_status st = end < 0 ? tsr_error_set(TSR_ERR_IO, "%s: %s", path, strerror(errno))
+                                : TSR_ERR_NOMEM;
+        tsr_batch_writer_close(w);
+        return st;
     }
+    w->good = (int64_t)end;
     return TSR_OK;
 }
 
 tsr_status tsr_batch_writer_put(tsr_batch_writer *w, const char *line) {
-    size_t n = strlen(line);
-    if (fwrite(line, 1, n, w->f) != n || fflush(w->f) != 0 || fsync(fileno(w->f)) != 0)
-        return tsr_error_set(TSR_ERR_IO, "%s: write error: %s", w->path, strerror(errno));
+    if (w->failed_errno)
+        return tsr_error_set(TSR_ERR_IO, "%s: write error: %s", w->path,
+                             strerror(w->failed_errno));
+    size_t n = strlen(line), at = 0;
+    int e = 0;
+    const char *fault = getenv("TSR_TEST_WRITE_FAIL_AFTER"); /* test hook: bytes, then EIO */
+    while (at < n) {
+        ssize_t k;
+        if (fault && w->good + (int64_t)at >= strtoll(fault, NULL, 10)) {
+            k = -1;
+            errno = EIO;
+        } else {
+            size_t want = n - at;
+            if (fault && (int64_t)want > strtoll(fault, NULL, 10) - w->good - (int64_t)at)
+                want = (size_t)(strtoll(fault, NULL, 10) - w->good - (int64_t)at);
+            k = write(w->fd, line + at, want);
+        }
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            e = k < 0 ? errno : EIO;
+            break;
+        }
+        at += (size_t)k;
+    }
+    if (e == 0 && fsync(w->fd) != 0) e = errno;
+    if (e != 0) {
+        /* A cut record would stay in the file until a rerun: cut back to the last whole one
+         * (the space it frees is what the cut record took). */
+        w->failed_errno = e;
+        if (ftruncate(w->fd, (off_t)w->good) != 0 || fsync(w->fd) != 0)
+            return tsr_error_set(TSR_ERR_IO, "%s: write error: %s; and cutting the partial "
+                                 "record failed: %s", w->path, strerror(e), strerror(errno));
+        return tsr_error_set(TSR_ERR_IO, "%s: write error: %s", w->path, strerror(e));
+    }
+    w->good += (int64_t)n;
+    w->n_put++;
     return TSR_OK;
 }
 
 void tsr_batch_writer_close(tsr_batch_writer *w) {
-    if (w->f) fclose(w->f);
+    if (w->fd >= 0 && w->path) close(w->fd);
     tsr_free(w->path);
     memset(w, 0, sizeof *w);
+    w->fd = -1;
+}
+
+/* ---- lock ------------------------------------------------------------------------------- */
+
+tsr_status tsr_batch_lock_take(tsr_batch_lock *l, const char *file) {
+    memset(l, 0, sizeof *l);
+    l->fd = -1;
+    size_t n = strlen(file) + 6;
+    l->path = tsr_malloc(n);
+    if (!l->path) return TSR_ERR_NOMEM;
+    snprintf(l->path, n, "%s.lock", file);
+    /* The lock file is removed at release; one that a releasing job removed between our
+     * open and our lock is not the live one, so the lock is taken again on the new file
+     * (same inode as the path, checked after locking). */
+    for (int attempt = 0; attempt < 100; attempt++) {
+        int fd = open(l->path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+        if (fd < 0) {
+            tsr_status st = tsr_error_set(TSR_ERR_IO, "%s: cannot create its lock file %s: %s",
+                                          file, l->path, strerror(errno));
+            tsr_batch_lock_release(l);
+            return st;
+        }
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+        if (fcntl(fd, F_SETLK, &fl) != 0) {
+            int e = errno;
+            char holder[256] = "";
+            ssize_t k = pread(fd, holder, sizeof holder - 1, 0);
+            close(fd);
+            holder[k > 0 ? k : 0] = '\0';
+            holder[strcspn(holder, "\n")] = '\0';
+            tsr_status st;
+            if (e == EACCES || e == EAGAIN)
+                st = tsr_error_set(TSR_ERR_INVALID,
+                                   "%s is in use by another job (%s, lock %s): wait for it to "
+                                   "end or give another --output/--errors", file,
+                                   holder[0] ? holder : "holder unknown", l->path);
+            else
+                st = tsr_error_set(TSR_ERR_IO, "%s: cannot lock (%s); this file system may "
+                                   "not support POSIX locks (docs/jobs.md)", l->path,
+                                   strerror(e));
+            tsr_batch_lock_release(l);
+            return st;
+        }
+        struct stat a, b;
+        if (fstat(fd, &a) != 0 || stat(l->path, &b) != 0 || a.st_ino != b.st_ino ||
+            a.st_dev != b.st_dev) {
+            close(fd); /* removed under us: take the new one */
+            continue;
+        }
+        char rec[512], host[256] = "?", when[32] = "?";
+        gethostname(host, sizeof host - 1);
+        host[sizeof host - 1] = '\0';
+        time_t now = time(NULL);
+        struct tm tm;
+        if (gmtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        int w = snprintf(rec, sizeof rec, "pid %ld@%s since %s\n", (long)getpid(), host, when);
+        if (ftruncate(fd, 0) != 0 || w < 0 || pwrite(fd, rec, (size_t)w, 0) != (ssize_t)w) {
+            /* the lock holds without its record; a refused job then says "holder unknown" */
+        }
+        l->fd = fd;
+        return TSR_OK;
+    }
+    tsr_status st = tsr_error_set(TSR_ERR_IO, "%s: the lock file keeps being replaced", l->path);
+    tsr_batch_lock_release(l);
+    return st;
+}
+
+void tsr_batch_lock_release(tsr_batch_lock *l) {
+    if (l->fd >= 0 && l->path) { /* a zeroed lock (never taken) has no path */
+        /* Removed while still locked, so no other job can lock this inode and believe it
+         * holds the file (a job that opened it meanwhile sees another inode and retries). */
+        if (l->path) unlink(l->path);
+        close(l->fd);
+    }
+    tsr_free(l->path);
+    memset(l, 0, sizeof *l);
+    l->fd = -1;
 }

@@ -1,10 +1,12 @@
 /* `tessera run`: offline bulk generation. OpenAI batch JSONL in, one record per input line
  * out (appended, flushed and fsynced as each request finishes), continuous batching through
- * runtime/exec/scheduler.h, progress on stderr and an optional metrics JSON. A restarted job
- * skips the lines whose records are already in the output (jobs/run/batch_io.h), so it can be
- * killed at any moment. Exit codes: 0 when the job ran (bad lines are error records, not
- * failures), 1 for fatal errors (unreadable input or model, unwritable output, a failed
- * forward pass), 2 for usage errors, 3 (TSR_EXIT_STOPPED) when SIGTERM/SIGINT/SIGUSR1
+ * runtime/exec/scheduler.h, progress on stderr and an optional metrics JSON. Rank 0 locks the
+ * output and errors file for the job's life. A restarted job skips the lines whose records
+ * (same key, same line_hash) are already in the output, recomputes edited lines and refuses
+ * another input's output (jobs/run/batch_io.h), so it can be killed at any moment. Exit
+ * codes: 0 when the job ran (bad lines are error records, not failures), 1 for fatal errors
+ * (unreadable input or model, an output unwritable, locked or another input's, a write
+ * error mid-run, a failed forward pass), 2 for usage errors, 3 (TSR_EXIT_STOPPED) when SIGTERM/SIGINT/SIGUSR1
  * stopped it between steps with work left (a rerun resumes). */
 #include <errno.h>
 #include <inttypes.h>
@@ -13,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "jobs/run/batch_io.h"
@@ -52,6 +56,9 @@ static void tsr__run_free(tsr_run_job *g) {
     if (g->in) fclose(g->in);
     tsr_batch_writer_close(&g->out);
     tsr_batch_writer_close(&g->err);
+    tsr_batch_lock_release(&g->err_lock);
+    tsr_batch_lock_release(&g->out_lock);
+    tsr_batch_input_index_free(&g->ix);
     tsr_batch_resume_free(&g->resume);
     tsr_strset_destroy(g->seen);
     if (g->reqs)
@@ -64,15 +71,28 @@ static void tsr__run_free(tsr_run_job *g) {
     tsr_engine_destroy(g->eng);
 }
 
-/* One record written: output first (the source of truth), then the errors file. */
+/* One record written: output first (the source of truth), then the errors file. A failed
+ * write (the writer has cut the file back to its last whole record) stops the job at the
+ * next step (tsr__should_stop); the records finished until then are not written, and a
+ * rerun computes them again. */
 static tsr_status tsr__put(tsr_run_job *g, char *line, bool is_error) {
     if (!line) return tsr_error_set(TSR_ERR_NOMEM, "cannot format an output record");
     tsr_status st = TSR_OK;
-    if (g->root) st = tsr_batch_writer_put(&g->out, line);
-    if (st == TSR_OK && is_error && g->root) st = tsr_batch_writer_put(&g->err, line);
+    /* in the output (the other ranks count as rank 0 would, until a failure is agreed) */
+    bool in_output = !g->root;
+    if (g->root && !g->write_failed) {
+        st = tsr_batch_writer_put(&g->out, line);
+        in_output = st == TSR_OK;
+        if (st == TSR_OK && is_error) st = tsr_batch_writer_put(&g->err, line);
+    }
     tsr_free(line);
+    if (st == TSR_ERR_IO) {
+        g->write_failed = true;
+        snprintf(g->write_error, sizeof g->write_error, "%s", tsr_last_error());
+        st = TSR_OK;
+    }
     TSR_TRY(st);
-    g->records_this_run++;
+    if (in_output) g->records_this_run++;
     g->processed++;
     /* Test hook: die like a SIGKILL after N records, to exercise restart. */
     if (g->kill_after > 0 && g->records_this_run >= g->kill_after) _exit(137);
@@ -80,9 +100,10 @@ static tsr_status tsr__put(tsr_run_job *g, char *line, bool is_error) {
 }
 
 static tsr_status tsr__put_error(tsr_run_job *g, const char *custom_id, int64_t line,
-                                 const char *code, const char *msg) {
+                                 uint64_t line_hash, const char *code, const char *msg) {
     g->m.failed++;
-    return tsr__put(g, tsr_batch_format_error(custom_id, line, code, msg), true);
+    return tsr__put(g, tsr_batch_format_error_bound(custom_id, line, line_hash, code, msg),
+                    true);
 }
 
 static const char *tsr__basename(const char *p, char *buf, size_t cap) {
@@ -96,10 +117,46 @@ static const char *tsr__basename(const char *p, char *buf, size_t cap) {
 
 static tsr_status tsr__open_output(tsr_run_job *g) {
     const tsr_run_opts *o = g->o;
-    TSR_TRY(tsr_batch_resume_scan(o->output, &g->resume));
+    struct stat sb;
+    if (stat(o->output, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return tsr_error_set(TSR_ERR_INVALID, "--output %s is a directory: give a file path",
+                             o->output);
+    if (stat(g->err_path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return tsr_error_set(TSR_ERR_INVALID, "--errors %s is a directory: give a file path",
+                             g->err_path);
+    /* Locked before anything is read or written: a second job on the same files stops
+     * here with one line naming the holder. */
+    TSR_TRY(tsr_batch_lock_take(&g->out_lock, o->output));
+    if (strcmp(g->err_path, o->output) != 0)
+        TSR_TRY(tsr_batch_lock_take(&g->err_lock, g->err_path));
+    /* Read only: the output is changed (a partial last line cut, superseded records removed)
+     * by tsr__open_writers, once the job is known to run (a refused checkpoint leaves the
+     * output as it was). */
+    TSR_TRY(tsr_batch_resume_scan_bound(o->output, &g->ix, false, &g->resume));
     if (g->resume.n_ignored > 0)
         TSR_LOG_WARN("%s: %" PRId64 " complete lines are not batch records (left in place)",
                      o->output, g->resume.n_ignored);
+    /* Fails here, before any change, when the output cannot be opened for writing. */
+    int fd = open(o->output, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+    if (fd < 0)
+        return tsr_error_set(TSR_ERR_IO, "%s: cannot open for writing: %s", o->output,
+                             strerror(errno));
+    close(fd);
+    return TSR_OK;
+}
+
+/* Rank 0, once the job runs: the output's partial last line cut and its superseded records
+ * removed, then the writers opened and the errors file rebuilt from the output. */
+static tsr_status tsr__open_writers(tsr_run_job *g) {
+    const tsr_run_opts *o = g->o;
+    /* After the checkpoint's checks, whose refusals are the more specific ones. */
+    if (g->resume.n_foreign > 0)
+        return tsr_error_set(TSR_ERR_INVALID,
+                             "%s holds %" PRId64 " records of requests that %s does not have "
+                             "(the first: %.100s): it is another input's output; give another "
+                             "--output, or remove those records", o->output,
+                             g->resume.n_foreign, o->input, g->resume.first_foreign);
+    TSR_TRY(tsr_batch_resume_fix(o->output, &g->ix, &g->resume));
     /* The output first: an unwritable --output is reported as such, before the errors
      * file beside it fails the same way. */
     TSR_TRY(tsr_batch_writer_open(&g->out, o->output));
@@ -119,7 +176,13 @@ static tsr_status tsr__setup_files(tsr_run_job *g) {
     long start = 0;
     TSR_TRY(tsr_batch_input_scan(o->input, g->in, &g->m.lines, &start));
     if (fseek(g->in, start, SEEK_SET) != 0)
-        return tsr_error_set(TSR_ERR_IO, "%s: read error: %s", o->input, strerror(errno));
+        return tsr_error_set(TSR_ERR_IO, "%s: cannot seek the input: %s", o->input,
+                             strerror(errno));
+    /* The input's keys and line hashes, which bind the existing output to this input. */
+    TSR_TRY(tsr_batch_input_index_build(o->input, g->in, &g->ix));
+    if (fseek(g->in, start, SEEK_SET) != 0)
+        return tsr_error_set(TSR_ERR_IO, "%s: cannot seek the input: %s", o->input,
+                             strerror(errno));
 
     if (o->errors) {
         snprintf(g->err_path, sizeof g->err_path, "%s", o->errors);
@@ -133,7 +196,7 @@ static tsr_status tsr__setup_files(tsr_run_job *g) {
     tsr_status st = TSR_OK;
     if (g->root) st = tsr__open_output(g);
     TSR_TRY(tsr_dist_agree(g->dist, st));
-    st = g->root ? TSR_OK : tsr_batch_resume_scan(o->output, &g->resume);
+    st = g->root ? TSR_OK : tsr_batch_resume_scan_bound(o->output, &g->ix, false, &g->resume);
     TSR_TRY(tsr_dist_agree(g->dist, st));
     TSR_TRY(tsr_strset_create(&g->seen));
 
@@ -146,6 +209,39 @@ static tsr_status tsr__setup_files(tsr_run_job *g) {
     }
     tsr__basename(o->model, g->model_name, sizeof g->model_name);
     return TSR_OK;
+}
+
+/* The line hashes of the requests resumed from a checkpoint (their records are bound to
+ * their lines like any other; they may finish before the reader reaches their lines). */
+static tsr_status tsr__resumed_hashes(tsr_run_job *g) {
+    long pos = ftell(g->in);
+    if (pos < 0)
+        return tsr_error_set(TSR_ERR_IO, "%s: %s", g->o->input, strerror(errno));
+    char *buf = NULL;
+    size_t cap = 0;
+    int64_t line = 0;
+    tsr_status st = TSR_OK;
+    for (;;) {
+        errno = 0;
+        ssize_t n = getline(&buf, &cap, g->in);
+        if (n < 0) {
+            if (ferror(g->in))
+                st = tsr_error_set(TSR_ERR_IO, "%s: read error: %s", g->o->input,
+                                   strerror(errno));
+            break;
+        }
+        line++;
+        while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) n--;
+        for (int i = 0; i < g->n_reqs; i++)
+            if (g->reqs[i].used && g->reqs[i].line == line)
+                g->reqs[i].line_hash = tsr_batch_line_hash(buf, (size_t)n);
+    }
+    free(buf); /* getline allocates with malloc */
+    clearerr(g->in);
+    if (fseek(g->in, pos, SEEK_SET) != 0 && st == TSR_OK)
+        st = tsr_error_set(TSR_ERR_IO, "%s: cannot seek the input: %s", g->o->input,
+                           strerror(errno));
+    return st;
 }
 
 /* The engine is the start-up (job, model, tokenizer, shard, placement, backend, data plane,
@@ -208,19 +304,20 @@ static tsr_status tsr__setup(tsr_run_job *g) {
 /* Encodes and submits one parsed request, or writes its error record. `arrival` >= 0: the
  * request's arrival (seconds after t_start), from which its latencies count; < 0
  * (offline): from now. */
-static tsr_status tsr__submit(tsr_run_job *g, tsr_batch_request *r, double arrival) {
+static tsr_status tsr__submit(tsr_run_job *g, tsr_batch_request *r, uint64_t hash,
+                              double arrival) {
     char *rendered = NULL;
     const char *text = r->prompt;
     size_t text_len = text ? strlen(text) : 0;
     bool bos = !g->o->no_bos && g->tok->bos_id >= 0;
     if (r->kind == TSR_BATCH_CHAT) {
         if (g->chat.kind == TSR_CHAT_NONE)
-            return tsr__put_error(g, r->custom_id, r->line, TSR_BATCH_E_TEMPLATE,
+            return tsr__put_error(g, r->custom_id, r->line, hash, TSR_BATCH_E_TEMPLATE,
                                   "model has no chat template tessera can render "
                                   "(use /v1/completions)");
         tsr_status cs = tsr_chat_render(&g->chat, r->messages, r->n_messages, &rendered, &text_len);
         if (cs == TSR_ERR_INVALID) /* the template refused these messages (raise_exception) */
-            return tsr__put_error(g, r->custom_id, r->line, TSR_BATCH_E_TEMPLATE, tsr_last_error());
+            return tsr__put_error(g, r->custom_id, r->line, hash, TSR_BATCH_E_TEMPLATE, tsr_last_error());
         TSR_TRY(cs);
         text = rendered;
         bos = false; /* the template starts with bos_token */
@@ -232,11 +329,11 @@ static tsr_status tsr__submit(tsr_run_job *g, tsr_batch_request *r, double arriv
     if (st == TSR_ERR_NOMEM) return st;
     if (st != TSR_OK) {
         tsr_free(ids);
-        return tsr__put_error(g, r->custom_id, r->line, TSR_BATCH_E_PROMPT, tsr_last_error());
+        return tsr__put_error(g, r->custom_id, r->line, hash, TSR_BATCH_E_PROMPT, tsr_last_error());
     }
     if (n_ids == 0) {
         tsr_free(ids);
-        return tsr__put_error(g, r->custom_id, r->line, TSR_BATCH_E_PROMPT,
+        return tsr__put_error(g, r->custom_id, r->line, hash, TSR_BATCH_E_PROMPT,
                               "prompt encodes to no tokens");
     }
     if ((int64_t)n_ids >= g->ctx) {
@@ -246,7 +343,7 @@ static tsr_status tsr__submit(tsr_run_job *g, tsr_batch_request *r, double arriv
                  "to generate)",
                  n_ids, g->ctx);
         tsr_free(ids);
-        return tsr__put_error(g, r->custom_id, r->line, TSR_BATCH_E_TOO_LONG, msg);
+        return tsr__put_error(g, r->custom_id, r->line, hash, TSR_BATCH_E_TOO_LONG, msg);
     }
     int slot = 0;
     while (slot < g->n_reqs && g->reqs[slot].used) slot++;
@@ -261,10 +358,11 @@ static tsr_status tsr__submit(tsr_run_job *g, tsr_batch_request *r, double arriv
     tsr_free(ids);
     if (st == TSR_ERR_NOMEM) return st;
     if (st != TSR_OK)
-        return tsr__put_error(g, r->custom_id, r->line, TSR_BATCH_E_PARAM, tsr_last_error());
+        return tsr__put_error(g, r->custom_id, r->line, hash, TSR_BATCH_E_PARAM, tsr_last_error());
     tsr_run_req *q = &g->reqs[slot];
     q->used = true;
     q->body_hash = tsr_run_req_body_hash(r); /* before its strings move */
+    q->line_hash = hash;
     q->custom_id = r->custom_id; /* ownership moves */
     r->custom_id = NULL;
     q->line = r->line;
@@ -317,7 +415,7 @@ static tsr_status tsr__feed(tsr_run_job *g, int64_t *line_no, bool *eof) {
             tsr_sched_n_waiting(g->sched) >= g->o->max_batch_seqs)
             return TSR_OK;
         g->has_pending = false;
-        st = tsr__submit(g, &g->pending, g->pending_arrival);
+        st = tsr__submit(g, &g->pending, g->pending_hash, g->pending_arrival);
         tsr_batch_request_free(&g->pending);
         TSR_TRY(st);
     }
@@ -332,53 +430,39 @@ static tsr_status tsr__feed(tsr_run_job *g, int64_t *line_no, bool *eof) {
             break;
         }
         (*line_no)++;
-        while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) n--;
-        ssize_t k = 0;
-        while (k < n && (buf[k] == ' ' || buf[k] == '\t')) k++;
-        if (k == n) continue; /* blank lines are not requests */
+        bool blank;
+        uint64_t hash = 0;
         tsr_batch_request r;
         tsr_batch_error e;
-        tsr_status pst = tsr_batch_parse_line(buf, (size_t)n, *line_no, &r, &e);
-        if (pst != TSR_OK && pst != TSR_ERR_INVALID) {
+        tsr_status pst;
+        st = tsr_batch_take_line(buf, (size_t)n, *line_no, g->seen, &blank, &hash, &r, &e, &pst);
+        if (st != TSR_OK || blank) {
             tsr_batch_request_free(&r);
-            st = pst;
-            break;
-        }
-        if (r.custom_id) {
-            bool added = false;
-            st = tsr_strset_add(g->seen, r.custom_id, &added);
-            if (st != TSR_OK) {
-                tsr_batch_request_free(&r);
-                break;
-            }
-            if (!added) { /* keyed by line from here on */
-                snprintf(e.code, sizeof e.code, "%s", TSR_BATCH_E_DUPLICATE);
-                snprintf(e.message, sizeof e.message,
-                         "line %" PRId64 ": custom_id \"%.200s\" is used by an earlier line",
-                         *line_no, r.custom_id);
-                pst = TSR_ERR_INVALID;
-                tsr_free(r.custom_id);
-                r.custom_id = NULL;
-            }
+            if (st != TSR_OK) break;
+            continue; /* blank lines are not requests */
         }
         if (tsr_batch_resume_has(&g->resume, r.custom_id, *line_no)) {
             g->m.skipped++;
         } else if (tsr_run_ckpt_resumed(g, *line_no)) {
-            /* restored from the checkpoint: already in the scheduler */
+            /* restored from the checkpoint: already in the scheduler; its record is bound
+             * to this line */
+            for (int i = 0; i < g->n_reqs; i++)
+                if (g->reqs[i].used && g->reqs[i].line == *line_no) g->reqs[i].line_hash = hash;
         } else if (pst != TSR_OK) {
-            st = tsr__put_error(g, r.custom_id, *line_no, e.code, e.message);
+            st = tsr__put_error(g, r.custom_id, *line_no, hash, e.code, e.message);
         } else if (arrivals) {
             double at = g->next_arrival;
             g->next_arrival += tsr__arrival_gap(g);
             if (clock < at) { /* not yet: it waits, and the reading stops */
                 g->pending = r;
                 g->pending_arrival = at;
+                g->pending_hash = hash;
                 g->has_pending = true;
                 break;
             }
-            st = tsr__submit(g, &r, at);
+            st = tsr__submit(g, &r, hash, at);
         } else {
-            st = tsr__submit(g, &r, -1.0);
+            st = tsr__submit(g, &r, hash, -1.0);
         }
         tsr_batch_request_free(&r);
         if (st != TSR_OK) break;
@@ -427,7 +511,7 @@ static tsr_status tsr__finish(tsr_run_job *g, int tag, const char *reason, doubl
     tsr_batch_result res = {.custom_id = q->custom_id, .kind = q->kind,
                             .model = g->model_name, .text = q->text, .text_len = q->len,
                             .finish_reason = reason, .prompt_tokens = q->n_prompt,
-                            .completion_tokens = q->n_gen};
+                            .completion_tokens = q->n_gen, .line_hash = q->line_hash};
     g->m.ok++;
     if (!strcmp(reason, "stop"))
         g->m.finish_stop++;
@@ -473,7 +557,8 @@ static tsr_status tsr__events(tsr_run_job *g, const tsr_sched_event *ev, int n_e
         case TSR_FINISH_LENGTH:
         case TSR_FINISH_CONTEXT: TSR_TRY(tsr__finish(g, tag, "length", now)); break;
         case TSR_FINISH_ERROR: {
-            tsr_status st = tsr__put_error(g, q->custom_id, q->line, TSR_BATCH_E_TOO_LONG,
+            tsr_status st = tsr__put_error(g, q->custom_id, q->line, q->line_hash,
+                                           TSR_BATCH_E_TOO_LONG,
                                            "request does not fit the KV cache");
             tsr_run_req_clear(q);
             TSR_TRY(st);
@@ -484,16 +569,24 @@ static tsr_status tsr__events(tsr_run_job *g, const tsr_sched_event *ev, int n_e
     return TSR_OK;
 }
 
+#define TSR__WRITE_FAILED 1000
+
 /* The one place that decides to stop between steps (SIGTERM/SIGINT/SIGUSR1, jobs/signals.h).
  * Multi-rank runs must make this decision collective: all ranks stop at the same step. */
 static bool tsr__should_stop(tsr_run_job *g) {
     int signo = 0;
     int64_t sig = tsr_signals_stop_requested(&signo) ? signo : 0;
+    /* A failed write on rank 0 stops every rank like a signal (above every signal number) */
+    if (g->write_failed) sig = TSR__WRITE_FAILED;
     /* Collective: the ranks see a signal at different steps; the first one stops them all. */
     if (g->dist->world > 1 &&
         tsr_comm_allreduce_i64(g->dist->comm, TSR_COMM_WORLD, &sig, 1, TSR_COMM_MAX) != TSR_OK)
         tsr_comm_abort(g->dist->comm, 1, tsr_last_error());
     if (!sig) return false;
+    if (sig == TSR__WRITE_FAILED) {
+        g->write_failed = true;
+        return true;
+    }
     g->stop_signo = (int)sig;
     return true;
 }
@@ -513,19 +606,24 @@ static tsr_status tsr__job(tsr_run_job *g) {
     bool quiet = o->quiet || !g->root;
     tsr_progress_init(&g->prog, stderr, "tessera run", todo, o->progress_interval, quiet,
                       g->t_start);
+    if (!quiet && g->resume.n_superseded > 0)
+        fprintf(stderr,
+                "tessera run: %" PRId64 " records superseded: their input lines changed since "
+                "they were written; removed from %s, computed again\n",
+                g->resume.n_superseded, o->output);
     if (!quiet && g->resume.n_records > 0)
         fprintf(stderr,
                 "tessera run: resuming: %s holds %" PRId64 " records%s; %" PRId64
                 " requests left\n",
                 o->output, g->resume.n_records,
                 g->resume.truncated_bytes ? " (a partial last record was removed)" : "", todo);
-    if (o->checkpoint) {
-        int n_resumed = 0;
-        TSR_TRY(tsr_run_ckpt_start(g, &n_resumed));
-        if (!quiet && n_resumed > 0)
-            fprintf(stderr, "tessera run: resuming %d in-flight requests from %s\n", n_resumed,
-                    g->ck_path);
-    }
+    int n_resumed = 0;
+    if (o->checkpoint) TSR_TRY(tsr_run_ckpt_start(g, &n_resumed));
+    if (n_resumed > 0) TSR_TRY(tsr_dist_agree(g->dist, tsr__resumed_hashes(g)));
+    TSR_TRY(tsr_dist_agree(g->dist, g->root ? tsr__open_writers(g) : TSR_OK));
+    if (!quiet && n_resumed > 0)
+        fprintf(stderr, "tessera run: resuming %d in-flight requests from %s\n", n_resumed,
+                g->ck_path);
 
     int64_t line_no = 0;
     bool eof = false;
@@ -558,6 +656,31 @@ static tsr_status tsr__job(tsr_run_job *g) {
         tsr_progress_update(&g->prog, tsr_sys_now(), g->processed, toks);
     }
     int n_saved = -1;
+    if (g->write_failed) {
+        /* The output is cut back to its last whole record (tsr_batch_writer_put); the
+         * requests in flight go to the checkpoint, whose own file system may have room. */
+        char ck[4400] = "";
+        /* the records in the output are rank 0's count (the others counted every one) */
+        if (g->dist->world > 1 &&
+            tsr_comm_allreduce_i64(g->dist->comm, TSR_COMM_WORLD, &g->records_this_run, 1,
+                                   TSR_COMM_MIN) != TSR_OK)
+            tsr_comm_abort(g->dist->comm, 1, tsr_last_error());
+        if (o->checkpoint) {
+            int n = 0;
+            if (tsr_dist_agree(g->dist, tsr_run_ckpt_save(g, &n)) == TSR_OK)
+                snprintf(ck, sizeof ck, "; checkpoint: %d in-flight requests saved to %s%s", n,
+                         o->checkpoint, g->dist->world > 1 ? " (one file per rank)" : "");
+            else
+                snprintf(ck, sizeof ck, "; the checkpoint could not be written either: %.300s",
+                         tsr_last_error());
+        }
+        if (!g->root) return tsr_error_set(TSR_ERR_IO, "rank 0 could not write the output");
+        return tsr_error_set(TSR_ERR_IO,
+                             "%.1000s; kept %" PRId64 " whole records in %s (%" PRId64
+                             " bytes, no partial line)%s; make room and rerun the same command "
+                             "to resume", g->write_error,
+                             g->resume.n_records + g->out.n_put, o->output, g->out.good, ck);
+    }
     if (o->checkpoint && g->stop_signo) {
         int n = 0;
         TSR_TRY(tsr_dist_agree(g->dist, tsr_run_ckpt_save(g, &n)));
@@ -641,9 +764,12 @@ int tsr_cmd_run(int argc, char **argv) {
         {"tokenizer", TSR_OPT_STRING, &o.tokenizer, "PATH",
          "tokenizer.bin or tokenizer.json (default: found next to the model)", false},
         {"input", TSR_OPT_STRING, &o.input, "IN.jsonl",
-         "OpenAI batch requests, one JSON object a line (required)", false},
+         "OpenAI batch requests, one UTF-8 JSON object a line (required); a line that is not "
+         "UTF-8 gets an invalid_encoding error record, a UTF-16/32 file is refused", false},
         {"output", TSR_OPT_STRING, &o.output, "OUT.jsonl",
-         "records are appended here; a rerun skips requests already in it (required)", false},
+         "records are appended here, each bound to its input line (line_hash); locked for the "
+         "job's life (OUT.lock); a rerun skips the lines answered unchanged, recomputes edited "
+         "ones and refuses another input's output (required)", false},
         {"errors", TSR_OPT_STRING, &o.errors, "ERR.jsonl",
          "copy of the error records (default: OUT with .jsonl -> .errors.jsonl)", false},
         {"max-batch-seqs", TSR_OPT_INT, &o.max_batch_seqs, "N",
@@ -695,9 +821,11 @@ int tsr_cmd_run(int argc, char **argv) {
                    .synopsis = "--model PATH --input IN.jsonl --output OUT.jsonl [options]",
                    .about = "Bulk generation: OpenAI batch lines (/v1/completions, "
                             "/v1/chat/completions) in, one record per line out,\n"
-                            "in completion order. Bad lines become error records and the job "
-                            "goes on; exit status 0\nwhen the job ran, 1 on fatal errors "
-                            "(input, model, output), 2 on usage errors,\n3 when stopped by "
+                            "in completion order. Bad lines (invalid JSON, not UTF-8, ...) become "
+                            "error records and\nthe job goes on; exit status 0 when the job "
+                            "ran, 1 on fatal errors (input, model, output;\na write error cuts "
+                            "the output back to its last whole record and writes --checkpoint),"
+                            "\n2 on usage errors, 3 when stopped by "
                             "SIGTERM, SIGINT or SIGUSR1 before the end (finished records are "
                             "kept;\nrerun the same command to resume).",
                    .opts = opts,

@@ -37,6 +37,7 @@ typedef struct tsr_run_req {
     char *custom_id;
     int64_t line;
     uint64_t body_hash; /* tsr_run_req_body_hash of its input line */
+    uint64_t line_hash; /* tsr_batch_line_hash of its input line (written in its record) */
     tsr_batch_kind kind;
     char *stops[TSR_BATCH_MAX_STOPS];
     int n_stops;
@@ -64,6 +65,12 @@ typedef struct tsr_run_job {
     int ctx;
     FILE *in;
     tsr_batch_writer out, err;
+    /* rank 0: the locks on the output and the errors file; every rank: the input's keys */
+    tsr_batch_lock out_lock, err_lock;
+    tsr_batch_input_index ix;
+    /* a record could not be written (rank 0; agreed at the next step): the job stops */
+    bool write_failed;
+    char write_error[1024];
     tsr_batch_resume resume;
     tsr_strset *seen;
     tsr_run_req *reqs;
@@ -77,6 +84,7 @@ typedef struct tsr_run_job {
     bool has_pending;
     tsr_batch_request pending;
     double pending_arrival;
+    uint64_t pending_hash;
     tsr_progress prog;
     int64_t records_this_run, kill_after, processed;
     double t_start;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The small checks of issue 17 (point 7), one section each: --threads beyond what the CPUs
 # can run is a usage error; an unwritable --output / --errors is named as the user gave it
-# (not its .tmp); an input that is not UTF-8 (UTF-16, UTF-32, Latin-1) is refused up front
+# (not its .tmp), --output DIR is called a directory; an input in UTF-16 or UTF-32 is refused
+# up front, a Latin-1 line is one invalid_encoding record,
 # while a UTF-8 byte-order mark is accepted; KV options the chosen policy ignores get a
 # warning; a 1 MB model's peak resident memory stays small.
 # Args: $1 tessera binary, $2 repo root, $3 scratch dir.
@@ -83,9 +84,20 @@ else
     echo "note: neither iconv nor python3, the UTF-16 case is not checked"
 fi
 LC_ALL=C sed 's/caf\xc3\xa9/caf\xe9/' "$TMP/in.jsonl" >"$TMP/latin1.jsonl"
-expect_fail latin1 1 "$TMP/latin1.jsonl: line 2 is not UTF-8 (byte 0xe9" -- \
-    "$BIN" "${RUN[@]}" --input "$TMP/latin1.jsonl" --output "$TMP/olat.jsonl"
-[ -e "$TMP/olat.jsonl" ] && fail "latin1: a refused input left an output file"
+# a Latin-1 line is one bad line: an invalid_encoding record, the other line answered
+"$BIN" "${RUN[@]}" --input "$TMP/latin1.jsonl" --output "$TMP/olat.jsonl" 2>"$TMP/err" ||
+    fail "latin1: exit non-zero: $(cat "$TMP/err")"
+grep -q '"custom_id":"b".*"code":"invalid_encoding","message":"line 2 is not UTF-8 (byte 0xe9' \
+    "$TMP/olat.jsonl" || fail "latin1: no invalid_encoding record: $(cat "$TMP/olat.jsonl")"
+[ "$(grep -c '"status_code":200' "$TMP/olat.jsonl")" -eq 1 ] ||
+    fail "latin1: the good line was not answered"
+# --kv-budget 2.5 is neither a fraction (<= 1) nor whole tokens: a usage error
+expect_fail kv_budget_fraction 2 "--kv-budget 2.5: a fraction of the sequence must be <= 1" -- \
+    "$BIN" "${RUN[@]}" --input "$TMP/in.jsonl" --output "$TMP/kb.jsonl" --kv-policy h2o --kv-budget 2.5
+# --output DIR: named as a directory, not a read error
+mkdir -p "$TMP/adir"
+expect_fail output_is_dir 1 "--output $TMP/adir is a directory" -- \
+    "$BIN" "${RUN[@]}" --input "$TMP/in.jsonl" --output "$TMP/adir"
 { printf '\xef\xbb\xbf'; cat "$TMP/in.jsonl"; } >"$TMP/bom.jsonl"
 if "$BIN" "${RUN[@]}" --input "$TMP/bom.jsonl" --output "$TMP/obom.jsonl" 2>"$TMP/err"; then
     [ "$(grep -c '"status_code":200' "$TMP/obom.jsonl")" -eq 2 ] ||

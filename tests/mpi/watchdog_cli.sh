@@ -2,7 +2,7 @@
 # watchdog_cli.sh TESSERA ROOT MPIEXEC stop|kill [layout flags...]
 # `tessera run` on 2 ranks, mid-job (some records written): rank 1 gets SIGSTOP (with
 # --comm-timeout 10) or SIGKILL. The job must end with a non-zero exit within 30 s of the
-# signal, with tessera's own line from rank 0: the stuck operation and the stopped rank, or
+# signal, with tessera's own line from rank 0 (one line only): the stuck operation and the stopped rank, or
 # the dead rank. An outer timeout makes a hang a failure, never a stuck test.
 set -u
 bin=$1 root=$2 mpiexec=$3 mode=$4
@@ -56,6 +56,8 @@ fi
 fail=0
 [ "$rc" -ne 0 ] || { echo "FAIL: exit status 0"; fail=1; }
 grep -qE "$want" "$tmp/log" || { echo "FAIL: no line /$want/"; fail=1; }
+# one line only: no other rank reports rank 0's abort as a death
+if grep -qE '^tessera: rank [1-9][0-9]*: ' "$tmp/log"; then echo "FAIL: a second tessera line"; fail=1; fi
 awk -v t="$took" 'BEGIN { exit !(t <= 30) }' || { echo "FAIL: took $took s (limit 30)"; fail=1; }
 [ "$fail" -eq 0 ] && echo "ok"
 exit $fail

@@ -3,6 +3,7 @@
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "jobs/run/batch_io.h"
@@ -367,15 +368,126 @@ TSR_TEST(test_input_scan_encodings) {
     ASSERT_EQ_INT(scan_bytes(nobom, sizeof nobom - 1, &reqs, &start), TSR_ERR_INVALID);
     ASSERT_STR_CONTAINS(tsr_last_error(), "in.jsonl: line 1 has a NUL byte at byte 2");
     /* Latin-1 on line 3, a lone continuation byte, an overlong '/', a surrogate, a cut
-     * sequence at the end of the file */
+     * sequence at the end of the file: each is one bad line (an invalid_encoding record
+     * when the job reads it), counted as a request; the file is not refused */
     const char lat[] = "{}\n{}\n{\"p\":\"caf\xe9\"}\n";
-    ASSERT_EQ_INT(scan_bytes(lat, sizeof lat - 1, &reqs, &start), TSR_ERR_INVALID);
-    ASSERT_STR_CONTAINS(tsr_last_error(), "in.jsonl: line 3 is not UTF-8 (byte 0xe9 at byte 10)");
+    ASSERT_OK(scan_bytes(lat, sizeof lat - 1, &reqs, &start));
+    ASSERT_EQ_INT(reqs, 3);
     const char *bad[] = {"{\x80}\n", "{\xc0\xaf}\n", "{\xed\xa0\x80}\n", "{}\n\xe2\x82"};
+    const int64_t nreq[] = {1, 1, 1, 2};
     for (int i = 0; i < 4; i++) {
-        ASSERT_EQ_INT(scan_bytes(bad[i], strlen(bad[i]), &reqs, &start), TSR_ERR_INVALID);
-        ASSERT_STR_CONTAINS(tsr_last_error(), "is not UTF-8");
+        ASSERT_OK(scan_bytes(bad[i], strlen(bad[i]), &reqs, &start));
+        ASSERT_EQ_INT(reqs, nreq[i]);
     }
+}
+
+/* A line that is not UTF-8: invalid_encoding, keyed by its custom_id when that is UTF-8. */
+TSR_TEST(test_take_line_invalid_encoding) {
+    tsr_strset *seen;
+    ASSERT_OK(tsr_strset_create(&seen));
+    char l1[] = "{\"custom_id\":\"a\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"caf\xe9\"}}\n";
+    bool blank;
+    uint64_t h = 0;
+    tsr_batch_request r;
+    tsr_batch_error e;
+    tsr_status v;
+    ASSERT_OK(tsr_batch_take_line(l1, strlen(l1), 1, seen, &blank, &h, &r, &e, &v));
+    ASSERT_TRUE(!blank && v == TSR_ERR_INVALID && h != 0);
+    ASSERT_STR_EQ(e.code, TSR_BATCH_E_ENCODING);
+    ASSERT_STR_CONTAINS(e.message, "byte 0xe9");
+    ASSERT_STR_EQ(r.custom_id, "a");
+    ASSERT_EQ_INT((int64_t)h, (int64_t)tsr_batch_line_hash(l1, strlen(l1) - 1));
+    tsr_batch_request_free(&r);
+    char l2[] = "{\"custom_id\":\"\xff\"}";
+    ASSERT_OK(tsr_batch_take_line(l2, strlen(l2), 2, seen, &blank, &h, &r, &e, &v));
+    ASSERT_TRUE(v == TSR_ERR_INVALID && r.custom_id == NULL); /* keyed by line */
+    tsr_batch_request_free(&r);
+    char l3[] = "  \r\n";
+    ASSERT_OK(tsr_batch_take_line(l3, strlen(l3), 3, seen, &blank, &h, &r, &e, &v));
+    ASSERT_TRUE(blank);
+    tsr_batch_request_free(&r);
+    tsr_strset_destroy(seen);
+}
+
+/* Records bound to the input: kept when key and line hash match, superseded (removed) when
+ * the line changed, foreign (counted, output untouched) when the input lacks the key. */
+TSR_TEST(test_resume_bound_to_input) {
+    char in[512], out[512];
+    snprintf(in, sizeof in, "%s/test_batch_io_bind_in.%d.jsonl", TSR_BINARY_DIR, (int)getpid());
+    snprintf(out, sizeof out, "%s/test_batch_io_bind_out.%d.jsonl", TSR_BINARY_DIR,
+             (int)getpid());
+    const char *la = "{\"custom_id\":\"A\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"x\"}}";
+    const char *lb = "{\"custom_id\":\"B\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"y\"}}";
+    const char *lb2 = "{\"custom_id\":\"B\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"z\"}}";
+    char content[1024];
+    snprintf(content, sizeof content, "%s\n%s\nnot json\n", la, lb2);
+    write_file(in, content);
+    tsr_batch_result ra = {.custom_id = "A", .model = "m", .text = "t", .text_len = 1,
+                           .finish_reason = "stop", .line_hash = tsr_batch_line_hash(la, strlen(la))};
+    tsr_batch_result rb = ra;
+    rb.custom_id = "B";
+    rb.line_hash = tsr_batch_line_hash(lb, strlen(lb)); /* the old line B */
+    char *ka = tsr_batch_format_result(&ra), *kb = tsr_batch_format_result(&rb);
+    char *k3 = tsr_batch_format_error_bound(NULL, 3, tsr_batch_line_hash("not json", 8),
+                                            TSR_BATCH_E_JSON, "bad");
+    snprintf(content, sizeof content, "%s%s%s", ka, kb, k3);
+    write_file(out, content);
+    FILE *f = fopen(in, "rb");
+    ASSERT_TRUE(f != NULL);
+    tsr_batch_input_index ix;
+    ASSERT_OK(tsr_batch_input_index_build(in, f, &ix));
+    fclose(f);
+    ASSERT_EQ_INT(ix.n_lines, 3);
+    tsr_batch_resume r;
+    ASSERT_OK(tsr_batch_resume_scan_bound(out, &ix, true, &r));
+    ASSERT_EQ_INT(r.n_records, 2);
+    ASSERT_EQ_INT(r.n_superseded, 1);
+    ASSERT_EQ_INT(r.n_foreign, 0);
+    ASSERT_TRUE(tsr_batch_resume_has(&r, "A", 1));
+    ASSERT_TRUE(!tsr_batch_resume_has(&r, "B", 2));
+    ASSERT_TRUE(tsr_batch_resume_has(&r, NULL, 3));
+    tsr_batch_resume_free(&r);
+    snprintf(content, sizeof content, "%s%s", ka, k3);
+    ASSERT_STR_EQ(read_file(out), content); /* B's old record is gone */
+    /* another input: its records are foreign, the output is left as it was */
+    write_file(in, "{\"custom_id\":\"Z\"}\n");
+    f = fopen(in, "rb");
+    tsr_batch_input_index_free(&ix);
+    ASSERT_OK(tsr_batch_input_index_build(in, f, &ix));
+    fclose(f);
+    ASSERT_OK(tsr_batch_resume_scan_bound(out, &ix, true, &r));
+    ASSERT_EQ_INT(r.n_foreign, 2);
+    ASSERT_STR_EQ(r.first_foreign, "A");
+    ASSERT_EQ_INT(r.n_records, 0);
+    tsr_batch_resume_free(&r);
+    ASSERT_STR_EQ(read_file(out), content);
+    tsr_batch_input_index_free(&ix);
+    remove(in);
+    remove(out);
+    tsr_free(ka);
+    tsr_free(kb);
+    tsr_free(k3);
+}
+
+/* The lock: a second taker is refused naming the holder; released, it can be taken again. */
+TSR_TEST(test_lock_exclusive) {
+    char out[512];
+    snprintf(out, sizeof out, "%s/test_batch_io_lock.%d.jsonl", TSR_BINARY_DIR, (int)getpid());
+    tsr_batch_lock a, b;
+    ASSERT_OK(tsr_batch_lock_take(&a, out));
+    /* POSIX locks are per process: the second taker must be another process */
+    pid_t pid = fork();
+    if (pid == 0) {
+        tsr_status st = tsr_batch_lock_take(&b, out);
+        _exit(st == TSR_ERR_INVALID && strstr(tsr_last_error(), "in use by another job (pid ")
+                  ? 0 : 1);
+    }
+    int ws = 0;
+    waitpid(pid, &ws, 0);
+    ASSERT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    tsr_batch_lock_release(&a);
+    ASSERT_OK(tsr_batch_lock_take(&b, out));
+    tsr_batch_lock_release(&b);
 }
 
 TSR_TEST(test_errors_file_failure_names_the_path_given) {
@@ -392,7 +504,8 @@ TSR_TEST(test_errors_file_failure_names_the_path_given) {
     ASSERT_STR_CONTAINS(tsr_last_error(), out);
 }
 
-TSR_TEST_MAIN(test_parse_valid_completion_and_defaults, test_parse_each_bad_line,
+TSR_TEST_MAIN(test_take_line_invalid_encoding, test_resume_bound_to_input, test_lock_exclusive,
+              test_parse_valid_completion_and_defaults, test_parse_each_bad_line,
               test_record_shapes, test_resume_scan_truncated_output, test_strset,
               test_chat_template_llama3, test_input_scan_encodings,
               test_errors_file_failure_names_the_path_given)
