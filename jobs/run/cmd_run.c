@@ -159,6 +159,10 @@ static tsr_status tsr__setup(tsr_run_job *g) {
                             .threads = o->threads_given ? o->threads : 0,
                             .max_tokens = o->max_batch_tokens, .kv = o->kv.kv,
                             .pack_weights = true, .rank_out = &g->rank};
+    if (o->checkpoint) { /* the whole model's identity, before the shard cut */
+        spec.model_loaded = tsr_run_ckpt_model_loaded;
+        spec.model_loaded_ctx = g;
+    }
     spec.kv.max_seqs = o->max_batch_seqs;
     spec.kv.chunk_tokens = o->max_batch_tokens;
     /* the pool must hold one sequence of the context (kv_setup.h); 0: the model's */
@@ -610,7 +614,7 @@ static tsr_status tsr__job(tsr_run_job *g) {
                 tsr_signals_name(g->stop_signo), done < m->lines ? done : m->lines, m->lines);
         if (n_saved >= 0)
             fprintf(stderr, "tessera run: checkpoint: %d in-flight requests saved to %s%s\n",
-                    n_saved, o->checkpoint, g->dist->world > 1 ? " (one file per rank)" : "");
+                    n_saved, o->checkpoint, "");
     } else if (!o->quiet)
         fprintf(stderr,
                 "tessera run: %" PRId64 " requests: %" PRId64 " ok, %" PRId64 " failed, %" PRId64
