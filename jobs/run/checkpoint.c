@@ -1251,8 +1251,8 @@ tsr_status tsr_ckpt_inspect(const char *path, FILE *o) {
             m->model, m->dim, m->n_layers, m->n_heads, m->n_kv_heads, m->vocab_size, m->dtype);
     fprintf(o, "tokenizer: %s\n", m->tokenizer);
     fprintf(o, "policy: %s (%s), block size %d\n", m->policy, m->policy_options, m->block_size);
-    fprintf(o, "written by: tp %d x pp %d (%d ranks); resumes on any layout\n", m->tp, m->pp,
-            m->world);
+    fprintf(o, "written by: tp %d x pp %d (%d rank%s); resumes on any layout\n", m->tp, m->pp,
+            m->world, m->world == 1 ? "" : "s");
     fprintf(o, "job: output %s (%lld records), max batch seqs %d, context %d, seed %llu%s\n",
             m->output, (long long)m->output_records, m->max_batch_seqs, m->max_context,
             (unsigned long long)m->seed, m->no_bos ? ", no bos" : "");
