@@ -9,7 +9,7 @@
 #   5. if `tessera run --help` lists --tp: a TP=2 bulk job on 2 ranks, stopped by USR1 (both
 #      ranks get it from srun), requeued and completed;
 #   6. the same with TP=auto and a checkpoint (HDF5 builds), requeued onto 1 task
-#      (scontrol update NumTasks=1): the 2 ranks' checkpoint resumes on 1 rank, and the
+#      (scontrol update NumTasks=1 NumCPUs=1): the 2 ranks' checkpoint resumes on 1 rank, and the
 #      output equals job 5's.
 # Exits 77 (skipped) when not root or Slurm/munge are not installed. The daemons are
 # stopped by PID when the script exits, however it exits.
@@ -258,7 +258,13 @@ if [ -n "$CK" ] && "$BIN" run --help 2>/dev/null | grep -q -- '--tp'; then
     if [ "$(job_field "$id" Restarts)" = 1 ]; then
         grep -q "checkpoint: [1-9][0-9]* in-flight requests saved to $CK6" "$TMP/el.log" ||
             fail "job 6: the stop saved no checkpoint"
-        scontrol update JobId="$id" NumTasks=1 || fail "scontrol update NumTasks=1 failed"
+        k=0
+        while ! scontrol show job "$id" | grep -q JobState=PENDING && [ $k -lt 100 ]; do
+            sleep 0.2
+            k=$((k + 1))
+        done
+        scontrol update JobId="$id" NumTasks=1 NumCPUs=1 ||
+            fail "scontrol update NumTasks=1 NumCPUs=1 failed"
         scontrol update JobId="$id" StartTime=now || fail "scontrol update StartTime failed"
         st=$(wait_done "$id" 80)
         [ "$st" = COMPLETED ] || die "job 6 ($id) on 1 task: $st, want COMPLETED"
