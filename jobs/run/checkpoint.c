@@ -285,9 +285,15 @@ typedef struct tsr__h5 {
     uint64_t sum;
     bool count;
     hid_t dx_coll; /* collective transfer (H5P_DEFAULT in one process) */
+    /* A multi-rank write: the metadata calls (collective in parallel HDF5) and the
+     * collective writes go on after a local failure, so that the ranks' sequences of calls
+     * stay the same and nobody waits for a rank that stopped; data is no longer written. */
+    bool force;
 } tsr__h5;
 
 static bool tsr__ok(tsr__h5 *h) { return h->st == TSR_OK; }
+/* Whether a (collective) metadata call is to be made. */
+static bool tsr__go(tsr__h5 *h) { return h->st == TSR_OK || h->force; }
 
 static void tsr__fail(tsr__h5 *h, const char *what, const char *name) {
     if (h->st == TSR_OK)
@@ -373,7 +379,7 @@ static bool tsr__multi(const tsr_ckpt_part *p) {
 /* --- writing ------------------------------------------------------------------------- */
 
 static void tsr__wattr(tsr__h5 *h, hid_t obj, const char *name, hid_t type, const void *v) {
-    if (!tsr__ok(h)) return;
+    if (!tsr__go(h) || obj < 0) return;
     hid_t sp = H5Screate(H5S_SCALAR);
     hid_t a = sp >= 0 ? H5Acreate2(obj, name, type, sp, H5P_DEFAULT, H5P_DEFAULT) : -1;
     if (a < 0 || H5Awrite(a, type, v) < 0) tsr__fail(h, "write attribute", name);
@@ -395,7 +401,7 @@ static void tsr__wf32(tsr__h5 *h, hid_t obj, const char *name, float v) {
 }
 
 static void tsr__wstr(tsr__h5 *h, hid_t obj, const char *name, const char *s) {
-    if (!tsr__ok(h)) return;
+    if (!tsr__go(h)) return;
     size_t n = strlen(s);
     hid_t t = H5Tcopy(H5T_C_S1);
     if (t < 0 || H5Tset_size(t, n ? n : 1) < 0 || H5Tset_strpad(t, H5T_STR_NULLPAD) < 0) {
@@ -414,7 +420,7 @@ static void tsr__wstr(tsr__h5 *h, hid_t obj, const char *name, const char *s) {
  * -1 on failure. */
 static hid_t tsr__wcreate(tsr__h5 *h, hid_t obj, const char *name, hid_t type, int nd,
                           const hsize_t *dims) {
-    if (!tsr__ok(h)) return -1;
+    if (!tsr__go(h) || obj < 0) return -1;
     hid_t sp = H5Screate_simple(nd, dims, NULL);
     hid_t d = sp >= 0 ? H5Dcreate2(obj, name, type, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)
                       : -1;
@@ -431,7 +437,8 @@ static void tsr__wdata_by(tsr__h5 *h, hid_t obj, const char *name, hid_t type,
     hsize_t dims[2] = {rows, cols};
     hid_t d = tsr__wcreate(h, obj, name, type, cols ? 2 : 1, dims);
     if (d < 0) return;
-    if (writer && rows > 0 && H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+    if (writer && rows > 0 && tsr__ok(h) &&
+        H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
         tsr__fail(h, "write dataset", name);
     H5Dclose(d);
     bool c = h->count;
@@ -446,7 +453,7 @@ static void tsr__wdata(tsr__h5 *h, hid_t obj, const char *name, hid_t type, cons
 }
 
 static hid_t tsr__wgroup(tsr__h5 *h, hid_t parent, const char *name) {
-    if (!tsr__ok(h)) return -1;
+    if (!tsr__go(h) || parent < 0) return -1;
     hid_t g = H5Gcreate2(parent, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     if (g < 0) tsr__fail(h, "create group", name);
     return g;
@@ -595,7 +602,8 @@ static void tsr__wlayer(tsr__h5 *h, hid_t kvg, const tsr__kvix *x, const tsr_ckp
         hsize_t dims[3] = {rows, (hsize_t)x->n_heads, (hsize_t)hd};
         hid_t d = tsr__wcreate(h, g, kind ? "v" : "k", H5T_NATIVE_FLOAT, 3, dims);
         if (d < 0) break;
-        if (heads)
+        bool put = heads && tsr__ok(h); /* after a failure: part of the call, no data */
+        if (put)
             for (int j = 0; j < x->n_seqs; j++) {
                 const tsr_kv_seq_layer *Ls = &x->seq[j]->kv.layers[li];
                 size_t off = (size_t)x->offset[(size_t)j * x->n_layers + l];
@@ -608,7 +616,7 @@ static void tsr__wlayer(tsr__h5 *h, hid_t kvg, const tsr__kvix *x, const tsr_ckp
             hsize_t cnt[3] = {rows, (hsize_t)nh, (hsize_t)hd};
             hid_t ms = H5Screate_simple(3, cnt, NULL);
             herr_t e = fs >= 0 && ms >= 0 ? 0 : -1;
-            if (e >= 0 && heads)
+            if (e >= 0 && put)
                 e = H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, cnt, NULL);
             else if (e >= 0)
                 e = H5Sselect_none(fs) < 0 || H5Sselect_none(ms) < 0 ? -1 : 0;
@@ -618,7 +626,7 @@ static void tsr__wlayer(tsr__h5 *h, hid_t kvg, const tsr__kvix *x, const tsr_ckp
             if (fs >= 0) H5Sclose(fs);
         }
         H5Dclose(d);
-        if (heads)
+        if (put)
             for (hsize_t r = 0; r < rows; r++)
                 for (int k = 0; k < nh; k++)
                     h->sum += tsr__row_hash(kind, l, p->kv_head_begin + k, (int64_t)r,
@@ -674,7 +682,7 @@ static void tsr__wkv(tsr__h5 *h, hid_t f, const tsr__kvix *x, const tsr_ckpt_par
     tsr__wdata(h, g, "slots", H5T_NATIVE_INT32, x->slots, ns, nl);
     tsr__wdata(h, g, "dense", H5T_NATIVE_INT32, x->dense, ns, nl);
     tsr__wdata(h, g, "offset", H5T_NATIVE_INT64, x->offset, ns, nl);
-    for (int l = 0; l < x->n_layers && tsr__ok(h); l++)
+    for (int l = 0; l < x->n_layers && tsr__go(h); l++)
         tsr__wlayer(h, g, x, p, l, b->k, b->pos, b->score);
     H5Gclose(g);
 }
@@ -686,7 +694,8 @@ tsr_status tsr_ckpt_write_part(const char *path, const tsr_ckpt *c, const tsr_ck
     int rank = multi ? tsr_comm_world_rank(p->comm) : 0;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    tsr__h5 h = {.path = tmp, .st = TSR_OK, .count = rank == 0, .dx_coll = H5P_DEFAULT};
+    tsr__h5 h = {.path = tmp, .st = TSR_OK, .count = rank == 0, .dx_coll = H5P_DEFAULT,
+                 .force = multi};
     /* The index: local geometry first, then the job's maximum of everyone's layers. */
     tsr__kvix x = {.n_layers = m->kv_layers, .n_heads = m->n_kv_heads,
                    .head_dim = m->n_kv_heads > 0 ? m->kv_dim / m->n_kv_heads : 0};
@@ -750,7 +759,7 @@ tsr_status tsr_ckpt_write_part(const char *path, const tsr_ckpt *c, const tsr_ck
     }
     tsr__wmeta(&h, f, m, c->n_reqs);
     hid_t reqs = tsr__wgroup(&h, f, "requests");
-    for (int i = 0, k = 0; i < c->n_reqs && tsr__ok(&h); i++) {
+    for (int i = 0, k = 0; i < c->n_reqs && tsr__go(&h); i++) {
         tsr__wreq(&h, reqs, i, &c->reqs[i], k);
         k += c->reqs[i].has_kv;
     }
