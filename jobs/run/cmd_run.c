@@ -683,8 +683,8 @@ int tsr_cmd_run(int argc, char **argv) {
          "intact; recompute when the host pool is full) or recompute (prefill it again)",
          false},
         {"checkpoint", TSR_OPT_STRING, &o.checkpoint, "FILE.h5",
-         "on a stop signal save the in-flight requests and their KV here (HDF5; FILE.rankR.h5 "
-         "per rank); a rerun resumes them where they stopped; one written by another job "
+         "on a stop signal save the in-flight requests and their KV here (one HDF5 file, all "
+         "ranks); a rerun resumes them where they stopped, on any layout; one written by another job "
          "(model, tokenizer, input lines, options) or damaged is refused", false},
         {"checkpoint-discard", TSR_OPT_FLAG, &o.checkpoint_discard, NULL,
          "a --checkpoint file that does not fit this job or is damaged is removed and its "
