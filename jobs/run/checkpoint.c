@@ -376,6 +376,18 @@ static bool tsr__multi(const tsr_ckpt_part *p) {
     return p && p->comm && tsr_comm_world_size(p->comm) > 1;
 }
 
+/* A multi-rank job needs HDF5 built for MPI-IO (hdf5-openmpi), whose driver the ranks share
+ * one file through; serial HDF5 would have every rank write the file on its own. */
+static tsr_status tsr__need_parallel(const char *path, const tsr_ckpt_part *p) {
+#ifdef TSR__PARALLEL
+    if (!tsr__multi(p) || tsr_comm_mpi_handle(p->comm, TSR_COMM_WORLD)) return TSR_OK;
+#else
+    if (!tsr__multi(p)) return TSR_OK;
+#endif
+    return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: a checkpoint of a multi-rank job needs HDF5 "
+                         "built for MPI (parallel HDF5: Debian's libhdf5-openmpi-dev)", path);
+}
+
 /* --- writing ------------------------------------------------------------------------- */
 
 static void tsr__wattr(tsr__h5 *h, hid_t obj, const char *name, hid_t type, const void *v) {
@@ -700,11 +712,11 @@ tsr_status tsr_ckpt_write_part(const char *path, const tsr_ckpt *c, const tsr_ck
     tsr__kvix x = {.n_layers = m->kv_layers, .n_heads = m->n_kv_heads,
                    .head_dim = m->n_kv_heads > 0 ? m->kv_dim / m->n_kv_heads : 0};
     for (int i = 0; i < c->n_reqs; i++) x.n_seqs += c->reqs[i].has_kv;
-    tsr_status st = TSR_OK;
-    if (m->kv_layers < 1 || m->n_kv_heads < 1 || m->kv_dim % m->n_kv_heads != 0 ||
+    tsr_status st = tsr__need_parallel(path, p);
+    if (st == TSR_OK && (m->kv_layers < 1 || m->n_kv_heads < 1 || m->kv_dim % m->n_kv_heads != 0 ||
         p->layer_begin < 0 || p->layer_end > m->kv_layers || p->layer_begin >= p->layer_end ||
         p->kv_head_begin < 0 || p->kv_head_end > m->n_kv_heads ||
-        p->kv_head_begin >= p->kv_head_end)
+        p->kv_head_begin >= p->kv_head_end))
         st = tsr_error_set(TSR_ERR_INVALID, "%s: checkpoint of %d layers x %d KV heads (kv_dim "
                            "%d): this rank's part (layers %d-%d, heads %d-%d) does not fit",
                            path, m->kv_layers, m->n_kv_heads, m->kv_dim, p->layer_begin,
@@ -1191,6 +1203,7 @@ tsr_status tsr_ckpt_read_part(const char *path, const tsr_ckpt_part *part, tsr_c
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     int rank = tsr__multi(part) ? tsr_comm_world_rank(part->comm) : 0;
     tsr__h5 h = {.path = path, .st = TSR_OK, .count = rank == 0, .dx_coll = H5P_DEFAULT};
+    TSR_TRY(tsr__agree(part, tsr__need_parallel(path, part)));
     hid_t f = tsr__ropen(path, part);
     tsr_status st = tsr__agree(part, f < 0 ? TSR_ERR_HDF5 : TSR_OK);
     if (st != TSR_OK) {
