@@ -337,6 +337,10 @@ int tsr_comm_size(const tsr_comm *c, tsr_comm_group g) {
     if ((int)g < 0 || g >= TSR_COMM_GROUP_COUNT) return 0;
     return c->grp[g].size;
 }
+const void *tsr_comm_mpi_handle(const tsr_comm *c, tsr_comm_group g) {
+    if (!c || (int)g < 0 || g >= TSR_COMM_GROUP_COUNT || c->grp[g].size < 2) return NULL;
+    return c->grp[g].mpi;
+}
 
 /* The group, or an error line when it does not exist (no layout yet, bad enum). */
 static tsr_status tsr__grp(tsr_comm *c, tsr_comm_group g, const char *op, tsr__comm_grp **out) {

@@ -146,6 +146,10 @@ int tsr_comm_pp_rank(const tsr_comm *c);
 /* My rank in / the size of a group; -1 / 0 when the group does not exist yet. */
 int tsr_comm_rank(const tsr_comm *c, tsr_comm_group g);
 int tsr_comm_size(const tsr_comm *c, tsr_comm_group g);
+/* The group's MPI communicator (an MPI_Comm *, valid while c lives), for a library that
+ * does its own MPI I/O on the job's ranks (parallel HDF5 checkpoints); NULL without MPI or
+ * for a group of one rank. Collectives on it are not watched (tsr_comm_set_timeout). */
+const void *tsr_comm_mpi_handle(const tsr_comm *c, tsr_comm_group g);
 
 /* ---- data plane ---------------------------------------------------------------------- */
 

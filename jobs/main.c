@@ -16,6 +16,7 @@ static const struct {
     {"bench", tsr_cmd_bench, "measure prefill and decode speed"},
     {"fidelity", tsr_cmd_fidelity, "a KV policy against the full cache: perplexity, agreement, KL, recall"},
     {"characterize", tsr_cmd_characterize, "run a KV-policy characterization study (cells.csv, report, plots)"},
+    {"checkpoint", tsr_cmd_checkpoint, "inspect FILE: what a tessera run --checkpoint file holds"},
 };
 
 static void tsr__usage(FILE *f) {

@@ -255,6 +255,10 @@ static tsr_status tsr__setup(tsr_run_job *g) {
                             .threads = o->threads_given ? o->threads : 0,
                             .max_tokens = o->max_batch_tokens, .kv = o->kv.kv,
                             .pack_weights = true, .rank_out = &g->rank};
+    if (o->checkpoint) { /* the whole model's identity, before the shard cut */
+        spec.model_loaded = tsr_run_ckpt_model_loaded;
+        spec.model_loaded_ctx = g;
+    }
     spec.kv.max_seqs = o->max_batch_seqs;
     spec.kv.chunk_tokens = o->max_batch_tokens;
     /* the pool must hold one sequence of the context (kv_setup.h); 0: the model's */
@@ -733,7 +737,7 @@ static tsr_status tsr__job(tsr_run_job *g) {
                 tsr_signals_name(g->stop_signo), done < m->lines ? done : m->lines, m->lines);
         if (n_saved >= 0)
             fprintf(stderr, "tessera run: checkpoint: %d in-flight requests saved to %s%s\n",
-                    n_saved, o->checkpoint, g->dist->world > 1 ? " (one file per rank)" : "");
+                    n_saved, o->checkpoint, "");
     } else if (!o->quiet)
         fprintf(stderr,
                 "tessera run: %" PRId64 " requests: %" PRId64 " ok, %" PRId64 " failed, %" PRId64
@@ -805,8 +809,8 @@ int tsr_cmd_run(int argc, char **argv) {
          "intact; recompute when the host pool is full) or recompute (prefill it again)",
          false},
         {"checkpoint", TSR_OPT_STRING, &o.checkpoint, "FILE.h5",
-         "on a stop signal save the in-flight requests and their KV here (HDF5; FILE.rankR.h5 "
-         "per rank); a rerun resumes them where they stopped; one written by another job "
+         "on a stop signal save the in-flight requests and their KV here (one HDF5 file, all "
+         "ranks); a rerun resumes them where they stopped, on any layout; one written by another job "
          "(model, tokenizer, input lines, options) or damaged is refused", false},
         {"checkpoint-discard", TSR_OPT_FLAG, &o.checkpoint_discard, NULL,
          "a --checkpoint file that does not fit this job or is damaged is removed and its "

@@ -52,12 +52,21 @@ uint64_t tsr_run_req_body_hash(const tsr_batch_request *r) {
     return h;
 }
 
-/* The model's and the tokenizer's identity, once per job (the model is the engine's host
- * model: its tensors are host memory or file views). */
+void tsr_run_ckpt_model_loaded(void *ctx, const tsr_model *m) {
+    tsr_run_job *g = ctx;
+    tsr_ckpt_model_identity(m, &g->ck_model_config, &g->ck_model_tensors,
+                            &g->ck_model_weights);
+    g->ck_model_done = true;
+}
+
+/* The model's and the tokenizer's identity, once per job. The model's was taken of the
+ * whole model as loaded (tsr_run_ckpt_model_loaded, before the engine cut it to this
+ * rank's shard), so that it is the same on every layout. */
 static tsr_status tsr__ckpt_identity(tsr_run_job *g) {
     if (g->ck_id_done) return TSR_OK;
-    tsr_ckpt_model_identity(g->model, &g->ck_model_config, &g->ck_model_tensors,
-                            &g->ck_model_weights);
+    if (!g->ck_model_done)
+        return tsr_error_set(TSR_ERR_INVALID, "checkpoint: the model's identity was not taken "
+                             "at load");
     if (g->o->tokenizer)
         snprintf(g->ck_tokenizer, sizeof g->ck_tokenizer, "%s", g->o->tokenizer);
     else
@@ -80,6 +89,8 @@ static tsr_status tsr__ckpt_meta(tsr_run_job *g, int64_t records, tsr_ckpt_meta 
     const tsr_model_config *c = &g->model->cfg;
     tsr_kv_cache *mech = tsr_ckpt_kv_mech(g->kv);
     bool multi = g->dist->world > 1;
+    /* The layout is recorded (tp, pp, world) for `tessera checkpoint inspect`, not checked;
+     * the KV is the model's whole (kv_layers x kv_dim), whichever part this rank holds. */
     *m = (tsr_ckpt_meta){.format_version = TSR_CKPT_VERSION, .dim = c->dim,
                          .n_layers = c->n_layers, .n_heads = c->n_heads,
                          .n_kv_heads = c->n_kv_heads, .vocab_size = c->vocab_size,
@@ -90,11 +101,11 @@ static tsr_status tsr__ckpt_meta(tsr_run_job *g, int64_t records, tsr_ckpt_meta 
                          .block_size = mech ? tsr_kv_block_size(mech) : 0,
                          .tp = multi ? tsr_comm_size(g->dist->comm, TSR_COMM_TP) : 1,
                          .pp = multi ? tsr_comm_size(g->dist->comm, TSR_COMM_PP) : 1,
-                         .rank = g->dist->rank, .world = multi ? g->dist->world : 1,
+                         .rank = 0, .world = multi ? g->dist->world : 1,
                          .max_batch_seqs = g->o->max_batch_seqs, .max_context = g->ctx,
                          .no_bos = g->o->no_bos, .seed = g->o->seed,
-                         .kv_layers = mech ? mech->n_layers : 0,
-                         .kv_dim = mech ? mech->kv_dim : 0, .output_records = records};
+                         .kv_layers = c->n_layers, .kv_dim = c->n_kv_heads * c->head_dim,
+                         .output_records = records};
     snprintf(m->model, sizeof m->model, "%s", g->o->model);
     snprintf(m->dtype, sizeof m->dtype, "%s", tsr_dtype_name(c->dtype));
     snprintf(m->tokenizer, sizeof m->tokenizer, "%.1023s", g->ck_tokenizer);
@@ -110,15 +121,29 @@ static tsr_status tsr__ckpt_meta(tsr_run_job *g, int64_t records, tsr_ckpt_meta 
     return TSR_OK;
 }
 
-/* Local: every request the scheduler holds, with the KV of the running ones. */
+/* The part of the model's KV this rank holds (its shard), and the job's ranks. */
+static tsr_ckpt_part tsr__ckpt_part(const tsr_run_job *g) {
+    const tsr_model_config *c = &g->model->cfg;
+    if (g->dist->world <= 1)
+        return (tsr_ckpt_part){.layer_begin = 0, .layer_end = c->n_layers, .kv_head_begin = 0,
+                               .kv_head_end = c->n_kv_heads, .head_owner = true};
+    const tsr_parallel_shard *s = &g->dist->shard;
+    return (tsr_ckpt_part){.comm = g->dist->comm, .layer_begin = s->layer_begin,
+                           .layer_end = s->layer_end, .kv_head_begin = s->kv_head_begin,
+                           .kv_head_end = s->kv_head_end,
+                           .head_owner = s->tp_rank == s->kv_share_begin};
+}
+
+/* Collective: every request the scheduler holds, with the KV of the running ones, each
+ * rank its part, into one file. */
 tsr_status tsr_run_ckpt_save(tsr_run_job *g, int *n_saved) {
     tsr_ckpt ck = {0};
     *n_saved = 0;
-    TSR_TRY(tsr__ckpt_meta(g, g->resume.n_records + g->records_this_run, &ck.meta));
+    tsr_status st0 = tsr__ckpt_meta(g, g->resume.n_records + g->records_this_run, &ck.meta);
     tsr_kv_cache *mech = tsr_ckpt_kv_mech(g->kv);
-    if (!mech)
-        return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: the KV cache is not paged",
-                             g->ck_path);
+    if (st0 == TSR_OK && !mech)
+        st0 = tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: the KV cache is not paged", g->ck_path);
+    TSR_TRY(tsr_dist_agree(g->dist, st0));
     int n = tsr_sched_n_requests(g->sched);
     tsr_sched_saved *sv = tsr_calloc((size_t)(n ? n : 1), sizeof *sv);
     ck.reqs = tsr_calloc((size_t)(n ? n : 1), sizeof *ck.reqs);
@@ -144,7 +169,10 @@ tsr_status tsr_run_ckpt_save(tsr_run_job *g, int *n_saved) {
         ck.n_reqs = i + 1;
         if (r->has_kv) st = tsr_kv_export_seq(mech, sv[i].slot, &r->kv);
     }
-    if (st == TSR_OK) st = tsr_ckpt_write(g->ck_path, &ck);
+    /* the export is local: agreed before the collective write */
+    st = tsr_dist_agree(g->dist, st);
+    tsr_ckpt_part part = tsr__ckpt_part(g);
+    if (st == TSR_OK) st = tsr_ckpt_write_part(g->ck_path, &ck, &part);
     for (int i = 0; i < ck.n_reqs; i++) tsr_kv_seq_state_free(&ck.reqs[i].kv);
     tsr_free(ck.reqs);
     tsr_free(sv);
@@ -224,10 +252,12 @@ static tsr_status tsr__ckpt_check_input(tsr_run_job *g, const tsr_ckpt *ck) {
     return st;
 }
 
-/* Local: reads this rank's checkpoint and checks it against the job: its identity, its
- * requests against the input, the output's records. */
+/* Reads the checkpoint (collective: each rank its part of the KV, the same status
+ * everywhere) and checks it against the job (local, the same answer on every rank): its
+ * identity, its requests against the input, the output's records. */
 static tsr_status tsr__ckpt_load(tsr_run_job *g, tsr_ckpt *ck) {
-    TSR_TRY(tsr_ckpt_read(g->ck_path, ck));
+    tsr_ckpt_part part = tsr__ckpt_part(g);
+    TSR_TRY(tsr_ckpt_read_part(g->ck_path, &part, ck));
     tsr_ckpt_meta job;
     TSR_TRY(tsr__ckpt_meta(g, g->resume.n_records, &job));
     TSR_TRY(tsr_ckpt_check(g->ck_path, &ck->meta, &job));
@@ -295,32 +325,39 @@ static tsr_status tsr__ckpt_restore(tsr_run_job *g, tsr_ckpt *ck) {
     return TSR_OK;
 }
 
-/* With --checkpoint-discard: a checkpoint that cannot be resumed is removed (every rank's
- * file) and its requests are recomputed from their input lines, which have no records. */
+/* With --checkpoint-discard: a checkpoint that cannot be resumed is removed (by rank 0)
+ * and its requests are recomputed from their input lines, which have no records. */
 static tsr_status tsr__ckpt_discard(tsr_run_job *g, tsr_status why) {
     if (!g->o->checkpoint_discard || why == TSR_ERR_NOMEM) return why;
     if (g->root && !g->o->quiet)
         fprintf(stderr, "tessera run: warning: %s; --checkpoint-discard: removed, its requests "
                 "are recomputed\n", tsr_last_error());
-    if (remove(g->ck_path) != 0 && errno != ENOENT)
+    if (g->root && remove(g->ck_path) != 0 && errno != ENOENT)
         return tsr_dist_agree(g->dist, tsr_error_set(TSR_ERR_IO, "%s: cannot remove the "
                               "discarded checkpoint: %s", g->ck_path, strerror(errno)));
     return tsr_dist_agree(g->dist, TSR_OK);
 }
 
-/* At the start: resumes from this rank's checkpoint when every rank has one. Collective. */
+/* At the start: resumes from the job's checkpoint when there is one (rank 0 looks; every
+ * rank must be able to read it: a shared file system). Collective. */
 tsr_status tsr_run_ckpt_start(tsr_run_job *g, int *n_resumed) {
     *n_resumed = 0;
-    tsr_ckpt_rank_path(g->o->checkpoint, g->dist->rank, g->dist->world, g->ck_path,
-                       sizeof g->ck_path);
-    int64_t have[2] = {access(g->ck_path, F_OK) == 0, 0};
-    have[1] = -have[0];
+    snprintf(g->ck_path, sizeof g->ck_path, "%s", g->o->checkpoint);
+    char old[sizeof g->ck_path + 16];
+    tsr_ckpt_rank_path(g->o->checkpoint, 0, 2, old, sizeof old);
+    /* have[0]: the checkpoint; have[1]: a per-rank file of format 2 in its place */
+    int64_t have[2] = {0, 0};
+    if (g->root) {
+        have[0] = access(g->ck_path, F_OK) == 0;
+        have[1] = !have[0] && access(old, F_OK) == 0;
+    }
     if (g->dist->world > 1)
         TSR_TRY(tsr_comm_allreduce_i64(g->dist->comm, TSR_COMM_WORLD, have, 2, TSR_COMM_MAX));
-    if (have[0] != -have[1])
-        return tsr__ckpt_discard(g, tsr_dist_agree(g->dist, tsr_error_set(TSR_ERR_INVALID,
-                                 "%s: some ranks have a checkpoint file and others not",
-                                 g->ck_path)));
+    if (have[1])
+        return tsr_dist_agree(g->dist, tsr_error_set(TSR_ERR_FORMAT, "%s: a per-rank checkpoint "
+                              "of an older tessera (format 2); this tessera reads one file per "
+                              "job (format %d): remove the %s files to recompute their "
+                              "requests", old, TSR_CKPT_VERSION, "*.rank<R>.h5"));
     if (!have[0]) return TSR_OK;
     tsr_ckpt ck;
     tsr_status st = tsr_dist_agree(g->dist, tsr__ckpt_load(g, &ck));
@@ -339,7 +376,7 @@ tsr_status tsr_run_ckpt_start(tsr_run_job *g, int *n_resumed) {
     tsr_ckpt_free(&ck);
     /* Resumed: from here on the output and this run's next checkpoint are the state (a
      * kill now resumes by records, never from a stale checkpoint). */
-    if (st == TSR_OK && remove(g->ck_path) != 0 && errno != ENOENT)
+    if (st == TSR_OK && g->root && remove(g->ck_path) != 0 && errno != ENOENT)
         TSR_LOG_WARN("%s: cannot remove the resumed checkpoint: %s", g->ck_path,
                      strerror(errno));
     return st;

@@ -94,22 +94,26 @@ typedef struct tsr_run_job {
     tsr_dist *dist; /* the engine's (after tsr_engine_create) */
     int rank;       /* this rank's, known even when the start failed (rank_out) */
     bool root;
-    /* --checkpoint: this rank's file and the input lines of the requests it resumed */
+    /* --checkpoint: the job's file and the input lines of the requests it resumed */
     char ck_path[4200];
     int64_t *ck_lines;
     int n_ck_lines;
     /* the job's identity in a checkpoint (model, tokenizer), computed once */
-    bool ck_id_done;
+    bool ck_id_done, ck_model_done;
     uint64_t ck_model_config, ck_model_tensors, ck_model_weights, ck_tokenizer_id;
     char ck_tokenizer[4096];
 } tsr_run_job;
 
 void tsr_run_req_clear(tsr_run_req *r);
 
-/* --checkpoint (jobs/run/run_checkpoint.c). At the start: resumes from this rank's checkpoint
- * when every rank has one (collective); *n_resumed gets the requests put back. */
+/* --checkpoint (jobs/run/run_checkpoint.c). At the start: resumes from the job's checkpoint,
+ * written on any layout (collective); *n_resumed gets the requests put back. */
 tsr_status tsr_run_ckpt_start(tsr_run_job *g, int *n_resumed);
-/* Local: saves every request the scheduler holds, with the KV of the running ones. */
+/* The engine's model_loaded hook (ctx: the job), set with --checkpoint: the identity of the
+ * whole model, before the shard cut. */
+void tsr_run_ckpt_model_loaded(void *ctx, const tsr_model *m);
+/* Collective (every rank calls it at the same point): saves every request the scheduler
+ * holds, with the KV of the running ones, into one file. */
 tsr_status tsr_run_ckpt_save(tsr_run_job *g, int *n_saved);
 /* Whether input line `line` was resumed from the checkpoint (already in the scheduler). */
 bool tsr_run_ckpt_resumed(const tsr_run_job *g, int64_t line);

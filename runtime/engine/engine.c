@@ -233,6 +233,7 @@ static tsr_status tsr__load(tsr_engine *e, const tsr_engine_spec *o) {
     if (st == TSR_OK && !e->model) st = tsr__load_model(o, &e->model);
     const tsr_model_config *c = e->model ? &e->model->cfg : NULL;
     if (st == TSR_OK && o->config_out) *o->config_out = *c;
+    if (st == TSR_OK && o->model_loaded) o->model_loaded(o->model_loaded_ctx, e->model);
     if (st == TSR_OK && o->min_context > c->max_seq_len)
         st = tsr_error_set(TSR_ERR_BUDGET, "%s holds %d positions, fewer than the %d this job "
                            "needs", e->model->source ? e->model->source : "the model",

@@ -113,6 +113,12 @@ typedef struct tsr_engine_spec {
     /* Optional: the model's config as loaded, set as soon as the model is (zeroed before),
      * so that a start refused for min_context can be reported in the caller's words. */
     tsr_model_config *config_out;
+    /* Optional: called on every rank once the model is loaded, before it is cut to the
+     * rank's shard or converted: the whole model as the file holds it (tensors in host
+     * memory or file views), so that what is derived from it does not depend on the
+     * layout (a checkpoint's model identity). */
+    void (*model_loaded)(void *ctx, const tsr_model *m);
+    void *model_loaded_ctx;
 } tsr_engine_spec;
 
 typedef struct tsr_engine {

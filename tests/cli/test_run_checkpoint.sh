@@ -80,6 +80,20 @@ for policy in paged h2o; do
         fail "$policy: plain resume failed"
     cp "$D/ck.h5" "$D/ck.keep"
 
+    # `tessera checkpoint inspect`: the binding, the requests, the KV bytes per layer.
+    "$BIN" checkpoint inspect "$D/ck.h5" >"$D/inspect.txt" 2>"$D/inspect.err" ||
+        fail "$policy: inspect failed: $(cat "$D/inspect.err")"
+    grep -q "^checkpoint $D/ck.h5: format 3, checksum ok$" "$D/inspect.txt" &&
+        grep -q "^policy: $policy " "$D/inspect.txt" &&
+        grep -q "^written by: tp 1 x pp 1 (1 rank); resumes on any layout$" "$D/inspect.txt" &&
+        grep -Eq "^requests: [1-9][0-9]* \([1-9][0-9]* running with KV" "$D/inspect.txt" &&
+        grep -Eq "^  layer 4: [1-9][0-9]* rows x 4 KV heads x 8, [0-9]+ bytes$" "$D/inspect.txt" ||
+        fail "$policy: inspect output: $(cat "$D/inspect.txt")"
+    head -c 3000 "$D/ck.h5" >"$D/ins_trunc.h5"
+    "$BIN" checkpoint inspect "$D/ins_trunc.h5" >/dev/null 2>"$D/inspect.err" &&
+        fail "$policy: inspect accepted a truncated file"
+    [ "$(wc -l <"$D/inspect.err")" -eq 1 ] || fail "$policy: inspect: $(cat "$D/inspect.err")"
+
     # Mismatches, refused before anything changes: model, policy, output records.
     other=$([ "$policy" = paged ] && echo h2o || echo paged)
     "$BIN" run "${ARGS[@]}" --kv-policy "$other" --output "$D/a.jsonl" \
@@ -140,6 +154,18 @@ PY
         fail "$policy: truncated checkpoint line: $(cat "$D/t.err")"
     [ "$(wc -l <"$D/t.err")" -eq 1 ] || fail "$policy: truncated checkpoint: more than one line"
 done
+
+# A per-rank checkpoint of format 2 (FILE.rank<R>.h5) is refused with one line, never read.
+mkdir -p "$TMP/old"
+echo "not read" >"$TMP/old/ck.rank0.h5"
+"$BIN" run --model "$MODEL" --input "$IN" --output "$TMP/old/o.jsonl" \
+    --checkpoint "$TMP/old/ck.h5" --quiet 2>"$TMP/old/err"
+rc=$?
+[ $rc -eq 1 ] || fail "format 2: exit $rc, want 1"
+grep -q "^tessera run: $TMP/old/ck.rank0.h5: a per-rank checkpoint of an older tessera (format 2)" \
+    "$TMP/old/err" || fail "format 2: $(cat "$TMP/old/err")"
+[ "$(wc -l <"$TMP/old/err")" -eq 1 ] || fail "format 2: more than one line"
+[ -f "$TMP/old/o.jsonl" ] && [ "$(nlines "$TMP/old/o.jsonl")" -gt 0 ] && fail "format 2: ran"
 
 "$BIN" run --model "$MODEL" --input "$IN" --output "$TMP/o.jsonl" --kv-policy offload \
     --checkpoint "$TMP/o.h5" 2>"$TMP/o.err"

@@ -8,10 +8,13 @@
  *   0 patch:  [offset][n-1 (0..7)][n bytes]  overwrite n bytes of the value at offset
  *   1 delete:                               remove the attribute or dataset
  *   2 resize: [d0][d1][fill]                a dataset again with d0 rows (d1 columns when
- *                                           2-D), same type, bytes `fill`; an attribute
+ *                                           2-D or 3-D, the last dim kept when 3-D: the KV
+ *                                           pools), same type, bytes `fill`; an attribute
  *                                           again as a d0-byte string
  * (at most 16 edits). What the reader then does with the file is what is tested: every
- * value it trusts, every size it allocates from. The unedited file must read back. */
+ * value it trusts, every size it allocates from, read whole and as one rank's part (layer 1,
+ * KV head 1: a part read alone never matches the whole file's checksum, so it is refused
+ * at the end, after every allocation and read it makes). The unedited file must read back. */
 #include "tests/fuzz/fuzz_util.h"
 
 #ifdef TSR_HAVE_HDF5
@@ -127,7 +130,7 @@ static void tsr__delete(hid_t f, const tsr__item *it) {
 }
 
 static void tsr__resize(hid_t f, const tsr__item *it, tsr__in *in) {
-    hsize_t dims[2] = {tsr__byte(in), tsr__byte(in)};
+    hsize_t dims[3] = {tsr__byte(in), tsr__byte(in), 0};
     uint8_t fill = tsr__byte(in);
     if (it->attr[0]) { /* a string of d0 bytes in place of the attribute */
         H5Adelete_by_name(f, it->obj, it->attr, H5P_DEFAULT);
@@ -151,14 +154,17 @@ static void tsr__resize(hid_t f, const tsr__item *it, tsr__in *in) {
     if (d < 0) return;
     hid_t t = H5Dget_type(d), sp = H5Dget_space(d);
     int rank = sp >= 0 ? H5Sget_simple_extent_ndims(sp) : -1;
+    hsize_t old[3] = {0, 0, 0};
+    if (rank == 3 && H5Sget_simple_extent_dims(sp, old, NULL) >= 0) dims[2] = old[2];
     H5Dclose(d);
     if (sp >= 0) H5Sclose(sp);
-    if (t < 0 || rank < 1 || rank > 2) {
+    if (t < 0 || rank < 1 || rank > 3) {
         if (t >= 0) H5Tclose(t);
         return;
     }
     H5Ldelete(f, it->obj, H5P_DEFAULT);
-    size_t size = (size_t)dims[0] * (rank == 2 ? (size_t)dims[1] : 1) * H5Tget_size(t);
+    size_t size = (size_t)dims[0] * (rank >= 2 ? (size_t)dims[1] : 1) *
+                  (rank == 3 ? (size_t)dims[2] : 1) * H5Tget_size(t);
     uint8_t *buf = malloc(size ? size : 1);
     hid_t nsp = H5Screate_simple(rank, dims, NULL);
     if (buf && nsp >= 0) {
@@ -197,9 +203,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fprintf(stderr, "fuzz_checkpoint: unedited checkpoint refused: %s\n", tsr_last_error());
         abort();
     }
-    if (st != TSR_OK) return 0;
-    (void)tsr_ckpt_check(path, &c.meta, &c.meta);
-    tsr_ckpt_free(&c);
+    if (st == TSR_OK) {
+        (void)tsr_ckpt_check(path, &c.meta, &c.meta);
+        tsr_ckpt_free(&c);
+    }
+    tsr_ckpt_part part = {.layer_begin = 1, .layer_end = 2, .kv_head_begin = 1,
+                          .kv_head_end = 2, .head_owner = true};
+    if (tsr_ckpt_read_part(path, &part, &c) == TSR_OK) abort(); /* cannot match alone */
     return 0;
 }
 

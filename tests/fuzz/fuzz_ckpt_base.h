@@ -1,6 +1,6 @@
 /* The checkpoint fuzz_checkpoint starts from: written by tsr_ckpt_write itself, so it
  * follows the format when that changes. Two requests, one running with the KV of 5 tokens in
- * 2 layers (with scores; one layer has an evicted slot), one waiting. */
+ * 2 layers of 2 KV heads of 2 (with scores; one layer has an evicted slot), one waiting. */
 #ifndef TSR_TESTS_FUZZ_CKPT_BASE_H
 #define TSR_TESTS_FUZZ_CKPT_BASE_H
 
@@ -22,7 +22,7 @@ static inline tsr_status tsr_fuzz_ckpt_write_base(const char *path) {
         {.slots = 4, .dense = 0, .k = k, .v = v, .pos = pos1, .score = score},
     };
     tsr_ckpt c = {.meta = {.format_version = TSR_CKPT_VERSION, .model = "m.bin", .dim = 16,
-                           .n_layers = 2, .n_heads = 2, .n_kv_heads = 1, .vocab_size = 32,
+                           .n_layers = 2, .n_heads = 2, .n_kv_heads = 2, .vocab_size = 32,
                            .dtype = "f32", .policy = "h2o", .block_size = 4, .tp = 1,
                            .pp = 1, .rank = 0, .world = 1, .max_batch_seqs = 2,
                            .max_context = 16, .kv_layers = 2, .kv_dim = TSR__KVD,

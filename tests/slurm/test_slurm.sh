@@ -7,7 +7,10 @@
 #   4. if `tessera generate --help` lists --tp: a 2-rank `srun --mpi=pmix` job of
 #      `tessera generate --tp 2` prints what one process prints;
 #   5. if `tessera run --help` lists --tp: a TP=2 bulk job on 2 ranks, stopped by USR1 (both
-#      ranks get it from srun), requeued and completed.
+#      ranks get it from srun), requeued and completed;
+#   6. the same with TP=auto and a checkpoint (HDF5 builds), requeued onto 1 task
+#      (scontrol update NumTasks=1 NumCPUs=1): the 2 ranks' checkpoint resumes on 1 rank, and the
+#      output equals a direct `tessera run`'s.
 # Exits 77 (skipped) when not root or Slurm/munge are not installed. The daemons are
 # stopped by PID when the script exits, however it exits.
 # Args: $1 tessera binary, $2 repo root, $3 scratch dir.
@@ -237,6 +240,51 @@ if "$BIN" run --help 2>/dev/null | grep -q -- '--tp'; then
     echo "test_slurm: job 5 (TP=2, 2 ranks) stopped at $n1/$N, requeued, COMPLETED ($(($(date +%s) - T0)) s)"
 else
     echo "test_slurm: 2-rank bulk part skipped: $BIN run --help has no --tp"
+fi
+
+# --- 6. an elastic requeue: 2 ranks stop with a checkpoint, 1 rank resumes it ------------
+if [ -n "$CK" ] && "$BIN" run --help 2>/dev/null | grep -q -- '--tp'; then
+    CK6=$TMP/el.ck.h5
+    N6=48
+    make_input "$TMP/el.jsonl" $N6 100
+    # shellcheck disable=SC2086  # RUN_ARGS is a list of options
+    "$BIN" run --model "$MODEL" --input "$TMP/el.jsonl" --output "$TMP/el.ref.jsonl" \
+        $RUN_ARGS --quiet || die "direct tessera run failed"
+    id=$(TP=auto CHECKPOINT=$CK6 submit_bulk "$TMP/el.jsonl" "$TMP/el.out.jsonl" el.log -n 2) ||
+        die "sbatch failed"
+    wait_lines "$TMP/el.out.jsonl" 3 60 || die "job 6 ($id) wrote no records"
+    scancel --batch --signal=USR1 "$id" || fail "scancel --batch --signal=USR1 failed"
+    k=0
+    while [ "$(job_field "$id" Restarts)" != 1 ] && [ $k -lt 150 ]; do
+        sleep 0.2
+        k=$((k + 1))
+    done
+    n1=$(wc -l <"$TMP/el.out.jsonl")
+    if [ "$(job_field "$id" Restarts)" = 1 ]; then
+        grep -q "checkpoint: [1-9][0-9]* in-flight requests saved to $CK6" "$TMP/el.log" ||
+            fail "job 6: the stop saved no checkpoint"
+        k=0
+        while ! scontrol show job "$id" | grep -q JobState=PENDING && [ $k -lt 100 ]; do
+            sleep 0.2
+            k=$((k + 1))
+        done
+        scontrol update JobId="$id" NumTasks=1 NumCPUs=1 ||
+            fail "scontrol update NumTasks=1 NumCPUs=1 failed"
+        scontrol update JobId="$id" StartTime=now || fail "scontrol update StartTime failed"
+        st=$(wait_done "$id" 120)
+        [ "$st" = COMPLETED ] || die "job 6 ($id) on 1 task: $st, want COMPLETED"
+        grep -q "run 2 on .*: 1 task(s)" "$TMP/el.log" || fail "job 6: run 2 was not 1 task"
+        grep -q "resuming [1-9][0-9]* in-flight requests from $CK6" "$TMP/el.log" ||
+            fail "job 6: the 1-rank run did not resume the 2 ranks' checkpoint"
+        [ ! -e "$CK6" ] || fail "job 6: checkpoint left after the job completed"
+        check_jsonl "$TMP/el.out.jsonl" $N6 "job 6 (2 ranks, then 1)"
+        diff <(sort "$TMP/el.out.jsonl") <(sort "$TMP/el.ref.jsonl") >/dev/null ||
+            fail "job 6 (2 ranks, resumed on 1) differs from a direct tessera run"
+        echo "test_slurm: job 6 stopped at $n1/$N6 on 2 ranks, requeued onto 1, resumed its" \
+            "checkpoint, COMPLETED ($(($(date +%s) - T0)) s)"
+    else
+        [ "$n1" -eq $N6 ] || die "job 6 ($id) did not requeue: $(job_field "$id" JobState)"
+    fi
 fi
 
 if [ $fails -ne 0 ]; then

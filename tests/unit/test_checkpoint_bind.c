@@ -244,13 +244,18 @@ TSR_TEST(check_names_what_differs) {
               "has \"budget=32\"");
     TSR__CASE(m.no_bos = 1, "checkpoint no_bos is 0, this job has 1");
     TSR__CASE(m.seed = 7, "checkpoint seed is 42, this job has 7");
-    TSR__CASE(m.tp = 2, "checkpoint tp is 1, this job has 2");
     TSR__CASE(m.n_kv_heads = 8, "checkpoint n_kv_heads is 2, this job has 8");
     TSR__CASE(snprintf(m.output, sizeof m.output, "o2.jsonl"), "checkpoint output is");
     /* the configuration's named fields come before its hash */
     TSR__CASE((m.dim = 32, m.model_config++), "checkpoint dim is 64, this job has 32");
 #undef TSR__CASE
     tsr_ckpt_meta m = b;
+    m.tp = 2; /* the layout is recorded, not checked: any layout resumes */
+    m.pp = 2;
+    m.world = 4;
+    m.rank = 3;
+    ASSERT_OK(tsr_ckpt_check("ck.h5", &a, &m));
+    m = b;
     m.output_records = 16;
     ASSERT_OK(tsr_ckpt_check("ck.h5", &a, &m));
     ASSERT_EQ_INT(tsr_ckpt_check_records("ck.h5", &a, &m), TSR_ERR_INVALID);

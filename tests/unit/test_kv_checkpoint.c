@@ -2,6 +2,7 @@
  * imported into another pool holds the same rows, positions and scores and goes on the same
  * way; a tsr_ckpt written to HDF5 reads back field for field; damaged files fail with one
  * line. */
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "jobs/run/checkpoint.h"
@@ -176,6 +177,23 @@ TSR_KV_TEST(ckpt_file_round_trip) {
     ASSERT_EQ_INT(tsr_ckpt_check(path, &r.meta, &other), TSR_ERR_INVALID);
     ASSERT_TRUE(strstr(tsr_last_error(), "n_kv_heads") != NULL);
     tsr_ckpt_free(&r);
+    /* A write that fails (its temporary name taken by a directory) leaves the previous
+     * checkpoint as it was. */
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    ASSERT_EQ_INT(mkdir(tmp, 0755), 0);
+    ASSERT_TRUE(tsr_ckpt_write(path, &w) != TSR_OK);
+    ASSERT_EQ_INT(rmdir(tmp), 0);
+    ASSERT_EQ_INT(tsr_ckpt_read(path, &r), TSR_OK);
+    ASSERT_EQ_INT(r.n_reqs, 2);
+    tsr_ckpt_free(&r);
+    /* One process reading one KV head's part: the rows of that head, but the checksum
+     * counts only what this process read, so alone it is refused (a part read is for the
+     * ranks of a job together). */
+    tsr_ckpt_part part = {.layer_begin = 0, .layer_end = LAYERS, .kv_head_begin = 1,
+                          .kv_head_end = 2, .head_owner = true};
+    ASSERT_EQ_INT(tsr_ckpt_read_part(path, &part, &r), TSR_ERR_FORMAT);
+    ASSERT_TRUE(strstr(tsr_last_error(), "checksum mismatch") != NULL);
     /* Truncated: one line naming the file. */
     FILE *f = fopen(path, "r+b");
     ASSERT_TRUE(f != NULL);
@@ -240,10 +258,11 @@ TSR_KV_TEST(kv_export_through_policy) {
     tsr_kv_cache_destroy(dense);
 }
 
+/* The per-rank names format 2 used, which a resume looks for to refuse them by name. */
 TSR_TEST(ckpt_rank_paths) {
     char buf[128];
     tsr_ckpt_rank_path("run/ck.h5", 0, 1, buf, sizeof buf);
-    ASSERT_TRUE(!strcmp(buf, "run/ck.h5"));
+    ASSERT_TRUE(!strcmp(buf, "run/ck.rank0.h5"));
     tsr_ckpt_rank_path("run/ck.h5", 3, 4, buf, sizeof buf);
     ASSERT_TRUE(!strcmp(buf, "run/ck.rank3.h5"));
     tsr_ckpt_rank_path("ck", 1, 2, buf, sizeof buf);
