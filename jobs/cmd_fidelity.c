@@ -21,7 +21,7 @@
 #include "runtime/text/tokenizer.h"
 
 typedef struct tsr__fid_opts {
-    const char *model, *tokenizer, *text, *json, *backend;
+    const char *model, *tokenizer, *text, *json, *backend, *ref_kv_dtype;
     int probe_length, max_tokens, max_context, chunk, threads, gen_tokens;
     bool quiet;
     tsr_kv_cli kv;
@@ -99,7 +99,8 @@ static tsr_status tsr__fidelity(const tsr__fid_opts *o) {
                                    .kv = o->kv.kv, .chunk_tokens = o->chunk,
                                    .max_tokens = o->max_tokens,
                                    .probe_length = o->probe_length,
-                                   .gen_tokens = o->gen_tokens};
+                                   .gen_tokens = o->gen_tokens,
+                                   .ref_kv_dtype = o->ref_kv_dtype};
         fo.kv.max_context = o->max_context;
         st = tsr_fidelity_run(&spec, NULL, text, text_len, &fo, &r);
     }
@@ -148,6 +149,9 @@ int tsr_cmd_fidelity(int argc, char **argv) {
         {"chunk", TSR_OPT_INT, &o.chunk, "N", "prefill chunk of the probe's prompt, tokens",
          false},
         {"threads", TSR_OPT_INT, &o.threads, "N", "CPU threads", false},
+        {"ref-kv-dtype", TSR_OPT_STRING, &o.ref_kv_dtype, "T",
+         "KV dtype of the full cache (default: the backend's; --kv-dtype sets the policy's)",
+         false},
         {"backend", TSR_OPT_STRING, &o.backend, "NAME", tsr_backend_names(),
          false},
         {"json", TSR_OPT_STRING, &o.json, "OUT.json",

@@ -58,6 +58,10 @@ int tsr_kv_cli_opts(tsr_kv_cli *k, tsr_cli_opt *out) {
                              "tokens per KV block", false};
     out[n++] = (tsr_cli_opt){"kv-budget", TSR_OPT_DOUBLE, &k->budget, "B", k->budget_help,
                              false};
+    out[n++] = (tsr_cli_opt){"kv-dtype", TSR_OPT_STRING, &k->kv.kv_dtype, "T",
+                             "KV storage: f32, bf16, q8 (32-element blocks, a scale each) or "
+                             "fp8 (E4M3, a scale per row); attention accumulates in f32 "
+                             "(default: bf16 on a GPU, f32 on the CPU)", false};
     /* Each policy's options under it, in registry order; a name two policies share is
      * listed once, under the first. */
     k->n_pol = 0;
@@ -106,6 +110,9 @@ tsr_cli_result tsr_kv_cli_check(const tsr_cli *cli, tsr_kv_cli *k) {
     if (k->budget > 1 && k->budget != floor(k->budget))
         return tsr_cli_usage_error(cli, "--kv-budget %g: a fraction of the sequence must be "
                                    "<= 1, a count of tokens a whole number > 1", k->budget);
+    if (k->kv.kv_dtype && tsr_kv_dtype_parse(k->kv.kv_dtype) < 0)
+        return tsr_cli_usage_error(cli, "--kv-dtype %s: unknown (use f32, bf16, q8 or fp8)",
+                                   k->kv.kv_dtype);
     /* Every value given is checked against its declaration, whichever policy runs. */
     for (int e = 0; e < k->n_pol; e++) {
         const tsr_cli_opt *c = tsr_cli_find(cli, k->pol_opt[e]->name);

@@ -16,7 +16,7 @@
 /* Distinct option names over all registered policies. */
 #define TSR_KV_CLI_MAX_POLICY_OPTS 32
 /* The most entries tsr_kv_cli_opts writes (size option arrays with it). */
-#define TSR_KV_CLI_N_OPTS (5 + TSR_KV_CLI_MAX_POLICY_OPTS)
+#define TSR_KV_CLI_N_OPTS (6 + TSR_KV_CLI_MAX_POLICY_OPTS)
 
 typedef struct tsr_kv_cli {
     tsr_kv_options kv; /* filled by tsr_kv_cli_check */
@@ -38,7 +38,7 @@ typedef struct tsr_kv_cli {
 /* Defaults: paged, 16-token blocks; each policy's options at their declared defaults. */
 void tsr_kv_cli_init(tsr_kv_cli *k);
 /* Writes the option entries (bound to k, at most TSR_KV_CLI_N_OPTS) at `out` and returns
- * how many: --kv-policy, --kv-memory, --block-size, --kv-budget, then each policy's
+ * how many: --kv-policy, --kv-memory, --block-size, --kv-budget, --kv-dtype, then each policy's
  * options in registry order (help generated: "h2o: ..."), then --stats. */
 int tsr_kv_cli_opts(tsr_kv_cli *k, tsr_cli_opt *out);
 /* Validates the parsed values against their declarations and completes k->kv (its policy:

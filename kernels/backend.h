@@ -29,6 +29,7 @@
 #include "base/model_config.h"
 #include "base/status.h"
 #include "base/tensor.h"
+#include "kernels/kv_dtype.h"
 
 typedef struct tsr_backend tsr_backend;
 /* Opaque, backend-owned: a queue of copies (CUDA: a cudaStream_t) and a point in one. */
@@ -45,8 +46,11 @@ typedef enum tsr_mem_kind {
 } tsr_mem_kind;
 
 /* K/V storage in backend memory, addressed by slot: slot s's K row is at
- * k + (s / block) * block_stride + (s % block) * row floats, its V row at the same offset
- * from v. The paged cache's blocks (block = its block size, K rows then V rows of a block
+ * k + (s / block) * block_stride + (s % block) * row elements, its V row at the same offset
+ * from v. Elements are of `dtype` (kernels/kv_dtype.h; 0: f32); for every dtype the offsets
+ * are whole rows, a row taking tsr_kv_row_bytes(dtype, row) bytes (tsr_kv_layout_row), so
+ * k and v are typed float * but point at the dtype's bytes. The row ops take and give f32
+ * rows and convert. The paged cache's blocks (block = its block size, K rows then V rows of a block
  * side by side: v = k + block * row, block_stride = 2 * block * row) and a dense
  * per-sequence cache (block = its capacity) are both this shape. Slot lists are host
  * memory, int32 (the slots of one pool). */
@@ -55,7 +59,21 @@ typedef struct tsr_kv_layout {
     int64_t block_stride;
     int32_t block;
     int32_t row;
+    int32_t dtype; /* tsr_kv_dtype */
 } tsr_kv_layout;
+
+/* The address of the row `elems` elements (a multiple of row) from base. */
+static inline float *tsr_kv_rows_at(float *base, int dtype, int32_t row, int64_t elems) {
+    if (dtype == TSR_KV_F32) return base + elems;
+    return (float *)((char *)base + (size_t)(elems / row) * tsr_kv_row_bytes(dtype, row));
+}
+
+/* Slot s's K (v = 0) or V (v = 1) row. */
+static inline float *tsr_kv_layout_row(const tsr_kv_layout *lay, int v, int32_t s) {
+    return tsr_kv_rows_at(v ? lay->v : lay->k, lay->dtype, lay->row,
+                          (int64_t)(s / lay->block) * lay->block_stride +
+                              (int64_t)(s % lay->block) * lay->row);
+}
 
 /* A run of cached keys/values for one layer: row i of k/v (kv_dim floats, `stride`
  * floats apart) holds the token at position pos ? pos[i] : pos0 + i. k and v are backend
@@ -67,6 +85,10 @@ typedef struct tsr_kv_span {
     int32_t pos0;
     int32_t n;
     int64_t stride;
+    /* Element type of k and v (kernels/kv_dtype.h; 0: f32). Other than f32 the rows are
+     * whole stored rows of stride = n_kv_heads * head_dim elements, back to back
+     * (tsr_kv_row_bytes each), and attention converts them to f32 as it reads. */
+    int32_t dtype;
 } tsr_kv_span;
 
 /* Attention geometry for one call: n_q query rows of n_heads*head_dim, GQA groups. */

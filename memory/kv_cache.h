@@ -185,6 +185,10 @@ struct tsr_kv_cache {
  * concurrent sequences. */
 tsr_status tsr_kv_dense_create(tsr_backend *be, int n_layers, int n_kv_heads, int head_dim,
                                int max_tokens, int max_seqs, tsr_kv_cache **out);
+/* The same with K/V stored as `dtype` (tsr_kv_dtype: kernels/kv_dtype.h). */
+tsr_status tsr_kv_dense_create_dtype(tsr_backend *be, int n_layers, int n_kv_heads,
+                                     int head_dim, int max_tokens, int max_seqs, int dtype,
+                                     tsr_kv_cache **out);
 
 void tsr_kv_cache_destroy(tsr_kv_cache *kv);
 

@@ -2,7 +2,8 @@
  * to max_tokens. It is the exact reference the block-managed policies are tested against.
  * A sequence's rows of all layers share one backend buffer (K then V of layer 0, then of
  * layer 1, ...); rows move only through the backend's copies (the write is one device
- * copy per K and V, the growth one per layer). */
+ * copy per K and V, the growth one per layer). Rows of another dtype than f32
+ * (kernels/kv_dtype.h) are written by the backend's kv_write, which converts. */
 #include <string.h>
 
 #include "memory/kv_cache.h"
@@ -13,7 +14,7 @@ typedef struct tsr__dense_seq {
     int32_t len;      /* committed tokens */
     int32_t reserved; /* tokens with storage */
     int32_t cap;      /* allocated rows per layer */
-    float **k;        /* [n_layers] -> [cap][kv_dim], inside buf (backend memory) */
+    float **k;        /* [n_layers] -> [cap][kv_dim] of dtype, inside buf (backend memory) */
     float **v;
     float *buf;       /* K then V of layer 0, then of layer 1, ... (backend memory) */
     size_t buf_bytes;
@@ -27,6 +28,9 @@ typedef struct tsr__dense {
     int max_seqs;
     tsr__dense_seq *seqs;
     tsr_kv_span span; /* the one span spans() returns */
+    int dtype;        /* tsr_kv_dtype of the stored rows */
+    int32_t *slots;   /* kv_write's slot list (non-f32 rows) */
+    int32_t slots_cap;
     int64_t bytes_used, bytes_peak;
 } tsr__dense;
 
@@ -35,7 +39,9 @@ static tsr__dense_seq *tsr__seq(const tsr__dense *d, int seq) {
     return &d->seqs[seq];
 }
 
-static size_t tsr__row_bytes(const tsr__dense *d) { return (size_t)d->base.kv_dim * 4; }
+static size_t tsr__row_bytes(const tsr__dense *d) {
+    return tsr_kv_row_bytes(d->dtype, d->base.kv_dim);
+}
 
 static void tsr__seq_release(tsr__dense *d, tsr__dense_seq *s) {
     if (s->buf) d->be->ops->buffer_free(d->be, s->buf);
@@ -50,6 +56,7 @@ static void tsr__dense_destroy(tsr_kv_cache *kv) {
     for (int i = 0; i < d->max_seqs; i++)
         if (d->seqs[i].active) tsr__seq_release(d, &d->seqs[i]);
     tsr_free(d->seqs);
+    tsr_free(d->slots);
     tsr_free(d);
 }
 
@@ -106,11 +113,11 @@ static tsr_status tsr__dense_reserve(tsr_kv_cache *kv, int seq, int32_t n) {
             return tsr_error_set(TSR_ERR_NOMEM,
                                  "KV cache: out of memory growing sequence %d to %d tokens",
                                  seq, cap);
-        float *nb = nbuf;
-        size_t used = (size_t)s->len * tsr__row_bytes(d), rows = bytes / sizeof(float);
+        char *nb = nbuf;
+        size_t used = (size_t)s->len * tsr__row_bytes(d);
         tsr_status st = TSR_OK;
         for (int l = 0; l < kv->n_layers && s->buf && st == TSR_OK; l++) {
-            float *nk = nb + 2 * (size_t)l * rows, *nv = nk + rows;
+            void *nk = nb + 2 * (size_t)l * bytes, *nv = nb + (2 * (size_t)l + 1) * bytes;
             st = tsr_backend_copy(d->be, nk, s->k[l], used);
             if (st == TSR_OK) st = tsr_backend_copy(d->be, nv, s->v[l], used);
         }
@@ -119,12 +126,12 @@ static tsr_status tsr__dense_reserve(tsr_kv_cache *kv, int seq, int32_t n) {
             return st;
         }
         for (int l = 0; l < kv->n_layers; l++) {
-            s->k[l] = nb + 2 * (size_t)l * rows;
-            s->v[l] = s->k[l] + rows;
+            s->k[l] = (float *)(nb + 2 * (size_t)l * bytes);
+            s->v[l] = (float *)(nb + (2 * (size_t)l + 1) * bytes);
         }
         if (s->buf) d->be->ops->buffer_free(d->be, s->buf);
         d->bytes_used += (int64_t)total - (int64_t)s->buf_bytes;
-        s->buf = nb;
+        s->buf = (float *)nb;
         s->buf_bytes = total;
         if (d->bytes_used > d->bytes_peak) d->bytes_peak = d->bytes_used;
         s->cap = cap;
@@ -143,6 +150,20 @@ static tsr_status tsr__dense_write(tsr_kv_cache *kv, int layer, int seq, int32_t
     if (s->len + n > s->reserved)
         return tsr_error_set(TSR_ERR_INTERNAL, "KV cache: write of %d rows past reservation",
                              n);
+    if (d->dtype != TSR_KV_F32) {
+        if (n > d->slots_cap) {
+            int32_t *ns = tsr_realloc(d->slots, (size_t)n * sizeof *ns);
+            if (!ns) return TSR_ERR_NOMEM;
+            d->slots = ns;
+            d->slots_cap = n;
+        }
+        for (int32_t i = 0; i < n; i++) d->slots[i] = s->len + i;
+        tsr_kv_layout lay = {.k = s->k[layer], .v = s->v[layer], .block_stride = 0,
+                             .block = s->cap, .row = kv->kv_dim, .dtype = d->dtype};
+        TSR_TRY(d->be->ops->kv_write(d->be, &lay, d->slots, n, k, v));
+        s->pending = n;
+        return TSR_OK;
+    }
     size_t off = (size_t)s->len * (size_t)kv->kv_dim;
     TSR_TRY(tsr_backend_copy(d->be, s->k[layer] + off, k, (size_t)n * tsr__row_bytes(d)));
     TSR_TRY(tsr_backend_copy(d->be, s->v[layer] + off, v, (size_t)n * tsr__row_bytes(d)));
@@ -158,7 +179,8 @@ static tsr_status tsr__dense_spans(tsr_kv_cache *kv, int layer, int seq,
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: bad spans (seq %d, layer %d)", seq,
                              layer);
     d->span = (tsr_kv_span){.k = s->k[layer], .v = s->v[layer], .pos = NULL, .pos0 = 0,
-                            .n = s->len + s->pending, .stride = kv->kv_dim};
+                            .n = s->len + s->pending, .stride = kv->kv_dim,
+                            .dtype = d->dtype};
     *spans = &d->span;
     *n_spans = 1;
     return TSR_OK;
@@ -205,7 +227,17 @@ static const tsr_kv_cache_ops tsr__dense_ops = {
 
 tsr_status tsr_kv_dense_create(tsr_backend *be, int n_layers, int n_kv_heads, int head_dim,
                                int max_tokens, int max_seqs, tsr_kv_cache **out) {
+    return tsr_kv_dense_create_dtype(be, n_layers, n_kv_heads, head_dim, max_tokens, max_seqs,
+                                     TSR_KV_F32, out);
+}
+
+tsr_status tsr_kv_dense_create_dtype(tsr_backend *be, int n_layers, int n_kv_heads,
+                                     int head_dim, int max_tokens, int max_seqs, int dtype,
+                                     tsr_kv_cache **out) {
     *out = NULL;
+    if (!tsr_kv_dtype_fits(dtype, head_dim))
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "KV cache: --kv-dtype %s does not fit heads "
+                             "of %d elements", tsr_kv_dtype_name(dtype), head_dim);
     if (!be)
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: no backend for the dense cache");
     if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || max_tokens <= 0 || max_seqs <= 0)
@@ -221,6 +253,7 @@ tsr_status tsr_kv_dense_create(tsr_backend *be, int n_layers, int n_kv_heads, in
                              .kv_dim = n_kv_heads * head_dim, .n_kv_heads = n_kv_heads,
                              .max_seq_len = max_tokens, .wants_scores = 0};
     d->be = be;
+    d->dtype = dtype;
     d->max_tokens = max_tokens;
     d->max_seqs = max_seqs;
     *out = &d->base;

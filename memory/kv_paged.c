@@ -18,7 +18,8 @@ static const tsr_kv_cache_ops tsr__paged_ops;
 int64_t tsr_kv_paged_block_bytes(const tsr_kv_paged_config *cfg) {
     int64_t bs = cfg->block_size > 0 ? cfg->block_size : 16;
     int64_t kvd = (int64_t)cfg->n_kv_heads * cfg->head_dim;
-    return bs * (2 * kvd * 4 + 4 + (cfg->keep_scores ? 4 : 0));
+    return bs * (2 * (int64_t)tsr_kv_row_bytes(cfg->kv_dtype, kvd) + 4 +
+                 (cfg->keep_scores ? 4 : 0));
 }
 
 int tsr_kv_is_paged(const tsr_kv_cache *kv) { return kv && kv->ops == &tsr__paged_ops; }
@@ -305,7 +306,7 @@ static tsr_status tsr__paged_spans(tsr_kv_cache *kv, int layer, int seq,
                                     .v = tsr_kv_store_block_v(&p->kvs, L->blocks[j]),
                                     .pos = contiguous ? NULL : pos,
                                     .pos0 = L->dense ? j * p->bs : pos[0], .n = n,
-                                    .stride = kv->kv_dim};
+                                    .stride = kv->kv_dim, .dtype = p->kvs.lay.dtype};
     }
     *spans = p->spans;
     *n_spans = nsp;
@@ -487,6 +488,10 @@ tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **ou
     if (!cfg->be)
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: no backend for the K/V store "
                              "(tsr_kv_paged_config.be is NULL)");
+    if (!tsr_kv_dtype_fits(cfg->kv_dtype, cfg->head_dim))
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "KV cache: --kv-dtype %s does not fit heads "
+                             "of %d elements (q8 needs a multiple of %d)",
+                             tsr_kv_dtype_name(cfg->kv_dtype), cfg->head_dim, TSR_KV_Q8_BLOCK);
     int64_t bb = tsr_kv_paged_block_bytes(cfg);
     int64_t nblocks = cfg->memory_bytes / bb;
     if (nblocks <= 0)
@@ -506,7 +511,7 @@ tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **ou
     tsr_status st = tsr_block_pool_create((int32_t)nblocks, &p->pool);
     if (st == TSR_OK)
         st = tsr_kv_store_init(&p->kvs, cfg->be, nblocks, p->bs, (int32_t)tsr__kvd(p),
-                               cfg->keep_scores != 0);
+                               cfg->kv_dtype, cfg->keep_scores != 0);
     if (st == TSR_OK) {
         p->seqs = tsr_calloc((size_t)cfg->max_seqs, sizeof *p->seqs);
         if (!p->seqs)

@@ -28,6 +28,7 @@ typedef struct tsr_kv_paged_config {
     tsr_host_pool *host;   /* swap target (not owned); NULL: swap unavailable */
     tsr_backend *be;       /* where the K/V bytes live (not owned): the store is a backend
                             * buffer, touched only through be's ops */
+    int kv_dtype;          /* element type of the stored K/V (tsr_kv_dtype; 0: f32) */
 } tsr_kv_paged_config;
 
 /* The block counters (memory/kv_cache.h), also what detail() reports. */

@@ -6,22 +6,26 @@
 #include "base/alloc.h"
 
 tsr_status tsr_kv_store_init(tsr_kv_store *s, tsr_backend *be, int64_t n_blocks,
-                             int32_t block, int32_t row, bool scores) {
+                             int32_t block, int32_t row, int dtype, bool scores) {
     memset(s, 0, sizeof *s);
     if (!be)
         return tsr_error_set(TSR_ERR_INVALID, "KV cache: no backend for the K/V store "
                              "(tsr_kv_paged_config.be is NULL)");
     size_t slots = (size_t)n_blocks * (size_t)block, bytes;
-    if (!tsr_mul_size(slots, (size_t)row * 2 * sizeof(float), &bytes))
+    size_t rb = tsr_kv_row_bytes(dtype, row);
+    if (rb == 0)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: --kv-dtype %s cannot store rows of "
+                             "%d elements", tsr_kv_dtype_name(dtype), (int)row);
+    if (!tsr_mul_size(slots, rb * 2, &bytes))
         return tsr_error_set(TSR_ERR_NOMEM, "KV cache: pool size overflow");
     s->be = be;
     s->n_slots = (int64_t)slots;
     void *buf = NULL;
     tsr_status st = be->ops->buffer_alloc(be, bytes, &buf);
     if (st != TSR_OK) return st;
-    s->lay = (tsr_kv_layout){.k = buf, .v = (float *)buf + (size_t)block * row,
+    s->lay = (tsr_kv_layout){.k = buf, .v = tsr_kv_rows_at(buf, dtype, row, (int64_t)block * row),
                              .block_stride = 2 * (int64_t)block * row, .block = block,
-                             .row = row};
+                             .row = row, .dtype = dtype};
     s->pos = tsr_malloc_aligned(slots * sizeof *s->pos);
     if (scores) s->score = tsr_malloc_aligned(slots * sizeof *s->score);
     if (!s->pos || (scores && !s->score)) {
@@ -40,11 +44,11 @@ void tsr_kv_store_release(tsr_kv_store *s) {
 }
 
 const float *tsr_kv_store_block_k(const tsr_kv_store *s, int32_t b) {
-    return s->lay.k + (int64_t)b * s->lay.block_stride;
+    return tsr_kv_rows_at(s->lay.k, s->lay.dtype, s->lay.row, (int64_t)b * s->lay.block_stride);
 }
 
 const float *tsr_kv_store_block_v(const tsr_kv_store *s, int32_t b) {
-    return s->lay.v + (int64_t)b * s->lay.block_stride;
+    return tsr_kv_rows_at(s->lay.v, s->lay.dtype, s->lay.row, (int64_t)b * s->lay.block_stride);
 }
 
 tsr_status tsr_kv_store_write(tsr_kv_store *s, const int32_t *slots, int64_t n,

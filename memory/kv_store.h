@@ -22,12 +22,14 @@ typedef struct tsr_kv_store {
     float *score;       /* [n_slots] host; NULL without scores */
 } tsr_kv_store;
 
-/* n_blocks blocks of `block` slots of `row` floats (K and V); scores when asked. */
+/* n_blocks blocks of `block` slots of `row` elements of `dtype` (K and V; tsr_kv_dtype,
+ * converted from and to f32 rows by the backend's row ops); scores when asked. */
 tsr_status tsr_kv_store_init(tsr_kv_store *s, tsr_backend *be, int64_t n_blocks,
-                             int32_t block, int32_t row, bool scores);
+                             int32_t block, int32_t row, int dtype, bool scores);
 void tsr_kv_store_release(tsr_kv_store *s);
 
-/* The first K / V row of block b, in backend memory (for attention spans). */
+/* The first K / V row of block b, in backend memory (for attention spans; the bytes of
+ * lay.dtype). */
 const float *tsr_kv_store_block_k(const tsr_kv_store *s, int32_t b);
 const float *tsr_kv_store_block_v(const tsr_kv_store *s, int32_t b);
 

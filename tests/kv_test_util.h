@@ -7,7 +7,10 @@
 #define TSR_TESTS_KV_TEST_UTIL_H
 
 #include <stdio.h>
+#include <stdlib.h>
 
+#include "base/alloc.h"
+#include "base/dtype.h"
 #include "kernels/backend.h"
 #include "base/status.h"
 #include "runtime/engine/engine.h"
@@ -15,6 +18,20 @@
 #include "tests/test.h"
 
 static const char *const kvt_names[] = {"cpu", "cpu-fenced"};
+/* The KV storage dtype of the caches a test makes (TSR_TEST_KV_DTYPE, as --kv-dtype names
+ * it; unset: f32): tests/CMakeLists.txt runs the KV tests again with bf16. */
+static inline const char *kvt_dtype_name(void) { return getenv("TSR_TEST_KV_DTYPE"); }
+static inline int kvt_dtype(void) {
+    int d = tsr_kv_dtype_parse(kvt_dtype_name());
+    return d < 0 ? TSR_KV_F32 : d;
+}
+
+/* x as the KV dtype stores it (bf16: rounded; f32 and the 8-bit dtypes, whose rounding
+ * depends on the row: x), so that test values can be chosen exact. */
+static inline float kvt_round(float x) {
+    return kvt_dtype() == TSR_KV_BF16 ? tsr_bf16_to_f32(tsr_f32_to_bf16(x)) : x;
+}
+
 /* The backend of the round in progress. */
 static tsr_backend *kvt_be;
 
@@ -125,6 +142,19 @@ static inline tsr_status kvt_write(tsr_kv_cache *kv, int layer, int seq, int32_t
     tsr_status st = dk && dv ? kv->ops->write(kv, layer, seq, n, dk, dv) : TSR_ERR_NOMEM;
     kvt_dev_free(dk);
     kvt_dev_free(dv);
+    return st;
+}
+
+/* n stored rows of `row` elements of `dtype` at src (a span's k or v: backend memory) to
+ * host f32 rows dst. */
+static inline tsr_status kvt_read_rows(float *dst, const float *src, int dtype, size_t n,
+                                       int row) {
+    size_t rb = tsr_kv_row_bytes(dtype, row);
+    void *tmp = tsr_malloc(n * rb + 1);
+    if (!tmp) return TSR_ERR_NOMEM;
+    tsr_status st = tsr_backend_download(kvt_be, tmp, src, n * rb);
+    if (st == TSR_OK) tsr_kv_rows_decode(dtype, tmp, dst, row, (int64_t)n, row);
+    tsr_free(tmp);
     return st;
 }
 

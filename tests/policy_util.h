@@ -3,6 +3,7 @@
 #ifndef TSR_TESTS_POLICY_UTIL_H
 #define TSR_TESTS_POLICY_UTIL_H
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/backend.h"
@@ -56,7 +57,8 @@ static tsr_status tsr__policy_kv(tsr_backend *be, const tsr_model_config *c,
     tsr_kv_options o = {.policy = tsr_kv_policy_find(policy), .memory_bytes = 8 << 20,
                         .block_size = 16,
                         .budget = budget, .max_seqs = 1, .policy_args = recall,
-                        .n_policy_args = 1, .be = be};
+                        .n_policy_args = 1, .be = be,
+                        .kv_dtype = getenv("TSR_TEST_KV_DTYPE")}; /* kv_test_util.h */
     return tsr_kv_setup(&o, c, kv);
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_internal.h"
+#include "base/alloc.h"
 
 #define TSR__ATTN_TILE 64
 /* Rows per chunk within a tile: 16 concurrent row streams are what the Zen 4 hardware
@@ -250,8 +251,60 @@ static void tsr__attn_score_pass(const tsr__attn_geom *G, int threads, int64_t k
     }
 }
 
-tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
+/* Attention over K/V stored in another dtype than f32 (BF16, Q8, FP8: kernels/kv_dtype.h):
+ * the call's rows are converted to f32 scratch, span by span, and the f32 kernels below run
+ * over spans pointing there, so every SIMD table and the key-score pass serve every dtype
+ * and accumulate in f32 with the same arithmetic. The conversion reads each stored row once
+ * per call (the kernels read a row once per call in decode too); its scratch is 8 bytes per
+ * key and KV element, reused across calls. *out: a's copy with the f32 spans (a itself when
+ * every span is f32). */
+static tsr_status tsr__attn_dequant(tsr__cpu_ctx *c, const tsr_attn_args *a,
+                                    tsr_attn_args *out) {
+    *out = *a;
+    int any = 0;
+    int64_t keys = 0;
+    for (int s = 0; s < a->n_spans; s++) {
+        any |= a->spans[s].dtype != TSR_KV_F32;
+        keys += a->spans[s].n;
+    }
+    if (!any) return TSR_OK;
+    const int64_t kvd = (int64_t)a->n_kv_heads * a->head_dim;
+    for (int s = 0; s < a->n_spans; s++) {
+        const tsr_kv_span *sp = &a->spans[s];
+        if (sp->dtype != TSR_KV_F32 &&
+            (sp->stride != kvd || tsr_kv_row_bytes(sp->dtype, kvd) == 0))
+            return tsr_error_set(TSR_ERR_INVALID, "cpu attention: a %s KV span of rows %lld "
+                                 "apart for %lld-element rows", tsr_kv_dtype_name(sp->dtype),
+                                 (long long)sp->stride, (long long)kvd);
+    }
+    TSR_TRY(tsr__cpu_scratch(&c->kvdq, &c->kvdq_cap, 2 * (size_t)keys * (size_t)kvd));
+    if (c->dqspan_cap < a->n_spans) {
+        tsr_kv_span *ns = tsr_realloc(c->dqspan, (size_t)a->n_spans * sizeof *ns);
+        if (!ns) return tsr_error_set(TSR_ERR_NOMEM, "cpu attention: %d spans", a->n_spans);
+        c->dqspan = ns;
+        c->dqspan_cap = a->n_spans;
+    }
+    float *kd = c->kvdq, *vd = c->kvdq + (size_t)keys * (size_t)kvd;
+    for (int s = 0; s < a->n_spans; s++) {
+        const tsr_kv_span *sp = &a->spans[s];
+        tsr_kv_span *d = &c->dqspan[s];
+        *d = *sp;
+        if (sp->dtype == TSR_KV_F32) continue;
+        tsr_kv_rows_decode(sp->dtype, sp->k, kd, kvd, sp->n, kvd);
+        tsr_kv_rows_decode(sp->dtype, sp->v, vd, kvd, sp->n, kvd);
+        d->k = kd;
+        d->v = vd;
+        d->dtype = TSR_KV_F32;
+        kd += (size_t)sp->n * (size_t)kvd;
+        vd += (size_t)sp->n * (size_t)kvd;
+    }
+    out->spans = c->dqspan;
+    return TSR_OK;
+}
+
+tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a_in) {
     tsr__cpu_ctx *c = be->ctx;
+    const tsr_attn_args *a = a_in;
     if (a->head_dim <= 0 || a->head_dim > TSR__CPU_MAX_HEAD_DIM)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu attention: head_dim %d (max %d)",
                              a->head_dim, TSR__CPU_MAX_HEAD_DIM);
@@ -259,6 +312,9 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
         return tsr_error_set(TSR_ERR_INVALID, "cpu attention: %d heads over %d kv heads",
                              a->n_heads, a->n_kv_heads);
     if (a->n_q <= 0) return TSR_OK;
+    tsr_attn_args af32;
+    TSR_TRY(tsr__attn_dequant(c, a_in, &af32));
+    a = &af32;
     if (a->sinks || a->window > 0) return tsr__cpu_attention_sink(be, a); /* attn_sink_cpu.c */
     tsr__attn_geom G = {
         .a = a,

@@ -110,6 +110,8 @@ static void tsr__cpu_destroy(tsr_backend *be) {
         tsr_free(c->panel);
         tsr_free(c->parts);
         tsr_free(c->lse);
+        tsr_free(c->kvdq);
+        tsr_free(c->dqspan);
         tsr_free(c->xpairs);
         tsr_free(c->inv_freq);
         tsr_free(c->rope_cs);

@@ -251,16 +251,17 @@ static tsr_status tsr__dev_slots(tsr__fenced *f, const char *op, const tsr_kv_la
                              op, (int)lay->block, (int)lay->row, (long long)lay->block_stride);
     TSR_TRY(tsr__dev(f, op, "layout k", lay->k, 1));
     TSR_TRY(tsr__dev(f, op, "layout v", lay->v, 1));
-    size_t rb = (size_t)lay->row * sizeof(float);
+    size_t rb = tsr_kv_row_bytes(lay->dtype, lay->row);
+    if (rb == 0)
+        return tsr_error_set(TSR_ERR_INVALID, "cpu-fenced: %s: KV dtype %s cannot store rows "
+                             "of %d", op, tsr_kv_dtype_name(lay->dtype), (int)lay->row);
     for (int64_t i = 0; i < n; i++) {
         int32_t s = slots[i];
         if (s < 0)
             return tsr_error_set(TSR_ERR_INVALID, "cpu-fenced: %s: negative slot %d", op,
                                  (int)s);
-        int64_t at = (int64_t)(s / lay->block) * lay->block_stride +
-                     (int64_t)(s % lay->block) * lay->row;
-        TSR_TRY(tsr__dev(f, op, "layout k row of a slot", lay->k + at, rb));
-        TSR_TRY(tsr__dev(f, op, "layout v row of a slot", lay->v + at, rb));
+        TSR_TRY(tsr__dev(f, op, "layout k row of a slot", tsr_kv_layout_row(lay, 0, s), rb));
+        TSR_TRY(tsr__dev(f, op, "layout v row of a slot", tsr_kv_layout_row(lay, 1, s), rb));
     }
     return TSR_OK;
 }
@@ -626,10 +627,13 @@ static tsr_status tsr__fenced_attention(tsr_backend *be, const tsr_attn_args *a)
     for (int s = 0; s < a->n_spans; s++) {
         const tsr_kv_span *sp = &a->spans[s];
         if (sp->n <= 0) continue;
-        /* the last row is kv_dim floats, the others stride apart */
+        /* the last row is kv_dim floats, the others stride apart; other dtypes: n whole
+         * stored rows of kv_dim */
         size_t bytes = tsr__bytes3(sp->n - 1, sp->stride, sizeof(float));
         size_t last = tsr__bytes3(kv_dim, 1, sizeof(float));
         bytes = bytes > SIZE_MAX - last ? SIZE_MAX : bytes + last;
+        if (sp->dtype != TSR_KV_F32)
+            bytes = tsr__bytes3(sp->n, (int64_t)tsr_kv_row_bytes(sp->dtype, kv_dim), 1);
         TSR_TRY(tsr__dev(f, op, "span k", sp->k, bytes));
         TSR_TRY(tsr__dev(f, op, "span v", sp->v, bytes));
         TSR_TRY(tsr__arg(f, op, "span pos", sp->pos, tsr__bytes3(sp->n, 1, sizeof(int32_t))));

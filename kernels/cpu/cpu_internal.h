@@ -35,6 +35,12 @@ typedef struct tsr__cpu_ctx {
     /* Attention scratch: per (query, head) log-sum-exp for the key-score pass. */
     float *lse;
     size_t lse_cap;
+    /* Attention over non-f32 KV (kernels/kv_dtype.h): the call's K/V rows in f32 and the
+     * spans that point at them. */
+    float *kvdq;
+    size_t kvdq_cap;
+    tsr_kv_span *dqspan;
+    int dqspan_cap;
     /* rope: inv_freq of the last config seen (recomputed when the parameters change). */
     float *inv_freq;
     size_t inv_freq_cap;

@@ -107,23 +107,15 @@ tsr_status tsr__cpu_event_sync(tsr_backend *be, tsr_event *ev) {
     return TSR_OK;
 }
 
-static float *tsr__slot_k(const tsr_kv_layout *lay, int32_t s) {
-    return lay->k + (int64_t)(s / lay->block) * lay->block_stride +
-           (int64_t)(s % lay->block) * lay->row;
-}
-
-static float *tsr__slot_v(const tsr_kv_layout *lay, int32_t s) {
-    return lay->v + (int64_t)(s / lay->block) * lay->block_stride +
-           (int64_t)(s % lay->block) * lay->row;
-}
-
+/* KV rows in the layout's dtype: f32 rows in, f32 rows out (kernels/kv_dtype.h). */
 tsr_status tsr__cpu_kv_write(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *slots,
                              int64_t n, const float *k, const float *v) {
     (void)be;
-    size_t rb = (size_t)lay->row * sizeof(float);
     for (int64_t i = 0; i < n; i++) {
-        memcpy(tsr__slot_k(lay, slots[i]), k + i * lay->row, rb);
-        memcpy(tsr__slot_v(lay, slots[i]), v + i * lay->row, rb);
+        tsr_kv_rows_encode(lay->dtype, k + i * lay->row, lay->row,
+                           tsr_kv_layout_row(lay, 0, slots[i]), 1, lay->row);
+        tsr_kv_rows_encode(lay->dtype, v + i * lay->row, lay->row,
+                           tsr_kv_layout_row(lay, 1, slots[i]), 1, lay->row);
     }
     return TSR_OK;
 }
@@ -131,11 +123,11 @@ tsr_status tsr__cpu_kv_write(tsr_backend *be, const tsr_kv_layout *lay, const in
 tsr_status tsr__cpu_kv_copy(tsr_backend *be, const tsr_kv_layout *lay, const int32_t *dst,
                             const int32_t *src, int64_t n) {
     (void)be;
-    size_t rb = (size_t)lay->row * sizeof(float);
+    size_t rb = tsr_kv_row_bytes(lay->dtype, lay->row);
     for (int64_t i = 0; i < n; i++) {
         if (dst[i] == src[i]) continue;
-        memcpy(tsr__slot_k(lay, dst[i]), tsr__slot_k(lay, src[i]), rb);
-        memcpy(tsr__slot_v(lay, dst[i]), tsr__slot_v(lay, src[i]), rb);
+        memcpy(tsr_kv_layout_row(lay, 0, dst[i]), tsr_kv_layout_row(lay, 0, src[i]), rb);
+        memcpy(tsr_kv_layout_row(lay, 1, dst[i]), tsr_kv_layout_row(lay, 1, src[i]), rb);
     }
     return TSR_OK;
 }
@@ -144,10 +136,13 @@ tsr_status tsr__cpu_kv_gather(tsr_backend *be, const tsr_kv_layout *lay, const i
                               int64_t n, float *k, float *v, tsr_stream *stream) {
     (void)be;
     (void)stream;
-    size_t rb = (size_t)lay->row * sizeof(float);
     for (int64_t i = 0; i < n; i++) {
-        if (k) memcpy(k + i * lay->row, tsr__slot_k(lay, slots[i]), rb);
-        if (v) memcpy(v + i * lay->row, tsr__slot_v(lay, slots[i]), rb);
+        if (k)
+            tsr_kv_rows_decode(lay->dtype, tsr_kv_layout_row(lay, 0, slots[i]),
+                               k + i * lay->row, lay->row, 1, lay->row);
+        if (v)
+            tsr_kv_rows_decode(lay->dtype, tsr_kv_layout_row(lay, 1, slots[i]),
+                               v + i * lay->row, lay->row, 1, lay->row);
     }
     return TSR_OK;
 }

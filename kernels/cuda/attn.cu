@@ -16,6 +16,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/kv_codec.cuh"
 #include "kernels/cuda/launch.h"
 
 namespace {
@@ -599,12 +600,60 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(tsr__cuda_attn a
     }
 }
 
+// K/V stored as another dtype than f32 (kv_codec.cuh): one block per key converts its K
+// and V rows into f32 rows of dq (K of all keys, then V), in key order, so that the
+// attention kernels read f32 and accumulate in f32 whatever the storage. Stored rows are
+// whole rows of kv_dim elements (tsr_kv_span's contract for other dtypes).
+__global__ void kv_dequant_kernel(tsr__cuda_attn a, float *dq) {
+    const int64_t kvd = static_cast<int64_t>(a.n_kv_heads) * a.head_dim;
+    for (int64_t key = blockIdx.x; key < a.n_keys; key += gridDim.x) {
+        const int s = a.n_spans > 1 ? find_span(a.spans, a.n_spans, key) : 0;
+        const tsr__cuda_span &sp = a.spans[s];
+        const int64_t i = key - sp.key_off;
+        float *dk = dq + key * kvd, *dv = dq + (a.n_keys + key) * kvd;
+        if (sp.dtype == tsr_kv::F32) {
+            for (int64_t c = threadIdx.x; c < kvd; c += blockDim.x) {
+                dk[c] = sp.k[i * sp.stride + c];
+                dv[c] = sp.v[i * sp.stride + c];
+            }
+            continue;
+        }
+        const uint8_t *rk = tsr_kv::row_at(sp.k, sp.dtype, kvd, i * kvd);
+        const uint8_t *rv = tsr_kv::row_at(sp.v, sp.dtype, kvd, i * kvd);
+        for (int64_t c = threadIdx.x; c < kvd; c += blockDim.x) {
+            dk[c] = tsr_kv::load(rk, sp.dtype, c);
+            dv[c] = tsr_kv::load(rv, sp.dtype, c);
+        }
+    }
+}
+
+// The device spans pointed at the converted rows (after kv_dequant_kernel on the stream).
+__global__ void kv_respan_kernel(tsr__cuda_attn a, float *dq) {
+    const int64_t kvd = static_cast<int64_t>(a.n_kv_heads) * a.head_dim;
+    tsr__cuda_span *sp = const_cast<tsr__cuda_span *>(a.spans);
+    for (int s = threadIdx.x; s < a.n_spans; s += blockDim.x) {
+        sp[s].k = dq + sp[s].key_off * kvd;
+        sp[s].v = dq + (a.n_keys + sp[s].key_off) * kvd;
+        sp[s].stride = kvd;
+        sp[s].dtype = tsr_kv::F32;
+    }
+}
+
+// Floats of work the split-K partials take (0 without the split path).
+size_t split_partials(const tsr__cuda_attn &a) {
+    split_plan p;
+    if (a.n_q <= 0 || a.n_heads <= 0 || a.n_kv_heads <= 0 || !split_plan_for(a, &p)) return 0;
+    return split_floats(a, p.chunks);
+}
+
 } // namespace
 
 extern "C" size_t tsr__cuda_attention_work(const tsr__cuda_attn *a) {
-    split_plan p;
-    if (a->n_q <= 0 || a->n_heads <= 0 || a->n_kv_heads <= 0 || !split_plan_for(*a, &p)) return 0;
-    return split_floats(*a, p.chunks);
+    size_t w = split_partials(*a);
+    if (a->dq && a->n_q > 0 && a->n_keys > 0)
+        w += 2 * static_cast<size_t>(a->n_keys) * static_cast<size_t>(a->n_kv_heads) *
+             static_cast<size_t>(a->head_dim);
+    return w;
 }
 
 extern "C" cudaError_t tsr__cuda_launch_attention(const tsr__cuda_attn *a, cudaStream_t stream) {
@@ -612,8 +661,19 @@ extern "C" cudaError_t tsr__cuda_launch_attention(const tsr__cuda_attn *a, cudaS
     if (a->head_dim > TSR__CUDA_MAX_HEAD_DIM || a->n_heads > 65535 || a->n_kv_heads <= 0 ||
         a->n_heads % a->n_kv_heads != 0)
         return cudaErrorInvalidValue;
+    if (a->dq && a->n_keys > 0) {
+        if (!a->work) return cudaErrorInvalidValue;
+        float *dq = a->work + split_partials(*a);
+        const unsigned g = static_cast<unsigned>(a->n_keys < 65535 ? a->n_keys : 65535);
+        kv_dequant_kernel<<<g, kThreads, 0, stream>>>(*a, dq);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+        kv_respan_kernel<<<1, kThreads, 0, stream>>>(*a, dq);
+        e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+    }
     split_plan p;
-    if (a->work && split_plan_for(*a, &p)) {
+    if (a->work && split_partials(*a) > 0 && split_plan_for(*a, &p)) {
         const int group = a->n_heads / a->n_kv_heads;
         const dim3 grid(static_cast<unsigned>(a->n_q), static_cast<unsigned>(a->n_kv_heads),
                         static_cast<unsigned>(p.chunks));

@@ -433,7 +433,8 @@ static tsr__cuda_kv tsr__kv_of(const tsr_kv_layout *lay) {
                           .v = lay->v,
                           .block_stride = lay->block_stride,
                           .block = lay->block,
-                          .row = lay->row};
+                          .row = lay->row,
+                          .dtype = lay->dtype};
 }
 
 /* An op like the others: queued on the compute stream (k and v are device rows). */
@@ -778,7 +779,7 @@ static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
      * tells which kind the call passes (one pointer query per call, not per span: a paged
      * cache has a span per block). */
     int64_t keys = 0, host_pos = 0;
-    int monotone = 1;
+    int monotone = 1, dq = 0; /* dq: some span is not f32 (attn.cu converts) */
     int pos_on_device = -1; /* unknown until the first span with positions */
     for (int s = 0; s < a->n_spans; s++) {
         const tsr_kv_span *sp = &a->spans[s];
@@ -807,7 +808,9 @@ static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
                                             .stride = sp->stride,
                                             .key_off = keys,
                                             .pos0 = sp->pos0,
-                                            .n = sp->n};
+                                            .n = sp->n,
+                                            .dtype = sp->dtype};
+        dq |= sp->dtype != TSR_KV_F32;
         if (sp->pos ||
             (s > 0 && (int64_t)sp->pos0 < (int64_t)a->spans[s - 1].pos0 + a->spans[s - 1].n))
             monotone = 0;
@@ -833,7 +836,8 @@ static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
                         .scale = 1.0f / sqrtf((float)a->head_dim),
                         .out = a->out,
                         .key_scores = a->key_scores,
-                        .sm_count = c->sm_count};
+                        .sm_count = c->sm_count,
+                        .dq = dq};
     if (a->n_spans > 0) {
         size_t bytes = (size_t)a->n_spans * sizeof(tsr__cuda_span);
         TSR_TRY(tsr__scratch_reserve(&c->spans, bytes, c->stream));

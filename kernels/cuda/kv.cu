@@ -1,9 +1,10 @@
 // KV rows by slot (kernels/backend.h: kv_write, kv_copy, kv_gather, kv_scatter) on the
-// device. Pure data movement: each kernel copies whole rows between a tsr__cuda_kv layout
-// and dense [n][row] arrays, one thread block per row and the block's threads over the
-// row's floats. The slot lists are device arrays here; the host code stages them.
+// device. Each kernel moves whole rows between a tsr__cuda_kv layout and dense f32
+// [n][row] arrays, converting to and from the layout's dtype (kv_codec.cuh), one thread
+// block per row and the block's threads over the row's elements. The slot lists are device arrays here; the host code stages them.
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/kv_codec.cuh"
 #include "kernels/cuda/launch.h"
 
 namespace {
@@ -12,11 +13,15 @@ constexpr int kThreads = 256;
 // kv_copy runs in a single block (see kv_copy_kernel): as many threads as a block takes.
 constexpr int kCopyThreads = 1024;
 
-// Offset in floats of slot s's row from the layout's k (or v): the formula of
-// tsr_kv_layout, in 64-bit so that large caches do not overflow.
+// Offset in elements of slot s's row from the layout's k (or v): the formula of
+// tsr_kv_layout, in 64-bit so that large caches do not overflow; a whole number of rows.
 __device__ __forceinline__ int64_t slot_off(const tsr__cuda_kv &l, int32_t s) {
     return static_cast<int64_t>(s / l.block) * l.block_stride +
            static_cast<int64_t>(s % l.block) * l.row;
+}
+
+__device__ __forceinline__ uint8_t *slot_row(const tsr__cuda_kv &l, float *base, int32_t s) {
+    return const_cast<uint8_t *>(tsr_kv::row_at(base, l.dtype, l.row, slot_off(l, s)));
 }
 
 // Grid size for n rows: one block per row, capped (the kernels loop over the rest).
@@ -24,28 +29,66 @@ unsigned row_blocks(int64_t n) {
     return static_cast<unsigned>(n < 65535 ? n : 65535);
 }
 
-// Row i of k / v (either may be null: that half is skipped) goes to slot slots[i].
-__global__ void kv_put_kernel(tsr__cuda_kv l, const int32_t *slots, int64_t n, const float *k,
-                              const float *v) {
-    for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-        const int64_t off = slot_off(l, slots[i]);
-        const int64_t src = i * l.row;
-        for (int c = threadIdx.x; c < l.row; c += blockDim.x) {
-            if (k) l.k[off + c] = k[src + c];
-            if (v) l.v[off + c] = v[src + c];
+// The f32 row x stored as dtype at r, by all threads of the block (fp8's row maximum is a
+// block reduction through red[kThreads / 32]; q8's 32-element blocks are one warp each, as
+// the row is a multiple of 32 and the block of warps).
+__device__ void store_row(uint8_t *r, const float *x, int dtype, int row, float *red) {
+    switch (dtype) {
+    case tsr_kv::BF16:
+        for (int c = threadIdx.x; c < row; c += blockDim.x)
+            reinterpret_cast<uint16_t *>(r)[c] = tsr_kv::f32_to_bf16(x[c]);
+        break;
+    case tsr_kv::Q8:
+        for (int c = threadIdx.x; c < row; c += blockDim.x) {
+            const float xv = x[c];
+            float m = fabsf(xv);
+            for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            const float d = m / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+            uint8_t *b = r + c / tsr_kv::Q8_BLOCK * (4 + tsr_kv::Q8_BLOCK);
+            if (c % tsr_kv::Q8_BLOCK == 0) memcpy(b, &d, 4);
+            b[4 + c % tsr_kv::Q8_BLOCK] =
+                static_cast<uint8_t>(static_cast<int8_t>(__float2int_rn(xv * id)));
         }
+        break;
+    case tsr_kv::FP8: {
+        float m = 0.0f;
+        for (int c = threadIdx.x; c < row; c += blockDim.x) m = fmaxf(m, fabsf(x[c]));
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
+        __syncthreads();
+        m = 0.0f;
+        for (unsigned w = 0; w < blockDim.x / 32; w++) m = fmaxf(m, red[w]);
+        __syncthreads(); // red is reused by the next row
+        const float d = m / 448.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        if (threadIdx.x == 0) memcpy(r, &d, 4);
+        for (int c = threadIdx.x; c < row; c += blockDim.x) r[4 + c] = tsr_kv::f32_to_e4m3(x[c] * id);
+        break;
+    }
+    default:
+        for (int c = threadIdx.x; c < row; c += blockDim.x) reinterpret_cast<float *>(r)[c] = x[c];
     }
 }
 
-// Row i of k / v (either may be null) gets slot slots[i]'s row.
+// Row i of k / v (either may be null: that half is skipped) goes to slot slots[i].
+__global__ void kv_put_kernel(tsr__cuda_kv l, const int32_t *slots, int64_t n, const float *k,
+                              const float *v) {
+    __shared__ float red[kThreads / 32];
+    for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+        const int64_t src = i * l.row;
+        if (k) store_row(slot_row(l, l.k, slots[i]), k + src, l.dtype, l.row, red);
+        if (v) store_row(slot_row(l, l.v, slots[i]), v + src, l.dtype, l.row, red);
+    }
+}
+
+// Row i of k / v (either may be null) gets slot slots[i]'s row, as f32.
 __global__ void kv_get_kernel(tsr__cuda_kv l, const int32_t *slots, int64_t n, float *k,
                               float *v) {
     for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-        const int64_t off = slot_off(l, slots[i]);
+        const uint8_t *rk = slot_row(l, l.k, slots[i]), *rv = slot_row(l, l.v, slots[i]);
         const int64_t dst = i * l.row;
         for (int c = threadIdx.x; c < l.row; c += blockDim.x) {
-            if (k) k[dst + c] = l.k[off + c];
-            if (v) v[dst + c] = l.v[off + c];
+            if (k) k[dst + c] = tsr_kv::load(rk, l.dtype, c);
+            if (v) v[dst + c] = tsr_kv::load(rv, l.dtype, c);
         }
     }
 }
@@ -56,16 +99,19 @@ __global__ void kv_get_kernel(tsr__cuda_kv l, const int32_t *slots, int64_t n, f
 // One block walks the pairs instead; its threads share a row, and the barrier after each
 // pair makes that pair's writes visible to the whole block before the next pair reads
 // (__syncthreads orders global memory within a block). Compactions move few rows, so one
-// block's bandwidth is enough. A pair with dst == src is skipped, as on the CPU.
+// block's bandwidth is enough. A pair with dst == src is skipped, as on the CPU. The stored
+// bytes move as they are, whatever the dtype.
 __global__ void kv_copy_kernel(tsr__cuda_kv l, const int32_t *dst, const int32_t *src,
                                int64_t n) {
+    const int64_t rb = tsr_kv::row_bytes(l.dtype, l.row);
     for (int64_t i = 0; i < n; i++) {
         const int32_t d = dst[i], s = src[i];
         if (d != s) {
-            const int64_t od = slot_off(l, d), os = slot_off(l, s);
-            for (int c = threadIdx.x; c < l.row; c += blockDim.x) {
-                l.k[od + c] = l.k[os + c];
-                l.v[od + c] = l.v[os + c];
+            uint8_t *kd = slot_row(l, l.k, d), *vd = slot_row(l, l.v, d);
+            const uint8_t *ks = slot_row(l, l.k, s), *vs = slot_row(l, l.v, s);
+            for (int64_t c = threadIdx.x; c < rb; c += blockDim.x) {
+                kd[c] = ks[c];
+                vd[c] = vs[c];
             }
         }
         __syncthreads();

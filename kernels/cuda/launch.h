@@ -27,6 +27,8 @@ typedef struct tsr__cuda_span {
     int64_t key_off;    /* keys in the spans before this one */
     int32_t pos0;
     int32_t n;
+    int32_t dtype;      /* tsr_kv_dtype of k and v (kernels/kv_dtype.h); attention reads
+                         * f32 rows: tsr__cuda_launch_attention converts the others first */
 } tsr__cuda_span;
 
 typedef struct tsr__cuda_attn {
@@ -48,9 +50,12 @@ typedef struct tsr__cuda_attn {
     /* Multiprocessors of the device: the split-K decode path sizes its key chunks so that
      * one sequence fills them. */
     int sm_count;
-    /* Device scratch of tsr__cuda_attention_work(a) floats (the split-K partials), or NULL
-     * when that is 0. */
+    /* Device scratch of tsr__cuda_attention_work(a) floats (the split-K partials, then with
+     * dq the f32 copies of the K/V rows), or NULL when that is 0. */
     float *work;
+    /* Non-zero when some span is not f32: the launch converts every span's rows into work
+     * and points the (device) spans there before the attention kernels. */
+    int dq;
 } tsr__cuda_attn;
 
 /* tsr_kv_layout (kernels/backend.h) as the KV row kernels take it: slot s's K row is at
@@ -62,6 +67,7 @@ typedef struct tsr__cuda_kv {
     int64_t block_stride;
     int32_t block;
     int32_t row;
+    int32_t dtype; /* tsr_kv_dtype: offsets count whole rows of its bytes (kv_codec.cuh) */
 } tsr__cuda_kv;
 
 /* KV rows by slot (kv.cu); slot lists are device arrays of n int32. put: row i of k and v

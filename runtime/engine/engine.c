@@ -321,11 +321,13 @@ static tsr_status tsr__start(tsr_engine *e, const tsr_engine_spec *o) {
     kvo.max_context = e->ctx;
     if (o->one_sequence || o->prompt.text || o->prompt.file) kvo.chunk_tokens = e->max_tokens;
     if (o->kv_blocks > 0) kvo.memory_bytes = tsr__pool_bytes(&kvo, c, o->kv_blocks);
-    tsr_status st;
-    if (o->dense_kv_tokens > 0)
-        st = tsr_kv_dense_create(e->be, c->n_layers, c->n_kv_heads, c->head_dim, o->dense_kv_tokens,
-                                 kvo.max_seqs > 0 ? kvo.max_seqs : 1, &e->kv);
-    else
+    int kv_dtype = TSR_KV_F32;
+    tsr_status st = tsr_kv_dtype_resolve(&kvo, &kv_dtype);
+    if (st == TSR_OK && o->dense_kv_tokens > 0)
+        st = tsr_kv_dense_create_dtype(e->be, c->n_layers, c->n_kv_heads, c->head_dim,
+                                       o->dense_kv_tokens, kvo.max_seqs > 0 ? kvo.max_seqs : 1,
+                                       kv_dtype, &e->kv);
+    else if (st == TSR_OK)
         st = tsr_kv_setup(&kvo, c, &e->kv);
     TSR_TRY(tsr__agree(e, st));
     const tsr_forward_parallel *par = e->par_.comm ? &e->par_ : NULL;

@@ -340,7 +340,7 @@ static tsr_status tsr__engines(tsr__fid *f, const tsr_engine_spec *model) {
                              .block_size = k->block_size, .max_seqs = 1,
                              .no_prefix_cache = k->no_prefix_cache,
                              .host_bytes = k->host_bytes, .chunk_tokens = f->chunk,
-                             .max_context = f->ctx};
+                             .max_context = f->ctx, .kv_dtype = o->ref_kv_dtype};
     return tsr_engine_create(&eo, &f->full);
 }
 

@@ -55,6 +55,9 @@ typedef struct tsr_fidelity_options {
      * the end of a prompt (snapkv) are measured only this way. 0: every position in decode
      * mode. Needs chunk_tokens >= prompt_tokens. */
     int prompt_tokens;
+    /* The full cache's KV dtype (--ref-kv-dtype; NULL: the backend's default), so that a KV
+     * dtype is measured against another (kernels/kv_dtype.h). */
+    const char *ref_kv_dtype;
 } tsr_fidelity_options;
 
 typedef struct tsr_fidelity_result {

@@ -153,9 +153,24 @@ static void tsr__unpin(void *ctx, void *ptr) {
     if (be->ops->host_unregister) be->ops->host_unregister(be, ptr);
 }
 
+tsr_status tsr_kv_dtype_resolve(const tsr_kv_options *opt, int *dtype) {
+    if (opt->kv_dtype) {
+        *dtype = tsr_kv_dtype_parse(opt->kv_dtype);
+        if (*dtype < 0)
+            return tsr_error_set(TSR_ERR_INVALID, "--kv-dtype %s: unknown (use f32, bf16, q8 "
+                                 "or fp8)", opt->kv_dtype);
+        return TSR_OK;
+    }
+    const char *name = opt->be ? opt->be->ops->name : NULL;
+    *dtype = name && !strncmp(name, "cuda", 4) ? TSR_KV_BF16 : TSR_KV_F32;
+    return TSR_OK;
+}
+
 tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
                         tsr_kv_cache **out) {
     *out = NULL;
+    int kv_dtype;
+    TSR_TRY(tsr_kv_dtype_resolve(opt, &kv_dtype));
     const tsr_kv_policy_decl *pol = opt->policy ? opt->policy : tsr_kv_policy_default();
     if (opt->budget < 0) return tsr_error_set(TSR_ERR_INVALID, "--kv-budget must be >= 0");
     /* Bad policy options are refused before any memory is sized or allocated. */
@@ -185,7 +200,8 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
                               .max_seqs = opt->max_seqs > 0 ? opt->max_seqs : 1,
                               .max_seq_len = cfg->max_seq_len,
                               .prefix_caching = !opt->no_prefix_cache,
-                              .keep_scores = pol->reads_scores, .be = opt->be};
+                              .keep_scores = pol->reads_scores, .be = opt->be,
+                              .kv_dtype = kv_dtype};
     if (opt->memory_bytes <= 0 && (!opt->be || opt->be->host_memory)) {
         /* On the host the default pool is at most what the job's sequences can use: twice
          * max_seqs contexts (room for prefix-cache hits). Half the free memory for a small

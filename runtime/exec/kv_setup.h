@@ -72,7 +72,16 @@ typedef struct tsr_kv_options {
      * the pool of a device backend, and its host_register (when pin is NULL) pins the host
      * pool. NULL: host memory, no pinning. */
     tsr_backend *be;
+    /* --kv-dtype: "f32", "bf16", "q8" or "fp8" (kernels/kv_dtype.h); NULL: the backend's
+     * default (tsr_kv_dtype_resolve). */
+    const char *kv_dtype;
 } tsr_kv_options;
+
+/* The KV storage dtype of opt->kv_dtype, or when NULL the default for opt->be: bf16 on a
+ * GPU (half the bytes attention streams), f32 on the CPU backends (the conversion costs CPU
+ * attention time and there the KV is rarely what fills memory). TSR_ERR_INVALID with one
+ * line for an unknown name. */
+tsr_status tsr_kv_dtype_resolve(const tsr_kv_options *opt, int *dtype);
 
 /* Bytes of transient prefill workspace for one chunk: forward activations, attention
  * scratch and the per-key score buffer. Counted against the memory budget at setup. */

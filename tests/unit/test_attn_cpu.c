@@ -98,7 +98,7 @@ static void run_case(int n_q, const int32_t *q_pos, const span_spec *specs, int 
                 pbuf[s][j] = t;
             }
         }
-        spans[s] = (tsr_kv_span){kbuf[s], vbuf[s], pbuf[s], sp->pos0, sp->n, stride};
+        spans[s] = (tsr_kv_span){kbuf[s], vbuf[s], pbuf[s], sp->pos0, sp->n, stride, TSR_KV_F32};
         total += sp->n;
     }
     size_t qn = (size_t)n_q * n_heads * hd;
@@ -220,7 +220,7 @@ TSR_TEST(test_causal_prefill) {
 TSR_TEST(test_no_visible_key) {
     float k[8], v[8], q[8], out[8];
     for (int i = 0; i < 8; i++) k[i] = v[i] = q[i] = 1.0f;
-    tsr_kv_span sp = {k, v, NULL, 5, 1, 8};
+    tsr_kv_span sp = {k, v, NULL, 5, 1, 8, TSR_KV_F32};
     int32_t qp = 2;
     tsr_attn_args a = {q, &qp, 1, &sp, 1, 1, 1, 8, out, NULL, NULL, 0};
     tsr_backend *be;
@@ -249,7 +249,7 @@ TSR_TEST(test_decode_skips_a_nan_tile_per_head) {
             v[j * KVD + e] = INFINITY;
         }
     for (int i = 0; i < H * HD; i++) q[i] = frand();
-    tsr_kv_span sp = {k, v, NULL, 0, N, KVD};
+    tsr_kv_span sp = {k, v, NULL, 0, N, KVD, TSR_KV_F32};
     int32_t qp = N - 1;
     for (int t = 0; t < 2; t++) {
         tsr_attn_args a = {q, &qp, 1, &sp, 1, H, G, HD, out[t], NULL, NULL, 0};
@@ -316,7 +316,7 @@ TSR_TEST(test_prefill_tiny_heads_edges) {
             v[j * KVD + e] = INFINITY;
         }
     for (int i = 0; i < NQ * H * HD; i++) q[i] = frand();
-    tsr_kv_span sp = {k, v, NULL, 10, N, KVD};
+    tsr_kv_span sp = {k, v, NULL, 10, N, KVD, TSR_KV_F32};
     int32_t qp[NQ];
     for (int i = 0; i < NQ; i++) qp[i] = i < 2 ? 3 + i : 10 + N - NQ + i; /* 2 see nothing */
     for (int t = 0; t < 2; t++) {

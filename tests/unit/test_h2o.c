@@ -25,7 +25,7 @@ static tsr_status tsr__mk_h2o(double budget, double recent, int materialize, int
                               tsr_kv_cache **kv) {
     tsr_kv_paged_config kc = {.n_layers = 1, .n_kv_heads = G_, .head_dim = HD_,
                               .block_size = 4, .max_seqs = 1, .max_seq_len = 4096,
-                              .be = kvt_be};
+                              .be = kvt_be, .kv_dtype = kvt_dtype()};
     kc.memory_bytes = 64 * tsr_kv_paged_block_bytes(&kc) * 2;
     char rtext[32], ltext[32];
     snprintf(rtext, sizeof rtext, "%.17g", recent);
@@ -237,7 +237,7 @@ TSR_KV_FWD_TEST(test_forward_materialize_uses_queries) {
     static const tsr_kv_policy_arg mat_args[] = {{"h2o-scores", "materialize"}};
     tsr_kv_options o = {.policy = &tsr_kv_policy_h2o, .memory_bytes = 8 << 20, .block_size = 16,
                         .budget = 0, .max_seqs = 1, .policy_args = mat_args,
-                        .n_policy_args = 1, .be = be};
+                        .n_policy_args = 1, .be = be, .kv_dtype = kvt_dtype_name()};
     ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &mat));
     o.budget = 0.5;
     ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &half));

@@ -17,7 +17,7 @@ enum { LAYERS = 3, HEADS = 2, HD = 4, KVD = HEADS * HD, BS = 4 };
 static tsr_kv_cache *tsr__cache(int64_t blocks) {
     tsr_kv_paged_config c = {.n_layers = LAYERS, .n_kv_heads = HEADS, .head_dim = HD,
                              .block_size = BS, .max_seqs = 4, .max_seq_len = 64,
-                             .prefix_caching = 1, .keep_scores = 1, .be = kvt_be};
+                             .prefix_caching = 1, .keep_scores = 1, .be = kvt_be, .kv_dtype = kvt_dtype()};
     c.memory_bytes = blocks * tsr_kv_paged_block_bytes(&c);
     tsr_kv_cache *kv = NULL;
     return tsr_kv_paged_create(&c, &kv) == TSR_OK ? kv : NULL;
@@ -218,7 +218,7 @@ TSR_KV_TEST(ckpt_file_round_trip) {
 TSR_KV_TEST(kv_export_through_policy) {
     tsr_kv_paged_config c = {.n_layers = LAYERS, .n_kv_heads = HEADS, .head_dim = HD,
                              .block_size = BS, .max_seqs = 4, .max_seq_len = 64,
-                             .prefix_caching = 1, .be = kvt_be};
+                             .prefix_caching = 1, .be = kvt_be, .kv_dtype = kvt_dtype()};
     c.memory_bytes = 32 * tsr_kv_paged_block_bytes(&c);
     tsr_kv_policy_config pc = {.n_heads = HEADS};
     tsr_kv_cache *a = NULL, *b = NULL;
@@ -251,7 +251,7 @@ TSR_KV_TEST(kv_export_through_policy) {
     tsr_kv_cache_destroy(b);
     /* A cache without the calls says so. */
     tsr_kv_cache *dense = NULL;
-    ASSERT_OK(tsr_kv_dense_create(kvt_be, 1, 1, 4, 8, 1, &dense));
+    ASSERT_OK(tsr_kv_dense_create_dtype(kvt_be, 1, 1, 4, 8, 1, kvt_dtype(), &dense));
     ASSERT_TRUE(tsr_ckpt_kv_mech(dense) == NULL);
     ASSERT_EQ_INT(tsr_kv_export_seq(dense, 0, &st), TSR_ERR_UNSUPPORTED);
     ASSERT_EQ_INT(tsr_kv_block_size(dense), 0);

@@ -5,12 +5,12 @@
 
 TSR_KV_TEST(test_write_commit_spans) {
     tsr_kv_cache *kv = NULL;
-    ASSERT_OK(tsr_kv_dense_create(kvt_be, 2, 2, 4, 300, 2, &kv));
+    ASSERT_OK(tsr_kv_dense_create_dtype(kvt_be, 2, 2, 4, 300, 2, kvt_dtype(), &kv));
     ASSERT_OK(kv->ops->seq_add(kv, 1));
     float k[8 * 100], v[8 * 100];
     for (int i = 0; i < 800; i++) {
-        k[i] = (float)i;
-        v[i] = (float)-i;
+        k[i] = kvt_round((float)i);
+        v[i] = kvt_round((float)-i);
     }
     /* Two steps: 100 tokens, then 100 more, forcing growth past the first capacity. */
     for (int step = 0; step < 2; step++) {
@@ -28,22 +28,22 @@ TSR_KV_TEST(test_write_commit_spans) {
     const tsr_kv_span *sp;
     int ns;
     ASSERT_OK(kv->ops->spans(kv, 0, 1, &sp, &ns));
-    float rk[1], rv[1];
-    ASSERT_OK(kvt_read(rk, sp[0].k + 150 * 8 + 3, 1));
-    ASSERT_OK(kvt_read(rv, sp[0].v + 7, 1));
-    ASSERT_NEAR(rk[0], k[50 * 8 + 3], 0);
-    ASSERT_NEAR(rv[0], v[7], 0);
+    float rk[151 * 8], rv[8];
+    ASSERT_OK(kvt_read_rows(rk, sp[0].k, sp[0].dtype, 151, 8));
+    ASSERT_OK(kvt_read_rows(rv, sp[0].v, sp[0].dtype, 1, 8));
+    ASSERT_NEAR(rk[150 * 8 + 3], k[50 * 8 + 3], 0);
+    ASSERT_NEAR(rv[7], v[7], 0);
     tsr_kv_stats s;
     kv->ops->stats(kv, &s);
     ASSERT_EQ_INT(s.tokens_resident, 200);
-    ASSERT_TRUE(s.bytes_peak >= 200 * 8 * 4 * 2 * 2);
+    ASSERT_TRUE(s.bytes_peak >= 200 * (int64_t)tsr_kv_row_bytes(kvt_dtype(), 8) * 2 * 2);
     tsr_kv_cache_destroy(kv);
 }
 
 TSR_KV_TEST(test_budget_and_errors) {
     tsr_kv_cache *kv = NULL;
     ASSERT_EQ_INT(tsr_kv_dense_create(NULL, 1, 1, 2, 10, 1, &kv), TSR_ERR_INVALID);
-    ASSERT_OK(tsr_kv_dense_create(kvt_be, 1, 1, 2, 10, 1, &kv));
+    ASSERT_OK(tsr_kv_dense_create_dtype(kvt_be, 1, 1, 2, 10, 1, kvt_dtype(), &kv));
     ASSERT_EQ_INT(kv->ops->seq_add(kv, 3), TSR_ERR_INVALID);
     ASSERT_OK(kv->ops->seq_add(kv, 0));
     ASSERT_EQ_INT(kv->ops->seq_add(kv, 0), TSR_ERR_INVALID);
@@ -60,7 +60,7 @@ TSR_KV_TEST(test_budget_and_errors) {
 TSR_KV_TEST(test_growth_keeps_every_layer) {
     enum { L = 3, KVD = 1024, STEP = 150, STEPS = 5 };
     tsr_kv_cache *kv = NULL;
-    ASSERT_OK(tsr_kv_dense_create(kvt_be, L, 8, KVD / 8, STEP * STEPS, 1, &kv));
+    ASSERT_OK(tsr_kv_dense_create_dtype(kvt_be, L, 8, KVD / 8, STEP * STEPS, 1, kvt_dtype(), &kv));
     ASSERT_OK(kv->ops->seq_add(kv, 0));
     static float k[STEP * KVD], v[STEP * KVD];
     int32_t toks[STEP] = {0};
@@ -83,10 +83,12 @@ TSR_KV_TEST(test_growth_keeps_every_layer) {
         ASSERT_EQ_INT(sp[0].n, STEP * STEPS);
         static float rk[KVD], rv[KVD];
         for (int row = 0; row < STEP * STEPS; row += 37) {
-            ASSERT_OK(kvt_read(rk, sp[0].k + (size_t)row * KVD, KVD));
-            ASSERT_OK(kvt_read(rv, sp[0].v + (size_t)row * KVD, KVD));
+            ASSERT_OK(kvt_read_rows(rk, tsr_kv_rows_at((float *)sp[0].k, sp[0].dtype, KVD,
+                                                       (int64_t)row * KVD), sp[0].dtype, 1, KVD));
+            ASSERT_OK(kvt_read_rows(rv, tsr_kv_rows_at((float *)sp[0].v, sp[0].dtype, KVD,
+                                                       (int64_t)row * KVD), sp[0].dtype, 1, KVD));
             for (int c = 0; c < KVD; c += 101) {
-                float want = (float)(l * 1000000 + row * 1000 + c % 997);
+                float want = kvt_round((float)(l * 1000000 + row * 1000 + c % 997));
                 ASSERT_TRUE(rk[c] == want);
                 ASSERT_TRUE(rv[c] == -want);
             }

@@ -17,7 +17,7 @@
 #define KVD_ (G_ * HD_)
 
 static float tsr__val(int layer, int32_t pos, int c, int is_v) {
-    return (float)(layer * 100000 + pos * 10 + c) * (is_v ? -1.0f : 1.0f);
+    return kvt_round((float)(layer * 100000 + pos * 10 + c) * (is_v ? -1.0f : 1.0f));
 }
 
 static tsr_status tsr__mk(int block, int64_t blocks, int prefix, tsr_host_pool *host,
@@ -25,7 +25,7 @@ static tsr_status tsr__mk(int block, int64_t blocks, int prefix, tsr_host_pool *
     tsr_kv_paged_config c = {.n_layers = L_, .n_kv_heads = G_, .head_dim = HD_,
                              .block_size = block, .max_seqs = 4, .max_seq_len = 8192,
                              .prefix_caching = prefix, .keep_scores = 1, .host = host,
-                             .be = kvt_be};
+                             .be = kvt_be, .kv_dtype = kvt_dtype()};
     c.memory_bytes = blocks * tsr_kv_paged_block_bytes(&c);
     return tsr_kv_paged_create(&c, kv);
 }
@@ -51,8 +51,8 @@ static tsr_status tsr__step(tsr_kv_cache *kv, int seq, const int32_t *toks, int3
 /* A span's K and V rows, downloaded from backend memory into k, v ([n][KVD_]). */
 static int tsr__span_rows(const tsr_kv_span *sp, float *k, float *v) {
     if (sp->stride != KVD_) return 0;
-    return kvt_read(k, sp->k, (size_t)sp->n * KVD_) == TSR_OK &&
-           kvt_read(v, sp->v, (size_t)sp->n * KVD_) == TSR_OK;
+    return kvt_read_rows(k, sp->k, sp->dtype, (size_t)sp->n, KVD_) == TSR_OK &&
+           kvt_read_rows(v, sp->v, sp->dtype, (size_t)sp->n, KVD_) == TSR_OK;
 }
 
 /* Every span row holds the value of its position (and contiguous positions 0..n-1), read
@@ -119,7 +119,8 @@ static int tsr__layers_adjacent(tsr_kv_cache *kv, int seq) {
         int ns;
         if (kv->ops->spans(kv, l, seq, &sp, &ns) != TSR_OK) return 0;
         for (int j = 1; j < ns; j++)
-            if (sp[j].k != sp[j - 1].k + 32 * KVD_ || sp[j].v != sp[j - 1].v + 32 * KVD_)
+            if (sp[j].k != tsr_kv_rows_at((float *)sp[j - 1].k, sp[j].dtype, KVD_, 32 * KVD_) ||
+                sp[j].v != tsr_kv_rows_at((float *)sp[j - 1].v, sp[j].dtype, KVD_, 32 * KVD_))
                 return 0;
     }
     return 1;
@@ -216,9 +217,9 @@ TSR_KV_TEST(test_copy_on_write) {
     ASSERT_OK(tsr_kv_paged_gather(kv, 1, 1, rows, 2, rk, rv));
     ASSERT_NEAR(rk[3], tsr__val(1, 20, 3, 0), 0);
     ASSERT_NEAR(rv[3], tsr__val(1, 20, 3, 1), 0);
-    ASSERT_NEAR(rk[KVD_ + 3], 777.0f, 0);
+    ASSERT_NEAR(rk[KVD_ + 3], kvt_round(777.0f), 0);
     ASSERT_OK(tsr_kv_paged_gather(kv, 1, 1, rows + 1, 1, NULL, rv)); /* V only */
-    ASSERT_NEAR(rv[3], 777.0f, 0);
+    ASSERT_NEAR(rv[3], kvt_round(777.0f), 0);
     int32_t bad[1] = {22};
     ASSERT_EQ_INT(tsr_kv_paged_gather(kv, 1, 1, bad, 1, rk, rv), TSR_ERR_INVALID);
     /* seq 0 writing its own next token: its block is private again (ref 1), no copy. */
@@ -278,7 +279,7 @@ TSR_KV_TEST(test_no_blocks_vs_budget) {
     ASSERT_TRUE(tsr__check_rows(kv, 1, 56));
     tsr_kv_cache_destroy(kv);
     tsr_kv_paged_config c = {.n_layers = 1, .n_kv_heads = 1, .head_dim = 4, .max_seqs = 1,
-                             .max_seq_len = 10, .memory_bytes = 10, .be = kvt_be};
+                             .max_seq_len = 10, .memory_bytes = 10, .be = kvt_be, .kv_dtype = kvt_dtype()};
     ASSERT_EQ_INT(tsr_kv_paged_create(&c, &kv), TSR_ERR_BUDGET);
     /* The store is backend memory: no backend, no cache (one clear line). */
     c.memory_bytes = 1 << 20;
@@ -516,7 +517,7 @@ TSR_KV_TEST(test_one_backend_call_per_operation) {
     ASSERT_OK(tsr_host_pool_create(0, &host));
     tsr_kv_paged_config c = {.n_layers = L_, .n_kv_heads = G_, .head_dim = HD_,
                              .block_size = 4, .max_seqs = 2, .max_seq_len = 256,
-                             .keep_scores = 1, .host = host, .be = &counted};
+                             .keep_scores = 1, .host = host, .be = &counted, .kv_dtype = kvt_dtype()};
     c.memory_bytes = 64 * tsr_kv_paged_block_bytes(&c);
     tsr_kv_cache *kv = NULL;
     ASSERT_OK(tsr_kv_paged_create(&c, &kv));
@@ -592,11 +593,11 @@ TSR_KV_FWD_TEST(test_forward_paged_equals_dense) {
     float *fp = tsr_malloc((size_t)13 * c->vocab_size * 4);
     float *ld = tsr_malloc((size_t)c->vocab_size * 4), *lp = tsr_malloc((size_t)c->vocab_size * 4);
     tsr_kv_cache *dense = NULL, *paged = NULL;
-    ASSERT_OK(tsr_kv_dense_create(be, c->n_layers, c->n_kv_heads, c->head_dim, c->max_seq_len, 1,
-                                  &dense));
+    ASSERT_OK(tsr_kv_dense_create_dtype(be, c->n_layers, c->n_kv_heads, c->head_dim, c->max_seq_len, 1,
+                                  kvt_dtype(), &dense));
     tsr_kv_paged_config pc = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
                               .head_dim = c->head_dim, .block_size = 16, .max_seqs = 1,
-                              .max_seq_len = c->max_seq_len, .prefix_caching = 1, .be = be};
+                              .max_seq_len = c->max_seq_len, .prefix_caching = 1, .be = be, .kv_dtype = kvt_dtype()};
     pc.memory_bytes = 64LL * c->n_layers * tsr_kv_paged_block_bytes(&pc);
     ASSERT_OK(tsr_kv_paged_create(&pc, &paged));
     ASSERT_OK(tsr__run_greedy(m, be, dense, prompt, 40, GEN, td, fd, ld));

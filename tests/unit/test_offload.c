@@ -32,7 +32,7 @@ TSR_KV_TEST(test_speculative_selection_and_bytes) {
     ASSERT_OK(tsr_host_pool_create(0, &host));
     tsr_kv_paged_config kc = {.n_layers = 1, .n_kv_heads = 1, .head_dim = HD_,
                               .block_size = 4, .max_seqs = 1, .max_seq_len = 4096,
-                              .be = kvt_be};
+                              .be = kvt_be, .kv_dtype = kvt_dtype()};
     kc.memory_bytes = 32 * tsr_kv_paged_block_bytes(&kc);
     static const tsr_kv_policy_arg args[] = {{"offload-pairs", "2"}, {"offload-recall", "1"}};
     tsr_kv_policy_config pc = {.budget = 12, .args = args, .n_args = 2,
@@ -79,7 +79,9 @@ TSR_KV_TEST(test_speculative_selection_and_bytes) {
             int32_t pos = sp[j].pos ? sp[j].pos[i] : sp[j].pos0 + i;
             present[pos] = 1;
             float v0; /* the fetched rows came back through the scatter */
-            ASSERT_OK(kvt_read(&v0, sp[j].v + i * sp[j].stride, 1));
+            ASSERT_OK(kvt_read_rows(&v0, tsr_kv_rows_at((float *)sp[j].v, sp[j].dtype, HD_,
+                                                        i * sp[j].stride), sp[j].dtype, 1,
+                                    HD_));
             ASSERT_NEAR(v0, pos < N ? (float)pos : 0.0f, 0);
         }
     ASSERT_EQ_INT(total, 12); /* budget: 11 prior + the new token */
@@ -169,7 +171,7 @@ TSR_KV_FWD_TEST(test_forward_uses_speculation) {
         tsr_kv_options o = {.policy = &tsr_kv_policy_offload, .memory_bytes = 8 << 20,
                             .block_size = 16,
                             .budget = 0.25, .max_seqs = 1, .policy_args = args,
-                            .n_policy_args = 2, .be = be};
+                            .n_policy_args = 2, .be = be, .kv_dtype = kvt_dtype_name()};
         tsr_kv_cache *kv = NULL;
         ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &kv));
         ASSERT_OK(tsr__greedy(m, be, kv, prompt, 8, 1, GEN, toks, NULL));
@@ -346,7 +348,7 @@ TSR_KV_FWD_TEST(test_forward_skew_mode) {
         const tsr_kv_policy_arg warmup[] = {{"offload-mode", "warmup"}};
         tsr_kv_options o = {.policy = &tsr_kv_policy_offload, .memory_bytes = 8 << 20,
                             .block_size = 16,
-                            .budget = budget, .max_seqs = 1, .be = be,
+                            .budget = budget, .max_seqs = 1, .be = be, .kv_dtype = kvt_dtype_name(),
                             .model = kvt_eng->model, .policy_args = warmup,
                             .n_policy_args = run == 2 ? 1 : 0};
         ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &kv));

@@ -167,7 +167,7 @@ TSR_TEST(test_cli_is_generated) {
 TSR_KV_TEST(test_cache_reports_declared_stats) {
     tsr__register();
     tsr_kv_paged_config kc = {.n_layers = 1, .n_kv_heads = 1, .head_dim = 4, .block_size = 4,
-                              .max_seqs = 1, .max_seq_len = 64, .be = kvt_be};
+                              .max_seqs = 1, .max_seq_len = 64, .be = kvt_be, .kv_dtype = kvt_dtype()};
     kc.memory_bytes = 8 * tsr_kv_paged_block_bytes(&kc);
     tsr_kv_policy_arg args[] = {{"fake-keep", "0.25"}, {"fake-count", "5"}};
     tsr_kv_policy_config pc = {.budget = 0.5, .args = args, .n_args = 2, .n_heads = 1};
@@ -264,7 +264,7 @@ static int tsr__never(const void *opts) {
  * declaration whose reads_* disagree with its hooks is refused. */
 TSR_KV_TEST(test_cache_wants_what_is_declared) {
     tsr_kv_paged_config kc = {.n_layers = 1, .n_kv_heads = 1, .head_dim = 4, .block_size = 4,
-                              .max_seqs = 1, .max_seq_len = 64, .be = kvt_be};
+                              .max_seqs = 1, .max_seq_len = 64, .be = kvt_be, .kv_dtype = kvt_dtype()};
     kc.memory_bytes = 8 * tsr_kv_paged_block_bytes(&kc);
     tsr_kv_policy_config pc = {.budget = 0.5, .n_heads = 1};
     struct {

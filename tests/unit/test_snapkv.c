@@ -31,7 +31,7 @@ static tsr_status tsr__mk_snap_with(double budget, const tsr_kv_policy_arg *args
                                     tsr_kv_cache **kv) {
     tsr_kv_paged_config kc = {.n_layers = 1, .n_kv_heads = G_, .head_dim = HD_,
                               .block_size = 4, .max_seqs = 1, .max_seq_len = 4096,
-                              .be = kvt_be};
+                              .be = kvt_be, .kv_dtype = kvt_dtype()};
     kc.memory_bytes = (MAXN_ / 4 + 8) * tsr_kv_paged_block_bytes(&kc);
     tsr_kv_policy_config pc = {.budget = budget, .n_heads = H_, .args = args, .n_args = n};
     return tsr_kv_policy_cache_create(tsr_kv_policy_find("snapkv"), &pc, &kc, kv);
@@ -96,7 +96,7 @@ static int tsr__present(tsr_kv_cache *kv, int *present, int n) {
         return -1;
     for (int32_t i = 0; i < ns; i++) {
         present[pos[i]] = 1;
-        if (v[(size_t)i * KVD_] != (float)pos[i]) return -1;
+        if (v[(size_t)i * KVD_] != kvt_round((float)pos[i])) return -1;
     }
     return ns;
 }

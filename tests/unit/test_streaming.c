@@ -26,7 +26,7 @@ static tsr_status tsr__mk_stream(double budget, int layers, const char *sinks,
                                  tsr_kv_cache **kv) {
     tsr_kv_paged_config kc = {.n_layers = layers, .n_kv_heads = G_, .head_dim = HD_,
                               .block_size = 4, .max_seqs = 1, .max_seq_len = 4096,
-                              .be = kvt_be};
+                              .be = kvt_be, .kv_dtype = kvt_dtype()};
     kc.memory_bytes = 64 * tsr_kv_paged_block_bytes(&kc) * layers;
     tsr_kv_policy_arg arg = {"streaming-sinks", sinks};
     tsr_kv_policy_config pc = {.budget = budget, .n_heads = 2 * G_, .args = &arg,

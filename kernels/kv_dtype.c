@@ -1,0 +1,151 @@
+/* KV storage element types (see kv_dtype.h). */
+#include "kernels/kv_dtype.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "base/dtype.h"
+
+static const char *const tsr__kv_names[] = {"f32", "bf16", "q8", "fp8"};
+
+const char *tsr_kv_dtype_name(int dtype) {
+    return dtype >= 0 && dtype <= TSR_KV_FP8 ? tsr__kv_names[dtype] : "?";
+}
+
+int tsr_kv_dtype_parse(const char *s) {
+    if (!s) return -1;
+    for (int i = 0; i <= TSR_KV_FP8; i++)
+        if (!strcmp(s, tsr__kv_names[i])) return i;
+    return -1;
+}
+
+size_t tsr_kv_row_bytes(int dtype, int64_t row) {
+    if (row <= 0) return 0;
+    switch (dtype) {
+    case TSR_KV_F32: return (size_t)row * 4;
+    case TSR_KV_BF16: return (size_t)row * 2;
+    case TSR_KV_Q8:
+        if (row % TSR_KV_Q8_BLOCK) return 0;
+        return (size_t)(row / TSR_KV_Q8_BLOCK) * (4 + TSR_KV_Q8_BLOCK);
+    case TSR_KV_FP8: return 4 + (size_t)row;
+    default: return 0;
+    }
+}
+
+int tsr_kv_dtype_fits(int dtype, int head_dim) {
+    if (dtype < 0 || dtype > TSR_KV_FP8 || head_dim <= 0) return 0;
+    return dtype != TSR_KV_Q8 || head_dim % TSR_KV_Q8_BLOCK == 0;
+}
+
+float tsr_e4m3_to_f32(uint8_t b) {
+    int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    float v;
+    if (e == 15 && m == 7) return NAN;
+    if (e == 0) v = ldexpf((float)m, -9); /* subnormal: m/8 * 2^-6 */
+    else v = ldexpf((float)(8 + m), e - 10);
+    return s ? -v : v;
+}
+
+uint8_t tsr_f32_to_e4m3(float f) {
+    if (isnan(f)) return 0x7f;
+    uint8_t sign = signbit(f) ? 0x80 : 0;
+    float a = fabsf(f);
+    if (a >= 448.0f) return sign | 0x7e; /* saturate (no infinity in e4m3fn) */
+    if (a < ldexpf(1.0f, -6)) {
+        /* subnormals step by 2^-9; rintf rounds half to even */
+        int m = (int)rintf(a * 512.0f);
+        return sign | (uint8_t)m; /* m == 8 is the smallest normal's code */
+    }
+    int e;
+    (void)frexpf(a, &e); /* a = f * 2^e, f in [0.5, 1): exponent e - 1 */
+    int ub = e - 1;      /* unbiased, -6 .. 8 */
+    int q = (int)rintf(ldexpf(a, 3 - ub)); /* 8 .. 16 */
+    if (q == 16) {
+        q = 8;
+        ub++;
+    }
+    int code = ((ub + 7) << 3) | (q - 8);
+    if (code > 0x7e) code = 0x7e;
+    return sign | (uint8_t)code;
+}
+
+static float tsr__amax(const float *x, int64_t n) {
+    float a = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float v = fabsf(x[i]);
+        a = v > a ? v : a;
+    }
+    return a;
+}
+
+void tsr_kv_rows_encode(int dtype, const float *src, int64_t src_ld, void *dst, int64_t n,
+                        int64_t row) {
+    size_t rb = tsr_kv_row_bytes(dtype, row);
+    for (int64_t i = 0; i < n; i++) {
+        const float *x = src + i * src_ld;
+        uint8_t *o = (uint8_t *)dst + (size_t)i * rb;
+        switch (dtype) {
+        case TSR_KV_F32: memcpy(o, x, rb); break;
+        case TSR_KV_BF16:
+            for (int64_t c = 0; c < row; c++) {
+                uint16_t h = tsr_f32_to_bf16(x[c]);
+                memcpy(o + 2 * c, &h, 2);
+            }
+            break;
+        case TSR_KV_Q8:
+            for (int64_t b = 0; b < row / TSR_KV_Q8_BLOCK; b++) {
+                const float *xb = x + b * TSR_KV_Q8_BLOCK;
+                uint8_t *ob = o + b * (4 + TSR_KV_Q8_BLOCK);
+                float d = tsr__amax(xb, TSR_KV_Q8_BLOCK) / 127.0f;
+                float id = d > 0.0f ? 1.0f / d : 0.0f;
+                memcpy(ob, &d, 4);
+                for (int c = 0; c < TSR_KV_Q8_BLOCK; c++)
+                    ob[4 + c] = (uint8_t)(int8_t)lrintf(xb[c] * id);
+            }
+            break;
+        case TSR_KV_FP8: {
+            float d = tsr__amax(x, row) / 448.0f;
+            float id = d > 0.0f ? 1.0f / d : 0.0f;
+            memcpy(o, &d, 4);
+            for (int64_t c = 0; c < row; c++) o[4 + c] = tsr_f32_to_e4m3(x[c] * id);
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+void tsr_kv_rows_decode(int dtype, const void *src, float *dst, int64_t dst_ld, int64_t n,
+                        int64_t row) {
+    size_t rb = tsr_kv_row_bytes(dtype, row);
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *x = (const uint8_t *)src + (size_t)i * rb;
+        float *o = dst + i * dst_ld;
+        switch (dtype) {
+        case TSR_KV_F32: memcpy(o, x, rb); break;
+        case TSR_KV_BF16:
+            for (int64_t c = 0; c < row; c++) {
+                uint16_t h;
+                memcpy(&h, x + 2 * c, 2);
+                o[c] = tsr_bf16_to_f32(h);
+            }
+            break;
+        case TSR_KV_Q8:
+            for (int64_t b = 0; b < row / TSR_KV_Q8_BLOCK; b++) {
+                const uint8_t *xb = x + b * (4 + TSR_KV_Q8_BLOCK);
+                float d;
+                memcpy(&d, xb, 4);
+                for (int c = 0; c < TSR_KV_Q8_BLOCK; c++)
+                    o[b * TSR_KV_Q8_BLOCK + c] = d * (float)(int8_t)xb[4 + c];
+            }
+            break;
+        case TSR_KV_FP8: {
+            float d;
+            memcpy(&d, x, 4);
+            for (int64_t c = 0; c < row; c++) o[c] = d * tsr_e4m3_to_f32(x[4 + c]);
+            break;
+        }
+        default: break;
+        }
+    }
+}
