@@ -34,6 +34,7 @@ const char *tsr_st_dtype_name(tsr_dtype t) {
     case TSR_F32: return "F32";
     case TSR_F16: return "F16";
     case TSR_BF16: return "BF16";
+    case TSR_Q8_0: break; /* no safetensors dtype: written as I8 + F16 scales */
     }
     return "?";
 }
