@@ -113,6 +113,32 @@ void tsr_q8_dequant_row(const uint8_t *packed, int64_t cols, int64_t r, float *o
     }
 }
 
+void tsr_q8_pack_gguf(const uint8_t *blocks, int64_t rows, int64_t cols, void *packed) {
+    size_t rb = (size_t)(cols / TSR_Q8_BLOCK) * TSR_Q8_BLOCK_BYTES;
+    tsr_q8_pack_init(packed, rows, cols);
+    for (int64_t r = 0; r < rows; r++) tsr_q8_pack_row(packed, cols, r, blocks + (size_t)r * rb);
+}
+
+tsr_status tsr_q8_slice(const tsr_tensor *src, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                        void *dst) {
+    if (src->dtype != TSR_Q8_0 || r0 < 0 || r1 > src->rows || r1 <= r0 || c0 < 0 ||
+        c1 > src->cols || c1 <= c0 || c0 % TSR_Q8_BLOCK || c1 % TSR_Q8_BLOCK)
+        return tsr_error_set(TSR_ERR_INVALID, "q8_0: cannot slice rows [%lld, %lld) columns "
+                             "[%lld, %lld) of a %lldx%lld matrix", (long long)r0, (long long)r1,
+                             (long long)c0, (long long)c1, (long long)src->rows,
+                             (long long)src->cols);
+    uint8_t *row = tsr_malloc((size_t)(src->cols / TSR_Q8_BLOCK) * TSR_Q8_BLOCK_BYTES);
+    if (!row) return tsr_error_set(TSR_ERR_NOMEM, "q8_0: out of memory slicing a matrix");
+    tsr_q8_pack_init(dst, r1 - r0, c1 - c0);
+    for (int64_t r = r0; r < r1; r++) {
+        tsr_q8_unpack_row(src->data, src->cols, r, row);
+        tsr_q8_pack_row(dst, c1 - c0, r - r0,
+                        row + (size_t)(c0 / TSR_Q8_BLOCK) * TSR_Q8_BLOCK_BYTES);
+    }
+    tsr_free(row);
+    return TSR_OK;
+}
+
 tsr_status tsr_q8_quantize_tensor(const tsr_tensor *src, void *packed) {
     if (!tsr_q8_fits(src->rows, src->cols) || src->dtype == TSR_Q8_0)
         return tsr_error_set(TSR_ERR_INVALID, "q8_0: cannot quantize a %lldx%lld %s matrix",

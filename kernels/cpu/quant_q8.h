@@ -41,6 +41,15 @@ void tsr_q8_unpack_row(const uint8_t *packed, int64_t cols, int64_t r, uint8_t *
 /* Row r dequantized to f32 (q * d per value: GGUF's dequantization). */
 void tsr_q8_dequant_row(const uint8_t *packed, int64_t cols, int64_t r, float *out);
 
+/* Repacks a whole [rows, cols] matrix of GGUF Q8_0 blocks (row-major, as the file stores
+ * them) into `packed` (tsr_tensor_bytes of the Q8_0 tensor), padding rows included. */
+void tsr_q8_pack_gguf(const uint8_t *blocks, int64_t rows, int64_t cols, void *packed);
+
+/* Rows [r0, r1) and columns [c0, c1) (multiples of 32) of the Q8_0 tensor src, repacked
+ * into dst (tsr_tensor_bytes of the [r1 - r0, c1 - c0] Q8_0 tensor). */
+tsr_status tsr_q8_slice(const tsr_tensor *src, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                        void *dst);
+
 /* Quantizes `src` (F32, BF16 or F16, [rows, cols], tsr_q8_fits) into `packed`
  * (tsr_tensor_bytes of the Q8_0 tensor). */
 tsr_status tsr_q8_quantize_tensor(const tsr_tensor *src, void *packed);

@@ -14,6 +14,8 @@
 #include "runtime/model/config.h"
 #include "runtime/format/gguf.h"
 #include "runtime/model/loader.h"
+#include "runtime/model/quantize.h"
+#include "kernels/cpu/quant_q8.h"
 
 /* Weights above this many f32 bytes are dequantized to bf16 instead (memory). */
 #define TSR__F32_LIMIT ((int64_t)8 << 30)
@@ -177,6 +179,21 @@ static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64
                              "%s: tensor %s has shape [%lld, %lld] (ggml order), expected "
                              "[%lld, %lld]", x->g->path, name, (long long)t->ne[0],
                              (long long)t->ne[1], (long long)cols, (long long)(vector ? 1 : rows));
+    /* Q8_0 matrices stay Q8_0, repacked (kernels/cpu/quant_q8.h), where the forward can
+     * run them (runtime/model/quantize.h); the others are dequantized. */
+    const char *which = strstr(name, "attn_output") ? "wo" : strstr(name, "ffn_down") ? "w_down"
+                                                                                    : name;
+    if (!vector && t->type == TSR_GGML_Q8_0 && tsr_model_q8_eligible(&m->cfg, which, cols)) {
+        tsr_tensor q = {.dtype = TSR_Q8_0, .rows = rows, .cols = cols};
+        void *pk;
+        if (t->nbytes < (uint64_t)(rows * (cols / TSR_Q8_BLOCK)) * TSR_Q8_BLOCK_BYTES)
+            return tsr_error_set(TSR_ERR_FORMAT, "%s: tensor %s is short", x->g->path, name);
+        TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &pk));
+        tsr_q8_pack_gguf(t->data, rows, cols, pk);
+        q.data = pk;
+        *dst = q;
+        return TSR_OK;
+    }
     tsr_dtype dt = vector ? TSR_F32 : m->cfg.dtype;
     void *buf;
     TSR_TRY(tsr_model_alloc(m, (size_t)t->numel * tsr_dtype_size(dt), &buf));

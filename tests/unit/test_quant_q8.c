@@ -165,6 +165,37 @@ TSR_TEST(test_models_equal_gguf_package) {
     free(text);
 }
 
+/* Row and column slices (the tensor-parallel shard cut of runtime/exec/parallel.c) equal
+ * the slices of the GGUF rows. */
+TSR_TEST(test_slice) {
+    size_t nf;
+    float *w = read_all(Q8_DIR "edge_f32.bin", &nf);
+    ASSERT_TRUE(w != NULL);
+    enum { ROWS = 24, COLS = 96, NB = COLS / 32 };
+    uint8_t gg[ROWS * NB * 34];
+    for (int r = 0; r < ROWS; r++) tsr_q8_quantize_blocks(w + r * COLS, COLS, gg + r * NB * 34);
+    tsr_tensor q = {.dtype = TSR_Q8_0, .rows = ROWS, .cols = COLS};
+    uint8_t *packed = tsr_malloc(tsr_tensor_bytes(&q));
+    tsr_q8_pack_gguf(gg, ROWS, COLS, packed);
+    q.data = packed;
+    int cuts[][4] = {{0, 24, 0, 96}, {5, 22, 32, 96}, {16, 24, 0, 64}, {3, 4, 64, 96}};
+    for (int k = 0; k < 4; k++) {
+        int r0 = cuts[k][0], r1 = cuts[k][1], c0 = cuts[k][2], c1 = cuts[k][3];
+        tsr_tensor s = {.dtype = TSR_Q8_0, .rows = r1 - r0, .cols = c1 - c0};
+        uint8_t *sp = tsr_malloc(tsr_tensor_bytes(&s));
+        ASSERT_OK(tsr_q8_slice(&q, r0, r1, c0, c1, sp));
+        for (int r = r0; r < r1; r++) {
+            uint8_t back[NB * 34];
+            tsr_q8_unpack_row(sp, c1 - c0, r - r0, back);
+            ASSERT_TRUE(memcmp(back, gg + (r * NB + c0 / 32) * 34, (size_t)(c1 - c0) / 32 * 34) == 0);
+        }
+        tsr_free(sp);
+    }
+    ASSERT_EQ_INT(tsr_q8_slice(&q, 0, 24, 16, 96, packed), TSR_ERR_INVALID);
+    tsr_free(packed);
+    free(w);
+}
+
 /* ---- kernels ---- */
 
 static uint64_t rng_state = 88172645463325252ull;
@@ -366,5 +397,5 @@ TSR_TEST(test_backends) {
     if (fen) tsr_backend_destroy(fen);
 }
 
-TSR_TEST_MAIN(test_edge_bytes_and_repack, test_models_equal_gguf_package,
+TSR_TEST_MAIN(test_edge_bytes_and_repack, test_models_equal_gguf_package, test_slice,
               test_kernels_equal_scalar, test_backends)
