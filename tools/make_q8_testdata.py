@@ -10,6 +10,9 @@
   edge_f32.bin     a [24, 96] f32 matrix of edge cases (zero blocks, exact .5 ties after
                    scaling, tiny and huge magnitudes, negative maxima), little-endian
   edge_q8_0.bin    its GGUF Q8_0 bytes (24 rows x 3 blocks x 34 bytes)
+  tiny_q8_0.gguf   a 2-layer llama GGUF with every matrix Q8_0 (dim 128, hidden 256, 4 heads,
+                   2 KV heads, head_dim 32, vocab 512 as models/tok512.bin, untied), random
+                   weights quantized by the package; no tokenizer (give --tokenizer)
 
 Usage: python3 tools/make_q8_testdata.py  (pip install gguf numpy)
 """
@@ -112,6 +115,50 @@ def edge():
     return w
 
 
+def tiny_gguf(path):
+    import gguf
+    rng = np.random.default_rng(270)
+    dim, hidden, heads, kv, hd, vocab, L = 128, 256, 4, 2, 32, 512, 2
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(L)
+    w.add_context_length(256)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(hidden)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(hd)
+    w.add_vocab_size(vocab)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    def mat(name, rows, cols):
+        x = (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+        w.add_tensor(name, quantize(x, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
+
+    def vec(name, n):
+        w.add_tensor(name, (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32))
+
+    mat("token_embd.weight", vocab, dim)
+    vec("output_norm.weight", dim)
+    mat("output.weight", vocab, dim)
+    for l in range(L):
+        vec("blk.%d.attn_norm.weight" % l, dim)
+        vec("blk.%d.ffn_norm.weight" % l, dim)
+        mat("blk.%d.attn_q.weight" % l, heads * hd, dim)
+        mat("blk.%d.attn_k.weight" % l, kv * hd, dim)
+        mat("blk.%d.attn_v.weight" % l, kv * hd, dim)
+        mat("blk.%d.attn_output.weight" % l, dim, heads * hd)
+        mat("blk.%d.ffn_gate.weight" % l, hidden, dim)
+        mat("blk.%d.ffn_up.weight" % l, hidden, dim)
+        mat("blk.%d.ffn_down.weight" % l, dim, hidden)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     res = {}
@@ -124,6 +171,7 @@ def main():
     w = edge()
     w.astype("<f4").tofile(os.path.join(OUT, "edge_f32.bin"))
     quantize(w, GGMLQuantizationType.Q8_0).tofile(os.path.join(OUT, "edge_q8_0.bin"))
+    tiny_gguf(os.path.join(OUT, "tiny_q8_0.gguf"))
     print("wrote", OUT, {k: len(v) for k, v in res.items()})
 
 

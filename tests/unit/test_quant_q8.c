@@ -13,6 +13,7 @@
 #include "base/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/quant_q8_internal.h"
+#include "runtime/format/gguf.h"
 #include "runtime/model/model.h"
 #include "tests/test.h"
 
@@ -194,6 +195,48 @@ TSR_TEST(test_slice) {
     ASSERT_EQ_INT(tsr_q8_slice(&q, 0, 24, 16, 96, packed), TSR_ERR_INVALID);
     tsr_free(packed);
     free(w);
+}
+
+/* A Q8_0 GGUF loads as it is: every matrix TSR_Q8_0, each row's blocks the file's bytes. */
+TSR_TEST(test_gguf_q8_native) {
+    const char *path = Q8_DIR "tiny_q8_0.gguf";
+    tsr_model *m = NULL;
+    ASSERT_OK(tsr_model_load(path, &m));
+    tsr_gguf *g = NULL;
+    ASSERT_OK(tsr_gguf_open(path, &g));
+    char name[64];
+    int checked = 0;
+    for (int l = -1; l < m->cfg.n_layers; l++) {
+        const char *ln[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                            "ffn_down"};
+        for (int i = 0; i < (l < 0 ? 2 : 7); i++) {
+            const tsr_tensor *t;
+            if (l < 0) {
+                snprintf(name, sizeof name, i ? "output.weight" : "token_embd.weight");
+                t = i ? &m->classifier : &m->tok_emb;
+            } else {
+                snprintf(name, sizeof name, "blk.%d.%s.weight", l, ln[i]);
+                const tsr_layer_weights *w = &m->layers[l];
+                const tsr_tensor *ts[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up,
+                                          &w->w_down};
+                t = ts[i];
+            }
+            const tsr_gguf_tensor *gt = tsr_gguf_tensor_find(g, name);
+            ASSERT_TRUE(gt != NULL);
+            ASSERT_EQ_INT(t->dtype, TSR_Q8_0);
+            size_t rb = (size_t)(t->cols / 32) * 34;
+            uint8_t *row = tsr_malloc(rb);
+            for (int64_t r = 0; r < t->rows; r++) {
+                tsr_q8_unpack_row(t->data, t->cols, r, row);
+                ASSERT_TRUE(memcmp(row, gt->data + (size_t)r * rb, rb) == 0);
+            }
+            tsr_free(row);
+            checked++;
+        }
+    }
+    ASSERT_EQ_INT(checked, 2 + 7 * m->cfg.n_layers);
+    tsr_gguf_close(g);
+    tsr_model_destroy(m);
 }
 
 /* ---- kernels ---- */
@@ -397,5 +440,5 @@ TSR_TEST(test_backends) {
     if (fen) tsr_backend_destroy(fen);
 }
 
-TSR_TEST_MAIN(test_edge_bytes_and_repack, test_models_equal_gguf_package, test_slice,
+TSR_TEST_MAIN(test_edge_bytes_and_repack, test_models_equal_gguf_package, test_slice, test_gguf_q8_native,
               test_kernels_equal_scalar, test_backends)
