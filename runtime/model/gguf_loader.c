@@ -269,6 +269,7 @@ tsr_status tsr_loader_gguf(const char *path, tsr_model **out) {
     tsr_status st = tsr__config(&x, &cfg);
     if (st == TSR_OK) st = tsr_model_create(path, &cfg, &m);
     if (st == TSR_OK) st = tsr__weights(m, &x);
+    if (st == TSR_OK && x.q8_native) m->cfg.dtype = TSR_Q8_0; /* named as its matrices are */
     tsr_gguf_close(x.g);
     if (st != TSR_OK) {
         tsr_model_destroy(m);
