@@ -23,7 +23,15 @@ static void tsr__q8_block(const float *x, int8_t *q, uint16_t *dh) {
     }
     float d = amax / 127.0f;
     float id = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int j = 0; j < TSR_Q8_BLOCK; j++) q[j] = (int8_t)roundf(x[j] * id);
+    /* roundf without the libm call: |v| <= 127.5, so the truncation i and v - i are exact,
+     * and a fraction of at least one half rounds away from zero as roundf does */
+    for (int j = 0; j < TSR_Q8_BLOCK; j++) {
+        float v = x[j] * id;
+        int i = (int)v;
+        float f = v - (float)i;
+        i += (f >= 0.5f) - (f <= -0.5f);
+        q[j] = (int8_t)i;
+    }
     *dh = tsr_f32_to_f16(d);
 }
 
