@@ -264,12 +264,12 @@ static tsr_status tsr__q8_run(tsr__cpu_ctx *c, const float *x, int64_t n, const 
     int8_t *xq = (int8_t *)c->q8x;
     float *xd = c->q8x + (nq + 3) / 4;
     int32_t *xs = (int32_t *)(xd + ns);
+    const tsr__q8_kernels *k = tsr__q8_kernels_get();
     int qpar = c->threads > 1 && n >= 16;
 #pragma omp parallel for num_threads(c->threads) schedule(static) if (qpar)
     for (int64_t i = 0; i < n; i++)
-        tsr__q8_quantize_act(x + (size_t)i * (size_t)cols, cols, xq + (size_t)i * (size_t)cols,
-                             xd + (size_t)i * (size_t)nb, xs + (size_t)i * (size_t)nb);
-    const tsr__q8_kernels *k = tsr__q8_kernels_get();
+        k->quant_act(x + (size_t)i * (size_t)cols, cols, xq + (size_t)i * (size_t)cols,
+                     xd + (size_t)i * (size_t)nb, xs + (size_t)i * (size_t)nb);
     int64_t ng = (rows + TSR_Q8_GROUP - 1) / TSR_Q8_GROUP;
     int64_t nblk = (ng + TSR__CPU_Q8_BLOCK_GROUPS - 1) / TSR__CPU_Q8_BLOCK_GROUPS;
     int64_t ldp = n * rows;

@@ -207,7 +207,8 @@ static inline void tsr__q8_s_gemv_nx(const uint8_t *w, int64_t nb, int64_t rows,
 
 TSR__Q8_GEMV_FN(tsr__q8_s_gemv, tsr__q8_s_gemv_nx)
 
-static const tsr__q8_kernels tsr__q8_k_scalar = {TSR__Q8_SCALAR, "scalar", tsr__q8_s_gemv};
+static const tsr__q8_kernels tsr__q8_k_scalar = {TSR__Q8_SCALAR, "scalar", tsr__q8_s_gemv,
+                                                 tsr__q8_quantize_act};
 
 /* ---------------------------------------------------------------- dispatch ---- */
 

@@ -77,7 +77,8 @@ tsr__q8_y_gemv_nx(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_
 
 TSR__Q8_GEMV_FN(tsr__q8_y_gemv, tsr__q8_y_gemv_nx)
 
-const tsr__q8_kernels tsr__q8_k_avx2 = {TSR__Q8_AVX2, "avx2", tsr__q8_y_gemv};
+const tsr__q8_kernels tsr__q8_k_avx2 = {TSR__Q8_AVX2, "avx2", tsr__q8_y_gemv,
+    tsr__q8_quantize_act};
 
 #ifdef __clang__
 #pragma clang attribute pop

@@ -68,8 +68,37 @@ tsr__q8_z_gemv_nx(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_
 
 TSR__Q8_GEMV_FN(tsr__q8_z_gemv, tsr__q8_z_gemv_nx)
 
+/* tsr__q8_quantize_act's operations in 16 lanes: max of |x| (exact), the scalar d and
+ * 1/d, v = x * id, truncation, and the half-away rounding of the fraction (exact). */
+static void tsr__q8_z_quant_act(const float *x, int64_t cols, int8_t *qs, float *d,
+                                int32_t *bsum) {
+    const __m512 half = _mm512_set1_ps(0.5f), mhalf = _mm512_set1_ps(-0.5f);
+    const __m512i one = _mm512_set1_epi32(1);
+    for (int64_t b = 0; b < cols / TSR_Q8_BLOCK; b++) {
+        const float *xb = x + b * TSR_Q8_BLOCK;
+        __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        float dd = amax / 127.0f;
+        float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        __m512 vid = _mm512_set1_ps(id);
+        __m512i q[2];
+        for (int h = 0; h < 2; h++) {
+            __m512 v = _mm512_mul_ps(h ? x1 : x0, vid);
+            __m512i i = _mm512_cvttps_epi32(v);
+            __m512 f = _mm512_sub_ps(v, _mm512_cvtepi32_ps(i));
+            i = _mm512_mask_add_epi32(i, _mm512_cmp_ps_mask(f, half, _CMP_GE_OQ), i, one);
+            i = _mm512_mask_sub_epi32(i, _mm512_cmp_ps_mask(f, mhalf, _CMP_LE_OQ), i, one);
+            q[h] = i;
+        }
+        _mm_storeu_si128((__m128i *)(qs + b * TSR_Q8_BLOCK), _mm512_cvtepi32_epi8(q[0]));
+        _mm_storeu_si128((__m128i *)(qs + b * TSR_Q8_BLOCK + 16), _mm512_cvtepi32_epi8(q[1]));
+        bsum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+        d[b] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(dd), _MM_FROUND_TO_NEAREST_INT)));
+    }
+}
+
 const tsr__q8_kernels tsr__q8_k_avx512vnni = {TSR__Q8_AVX512VNNI, "avx512vnni",
-                                              tsr__q8_z_gemv};
+                                              tsr__q8_z_gemv, tsr__q8_z_quant_act};
 
 #ifdef __clang__
 #pragma clang attribute pop

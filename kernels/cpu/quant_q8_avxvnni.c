@@ -75,7 +75,8 @@ tsr__q8_v_gemv_nx(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_
 
 TSR__Q8_GEMV_FN(tsr__q8_v_gemv, tsr__q8_v_gemv_nx)
 
-const tsr__q8_kernels tsr__q8_k_avxvnni = {TSR__Q8_AVXVNNI, "avxvnni", tsr__q8_v_gemv};
+const tsr__q8_kernels tsr__q8_k_avxvnni = {TSR__Q8_AVXVNNI, "avxvnni", tsr__q8_v_gemv,
+    tsr__q8_quantize_act};
 
 #ifdef __clang__
 #pragma clang attribute pop

@@ -29,10 +29,15 @@ typedef void (*tsr__q8_gemv_fn)(const uint8_t *w, int64_t nb, int64_t rows, int6
                                 const int32_t *xs, int nx, const int32_t *bseg, int n_parts,
                                 bool sum, float *y, int64_t ldy, int64_t ldp);
 
+/* Activation quantizer with tsr__q8_quantize_act's results (bits). */
+typedef void (*tsr__q8_act_fn)(const float *x, int64_t cols, int8_t *qs, float *d,
+                               int32_t *bsum);
+
 typedef struct tsr__q8_kernels {
     tsr__q8_variant variant;
     const char *name;
     tsr__q8_gemv_fn gemv;
+    tsr__q8_act_fn quant_act;
 } tsr__q8_kernels;
 
 /* The variant's kernels, or NULL when this CPU lacks its instructions. */

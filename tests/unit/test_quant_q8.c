@@ -303,6 +303,21 @@ TSR_TEST(test_kernels_equal_scalar) {
             continue;
         }
         tested++;
+        { /* the activation quantizer: the scalar one's bits, ties and zero blocks included */
+            enum { C = 2048 };
+            float *x = tsr_malloc(C * 4);
+            for (int i = 0; i < C; i++)
+                x[i] = i < 32 ? 0.0f : i < 64 ? (float)(i - 48) * (127.0f / 16.0f) / 64.0f
+                                              : frand() * (float)(1 + i % 5);
+            int8_t q0[C], q1[C];
+            float d0[C / 32], d1[C / 32];
+            int32_t s0[C / 32], s1[C / 32];
+            ref->quant_act(x, C, q0, d0, s0);
+            k->quant_act(x, C, q1, d1, s1);
+            if (memcmp(q0, q1, C) || memcmp(d0, d1, sizeof d0) || memcmp(s0, s1, sizeof s0))
+                TSR_FAIL_("%s: activation quantizer differs from scalar", k->name);
+            tsr_free(x);
+        }
         for (size_t ri = 0; ri < 5; ri++)
             for (size_t ci = 0; ci < 5; ci++) {
                 int64_t rows = rows_list[ri], cols = cols_list[ci], nb = cols / 32;
