@@ -11,6 +11,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #define TSR__Q8_X86 1
+#include <cpuid.h>
 #endif
 
 /* One block as ggml's quantize_row_q8_0_ref: d = amax / 127 in f32, id = 1 / d (0 for an
@@ -212,6 +213,15 @@ static const tsr__q8_kernels tsr__q8_k_scalar = {TSR__Q8_SCALAR, "scalar", tsr__
 
 /* ---------------------------------------------------------------- dispatch ---- */
 
+#ifdef TSR__Q8_X86
+/* AVX-VNNI: CPUID leaf 7 subleaf 1, EAX bit 4 (clang 14 has no __builtin_cpu_supports name
+ * for it). Asked only after AVX2, whose check covers the OS saving the YMM state. */
+static bool tsr__q8_has_avxvnni(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4));
+}
+#endif
+
 const tsr__q8_kernels *tsr__q8_kernels_for(tsr__q8_variant v) {
     switch (v) {
     case TSR__Q8_SCALAR: return &tsr__q8_k_scalar;
@@ -219,8 +229,7 @@ const tsr__q8_kernels *tsr__q8_kernels_for(tsr__q8_variant v) {
     case TSR__Q8_AVX2:
         return tsr__cpu_kernels_for(TSR__ISA_AVX2) ? &tsr__q8_k_avx2 : NULL;
     case TSR__Q8_AVXVNNI:
-        __builtin_cpu_init();
-        return tsr__cpu_kernels_for(TSR__ISA_AVX2) && __builtin_cpu_supports("avxvnni")
+        return tsr__cpu_kernels_for(TSR__ISA_AVX2) && tsr__q8_has_avxvnni()
                    ? &tsr__q8_k_avxvnni
                    : NULL;
     case TSR__Q8_AVX512VNNI:
