@@ -2,7 +2,9 @@
 
 #include <strings.h>
 
-size_t tsr_dtype_size(tsr_dtype t) { return t == TSR_F32 ? 4 : t == TSR_U8 ? 1 : 2; }
+size_t tsr_dtype_size(tsr_dtype t) {
+    return t == TSR_F32 ? 4 : (t == TSR_U8 || t == TSR_Q8_0) ? 1 : 2;
+}
 
 const char *tsr_dtype_name(tsr_dtype t) {
     switch (t) {
@@ -10,6 +12,7 @@ const char *tsr_dtype_name(tsr_dtype t) {
     case TSR_F16: return "f16";
     case TSR_BF16: return "bf16";
     case TSR_U8: return "u8";
+    case TSR_Q8_0: return "q8_0";
     }
     return "?";
 }
@@ -20,6 +23,7 @@ int tsr_dtype_parse(const char *s) {
     if (!strcasecmp(s, "f16") || !strcasecmp(s, "float16") || !strcasecmp(s, "half"))
         return TSR_F16;
     if (!strcasecmp(s, "bf16") || !strcasecmp(s, "bfloat16")) return TSR_BF16;
+    if (!strcasecmp(s, "q8_0") || !strcasecmp(s, "q8")) return TSR_Q8_0;
     return -1;
 }
 
@@ -92,5 +96,8 @@ void tsr_dtype_to_f32(tsr_dtype t, const void *src, float *dst, size_t n) {
         for (size_t i = 0; i < n; i++) dst[i] = (float)s[i];
         break;
     }
+    case TSR_Q8_0: /* blocks, not elements: kernels/cpu/quant_q8.h dequantizes rows */
+        memset(dst, 0, n * sizeof *dst);
+        break;
     }
 }

@@ -13,11 +13,16 @@ typedef enum tsr_dtype {
     /* Raw bytes: MXFP4 blocks and E8M0 scales (tsr_experts); no kernel takes them as a
      * plain matrix. */
     TSR_U8 = 3,
+    /* Q8_0 (GGUF's numerics: blocks of 32 int8 along a row with an fp16 scale), stored as
+     * kernels/cpu/quant_q8.h's repacked 16-row groups; matrices only (cols % 32 == 0). */
+    TSR_Q8_0 = 4,
 } tsr_dtype;
 
+/* Bytes per element; Q8_0: 1 (its scales are counted by tsr_tensor_bytes). */
 size_t tsr_dtype_size(tsr_dtype t);
 const char *tsr_dtype_name(tsr_dtype t);
-/* Parses "f32"/"float32"/"F32", "f16"/"float16", "bf16"/"bfloat16"; -1 when unknown. */
+/* Parses "f32"/"float32"/"F32", "f16"/"float16", "bf16"/"bfloat16", "q8_0"/"q8"; -1 when
+ * unknown. */
 int tsr_dtype_parse(const char *s);
 
 static inline float tsr_bf16_to_f32(uint16_t h) {

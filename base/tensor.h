@@ -14,7 +14,10 @@ typedef struct tsr_tensor {
     const void *data;
 } tsr_tensor;
 
+/* Q8_0: groups of 16 rows (the last padded) of 34-byte blocks per 32 columns. */
 static inline size_t tsr_tensor_bytes(const tsr_tensor *t) {
+    if (t->dtype == TSR_Q8_0)
+        return (size_t)((t->rows + 15) / 16) * 16u * (size_t)(t->cols / 32) * 34u;
     return (size_t)t->rows * (size_t)t->cols * tsr_dtype_size(t->dtype);
 }
 
@@ -33,7 +36,7 @@ typedef struct tsr_experts {
     tsr_tensor bias;
 } tsr_experts;
 
-/* Pointer to row r. */
+/* Pointer to row r (not for Q8_0, whose rows interleave in groups). */
 static inline const void *tsr_tensor_row(const tsr_tensor *t, int64_t r) {
     return (const char *)t->data + (size_t)r * (size_t)t->cols * tsr_dtype_size(t->dtype);
 }

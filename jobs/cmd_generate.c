@@ -17,6 +17,7 @@
 #include "base/sys.h"
 #include "base/file.h"
 #include "base/log.h"
+#include "base/dtype.h"
 #include "runtime/engine/engine.h"
 #include "runtime/exec/forward.h"
 #include "runtime/exec/kv_setup.h"
@@ -31,7 +32,7 @@ int tsr_cmd_fail(const char *cmd) {
 }
 
 typedef struct tsr__gen_opts {
-    const char *model, *tokenizer, *prompt, *prompt_file, *backend;
+    const char *model, *tokenizer, *prompt, *prompt_file, *backend, *dtype;
     int max_tokens, top_k, threads, max_context, chunk;
     float temperature, top_p;
     uint64_t seed;
@@ -61,6 +62,10 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
                             .threads = o->threads_given ? o->threads : 0,
                             .max_tokens = o->chunk, .kv = o->kv.kv, .pack_weights = true,
                             .rank_out = &g->rank};
+    if (o->dtype) { /* matrices converted (q8_0: quantized) after the shard cut */
+        spec.convert_weights = true;
+        spec.weights_dtype = (tsr_dtype)tsr_dtype_parse(o->dtype);
+    }
     spec.kv.max_seqs = 1;
     spec.kv.max_context = o->max_context; /* 0: the model's; the engine holds it to it */
     TSR_TRY(tsr_engine_create(&spec, &g->eng));
@@ -200,6 +205,8 @@ int tsr_cmd_generate(int argc, char **argv) {
          "the prompt is a user message, rendered with the model's chat template (GGUF "
          "metadata or tokenizer_config.json)", false},
         {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
+        {"dtype", TSR_OPT_STRING, &o.dtype, "f32|bf16|f16|q8_0",
+         "weight dtype (default: as stored); q8_0 quantizes at load", false},
     };
     enum { N_BASE = sizeof base / sizeof base[0] };
     tsr_cli_opt opts[N_BASE + TSR_KV_CLI_N_OPTS + TSR_DIST_CLI_N_OPTS];
@@ -219,6 +226,8 @@ int tsr_cmd_generate(int argc, char **argv) {
     if (!o.prompt == !o.prompt_file)
         return tsr_cli_usage_error(&cli, "give exactly one of --prompt and --prompt-file");
     if (o.max_tokens < 0) return tsr_cli_usage_error(&cli, "--max-tokens must be >= 0");
+    if (o.dtype && tsr_dtype_parse(o.dtype) < 0)
+        return tsr_cli_usage_error(&cli, "--dtype '%s': expected f32, bf16, f16 or q8_0", o.dtype);
     if (tsr_cli_check_threads(&cli, o.threads) != TSR_CLI_OK) return 2;
     if (o.chunk < 1) return tsr_cli_usage_error(&cli, "--chunk must be >= 1");
     if (o.max_context < 0) return tsr_cli_usage_error(&cli, "--max-context must be >= 0");

@@ -113,6 +113,7 @@ static void tsr__cpu_destroy(tsr_backend *be) {
         tsr_free(c->kvdq);
         tsr_free(c->dqspan);
         tsr_free(c->xpairs);
+        tsr_free(c->q8x);
         tsr_free(c->inv_freq);
         tsr_free(c->rope_cs);
         tsr_free(c->rope_pos);

@@ -32,6 +32,9 @@ typedef struct tsr__cpu_ctx {
     /* Decode scratch: x reordered for BF16 kernels with bf16_pairs (tsr__cpu_bf16_pairs). */
     float *xpairs;
     size_t xpairs_cap;
+    /* Q8_0 matmuls: the input rows quantized per token (gemm_cpu.c, quant_q8.h). */
+    float *q8x;
+    size_t q8x_cap;
     /* Attention scratch: per (query, head) log-sum-exp for the key-score pass. */
     float *lse;
     size_t lse_cap;

@@ -11,6 +11,8 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_internal.h"
+#include "kernels/cpu/quant_q8_internal.h"
+#include "base/alloc.h"
 
 /* Up to this many input rows the matvec kernels (W streamed once, each row block reused from
  * L1/L2 by every group of 4 rows: tsr__matvec_run) beat OpenBLAS sgemm, whose packing of
@@ -34,6 +36,7 @@ static void tsr__matvec_rows(const tsr__cpu_kernels *k, const tsr_tensor *w, con
     case TSR_BF16: k->matvec_bf16(w->data, w->cols, r0, r1, x, nx, y, w->rows); break;
     case TSR_F16: k->matvec_f16(w->data, w->cols, r0, r1, x, nx, y, w->rows); break;
     case TSR_U8: break; /* refused by tsr__cpu_matmul */
+    case TSR_Q8_0: break; /* tsr__q8_run */
     }
 }
 
@@ -71,6 +74,7 @@ static void tsr__matvec_seg_rows(const tsr__cpu_kernels *k, const tsr_tensor *w,
                           ldp);
         break;
     case TSR_U8: break; /* refused by tsr__cpu_matmul_parts */
+    case TSR_Q8_0: break; /* tsr__q8_run */
     }
 }
 
@@ -222,11 +226,79 @@ static tsr_status tsr__gemm_panels(tsr__cpu_ctx *c, const float *x, int64_t n,
     return TSR_OK;
 }
 
+/* ---- Q8_0 weights (quant_q8.h): W8A8 with GGUF's numerics, decode and prefill alike ---- */
+
+/* Groups of 16 rows per OpenMP work item of the Q8_0 matmul (32 rows, the f32 row block). */
+#define TSR__CPU_Q8_BLOCK_GROUPS 2
+
+/* y = x . W^T for a Q8_0 W, per column part as matmul_parts (seg == NULL: one part, summed):
+ * every input row is quantized per 32-column block first (the same quantizer as the
+ * weights), then the int8 kernel runs over fixed blocks of rows, each serving all inputs 4
+ * at a time while it is in L1/L2, so W streams from memory once for decode and prefill
+ * alike; each output's operations do not depend on the thread count or on n. Part
+ * boundaries must be multiples of 32 (the loaders keep such matrices in BF16 otherwise). */
+static tsr_status tsr__q8_run(tsr__cpu_ctx *c, const float *x, int64_t n, const tsr_tensor *w,
+                              const int32_t *seg, int n_parts, bool sum, float *y) {
+    int64_t rows = w->rows, cols = w->cols, nb = cols / TSR_Q8_BLOCK;
+    int32_t whole[2] = {0, (int32_t)nb}, small[65], *bseg = whole;
+    if (seg) {
+        bseg = n_parts < 65 ? small : tsr_malloc((size_t)(n_parts + 1) * sizeof *bseg);
+        if (!bseg) return TSR_ERR_NOMEM;
+        for (int p = 0; p <= n_parts; p++) {
+            if (seg[p] % TSR_Q8_BLOCK) {
+                if (bseg != small) tsr_free(bseg);
+                return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu matmul_parts: q8_0 part "
+                                     "boundary %d is not a multiple of 32", (int)seg[p]);
+            }
+            bseg[p] = seg[p] / TSR_Q8_BLOCK;
+        }
+    } else {
+        n_parts = 1;
+        sum = true;
+    }
+    /* int8 values, then f32 scales and int32 block sums, in one float scratch */
+    size_t nq = (size_t)n * (size_t)cols, ns = (size_t)n * (size_t)nb;
+    tsr_status st = tsr__cpu_scratch(&c->q8x, &c->q8x_cap, (nq + 3) / 4 + 2 * ns);
+    if (st != TSR_OK) {
+        if (bseg != small && bseg != whole) tsr_free(bseg);
+        return st;
+    }
+    int8_t *xq = (int8_t *)c->q8x;
+    float *xd = c->q8x + (nq + 3) / 4;
+    int32_t *xs = (int32_t *)(xd + ns);
+    const tsr__q8_kernels *k = tsr__q8_kernels_get();
+    int qpar = c->threads > 1 && n >= 16;
+#pragma omp parallel for num_threads(c->threads) schedule(static) if (qpar)
+    for (int64_t i = 0; i < n; i++)
+        k->quant_act(x + (size_t)i * (size_t)cols, cols, xq + (size_t)i * (size_t)cols,
+                     xd + (size_t)i * (size_t)nb, xs + (size_t)i * (size_t)nb);
+    int64_t ng = (rows + TSR_Q8_GROUP - 1) / TSR_Q8_GROUP;
+    int64_t nblk = (ng + TSR__CPU_Q8_BLOCK_GROUPS - 1) / TSR__CPU_Q8_BLOCK_GROUPS;
+    int64_t ldp = n * rows;
+    int par = c->threads > 1 && nblk > 1 &&
+              (rows * cols >= TSR__CPU_PAR_MIN || n * rows * cols >= TSR__CPU_GEMM_PAR_MIN);
+#pragma omp parallel for num_threads(c->threads) schedule(static) if (par)
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t g0 = blk * TSR__CPU_Q8_BLOCK_GROUPS;
+        int64_t g1 = g0 + TSR__CPU_Q8_BLOCK_GROUPS < ng ? g0 + TSR__CPU_Q8_BLOCK_GROUPS : ng;
+        for (int64_t i0 = 0; i0 < n; i0 += 4) {
+            int nx = n - i0 < 4 ? (int)(n - i0) : 4;
+            k->gemv(w->data, nb, rows, g0, g1, xq + (size_t)i0 * (size_t)cols,
+                    xd + (size_t)i0 * (size_t)nb, xs + (size_t)i0 * (size_t)nb, nx, bseg,
+                    n_parts, sum, y + (size_t)i0 * (size_t)rows, rows, ldp);
+        }
+    }
+    if (bseg != small && bseg != whole) tsr_free(bseg);
+    return TSR_OK;
+}
+
 tsr_status tsr__cpu_matmul(tsr_backend *be, const float *x, int64_t n, const tsr_tensor *w,
                            float *y) {
     tsr__cpu_ctx *c = be->ctx;
     if (n < 0 || !w || w->rows <= 0 || w->cols <= 0)
         return tsr_error_set(TSR_ERR_INVALID, "cpu matmul: bad shape (n=%lld)", (long long)n);
+    if (w->dtype == TSR_Q8_0 && tsr_q8_fits(w->rows, w->cols))
+        return n == 0 ? TSR_OK : tsr__q8_run(c, x, n, w, NULL, 1, true, y);
     if (w->dtype != TSR_F32 && w->dtype != TSR_BF16 && w->dtype != TSR_F16)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu matmul: weight dtype %d",
                              (int)w->dtype);
@@ -374,6 +446,9 @@ tsr_status tsr__cpu_matmul_parts(tsr_backend *be, const float *x, int64_t n,
     if (n < 0 || !w || w->rows <= 0 || w->cols < 0 || n_parts < 1 || !seg)
         return tsr_error_set(TSR_ERR_INVALID, "cpu matmul_parts: bad shape (n=%lld, %d parts)",
                              (long long)n, n_parts);
+    if (w->dtype == TSR_Q8_0 && tsr_q8_fits(w->rows, w->cols) && seg[n_parts] <= w->cols &&
+        seg[0] >= 0)
+        return n == 0 ? TSR_OK : tsr__q8_run(c, x, n, w, seg, n_parts, sum, y);
     if (w->dtype != TSR_F32 && w->dtype != TSR_BF16 && w->dtype != TSR_F16)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu matmul_parts: weight dtype %d",
                              (int)w->dtype);

@@ -7,6 +7,7 @@
 
 #include "base/alloc.h"
 #include "base/dtype.h"
+#include "runtime/model/quantize.h"
 #include "base/file.h"
 #include "base/log.h"
 #include "base/sys.h"
@@ -94,7 +95,8 @@ static tsr_status tsr__place_weights(tsr_engine *e) {
  * tensors (layers of other stages) stay empty. */
 static tsr_status tsr__convert_tensor(tsr_model *m, tsr_tensor *t, tsr_dtype dt) {
     size_t n = (size_t)t->rows * (size_t)t->cols;
-    if (t->dtype == dt || !t->data || n == 0) return TSR_OK;
+    /* Q8_0 (a GGUF's) is kept: already the smaller format */
+    if (t->dtype == dt || t->dtype == TSR_Q8_0 || !t->data || n == 0) return TSR_OK;
     void *dst;
     TSR_TRY(tsr_model_alloc(m, n * tsr_dtype_size(dt), &dst));
     if (dt == TSR_F32) {
@@ -126,6 +128,7 @@ static tsr_status tsr__convert(tsr_engine *e, const tsr_engine_spec *o) {
         return tsr_error_set(TSR_ERR_INVALID, "engine: a borrowed model is not converted "
                              "(convert_weights)");
     tsr_dtype dt = o->weights_dtype;
+    if (dt == TSR_Q8_0) return tsr_model_quantize_q8(m); /* runtime/model/quantize.h */
     bool tied = m->classifier.data && m->classifier.data == m->tok_emb.data;
     TSR_TRY(tsr__convert_tensor(m, &m->tok_emb, dt));
     if (tied)
@@ -198,7 +201,8 @@ static tsr_status tsr__load_model(const tsr_engine_spec *o, tsr_model **out) {
     if (!o->convert_weights || !path || strncmp(path, "synthetic:", 10) != 0 ||
         strstr(path, ",dtype="))
         return tsr_model_load(path, out);
-    const char *dt = tsr_dtype_name(o->weights_dtype);
+    /* q8_0: made in bf16, quantized after the shard cut (tsr__convert) */
+    const char *dt = tsr_dtype_name(o->weights_dtype == TSR_Q8_0 ? TSR_BF16 : o->weights_dtype);
     size_t len = strlen(path) + strlen(",dtype=") + strlen(dt) + 1;
     char *spec = tsr_malloc(len);
     if (!spec) return TSR_ERR_NOMEM;

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/cpu/quant_q8.h"
+
 tsr_status tsr_parallel_layout_init(int tp, int pp, int world_size, tsr_parallel_layout *out) {
     if (tp < 1 || pp < 1)
         return tsr_error_set(TSR_ERR_INVALID, "layout --tp %d x --pp %d: both must be >= 1", tp,
@@ -152,14 +154,39 @@ void tsr_parallel_shard_segments(const tsr_parallel_shard *s, const tsr_model_co
     }
 }
 
-/* Rows [r0, r1) of t, as a view. */
-static void tsr__rows(tsr_tensor *t, int64_t r0, int64_t r1) {
+/* Rows [r0, r1) of t, as a view (Q8_0, kernels/cpu/quant_q8.h: a view of whole 16-row
+ * groups, else a repacked copy). */
+static tsr_status tsr__rows(tsr_model *m, tsr_tensor *t, int64_t r0, int64_t r1) {
+    if (t->dtype == TSR_Q8_0 && t->data) {
+        tsr_tensor s = {.dtype = TSR_Q8_0, .rows = r1 - r0, .cols = t->cols};
+        if (r0 % TSR_Q8_GROUP == 0) {
+            s.data = (const char *)t->data + (size_t)(r0 / TSR_Q8_GROUP) * (size_t)(t->cols / 32) *
+                                                 TSR_Q8_GROUP_BLOCK_BYTES;
+        } else {
+            void *dst;
+            TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&s), &dst));
+            TSR_TRY(tsr_q8_slice(t, r0, r1, 0, t->cols, dst));
+            s.data = dst;
+        }
+        *t = s;
+        return TSR_OK;
+    }
     t->data = tsr_tensor_row(t, r0);
     t->rows = r1 - r0;
+    return TSR_OK;
 }
 
 /* Columns [c0, c1) of t, copied into model-owned memory. */
 static tsr_status tsr__cols(tsr_model *m, tsr_tensor *t, int64_t c0, int64_t c1) {
+    if (t->dtype == TSR_Q8_0 && t->data) { /* c0, c1 on blocks: the loaders' choice */
+        tsr_tensor s = {.dtype = TSR_Q8_0, .rows = t->rows, .cols = c1 - c0};
+        void *dst;
+        TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&s), &dst));
+        TSR_TRY(tsr_q8_slice(t, 0, t->rows, c0, c1, dst));
+        s.data = dst;
+        *t = s;
+        return TSR_OK;
+    }
     size_t es = tsr_dtype_size(t->dtype), w = (size_t)(c1 - c0) * es;
     void *dst;
     TSR_TRY(tsr_model_alloc(m, (size_t)t->rows * w, &dst));
@@ -182,9 +209,9 @@ tsr_status tsr_parallel_shard_model(tsr_model *m, const tsr_parallel_shard *s) {
             continue;
         }
         if (!split) continue;
-        tsr__rows(&w->wq, (int64_t)s->head_begin * hd, (int64_t)s->head_end * hd);
-        tsr__rows(&w->wk, (int64_t)s->kv_head_begin * hd, (int64_t)s->kv_head_end * hd);
-        tsr__rows(&w->wv, (int64_t)s->kv_head_begin * hd, (int64_t)s->kv_head_end * hd);
+        TSR_TRY(tsr__rows(m, &w->wq, (int64_t)s->head_begin * hd, (int64_t)s->head_end * hd));
+        TSR_TRY(tsr__rows(m, &w->wk, (int64_t)s->kv_head_begin * hd, (int64_t)s->kv_head_end * hd));
+        TSR_TRY(tsr__rows(m, &w->wv, (int64_t)s->kv_head_begin * hd, (int64_t)s->kv_head_end * hd));
         if (c->qkv_bias) { /* [1, width] vectors: the head slice is a view into the row */
             w->bq.data = (float *)w->bq.data + (int64_t)s->head_begin * hd;
             w->bq.cols = (int64_t)(s->head_end - s->head_begin) * hd;
@@ -195,8 +222,8 @@ tsr_status tsr_parallel_shard_model(tsr_model *m, const tsr_parallel_shard *s) {
         }
         TSR_TRY(tsr__cols(m, &w->wo, (int64_t)s->head_begin * hd, (int64_t)s->head_end * hd));
         if (c->n_experts > 0) continue; /* GPT-OSS: router and experts replicated per rank */
-        tsr__rows(&w->w_gate, s->hidden_begin, s->hidden_end);
-        tsr__rows(&w->w_up, s->hidden_begin, s->hidden_end);
+        TSR_TRY(tsr__rows(m, &w->w_gate, s->hidden_begin, s->hidden_end));
+        TSR_TRY(tsr__rows(m, &w->w_up, s->hidden_begin, s->hidden_end));
         TSR_TRY(tsr__cols(m, &w->w_down, s->hidden_begin, s->hidden_end));
     }
     return TSR_OK;

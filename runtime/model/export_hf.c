@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "kernels/cpu/quant_q8.h"
 #include "runtime/model/loader.h"
 #include "runtime/format/safetensors.h"
 
@@ -44,6 +45,7 @@ static const char *tsr__torch_dtype(tsr_dtype t) {
     case TSR_F16: return "float16";
     case TSR_BF16: return "bfloat16";
     case TSR_U8: return "uint8";
+    case TSR_Q8_0: break; /* exported dequantized */
     }
     return "float32";
 }
@@ -182,13 +184,17 @@ static tsr_status tsr__write_weights(const tsr__export_item *items, int n, const
     for (int i = 0; i < n && st == TSR_OK; i++) {
         const tsr_tensor *t = items[i].t;
         for (int64_t r = 0; r < t->rows && st == TSR_OK; r++) {
-            const void *src = tsr_tensor_row(t, tsr__src_row(&items[i], r));
             size_t cols = (size_t)t->cols;
+            if (t->dtype == TSR_Q8_0) { /* rows of the repacked groups, dequantized */
+                tsr_q8_dequant_row(t->data, t->cols, tsr__src_row(&items[i], r), f32);
+            }
+            const void *src = t->dtype == TSR_Q8_0 ? (const void *)f32
+                                                   : tsr_tensor_row(t, tsr__src_row(&items[i], r));
             if (t->dtype == dtype) {
                 st = tsr_st_writer_write(w, src, cols * osz);
                 continue;
             }
-            tsr_dtype_to_f32(t->dtype, src, f32, cols);
+            if (t->dtype != TSR_Q8_0) tsr_dtype_to_f32(t->dtype, src, f32, cols);
             if (dtype == TSR_F32) {
                 st = tsr_st_writer_write(w, f32, cols * 4);
                 continue;

@@ -14,6 +14,8 @@
 #include "runtime/model/config.h"
 #include "runtime/format/gguf.h"
 #include "runtime/model/loader.h"
+#include "runtime/model/quantize.h"
+#include "kernels/cpu/quant_q8.h"
 
 /* Weights above this many f32 bytes are dequantized to bf16 instead (memory). */
 #define TSR__F32_LIMIT ((int64_t)8 << 30)
@@ -22,6 +24,7 @@ typedef struct tsr__ggctx {
     tsr_gguf *g;
     const char *arch;
     char key[160];
+    bool q8_native; /* most matrix weights are Q8_0: those stay Q8_0 (tsr__load) */
 } tsr__ggctx;
 
 static const char *tsr__k(tsr__ggctx *x, const char *suffix) {
@@ -146,7 +149,7 @@ static tsr_status tsr__config(tsr__ggctx *x, tsr_model_config *c) {
     TSR_TRY(tsr_config_validate(c, g->path));
     /* One dtype for every matrix: float files keep theirs, quantized ones become f32 (bf16
      * past TSR__F32_LIMIT). Counted over all tensors; norms are f32 regardless. */
-    int64_t per[3] = {0, 0, 0}, quant = 0;
+    int64_t per[3] = {0, 0, 0}, quant = 0, q8 = 0;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const tsr_gguf_tensor *t = &g->tensors[i];
         if (t->n_dims < 2) continue;
@@ -154,7 +157,11 @@ static tsr_status tsr__config(tsr__ggctx *x, tsr_model_config *c) {
         else if (t->type == TSR_GGML_F16) per[TSR_F16] += t->numel;
         else if (t->type == TSR_GGML_BF16) per[TSR_BF16] += t->numel;
         else quant += t->numel;
+        if (t->type == TSR_GGML_Q8_0) q8 += t->numel;
     }
+    /* A Q8_0 file keeps its blocks; in a file of other quantized types (a Q4_1 file's Q8_0
+     * embedding) every matrix is expanded alike, until those types have kernels. */
+    x->q8_native = 2 * q8 > quant + per[0] + per[1] + per[2];
     c->dtype = TSR_F32;
     if (quant >= per[0] && quant >= per[1] && quant >= per[2]) {
         if (tsr_config_param_count(c) * 4 > TSR__F32_LIMIT) c->dtype = TSR_BF16;
@@ -177,6 +184,21 @@ static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64
                              "%s: tensor %s has shape [%lld, %lld] (ggml order), expected "
                              "[%lld, %lld]", x->g->path, name, (long long)t->ne[0],
                              (long long)t->ne[1], (long long)cols, (long long)(vector ? 1 : rows));
+    /* A Q8_0 file's matrices stay Q8_0, repacked (kernels/cpu/quant_q8.h), where the
+     * forward can run them (runtime/model/quantize.h); the others are dequantized. */
+    const char *which = strstr(name, "attn_output") ? "wo" : strstr(name, "ffn_down") ? "w_down"
+                                                                                    : name;
+    if (!vector && x->q8_native && t->type == TSR_GGML_Q8_0 && tsr_model_q8_eligible(&m->cfg, which, cols)) {
+        tsr_tensor q = {.dtype = TSR_Q8_0, .rows = rows, .cols = cols};
+        void *pk;
+        if (t->nbytes < (uint64_t)(rows * (cols / TSR_Q8_BLOCK)) * TSR_Q8_BLOCK_BYTES)
+            return tsr_error_set(TSR_ERR_FORMAT, "%s: tensor %s is short", x->g->path, name);
+        TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &pk));
+        tsr_q8_pack_gguf(t->data, rows, cols, pk);
+        q.data = pk;
+        *dst = q;
+        return TSR_OK;
+    }
     tsr_dtype dt = vector ? TSR_F32 : m->cfg.dtype;
     void *buf;
     TSR_TRY(tsr_model_alloc(m, (size_t)t->numel * tsr_dtype_size(dt), &buf));
@@ -247,6 +269,7 @@ tsr_status tsr_loader_gguf(const char *path, tsr_model **out) {
     tsr_status st = tsr__config(&x, &cfg);
     if (st == TSR_OK) st = tsr_model_create(path, &cfg, &m);
     if (st == TSR_OK) st = tsr__weights(m, &x);
+    if (st == TSR_OK && x.q8_native) m->cfg.dtype = TSR_Q8_0; /* named as its matrices are */
     tsr_gguf_close(x.g);
     if (st != TSR_OK) {
         tsr_model_destroy(m);

@@ -7,6 +7,7 @@
 
 #include "base/alloc.h"
 #include "base/status.h"
+#include "kernels/cpu/quant_q8.h"
 #include "runtime/format/gguf.h"
 #include "runtime/model/model.h"
 #include "runtime/text/tokenizer.h"
@@ -273,19 +274,26 @@ static double num(const cJSON *j, const char *k) {
 static bool same_tensor(const cJSON *exp, const char *name, const tsr_tensor *t) {
     const cJSON *vals = cJSON_GetObjectItem(cJSON_GetObjectItem(exp, "tensors"), name);
     double sum_ref = cJSON_GetObjectItem(cJSON_GetObjectItem(exp, "sums"), name)->valuedouble;
-    if (!vals || t->dtype != TSR_F32) return false;
-    const float *d = t->data;
+    float *deq = NULL; /* Q8_0 matrices stay Q8_0 (kernels/cpu/quant_q8.h): compared dequantized */
+    if (vals && t->dtype == TSR_Q8_0) {
+        deq = tsr_malloc((size_t)(t->rows * t->cols) * sizeof *deq);
+        for (int64_t r = 0; r < t->rows; r++) tsr_q8_dequant_row(t->data, t->cols, r, deq + r * t->cols);
+    }
+    if (!vals || (t->dtype != TSR_F32 && !deq)) return false;
+    const float *d = deq ? deq : t->data;
     int i = 0;
     const cJSON *v;
     cJSON_ArrayForEach(v, vals) {
         if (fabs(d[i] - v->valuedouble) > 1e-6 * (1 + fabs(v->valuedouble))) {
             fprintf(stderr, "  %s[%d]: %.9g vs %.9g\n", name, i, (double)d[i], v->valuedouble);
+            tsr_free(deq);
             return false;
         }
         i++;
     }
     double sum = 0;
     for (int64_t k = 0; k < t->rows * t->cols; k++) sum += d[k];
+    tsr_free(deq);
     if (fabs(sum - sum_ref) > 1e-3 * (1 + fabs(sum_ref))) {
         fprintf(stderr, "  %s: sum %.9g vs %.9g\n", name, sum, sum_ref);
         return false;

@@ -1,0 +1,89 @@
+/* The AVX2 Q8_0 kernel (quant_q8_internal.h), under its own target pragma: the 16 rows of a
+ * group in two 8-lane halves; per 4-column step the u8 weights become s8 again (xor 0x80),
+ * and vpmaddubsw multiplies |w| with sign(x, w) (no pair sum can saturate: |q| <= 127), then
+ * vpmaddwd with ones gives each row's 4-product int32 sum. The same exact integer sums, scale
+ * and fma per block as the other variants. */
+#include "kernels/cpu/quant_q8_internal.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#ifdef __clang__
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+typedef struct {
+    __m256 lo, hi;
+} tsr__q8_y_acc;
+
+static inline __attribute__((always_inline)) int32_t tsr__q8_y_x4(const int8_t *x) {
+    int32_t v;
+    memcpy(&v, x, 4);
+    return v;
+}
+
+static inline __attribute__((always_inline)) void
+tsr__q8_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_t *xs,
+                int64_t nb, int64_t b, int nx, tsr__q8_y_acc *acc) {
+    (void)xs;
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    __m256i lo[4], hi[4];
+    const int8_t *x[4];
+    for (int i = 0; i < nx; i++) {
+        lo[i] = hi[i] = _mm256_setzero_si256();
+        x[i] = xq + ((size_t)i * (size_t)nb + (size_t)b) * TSR_Q8_BLOCK;
+    }
+    for (int s = 0; s < 8; s++) {
+        __m256i wl = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 32 + s * 64)), flip);
+        __m256i wh =
+            _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 32 + s * 64 + 32)), flip);
+        __m256i al = _mm256_abs_epi8(wl), ah = _mm256_abs_epi8(wh);
+        for (int i = 0; i < nx; i++) {
+            __m256i xb = _mm256_set1_epi32(tsr__q8_y_x4(x[i] + 4 * s));
+            __m256i pl = _mm256_maddubs_epi16(al, _mm256_sign_epi8(xb, wl));
+            __m256i ph = _mm256_maddubs_epi16(ah, _mm256_sign_epi8(xb, wh));
+            lo[i] = _mm256_add_epi32(lo[i], _mm256_madd_epi16(pl, ones));
+            hi[i] = _mm256_add_epi32(hi[i], _mm256_madd_epi16(ph, ones));
+        }
+    }
+    __m256 dl = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb));
+    __m256 dh = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb + 16)));
+    for (int i = 0; i < nx; i++) {
+        __m256 dx = _mm256_set1_ps(xd[(size_t)i * (size_t)nb + (size_t)b]);
+        acc[i].lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[i]), _mm256_mul_ps(dl, dx), acc[i].lo);
+        acc[i].hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi[i]), _mm256_mul_ps(dh, dx), acc[i].hi);
+    }
+}
+
+#define TSR__Q8_Y_STORE(dst, a)                                                              \
+    do {                                                                                     \
+        _mm256_storeu_ps(dst, (a).lo);                                                       \
+        _mm256_storeu_ps((dst) + 8, (a).hi);                                                 \
+    } while (0)
+#define TSR__Q8_Y_ZERO ((tsr__q8_y_acc){_mm256_setzero_ps(), _mm256_setzero_ps()})
+
+static inline __attribute__((always_inline)) void
+tsr__q8_y_gemv_nx(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,
+                  const int8_t *xq, const float *xd, const int32_t *xs, int nx,
+                  const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy,
+                  int64_t ldp) {
+    TSR__Q8_GEMV_BODY(nx, tsr__q8_y_block, tsr__q8_y_acc, TSR__Q8_Y_ZERO, TSR__Q8_Y_STORE)
+}
+
+TSR__Q8_GEMV_FN(tsr__q8_y_gemv, tsr__q8_y_gemv_nx)
+
+const tsr__q8_kernels tsr__q8_k_avx2 = {TSR__Q8_AVX2, "avx2", tsr__q8_y_gemv,
+    tsr__q8_quantize_act};
+
+#ifdef __clang__
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#endif

@@ -1,0 +1,109 @@
+/* The AVX-512 VNNI Q8_0 kernel (quant_q8_internal.h), under its own target pragma like the
+ * SIMD tables: per 32-column block of a 16-row group, 8 loads of 64 bytes (16 rows x 4
+ * columns of u8 weights q + 128), each multiplied with the broadcast 4 int8 activations by
+ * vpdpbusd into 16 int32 row sums; minus 128 * the activation block's sum, that is the exact
+ * sum of q_w * q_x; then one fma per block with the 16 rows' scales times the token's. No
+ * horizontal sums; each weight load serves up to 4 tokens. */
+#include "kernels/cpu/quant_q8_internal.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#ifdef __clang__
+#pragma clang attribute push(                                                                 \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))),           \
+    apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+#endif
+
+static inline __attribute__((always_inline)) int32_t tsr__q8_z_x4(const int8_t *x) {
+    int32_t v;
+    memcpy(&v, x, 4);
+    return v;
+}
+
+static inline __attribute__((always_inline)) void
+tsr__q8_z_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_t *xs,
+                int64_t nb, int64_t b, int nx, __m512 *acc) {
+    __m512i a0[4], a1[4];
+    const int8_t *x[4];
+    for (int i = 0; i < nx; i++) {
+        a0[i] = _mm512_setzero_si512();
+        a1[i] = _mm512_setzero_si512();
+        x[i] = xq + ((size_t)i * (size_t)nb + (size_t)b) * TSR_Q8_BLOCK;
+    }
+    /* two chains per token, so vpdpbusd's latency hides behind the other's */
+    for (int s = 0; s < 8; s += 2) {
+        __m512i w0 = _mm512_loadu_si512((const void *)(wb + 32 + s * 64));
+        __m512i w1 = _mm512_loadu_si512((const void *)(wb + 32 + (s + 1) * 64));
+        for (int i = 0; i < nx; i++) {
+            a0[i] = _mm512_dpbusd_epi32(a0[i], w0, _mm512_set1_epi32(tsr__q8_z_x4(x[i] + 4 * s)));
+            a1[i] = _mm512_dpbusd_epi32(a1[i], w1,
+                                        _mm512_set1_epi32(tsr__q8_z_x4(x[i] + 4 * s + 4)));
+        }
+    }
+    __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
+    for (int i = 0; i < nx; i++) {
+        size_t k = (size_t)i * (size_t)nb + (size_t)b;
+        __m512i is = _mm512_sub_epi32(_mm512_add_epi32(a0[i], a1[i]),
+                                      _mm512_set1_epi32(128 * xs[k]));
+        __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(xd[k]));
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), dd, acc[i]);
+    }
+}
+
+#define TSR__Q8_Z_STORE(dst, a) _mm512_storeu_ps(dst, a)
+
+static inline __attribute__((always_inline)) void
+tsr__q8_z_gemv_nx(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,
+                  const int8_t *xq, const float *xd, const int32_t *xs, int nx,
+                  const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy,
+                  int64_t ldp) {
+    TSR__Q8_GEMV_BODY(nx, tsr__q8_z_block, __m512, _mm512_setzero_ps(), TSR__Q8_Z_STORE)
+}
+
+TSR__Q8_GEMV_FN(tsr__q8_z_gemv, tsr__q8_z_gemv_nx)
+
+/* tsr__q8_quantize_act's operations in 16 lanes: max of |x| (exact), the scalar d and
+ * 1/d, v = x * id, truncation, and the half-away rounding of the fraction (exact). */
+static void tsr__q8_z_quant_act(const float *x, int64_t cols, int8_t *qs, float *d,
+                                int32_t *bsum) {
+    const __m512 half = _mm512_set1_ps(0.5f), mhalf = _mm512_set1_ps(-0.5f);
+    const __m512i one = _mm512_set1_epi32(1);
+    for (int64_t b = 0; b < cols / TSR_Q8_BLOCK; b++) {
+        const float *xb = x + b * TSR_Q8_BLOCK;
+        __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        float dd = amax / 127.0f;
+        float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        __m512 vid = _mm512_set1_ps(id);
+        __m512i q[2];
+        for (int h = 0; h < 2; h++) {
+            __m512 v = _mm512_mul_ps(h ? x1 : x0, vid);
+            __m512i i = _mm512_cvttps_epi32(v);
+            __m512 f = _mm512_sub_ps(v, _mm512_cvtepi32_ps(i));
+            i = _mm512_mask_add_epi32(i, _mm512_cmp_ps_mask(f, half, _CMP_GE_OQ), i, one);
+            i = _mm512_mask_sub_epi32(i, _mm512_cmp_ps_mask(f, mhalf, _CMP_LE_OQ), i, one);
+            q[h] = i;
+        }
+        _mm_storeu_si128((__m128i *)(qs + b * TSR_Q8_BLOCK), _mm512_cvtepi32_epi8(q[0]));
+        _mm_storeu_si128((__m128i *)(qs + b * TSR_Q8_BLOCK + 16), _mm512_cvtepi32_epi8(q[1]));
+        bsum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+        d[b] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(dd), _MM_FROUND_TO_NEAREST_INT)));
+    }
+}
+
+const tsr__q8_kernels tsr__q8_k_avx512vnni = {TSR__Q8_AVX512VNNI, "avx512vnni",
+                                              tsr__q8_z_gemv, tsr__q8_z_quant_act};
+
+#ifdef __clang__
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#endif

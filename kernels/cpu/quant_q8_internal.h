@@ -1,0 +1,110 @@
+/* Private to the Q8_0 kernels of the CPU backend (quant_q8.c: scalar and dispatch;
+ * quant_q8_avx2.c: AVX2 and AVX-VNNI; quant_q8_avx512.c: AVX-512 VNNI). Each ISA's kernel
+ * lives in a file under its own target pragma, like the SIMD tables of simd_internal.h. */
+#ifndef TSR_KERNELS_CPU_QUANT_Q8_INTERNAL_H
+#define TSR_KERNELS_CPU_QUANT_Q8_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/cpu/quant_q8.h"
+
+typedef enum tsr__q8_variant {
+    TSR__Q8_SCALAR = 0,
+    TSR__Q8_AVX2 = 1,       /* maddubs on |w| and sign(x, w) */
+    TSR__Q8_AVXVNNI = 2,    /* 256-bit vpdpbusd */
+    TSR__Q8_AVX512VNNI = 3, /* 512-bit vpdpbusd, one register per 16 rows x 4 columns */
+    TSR__Q8_N_VARIANTS = 4
+} tsr__q8_variant;
+
+/* One Q8_0 matvec kernel: for the row groups [g0, g1) of the packed matrix w (nb blocks
+ * per row, `rows` real rows) and the nx <= 4 quantized activation rows i (int8 qs + i*nb*32,
+ * scales xd + i*nb, block sums of the int8 values xs + i*nb), part p's product of row r
+ * covers blocks [bseg[p], bseg[p+1]): per block b in order, the exact int32 sum of q_w * q_x
+ * and acc = fmaf((float)isum, d_w * d_x, acc) from acc = 0. sum: y[i*ldy + r] = ((P_0 +
+ * P_1) + P_2) + ...; else y[p*ldp + i*ldy + r] = P_p. Every variant gives the same bits
+ * (integer sums are exact, the float operations are the same). */
+typedef void (*tsr__q8_gemv_fn)(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0,
+                                int64_t g1, const int8_t *xq, const float *xd,
+                                const int32_t *xs, int nx, const int32_t *bseg, int n_parts,
+                                bool sum, float *y, int64_t ldy, int64_t ldp);
+
+/* Activation quantizer with tsr__q8_quantize_act's results (bits). */
+typedef void (*tsr__q8_act_fn)(const float *x, int64_t cols, int8_t *qs, float *d,
+                               int32_t *bsum);
+
+typedef struct tsr__q8_kernels {
+    tsr__q8_variant variant;
+    const char *name;
+    tsr__q8_gemv_fn gemv;
+    tsr__q8_act_fn quant_act;
+} tsr__q8_kernels;
+
+/* The variant's kernels, or NULL when this CPU lacks its instructions. */
+const tsr__q8_kernels *tsr__q8_kernels_for(tsr__q8_variant v);
+/* The fastest variant within the ISA the CPU backend's tables were capped at
+ * (TSR_CPU_ISA=scalar|avx2 applies here too). */
+const tsr__q8_kernels *tsr__q8_kernels_get(void);
+
+/* Quantizes one activation row of cols (% 32 == 0) values: qs[cols], d[cols/32] (the fp16
+ * scale as f32), bsum[cols/32] (sum of each block's qs). The weights' quantizer. */
+void tsr__q8_quantize_act(const float *x, int64_t cols, int8_t *qs, float *d, int32_t *bsum);
+
+
+#if defined(__x86_64__) || defined(__i386__)
+extern const tsr__q8_kernels tsr__q8_k_avx2;
+extern const tsr__q8_kernels tsr__q8_k_avxvnni;
+extern const tsr__q8_kernels tsr__q8_k_avx512vnni;
+#endif
+
+/* The per-group driver every variant shares: BLOCK(acc, b) adds block b of the group to
+ * the nx accumulators acc[i][16]; the driver runs the parts and stores. */
+#define TSR__Q8_GEMV_BODY(NX, BLOCK_FN, ACC_T, ZERO, STORE)                                  \
+    for (int64_t g = g0; g < g1; g++) {                                                     \
+        const uint8_t *wg = w + (size_t)g * (size_t)nb * TSR_Q8_GROUP_BLOCK_BYTES;          \
+        float tot[4][16], part[4][16];                                                      \
+        for (int p = 0; p < n_parts; p++) {                                                 \
+            ACC_T acc[4];                                                                   \
+            for (int i = 0; i < NX; i++) acc[i] = ZERO;                                     \
+            for (int64_t b = bseg[p]; b < bseg[p + 1]; b++)                                 \
+                BLOCK_FN(wg + (size_t)b * TSR_Q8_GROUP_BLOCK_BYTES, xq, xd, xs, nb, b, NX,   \
+                         acc);                                                              \
+            for (int i = 0; i < NX; i++) STORE(part[i], acc[i]);                            \
+            int64_t r0 = g * TSR_Q8_GROUP;                                                  \
+            int nr = rows - r0 < TSR_Q8_GROUP ? (int)(rows - r0) : TSR_Q8_GROUP;            \
+            if (!sum) {                                                                     \
+                for (int i = 0; i < NX; i++)                                                \
+                    for (int j = 0; j < nr; j++)                                            \
+                        y[(size_t)p * (size_t)ldp + (size_t)i * (size_t)ldy +               \
+                          (size_t)(r0 + j)] = part[i][j];                                   \
+            } else {                                                                        \
+                for (int i = 0; i < NX; i++)                                                \
+                    for (int j = 0; j < 16; j++)                                            \
+                        tot[i][j] = p == 0 ? part[i][j] : tot[i][j] + part[i][j];           \
+            }                                                                               \
+        }                                                                                   \
+        if (sum) {                                                                          \
+            int64_t r0 = g * TSR_Q8_GROUP;                                                  \
+            int nr = rows - r0 < TSR_Q8_GROUP ? (int)(rows - r0) : TSR_Q8_GROUP;            \
+            for (int i = 0; i < NX; i++)                                                    \
+                for (int j = 0; j < nr; j++)                                                \
+                    y[(size_t)i * (size_t)ldy + (size_t)(r0 + j)] =                         \
+                        n_parts > 0 ? tot[i][j] : 0.0f;                                     \
+        }                                                                                   \
+    }
+
+/* The table entry: BODY_FN with nx a constant. */
+#define TSR__Q8_GEMV_FN(NAME, IMPL)                                                          \
+    static void NAME(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,    \
+                     const int8_t *xq, const float *xd, const int32_t *xs, int nx,          \
+                     const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy,     \
+                     int64_t ldp) {                                                         \
+        switch (nx) {                                                                       \
+        case 1: IMPL(w, nb, rows, g0, g1, xq, xd, xs, 1, bseg, n_parts, sum, y, ldy, ldp); break; \
+        case 2: IMPL(w, nb, rows, g0, g1, xq, xd, xs, 2, bseg, n_parts, sum, y, ldy, ldp); break; \
+        case 3: IMPL(w, nb, rows, g0, g1, xq, xd, xs, 3, bseg, n_parts, sum, y, ldy, ldp); break; \
+        default: IMPL(w, nb, rows, g0, g1, xq, xd, xs, 4, bseg, n_parts, sum, y, ldy, ldp); break; \
+        }                                                                                   \
+    }
+
+#endif

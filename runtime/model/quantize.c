@@ -1,0 +1,61 @@
+#include "runtime/model/quantize.h"
+
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/dtype.h"
+#include "kernels/cpu/quant_q8.h"
+
+bool tsr_model_q8_eligible(const tsr_model_config *c, const char *which, int64_t cols) {
+    if (cols <= 0 || cols % TSR_Q8_BLOCK) return false;
+    /* matmul_parts sums wo over heads and w_down over hidden chunks (runtime/exec/
+     * parallel.h): whole 32-column units only when head_dim is one and there are at least
+     * n_heads units of the hidden width */
+    if (!strcmp(which, "wo")) return c->head_dim % TSR_Q8_BLOCK == 0;
+    if (!strcmp(which, "w_down"))
+        return c->hidden_dim % TSR_Q8_BLOCK == 0 && c->hidden_dim / TSR_Q8_BLOCK >= c->n_heads;
+    return true;
+}
+
+/* One matrix into Q8_0, or into BF16 when not eligible (kept as it is if already 16-bit). */
+static tsr_status tsr__quantize(tsr_model *m, tsr_tensor *t, bool q8) {
+    if (!t->data || t->rows <= 0 || t->cols <= 0 || t->dtype == TSR_Q8_0) return TSR_OK;
+    if (q8) {
+        tsr_tensor q = {.dtype = TSR_Q8_0, .rows = t->rows, .cols = t->cols};
+        void *dst;
+        TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &dst));
+        TSR_TRY(tsr_q8_quantize_tensor(t, dst));
+        q.data = dst;
+        *t = q;
+        return TSR_OK;
+    }
+    if (t->dtype != TSR_F32) return TSR_OK;
+    uint16_t *dst;
+    size_t n = (size_t)t->rows * (size_t)t->cols;
+    TSR_TRY(tsr_model_alloc(m, n * 2, (void **)&dst));
+    const float *src = t->data;
+    for (size_t i = 0; i < n; i++) dst[i] = tsr_f32_to_bf16(src[i]);
+    t->data = dst;
+    t->dtype = TSR_BF16;
+    return TSR_OK;
+}
+
+tsr_status tsr_model_quantize_q8(tsr_model *m) {
+    const tsr_model_config *c = &m->cfg;
+    bool tied = m->classifier.data && m->classifier.data == m->tok_emb.data;
+    TSR_TRY(tsr__quantize(m, &m->tok_emb, tsr_model_q8_eligible(c, "tok_emb", m->tok_emb.cols)));
+    if (tied)
+        m->classifier = m->tok_emb;
+    else
+        TSR_TRY(tsr__quantize(m, &m->classifier,
+                              tsr_model_q8_eligible(c, "classifier", m->classifier.cols)));
+    for (int l = 0; l < c->n_layers; l++) {
+        tsr_layer_weights *w = &m->layers[l];
+        tsr_tensor *ts[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+        const char *names[] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            TSR_TRY(tsr__quantize(m, ts[i], tsr_model_q8_eligible(c, names[i], ts[i]->cols)));
+    }
+    m->cfg.dtype = TSR_Q8_0;
+    return TSR_OK;
+}

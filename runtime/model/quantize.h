@@ -1,0 +1,23 @@
+/* Weights quantized at load: `--dtype q8_0` (tsr_engine_spec.weights_dtype TSR_Q8_0) turns
+ * an F32/BF16/F16 model's matrices into Q8_0 (kernels/cpu/quant_q8.h), the embedding and
+ * classifier included, as llama.cpp's Q8_0 files have them. A matrix whose 32-column blocks
+ * would cross a reduction part boundary of the tensor-parallel forward (wo when head_dim %
+ * 32 != 0, w_down when the hidden chunks are not whole 32-column units) or whose columns
+ * are not a multiple of 32 stays in BF16. The choice depends on the config alone, never on
+ * tp or pp, so every layout computes the same products. */
+#ifndef TSR_RUNTIME_MODEL_QUANTIZE_H
+#define TSR_RUNTIME_MODEL_QUANTIZE_H
+
+#include <stdbool.h>
+
+#include "runtime/model/model.h"
+
+/* Quantizes the model's present matrices (a shard's; empty tensors stay empty) in place,
+ * into model-owned memory; the old data stays with its owner. Sets cfg.dtype to Q8_0. */
+tsr_status tsr_model_quantize_q8(tsr_model *m);
+
+/* Whether matrix `which` of a layer is stored as Q8_0 under tsr_model_quantize_q8:
+ * which is "wo", "w_down", or any other matrix name (then cols % 32 decides). */
+bool tsr_model_q8_eligible(const tsr_model_config *c, const char *which, int64_t cols);
+
+#endif

@@ -1,0 +1,51 @@
+#!/bin/bash
+# generate_q8.sh TESSERA ROOT MPIEXEC
+# `tessera generate --dtype q8_0` (weights quantized at load after the shard cut) must print
+# one process's tokens with tp = 2 and with pp = 2: every matrix Q8_0 (head_dim 32, hidden
+# 256), and with wo kept in BF16 (head_dim 16: its head parts are not whole 32-column
+# blocks). The model line must name q8_0 (the quantization took place). Then the same for
+# a Q8_0 GGUF, whose matrices load as they are.
+set -u
+bin=$1 root=$2 mpiexec=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+prompt="Once upon a time, there was a little dog named Max who lived in a small house"
+common=(--tokenizer "$root/models/tok512.bin" --prompt "$prompt" --max-tokens 48 --temperature 0
+        --chunk 8)
+fail=0
+for hd in 32 16; do
+    cat >"$tmp/m$hd.json" <<EOF
+{"architectures": ["LlamaForCausalLM"], "hidden_size": $((4 * hd)), "intermediate_size": 256,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+ "vocab_size": 512, "max_position_embeddings": 512, "torch_dtype": "float32",
+ "tie_word_embeddings": false, "rope_theta": 10000.0, "rms_norm_eps": 1e-05}
+EOF
+    model=synthetic:$tmp/m$hd.json
+    "$bin" generate --model "$model" "${common[@]}" --dtype q8_0 --verbose >"$tmp/ref.txt" \
+        2>"$tmp/ref.err" || { cat "$tmp/ref.err"; exit 1; }
+    if [ "$(wc -c <"$tmp/ref.txt")" -lt 40 ]; then echo "FAIL [hd $hd]: output too short"; fail=1; fi
+    grep -aq "vocab 512, q8_0;" "$tmp/ref.err" || { echo "FAIL [hd $hd]: not q8_0"; fail=1; }
+    for lay in "--tp 2 --pp 1" "--tp 1 --pp 2"; do
+        # shellcheck disable=SC2086
+        "$mpiexec" -n 2 --oversubscribe "$bin" generate --model "$model" "${common[@]}" \
+            --dtype q8_0 $lay --threads 1 >"$tmp/out.txt" 2>"$tmp/out.err" ||
+            { echo "FAIL [hd $hd, $lay]:"; cat "$tmp/out.err"; fail=1; continue; }
+        if ! cmp -s "$tmp/ref.txt" "$tmp/out.txt"; then
+            echo "FAIL [hd $hd, $lay]: tokens differ from one process"
+            diff "$tmp/ref.txt" "$tmp/out.txt" | head -5; fail=1
+        fi
+    done
+done
+# A Q8_0 GGUF (tools/make_q8_testdata.py) loads as it is and is cut into shards as Q8_0.
+model=$root/tests/data/q8/tiny_q8_0.gguf
+"$bin" generate --model "$model" "${common[@]}" >"$tmp/ref.txt" 2>"$tmp/ref.err" ||
+    { cat "$tmp/ref.err"; exit 1; }
+for lay in "--tp 2 --pp 1" "--tp 1 --pp 2"; do
+    # shellcheck disable=SC2086
+    "$mpiexec" -n 2 --oversubscribe "$bin" generate --model "$model" "${common[@]}" $lay \
+        --threads 1 >"$tmp/out.txt" 2>"$tmp/out.err" ||
+        { echo "FAIL [gguf, $lay]:"; cat "$tmp/out.err"; fail=1; continue; }
+    cmp -s "$tmp/ref.txt" "$tmp/out.txt" || { echo "FAIL [gguf, $lay]: tokens differ"; fail=1; }
+done
+[ $fail = 0 ] && echo "q8_0: tp 2 and pp 2 print one process's tokens"
+exit $fail
