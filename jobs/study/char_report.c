@@ -17,7 +17,7 @@
 
 const tsr_char_col tsr_char_cols[] = {
     {"id", "", "the cell's id (DIR/cells/ID.json, DIR/work/ID/)"},
-    {"kind", "", "perf (tessera run) or fidelity (tessera fidelity)"},
+    {"kind", "", "perf (tessera run), fidelity (tessera fidelity) or needle (tessera needle)"},
     {"model", "", "the model's label"},
     {"layout", "", "tpN, ppN or tpNppM (perf cells)"},
     {"tp", "", "tensor-parallel ranks"},
