@@ -15,7 +15,8 @@
 #                InfiniGen's partial-weight ratio: 2 of 8 here)
 #     PROMPT     the first PROMPT tokens of each story go in as one prefill chunk, a prompt
 #                (default 64; snapkv compresses at a prompt's end, so it is measured only
-#                with one), the rest one token per call; 0: every position in decode mode
+#                with one), the rest one token per call; 0: every position in decode mode;
+#                "both": every row twice, prompt mode (64) and decode-only (0), side by side
 # Columns: mean NLL (nats/token), perplexity, top-1 agreement of the greedy next token with
 # the full cache, KL(full || policy) of the next-token distributions (nats, mean over
 # positions), KV peak (block pool), evictions, bytes moved per token (host writes + fetches)
@@ -29,12 +30,17 @@ BIN="$BUILD/bench/tsr_quality"
 [ -x "$BIN" ] || { echo "quality.sh: $BIN not built (cmake --build $BUILD --target tsr_quality)" >&2; exit 1; }
 ARGS=("$ROOT/models/stories260K.bin" "$ROOT/models/tok512.bin" "$ROOT/bench/data/heldout.txt")
 
-printf '%-22s %6s %6s %7s %7s %9s %8s %11s %10s %12s %7s\n' policy budget tokens nll ppl \
+printf '%-31s %6s %6s %7s %7s %9s %8s %11s %10s %12s %7s\n' policy budget tokens nll ppl \
     agreement kl kv_peak_kb evictions moved_B/tok recall
 row() {
     local label=$1 budget=$2
     shift 2
     local line
+    if [ "$PROMPT" = both ]; then
+        PROMPT=64 row "$label [prompt]" "$budget" "$@"
+        PROMPT=0 row "$label [decode]" "$budget" "$@"
+        return
+    fi
     line=$("$BIN" "${ARGS[@]}" "$@" --prompt "$PROMPT" 2>&1) || { printf '%-20s %6s FAILED: %s\n' "$label" "$budget" "$line"; return; }
     local f
     f() { sed -n "s/.*$1\([^ ,}]*\).*/\1/p" <<<"$line"; }
@@ -44,7 +50,7 @@ row() {
     moved=$(f '"bytes_moved_per_token":')
     [ -z "$moved" ] || [ "$moved" = "0.0" ] || [ "$moved" = "0.0000" ] && moved=-
     [ "$moved" = - ] || moved=$(printf '%.0f' "$moved")
-    printf '%-22s %6s %6s %7s %7s %9s %8s %11.1f %10s %12s %7s\n' "$label" "$budget" \
+    printf '%-31s %6s %6s %7s %7s %9s %8s %11.1f %10s %12s %7s\n' "$label" "$budget" \
         "$(f ' tokens=')" "$(f ' nll=')" "$(f ' ppl=')" "$(f ' agreement=')" "$(f ' kl=')" \
         "$(awk -v b="$(f '"bytes_peak":')" 'BEGIN{print b/1024}')" "$(f '"evictions":')" \
         "$moved" "${rec:--}"

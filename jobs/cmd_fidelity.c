@@ -23,7 +23,8 @@
 typedef struct tsr__fid_opts {
     const char *model, *tokenizer, *text, *json, *backend, *ref_kv_dtype;
     int probe_length, max_tokens, max_context, chunk, threads, gen_tokens;
-    bool quiet;
+    int doc_tokens, tail, prompt_tokens;
+    bool quiet, document, decode_prefix;
     tsr_kv_cli kv;
 } tsr__fid_opts;
 
@@ -46,6 +47,14 @@ static tsr_status tsr__write_json(const tsr__fid_opts *o, const tsr_fidelity_res
     snprintf(b, sizeof b, "%.7g", o->kv.kv.budget);
     cJSON_AddNumberToObject(d, "budget", strtod(b, NULL));
     cJSON_AddStringToObject(d, "model", o->model);
+    /* how the text was scored: "decode" (one token a call), "prompt" (a prefilled prompt,
+     * then decode), "tail-prompt" / "tail-decode" (the last --tail positions of each
+     * sequence after its prefix as a chunked prompt / one token a call) */
+    cJSON_AddStringToObject(d, "scoring", o->tail > 0 ? (o->decode_prefix ? "tail-decode"
+                                                                          : "tail-prompt")
+                                          : o->prompt_tokens > 0 ? "prompt" : "decode");
+    cJSON_AddBoolToObject(d, "document", o->document);
+    cJSON_AddNumberToObject(d, "tail_tokens", o->tail);
     cJSON_AddNumberToObject(d, "tokens", (double)r->tokens);
     tsr__num(d, "nll", text, r->nll);
     tsr__num(d, "ppl", text, r->ppl);
@@ -100,7 +109,10 @@ static tsr_status tsr__fidelity(const tsr__fid_opts *o) {
                                    .max_tokens = o->max_tokens,
                                    .probe_length = o->probe_length,
                                    .gen_tokens = o->gen_tokens,
-                                   .ref_kv_dtype = o->ref_kv_dtype};
+                                   .ref_kv_dtype = o->ref_kv_dtype,
+                                   .prompt_tokens = o->prompt_tokens,
+                                   .document = o->document, .doc_tokens = o->doc_tokens,
+                                   .tail_tokens = o->tail, .decode_prefix = o->decode_prefix};
         fo.kv.max_context = o->max_context;
         st = tsr_fidelity_run(&spec, NULL, text, text_len, &fo, &r);
     }
@@ -139,6 +151,20 @@ int tsr_cmd_fidelity(int argc, char **argv) {
         {"probe-length", TSR_OPT_INT, &o.probe_length, "N",
          "run the retrieval probe: a key early in an N-token prompt, asked for at its end "
          "(0 = no probe; at most the context)", false},
+        {"document", TSR_OPT_FLAG, &o.document, NULL,
+         "the whole --text is one document from BOS (no blank-line split), cut to "
+         "--doc-tokens", false},
+        {"doc-tokens", TSR_OPT_INT, &o.doc_tokens, "N",
+         "with --document: its first N tokens (0 = as many as the context holds)", false},
+        {"tail", TSR_OPT_INT, &o.tail, "N",
+         "score only the last N positions of each sequence; the rest goes in first as a "
+         "prompt prefilled in chunks of --chunk (0 = score every position)", false},
+        {"decode-prefix", TSR_OPT_FLAG, &o.decode_prefix, NULL,
+         "with --tail: feed the unscored prefix one token per call (decode-only scoring) "
+         "instead of as a prompt", false},
+        {"prompt-tokens", TSR_OPT_INT, &o.prompt_tokens, "N",
+         "without --tail: the first N tokens of each sequence go in as one prompt chunk, "
+         "the rest one token per call (0 = decode mode throughout)", false},
         {"max-tokens", TSR_OPT_INT, &o.max_tokens, "N",
          "score at most N positions of the text (0 = all)", false},
         {"gen-tokens", TSR_OPT_INT, &o.gen_tokens, "N",
@@ -146,7 +172,7 @@ int tsr_cmd_fidelity(int argc, char **argv) {
          "gen_agreement and gen_kl over them (0 = none)", false},
         {"max-context", TSR_OPT_INT, &o.max_context, "N",
          "context length in tokens (0 = the model's maximum)", false},
-        {"chunk", TSR_OPT_INT, &o.chunk, "N", "prefill chunk of the probe's prompt, tokens",
+        {"chunk", TSR_OPT_INT, &o.chunk, "N", "prefill chunk (the probe, --tail prefixes), tokens",
          false},
         {"threads", TSR_OPT_INT, &o.threads, "N", "CPU threads", false},
         {"ref-kv-dtype", TSR_OPT_STRING, &o.ref_kv_dtype, "T",
@@ -161,7 +187,8 @@ int tsr_cmd_fidelity(int argc, char **argv) {
     enum { N_BASE = sizeof base / sizeof base[0] };
     tsr_cli_opt opts[N_BASE + TSR_KV_CLI_N_OPTS];
     memcpy(opts, base, sizeof base);
-    tsr_kv_cli_opts(&o.kv, opts + N_BASE);
+    /* only the entries written: a zeroed entry has no name to compare an option with */
+    int n_kv = tsr_kv_cli_opts(&o.kv, opts + N_BASE);
     tsr_cli cli = {
         .cmd = "fidelity",
         .synopsis = "--model PATH (--text FILE | --probe-length N) [--kv-policy P ...] "
@@ -192,7 +219,7 @@ int tsr_cmd_fidelity(int argc, char **argv) {
             "--kv-policy paged against itself gives agreement 1 and kl 0 exactly. Exit "
             "status 0 on\nsuccess, 1 when the run fails, 2 on usage errors.",
         .opts = opts,
-        .n_opts = (int)(sizeof opts / sizeof opts[0])};
+        .n_opts = N_BASE + n_kv};
     tsr_cli_result r = tsr_cli_parse(&cli, argc, argv);
     if (r == TSR_CLI_HELP) return 0;
     if (r != TSR_CLI_OK) return 2;
@@ -205,6 +232,14 @@ int tsr_cmd_fidelity(int argc, char **argv) {
     if (o.gen_tokens > 0 && !o.text)
         return tsr_cli_usage_error(&cli, "--gen-tokens needs --text (it continues the text)");
     if (o.max_context < 0) return tsr_cli_usage_error(&cli, "--max-context must be >= 0");
+    if (o.tail < 0 || o.doc_tokens < 0 || o.prompt_tokens < 0)
+        return tsr_cli_usage_error(&cli, "--tail, --doc-tokens and --prompt-tokens must be >= 0");
+    if (o.decode_prefix && o.tail == 0)
+        return tsr_cli_usage_error(&cli, "--decode-prefix needs --tail");
+    if (o.prompt_tokens > o.chunk)
+        return tsr_cli_usage_error(&cli, "--prompt-tokens needs --chunk >= it (one chunk)");
+    if ((o.document || o.tail > 0) && !o.text)
+        return tsr_cli_usage_error(&cli, "--document and --tail need --text");
     if (o.chunk < 1) return tsr_cli_usage_error(&cli, "--chunk must be >= 1");
     if (tsr_cli_check_threads(&cli, o.threads) != TSR_CLI_OK) return 2;
     o.kv.quiet = o.quiet;

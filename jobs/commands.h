@@ -9,6 +9,7 @@ int tsr_cmd_convert(int argc, char **argv);  /* jobs/cmd_convert.c */
 int tsr_cmd_bench(int argc, char **argv);    /* jobs/cmd_bench.c */
 int tsr_cmd_run(int argc, char **argv);      /* jobs/run/cmd_run.c: bulk JSONL generation */
 int tsr_cmd_fidelity(int argc, char **argv); /* jobs/cmd_fidelity.c: a policy vs the full cache */
+int tsr_cmd_needle(int argc, char **argv);   /* jobs/cmd_needle.c: needle retrieval, policy vs full cache */
 int tsr_cmd_characterize(int argc, char **argv); /* jobs/study/cmd_characterize.c: KV-policy study */
 int tsr_cmd_checkpoint(int argc, char **argv); /* jobs/run/cmd_checkpoint.c: inspect a checkpoint */
 

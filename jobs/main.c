@@ -15,6 +15,7 @@ static const struct {
     {"convert", tsr_cmd_convert, "convert a model (e.g. llama2.c .bin) to a Hugging Face directory"},
     {"bench", tsr_cmd_bench, "measure prefill and decode speed"},
     {"fidelity", tsr_cmd_fidelity, "a KV policy against the full cache: perplexity, agreement, KL, recall"},
+    {"needle", tsr_cmd_needle, "needle retrieval through the chat template: a policy against the full cache"},
     {"characterize", tsr_cmd_characterize, "run a KV-policy characterization study (cells.csv, report, plots)"},
     {"checkpoint", tsr_cmd_checkpoint, "inspect FILE: what a tessera run --checkpoint file holds"},
 };

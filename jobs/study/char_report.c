@@ -17,7 +17,7 @@
 
 const tsr_char_col tsr_char_cols[] = {
     {"id", "", "the cell's id (DIR/cells/ID.json, DIR/work/ID/)"},
-    {"kind", "", "perf (tessera run) or fidelity (tessera fidelity)"},
+    {"kind", "", "perf (tessera run), fidelity (tessera fidelity) or needle (tessera needle)"},
     {"model", "", "the model's label"},
     {"layout", "", "tpN, ppN or tpNppM (perf cells)"},
     {"tp", "", "tensor-parallel ranks"},
@@ -76,6 +76,13 @@ const tsr_char_col tsr_char_cols[] = {
     {"fid_probe_text_recall", "", "fidelity: the early key recalled in the generated text (0..1)"},
     {"fid_probe_attention_recall", "", "fidelity: the key's tokens kept resident (0..1)"},
     {"fid_wall_s", "s", "fidelity: wall time"},
+    {"fid_scoring", "", "fidelity: text, document, tail-prompt (prefix prefilled) or tail-decode"},
+    {"needles", "", "needle: keys planted (1, or 3 asked for one)"},
+    {"needle_full_accuracy", "", "needle: exact-match share over the depths, full cache"},
+    {"needle_accuracy", "", "needle: exact-match share over the depths, the policy"},
+    {"needle_accuracy_where_full_passes", "", "needle: the policy's share where the full cache passes"},
+    {"needle_attention_recall", "", "needle: the needle's tokens kept resident (0..1), mean over depths"},
+    {"needle_by_depth", "", "needle: depth%:full/policy correct (1/0) per depth"},
 };
 const size_t tsr_char_n_cols = sizeof tsr_char_cols / sizeof tsr_char_cols[0];
 

@@ -39,7 +39,7 @@ typedef struct tsr__char {
     tsr_cell *cells;
     size_t n_cells;
     char self[4096];
-    bool has_fidelity, has_arrival;
+    bool has_fidelity, has_arrival, has_needle;
     /* progress */
     size_t total, done, ran;
     double t0, ran_s;
@@ -82,7 +82,9 @@ static const char tsr__char_about[] =
     "    \"limits\": {\"memory\": \"1G\", \"time_s\": 120},\n"
     "    \"launcher\": \"mpirun -np {ranks}\",\n"
     "    \"fidelity\": {\"text\": \"bench/data/heldout.txt\", \"probe_length\": 256,\n"
-    "                 \"max_tokens\": 400}\n"
+    "                 \"max_tokens\": 400},\n"
+    "    \"needle\": {\"haystack\": \"bench/data/gpl-3.txt\", \"lengths\": [1024],\n"
+    "               \"needles\": [1, 3]}\n"
     "  }\n"
     "models: a path or synthetic:NAME, or an object (label, path, tokenizer; context and\n"
     "  heads spare loading the model to learn them). policies: any --kv-policy name;\n"
@@ -201,7 +203,16 @@ static cJSON *tsr__base_record(const tsr__char *c, const tsr_cell *cell) {
     const tsr_study_policy *p = &s->policies[cell->policy];
     const tsr_study_layout *l = &s->layouts[cell->layout];
     tsr__set_str(r, "id", cell->id);
-    tsr__set_str(r, "kind", cell->kind == TSR_CELL_PERF ? "perf" : "fidelity");
+    tsr__set_str(r, "kind", cell->kind == TSR_CELL_PERF       ? "perf"
+                            : cell->kind == TSR_CELL_NEEDLE ? "needle"
+                                                            : "fidelity");
+    if (cell->kind == TSR_CELL_FIDELITY)
+        tsr__set_str(r, "fid_scoring", s->fid_tail <= 0 ? (s->fid_document ? "document" : "text")
+                                       : cell->decode_prefix ? "tail-decode" : "tail-prompt");
+    if (cell->kind == TSR_CELL_NEEDLE) {
+        tsr__set(r, "prompt_tokens", cell->prompt_len);
+        tsr__set(r, "needles", cell->needles);
+    }
     tsr__set_str(r, "model", m->label);
     tsr__set_str(r, "policy", p->label);
     tsr__set_str(r, "kv_policy", p->policy);
@@ -345,6 +356,41 @@ static void tsr__fill_fidelity(cJSON *rec, const cJSON *f) {
     }
 }
 
+/* A needle cell's figures: both caches' accuracy over the depths, the policy's where the
+ * full cache passes, the mean attention recall of the needle, and a per-depth string
+ * "depth:full/policy" (1 correct, 0 not) for the heat map. */
+static void tsr__fill_needle(cJSON *rec, const cJSON *f) {
+    tsr__set(rec, "needle_full_accuracy", tsr__num(f, "full_accuracy", NULL, NULL));
+    tsr__set(rec, "needle_accuracy", tsr__num(f, "accuracy", NULL, NULL));
+    tsr__set(rec, "needle_accuracy_where_full_passes",
+             tsr__num(f, "accuracy_where_full_passes", NULL, NULL));
+    const cJSON *cells = cJSON_GetObjectItemCaseSensitive(f, "cells");
+    double rsum = 0;
+    int n = 0;
+    char by[256];
+    size_t bl = 0;
+    by[0] = '\0';
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cells) {
+        const cJSON *fu = cJSON_GetObjectItemCaseSensitive(e, "full");
+        const cJSON *po = cJSON_GetObjectItemCaseSensitive(e, "policy");
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(e, "depth");
+        double rc = tsr__num(po, "attention_recall", NULL, NULL);
+        if (isfinite(rc)) {
+            rsum += rc;
+            n++;
+        }
+        if (bl + 24 < sizeof by && cJSON_IsNumber(d))
+            bl += (size_t)snprintf(by + bl, sizeof by - bl, "%s%g:%d/%d", bl ? " " : "",
+                                   d->valuedouble * 100,
+                                   cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fu, "correct")),
+                                   cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(po, "correct")));
+    }
+    tsr__set(rec, "needle_attention_recall", n > 0 ? rsum / n : NAN);
+    tsr__set_str(rec, "needle_by_depth", by);
+    tsr__set(rec, "fid_wall_s", tsr__num(f, "wall_s", NULL, NULL));
+}
+
 /* Runs one cell to its record. Fails only when the cell cannot be started or recorded. */
 static tsr_status tsr__run_cell(tsr__char *c, const tsr_cell *cell, cJSON **out_rec) {
     const tsr_study *s = &c->st;
@@ -426,6 +472,36 @@ static tsr_status tsr__run_cell(tsr__char *c, const tsr_cell *cell, cJSON **out_
                 tsr__arg(a, "%d", l->pp);
             }
         }
+    } else if (cell->kind == TSR_CELL_NEEDLE) {
+        snprintf(met, sizeof met, "%s/fidelity.json", work);
+        tsr__arg(a, "%s", c->self);
+        tsr__arg(a, "needle");
+        tsr__arg(a, "--model");
+        tsr__arg(a, "%s", m->spec);
+        tsr__arg(a, "--haystack");
+        tsr__arg(a, "%s", s->needle_haystack);
+        tsr__arg(a, "--length");
+        tsr__arg(a, "%d", cell->prompt_len);
+        tsr__arg(a, "--needles");
+        tsr__arg(a, "%d", cell->needles);
+        if (s->needle_depths) {
+            tsr__arg(a, "--depths");
+            tsr__arg(a, "%s", s->needle_depths);
+        }
+        tsr__arg(a, "--kv-policy");
+        tsr__arg(a, "%s", p->policy);
+        if (p->budgeted && cell->budget > 0) {
+            tsr__arg(a, "--kv-budget");
+            tsr__arg(a, "%g", cell->budget);
+        }
+        for (int i = 0; i < p->n_args; i++) tsr__arg(a, "%s", p->args[i]);
+        if (s->threads > 0) {
+            tsr__arg(a, "--threads");
+            tsr__arg(a, "%d", s->threads);
+        }
+        tsr__arg(a, "--quiet");
+        tsr__arg(a, "--json");
+        tsr__arg(a, "%s", met);
     } else {
         snprintf(met, sizeof met, "%s/fidelity.json", work);
         tsr__arg(a, "%s", c->self);
@@ -443,6 +519,16 @@ static tsr_status tsr__run_cell(tsr__char *c, const tsr_cell *cell, cJSON **out_
         if (s->fid_max_tokens > 0) {
             tsr__arg(a, "--max-tokens");
             tsr__arg(a, "%d", s->fid_max_tokens);
+        }
+        if (s->fid_document) tsr__arg(a, "--document");
+        if (s->fid_doc_tokens > 0) {
+            tsr__arg(a, "--doc-tokens");
+            tsr__arg(a, "%d", s->fid_doc_tokens);
+        }
+        if (s->fid_tail > 0) {
+            tsr__arg(a, "--tail");
+            tsr__arg(a, "%d", s->fid_tail);
+            if (cell->decode_prefix) tsr__arg(a, "--decode-prefix");
         }
         tsr__arg(a, "--kv-policy");
         tsr__arg(a, "%s", p->policy);
@@ -525,6 +611,8 @@ static tsr_status tsr__run_cell(tsr__char *c, const tsr_cell *cell, cJSON **out_
             snprintf(reason, sizeof reason, "%.0f of %d requests failed: %.400s", failed,
                      cell->batch, line);
         }
+    } else if (mj && cell->kind == TSR_CELL_NEEDLE) {
+        tsr__fill_needle(rec, mj);
     } else if (mj) {
         tsr__fill_fidelity(rec, mj);
     }
@@ -574,6 +662,8 @@ static const char *tsr__cannot_run(const tsr__char *c, const tsr_cell *cell) {
     if (cell->skip) return cell->skip;
     if (cell->kind == TSR_CELL_FIDELITY && !c->has_fidelity)
         return "this tessera has no `fidelity` command";
+    if (cell->kind == TSR_CELL_NEEDLE && !c->has_needle)
+        return "this tessera has no `needle` command";
     if (cell->kind == TSR_CELL_PERF && cell->rate > 0 && !c->has_arrival)
         return "this tessera's `run` has no --arrival-rate";
     return NULL;
@@ -614,6 +704,11 @@ static int tsr__main(tsr__char *c) {
                         "file (%s: %s)\n", c->st.path, c->st.fid_text, strerror(errno));
         return 2;
     }
+    if (c->st.needle_haystack && access(c->st.needle_haystack, R_OK) != 0) {
+        fprintf(stderr, "tessera characterize: %s: key 'needle.haystack': expected a readable "
+                        "file (%s: %s)\n", c->st.path, c->st.needle_haystack, strerror(errno));
+        return 2;
+    }
     if (tsr_study_cells(&c->st, &c->cells, &c->n_cells) != TSR_OK)
         return tsr_cmd_fail("characterize");
     const tsr_cell *only = NULL;
@@ -635,6 +730,7 @@ static int tsr__main(tsr__char *c) {
     if (tsr_cell_self_exe(c->self, sizeof c->self) != TSR_OK) return tsr_cmd_fail("characterize");
     c->has_fidelity = c->st.fid_text && tsr__probe(c, "fidelity", NULL);
     c->has_arrival = tsr__probe(c, "run", "--arrival-rate");
+    c->has_needle = c->st.needle_haystack && tsr__probe(c, "needle", NULL);
 
     cJSON **recs = tsr_calloc(c->n_cells ? c->n_cells : 1, sizeof *recs);
     if (!recs) return tsr_cmd_fail("characterize");

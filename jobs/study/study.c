@@ -363,13 +363,56 @@ static tsr_status tsr__fidelity(tsr_study *s, const cJSON *root) {
     TSR_TRY(tsr__str_key(s, f, "text", "fidelity.text", &s->fid_text));
     if (!s->fid_text) return tsr__bad(s, "fidelity.text", "a text file path (missing)");
     TSR_TRY(tsr__int_key(s, f, "max_tokens", "fidelity.max_tokens", 0, &s->fid_max_tokens));
+    const cJSON *doc = cJSON_GetObjectItemCaseSensitive(f, "document");
+    if (doc && !cJSON_IsBool(doc)) return tsr__bad(s, "fidelity.document", "true or false");
+    s->fid_document = cJSON_IsTrue(doc);
+    TSR_TRY(tsr__int_key(s, f, "doc_tokens", "fidelity.doc_tokens", 0, &s->fid_doc_tokens));
+    TSR_TRY(tsr__int_key(s, f, "tail", "fidelity.tail", 0, &s->fid_tail));
+    /* "scoring": ["prompt", "decode"]: which tail scorings get cells (default prompt) */
+    s->fid_modes = 1;
+    const cJSON *sc = cJSON_GetObjectItemCaseSensitive(f, "scoring");
+    if (sc) {
+        s->fid_modes = 0;
+        if (!cJSON_IsArray(sc) || cJSON_GetArraySize(sc) == 0)
+            return tsr__bad(s, "fidelity.scoring", "a non-empty array of \"prompt\", \"decode\"");
+        const cJSON *v;
+        cJSON_ArrayForEach(v, sc) {
+            if (cJSON_IsString(v) && !strcmp(v->valuestring, "prompt")) s->fid_modes |= 1;
+            else if (cJSON_IsString(v) && !strcmp(v->valuestring, "decode")) s->fid_modes |= 2;
+            else return tsr__bad(s, "fidelity.scoring", "\"prompt\" or \"decode\"");
+        }
+    }
     return tsr__int_key(s, f, "probe_length", "fidelity.probe_length", 0, &s->fid_probe_length);
+}
+
+/* "needle": {"haystack", "lengths": [...], "needles": [1, 3], "depths": "0,25,..."} */
+static tsr_status tsr__needle(tsr_study *s, const cJSON *root) {
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, "needle");
+    if (!f) return TSR_OK;
+    if (!cJSON_IsObject(f))
+        return tsr__bad(s, "needle", "an object {\"haystack\", \"lengths\", \"needles\"}");
+    TSR_TRY(tsr__str_key(s, f, "haystack", "needle.haystack", &s->needle_haystack));
+    if (!s->needle_haystack) return tsr__bad(s, "needle.haystack", "a text file path (missing)");
+    TSR_TRY(tsr__ints(s, f, "lengths", 16, &s->needle_lengths, &s->n_needle_lengths));
+    if (cJSON_GetObjectItemCaseSensitive(f, "needles")) {
+        TSR_TRY(tsr__ints(s, f, "needles", 1, &s->needle_counts, &s->n_needle_counts));
+        for (int i = 0; i < s->n_needle_counts; i++)
+            if (s->needle_counts[i] != 1 && s->needle_counts[i] != 3)
+                return tsr__bad(s, "needle.needles", "1 and/or 3");
+    } else {
+        s->needle_counts = tsr_calloc(1, sizeof *s->needle_counts);
+        if (!s->needle_counts) return TSR_ERR_NOMEM;
+        s->needle_counts[0] = 1;
+        s->n_needle_counts = 1;
+    }
+    TSR_TRY(tsr__str_key(s, f, "depths", "needle.depths", &s->needle_depths));
+    return TSR_OK;
 }
 
 static const char *const tsr__known_keys[] = {
     "name", "models", "policies", "prompt_lengths", "batch_sizes", "request_rates",
     "kv_budgets", "layouts", "gen_tokens", "threads", "limits", "kv_memory", "launcher",
-    "fidelity", "comment", "rate_sweep"};
+    "fidelity", "comment", "rate_sweep", "needle"};
 
 static tsr_status tsr__parse(tsr_study *s, const cJSON *root) {
     if (!cJSON_IsObject(root)) return tsr_error_set(TSR_ERR_INVALID, "%s: expected a JSON object", s->path);
@@ -382,7 +425,7 @@ static tsr_status tsr__parse(tsr_study *s, const cJSON *root) {
             return tsr__bad(s, c->string, "one of name, models, policies, prompt_lengths, "
                                           "batch_sizes, request_rates, kv_budgets, layouts, "
                                           "gen_tokens, threads, limits, kv_memory, launcher, "
-                                          "fidelity, rate_sweep, comment (unknown key)");
+                                          "fidelity, needle, rate_sweep, comment (unknown key)");
     }
     TSR_TRY(tsr__str_key(s, root, "name", "name", &s->name));
     TSR_TRY(tsr__models(s, root));
@@ -419,6 +462,7 @@ static tsr_status tsr__parse(tsr_study *s, const cJSON *root) {
     TSR_TRY(tsr__str_key(s, root, "launcher", "launcher", &s->launcher));
     if (!s->launcher && !(s->launcher = tsr_strdup("mpirun -np {ranks}"))) return TSR_ERR_NOMEM;
     TSR_TRY(tsr__fidelity(s, root));
+    TSR_TRY(tsr__needle(s, root));
     if (!s->name) {
         const char *b0 = strrchr(s->path, '/');
         b0 = b0 ? b0 + 1 : s->path;
@@ -494,6 +538,10 @@ void tsr_study_free(tsr_study *s) {
     tsr_free(s->kv_memory);
     tsr_free(s->launcher);
     tsr_free(s->fid_text);
+    tsr_free(s->needle_haystack);
+    tsr_free(s->needle_lengths);
+    tsr_free(s->needle_counts);
+    tsr_free(s->needle_depths);
     tsr_free(s->name);
     tsr_free(s->path);
     memset(s, 0, sizeof *s);
@@ -546,6 +594,13 @@ tsr_status tsr_study_cells(const tsr_study *s, tsr_cell **cells, size_t *n) {
                nb + nb * (size_t)s->n_rates;
     }
     cap *= (size_t)s->n_models * (size_t)s->n_layouts;
+    /* the fidelity cells of a second scoring and the needle cells */
+    for (int p = 0; p < s->n_policies; p++) {
+        const tsr_study_policy *pp = &s->policies[p];
+        size_t nb = !pp->budgeted ? 1 : pp->budgets ? (size_t)pp->n_budgets : (size_t)s->n_budgets;
+        cap += (size_t)s->n_models * nb *
+               (1 + (size_t)s->n_needle_lengths * (size_t)s->n_needle_counts);
+    }
     tsr_cell *c = tsr_calloc(cap ? cap : 1, sizeof *c);
     if (!c) return TSR_ERR_NOMEM;
     size_t k = 0;
@@ -588,16 +643,51 @@ tsr_status tsr_study_cells(const tsr_study *s, tsr_cell **cells, size_t *n) {
                 const tsr_study_policy *pol = &s->policies[p];
                 int nb = !pol->budgeted ? 1 : pol->budgets ? pol->n_budgets : s->n_budgets;
                 const double *bv = pol->budgets ? pol->budgets : s->budgets;
-                for (int b = 0; b < nb; b++) {
-                    tsr_cell *x = &c[k++];
-                    x->kind = TSR_CELL_FIDELITY;
-                    x->model = m;
-                    x->policy = p;
-                    x->budget = pol->budgeted ? bv[b] : 0;
-                    snprintf(x->id, sizeof x->id, "fidelity_%s_%s_k%g", s->models[m].label,
-                             pol->label, x->budget);
-                    tsr__sanitize(x->id);
-                }
+                for (int b = 0; b < nb; b++)
+                    for (int mode = 1; mode <= 2; mode++) {
+                        /* without a tail there is one scoring (the text's own) */
+                        if (s->fid_tail > 0 ? !(s->fid_modes & mode) : mode == 2) continue;
+                        tsr_cell *x = &c[k++];
+                        x->kind = TSR_CELL_FIDELITY;
+                        x->model = m;
+                        x->policy = p;
+                        x->budget = pol->budgeted ? bv[b] : 0;
+                        x->decode_prefix = mode == 2;
+                        snprintf(x->id, sizeof x->id, "fidelity_%s_%s_k%g%s",
+                                 s->models[m].label, pol->label, x->budget,
+                                 s->fid_tail <= 0 ? "" : mode == 2 ? "_decode" : "_prompt");
+                        tsr__sanitize(x->id);
+                    }
+            }
+    /* needle: model x policy x budget x length x needle count */
+    if (s->needle_haystack)
+        for (int m = 0; m < s->n_models; m++)
+            for (int p = 0; p < s->n_policies; p++) {
+                const tsr_study_policy *pol = &s->policies[p];
+                int nb = !pol->budgeted ? 1 : pol->budgets ? pol->n_budgets : s->n_budgets;
+                const double *bv = pol->budgets ? pol->budgets : s->budgets;
+                for (int b = 0; b < nb; b++)
+                    for (int li = 0; li < s->n_needle_lengths; li++)
+                        for (int ni = 0; ni < s->n_needle_counts; ni++) {
+                            tsr_cell *x = &c[k++];
+                            x->kind = TSR_CELL_NEEDLE;
+                            x->model = m;
+                            x->policy = p;
+                            x->budget = pol->budgeted ? bv[b] : 0;
+                            x->prompt_len = s->needle_lengths[li];
+                            x->needles = s->needle_counts[ni];
+                            snprintf(x->id, sizeof x->id, "needle_%s_%s_k%g_n%d_x%d",
+                                     s->models[m].label, pol->label, x->budget, x->prompt_len,
+                                     x->needles);
+                            tsr__sanitize(x->id);
+                            int ctx = s->models[m].context;
+                            if (ctx > 0 && x->prompt_len + 16 > ctx) {
+                                snprintf(x->skip_buf, sizeof x->skip_buf,
+                                         "needle prompt %d + 16 answer tokens exceed the "
+                                         "model's context of %d", x->prompt_len, ctx);
+                                x->skip = x->skip_buf;
+                            }
+                        }
             }
     *cells = c;
     *n = k;

@@ -67,15 +67,30 @@ typedef struct tsr_study {
     char *fid_text;
     int fid_probe_length;
     int fid_max_tokens; /* --max-tokens: positions of the text scored (0: all) */
+    bool fid_document;  /* --document: the text is one document */
+    int fid_doc_tokens; /* --doc-tokens */
+    int fid_tail;       /* --tail: the last N positions scored (0: all) */
+    int fid_modes;      /* with a tail: bit 0 prompt-mode cells, bit 1 decode-only cells */
+    /* needle (a cell per model x policy x budget x length x needle count, when set) */
+    char *needle_haystack;
+    int *needle_lengths, n_needle_lengths;
+    int *needle_counts, n_needle_counts; /* 1 and/or 3 */
+    char *needle_depths; /* "0,25,50,75,100" */
 } tsr_study;
 
-typedef enum tsr_cell_kind { TSR_CELL_PERF = 0, TSR_CELL_FIDELITY = 1 } tsr_cell_kind;
+typedef enum tsr_cell_kind {
+    TSR_CELL_PERF = 0,
+    TSR_CELL_FIDELITY = 1,
+    TSR_CELL_NEEDLE = 2,
+} tsr_cell_kind;
 
 typedef struct tsr_cell {
     char id[192]; /* file-name safe, stable across reruns of the same study */
     tsr_cell_kind kind;
     int model, policy, layout; /* indices into the study */
-    int prompt_len, batch;     /* perf cells */
+    int prompt_len, batch;     /* perf cells; prompt_len is a needle cell's length too */
+    int needles;               /* needle cells: 1 or 3 */
+    bool decode_prefix;        /* fidelity cells with a tail: decode-only scoring */
     double rate;               /* 0 = offline */
     double budget;             /* 0 = keep all */
     const char *skip;          /* non-NULL: not run, and why (static text) */

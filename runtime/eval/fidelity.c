@@ -75,7 +75,34 @@ static tsr_status tsr__score(tsr__fid *f, const int32_t *ids, int32_t n) {
         return st;
     }
     int32_t t = 0, pr = f->o->prompt_tokens < f->chunk ? f->o->prompt_tokens : f->chunk;
-    if (pr > 1 && pr + 1 < n) { /* the prompt: one chunk, its last position scored */
+    int32_t tail = f->o->tail_tokens;
+    if (tail > 0 && tail + 1 < n) {
+        /* The prefix ids[0, n - tail): unscored. As a prompt, in chunks: the last chunk's
+         * logits predict ids[n - tail] (the first scored position); decode-only, one token a
+         * call up to ids[n - tail - 2], and the loop below scores from n - tail - 1. */
+        int32_t pre = n - tail;
+        pr = 0;
+        if (f->o->decode_prefix) {
+            for (; st == TSR_OK && t < pre - 1; t++) {
+                st = tsr__feed(f->full, ids + t, 1, f->lf);
+                if (st == TSR_OK) st = tsr__feed(f->pol, ids + t, 1, f->lp);
+            }
+        } else {
+            for (int32_t at = 0; st == TSR_OK && at < pre; at += f->chunk) {
+                int32_t k = pre - at < f->chunk ? pre - at : f->chunk;
+                st = tsr__feed(f->full, ids + at, k, f->lf);
+                if (st == TSR_OK) st = tsr__feed(f->pol, ids + at, k, f->lp);
+            }
+            if (st == TSR_OK) {
+                f->nll_full += tsr_fidelity_nll(f->lf, f->V, ids[pre]);
+                f->nll += tsr_fidelity_nll(f->lp, f->V, ids[pre]);
+                f->kl += tsr_fidelity_kl(f->lf, f->lp, f->V);
+                f->agree += tsr__argmax(f->lf, f->V) == tsr__argmax(f->lp, f->V);
+                f->count++;
+                t = pre;
+            }
+        }
+    } else if (pr > 1 && pr + 1 < n) { /* the prompt: one chunk, its last position scored */
         st = tsr__feed(f->full, ids, pr, f->lf);
         if (st == TSR_OK) st = tsr__feed(f->pol, ids, pr, f->lp);
         if (st == TSR_OK) {
@@ -123,6 +150,21 @@ static tsr_status tsr__score_text(tsr__fid *f, const tsr_tokenizer *tok, const c
                                   size_t len, int *windows) {
     const char *p = text, *end_all = text + len;
     tsr_status st = TSR_OK;
+    if (f->o->document) { /* one sequence: the document's first tokens from BOS */
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        TSR_TRY(tsr_tokenizer_encode(tok, text, len, true, false, &ids, &n_ids));
+        size_t cap = f->o->doc_tokens > 0 && f->o->doc_tokens < f->ctx ? (size_t)f->o->doc_tokens
+                                                                       : (size_t)f->ctx;
+        if (n_ids > cap) n_ids = cap;
+        if (f->o->tail_tokens > 0 && (size_t)f->o->tail_tokens + 1 >= n_ids)
+            st = tsr_error_set(TSR_ERR_INVALID, "fidelity: --tail %d needs a document longer "
+                               "than it (%zu tokens)", f->o->tail_tokens, n_ids);
+        if (st == TSR_OK) st = tsr__score(f, ids, (int32_t)n_ids);
+        (*windows)++;
+        tsr_free(ids);
+        return st;
+    }
     while (st == TSR_OK && p < end_all) {
         if (f->o->max_tokens > 0 && f->count >= f->o->max_tokens) break;
         while (p < end_all && (*p == '\n' || *p == ' ' || *p == '\r' || *p == '\t')) p++;
@@ -236,8 +278,8 @@ static tsr_status tsr__probe_make(const tsr_model_config *c, const tsr_tokenizer
 
 /* (layer, key token) pairs resident in sequence 0 of kv: from the paged cache's slot
  * positions under a policy (host metadata), else from an exported copy. */
-static tsr_status tsr__resident(const tsr_kv_cache *kv, int32_t key_pos, int32_t key_n,
-                                int64_t *hit, int64_t *total) {
+tsr_status tsr_fidelity_resident(const tsr_kv_cache *kv, int32_t key_pos, int32_t key_n,
+                                 int64_t *hit, int64_t *total) {
     *hit = 0;
     *total = (int64_t)kv->n_layers * key_n;
     const tsr_kv_cache *mech = tsr_kv_policy_mech(kv);
@@ -293,7 +335,7 @@ static tsr_status tsr__run_probe(tsr__fid *f, const tsr_tokenizer *tok,
         st = tsr__feed(f->pol, pr.ids + at, n, f->lp);
     }
     int64_t hit = 0, total = 0;
-    if (st == TSR_OK) st = tsr__resident(kv, pr.key_pos, pr.key_n, &hit, &total);
+    if (st == TSR_OK) st = tsr_fidelity_resident(kv, pr.key_pos, pr.key_n, &hit, &total);
     /* Greedy answer: the first token from the prompt's last logits, then one a step. */
     int32_t match = 0;
     for (int32_t i = 0; st == TSR_OK && i < pr.key_n; i++) {

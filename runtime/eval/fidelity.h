@@ -58,6 +58,17 @@ typedef struct tsr_fidelity_options {
     /* The full cache's KV dtype (--ref-kv-dtype; NULL: the backend's default), so that a KV
      * dtype is measured against another (kernels/kv_dtype.h). */
     const char *ref_kv_dtype;
+    /* Documents: the whole text is one sequence (no blank-line split), its first
+     * doc_tokens tokens from BOS (0: as many as the context holds). */
+    bool document;
+    int doc_tokens;
+    /* Tail scoring: only the last tail_tokens positions of each sequence are scored. The
+     * rest goes in first, as a prompt prefilled in chunks (an 8K document costs one
+     * prefill and tail_tokens decode steps per cache), or with decode_prefix one token per
+     * call without scoring (decode-only: a policy evicts through the whole prefix as in
+     * generation). 0: the modes above. */
+    int tail_tokens;
+    bool decode_prefix;
 } tsr_fidelity_options;
 
 typedef struct tsr_fidelity_result {
@@ -89,6 +100,11 @@ typedef struct tsr_fidelity_result {
 tsr_status tsr_fidelity_run(const tsr_engine_spec *model, const tsr_tokenizer *tok,
                             const char *text, size_t text_len, const tsr_fidelity_options *o,
                             tsr_fidelity_result *out);
+
+/* (layer, token) pairs of positions [pos, pos + n) resident in sequence 0 of kv, out of
+ * n_layers * n: the attention recall of a probe or needle (host metadata, no K/V moves). */
+tsr_status tsr_fidelity_resident(const tsr_kv_cache *kv, int32_t pos, int32_t n, int64_t *hit,
+                                 int64_t *total);
 
 /* Log-softmax helpers, exposed for tests: the natural-log NLL of `next` under logits, and
  * KL(p || q) of softmax(p) against softmax(q) over n entries. */

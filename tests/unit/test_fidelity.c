@@ -7,6 +7,7 @@
 #include "base/alloc.h"
 #include "base/file.h"
 #include "runtime/eval/fidelity.h"
+#include "runtime/eval/needle.h"
 #include "runtime/model/model.h"
 #include "runtime/text/tokenizer.h"
 #include "tests/kv_test_util.h"
@@ -164,6 +165,50 @@ static void test_probe_without_tokenizer_body(void) {
     ASSERT_STR_CONTAINS(tsr_last_error(), "exceeds the context");
 }
 
+/* Tail scoring of one document: exactly tail positions scored, one window; paged stays
+ * exact in prompt and decode-only mode; snapkv differs only when the prefix is a prompt. */
+static void test_document_tail_body(void);
+TSR_KV_TEST(test_document_tail) {
+    tf_load();
+    if (!tsr_test_failed_flag) test_document_tail_body();
+    tf_free();
+}
+
+static void test_document_tail_body(void) {
+    const char *pols[] = {"paged", "paged", "snapkv", "snapkv"};
+    for (int i = 0; i < 4; i++) {
+        tsr_fidelity_options o = tf_opts(pols[i], i >= 2 ? 0.2 : 0, 0);
+        o.document = true;
+        o.doc_tokens = 200;
+        o.tail_tokens = 16;
+        o.chunk_tokens = 64;
+        o.decode_prefix = i == 1 || i == 3;
+        tsr_fidelity_result r;
+        ASSERT_OK(tsr_fidelity_run(tf_spec(), tf_tok, tf_text, tf_len, &o, &r));
+        tf_in_range(&r);
+        ASSERT_TRUE(r.tokens == 16 && r.windows == 1);
+        if (i == 2)
+            ASSERT_TRUE(r.kl > 0.0);
+        else
+            ASSERT_TRUE(r.agreement == 1.0 && r.kl == 0.0 && r.nll == r.nll_full);
+    }
+    /* a tail as long as the document is refused */
+    tsr_fidelity_options o = tf_opts("paged", 0, 0);
+    o.document = true;
+    o.doc_tokens = 16;
+    o.tail_tokens = 16;
+    tsr_fidelity_result r;
+    ASSERT_TRUE(tsr_fidelity_run(tf_spec(), tf_tok, tf_text, tf_len, &o, &r) == TSR_ERR_INVALID);
+}
+
+TSR_TEST(test_needle_match) {
+    ASSERT_TRUE(tsr_needle_match("The pass key is 71432.", "71432"));
+    ASSERT_TRUE(tsr_needle_match("71432", "71432"));
+    ASSERT_TRUE(!tsr_needle_match("The pass key is 714321.", "71432"));
+    ASSERT_TRUE(!tsr_needle_match("It is 58316, not 71432.", "71432"));
+    ASSERT_TRUE(!tsr_needle_match("I do not know.", "71432"));
+}
+
 TSR_TEST(test_kl_and_nll) {
     float p[4] = {1, 2, 3, 4}, q[4] = {1, 2, 3, 4}, u[4] = {0, 0, 0, 0};
     ASSERT_TRUE(tsr_fidelity_kl(p, q, 4) == 0.0);
@@ -175,4 +220,5 @@ TSR_TEST(test_kl_and_nll) {
 }
 
 TSR_TEST_MAIN(test_paged_against_itself_is_exact, test_h2o_ten_percent_differs,
-              test_prompt_mode, test_probe_without_tokenizer, test_kl_and_nll)
+              test_prompt_mode, test_probe_without_tokenizer, test_document_tail,
+              test_needle_match, test_kl_and_nll)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The bundled instruct model (tools/fetch-models.sh) on real text: `tessera fidelity
+# --document --tail` scores the last positions of a licence text after a chunked prefill
+# (paged against itself is exact), and `tessera needle` finds the pass key through the chat
+# template with the full cache at the end of a short haystack. Skips (77) without the model.
+. "$(dirname "$0")/common.sh"
+GGUF=$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$GGUF" ]; then
+    echo "SKIP: $GGUF absent (tools/fetch-models.sh fetches it)"
+    exit 77
+fi
+"$BIN" fidelity --model "$GGUF" --text "$ROOT/bench/data/gpl-3.txt" --document \
+    --doc-tokens 96 --tail 8 --chunk 64 --threads 2 --quiet --json "$TMP/f.json" \
+    2>"$TMP/f.err" || fail "fidelity --tail: exit $?: $(cat "$TMP/f.err")"
+grep -q '"scoring":"tail-prompt"' "$TMP/f.json" || fail "fidelity: scoring: $(cat "$TMP/f.json")"
+grep -q '"tokens":8,' "$TMP/f.json" || fail "fidelity: 8 positions: $(cat "$TMP/f.json")"
+grep -q '"agreement":1,' "$TMP/f.json" && grep -q '"kl":0,' "$TMP/f.json" ||
+    fail "fidelity: paged against itself not exact: $(cat "$TMP/f.json")"
+
+"$BIN" needle --model "$GGUF" --haystack "$ROOT/bench/data/gpl-3.txt" --length 128 \
+    --depths 100 --answer-tokens 10 --threads 2 --quiet --json "$TMP/n.json" \
+    2>"$TMP/n.err" || fail "needle: exit $?: $(cat "$TMP/n.err")"
+grep -q '"prompt_tokens":12[0-8],' "$TMP/n.json" || fail "needle: prompt length: $(cat "$TMP/n.json")"
+grep -q '"full_accuracy":1,' "$TMP/n.json" || fail "needle: the full cache missed the key: $(cat "$TMP/n.json")"
+# usage errors
+rc=0
+"$BIN" needle --model "$GGUF" --haystack "$ROOT/bench/data/gpl-3.txt" --needles 2 2>/dev/null || rc=$?
+[ $rc = 2 ] || fail "needle --needles 2: not a usage error"
+[ "$fails" = 0 ] && echo "test_fidelity_gguf: ok"
+exit $((fails > 0))
