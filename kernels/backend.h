@@ -113,6 +113,10 @@ typedef struct tsr_backend_counters {
      * bounds, sampling parameters): a device backend stages each with a copy. */
     int64_t host_args, host_arg_bytes;
     int64_t ops; /* compute, KV-row, copy and memset calls */
+    /* Of the transfers and host arrays above, those whose host side is pageable memory
+     * (not from host_alloc(pinned) or host_register): a GPU stages each through a bounce
+     * buffer, synchronously, and a CUDA Graph cannot capture it. */
+    int64_t pageable;
 } tsr_backend_counters;
 
 typedef struct tsr_backend_ops {
@@ -316,7 +320,7 @@ tsr_status tsr_backend_fenced_create(int threads, size_t arena_bytes, tsr_backen
  * TSR_BACKEND_MODULE_ABI; the loader refuses a module whose version or struct sizes differ
  * from its own with one line. The module calls back into the runtime (tsr_error_set, ...):
  * the executables export its symbols (CMakeLists.txt). */
-#define TSR_BACKEND_MODULE_ABI 1
+#define TSR_BACKEND_MODULE_ABI 2
 #define TSR_BACKEND_MODULE_ENTRY "tsr_backend_module_entry"
 
 /* What a GPU probe found. */

@@ -17,7 +17,8 @@
  *   upload source, the download destination) must lie outside the arena; either mistake is
  *   a TSR_ERR_INVALID with one line naming the op and the argument.
  * - Counters (the op `counters`, tsr_backend_counters): uploads, downloads, host waits,
- *   host arrays handed to ops and op calls, counted as a GPU backend would pay them (a
+ *   host arrays handed to ops, op calls, and which transfers touch pageable host memory
+ *   (not host_alloc(pinned), not registered), counted as a GPU backend would pay them (a
  *   copy with stream NULL waits, as the CUDA backend's cudaStreamSynchronize after it), so
  *   that a CPU run shows what a step moves and how often it stops the host.
  *
@@ -59,8 +60,15 @@ typedef struct tsr__ranges {
 /* The counters (tsr_backend_counters' fields, in its order). */
 enum {
     TSR__CNT_UP, TSR__CNT_UP_BYTES, TSR__CNT_DOWN, TSR__CNT_DOWN_BYTES, TSR__CNT_SYNC,
-    TSR__CNT_ARGS, TSR__CNT_ARG_BYTES, TSR__CNT_OPS, TSR__CNT_N
+    TSR__CNT_ARGS, TSR__CNT_ARG_BYTES, TSR__CNT_OPS, TSR__CNT_PAGEABLE, TSR__CNT_N
 };
+
+/* Host memory a GPU could copy asynchronously: host_alloc(pinned) buffers and registered
+ * ranges, so that the counters tell a pinned staging copy from a pageable one. */
+typedef struct tsr__pinned {
+    const char *p;
+    size_t bytes;
+} tsr__pinned;
 
 typedef struct tsr__fenced {
     tsr_backend *inner; /* the CPU backend whose ops run inside the open fence */
@@ -74,6 +82,8 @@ typedef struct tsr__fenced {
     int depth;
     size_t opened;
     bool bad_free_reported;
+    tsr__pinned *pinned; /* under lock */
+    size_t n_pinned, pinned_cap;
     /* TSR__CNT_*; atomic: ops may run on several threads */
     _Atomic int64_t cnt[TSR__CNT_N];
 } tsr__fenced;
@@ -82,11 +92,26 @@ static void tsr__count(tsr__fenced *f, int what, int64_t n) {
     atomic_fetch_add_explicit(&f->cnt[what], n, memory_order_relaxed);
 }
 
-/* One transfer of `bytes` (up or down); stream NULL: the host waits for it. */
-static void tsr__count_copy(tsr__fenced *f, bool up, size_t bytes, const tsr_stream *stream) {
+/* [p, p + bytes) lies inside one pinned host buffer. */
+static bool tsr__is_pinned(tsr__fenced *f, const void *p, size_t bytes) {
+    const char *c = p;
+    bool in = false;
+    pthread_mutex_lock(&f->lock);
+    for (size_t i = 0; i < f->n_pinned && !in; i++)
+        in = c >= f->pinned[i].p && (size_t)(c - f->pinned[i].p) <= f->pinned[i].bytes &&
+             bytes <= f->pinned[i].bytes - (size_t)(c - f->pinned[i].p);
+    pthread_mutex_unlock(&f->lock);
+    return in;
+}
+
+/* One transfer of `bytes` (up or down) from or to host memory `host`; stream NULL: the
+ * host waits for it. */
+static void tsr__count_copy(tsr__fenced *f, bool up, size_t bytes, const void *host,
+                            const tsr_stream *stream) {
     tsr__count(f, up ? TSR__CNT_UP : TSR__CNT_DOWN, 1);
     tsr__count(f, up ? TSR__CNT_UP_BYTES : TSR__CNT_DOWN_BYTES, (int64_t)bytes);
     if (!stream) tsr__count(f, TSR__CNT_SYNC, 1);
+    if (!tsr__is_pinned(f, host, bytes)) tsr__count(f, TSR__CNT_PAGEABLE, 1);
 }
 
 /* ---- the arena's bookkeeping ---- */
@@ -236,6 +261,7 @@ static tsr_status tsr__arg(tsr__fenced *f, const char *op, const char *arg, cons
     if (p && bytes && bytes != SIZE_MAX) {
         tsr__count(f, TSR__CNT_ARGS, 1);
         tsr__count(f, TSR__CNT_ARG_BYTES, (int64_t)bytes);
+        if (!tsr__is_pinned(f, p, bytes)) tsr__count(f, TSR__CNT_PAGEABLE, 1);
     }
     return TSR_OK;
 }
@@ -349,13 +375,59 @@ static void tsr__fenced_buffer_free(tsr_backend *be, void *ptr) {
     pthread_mutex_unlock(&f->lock);
 }
 
+/* Remembers [p, p + bytes) as pinned (for the counters only). */
+static tsr_status tsr__pin_add(tsr__fenced *f, const void *p, size_t bytes) {
+    tsr_status st = TSR_OK;
+    pthread_mutex_lock(&f->lock);
+    if (f->n_pinned == f->pinned_cap) {
+        size_t cap = f->pinned_cap ? 2 * f->pinned_cap : 8;
+        tsr__pinned *v = tsr_realloc(f->pinned, cap * sizeof *v);
+        if (v) {
+            f->pinned = v;
+            f->pinned_cap = cap;
+        } else {
+            st = TSR_ERR_NOMEM;
+        }
+    }
+    if (st == TSR_OK) f->pinned[f->n_pinned++] = (tsr__pinned){p, bytes};
+    pthread_mutex_unlock(&f->lock);
+    return st;
+}
+
+static void tsr__pin_remove(tsr__fenced *f, const void *p) {
+    pthread_mutex_lock(&f->lock);
+    for (size_t i = 0; i < f->n_pinned; i++)
+        if (f->pinned[i].p == p) {
+            f->pinned[i] = f->pinned[--f->n_pinned];
+            break;
+        }
+    pthread_mutex_unlock(&f->lock);
+}
+
 static tsr_status tsr__fenced_host_alloc(tsr_backend *be, size_t bytes, bool pinned,
                                          void **out) {
-    return TSR__INNER(be)->ops->host_alloc(TSR__INNER(be), bytes, pinned, out);
+    TSR_TRY(TSR__INNER(be)->ops->host_alloc(TSR__INNER(be), bytes, pinned, out));
+    tsr_status st = pinned ? tsr__pin_add(TSR__F(be), *out, bytes) : TSR_OK;
+    if (st != TSR_OK) {
+        TSR__INNER(be)->ops->host_free(TSR__INNER(be), *out);
+        *out = NULL;
+    }
+    return st;
 }
 
 static void tsr__fenced_host_free(tsr_backend *be, void *ptr) {
+    if (!ptr) return;
+    tsr__pin_remove(TSR__F(be), ptr);
     TSR__INNER(be)->ops->host_free(TSR__INNER(be), ptr);
+}
+
+/* Host memory made elsewhere (the host pool) counts as pinned once registered. */
+static tsr_status tsr__fenced_host_register(tsr_backend *be, void *ptr, size_t bytes) {
+    return tsr__pin_add(TSR__F(be), ptr, bytes);
+}
+
+static void tsr__fenced_host_unregister(tsr_backend *be, void *ptr) {
+    tsr__pin_remove(TSR__F(be), ptr);
 }
 
 static tsr_status tsr__fenced_memory(tsr_backend *be, size_t *free_bytes,
@@ -378,7 +450,7 @@ static tsr_status tsr__fenced_upload(tsr_backend *be, void *dst, const void *src
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev(f, "upload", "dst", dst, bytes));
     TSR_TRY(tsr__host(f, "upload", "src", src, bytes));
-    tsr__count_copy(f, true, bytes, stream);
+    tsr__count_copy(f, true, bytes, src, stream);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->upload(f->inner, dst, src, bytes, stream));
 }
@@ -388,7 +460,7 @@ static tsr_status tsr__fenced_download(tsr_backend *be, void *dst, const void *s
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev(f, "download", "src", src, bytes));
     TSR_TRY(tsr__host(f, "download", "dst", dst, bytes));
-    tsr__count_copy(f, false, bytes, stream);
+    tsr__count_copy(f, false, bytes, dst, stream);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->download(f->inner, dst, src, bytes, stream));
 }
@@ -484,7 +556,8 @@ static tsr_status tsr__fenced_kv_gather(tsr_backend *be, const tsr_kv_layout *la
     TSR_TRY(tsr__dev_slots(f, "kv_gather", lay, slots, n));
     TSR_TRY(tsr__host(f, "kv_gather", "k", k, tsr__rows_bytes(lay, n)));
     TSR_TRY(tsr__host(f, "kv_gather", "v", v, tsr__rows_bytes(lay, n)));
-    tsr__count_copy(f, false, tsr__rows_bytes(lay, n) * ((k != NULL) + (v != NULL)), stream);
+    tsr__count_copy(f, false, tsr__rows_bytes(lay, n) * ((k != NULL) + (v != NULL)),
+                    k ? (const void *)k : v, stream);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->kv_gather(f->inner, lay, slots, n, k, v, stream));
 }
@@ -497,7 +570,8 @@ static tsr_status tsr__fenced_kv_scatter(tsr_backend *be, const tsr_kv_layout *l
     TSR_TRY(tsr__dev_slots(f, "kv_scatter", lay, slots, n));
     TSR_TRY(tsr__host(f, "kv_scatter", "k", k, tsr__rows_bytes(lay, n)));
     TSR_TRY(tsr__host(f, "kv_scatter", "v", v, tsr__rows_bytes(lay, n)));
-    tsr__count_copy(f, true, tsr__rows_bytes(lay, n) * ((k != NULL) + (v != NULL)), stream);
+    tsr__count_copy(f, true, tsr__rows_bytes(lay, n) * ((k != NULL) + (v != NULL)),
+                    k ? (const void *)k : v, stream);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->kv_scatter(f->inner, lay, slots, n, k, v, stream));
 }
@@ -655,7 +729,8 @@ static void tsr__fenced_counters(tsr_backend *be, tsr_backend_counters *out, boo
         .uploads = v[TSR__CNT_UP], .upload_bytes = v[TSR__CNT_UP_BYTES],
         .downloads = v[TSR__CNT_DOWN], .download_bytes = v[TSR__CNT_DOWN_BYTES],
         .syncs = v[TSR__CNT_SYNC], .host_args = v[TSR__CNT_ARGS],
-        .host_arg_bytes = v[TSR__CNT_ARG_BYTES], .ops = v[TSR__CNT_OPS]};
+        .host_arg_bytes = v[TSR__CNT_ARG_BYTES], .ops = v[TSR__CNT_OPS],
+        .pageable = v[TSR__CNT_PAGEABLE]};
 }
 
 /* ---- creation ---- */
@@ -668,6 +743,7 @@ static void tsr__fenced_destroy(tsr_backend *be) {
         tsr_backend_destroy(f->inner);
         tsr_free(f->free_list.v);
         tsr_free(f->used.v);
+        tsr_free(f->pinned);
         pthread_mutex_destroy(&f->lock);
         tsr_free(f);
     }
@@ -694,6 +770,8 @@ static const tsr_backend_ops tsr__fenced_ops = {
     .event_record = tsr__fenced_event_record,
     .stream_wait = tsr__fenced_stream_wait,
     .event_sync = tsr__fenced_event_sync,
+    .host_register = tsr__fenced_host_register,
+    .host_unregister = tsr__fenced_host_unregister,
     .device_name = tsr__fenced_device_name,
     .kv_write = tsr__fenced_kv_write,
     .kv_copy = tsr__fenced_kv_copy,

@@ -52,6 +52,13 @@ struct tsr_forward {
      * pipeline and the parts and sum of one row-parallel block for tensor parallelism. */
     bool stage;
     float *h_x, *h_parts, *h_y;
+    /* This call's logit rows are all its rows in order (decode: one token per sequence),
+     * so the final norm reads x itself and no row is gathered. */
+    bool logits_all_rows;
+    /* The sampling parameters of tsr_forward_sample, pinned (host_alloc): the op stages
+     * them with an asynchronous copy, not a pageable one. */
+    tsr_sample_params *h_params;
+    int h_params_cap;
 };
 
 void tsr_forward_sample_last_stage(tsr_forward *f, bool on) { f->sample_last = on; }
@@ -78,7 +85,7 @@ void tsr_forward_destroy(tsr_forward *f) {
                      f->hb, f->hb2, f->xl,    f->parts,     f->logits_dev, f->scores_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) f->be->ops->buffer_free(f->be, bufs[i]);
-    float *hbufs[] = {f->h_x, f->h_parts, f->h_y};
+    void *hbufs[] = {f->h_x, f->h_parts, f->h_y, f->h_params};
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++)
         if (hbufs[i]) f->be->ops->host_free(f->be, hbufs[i]);
     tsr_free(f->pos);
@@ -370,10 +377,15 @@ static tsr_status tsr__layers(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_
     return TSR_OK;
 }
 
-/* Rows of sequences [s0, s1) that need logits, gathered into xl from *nl on. */
+/* Rows of sequences [s0, s1) that need logits, gathered into xl from *nl on (counted
+ * only when they are all the rows: the final norm then reads x). */
 static tsr_status tsr__gather_logit_rows(tsr_forward *f, const tsr_batch_seq *seqs, int s0,
                                          int s1, int64_t row, int64_t *nl) {
     size_t dim = (size_t)f->m->cfg.dim;
+    if (f->logits_all_rows) {
+        for (int i = s0; i < s1; i++) *nl += seqs[i].n_tokens;
+        return TSR_OK;
+    }
     for (int i = s0; i < s1; i++) {
         const tsr_batch_seq *s = &seqs[i];
         if (s->all_logits) {
@@ -509,9 +521,12 @@ tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq
     for (int i = 0; i < n_seqs; i++) TSR_TRY(kv->ops->reserve(kv, seqs[i].seq, seqs[i].n_tokens));
 
     int64_t row = 0, nl_all = 0;
+    f->logits_all_rows = true;
     for (int i = 0; i < n_seqs; i++) {
         int32_t len = kv->ops->seq_len(kv, seqs[i].seq);
         nl_all += seqs[i].all_logits ? seqs[i].n_tokens : seqs[i].want_logits ? 1 : 0;
+        if (!seqs[i].all_logits && !(seqs[i].want_logits && seqs[i].n_tokens == 1))
+            f->logits_all_rows = false;
         for (int32_t j = 0; j < seqs[i].n_tokens; j++, row++) {
             f->ids[row] = seqs[i].tokens[j];
             f->pos[row] = len + j;
@@ -529,7 +544,8 @@ tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq
     f->logits_rows = 0;
     if (f->sh.last_stage && nl > 0) {
         size_t lb = (size_t)nl * (size_t)c->vocab_size * sizeof(float);
-        TSR_TRY(op->rmsnorm(be, f->xl, &m->out_norm, nl, c->dim, c->norm_eps, f->xl));
+        const float *xn = f->logits_all_rows ? f->x : f->xl;
+        TSR_TRY(op->rmsnorm(be, xn, &m->out_norm, nl, c->dim, c->norm_eps, f->xl));
         if (!logits) { /* kept in backend memory for tsr_forward_sample */
             TSR_TRY(tsr__grow_dev(f, &f->logits_dev, &f->logits_cap, lb));
             TSR_TRY(op->matmul(be, f->xl, nl, &m->classifier, f->logits_dev));
@@ -542,7 +558,11 @@ tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq
             TSR_TRY(tsr_backend_download(be, logits, f->logits_dev, lb));
         }
     }
-    TSR_TRY(op->synchronize(be));
+    /* The host waits once per step: for the ids (tsr_forward_sample) when the logits stay
+     * on the device, for the logits' download when they come back; otherwise here, so
+     * that the call returns with its work done as before. */
+    bool waited = f->sh.last_stage && nl > 0 && (!logits || !be->host_memory);
+    if (!waited || f->pp > 1) TSR_TRY(op->synchronize(be));
     if (f->pp > 1 && nl_all > 0 && !f->sample_last && logits)
         TSR_TRY(tsr_comm_bcast(f->comm, TSR_COMM_PP, logits,
                                (size_t)nl_all * (size_t)c->vocab_size * sizeof(float), f->pp - 1));
@@ -558,9 +578,15 @@ tsr_status tsr_forward_sample(tsr_forward *f, tsr_sampler *const *samplers, int 
     if (n_rows != f->logits_rows)
         return tsr_error_set(TSR_ERR_INVALID, "forward: %d rows to sample, the last call kept "
                              "%d rows of logits on the device", n_rows, f->logits_rows);
-    tsr_sample_params stack[16];
-    tsr_sample_params *par = n_rows <= 16 ? stack : tsr_malloc((size_t)n_rows * sizeof *par);
-    if (!par) return TSR_ERR_NOMEM;
+    if (n_rows > f->h_params_cap) {
+        if (f->h_params) be->ops->host_free(be, f->h_params);
+        f->h_params = NULL;
+        f->h_params_cap = 0;
+        TSR_TRY(be->ops->host_alloc(be, (size_t)n_rows * sizeof *f->h_params, true,
+                                    (void **)&f->h_params));
+        f->h_params_cap = n_rows;
+    }
+    tsr_sample_params *par = f->h_params;
     /* The uniforms come from each request's seeded sampler here, on the host, exactly as
      * tsr_sampler_sample draws them, so the backend picks the host's tokens. */
     for (int i = 0; i < n_rows; i++) tsr_sampler_row_params(samplers[i], &par[i]);
@@ -577,7 +603,6 @@ tsr_status tsr_forward_sample(tsr_forward *f, tsr_sampler *const *samplers, int 
         tsr_free(h);
         tsr_free(cand);
     }
-    if (par != stack) tsr_free(par);
     f->logits_rows = 0; /* the op overwrote them */
     return st;
 }
