@@ -15,6 +15,10 @@
  *   everything else. The op arguments that are metadata are host memory: the tsr_attn_args
  *   struct, its spans array, span positions (tsr_kv_span.pos), query positions, rope
  *   positions, embed ids, slot lists, the model config. A device backend stages them.
+ *   Exception, the step's metadata: rope positions, embed ids and kv_write slots may also
+ *   be backend memory (int32 arrays the forward pass uploads once per step from a pinned
+ *   buffer, runtime/exec/forward.c), read in stream order with no staging copy; so are
+ *   the arrays of attention_paged.
  * - Ordering: ops run in order on the backend's compute stream; the synchronous copies
  *   (stream NULL) return once the bytes are in place, after all work queued before them.
  *   Asynchronous copies run on a stream from stream_create and are ordered against others
@@ -89,6 +93,26 @@ typedef struct tsr_attn_args {
      * zeroes it (memset) and brings it back (download) for the policy. */
     float *key_scores;
 } tsr_attn_args;
+
+/* Attention of a whole batch over one paged KV layout (the op attention_paged), every
+ * array of the step's metadata in backend memory, so that a step needs no staging copy
+ * and one call serves every sequence (vLLM's paged_attention over a block table). Row r
+ * of q belongs to sequence q_seq[r], whose keys are the positions 0 .. n_keys[s] - 1 in
+ * table order: key j lies in block tables[s * max_blocks + j / lay.block], row
+ * j % lay.block, of lay; causal: key j <= q_pos[r]. No key scores (a policy that reads
+ * them takes the per-sequence op). */
+typedef struct tsr_attn_paged_args {
+    const float *q; /* [n_q][n_heads*head_dim], rotated (backend memory) */
+    float *out;     /* [n_q][n_heads*head_dim] (backend memory) */
+    int n_q;
+    int n_heads, n_kv_heads, head_dim;
+    tsr_kv_layout lay;
+    const int32_t *q_pos;  /* [n_q] (backend memory) */
+    const int32_t *q_seq;  /* [n_q] in [0, n_seqs) (backend memory) */
+    const int32_t *n_keys; /* [n_seqs] (backend memory) */
+    const int32_t *tables; /* [n_seqs][max_blocks] (backend memory) */
+    int n_seqs, max_blocks;
+} tsr_attn_paged_args;
 
 /* One row's sampling parameters for the op `sample`. r is the uniform in [0, 1) that the
  * request's seeded sampler drew on the host (runtime/exec/sampler.c), so that every backend picks
@@ -227,6 +251,8 @@ typedef struct tsr_backend_ops {
      * the q/k/v projection biases of Qwen2. Optional (NULL: the forward pass refuses a
      * model with biases on this backend). */
     tsr_status (*bias_add)(tsr_backend *be, float *x, const tsr_tensor *b, int64_t n);
+    /* Optional (NULL: the forward pass runs attention per sequence): tsr_attn_paged_args. */
+    tsr_status (*attention_paged)(tsr_backend *be, const tsr_attn_paged_args *a);
 } tsr_backend_ops;
 
 /* Short forms of the memory calls, synchronous (stream NULL). */

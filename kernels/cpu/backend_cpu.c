@@ -168,6 +168,46 @@ static tsr_status tsr__cpu_synchronize(tsr_backend *be) {
     return TSR_OK;
 }
 
+/* The batch's attention over a paged layout: each sequence's consecutive rows go to the
+ * per-sequence kernel with the spans its block table names (the paged cache's own spans,
+ * so the bits are those of the per-sequence path). */
+static tsr_status tsr__cpu_attention_paged(tsr_backend *be, const tsr_attn_paged_args *a) {
+    if (a->n_q <= 0) return TSR_OK;
+    if (a->lay.block <= 0 || a->max_blocks <= 0 || a->n_seqs <= 0)
+        return tsr_error_set(TSR_ERR_INVALID, "attention_paged: bad layout or table");
+    tsr_kv_span *spans = tsr_malloc((size_t)a->max_blocks * sizeof *spans);
+    if (!spans) return TSR_ERR_NOMEM;
+    size_t qd = (size_t)a->n_heads * (size_t)a->head_dim;
+    tsr_status st = TSR_OK;
+    for (int r0 = 0, r1; r0 < a->n_q && st == TSR_OK; r0 = r1) {
+        int s = a->q_seq[r0];
+        for (r1 = r0 + 1; r1 < a->n_q && a->q_seq[r1] == s;) r1++;
+        int32_t nk = s >= 0 && s < a->n_seqs ? a->n_keys[s] : -1;
+        int32_t nb = nk < 0 ? -1 : (nk + a->lay.block - 1) / a->lay.block;
+        if (nb < 0 || nb > a->max_blocks) {
+            st = tsr_error_set(TSR_ERR_INVALID, "attention_paged: row %d: sequence %d with %d "
+                               "keys outside the table", r0, s, (int)nk);
+            break;
+        }
+        const int32_t *tb = a->tables + (size_t)s * (size_t)a->max_blocks;
+        for (int32_t j = 0; j < nb; j++) {
+            int64_t at = (int64_t)tb[j] * a->lay.block_stride;
+            int32_t left = nk - j * a->lay.block;
+            spans[j] = (tsr_kv_span){.k = a->lay.k + at, .v = a->lay.v + at, .pos = NULL,
+                                     .pos0 = j * a->lay.block,
+                                     .n = left < a->lay.block ? left : a->lay.block,
+                                     .stride = a->lay.row};
+        }
+        tsr_attn_args one = {.q = a->q + (size_t)r0 * qd, .q_pos = a->q_pos + r0,
+                             .n_q = r1 - r0, .spans = spans, .n_spans = nb,
+                             .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads,
+                             .head_dim = a->head_dim, .out = a->out + (size_t)r0 * qd};
+        st = tsr__cpu_attention(be, &one);
+    }
+    tsr_free(spans);
+    return st;
+}
+
 static const tsr_backend_ops tsr__cpu_ops = {
     .name = "cpu",
     .destroy = tsr__cpu_destroy,
@@ -202,6 +242,7 @@ static const tsr_backend_ops tsr__cpu_ops = {
     .matmul_parts = tsr__cpu_matmul_parts,
     .sample = tsr__cpu_sample,
     .bias_add = tsr__cpu_bias_add,
+    .attention_paged = tsr__cpu_attention_paged,
 };
 
 tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {

@@ -266,6 +266,15 @@ static tsr_status tsr__arg(tsr__fenced *f, const char *op, const char *arg, cons
     return TSR_OK;
 }
 
+/* The step's metadata (backend.h: rope positions, embed ids, kv_write slots): a host
+ * array as tsr__arg, or backend memory inside a live buffer, which nothing stages or
+ * counts. */
+static tsr_status tsr__meta(tsr__fenced *f, const char *op, const char *arg, const void *p,
+                            size_t bytes) {
+    if (p && tsr__in_arena(f, p)) return tsr__dev(f, op, arg, p, bytes);
+    return tsr__arg(f, op, arg, p, bytes);
+}
+
 /* Every K and V row the slots name lies inside the layout's live buffer. */
 static tsr_status tsr__dev_slots(tsr__fenced *f, const char *op, const tsr_kv_layout *lay,
                                  const int32_t *slots, int64_t n) {
@@ -527,13 +536,15 @@ static tsr_status tsr__fenced_kv_write(tsr_backend *be, const tsr_kv_layout *lay
                                        const int32_t *slots, int64_t n, const float *k,
                                        const float *v) {
     tsr__fenced *f = TSR__F(be);
-    TSR_TRY(tsr__arg(f, "kv_write", "slots", slots, tsr__bytes3(n, 1, sizeof(int32_t))));
-    TSR_TRY(tsr__dev_slots(f, "kv_write", lay, slots, n));
+    TSR_TRY(tsr__meta(f, "kv_write", "slots", slots, tsr__bytes3(n, 1, sizeof(int32_t))));
     TSR_TRY(tsr__dev(f, "kv_write", "k", k, tsr__rows_bytes(lay, n)));
     TSR_TRY(tsr__dev(f, "kv_write", "v", v, tsr__rows_bytes(lay, n)));
     tsr__count(f, TSR__CNT_OPS, 1);
+    /* device slots are readable only inside the fence: checked there */
     TSR_TRY(tsr__fence_open(f));
-    return tsr__fence_end(f, f->inner->ops->kv_write(f->inner, lay, slots, n, k, v));
+    tsr_status st = tsr__dev_slots(f, "kv_write", lay, slots, n);
+    if (st == TSR_OK) st = f->inner->ops->kv_write(f->inner, lay, slots, n, k, v);
+    return tsr__fence_end(f, st);
 }
 
 static tsr_status tsr__fenced_kv_copy(tsr_backend *be, const tsr_kv_layout *lay,
@@ -603,7 +614,9 @@ static tsr_status tsr__fenced_matmul_parts(tsr_backend *be, const float *x, int6
     TSR_TRY(tsr__dev(f, "matmul_parts", "x", x, tsr__bytes3(n, w->cols, sizeof(float))));
     TSR_TRY(tsr__dev(f, "matmul_parts", "y", y,
                      tsr__bytes3(sum ? 1 : n_parts, n * w->rows, sizeof(float))));
-    TSR_TRY(tsr__arg(f, "matmul_parts", "seg", seg,
+    /* Host memory, but launch geometry, not metadata: a device backend reads the segments
+     * on the host to place its GEMMs and copies nothing, so they are no host array. */
+    TSR_TRY(tsr__host(f, "matmul_parts", "seg", seg,
                       tsr__bytes3(n_parts + 1, 1, sizeof(int32_t))));
     tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
@@ -640,7 +653,7 @@ static tsr_status tsr__fenced_rope(tsr_backend *be, float *x, const int32_t *pos
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev(f, "rope", "x", x,
                      tsr__bytes3(n, (int64_t)n_heads * cfg->head_dim, sizeof(float))));
-    TSR_TRY(tsr__arg(f, "rope", "pos", pos, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__meta(f, "rope", "pos", pos, tsr__bytes3(n, 1, sizeof(int32_t))));
     tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->rope(f->inner, x, pos, n, n_heads, cfg));
@@ -678,7 +691,7 @@ static tsr_status tsr__fenced_embed(tsr_backend *be, const tsr_tensor *emb, cons
                                     int64_t n, float *out) {
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev_tensor(f, "embed", "weight", emb));
-    TSR_TRY(tsr__arg(f, "embed", "ids", ids, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__meta(f, "embed", "ids", ids, tsr__bytes3(n, 1, sizeof(int32_t))));
     TSR_TRY(tsr__dev(f, "embed", "out", out, tsr__bytes3(n, emb->cols, sizeof(float))));
     tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
@@ -715,6 +728,45 @@ static tsr_status tsr__fenced_attention(tsr_backend *be, const tsr_attn_args *a)
     tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->attention(f->inner, a));
+}
+
+/* Everything is backend memory; the tables are checked by the inner op, inside the fence,
+ * against n_seqs and max_blocks, and every block they name against the layout here. */
+static tsr_status tsr__fenced_attention_paged(tsr_backend *be, const tsr_attn_paged_args *a) {
+    tsr__fenced *f = TSR__F(be);
+    const char *op = "attention_paged";
+    if (a->n_q <= 0) return TSR_OK;
+    int64_t q_row = (int64_t)a->n_heads * a->head_dim;
+    TSR_TRY(tsr__host(f, op, "args", a, sizeof *a));
+    TSR_TRY(tsr__dev(f, op, "q", a->q, tsr__bytes3(a->n_q, q_row, sizeof(float))));
+    TSR_TRY(tsr__dev(f, op, "out", a->out, tsr__bytes3(a->n_q, q_row, sizeof(float))));
+    TSR_TRY(tsr__dev(f, op, "q_pos", a->q_pos, tsr__bytes3(a->n_q, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__dev(f, op, "q_seq", a->q_seq, tsr__bytes3(a->n_q, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__dev(f, op, "n_keys", a->n_keys, tsr__bytes3(a->n_seqs, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__dev(f, op, "tables", a->tables,
+                     tsr__bytes3(a->n_seqs, a->max_blocks, sizeof(int32_t))));
+    tsr__count(f, TSR__CNT_OPS, 1);
+    TSR_TRY(tsr__fence_open(f));
+    tsr_status st = TSR_OK;
+    for (int s = 0; s < a->n_seqs && st == TSR_OK; s++) {
+        int32_t nk = a->n_keys[s];
+        int32_t nb = a->lay.block > 0 && nk > 0 ? (nk + a->lay.block - 1) / a->lay.block : 0;
+        if (nb > a->max_blocks) {
+            st = tsr_error_set(TSR_ERR_INVALID, "cpu-fenced: %s: sequence %d has %d keys, "
+                               "more than its table holds", op, s, (int)nk);
+            break;
+        }
+        /* the table's blocks, as slots: each block's first row (the rows follow it) */
+        for (int32_t j = 0; j < nb && st == TSR_OK; j++) {
+            int32_t slot = a->tables[(size_t)s * (size_t)a->max_blocks + (size_t)j] *
+                           a->lay.block;
+            int32_t last = slot + a->lay.block - 1;
+            st = tsr__dev_slots(f, op, &a->lay, &slot, 1);
+            if (st == TSR_OK) st = tsr__dev_slots(f, op, &a->lay, &last, 1);
+        }
+    }
+    if (st == TSR_OK) st = f->inner->ops->attention_paged(f->inner, a);
+    return tsr__fence_end(f, st);
 }
 
 /* ---- counters ---- */
@@ -788,6 +840,7 @@ static const tsr_backend_ops tsr__fenced_ops = {
     .sample = tsr__fenced_sample,
     .counters = tsr__fenced_counters,
     .bias_add = tsr__fenced_bias_add,
+    .attention_paged = tsr__fenced_attention_paged,
 };
 
 /* TSR_FENCED_MEMORY: digits with an optional K/M/G/T suffix (powers of 1024). */

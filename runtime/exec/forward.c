@@ -59,6 +59,27 @@ struct tsr_forward {
      * them with an asynchronous copy, not a pageable one. */
     tsr_sample_params *h_params;
     int h_params_cap;
+    /* The batched step (tsr__step_meta): when the cache hands out slots and block tables
+     * (kv->ops->write_slots) and the backend has attention_paged, the step's metadata
+     * (ids, positions, each row's sequence, key counts, every layer's slots and block
+     * tables) is built in one pinned buffer and uploaded once, on a copy stream the
+     * compute stream waits for; every op then reads it in backend memory, one kv_write and
+     * one attention per layer for the whole batch, no staging copy and no host wait.
+     * Reusing both buffers in the next call is safe: a call ends with a host wait behind
+     * its work (the ids, the logits' download or a synchronize). */
+    bool batched;
+    int32_t *h_meta, *d_meta;     /* pinned host / backend */
+    size_t h_meta_cap, d_meta_cap; /* bytes */
+    int32_t *h_slots;             /* host scratch: [layers][T] slots */
+    size_t h_slots_cap;           /* bytes */
+    const int32_t **h_tab;        /* host scratch: [layers][seqs] tables and their lengths */
+    int32_t *h_nb;
+    size_t h_tab_cap;             /* entries */
+    tsr_stream *meta_stream;
+    tsr_event *meta_ev;
+    tsr_kv_layout lay;
+    int meta_T, meta_S, meta_MB;
+    const int32_t *m_ids, *m_pos, *m_seq, *m_nkeys, *m_slots, *m_tables; /* in d_meta */
 };
 
 void tsr_forward_sample_last_stage(tsr_forward *f, bool on) { f->sample_last = on; }
@@ -85,7 +106,13 @@ void tsr_forward_destroy(tsr_forward *f) {
                      f->hb, f->hb2, f->xl,    f->parts,     f->logits_dev, f->scores_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) f->be->ops->buffer_free(f->be, bufs[i]);
-    void *hbufs[] = {f->h_x, f->h_parts, f->h_y, f->h_params};
+    if (f->d_meta) f->be->ops->buffer_free(f->be, f->d_meta);
+    if (f->meta_ev) f->be->ops->event_destroy(f->be, f->meta_ev);
+    if (f->meta_stream) f->be->ops->stream_destroy(f->be, f->meta_stream);
+    tsr_free(f->h_slots);
+    tsr_free(f->h_tab);
+    tsr_free(f->h_nb);
+    void *hbufs[] = {f->h_x, f->h_parts, f->h_y, f->h_params, f->h_meta};
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++)
         if (hbufs[i]) f->be->ops->host_free(f->be, hbufs[i]);
     tsr_free(f->pos);
@@ -361,9 +388,25 @@ static tsr_status tsr__layers(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_
             TSR_TRY(op->rmsnorm(be, q, &w->q_norm, n * f->nh, c->head_dim, c->norm_eps, q));
             TSR_TRY(op->rmsnorm(be, k, &w->k_norm, n * f->nkv, c->head_dim, c->norm_eps, k));
         }
-        TSR_TRY(op->rope(be, q, pos, n, f->nh, c));
-        TSR_TRY(op->rope(be, k, pos, n, f->nkv, c));
-        TSR_TRY(tsr__attention(f, kv, l - f->sh.layer_begin, seqs, s0, s1, row0));
+        if (f->batched) { /* the step's metadata in backend memory: one call each */
+            int ll = l - f->sh.layer_begin;
+            const int32_t *dpos = f->m_pos + row0;
+            TSR_TRY(op->rope(be, q, dpos, n, f->nh, c));
+            TSR_TRY(op->rope(be, k, dpos, n, f->nkv, c));
+            TSR_TRY(op->kv_write(be, &f->lay, f->m_slots + (size_t)ll * f->meta_T + row0, n,
+                                 k, v));
+            tsr_attn_paged_args pa = {
+                .q = q, .out = att, .n_q = (int)n, .n_heads = f->nh, .n_kv_heads = f->nkv,
+                .head_dim = c->head_dim, .lay = f->lay, .q_pos = dpos,
+                .q_seq = f->m_seq + row0, .n_keys = f->m_nkeys,
+                .tables = f->m_tables + (size_t)ll * f->meta_S * f->meta_MB,
+                .n_seqs = f->meta_S, .max_blocks = f->meta_MB};
+            TSR_TRY(op->attention_paged(be, &pa));
+        } else {
+            TSR_TRY(op->rope(be, q, pos, n, f->nh, c));
+            TSR_TRY(op->rope(be, k, pos, n, f->nkv, c));
+            TSR_TRY(tsr__attention(f, kv, l - f->sh.layer_begin, seqs, s0, s1, row0));
+        }
         TSR_TRY(tsr__row_parallel(f, att, n, &w->wo, f->wo_seg, xb));
         TSR_TRY(op->add(be, x, xb, n * c->dim));
         /* SwiGLU MLP block */
@@ -441,7 +484,7 @@ static tsr_status tsr__pipeline(tsr_forward *f, tsr_kv_cache *kv, const tsr_batc
     memset(sq, 0, sizeof sq);
     tsr_status st = TSR_OK;
     if (first) {
-        st = f->be->ops->embed(f->be, &m->tok_emb, f->ids, T, f->x);
+        st = f->be->ops->embed(f->be, &m->tok_emb, f->batched ? f->m_ids : f->ids, T, f->x);
     } else {
         /* Staged: each micro-batch's rows arrive in the host buffer's same rows, and are
          * uploaded once received; its send later reuses them (the receive is complete). */
@@ -477,6 +520,91 @@ static tsr_status tsr__pipeline(tsr_forward *f, tsr_kv_cache *kv, const tsr_batc
         if (st == TSR_OK) st = w1;
     }
     return st;
+}
+
+/* Grows a pinned host buffer to `bytes` (contents lost). */
+static tsr_status tsr__grow_pinned(tsr_forward *f, int32_t **p, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return TSR_OK;
+    if (*p) f->be->ops->host_free(f->be, *p);
+    *p = NULL;
+    *cap = 0;
+    TSR_TRY(f->be->ops->host_alloc(f->be, bytes, true, (void **)p));
+    *cap = bytes;
+    return TSR_OK;
+}
+
+/* The batched step's metadata (struct tsr_forward, `batched`), after reserve: asks the
+ * cache for every layer's slots and tables (its write bookkeeping), lays them out after
+ * the ids, positions, row sequences and key counts in the pinned buffer, and uploads it
+ * once. *ok false (nothing uploaded) when the cache declines for some sequence: the
+ * per-sequence path then writes every row again through write(), which redoes the same
+ * bookkeeping. */
+static tsr_status tsr__step_meta(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq *seqs,
+                                 int S, int64_t T, bool *ok) {
+    tsr_backend *be = f->be;
+    const int L = kv->n_layers;
+    *ok = false;
+    TSR_TRY(tsr__grow_host((float **)&f->h_slots, &f->h_slots_cap,
+                           (size_t)L * (size_t)T * sizeof(int32_t)));
+    size_t nt = (size_t)L * (size_t)S;
+    if (nt > f->h_tab_cap) {
+        const int32_t **t = tsr_realloc(f->h_tab, nt * sizeof *t);
+        if (!t) return TSR_ERR_NOMEM;
+        f->h_tab = t;
+        int32_t *nb = tsr_realloc(f->h_nb, nt * sizeof *nb);
+        if (!nb) return TSR_ERR_NOMEM;
+        f->h_nb = nb;
+        f->h_tab_cap = nt;
+    }
+    int32_t MB = 1;
+    for (int l = 0; l < L; l++) {
+        int64_t row = 0;
+        for (int i = 0; i < S; i++) {
+            size_t e = (size_t)l * (size_t)S + (size_t)i;
+            tsr_status st = kv->ops->write_slots(kv, l, seqs[i].seq, seqs[i].n_tokens,
+                                                 f->h_slots + (size_t)l * (size_t)T + row,
+                                                 &f->lay, &f->h_tab[e], &f->h_nb[e]);
+            if (st == TSR_ERR_UNSUPPORTED) return TSR_OK;
+            TSR_TRY(st);
+            if (f->h_nb[e] > MB) MB = f->h_nb[e];
+            row += seqs[i].n_tokens;
+        }
+    }
+    /* ids[T] pos[T] seq[T] n_keys[S] slots[L][T] tables[L][S][MB] */
+    size_t n_ints = 3 * (size_t)T + (size_t)S + (size_t)L * (size_t)T + nt * (size_t)MB;
+    size_t bytes = n_ints * sizeof(int32_t);
+    TSR_TRY(tsr__grow_pinned(f, &f->h_meta, &f->h_meta_cap, bytes));
+    TSR_TRY(tsr__grow_dev(f, (float **)&f->d_meta, &f->d_meta_cap, bytes));
+    if (!f->meta_stream) TSR_TRY(be->ops->stream_create(be, &f->meta_stream));
+    if (!f->meta_ev) TSR_TRY(be->ops->event_create(be, &f->meta_ev));
+    int32_t *h = f->h_meta;
+    memcpy(h, f->ids, (size_t)T * sizeof *h);
+    memcpy(h + T, f->pos, (size_t)T * sizeof *h);
+    int32_t *hs = h + 2 * T, *hk = h + 3 * T, *hl = hk + S, *ht = hl + (size_t)L * T;
+    for (int i = 0, row = 0; i < S; i++) {
+        for (int32_t j = 0; j < seqs[i].n_tokens; j++) hs[row++] = i;
+        hk[i] = kv->ops->seq_len(kv, seqs[i].seq) + seqs[i].n_tokens;
+    }
+    memcpy(hl, f->h_slots, (size_t)L * (size_t)T * sizeof *hl);
+    for (size_t e = 0; e < nt; e++) {
+        memcpy(ht + e * (size_t)MB, f->h_tab[e], (size_t)f->h_nb[e] * sizeof *ht);
+        memset(ht + e * (size_t)MB + f->h_nb[e], 0, (size_t)(MB - f->h_nb[e]) * sizeof *ht);
+    }
+    TSR_TRY(be->ops->upload(be, f->d_meta, h, bytes, f->meta_stream));
+    TSR_TRY(be->ops->event_record(be, f->meta_ev, f->meta_stream));
+    TSR_TRY(be->ops->stream_wait(be, NULL, f->meta_ev));
+    const int32_t *d = f->d_meta;
+    f->m_ids = d;
+    f->m_pos = d + T;
+    f->m_seq = d + 2 * T;
+    f->m_nkeys = d + 3 * T;
+    f->m_slots = f->m_nkeys + S;
+    f->m_tables = f->m_slots + (size_t)L * T;
+    f->meta_T = (int)T;
+    f->meta_S = S;
+    f->meta_MB = MB;
+    *ok = true;
+    return TSR_OK;
 }
 
 tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq *seqs,
@@ -532,6 +660,11 @@ tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq
             f->pos[row] = len + j;
         }
     }
+
+    f->batched = false;
+    if (kv->ops->write_slots && be->ops->attention_paged && !kv->wants_scores &&
+        !kv->wants_queries && !kv->wants_attn_input)
+        TSR_TRY(tsr__step_meta(f, kv, seqs, n_seqs, T, &f->batched));
 
     int64_t nl = 0;
     TSR_TRY(tsr__pipeline(f, kv, seqs, n_seqs, T, &nl));
