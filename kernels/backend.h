@@ -251,6 +251,12 @@ typedef struct tsr_backend_ops {
      * the q/k/v projection biases of Qwen2. Optional (NULL: the forward pass refuses a
      * model with biases on this backend). */
     tsr_status (*bias_add)(tsr_backend *be, float *x, const tsr_tensor *b, int64_t n);
+    /* Optional (NULL: matmul_parts with sum, then add): y[n][w.rows] += the ordered sum
+     * of matmul_parts, added last (y + (((P_0 + P_1) + P_2) + ...)), the bits of those two
+     * calls: the residual add in the product's epilogue, one call instead of two. */
+    tsr_status (*matmul_parts_acc)(tsr_backend *be, const float *x, int64_t n,
+                                   const tsr_tensor *w, const int32_t *seg, int n_parts,
+                                   float *y);
     /* Optional (NULL: the forward pass runs attention per sequence): tsr_attn_paged_args. */
     tsr_status (*attention_paged)(tsr_backend *be, const tsr_attn_paged_args *a);
 } tsr_backend_ops;

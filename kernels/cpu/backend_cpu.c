@@ -208,6 +208,20 @@ static tsr_status tsr__cpu_attention_paged(tsr_backend *be, const tsr_attn_paged
     return st;
 }
 
+/* The ordered sum into a scratch, then the add: the bits of the two ops. */
+static tsr_status tsr__cpu_matmul_parts_acc(tsr_backend *be, const float *x, int64_t n,
+                                            const tsr_tensor *w, const int32_t *seg,
+                                            int n_parts, float *y) {
+    if (n <= 0) return TSR_OK;
+    size_t m = (size_t)n * (size_t)w->rows;
+    float *tmp = tsr_malloc(m * sizeof *tmp);
+    if (!tmp) return TSR_ERR_NOMEM;
+    tsr_status st = tsr__cpu_matmul_parts(be, x, n, w, seg, n_parts, true, tmp);
+    if (st == TSR_OK) st = tsr__cpu_add(be, y, tmp, (int64_t)m);
+    tsr_free(tmp);
+    return st;
+}
+
 static const tsr_backend_ops tsr__cpu_ops = {
     .name = "cpu",
     .destroy = tsr__cpu_destroy,
@@ -243,6 +257,7 @@ static const tsr_backend_ops tsr__cpu_ops = {
     .sample = tsr__cpu_sample,
     .bias_add = tsr__cpu_bias_add,
     .attention_paged = tsr__cpu_attention_paged,
+    .matmul_parts_acc = tsr__cpu_matmul_parts_acc,
 };
 
 tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {

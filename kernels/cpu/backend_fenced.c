@@ -624,6 +624,21 @@ static tsr_status tsr__fenced_matmul_parts(tsr_backend *be, const float *x, int6
                           f->inner->ops->matmul_parts(f->inner, x, n, w, seg, n_parts, sum, y));
 }
 
+static tsr_status tsr__fenced_matmul_parts_acc(tsr_backend *be, const float *x, int64_t n,
+                                               const tsr_tensor *w, const int32_t *seg,
+                                               int n_parts, float *y) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__dev_tensor(f, "matmul_parts_acc", "weight", w));
+    TSR_TRY(tsr__dev(f, "matmul_parts_acc", "x", x, tsr__bytes3(n, w->cols, sizeof(float))));
+    TSR_TRY(tsr__dev(f, "matmul_parts_acc", "y", y, tsr__bytes3(n, w->rows, sizeof(float))));
+    TSR_TRY(tsr__host(f, "matmul_parts_acc", "seg", seg,
+                      tsr__bytes3(n_parts + 1, 1, sizeof(int32_t))));
+    tsr__count(f, TSR__CNT_OPS, 1);
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f,
+                          f->inner->ops->matmul_parts_acc(f->inner, x, n, w, seg, n_parts, y));
+}
+
 static tsr_status tsr__fenced_sample(tsr_backend *be, float *logits, int64_t n, int vocab,
                                      const tsr_sample_params *params, int32_t *ids) {
     tsr__fenced *f = TSR__F(be);
@@ -841,6 +856,7 @@ static const tsr_backend_ops tsr__fenced_ops = {
     .counters = tsr__fenced_counters,
     .bias_add = tsr__fenced_bias_add,
     .attention_paged = tsr__fenced_attention_paged,
+    .matmul_parts_acc = tsr__fenced_matmul_parts_acc,
 };
 
 /* TSR_FENCED_MEMORY: digits with an optional K/M/G/T suffix (powers of 1024). */

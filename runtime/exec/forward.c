@@ -327,9 +327,18 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
 }
 
 /* y[n][dim] = x[n][w.cols] . w^T for a row-parallel w (wo, w_down): the local parts'
- * products summed with every other TP rank's in canonical part order. */
+ * products summed with every other TP rank's in canonical part order. With `res` (the
+ * residual stream), res += that product instead, y unused: in one process on a backend
+ * with matmul_parts_acc, the add is the product's epilogue (the same bits: res + sum). */
 static tsr_status tsr__row_parallel(tsr_forward *f, const float *x, int64_t n,
-                                    const tsr_tensor *w, const int32_t *seg, float *y) {
+                                    const tsr_tensor *w, const int32_t *seg, float *y,
+                                    float *res) {
+    if (res && f->tp == 1 && f->be->ops->matmul_parts_acc)
+        return f->be->ops->matmul_parts_acc(f->be, x, n, w, seg, f->n_parts, res);
+    if (res) {
+        TSR_TRY(tsr__row_parallel(f, x, n, w, seg, y, NULL));
+        return f->be->ops->add(f->be, res, y, n * f->m->cfg.dim);
+    }
     const tsr_backend_ops *op = f->be->ops;
     size_t dim = (size_t)f->m->cfg.dim, cols = (size_t)w->cols;
     for (int64_t r0 = 0; r0 < n; r0 += f->row_block) {
@@ -407,15 +416,13 @@ static tsr_status tsr__layers(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_
             TSR_TRY(op->rope(be, k, pos, n, f->nkv, c));
             TSR_TRY(tsr__attention(f, kv, l - f->sh.layer_begin, seqs, s0, s1, row0));
         }
-        TSR_TRY(tsr__row_parallel(f, att, n, &w->wo, f->wo_seg, xb));
-        TSR_TRY(op->add(be, x, xb, n * c->dim));
+        TSR_TRY(tsr__row_parallel(f, att, n, &w->wo, f->wo_seg, xb, x)); /* x += */
         /* SwiGLU MLP block */
         TSR_TRY(op->rmsnorm(be, x, &w->ffn_norm, n, c->dim, c->norm_eps, xb));
         TSR_TRY(op->matmul(be, xb, n, &w->w_gate, hb));
         TSR_TRY(op->matmul(be, xb, n, &w->w_up, hb2));
         TSR_TRY(op->swiglu(be, hb, hb2, n * f->hid));
-        TSR_TRY(tsr__row_parallel(f, hb, n, &w->w_down, f->down_seg, xb));
-        TSR_TRY(op->add(be, x, xb, n * c->dim));
+        TSR_TRY(tsr__row_parallel(f, hb, n, &w->w_down, f->down_seg, xb, x)); /* x += */
     }
     return TSR_OK;
 }
