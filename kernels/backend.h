@@ -257,6 +257,18 @@ typedef struct tsr_backend_ops {
     tsr_status (*matmul_parts_acc)(tsr_backend *be, const float *x, int64_t n,
                                    const tsr_tensor *w, const int32_t *seg, int n_parts,
                                    float *y);
+    /* Optional (both NULL: no graphs): a step's device work recorded once and replayed
+     * (CUDA Graphs). graph_begin(key): when the work for `key` was recorded, launches it
+     * and sets *replayed (the caller then skips those ops and calls no graph_end);
+     * otherwise *replayed is false and the ops up to graph_end run as usual, recorded or
+     * not (a backend may run a key's first occurrence plainly, so that its scratch sizes
+     * settle). The key must change whenever a recorded op would: shapes, buffers, the
+     * backend memory its pointers name (the step's metadata keeps the rest in backend
+     * memory). Between the two, ops must not wait or copy pageable host memory: a
+     * recording backend would fail, and cpu-fenced, which records nothing, fails
+     * graph_end when they did (its counters), so CPU runs check the sequence. */
+    tsr_status (*graph_begin)(tsr_backend *be, uint64_t key, bool *replayed);
+    tsr_status (*graph_end)(tsr_backend *be);
     /* Optional (NULL: the forward pass runs attention per sequence): tsr_attn_paged_args. */
     tsr_status (*attention_paged)(tsr_backend *be, const tsr_attn_paged_args *a);
 } tsr_backend_ops;

@@ -83,6 +83,9 @@ typedef struct tsr__fenced {
     size_t opened;
     bool bad_free_reported;
     tsr__pinned *pinned; /* under lock */
+    /* graph_begin .. graph_end: the waits and pageable copies counted at graph_begin */
+    bool in_graph;
+    int64_t graph_syncs, graph_pageable;
     size_t n_pinned, pinned_cap;
     /* TSR__CNT_*; atomic: ops may run on several threads */
     _Atomic int64_t cnt[TSR__CNT_N];
@@ -784,6 +787,34 @@ static tsr_status tsr__fenced_attention_paged(tsr_backend *be, const tsr_attn_pa
     return tsr__fence_end(f, st);
 }
 
+/* ---- graphs: nothing recorded; the sequence checked ---- */
+
+static tsr_status tsr__fenced_graph_begin(tsr_backend *be, uint64_t key, bool *replayed) {
+    tsr__fenced *f = TSR__F(be);
+    (void)key;
+    *replayed = false;
+    if (f->in_graph)
+        return tsr_error_set(TSR_ERR_INVALID, "cpu-fenced: graph_begin inside a graph");
+    f->in_graph = true;
+    f->graph_syncs = atomic_load(&f->cnt[TSR__CNT_SYNC]);
+    f->graph_pageable = atomic_load(&f->cnt[TSR__CNT_PAGEABLE]);
+    return TSR_OK;
+}
+
+static tsr_status tsr__fenced_graph_end(tsr_backend *be) {
+    tsr__fenced *f = TSR__F(be);
+    if (!f->in_graph)
+        return tsr_error_set(TSR_ERR_INVALID, "cpu-fenced: graph_end without graph_begin");
+    f->in_graph = false;
+    int64_t w = atomic_load(&f->cnt[TSR__CNT_SYNC]) - f->graph_syncs;
+    int64_t pg = atomic_load(&f->cnt[TSR__CNT_PAGEABLE]) - f->graph_pageable;
+    if (w || pg)
+        return tsr_error_set(TSR_ERR_INVALID, "cpu-fenced: the graph's work waited %lld "
+                             "times and copied pageable memory %lld times: a CUDA Graph "
+                             "cannot record that", (long long)w, (long long)pg);
+    return TSR_OK;
+}
+
 /* ---- counters ---- */
 
 static void tsr__fenced_counters(tsr_backend *be, tsr_backend_counters *out, bool reset) {
@@ -857,6 +888,8 @@ static const tsr_backend_ops tsr__fenced_ops = {
     .bias_add = tsr__fenced_bias_add,
     .attention_paged = tsr__fenced_attention_paged,
     .matmul_parts_acc = tsr__fenced_matmul_parts_acc,
+    .graph_begin = tsr__fenced_graph_begin,
+    .graph_end = tsr__fenced_graph_end,
 };
 
 /* TSR_FENCED_MEMORY: digits with an optional K/M/G/T suffix (powers of 1024). */

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/backend_cuda.h"
@@ -26,6 +27,7 @@
 #include "kernels/cuda/launch.h"
 #include "kernels/rope_freq.h"
 #include "base/alloc.h"
+#include "base/log.h"
 
 /* A device scratch buffer that grows. Each one is used on one stream only, so stream order
  * makes its reuse across calls safe. */
@@ -48,6 +50,8 @@ typedef struct tsr__cuda_stream {
     tsr__cuda_scratch slots;
     tsr__cuda_scratch rows;
 } tsr__cuda_stream;
+
+#define TSR__CUDA_GRAPHS 8
 
 typedef struct tsr__cuda_ctx {
     int device;
@@ -79,6 +83,17 @@ typedef struct tsr__cuda_ctx {
      * flag is read there, not with a wait inside the step (the forward pass checked the
      * ids on the host before uploading them). */
     bool bad_id_pending;
+    /* Step graphs (graph_begin/graph_end), a few keys round robin: a key's first step runs
+     * plainly (its scratch buffers settle), the second is captured and launched, later
+     * ones replay. TSR_CUDA_GRAPHS=0 turns them off (every step runs plainly). */
+    struct {
+        uint64_t key;
+        int seen; /* 0: free */
+        cudaGraphExec_t exec;
+    } graphs[TSR__CUDA_GRAPHS];
+    int graph_next;
+    int capturing; /* the slot being captured, or -1 */
+    bool graphs_off;
     /* rope: inverse frequencies of the last config seen, on the device */
     float *inv_freq;
     float *inv_freq_host;
@@ -975,6 +990,63 @@ static tsr_status tsr__cuda_attention_paged(tsr_backend *be, const tsr_attn_page
     return TSR_OK;
 }
 
+/* ---- step graphs ---- */
+
+static tsr_status tsr__cuda_graph_begin(tsr_backend *be, uint64_t key, bool *replayed) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    *replayed = false;
+    if (c->capturing >= 0)
+        return tsr_error_set(TSR_ERR_INVALID, "cuda: graph_begin inside a graph");
+    if (c->graphs_off) return TSR_OK;
+    int i = 0;
+    while (i < TSR__CUDA_GRAPHS && !(c->graphs[i].seen && c->graphs[i].key == key)) i++;
+    if (i == TSR__CUDA_GRAPHS) { /* first time: run plainly, remember the key */
+        i = c->graph_next;
+        c->graph_next = (c->graph_next + 1) % TSR__CUDA_GRAPHS;
+        if (c->graphs[i].exec) (void)cudaGraphExecDestroy(c->graphs[i].exec);
+        c->graphs[i].exec = NULL;
+        c->graphs[i].key = key;
+        c->graphs[i].seen = 1;
+        return TSR_OK;
+    }
+    if (c->graphs[i].exec) {
+        TSR_CUDA_TRY(cudaGraphLaunch(c->graphs[i].exec, c->stream));
+        *replayed = true;
+        return TSR_OK;
+    }
+    /* ThreadLocal: another thread's CUDA calls are not this capture's business */
+    TSR_CUDA_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    c->capturing = i;
+    return TSR_OK;
+}
+
+/* Ends a capture: instantiates the graph and launches it (the captured ops did not run).
+ * A capture that failed (an op the stream cannot record) turns graphs off for this
+ * backend with one warning, and the step fails rather than be lost silently. */
+static tsr_status tsr__cuda_graph_end(tsr_backend *be) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    int i = c->capturing;
+    if (i < 0) return TSR_OK; /* the step ran plainly */
+    c->capturing = -1;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    cudaGraphExec_t exec = NULL;
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, g, 0);
+    if (g) (void)cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        c->graphs_off = true;
+        c->graphs[i].seen = 0;
+        TSR_LOG_WARN("cuda: a step could not be captured as a graph (%s); graphs off",
+                     cudaGetErrorString(e));
+        return tsr_error_set(TSR_ERR_INTERNAL, "cuda: step capture failed: %s",
+                             cudaGetErrorString(e));
+    }
+    c->graphs[i].exec = exec;
+    TSR_CUDA_TRY(cudaGraphLaunch(exec, c->stream));
+    return TSR_OK;
+}
+
 /* ---- lifecycle ---- */
 
 static void tsr__cuda_destroy(tsr_backend *be) {
@@ -982,6 +1054,8 @@ static void tsr__cuda_destroy(tsr_backend *be) {
     tsr__cuda_ctx *c = tsr__ctx(be);
     if (c) {
         if (c->stream) (void)cudaStreamSynchronize(c->stream);
+        for (int i = 0; i < TSR__CUDA_GRAPHS; i++)
+            if (c->graphs[i].exec) (void)cudaGraphExecDestroy(c->graphs[i].exec);
         if (c->blas) (void)cublasDestroy(c->blas);
         tsr__scratch_release(&c->xconv);
         tsr__scratch_release(&c->part);
@@ -1051,6 +1125,8 @@ static const tsr_backend_ops tsr__cuda_ops = {
     .bias_add = tsr__cuda_bias_add,
     .attention_paged = tsr__cuda_attention_paged,
     .matmul_parts_acc = tsr__cuda_matmul_parts_acc,
+    .graph_begin = tsr__cuda_graph_begin,
+    .graph_end = tsr__cuda_graph_end,
 };
 
 tsr_gpu_probe tsr__cuda_probe(int *count, char *detail, size_t cap) {
@@ -1127,6 +1203,11 @@ tsr_status tsr__cuda_create(int device, tsr_backend **out) {
     TSR_CUDA_TRY_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), st, fail);
     TSR_CUBLAS_TRY_GOTO(cublasCreate(&c->blas), st, fail);
     TSR_CUBLAS_TRY_GOTO(cublasSetStream(c->blas, c->stream), st, fail);
+    c->capturing = -1;
+    {
+        const char *gv = getenv("TSR_CUDA_GRAPHS");
+        c->graphs_off = gv && !strcmp(gv, "0");
+    }
     TSR_CUDA_TRY_GOTO(cudaMalloc((void **)&c->bad_id, sizeof(int)), st, fail);
     TSR_CUDA_TRY_GOTO(cudaMemsetAsync(c->bad_id, 0, sizeof(int), c->stream), st, fail);
     *out = be;

@@ -673,31 +673,57 @@ tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq
         !kv->wants_queries && !kv->wants_attn_input)
         TSR_TRY(tsr__step_meta(f, kv, seqs, n_seqs, T, &f->batched));
 
-    int64_t nl = 0;
-    TSR_TRY(tsr__pipeline(f, kv, seqs, n_seqs, T, &nl));
-    for (int i = 0; i < n_seqs; i++)
-        TSR_TRY(kv->ops->commit(kv, seqs[i].seq, seqs[i].tokens, seqs[i].n_tokens));
+    /* The step's device work (layers, final norm, classifier) as one graph when it reads
+     * nothing but backend memory: the batched step of one process with its logits kept for
+     * the device sampler. The key names what the recorded launches depend on. */
+    const size_t lb_all = (size_t)nl_all * (size_t)c->vocab_size * sizeof(float);
+    bool graph = f->batched && f->pp == 1 && f->tp == 1 && !logits && f->logits_all_rows &&
+                 nl_all == T && be->ops->graph_begin && be->ops->graph_end;
+    bool replayed = false;
+    if (graph) {
+        TSR_TRY(tsr__grow_dev(f, &f->logits_dev, &f->logits_cap, lb_all));
+        uint64_t key = 1469598103934665603ull;
+        const uint64_t parts[] = {(uint64_t)T, (uint64_t)n_seqs, (uint64_t)f->meta_MB,
+                                  (uint64_t)(uintptr_t)f->d_meta,
+                                  (uint64_t)(uintptr_t)f->logits_dev,
+                                  (uint64_t)(uintptr_t)f->lay.k};
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+            key = (key ^ parts[i]) * 1099511628211ull;
+        TSR_TRY(be->ops->graph_begin(be, key, &replayed));
+    }
+    int64_t nl = replayed ? nl_all : 0;
+    tsr_status st = replayed ? TSR_OK : tsr__pipeline(f, kv, seqs, n_seqs, T, &nl);
 
     /* Norm + classifier on the gathered rows only, on the last stage; then every stage
      * gets the logits (every rank samples the same tokens), unless the caller samples on
      * the last stage and shares the ids (tsr_forward_share_tokens). */
     f->logits_rows = 0;
-    if (f->sh.last_stage && nl > 0) {
+    if (st == TSR_OK && f->sh.last_stage && nl > 0) {
         size_t lb = (size_t)nl * (size_t)c->vocab_size * sizeof(float);
         const float *xn = f->logits_all_rows ? f->x : f->xl;
-        TSR_TRY(op->rmsnorm(be, xn, &m->out_norm, nl, c->dim, c->norm_eps, f->xl));
-        if (!logits) { /* kept in backend memory for tsr_forward_sample */
-            TSR_TRY(tsr__grow_dev(f, &f->logits_dev, &f->logits_cap, lb));
-            TSR_TRY(op->matmul(be, f->xl, nl, &m->classifier, f->logits_dev));
-            f->logits_rows = (int)nl;
+        if (!replayed) st = op->rmsnorm(be, xn, &m->out_norm, nl, c->dim, c->norm_eps, f->xl);
+        if (st != TSR_OK) {
+        } else if (!logits) { /* kept in backend memory for tsr_forward_sample */
+            st = tsr__grow_dev(f, &f->logits_dev, &f->logits_cap, lb);
+            if (st == TSR_OK && !replayed)
+                st = op->matmul(be, f->xl, nl, &m->classifier, f->logits_dev);
+            if (st == TSR_OK) f->logits_rows = (int)nl;
         } else if (be->host_memory) { /* the caller's buffer is the backend's memory: no copy */
-            TSR_TRY(op->matmul(be, f->xl, nl, &m->classifier, logits));
+            st = op->matmul(be, f->xl, nl, &m->classifier, logits);
         } else {
-            TSR_TRY(tsr__grow_dev(f, &f->logits_dev, &f->logits_cap, lb));
-            TSR_TRY(op->matmul(be, f->xl, nl, &m->classifier, f->logits_dev));
-            TSR_TRY(tsr_backend_download(be, logits, f->logits_dev, lb));
+            st = tsr__grow_dev(f, &f->logits_dev, &f->logits_cap, lb);
+            if (st == TSR_OK) st = op->matmul(be, f->xl, nl, &m->classifier, f->logits_dev);
+            if (st == TSR_OK) st = tsr_backend_download(be, logits, f->logits_dev, lb);
         }
     }
+    if (graph && !replayed) { /* ended on failure too; the first error wins */
+        tsr_status ge = be->ops->graph_end(be);
+        if (st == TSR_OK) st = ge;
+    }
+    TSR_TRY(st);
+    for (int i = 0; i < n_seqs; i++)
+        TSR_TRY(kv->ops->commit(kv, seqs[i].seq, seqs[i].tokens, seqs[i].n_tokens));
+
     /* The host waits once per step: for the ids (tsr_forward_sample) when the logits stay
      * on the device, for the logits' download when they come back; otherwise here, so
      * that the call returns with its work done as before. */

@@ -177,6 +177,18 @@ TSR_TEST(test_fenced_counters) {
     ASSERT_EQ_INT(c.syncs, 0);
     ASSERT_EQ_INT(c.pageable, 0);
     be->ops->host_free(be, pin);
+    /* a graph's work may not wait or copy pageable memory (a CUDA Graph could not record
+     * it): graph_end says so */
+    bool replayed = true;
+    ASSERT_OK(be->ops->graph_begin(be, 1, &replayed));
+    ASSERT_TRUE(!replayed);
+    ASSERT_OK(be->ops->memset(be, buf, 0, sizeof host));
+    ASSERT_OK(be->ops->graph_end(be));
+    ASSERT_OK(be->ops->graph_begin(be, 1, &replayed));
+    ASSERT_OK(be->ops->synchronize(be));
+    ASSERT_EQ_INT(be->ops->graph_end(be), TSR_ERR_INVALID);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "waited 1 times");
+    be->ops->counters(be, &c, true);
     be->ops->counters(be, &c, false);
     ASSERT_EQ_INT(c.downloads + c.uploads + c.syncs + c.ops, 0);
     be->ops->stream_destroy(be, s);
