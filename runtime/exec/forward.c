@@ -112,14 +112,12 @@ void tsr_forward_destroy(tsr_forward *f) {
     tsr_free(f->h_slots);
     tsr_free(f->h_tab);
     tsr_free(f->h_nb);
-    void *hbufs[] = {f->h_x, f->h_parts, f->h_y, f->h_params, f->h_meta};
+    void *hbufs[] = {f->h_x,      f->h_parts,     f->h_y,         f->h_params,
+                     f->h_meta,   f->scores_host, f->q_host,      f->xb_host};
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++)
         if (hbufs[i]) f->be->ops->host_free(f->be, hbufs[i]);
     tsr_free(f->pos);
     tsr_free(f->ids);
-    tsr_free(f->scores_host);
-    tsr_free(f->q_host);
-    tsr_free(f->xb_host);
     tsr_free(f->wo_seg);
     tsr_free(f->down_seg);
     tsr_free(f);
@@ -246,6 +244,20 @@ static tsr_status tsr__grow_dev(tsr_forward *f, float **p, size_t *cap, size_t b
     return TSR_OK;
 }
 
+/* Grows a pinned host buffer (host_alloc) to `bytes` (contents lost): the policies' copies
+ * of queries, scores and attention input, so that their downloads are no pageable copies. */
+static tsr_status tsr__grow_pin(tsr_forward *f, float **p, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return TSR_OK;
+    /* doubling: the key scores grow every step, and pinning memory is slow */
+    size_t want = bytes > 2 * *cap ? bytes : 2 * *cap;
+    if (*p) f->be->ops->host_free(f->be, *p);
+    *p = NULL;
+    *cap = 0;
+    TSR_TRY(f->be->ops->host_alloc(f->be, want, true, (void **)p));
+    *cap = want;
+    return TSR_OK;
+}
+
 static tsr_status tsr__grow_host(float **p, size_t *cap, size_t bytes) {
     if (bytes <= *cap) return TSR_OK;
     float *q = tsr_realloc(*p, bytes);
@@ -273,7 +285,7 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
             const float *xh = f->xb + row * dim;
             if (!be->host_memory) {
                 size_t nb = (size_t)s->n_tokens * dim * sizeof(float);
-                TSR_TRY(tsr__grow_host(&f->xb_host, &f->xb_host_cap, nb));
+                TSR_TRY(tsr__grow_pin(f, &f->xb_host, &f->xb_host_cap, nb));
                 TSR_TRY(tsr_backend_download(be, f->xb_host, xh, nb));
                 xh = f->xb_host;
             }
@@ -285,7 +297,7 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
             const float *qh = f->q + row * qd; /* in place when backend memory is host memory */
             if (!be->host_memory) {
                 size_t qb = (size_t)s->n_tokens * qd * sizeof(float);
-                TSR_TRY(tsr__grow_host(&f->q_host, &f->q_host_cap, qb));
+                TSR_TRY(tsr__grow_pin(f, &f->q_host, &f->q_host_cap, qb));
                 TSR_TRY(tsr_backend_download(be, f->q_host, qh, qb));
                 qh = f->q_host;
             }
@@ -302,11 +314,11 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
             sb = keys * (size_t)f->nh * sizeof(float); /* per query head */
             /* On a host-memory backend attention adds into the host array itself. */
             if (be->host_memory) {
-                TSR_TRY(tsr__grow_host(&f->scores_host, &f->scores_host_cap, sb));
+                TSR_TRY(tsr__grow_pin(f, &f->scores_host, &f->scores_host_cap, sb));
                 scores = f->scores_host;
             } else {
                 TSR_TRY(tsr__grow_dev(f, &f->scores_dev, &f->scores_cap, sb));
-                TSR_TRY(tsr__grow_host(&f->scores_host, &f->scores_host_cap, sb));
+                TSR_TRY(tsr__grow_pin(f, &f->scores_host, &f->scores_host_cap, sb));
                 scores = f->scores_dev;
             }
             TSR_TRY(be->ops->memset(be, scores, 0, sb)); /* attention adds to it */
