@@ -80,7 +80,11 @@ static const char tsr__bench_about[] =
     "weight_bytes, decode_bytes_per_token, prefill_flops_per_token, peak_rss_bytes,\n"
     "huge_page_bytes, dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size,\n"
     "last_token (the final greedy token, a determinism check); with --membw-mib also\n"
-    "membw_bytes, read_passes, read_gb_s, read_best_gb_s, decode_read_ratio.\n"
+    "membw_bytes, read_passes, read_gb_s, read_best_gb_s, decode_read_ratio; on a backend\n"
+    "that counts its transfers (cpu-fenced) also step_counters: the means of the timed\n"
+    "decode steps per token and per layer of uploads, upload_bytes, downloads,\n"
+    "download_bytes, waits (host synchronisations), host_arrays (metadata an op stages),\n"
+    "pageable (transfers and host arrays in pageable memory) and ops (backend calls).\n"
     "\n"
     "--membw-mib MIB: 3 streaming-read passes (xor of MIB MiB in transparent huge pages, the\n"
     "decode's threads, tsr_membw's loop) before each timed repeat and 3 after the last.\n"
@@ -197,10 +201,26 @@ static int tsr__bench_check_dtype(const tsr__bench_opts *o) {
 typedef struct tsr__bench_run {
     tsr_forward *fwd; /* the engine's */
     tsr_kv_cache *kv; /* the engine's */
-    float *logits;
+    tsr_backend *be;  /* the engine's */
+    tsr_sampler smp;  /* greedy */
     int32_t *prompt;
     int vocab;
+    /* The backend's counters over the timed decode steps (their sums; steps counted) */
+    tsr_backend_counters cnt;
+    int64_t cnt_steps;
 } tsr__bench_run;
+
+static void tsr__cnt_add(tsr_backend_counters *a, const tsr_backend_counters *b) {
+    a->uploads += b->uploads;
+    a->upload_bytes += b->upload_bytes;
+    a->downloads += b->downloads;
+    a->download_bytes += b->download_bytes;
+    a->syncs += b->syncs;
+    a->host_args += b->host_args;
+    a->host_arg_bytes += b->host_arg_bytes;
+    a->ops += b->ops;
+    a->pageable += b->pageable;
+}
 
 /* Rows per block of the paged cache (the default of generate and run). */
 #define TSR__BENCH_BLOCK 16
@@ -209,25 +229,42 @@ typedef struct tsr__bench_run {
 #define TSR__BENCH_MIN_PREFILL_S 0.2
 #define TSR__BENCH_MAX_EXTRA 1000
 
-/* One fresh sequence: prefill of n_prompt tokens, then n_gen greedy steps. */
+/* One forward call and its greedy token, drawn on the backend as generate and run draw it
+ * (logits kept there, only the id comes back). */
+static tsr_status tsr__bench_step(tsr__bench_run *r, tsr_batch_seq *b, int32_t *tok) {
+    int rows = 0;
+    tsr_sampler *sp = &r->smp;
+    TSR_TRY(tsr_forward_run(r->fwd, r->kv, b, 1, NULL, &rows));
+    return tsr_forward_sample(r->fwd, &sp, rows, tok);
+}
+
+/* One fresh sequence: prefill of n_prompt tokens, then n_gen greedy steps (counted: `cnt`
+ * adds the backend's counters of the steps). */
 static tsr_status tsr__bench_once(tsr__bench_run *r, int n_prompt, int n_gen, double *prefill_s,
-                                  double *decode_s, int32_t *last) {
+                                  double *decode_s, int32_t *last, bool cnt) {
     tsr_status st = TSR_OK;
     TSR_TRY(r->kv->ops->seq_add(r->kv, 0));
-    int rows = 0;
     tsr_batch_seq b = {.seq = 0, .tokens = r->prompt, .n_tokens = n_prompt,
                        .want_logits = true, .all_logits = false};
+    int32_t tok = -1;
     double t0 = tsr_sys_now();
-    TSR_TRY_GOTO(tsr_forward_run(r->fwd, r->kv, &b, 1, r->logits, &rows), st, done);
-    int32_t tok = tsr_argmax(r->logits, r->vocab);
+    TSR_TRY_GOTO(tsr__bench_step(r, &b, &tok), st, done);
     double t1 = tsr_sys_now();
+    tsr_backend_counters c;
+    bool counting = cnt && r->be->ops->counters && n_gen > 0;
+    if (counting) r->be->ops->counters(r->be, &c, true);
     for (int g = 0; g < n_gen; g++) {
-        b.tokens = &tok;
+        int32_t in = tok;
+        b.tokens = &in;
         b.n_tokens = 1;
-        TSR_TRY_GOTO(tsr_forward_run(r->fwd, r->kv, &b, 1, r->logits, &rows), st, done);
-        tok = tsr_argmax(r->logits, r->vocab);
+        TSR_TRY_GOTO(tsr__bench_step(r, &b, &tok), st, done);
     }
     double t2 = tsr_sys_now();
+    if (counting) {
+        r->be->ops->counters(r->be, &c, true);
+        tsr__cnt_add(&r->cnt, &c);
+        r->cnt_steps += n_gen;
+    }
     *prefill_s = t1 - t0;
     *decode_s = t2 - t1;
     *last = tok;
@@ -296,6 +333,7 @@ int tsr_cmd_bench(int argc, char **argv) {
     tsr__bench_run r = {0};
     tsr__bench_probe probe = {0};
     double *pre = NULL, *dec = NULL;
+    bool smp_ok = false;
     rc = tsr__bench_check_dtype(&o);
     if (rc) return rc;
     int n = o.prompt_tokens, g = o.gen_tokens;
@@ -329,12 +367,15 @@ int tsr_cmd_bench(int argc, char **argv) {
     tsr_backend *be = eng->be;
     r.kv = eng->kv;
     r.fwd = eng->fwd;
+    r.be = be;
     r.vocab = c->vocab_size;
-    r.logits = tsr_malloc((size_t)c->vocab_size * sizeof *r.logits);
+    tsr_sampler_params greedy = {.temperature = 0, .top_p = 1, .seed = 1};
+    if (tsr_sampler_init(&r.smp, c->vocab_size, &greedy) != TSR_OK) goto fail;
+    smp_ok = true;
     r.prompt = tsr_malloc((size_t)n * sizeof *r.prompt);
     pre = tsr_calloc((size_t)o.repeat + TSR__BENCH_MAX_EXTRA, sizeof *pre);
     dec = tsr_calloc((size_t)o.repeat, sizeof *dec);
-    if (!r.logits || !r.prompt || !pre || !dec) goto fail;
+    if (!r.prompt || !pre || !dec) goto fail;
     uint64_t s = 0x243f6a8885a308d3ull; /* xorshift64: the same ids every run */
     for (int i = 0; i < n; i++) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
@@ -344,14 +385,14 @@ int tsr_cmd_bench(int argc, char **argv) {
     int32_t last = -1;
     for (int w = 0; w < o.warmup; w++) {
         double a, b;
-        if (tsr__bench_once(&r, n, g > 0 ? 1 : 0, &a, &b, &last) != TSR_OK) goto fail;
+        if (tsr__bench_once(&r, n, g > 0 ? 1 : 0, &a, &b, &last, false) != TSR_OK) goto fail;
     }
     if (tsr__probe_init(&probe, o.membw_mib, be->threads > 0 ? be->threads : o.threads,
                         o.repeat) != TSR_OK)
         goto fail;
     for (int i = 0; i < o.repeat; i++) {
         tsr__probe_run(&probe);
-        if (tsr__bench_once(&r, n, g, &pre[i], &dec[i], &last) != TSR_OK) goto fail;
+        if (tsr__bench_once(&r, n, g, &pre[i], &dec[i], &last, true) != TSR_OK) goto fail;
     }
     tsr__probe_run(&probe);
     int npre = o.repeat;
@@ -359,7 +400,7 @@ int tsr_cmd_bench(int argc, char **argv) {
     for (int i = 0; i < npre; i++) pre_sum += pre[i];
     while (pre_sum < TSR__BENCH_MIN_PREFILL_S && npre < o.repeat + TSR__BENCH_MAX_EXTRA) {
         double unused;
-        if (tsr__bench_once(&r, n, 0, &pre[npre], &unused, &last) != TSR_OK) goto fail;
+        if (tsr__bench_once(&r, n, 0, &pre[npre], &unused, &last, false) != TSR_OK) goto fail;
         pre_sum += pre[npre++];
     }
     double prefill_s = tsr__median(pre, npre), decode_s = tsr__median(dec, o.repeat);
@@ -402,6 +443,22 @@ int tsr_cmd_bench(int argc, char **argv) {
             printf("\"membw_bytes\":%zu,\"read_passes\":%d,\"read_gb_s\":%.3f,"
                    "\"read_best_gb_s\":%.3f,\"decode_read_ratio\":%.4f,",
                    probe.bytes, probe.n, read_gb, read_best, dec_gb / read_gb);
+        if (r.cnt_steps > 0) {
+            const tsr_backend_counters *k = &r.cnt;
+            const char *names[] = {"uploads", "upload_bytes", "downloads", "download_bytes",
+                                   "waits", "host_arrays", "pageable", "ops"};
+            int64_t vals[] = {k->uploads, k->upload_bytes, k->downloads, k->download_bytes,
+                              k->syncs, k->host_args, k->pageable, k->ops};
+            double per[] = {(double)r.cnt_steps, (double)r.cnt_steps * c->n_layers};
+            printf("\"step_counters\":{");
+            for (int w = 0; w < 2; w++) {
+                printf("%s\"%s\":{", w ? "," : "", w ? "per_layer" : "per_token");
+                for (size_t j = 0; j < sizeof vals / sizeof vals[0]; j++)
+                    printf("%s\"%s\":%.4g", j ? "," : "", names[j], (double)vals[j] / per[w]);
+                printf("}");
+            }
+            printf("},");
+        }
         printf("\"dim\":%d,\"hidden_dim\":%d,\"n_layers\":%d,\"n_heads\":%d,"
                "\"n_kv_heads\":%d,\"head_dim\":%d,\"vocab_size\":%d,\"last_token\":%d}\n",
                c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim,
@@ -428,7 +485,7 @@ int tsr_cmd_bench(int argc, char **argv) {
 fail:
     if (rc) rc = tsr_cmd_fail("bench");
     tsr_engine_destroy(eng); /* forward, KV cache, placed weights, backend, model */
-    tsr_free(r.logits);
+    if (smp_ok) tsr_sampler_free(&r.smp);
     tsr_free(r.prompt);
     tsr_free(pre);
     tsr_free(dec);

@@ -15,6 +15,10 @@
  *   everything else. The op arguments that are metadata are host memory: the tsr_attn_args
  *   struct, its spans array, span positions (tsr_kv_span.pos), query positions, rope
  *   positions, embed ids, slot lists, the model config. A device backend stages them.
+ *   Exception, the step's metadata: rope positions, embed ids and kv_write slots may also
+ *   be backend memory (int32 arrays the forward pass uploads once per step from a pinned
+ *   buffer, runtime/exec/forward.c), read in stream order with no staging copy; so are
+ *   the arrays of attention_paged.
  * - Ordering: ops run in order on the backend's compute stream; the synchronous copies
  *   (stream NULL) return once the bytes are in place, after all work queued before them.
  *   Asynchronous copies run on a stream from stream_create and are ordered against others
@@ -137,6 +141,25 @@ typedef struct tsr_moe_args {
     float limit, alpha;
     float *out;            /* [n][down->rows] */
 } tsr_moe_args;
+/* Attention of a whole batch over one paged KV layout (the op attention_paged), every
+ * array of the step's metadata in backend memory, so that a step needs no staging copy
+ * and one call serves every sequence (vLLM's paged_attention over a block table). Row r
+ * of q belongs to sequence q_seq[r], whose keys are the positions 0 .. n_keys[s] - 1 in
+ * table order: key j lies in block tables[s * max_blocks + j / lay.block], row
+ * j % lay.block, of lay; causal: key j <= q_pos[r]. No key scores (a policy that reads
+ * them takes the per-sequence op). */
+typedef struct tsr_attn_paged_args {
+    const float *q; /* [n_q][n_heads*head_dim], rotated (backend memory) */
+    float *out;     /* [n_q][n_heads*head_dim] (backend memory) */
+    int n_q;
+    int n_heads, n_kv_heads, head_dim;
+    tsr_kv_layout lay;
+    const int32_t *q_pos;  /* [n_q] (backend memory) */
+    const int32_t *q_seq;  /* [n_q] in [0, n_seqs) (backend memory) */
+    const int32_t *n_keys; /* [n_seqs] (backend memory) */
+    const int32_t *tables; /* [n_seqs][max_blocks] (backend memory) */
+    int n_seqs, max_blocks;
+} tsr_attn_paged_args;
 
 /* One row's sampling parameters for the op `sample`. r is the uniform in [0, 1) that the
  * request's seeded sampler drew on the host (runtime/exec/sampler.c), so that every backend picks
@@ -161,6 +184,10 @@ typedef struct tsr_backend_counters {
      * bounds, sampling parameters): a device backend stages each with a copy. */
     int64_t host_args, host_arg_bytes;
     int64_t ops; /* compute, KV-row, copy and memset calls */
+    /* Of the transfers and host arrays above, those whose host side is pageable memory
+     * (not from host_alloc(pinned) or host_register): a GPU stages each through a bounce
+     * buffer, synchronously, and a CUDA Graph cannot capture it. */
+    int64_t pageable;
 } tsr_backend_counters;
 
 typedef struct tsr_backend_ops {
@@ -274,6 +301,26 @@ typedef struct tsr_backend_ops {
     /* The experts of a mixture-of-experts layer (tsr_moe_args). Optional (NULL: the forward
      * pass refuses a mixture-of-experts model on this backend). */
     tsr_status (*moe)(tsr_backend *be, const tsr_moe_args *a);
+    /* Optional (NULL: matmul_parts with sum, then add): y[n][w.rows] += the ordered sum
+     * of matmul_parts, added last (y + (((P_0 + P_1) + P_2) + ...)), the bits of those two
+     * calls: the residual add in the product's epilogue, one call instead of two. */
+    tsr_status (*matmul_parts_acc)(tsr_backend *be, const float *x, int64_t n,
+                                   const tsr_tensor *w, const int32_t *seg, int n_parts,
+                                   float *y);
+    /* Optional (both NULL: no graphs): a step's device work recorded once and replayed
+     * (CUDA Graphs). graph_begin(key): when the work for `key` was recorded, launches it
+     * and sets *replayed (the caller then skips those ops and calls no graph_end);
+     * otherwise *replayed is false and the ops up to graph_end run as usual, recorded or
+     * not (a backend may run a key's first occurrence plainly, so that its scratch sizes
+     * settle). The key must change whenever a recorded op would: shapes, buffers, the
+     * backend memory its pointers name (the step's metadata keeps the rest in backend
+     * memory). Between the two, ops must not wait or copy pageable host memory: a
+     * recording backend would fail, and cpu-fenced, which records nothing, fails
+     * graph_end when they did (its counters), so CPU runs check the sequence. */
+    tsr_status (*graph_begin)(tsr_backend *be, uint64_t key, bool *replayed);
+    tsr_status (*graph_end)(tsr_backend *be);
+    /* Optional (NULL: the forward pass runs attention per sequence): tsr_attn_paged_args. */
+    tsr_status (*attention_paged)(tsr_backend *be, const tsr_attn_paged_args *a);
 } tsr_backend_ops;
 
 /* Short forms of the memory calls, synchronous (stream NULL). */
@@ -367,7 +414,7 @@ tsr_status tsr_backend_fenced_create(int threads, size_t arena_bytes, tsr_backen
  * TSR_BACKEND_MODULE_ABI; the loader refuses a module whose version or struct sizes differ
  * from its own with one line. The module calls back into the runtime (tsr_error_set, ...):
  * the executables export its symbols (CMakeLists.txt). */
-#define TSR_BACKEND_MODULE_ABI 1
+#define TSR_BACKEND_MODULE_ABI 2
 #define TSR_BACKEND_MODULE_ENTRY "tsr_backend_module_entry"
 
 /* What a GPU probe found. */

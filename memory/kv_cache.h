@@ -163,6 +163,16 @@ typedef struct tsr_kv_cache_ops {
      * sequence takes swapped out. A step reserved for seq but not run is abandoned. */
     tsr_status (*swap_out)(tsr_kv_cache *kv, int seq, int check, int64_t *bytes);
     tsr_status (*swap_in)(tsr_kv_cache *kv, int seq, int check, int64_t *bytes);
+    /* Optional (NULL: none), for the batched step (runtime/exec/forward.c): write()'s
+     * bookkeeping for n rows of `layer` without moving them. slots[i] gets the store slot
+     * of row i (the caller writes the rows there with the backend's kv_write before the
+     * layer's attention), *lay the store's layout, *table and *n_blocks the layer's block
+     * table (valid until the next call that changes it), whose keys are then exactly the
+     * positions 0 .. seq_len + n - 1 in table order. TSR_ERR_UNSUPPORTED, changing
+     * nothing, when the layer is not so (it lost tokens) or the cache's policy must see
+     * the rows or choose the keys: the caller takes write() and spans(). */
+    tsr_status (*write_slots)(tsr_kv_cache *kv, int layer, int seq, int32_t n, int32_t *slots,
+                              tsr_kv_layout *lay, const int32_t **table, int32_t *n_blocks);
 } tsr_kv_cache_ops;
 
 struct tsr_kv_cache {

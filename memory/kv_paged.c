@@ -280,6 +280,35 @@ static tsr_status tsr__paged_write(tsr_kv_cache *kv, int layer, int seq, int32_t
     return TSR_OK;
 }
 
+/* write()'s bookkeeping for a dense layer; the rows move later in the caller's one
+ * kv_write for the whole batch (tsr_kv_cache_ops.write_slots). */
+static tsr_status tsr__paged_write_slots(tsr_kv_cache *kv, int layer, int seq, int32_t n,
+                                         int32_t *slots, tsr_kv_layout *lay,
+                                         const int32_t **table, int32_t *n_blocks) {
+    tsr__paged *p = (tsr__paged *)kv;
+    tsr__pseq *s = tsr__seq(p, seq);
+    if (!s || layer < 0 || layer >= kv->n_layers || !s->in_step || n < 0)
+        return tsr_error_set(TSR_ERR_INVALID, "KV cache: bad write (seq %d, layer %d)", seq,
+                             layer);
+    tsr__player *L = &s->layers[layer];
+    if (!L->dense || L->base != s->len) return TSR_ERR_UNSUPPORTED;
+    if ((int64_t)L->base + n > (int64_t)L->nb * p->bs)
+        return tsr_error_set(TSR_ERR_INTERNAL, "KV cache: write of %d rows past reservation",
+                             n);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t slot = L->base + i;
+        TSR_ASSERT(p->pool->blocks[L->blocks[slot / p->bs]].ref_cnt == 1);
+        slots[i] = tsr__slot(p, L, slot);
+        p->kvs.pos[slots[i]] = s->len + i; /* what tsr_kv_store_write records */
+        if (p->kvs.score) p->kvs.score[slots[i]] = 0.0f;
+    }
+    L->slots = L->base + n;
+    *lay = p->kvs.lay;
+    *table = L->blocks;
+    *n_blocks = tsr__ceil_div(L->slots, p->bs);
+    return TSR_OK;
+}
+
 static tsr_status tsr__paged_spans(tsr_kv_cache *kv, int layer, int seq,
                                    const tsr_kv_span **spans, int *n_spans) {
     tsr__paged *p = (tsr__paged *)kv;
@@ -478,6 +507,7 @@ static const tsr_kv_cache_ops tsr__paged_ops = {
     .seq_blocks = tsr_kv_paged_seq_blocks,
     .swap_out = tsr__kvp_swap_out_op,
     .swap_in = tsr__kvp_swap_in_op,
+    .write_slots = tsr__paged_write_slots,
 };
 
 tsr_status tsr_kv_paged_create(const tsr_kv_paged_config *cfg, tsr_kv_cache **out) {

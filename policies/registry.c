@@ -463,6 +463,20 @@ static tsr_status tsr__pc_swap_in(tsr_kv_cache *kv, int seq, int check, int64_t 
     return tsr_kv_swap_in(TSR__M(kv), seq, check, bytes);
 }
 
+/* Only for a policy that neither sees the rows nor chooses the keys (paged): the others
+ * take write() and spans(). */
+static tsr_status tsr__pc_write_slots(tsr_kv_cache *kv, int layer, int seq, int32_t n,
+                                      int32_t *slots, tsr_kv_layout *lay,
+                                      const int32_t **table, int32_t *n_blocks) {
+    tsr__pcache *c = TSR__C(kv);
+    const tsr_kv_policy_decl *pol = c->pol;
+    if (pol->write || pol->select || pol->queries || pol->attn_input || pol->observe ||
+        kv->wants_scores || kv->wants_queries || kv->wants_attn_input ||
+        !c->mech->ops->write_slots)
+        return TSR_ERR_UNSUPPORTED;
+    return c->mech->ops->write_slots(c->mech, layer, seq, n, slots, lay, table, n_blocks);
+}
+
 static const tsr_kv_cache_ops tsr__pcache_ops = {
     .name = "policy",
     .destroy = tsr__pc_destroy,
@@ -485,6 +499,7 @@ static const tsr_kv_cache_ops tsr__pcache_ops = {
     .seq_blocks = tsr__pc_seq_blocks,
     .swap_out = tsr__pc_swap_out,
     .swap_in = tsr__pc_swap_in,
+    .write_slots = tsr__pc_write_slots,
 };
 
 tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_decl *pol,

@@ -171,6 +171,61 @@ static tsr_status tsr__cpu_synchronize(tsr_backend *be) {
     return TSR_OK;
 }
 
+/* The batch's attention over a paged layout: each sequence's consecutive rows go to the
+ * per-sequence kernel with the spans its block table names (the paged cache's own spans,
+ * so the bits are those of the per-sequence path). */
+static tsr_status tsr__cpu_attention_paged(tsr_backend *be, const tsr_attn_paged_args *a) {
+    if (a->n_q <= 0) return TSR_OK;
+    if (a->lay.block <= 0 || a->max_blocks <= 0 || a->n_seqs <= 0)
+        return tsr_error_set(TSR_ERR_INVALID, "attention_paged: bad layout or table");
+    tsr_kv_span *spans = tsr_malloc((size_t)a->max_blocks * sizeof *spans);
+    if (!spans) return TSR_ERR_NOMEM;
+    size_t qd = (size_t)a->n_heads * (size_t)a->head_dim;
+    tsr_status st = TSR_OK;
+    for (int r0 = 0, r1; r0 < a->n_q && st == TSR_OK; r0 = r1) {
+        int s = a->q_seq[r0];
+        for (r1 = r0 + 1; r1 < a->n_q && a->q_seq[r1] == s;) r1++;
+        int32_t nk = s >= 0 && s < a->n_seqs ? a->n_keys[s] : -1;
+        int32_t nb = nk < 0 ? -1 : (nk + a->lay.block - 1) / a->lay.block;
+        if (nb < 0 || nb > a->max_blocks) {
+            st = tsr_error_set(TSR_ERR_INVALID, "attention_paged: row %d: sequence %d with %d "
+                               "keys outside the table", r0, s, (int)nk);
+            break;
+        }
+        const int32_t *tb = a->tables + (size_t)s * (size_t)a->max_blocks;
+        for (int32_t j = 0; j < nb; j++) {
+            int64_t at = (int64_t)tb[j] * a->lay.block_stride;
+            int32_t left = nk - j * a->lay.block;
+            spans[j] = (tsr_kv_span){
+                .k = tsr_kv_rows_at(a->lay.k, a->lay.dtype, a->lay.row, at),
+                .v = tsr_kv_rows_at(a->lay.v, a->lay.dtype, a->lay.row, at), .pos = NULL,
+                .pos0 = j * a->lay.block, .n = left < a->lay.block ? left : a->lay.block,
+                .stride = a->lay.row, .dtype = a->lay.dtype};
+        }
+        tsr_attn_args one = {.q = a->q + (size_t)r0 * qd, .q_pos = a->q_pos + r0,
+                             .n_q = r1 - r0, .spans = spans, .n_spans = nb,
+                             .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads,
+                             .head_dim = a->head_dim, .out = a->out + (size_t)r0 * qd};
+        st = tsr__cpu_attention(be, &one);
+    }
+    tsr_free(spans);
+    return st;
+}
+
+/* The ordered sum into a scratch, then the add: the bits of the two ops. */
+static tsr_status tsr__cpu_matmul_parts_acc(tsr_backend *be, const float *x, int64_t n,
+                                            const tsr_tensor *w, const int32_t *seg,
+                                            int n_parts, float *y) {
+    if (n <= 0) return TSR_OK;
+    size_t m = (size_t)n * (size_t)w->rows;
+    float *tmp = tsr_malloc(m * sizeof *tmp);
+    if (!tmp) return TSR_ERR_NOMEM;
+    tsr_status st = tsr__cpu_matmul_parts(be, x, n, w, seg, n_parts, true, tmp);
+    if (st == TSR_OK) st = tsr__cpu_add(be, y, tmp, (int64_t)m);
+    tsr_free(tmp);
+    return st;
+}
+
 static const tsr_backend_ops tsr__cpu_ops = {
     .name = "cpu",
     .destroy = tsr__cpu_destroy,
@@ -206,6 +261,8 @@ static const tsr_backend_ops tsr__cpu_ops = {
     .sample = tsr__cpu_sample,
     .bias_add = tsr__cpu_bias_add,
     .moe = tsr__cpu_moe,
+    .attention_paged = tsr__cpu_attention_paged,
+    .matmul_parts_acc = tsr__cpu_matmul_parts_acc,
 };
 
 tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {

@@ -17,7 +17,8 @@
  *   upload source, the download destination) must lie outside the arena; either mistake is
  *   a TSR_ERR_INVALID with one line naming the op and the argument.
  * - Counters (the op `counters`, tsr_backend_counters): uploads, downloads, host waits,
- *   host arrays handed to ops and op calls, counted as a GPU backend would pay them (a
+ *   host arrays handed to ops, op calls, and which transfers touch pageable host memory
+ *   (not host_alloc(pinned), not registered), counted as a GPU backend would pay them (a
  *   copy with stream NULL waits, as the CUDA backend's cudaStreamSynchronize after it), so
  *   that a CPU run shows what a step moves and how often it stops the host.
  *
@@ -59,8 +60,15 @@ typedef struct tsr__ranges {
 /* The counters (tsr_backend_counters' fields, in its order). */
 enum {
     TSR__CNT_UP, TSR__CNT_UP_BYTES, TSR__CNT_DOWN, TSR__CNT_DOWN_BYTES, TSR__CNT_SYNC,
-    TSR__CNT_ARGS, TSR__CNT_ARG_BYTES, TSR__CNT_OPS, TSR__CNT_N
+    TSR__CNT_ARGS, TSR__CNT_ARG_BYTES, TSR__CNT_OPS, TSR__CNT_PAGEABLE, TSR__CNT_N
 };
+
+/* Host memory a GPU could copy asynchronously: host_alloc(pinned) buffers and registered
+ * ranges, so that the counters tell a pinned staging copy from a pageable one. */
+typedef struct tsr__pinned {
+    const char *p;
+    size_t bytes;
+} tsr__pinned;
 
 typedef struct tsr__fenced {
     tsr_backend *inner; /* the CPU backend whose ops run inside the open fence */
@@ -74,6 +82,11 @@ typedef struct tsr__fenced {
     int depth;
     size_t opened;
     bool bad_free_reported;
+    tsr__pinned *pinned; /* under lock */
+    /* graph_begin .. graph_end: the waits and pageable copies counted at graph_begin */
+    bool in_graph;
+    int64_t graph_syncs, graph_pageable;
+    size_t n_pinned, pinned_cap;
     /* TSR__CNT_*; atomic: ops may run on several threads */
     _Atomic int64_t cnt[TSR__CNT_N];
 } tsr__fenced;
@@ -82,11 +95,26 @@ static void tsr__count(tsr__fenced *f, int what, int64_t n) {
     atomic_fetch_add_explicit(&f->cnt[what], n, memory_order_relaxed);
 }
 
-/* One transfer of `bytes` (up or down); stream NULL: the host waits for it. */
-static void tsr__count_copy(tsr__fenced *f, bool up, size_t bytes, const tsr_stream *stream) {
+/* [p, p + bytes) lies inside one pinned host buffer. */
+static bool tsr__is_pinned(tsr__fenced *f, const void *p, size_t bytes) {
+    const char *c = p;
+    bool in = false;
+    pthread_mutex_lock(&f->lock);
+    for (size_t i = 0; i < f->n_pinned && !in; i++)
+        in = c >= f->pinned[i].p && (size_t)(c - f->pinned[i].p) <= f->pinned[i].bytes &&
+             bytes <= f->pinned[i].bytes - (size_t)(c - f->pinned[i].p);
+    pthread_mutex_unlock(&f->lock);
+    return in;
+}
+
+/* One transfer of `bytes` (up or down) from or to host memory `host`; stream NULL: the
+ * host waits for it. */
+static void tsr__count_copy(tsr__fenced *f, bool up, size_t bytes, const void *host,
+                            const tsr_stream *stream) {
     tsr__count(f, up ? TSR__CNT_UP : TSR__CNT_DOWN, 1);
     tsr__count(f, up ? TSR__CNT_UP_BYTES : TSR__CNT_DOWN_BYTES, (int64_t)bytes);
     if (!stream) tsr__count(f, TSR__CNT_SYNC, 1);
+    if (!tsr__is_pinned(f, host, bytes)) tsr__count(f, TSR__CNT_PAGEABLE, 1);
 }
 
 /* ---- the arena's bookkeeping ---- */
@@ -236,8 +264,18 @@ static tsr_status tsr__arg(tsr__fenced *f, const char *op, const char *arg, cons
     if (p && bytes && bytes != SIZE_MAX) {
         tsr__count(f, TSR__CNT_ARGS, 1);
         tsr__count(f, TSR__CNT_ARG_BYTES, (int64_t)bytes);
+        if (!tsr__is_pinned(f, p, bytes)) tsr__count(f, TSR__CNT_PAGEABLE, 1);
     }
     return TSR_OK;
+}
+
+/* The step's metadata (backend.h: rope positions, embed ids, kv_write slots): a host
+ * array as tsr__arg, or backend memory inside a live buffer, which nothing stages or
+ * counts. */
+static tsr_status tsr__meta(tsr__fenced *f, const char *op, const char *arg, const void *p,
+                            size_t bytes) {
+    if (p && tsr__in_arena(f, p)) return tsr__dev(f, op, arg, p, bytes);
+    return tsr__arg(f, op, arg, p, bytes);
 }
 
 /* Every K and V row the slots name lies inside the layout's live buffer. */
@@ -350,13 +388,59 @@ static void tsr__fenced_buffer_free(tsr_backend *be, void *ptr) {
     pthread_mutex_unlock(&f->lock);
 }
 
+/* Remembers [p, p + bytes) as pinned (for the counters only). */
+static tsr_status tsr__pin_add(tsr__fenced *f, const void *p, size_t bytes) {
+    tsr_status st = TSR_OK;
+    pthread_mutex_lock(&f->lock);
+    if (f->n_pinned == f->pinned_cap) {
+        size_t cap = f->pinned_cap ? 2 * f->pinned_cap : 8;
+        tsr__pinned *v = tsr_realloc(f->pinned, cap * sizeof *v);
+        if (v) {
+            f->pinned = v;
+            f->pinned_cap = cap;
+        } else {
+            st = TSR_ERR_NOMEM;
+        }
+    }
+    if (st == TSR_OK) f->pinned[f->n_pinned++] = (tsr__pinned){p, bytes};
+    pthread_mutex_unlock(&f->lock);
+    return st;
+}
+
+static void tsr__pin_remove(tsr__fenced *f, const void *p) {
+    pthread_mutex_lock(&f->lock);
+    for (size_t i = 0; i < f->n_pinned; i++)
+        if (f->pinned[i].p == p) {
+            f->pinned[i] = f->pinned[--f->n_pinned];
+            break;
+        }
+    pthread_mutex_unlock(&f->lock);
+}
+
 static tsr_status tsr__fenced_host_alloc(tsr_backend *be, size_t bytes, bool pinned,
                                          void **out) {
-    return TSR__INNER(be)->ops->host_alloc(TSR__INNER(be), bytes, pinned, out);
+    TSR_TRY(TSR__INNER(be)->ops->host_alloc(TSR__INNER(be), bytes, pinned, out));
+    tsr_status st = pinned ? tsr__pin_add(TSR__F(be), *out, bytes) : TSR_OK;
+    if (st != TSR_OK) {
+        TSR__INNER(be)->ops->host_free(TSR__INNER(be), *out);
+        *out = NULL;
+    }
+    return st;
 }
 
 static void tsr__fenced_host_free(tsr_backend *be, void *ptr) {
+    if (!ptr) return;
+    tsr__pin_remove(TSR__F(be), ptr);
     TSR__INNER(be)->ops->host_free(TSR__INNER(be), ptr);
+}
+
+/* Host memory made elsewhere (the host pool) counts as pinned once registered. */
+static tsr_status tsr__fenced_host_register(tsr_backend *be, void *ptr, size_t bytes) {
+    return tsr__pin_add(TSR__F(be), ptr, bytes);
+}
+
+static void tsr__fenced_host_unregister(tsr_backend *be, void *ptr) {
+    tsr__pin_remove(TSR__F(be), ptr);
 }
 
 static tsr_status tsr__fenced_memory(tsr_backend *be, size_t *free_bytes,
@@ -379,7 +463,7 @@ static tsr_status tsr__fenced_upload(tsr_backend *be, void *dst, const void *src
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev(f, "upload", "dst", dst, bytes));
     TSR_TRY(tsr__host(f, "upload", "src", src, bytes));
-    tsr__count_copy(f, true, bytes, stream);
+    tsr__count_copy(f, true, bytes, src, stream);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->upload(f->inner, dst, src, bytes, stream));
 }
@@ -389,7 +473,7 @@ static tsr_status tsr__fenced_download(tsr_backend *be, void *dst, const void *s
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev(f, "download", "src", src, bytes));
     TSR_TRY(tsr__host(f, "download", "dst", dst, bytes));
-    tsr__count_copy(f, false, bytes, stream);
+    tsr__count_copy(f, false, bytes, dst, stream);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->download(f->inner, dst, src, bytes, stream));
 }
@@ -456,13 +540,15 @@ static tsr_status tsr__fenced_kv_write(tsr_backend *be, const tsr_kv_layout *lay
                                        const int32_t *slots, int64_t n, const float *k,
                                        const float *v) {
     tsr__fenced *f = TSR__F(be);
-    TSR_TRY(tsr__arg(f, "kv_write", "slots", slots, tsr__bytes3(n, 1, sizeof(int32_t))));
-    TSR_TRY(tsr__dev_slots(f, "kv_write", lay, slots, n));
+    TSR_TRY(tsr__meta(f, "kv_write", "slots", slots, tsr__bytes3(n, 1, sizeof(int32_t))));
     TSR_TRY(tsr__dev(f, "kv_write", "k", k, tsr__rows_bytes(lay, n)));
     TSR_TRY(tsr__dev(f, "kv_write", "v", v, tsr__rows_bytes(lay, n)));
     tsr__count(f, TSR__CNT_OPS, 1);
+    /* device slots are readable only inside the fence: checked there */
     TSR_TRY(tsr__fence_open(f));
-    return tsr__fence_end(f, f->inner->ops->kv_write(f->inner, lay, slots, n, k, v));
+    tsr_status st = tsr__dev_slots(f, "kv_write", lay, slots, n);
+    if (st == TSR_OK) st = f->inner->ops->kv_write(f->inner, lay, slots, n, k, v);
+    return tsr__fence_end(f, st);
 }
 
 static tsr_status tsr__fenced_kv_copy(tsr_backend *be, const tsr_kv_layout *lay,
@@ -485,7 +571,8 @@ static tsr_status tsr__fenced_kv_gather(tsr_backend *be, const tsr_kv_layout *la
     TSR_TRY(tsr__dev_slots(f, "kv_gather", lay, slots, n));
     TSR_TRY(tsr__host(f, "kv_gather", "k", k, tsr__rows_bytes(lay, n)));
     TSR_TRY(tsr__host(f, "kv_gather", "v", v, tsr__rows_bytes(lay, n)));
-    tsr__count_copy(f, false, tsr__rows_bytes(lay, n) * ((k != NULL) + (v != NULL)), stream);
+    tsr__count_copy(f, false, tsr__rows_bytes(lay, n) * ((k != NULL) + (v != NULL)),
+                    k ? (const void *)k : v, stream);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->kv_gather(f->inner, lay, slots, n, k, v, stream));
 }
@@ -498,7 +585,8 @@ static tsr_status tsr__fenced_kv_scatter(tsr_backend *be, const tsr_kv_layout *l
     TSR_TRY(tsr__dev_slots(f, "kv_scatter", lay, slots, n));
     TSR_TRY(tsr__host(f, "kv_scatter", "k", k, tsr__rows_bytes(lay, n)));
     TSR_TRY(tsr__host(f, "kv_scatter", "v", v, tsr__rows_bytes(lay, n)));
-    tsr__count_copy(f, true, tsr__rows_bytes(lay, n) * ((k != NULL) + (v != NULL)), stream);
+    tsr__count_copy(f, true, tsr__rows_bytes(lay, n) * ((k != NULL) + (v != NULL)),
+                    k ? (const void *)k : v, stream);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->kv_scatter(f->inner, lay, slots, n, k, v, stream));
 }
@@ -532,12 +620,29 @@ static tsr_status tsr__fenced_matmul_parts(tsr_backend *be, const float *x, int6
     TSR_TRY(tsr__dev(f, "matmul_parts", "x", x, tsr__bytes3(n, w->cols, sizeof(float))));
     TSR_TRY(tsr__dev(f, "matmul_parts", "y", y,
                      tsr__bytes3(sum ? 1 : n_parts, n * w->rows, sizeof(float))));
-    TSR_TRY(tsr__arg(f, "matmul_parts", "seg", seg,
+    /* Host memory, but launch geometry, not metadata: a device backend reads the segments
+     * on the host to place its GEMMs and copies nothing, so they are no host array. */
+    TSR_TRY(tsr__host(f, "matmul_parts", "seg", seg,
                       tsr__bytes3(n_parts + 1, 1, sizeof(int32_t))));
     tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f,
                           f->inner->ops->matmul_parts(f->inner, x, n, w, seg, n_parts, sum, y));
+}
+
+static tsr_status tsr__fenced_matmul_parts_acc(tsr_backend *be, const float *x, int64_t n,
+                                               const tsr_tensor *w, const int32_t *seg,
+                                               int n_parts, float *y) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__dev_tensor(f, "matmul_parts_acc", "weight", w));
+    TSR_TRY(tsr__dev(f, "matmul_parts_acc", "x", x, tsr__bytes3(n, w->cols, sizeof(float))));
+    TSR_TRY(tsr__dev(f, "matmul_parts_acc", "y", y, tsr__bytes3(n, w->rows, sizeof(float))));
+    TSR_TRY(tsr__host(f, "matmul_parts_acc", "seg", seg,
+                      tsr__bytes3(n_parts + 1, 1, sizeof(int32_t))));
+    tsr__count(f, TSR__CNT_OPS, 1);
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f,
+                          f->inner->ops->matmul_parts_acc(f->inner, x, n, w, seg, n_parts, y));
 }
 
 static tsr_status tsr__fenced_sample(tsr_backend *be, float *logits, int64_t n, int vocab,
@@ -569,7 +674,7 @@ static tsr_status tsr__fenced_rope(tsr_backend *be, float *x, const int32_t *pos
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev(f, "rope", "x", x,
                      tsr__bytes3(n, (int64_t)n_heads * cfg->head_dim, sizeof(float))));
-    TSR_TRY(tsr__arg(f, "rope", "pos", pos, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__meta(f, "rope", "pos", pos, tsr__bytes3(n, 1, sizeof(int32_t))));
     tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->rope(f->inner, x, pos, n, n_heads, cfg));
@@ -607,7 +712,7 @@ static tsr_status tsr__fenced_embed(tsr_backend *be, const tsr_tensor *emb, cons
                                     int64_t n, float *out) {
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev_tensor(f, "embed", "weight", emb));
-    TSR_TRY(tsr__arg(f, "embed", "ids", ids, tsr__bytes3(n, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__meta(f, "embed", "ids", ids, tsr__bytes3(n, 1, sizeof(int32_t))));
     TSR_TRY(tsr__dev(f, "embed", "out", out, tsr__bytes3(n, emb->cols, sizeof(float))));
     tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
@@ -676,6 +781,73 @@ static tsr_status tsr__fenced_moe(tsr_backend *be, const tsr_moe_args *a) {
     return tsr__fence_end(f, f->inner->ops->moe(f->inner, a));
 }
 
+/* Everything is backend memory; the tables are checked by the inner op, inside the fence,
+ * against n_seqs and max_blocks, and every block they name against the layout here. */
+static tsr_status tsr__fenced_attention_paged(tsr_backend *be, const tsr_attn_paged_args *a) {
+    tsr__fenced *f = TSR__F(be);
+    const char *op = "attention_paged";
+    if (a->n_q <= 0) return TSR_OK;
+    int64_t q_row = (int64_t)a->n_heads * a->head_dim;
+    TSR_TRY(tsr__host(f, op, "args", a, sizeof *a));
+    TSR_TRY(tsr__dev(f, op, "q", a->q, tsr__bytes3(a->n_q, q_row, sizeof(float))));
+    TSR_TRY(tsr__dev(f, op, "out", a->out, tsr__bytes3(a->n_q, q_row, sizeof(float))));
+    TSR_TRY(tsr__dev(f, op, "q_pos", a->q_pos, tsr__bytes3(a->n_q, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__dev(f, op, "q_seq", a->q_seq, tsr__bytes3(a->n_q, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__dev(f, op, "n_keys", a->n_keys, tsr__bytes3(a->n_seqs, 1, sizeof(int32_t))));
+    TSR_TRY(tsr__dev(f, op, "tables", a->tables,
+                     tsr__bytes3(a->n_seqs, a->max_blocks, sizeof(int32_t))));
+    tsr__count(f, TSR__CNT_OPS, 1);
+    TSR_TRY(tsr__fence_open(f));
+    tsr_status st = TSR_OK;
+    for (int s = 0; s < a->n_seqs && st == TSR_OK; s++) {
+        int32_t nk = a->n_keys[s];
+        int32_t nb = a->lay.block > 0 && nk > 0 ? (nk + a->lay.block - 1) / a->lay.block : 0;
+        if (nb > a->max_blocks) {
+            st = tsr_error_set(TSR_ERR_INVALID, "cpu-fenced: %s: sequence %d has %d keys, "
+                               "more than its table holds", op, s, (int)nk);
+            break;
+        }
+        /* the table's blocks, as slots: each block's first row (the rows follow it) */
+        for (int32_t j = 0; j < nb && st == TSR_OK; j++) {
+            int32_t slot = a->tables[(size_t)s * (size_t)a->max_blocks + (size_t)j] *
+                           a->lay.block;
+            int32_t last = slot + a->lay.block - 1;
+            st = tsr__dev_slots(f, op, &a->lay, &slot, 1);
+            if (st == TSR_OK) st = tsr__dev_slots(f, op, &a->lay, &last, 1);
+        }
+    }
+    if (st == TSR_OK) st = f->inner->ops->attention_paged(f->inner, a);
+    return tsr__fence_end(f, st);
+}
+
+/* ---- graphs: nothing recorded; the sequence checked ---- */
+
+static tsr_status tsr__fenced_graph_begin(tsr_backend *be, uint64_t key, bool *replayed) {
+    tsr__fenced *f = TSR__F(be);
+    (void)key;
+    *replayed = false;
+    if (f->in_graph)
+        return tsr_error_set(TSR_ERR_INVALID, "cpu-fenced: graph_begin inside a graph");
+    f->in_graph = true;
+    f->graph_syncs = atomic_load(&f->cnt[TSR__CNT_SYNC]);
+    f->graph_pageable = atomic_load(&f->cnt[TSR__CNT_PAGEABLE]);
+    return TSR_OK;
+}
+
+static tsr_status tsr__fenced_graph_end(tsr_backend *be) {
+    tsr__fenced *f = TSR__F(be);
+    if (!f->in_graph)
+        return tsr_error_set(TSR_ERR_INVALID, "cpu-fenced: graph_end without graph_begin");
+    f->in_graph = false;
+    int64_t w = atomic_load(&f->cnt[TSR__CNT_SYNC]) - f->graph_syncs;
+    int64_t pg = atomic_load(&f->cnt[TSR__CNT_PAGEABLE]) - f->graph_pageable;
+    if (w || pg)
+        return tsr_error_set(TSR_ERR_INVALID, "cpu-fenced: the graph's work waited %lld "
+                             "times and copied pageable memory %lld times: a CUDA Graph "
+                             "cannot record that", (long long)w, (long long)pg);
+    return TSR_OK;
+}
+
 /* ---- counters ---- */
 
 static void tsr__fenced_counters(tsr_backend *be, tsr_backend_counters *out, bool reset) {
@@ -688,7 +860,8 @@ static void tsr__fenced_counters(tsr_backend *be, tsr_backend_counters *out, boo
         .uploads = v[TSR__CNT_UP], .upload_bytes = v[TSR__CNT_UP_BYTES],
         .downloads = v[TSR__CNT_DOWN], .download_bytes = v[TSR__CNT_DOWN_BYTES],
         .syncs = v[TSR__CNT_SYNC], .host_args = v[TSR__CNT_ARGS],
-        .host_arg_bytes = v[TSR__CNT_ARG_BYTES], .ops = v[TSR__CNT_OPS]};
+        .host_arg_bytes = v[TSR__CNT_ARG_BYTES], .ops = v[TSR__CNT_OPS],
+        .pageable = v[TSR__CNT_PAGEABLE]};
 }
 
 /* ---- creation ---- */
@@ -701,6 +874,7 @@ static void tsr__fenced_destroy(tsr_backend *be) {
         tsr_backend_destroy(f->inner);
         tsr_free(f->free_list.v);
         tsr_free(f->used.v);
+        tsr_free(f->pinned);
         pthread_mutex_destroy(&f->lock);
         tsr_free(f);
     }
@@ -727,6 +901,8 @@ static const tsr_backend_ops tsr__fenced_ops = {
     .event_record = tsr__fenced_event_record,
     .stream_wait = tsr__fenced_stream_wait,
     .event_sync = tsr__fenced_event_sync,
+    .host_register = tsr__fenced_host_register,
+    .host_unregister = tsr__fenced_host_unregister,
     .device_name = tsr__fenced_device_name,
     .kv_write = tsr__fenced_kv_write,
     .kv_copy = tsr__fenced_kv_copy,
@@ -744,6 +920,10 @@ static const tsr_backend_ops tsr__fenced_ops = {
     .counters = tsr__fenced_counters,
     .bias_add = tsr__fenced_bias_add,
     .moe = tsr__fenced_moe,
+    .attention_paged = tsr__fenced_attention_paged,
+    .matmul_parts_acc = tsr__fenced_matmul_parts_acc,
+    .graph_begin = tsr__fenced_graph_begin,
+    .graph_end = tsr__fenced_graph_end,
 };
 
 /* TSR_FENCED_MEMORY: digits with an optional K/M/G/T suffix (powers of 1024). */

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/backend_cuda.h"
@@ -26,6 +27,7 @@
 #include "kernels/cuda/launch.h"
 #include "kernels/rope_freq.h"
 #include "base/alloc.h"
+#include "base/log.h"
 
 /* A device scratch buffer that grows. Each one is used on one stream only, so stream order
  * makes its reuse across calls safe. */
@@ -49,6 +51,8 @@ typedef struct tsr__cuda_stream {
     tsr__cuda_scratch rows;
 } tsr__cuda_stream;
 
+#define TSR__CUDA_GRAPHS 8
+
 typedef struct tsr__cuda_ctx {
     int device;
     char name[256];
@@ -56,6 +60,7 @@ typedef struct tsr__cuda_ctx {
     cublasHandle_t blas;
     tsr__cuda_scratch xconv;  /* x converted to the weight dtype for BF16/F16 GEMMs */
     tsr__cuda_scratch part;   /* matmul_parts sum mode: the part being added */
+    tsr__cuda_scratch accsum; /* matmul_parts_acc with uneven segments: the sum */
     tsr__cuda_scratch ints;   /* host integer arrays (ids, positions) staged to the device */
     tsr__cuda_scratch spans;  /* tsr__cuda_span array of the current attention call */
     tsr__cuda_scratch kpos;   /* the host span positions of the current attention call */
@@ -74,6 +79,21 @@ typedef struct tsr__cuda_ctx {
     tsr__host_buf kpos_host; /* span positions gathered on the host for one copy */
     tsr__host_buf bounce;    /* pageable copy of pinned host metadata (tsr__stage) */
     int *bad_id; /* device flag set by the embed kernel */
+    /* An embed of device ids (the step's metadata) ran since the last synchronize: its
+     * flag is read there, not with a wait inside the step (the forward pass checked the
+     * ids on the host before uploading them). */
+    bool bad_id_pending;
+    /* Step graphs (graph_begin/graph_end), a few keys round robin: a key's first step runs
+     * plainly (its scratch buffers settle), the second is captured and launched, later
+     * ones replay. TSR_CUDA_GRAPHS=0 turns them off (every step runs plainly). */
+    struct {
+        uint64_t key;
+        int seen; /* 0: free */
+        cudaGraphExec_t exec;
+    } graphs[TSR__CUDA_GRAPHS];
+    int graph_next;
+    int capturing; /* the slot being captured, or -1 */
+    bool graphs_off;
     /* rope: inverse frequencies of the last config seen, on the device */
     float *inv_freq;
     float *inv_freq_host;
@@ -204,7 +224,19 @@ static void tsr__cuda_buffer_free(tsr_backend *be, void *ptr) {
 }
 
 static tsr_status tsr__cuda_synchronize(tsr_backend *be) {
-    TSR_CUDA_TRY(cudaStreamSynchronize(tsr__ctx(be)->stream));
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    TSR_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    if (c->bad_id_pending) {
+        int bad = 0;
+        c->bad_id_pending = false;
+        TSR_CUDA_TRY(
+            cudaMemcpyAsync(&bad, c->bad_id, sizeof bad, cudaMemcpyDeviceToHost, c->stream));
+        TSR_CUDA_TRY(cudaStreamSynchronize(c->stream));
+        if (bad) {
+            TSR_CUDA_TRY(cudaMemsetAsync(c->bad_id, 0, sizeof(int), c->stream));
+            return tsr_error_set(TSR_ERR_INVALID, "embed: a token id was out of range");
+        }
+    }
     return TSR_OK;
 }
 
@@ -569,9 +601,28 @@ static tsr_status tsr__cuda_matmul(tsr_backend *be, const float *x, int64_t n, c
  * part's bits come from cuBLAS's kernel for (rows, n, len); cuBLAS may choose kernels by
  * pointer alignment and leading dimension too, so bitwise equality with a column slice of
  * w (another tp) is expected but unverified on a GPU. */
+static tsr_status tsr__cuda_parts(tsr_backend *be, const float *x, int64_t n,
+                                  const tsr_tensor *w, const int32_t *seg, int n_parts,
+                                  bool sum, bool acc, float *y);
+
 static tsr_status tsr__cuda_matmul_parts(tsr_backend *be, const float *x, int64_t n,
                                          const tsr_tensor *w, const int32_t *seg, int n_parts,
                                          bool sum, float *y) {
+    return tsr__cuda_parts(be, x, n, w, seg, n_parts, sum, false, y);
+}
+
+/* y += the ordered sum (kernels/backend.h): the parts into the scratch, summed and added
+ * by one kernel (a single part: its GEMM with beta = 1, the same bits as y + P_0). */
+static tsr_status tsr__cuda_matmul_parts_acc(tsr_backend *be, const float *x, int64_t n,
+                                             const tsr_tensor *w, const int32_t *seg,
+                                             int n_parts, float *y) {
+    return tsr__cuda_parts(be, x, n, w, seg, n_parts, true, true, y);
+}
+
+/* matmul_parts, and with acc the epilogue of matmul_parts_acc. */
+static tsr_status tsr__cuda_parts(tsr_backend *be, const float *x, int64_t n,
+                                  const tsr_tensor *w, const int32_t *seg, int n_parts,
+                                  bool sum, bool acc, float *y) {
     tsr__cuda_ctx *c = tsr__ctx(be);
     if (n < 0 || n_parts < 1 || !seg || w->rows <= 0 || w->cols < 0)
         return tsr_error_set(TSR_ERR_INVALID, "cuda matmul_parts: bad shape (n=%lld, %d parts)",
@@ -607,6 +658,47 @@ static tsr_status tsr__cuda_matmul_parts(tsr_backend *be, const float *x, int64_
                              (int)w->dtype);
     }
     size_t m = (size_t)n * (size_t)w->rows; /* floats of one part */
+    int len0 = seg[1] - seg[0];
+    bool uniform = len0 > 0;
+    if (acc && n_parts == 1 && len0 > 0) {
+        const float beta = 1.0f;
+        const char *a = (const char *)w->data + (size_t)seg[0] * es;
+        const char *bp = (const char *)b + (size_t)seg[0] * es;
+        TSR_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)n,
+                                    len0, &one, a, t, (int)w->cols, bp, t, (int)w->cols, &beta,
+                                    y, CUDA_R_32F, (int)w->rows, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT));
+        return TSR_OK;
+    }
+    for (int p = 1; p < n_parts && uniform; p++) uniform = seg[p + 1] - seg[p] == len0;
+    if (uniform && (n_parts > 1 || acc)) {
+        /* Equal adjacent segments (heads, the hidden split): one strided-batched GEMM for
+         * all parts, then, for sum, one ordered sum: two launches where the loop makes
+         * 2 * n_parts - 1. Each part is the same (rows, n, len) product as in the loop. */
+        float *dst = y;
+        if (sum) {
+            TSR_TRY(tsr__scratch_reserve(&c->part, (size_t)n_parts * m * sizeof(float),
+                                         c->stream));
+            dst = c->part.ptr;
+        }
+        const char *a = (const char *)w->data + (size_t)seg[0] * es;
+        const char *bp = (const char *)b + (size_t)seg[0] * es;
+        TSR_CUBLAS_TRY(cublasGemmStridedBatchedEx(
+            c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)n, len0, &one, a, t,
+            (int)w->cols, (long long)len0, bp, t, (int)w->cols, (long long)len0, &zero, dst,
+            CUDA_R_32F, (int)w->rows, (long long)m, n_parts, CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT));
+        if (sum)
+            TSR_CUDA_TRY(tsr__cuda_launch_sum_parts(y, dst, n_parts, (int64_t)m, acc ? 1 : 0,
+                                                    c->stream));
+        return TSR_OK;
+    }
+    float *yacc = NULL; /* uneven segments: the loop's sum into a scratch, then one add */
+    if (acc) {
+        TSR_TRY(tsr__scratch_reserve(&c->accsum, m * sizeof(float), c->stream));
+        yacc = y;
+        y = c->accsum.ptr;
+    }
     float *tmp = NULL;
     if (sum && n_parts > 1) {
         TSR_TRY(tsr__scratch_reserve(&c->part, m * sizeof(float), c->stream));
@@ -628,6 +720,7 @@ static tsr_status tsr__cuda_matmul_parts(tsr_backend *be, const float *x, int64_
         if (sum && p > 0)
             TSR_CUDA_TRY(tsr__cuda_launch_add(y, tmp, (int64_t)m, c->stream));
     }
+    if (yacc) TSR_CUDA_TRY(tsr__cuda_launch_add(yacc, y, (int64_t)m, c->stream));
     return TSR_OK;
 }
 
@@ -739,17 +832,9 @@ static tsr_status tsr__cuda_embed(tsr_backend *be, const tsr_tensor *emb, const 
     }
     TSR_CUDA_TRY(tsr__cuda_launch_embed(emb->data, (int)emb->dtype, emb->rows, emb->cols, dids, n,
                                         out, c->bad_id, c->stream));
-    if (!staged) { /* device ids: the kernel flags bad ones; read the flag back */
-        int bad = 0;
-        TSR_CUDA_TRY(
-            cudaMemcpyAsync(&bad, c->bad_id, sizeof bad, cudaMemcpyDeviceToHost, c->stream));
-        TSR_CUDA_TRY(cudaStreamSynchronize(c->stream));
-        if (bad) {
-            TSR_CUDA_TRY(cudaMemsetAsync(c->bad_id, 0, sizeof(int), c->stream));
-            return tsr_error_set(TSR_ERR_INVALID, "embed: a token id is out of range [0, %lld)",
-                                 (long long)emb->rows);
-        }
-    }
+    /* device ids (the step's metadata): the kernel flags bad ones (zero rows) and
+     * synchronize reports them; no wait inside the step */
+    if (!staged) c->bad_id_pending = true;
     return TSR_OK;
 }
 
@@ -891,6 +976,86 @@ static tsr_status tsr__cuda_sample(tsr_backend *be, float *logits, int64_t n, in
     return TSR_OK;
 }
 
+/* The batch's attention over a paged layout, every array already in device memory (the
+ * step's metadata): one launch, nothing staged. */
+static tsr_status tsr__cuda_attention_paged(tsr_backend *be, const tsr_attn_paged_args *a) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    if (a->n_q <= 0) return TSR_OK;
+    if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads || a->head_dim <= 0 ||
+        a->head_dim > TSR__CUDA_MAX_HEAD_DIM || a->n_heads > 65535 || a->lay.block <= 0 ||
+        a->max_blocks <= 0 || a->n_seqs <= 0)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda attention_paged: heads %d, kv heads "
+                             "%d, head_dim %d (max %d), block %d", a->n_heads, a->n_kv_heads,
+                             a->head_dim, TSR__CUDA_MAX_HEAD_DIM, (int)a->lay.block);
+    tsr__cuda_attn_paged d = {
+        .q = a->q, .out = a->out, .n_q = a->n_q, .n_heads = a->n_heads,
+        .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
+        .scale = 1.0f / sqrtf((float)a->head_dim),
+        .lay = {.k = a->lay.k, .v = a->lay.v, .block_stride = a->lay.block_stride,
+                .block = a->lay.block, .row = a->lay.row, .dtype = a->lay.dtype},
+        .q_pos = a->q_pos, .q_seq = a->q_seq, .n_keys = a->n_keys, .tables = a->tables,
+        .n_seqs = a->n_seqs, .max_blocks = a->max_blocks};
+    TSR_CUDA_TRY(tsr__cuda_launch_attention_paged(&d, c->stream));
+    return TSR_OK;
+}
+
+/* ---- step graphs ---- */
+
+static tsr_status tsr__cuda_graph_begin(tsr_backend *be, uint64_t key, bool *replayed) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    *replayed = false;
+    if (c->capturing >= 0)
+        return tsr_error_set(TSR_ERR_INVALID, "cuda: graph_begin inside a graph");
+    if (c->graphs_off) return TSR_OK;
+    int i = 0;
+    while (i < TSR__CUDA_GRAPHS && !(c->graphs[i].seen && c->graphs[i].key == key)) i++;
+    if (i == TSR__CUDA_GRAPHS) { /* first time: run plainly, remember the key */
+        i = c->graph_next;
+        c->graph_next = (c->graph_next + 1) % TSR__CUDA_GRAPHS;
+        if (c->graphs[i].exec) (void)cudaGraphExecDestroy(c->graphs[i].exec);
+        c->graphs[i].exec = NULL;
+        c->graphs[i].key = key;
+        c->graphs[i].seen = 1;
+        return TSR_OK;
+    }
+    if (c->graphs[i].exec) {
+        TSR_CUDA_TRY(cudaGraphLaunch(c->graphs[i].exec, c->stream));
+        *replayed = true;
+        return TSR_OK;
+    }
+    /* ThreadLocal: another thread's CUDA calls are not this capture's business */
+    TSR_CUDA_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    c->capturing = i;
+    return TSR_OK;
+}
+
+/* Ends a capture: instantiates the graph and launches it (the captured ops did not run).
+ * A capture that failed (an op the stream cannot record) turns graphs off for this
+ * backend with one warning, and the step fails rather than be lost silently. */
+static tsr_status tsr__cuda_graph_end(tsr_backend *be) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    int i = c->capturing;
+    if (i < 0) return TSR_OK; /* the step ran plainly */
+    c->capturing = -1;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    cudaGraphExec_t exec = NULL;
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, g, 0);
+    if (g) (void)cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        c->graphs_off = true;
+        c->graphs[i].seen = 0;
+        TSR_LOG_WARN("cuda: a step could not be captured as a graph (%s); graphs off",
+                     cudaGetErrorString(e));
+        return tsr_error_set(TSR_ERR_INTERNAL, "cuda: step capture failed: %s",
+                             cudaGetErrorString(e));
+    }
+    c->graphs[i].exec = exec;
+    TSR_CUDA_TRY(cudaGraphLaunch(exec, c->stream));
+    return TSR_OK;
+}
+
 /* ---- lifecycle ---- */
 
 static void tsr__cuda_destroy(tsr_backend *be) {
@@ -898,9 +1063,12 @@ static void tsr__cuda_destroy(tsr_backend *be) {
     tsr__cuda_ctx *c = tsr__ctx(be);
     if (c) {
         if (c->stream) (void)cudaStreamSynchronize(c->stream);
+        for (int i = 0; i < TSR__CUDA_GRAPHS; i++)
+            if (c->graphs[i].exec) (void)cudaGraphExecDestroy(c->graphs[i].exec);
         if (c->blas) (void)cublasDestroy(c->blas);
         tsr__scratch_release(&c->xconv);
         tsr__scratch_release(&c->part);
+        tsr__scratch_release(&c->accsum);
         tsr__scratch_release(&c->ints);
         tsr__scratch_release(&c->spans);
         tsr__scratch_release(&c->kpos);
@@ -964,6 +1132,10 @@ static const tsr_backend_ops tsr__cuda_ops = {
     .matmul_parts = tsr__cuda_matmul_parts,
     .sample = tsr__cuda_sample,
     .bias_add = tsr__cuda_bias_add,
+    .attention_paged = tsr__cuda_attention_paged,
+    .matmul_parts_acc = tsr__cuda_matmul_parts_acc,
+    .graph_begin = tsr__cuda_graph_begin,
+    .graph_end = tsr__cuda_graph_end,
 };
 
 tsr_gpu_probe tsr__cuda_probe(int *count, char *detail, size_t cap) {
@@ -1040,6 +1212,11 @@ tsr_status tsr__cuda_create(int device, tsr_backend **out) {
     TSR_CUDA_TRY_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), st, fail);
     TSR_CUBLAS_TRY_GOTO(cublasCreate(&c->blas), st, fail);
     TSR_CUBLAS_TRY_GOTO(cublasSetStream(c->blas, c->stream), st, fail);
+    c->capturing = -1;
+    {
+        const char *gv = getenv("TSR_CUDA_GRAPHS");
+        c->graphs_off = gv && !strcmp(gv, "0");
+    }
     TSR_CUDA_TRY_GOTO(cudaMalloc((void **)&c->bad_id, sizeof(int)), st, fail);
     TSR_CUDA_TRY_GOTO(cudaMemsetAsync(c->bad_id, 0, sizeof(int), c->stream), st, fail);
     *out = be;

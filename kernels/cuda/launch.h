@@ -94,6 +94,11 @@ cudaError_t tsr__cuda_launch_rope(float *x, const int32_t *pos, int64_t n, int n
                                   cudaStream_t stream);
 cudaError_t tsr__cuda_launch_swiglu(float *gate, const float *up, int64_t n, cudaStream_t stream);
 cudaError_t tsr__cuda_launch_add(float *x, const float *y, int64_t n, cudaStream_t stream);
+/* y[i] = ((parts[i] + parts[m + i]) + parts[2m + i]) + ... over n_parts parts of m floats:
+ * the ordered sum of matmul_parts, one launch; accumulate: y[i] += that sum (the residual
+ * add of matmul_parts_acc). */
+cudaError_t tsr__cuda_launch_sum_parts(float *y, const float *parts, int n_parts, int64_t m,
+                                       int accumulate, cudaStream_t stream);
 /* dst[i] = (dtype) src[i], round to nearest even (BF16 or F16) */
 cudaError_t tsr__cuda_launch_convert_f32(void *dst, int dtype, const float *src, int64_t n,
                                          cudaStream_t stream);
@@ -105,6 +110,21 @@ cudaError_t tsr__cuda_launch_attention(const tsr__cuda_attn *a, cudaStream_t str
 /* Floats of device scratch the call `a` (its geometry and sm_count) needs in a->work: the
  * split-K path's per-chunk partials; 0 for the other paths. */
 size_t tsr__cuda_attention_work(const tsr__cuda_attn *a);
+
+/* tsr_attn_paged_args (kernels/backend.h) as attn_paged.cu reads it: every array is
+ * device memory; scale = 1 / sqrt(head_dim). */
+typedef struct tsr__cuda_attn_paged {
+    const float *q;
+    float *out;
+    int n_q, n_heads, n_kv_heads, head_dim;
+    float scale;
+    tsr__cuda_kv lay;
+    const int32_t *q_pos, *q_seq, *n_keys, *tables;
+    int n_seqs, max_blocks;
+} tsr__cuda_attn_paged;
+/* One launch for every query row and head of a step (attn_paged.cu). */
+cudaError_t tsr__cuda_launch_attention_paged(const tsr__cuda_attn_paged *a,
+                                             cudaStream_t stream);
 
 /* tsr_sample_params (kernels/backend.h) as the sample kernels read it (sample.cu). */
 typedef struct tsr__cuda_sample_row {

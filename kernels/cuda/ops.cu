@@ -106,6 +106,18 @@ __global__ void add_kernel(float *x, const float *y, int64_t n) {
         x[i] += y[i];
 }
 
+/* y[i] = ((p_0[i] + p_1[i]) + p_2[i]) + ..., the parts m floats apart: the order of the
+ * add-per-part loop, so the same bits, in one launch. */
+__global__ void sum_parts_kernel(float *y, const float *parts, int n_parts, int64_t m,
+                                 int accumulate) {
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < m;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        float acc = parts[i];
+        for (int p = 1; p < n_parts; p++) acc += parts[static_cast<int64_t>(p) * m + i];
+        y[i] = accumulate ? y[i] + acc : acc;
+    }
+}
+
 __global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, int64_t n) {
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -160,6 +172,15 @@ extern "C" cudaError_t tsr__cuda_launch_add(float *x, const float *y, int64_t n,
                                             cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
     add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tsr__cuda_launch_sum_parts(float *y, const float *parts, int n_parts,
+                                                  int64_t m, int accumulate,
+                                                  cudaStream_t stream) {
+    if (m <= 0 || n_parts <= 0) return cudaSuccess;
+    sum_parts_kernel<<<blocks_for(m), kThreads, 0, stream>>>(y, parts, n_parts, m,
+                                                             accumulate);
     return cudaGetLastError();
 }
 

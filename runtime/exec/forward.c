@@ -54,6 +54,34 @@ struct tsr_forward {
     bool stage;
     float *h_x, *h_parts, *h_y;
     tsr_moe *moe; /* GPT-OSS: the mixture-of-experts block (runtime/exec/moe.h) */
+    /* This call's logit rows are all its rows in order (decode: one token per sequence),
+     * so the final norm reads x itself and no row is gathered. */
+    bool logits_all_rows;
+    /* The sampling parameters of tsr_forward_sample, pinned (host_alloc): the op stages
+     * them with an asynchronous copy, not a pageable one. */
+    tsr_sample_params *h_params;
+    int h_params_cap;
+    /* The batched step (tsr__step_meta): when the cache hands out slots and block tables
+     * (kv->ops->write_slots) and the backend has attention_paged, the step's metadata
+     * (ids, positions, each row's sequence, key counts, every layer's slots and block
+     * tables) is built in one pinned buffer and uploaded once, on a copy stream the
+     * compute stream waits for; every op then reads it in backend memory, one kv_write and
+     * one attention per layer for the whole batch, no staging copy and no host wait.
+     * Reusing both buffers in the next call is safe: a call ends with a host wait behind
+     * its work (the ids, the logits' download or a synchronize). */
+    bool batched;
+    int32_t *h_meta, *d_meta;     /* pinned host / backend */
+    size_t h_meta_cap, d_meta_cap; /* bytes */
+    int32_t *h_slots;             /* host scratch: [layers][T] slots */
+    size_t h_slots_cap;           /* bytes */
+    const int32_t **h_tab;        /* host scratch: [layers][seqs] tables and their lengths */
+    int32_t *h_nb;
+    size_t h_tab_cap;             /* entries */
+    tsr_stream *meta_stream;
+    tsr_event *meta_ev;
+    tsr_kv_layout lay;
+    int meta_T, meta_S, meta_MB;
+    const int32_t *m_ids, *m_pos, *m_seq, *m_nkeys, *m_slots, *m_tables; /* in d_meta */
 };
 
 void tsr_forward_sample_last_stage(tsr_forward *f, bool on) { f->sample_last = on; }
@@ -80,14 +108,18 @@ void tsr_forward_destroy(tsr_forward *f) {
                      f->hb, f->hb2, f->xl,    f->parts,     f->logits_dev, f->scores_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) f->be->ops->buffer_free(f->be, bufs[i]);
-    float *hbufs[] = {f->h_x, f->h_parts, f->h_y};
+    if (f->d_meta) f->be->ops->buffer_free(f->be, f->d_meta);
+    if (f->meta_ev) f->be->ops->event_destroy(f->be, f->meta_ev);
+    if (f->meta_stream) f->be->ops->stream_destroy(f->be, f->meta_stream);
+    tsr_free(f->h_slots);
+    tsr_free(f->h_tab);
+    tsr_free(f->h_nb);
+    void *hbufs[] = {f->h_x,      f->h_parts,     f->h_y,         f->h_params,
+                     f->h_meta,   f->scores_host, f->q_host,      f->xb_host};
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++)
         if (hbufs[i]) f->be->ops->host_free(f->be, hbufs[i]);
     tsr_free(f->pos);
     tsr_free(f->ids);
-    tsr_free(f->scores_host);
-    tsr_free(f->q_host);
-    tsr_free(f->xb_host);
     tsr_free(f->wo_seg);
     tsr_free(f->down_seg);
     tsr_moe_destroy(f->moe);
@@ -216,6 +248,20 @@ static tsr_status tsr__grow_dev(tsr_forward *f, float **p, size_t *cap, size_t b
     return TSR_OK;
 }
 
+/* Grows a pinned host buffer (host_alloc) to `bytes` (contents lost): the policies' copies
+ * of queries, scores and attention input, so that their downloads are no pageable copies. */
+static tsr_status tsr__grow_pin(tsr_forward *f, float **p, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return TSR_OK;
+    /* doubling: the key scores grow every step, and pinning memory is slow */
+    size_t want = bytes > 2 * *cap ? bytes : 2 * *cap;
+    if (*p) f->be->ops->host_free(f->be, *p);
+    *p = NULL;
+    *cap = 0;
+    TSR_TRY(f->be->ops->host_alloc(f->be, want, true, (void **)p));
+    *cap = want;
+    return TSR_OK;
+}
+
 static tsr_status tsr__grow_host(float **p, size_t *cap, size_t bytes) {
     if (bytes <= *cap) return TSR_OK;
     float *q = tsr_realloc(*p, bytes);
@@ -243,7 +289,7 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
             const float *xh = f->xb + row * dim;
             if (!be->host_memory) {
                 size_t nb = (size_t)s->n_tokens * dim * sizeof(float);
-                TSR_TRY(tsr__grow_host(&f->xb_host, &f->xb_host_cap, nb));
+                TSR_TRY(tsr__grow_pin(f, &f->xb_host, &f->xb_host_cap, nb));
                 TSR_TRY(tsr_backend_download(be, f->xb_host, xh, nb));
                 xh = f->xb_host;
             }
@@ -255,7 +301,7 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
             const float *qh = f->q + row * qd; /* in place when backend memory is host memory */
             if (!be->host_memory) {
                 size_t qb = (size_t)s->n_tokens * qd * sizeof(float);
-                TSR_TRY(tsr__grow_host(&f->q_host, &f->q_host_cap, qb));
+                TSR_TRY(tsr__grow_pin(f, &f->q_host, &f->q_host_cap, qb));
                 TSR_TRY(tsr_backend_download(be, f->q_host, qh, qb));
                 qh = f->q_host;
             }
@@ -272,11 +318,11 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
             sb = keys * (size_t)f->nh * sizeof(float); /* per query head */
             /* On a host-memory backend attention adds into the host array itself. */
             if (be->host_memory) {
-                TSR_TRY(tsr__grow_host(&f->scores_host, &f->scores_host_cap, sb));
+                TSR_TRY(tsr__grow_pin(f, &f->scores_host, &f->scores_host_cap, sb));
                 scores = f->scores_host;
             } else {
                 TSR_TRY(tsr__grow_dev(f, &f->scores_dev, &f->scores_cap, sb));
-                TSR_TRY(tsr__grow_host(&f->scores_host, &f->scores_host_cap, sb));
+                TSR_TRY(tsr__grow_pin(f, &f->scores_host, &f->scores_host_cap, sb));
                 scores = f->scores_dev;
             }
             TSR_TRY(be->ops->memset(be, scores, 0, sb)); /* attention adds to it */
@@ -300,9 +346,18 @@ static tsr_status tsr__attention(tsr_forward *f, tsr_kv_cache *kv, int layer,
 }
 
 /* y[n][dim] = x[n][w.cols] . w^T for a row-parallel w (wo, w_down): the local parts'
- * products summed with every other TP rank's in canonical part order. */
+ * products summed with every other TP rank's in canonical part order. With `res` (the
+ * residual stream), res += that product instead, y unused: in one process on a backend
+ * with matmul_parts_acc, the add is the product's epilogue (the same bits: res + sum). */
 static tsr_status tsr__row_parallel(tsr_forward *f, const float *x, int64_t n,
-                                    const tsr_tensor *w, const int32_t *seg, float *y) {
+                                    const tsr_tensor *w, const int32_t *seg, float *y,
+                                    float *res) {
+    if (res && f->tp == 1 && f->be->ops->matmul_parts_acc)
+        return f->be->ops->matmul_parts_acc(f->be, x, n, w, seg, f->n_parts, res);
+    if (res) {
+        TSR_TRY(tsr__row_parallel(f, x, n, w, seg, y, NULL));
+        return f->be->ops->add(f->be, res, y, n * f->m->cfg.dim);
+    }
     const tsr_backend_ops *op = f->be->ops;
     size_t dim = (size_t)f->m->cfg.dim, cols = (size_t)w->cols;
     for (int64_t r0 = 0; r0 < n; r0 += f->row_block) {
@@ -361,12 +416,32 @@ static tsr_status tsr__layers(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_
             TSR_TRY(op->rmsnorm(be, q, &w->q_norm, n * f->nh, c->head_dim, c->norm_eps, q));
             TSR_TRY(op->rmsnorm(be, k, &w->k_norm, n * f->nkv, c->head_dim, c->norm_eps, k));
         }
-        TSR_TRY(op->rope(be, q, pos, n, f->nh, c));
-        TSR_TRY(op->rope(be, k, pos, n, f->nkv, c));
-        TSR_TRY(tsr__attention(f, kv, l - f->sh.layer_begin, seqs, s0, s1, row0));
-        TSR_TRY(tsr__row_parallel(f, att, n, &w->wo, f->wo_seg, xb));
-        if (c->o_bias) TSR_TRY(op->bias_add(be, xb, &w->bo, n)); /* GPT-OSS */
-        TSR_TRY(op->add(be, x, xb, n * c->dim));
+        if (f->batched) { /* the step's metadata in backend memory: one call each */
+            int ll = l - f->sh.layer_begin;
+            const int32_t *dpos = f->m_pos + row0;
+            TSR_TRY(op->rope(be, q, dpos, n, f->nh, c));
+            TSR_TRY(op->rope(be, k, dpos, n, f->nkv, c));
+            TSR_TRY(op->kv_write(be, &f->lay, f->m_slots + (size_t)ll * f->meta_T + row0, n,
+                                 k, v));
+            tsr_attn_paged_args pa = {
+                .q = q, .out = att, .n_q = (int)n, .n_heads = f->nh, .n_kv_heads = f->nkv,
+                .head_dim = c->head_dim, .lay = f->lay, .q_pos = dpos,
+                .q_seq = f->m_seq + row0, .n_keys = f->m_nkeys,
+                .tables = f->m_tables + (size_t)ll * f->meta_S * f->meta_MB,
+                .n_seqs = f->meta_S, .max_blocks = f->meta_MB};
+            TSR_TRY(op->attention_paged(be, &pa));
+        } else {
+            TSR_TRY(op->rope(be, q, pos, n, f->nh, c));
+            TSR_TRY(op->rope(be, k, pos, n, f->nkv, c));
+            TSR_TRY(tsr__attention(f, kv, l - f->sh.layer_begin, seqs, s0, s1, row0));
+        }
+        if (c->o_bias) { /* GPT-OSS: the bias goes in before the residual add */
+            TSR_TRY(tsr__row_parallel(f, att, n, &w->wo, f->wo_seg, xb, NULL));
+            TSR_TRY(op->bias_add(be, xb, &w->bo, n));
+            TSR_TRY(op->add(be, x, xb, n * c->dim));
+        } else {
+            TSR_TRY(tsr__row_parallel(f, att, n, &w->wo, f->wo_seg, xb, x)); /* x += */
+        }
         TSR_TRY(op->rmsnorm(be, x, &w->ffn_norm, n, c->dim, c->norm_eps, xb));
         if (f->moe) { /* GPT-OSS: mixture of experts (runtime/exec/moe.c) */
             const float *y;
@@ -378,16 +453,20 @@ static tsr_status tsr__layers(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_
         TSR_TRY(op->matmul(be, xb, n, &w->w_gate, hb));
         TSR_TRY(op->matmul(be, xb, n, &w->w_up, hb2));
         TSR_TRY(op->swiglu(be, hb, hb2, n * f->hid));
-        TSR_TRY(tsr__row_parallel(f, hb, n, &w->w_down, f->down_seg, xb));
-        TSR_TRY(op->add(be, x, xb, n * c->dim));
+        TSR_TRY(tsr__row_parallel(f, hb, n, &w->w_down, f->down_seg, xb, x)); /* x += */
     }
     return TSR_OK;
 }
 
-/* Rows of sequences [s0, s1) that need logits, gathered into xl from *nl on. */
+/* Rows of sequences [s0, s1) that need logits, gathered into xl from *nl on (counted
+ * only when they are all the rows: the final norm then reads x). */
 static tsr_status tsr__gather_logit_rows(tsr_forward *f, const tsr_batch_seq *seqs, int s0,
                                          int s1, int64_t row, int64_t *nl) {
     size_t dim = (size_t)f->m->cfg.dim;
+    if (f->logits_all_rows) {
+        for (int i = s0; i < s1; i++) *nl += seqs[i].n_tokens;
+        return TSR_OK;
+    }
     for (int i = s0; i < s1; i++) {
         const tsr_batch_seq *s = &seqs[i];
         if (s->all_logits) {
@@ -443,7 +522,7 @@ static tsr_status tsr__pipeline(tsr_forward *f, tsr_kv_cache *kv, const tsr_batc
     memset(sq, 0, sizeof sq);
     tsr_status st = TSR_OK;
     if (first) {
-        st = f->be->ops->embed(f->be, &m->tok_emb, f->ids, T, f->x);
+        st = f->be->ops->embed(f->be, &m->tok_emb, f->batched ? f->m_ids : f->ids, T, f->x);
     } else {
         /* Staged: each micro-batch's rows arrive in the host buffer's same rows, and are
          * uploaded once received; its send later reuses them (the receive is complete). */
@@ -479,6 +558,91 @@ static tsr_status tsr__pipeline(tsr_forward *f, tsr_kv_cache *kv, const tsr_batc
         if (st == TSR_OK) st = w1;
     }
     return st;
+}
+
+/* Grows a pinned host buffer to `bytes` (contents lost). */
+static tsr_status tsr__grow_pinned(tsr_forward *f, int32_t **p, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return TSR_OK;
+    if (*p) f->be->ops->host_free(f->be, *p);
+    *p = NULL;
+    *cap = 0;
+    TSR_TRY(f->be->ops->host_alloc(f->be, bytes, true, (void **)p));
+    *cap = bytes;
+    return TSR_OK;
+}
+
+/* The batched step's metadata (struct tsr_forward, `batched`), after reserve: asks the
+ * cache for every layer's slots and tables (its write bookkeeping), lays them out after
+ * the ids, positions, row sequences and key counts in the pinned buffer, and uploads it
+ * once. *ok false (nothing uploaded) when the cache declines for some sequence: the
+ * per-sequence path then writes every row again through write(), which redoes the same
+ * bookkeeping. */
+static tsr_status tsr__step_meta(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq *seqs,
+                                 int S, int64_t T, bool *ok) {
+    tsr_backend *be = f->be;
+    const int L = kv->n_layers;
+    *ok = false;
+    TSR_TRY(tsr__grow_host((float **)&f->h_slots, &f->h_slots_cap,
+                           (size_t)L * (size_t)T * sizeof(int32_t)));
+    size_t nt = (size_t)L * (size_t)S;
+    if (nt > f->h_tab_cap) {
+        const int32_t **t = tsr_realloc(f->h_tab, nt * sizeof *t);
+        if (!t) return TSR_ERR_NOMEM;
+        f->h_tab = t;
+        int32_t *nb = tsr_realloc(f->h_nb, nt * sizeof *nb);
+        if (!nb) return TSR_ERR_NOMEM;
+        f->h_nb = nb;
+        f->h_tab_cap = nt;
+    }
+    int32_t MB = 1;
+    for (int l = 0; l < L; l++) {
+        int64_t row = 0;
+        for (int i = 0; i < S; i++) {
+            size_t e = (size_t)l * (size_t)S + (size_t)i;
+            tsr_status st = kv->ops->write_slots(kv, l, seqs[i].seq, seqs[i].n_tokens,
+                                                 f->h_slots + (size_t)l * (size_t)T + row,
+                                                 &f->lay, &f->h_tab[e], &f->h_nb[e]);
+            if (st == TSR_ERR_UNSUPPORTED) return TSR_OK;
+            TSR_TRY(st);
+            if (f->h_nb[e] > MB) MB = f->h_nb[e];
+            row += seqs[i].n_tokens;
+        }
+    }
+    /* ids[T] pos[T] seq[T] n_keys[S] slots[L][T] tables[L][S][MB] */
+    size_t n_ints = 3 * (size_t)T + (size_t)S + (size_t)L * (size_t)T + nt * (size_t)MB;
+    size_t bytes = n_ints * sizeof(int32_t);
+    TSR_TRY(tsr__grow_pinned(f, &f->h_meta, &f->h_meta_cap, bytes));
+    TSR_TRY(tsr__grow_dev(f, (float **)&f->d_meta, &f->d_meta_cap, bytes));
+    if (!f->meta_stream) TSR_TRY(be->ops->stream_create(be, &f->meta_stream));
+    if (!f->meta_ev) TSR_TRY(be->ops->event_create(be, &f->meta_ev));
+    int32_t *h = f->h_meta;
+    memcpy(h, f->ids, (size_t)T * sizeof *h);
+    memcpy(h + T, f->pos, (size_t)T * sizeof *h);
+    int32_t *hs = h + 2 * T, *hk = h + 3 * T, *hl = hk + S, *ht = hl + (size_t)L * T;
+    for (int i = 0, row = 0; i < S; i++) {
+        for (int32_t j = 0; j < seqs[i].n_tokens; j++) hs[row++] = i;
+        hk[i] = kv->ops->seq_len(kv, seqs[i].seq) + seqs[i].n_tokens;
+    }
+    memcpy(hl, f->h_slots, (size_t)L * (size_t)T * sizeof *hl);
+    for (size_t e = 0; e < nt; e++) {
+        memcpy(ht + e * (size_t)MB, f->h_tab[e], (size_t)f->h_nb[e] * sizeof *ht);
+        memset(ht + e * (size_t)MB + f->h_nb[e], 0, (size_t)(MB - f->h_nb[e]) * sizeof *ht);
+    }
+    TSR_TRY(be->ops->upload(be, f->d_meta, h, bytes, f->meta_stream));
+    TSR_TRY(be->ops->event_record(be, f->meta_ev, f->meta_stream));
+    TSR_TRY(be->ops->stream_wait(be, NULL, f->meta_ev));
+    const int32_t *d = f->d_meta;
+    f->m_ids = d;
+    f->m_pos = d + T;
+    f->m_seq = d + 2 * T;
+    f->m_nkeys = d + 3 * T;
+    f->m_slots = f->m_nkeys + S;
+    f->m_tables = f->m_slots + (size_t)L * T;
+    f->meta_T = (int)T;
+    f->meta_S = S;
+    f->meta_MB = MB;
+    *ok = true;
+    return TSR_OK;
 }
 
 tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq *seqs,
@@ -523,40 +687,82 @@ tsr_status tsr_forward_run(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq
     for (int i = 0; i < n_seqs; i++) TSR_TRY(kv->ops->reserve(kv, seqs[i].seq, seqs[i].n_tokens));
 
     int64_t row = 0, nl_all = 0;
+    f->logits_all_rows = true;
     for (int i = 0; i < n_seqs; i++) {
         int32_t len = kv->ops->seq_len(kv, seqs[i].seq);
         nl_all += seqs[i].all_logits ? seqs[i].n_tokens : seqs[i].want_logits ? 1 : 0;
+        if (!seqs[i].all_logits && !(seqs[i].want_logits && seqs[i].n_tokens == 1))
+            f->logits_all_rows = false;
         for (int32_t j = 0; j < seqs[i].n_tokens; j++, row++) {
             f->ids[row] = seqs[i].tokens[j];
             f->pos[row] = len + j;
         }
     }
 
-    int64_t nl = 0;
-    TSR_TRY(tsr__pipeline(f, kv, seqs, n_seqs, T, &nl));
-    for (int i = 0; i < n_seqs; i++)
-        TSR_TRY(kv->ops->commit(kv, seqs[i].seq, seqs[i].tokens, seqs[i].n_tokens));
+    /* attention_paged has no sinks and no sliding window (GPT-OSS, Mistral): those models
+     * take the per-sequence op, which enforces both. */
+    f->batched = false;
+    if (kv->ops->write_slots && be->ops->attention_paged && !kv->wants_scores &&
+        !kv->wants_queries && !kv->wants_attn_input && !c->attn_sinks &&
+        c->sliding_window <= 0)
+        TSR_TRY(tsr__step_meta(f, kv, seqs, n_seqs, T, &f->batched));
+
+    /* The step's device work (layers, final norm, classifier) as one graph when it reads
+     * nothing but backend memory: the batched step of one process with its logits kept for
+     * the device sampler. The key names what the recorded launches depend on. */
+    const size_t lb_all = (size_t)nl_all * (size_t)c->vocab_size * sizeof(float);
+    bool graph = f->batched && f->pp == 1 && f->tp == 1 && !logits && f->logits_all_rows &&
+                 nl_all == T && be->ops->graph_begin && be->ops->graph_end;
+    bool replayed = false;
+    if (graph) {
+        TSR_TRY(tsr__grow_dev(f, &f->logits_dev, &f->logits_cap, lb_all));
+        uint64_t key = 1469598103934665603ull;
+        const uint64_t parts[] = {(uint64_t)T, (uint64_t)n_seqs, (uint64_t)f->meta_MB,
+                                  (uint64_t)(uintptr_t)f->d_meta,
+                                  (uint64_t)(uintptr_t)f->logits_dev,
+                                  (uint64_t)(uintptr_t)f->lay.k};
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+            key = (key ^ parts[i]) * 1099511628211ull;
+        TSR_TRY(be->ops->graph_begin(be, key, &replayed));
+    }
+    int64_t nl = replayed ? nl_all : 0;
+    tsr_status st = replayed ? TSR_OK : tsr__pipeline(f, kv, seqs, n_seqs, T, &nl);
 
     /* Norm + classifier on the gathered rows only, on the last stage; then every stage
      * gets the logits (every rank samples the same tokens), unless the caller samples on
      * the last stage and shares the ids (tsr_forward_share_tokens). */
     f->logits_rows = 0;
-    if (f->sh.last_stage && nl > 0) {
+    if (st == TSR_OK && f->sh.last_stage && nl > 0) {
         size_t lb = (size_t)nl * (size_t)c->vocab_size * sizeof(float);
-        TSR_TRY(op->rmsnorm(be, f->xl, &m->out_norm, nl, c->dim, c->norm_eps, f->xl));
-        if (!logits) { /* kept in backend memory for tsr_forward_sample */
-            TSR_TRY(tsr__grow_dev(f, &f->logits_dev, &f->logits_cap, lb));
-            TSR_TRY(op->matmul(be, f->xl, nl, &m->classifier, f->logits_dev));
-            f->logits_rows = (int)nl;
+        const float *xn = f->logits_all_rows ? f->x : f->xl;
+        if (!replayed) st = op->rmsnorm(be, xn, &m->out_norm, nl, c->dim, c->norm_eps, f->xl);
+        if (st != TSR_OK) {
+        } else if (!logits) { /* kept in backend memory for tsr_forward_sample */
+            st = tsr__grow_dev(f, &f->logits_dev, &f->logits_cap, lb);
+            if (st == TSR_OK && !replayed)
+                st = op->matmul(be, f->xl, nl, &m->classifier, f->logits_dev);
+            if (st == TSR_OK) f->logits_rows = (int)nl;
         } else if (be->host_memory) { /* the caller's buffer is the backend's memory: no copy */
-            TSR_TRY(op->matmul(be, f->xl, nl, &m->classifier, logits));
+            st = op->matmul(be, f->xl, nl, &m->classifier, logits);
         } else {
-            TSR_TRY(tsr__grow_dev(f, &f->logits_dev, &f->logits_cap, lb));
-            TSR_TRY(op->matmul(be, f->xl, nl, &m->classifier, f->logits_dev));
-            TSR_TRY(tsr_backend_download(be, logits, f->logits_dev, lb));
+            st = tsr__grow_dev(f, &f->logits_dev, &f->logits_cap, lb);
+            if (st == TSR_OK) st = op->matmul(be, f->xl, nl, &m->classifier, f->logits_dev);
+            if (st == TSR_OK) st = tsr_backend_download(be, logits, f->logits_dev, lb);
         }
     }
-    TSR_TRY(op->synchronize(be));
+    if (graph && !replayed) { /* ended on failure too; the first error wins */
+        tsr_status ge = be->ops->graph_end(be);
+        if (st == TSR_OK) st = ge;
+    }
+    TSR_TRY(st);
+    for (int i = 0; i < n_seqs; i++)
+        TSR_TRY(kv->ops->commit(kv, seqs[i].seq, seqs[i].tokens, seqs[i].n_tokens));
+
+    /* The host waits once per step: for the ids (tsr_forward_sample) when the logits stay
+     * on the device, for the logits' download when they come back; otherwise here, so
+     * that the call returns with its work done as before. */
+    bool waited = f->sh.last_stage && nl > 0 && (!logits || !be->host_memory);
+    if (!waited || f->pp > 1) TSR_TRY(op->synchronize(be));
     if (f->pp > 1 && nl_all > 0 && !f->sample_last && logits)
         TSR_TRY(tsr_comm_bcast(f->comm, TSR_COMM_PP, logits,
                                (size_t)nl_all * (size_t)c->vocab_size * sizeof(float), f->pp - 1));
@@ -572,9 +778,15 @@ tsr_status tsr_forward_sample(tsr_forward *f, tsr_sampler *const *samplers, int 
     if (n_rows != f->logits_rows)
         return tsr_error_set(TSR_ERR_INVALID, "forward: %d rows to sample, the last call kept "
                              "%d rows of logits on the device", n_rows, f->logits_rows);
-    tsr_sample_params stack[16];
-    tsr_sample_params *par = n_rows <= 16 ? stack : tsr_malloc((size_t)n_rows * sizeof *par);
-    if (!par) return TSR_ERR_NOMEM;
+    if (n_rows > f->h_params_cap) {
+        if (f->h_params) be->ops->host_free(be, f->h_params);
+        f->h_params = NULL;
+        f->h_params_cap = 0;
+        TSR_TRY(be->ops->host_alloc(be, (size_t)n_rows * sizeof *f->h_params, true,
+                                    (void **)&f->h_params));
+        f->h_params_cap = n_rows;
+    }
+    tsr_sample_params *par = f->h_params;
     /* The uniforms come from each request's seeded sampler here, on the host, exactly as
      * tsr_sampler_sample draws them, so the backend picks the host's tokens. */
     for (int i = 0; i < n_rows; i++) tsr_sampler_row_params(samplers[i], &par[i]);
@@ -591,7 +803,6 @@ tsr_status tsr_forward_sample(tsr_forward *f, tsr_sampler *const *samplers, int 
         tsr_free(h);
         tsr_free(cand);
     }
-    if (par != stack) tsr_free(par);
     f->logits_rows = 0; /* the op overwrote them */
     return st;
 }

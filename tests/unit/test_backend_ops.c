@@ -56,6 +56,9 @@ static tsr_status check_vtable(const tsr_backend *be) {
         if (!req[i].present)
             return tsr_error_set(TSR_ERR_INTERNAL, "backend %s: no %s in its vtable", o->name,
                                  req[i].name);
+    if (!o->graph_begin != !o->graph_end)
+        return tsr_error_set(TSR_ERR_INTERNAL, "backend %s: graph_begin without graph_end "
+                             "(or the reverse)", o->name);
     if (!o->host_register != !o->host_unregister)
         return tsr_error_set(TSR_ERR_INTERNAL, "backend %s: host_register without "
                              "host_unregister (or the reverse)", o->name);
@@ -949,6 +952,123 @@ TSR_TEST(test_attention_prefill) {
     check_attention(&c5);
 }
 
+/* attention_paged (optional) against the reference's per-sequence attention over the same
+ * keys: two sequences of a paged layout (blocks of 16, K rows then V rows, the tables out of
+ * order), 1 and 3 query rows (decode and a short chunk). */
+TSR_TEST(test_attention_paged) {
+    targets t;
+    ASSERT_OK(targets_open(&t));
+    enum { BS = 16, NB = 12, MB = 5, S = 2, NQ = 4, H = 8, G = 2, HD = 64 };
+    const int row = G * HD;
+    const int32_t n_keys[S] = {37, 70}, tables[S][MB] = {{7, 2, 9, 0, 0}, {1, 11, 4, 8, 3}};
+    const int32_t q_seq[NQ] = {0, 1, 1, 1}, q_pos[NQ] = {36, 67, 68, 69};
+    size_t kvn = (size_t)NB * 2 * BS * row, qn = (size_t)NQ * H * HD;
+    float *kv = rand_floats(kvn, 1.2f), *q = rand_floats(qn, 1.5f);
+    float *want = tsr_malloc(qn * sizeof(float)), *got = tsr_malloc(qn * sizeof(float));
+    int32_t meta[NQ + NQ + S + S * MB];
+    memcpy(meta, q_pos, sizeof q_pos);
+    memcpy(meta + NQ, q_seq, sizeof q_seq);
+    memcpy(meta + 2 * NQ, n_keys, sizeof n_keys);
+    memcpy(meta + 2 * NQ + S, tables, sizeof tables);
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        tsr_backend *be = target(&t, b);
+        if (b >= 0 && !be->ops->attention_paged) continue;
+        float *dkv = be_dup(be, kv, kvn * sizeof(float)), *dq = be_dup(be, q, qn * sizeof(float));
+        float *dout = be_dup(be, NULL, qn * sizeof(float));
+        int32_t *dm = be_dup(be, meta, sizeof meta);
+        ASSERT_TRUE(dkv && dq && dout && dm);
+        tsr_kv_layout lay = {.k = dkv, .v = dkv + BS * row, .block_stride = 2 * BS * row,
+                             .block = BS, .row = row};
+        if (b < 0) { /* the reference: per sequence, the spans the tables name */
+            for (int r0 = 0; r0 < NQ;) {
+                int s = q_seq[r0], r1 = r0;
+                while (r1 < NQ && q_seq[r1] == s) r1++;
+                tsr_kv_span sp[MB];
+                int nb = (n_keys[s] + BS - 1) / BS;
+                for (int j = 0; j < nb; j++) {
+                    int64_t at = (int64_t)tables[s][j] * lay.block_stride;
+                    int left = n_keys[s] - j * BS;
+                    sp[j] = (tsr_kv_span){.k = lay.k + at, .v = lay.v + at, .pos0 = j * BS,
+                                          .n = left < BS ? left : BS, .stride = row};
+                }
+                tsr_attn_args a = {.q = dq + (size_t)r0 * H * HD, .q_pos = q_pos + r0,
+                                   .n_q = r1 - r0, .spans = sp, .n_spans = nb, .n_heads = H,
+                                   .n_kv_heads = G, .head_dim = HD,
+                                   .out = dout + (size_t)r0 * H * HD};
+                ASSERT_OK(be->ops->attention(be, &a));
+                r0 = r1;
+            }
+        } else {
+            tsr_attn_paged_args pa = {.q = dq, .out = dout, .n_q = NQ, .n_heads = H,
+                                      .n_kv_heads = G, .head_dim = HD, .lay = lay,
+                                      .q_pos = dm, .q_seq = dm + NQ, .n_keys = dm + 2 * NQ,
+                                      .tables = dm + 2 * NQ + S, .n_seqs = S, .max_blocks = MB};
+            ASSERT_OK(be->ops->attention_paged(be, &pa));
+        }
+        ASSERT_OK(be_read(be, b < 0 ? want : got, dout, qn * sizeof(float)));
+        if (b >= 0)
+            ASSERT_TRUE(compare("attention_paged 2 seqs gqa4 hd64", t.label[b], got, want, qn,
+                                NULL, 2e-5) <= 1.0);
+        be_release(be, dkv);
+        be_release(be, dq);
+        be_release(be, dout);
+        be_release(be, dm);
+    }
+    tsr_free(kv);
+    tsr_free(q);
+    tsr_free(want);
+    tsr_free(got);
+    targets_close(&t);
+}
+
+/* matmul_parts_acc (optional): y + the ordered sum, the bits of matmul_parts(sum) then add
+ * on the CPU backends (the forward pass's tp contract), within rounding on a GPU. */
+TSR_TEST(test_matmul_parts_acc) {
+    targets t;
+    ASSERT_OK(targets_open(&t));
+    enum { N = 3, ROWS = 48, COLS = 64, P = 4 };
+    const int32_t seg[P + 1] = {0, 16, 32, 48, 64}, useg[P + 1] = {0, 10, 32, 40, 64};
+    float *x = rand_floats(N * COLS, 1.0f), *wf = rand_floats(ROWS * COLS, 0.5f);
+    float *y0 = rand_floats(N * ROWS, 1.0f);
+    float want[N * ROWS], got[N * ROWS];
+    tsr_tensor wh = make_tensor(TSR_F32, ROWS, COLS, wf);
+    for (int u = 0; u < 2; u++) {
+        const int32_t *sg = u ? useg : seg;
+        for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+            tsr_backend *be = target(&t, b);
+            if (b >= 0 && !be->ops->matmul_parts_acc) continue;
+            placed w;
+            ASSERT_OK(be_tensor(be, &wh, &w));
+            float *dx = be_dup(be, x, sizeof(float) * N * COLS);
+            float *dy = be_dup(be, y0, sizeof(float) * N * ROWS);
+            float *dt = be_dup(be, NULL, sizeof(float) * N * ROWS);
+            ASSERT_TRUE(dx && dy && dt);
+            if (b < 0) {
+                ASSERT_OK(be->ops->matmul_parts(be, dx, N, &w.t, sg, P, true, dt));
+                ASSERT_OK(be->ops->add(be, dy, dt, N * ROWS));
+            } else {
+                ASSERT_OK(be->ops->matmul_parts_acc(be, dx, N, &w.t, sg, P, dy));
+            }
+            ASSERT_OK(be_read(be, b < 0 ? want : got, dy, sizeof want));
+            if (b >= 0 && be->device < 0)
+                ASSERT_TRUE(same_bytes(u ? "matmul_parts_acc uneven" : "matmul_parts_acc",
+                                       t.label[b], got, want, sizeof want));
+            else if (b >= 0)
+                ASSERT_TRUE(compare("matmul_parts_acc", t.label[b], got, want, N * ROWS, NULL,
+                                    1e-4) <= 1.0);
+            be_release(be, dx);
+            be_release(be, dy);
+            be_release(be, dt);
+            be_tensor_release(be, &w);
+        }
+    }
+    tsr_free(x);
+    tsr_free(wf);
+    tsr_free(y0);
+    tsr_free((void *)wh.data);
+    targets_close(&t);
+}
+
 /* ---- sampling ---- */
 
 /* The sample op (optional) against the host arithmetic (kernels/sample.c, which the CPU op
@@ -1193,6 +1313,7 @@ TSR_TEST(test_backend_select) {
 
 TSR_TEST_MAIN(test_memory, test_copies, test_kv_rows, test_matmul_f32, test_matmul_bf16,
               test_matmul_f16, test_matmul_parts, test_rmsnorm, test_rope, test_swiglu_add, test_bias_add,
-              test_embed, test_attention_decode, test_attention_prefill, test_sample,
+              test_embed, test_attention_decode, test_attention_prefill, test_attention_paged,
+              test_matmul_parts_acc, test_sample,
               test_backend_select,
               test_bench)
