@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/utf8.h"
 
 /* ---- string set: open addressing, FNV-1a ------------------------------------------------ */
 
@@ -322,21 +323,11 @@ void tsr_batch_record_id(const char *custom_id, int64_t line, char *buf, size_t 
 }
 
 /* Length of the UTF-8 character at p (n bytes left): 1-4, or 0 when p does not start a
- * valid one (a NUL byte, a stray continuation byte, a cut sequence, an overlong form, a
- * surrogate, a value past U+10FFFF). */
+ * well-formed one (base/utf8.h) or is a NUL byte (no JSON text holds one raw). */
 static size_t tsr__utf8_char(const uint8_t *p, size_t n) {
-    uint8_t c = p[0];
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (c == 0 || len == 0 || len > n) return 0;
-    uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1fu) : len == 3 ? (c & 0x0fu) : (c & 0x07u);
-    for (size_t k = 1; k < len; k++) {
-        if ((p[k] & 0xc0) != 0x80) return 0;
-        cp = (cp << 6) | (p[k] & 0x3fu);
-    }
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
-        (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
-        return 0;
-    return len;
+    uint32_t cp;
+    if (p[0] == 0) return 0;
+    return (size_t)tsr_utf8_decode(p, n, &cp);
 }
 
 /* Valid UTF-8 copy: invalid sequences and NUL bytes become U+FFFD (JSON needs UTF-8). */
