@@ -75,6 +75,7 @@ typedef struct tsr__off_opts {
     int measure_recall; /* also compute exact scores on every selection (slow) */
     double alpha;       /* skew: fetch the keys within alpha of the max partial logit */
     double ratio;       /* skew: partial-weight ratio, the share of a head's columns kept */
+    int dense_layers;   /* skew: the first layers keep every token (InfiniGen: 2) */
 } tsr__off_opts;
 
 typedef struct tsr__off_counters {
@@ -692,6 +693,9 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
     int32_t keep = budget - (total - len);
     if (keep < 0) keep = 0;
     if (keep > len) keep = len;
+    /* InfiniGen leaves its first layers dense: layer 0 has no previous layer to speculate
+     * from, and the first layers' attention is spread wide (tools/infinigen_ref.py). */
+    if (o->mode == TSR_OFFLOAD_SKEW && layer < o->opt.dense_layers) keep = len;
     uint8_t *want = tsr_calloc((size_t)(len ? len : 1), 1);
     if (!want) return TSR_ERR_NOMEM;
     if (keep == len) {
@@ -837,10 +841,13 @@ static const tsr_kv_policy_option tsr__off_options[] = {
      "in skew mode, 4 pairs in warmup)", "0", 0, 64, NULL},
     {"offload-alpha", TSR_KV_OPT_DOUBLE, offsetof(tsr__off_opts, alpha), "A",
      "skew: fetch the keys whose speculated logit is within A of the maximum (InfiniGen's "
-     "alpha), at most the budget", "4", 0, 1e6, NULL},
+     "alpha; 5 in its Llama scripts), at most the budget", "5", 0, 1e6, NULL},
     {"offload-ratio", TSR_KV_OPT_DOUBLE, offsetof(tsr__off_opts, ratio), "R",
      "skew: the share of each head's channels kept as partial keys when --offload-pairs is "
      "0 (InfiniGen's partial-weight ratio)", "0.2", 0.01, 1, NULL},
+    {"offload-dense-layers", TSR_KV_OPT_INT, offsetof(tsr__off_opts, dense_layers), "N",
+     "skew: the first N layers keep every token, as InfiniGen does (their KV still counts "
+     "in the host copy)", "2", 0, 1 << 20, NULL},
     {"offload-recall", TSR_KV_OPT_FLAG, offsetof(tsr__off_opts, measure_recall), NULL,
      "score every selection exactly for the speculation's recall (slow; by default every "
      "16th)", NULL, 0, 1, NULL},
