@@ -275,12 +275,12 @@ def main():
                 print(f"skew={skew:5s} select={sel:5s} budget={b:.2f} ppl={r['ppl']:.2f} "
                       f"(full {r['ppl_full']:.2f}) agree={r['agreement']:.3f} kl={r['kl']:.3f} "
                       f"recall={r['recall']:.3f} fetched={r['fetched_frac']:.3f}", flush=True)
-    out = dict(model="SmolLM2-135M-Instruct.Q4_1", text=a.text, calib=a.calib, tokens=len(ids),
-               ids=ids, rows=rows)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(out, f, indent=1)
-            f.write("\n")
+                if a.out:  # after every row: a long run keeps what it measured
+                    out = dict(model="SmolLM2-135M-Instruct.Q4_1", text=a.text, calib=a.calib,
+                               tokens=len(ids), ids=ids, rows=rows)
+                    with open(a.out, "w") as f:
+                        json.dump(out, f, indent=1)
+                        f.write("\n")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 # (issue 31: a speculation that fell back to recent tokens or scored against the wrong skew
 # showed as recall ~0.5 and perplexity x3). Measured: recall 0.70, ppl 118 against the full
 # cache's 45 (24 tokens are few: the ratio is noisy); pinned with margin. The
-# InfiniGen reference on the same model is tests/data/infinigen/ref_artistic.json.
+# InfiniGen reference on the same model is tests/data/infinigen/ref_artistic_300.json.
 # Skips (77) without the model.
 . "$(dirname "$0")/common.sh"
 GGUF=$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf
