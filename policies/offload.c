@@ -5,7 +5,7 @@
  * tokens to make resident; the tokens of the current step are always resident. Two modes
  * (docs/kv-cache.md):
  *
- * skew (TSR_OFFLOAD_SKEW, the default): at create, per layer and KV head, the best columns
+ * skew (TSR_OFFLOAD_SKEW): at create, per layer and KV head, the best columns
  * of an orthogonal transform from the weights (policies/offload_skew.h: the eigenvectors of
  * the rotated query's position-averaged covariance), applied after RoPE to queries and keys
  * alike, so it cancels in q.k exactly. The partial keys are the rotated keys' projections;
@@ -14,7 +14,8 @@
  * tensor parallelism the heads' scores and counts are summed over the group, as below; not
  * with pipeline stages or replicated KV heads (those run warmup).
  *
- * warmup (TSR_OFFLOAD_WARMUP; also whenever the policy gets no weights): partial q.k over a
+ * warmup (TSR_OFFLOAD_WARMUP, the default, as measured on a real model; skew falls back to
+ * it whenever the policy gets no weights): partial q.k over a
  * few rotary channel pairs per KV head with the layer's own queries (the `queries` hook).
  * Channel pairs are chosen per layer during a warm-up (the first TSR__OFF_WARM keys and
  * their queries) by the largest query energy x key variance. A pair is rotation-invariant,
@@ -66,8 +67,9 @@ typedef struct tsr__oseq {
 
 /* Its options (the declaration below) and stats. */
 /* The modes (--offload-mode, docs/kv-cache.md); the index into tsr__off_modes. */
-enum { TSR_OFFLOAD_SKEW = 0, TSR_OFFLOAD_WARMUP = 1 };
-static const char *const tsr__off_modes[] = {"skew", "warmup", NULL};
+/* warmup is the default (0): on SmolLM2 it beats skew at every budget (docs/kv-cache.md). */
+enum { TSR_OFFLOAD_WARMUP = 0, TSR_OFFLOAD_SKEW = 1 };
+static const char *const tsr__off_modes[] = {"warmup", "skew", NULL};
 
 typedef struct tsr__off_opts {
     int mode;           /* TSR_OFFLOAD_SKEW or TSR_OFFLOAD_WARMUP */
@@ -835,7 +837,8 @@ static const tsr_kv_policy_option tsr__off_options[] = {
     {"offload-mode", TSR_KV_OPT_ENUM, offsetof(tsr__off_opts, mode), "MODE",
      "skew (InfiniGen: partial keys from the weights' eigenvectors, the next layer "
      "speculated; warmup under --pp) or warmup (channel pairs from the first keys, the "
-     "layer's own queries)", "skew", 0, 0, tsr__off_modes},
+     "layer's own queries; the default: better on SmolLM2, docs/kv-cache.md)", "warmup", 0, 0,
+     tsr__off_modes},
     {"offload-pairs", TSR_KV_OPT_INT, offsetof(tsr__off_opts, spec_pairs), "N",
      "channel pairs per head the speculation scores with (0: 20 % of the head's channels "
      "in skew mode, 4 pairs in warmup)", "0", 0, 64, NULL},

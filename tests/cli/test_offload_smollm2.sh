@@ -14,7 +14,7 @@ if [ ! -f "$GGUF" ]; then
     exit 77
 fi
 "$BIN" fidelity --model "$GGUF" --text "$ROOT/tests/data/infinigen/artistic.txt" \
-    --max-tokens 24 --max-context 256 --threads 2 --kv-policy offload --kv-budget 0.5 \
+    --max-tokens 24 --max-context 256 --threads 2 --kv-policy offload --offload-mode skew --kv-budget 0.5 \
     --offload-recall --json "$TMP/f.json" --quiet 2>"$TMP/f.err" ||
     fail "fidelity offload: exit $?: $(tail -n 3 "$TMP/f.err")"
 python3 - "$TMP/f.json" <<'PY' || fail "offload on SmolLM2: $(cat "$TMP/f.json")"
