@@ -5,7 +5,7 @@
  * tokens to make resident; the tokens of the current step are always resident. Two modes
  * (docs/kv-cache.md):
  *
- * skew (TSR_OFFLOAD_SKEW, the default): at create, per layer and KV head, the best columns
+ * skew (TSR_OFFLOAD_SKEW): at create, per layer and KV head, the best columns
  * of an orthogonal transform from the weights (policies/offload_skew.h: the eigenvectors of
  * the rotated query's position-averaged covariance), applied after RoPE to queries and keys
  * alike, so it cancels in q.k exactly. The partial keys are the rotated keys' projections;
@@ -14,7 +14,8 @@
  * tensor parallelism the heads' scores and counts are summed over the group, as below; not
  * with pipeline stages or replicated KV heads (those run warmup).
  *
- * warmup (TSR_OFFLOAD_WARMUP; also whenever the policy gets no weights): partial q.k over a
+ * warmup (TSR_OFFLOAD_WARMUP, the default, as measured on a real model; skew falls back to
+ * it whenever the policy gets no weights): partial q.k over a
  * few rotary channel pairs per KV head with the layer's own queries (the `queries` hook).
  * Channel pairs are chosen per layer during a warm-up (the first TSR__OFF_WARM keys and
  * their queries) by the largest query energy x key variance. A pair is rotation-invariant,
@@ -66,8 +67,9 @@ typedef struct tsr__oseq {
 
 /* Its options (the declaration below) and stats. */
 /* The modes (--offload-mode, docs/kv-cache.md); the index into tsr__off_modes. */
-enum { TSR_OFFLOAD_SKEW = 0, TSR_OFFLOAD_WARMUP = 1 };
-static const char *const tsr__off_modes[] = {"skew", "warmup", NULL};
+/* warmup is the default (0): on SmolLM2 it beats skew at every budget (docs/kv-cache.md). */
+enum { TSR_OFFLOAD_WARMUP = 0, TSR_OFFLOAD_SKEW = 1 };
+static const char *const tsr__off_modes[] = {"warmup", "skew", NULL};
 
 typedef struct tsr__off_opts {
     int mode;           /* TSR_OFFLOAD_SKEW or TSR_OFFLOAD_WARMUP */
@@ -75,6 +77,7 @@ typedef struct tsr__off_opts {
     int measure_recall; /* also compute exact scores on every selection (slow) */
     double alpha;       /* skew: fetch the keys within alpha of the max partial logit */
     double ratio;       /* skew: partial-weight ratio, the share of a head's columns kept */
+    int dense_layers;   /* skew: the first layers keep every token (InfiniGen: 2) */
 } tsr__off_opts;
 
 typedef struct tsr__off_counters {
@@ -692,6 +695,9 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
     int32_t keep = budget - (total - len);
     if (keep < 0) keep = 0;
     if (keep > len) keep = len;
+    /* InfiniGen leaves its first layers dense: layer 0 has no previous layer to speculate
+     * from, and the first layers' attention is spread wide (tools/infinigen_ref.py). */
+    if (o->mode == TSR_OFFLOAD_SKEW && layer < o->opt.dense_layers) keep = len;
     uint8_t *want = tsr_calloc((size_t)(len ? len : 1), 1);
     if (!want) return TSR_ERR_NOMEM;
     if (keep == len) {
@@ -831,16 +837,20 @@ static const tsr_kv_policy_option tsr__off_options[] = {
     {"offload-mode", TSR_KV_OPT_ENUM, offsetof(tsr__off_opts, mode), "MODE",
      "skew (InfiniGen: partial keys from the weights' eigenvectors, the next layer "
      "speculated; warmup under --pp) or warmup (channel pairs from the first keys, the "
-     "layer's own queries)", "skew", 0, 0, tsr__off_modes},
+     "layer's own queries; the default: better on SmolLM2, docs/kv-cache.md)", "warmup", 0, 0,
+     tsr__off_modes},
     {"offload-pairs", TSR_KV_OPT_INT, offsetof(tsr__off_opts, spec_pairs), "N",
      "channel pairs per head the speculation scores with (0: 20 % of the head's channels "
      "in skew mode, 4 pairs in warmup)", "0", 0, 64, NULL},
     {"offload-alpha", TSR_KV_OPT_DOUBLE, offsetof(tsr__off_opts, alpha), "A",
      "skew: fetch the keys whose speculated logit is within A of the maximum (InfiniGen's "
-     "alpha), at most the budget", "4", 0, 1e6, NULL},
+     "alpha; 5 in its Llama scripts), at most the budget", "5", 0, 1e6, NULL},
     {"offload-ratio", TSR_KV_OPT_DOUBLE, offsetof(tsr__off_opts, ratio), "R",
      "skew: the share of each head's channels kept as partial keys when --offload-pairs is "
      "0 (InfiniGen's partial-weight ratio)", "0.2", 0.01, 1, NULL},
+    {"offload-dense-layers", TSR_KV_OPT_INT, offsetof(tsr__off_opts, dense_layers), "N",
+     "skew: the first N layers keep every token, as InfiniGen does (their KV still counts "
+     "in the host copy)", "2", 0, 1 << 20, NULL},
     {"offload-recall", TSR_KV_OPT_FLAG, offsetof(tsr__off_opts, measure_recall), NULL,
      "score every selection exactly for the speculation's recall (slow; by default every "
      "16th)", NULL, 0, 1, NULL},

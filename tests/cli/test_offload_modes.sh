@@ -28,7 +28,7 @@ done
 
 # skew's alpha rule: a wider alpha fetches at least as many tokens (InfiniGen's --offload-alpha)
 for a in 0.5 16; do
-    gen --kv-policy offload --kv-budget 0.5 --offload-alpha $a --stats >/dev/null 2>"$TMP/alpha_$a" ||
+    gen --kv-policy offload --kv-budget 0.5 --offload-mode skew --offload-alpha $a --stats >/dev/null 2>"$TMP/alpha_$a" ||
         fail "offload alpha $a: $(cat "$TMP/alpha_$a")"
 done
 python3 - "$TMP/alpha_0.5" "$TMP/alpha_16" <<'PY' || fail "alpha: $(cat "$TMP/alpha_0.5" "$TMP/alpha_16")"
@@ -38,7 +38,7 @@ assert 0 < f[0] < f[1], f
 PY
 gen --kv-policy offload --offload-mode bogus >/dev/null 2>"$TMP/err"
 rc=$?
-[ $rc -eq 2 ] && grep -q -- "--offload-mode bogus: use one of skew, warmup" "$TMP/err" ||
+[ $rc -eq 2 ] && grep -q -- "--offload-mode bogus: use one of warmup, skew" "$TMP/err" ||
     fail "bad mode: exit $rc: $(cat "$TMP/err")"
 gen --max-tokens 1 --kv-policy h2o --kv-budget 0.5 --offload-mode warmup >/dev/null 2>"$TMP/err" ||
     fail "h2o with --offload-mode: $(cat "$TMP/err")"
