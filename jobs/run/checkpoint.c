@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
@@ -1189,6 +1190,11 @@ static void tsr__rkv(tsr__h5 *h, hid_t f, const tsr_ckpt_part *p, tsr_ckpt *c) {
 
 /* Opens path for reading (collective over the part's ranks); -1 with an error line. */
 static hid_t tsr__ropen(const char *path, const tsr_ckpt_part *p) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) { /* say so, not "truncated or corrupt" */
+        tsr_error_set(TSR_ERR_IO, "%s: %s", path, strerror(errno));
+        return -1;
+    }
     hid_t fapl = tsr__fapl(p);
     hid_t f = fapl >= 0 ? H5Fopen(path, H5F_ACC_RDONLY, fapl) : -1;
     if (fapl >= 0) H5Pclose(fapl);
