@@ -2,7 +2,10 @@
  * imported into another pool holds the same rows, positions and scores and goes on the same
  * way; a tsr_ckpt written to HDF5 reads back field for field; damaged files fail with one
  * line. */
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "jobs/run/checkpoint.h"
@@ -187,6 +190,30 @@ TSR_KV_TEST(ckpt_file_round_trip) {
     ASSERT_EQ_INT(tsr_ckpt_read(path, &r), TSR_OK);
     ASSERT_EQ_INT(r.n_reqs, 2);
     tsr_ckpt_free(&r);
+    /* A write killed (SIGKILL) at any moment leaves a whole checkpoint under the name: a
+     * child rewrites it in a loop, so nearly every kill lands inside a write (its temporary
+     * file half written, or the rename pending); after each, the file reads back whole. */
+    int torn = 0; /* kills that left a temporary file: inside a write */
+    for (int i = 0; i < 12; i++) {
+        pid_t pid = fork();
+        ASSERT_TRUE(pid >= 0);
+        if (pid == 0) {
+            for (;;)
+                if (tsr_ckpt_write(path, &w) != TSR_OK) _exit(1);
+        }
+        struct timespec ts = {0, (3000 + 1700 * (long)i) * 1000L};
+        nanosleep(&ts, NULL);
+        kill(pid, SIGKILL);
+        int wst = 0;
+        waitpid(pid, &wst, 0);
+        ASSERT_TRUE(WIFSIGNALED(wst)); /* it was still writing, not failed */
+        torn += access(tmp, F_OK) == 0;
+        ASSERT_EQ_INT(tsr_ckpt_read(path, &r), TSR_OK);
+        ASSERT_EQ_INT(r.n_reqs, 2);
+        tsr_ckpt_free(&r);
+    }
+    ASSERT_TRUE(torn > 0);
+    unlink(tmp);
     /* One process reading one KV head's part: the rows of that head, but the checksum
      * counts only what this process read, so alone it is refused (a part read is for the
      * ranks of a job together). */
