@@ -154,7 +154,11 @@ sec_machine() {
     command -v nvcc >/dev/null && nvcc --version | grep -m1 release
     cmake --version | head -n 1
     echo "cpus $JOBS, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
-    python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)' 2>&1 | tail -n 1
+    # Information only, so bounded: a first torch import from a cold page cache on a loaded
+    # 2-core machine once took the whole section (transformers' version from its metadata,
+    # without importing it).
+    { timeout 20 python3 -c 'import importlib.metadata as md, torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", md.version("transformers"))' 2>&1 ||
+        echo 'torch: not imported within 20 s'; } | tail -n 1
     echo "backend $BACKEND, bench $BENCH_SPEC, longctx synthetic:$LONG_MODEL x $LONG_N tokens, $LONG_LAYERS layer(s)"
     return 0
 }
