@@ -78,11 +78,11 @@ TSR_KV_TEST(test_speculative_selection_and_bytes) {
         for (int32_t i = 0; i < sp[j].n; i++, total++) {
             int32_t pos = sp[j].pos ? sp[j].pos[i] : sp[j].pos0 + i;
             present[pos] = 1;
-            float v0; /* the fetched rows came back through the scatter */
-            ASSERT_OK(kvt_read_rows(&v0, tsr_kv_rows_at((float *)sp[j].v, sp[j].dtype, HD_,
-                                                        i * sp[j].stride), sp[j].dtype, 1,
+            float v0[HD_]; /* the fetched rows came back through the scatter (a whole row) */
+            ASSERT_OK(kvt_read_rows(v0, tsr_kv_rows_at((float *)sp[j].v, sp[j].dtype, HD_,
+                                                       i * sp[j].stride), sp[j].dtype, 1,
                                     HD_));
-            ASSERT_NEAR(v0, pos < N ? (float)pos : 0.0f, 0);
+            ASSERT_NEAR(v0[0], pos < N ? (float)pos : 0.0f, 0);
         }
     ASSERT_EQ_INT(total, 12); /* budget: 11 prior + the new token */
     for (int h = 0; h < 6; h++) ASSERT_EQ_INT(present[hot[h]], 1);
