@@ -11,8 +11,9 @@
 #     BUILD_DIR  default build; needs the tsr_quality target (bench/quality.c)
 #     PAIRS      extra offload rows per budget speculating on PAIRS channel pairs per KV
 #                head, in skew and in warmup mode (default 2 of the model's 4, i.e. half the
-#                channels; offload's own default is skew with 20 % of the channels,
-#                InfiniGen's partial-weight ratio: 2 of 8 here)
+#                channels). The plain `offload` row is the default mode, warmup with 4
+#                pairs: every channel of this model's 8-channel heads, so its speculation is
+#                exact here; `offload skew` is InfiniGen's 20 % of the channels (2 of 8)
 #     PROMPT     the first PROMPT tokens of each story go in as one prefill chunk, a prompt
 #                (default 64; snapkv compresses at a prompt's end, so it is measured only
 #                with one), the rest one token per call; 0: every position in decode mode;
@@ -63,7 +64,9 @@ for b in 0.1 0.2 0.5; do
         [ "$p" = paged ] && continue
         row "$p" "$pct" "$p" --budget $b --recall
         if [ "$p" = offload ]; then
-            row "offload (p=$PAIRS)" "$pct" offload --budget $b --pairs "$PAIRS" --recall
+            row "offload skew" "$pct" offload --budget $b --offload-mode skew --recall
+            row "offload skew (p=$PAIRS)" "$pct" offload --budget $b --pairs "$PAIRS" \
+                --offload-mode skew --recall
             row "offload warmup (p=$PAIRS)" "$pct" offload --budget $b --pairs "$PAIRS" \
                 --offload-mode warmup --recall
         fi
