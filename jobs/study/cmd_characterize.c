@@ -295,6 +295,23 @@ static void tsr__launcher(tsr__argv *a, const char *launcher, int ranks) {
     }
 }
 
+/* The cell's policy, its budget and options, and the study's threads: the same words for
+ * every command a cell runs (run, fidelity, needle). */
+static void tsr__policy_args(tsr__argv *a, const tsr_study *s, const tsr_study_policy *p,
+                             const tsr_cell *cell) {
+    tsr__arg(a, "--kv-policy");
+    tsr__arg(a, "%s", p->policy);
+    if (p->budgeted && cell->budget > 0) {
+        tsr__arg(a, "--kv-budget");
+        tsr__arg(a, "%g", cell->budget);
+    }
+    for (int i = 0; i < p->n_args; i++) tsr__arg(a, "%s", p->args[i]);
+    if (s->threads > 0) {
+        tsr__arg(a, "--threads");
+        tsr__arg(a, "%d", s->threads);
+    }
+}
+
 static void tsr__clean_work(const char *dir) {
     static const char *const names[] = {"input.jsonl", "output.jsonl", "output.errors.jsonl",
                                         "metrics.json", "metrics.json.tmp", "stdout.txt",
@@ -446,17 +463,7 @@ static tsr_status tsr__run_cell(tsr__char *c, const tsr_cell *cell, cJSON **out_
             /* the context the cell needs: the pool is sized from it, not the model's 128K */
             tsr__arg(a, "--max-context");
             tsr__arg(a, "%d", cell->prompt_len + s->gen_tokens + 8);
-            tsr__arg(a, "--kv-policy");
-            tsr__arg(a, "%s", p->policy);
-            if (p->budgeted && cell->budget > 0) {
-                tsr__arg(a, "--kv-budget");
-                tsr__arg(a, "%g", cell->budget);
-            }
-            for (int i = 0; i < p->n_args; i++) tsr__arg(a, "%s", p->args[i]);
-            if (s->threads > 0) {
-                tsr__arg(a, "--threads");
-                tsr__arg(a, "%d", s->threads);
-            }
+            tsr__policy_args(a, s, p, cell);
             if (s->kv_memory) {
                 tsr__arg(a, "--kv-memory");
                 tsr__arg(a, "%s", s->kv_memory);
@@ -488,20 +495,6 @@ static tsr_status tsr__run_cell(tsr__char *c, const tsr_cell *cell, cJSON **out_
             tsr__arg(a, "--depths");
             tsr__arg(a, "%s", s->needle_depths);
         }
-        tsr__arg(a, "--kv-policy");
-        tsr__arg(a, "%s", p->policy);
-        if (p->budgeted && cell->budget > 0) {
-            tsr__arg(a, "--kv-budget");
-            tsr__arg(a, "%g", cell->budget);
-        }
-        for (int i = 0; i < p->n_args; i++) tsr__arg(a, "%s", p->args[i]);
-        if (s->threads > 0) {
-            tsr__arg(a, "--threads");
-            tsr__arg(a, "%d", s->threads);
-        }
-        tsr__arg(a, "--quiet");
-        tsr__arg(a, "--json");
-        tsr__arg(a, "%s", met);
     } else {
         snprintf(met, sizeof met, "%s/fidelity.json", work);
         tsr__arg(a, "%s", c->self);
@@ -530,17 +523,9 @@ static tsr_status tsr__run_cell(tsr__char *c, const tsr_cell *cell, cJSON **out_
             tsr__arg(a, "%d", s->fid_tail);
             if (cell->decode_prefix) tsr__arg(a, "--decode-prefix");
         }
-        tsr__arg(a, "--kv-policy");
-        tsr__arg(a, "%s", p->policy);
-        if (p->budgeted && cell->budget > 0) {
-            tsr__arg(a, "--kv-budget");
-            tsr__arg(a, "%g", cell->budget);
-        }
-        for (int i = 0; i < p->n_args; i++) tsr__arg(a, "%s", p->args[i]);
-        if (s->threads > 0) {
-            tsr__arg(a, "--threads");
-            tsr__arg(a, "%d", s->threads);
-        }
+    }
+    if (cell->kind != TSR_CELL_PERF) { /* needle and fidelity: a JSON of their own */
+        tsr__policy_args(a, s, p, cell);
         tsr__arg(a, "--quiet");
         tsr__arg(a, "--json");
         tsr__arg(a, "%s", met);
