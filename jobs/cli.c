@@ -1,5 +1,6 @@
 #include "jobs/cli.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -166,4 +167,22 @@ int tsr_cli_parse_bytes(const char *s, int64_t *out) {
     if (*end || v * mult > 9.0e18) return -1;
     *out = (int64_t)(v * mult);
     return 0;
+}
+
+tsr_status tsr_cli_write_json(struct cJSON *d, const char *path) {
+    char *js = cJSON_PrintUnformatted(d);
+    cJSON_Delete(d);
+    if (!js) return tsr_error_set(TSR_ERR_NOMEM, "cannot format the result");
+    tsr_status st = TSR_OK;
+    FILE *f = path ? fopen(path, "wb") : stdout;
+    if (!f) {
+        st = tsr_error_set(TSR_ERR_IO, "%s: cannot create", path);
+    } else {
+        if (fprintf(f, "%s\n", js) < 0 || fflush(f) != 0)
+            st = tsr_error_set(TSR_ERR_IO, "%s: write error", path ? path : "stdout");
+        if (path && fclose(f) != 0 && st == TSR_OK)
+            st = tsr_error_set(TSR_ERR_IO, "%s: write error", path);
+    }
+    cJSON_free(js);
+    return st;
 }

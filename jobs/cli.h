@@ -6,6 +6,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/status.h"
+
 typedef enum tsr_opt_kind {
     TSR_OPT_FLAG,   /* bool, no argument */
     TSR_OPT_STRING, /* const char * */
@@ -58,5 +60,11 @@ tsr_cli_result tsr_cli_check_threads(const tsr_cli *cli, int threads);
 /* Parses a byte count: "1048576", "512M", "4G", "1.5GiB" (K/M/G/T are powers of 1024).
  * Returns 0 on success, -1 when malformed. */
 int tsr_cli_parse_bytes(const char *s, int64_t *out);
+
+struct cJSON;
+/* Writes d as one line of JSON to path (created or truncated), or to stdout when path is
+ * NULL, and frees d: a command's result (fidelity, needle). A failure is one line naming
+ * the file. */
+tsr_status tsr_cli_write_json(struct cJSON *d, const char *path);
 
 #endif

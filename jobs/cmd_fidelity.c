@@ -74,21 +74,7 @@ static tsr_status tsr__write_json(const tsr__fid_opts *o, const tsr_fidelity_res
     cJSON_AddNumberToObject(d, "wall_s", r->wall_s);
     cJSON *kv = r->kv_json[0] ? cJSON_Parse(r->kv_json) : NULL;
     if (kv) cJSON_AddItemToObject(d, "kv", kv);
-    char *js = cJSON_PrintUnformatted(d);
-    cJSON_Delete(d);
-    if (!js) return tsr_error_set(TSR_ERR_NOMEM, "cannot format the result");
-    tsr_status st = TSR_OK;
-    FILE *f = o->json ? fopen(o->json, "wb") : stdout;
-    if (!f) {
-        st = tsr_error_set(TSR_ERR_IO, "%s: cannot create", o->json);
-    } else {
-        if (fprintf(f, "%s\n", js) < 0 || fflush(f) != 0)
-            st = tsr_error_set(TSR_ERR_IO, "%s: write error", o->json ? o->json : "stdout");
-        if (o->json && fclose(f) != 0 && st == TSR_OK)
-            st = tsr_error_set(TSR_ERR_IO, "%s: write error", o->json);
-    }
-    cJSON_free(js);
-    return st;
+    return tsr_cli_write_json(d, o->json);
 }
 
 static tsr_status tsr__fidelity(const tsr__fid_opts *o) {
