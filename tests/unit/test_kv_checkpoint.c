@@ -122,7 +122,9 @@ TSR_KV_TEST(ckpt_file_round_trip) {
         return;
     }
     char path[512];
-    snprintf(path, sizeof path, "%s/test_kv_checkpoint.h5", TSR_BINARY_DIR);
+    /* per process: the bf16 variant (test_kv_checkpoint_bf16, the same binary) may run
+     * beside this one under ctest -j */
+    snprintf(path, sizeof path, "%s/test_kv_checkpoint.%d.h5", TSR_BINARY_DIR, (int)getpid());
     tsr_kv_cache *a = tsr__cache(64);
     ASSERT_TRUE(a != NULL);
     ASSERT_EQ_INT(a->ops->seq_add(a, 2), TSR_OK);
