@@ -940,29 +940,24 @@ static tsr__jnode *tsr__jnot(tsr__jparser *p) {
     return tsr__jcompare(p);
 }
 
-static tsr__jnode *tsr__jand(tsr__jparser *p) {
-    tsr__jnode *l = tsr__jnot(p);
-    while (tsr__jis_name(tsr__jpeek(p), "and")) {
+/* A left-associative chain of one keyword operator ("and", "or") over operands parsed by
+ * `sub` (the next tighter level). */
+static tsr__jnode *tsr__jchain(tsr__jparser *p, const char *kw, tsr__jk kind,
+                               tsr__jnode *(*sub)(tsr__jparser *)) {
+    tsr__jnode *l = sub(p);
+    while (tsr__jis_name(tsr__jpeek(p), kw)) {
         tsr__jtok *t = tsr__jnext(p);
-        tsr__jnode *nd = tsr__jnew(p, JN_AND, t);
+        tsr__jnode *nd = tsr__jnew(p, kind, t);
         nd->a = l;
-        nd->b = tsr__jnot(p);
+        nd->b = sub(p);
         l = nd;
     }
     return l;
 }
 
-static tsr__jnode *tsr__jor(tsr__jparser *p) {
-    tsr__jnode *l = tsr__jand(p);
-    while (tsr__jis_name(tsr__jpeek(p), "or")) {
-        tsr__jtok *t = tsr__jnext(p);
-        tsr__jnode *nd = tsr__jnew(p, JN_OR, t);
-        nd->a = l;
-        nd->b = tsr__jand(p);
-        l = nd;
-    }
-    return l;
-}
+static tsr__jnode *tsr__jand(tsr__jparser *p) { return tsr__jchain(p, "and", JN_AND, tsr__jnot); }
+
+static tsr__jnode *tsr__jor(tsr__jparser *p) { return tsr__jchain(p, "or", JN_OR, tsr__jand); }
 
 static tsr__jnode *tsr__jexpr(tsr__jparser *p) {
     tsr__jtok *t0 = tsr__jpeek(p);
