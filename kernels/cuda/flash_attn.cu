@@ -175,7 +175,8 @@ __global__ void qpos_pad_kernel(const int32_t *q_pos, int n_q, int64_t q_pad, in
     if (i < q_pad) out[i] = i < n_q ? q_pos[i] : INT_MIN;
 }
 
-// ---- tensor-core primitives (sm_80+) ----
+// ---- tensor-core primitives (sm_80+; built for an older target they trap, and the
+// backend never launches these kernels on a device older than sm_80) ----
 
 __device__ __forceinline__ void cp16(void *smem, const void *gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -283,9 +284,6 @@ __device__ __forceinline__ bool tile_live(const Fwd &f, int t, int32_t qmin, int
 
 template <int HD>
 __global__ void __launch_bounds__(kThreads, 1) fwd_kernel(Fwd f) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    __trap();
-#else
     constexpr int LD = HD + kPad;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16 *qs = reinterpret_cast<bf16 *>(smem_raw);
@@ -495,7 +493,6 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_kernel(Fwd f) {
         if (Ra < rows) f.lse[qia * f.n_heads + ha] = la > 0.0f ? ma + log2f(la) : INFINITY;
         if (Rb < rows) f.lse[qib * f.n_heads + hb] = lb > 0.0f ? mb + log2f(lb) : INFINITY;
     }
-#endif
 }
 
 struct Scores {
@@ -515,9 +512,6 @@ template <int HD> constexpr size_t scores_smem() {
 
 template <int HD>
 __global__ void __launch_bounds__(kThreads, 1) scores_kernel(Scores f) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    __trap();
-#else
     constexpr int LD = HD + kPad;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16 *ks = reinterpret_cast<bf16 *>(smem_raw); // [kBk][LD]
@@ -625,7 +619,6 @@ __global__ void __launch_bounds__(kThreads, 1) scores_kernel(Scores f) {
         if (ka_key < f.n_keys) ks_out[ka_key] += suma;
         if (kb_key < f.n_keys) ks_out[kb_key] += sumb;
     }
-#endif
 }
 
 template <int HD> cudaError_t launch(const tsr__cuda_attn &a, const float *sinks, int window,
