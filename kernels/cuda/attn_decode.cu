@@ -114,25 +114,21 @@ template <int G, int DT> __global__ void __launch_bounds__(kThreads) split_kerne
                            static_cast<int64_t>(j % a.lay.block) * a.lay.row;
         return tsr_kv::row_at(base, DT, a.lay.row, at);
     };
-    // two keys per lane group per step: j and j + n_kg, both loads before any use
-    for (int32_t j = k0 + kg; j < k1; j += 2 * n_kg) {
-        const int32_t j2 = j + n_kg;
-        const bool two = j2 < k1;
+    // two keys per lane group per step: j and j + n_kg, both loads before any use. The
+    // loop is uniform over the block (the shuffles below need every lane of the warp).
+    for (int32_t base = k0; base < k1; base += 2 * n_kg) {
+        const int32_t j = base + kg, j2 = j + n_kg;
+        const bool one = j < k1, two = j2 < k1;
         float kx[8], ky[8], vx[8], vy[8];
-        if (on) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) kx[i] = ky[i] = vx[i] = vy[i] = 0.0f;
+        if (on && one) {
             load8<DT>(row_of(a.lay.k, j), c0, kx);
             load8<DT>(row_of(a.lay.v, j), c0, vx);
-            if (two) {
-                load8<DT>(row_of(a.lay.k, j2), c0, ky);
-                load8<DT>(row_of(a.lay.v, j2), c0, vy);
-            }
         }
-        if (!on || !two) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                if (!on) kx[i] = vx[i] = 0.0f;
-                ky[i] = vy[i] = 0.0f;
-            }
+        if (on && two) {
+            load8<DT>(row_of(a.lay.k, j2), c0, ky);
+            load8<DT>(row_of(a.lay.v, j2), c0, vy);
         }
 #pragma unroll
         for (int g = 0; g < G; g++) {
@@ -146,8 +142,10 @@ template <int G, int DT> __global__ void __launch_bounds__(kThreads) split_kerne
                 sx += __shfl_xor_sync(0xffffffffu, sx, o);
                 sy += __shfl_xor_sync(0xffffffffu, sy, o);
             }
+            if (!one) sx = -INFINITY;
             if (!two) sy = -INFINITY;
             const float mn = fmaxf(m[g], fmaxf(sx, sy));
+            if (mn == -INFINITY) continue; // this lane group has no key here
             const float corr = exp2f(m[g] - mn), px = exp2f(sx - mn), py = exp2f(sy - mn);
             l[g] = l[g] * corr + px + py;
 #pragma unroll
