@@ -259,7 +259,7 @@ struct Fwd {
     float qscale; // scale * log2(e)
     const bf16 *kb, *vb;
     const int32_t *kpos, *kmin, *kmax;
-    int64_t n_pad;
+    int64_t n_pad, n_keys;
     int n_tiles;
     const float *sinks;
     int window;
@@ -280,6 +280,13 @@ __device__ __forceinline__ bool tile_live(const Fwd &f, int t, int32_t qmin, int
     const int32_t lo = f.kmin[t], hi = f.kmax[t];
     if (lo > hi || lo > qmax) return false; // empty, or after every query
     return f.window <= 0 || static_cast<int64_t>(hi) > static_cast<int64_t>(qmin) - f.window;
+}
+
+// Every key of tile t visible to every query of [qmin, qmax]: the tile needs no mask.
+__device__ __forceinline__ bool tile_full(const Fwd &f, int t, int32_t qmin, int32_t qmax) {
+    const int32_t lo = f.kmin[t], hi = f.kmax[t];
+    if (hi > qmin || static_cast<int64_t>(t + 1) * kBc > f.n_keys) return false;
+    return f.window <= 0 || static_cast<int64_t>(lo) > static_cast<int64_t>(qmax) - f.window;
 }
 
 template <int HD>
@@ -392,15 +399,20 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_kernel(Fwd f) {
                 mma16816(s[j], qa[k], lds32(kr), lds32(kr + 8));
             }
         }
-        // mask by position, then the online softmax of rows a (g) and b (g + 8)
+        // mask by position (not in a tile every row sees whole: rows past the last query
+        // then keep finite scores, but nothing of theirs is written), then the online
+        // softmax of rows a (g) and b (g + 8)
         float mta = -INFINITY, mtb = -INFINITY;
+        const bool full = tile_full(f, t, qmin, qmax);
 #pragma unroll
         for (int j = 0; j < kBc / 8; j++) {
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const int32_t p = kp[8 * j + 2 * t4 + e];
-                if (!visible(p, pa, f.window)) s[j][e] = -INFINITY;
-                if (!visible(p, pb, f.window)) s[j][2 + e] = -INFINITY;
+                if (!full) {
+                    const int32_t p = kp[8 * j + 2 * t4 + e];
+                    if (!visible(p, pa, f.window)) s[j][e] = -INFINITY;
+                    if (!visible(p, pb, f.window)) s[j][2 + e] = -INFINITY;
+                }
                 mta = fmaxf(mta, s[j][e]);
                 mtb = fmaxf(mtb, s[j][2 + e]);
             }
@@ -652,6 +664,7 @@ template <int HD> cudaError_t launch(const tsr__cuda_attn &a, const float *sinks
     f.kmin = kmin;
     f.kmax = kmax;
     f.n_pad = l.n_pad;
+    f.n_keys = a.n_keys;
     f.n_tiles = static_cast<int>(n_tiles);
     f.sinks = sinks;
     f.window = window;
