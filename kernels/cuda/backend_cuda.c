@@ -843,6 +843,19 @@ static tsr_status tsr__cuda_embed(tsr_backend *be, const tsr_tensor *emb, const 
     return TSR_OK;
 }
 
+/* The tensor-core kernels' scratch (flash_attn.h). Step graphs bake in its address: growing
+ * it (never inside a capture: the wait in the reserve would end it) drops them, and the
+ * next steps capture again. */
+static tsr_status tsr__cuda_fa_reserve(tsr__cuda_ctx *c, size_t bytes) {
+    if (bytes > c->fa.cap && c->capturing < 0)
+        for (int i = 0; i < TSR__CUDA_GRAPHS; i++) {
+            if (c->graphs[i].exec) (void)cudaGraphExecDestroy(c->graphs[i].exec);
+            c->graphs[i].exec = NULL;
+            c->graphs[i].seen = 0;
+        }
+    return tsr__scratch_reserve(&c->fa, bytes, c->stream);
+}
+
 static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
     tsr__cuda_ctx *c = tsr__ctx(be);
     if (a->n_q <= 0) return TSR_OK;
@@ -936,7 +949,7 @@ static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
     TSR_TRY(tsr__stage_i32(c, a->q_pos, a->n_q, &k.q_pos, &staged));
     if (c->attn_flash && tsr__cuda_flash_prefill_fits(&k)) {
         /* BF16 tensor-core prefill (flash_attn.cu); it packs every KV dtype itself */
-        TSR_TRY(tsr__scratch_reserve(&c->fa, tsr__cuda_flash_prefill_work(&k), c->stream));
+        TSR_TRY(tsr__cuda_fa_reserve(c, tsr__cuda_flash_prefill_work(&k)));
         TSR_CUDA_TRY(tsr__cuda_flash_prefill(&k, a->sinks, a->window, c->fa.ptr, c->stream));
         return TSR_OK;
     }
@@ -1006,19 +1019,15 @@ static tsr_status tsr__cuda_attention_paged(tsr_backend *be, const tsr_attn_page
                 .block = a->lay.block, .row = a->lay.row, .dtype = a->lay.dtype},
         .q_pos = a->q_pos, .q_seq = a->q_seq, .n_keys = a->n_keys, .tables = a->tables,
         .n_seqs = a->n_seqs, .max_blocks = a->max_blocks};
-    if (c->attn_flash && tsr__cuda_decode_fits(&d)) {
-        /* split-K over the batch (attn_decode.cu). The partials' buffer settles on a key's
-         * first (plain) step; should it grow later, the graphs that hold its old address
-         * are dropped (a capture cannot grow it: the wait in the reserve ends the capture) */
+    /* osscuda's sinks and window of tsr_attn_paged_args go in place of NULL, 0 below */
+    if (c->attn_flash && tsr__cuda_flash_paged_fits(&d)) { /* a prefill chunk: tensor cores */
+        TSR_TRY(tsr__cuda_fa_reserve(c, tsr__cuda_flash_paged_work(&d)));
+        TSR_CUDA_TRY(tsr__cuda_flash_prefill_paged(&d, NULL, 0, c->fa.ptr, c->stream));
+        return TSR_OK;
+    }
+    if (c->attn_flash && tsr__cuda_decode_fits(&d)) { /* split-K over the batch */
         tsr__cuda_decode_plan plan = tsr__cuda_decode_plan_for(&d, c->sm_count);
-        size_t need = tsr__cuda_decode_work(&d, plan);
-        if (need > c->fa.cap && c->capturing < 0)
-            for (int i = 0; i < TSR__CUDA_GRAPHS; i++) {
-                if (c->graphs[i].exec) (void)cudaGraphExecDestroy(c->graphs[i].exec);
-                c->graphs[i].exec = NULL;
-                c->graphs[i].seen = 0;
-            }
-        TSR_TRY(tsr__scratch_reserve(&c->fa, need, c->stream));
+        TSR_TRY(tsr__cuda_fa_reserve(c, tsr__cuda_decode_work(&d, plan)));
         TSR_CUDA_TRY(tsr__cuda_decode_paged(&d, NULL, 0, plan, c->fa.ptr, c->stream));
         return TSR_OK;
     }

@@ -146,8 +146,36 @@ __global__ void pack_kernel(tsr__cuda_attn a, bf16 *kb, bf16 *vb, int32_t *kpos,
     }
 }
 
-// Least and greatest position of each group of `per` entries (INT_MAX / INT_MIN entries are
-// padding and count in neither): one warp per group.
+// The keys of the one sequence of a paged call (attention_paged of a prefill chunk): key j
+// at position j, in block tables[j / block]; keys from n_keys[0] on (read here, on the
+// device: the host does not know it) are padding.
+__global__ void pack_paged_kernel(tsr__cuda_attn_paged a, bf16 *kb, bf16 *vb, int32_t *kpos,
+                                  int64_t n_pad) {
+    const int hd = a.head_dim;
+    const int64_t kvd = static_cast<int64_t>(a.n_kv_heads) * hd;
+    const int64_t nk = a.n_keys[0];
+    for (int64_t key = blockIdx.x; key < n_pad; key += gridDim.x) {
+        const bool real = key < nk;
+        const uint8_t *rk = nullptr, *rv = nullptr;
+        if (real) {
+            const int64_t at = static_cast<int64_t>(a.tables[key / a.lay.block]) * a.lay.block_stride +
+                               key % a.lay.block * a.lay.row;
+            rk = tsr_kv::row_at(a.lay.k, a.lay.dtype, a.lay.row, at);
+            rv = tsr_kv::row_at(a.lay.v, a.lay.dtype, a.lay.row, at);
+        }
+        for (int64_t c = threadIdx.x; c < kvd; c += blockDim.x) {
+            const int64_t o = ((c / hd) * n_pad + key) * hd + c % hd;
+            kb[o] = __float2bfloat16(real ? tsr_kv::load(rk, a.lay.dtype, c) : 0.0f);
+            vb[o] = __float2bfloat16(real ? tsr_kv::load(rv, a.lay.dtype, c) : 0.0f);
+        }
+        if (threadIdx.x == 0) kpos[key] = real ? static_cast<int32_t>(key) : INT_MAX;
+    }
+}
+
+// Least and greatest position of each group of `per` entries, one warp per group. Entries
+// equal to `pad` are padding: they count in neither bound, but a group holding any has the
+// greatest bound INT_MAX, so that no test takes it for whole (tile_full) while the least
+// bound still says what it can hide.
 __global__ void bounds_kernel(const int32_t *pos, int64_t n_groups, int per, int32_t *lo,
                               int32_t *hi, int32_t pad) {
     const int64_t gi = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -155,9 +183,8 @@ __global__ void bounds_kernel(const int32_t *pos, int64_t n_groups, int per, int
     int32_t mn = INT_MAX, mx = INT_MIN;
     for (int j = threadIdx.x % 32; j < per; j += 32) {
         const int32_t p = pos[gi * per + j];
-        if (p == pad) continue;
-        mn = min(mn, p);
-        mx = max(mx, p);
+        mx = max(mx, p == pad ? INT_MAX : p);
+        if (p != pad) mn = min(mn, p);
     }
     for (int o = 16; o > 0; o >>= 1) {
         mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, o));
@@ -259,7 +286,7 @@ struct Fwd {
     float qscale; // scale * log2(e)
     const bf16 *kb, *vb;
     const int32_t *kpos, *kmin, *kmax;
-    int64_t n_pad, n_keys;
+    int64_t n_pad;
     int n_tiles;
     const float *sinks;
     int window;
@@ -285,7 +312,7 @@ __device__ __forceinline__ bool tile_live(const Fwd &f, int t, int32_t qmin, int
 // Every key of tile t visible to every query of [qmin, qmax]: the tile needs no mask.
 __device__ __forceinline__ bool tile_full(const Fwd &f, int t, int32_t qmin, int32_t qmax) {
     const int32_t lo = f.kmin[t], hi = f.kmax[t];
-    if (hi > qmin || static_cast<int64_t>(t + 1) * kBc > f.n_keys) return false;
+    if (hi > qmin) return false; // (a tile with padding keys has hi INT_MAX)
     return f.window <= 0 || static_cast<int64_t>(lo) > static_cast<int64_t>(qmax) - f.window;
 }
 
@@ -633,8 +660,11 @@ __global__ void __launch_bounds__(kThreads, 1) scores_kernel(Scores f) {
     }
 }
 
+// paged: NULL, or the paged call whose one sequence's keys replace a's spans (a.n_keys is
+// then the table's capacity, an upper bound).
 template <int HD> cudaError_t launch(const tsr__cuda_attn &a, const float *sinks, int window,
-                                     unsigned char *work, cudaStream_t stream) {
+                                     unsigned char *work, cudaStream_t stream,
+                                     const tsr__cuda_attn_paged *paged) {
     const Layout l = layout_of(a);
     bf16 *kb = reinterpret_cast<bf16 *>(work + l.kb), *vb = reinterpret_cast<bf16 *>(work + l.vb);
     int32_t *kpos = reinterpret_cast<int32_t *>(work + l.kpos);
@@ -644,7 +674,10 @@ template <int HD> cudaError_t launch(const tsr__cuda_attn &a, const float *sinks
     const int64_t n_tiles = l.n_pad / kBc;
     {
         const unsigned g = static_cast<unsigned>(l.n_pad < 65535 ? l.n_pad : 65535);
-        pack_kernel<<<g, 128, 0, stream>>>(a, kb, vb, kpos, l.n_pad);
+        if (paged)
+            pack_paged_kernel<<<g, 128, 0, stream>>>(*paged, kb, vb, kpos, l.n_pad);
+        else
+            pack_kernel<<<g, 128, 0, stream>>>(a, kb, vb, kpos, l.n_pad);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
         bounds_kernel<<<static_cast<unsigned>((n_tiles + 7) / 8), 256, 0, stream>>>(
@@ -664,7 +697,6 @@ template <int HD> cudaError_t launch(const tsr__cuda_attn &a, const float *sinks
     f.kmin = kmin;
     f.kmax = kmax;
     f.n_pad = l.n_pad;
-    f.n_keys = a.n_keys;
     f.n_tiles = static_cast<int>(n_tiles);
     f.sinks = sinks;
     f.window = window;
@@ -740,6 +772,45 @@ extern "C" cudaError_t tsr__cuda_flash_prefill(const tsr__cuda_attn *a, const fl
     if (a->n_q <= 0 || a->n_heads <= 0) return cudaSuccess;
     if (!work || !tsr__cuda_flash_prefill_fits(a) || a->n_heads > 65535) return cudaErrorInvalidValue;
     unsigned char *w = static_cast<unsigned char *>(work);
-    return a->head_dim == 64 ? launch<64>(*a, sinks, window, w, stream)
-                             : launch<128>(*a, sinks, window, w, stream);
+    return a->head_dim == 64 ? launch<64>(*a, sinks, window, w, stream, nullptr)
+                             : launch<128>(*a, sinks, window, w, stream, nullptr);
+}
+
+namespace {
+// The paged call as the span-based geometry (no spans: pack_paged_kernel reads the table).
+tsr__cuda_attn as_attn(const tsr__cuda_attn_paged *p) {
+    tsr__cuda_attn a = {};
+    a.q = p->q;
+    a.q_pos = p->q_pos;
+    a.n_q = p->n_q;
+    a.n_keys = static_cast<int64_t>(p->max_blocks) * p->lay.block;
+    a.n_heads = p->n_heads;
+    a.n_kv_heads = p->n_kv_heads;
+    a.head_dim = p->head_dim;
+    a.scale = p->scale;
+    a.out = p->out;
+    return a;
+}
+} // namespace
+
+extern "C" int tsr__cuda_flash_paged_fits(const tsr__cuda_attn_paged *a) {
+    if (a->n_seqs != 1 || a->lay.block <= 0 || a->max_blocks <= 0) return 0;
+    const tsr__cuda_attn g = as_attn(a);
+    return tsr__cuda_flash_prefill_fits(&g);
+}
+
+extern "C" size_t tsr__cuda_flash_paged_work(const tsr__cuda_attn_paged *a) {
+    const tsr__cuda_attn g = as_attn(a);
+    return tsr__cuda_flash_prefill_work(&g);
+}
+
+extern "C" cudaError_t tsr__cuda_flash_prefill_paged(const tsr__cuda_attn_paged *a,
+                                                     const float *sinks, int window, void *work,
+                                                     cudaStream_t stream) {
+    if (a->n_q <= 0) return cudaSuccess;
+    if (!work || !tsr__cuda_flash_paged_fits(a) || a->n_heads > 65535) return cudaErrorInvalidValue;
+    const tsr__cuda_attn g = as_attn(a);
+    unsigned char *w = static_cast<unsigned char *>(work);
+    return a->head_dim == 64 ? launch<64>(g, sinks, window, w, stream, a)
+                             : launch<128>(g, sinks, window, w, stream, a);
 }

@@ -29,6 +29,15 @@ size_t tsr__cuda_flash_prefill_work(const tsr__cuda_attn *a);
 cudaError_t tsr__cuda_flash_prefill(const tsr__cuda_attn *a, const float *sinks, int window,
                                     void *work, cudaStream_t stream);
 
+/* The flash prefill over a paged layout, for attention_paged calls of one sequence (a
+ * prefill chunk: the rows of several sequences would need the host to know which rows are
+ * whose, and it does not without a download). Its keys come from the block table, their
+ * count read on the device; the scratch is sized for max_blocks * block keys. */
+int tsr__cuda_flash_paged_fits(const tsr__cuda_attn_paged *a);
+size_t tsr__cuda_flash_paged_work(const tsr__cuda_attn_paged *a);
+cudaError_t tsr__cuda_flash_prefill_paged(const tsr__cuda_attn_paged *a, const float *sinks,
+                                          int window, void *work, cudaStream_t stream);
+
 /* Split-K paged decode: the partitions of the grid and the bytes of scratch for a call of
  * n_q rows, n_heads heads, head_dim, at most max_keys keys per sequence on sm_count
  * multiprocessors. */
