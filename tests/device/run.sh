@@ -514,7 +514,7 @@ if [ -x "$B/bench/tsr_logits_check" ]; then
     section backend_ops 60 sec_backend_ops
     section cuda_mem 30 sec_cuda_mem
     section dist_plane 20 sec_dist_plane
-    section flash_attn 60 sec_flash_attn 20
+    section flash_attn 90 sec_flash_attn 20
     section logits 90 sec_logits 20
     section roofline 40 sec_roofline
     section throughput 90 sec_throughput 30
