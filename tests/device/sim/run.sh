@@ -17,10 +17,10 @@ root=$(cd "$here/../../.." && pwd)
 tmp=${1:-$(mktemp -d)}
 mkdir -p "$tmp"
 CXX=${CXX:-c++}
-command -v "$CXX" >/dev/null && command -v python3 >/dev/null || {
+if ! command -v "$CXX" >/dev/null || ! command -v python3 >/dev/null; then
     echo "cuda_kernels_sim: no $CXX or python3: skipped"
     exit 77
-}
+fi
 python3 "$here/extract.py" "$root/kernels/cuda/flash_attn.cu" fa >"$tmp/flash_attn_sim.inc"
 python3 "$here/extract.py" "$root/kernels/cuda/attn_decode.cu" dec >"$tmp/attn_decode_sim.inc"
 "$CXX" -std=c++20 -O2 -pthread -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas \
