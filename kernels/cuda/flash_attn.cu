@@ -243,6 +243,23 @@ __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b
 #endif
 }
 
+// Four 8x8 BF16 matrices from shared memory: with lane l addressing row l % 8 of matrix
+// l / 8, register i holds matrix i's (row g, cols 2t..2t+1): from a row-major [n][k] tile
+// (K as [key][dim]), the B fragments of two k steps.
+__device__ __forceinline__ void ldsm_x4(const void *smem, uint32_t &r0, uint32_t &r1,
+                                        uint32_t &r2, uint32_t &r3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(s));
+#else
+    (void)smem;
+    r0 = r1 = r2 = r3 = 0;
+    __trap();
+#endif
+}
+
 // Four 8x8 BF16 matrices from shared memory, transposed: with lane l addressing row l % 8
 // of matrix l / 8, register i holds matrix i's (row 2t..2t+1, col g): the B fragment of a
 // row-major [k][n] tile.
@@ -420,10 +437,14 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_kernel(Fwd f) {
 #pragma unroll
         for (int j = 0; j < kBc / 8; j++) {
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            // keys 8j .. 8j + 7; matrices 0-3: dims 16k, 16k + 8, 16k + 16, 16k + 24
+            const bf16 *kr = sk + (8 * j + (lane & 7)) * LD + 8 * (lane >> 3);
 #pragma unroll
-            for (int k = 0; k < HD / 16; k++) {
-                const bf16 *kr = sk + (8 * j + g) * LD + 16 * k + 2 * t4;
-                mma16816(s[j], qa[k], lds32(kr), lds32(kr + 8));
+            for (int k = 0; k < HD / 16; k += 2) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(kr + 16 * k, b0, b1, b2, b3);
+                mma16816(s[j], qa[k], b0, b1);
+                mma16816(s[j], qa[k + 1], b2, b3);
             }
         }
         // mask by position (not in a tile every row sees whole: rows past the last query
@@ -631,10 +652,13 @@ __global__ void __launch_bounds__(kThreads, 1) scores_kernel(Scores f) {
 #pragma unroll
         for (int j = 0; j < kBq / 8; j++) {
             float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const bf16 *qr = sq + (8 * j + (lane & 7)) * LD + 8 * (lane >> 3);
 #pragma unroll
-            for (int k = 0; k < HD / 16; k++) {
-                const bf16 *qr = sq + (8 * j + g) * LD + 16 * k + 2 * t4;
-                mma16816(c, ka[k], lds32(qr), lds32(qr + 8));
+            for (int k = 0; k < HD / 16; k += 2) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(qr + 16 * k, b0, b1, b2, b3);
+                mma16816(c, ka[k], b0, b1);
+                mma16816(c, ka[k + 1], b2, b3);
             }
 #pragma unroll
             for (int e = 0; e < 2; e++) {

@@ -28,6 +28,18 @@ __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b
     for (int i = 0; i < 4; i++) { float s = 0; for (int k = 0; k < 16; k++) s += A[rows[i]][k] * B[k][cols[i]]; c[i] += s; }
     g_warp_bar[w]->arrive_and_wait();
 }
+__device__ __forceinline__ void ldsm_x4(const void *smem, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    int w = wid(), l = threadIdx.x % 32;
+    g_addr[w][l] = smem;
+    g_warp_bar[w]->arrive_and_wait();
+    int g = l / 4, t = l % 4; uint32_t r[4];
+    for (int i = 0; i < 4; i++) {
+        const uint16_t *row = (const uint16_t *)g_addr[w][8 * i + g];
+        r[i] = (uint32_t)row[2 * t] | ((uint32_t)row[2 * t + 1] << 16);
+    }
+    r0 = r[0]; r1 = r[1]; r2 = r[2]; r3 = r[3];
+    g_warp_bar[w]->arrive_and_wait();
+}
 __device__ __forceinline__ void ldsm_x4_trans(const void *smem, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
     int w = wid(), l = threadIdx.x % 32;
     g_addr[w][l] = smem;
