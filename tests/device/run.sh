@@ -476,6 +476,15 @@ summary() {
             echo "not run"
         echo '```'
         echo
+        echo "### Attention kernels (tests/unit/test_flash_attn.c; of peak: BF16 tensor-core peak)"
+        echo
+        echo '```'
+        grep -h '^flash_timing' "$LOGS/flash_attn.log" 2>/dev/null || echo "no timing"
+        # the eight comparisons closest to their tolerance
+        grep -h -E '^  .* (flash|ref) +max abs err' "$LOGS/flash_attn.log" 2>/dev/null |
+            sort -t'(' -k2 -rn | head -n 8 || true
+        echo '```'
+        echo
         echo "### Throughput against the roofline ($BENCH_SPEC)"
         echo
         perf_table
