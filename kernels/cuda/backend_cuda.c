@@ -847,12 +847,14 @@ static tsr_status tsr__cuda_embed(tsr_backend *be, const tsr_tensor *emb, const 
  * it (never inside a capture: the wait in the reserve would end it) drops them, and the
  * next steps capture again. */
 static tsr_status tsr__cuda_fa_reserve(tsr__cuda_ctx *c, size_t bytes) {
-    if (bytes > c->fa.cap && c->capturing < 0)
+    if (bytes > c->fa.cap && c->capturing < 0 && c->fa.ptr) {
+        TSR_CUDA_TRY(cudaStreamSynchronize(c->stream)); /* no replay still reads it */
         for (int i = 0; i < TSR__CUDA_GRAPHS; i++) {
             if (c->graphs[i].exec) (void)cudaGraphExecDestroy(c->graphs[i].exec);
             c->graphs[i].exec = NULL;
             c->graphs[i].seen = 0;
         }
+    }
     return tsr__scratch_reserve(&c->fa, bytes, c->stream);
 }
 
