@@ -24,6 +24,7 @@
 
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/flash_attn.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/rope_freq.h"
 #include "base/alloc.h"
@@ -68,6 +69,10 @@ typedef struct tsr__cuda_ctx {
     tsr__cuda_scratch slots2; /* kv_copy's src list */
     tsr__cuda_scratch rows;   /* host K/V rows of kv_gather / kv_scatter on the compute stream */
     tsr__cuda_scratch attn;   /* split-K attention partials (tsr__cuda_attention_work) */
+    tsr__cuda_scratch fa;     /* flash prefill packing / split-K decode partials (flash_attn.h) */
+    /* The tensor-core kernels (flash_attn.h) serve attention: sm_80 or newer and not
+     * TSR_CUDA_ATTN=reference (which keeps attn.cu and attn_paged.cu, to compare). */
+    bool attn_flash;
     tsr__cuda_scratch spar;   /* sample: the rows' parameters */
     tsr__cuda_scratch sids;   /* sample: the drawn ids */
     tsr__cuda_scratch swork;  /* sample: sort keys and cub's storage (tsr__cuda_sample_work) */
@@ -838,12 +843,24 @@ static tsr_status tsr__cuda_embed(tsr_backend *be, const tsr_tensor *emb, const 
     return TSR_OK;
 }
 
+/* The tensor-core kernels' scratch (flash_attn.h). Step graphs bake in its address: growing
+ * it (never inside a capture: the wait in the reserve would end it) drops them, and the
+ * next steps capture again. */
+static tsr_status tsr__cuda_fa_reserve(tsr__cuda_ctx *c, size_t bytes) {
+    if (bytes > c->fa.cap && c->capturing < 0 && c->fa.ptr) {
+        TSR_CUDA_TRY(cudaStreamSynchronize(c->stream)); /* no replay still reads it */
+        for (int i = 0; i < TSR__CUDA_GRAPHS; i++) {
+            if (c->graphs[i].exec) (void)cudaGraphExecDestroy(c->graphs[i].exec);
+            c->graphs[i].exec = NULL;
+            c->graphs[i].seen = 0;
+        }
+    }
+    return tsr__scratch_reserve(&c->fa, bytes, c->stream);
+}
+
 static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
     tsr__cuda_ctx *c = tsr__ctx(be);
     if (a->n_q <= 0) return TSR_OK;
-    if (a->sinks || a->window > 0)
-        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda attention: sinks and sliding windows "
-                             "(GPT-OSS) are not supported on cuda yet");
     if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads || a->head_dim <= 0 ||
         a->head_dim > TSR__CUDA_MAX_HEAD_DIM || a->n_heads > 65535 || a->n_spans < 0)
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
@@ -932,6 +949,15 @@ static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
     }
     bool staged;
     TSR_TRY(tsr__stage_i32(c, a->q_pos, a->n_q, &k.q_pos, &staged));
+    if (c->attn_flash && tsr__cuda_flash_prefill_fits(&k)) {
+        /* BF16 tensor-core prefill (flash_attn.cu); it packs every KV dtype itself */
+        TSR_TRY(tsr__cuda_fa_reserve(c, tsr__cuda_flash_prefill_work(&k)));
+        TSR_CUDA_TRY(tsr__cuda_flash_prefill(&k, a->sinks, a->window, c->fa.ptr, c->stream));
+        return TSR_OK;
+    }
+    if (a->sinks || a->window > 0)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda attention: sinks and sliding windows "
+                             "(GPT-OSS) are not supported by attn.cu yet");
     size_t work = tsr__cuda_attention_work(&k);
     if (work > 0) {
         TSR_TRY(tsr__scratch_reserve(&c->attn, work * sizeof(float), c->stream));
@@ -995,6 +1021,18 @@ static tsr_status tsr__cuda_attention_paged(tsr_backend *be, const tsr_attn_page
                 .block = a->lay.block, .row = a->lay.row, .dtype = a->lay.dtype},
         .q_pos = a->q_pos, .q_seq = a->q_seq, .n_keys = a->n_keys, .tables = a->tables,
         .n_seqs = a->n_seqs, .max_blocks = a->max_blocks};
+    /* osscuda's sinks and window of tsr_attn_paged_args go in place of NULL, 0 below */
+    if (c->attn_flash && tsr__cuda_flash_paged_fits(&d)) { /* a prefill chunk: tensor cores */
+        TSR_TRY(tsr__cuda_fa_reserve(c, tsr__cuda_flash_paged_work(&d)));
+        TSR_CUDA_TRY(tsr__cuda_flash_prefill_paged(&d, NULL, 0, c->fa.ptr, c->stream));
+        return TSR_OK;
+    }
+    if (c->attn_flash && tsr__cuda_decode_fits(&d)) { /* split-K over the batch */
+        tsr__cuda_decode_plan plan = tsr__cuda_decode_plan_for(&d, c->sm_count);
+        TSR_TRY(tsr__cuda_fa_reserve(c, tsr__cuda_decode_work(&d, plan)));
+        TSR_CUDA_TRY(tsr__cuda_decode_paged(&d, NULL, 0, plan, c->fa.ptr, c->stream));
+        return TSR_OK;
+    }
     TSR_CUDA_TRY(tsr__cuda_launch_attention_paged(&d, c->stream));
     return TSR_OK;
 }
@@ -1076,6 +1114,7 @@ static void tsr__cuda_destroy(tsr_backend *be) {
         tsr__scratch_release(&c->slots2);
         tsr__scratch_release(&c->rows);
         tsr__scratch_release(&c->attn);
+        tsr__scratch_release(&c->fa);
         tsr__scratch_release(&c->spar);
         tsr__scratch_release(&c->sids);
         tsr__scratch_release(&c->swork);
@@ -1216,6 +1255,8 @@ tsr_status tsr__cuda_create(int device, tsr_backend **out) {
     {
         const char *gv = getenv("TSR_CUDA_GRAPHS");
         c->graphs_off = gv && !strcmp(gv, "0");
+        const char *av = getenv("TSR_CUDA_ATTN");
+        c->attn_flash = prop.major >= 8 && !(av && !strcmp(av, "reference"));
     }
     TSR_CUDA_TRY_GOTO(cudaMalloc((void **)&c->bad_id, sizeof(int)), st, fail);
     TSR_CUDA_TRY_GOTO(cudaMemsetAsync(c->bad_id, 0, sizeof(int), c->stream), st, fail);

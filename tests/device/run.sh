@@ -6,7 +6,12 @@
 #   machine    GPU, driver, CUDA, toolkit, torch
 #   configure  tessera with CUDA into build-device/ (missing libraries from carried .debs)
 #   build      only the targets below, -j$(nproc)
-#   backend_ops  every backend op, CUDA against the CPU, then GEMM/attention timings
+#   backend_ops  every backend op, CUDA against the CPU, then GEMM/attention timings (the
+#              reference attention kernels: TSR_CUDA_ATTN=reference, FP32 tolerances)
+#   flash_attn the tensor-core attention (flash prefill, split-K paged decode) against the
+#              reference kernels and the CPU on random shapes, then a LONG_N-token prefill
+#              of one 8B-shape layer against the BF16 tensor-core peak (tests/unit/
+#              test_flash_attn.c; ~30 s)
 #   cuda_mem   the backend memory contract on the GPU
 #   dist_plane the CUDA backend as a device data plane
 #   logits     CUDA against the CPU backend and against PyTorch (tools/torch_reference.py,
@@ -98,7 +103,7 @@ fi
 export TORCH_DEVICE=${TORCH_DEVICE:-cpu}
 # The targets this check runs (more device tests: add them here and a section below).
 DEVICE_TARGETS=(tessera tsr_longctx tsr_devbench tsr_logits_check tsr_gpu_roofline
-    tsr_membw tsr_sgemm test_backend_ops test_cuda_mem test_dist_plane)
+    tsr_membw tsr_sgemm test_backend_ops test_cuda_mem test_dist_plane test_flash_attn)
 
 say() { printf '\n==== %s (%ds) ====\n' "$*" "$(($(date +%s) - T0))"; }
 pack_logs() { tar -czf "$OUT/device-logs.tar.gz" -C "$LOGS" . 2>/dev/null || true; }
@@ -265,7 +270,8 @@ sec_build() {
 sec_backend_ops() {
     [ "$BACKEND" != cuda ] && { "$B/tests/test_backend_ops"; return; } # no timings on a CPU
     local log=$LOGS/backend_ops.out
-    TSR_BENCH=1 "$B/tests/test_backend_ops" 2>&1 | tee "$log"
+    # FP32 tolerances: the reference kernels (the BF16 tensor-core ones: sec_flash_attn)
+    TSR_CUDA_ATTN=reference TSR_BENCH=1 "$B/tests/test_backend_ops" 2>&1 | tee "$log"
     [ "${PIPESTATUS[0]}" = 0 ] || return 1
     grep -q "backend cuda on" "$log" || {
         echo "run.sh: the CUDA backend did not come up"
@@ -281,6 +287,20 @@ sec_backend_ops() {
         }
     done
     return $rc
+}
+
+# The tensor-core attention against the reference kernels and the CPU, then the timing of a
+# LONG_N-token prefill (flash, flash with h2o's key scores; both kernels at 8K).
+sec_flash_attn() {
+    local log=$LOGS/flash_attn.out
+    TSR_FLASH_LONG=$([ "$BACKEND" = cuda ] && echo "$LONG_N" || echo 0) \
+        "$B/tests/test_flash_attn" 2>&1 | tee "$log"
+    [ "${PIPESTATUS[0]}" = 0 ] || return 1
+    [ "$BACKEND" != cuda ] && return 0
+    grep -q "^flash_timing flash n=$LONG_N " "$log" || {
+        echo "run.sh: no flash timing for $LONG_N tokens"
+        return 1
+    }
 }
 
 # The memory contract (kernels/backend.h) on the GPU: host staging, sync and stream copies,
@@ -456,6 +476,15 @@ summary() {
             echo "not run"
         echo '```'
         echo
+        echo "### Attention kernels (tests/unit/test_flash_attn.c; of peak: BF16 tensor-core peak)"
+        echo
+        echo '```'
+        grep -h '^flash_timing' "$LOGS/flash_attn.log" 2>/dev/null || echo "no timing"
+        # the eight comparisons closest to their tolerance
+        grep -h -E '^  .* (flash|ref) +max abs err' "$LOGS/flash_attn.log" 2>/dev/null |
+            sort -t'(' -k2 -rn | head -n 8 || true
+        echo '```'
+        echo
         echo "### Throughput against the roofline ($BENCH_SPEC)"
         echo
         perf_table
@@ -473,7 +502,7 @@ summary() {
     echo "----- >8 -----"
 }
 
-export -f sec_machine sec_configure sec_build sec_backend_ops sec_cuda_mem sec_dist_plane \
+export -f sec_machine sec_configure sec_build sec_backend_ops sec_flash_attn sec_cuda_mem sec_dist_plane \
     sec_logits sec_roofline sec_throughput sec_longctx sec_ctest
 export DEVICE_TARGETS_S="${DEVICE_TARGETS[*]}"
 
@@ -494,6 +523,7 @@ if [ -x "$B/bench/tsr_logits_check" ]; then
     section backend_ops 60 sec_backend_ops
     section cuda_mem 30 sec_cuda_mem
     section dist_plane 20 sec_dist_plane
+    section flash_attn 90 sec_flash_attn 20
     section logits 90 sec_logits 20
     section roofline 40 sec_roofline
     section throughput 90 sec_throughput 30
