@@ -46,6 +46,7 @@ static const char *tsr__torch_dtype(tsr_dtype t) {
     case TSR_BF16: return "bfloat16";
     case TSR_U8: return "uint8";
     case TSR_Q8_0: break; /* exported dequantized */
+    case TSR_F8_E4M3: break;
     }
     return "float32";
 }
