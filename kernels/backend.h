@@ -321,6 +321,11 @@ typedef struct tsr_backend_ops {
     tsr_status (*graph_end)(tsr_backend *be);
     /* Optional (NULL: the forward pass runs attention per sequence): tsr_attn_paged_args. */
     tsr_status (*attention_paged)(tsr_backend *be, const tsr_attn_paged_args *a);
+    /* Optional (NULL: the host bytes are uploaded as they are): tsr_backend_place_tensor for
+     * a backend whose kernels want their own layout of some dtype (CUDA: Q8_0 as GGUF
+     * blocks, kernels/cuda/quant_gemm.h). Not called on a host-memory backend. */
+    tsr_status (*place_tensor)(tsr_backend *be, const tsr_tensor *host, tsr_tensor *dev,
+                               bool *copied);
 } tsr_backend_ops;
 
 /* Short forms of the memory calls, synchronous (stream NULL). */
