@@ -109,21 +109,29 @@ tsr_status tsr_fp8_quantize_tensor(const tsr_tensor *src, void *dst) {
     if (src->dtype != TSR_F32 && src->dtype != TSR_BF16 && src->dtype != TSR_F16)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "fp8: cannot quantize a %s matrix",
                              tsr_dtype_name(src->dtype));
-    float *row = tsr_malloc((size_t)src->cols * sizeof *row);
-    if (!row) return tsr_error_set(TSR_ERR_NOMEM, "fp8: out of memory quantizing a matrix");
     uint8_t *codes = dst;
     float *sc = (float *)((char *)dst + tsr_fp8_scale_offset(src->rows, src->cols));
-    for (int64_t r = 0; r < src->rows; r++) {
-        tsr_dtype_to_f32(src->dtype, tsr_tensor_row(src, r), row, (size_t)src->cols);
-        float amax = 0.0f;
-        for (int64_t c = 0; c < src->cols; c++) amax = fmaxf(amax, fabsf(row[c]));
-        /* a division, as torch's (x / scale).to(float8_e4m3fn), not a reciprocal product */
-        float s = amax > 0.0f ? amax / TSR_FP8_MAX : 1.0f;
-        uint8_t *o = codes + (size_t)r * (size_t)src->cols;
-        for (int64_t c = 0; c < src->cols; c++) o[c] = tsr_f32_to_e4m3(row[c] / s);
-        sc[r] = s;
+    int nomem = 0;
+    /* rows in parallel (an 8B model has 7e9 weights to quantize at load) */
+#pragma omp parallel reduction(| : nomem)
+    {
+        float *row = tsr_malloc((size_t)src->cols * sizeof *row);
+        nomem |= !row;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < src->rows; r++) {
+            if (!row) continue;
+            tsr_dtype_to_f32(src->dtype, tsr_tensor_row(src, r), row, (size_t)src->cols);
+            float amax = 0.0f;
+            for (int64_t c = 0; c < src->cols; c++) amax = fmaxf(amax, fabsf(row[c]));
+            /* a division, as torch's (x / scale).to(float8_e4m3fn), not a reciprocal product */
+            float s = amax > 0.0f ? amax / TSR_FP8_MAX : 1.0f;
+            uint8_t *o = codes + (size_t)r * (size_t)src->cols;
+            for (int64_t c = 0; c < src->cols; c++) o[c] = tsr_f32_to_e4m3(row[c] / s);
+            sc[r] = s;
+        }
+        tsr_free(row);
     }
-    tsr_free(row);
+    if (nomem) return tsr_error_set(TSR_ERR_NOMEM, "fp8: out of memory quantizing a matrix");
     return TSR_OK;
 }
 
