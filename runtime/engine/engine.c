@@ -130,7 +130,7 @@ static tsr_status tsr__convert(tsr_engine *e, const tsr_engine_spec *o) {
         return tsr_error_set(TSR_ERR_INVALID, "engine: a borrowed model is not converted "
                              "(convert_weights)");
     tsr_dtype dt = o->weights_dtype;
-    if (dt == TSR_F8_E4M3) return tsr_model_quantize_fp8(m); /* runtime/model/fp8.h */
+    if (dt == TSR_F8_E4M3) return tsr_model_quantize_fp8(m); /* a borrowed model: refused above */
     if (dt == TSR_Q8_0) { /* FP8 matrices first: quantize_q8 reads 16- and 32-bit ones */
         TSR_TRY(tsr_model_fp8_to_q8(m, "requested q8_0"));
         return tsr_model_quantize_q8(m); /* runtime/model/quantize.h */
@@ -245,6 +245,11 @@ static tsr_status tsr__load(tsr_engine *e, const tsr_engine_spec *o) {
     const tsr_model_config *c = e->model ? &e->model->cfg : NULL;
     if (st == TSR_OK && o->config_out) *o->config_out = *c;
     if (st == TSR_OK && o->model_loaded) o->model_loaded(o->model_loaded_ctx, e->model);
+    /* fp8: before the shard cut, so that a row's scale covers the whole row whatever tp
+     * cuts its columns into (runtime/model/fp8.h); tsr__convert then has nothing to do */
+    if (st == TSR_OK && o->convert_weights && o->weights_dtype == TSR_F8_E4M3 &&
+        e->model->cfg.dtype != TSR_F8_E4M3 && !e->borrowed_)
+        st = tsr_model_quantize_fp8(e->model);
     if (st == TSR_OK && o->min_context > c->max_seq_len)
         st = tsr_error_set(TSR_ERR_BUDGET, "%s holds %d positions, fewer than the %d this job "
                            "needs", e->model->source ? e->model->source : "the model",

@@ -61,7 +61,9 @@ tsr_status tsr_fp8_dequantize(tsr_model *m, tsr_tensor *t, tsr_dtype dt);
 bool tsr_model_has_fp8(const tsr_model *m);
 
 /* `--dtype fp8`: the layers' projection matrices (not the embedding or the classifier, as
- * FP8 checkpoints leave them) into F8_E4M3 per-channel. Sets cfg.dtype. */
+ * FP8 checkpoints leave them) into F8_E4M3 per-channel. Sets cfg.dtype. The engine calls it
+ * on the whole model, before the tensor-parallel cut, so that every layout quantizes a row
+ * with the same scale. */
 tsr_status tsr_model_quantize_fp8(tsr_model *m);
 
 /* F8_E4M3 matrices into Q8_0, or f32 where tsr_model_q8_eligible says no (see above); a
