@@ -1,7 +1,7 @@
 // Quantized-weight kernels of the CUDA backend (quant_launch.h): the decode GEMVs for FP8
-// E4M3 (per-row scale) and GGUF Q8_0 weights, the dequantization of weight tiles to bf16 for
+// E4M3 (per-row scale) and GGUF Q8_0, Q4_0 and Q4_1 blocks, the dequantization of weight tiles to bf16 for
 // GEMM fallbacks, the per-token FP8 quantization of activations for cuBLASLt's FP8 GEMM, its
-// scale epilogue, and the Q8_0 embedding. Decode is bandwidth-bound: a GEMV reads each
+// scale epilogue, and the GGUF-block embedding. Decode is bandwidth-bound: a GEMV reads each
 // weight byte once per step for up to 8 tokens, one warp per output row, f32 accumulation,
 // a warp reduction at the end. E4M3 decodes through cuda_fp8.h's conversions (hardware on
 // sm_89 and later, emulated exactly before), so the GEMVs run on every architecture.
@@ -10,7 +10,6 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
-#include "base/dtype.h"
 #include "kernels/cuda/quant_launch.h"
 
 namespace {
@@ -105,38 +104,75 @@ fp8_gemv_kernel(const uint8_t *__restrict__ w, const float *__restrict__ scale, 
     }
 }
 
-// Q8_0 GEMV over GGUF blocks (34 bytes: fp16 d, 32 int8): lane per block, so a warp's loads
-// cover consecutive blocks of the row; blocks are only 2-byte aligned, hence 16-bit loads.
-template <int NB>
+// GGUF block formats the GEMVs read (GGML type ids): Q8_0 (34 bytes: fp16 d, 32 int8;
+// v = d q), Q4_0 (18 bytes: fp16 d, 16 bytes of nibbles, value j in the low nibble of byte
+// j, value j + 16 in its high nibble; v = d (q - 8)), Q4_1 (20 bytes: fp16 d, fp16 m, the
+// nibbles as Q4_0; v = d q + m).
+constexpr int kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8;
+
+template <int TYPE> struct gguf_block;
+template <> struct gguf_block<kQ8_0> { static constexpr int bytes = 34; };
+template <> struct gguf_block<kQ4_0> { static constexpr int bytes = 18; };
+template <> struct gguf_block<kQ4_1> { static constexpr int bytes = 20; };
+
+// The 32 values of a block as q (int, before scaling), d and m (v = d q + m). Blocks are
+// only 2-byte aligned in a row, hence 16-bit loads.
+template <int TYPE>
+__device__ __forceinline__ void gguf_load(const uint8_t *blk, float q[32], float *d, float *m) {
+    const unsigned short *p = reinterpret_cast<const unsigned short *>(blk);
+    *d = __half2float(__ushort_as_half(__ldg(p)));
+    *m = 0.0f;
+    if (TYPE == kQ8_0) {
+#pragma unroll
+        for (int t = 0; t < 16; t++) {
+            const unsigned short two = __ldg(p + 1 + t);
+            q[2 * t] = static_cast<float>(static_cast<signed char>(two & 0xffu));
+            q[2 * t + 1] = static_cast<float>(static_cast<signed char>(two >> 8));
+        }
+    } else {
+        const int off = TYPE == kQ4_1 ? 2 : 1; // 16-bit words before the nibbles
+        if (TYPE == kQ4_1) *m = __half2float(__ushort_as_half(__ldg(p + 1)));
+        const float bias = TYPE == kQ4_0 ? 8.0f : 0.0f;
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            const unsigned short two = __ldg(p + off + t);
+            q[2 * t] = static_cast<float>(two & 0xfu) - bias;
+            q[2 * t + 16] = static_cast<float>((two >> 4) & 0xfu) - bias;
+            q[2 * t + 1] = static_cast<float>((two >> 8) & 0xfu) - bias;
+            q[2 * t + 17] = static_cast<float>(two >> 12) - bias;
+        }
+    }
+}
+
+// GGUF-block GEMV: lane per block, so a warp's loads cover consecutive blocks of the row.
+template <int TYPE, int NB>
 __global__ void __launch_bounds__(kThreads)
-q8_0_gemv_kernel(const uint8_t *__restrict__ blocks, int64_t rows, int64_t ld_blocks,
+gguf_gemv_kernel(const uint8_t *__restrict__ blocks, int64_t rows, int64_t ld_blocks,
                  int64_t b0, int64_t nb, const float *__restrict__ x, int64_t ldx, int n,
                  float *__restrict__ y, int64_t ldy) {
+    constexpr int kBytes = gguf_block<TYPE>::bytes;
     const int lane = threadIdx.x % 32;
     const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
     if (r >= rows) return;
-    const uint8_t *row = blocks + (r * ld_blocks + b0) * 34;
+    const uint8_t *row = blocks + (r * ld_blocks + b0) * kBytes;
     float acc[NB];
 #pragma unroll
     for (int b = 0; b < NB; b++) acc[b] = 0.0f;
     for (int64_t blk = lane; blk < nb; blk += 32) {
-        const unsigned short *p = reinterpret_cast<const unsigned short *>(row + blk * 34);
-        const float d = __half2float(__ushort_as_half(__ldg(p)));
-        float wq[32];
-#pragma unroll
-        for (int t = 0; t < 16; t++) {
-            const unsigned short two = __ldg(p + 1 + t);
-            wq[2 * t] = static_cast<float>(static_cast<signed char>(two & 0xffu));
-            wq[2 * t + 1] = static_cast<float>(static_cast<signed char>(two >> 8));
-        }
+        float wq[32], d, m;
+        gguf_load<TYPE>(row + blk * kBytes, wq, &d, &m);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
             if (b >= n) break;
             const float *xb = x + b * ldx + blk * 32;
-            float s = 0.0f;
+            float s = 0.0f, sx = 0.0f;
 #pragma unroll
-            for (int t = 0; t < 32; t++) s = fmaf(wq[t], xb[t], s);
+            for (int t = 0; t < 32; t++) {
+                s = fmaf(wq[t], xb[t], s);
+                if (TYPE == kQ4_1) sx += xb[t];
+            }
             acc[b] = fmaf(d, s, acc[b]);
+            if (TYPE == kQ4_1) acc[b] = fmaf(m, sx, acc[b]);
         }
     }
 #pragma unroll
@@ -147,6 +183,23 @@ q8_0_gemv_kernel(const uint8_t *__restrict__ blocks, int64_t rows, int64_t ld_bl
     }
 }
 
+__device__ __forceinline__ int gguf_bytes(int type) {
+    return type == kQ8_0 ? 34 : type == kQ4_1 ? 20 : 18;
+}
+
+// Value c of a row of GGUF blocks (any of the three types).
+__device__ __forceinline__ float gguf_value(const uint8_t *row, int type, int64_t c) {
+    const uint8_t *blk = row + (c / 32) * gguf_bytes(type);
+    const int j = static_cast<int>(c % 32);
+    const float d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short *>(blk)));
+    if (type == kQ8_0) return d * static_cast<float>(static_cast<signed char>(blk[2 + j]));
+    const uint8_t *qs = blk + (type == kQ4_1 ? 4 : 2);
+    const int q = j < 16 ? (qs[j] & 0xf) : (qs[j - 16] >> 4);
+    if (type == kQ4_0) return d * static_cast<float>(q - 8);
+    const float m = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short *>(blk + 2)));
+    return fmaf(d, static_cast<float>(q), m);
+}
+
 __global__ void dequant_bf16_kernel(const uint8_t *w, int dtype, int64_t ld, int64_t r0,
                                     int64_t nr, int64_t k0, int64_t k, __nv_bfloat16 *out) {
     const int64_t total = nr * k;
@@ -154,13 +207,10 @@ __global__ void dequant_bf16_kernel(const uint8_t *w, int dtype, int64_t ld, int
          e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const int64_t r = r0 + e / k, j = k0 + e % k;
         float v;
-        if (dtype == TSR_F8_E4M3) {
+        if (dtype < 0) { // FP8 codes
             v = fp8_to_float(w[r * ld + j]);
-        } else { // Q8_0: ld counts blocks
-            const uint8_t *blk = w + (r * ld + j / 32) * 34;
-            const float d = __half2float(__ushort_as_half(
-                *reinterpret_cast<const unsigned short *>(blk)));
-            v = d * static_cast<float>(static_cast<signed char>(blk[2 + j % 32]));
+        } else { // GGUF blocks (dtype: the GGML type id); ld counts blocks
+            v = gguf_value(w + r * ld * gguf_bytes(dtype), dtype, j);
         }
         out[e] = __float2bfloat16_rn(v);
     }
@@ -205,7 +255,7 @@ __global__ void scale_out_kernel(float *y, int64_t ldy, int64_t n, int64_t rows,
     }
 }
 
-__global__ void embed_q8_0_kernel(const uint8_t *blocks, int64_t rows, int64_t cols,
+__global__ void embed_gguf_kernel(const uint8_t *blocks, int type, int64_t rows, int64_t cols,
                                   const int32_t *ids, float *out, int *bad_id) {
     const int64_t i = blockIdx.x;
     const int32_t id = ids[i];
@@ -215,13 +265,8 @@ __global__ void embed_q8_0_kernel(const uint8_t *blocks, int64_t rows, int64_t c
         if (threadIdx.x == 0) *bad_id = 1;
         return;
     }
-    const uint8_t *row = blocks + static_cast<int64_t>(id) * (cols / 32) * 34;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-        const uint8_t *blk = row + (c / 32) * 34;
-        const float d = __half2float(__ushort_as_half(
-            *reinterpret_cast<const unsigned short *>(blk)));
-        o[c] = d * static_cast<float>(static_cast<signed char>(blk[2 + c % 32]));
-    }
+    const uint8_t *row = blocks + static_cast<int64_t>(id) * (cols / 32) * gguf_bytes(type);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) o[c] = gguf_value(row, type, c);
 }
 
 template <int NB>
@@ -236,13 +281,25 @@ void fp8_gemv_nb(bool vec, unsigned grid, cudaStream_t stream, const uint8_t *w,
                                                                   ldx, n, y, ldy);
 }
 
-template <int NB>
-void q8_gemv_nb(unsigned grid, cudaStream_t stream, const uint8_t *blocks, int64_t rows,
-                int64_t ld_blocks, int64_t b0, int64_t nb, const float *x, int64_t ldx, int n,
-                float *y, int64_t ldy) {
-    q8_0_gemv_kernel<NB><<<grid, kThreads, 0, stream>>>(blocks, rows, ld_blocks, b0, nb, x, ldx,
-                                                        n, y, ldy);
+template <int TYPE, int NB>
+void gguf_gemv_nb(unsigned grid, cudaStream_t stream, const uint8_t *blocks, int64_t rows,
+                  int64_t ld_blocks, int64_t b0, int64_t nb, const float *x, int64_t ldx, int n,
+                  float *y, int64_t ldy) {
+    gguf_gemv_kernel<TYPE, NB><<<grid, kThreads, 0, stream>>>(blocks, rows, ld_blocks, b0, nb, x,
+                                                              ldx, n, y, ldy);
 }
+
+template <int TYPE>
+void gguf_gemv_type(unsigned grid, cudaStream_t stream, const uint8_t *blocks, int64_t rows,
+                    int64_t ld_blocks, int64_t b0, int64_t nb, const float *x, int64_t ldx,
+                    int n, float *y, int64_t ldy) {
+    if (n == 1) gguf_gemv_nb<TYPE, 1>(grid, stream, blocks, rows, ld_blocks, b0, nb, x, ldx, n, y, ldy);
+    else if (n == 2) gguf_gemv_nb<TYPE, 2>(grid, stream, blocks, rows, ld_blocks, b0, nb, x, ldx, n, y, ldy);
+    else if (n <= 4) gguf_gemv_nb<TYPE, 4>(grid, stream, blocks, rows, ld_blocks, b0, nb, x, ldx, n, y, ldy);
+    else gguf_gemv_nb<TYPE, 8>(grid, stream, blocks, rows, ld_blocks, b0, nb, x, ldx, n, y, ldy);
+}
+
+bool gguf_type_ok(int type) { return type == kQ8_0 || type == kQ4_0 || type == kQ4_1; }
 
 bool aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
@@ -264,18 +321,21 @@ extern "C" cudaError_t tsr__cuda_launch_fp8_gemv(const uint8_t *w, const float *
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t tsr__cuda_launch_q8_0_gemv(const uint8_t *blocks, int64_t rows,
+extern "C" cudaError_t tsr__cuda_launch_gguf_gemv(int type, const uint8_t *blocks, int64_t rows,
                                                   int64_t ld_blocks, int64_t k0, int64_t k,
                                                   const float *x, int64_t ldx, int n, float *y,
                                                   int64_t ldy, cudaStream_t stream) {
-    if (n < 1 || n > TSR__CUDA_GEMV_MAX_N || rows <= 0 || k0 % 32 || k % 32)
+    if (!gguf_type_ok(type) || n < 1 || n > TSR__CUDA_GEMV_MAX_N || rows <= 0 || k0 % 32 ||
+        k % 32)
         return cudaErrorInvalidValue;
     const unsigned grid = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
     const int64_t b0 = k0 / 32, nb = k / 32;
-    if (n == 1) q8_gemv_nb<1>(grid, stream, blocks, rows, ld_blocks, b0, nb, x, ldx, n, y, ldy);
-    else if (n == 2) q8_gemv_nb<2>(grid, stream, blocks, rows, ld_blocks, b0, nb, x, ldx, n, y, ldy);
-    else if (n <= 4) q8_gemv_nb<4>(grid, stream, blocks, rows, ld_blocks, b0, nb, x, ldx, n, y, ldy);
-    else q8_gemv_nb<8>(grid, stream, blocks, rows, ld_blocks, b0, nb, x, ldx, n, y, ldy);
+    if (type == kQ8_0)
+        gguf_gemv_type<kQ8_0>(grid, stream, blocks, rows, ld_blocks, b0, nb, x, ldx, n, y, ldy);
+    else if (type == kQ4_0)
+        gguf_gemv_type<kQ4_0>(grid, stream, blocks, rows, ld_blocks, b0, nb, x, ldx, n, y, ldy);
+    else
+        gguf_gemv_type<kQ4_1>(grid, stream, blocks, rows, ld_blocks, b0, nb, x, ldx, n, y, ldy);
     return cudaGetLastError();
 }
 
@@ -283,7 +343,7 @@ extern "C" cudaError_t tsr__cuda_launch_dequant_bf16(const uint8_t *w, int dtype
                                                      int64_t r0, int64_t nr, int64_t k0,
                                                      int64_t k, uint16_t *out,
                                                      cudaStream_t stream) {
-    if (dtype != TSR_F8_E4M3 && dtype != TSR_Q8_0) return cudaErrorInvalidValue;
+    if (dtype >= 0 && !gguf_type_ok(dtype)) return cudaErrorInvalidValue;
     if (nr <= 0 || k <= 0) return cudaSuccess;
     dequant_bf16_kernel<<<blocks_for(nr * k), kThreads, 0, stream>>>(
         w, dtype, ld, r0, nr, k0, k, reinterpret_cast<__nv_bfloat16 *>(out));
@@ -315,13 +375,13 @@ extern "C" cudaError_t tsr__cuda_launch_scale_out(float *y, int64_t ldy, int64_t
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t tsr__cuda_launch_embed_q8_0(const uint8_t *blocks, int64_t rows,
+extern "C" cudaError_t tsr__cuda_launch_embed_gguf(int type, const uint8_t *blocks, int64_t rows,
                                                    int64_t cols, const int32_t *ids, int64_t n,
                                                    float *out, int *bad_id,
                                                    cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
-    if (n > 0x7fffffffLL || cols % 32) return cudaErrorInvalidValue;
-    embed_q8_0_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(blocks, rows, cols, ids,
-                                                                         out, bad_id);
+    if (!gguf_type_ok(type) || n > 0x7fffffffLL || cols % 32) return cudaErrorInvalidValue;
+    embed_gguf_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(blocks, type, rows, cols,
+                                                                         ids, out, bad_id);
     return cudaGetLastError();
 }

@@ -121,6 +121,13 @@ tsr_status tsr__cuda_quant_device_copy(const tsr_tensor *host, void **buf, size_
     return TSR_OK;
 }
 
+/* The GGML type id of a GGUF-block dtype, as quant.cu's kernels take it. Q4_0 and Q4_1
+ * (TSR__GGML_Q4_0/1) have kernels too: they join here, in tsr__cuda_quant_takes and in
+ * tsr__cuda_quant_device_copy (GGUF block rows) once base/dtype.h has them. */
+static int tsr__ggml_type(tsr_dtype t) {
+    return t == TSR_Q8_0 ? TSR__GGML_Q8_0 : -1;
+}
+
 static const float *tsr__wscale(const tsr_tensor *w) {
     return (const float *)((const char *)w->data + tsr_fp8_scale_offset(w->rows, w->cols));
 }
@@ -221,11 +228,12 @@ static tsr_status tsr__tiles(tsr__cuda_quant *q, const float *x, int64_t n, cons
     TSR_TRY(tsr__qbuf_reserve(q, &q->xb, (size_t)n * (size_t)k * 2));
     TSR_TRY(tsr__qbuf_reserve(q, &q->tile, (size_t)tr * (size_t)k * 2));
     TSR_CUDA_TRY(tsr__cuda_launch_x_bf16(x + k0, w->cols, n, k, q->xb.ptr, q->stream));
-    int64_t ld = w->dtype == TSR_Q8_0 ? w->cols / TSR_Q8_BLOCK : w->cols;
+    int type = w->dtype == TSR_F8_E4M3 ? -1 : tsr__ggml_type(w->dtype);
+    int64_t ld = w->dtype == TSR_F8_E4M3 ? w->cols : w->cols / 32;
     const float one = 1.0f, zero = 0.0f;
     for (int64_t r0 = 0; r0 < w->rows; r0 += tr) {
         int64_t nr = w->rows - r0 < tr ? w->rows - r0 : tr;
-        TSR_CUDA_TRY(tsr__cuda_launch_dequant_bf16(w->data, (int)w->dtype, ld, r0, nr, k0, k,
+        TSR_CUDA_TRY(tsr__cuda_launch_dequant_bf16(w->data, type, ld, r0, nr, k0, k,
                                                    q->tile.ptr, q->stream));
         TSR_CUBLAS_TRY(cublasGemmEx(q->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)n, (int)k,
                                     &one, q->tile.ptr, CUDA_R_16BF, (int)k, q->xb.ptr,
@@ -253,9 +261,9 @@ static tsr_status tsr__product(tsr__cuda_quant *q, const float *x, int64_t n,
                                                    k0, k, xw, w->cols, (int)n, y, w->rows,
                                                    q->stream));
         else
-            TSR_CUDA_TRY(tsr__cuda_launch_q8_0_gemv(w->data, w->rows, w->cols / TSR_Q8_BLOCK,
-                                                    k0, k, xw, w->cols, (int)n, y, w->rows,
-                                                    q->stream));
+            TSR_CUDA_TRY(tsr__cuda_launch_gguf_gemv(tsr__ggml_type(w->dtype), w->data, w->rows,
+                                                    w->cols / 32, k0, k, xw, w->cols, (int)n,
+                                                    y, w->rows, q->stream));
         return TSR_OK;
     }
     if (w->dtype == TSR_F8_E4M3 && q->lt_fp8 && w->cols % 16 == 0 && k % 16 == 0 &&
@@ -311,7 +319,7 @@ tsr_status tsr__cuda_quant_embed(tsr__cuda_quant *q, const tsr_tensor *emb, cons
     if (emb->dtype != TSR_Q8_0)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda embed: %s embedding",
                              tsr_dtype_name(emb->dtype));
-    TSR_CUDA_TRY(tsr__cuda_launch_embed_q8_0(emb->data, emb->rows, emb->cols, ids, n, out, bad_id,
-                                             q->stream));
+    TSR_CUDA_TRY(tsr__cuda_launch_embed_gguf(tsr__ggml_type(emb->dtype), emb->data, emb->rows,
+                                             emb->cols, ids, n, out, bad_id, q->stream));
     return TSR_OK;
 }

@@ -6,8 +6,8 @@
  * first column (the caller offsets x); y rows ([n][rows]) are ldy floats apart.
  *
  * Layouts on the device: F8_E4M3 as base/dtype.h (codes, then the per-row f32 scales, passed
- * separately here); Q8_0 as GGUF's block_q8_0 rows (fp16 d, 32 int8), not the CPU's repacked
- * groups (quant_gemm.c converts at upload). */
+ * separately here); Q8_0, Q4_0, Q4_1 as GGUF's block rows, not the CPU's repacked groups
+ * (quant_gemm.c converts at upload). */
 #ifndef TSR_KERNELS_CUDA_QUANT_LAUNCH_H
 #define TSR_KERNELS_CUDA_QUANT_LAUNCH_H
 
@@ -29,14 +29,21 @@ cudaError_t tsr__cuda_launch_fp8_gemv(const uint8_t *w, const float *scale, int6
                                       int64_t ld, int64_t k0, int64_t k, const float *x,
                                       int64_t ldx, int n, float *y, int64_t ldy,
                                       cudaStream_t stream);
-/* y[i][r] = sum over blocks b of the window: d_b * sum_j q_b[j] * x[i][32 b + j] (f32),
- * n <= 8; k0 and k multiples of 32. */
-cudaError_t tsr__cuda_launch_q8_0_gemv(const uint8_t *blocks, int64_t rows, int64_t ld_blocks,
-                                       int64_t k0, int64_t k, const float *x, int64_t ldx,
-                                       int n, float *y, int64_t ldy, cudaStream_t stream);
+/* GGUF block types of the kernels below, by GGML type id (quant.cu has the formats). */
+#define TSR__GGML_Q4_0 2
+#define TSR__GGML_Q4_1 3
+#define TSR__GGML_Q8_0 8
+
+/* y[i][r] = sum over blocks b of the window of block b's values . x[i][32 b ..] (f32), for
+ * rows of GGUF blocks of `type` (Q8_0, Q4_0, Q4_1); n <= 8; k0 and k multiples of 32. */
+cudaError_t tsr__cuda_launch_gguf_gemv(int type, const uint8_t *blocks, int64_t rows,
+                                       int64_t ld_blocks, int64_t k0, int64_t k, const float *x,
+                                       int64_t ldx, int n, float *y, int64_t ldy,
+                                       cudaStream_t stream);
 /* out[r][j] (bf16, rows nr, ld k) = rows [r0, r0 + nr), window [k0, k0 + k) of w
  * dequantized: FP8 codes as they are (exact in bf16; the row scale is applied to the
- * product), Q8_0 q * d rounded to bf16. dtype: TSR_F8_E4M3 or TSR_Q8_0 (base/dtype.h). */
+ * product), GGUF blocks' values rounded to bf16. dtype: -1 for FP8 (ld in codes) or a
+ * TSR__GGML_* type (ld in blocks). */
 cudaError_t tsr__cuda_launch_dequant_bf16(const uint8_t *w, int dtype, int64_t ld, int64_t r0,
                                           int64_t nr, int64_t k0, int64_t k, uint16_t *out,
                                           cudaStream_t stream);
@@ -51,11 +58,11 @@ cudaError_t tsr__cuda_launch_x_fp8(const float *x, int64_t ldx, int64_t n, int64
 cudaError_t tsr__cuda_launch_scale_out(float *y, int64_t ldy, int64_t n, int64_t rows,
                                        const float *row_scale, const float *col_scale,
                                        cudaStream_t stream);
-/* out[i] = Q8_0 row ids[i] of emb dequantized (q * d); an id outside [0, rows) writes
- * zeros and sets *bad_id = 1. */
-cudaError_t tsr__cuda_launch_embed_q8_0(const uint8_t *blocks, int64_t rows, int64_t cols,
-                                        const int32_t *ids, int64_t n, float *out, int *bad_id,
-                                        cudaStream_t stream);
+/* out[i] = row ids[i] of a GGUF-block embedding of `type`, dequantized; an id outside
+ * [0, rows) writes zeros and sets *bad_id = 1. */
+cudaError_t tsr__cuda_launch_embed_gguf(int type, const uint8_t *blocks, int64_t rows,
+                                        int64_t cols, const int32_t *ids, int64_t n, float *out,
+                                        int *bad_id, cudaStream_t stream);
 
 #ifdef __cplusplus
 }
