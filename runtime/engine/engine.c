@@ -132,7 +132,7 @@ static tsr_status tsr__convert(tsr_engine *e, const tsr_engine_spec *o) {
     tsr_dtype dt = o->weights_dtype;
     if (dt == TSR_F8_E4M3) return tsr_model_quantize_fp8(m); /* a borrowed model: refused above */
     if (dt == TSR_Q8_0) { /* FP8 matrices first: quantize_q8 reads 16- and 32-bit ones */
-        TSR_TRY(tsr_model_fp8_to_q8(m, "requested q8_0"));
+        TSR_TRY(tsr_model_fp8_to_q8(m, "--dtype q8_0"));
         return tsr_model_quantize_q8(m); /* runtime/model/quantize.h */
     }
     bool tied = m->classifier.data && m->classifier.data == m->tok_emb.data;
@@ -325,9 +325,11 @@ static tsr_status tsr__start(tsr_engine *e, const tsr_engine_spec *o) {
     }
     e->device_base_ = tsr__device_used(e->be);
     /* FP8 matrices stay FP8 only where the backend computes with them (runtime/model/fp8.h) */
-    if (!e->be->fp8_weights && !e->borrowed_)
-        TSR_TRY(tsr__agree(e, tsr_model_fp8_to_q8(e->model, o->backend && strcmp(o->backend,
-                                                  "auto") ? o->backend : "cpu")));
+    if (!e->be->fp8_weights && !e->borrowed_) {
+        char why[96];
+        snprintf(why, sizeof why, "the %s backend computes no FP8", e->be->ops->name);
+        TSR_TRY(tsr__agree(e, tsr_model_fp8_to_q8(e->model, why)));
+    }
     /* The activations' data plane follows the backend (collective, same answer on every
      * rank: tsr_dist_data_plane). */
     if (o->distributed) TSR_TRY(tsr_dist_data_plane(&e->dist, e->be, o->kv.policy));

@@ -228,58 +228,59 @@ tsr_status tsr_model_quantize_fp8(tsr_model *m) {
     return TSR_OK;
 }
 
-/* One FP8 matrix into Q8_0 (q8) or f32, row by row through an f32 row. */
-static tsr_status tsr__to_q8(tsr_model *m, tsr_tensor *t, bool q8, float *row, uint8_t *blocks) {
+/* One FP8 matrix into Q8_0 (q8) or f32, rows in parallel (each row writes its own bytes of
+ * the repacked groups), through per-thread f32 rows and GGUF blocks. */
+static tsr_status tsr__to_q8(tsr_model *m, tsr_tensor *t, bool q8) {
     tsr_tensor o = {.dtype = q8 ? TSR_Q8_0 : TSR_F32, .rows = t->rows, .cols = t->cols};
     void *dst;
     TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&o), &dst));
     if (q8) tsr_q8_pack_init(dst, o.rows, o.cols);
-    for (int64_t r = 0; r < t->rows; r++) {
-        float *out = q8 ? row : (float *)dst + (size_t)r * (size_t)t->cols;
-        tsr_fp8_dequant_row(t, r, out);
-        if (!q8) continue;
-        tsr_q8_quantize_blocks(row, t->cols, blocks);
-        tsr_q8_pack_row(dst, t->cols, r, blocks);
+    int nomem = 0;
+#pragma omp parallel reduction(| : nomem)
+    {
+        float *row = q8 ? tsr_malloc((size_t)t->cols * sizeof *row) : NULL;
+        uint8_t *blocks = q8 ? tsr_malloc((size_t)(t->cols / TSR_Q8_BLOCK + 1) *
+                                          TSR_Q8_BLOCK_BYTES) : NULL;
+        bool ok = !q8 || (row && blocks);
+        nomem |= !ok;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < t->rows; r++) {
+            if (!ok) continue;
+            float *out = q8 ? row : (float *)dst + (size_t)r * (size_t)t->cols;
+            tsr_fp8_dequant_row(t, r, out);
+            if (!q8) continue;
+            tsr_q8_quantize_blocks(row, t->cols, blocks);
+            tsr_q8_pack_row(dst, t->cols, r, blocks);
+        }
+        tsr_free(row);
+        tsr_free(blocks);
     }
+    if (nomem)
+        return tsr_error_set(TSR_ERR_NOMEM, "%s: out of memory converting FP8 weights",
+                             m->source);
     o.data = dst;
     *t = o;
     return TSR_OK;
 }
 
-tsr_status tsr_model_fp8_to_q8(tsr_model *m, const char *backend) {
+tsr_status tsr_model_fp8_to_q8(tsr_model *m, const char *why) {
     if (!tsr_model_has_fp8(m)) return TSR_OK;
-    int64_t max_cols = 0;
+    int n_q8 = 0, n_f32 = 0;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         tsr_tensor *ts[TSR__N_MATS];
         tsr__layer_mats(&m->layers[l], ts);
-        for (int i = 0; i < TSR__N_MATS; i++)
-            if (ts[i]->cols > max_cols) max_cols = ts[i]->cols;
-    }
-    float *row = tsr_malloc((size_t)max_cols * sizeof *row);
-    uint8_t *blocks = tsr_malloc((size_t)(max_cols / TSR_Q8_BLOCK + 1) * TSR_Q8_BLOCK_BYTES);
-    tsr_status st = TSR_OK;
-    if (!row || !blocks)
-        st = tsr_error_set(TSR_ERR_NOMEM, "%s: out of memory converting FP8 weights", m->source);
-    int n_q8 = 0, n_f32 = 0;
-    for (int l = 0; l < m->cfg.n_layers && st == TSR_OK; l++) {
-        tsr_tensor *ts[TSR__N_MATS];
-        tsr__layer_mats(&m->layers[l], ts);
-        for (int i = 0; i < TSR__N_MATS && st == TSR_OK; i++) {
+        for (int i = 0; i < TSR__N_MATS; i++) {
             tsr_tensor *t = ts[i];
             if (t->dtype != TSR_F8_E4M3 || !t->data || t->rows <= 0) continue;
             bool q8 = tsr_model_q8_eligible(&m->cfg, tsr__mat_names[i], t->cols);
-            st = tsr__to_q8(m, t, q8, row, blocks);
+            TSR_TRY(tsr__to_q8(m, t, q8));
             n_q8 += q8;
             n_f32 += !q8;
         }
     }
-    tsr_free(row);
-    tsr_free(blocks);
-    TSR_TRY(st);
     if (n_q8) m->cfg.dtype = TSR_Q8_0;
-    TSR_LOG_WARN("%s: FP8 weights run as Q8_0 on the %s backend (%d matrices requantized: FP8's "
-                 "rounding, then Q8_0's; %d kept in f32 where Q8_0 does not fit); only the "
-                 "cuda backend computes in FP8",
-                 m->source, backend, n_q8, n_f32);
+    TSR_LOG_WARN("%s: FP8 weights run as Q8_0 (%s): %d matrices requantized (FP8's rounding, "
+                 "then Q8_0's), %d kept in f32 where Q8_0 does not fit",
+                 m->source, why, n_q8, n_f32);
     return TSR_OK;
 }

@@ -67,7 +67,8 @@ bool tsr_model_has_fp8(const tsr_model *m);
 tsr_status tsr_model_quantize_fp8(tsr_model *m);
 
 /* F8_E4M3 matrices into Q8_0, or f32 where tsr_model_q8_eligible says no (see above); a
- * model without any is left as it is. backend names the backend in the warning line. */
-tsr_status tsr_model_fp8_to_q8(tsr_model *m, const char *backend);
+ * model without any is left as it is. why: the warning line's reason ("the cpu backend
+ * computes no FP8"). */
+tsr_status tsr_model_fp8_to_q8(tsr_model *m, const char *why);
 
 #endif

@@ -131,7 +131,7 @@ TSR_TEST(test_checkpoint_layout) {
     /* to Q8_0 where it fits (head_dim 16: o_proj stays f32), the rows GGUF's Q8_0 of the
      * dequantized FP8 rows */
     tsr_layer_weights before = m->layers[0];
-    ASSERT_OK(tsr_model_fp8_to_q8(m, "cpu"));
+    ASSERT_OK(tsr_model_fp8_to_q8(m, "test"));
     ASSERT_TRUE(!tsr_model_has_fp8(m));
     ASSERT_EQ_INT(m->cfg.dtype, TSR_Q8_0);
     ASSERT_EQ_INT(m->layers[0].wq.dtype, TSR_Q8_0);

@@ -490,7 +490,7 @@ TSR_TEST(test_synth_q8_0) {
 TSR_TEST(test_fp8_synth) {
     tsr_model *m = NULL;
     ASSERT_OK(tsr_model_load(TSR_SOURCE_DIR "/tests/data/fp8_synth", &m));
-    ASSERT_OK(tsr_model_fp8_to_q8(m, "cpu"));
+    ASSERT_OK(tsr_model_fp8_to_q8(m, "test"));
     check_model("fp8_synth as q8_0", m,
                 TSR_SOURCE_DIR "/tests/data/golden/fp8_synth_q8_0.json", 0.06);
     tsr_model_destroy(m);
