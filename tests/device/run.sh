@@ -398,9 +398,12 @@ fp8_bytes = b["decode_bytes_per_token"] / 2 + b["vocab_size"] * b["dim"]
 gbs = fp8_bytes * f["decode_tok_s"] / 1e9
 x = f["decode_tok_s"] / b["decode_tok_s"]
 of = "%.0f %%" % (100 * gbs / hbm) if hbm else "? %"
-print("quant_decode batch=1 bf16_tok_s=%.1f fp8_tok_s=%.1f speedup=%.2f fp8_gbs=%.0f "
-      "hbm_gbs=%.0f of_hbm=%s" % (b["decode_tok_s"], f["decode_tok_s"], x, gbs, hbm, of))
-print("NOTE fp8 decode b1 %.2fx bf16, %.0f GB/s (%s of HBM)" % (x, gbs, of))
+# the bytes ratio: the speed-up a bandwidth-bound decode can reach at this layer count
+ideal = b["decode_bytes_per_token"] / fp8_bytes
+print("quant_decode batch=1 bf16_tok_s=%.1f fp8_tok_s=%.1f speedup=%.2f bytes_ratio=%.2f "
+      "fp8_gbs=%.0f hbm_gbs=%.0f of_hbm=%s" % (b["decode_tok_s"], f["decode_tok_s"], x, ideal,
+                                               gbs, hbm, of))
+print("NOTE fp8 decode b1 %.2fx bf16 (bytes %.2fx), %.0f GB/s (%s of HBM)" % (x, ideal, gbs, of))
 PY
     return $rc
 }
