@@ -35,14 +35,6 @@ struct tsr__cuda_quant {
     tsr__qbuf x8, xs, xb, tile, part, sum;
 };
 
-#define TSR__LT_TRY(call)                                                                  \
-    do {                                                                                   \
-        cublasStatus_t tsr__ls = (call);                                                   \
-        if (tsr__ls != CUBLAS_STATUS_SUCCESS)                                              \
-            return tsr_error_set(TSR_ERR_CUBLAS, "cublasLt: %s: %s", #call,                \
-                                 cublasGetStatusString(tsr__ls));                          \
-    } while (0)
-
 /* Grows a device scratch (queued kernels may still read the old one: wait first). Graph
  * capture needs no growth: a step's first, plain run settles the sizes (backend_cuda.c). */
 static tsr_status tsr__qbuf_reserve(tsr__cuda_quant *q, tsr__qbuf *b, size_t bytes) {
