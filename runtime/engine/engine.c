@@ -207,7 +207,8 @@ static tsr_status tsr__load_model(const tsr_engine_spec *o, tsr_model **out) {
     if (!o->convert_weights || !path || strncmp(path, "synthetic:", 10) != 0 ||
         strstr(path, ",dtype="))
         return tsr_model_load(path, out);
-    /* q8_0, fp8: made in bf16, quantized after the shard cut (tsr__convert) */
+    /* q8_0, fp8: made in bf16; q8_0 quantized after the shard cut (tsr__convert), fp8
+     * before it (tsr__load) */
     bool quant = o->weights_dtype == TSR_Q8_0 || o->weights_dtype == TSR_F8_E4M3;
     const char *dt = tsr_dtype_name(quant ? TSR_BF16 : o->weights_dtype);
     size_t len = strlen(path) + strlen(",dtype=") + strlen(dt) + 1;
