@@ -1,7 +1,7 @@
 /* FP8 weights (runtime/model/fp8.h): the per-channel quantizer's codes and scales against
  * torch's (tests/data/fp8, tools/make_fp8_testdata.py), the compressed-tensors checkpoint
  * tests/data/fp8_synth (per-channel scales in layer 0, per-tensor in layer 1) read back as
- * the file holds it, slices, dequantization, the CPU's conversion to Q8_0, the config
+ * the file holds it, slices (and the tensor-parallel cut), dequantization, the CPU's conversion to Q8_0, the config
  * checks, and `--dtype fp8` through the engine on the CPU (FP8, then Q8_0). The logits of
  * the checkpoint are checked by tests/unit/test_golden.c (test_fp8_synth). */
 #include <cjson/cJSON.h>
@@ -14,6 +14,7 @@
 #include "base/dtype.h"
 #include "kernels/cpu/quant_q8.h"
 #include "kernels/kv_dtype.h"
+#include "runtime/exec/parallel.h"
 #include "runtime/format/safetensors.h"
 #include "runtime/model/fp8.h"
 #include "runtime/model/model.h"
@@ -146,6 +147,45 @@ TSR_TEST(test_checkpoint_layout) {
     tsr_model_destroy(m);
 }
 
+/* The tensor-parallel cut of an FP8 checkpoint (runtime/exec/parallel.c): rank 1 of tp 2
+ * holds its q rows and its wo / w_down columns, each row with the whole row's scale. */
+TSR_TEST(test_tp_cut) {
+    tsr_model *whole = NULL, *m = NULL;
+    ASSERT_OK(tsr_model_load(FP8_MODEL, &whole));
+    ASSERT_OK(tsr_model_load(FP8_MODEL, &m));
+    tsr_parallel_layout lay;
+    tsr_parallel_shard sh;
+    ASSERT_OK(tsr_parallel_layout_init(2, 1, 2, &lay));
+    ASSERT_OK(tsr_parallel_shard_of(&lay, &m->cfg, 1, "fp8_synth", &sh));
+    ASSERT_OK(tsr_parallel_shard_model(m, &sh));
+    int hd = m->cfg.head_dim;
+    float a[160], b[160];
+    for (int l = 0; l < 2; l++) {
+        const tsr_layer_weights *w = &whole->layers[l], *s = &m->layers[l];
+        ASSERT_EQ_INT(s->wq.dtype, TSR_F8_E4M3);
+        ASSERT_EQ_INT(s->wq.rows, (int64_t)(sh.head_end - sh.head_begin) * hd);
+        for (int64_t r = 0; r < s->wq.rows; r++) {
+            tsr_fp8_dequant_row(&w->wq, sh.head_begin * hd + r, a);
+            tsr_fp8_dequant_row(&s->wq, r, b);
+            ASSERT_TRUE(memcmp(a, b, (size_t)s->wq.cols * 4) == 0);
+        }
+        ASSERT_EQ_INT(s->wo.cols, (int64_t)(sh.head_end - sh.head_begin) * hd);
+        for (int64_t r = 0; r < s->wo.rows; r++) {
+            tsr_fp8_dequant_row(&w->wo, r, a);
+            tsr_fp8_dequant_row(&s->wo, r, b);
+            ASSERT_TRUE(memcmp(a + sh.head_begin * hd, b, (size_t)s->wo.cols * 4) == 0);
+        }
+        ASSERT_EQ_INT(s->w_down.cols, sh.hidden_end - sh.hidden_begin);
+        for (int64_t r = 0; r < s->w_down.rows; r++) {
+            tsr_fp8_dequant_row(&w->w_down, r, a);
+            tsr_fp8_dequant_row(&s->w_down, r, b);
+            ASSERT_TRUE(memcmp(a + sh.hidden_begin, b, (size_t)s->w_down.cols * 4) == 0);
+        }
+    }
+    tsr_model_destroy(m);
+    tsr_model_destroy(whole);
+}
+
 /* Quantization configs tessera cannot read are refused with one line naming what. */
 TSR_TEST(test_config_refusals) {
     static const char *bad[] = {
@@ -173,4 +213,4 @@ TSR_TEST(test_config_refusals) {
     cJSON_Delete(ok);
 }
 
-TSR_TEST_MAIN(test_quantize_matches_torch, test_checkpoint_layout, test_config_refusals)
+TSR_TEST_MAIN(test_quantize_matches_torch, test_checkpoint_layout, test_tp_cut, test_config_refusals)
