@@ -16,13 +16,18 @@ typedef enum tsr_dtype {
     /* Q8_0 (GGUF's numerics: blocks of 32 int8 along a row with an fp16 scale), stored as
      * kernels/cpu/quant_q8.h's repacked 16-row groups; matrices only (cols % 32 == 0). */
     TSR_Q8_0 = 4,
+    /* FP8 E4M3 (float8_e4m3fn) weights with one f32 scale per row (compressed-tensors'
+     * per-channel strategy; a per-tensor scale is stored once per row): the rows * cols
+     * codes row-major, then at tsr_fp8_scale_offset the rows scales. Matrices only;
+     * runtime/model/fp8.h loads and converts them. */
+    TSR_F8_E4M3 = 8,
 } tsr_dtype;
 
-/* Bytes per element; Q8_0: 1 (its scales are counted by tsr_tensor_bytes). */
+/* Bytes per element; Q8_0 and F8_E4M3: 1 (their scales are counted by tsr_tensor_bytes). */
 size_t tsr_dtype_size(tsr_dtype t);
 const char *tsr_dtype_name(tsr_dtype t);
-/* Parses "f32"/"float32"/"F32", "f16"/"float16", "bf16"/"bfloat16", "q8_0"/"q8"; -1 when
- * unknown. */
+/* Parses "f32"/"float32"/"F32", "f16"/"float16", "bf16"/"bfloat16", "q8_0"/"q8",
+ * "fp8"/"f8_e4m3"; -1 when unknown. */
 int tsr_dtype_parse(const char *s);
 
 static inline float tsr_bf16_to_f32(uint16_t h) {

@@ -59,7 +59,9 @@ target_include_directories(tessera_cuda_module PRIVATE
 target_compile_definitions(tessera_cuda_module PRIVATE
   $<TARGET_PROPERTY:tessera_objs,INTERFACE_COMPILE_DEFINITIONS> TSR_HAVE_CUDA=1)
 target_compile_options(tessera_cuda_module PRIVATE ${TSR_WARN})
-target_link_libraries(tessera_cuda_module PRIVATE tessera_cuda CUDA::cudart CUDA::cublas)
+# cuBLASLt: the FP8 GEMMs (kernels/cuda/quant_gemm.c); in the module only, like cuBLAS.
+target_link_libraries(tessera_cuda_module PRIVATE tessera_cuda CUDA::cudart CUDA::cublas
+  CUDA::cublasLt)
 if(TESSERA_MPI)
   target_link_libraries(tessera_cuda_module PRIVATE MPI::MPI_C)
 endif()

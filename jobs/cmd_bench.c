@@ -112,8 +112,8 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         {"threads", TSR_OPT_INT, &o->threads, "T",
          "CPU kernel threads (the default is the CPUs this process may run on; at most 4 per "
          "such CPU)", false},
-        {"dtype", TSR_OPT_STRING, &o->dtype_name, "f32|bf16|q8_0",
-         "weight dtype (default: as the model stores it)", false},
+        {"dtype", TSR_OPT_STRING, &o->dtype_name, "f32|bf16|q8_0|fp8",
+         "weight dtype (default: as the model stores it; fp8: cuda, Q8_0 elsewhere)", false},
         {"repeat", TSR_OPT_INT, &o->repeat, "R", "timed repeats, median reported", false},
         {"warmup", TSR_OPT_INT, &o->warmup, "W", "untimed prefill + one decode step rounds",
          false},
@@ -154,8 +154,9 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         return tsr_cli_usage_error(&cli, "--kv '%s': expected paged or dense", o->kv);
     if (o->dtype_name) {
         o->dtype = tsr_dtype_parse(o->dtype_name);
-        if (o->dtype != TSR_F32 && o->dtype != TSR_BF16 && o->dtype != TSR_Q8_0)
-            return tsr_cli_usage_error(&cli, "--dtype '%s': expected f32, bf16 or q8_0",
+        if (o->dtype != TSR_F32 && o->dtype != TSR_BF16 && o->dtype != TSR_Q8_0 &&
+            o->dtype != TSR_F8_E4M3)
+            return tsr_cli_usage_error(&cli, "--dtype '%s': expected f32, bf16, q8_0 or fp8",
                                        o->dtype_name);
     }
     *exit_code = 0;
@@ -187,7 +188,9 @@ static double tsr__median(double *v, int n) {
  * makes a synthetic SPEC in --dtype (",dtype=" appended) and converts any other model. */
 static int tsr__bench_check_dtype(const tsr__bench_opts *o) {
     const char *spec = o->model;
-    if (o->dtype < 0 || o->dtype == TSR_Q8_0 || strncmp(spec, "synthetic:", 10) != 0) return 0;
+    if (o->dtype < 0 || o->dtype == TSR_Q8_0 || o->dtype == TSR_F8_E4M3 ||
+        strncmp(spec, "synthetic:", 10) != 0)
+        return 0;
     const char *have = strstr(spec, ",dtype=");
     if (!have) return 0;
     char given[16];

@@ -69,7 +69,7 @@ int tsr_cmd_convert(int argc, char **argv) {
     if (dtype_name) {
         dtype = tsr_dtype_parse(dtype_name);
         /* q8_0 is no safetensors dtype yet: generate and bench quantize at load */
-        if (dtype < 0 || dtype == TSR_Q8_0)
+        if (dtype < 0 || dtype == TSR_Q8_0 || dtype == TSR_F8_E4M3)
             return tsr_cli_usage_error(&cli, "--dtype '%s': expected f32, bf16 or f16",
                                        dtype_name);
     }
@@ -77,7 +77,8 @@ int tsr_cmd_convert(int argc, char **argv) {
     tsr_model *m = NULL;
     if (tsr_model_load(model, &m) != TSR_OK) return tsr_cmd_fail("convert");
     tsr_dtype out_dtype = dtype >= 0 ? (tsr_dtype)dtype : m->cfg.dtype;
-    if (out_dtype == TSR_Q8_0) out_dtype = TSR_F32; /* a Q8_0 GGUF: q * d is exact in f32 */
+    /* a Q8_0 GGUF, an FP8 checkpoint: q * d and code * scale are exact in f32 */
+    if (out_dtype == TSR_Q8_0 || out_dtype == TSR_F8_E4M3) out_dtype = TSR_F32;
     if (tsr_export_hf(m, output, out_dtype) != TSR_OK) {
         tsr_model_destroy(m);
         return tsr_cmd_fail("convert");

@@ -339,6 +339,7 @@ tsr_status tsr_backend_place_tensor(tsr_backend *be, const tsr_tensor *host, tsr
     *dev = *host;
     *copied = false;
     if (be->host_memory || !host->data) return TSR_OK;
+    if (be->ops->place_tensor) return be->ops->place_tensor(be, host, dev, copied);
     size_t bytes = tsr_tensor_bytes(host);
     void *p = NULL;
     TSR_TRY(be->ops->buffer_alloc(be, bytes, &p));

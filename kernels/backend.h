@@ -321,6 +321,11 @@ typedef struct tsr_backend_ops {
     tsr_status (*graph_end)(tsr_backend *be);
     /* Optional (NULL: the forward pass runs attention per sequence): tsr_attn_paged_args. */
     tsr_status (*attention_paged)(tsr_backend *be, const tsr_attn_paged_args *a);
+    /* Optional (NULL: the host bytes are uploaded as they are): tsr_backend_place_tensor for
+     * a backend whose kernels want their own layout of some dtype (CUDA: Q8_0 as GGUF
+     * blocks, kernels/cuda/quant_gemm.h). Not called on a host-memory backend. */
+    tsr_status (*place_tensor)(tsr_backend *be, const tsr_tensor *host, tsr_tensor *dev,
+                               bool *copied);
 } tsr_backend_ops;
 
 /* Short forms of the memory calls, synchronous (stream NULL). */
@@ -342,6 +347,9 @@ struct tsr_backend {
      * backend). Only for skipping copies that would move bytes to where they already are
      * (weights mapped from the file); never a reason to dereference a backend pointer. */
     bool host_memory;
+    /* matmul and matmul_parts take TSR_F8_E4M3 weights (the CUDA backend); elsewhere the
+     * engine converts FP8 matrices at load (runtime/model/fp8.h). */
+    bool fp8_weights;
 };
 
 /* --- the registry -----------------------------------------------------------------------
@@ -414,7 +422,7 @@ tsr_status tsr_backend_fenced_create(int threads, size_t arena_bytes, tsr_backen
  * TSR_BACKEND_MODULE_ABI; the loader refuses a module whose version or struct sizes differ
  * from its own with one line. The module calls back into the runtime (tsr_error_set, ...):
  * the executables export its symbols (CMakeLists.txt). */
-#define TSR_BACKEND_MODULE_ABI 2
+#define TSR_BACKEND_MODULE_ABI 3
 #define TSR_BACKEND_MODULE_ENTRY "tsr_backend_module_entry"
 
 /* What a GPU probe found. */

@@ -37,6 +37,7 @@ static void tsr__matvec_rows(const tsr__cpu_kernels *k, const tsr_tensor *w, con
     case TSR_F16: k->matvec_f16(w->data, w->cols, r0, r1, x, nx, y, w->rows); break;
     case TSR_U8: break; /* refused by tsr__cpu_matmul */
     case TSR_Q8_0: break; /* tsr__q8_run */
+    case TSR_F8_E4M3: break; /* refused: the engine converts FP8 to Q8_0 for the CPU */
     }
 }
 
@@ -75,6 +76,7 @@ static void tsr__matvec_seg_rows(const tsr__cpu_kernels *k, const tsr_tensor *w,
         break;
     case TSR_U8: break; /* refused by tsr__cpu_matmul_parts */
     case TSR_Q8_0: break; /* tsr__q8_run */
+    case TSR_F8_E4M3: break; /* refused: the engine converts FP8 to Q8_0 for the CPU */
     }
 }
 

@@ -22,6 +22,7 @@ static float tsr__w_at(const tsr_tensor *w, int64_t i) {
     case TSR_F16: return tsr_f16_to_f32(((const uint16_t *)w->data)[i]);
     case TSR_U8: return (float)((const uint8_t *)w->data)[i];
     case TSR_Q8_0: break; /* matrices only; norm weights are f32 */
+    case TSR_F8_E4M3: break;
     }
     return 0.0f;
 }
@@ -265,6 +266,7 @@ tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t 
         case TSR_F16: k->cvt_f16(src, o, d); break;
         case TSR_U8: tsr_dtype_to_f32(TSR_U8, src, o, (size_t)d); break;
         case TSR_Q8_0: break;
+        case TSR_F8_E4M3: break; /* never an embedding (runtime/model/fp8.h) */
         }
     }
     return TSR_OK;

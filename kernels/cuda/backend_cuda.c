@@ -26,6 +26,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flash_attn.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/quant_gemm.h"
 #include "kernels/rope_freq.h"
 #include "base/alloc.h"
 #include "base/log.h"
@@ -59,6 +60,7 @@ typedef struct tsr__cuda_ctx {
     char name[256];
     cudaStream_t stream; /* the compute stream: every op, and the copies with stream NULL */
     cublasHandle_t blas;
+    tsr__cuda_quant *quant;   /* FP8 and Q8_0 weights (quant_gemm.h) */
     tsr__cuda_scratch xconv;  /* x converted to the weight dtype for BF16/F16 GEMMs */
     tsr__cuda_scratch part;   /* matmul_parts sum mode: the part being added */
     tsr__cuda_scratch accsum; /* matmul_parts_acc with uneven segments: the sum */
@@ -577,6 +579,10 @@ static tsr_status tsr__cuda_matmul(tsr_backend *be, const float *x, int64_t n, c
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
                              "cuda matmul: %lld x %lld weight with %lld rows exceeds int range",
                              (long long)w->rows, (long long)w->cols, (long long)n);
+    if (tsr__cuda_quant_takes(w->dtype)) { /* one part: [0, cols) */
+        const int32_t whole[2] = {0, (int32_t)w->cols};
+        return tsr__cuda_quant_parts(c->quant, x, n, w, whole, 1, false, false, y);
+    }
     const float one = 1.0f, zero = 0.0f;
     const void *b = x;
     cudaDataType_t t = CUDA_R_32F;
@@ -644,6 +650,8 @@ static tsr_status tsr__cuda_parts(tsr_backend *be, const float *x, int64_t n,
             return tsr_error_set(TSR_ERR_INVALID, "cuda matmul_parts: segment %d decreases "
                                  "(%d > %d)", p, (int)seg[p], (int)seg[p + 1]);
     if (n == 0) return TSR_OK;
+    if (tsr__cuda_quant_takes(w->dtype))
+        return tsr__cuda_quant_parts(c->quant, x, n, w, seg, n_parts, sum, acc, y);
     const float one = 1.0f, zero = 0.0f;
     const void *b = x;
     size_t es = 4;
@@ -835,8 +843,11 @@ static tsr_status tsr__cuda_embed(tsr_backend *be, const tsr_tensor *emb, const 
                 return tsr_error_set(TSR_ERR_INVALID, "embed: token id %d out of range [0, %lld)",
                                      (int)ids[i], (long long)emb->rows);
     }
-    TSR_CUDA_TRY(tsr__cuda_launch_embed(emb->data, (int)emb->dtype, emb->rows, emb->cols, dids, n,
-                                        out, c->bad_id, c->stream));
+    if (emb->dtype == TSR_Q8_0)
+        TSR_TRY(tsr__cuda_quant_embed(c->quant, emb, dids, n, out, c->bad_id));
+    else
+        TSR_CUDA_TRY(tsr__cuda_launch_embed(emb->data, (int)emb->dtype, emb->rows, emb->cols,
+                                            dids, n, out, c->bad_id, c->stream));
     /* device ids (the step's metadata): the kernel flags bad ones (zero rows) and
      * synchronize reports them; no wait inside the step */
     if (!staged) c->bad_id_pending = true;
@@ -1103,6 +1114,7 @@ static void tsr__cuda_destroy(tsr_backend *be) {
         if (c->stream) (void)cudaStreamSynchronize(c->stream);
         for (int i = 0; i < TSR__CUDA_GRAPHS; i++)
             if (c->graphs[i].exec) (void)cudaGraphExecDestroy(c->graphs[i].exec);
+        tsr__cuda_quant_destroy(c->quant);
         if (c->blas) (void)cublasDestroy(c->blas);
         tsr__scratch_release(&c->xconv);
         tsr__scratch_release(&c->part);
@@ -1131,6 +1143,30 @@ static void tsr__cuda_destroy(tsr_backend *be) {
         tsr_free(c);
     }
     tsr_free(be);
+}
+
+/* Weights in the device layout (quant_gemm.h: Q8_0 as GGUF blocks), else byte for byte. */
+static tsr_status tsr__cuda_place_tensor(tsr_backend *be, const tsr_tensor *host,
+                                         tsr_tensor *dev, bool *copied) {
+    *dev = *host;
+    *copied = false;
+    if (!host->data) return TSR_OK;
+    void *tmp = NULL;
+    size_t bytes = 0;
+    TSR_TRY(tsr__cuda_quant_device_copy(host, &tmp, &bytes));
+    const void *src = tmp ? tmp : host->data;
+    if (!tmp) bytes = tsr_tensor_bytes(host);
+    void *p = NULL;
+    tsr_status st = tsr__cuda_buffer_alloc(be, bytes, &p);
+    if (st == TSR_OK) st = tsr__cuda_upload(be, p, src, bytes, NULL);
+    tsr_free(tmp);
+    if (st != TSR_OK) {
+        if (p) tsr__cuda_buffer_free(be, p);
+        return st;
+    }
+    dev->data = p;
+    *copied = true;
+    return TSR_OK;
 }
 
 static const tsr_backend_ops tsr__cuda_ops = {
@@ -1175,6 +1211,7 @@ static const tsr_backend_ops tsr__cuda_ops = {
     .matmul_parts_acc = tsr__cuda_matmul_parts_acc,
     .graph_begin = tsr__cuda_graph_begin,
     .graph_end = tsr__cuda_graph_end,
+    .place_tensor = tsr__cuda_place_tensor,
 };
 
 tsr_gpu_probe tsr__cuda_probe(int *count, char *detail, size_t cap) {
@@ -1242,6 +1279,7 @@ tsr_status tsr__cuda_create(int device, tsr_backend **out) {
     be->device = device;
     be->threads = 1;
     be->host_memory = false; /* device memory: never usable in place by the host */
+    be->fp8_weights = true;  /* quant_gemm.h */
     c->device = device;
     TSR_CUDA_TRY_GOTO(cudaSetDevice(device), st, fail);
     struct cudaDeviceProp prop;
@@ -1251,6 +1289,8 @@ tsr_status tsr__cuda_create(int device, tsr_backend **out) {
     TSR_CUDA_TRY_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), st, fail);
     TSR_CUBLAS_TRY_GOTO(cublasCreate(&c->blas), st, fail);
     TSR_CUBLAS_TRY_GOTO(cublasSetStream(c->blas, c->stream), st, fail);
+    st = tsr__cuda_quant_create(prop.major * 10 + prop.minor, c->stream, c->blas, &c->quant);
+    if (st != TSR_OK) goto fail;
     c->capturing = -1;
     {
         const char *gv = getenv("TSR_CUDA_GRAPHS");

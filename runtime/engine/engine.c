@@ -7,6 +7,7 @@
 
 #include "base/alloc.h"
 #include "base/dtype.h"
+#include "runtime/model/fp8.h"
 #include "runtime/model/quantize.h"
 #include "base/file.h"
 #include "base/log.h"
@@ -97,6 +98,7 @@ static tsr_status tsr__convert_tensor(tsr_model *m, tsr_tensor *t, tsr_dtype dt)
     size_t n = (size_t)t->rows * (size_t)t->cols;
     /* Q8_0 (a GGUF's) is kept: already the smaller format */
     if (t->dtype == dt || t->dtype == TSR_Q8_0 || !t->data || n == 0) return TSR_OK;
+    if (t->dtype == TSR_F8_E4M3) return tsr_fp8_dequantize(m, t, dt);
     void *dst;
     TSR_TRY(tsr_model_alloc(m, n * tsr_dtype_size(dt), &dst));
     if (dt == TSR_F32) {
@@ -128,7 +130,11 @@ static tsr_status tsr__convert(tsr_engine *e, const tsr_engine_spec *o) {
         return tsr_error_set(TSR_ERR_INVALID, "engine: a borrowed model is not converted "
                              "(convert_weights)");
     tsr_dtype dt = o->weights_dtype;
-    if (dt == TSR_Q8_0) return tsr_model_quantize_q8(m); /* runtime/model/quantize.h */
+    if (dt == TSR_F8_E4M3) return tsr_model_quantize_fp8(m); /* a borrowed model: refused above */
+    if (dt == TSR_Q8_0) { /* FP8 matrices first: quantize_q8 reads 16- and 32-bit ones */
+        TSR_TRY(tsr_model_fp8_to_q8(m, "--dtype q8_0"));
+        return tsr_model_quantize_q8(m); /* runtime/model/quantize.h */
+    }
     bool tied = m->classifier.data && m->classifier.data == m->tok_emb.data;
     TSR_TRY(tsr__convert_tensor(m, &m->tok_emb, dt));
     if (tied)
@@ -201,8 +207,10 @@ static tsr_status tsr__load_model(const tsr_engine_spec *o, tsr_model **out) {
     if (!o->convert_weights || !path || strncmp(path, "synthetic:", 10) != 0 ||
         strstr(path, ",dtype="))
         return tsr_model_load(path, out);
-    /* q8_0: made in bf16, quantized after the shard cut (tsr__convert) */
-    const char *dt = tsr_dtype_name(o->weights_dtype == TSR_Q8_0 ? TSR_BF16 : o->weights_dtype);
+    /* q8_0, fp8: made in bf16; q8_0 quantized after the shard cut (tsr__convert), fp8
+     * before it (tsr__load) */
+    bool quant = o->weights_dtype == TSR_Q8_0 || o->weights_dtype == TSR_F8_E4M3;
+    const char *dt = tsr_dtype_name(quant ? TSR_BF16 : o->weights_dtype);
     size_t len = strlen(path) + strlen(",dtype=") + strlen(dt) + 1;
     char *spec = tsr_malloc(len);
     if (!spec) return TSR_ERR_NOMEM;
@@ -238,6 +246,11 @@ static tsr_status tsr__load(tsr_engine *e, const tsr_engine_spec *o) {
     const tsr_model_config *c = e->model ? &e->model->cfg : NULL;
     if (st == TSR_OK && o->config_out) *o->config_out = *c;
     if (st == TSR_OK && o->model_loaded) o->model_loaded(o->model_loaded_ctx, e->model);
+    /* fp8: before the shard cut, so that a row's scale covers the whole row whatever tp
+     * cuts its columns into (runtime/model/fp8.h); tsr__convert then has nothing to do */
+    if (st == TSR_OK && o->convert_weights && o->weights_dtype == TSR_F8_E4M3 &&
+        e->model->cfg.dtype != TSR_F8_E4M3 && !e->borrowed_)
+        st = tsr_model_quantize_fp8(e->model);
     if (st == TSR_OK && o->min_context > c->max_seq_len)
         st = tsr_error_set(TSR_ERR_BUDGET, "%s holds %d positions, fewer than the %d this job "
                            "needs", e->model->source ? e->model->source : "the model",
@@ -312,6 +325,12 @@ static tsr_status tsr__start(tsr_engine *e, const tsr_engine_spec *o) {
                                                        &e->be)));
     }
     e->device_base_ = tsr__device_used(e->be);
+    /* FP8 matrices stay FP8 only where the backend computes with them (runtime/model/fp8.h) */
+    if (!e->be->fp8_weights && !e->borrowed_) {
+        char why[96];
+        snprintf(why, sizeof why, "the %s backend computes no FP8", e->be->ops->name);
+        TSR_TRY(tsr__agree(e, tsr_model_fp8_to_q8(e->model, why)));
+    }
     /* The activations' data plane follows the backend (collective, same answer on every
      * rank: tsr_dist_data_plane). */
     if (o->distributed) TSR_TRY(tsr_dist_data_plane(&e->dist, e->be, o->kv.policy));

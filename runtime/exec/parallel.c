@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kernels/cpu/quant_q8.h"
+#include "runtime/model/fp8.h"
 
 tsr_status tsr_parallel_layout_init(int tp, int pp, int world_size, tsr_parallel_layout *out) {
     if (tp < 1 || pp < 1)
@@ -157,6 +158,7 @@ void tsr_parallel_shard_segments(const tsr_parallel_shard *s, const tsr_model_co
 /* Rows [r0, r1) of t, as a view (Q8_0, kernels/cpu/quant_q8.h: a view of whole 16-row
  * groups, else a repacked copy). */
 static tsr_status tsr__rows(tsr_model *m, tsr_tensor *t, int64_t r0, int64_t r1) {
+    if (t->dtype == TSR_F8_E4M3 && t->data) return tsr_fp8_slice(m, t, r0, r1, 0, t->cols);
     if (t->dtype == TSR_Q8_0 && t->data) {
         tsr_tensor s = {.dtype = TSR_Q8_0, .rows = r1 - r0, .cols = t->cols};
         if (r0 % TSR_Q8_GROUP == 0) {
@@ -178,6 +180,7 @@ static tsr_status tsr__rows(tsr_model *m, tsr_tensor *t, int64_t r0, int64_t r1)
 
 /* Columns [c0, c1) of t, copied into model-owned memory. */
 static tsr_status tsr__cols(tsr_model *m, tsr_tensor *t, int64_t c0, int64_t c1) {
+    if (t->dtype == TSR_F8_E4M3 && t->data) return tsr_fp8_slice(m, t, 0, t->rows, c0, c1);
     if (t->dtype == TSR_Q8_0 && t->data) { /* c0, c1 on blocks: the loaders' choice */
         tsr_tensor s = {.dtype = TSR_Q8_0, .rows = t->rows, .cols = c1 - c0};
         void *dst;

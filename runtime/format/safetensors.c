@@ -36,6 +36,7 @@ const char *tsr_st_dtype_name(tsr_dtype t) {
     case TSR_BF16: return "BF16";
     case TSR_U8: return "U8";
     case TSR_Q8_0: break; /* no safetensors dtype: written as I8 + F16 scales */
+    case TSR_F8_E4M3: return "F8_E4M3"; /* the codes; scales are separate tensors */
     }
     return "?";
 }

@@ -12,6 +12,7 @@
 #include "base/alloc.h"
 #include "base/file.h"
 #include "runtime/model/config.h"
+#include "runtime/model/fp8.h"
 #include "runtime/model/loader.h"
 #include "runtime/format/safetensors.h"
 
@@ -174,6 +175,7 @@ static tsr_status tsr__gpt_oss_features(const cJSON *root, const char *path,
 
 static tsr_status tsr__arch_features(const cJSON *root, const char *path, tsr_model_config *c) {
     if (c->arch == TSR_ARCH_GPT_OSS) return tsr__gpt_oss_features(root, path, c);
+    TSR_TRY(tsr_fp8_check_config(root, path)); /* compressed-tensors FP8 (runtime/model/fp8.h) */
     c->qkv_bias = c->arch == TSR_ARCH_QWEN2;
     c->qk_norm = c->arch == TSR_ARCH_QWEN3;
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "attention_bias")))
@@ -712,7 +714,7 @@ static tsr_status tsr__hf_weights(tsr_model *m, const tsr__hf_src *s) {
     tsr__hf_mat *mats = tsr_calloc((size_t)n_mats, sizeof *mats);
     if (!mats) return TSR_ERR_NOMEM;
     tsr_status st = TSR_OK;
-    int k = 0;
+    int k = 0, n_fp8 = 0;
     char name[160];
 #define TSR__MAT(dstp, nm, r, cc, req)                                                     \
     do {                                                                                 \
@@ -773,6 +775,18 @@ static tsr_status tsr__hf_weights(tsr_model *m, const tsr__hf_src *s) {
             if (c->n_experts > 0 && spec[i].suffix[0] == 'm') continue; /* mlp.* */
             snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, spec[i].suffix);
             tsr_tensor *dst = (tsr_tensor *)((char *)w + spec[i].off);
+            const tsr_st_tensor *f8, *f8s;
+            const char *f8f, *f8sf;
+            TSR_TRY_GOTO(tsr__hf_locate(s, name, true, &f8, &f8f), st, done);
+            if (!strcmp(f8->st_dtype, "F8_E4M3")) { /* compressed-tensors FP8, kept as it is */
+                TSR_TRY_GOTO(tsr__hf_shape(f8f, f8, sizes[spec[i].rows], sizes[spec[i].cols],
+                                           false), st, done);
+                snprintf(name, sizeof name, "model.layers.%d.%s.weight_scale", l, spec[i].suffix);
+                TSR_TRY_GOTO(tsr__hf_locate(s, name, false, &f8s, &f8sf), st, done);
+                TSR_TRY_GOTO(tsr_fp8_from_st(m, f8f, f8, f8s, dst), st, done);
+                n_fp8++;
+                continue;
+            }
             TSR__MAT(dst, name, sizes[spec[i].rows], sizes[spec[i].cols], true);
         }
     }
@@ -785,7 +799,7 @@ static tsr_status tsr__hf_weights(tsr_model *m, const tsr__hf_src *s) {
     tsr_dtype dtype = TSR_F32;
     for (int d = 1; d < 3; d++)
         if (per[d] > per[dtype]) dtype = (tsr_dtype)d;
-    m->cfg.dtype = dtype;
+    m->cfg.dtype = n_fp8 ? TSR_F8_E4M3 : dtype; /* named as its projections are */
     for (int i = 0; i < k; i++) TSR_TRY_GOTO(tsr__hf_bind(m, &mats[i], dtype), st, done);
     if (c->tied_embeddings) m->classifier = m->tok_emb;
 

@@ -23,6 +23,10 @@
 #              prefill GEMM shapes of the 8B model (bench/gpu_roofline.cu)
 #   throughput prefill tokens/s and decode tokens/s at batch 1 and 64 on the 8B shape
 #              (bench/devbench.c), each set against its ceiling from `roofline`
+#   quant      FP8 and Q8_0 weights (tests/unit/test_cuda_quant.c): every quantized kernel
+#              against host references on odd shapes at batch 1..8 and 37, the batch-1 GEMVs
+#              on 14336x4096 against BF16; then decode at batch 1 on the 8B shape
+#              (QUANT_SPEC) in fp8 and in bf16, against each other and the HBM ceiling
 #   longctx    every policy the registry knows on a 128K-token prefill of the 8B shape
 #              (LONG_LAYERS layers), with peak device memory (bench/longctx.sh)
 #   ctest      the unit tests, if time is left
@@ -46,6 +50,7 @@
 #   (from nvidia-smi, else 90), LONGCTX_LIMIT_S (330), CONFIGURE_ONLY=1 (stop after cmake), FORCE_DEBS=1 (use .debs
 #   even if the system has the libraries), DEVICE_BUDGET_S (540), SECTIONS (names to run,
 #   default all), SKIP_CTEST=1, LONG_N (131072), LONG_LAYERS (1), BENCH_LAYERS (32),
+#   QUANT_SPEC (synthetic:llama-3.1-8b,layers=8),
 #   PREFILL (2048), CTX (512), GEN (32), BATCHES (1,64), BUILD_LIMIT_S (150), TORCH_DEVICE (cpu: the PyTorch
 #   reference in float32 on the host; cuda also works).
 #   DEVICE_BACKEND (cuda): any other backend (cpu, cpu-fenced) is the CPU rehearsal used by
@@ -91,6 +96,7 @@ if [ "$SMALL" = 1 ]; then # CPU rehearsal: the same steps on small shapes
     export CTX=${CTX:-32} GEN=${GEN:-4} BATCHES=${BATCHES:-1,8}
     export SHAPE_SPEC=${SHAPE_SPEC:-synthetic:tiny,dtype=bf16,layers=2}
     export GEMM_DIMS=${GEMM_DIMS:-64,64,32,172}
+    export QUANT_SPEC=${QUANT_SPEC:-synthetic:tiny}
 else
     export LONG_MODEL=${LONG_MODEL:-llama-3.1-8b} LONG_N=${LONG_N:-131072}
     export LONG_LAYERS=${LONG_LAYERS:-1}
@@ -99,11 +105,14 @@ else
     export SHAPE_SPEC=${SHAPE_SPEC:-synthetic:llama-3.1-8b,layers=2}
     # dim, q_dim, kv_dim, hidden of Llama-3.1-8B: the GEMMs of one prefill chunk
     export GEMM_DIMS=${GEMM_DIMS:-4096,4096,1024,14336}
+    # 8 of the 32 layers: the fp8 run quantizes them on the host at load
+    export QUANT_SPEC=${QUANT_SPEC:-synthetic:llama-3.1-8b,layers=8}
 fi
 export TORCH_DEVICE=${TORCH_DEVICE:-cpu}
 # The targets this check runs (more device tests: add them here and a section below).
 DEVICE_TARGETS=(tessera tsr_longctx tsr_devbench tsr_logits_check tsr_gpu_roofline
-    tsr_membw tsr_sgemm test_backend_ops test_cuda_mem test_dist_plane test_flash_attn)
+    tsr_membw tsr_sgemm test_backend_ops test_cuda_mem test_dist_plane test_flash_attn
+    test_cuda_quant)
 
 say() { printf '\n==== %s (%ds) ====\n' "$*" "$(($(date +%s) - T0))"; }
 pack_logs() { tar -czf "$OUT/device-logs.tar.gz" -C "$LOGS" . 2>/dev/null || true; }
@@ -385,6 +394,41 @@ sec_throughput() {
         --prefill "$PREFILL" --ctx "$CTX" --gen "$GEN" --batch "$BATCHES" --repeat 3
 }
 
+# Quantized weights: the kernels against host references (any failure fails the section),
+# then decode at batch 1 in fp8 and bf16 (tessera bench). Bytes per fp8 step: the bf16
+# step's with the layers halved, the bf16 classifier kept (B16 / 2 + vocab * dim).
+sec_quant() {
+    local log=$LOGS/quant.out rc=0 dt hbm
+    TSR_BENCH=1 "$B/tests/test_cuda_quant" 2>&1 | tee "$log"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    if [ "$BACKEND" = cuda ] && ! grep -q "backend cuda on" "$log"; then
+        echo "run.sh: test_cuda_quant did not get the CUDA backend"
+        rc=1
+    fi
+    for dt in bf16 fp8; do
+        "$B/tessera" bench --model "$QUANT_SPEC" --dtype $dt --backend "$BACKEND" \
+            --threads "$JOBS" --prompt-tokens 16 --gen-tokens "$GEN" --repeat 3 --json \
+            >"$LOGS/quant_$dt.json" || rc=1
+    done
+    hbm=$(sed -n 's/.*hbm_gbs=\([0-9.]*\).*/\1/p' "$LOGS/roofline.log" 2>/dev/null | tail -n 1)
+    LD_LIBRARY_PATH=$SYS_LD_LIBRARY_PATH python3 - "$LOGS/quant_bf16.json" "$LOGS/quant_fp8.json" "${hbm:-0}" <<'PY' || rc=1
+import json, sys
+b, f = (json.load(open(p)) for p in sys.argv[1:3])
+hbm = float(sys.argv[3])
+fp8_bytes = b["decode_bytes_per_token"] / 2 + b["vocab_size"] * b["dim"]
+gbs = fp8_bytes * f["decode_tok_s"] / 1e9
+x = f["decode_tok_s"] / b["decode_tok_s"]
+of = "%.0f %%" % (100 * gbs / hbm) if hbm else "? %"
+# the bytes ratio: the speed-up a bandwidth-bound decode can reach at this layer count
+ideal = b["decode_bytes_per_token"] / fp8_bytes
+print("quant_decode batch=1 bf16_tok_s=%.1f fp8_tok_s=%.1f speedup=%.2f bytes_ratio=%.2f "
+      "fp8_gbs=%.0f hbm_gbs=%.0f of_hbm=%s" % (b["decode_tok_s"], f["decode_tok_s"], x, ideal,
+                                               gbs, hbm, of))
+print("NOTE fp8 decode b1 %.2fx bf16 (bytes %.2fx), %.0f GB/s (%s of HBM)" % (x, ideal, gbs, of))
+PY
+    return $rc
+}
+
 sec_longctx() {
     local n_pol out deadline
     if [ -n "${POLICIES:-}" ]; then n_pol=$(wc -w <<<"$POLICIES")
@@ -489,6 +533,13 @@ summary() {
         echo
         perf_table
         echo
+        echo "### Quantized weights (tests/unit/test_cuda_quant.c; $QUANT_SPEC decode, batch 1)"
+        echo
+        echo '```'
+        grep -h -E '^(quant_gemv|quant_decode|  cuda .*(cublasLt|tiles))' "$LOGS/quant.log" 2>/dev/null ||
+            echo "not run"
+        echo '```'
+        echo
         echo "### 128K-token prefill per policy (synthetic:$LONG_MODEL, $LONG_LAYERS layer(s), budget 10 %)"
         echo
         echo '```'
@@ -503,7 +554,7 @@ summary() {
 }
 
 export -f sec_machine sec_configure sec_build sec_backend_ops sec_flash_attn sec_cuda_mem sec_dist_plane \
-    sec_logits sec_roofline sec_throughput sec_longctx sec_ctest
+    sec_logits sec_roofline sec_throughput sec_quant sec_longctx sec_ctest
 export DEVICE_TARGETS_S="${DEVICE_TARGETS[*]}"
 
 section machine 30 sec_machine 1
@@ -527,6 +578,7 @@ if [ -x "$B/bench/tsr_logits_check" ]; then
     section logits 90 sec_logits 20
     section roofline 40 sec_roofline
     section throughput 90 sec_throughput 30
+    section quant 90 sec_quant 30
     section longctx "${LONGCTX_LIMIT_S:-330}" sec_longctx 30
     section ctest 120 sec_ctest 60
 else

@@ -3,8 +3,8 @@
 # `tessera generate --dtype q8_0` (weights quantized at load after the shard cut) must print
 # one process's tokens with tp = 2 and with pp = 2: every matrix Q8_0 (head_dim 32, hidden
 # 256), and with wo kept in BF16 (head_dim 16: its head parts are not whole 32-column
-# blocks). The model line must name q8_0 (the quantization took place). Then the same for
-# a Q8_0 GGUF, whose matrices load as they are.
+# blocks). The model line must name q8_0 (the quantization took place). Then --dtype fp8,
+# and a Q8_0 GGUF, whose matrices load as they are.
 set -u
 bin=$1 root=$2 mpiexec=$3
 tmp=$(mktemp -d)
@@ -35,6 +35,19 @@ EOF
             diff "$tmp/ref.txt" "$tmp/out.txt" | head -5; fail=1
         fi
     done
+done
+# --dtype fp8 (runtime/model/fp8.h): per-channel FP8 after the shard cut, then Q8_0 on the
+# CPU (said once per process), the same tokens on every layout.
+model=synthetic:$tmp/m32.json
+"$bin" generate --model "$model" "${common[@]}" --dtype fp8 >"$tmp/ref.txt" 2>"$tmp/ref.err" ||
+    { cat "$tmp/ref.err"; exit 1; }
+grep -aq "FP8 weights run as Q8_0 (the cpu backend computes no FP8)" "$tmp/ref.err" || { echo "FAIL [fp8]: no conversion line"; fail=1; }
+for lay in "--tp 2 --pp 1" "--tp 1 --pp 2"; do
+    # shellcheck disable=SC2086
+    "$mpiexec" -n 2 --oversubscribe "$bin" generate --model "$model" "${common[@]}" \
+        --dtype fp8 $lay --threads 1 >"$tmp/out.txt" 2>"$tmp/out.err" ||
+        { echo "FAIL [fp8, $lay]:"; cat "$tmp/out.err"; fail=1; continue; }
+    cmp -s "$tmp/ref.txt" "$tmp/out.txt" || { echo "FAIL [fp8, $lay]: tokens differ"; fail=1; }
 done
 # A Q8_0 GGUF (tools/make_q8_testdata.py) loads as it is and is cut into shards as Q8_0.
 model=$root/tests/data/q8/tiny_q8_0.gguf

@@ -21,6 +21,7 @@
 #include "runtime/exec/forward.h"
 #include "runtime/model/loader.h"
 #include "runtime/model/model.h"
+#include "runtime/model/fp8.h"
 #include "runtime/model/quantize.h"
 #include "tests/test.h"
 
@@ -482,6 +483,19 @@ TSR_TEST(test_synth_q8_0) {
     tsr_model_destroy(m);
 }
 
+/* A compressed-tensors FP8 checkpoint on the CPU (runtime/model/fp8.h: requantized to
+ * Q8_0 where it fits, f32 elsewhere) against tools/make_fp8_testdata.py's simulation of that
+ * path, greedy tokens exact; the bound is test_synth_q8_0's (Q8_0 activations, one int8
+ * neighbour flip). */
+TSR_TEST(test_fp8_synth) {
+    tsr_model *m = NULL;
+    ASSERT_OK(tsr_model_load(TSR_SOURCE_DIR "/tests/data/fp8_synth", &m));
+    ASSERT_OK(tsr_model_fp8_to_q8(m, "test"));
+    check_model("fp8_synth as q8_0", m,
+                TSR_SOURCE_DIR "/tests/data/golden/fp8_synth_q8_0.json", 0.06);
+    tsr_model_destroy(m);
+}
+
 TSR_TEST(test_synth_bf16_gqa_sharded) {
     check_spec("synth_bf16_gqa_sharded", TSR_SOURCE_DIR "/tests/data/synth_bf16_gqa_sharded",
                SYNTH_GOLDEN, TOL_BF16_WEIGHTS);
@@ -528,4 +542,5 @@ TSR_TEST(test_packed_hf_bf16) {
 }
 
 TSR_TEST_MAIN(test_stories260K_llama2c, test_stories260K_hf_export, test_synth_bf16_gqa, test_synth_q8_0,
+              test_fp8_synth,
               test_synth_bf16_gqa_sharded, test_packed_llama2c, test_packed_hf_bf16)
