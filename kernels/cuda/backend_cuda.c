@@ -1016,10 +1016,17 @@ static tsr_status tsr__cuda_moe(tsr_backend *be, const tsr_moe_args *a) {
     const int32_t *d_list = dmeta, *d_rows = d_list + 3 * (size_t)E, *d_off = d_rows + nr,
                   *d_routes = d_off + n + 1;
     const float *d_wts = (const float *)(d_routes + nr);
-    size_t per = (size_t)H + (size_t)I2 + (size_t)I + (size_t)H;
-    TSR_TRY(tsr__scratch_reserve(&c->moe_work, (size_t)nr * per * sizeof(float), c->stream));
-    float *xg = c->moe_work.ptr, *g = xg + (size_t)nr * (size_t)H, *act = g + (size_t)nr * (size_t)I2,
-          *y = act + (size_t)nr * (size_t)I;
+    /* four arrays, each starting 16-byte aligned (mxfp4.cu reads rows as float4) */
+    size_t sz[4] = {(size_t)nr * (size_t)H, (size_t)nr * (size_t)I2, (size_t)nr * (size_t)I,
+                    (size_t)nr * (size_t)H},
+           at[4], total = 0;
+    for (int i = 0; i < 4; i++) {
+        at[i] = total;
+        total += (sz[i] + 3) / 4 * 4;
+    }
+    TSR_TRY(tsr__scratch_reserve(&c->moe_work, total * sizeof(float), c->stream));
+    float *base = c->moe_work.ptr;
+    float *xg = base + at[0], *g = base + at[1], *act = base + at[2], *y = base + at[3];
     tsr__cuda_experts wg = {.w = gu->w.data, .scales = gu->scales.data, .bias = gu->bias.data,
                             .rows = I2, .cols = H, .dtype = (int)gu->w.dtype, .mxfp4 = gu->mxfp4};
     tsr__cuda_experts wd = {.w = dn->w.data, .scales = dn->scales.data, .bias = dn->bias.data,
