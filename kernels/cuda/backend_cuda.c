@@ -812,15 +812,13 @@ static tsr_status tsr__cuda_add(tsr_backend *be, float *x, const float *y, int64
     return TSR_OK;
 }
 
-/* One add launch per row: biases only come with Qwen2's q/k/v, where a decode step has few
- * rows; a broadcasting kernel can replace this when prefill needs it. */
+/* One broadcasting launch for all n rows (moe.cu): GPT-OSS adds four biases per layer and
+ * the router's, over every row of a prefill chunk. */
 static tsr_status tsr__cuda_bias_add(tsr_backend *be, float *x, const tsr_tensor *b,
                                      int64_t n) {
     if (b->dtype != TSR_F32 || b->rows != 1)
         return tsr_error_set(TSR_ERR_INVALID, "bias_add: the bias must be an f32 [1, width]");
-    for (int64_t r = 0; r < n; r++)
-        TSR_CUDA_TRY(tsr__cuda_launch_add(x + r * b->cols, b->data, b->cols,
-                                          tsr__ctx(be)->stream));
+    TSR_CUDA_TRY(tsr__cuda_launch_bias_rows(x, b->data, n, b->cols, tsr__ctx(be)->stream));
     return TSR_OK;
 }
 

@@ -160,6 +160,10 @@ cudaError_t tsr__cuda_launch_mxfp4_decode(const uint8_t *blocks, const uint8_t *
 /* moe.cu: xg[r] = x[rows[r]] for nr routes of dim floats; act[r][j] = the clamped GPT-OSS
  * gate of gu[r] ([nr][2 * inter], gate/up interleaved); out[t] = sum over tok_routes[tok_off[t]
  * .. tok_off[t + 1]) of weights[r] * y[r] (in that order, from 0). */
+/* x[r][j] += b[j] for n rows of width, one launch (the op bias_add: GPT-OSS's q/k/v/o and
+ * router biases over a whole prefill chunk). */
+cudaError_t tsr__cuda_launch_bias_rows(float *x, const float *b, int64_t n, int64_t width,
+                                       cudaStream_t stream);
 cudaError_t tsr__cuda_launch_moe_gather(const float *x, int64_t dim, const int32_t *rows,
                                         int64_t nr, float *xg, cudaStream_t stream);
 cudaError_t tsr__cuda_launch_moe_act(const float *gu, int64_t nr, int64_t inter, float limit,

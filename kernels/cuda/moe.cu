@@ -1,9 +1,9 @@
 // The row kernels around the expert projections of a mixture-of-experts layer
 // (kernels/backend.h tsr_moe_args; the projections are mxfp4.cu): gather each route's
 // input row, the clamped GPT-OSS gate over interleaved gate/up rows, and the weighted sum
-// of a token's routes in expert order (the CPU's order, kernels/cpu/moe_cpu.c). The
-// arithmetic rounds each step as the CPU does (explicit _rn intrinsics: no contraction into
-// fused multiply-adds).
+// of a token's routes in expert order (the CPU's order, kernels/cpu/moe_cpu.c); and the
+// broadcasting bias add of the op bias_add. The arithmetic rounds each step as the CPU does
+// (explicit _rn intrinsics: no contraction into fused multiply-adds).
 #include <math.h>
 #include <stdint.h>
 
@@ -66,7 +66,22 @@ __global__ void combine_kernel(const float *y, int64_t dim, const int32_t *tok_o
     }
 }
 
+// x[r][j] += b[j] over n rows of width (one rounding, the CPU's bits).
+__global__ void bias_rows_kernel(float *x, const float *b, int64_t n, int64_t width) {
+    const int64_t total = n * width;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        x[i] = __fadd_rn(x[i], b[i % width]);
+}
+
 } // namespace
+
+extern "C" cudaError_t tsr__cuda_launch_bias_rows(float *x, const float *b, int64_t n,
+                                                  int64_t width, cudaStream_t stream) {
+    if (n <= 0 || width <= 0) return cudaSuccess;
+    bias_rows_kernel<<<blocks_for(n * width), kThreads, 0, stream>>>(x, b, n, width);
+    return cudaGetLastError();
+}
 
 extern "C" cudaError_t tsr__cuda_launch_moe_gather(const float *x, int64_t dim,
                                                    const int32_t *rows, int64_t nr, float *xg,
