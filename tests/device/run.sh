@@ -380,7 +380,7 @@ sec_gptoss() {
     tps=$(sed -n 's/.*"decode_tok_s":\([0-9.]*\).*/\1/p' "$blog")
     gbs=$(sed -n 's/.*"decode_gb_s":\([0-9.]*\).*/\1/p' "$blog")
     act=$(sed -n 's/.*"active_weight_bytes":\([0-9.]*\).*/\1/p' "$blog")
-    echo "NOTE $GPTOSS_SPEC decode ${tps:-?} tok/s, ${gbs:-?} GB/s ($(awk -v a="${act:-0}" 'BEGIN {printf "%.1f", a / 1e6}') MB active/token)"
+    echo "NOTE $GPTOSS_SPEC decode ${tps:-?} tok/s, ${gbs:-?} GB/s ($(awk -v a="${act:-0}" 'BEGIN {printf "%.4g", a / 1e6}') MB active/token)"
     return $rc
 }
 
