@@ -152,11 +152,6 @@ typedef struct tsr__cuda_experts {
 cudaError_t tsr__cuda_launch_experts_matmul(const tsr__cuda_experts *w, const int32_t *list,
                                             int n_active, const float *x, float *y,
                                             cudaStream_t stream);
-/* MXFP4 rows decoded to f32, out [rows][cols] (the device check compares the decode with the
- * CPU's on every code and scale byte). */
-cudaError_t tsr__cuda_launch_mxfp4_decode(const uint8_t *blocks, const uint8_t *scales,
-                                          int64_t rows, int64_t cols, float *out,
-                                          cudaStream_t stream);
 /* moe.cu: xg[r] = x[rows[r]] for nr routes of dim floats; act[r][j] = the clamped GPT-OSS
  * gate of gu[r] ([nr][2 * inter], gate/up interleaved); out[t] = sum over tok_routes[tok_off[t]
  * .. tok_off[t + 1]) of weights[r] * y[r] (in that order, from 0). */

@@ -124,20 +124,6 @@ __global__ void __launch_bounds__(kThreads) experts_kernel(tsr__cuda_experts w,
     }
 }
 
-__global__ void mxfp4_decode_kernel(const uint8_t *blocks, const uint8_t *scales, int64_t rows,
-                                    int64_t cols, float *out) {
-    __shared__ float lut[16];
-    if (threadIdx.x < 16) lut[threadIdx.x] = kFp4[threadIdx.x];
-    __syncthreads();
-    const int64_t nb = cols / 32, total = rows * nb;
-    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        float wv[32];
-        mxfp4_block(blocks, scales, i / nb, nb, i % nb, lut, wv);
-        for (int k = 0; k < 32; k++) out[i * 32 + k] = wv[k];
-    }
-}
-
 } // namespace
 
 extern "C" cudaError_t tsr__cuda_launch_experts_matmul(const tsr__cuda_experts *w,
@@ -151,18 +137,5 @@ extern "C" cudaError_t tsr__cuda_launch_experts_matmul(const tsr__cuda_experts *
     if (gx > 65535) gx = 65535; // the kernel strides over the rest
     const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(n_active));
     experts_kernel<<<grid, kThreads, 0, stream>>>(*w, list, x, y);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t tsr__cuda_launch_mxfp4_decode(const uint8_t *blocks,
-                                                     const uint8_t *scales, int64_t rows,
-                                                     int64_t cols, float *out,
-                                                     cudaStream_t stream) {
-    if (rows <= 0 || cols <= 0) return cudaSuccess;
-    if (cols % 32) return cudaErrorInvalidValue;
-    int64_t n = rows * (cols / 32), g = (n + kThreads - 1) / kThreads;
-    if (g > 65535) g = 65535;
-    mxfp4_decode_kernel<<<static_cast<unsigned>(g), kThreads, 0, stream>>>(blocks, scales, rows,
-                                                                           cols, out);
     return cudaGetLastError();
 }
