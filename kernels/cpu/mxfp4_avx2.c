@@ -1,11 +1,12 @@
-/* MXFP4 rows on AVX2 (mxfp4_internal.h: the scalar kernel's bits). Decode of 8 elements
- * from one little-endian 32-bit word of a block: element k is nibble k (bits 4k .. 4k + 3;
- * element 2j = low nibble of byte j, 2j + 1 = its high nibble), so a variable shift of the
- * broadcast word by 0, 4, .., 28 lines the codes up; vpermps with the 8 magnitudes takes the
- * low 3 bits, bit 3 becomes the sign bit; times the block's 2^(scale - 127). Up to 4 inputs
- * share each decoded block (decode is the dominant cost of a single-token product); more
- * inputs decode the row once into the scratch row and stream it per 4 inputs. The target is
- * avx2 without fma, so no multiply-add is ever fused. */
+/* MXFP4 rows on AVX2 (mxfp4_internal.h: the scalar kernel's bits, the 32 running sums in 4
+ * registers). Decode of 8 elements from one little-endian 32-bit word of a block: element k
+ * is nibble k (bits 4k .. 4k + 3; element 2j = low nibble of byte j, 2j + 1 = its high
+ * nibble), so a variable shift of the broadcast word by 0, 4, .., 28 lines the codes up;
+ * vpermps with the 8 magnitudes takes the low 3 bits, bit 3 becomes the sign bit; times the
+ * block's 2^(scale - 127). Up to 4 inputs share each decoded block (decode is the dominant
+ * cost of a single-token product); more inputs decode the row once into the scratch row and
+ * stream it per 4 inputs. The target is avx2 without fma, so no multiply-add is ever
+ * fused. */
 #include "kernels/cpu/mxfp4_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -38,18 +39,21 @@ TSR__MX2_INLINE __m256 tsr__mx2_scale(uint8_t s) {
     return _mm256_set1_ps(f);
 }
 
-TSR__MX2_INLINE float tsr__mx2_fold(__m256 acc) {
+/* The 32 sums of one output, 4 registers (block positions 0-7, 8-15, 16-23, 24-31): the
+ * shared fold's first two steps are the two register adds. */
+TSR__MX2_INLINE float tsr__mx2_fold(const __m256 acc[4]) {
     float a[8];
-    _mm256_storeu_ps(a, acc);
+    _mm256_storeu_ps(a, _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3])));
     return tsr__mxfp4_fold8(a);
 }
 
 /* Row r against inputs x[0 .. m) (m <= 4, a constant after inlining), decoding each block
- * once. */
+ * once; per input 4 independent sums. */
 TSR__MX2_INLINE void tsr__mx2_row_fused(const uint8_t *q, const uint8_t *s, int64_t cols,
                                         const float *x, int m, float *out, int64_t ldo) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
+    __m256 acc[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 4; k++) acc[i][k] = _mm256_setzero_ps();
     for (int64_t b = 0; b < cols / 32; b++) {
         __m256 sc = tsr__mx2_scale(s[b]);
         uint32_t u[4];
@@ -57,8 +61,8 @@ TSR__MX2_INLINE void tsr__mx2_row_fused(const uint8_t *q, const uint8_t *s, int6
         for (int k = 0; k < 4; k++) {
             __m256 w = tsr__mx2_dec8(u[k], sc);
             for (int i = 0; i < m; i++)
-                acc[i] = _mm256_add_ps(
-                    acc[i], _mm256_mul_ps(w, _mm256_loadu_ps(x + i * cols + b * 32 + k * 8)));
+                acc[i][k] = _mm256_add_ps(
+                    acc[i][k], _mm256_mul_ps(w, _mm256_loadu_ps(x + i * cols + b * 32 + k * 8)));
         }
     }
     for (int i = 0; i < m; i++) out[i * ldo] = tsr__mx2_fold(acc[i]);
@@ -67,13 +71,16 @@ TSR__MX2_INLINE void tsr__mx2_row_fused(const uint8_t *q, const uint8_t *s, int6
 /* Row decoded into w (cols floats), then against inputs x[0 .. m) (m <= 4). */
 TSR__MX2_INLINE void tsr__mx2_row_buf(const float *w, int64_t cols, const float *x, int m,
                                       float *out, int64_t ldo) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    for (int64_t c = 0; c < cols; c += 8) {
-        __m256 wv = _mm256_loadu_ps(w + c);
-        for (int i = 0; i < m; i++)
-            acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(wv, _mm256_loadu_ps(x + i * cols + c)));
-    }
+    __m256 acc[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 4; k++) acc[i][k] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < cols; c += 32)
+        for (int k = 0; k < 4; k++) {
+            __m256 wv = _mm256_loadu_ps(w + c + k * 8);
+            for (int i = 0; i < m; i++)
+                acc[i][k] = _mm256_add_ps(
+                    acc[i][k], _mm256_mul_ps(wv, _mm256_loadu_ps(x + i * cols + c + k * 8)));
+        }
     for (int i = 0; i < m; i++) out[i * ldo] = tsr__mx2_fold(acc[i]);
 }
 

@@ -2,11 +2,10 @@
  * widen to 16 int32 lanes; vpermd duplicates each byte into the lanes of its two elements
  * (2j and 2j + 1), a variable shift by 0 or 4 and a mask leave the code, and vpermps with
  * the 16-entry E2M1 table (sign included) gives the value, times the block's 2^(scale -
- * 127): 32 weights in two registers. The sums keep the scalar kernel's eight lanes: each
- * 16-product register is added as its low then its high half (columns c .. c + 7, then
- * c + 8 .. c + 15), so every lane sees its columns in the same order. Up to 4 inputs share
- * each decoded block; more decode the row once into the scratch row. The target is avx512f;
- * the project's -std=c11 keeps GCC from fusing the multiply into the add. */
+ * 127): 32 weights in two registers, whose lanes are also those of the 32 running sums
+ * (one register of sums per half block). Up to 4 inputs share each decoded block; more
+ * decode the row once into the scratch row. The target is avx512f; the project's -std=c11
+ * keeps GCC from fusing the multiply into the add. */
 #include "kernels/cpu/mxfp4_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -42,50 +41,46 @@ TSR__MX5_INLINE void tsr__mx5_dec32(const uint8_t *q, uint8_t s, __m512 w[2]) {
     w[1] = _mm512_mul_ps(_mm512_permutexvar_ps(hi, lut), sc);
 }
 
-TSR__MX5_INLINE __m256 tsr__mx5_lo(__m512 v) {
-    return _mm512_castps512_ps256(v);
-}
-
-TSR__MX5_INLINE __m256 tsr__mx5_hi(__m512 v) {
-    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-}
-
-/* acc (8 lanes) += w * x over 16 columns, as two steps of 8 in column order. */
-TSR__MX5_INLINE __m256 tsr__mx5_step(__m256 acc, __m512 w, const float *x) {
-    __m512 p = _mm512_mul_ps(w, _mm512_loadu_ps(x));
-    return _mm256_add_ps(_mm256_add_ps(acc, tsr__mx5_lo(p)), tsr__mx5_hi(p));
-}
-
-TSR__MX5_INLINE float tsr__mx5_fold(__m256 acc) {
+/* The 32 sums of one output, 2 registers (block positions 0-15, 16-31): the shared fold's
+ * first step is their add, its second the add of the result's halves. */
+TSR__MX5_INLINE float tsr__mx5_fold(__m512 a0, __m512 a1) {
+    __m512 s16 = _mm512_add_ps(a0, a1);
+    __m256 lo = _mm512_castps512_ps256(s16);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s16), 1));
     float a[8];
-    _mm256_storeu_ps(a, acc);
+    _mm256_storeu_ps(a, _mm256_add_ps(lo, hi));
     return tsr__mxfp4_fold8(a);
 }
 
 TSR__MX5_INLINE void tsr__mx5_row_fused(const uint8_t *q, const uint8_t *s, int64_t cols,
                                         const float *x, int m, float *out, int64_t ldo) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
+    __m512 acc[4][2];
+    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
     for (int64_t b = 0; b < cols / 32; b++) {
         __m512 w[2];
         tsr__mx5_dec32(q + b * 16, s[b], w);
         for (int i = 0; i < m; i++) {
             const float *xi = x + i * cols + b * 32;
-            acc[i] = tsr__mx5_step(tsr__mx5_step(acc[i], w[0], xi), w[1], xi + 16);
+            acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_mul_ps(w[0], _mm512_loadu_ps(xi)));
+            acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_mul_ps(w[1], _mm512_loadu_ps(xi + 16)));
         }
     }
-    for (int i = 0; i < m; i++) out[i * ldo] = tsr__mx5_fold(acc[i]);
+    for (int i = 0; i < m; i++) out[i * ldo] = tsr__mx5_fold(acc[i][0], acc[i][1]);
 }
 
 TSR__MX5_INLINE void tsr__mx5_row_buf(const float *w, int64_t cols, const float *x, int m,
                                       float *out, int64_t ldo) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    for (int64_t c = 0; c < cols; c += 16) { /* cols % 32 == 0 */
-        __m512 wv = _mm512_loadu_ps(w + c);
-        for (int i = 0; i < m; i++) acc[i] = tsr__mx5_step(acc[i], wv, x + i * cols + c);
+    __m512 acc[4][2];
+    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < cols; c += 32) { /* cols % 32 == 0 */
+        __m512 w0 = _mm512_loadu_ps(w + c), w1 = _mm512_loadu_ps(w + c + 16);
+        for (int i = 0; i < m; i++) {
+            const float *xi = x + i * cols + c;
+            acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_mul_ps(w0, _mm512_loadu_ps(xi)));
+            acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_mul_ps(w1, _mm512_loadu_ps(xi + 16)));
+        }
     }
-    for (int i = 0; i < m; i++) out[i * ldo] = tsr__mx5_fold(acc[i]);
+    for (int i = 0; i < m; i++) out[i * ldo] = tsr__mx5_fold(acc[i][0], acc[i][1]);
 }
 
 void tsr__mxfp4_rows_avx512(const uint8_t *blocks, const uint8_t *scales, int64_t r0,

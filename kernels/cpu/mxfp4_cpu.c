@@ -44,13 +44,14 @@ static void tsr__mxfp4_rows_scalar(const uint8_t *blocks, const uint8_t *scales,
         tsr__mxfp4_row(blocks + (size_t)r * (size_t)(cols / 2),
                        scales + (size_t)r * (size_t)(cols / 32), cols, w);
         for (int64_t i = 0; i < nx; i++) {
-            /* 8 running sums (cols is a multiple of 32): the compiler keeps them in vector
-             * lanes; fixed order, so the result depends only on the row and the input */
+            /* 32 running sums, one per block position (cols is a multiple of 32): the
+             * compiler keeps them in vector lanes; fixed order, so the result depends only
+             * on the row and the input (mxfp4_internal.h) */
             const float *xi = x + (size_t)i * (size_t)cols;
-            float acc[8] = {0};
-            for (int64_t c = 0; c < cols; c += 8)
-                for (int k = 0; k < 8; k++) acc[k] += w[c + k] * xi[c + k];
-            y[(size_t)i * (size_t)rows + (size_t)r] = tsr__mxfp4_fold8(acc);
+            float acc[32] = {0};
+            for (int64_t c = 0; c < cols; c += 32)
+                for (int k = 0; k < 32; k++) acc[k] += w[c + k] * xi[c + k];
+            y[(size_t)i * (size_t)rows + (size_t)r] = tsr__mxfp4_fold32(acc);
         }
     }
 }
