@@ -61,13 +61,16 @@ static const char tsr__bench_about[] =
     "\n"
     "Derived figures (L layers, d dim, h hidden, H heads, G kv heads, hd head dim, V vocab,\n"
     "N prompt tokens, M gen tokens):\n"
-    "  decode_bytes_per_token = weight_bytes (layer matrices and norms, final norm,\n"
-    "      classifier) + one embedding row + the KV bytes read, averaged over the M steps:\n"
-    "      2 (K and V) * L * G*hd * 4 bytes * (N + (M+1)/2)\n"
+    "  active_weight_bytes = the weight bytes one decode token reads: weight_bytes (layer\n"
+    "      matrices and norms, final norm, classifier); for a mixture of experts (E experts,\n"
+    "      K routed per token) only K/E of the expert tensors (weights, MXFP4 scales, biases)\n"
+    "  decode_bytes_per_token = active_weight_bytes + one embedding row + the KV bytes\n"
+    "      read, averaged over the M steps: 2 (K and V) * L * G*hd * 4 bytes * (N + (M+1)/2)\n"
     "  prefill_flops_per_token = 2*P + 4*L*H*hd*(N+1)/2 + 2*V*d/N, where\n"
     "      P = L*(d*H*hd + 2*d*G*hd + H*hd*d + 3*d*h) counts the layer matrices (not the\n"
-    "      classifier), the middle term is QK^T and PV over the causal average of (N+1)/2\n"
-    "      keys, and the classifier runs once per chunk\n"
+    "      classifier; a mixture of experts: K*3*d*h + d*E for the FFN), the middle term is\n"
+    "      QK^T and PV over the causal average of (N+1)/2 keys, and the classifier runs\n"
+    "      once per chunk\n"
     "  prefill_gflops = prefill_flops_per_token * prefill_tok_s / 1e9\n"
     "  decode_gb_s = decode_bytes_per_token * decode_tok_s / 1e9\n"
     "  peak_rss_bytes = getrusage ru_maxrss of the whole process (with --membw-mib, its\n"
@@ -77,7 +80,7 @@ static const char tsr__bench_about[] =
     "\n"
     "JSON keys: model, dtype, threads, prompt_tokens, gen_tokens, repeat, prefill_samples,\n"
     "prefill_s, prefill_tok_s, prefill_gflops, decode_s, decode_tok_s, decode_gb_s,\n"
-    "weight_bytes, decode_bytes_per_token, prefill_flops_per_token, peak_rss_bytes,\n"
+    "weight_bytes, active_weight_bytes, decode_bytes_per_token, prefill_flops_per_token, peak_rss_bytes,\n"
     "huge_page_bytes, dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size,\n"
     "last_token (the final greedy token, a determinism check); with --membw-mib also\n"
     "membw_bytes, read_passes, read_gb_s, read_best_gb_s, decode_read_ratio; on a backend\n"
@@ -411,12 +414,26 @@ int tsr_cmd_bench(int argc, char **argv) {
     /* bytes of one embedding value (Q8_0: 34 bytes a block of 32) */
     double wsz = c->dtype == TSR_Q8_0 ? 34.0 / 32.0 : (double)tsr_dtype_size(c->dtype);
     double hd = c->head_dim, q = (double)c->n_heads * hd, kvd = (double)c->n_kv_heads * hd;
-    double weight_bytes = (double)tsr_model_weight_bytes(m);
+    double weight_bytes = (double)tsr_model_weight_bytes(m), active_bytes = weight_bytes;
+    /* a mixture of experts reads K of its E experts per decode token (MXFP4 scales and
+     * the biases included) */
+    double ffn = 3.0 * c->dim * (double)c->hidden_dim;
+    if (c->n_experts > 0 && c->n_experts_used > 0) {
+        double experts = 0.0;
+        for (int l = 0; l < c->n_layers; l++) {
+            const tsr_experts *xs[2] = {&m->layers[l].gate_up, &m->layers[l].down};
+            for (int k = 0; k < 2; k++)
+                experts += (double)(tsr_tensor_bytes(&xs[k]->w) +
+                                    tsr_tensor_bytes(&xs[k]->scales) +
+                                    tsr_tensor_bytes(&xs[k]->bias));
+        }
+        active_bytes -= experts * (1.0 - (double)c->n_experts_used / c->n_experts);
+        ffn = c->n_experts_used * ffn + (double)c->dim * c->n_experts;
+    }
     double kv_read = 2.0 * c->n_layers * kvd * sizeof(float) * (n + (g + 1) / 2.0);
-    double dec_bytes = weight_bytes + (double)c->dim * wsz + kv_read;
+    double dec_bytes = active_bytes + (double)c->dim * wsz + kv_read;
     double params = (double)c->n_layers *
-                    ((double)c->dim * q + 2.0 * c->dim * kvd + q * c->dim +
-                     3.0 * c->dim * (double)c->hidden_dim);
+                    ((double)c->dim * q + 2.0 * c->dim * kvd + q * c->dim + ffn);
     double attn = 4.0 * c->n_layers * q * (n + 1) / 2.0;
     double pre_flops = 2.0 * params + attn + 2.0 * (double)c->vocab_size * c->dim / n;
     double pre_tps = n / prefill_s, dec_tps = g > 0 ? g / decode_s : 0.0;
@@ -436,12 +453,13 @@ int tsr_cmd_bench(int argc, char **argv) {
                "\"repeat\":%d,\"prefill_samples\":%d,\"prefill_s\":%.6f,"
                "\"prefill_tok_s\":%.2f,\"prefill_gflops\":%.3f,"
                "\"decode_s\":%.6f,\"decode_tok_s\":%.2f,\"decode_gb_s\":%.3f,"
-               "\"weight_bytes\":%.0f,\"decode_bytes_per_token\":%.0f,"
+               "\"weight_bytes\":%.0f,\"active_weight_bytes\":%.0f,"
+               "\"decode_bytes_per_token\":%.0f,"
                "\"prefill_flops_per_token\":%.0f,\"peak_rss_bytes\":%.0f,"
                "\"huge_page_bytes\":%.0f,",
                dtn, be->threads > 0 ? be->threads : o.threads, n, g, o.repeat, npre, prefill_s,
                pre_tps, pre_flops * pre_tps * 1e-9, decode_s, dec_tps,
-               dec_gb, weight_bytes, dec_bytes, pre_flops, rss, huge);
+               dec_gb, weight_bytes, active_bytes, dec_bytes, pre_flops, rss, huge);
         if (probe.n > 0)
             printf("\"membw_bytes\":%zu,\"read_passes\":%d,\"read_gb_s\":%.3f,"
                    "\"read_best_gb_s\":%.3f,\"decode_read_ratio\":%.4f,",
@@ -467,9 +485,12 @@ int tsr_cmd_bench(int argc, char **argv) {
                c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim,
                c->vocab_size, last);
     } else {
-        printf("model   %s (%s, %.1f MB of weights, dim %d, %d layers, vocab %d), %d thread%s\n",
-               o.model, dtn, weight_bytes * 1e-6, c->dim, c->n_layers, c->vocab_size,
-               o.threads, o.threads == 1 ? "" : "s");
+        printf("model   %s (%s, %.1f MB of weights", o.model, dtn, weight_bytes * 1e-6);
+        if (active_bytes != weight_bytes)
+            printf(", %.1f MB active per token (%d of %d experts)", active_bytes * 1e-6,
+                   c->n_experts_used, c->n_experts);
+        printf(", dim %d, %d layers, vocab %d), %d thread%s\n", c->dim, c->n_layers,
+               c->vocab_size, o.threads, o.threads == 1 ? "" : "s");
         printf("prefill %d tokens in %.4f s: %.1f tok/s, %.2f GFLOP/s (%.2f MFLOP/token)\n", n,
                prefill_s, pre_tps, pre_flops * pre_tps * 1e-9, pre_flops * 1e-6);
         if (g > 0)

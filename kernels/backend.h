@@ -159,6 +159,10 @@ typedef struct tsr_attn_paged_args {
     const int32_t *n_keys; /* [n_seqs] (backend memory) */
     const int32_t *tables; /* [n_seqs][max_blocks] (backend memory) */
     int n_seqs, max_blocks;
+    /* As in tsr_attn_args (GPT-OSS): sinks NULL or [n_heads] (backend memory), window > 0
+     * a sliding window by position. A backend whose op predates them refuses non-zero. */
+    const float *sinks;
+    int window;
 } tsr_attn_paged_args;
 
 /* One row's sampling parameters for the op `sample`. r is the uniform in [0, 1) that the

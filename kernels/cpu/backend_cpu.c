@@ -205,7 +205,8 @@ static tsr_status tsr__cpu_attention_paged(tsr_backend *be, const tsr_attn_paged
         tsr_attn_args one = {.q = a->q + (size_t)r0 * qd, .q_pos = a->q_pos + r0,
                              .n_q = r1 - r0, .spans = spans, .n_spans = nb,
                              .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads,
-                             .head_dim = a->head_dim, .out = a->out + (size_t)r0 * qd};
+                             .head_dim = a->head_dim, .out = a->out + (size_t)r0 * qd,
+                             .sinks = a->sinks, .window = a->window};
         st = tsr__cpu_attention(be, &one);
     }
     tsr_free(spans);

@@ -8,11 +8,15 @@
 // - tiled prefill: a block per (tile of kBq queries, head); K/V tiles of kBk keys go through
 //   shared memory once for the whole query tile.
 // - otherwise (head_dim beyond the tiled kernel's) a block per (query, head).
+// GPT-OSS's extras: a per-head sink logit starts each online softmax at (m = sink, l = 1),
+// so it joins the denominator exactly once (the split path adds it in the merge, not per
+// chunk); a sliding window masks keys by position (visible()), whatever the spans hold.
 // When key_scores is wanted, a second pass over the same keys recomputes each score and
 // adds its final probability exp(s - m) / l with atomics (per key and query tile in the
 // tiled kernel, so the atomics are kBq times fewer).
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
 
 #include <cuda_runtime.h>
 
@@ -70,6 +74,37 @@ __device__ int find_span(const tsr__cuda_span *sp, int n_spans, int64_t key) {
     return lo;
 }
 
+// Whether a key at position kp is visible to a query at qp (causal, and within the window).
+__device__ __forceinline__ bool visible(int32_t kp, int32_t qp, int window) {
+    return kp <= qp && (window <= 0 || static_cast<int64_t>(kp) > static_cast<int64_t>(qp) - window);
+}
+
+// Keys before key_start(a, qp) are outside the query's window: with monotone spans the
+// first key at a position > qp - window (0 without a window or monotone spans).
+__device__ int64_t key_start(const tsr__cuda_attn &a, int32_t qp) {
+    if (!a.monotone || a.window <= 0) return 0;
+    const int64_t lo_pos = static_cast<int64_t>(qp) - a.window + 1; // first visible position
+    int lo = 0, hi = a.n_spans - 1, best = -1;
+    while (lo <= hi) { // last span whose first position is <= lo_pos
+        const int mid = (lo + hi) / 2;
+        if (a.spans[mid].pos0 <= lo_pos) {
+            best = mid;
+            lo = mid + 1;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    if (best < 0) return 0;
+    const tsr__cuda_span &s = a.spans[best];
+    const int64_t skip = lo_pos - s.pos0;
+    return s.key_off + (skip < s.n ? skip : s.n);
+}
+
+// The sink logit of query head h, or -inf without sinks.
+__device__ __forceinline__ float sink_of(const tsr__cuda_attn &a, int h) {
+    return a.sinks ? a.sinks[h] : -INFINITY;
+}
+
 // Keys [0, limit) can be visible to a query at position qp.
 __device__ int64_t key_limit(const tsr__cuda_attn &a, int32_t qp) {
     if (!a.monotone) return a.n_keys;
@@ -98,7 +133,7 @@ __device__ float key_score(const tsr__cuda_attn &a, const float *qs, int64_t key
     const int64_t i = key - sp.key_off;
     const int32_t kp = sp.pos ? sp.pos[i] : sp.pos0 + static_cast<int32_t>(i);
     *vrow = nullptr;
-    if (kp > qp) return -INFINITY;
+    if (!visible(kp, qp, a.window)) return -INFINITY;
     const int64_t off = i * sp.stride + static_cast<int64_t>(kvh) * a.head_dim;
     const float *k = sp.k + off;
     float d = 0.0f;
@@ -120,14 +155,15 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(tsr__cuda_attn a) {
     const int64_t row = static_cast<int64_t>(qi) * a.n_heads * hd + static_cast<int64_t>(h) * hd;
     for (int c = tid; c < hd; c += kThreads) qs[c] = a.q[row + c];
     const int32_t qp = a.q_pos[qi];
-    const int64_t n_lim = key_limit(a, qp);
+    const int64_t n_lim = key_limit(a, qp), n_start = key_start(a, qp);
     __syncthreads();
 
-    float m = -INFINITY, l = 0.0f;
+    // the sink (if any) is the softmax's first term: exp(sink - m) with m = sink
+    float m = sink_of(a, h), l = a.sinks ? 1.0f : 0.0f;
     float acc[kAccR];
     for (int r = 0; r < kAccR; r++) acc[r] = 0.0f;
 
-    for (int64_t t0 = 0; t0 < n_lim; t0 += kTile) {
+    for (int64_t t0 = n_start; t0 < n_lim; t0 += kTile) {
         // Scores: warps take interleaved keys of the tile; lanes split head_dim.
         for (int j = warp; j < kTile; j += kWarps) {
             const int64_t key = t0 + j;
@@ -143,7 +179,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(tsr__cuda_attn a) {
         const float s_own = ps[tid];
         const float m_new = fmaxf(m, block_max(s_own, red));
         if (m_new == -INFINITY) continue;    // nothing visible yet; uniform over the block
-        const float alpha = expf(m - m_new); // 0 on the first visible tile
+        const float alpha = expf(m - m_new); // 0 on the first visible tile (no finite sink)
         const float p = s_own == -INFINITY ? 0.0f : expf(s_own - m_new);
         ps[tid] = p;
         l = l * alpha + block_sum(p, red); // its barrier also publishes ps
@@ -170,7 +206,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(tsr__cuda_attn a) {
 
     // Second pass: the final probabilities, summed into this query head's row.
     float *ks = a.key_scores + static_cast<int64_t>(h) * a.n_keys;
-    for (int64_t key = warp; key < n_lim; key += kWarps) {
+    for (int64_t key = n_start + warp; key < n_lim; key += kWarps) {
         const float *vr;
         const float s = key_score(a, qs, key, qp, kvh, &vr);
         if (lane == 0 && s != -INFINITY) atomicAdd(ks + key, expf(s - m) * inv);
@@ -199,7 +235,7 @@ __device__ bool key_rows(const tsr__cuda_attn &a, int64_t key, int32_t qp, int k
     const tsr__cuda_span &sp = a.spans[s];
     const int64_t i = key - sp.key_off;
     const int32_t kp = sp.pos ? sp.pos[i] : sp.pos0 + static_cast<int32_t>(i);
-    if (kp > qp) return false;
+    if (!visible(kp, qp, a.window)) return false;
     const int64_t off = i * sp.stride + static_cast<int64_t>(kvh) * a.head_dim;
     *kr = sp.k + off;
     *vr = sp.v + off;
@@ -283,9 +319,10 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(tsr__cuda_attn a, 
         lst[tid] = 0.0f;
     }
     const int32_t qp = a.q_pos[qi];
-    const int64_t lim = key_limit(a, qp);
-    const int64_t k0 = static_cast<int64_t>(c) * chunk;
-    const int64_t k1 = k0 + chunk < lim ? k0 + chunk : lim;
+    const int64_t lim = key_limit(a, qp), first = key_start(a, qp);
+    const int64_t c0 = static_cast<int64_t>(c) * chunk;
+    const int64_t k0 = c0 > first ? c0 : first; // chunks before the window stay empty
+    const int64_t k1 = c0 + chunk < lim ? c0 + chunk : lim;
     __syncthreads();
 
     for (int64_t t0 = k0; t0 < k1; t0 += kTile) {
@@ -376,7 +413,9 @@ __global__ void __launch_bounds__(kThreads) attn_merge_kernel(tsr__cuda_attn a, 
     float mx = -INFINITY;
     for (int c = tid; c < chunks; c += kThreads)
         if (w.l[base + c] > 0.0f) mx = fmaxf(mx, w.m[base + c]);
-    mx = block_max(mx, red);
+    // the sink joins here, once per (query, head), never in a chunk's partial
+    const float sink = sink_of(a, h);
+    mx = fmaxf(block_max(mx, red), sink);
     float lsum = 0.0f;
     for (int c = tid; c < chunks; c += kThreads) {
         const float wt = w.l[base + c] > 0.0f ? expf(w.m[base + c] - mx) : 0.0f;
@@ -384,6 +423,7 @@ __global__ void __launch_bounds__(kThreads) attn_merge_kernel(tsr__cuda_attn a, 
         lsum += w.l[base + c] * wt;
     }
     lsum = block_sum(lsum, red); // its barriers also publish wts
+    if (sink != -INFINITY) lsum += expf(sink - mx);
     const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
     const int64_t row = static_cast<int64_t>(qi) * a.n_heads * hd + static_cast<int64_t>(h) * hd;
     for (int d = tid; d < hd; d += kThreads) {
@@ -416,9 +456,10 @@ __global__ void __launch_bounds__(kThreads) attn_split_scores_kernel(tsr__cuda_a
         ig[tid] = w.fl[rowi] > 0.0f ? 1.0f / w.fl[rowi] : 0.0f;
     }
     const int32_t qp = a.q_pos[qi];
-    const int64_t lim = key_limit(a, qp);
-    const int64_t k0 = static_cast<int64_t>(c) * chunk;
-    const int64_t k1 = k0 + chunk < lim ? k0 + chunk : lim;
+    const int64_t lim = key_limit(a, qp), first = key_start(a, qp);
+    const int64_t c0 = static_cast<int64_t>(c) * chunk;
+    const int64_t k0 = c0 > first ? c0 : first;
+    const int64_t k1 = c0 + chunk < lim ? c0 + chunk : lim;
     __syncthreads();
     for (int64_t key = k0 + warp; key < k1; key += kWarps) {
         const float *kr, *vr;
@@ -469,22 +510,25 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(tsr__cuda_attn a
     }
     if (tid < kBq) qps[tid] = tid < nq ? a.q_pos[q0 + tid] : INT_MIN; // padding rows see nothing
     __syncthreads();
-    int64_t lim = 0; // keys any query of the tile can see
+    int64_t lim = 0, first = INT64_MAX; // keys any query of the tile can see
     for (int r = 0; r < nq; r++) {
-        const int64_t l = key_limit(a, qps[r]);
+        const int64_t l = key_limit(a, qps[r]), f = key_start(a, qps[r]);
         lim = l > lim ? l : lim;
+        first = f < first ? f : first;
     }
+    if (nq <= 0) first = 0;
 
     float m[kRows], l[kRows], acc[kBq];
+    const float sink = sink_of(a, h); // each row's softmax starts at the sink (m, l = 1)
 #pragma unroll
     for (int i = 0; i < kRows; i++) {
-        m[i] = -INFINITY;
-        l[i] = 0.0f;
+        m[i] = sink;
+        l[i] = a.sinks ? 1.0f : 0.0f;
     }
 #pragma unroll
     for (int r = 0; r < kBq; r++) acc[r] = 0.0f;
 
-    for (int64_t t0 = 0; t0 < lim; t0 += kBk) {
+    for (int64_t t0 = first; t0 < lim; t0 += kBk) {
         if (tid < kBk) {
             const int64_t key = t0 + tid;
             const float *kr = nullptr, *vr = nullptr;
@@ -514,7 +558,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(tsr__cuda_attn a
         for (int i = 0; i < kRows; i++) {
             const int r = warp * kRows + i;
             float sc = -INFINITY;
-            if (krow[lane] && kpos[lane] <= qps[r]) {
+            if (krow[lane] && visible(kpos[lane], qps[r], a.window)) {
                 float d = 0.0f;
                 for (int e = 0; e < hd; e++) d += qs[r][e] * kt[lane][e];
                 sc = d * a.scale;
@@ -558,7 +602,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(tsr__cuda_attn a
     // Score pass: per key tile, the final probabilities of the tile's queries, summed over
     // the query rows in the block (a column sum) and added with one atomic per key.
     float *ks = a.key_scores + static_cast<int64_t>(h) * a.n_keys;
-    for (int64_t t0 = 0; t0 < lim; t0 += kBk) {
+    for (int64_t t0 = first; t0 < lim; t0 += kBk) {
         if (tid < kBk) {
             const int64_t key = t0 + tid;
             const float *kr = nullptr;
@@ -583,7 +627,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(tsr__cuda_attn a
 #pragma unroll
         for (int i = 0; i < kRows; i++) {
             const int r = warp * kRows + i;
-            if (krow[lane] && kpos[lane] <= qps[r] && lrow[r] > 0.0f) {
+            if (krow[lane] && visible(kpos[lane], qps[r], a.window) && lrow[r] > 0.0f) {
                 float d = 0.0f;
                 for (int e = 0; e < hd; e++) d += qs[r][e] * kt[lane][e];
                 cs += expf(d * a.scale - mrow[r]) * (1.0f / lrow[r]);

@@ -7,7 +7,9 @@
  * the query and of its running output, and keeps an online softmax (running max and
  * sum); the warps' partial states are merged through shared memory at the end. FP32
  * throughout, the arithmetic of attn.cu's per-(query, head) kernel; the split-K and
- * tensor-core variants of issue 24 item 3 replace it later. */
+ * tensor-core variants of issue 24 item 3 replace it later. GPT-OSS: a sliding window
+ * starts the row's keys at position qp - window + 1 (key j is position j here), and the
+ * head's sink logit joins the merged denominator once. */
 #include <math.h>
 
 #include "kernels/cuda/kv_codec.cuh"
@@ -25,6 +27,8 @@ __global__ void tsr__attn_paged_kernel(tsr__cuda_attn_paged a) {
     const int32_t qp = a.q_pos[r];
     int32_t nk = a.n_keys[s];
     if (nk > qp + 1) nk = qp + 1; /* causal: keys at positions <= the query's */
+    int32_t j0 = 0;               /* window: keys at positions > qp - window */
+    if (a.window > 0 && qp - a.window + 1 > 0) j0 = qp - a.window + 1;
     const float *q = a.q + ((size_t)r * a.n_heads + h) * hd;
     float qv[TSR__AP_PER_LANE], acc[TSR__AP_PER_LANE];
     for (int i = 0; i < per; i++) {
@@ -34,7 +38,7 @@ __global__ void tsr__attn_paged_kernel(tsr__cuda_attn_paged a) {
     }
     float m = -INFINITY, l = 0.0f;
     const int32_t *tb = a.tables + (size_t)s * a.max_blocks;
-    for (int32_t j = warp; j < nk; j += TSR__AP_WARPS) {
+    for (int32_t j = j0 + warp; j < nk; j += TSR__AP_WARPS) {
         /* the stored row (any KV dtype, kv_codec.cuh), element kvh * hd + d of it */
         int64_t at = (int64_t)tb[j / a.lay.block] * a.lay.block_stride +
                      (int64_t)(j % a.lay.block) * a.lay.row;
@@ -67,9 +71,10 @@ __global__ void tsr__attn_paged_kernel(tsr__cuda_attn_paged a) {
         if (d < hd) so[warp][d] = acc[i];
     }
     __syncthreads();
-    float M = -INFINITY;
+    const float sink = a.sinks ? a.sinks[h] : -INFINITY;
+    float M = sink;
     for (int w = 0; w < TSR__AP_WARPS; w++) M = fmaxf(M, sm[w]);
-    float L = 0.0f;
+    float L = sink > -INFINITY ? expf(sink - M) : 0.0f;
     for (int w = 0; w < TSR__AP_WARPS; w++)
         if (sm[w] > -INFINITY) L += sl[w] * expf(sm[w] - M);
     float *out = a.out + ((size_t)r * a.n_heads + h) * hd;

@@ -79,6 +79,9 @@ typedef struct tsr__cuda_ctx {
     tsr__cuda_scratch sids;   /* sample: the drawn ids */
     tsr__cuda_scratch swork;  /* sample: sort keys and cub's storage (tsr__cuda_sample_work) */
     tsr__host_buf spar_host;  /* sample: the parameters converted for the kernels */
+    tsr__cuda_scratch moe_meta; /* moe: the routing arrays (tsr__cuda_moe) */
+    tsr__cuda_scratch moe_work; /* moe: gathered inputs, gate/up, activations, outputs */
+    tsr__host_buf moe_host;     /* moe: the routing arrays built on the host */
     int sm_count;             /* multiprocessors: sizes the split-K chunks */
     tsr__cuda_span *host_spans;
     int64_t *span_pos_off; /* per span: offset of its positions in kpos_host, or -1 */
@@ -105,7 +108,7 @@ typedef struct tsr__cuda_ctx {
     float *inv_freq;
     float *inv_freq_host;
     int inv_hd;
-    float inv_key[5];
+    float inv_key[8];
     int inv_scaling;
     int inv_orig;
 } tsr__cuda_ctx;
@@ -751,8 +754,10 @@ static tsr_status tsr__cuda_rmsnorm(tsr_backend *be, const float *x, const tsr_t
 
 /* Keeps the device table of inverse frequencies in step with cfg. */
 static tsr_status tsr__rope_table(tsr__cuda_ctx *c, const tsr_model_config *cfg) {
-    const float key[5] = {cfg->rope_theta, cfg->rope_factor, cfg->rope_low_freq_factor,
-                          cfg->rope_high_freq_factor, 0.0f};
+    const float key[8] = {cfg->rope_theta,          cfg->rope_factor,
+                          cfg->rope_low_freq_factor, cfg->rope_high_freq_factor,
+                          cfg->rope_beta_fast,       cfg->rope_beta_slow,
+                          (float)cfg->rope_truncate, 0.0f};
     if (c->inv_freq && c->inv_hd == cfg->head_dim && c->inv_scaling == (int)cfg->rope_scaling &&
         c->inv_orig == cfg->rope_original_max_pos && !memcmp(c->inv_key, key, sizeof key))
         return TSR_OK;
@@ -797,14 +802,16 @@ static tsr_status tsr__cuda_rope(tsr_backend *be, float *x, const int32_t *pos, 
         (cfg->rope_factor <= 0 || cfg->rope_original_max_pos <= 0 ||
          cfg->rope_high_freq_factor == cfg->rope_low_freq_factor))
         return tsr_error_set(TSR_ERR_INVALID, "cuda rope: bad llama3 scaling parameters");
-    if (cfg->rope_scaling == TSR_ROPE_YARN) /* its attention factor scales cos and sin */
-        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda rope: yarn is not supported on cuda yet");
+    if (cfg->rope_scaling == TSR_ROPE_YARN &&
+        (cfg->rope_factor <= 0 || cfg->rope_original_max_pos <= 0))
+        return tsr_error_set(TSR_ERR_INVALID, "cuda rope: bad yarn scaling parameters");
     TSR_TRY(tsr__rope_table(c, cfg));
     const int32_t *dpos;
     bool staged;
     TSR_TRY(tsr__stage_i32(c, pos, n, &dpos, &staged));
     TSR_CUDA_TRY(tsr__cuda_launch_rope(x, dpos, n, n_heads, cfg->head_dim, c->inv_freq,
-                                       cfg->rope_interleaved ? 1 : 0, c->stream));
+                                       cfg->rope_interleaved ? 1 : 0, tsr_rope_cos_scale(cfg),
+                                       c->stream));
     return TSR_OK;
 }
 
@@ -818,15 +825,13 @@ static tsr_status tsr__cuda_add(tsr_backend *be, float *x, const float *y, int64
     return TSR_OK;
 }
 
-/* One add launch per row: biases only come with Qwen2's q/k/v, where a decode step has few
- * rows; a broadcasting kernel can replace this when prefill needs it. */
+/* One broadcasting launch for all n rows (moe.cu): GPT-OSS adds four biases per layer and
+ * the router's, over every row of a prefill chunk. */
 static tsr_status tsr__cuda_bias_add(tsr_backend *be, float *x, const tsr_tensor *b,
                                      int64_t n) {
     if (b->dtype != TSR_F32 || b->rows != 1)
         return tsr_error_set(TSR_ERR_INVALID, "bias_add: the bias must be an f32 [1, width]");
-    for (int64_t r = 0; r < n; r++)
-        TSR_CUDA_TRY(tsr__cuda_launch_add(x + r * b->cols, b->data, b->cols,
-                                          tsr__ctx(be)->stream));
+    TSR_CUDA_TRY(tsr__cuda_launch_bias_rows(x, b->data, n, b->cols, tsr__ctx(be)->stream));
     return TSR_OK;
 }
 
@@ -950,7 +955,9 @@ static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
                         .out = a->out,
                         .key_scores = a->key_scores,
                         .sm_count = c->sm_count,
-                        .dq = dq};
+                        .dq = dq,
+                        .sinks = a->sinks,
+                        .window = a->window > 0 ? a->window : 0};
     if (a->n_spans > 0) {
         size_t bytes = (size_t)a->n_spans * sizeof(tsr__cuda_span);
         TSR_TRY(tsr__scratch_reserve(&c->spans, bytes, c->stream));
@@ -966,15 +973,104 @@ static tsr_status tsr__cuda_attention(tsr_backend *be, const tsr_attn_args *a) {
         TSR_CUDA_TRY(tsr__cuda_flash_prefill(&k, a->sinks, a->window, c->fa.ptr, c->stream));
         return TSR_OK;
     }
-    if (a->sinks || a->window > 0)
-        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda attention: sinks and sliding windows "
-                             "(GPT-OSS) are not supported by attn.cu yet");
     size_t work = tsr__cuda_attention_work(&k);
     if (work > 0) {
         TSR_TRY(tsr__scratch_reserve(&c->attn, work * sizeof(float), c->stream));
         k.work = c->attn.ptr;
     }
     TSR_CUDA_TRY(tsr__cuda_launch_attention(&k, c->stream));
+    return TSR_OK;
+}
+
+/* The experts of a mixture-of-experts layer (tsr_moe_args): the routing (host memory) goes
+ * up in one copy, as the active experts' list (expert, first route, routes), the route
+ * rows, each token's routes in expert order and the route weights; then gather, gate/up
+ * projection of every active expert in one launch (mxfp4.cu), the clamped gate, the down
+ * projection, and the weighted sum per token (moe.cu). Five launches per layer whatever
+ * the number of experts. */
+static tsr_status tsr__cuda_moe(tsr_backend *be, const tsr_moe_args *a) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    const tsr_experts *gu = a->gate_up, *dn = a->down;
+    if (gu->n != dn->n || gu->rows != 2 * dn->cols || gu->cols != dn->rows || gu->n <= 0 ||
+        gu->mxfp4 != dn->mxfp4 || (gu->mxfp4 && (gu->cols % 32 || dn->cols % 32)) ||
+        (!gu->mxfp4 && gu->w.dtype != TSR_F32 && gu->w.dtype != TSR_BF16 &&
+         gu->w.dtype != TSR_F16) ||
+        (!dn->mxfp4 && dn->w.dtype != TSR_F32 && dn->w.dtype != TSR_BF16 &&
+         dn->w.dtype != TSR_F16))
+        return tsr_error_set(TSR_ERR_INVALID, "cuda moe: experts of [%lld, %lld] and [%lld, "
+                             "%lld] do not chain (or an unsupported dtype)",
+                             (long long)gu->rows, (long long)gu->cols, (long long)dn->rows,
+                             (long long)dn->cols);
+    if (a->n <= 0) return TSR_OK;
+    const int E = gu->n;
+    const int64_t H = dn->rows, I = dn->cols, I2 = gu->rows, n = a->n;
+    const int32_t nr = a->offsets[E];
+    if (nr <= 0) {
+        TSR_CUDA_TRY(cudaMemsetAsync(a->out, 0, (size_t)n * (size_t)H * sizeof(float), c->stream));
+        return TSR_OK;
+    }
+    if (n > 0x7fffffffLL / 2)
+        return tsr_error_set(TSR_ERR_INVALID, "cuda moe: %lld rows", (long long)n);
+    /* host layout, int32: list [3 * E], rows [nr], tok_off [n + 1], tok_routes [nr],
+     * weights [nr] (f32 bits) */
+    size_t words = 3 * (size_t)E + (size_t)nr + (size_t)n + 1 + 2 * (size_t)nr;
+    TSR_TRY(tsr__host_reserve(&c->moe_host, words * sizeof(int32_t)));
+    int32_t *list = c->moe_host.ptr, *rows = list + 3 * (size_t)E, *tok_off = rows + nr,
+            *tok_routes = tok_off + n + 1;
+    float *wts = (float *)(tok_routes + nr);
+    int active = 0;
+    for (int e = 0; e < E; e++) {
+        int32_t r0 = a->offsets[e], cnt = a->offsets[e + 1] - r0;
+        if (r0 < 0 || cnt < 0 || a->offsets[e + 1] > nr)
+            return tsr_error_set(TSR_ERR_INVALID, "cuda moe: offsets not increasing at expert %d", e);
+        if (cnt == 0) continue;
+        list[3 * active] = e;
+        list[3 * active + 1] = r0;
+        list[3 * active + 2] = cnt;
+        active++;
+    }
+    memset(tok_off, 0, (size_t)(n + 1) * sizeof(int32_t));
+    for (int32_t r = 0; r < nr; r++) {
+        if (a->rows[r] < 0 || a->rows[r] >= n)
+            return tsr_error_set(TSR_ERR_INVALID, "cuda moe: route %d names row %d of %lld",
+                                 (int)r, (int)a->rows[r], (long long)n);
+        rows[r] = a->rows[r];
+        wts[r] = a->weights[r];
+        tok_off[a->rows[r] + 1]++;
+    }
+    for (int64_t t = 0; t < n; t++) tok_off[t + 1] += tok_off[t];
+    /* each token's routes in route order, which is expert order (the CPU's sum order) */
+    int32_t *fill = tsr_malloc((size_t)n * sizeof *fill);
+    if (!fill) return TSR_ERR_NOMEM;
+    memcpy(fill, tok_off, (size_t)n * sizeof *fill);
+    for (int32_t r = 0; r < nr; r++) tok_routes[fill[rows[r]]++] = r;
+    tsr_free(fill);
+    const void *dmeta = NULL;
+    TSR_TRY(tsr__stage(c, &c->moe_meta, c->moe_host.ptr, words * sizeof(int32_t), c->stream,
+                       &dmeta));
+    const int32_t *d_list = dmeta, *d_rows = d_list + 3 * (size_t)E, *d_off = d_rows + nr,
+                  *d_routes = d_off + n + 1;
+    const float *d_wts = (const float *)(d_routes + nr);
+    /* four arrays, each starting 16-byte aligned (mxfp4.cu reads rows as float4) */
+    size_t sz[4] = {(size_t)nr * (size_t)H, (size_t)nr * (size_t)I2, (size_t)nr * (size_t)I,
+                    (size_t)nr * (size_t)H},
+           at[4], total = 0;
+    for (int i = 0; i < 4; i++) {
+        at[i] = total;
+        total += (sz[i] + 3) / 4 * 4;
+    }
+    TSR_TRY(tsr__scratch_reserve(&c->moe_work, total * sizeof(float), c->stream));
+    float *base = c->moe_work.ptr;
+    float *xg = base + at[0], *g = base + at[1], *act = base + at[2], *y = base + at[3];
+    tsr__cuda_experts wg = {.w = gu->w.data, .scales = gu->scales.data, .bias = gu->bias.data,
+                            .rows = I2, .cols = H, .dtype = (int)gu->w.dtype, .mxfp4 = gu->mxfp4};
+    tsr__cuda_experts wd = {.w = dn->w.data, .scales = dn->scales.data, .bias = dn->bias.data,
+                            .rows = H, .cols = I, .dtype = (int)dn->w.dtype, .mxfp4 = dn->mxfp4};
+    TSR_CUDA_TRY(tsr__cuda_launch_moe_gather(a->x, H, d_rows, nr, xg, c->stream));
+    TSR_CUDA_TRY(tsr__cuda_launch_experts_matmul(&wg, d_list, active, xg, g, c->stream));
+    TSR_CUDA_TRY(tsr__cuda_launch_moe_act(g, nr, I, a->limit, a->alpha, act, c->stream));
+    TSR_CUDA_TRY(tsr__cuda_launch_experts_matmul(&wd, d_list, active, act, y, c->stream));
+    TSR_CUDA_TRY(tsr__cuda_launch_moe_combine(y, H, d_off, d_routes, d_wts, n, a->out, c->stream));
     return TSR_OK;
 }
 
@@ -1031,17 +1127,17 @@ static tsr_status tsr__cuda_attention_paged(tsr_backend *be, const tsr_attn_page
         .lay = {.k = a->lay.k, .v = a->lay.v, .block_stride = a->lay.block_stride,
                 .block = a->lay.block, .row = a->lay.row, .dtype = a->lay.dtype},
         .q_pos = a->q_pos, .q_seq = a->q_seq, .n_keys = a->n_keys, .tables = a->tables,
-        .n_seqs = a->n_seqs, .max_blocks = a->max_blocks};
-    /* osscuda's sinks and window of tsr_attn_paged_args go in place of NULL, 0 below */
+        .n_seqs = a->n_seqs, .max_blocks = a->max_blocks, .sinks = a->sinks,
+        .window = a->window > 0 ? a->window : 0};
     if (c->attn_flash && tsr__cuda_flash_paged_fits(&d)) { /* a prefill chunk: tensor cores */
         TSR_TRY(tsr__cuda_fa_reserve(c, tsr__cuda_flash_paged_work(&d)));
-        TSR_CUDA_TRY(tsr__cuda_flash_prefill_paged(&d, NULL, 0, c->fa.ptr, c->stream));
+        TSR_CUDA_TRY(tsr__cuda_flash_prefill_paged(&d, d.sinks, d.window, c->fa.ptr, c->stream));
         return TSR_OK;
     }
     if (c->attn_flash && tsr__cuda_decode_fits(&d)) { /* split-K over the batch */
         tsr__cuda_decode_plan plan = tsr__cuda_decode_plan_for(&d, c->sm_count);
         TSR_TRY(tsr__cuda_fa_reserve(c, tsr__cuda_decode_work(&d, plan)));
-        TSR_CUDA_TRY(tsr__cuda_decode_paged(&d, NULL, 0, plan, c->fa.ptr, c->stream));
+        TSR_CUDA_TRY(tsr__cuda_decode_paged(&d, d.sinks, d.window, plan, c->fa.ptr, c->stream));
         return TSR_OK;
     }
     TSR_CUDA_TRY(tsr__cuda_launch_attention_paged(&d, c->stream));
@@ -1130,6 +1226,8 @@ static void tsr__cuda_destroy(tsr_backend *be) {
         tsr__scratch_release(&c->spar);
         tsr__scratch_release(&c->sids);
         tsr__scratch_release(&c->swork);
+        tsr__scratch_release(&c->moe_meta);
+        tsr__scratch_release(&c->moe_work);
         if (c->bad_id) (void)cudaFree(c->bad_id);
         if (c->inv_freq) (void)cudaFree(c->inv_freq);
         if (c->stream) (void)cudaStreamDestroy(c->stream);
@@ -1140,6 +1238,7 @@ static void tsr__cuda_destroy(tsr_backend *be) {
         tsr_free(c->kpos_host.ptr);
         tsr_free(c->bounce.ptr);
         tsr_free(c->spar_host.ptr);
+        tsr_free(c->moe_host.ptr);
         tsr_free(c);
     }
     tsr_free(be);
@@ -1207,6 +1306,7 @@ static const tsr_backend_ops tsr__cuda_ops = {
     .matmul_parts = tsr__cuda_matmul_parts,
     .sample = tsr__cuda_sample,
     .bias_add = tsr__cuda_bias_add,
+    .moe = tsr__cuda_moe,
     .attention_paged = tsr__cuda_attention_paged,
     .matmul_parts_acc = tsr__cuda_matmul_parts_acc,
     .graph_begin = tsr__cuda_graph_begin,

@@ -56,6 +56,11 @@ typedef struct tsr__cuda_attn {
     /* Non-zero when some span is not f32: the launch converts every span's rows into work
      * and points the (device) spans there before the attention kernels. */
     int dq;
+    /* GPT-OSS (tsr_attn_args): sinks NULL or [n_heads] device logits that join each
+     * query's softmax denominator once (the split path adds them in the merge, never per
+     * chunk); window > 0: a query at position p sees keys at positions > p - window. */
+    const float *sinks;
+    int window;
 } tsr__cuda_attn;
 
 /* tsr_kv_layout (kernels/backend.h) as the KV row kernels take it: slot s's K row is at
@@ -88,10 +93,11 @@ cudaError_t tsr__cuda_launch_embed(const void *emb, int dtype, int64_t rows, int
 /* out[i] = x[i] / rms(x[i]) * w for n rows of dim (out may equal x); w has dtype wdtype. */
 cudaError_t tsr__cuda_launch_rmsnorm(const float *x, const void *w, int wdtype, int64_t n, int dim,
                                      float eps, float *out, cudaStream_t stream);
-/* In-place rotary embedding; inv_freq holds head_dim/2 frequencies (device). */
+/* In-place rotary embedding; inv_freq holds head_dim/2 frequencies (device); cos and sin
+ * are multiplied by cos_scale (YaRN's attention factor, else 1: exact). */
 cudaError_t tsr__cuda_launch_rope(float *x, const int32_t *pos, int64_t n, int n_heads,
                                   int head_dim, const float *inv_freq, int interleaved,
-                                  cudaStream_t stream);
+                                  float cos_scale, cudaStream_t stream);
 cudaError_t tsr__cuda_launch_swiglu(float *gate, const float *up, int64_t n, cudaStream_t stream);
 cudaError_t tsr__cuda_launch_add(float *x, const float *y, int64_t n, cudaStream_t stream);
 /* y[i] = ((parts[i] + parts[m + i]) + parts[2m + i]) + ... over n_parts parts of m floats:
@@ -121,10 +127,45 @@ typedef struct tsr__cuda_attn_paged {
     tsr__cuda_kv lay;
     const int32_t *q_pos, *q_seq, *n_keys, *tables;
     int n_seqs, max_blocks;
+    const float *sinks; /* as in tsr__cuda_attn: NULL or [n_heads] (device) */
+    int window;
 } tsr__cuda_attn_paged;
 /* One launch for every query row and head of a step (attn_paged.cu). */
 cudaError_t tsr__cuda_launch_attention_paged(const tsr__cuda_attn_paged *a,
                                              cudaStream_t stream);
+
+/* One projection of a mixture-of-experts layer as mxfp4.cu reads it (tsr_experts,
+ * base/tensor.h): expert e's rows are rows e * rows .. of the stacked matrix w (MXFP4: U8
+ * codes [n * rows][cols / 2] and E8M0 scales [n * rows][cols / 32]; else dtype F32, BF16
+ * or F16 [n * rows][cols]); bias NULL or f32 [n][rows]. */
+typedef struct tsr__cuda_experts {
+    const void *w;
+    const uint8_t *scales;
+    const float *bias;
+    int64_t rows, cols;
+    int dtype;
+    int mxfp4;
+} tsr__cuda_experts;
+/* For each active expert i (list[3i] the expert, its routes list[3i + 1] .. + list[3i + 2],
+ * a device array): y[r][rows] = x[r][cols] . W_e^T + b_e for those routes r, each expert's
+ * weights read once for up to 8 routes (mxfp4.cu). */
+cudaError_t tsr__cuda_launch_experts_matmul(const tsr__cuda_experts *w, const int32_t *list,
+                                            int n_active, const float *x, float *y,
+                                            cudaStream_t stream);
+/* moe.cu: xg[r] = x[rows[r]] for nr routes of dim floats; act[r][j] = the clamped GPT-OSS
+ * gate of gu[r] ([nr][2 * inter], gate/up interleaved); out[t] = sum over tok_routes[tok_off[t]
+ * .. tok_off[t + 1]) of weights[r] * y[r] (in that order, from 0). */
+/* x[r][j] += b[j] for n rows of width, one launch (the op bias_add: GPT-OSS's q/k/v/o and
+ * router biases over a whole prefill chunk). */
+cudaError_t tsr__cuda_launch_bias_rows(float *x, const float *b, int64_t n, int64_t width,
+                                       cudaStream_t stream);
+cudaError_t tsr__cuda_launch_moe_gather(const float *x, int64_t dim, const int32_t *rows,
+                                        int64_t nr, float *xg, cudaStream_t stream);
+cudaError_t tsr__cuda_launch_moe_act(const float *gu, int64_t nr, int64_t inter, float limit,
+                                     float alpha, float *act, cudaStream_t stream);
+cudaError_t tsr__cuda_launch_moe_combine(const float *y, int64_t dim, const int32_t *tok_off,
+                                         const int32_t *tok_routes, const float *weights,
+                                         int64_t n, float *out, cudaStream_t stream);
 
 /* tsr_sample_params (kernels/backend.h) as the sample kernels read it (sample.cu). */
 typedef struct tsr__cuda_sample_row {

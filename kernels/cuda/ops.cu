@@ -73,7 +73,7 @@ __global__ void rmsnorm_kernel(const float *x, const void *w, int wdtype, int di
 
 // One thread per rotated pair (row, head, i).
 __global__ void rope_kernel(float *x, const int32_t *pos, int64_t pairs, int n_heads, int head_dim,
-                            const float *inv_freq, int interleaved) {
+                            const float *inv_freq, int interleaved, float cos_scale) {
     const int half = head_dim / 2;
     for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < pairs;
          t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -84,6 +84,8 @@ __global__ void rope_kernel(float *x, const int32_t *pos, int64_t pairs, int n_h
         const float angle = static_cast<float>(pos[row]) * inv_freq[i];
         float s, c;
         sincosf(angle, &s, &c);
+        s *= cos_scale; // YaRN's attention factor (1 otherwise: exact), as the CPU scales
+        c *= cos_scale;
         float *a = interleaved ? h + 2 * i : h + i;
         float *b = interleaved ? h + 2 * i + 1 : h + i + half;
         const float x0 = *a, x1 = *b;
@@ -153,11 +155,11 @@ extern "C" cudaError_t tsr__cuda_launch_rmsnorm(const float *x, const void *w, i
 
 extern "C" cudaError_t tsr__cuda_launch_rope(float *x, const int32_t *pos, int64_t n, int n_heads,
                                              int head_dim, const float *inv_freq, int interleaved,
-                                             cudaStream_t stream) {
+                                             float cos_scale, cudaStream_t stream) {
     const int64_t pairs = n * n_heads * (head_dim / 2);
     if (pairs <= 0) return cudaSuccess;
     rope_kernel<<<blocks_for(pairs), kThreads, 0, stream>>>(x, pos, pairs, n_heads, head_dim,
-                                                            inv_freq, interleaved);
+                                                            inv_freq, interleaved, cos_scale);
     return cudaGetLastError();
 }
 

@@ -45,5 +45,17 @@ check $? bench_bad_membw
 "$BIN" bench --model "$ROOT/models/stories260K.bin" --membw-mib 1048576 >"$TMP/out9" 2>"$TMP/err"
 [ $? -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "more than half of the .* MiB of memory available" "$TMP/err" && [ ! -s "$TMP/out9" ]
 check $? bench_membw_too_big
+# A mixture of experts (the tiny GPT-OSS, 4 experts, 2 per token): a decode token reads only
+# the routed experts' bytes, so active_weight_bytes < weight_bytes and the decode bytes
+# count the active ones.
+"$BIN" bench --model "$ROOT/tests/data/arch/gptoss_mxfp4" --prompt-tokens 8 --gen-tokens 2 --repeat 1 --json >"$TMP/out10" 2>"$TMP/err"
+ok=$?
+python3 - "$TMP/out10" <<'PY' || ok=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+w, a, d = r["weight_bytes"], r["active_weight_bytes"], r["decode_bytes_per_token"]
+assert 0 < a < w and d >= a, (w, a, d)
+PY
+check "$ok" bench_moe_active_bytes
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -21,7 +21,7 @@ CHECK=$BUILD/bench/tsr_logits_check
 OUT=$TMP/out LOGS_DIR=$TMP/logs DEVICE_BACKEND=cpu-fenced BUILD_DIR=$BUILD SKIP_CTEST=1 \
     bash tests/device/run.sh >"$TMP/run.txt" 2>&1 || fail "run.sh rehearsal: exit $? ($(tail -n 3 "$TMP/run.txt"))"
 MD=$TMP/out/gpu-results.md
-for s in machine backend_ops flash_attn cuda_mem dist_plane logits roofline throughput longctx; do
+for s in machine backend_ops flash_attn cuda_mem dist_plane logits roofline throughput longctx quant gptoss; do
     grep -q "^| $s | PASS |" "$MD" 2>/dev/null || fail "run.sh: section $s did not pass"
 done
 grep -q "^| ctest | SKIP |" "$MD" || fail "run.sh: ctest not reported as skipped"
