@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q8.h"
 #include "runtime/model/loader.h"
 #include "runtime/format/safetensors.h"
@@ -45,7 +46,9 @@ static const char *tsr__torch_dtype(tsr_dtype t) {
     case TSR_F16: return "float16";
     case TSR_BF16: return "bfloat16";
     case TSR_U8: return "uint8";
-    case TSR_Q8_0: break; /* exported dequantized */
+    case TSR_Q8_0: /* exported dequantized */
+    case TSR_Q4_0:
+    case TSR_Q4_1: break;
     }
     return "float32";
 }
@@ -185,16 +188,18 @@ static tsr_status tsr__write_weights(const tsr__export_item *items, int n, const
         const tsr_tensor *t = items[i].t;
         for (int64_t r = 0; r < t->rows && st == TSR_OK; r++) {
             size_t cols = (size_t)t->cols;
-            if (t->dtype == TSR_Q8_0) { /* rows of the repacked groups, dequantized */
+            bool blocks = t->dtype == TSR_Q8_0 || tsr_q4_is(t->dtype);
+            if (t->dtype == TSR_Q8_0) /* rows of the repacked groups, dequantized */
                 tsr_q8_dequant_row(t->data, t->cols, tsr__src_row(&items[i], r), f32);
-            }
-            const void *src = t->dtype == TSR_Q8_0 ? (const void *)f32
-                                                   : tsr_tensor_row(t, tsr__src_row(&items[i], r));
+            else if (blocks)
+                tsr_q4_dequant_row(t->dtype, t->data, t->cols, tsr__src_row(&items[i], r), f32);
+            const void *src = blocks ? (const void *)f32
+                                     : tsr_tensor_row(t, tsr__src_row(&items[i], r));
             if (t->dtype == dtype) {
                 st = tsr_st_writer_write(w, src, cols * osz);
                 continue;
             }
-            if (t->dtype != TSR_Q8_0) tsr_dtype_to_f32(t->dtype, src, f32, cols);
+            if (!blocks) tsr_dtype_to_f32(t->dtype, src, f32, cols);
             if (dtype == TSR_F32) {
                 st = tsr_st_writer_write(w, f32, cols * 4);
                 continue;

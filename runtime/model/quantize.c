@@ -19,7 +19,10 @@ bool tsr_model_q8_eligible(const tsr_model_config *c, const char *which, int64_t
 
 /* One matrix into Q8_0, or into BF16 when not eligible (kept as it is if already 16-bit). */
 static tsr_status tsr__quantize(tsr_model *m, tsr_tensor *t, bool q8) {
-    if (!t->data || t->rows <= 0 || t->cols <= 0 || t->dtype == TSR_Q8_0) return TSR_OK;
+    /* Q8_0 stays; so do a GGUF's 4-bit matrices (fewer bytes, their own kernels) */
+    if (!t->data || t->rows <= 0 || t->cols <= 0 || t->dtype == TSR_Q8_0 ||
+        t->dtype == TSR_Q4_0 || t->dtype == TSR_Q4_1)
+        return TSR_OK;
     if (q8) {
         tsr_tensor q = {.dtype = TSR_Q8_0, .rows = t->rows, .cols = t->cols};
         void *dst;
