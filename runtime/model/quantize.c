@@ -1,6 +1,9 @@
+#define _DEFAULT_SOURCE /* MADV_DONTNEED */
 #include "runtime/model/quantize.h"
 
+#include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "base/alloc.h"
 #include "base/dtype.h"
@@ -17,6 +20,16 @@ bool tsr_model_q8_eligible(const tsr_model_config *c, const char *which, int64_t
     return true;
 }
 
+/* Gives the pages wholly inside a replaced matrix's old data back to the kernel, so that
+ * the source and its quantized copy are not resident together (peak RSS): a file mapping's
+ * pages come back from the file if touched, anonymous ones as zeros; nothing reads them
+ * again (the tensor now points at the copy; a tied classifier is re-pointed by the caller). */
+static void tsr__drop_source(const void *p, size_t bytes) {
+    uintptr_t page = 4096, a = ((uintptr_t)p + page - 1) & ~(page - 1),
+              b = ((uintptr_t)p + bytes) & ~(page - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advice only */
+}
+
 /* One matrix into Q8_0, or into BF16 when not eligible (kept as it is if already 16-bit). */
 static tsr_status tsr__quantize(tsr_model *m, tsr_tensor *t, bool q8) {
     /* Q8_0 stays; so do a GGUF's 4-bit matrices (fewer bytes, their own kernels) */
@@ -27,7 +40,18 @@ static tsr_status tsr__quantize(tsr_model *m, tsr_tensor *t, bool q8) {
         tsr_tensor q = {.dtype = TSR_Q8_0, .rows = t->rows, .cols = t->cols};
         void *dst;
         TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &dst));
-        TSR_TRY(tsr_q8_quantize_tensor(t, dst));
+        /* in slabs of whole 16-row groups, each slab's source dropped once quantized, so
+         * that at the end only the quantized weights are resident */
+        size_t row_bytes = (size_t)t->cols * tsr_dtype_size(t->dtype);
+        int64_t slab = (int64_t)(((size_t)1 << 20) / row_bytes / TSR_Q8_GROUP + 1) * TSR_Q8_GROUP;
+        for (int64_t r0 = 0; r0 < t->rows; r0 += slab) {
+            int64_t n = t->rows - r0 < slab ? t->rows - r0 : slab;
+            tsr_tensor src = {.dtype = t->dtype, .rows = n, .cols = t->cols,
+                              .data = tsr_tensor_row(t, r0)};
+            tsr_tensor part = {.dtype = TSR_Q8_0, .rows = r0, .cols = t->cols};
+            TSR_TRY(tsr_q8_quantize_tensor(&src, (char *)dst + tsr_tensor_bytes(&part)));
+            tsr__drop_source(src.data, (size_t)n * row_bytes);
+        }
         q.data = dst;
         *t = q;
         return TSR_OK;
@@ -38,6 +62,7 @@ static tsr_status tsr__quantize(tsr_model *m, tsr_tensor *t, bool q8) {
     TSR_TRY(tsr_model_alloc(m, n * 2, (void **)&dst));
     const float *src = t->data;
     for (size_t i = 0; i < n; i++) dst[i] = tsr_f32_to_bf16(src[i]);
+    tsr__drop_source(src, n * sizeof *src);
     t->data = dst;
     t->dtype = TSR_BF16;
     return TSR_OK;
