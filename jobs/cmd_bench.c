@@ -112,7 +112,7 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         {"threads", TSR_OPT_INT, &o->threads, "T",
          "CPU kernel threads (the default is the CPUs this process may run on; at most 4 per "
          "such CPU)", false},
-        {"dtype", TSR_OPT_STRING, &o->dtype_name, "f32|bf16|q8_0",
+        {"dtype", TSR_OPT_STRING, &o->dtype_name, "f32|bf16|q8_0|q4_0|q4_1",
          "weight dtype (default: as the model stores it)", false},
         {"repeat", TSR_OPT_INT, &o->repeat, "R", "timed repeats, median reported", false},
         {"warmup", TSR_OPT_INT, &o->warmup, "W", "untimed prefill + one decode step rounds",
@@ -154,8 +154,9 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         return tsr_cli_usage_error(&cli, "--kv '%s': expected paged or dense", o->kv);
     if (o->dtype_name) {
         o->dtype = tsr_dtype_parse(o->dtype_name);
-        if (o->dtype != TSR_F32 && o->dtype != TSR_BF16 && o->dtype != TSR_Q8_0)
-            return tsr_cli_usage_error(&cli, "--dtype '%s': expected f32, bf16 or q8_0",
+        if (o->dtype != TSR_F32 && o->dtype != TSR_BF16 && o->dtype != TSR_Q8_0 &&
+            o->dtype != TSR_Q4_0 && o->dtype != TSR_Q4_1)
+            return tsr_cli_usage_error(&cli, "--dtype '%s': expected f32, bf16, q8_0, q4_0 or q4_1",
                                        o->dtype_name);
     }
     *exit_code = 0;
@@ -187,7 +188,9 @@ static double tsr__median(double *v, int n) {
  * makes a synthetic SPEC in --dtype (",dtype=" appended) and converts any other model. */
 static int tsr__bench_check_dtype(const tsr__bench_opts *o) {
     const char *spec = o->model;
-    if (o->dtype < 0 || o->dtype == TSR_Q8_0 || strncmp(spec, "synthetic:", 10) != 0) return 0;
+    if (o->dtype < 0 || o->dtype == TSR_Q8_0 || o->dtype == TSR_Q4_0 || o->dtype == TSR_Q4_1 ||
+        strncmp(spec, "synthetic:", 10) != 0)
+        return 0;
     const char *have = strstr(spec, ",dtype=");
     if (!have) return 0;
     char given[16];
@@ -405,8 +408,9 @@ int tsr_cmd_bench(int argc, char **argv) {
     }
     double prefill_s = tsr__median(pre, npre), decode_s = tsr__median(dec, o.repeat);
 
-    /* bytes of one embedding value (Q8_0: 34 bytes a block of 32) */
-    double wsz = c->dtype == TSR_Q8_0 ? 34.0 / 32.0 : (double)tsr_dtype_size(c->dtype);
+    /* bytes of one embedding value as stored (Q8_0: 34 bytes a block of 32) */
+    double wsz = (double)tsr_tensor_bytes(&m->tok_emb) /
+                 ((double)m->tok_emb.rows * (double)m->tok_emb.cols);
     double hd = c->head_dim, q = (double)c->n_heads * hd, kvd = (double)c->n_kv_heads * hd;
     double weight_bytes = (double)tsr_model_weight_bytes(m);
     double kv_read = 2.0 * c->n_layers * kvd * sizeof(float) * (n + (g + 1) / 2.0);

@@ -205,8 +205,8 @@ int tsr_cmd_generate(int argc, char **argv) {
          "the prompt is a user message, rendered with the model's chat template (GGUF "
          "metadata or tokenizer_config.json)", false},
         {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
-        {"dtype", TSR_OPT_STRING, &o.dtype, "f32|bf16|f16|q8_0",
-         "weight dtype (default: as stored); q8_0 quantizes at load", false},
+        {"dtype", TSR_OPT_STRING, &o.dtype, "f32|bf16|f16|q8_0|q4_0|q4_1",
+         "weight dtype (default: as stored); q8_0, q4_0, q4_1 quantize at load", false},
     };
     enum { N_BASE = sizeof base / sizeof base[0] };
     tsr_cli_opt opts[N_BASE + TSR_KV_CLI_N_OPTS + TSR_DIST_CLI_N_OPTS];
@@ -227,7 +227,8 @@ int tsr_cmd_generate(int argc, char **argv) {
         return tsr_cli_usage_error(&cli, "give exactly one of --prompt and --prompt-file");
     if (o.max_tokens < 0) return tsr_cli_usage_error(&cli, "--max-tokens must be >= 0");
     if (o.dtype && tsr_dtype_parse(o.dtype) < 0)
-        return tsr_cli_usage_error(&cli, "--dtype '%s': expected f32, bf16, f16 or q8_0", o.dtype);
+        return tsr_cli_usage_error(&cli, "--dtype '%s': expected f32, bf16, f16, q8_0, q4_0 "
+                                   "or q4_1", o.dtype);
     if (tsr_cli_check_threads(&cli, o.threads) != TSR_CLI_OK) return 2;
     if (o.chunk < 1) return tsr_cli_usage_error(&cli, "--chunk must be >= 1");
     if (o.max_context < 0) return tsr_cli_usage_error(&cli, "--max-context must be >= 0");

@@ -130,7 +130,8 @@ static tsr_status tsr__convert(tsr_engine *e, const tsr_engine_spec *o) {
         return tsr_error_set(TSR_ERR_INVALID, "engine: a borrowed model is not converted "
                              "(convert_weights)");
     tsr_dtype dt = o->weights_dtype;
-    if (dt == TSR_Q8_0) return tsr_model_quantize_q8(m); /* runtime/model/quantize.h */
+    if (dt == TSR_Q8_0 || dt == TSR_Q4_0 || dt == TSR_Q4_1)
+        return tsr_model_quantize(m, dt); /* runtime/model/quantize.h */
     bool tied = m->classifier.data && m->classifier.data == m->tok_emb.data;
     TSR_TRY(tsr__convert_tensor(m, &m->tok_emb, dt));
     if (tied)
@@ -204,7 +205,9 @@ static tsr_status tsr__load_model(const tsr_engine_spec *o, tsr_model **out) {
         strstr(path, ",dtype="))
         return tsr_model_load(path, out);
     /* q8_0: made in bf16, quantized after the shard cut (tsr__convert) */
-    const char *dt = tsr_dtype_name(o->weights_dtype == TSR_Q8_0 ? TSR_BF16 : o->weights_dtype);
+    tsr_dtype wd = o->weights_dtype;
+    const char *dt =
+        tsr_dtype_name(wd == TSR_Q8_0 || wd == TSR_Q4_0 || wd == TSR_Q4_1 ? TSR_BF16 : wd);
     size_t len = strlen(path) + strlen(",dtype=") + strlen(dt) + 1;
     char *spec = tsr_malloc(len);
     if (!spec) return TSR_ERR_NOMEM;
