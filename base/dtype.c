@@ -3,7 +3,15 @@
 #include <strings.h>
 
 size_t tsr_dtype_size(tsr_dtype t) {
-    return t == TSR_F32 ? 4 : (t == TSR_U8 || t == TSR_Q8_0 || t == TSR_F8_E4M3) ? 1 : 2;
+    switch (t) {
+    case TSR_F32: return 4;
+    case TSR_U8:
+    case TSR_Q8_0:
+    case TSR_Q4_0:
+    case TSR_Q4_1:
+    case TSR_F8_E4M3: return 1;
+    default: return 2;
+    }
 }
 
 const char *tsr_dtype_name(tsr_dtype t) {
@@ -14,6 +22,8 @@ const char *tsr_dtype_name(tsr_dtype t) {
     case TSR_U8: return "u8";
     case TSR_Q8_0: return "q8_0";
     case TSR_F8_E4M3: return "fp8";
+    case TSR_Q4_0: return "q4_0";
+    case TSR_Q4_1: return "q4_1";
     }
     return "?";
 }
@@ -26,6 +36,8 @@ int tsr_dtype_parse(const char *s) {
     if (!strcasecmp(s, "bf16") || !strcasecmp(s, "bfloat16")) return TSR_BF16;
     if (!strcasecmp(s, "q8_0") || !strcasecmp(s, "q8")) return TSR_Q8_0;
     if (!strcasecmp(s, "fp8") || !strcasecmp(s, "f8_e4m3")) return TSR_F8_E4M3;
+    if (!strcasecmp(s, "q4_0")) return TSR_Q4_0;
+    if (!strcasecmp(s, "q4_1")) return TSR_Q4_1;
     return -1;
 }
 
@@ -100,6 +112,8 @@ void tsr_dtype_to_f32(tsr_dtype t, const void *src, float *dst, size_t n) {
     }
     case TSR_Q8_0: /* blocks, not elements: kernels/cpu/quant_q8.h dequantizes rows */
     case TSR_F8_E4M3: /* scaled rows: runtime/model/fp8.h dequantizes them */
+    case TSR_Q4_0: /* and kernels/cpu/quant_q4.h */
+    case TSR_Q4_1:
         memset(dst, 0, n * sizeof *dst);
         break;
     }

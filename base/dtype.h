@@ -16,6 +16,10 @@ typedef enum tsr_dtype {
     /* Q8_0 (GGUF's numerics: blocks of 32 int8 along a row with an fp16 scale), stored as
      * kernels/cpu/quant_q8.h's repacked 16-row groups; matrices only (cols % 32 == 0). */
     TSR_Q8_0 = 4,
+    /* GGUF's 4-bit Q4_0 and Q4_1 (32-value blocks: fp16 d, and for Q4_1 fp16 m, then 4-bit
+     * codes), stored as kernels/cpu/quant_q4.h's repacked 16-row groups; matrices only. */
+    TSR_Q4_0 = 5,
+    TSR_Q4_1 = 6,
     /* FP8 E4M3 (float8_e4m3fn) weights with one f32 scale per row (compressed-tensors'
      * per-channel strategy; a per-tensor scale is stored once per row): the rows * cols
      * codes row-major, then at tsr_fp8_scale_offset the rows scales. Matrices only;
@@ -23,11 +27,12 @@ typedef enum tsr_dtype {
     TSR_F8_E4M3 = 8,
 } tsr_dtype;
 
-/* Bytes per element; Q8_0 and F8_E4M3: 1 (their scales are counted by tsr_tensor_bytes). */
+/* Bytes per element; Q8_0, Q4_0, Q4_1 and F8_E4M3: 1 (their scales are counted by
+ * tsr_tensor_bytes). */
 size_t tsr_dtype_size(tsr_dtype t);
 const char *tsr_dtype_name(tsr_dtype t);
-/* Parses "f32"/"float32"/"F32", "f16"/"float16", "bf16"/"bfloat16", "q8_0"/"q8",
- * "fp8"/"f8_e4m3"; -1 when unknown. */
+/* Parses "f32"/"float32"/"F32", "f16"/"float16", "bf16"/"bfloat16", "q8_0"/"q8", "q4_0",
+ * "q4_1", "fp8"/"f8_e4m3"; -1 when unknown. */
 int tsr_dtype_parse(const char *s);
 
 static inline float tsr_bf16_to_f32(uint16_t h) {

@@ -19,14 +19,15 @@ static inline size_t tsr_fp8_scale_offset(int64_t rows, int64_t cols) {
     return ((size_t)rows * (size_t)cols + 15u) & ~(size_t)15u;
 }
 
-/* Q8_0: groups of 16 rows (the last padded) of 34-byte blocks per 32 columns (host
- * layout; a device backend may hold its own, see kernels/backend.h place_weight).
- * F8_E4M3: codes, then one f32 scale per row. */
+/* Q8_0, Q4_0, Q4_1: groups of 16 rows (the last padded) of 34-, 18- or 20-byte blocks per 32
+ * columns (host layout; a device backend may hold its own, see kernels/backend.h
+ * place_weight). F8_E4M3: codes, then one f32 scale per row. */
 static inline size_t tsr_tensor_bytes(const tsr_tensor *t) {
     if (t->dtype == TSR_F8_E4M3)
         return tsr_fp8_scale_offset(t->rows, t->cols) + (size_t)t->rows * 4u;
-    if (t->dtype == TSR_Q8_0)
-        return (size_t)((t->rows + 15) / 16) * 16u * (size_t)(t->cols / 32) * 34u;
+    if (t->dtype == TSR_Q8_0 || t->dtype == TSR_Q4_0 || t->dtype == TSR_Q4_1)
+        return (size_t)((t->rows + 15) / 16) * 16u * (size_t)(t->cols / 32) *
+               (t->dtype == TSR_Q8_0 ? 34u : t->dtype == TSR_Q4_0 ? 18u : 20u);
     return (size_t)t->rows * (size_t)t->cols * tsr_dtype_size(t->dtype);
 }
 
@@ -45,7 +46,8 @@ typedef struct tsr_experts {
     tsr_tensor bias;
 } tsr_experts;
 
-/* Pointer to row r (not for Q8_0, whose rows interleave in groups; F8_E4M3: the codes). */
+/* Pointer to row r (not for Q8_0 and Q4_*, whose rows interleave in groups; F8_E4M3: the
+ * codes). */
 static inline const void *tsr_tensor_row(const tsr_tensor *t, int64_t r) {
     return (const char *)t->data + (size_t)r * (size_t)t->cols * tsr_dtype_size(t->dtype);
 }

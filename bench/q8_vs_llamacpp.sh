@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Q8_0 decode and prefill, tessera against llama.cpp, paired on one file in one sitting.
+# Q8_0 (or 4-bit) decode and prefill, tessera against llama.cpp, paired on one file in one
+# sitting.
 #
 # usage: LLAMA_BENCH=/path/to/llama-bench bench/q8_vs_llamacpp.sh [BUILD_DIR]
 #
@@ -13,7 +14,9 @@
 # streaming read bandwidth (tsr_membw, best of 5; and the median read `tessera bench
 # --membw-mib` measured beside its decode), tessera's decode GB/s and its share of that read.
 # Environment: THREADS ("1 2"), ROUNDS (3), GEN (64), PROMPT (128), SHAPE (stories110M),
-# Q8_GGUF (an existing file to use instead).
+# Q8_GGUF or GGUF (an existing file to use instead). The 4-bit path: GGUF=models/SmolLM2-
+# 135M-Instruct.Q4_1.gguf (tessera computes its Q4_1 matrices natively, kernels/cpu/quant_q4.h,
+# as llama.cpp does: Q4_1 weights, activations quantized per 32-block with their sums).
 set -uo pipefail
 
 build=${1:-./build}
@@ -31,7 +34,7 @@ tessera=$build/tessera
 membw=$build/bench/tsr_membw
 threads=${THREADS:-"1 2"} rounds=${ROUNDS:-3} gen=${GEN:-64} prompt=${PROMPT:-128}
 shape=${SHAPE:-stories110M}
-gg=${Q8_GGUF:-$build/rand-$shape-q8_0.gguf}
+gg=${GGUF:-${Q8_GGUF:-$build/rand-$shape-q8_0.gguf}}
 if [[ ! -f $gg ]]; then
     python3 tools/make_q8_gguf.py "$shape" "$gg" || exit 1
 fi
@@ -44,7 +47,7 @@ echo "cpu      $cpu ($(nproc) CPUs visible; load average $(cut -d' ' -f1-3 /proc
 mb=$("$membw" --mib 512 --repeat 5 --max-threads 2)
 echo "read     tsr_membw best of 5: $(echo "$mb" | jget "['read_gb_s_1t']") GB/s 1 thread," \
      "$(echo "$mb" | jget "['read_gb_s_2t']") GB/s 2 threads"
-echo "file     $gg ($(stat -c %s "$gg") bytes)"
+echo "file     $gg ($(stat -L -c %s "$gg") bytes)"
 printf '%-3s %-10s %-10s %-8s %-10s %-10s %-8s %-9s %-9s %-6s\n' thr tes_dec lcpp_dec ratio \
     tes_pre lcpp_pre ratio tes_GB/s read_GB/s share
 for t in $threads; do

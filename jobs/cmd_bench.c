@@ -115,7 +115,7 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         {"threads", TSR_OPT_INT, &o->threads, "T",
          "CPU kernel threads (the default is the CPUs this process may run on; at most 4 per "
          "such CPU)", false},
-        {"dtype", TSR_OPT_STRING, &o->dtype_name, "f32|bf16|q8_0|fp8",
+        {"dtype", TSR_OPT_STRING, &o->dtype_name, "f32|bf16|q8_0|q4_0|q4_1|fp8",
          "weight dtype (default: as the model stores it; fp8: cuda, Q8_0 elsewhere)", false},
         {"repeat", TSR_OPT_INT, &o->repeat, "R", "timed repeats, median reported", false},
         {"warmup", TSR_OPT_INT, &o->warmup, "W", "untimed prefill + one decode step rounds",
@@ -158,8 +158,8 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
     if (o->dtype_name) {
         o->dtype = tsr_dtype_parse(o->dtype_name);
         if (o->dtype != TSR_F32 && o->dtype != TSR_BF16 && o->dtype != TSR_Q8_0 &&
-            o->dtype != TSR_F8_E4M3)
-            return tsr_cli_usage_error(&cli, "--dtype '%s': expected f32, bf16, q8_0 or fp8",
+            o->dtype != TSR_Q4_0 && o->dtype != TSR_Q4_1 && o->dtype != TSR_F8_E4M3)
+            return tsr_cli_usage_error(&cli, "--dtype '%s': expected f32, bf16, q8_0, q4_0, q4_1 or fp8",
                                        o->dtype_name);
     }
     *exit_code = 0;
@@ -191,7 +191,8 @@ static double tsr__median(double *v, int n) {
  * makes a synthetic SPEC in --dtype (",dtype=" appended) and converts any other model. */
 static int tsr__bench_check_dtype(const tsr__bench_opts *o) {
     const char *spec = o->model;
-    if (o->dtype < 0 || o->dtype == TSR_Q8_0 || o->dtype == TSR_F8_E4M3 ||
+    if (o->dtype < 0 || o->dtype == TSR_Q8_0 || o->dtype == TSR_Q4_0 || o->dtype == TSR_Q4_1 ||
+        o->dtype == TSR_F8_E4M3 ||
         strncmp(spec, "synthetic:", 10) != 0)
         return 0;
     const char *have = strstr(spec, ",dtype=");
@@ -411,8 +412,9 @@ int tsr_cmd_bench(int argc, char **argv) {
     }
     double prefill_s = tsr__median(pre, npre), decode_s = tsr__median(dec, o.repeat);
 
-    /* bytes of one embedding value (Q8_0: 34 bytes a block of 32) */
-    double wsz = c->dtype == TSR_Q8_0 ? 34.0 / 32.0 : (double)tsr_dtype_size(c->dtype);
+    /* bytes of one embedding value as stored (Q8_0: 34 bytes a block of 32) */
+    double wsz = (double)tsr_tensor_bytes(&m->tok_emb) /
+                 ((double)m->tok_emb.rows * (double)m->tok_emb.cols);
     double hd = c->head_dim, q = (double)c->n_heads * hd, kvd = (double)c->n_kv_heads * hd;
     double weight_bytes = (double)tsr_model_weight_bytes(m), active_bytes = weight_bytes;
     /* a mixture of experts reads K of its E experts per decode token (MXFP4 scales and

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_internal.h"
+#include "kernels/cpu/quant_q4_internal.h"
 #include "kernels/cpu/quant_q8_internal.h"
 #include "base/alloc.h"
 
@@ -36,7 +37,9 @@ static void tsr__matvec_rows(const tsr__cpu_kernels *k, const tsr_tensor *w, con
     case TSR_BF16: k->matvec_bf16(w->data, w->cols, r0, r1, x, nx, y, w->rows); break;
     case TSR_F16: k->matvec_f16(w->data, w->cols, r0, r1, x, nx, y, w->rows); break;
     case TSR_U8: break; /* refused by tsr__cpu_matmul */
-    case TSR_Q8_0: break; /* tsr__q8_run */
+    case TSR_Q8_0: /* tsr__q8_run */
+    case TSR_Q4_0:
+    case TSR_Q4_1: break;
     case TSR_F8_E4M3: break; /* refused: the engine converts FP8 to Q8_0 for the CPU */
     }
 }
@@ -75,7 +78,9 @@ static void tsr__matvec_seg_rows(const tsr__cpu_kernels *k, const tsr_tensor *w,
                           ldp);
         break;
     case TSR_U8: break; /* refused by tsr__cpu_matmul_parts */
-    case TSR_Q8_0: break; /* tsr__q8_run */
+    case TSR_Q8_0: /* tsr__q8_run */
+    case TSR_Q4_0:
+    case TSR_Q4_1: break;
     case TSR_F8_E4M3: break; /* refused: the engine converts FP8 to Q8_0 for the CPU */
     }
 }
@@ -238,7 +243,9 @@ static tsr_status tsr__gemm_panels(tsr__cpu_ctx *c, const float *x, int64_t n,
  * weights), then the int8 kernel runs over fixed blocks of rows, each serving all inputs 4
  * at a time while it is in L1/L2, so W streams from memory once for decode and prefill
  * alike; each output's operations do not depend on the thread count or on n. Part
- * boundaries must be multiples of 32 (the loaders keep such matrices in BF16 otherwise). */
+ * boundaries must be multiples of 32 (the loaders keep such matrices in BF16 otherwise).
+ * Q4_0 / Q4_1 W (kernels/cpu/quant_q4.h) run the same way on their own kernels, Q4_1 with
+ * the activation blocks' sums as llama.cpp's Q8_1 has them. */
 static tsr_status tsr__q8_run(tsr__cpu_ctx *c, const float *x, int64_t n, const tsr_tensor *w,
                               const int32_t *seg, int n_parts, bool sum, float *y) {
     int64_t rows = w->rows, cols = w->cols, nb = cols / TSR_Q8_BLOCK;
@@ -258,9 +265,10 @@ static tsr_status tsr__q8_run(tsr__cpu_ctx *c, const float *x, int64_t n, const 
         n_parts = 1;
         sum = true;
     }
-    /* int8 values, then f32 scales and int32 block sums, in one float scratch */
+    /* int8 values, then f32 scales, int32 block sums and (Q4_1) f32 block sums, in one
+     * float scratch */
     size_t nq = (size_t)n * (size_t)cols, ns = (size_t)n * (size_t)nb;
-    tsr_status st = tsr__cpu_scratch(&c->q8x, &c->q8x_cap, (nq + 3) / 4 + 2 * ns);
+    tsr_status st = tsr__cpu_scratch(&c->q8x, &c->q8x_cap, (nq + 3) / 4 + 3 * ns);
     if (st != TSR_OK) {
         if (bseg != small && bseg != whole) tsr_free(bseg);
         return st;
@@ -268,12 +276,20 @@ static tsr_status tsr__q8_run(tsr__cpu_ctx *c, const float *x, int64_t n, const 
     int8_t *xq = (int8_t *)c->q8x;
     float *xd = c->q8x + (nq + 3) / 4;
     int32_t *xs = (int32_t *)(xd + ns);
+    float *xm = xd + 2 * ns;
     const tsr__q8_kernels *k = tsr__q8_kernels_get();
+    tsr__q4_gemv_fn g4 = tsr_q4_is(w->dtype) ? tsr__q4_gemv_for(tsr__q4_kernels_get(), w->dtype)
+                                             : NULL;
+    bool q41 = w->dtype == TSR_Q4_1;
     int qpar = c->threads > 1 && n >= 16;
 #pragma omp parallel for num_threads(c->threads) schedule(static) if (qpar)
-    for (int64_t i = 0; i < n; i++)
+    for (int64_t i = 0; i < n; i++) {
         k->quant_act(x + (size_t)i * (size_t)cols, cols, xq + (size_t)i * (size_t)cols,
                      xd + (size_t)i * (size_t)nb, xs + (size_t)i * (size_t)nb);
+        if (q41)
+            tsr__q4_act_msum(x + (size_t)i * (size_t)cols, cols, xs + (size_t)i * (size_t)nb,
+                             xm + (size_t)i * (size_t)nb);
+    }
     int64_t ng = (rows + TSR_Q8_GROUP - 1) / TSR_Q8_GROUP;
     int64_t nblk = (ng + TSR__CPU_Q8_BLOCK_GROUPS - 1) / TSR__CPU_Q8_BLOCK_GROUPS;
     int64_t ldp = n * rows;
@@ -285,9 +301,15 @@ static tsr_status tsr__q8_run(tsr__cpu_ctx *c, const float *x, int64_t n, const 
         int64_t g1 = g0 + TSR__CPU_Q8_BLOCK_GROUPS < ng ? g0 + TSR__CPU_Q8_BLOCK_GROUPS : ng;
         for (int64_t i0 = 0; i0 < n; i0 += 4) {
             int nx = n - i0 < 4 ? (int)(n - i0) : 4;
-            k->gemv(w->data, nb, rows, g0, g1, xq + (size_t)i0 * (size_t)cols,
-                    xd + (size_t)i0 * (size_t)nb, xs + (size_t)i0 * (size_t)nb, nx, bseg,
-                    n_parts, sum, y + (size_t)i0 * (size_t)rows, rows, ldp);
+            if (g4)
+                g4(w->data, nb, rows, g0, g1, xq + (size_t)i0 * (size_t)cols,
+                   xd + (size_t)i0 * (size_t)nb, xs + (size_t)i0 * (size_t)nb,
+                   xm + (size_t)i0 * (size_t)nb, nx, bseg, n_parts, sum,
+                   y + (size_t)i0 * (size_t)rows, rows, ldp);
+            else
+                k->gemv(w->data, nb, rows, g0, g1, xq + (size_t)i0 * (size_t)cols,
+                        xd + (size_t)i0 * (size_t)nb, xs + (size_t)i0 * (size_t)nb, nx, bseg,
+                        n_parts, sum, y + (size_t)i0 * (size_t)rows, rows, ldp);
         }
     }
     if (bseg != small && bseg != whole) tsr_free(bseg);
@@ -299,7 +321,7 @@ tsr_status tsr__cpu_matmul(tsr_backend *be, const float *x, int64_t n, const tsr
     tsr__cpu_ctx *c = be->ctx;
     if (n < 0 || !w || w->rows <= 0 || w->cols <= 0)
         return tsr_error_set(TSR_ERR_INVALID, "cpu matmul: bad shape (n=%lld)", (long long)n);
-    if (w->dtype == TSR_Q8_0 && tsr_q8_fits(w->rows, w->cols))
+    if ((w->dtype == TSR_Q8_0 || tsr_q4_is(w->dtype)) && tsr_q8_fits(w->rows, w->cols))
         return n == 0 ? TSR_OK : tsr__q8_run(c, x, n, w, NULL, 1, true, y);
     if (w->dtype != TSR_F32 && w->dtype != TSR_BF16 && w->dtype != TSR_F16)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu matmul: weight dtype %d",
@@ -448,7 +470,8 @@ tsr_status tsr__cpu_matmul_parts(tsr_backend *be, const float *x, int64_t n,
     if (n < 0 || !w || w->rows <= 0 || w->cols < 0 || n_parts < 1 || !seg)
         return tsr_error_set(TSR_ERR_INVALID, "cpu matmul_parts: bad shape (n=%lld, %d parts)",
                              (long long)n, n_parts);
-    if (w->dtype == TSR_Q8_0 && tsr_q8_fits(w->rows, w->cols) && seg[n_parts] <= w->cols &&
+    if ((w->dtype == TSR_Q8_0 || tsr_q4_is(w->dtype)) && tsr_q8_fits(w->rows, w->cols) &&
+        seg[n_parts] <= w->cols &&
         seg[0] >= 0)
         return n == 0 ? TSR_OK : tsr__q8_run(c, x, n, w, seg, n_parts, sum, y);
     if (w->dtype != TSR_F32 && w->dtype != TSR_BF16 && w->dtype != TSR_F16)

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_internal.h"
+#include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q8.h"
 #include "kernels/rope_freq.h"
 #include "base/alloc.h"
@@ -21,7 +22,9 @@ static float tsr__w_at(const tsr_tensor *w, int64_t i) {
     case TSR_BF16: return tsr_bf16_to_f32(((const uint16_t *)w->data)[i]);
     case TSR_F16: return tsr_f16_to_f32(((const uint16_t *)w->data)[i]);
     case TSR_U8: return (float)((const uint8_t *)w->data)[i];
-    case TSR_Q8_0: break; /* matrices only; norm weights are f32 */
+    case TSR_Q8_0: /* matrices only; norm weights are f32 */
+    case TSR_Q4_0:
+    case TSR_Q4_1:
     case TSR_F8_E4M3: break;
     }
     return 0.0f;
@@ -259,13 +262,19 @@ tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t 
             tsr_q8_dequant_row(emb->data, d, ids[i], o);
             continue;
         }
+        if (tsr_q4_is(emb->dtype)) {
+            tsr_q4_dequant_row(emb->dtype, emb->data, d, ids[i], o);
+            continue;
+        }
         const void *src = tsr_tensor_row(emb, ids[i]);
         switch (emb->dtype) {
         case TSR_F32: memcpy(o, src, (size_t)d * 4); break;
         case TSR_BF16: k->cvt_bf16(src, o, d); break;
         case TSR_F16: k->cvt_f16(src, o, d); break;
         case TSR_U8: tsr_dtype_to_f32(TSR_U8, src, o, (size_t)d); break;
-        case TSR_Q8_0: break;
+        case TSR_Q8_0:
+        case TSR_Q4_0:
+        case TSR_Q4_1: break;
         case TSR_F8_E4M3: break; /* never an embedding (runtime/model/fp8.h) */
         }
     }

@@ -96,8 +96,10 @@ static tsr_status tsr__place_weights(tsr_engine *e) {
  * tensors (layers of other stages) stay empty. */
 static tsr_status tsr__convert_tensor(tsr_model *m, tsr_tensor *t, tsr_dtype dt) {
     size_t n = (size_t)t->rows * (size_t)t->cols;
-    /* Q8_0 (a GGUF's) is kept: already the smaller format */
-    if (t->dtype == dt || t->dtype == TSR_Q8_0 || !t->data || n == 0) return TSR_OK;
+    /* Q8_0, Q4_0, Q4_1 (a GGUF's) are kept: already the smaller formats */
+    if (t->dtype == dt || t->dtype == TSR_Q8_0 || t->dtype == TSR_Q4_0 || t->dtype == TSR_Q4_1 ||
+        !t->data || n == 0)
+        return TSR_OK;
     if (t->dtype == TSR_F8_E4M3) return tsr_fp8_dequantize(m, t, dt);
     void *dst;
     TSR_TRY(tsr_model_alloc(m, n * tsr_dtype_size(dt), &dst));
@@ -131,9 +133,10 @@ static tsr_status tsr__convert(tsr_engine *e, const tsr_engine_spec *o) {
                              "(convert_weights)");
     tsr_dtype dt = o->weights_dtype;
     if (dt == TSR_F8_E4M3) return tsr_model_quantize_fp8(m); /* a borrowed model: refused above */
-    if (dt == TSR_Q8_0) { /* FP8 matrices first: quantize_q8 reads 16- and 32-bit ones */
-        TSR_TRY(tsr_model_fp8_to_q8(m, "--dtype q8_0"));
-        return tsr_model_quantize_q8(m); /* runtime/model/quantize.h */
+    if (dt == TSR_Q8_0 || dt == TSR_Q4_0 || dt == TSR_Q4_1) {
+        /* FP8 matrices first: the quantizers read 16- and 32-bit ones */
+        TSR_TRY(tsr_model_fp8_to_q8(m, dt == TSR_Q8_0 ? "--dtype q8_0" : "--dtype q4_*"));
+        return tsr_model_quantize(m, dt); /* runtime/model/quantize.h */
     }
     bool tied = m->classifier.data && m->classifier.data == m->tok_emb.data;
     TSR_TRY(tsr__convert_tensor(m, &m->tok_emb, dt));
@@ -207,10 +210,11 @@ static tsr_status tsr__load_model(const tsr_engine_spec *o, tsr_model **out) {
     if (!o->convert_weights || !path || strncmp(path, "synthetic:", 10) != 0 ||
         strstr(path, ",dtype="))
         return tsr_model_load(path, out);
-    /* q8_0, fp8: made in bf16; q8_0 quantized after the shard cut (tsr__convert), fp8
-     * before it (tsr__load) */
-    bool quant = o->weights_dtype == TSR_Q8_0 || o->weights_dtype == TSR_F8_E4M3;
-    const char *dt = tsr_dtype_name(quant ? TSR_BF16 : o->weights_dtype);
+    /* q8_0, q4_*, fp8: made in bf16; q8_0 and q4_* quantized after the shard cut
+     * (tsr__convert), fp8 before it (tsr__load) */
+    tsr_dtype wd = o->weights_dtype;
+    bool quant = wd == TSR_Q8_0 || wd == TSR_Q4_0 || wd == TSR_Q4_1 || wd == TSR_F8_E4M3;
+    const char *dt = tsr_dtype_name(quant ? TSR_BF16 : wd);
     size_t len = strlen(path) + strlen(",dtype=") + strlen(dt) + 1;
     char *spec = tsr_malloc(len);
     if (!spec) return TSR_ERR_NOMEM;

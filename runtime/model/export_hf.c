@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q8.h"
 #include "runtime/model/fp8.h"
 #include "runtime/model/loader.h"
@@ -46,7 +47,9 @@ static const char *tsr__torch_dtype(tsr_dtype t) {
     case TSR_F16: return "float16";
     case TSR_BF16: return "bfloat16";
     case TSR_U8: return "uint8";
-    case TSR_Q8_0: break; /* exported dequantized */
+    case TSR_Q8_0: /* exported dequantized */
+    case TSR_Q4_0:
+    case TSR_Q4_1:
     case TSR_F8_E4M3: break;
     }
     return "float32";
@@ -187,19 +190,20 @@ static tsr_status tsr__write_weights(const tsr__export_item *items, int n, const
         const tsr_tensor *t = items[i].t;
         for (int64_t r = 0; r < t->rows && st == TSR_OK; r++) {
             size_t cols = (size_t)t->cols;
-            bool deq = t->dtype == TSR_Q8_0 || t->dtype == TSR_F8_E4M3;
-            if (t->dtype == TSR_Q8_0) { /* rows of the repacked groups, dequantized */
+            bool blocks = t->dtype == TSR_Q8_0 || tsr_q4_is(t->dtype) || t->dtype == TSR_F8_E4M3;
+            if (t->dtype == TSR_Q8_0) /* rows of the repacked groups, dequantized */
                 tsr_q8_dequant_row(t->data, t->cols, tsr__src_row(&items[i], r), f32);
-            } else if (t->dtype == TSR_F8_E4M3) { /* code * scale */
+            else if (t->dtype == TSR_F8_E4M3) /* code * scale */
                 tsr_fp8_dequant_row(t, tsr__src_row(&items[i], r), f32);
-            }
-            const void *src = deq ? (const void *)f32
-                                  : tsr_tensor_row(t, tsr__src_row(&items[i], r));
+            else if (blocks)
+                tsr_q4_dequant_row(t->dtype, t->data, t->cols, tsr__src_row(&items[i], r), f32);
+            const void *src = blocks ? (const void *)f32
+                                     : tsr_tensor_row(t, tsr__src_row(&items[i], r));
             if (t->dtype == dtype) {
                 st = tsr_st_writer_write(w, src, cols * osz);
                 continue;
             }
-            if (!deq) tsr_dtype_to_f32(t->dtype, src, f32, cols);
+            if (!blocks) tsr_dtype_to_f32(t->dtype, src, f32, cols);
             if (dtype == TSR_F32) {
                 st = tsr_st_writer_write(w, f32, cols * 4);
                 continue;

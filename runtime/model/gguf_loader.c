@@ -1,5 +1,11 @@
 /* GGUF model files (llama.cpp's format): the architecture's metadata keys give the config, the
- * tensors are dequantized at load into model-owned memory, so the file is closed afterwards.
+ * tensors are copied at load into model-owned memory, so the file is closed afterwards. Q8_0,
+ * Q4_0 and Q4_1 matrices stay in their blocks (repacked for the CPU kernels,
+ * kernels/cpu/quant_q8.h and quant_q4.h) where the forward can run them
+ * (runtime/model/quantize.h); the others (Q4_K, Q5_K, Q6_K, ...) are dequantized to f32 (bf16
+ * for large models). TSR_GGUF_DEQUANT=1 in the environment dequantizes the 4-bit matrices
+ * (and a 4-bit file's Q8_0 ones) too, the way every quantized type was loaded before those
+ * had kernels (for comparisons).
  *
  * Rotary layout: llama.cpp's converter permutes the rows of attn_q/attn_k of `llama` models
  * inside each head so that HF's half rotation (x[i], x[i + hd/2]) becomes a rotation of
@@ -8,6 +14,7 @@
  * permutation of q and k rows). qwen2/qwen3 files are not permuted (llama.cpp's NEOX rope). */
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -15,6 +22,7 @@
 #include "runtime/format/gguf.h"
 #include "runtime/model/loader.h"
 #include "runtime/model/quantize.h"
+#include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q8.h"
 
 /* Weights above this many f32 bytes are dequantized to bf16 instead (memory). */
@@ -25,6 +33,9 @@ typedef struct tsr__ggctx {
     const char *arch;
     char key[160];
     bool q8_native; /* most matrix weights are Q8_0: those stay Q8_0 (tsr__load) */
+    bool native;    /* Q4_0/Q4_1 (and then Q8_0) matrices stay in their blocks */
+    int64_t n4[2];  /* elements loaded as Q4_0, Q4_1 */
+    int64_t n_mat;  /* elements of all matrices in the file */
 } tsr__ggctx;
 
 static const char *tsr__k(tsr__ggctx *x, const char *suffix) {
@@ -159,9 +170,12 @@ static tsr_status tsr__config(tsr__ggctx *x, tsr_model_config *c) {
         else quant += t->numel;
         if (t->type == TSR_GGML_Q8_0) q8 += t->numel;
     }
-    /* A Q8_0 file keeps its blocks; in a file of other quantized types (a Q4_1 file's Q8_0
-     * embedding) every matrix is expanded alike, until those types have kernels. */
+    /* A Q8_0 file keeps its blocks; so does a file of 4-bit types (its Q8_0 embedding too),
+     * unless TSR_GGUF_DEQUANT=1 asks for the expansion. */
     x->q8_native = 2 * q8 > quant + per[0] + per[1] + per[2];
+    x->n_mat = quant + per[0] + per[1] + per[2];
+    const char *dq = getenv("TSR_GGUF_DEQUANT");
+    x->native = !(dq && !strcmp(dq, "1"));
     c->dtype = TSR_F32;
     if (quant >= per[0] && quant >= per[1] && quant >= per[2]) {
         if (tsr_config_param_count(c) * 4 > TSR__F32_LIMIT) c->dtype = TSR_BF16;
@@ -184,11 +198,26 @@ static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64
                              "%s: tensor %s has shape [%lld, %lld] (ggml order), expected "
                              "[%lld, %lld]", x->g->path, name, (long long)t->ne[0],
                              (long long)t->ne[1], (long long)cols, (long long)(vector ? 1 : rows));
-    /* A Q8_0 file's matrices stay Q8_0, repacked (kernels/cpu/quant_q8.h), where the
-     * forward can run them (runtime/model/quantize.h); the others are dequantized. */
+    /* Q8_0, Q4_0 and Q4_1 matrices stay in their blocks, repacked, where the forward can run
+     * them (runtime/model/quantize.h: the same 32-column conditions); the others are
+     * dequantized. */
     const char *which = strstr(name, "attn_output") ? "wo" : strstr(name, "ffn_down") ? "w_down"
                                                                                     : name;
-    if (!vector && x->q8_native && t->type == TSR_GGML_Q8_0 && tsr_model_q8_eligible(&m->cfg, which, cols)) {
+    bool eligible = !vector && tsr_model_q8_eligible(&m->cfg, which, cols);
+    if (eligible && x->native && (t->type == TSR_GGML_Q4_0 || t->type == TSR_GGML_Q4_1)) {
+        tsr_dtype qt = t->type == TSR_GGML_Q4_0 ? TSR_Q4_0 : TSR_Q4_1;
+        tsr_tensor q = {.dtype = qt, .rows = rows, .cols = cols};
+        void *pk;
+        if (t->nbytes < (uint64_t)(rows * (cols / TSR_Q4_BLOCK)) * tsr_q4_block_bytes(qt))
+            return tsr_error_set(TSR_ERR_FORMAT, "%s: tensor %s is short", x->g->path, name);
+        TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &pk));
+        tsr_q4_pack_gguf(qt, t->data, rows, cols, pk);
+        q.data = pk;
+        *dst = q;
+        x->n4[qt == TSR_Q4_1] += rows * cols;
+        return TSR_OK;
+    }
+    if (eligible && (x->q8_native || x->native) && t->type == TSR_GGML_Q8_0) {
         tsr_tensor q = {.dtype = TSR_Q8_0, .rows = rows, .cols = cols};
         void *pk;
         if (t->nbytes < (uint64_t)(rows * (cols / TSR_Q8_BLOCK)) * TSR_Q8_BLOCK_BYTES)
@@ -269,7 +298,10 @@ tsr_status tsr_loader_gguf(const char *path, tsr_model **out) {
     tsr_status st = tsr__config(&x, &cfg);
     if (st == TSR_OK) st = tsr_model_create(path, &cfg, &m);
     if (st == TSR_OK) st = tsr__weights(m, &x);
-    if (st == TSR_OK && x.q8_native) m->cfg.dtype = TSR_Q8_0; /* named as its matrices are */
+    /* named as most of its matrices are stored (else the dtype the others expand to) */
+    if (st == TSR_OK && x.q8_native) m->cfg.dtype = TSR_Q8_0;
+    else if (st == TSR_OK && 2 * (x.n4[0] + x.n4[1]) > x.n_mat)
+        m->cfg.dtype = x.n4[1] >= x.n4[0] ? TSR_Q4_1 : TSR_Q4_0;
     tsr_gguf_close(x.g);
     if (st != TSR_OK) {
         tsr_model_destroy(m);

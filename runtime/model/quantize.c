@@ -1,9 +1,13 @@
+#define _DEFAULT_SOURCE /* MADV_DONTNEED */
 #include "runtime/model/quantize.h"
 
+#include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "base/alloc.h"
 #include "base/dtype.h"
+#include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q8.h"
 
 bool tsr_model_q8_eligible(const tsr_model_config *c, const char *which, int64_t cols) {
@@ -17,14 +21,41 @@ bool tsr_model_q8_eligible(const tsr_model_config *c, const char *which, int64_t
     return true;
 }
 
-/* One matrix into Q8_0, or into BF16 when not eligible (kept as it is if already 16-bit). */
-static tsr_status tsr__quantize(tsr_model *m, tsr_tensor *t, bool q8) {
-    if (!t->data || t->rows <= 0 || t->cols <= 0 || t->dtype == TSR_Q8_0) return TSR_OK;
+/* Gives the pages wholly inside a replaced matrix's old data back to the kernel, so that
+ * the source and its quantized copy are not resident together (peak RSS): a file mapping's
+ * pages come back from the file if touched, anonymous ones as zeros; nothing reads them
+ * again (the tensor now points at the copy; a tied classifier is re-pointed by the caller). */
+static void tsr__drop_source(const void *p, size_t bytes) {
+    uintptr_t page = 4096, a = ((uintptr_t)p + page - 1) & ~(page - 1),
+              b = ((uintptr_t)p + bytes) & ~(page - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advice only */
+}
+
+/* One matrix into qt (Q8_0, Q4_0 or Q4_1), or into BF16 when not eligible (kept as it is if
+ * already 16-bit). */
+static tsr_status tsr__quantize(tsr_model *m, tsr_tensor *t, bool q8, tsr_dtype qt) {
+    /* Q8_0 stays; so do a GGUF's 4-bit matrices (fewer bytes, their own kernels) */
+    if (!t->data || t->rows <= 0 || t->cols <= 0 || t->dtype == TSR_Q8_0 ||
+        t->dtype == TSR_Q4_0 || t->dtype == TSR_Q4_1)
+        return TSR_OK;
     if (q8) {
-        tsr_tensor q = {.dtype = TSR_Q8_0, .rows = t->rows, .cols = t->cols};
+        tsr_tensor q = {.dtype = qt, .rows = t->rows, .cols = t->cols};
         void *dst;
         TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &dst));
-        TSR_TRY(tsr_q8_quantize_tensor(t, dst));
+        /* in slabs of whole 16-row groups, each slab's source dropped once quantized, so
+         * that at the end only the quantized weights are resident */
+        size_t row_bytes = (size_t)t->cols * tsr_dtype_size(t->dtype);
+        int64_t slab = (int64_t)(((size_t)1 << 20) / row_bytes / TSR_Q8_GROUP + 1) * TSR_Q8_GROUP;
+        for (int64_t r0 = 0; r0 < t->rows; r0 += slab) {
+            int64_t n = t->rows - r0 < slab ? t->rows - r0 : slab;
+            tsr_tensor src = {.dtype = t->dtype, .rows = n, .cols = t->cols,
+                              .data = tsr_tensor_row(t, r0)};
+            tsr_tensor part = {.dtype = qt, .rows = r0, .cols = t->cols};
+            void *out = (char *)dst + tsr_tensor_bytes(&part);
+            TSR_TRY(qt == TSR_Q8_0 ? tsr_q8_quantize_tensor(&src, out)
+                                   : tsr_q4_quantize_tensor(&src, qt, out));
+            tsr__drop_source(src.data, (size_t)n * row_bytes);
+        }
         q.data = dst;
         *t = q;
         return TSR_OK;
@@ -35,27 +66,36 @@ static tsr_status tsr__quantize(tsr_model *m, tsr_tensor *t, bool q8) {
     TSR_TRY(tsr_model_alloc(m, n * 2, (void **)&dst));
     const float *src = t->data;
     for (size_t i = 0; i < n; i++) dst[i] = tsr_f32_to_bf16(src[i]);
+    tsr__drop_source(src, n * sizeof *src);
     t->data = dst;
     t->dtype = TSR_BF16;
     return TSR_OK;
 }
 
-tsr_status tsr_model_quantize_q8(tsr_model *m) {
+tsr_status tsr_model_quantize(tsr_model *m, tsr_dtype dt) {
     const tsr_model_config *c = &m->cfg;
+    if (dt != TSR_Q8_0 && dt != TSR_Q4_0 && dt != TSR_Q4_1)
+        return tsr_error_set(TSR_ERR_INVALID, "quantize: %s is no quantized dtype",
+                             tsr_dtype_name(dt));
     bool tied = m->classifier.data && m->classifier.data == m->tok_emb.data;
-    TSR_TRY(tsr__quantize(m, &m->tok_emb, tsr_model_q8_eligible(c, "tok_emb", m->tok_emb.cols)));
+    TSR_TRY(tsr__quantize(m, &m->tok_emb, tsr_model_q8_eligible(c, "tok_emb", m->tok_emb.cols),
+                          TSR_Q8_0));
     if (tied)
         m->classifier = m->tok_emb;
     else
         TSR_TRY(tsr__quantize(m, &m->classifier,
-                              tsr_model_q8_eligible(c, "classifier", m->classifier.cols)));
+                              tsr_model_q8_eligible(c, "classifier", m->classifier.cols),
+                              TSR_Q8_0));
     for (int l = 0; l < c->n_layers; l++) {
         tsr_layer_weights *w = &m->layers[l];
         tsr_tensor *ts[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
         const char *names[] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
-            TSR_TRY(tsr__quantize(m, ts[i], tsr_model_q8_eligible(c, names[i], ts[i]->cols)));
+            TSR_TRY(tsr__quantize(m, ts[i], tsr_model_q8_eligible(c, names[i], ts[i]->cols),
+                                  dt));
     }
-    m->cfg.dtype = TSR_Q8_0;
+    m->cfg.dtype = dt;
     return TSR_OK;
 }
+
+tsr_status tsr_model_quantize_q8(tsr_model *m) { return tsr_model_quantize(m, TSR_Q8_0); }

@@ -4,7 +4,8 @@
  * would cross a reduction part boundary of the tensor-parallel forward (wo when head_dim %
  * 32 != 0, w_down when the hidden chunks are not whole 32-column units) or whose columns
  * are not a multiple of 32 stays in BF16. The choice depends on the config alone, never on
- * tp or pp, so every layout computes the same products. */
+ * tp or pp, so every layout computes the same products. `--dtype q4_0|q4_1` quantizes the
+ * layers' matrices to 4 bits the same way (tsr_model_quantize). */
 #ifndef TSR_RUNTIME_MODEL_QUANTIZE_H
 #define TSR_RUNTIME_MODEL_QUANTIZE_H
 
@@ -13,8 +14,14 @@
 #include "runtime/model/model.h"
 
 /* Quantizes the model's present matrices (a shard's; empty tensors stay empty) in place,
- * into model-owned memory; the old data stays with its owner. Sets cfg.dtype to Q8_0. */
+ * into model-owned memory, slab by slab, each source slab's pages given back once quantized
+ * (peak RSS near the quantized size). Sets cfg.dtype to Q8_0. */
 tsr_status tsr_model_quantize_q8(tsr_model *m);
+
+/* The same into dt: Q8_0, or Q4_0 / Q4_1 (kernels/cpu/quant_q4.h: ggml's reference
+ * quantizers) for the layers' matrices with the embedding and classifier in Q8_0, as the
+ * 4-bit GGUF files of llama.cpp users often have them. Sets cfg.dtype to dt. */
+tsr_status tsr_model_quantize(tsr_model *m, tsr_dtype dt);
 
 /* Whether matrix `which` of a layer is stored as Q8_0 under tsr_model_quantize_q8:
  * which is "wo", "w_down", or any other matrix name (then cols % 32 decides). */

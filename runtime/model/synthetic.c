@@ -157,8 +157,8 @@ static tsr_status tsr__parse_option(const char *spec, const char *opt, tsr_model
     errno = 0;
     if (klen == 5 && !strncmp(opt, "dtype", 5)) {
         int d = tsr_dtype_parse(val);
-        /* q8_0, fp8: made in bf16, then quantized by the engine */
-        if (d < 0 || d == TSR_Q8_0 || d == TSR_F8_E4M3)
+        /* q8_0, q4_*, fp8: made in bf16, then quantized by the engine */
+        if (d < 0 || d == TSR_Q8_0 || d == TSR_Q4_0 || d == TSR_Q4_1 || d == TSR_F8_E4M3)
             return tsr_error_set(TSR_ERR_INVALID, "synthetic:%s: unknown dtype \"%s\" (f32, f16, "
                                  "bf16)", spec, val);
         c->dtype = (tsr_dtype)d;

@@ -4,7 +4,8 @@
 # one process's tokens with tp = 2 and with pp = 2: every matrix Q8_0 (head_dim 32, hidden
 # 256), and with wo kept in BF16 (head_dim 16: its head parts are not whole 32-column
 # blocks). The model line must name q8_0 (the quantization took place). Then --dtype fp8,
-# and a Q8_0 GGUF, whose matrices load as they are.
+# and a Q8_0 GGUF, whose matrices load as they are. The layers in 4 bits (--dtype q4_1,
+# embedding and classifier Q8_0) likewise.
 set -u
 bin=$1 root=$2 mpiexec=$3
 tmp=$(mktemp -d)
@@ -21,20 +22,22 @@ for hd in 32 16; do
  "tie_word_embeddings": false, "rope_theta": 10000.0, "rms_norm_eps": 1e-05}
 EOF
     model=synthetic:$tmp/m$hd.json
-    "$bin" generate --model "$model" "${common[@]}" --dtype q8_0 --verbose >"$tmp/ref.txt" \
+  for dt in q8_0 q4_1; do
+    "$bin" generate --model "$model" "${common[@]}" --dtype $dt --verbose >"$tmp/ref.txt" \
         2>"$tmp/ref.err" || { cat "$tmp/ref.err"; exit 1; }
-    if [ "$(wc -c <"$tmp/ref.txt")" -lt 40 ]; then echo "FAIL [hd $hd]: output too short"; fail=1; fi
-    grep -aq "vocab 512, q8_0;" "$tmp/ref.err" || { echo "FAIL [hd $hd]: not q8_0"; fail=1; }
+    if [ "$(wc -c <"$tmp/ref.txt")" -lt 40 ]; then echo "FAIL [hd $hd $dt]: output too short"; fail=1; fi
+    grep -aq "vocab 512, $dt;" "$tmp/ref.err" || { echo "FAIL [hd $hd]: not $dt"; fail=1; }
     for lay in "--tp 2 --pp 1" "--tp 1 --pp 2"; do
         # shellcheck disable=SC2086
         "$mpiexec" -n 2 --oversubscribe "$bin" generate --model "$model" "${common[@]}" \
-            --dtype q8_0 $lay --threads 1 >"$tmp/out.txt" 2>"$tmp/out.err" ||
-            { echo "FAIL [hd $hd, $lay]:"; cat "$tmp/out.err"; fail=1; continue; }
+            --dtype $dt $lay --threads 1 >"$tmp/out.txt" 2>"$tmp/out.err" ||
+            { echo "FAIL [hd $hd $dt, $lay]:"; cat "$tmp/out.err"; fail=1; continue; }
         if ! cmp -s "$tmp/ref.txt" "$tmp/out.txt"; then
-            echo "FAIL [hd $hd, $lay]: tokens differ from one process"
+            echo "FAIL [hd $hd $dt, $lay]: tokens differ from one process"
             diff "$tmp/ref.txt" "$tmp/out.txt" | head -5; fail=1
         fi
     done
+  done
 done
 # --dtype fp8 (runtime/model/fp8.h): per-channel FP8 after the shard cut, then Q8_0 on the
 # CPU (said once per process), the same tokens on every layout.

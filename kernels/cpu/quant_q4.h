@@ -1,0 +1,65 @@
+/* 4-bit weights on the CPU: GGUF's Q4_0 and Q4_1 computed natively, the way llama.cpp's dot
+ * products do. A block holds 32 values of a row: Q4_0 an fp16 scale d and 4-bit codes q
+ * (value d * (q - 8)); Q4_1 fp16 d and fp16 m (value d * q + m). Activations are quantized
+ * per token and 32-column block as for Q8_0 (kernels/cpu/quant_q8.h: d_x = amax / 127,
+ * int8 codes); Q4_0 rows then sum d_w * d_x * sum((q - 8) * x_q) per block (llama.cpp's
+ * Q4_0 x Q8_0), Q4_1 rows d_w * d_x * sum(q * x_q) + m_w * s_x per block, with s_x =
+ * fp16(d_x * sum(x_q)) taken with the unrounded d_x (llama.cpp's Q8_1 block sum).
+ *
+ * Storage (TSR_Q4_0 / TSR_Q4_1 tensors): repacked at load, losslessly, into groups of 16 rows
+ * (the last padded with zero rows), per group and 32-column block: the 16 rows' fp16 d (32
+ * bytes), for Q4_1 then their fp16 m (32 bytes), then 4 steps of 64 bytes, step s holding
+ * row j's GGUF code bytes qs[4s .. 4s+3] at 4j: the low nibble of byte qs[k] is column k,
+ * the high nibble column k + 16, as in a GGUF block. A step's 64 bytes masked with 0x0f are
+ * one AVX-512 register of 16 rows x 4 columns of u8 codes for vpdpbusd, shifted right by 4
+ * the 4 columns 16 further. 288 (Q4_0) or 320 (Q4_1) bytes per group block: 16 GGUF blocks'
+ * bytes, 4.5 or 5 bits per weight. */
+#ifndef TSR_KERNELS_CPU_QUANT_Q4_H
+#define TSR_KERNELS_CPU_QUANT_Q4_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "base/tensor.h"
+
+#define TSR_Q4_BLOCK 32 /* values per block */
+#define TSR_Q4_GROUP 16 /* rows per repacked group */
+
+/* Whether dtype is one of the 4-bit types (TSR_Q4_0, TSR_Q4_1). */
+bool tsr_q4_is(tsr_dtype t);
+/* GGUF bytes of one block: 18 (Q4_0) or 20 (Q4_1). */
+size_t tsr_q4_block_bytes(tsr_dtype t);
+/* Bytes of one 16-row group's block in the repacked layout: 288 or 320. */
+size_t tsr_q4_group_block_bytes(tsr_dtype t);
+/* Whether a [rows, cols] matrix can be stored so (cols a positive multiple of 32). */
+bool tsr_q4_fits(int64_t rows, int64_t cols);
+
+/* GGUF blocks of n values (n % 32 == 0), as ggml's quantize_row_q4_0_ref / q4_1_ref. */
+void tsr_q4_quantize_blocks(tsr_dtype t, const float *x, int64_t n, uint8_t *blocks);
+
+/* Repacks a [rows, cols] matrix of GGUF blocks (row-major, as the file stores them) into
+ * `packed` (tsr_tensor_bytes of the tensor), padding rows included. */
+void tsr_q4_pack_gguf(tsr_dtype t, const uint8_t *blocks, int64_t rows, int64_t cols,
+                      void *packed);
+/* Row r back to GGUF blocks (the lossless inverse of the packing). */
+void tsr_q4_unpack_row(tsr_dtype t, const void *packed, int64_t cols, int64_t r,
+                       uint8_t *blocks);
+/* Row r dequantized to f32 (GGUF's dequantization: d * (q - 8), or d * q + m). */
+void tsr_q4_dequant_row(tsr_dtype t, const void *packed, int64_t cols, int64_t r, float *out);
+
+/* Rows [r0, r1) and columns [c0, c1) (multiples of 32) of the 4-bit tensor src, repacked
+ * into dst (tsr_tensor_bytes of the [r1 - r0, c1 - c0] tensor of src's dtype). */
+tsr_status tsr_q4_slice(const tsr_tensor *src, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                        void *dst);
+
+/* Row r of a matrix of any weight dtype as cols f32 values: Q8_0 and Q4_0 / Q4_1 rows
+ * dequantized from their repacked groups (GGUF's values), the others converted. For code
+ * that reads weights itself (offload's speculation) rather than through matmul. */
+void tsr_q4_row_f32(const tsr_tensor *t, int64_t r, float *out);
+
+/* Quantizes `src` (F32, BF16 or F16, [rows, cols], tsr_q4_fits) into `packed` of dtype t. */
+tsr_status tsr_q4_quantize_tensor(const tsr_tensor *src, tsr_dtype t, void *packed);
+
+#endif

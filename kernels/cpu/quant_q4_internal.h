@@ -1,0 +1,121 @@
+/* Private to the 4-bit kernels of the CPU backend (quant_q4.c: packing, the scalar reference
+ * and dispatch; quant_q4_avx2.c, quant_q4_avxvnni.c, quant_q4_avx512.c: one ISA each under
+ * its own target pragma). The activations are quantized by the Q8_0 kernels' quantizer
+ * (quant_q8_internal.h), so the variants and their choice are the Q8_0 ones. */
+#ifndef TSR_KERNELS_CPU_QUANT_Q4_INTERNAL_H
+#define TSR_KERNELS_CPU_QUANT_Q4_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/cpu/quant_q4.h"
+#include "kernels/cpu/quant_q8_internal.h"
+
+#define TSR__Q4_0_GBB 288 /* group block bytes: 16 fp16 d, 4 x 64 code bytes */
+#define TSR__Q4_1_GBB 320 /* 16 fp16 d, 16 fp16 m, 4 x 64 code bytes */
+
+/* One 4-bit matvec kernel, the Q8_0 kernel's contract (quant_q8_internal.h) with the 4-bit
+ * block products: for the row groups [g0, g1) of the packed w (nb blocks per row) and nx <= 4
+ * quantized activation rows (int8 xq, scales xd, int32 block sums xs, and for Q4_1 the block
+ * sums xm = fp16(d_x * sum) as f32), per block b in order from acc = 0:
+ *   Q4_0: acc = fmaf((float)(sum(q * x_q) - 8 * xs), d_w * d_x, acc)
+ *   Q4_1: acc = fmaf((float)sum(q * x_q), d_w * d_x, acc); acc = fmaf(m_w, xm, acc)
+ * with the integer sums exact, so every variant gives the same bits. */
+typedef void (*tsr__q4_gemv_fn)(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0,
+                                int64_t g1, const int8_t *xq, const float *xd,
+                                const int32_t *xs, const float *xm, int nx,
+                                const int32_t *bseg, int n_parts, bool sum, float *y,
+                                int64_t ldy, int64_t ldp);
+
+typedef struct tsr__q4_kernels {
+    tsr__q8_variant variant;
+    const char *name;
+    tsr__q4_gemv_fn gemv_q4_0;
+    tsr__q4_gemv_fn gemv_q4_1;
+} tsr__q4_kernels;
+
+/* The variant's kernels, or NULL when this CPU lacks its instructions. */
+const tsr__q4_kernels *tsr__q4_kernels_for(tsr__q8_variant v);
+/* The variant tsr__q8_kernels_get chooses (the same ISA cap). */
+const tsr__q4_kernels *tsr__q4_kernels_get(void);
+/* The kernel for dtype t (TSR_Q4_0 or TSR_Q4_1) of k. */
+tsr__q4_gemv_fn tsr__q4_gemv_for(const tsr__q4_kernels *k, tsr_dtype t);
+
+/* Q4_1's activation block sums: xm[b] = fp16(d * bsum[b]) as f32, d = amax / 127 of block b
+ * of x unrounded (llama.cpp's quantize_row_q8_1 s), bsum from the Q8_0 activation quantizer. */
+void tsr__q4_act_msum(const float *x, int64_t cols, const int32_t *bsum, float *xm);
+
+#if defined(__x86_64__) || defined(__i386__)
+extern const tsr__q4_kernels tsr__q4_k_avx2;
+extern const tsr__q4_kernels tsr__q4_k_avxvnni;
+extern const tsr__q4_kernels tsr__q4_k_avx512vnni;
+#endif
+
+/* The per-group driver every variant shares (TSR__Q8_GEMV_BODY with GBB bytes per group
+ * block and the Q4_1 sums): BLOCK_FN(wb, xq, xd, xs, xm, nb, b, nx, acc) adds block b. */
+#define TSR__Q4_GEMV_BODY(NX, GBB, BLOCK_FN, ACC_T, ZERO, STORE)                             \
+    for (int64_t g = g0; g < g1; g++) {                                                     \
+        const uint8_t *wg = w + (size_t)g * (size_t)nb * (GBB);                              \
+        float tot[4][16], part[4][16];                                                      \
+        for (int p = 0; p < n_parts; p++) {                                                 \
+            ACC_T acc[4];                                                                   \
+            for (int i = 0; i < NX; i++) acc[i] = ZERO;                                     \
+            for (int64_t b = bseg[p]; b < bseg[p + 1]; b++)                                 \
+                BLOCK_FN(wg + (size_t)b * (GBB), xq, xd, xs, xm, nb, b, NX, acc);           \
+            for (int i = 0; i < NX; i++) STORE(part[i], acc[i]);                            \
+            int64_t r0 = g * TSR_Q4_GROUP;                                                  \
+            int nr = rows - r0 < TSR_Q4_GROUP ? (int)(rows - r0) : TSR_Q4_GROUP;            \
+            if (!sum) {                                                                     \
+                for (int i = 0; i < NX; i++)                                                \
+                    for (int j = 0; j < nr; j++)                                            \
+                        y[(size_t)p * (size_t)ldp + (size_t)i * (size_t)ldy +               \
+                          (size_t)(r0 + j)] = part[i][j];                                   \
+            } else {                                                                        \
+                for (int i = 0; i < NX; i++)                                                \
+                    for (int j = 0; j < 16; j++)                                            \
+                        tot[i][j] = p == 0 ? part[i][j] : tot[i][j] + part[i][j];           \
+            }                                                                               \
+        }                                                                                   \
+        if (sum) {                                                                          \
+            int64_t r0 = g * TSR_Q4_GROUP;                                                  \
+            int nr = rows - r0 < TSR_Q4_GROUP ? (int)(rows - r0) : TSR_Q4_GROUP;            \
+            for (int i = 0; i < NX; i++)                                                    \
+                for (int j = 0; j < nr; j++)                                                \
+                    y[(size_t)i * (size_t)ldy + (size_t)(r0 + j)] =                         \
+                        n_parts > 0 ? tot[i][j] : 0.0f;                                     \
+        }                                                                                   \
+    }
+
+/* The table entry: IMPL with nx a constant. */
+#define TSR__Q4_GEMV_FN(NAME, IMPL)                                                          \
+    static void NAME(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,    \
+                     const int8_t *xq, const float *xd, const int32_t *xs, const float *xm, \
+                     int nx, const int32_t *bseg, int n_parts, bool sum, float *y,          \
+                     int64_t ldy, int64_t ldp) {                                            \
+        switch (nx) {                                                                       \
+        case 1: IMPL(w, nb, rows, g0, g1, xq, xd, xs, xm, 1, bseg, n_parts, sum, y, ldy, ldp); break; \
+        case 2: IMPL(w, nb, rows, g0, g1, xq, xd, xs, xm, 2, bseg, n_parts, sum, y, ldy, ldp); break; \
+        case 3: IMPL(w, nb, rows, g0, g1, xq, xd, xs, xm, 3, bseg, n_parts, sum, y, ldy, ldp); break; \
+        default: IMPL(w, nb, rows, g0, g1, xq, xd, xs, xm, 4, bseg, n_parts, sum, y, ldy, ldp); break; \
+        }                                                                                   \
+    }
+
+/* Both types' table entries of one variant from its block functions PFX##_block0 (Q4_0)
+ * and PFX##_block1 (Q4_1). */
+#define TSR__Q4_GEMV_PAIR(PFX, ACC_T, ZERO, STORE)                                           \
+    static inline __attribute__((always_inline)) void PFX##_nx0(                            \
+        const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,                 \
+        const int8_t *xq, const float *xd, const int32_t *xs, const float *xm, int nx,      \
+        const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy, int64_t ldp) {   \
+        TSR__Q4_GEMV_BODY(nx, TSR__Q4_0_GBB, PFX##_block0, ACC_T, ZERO, STORE)              \
+    }                                                                                       \
+    static inline __attribute__((always_inline)) void PFX##_nx1(                            \
+        const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,                 \
+        const int8_t *xq, const float *xd, const int32_t *xs, const float *xm, int nx,      \
+        const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy, int64_t ldp) {   \
+        TSR__Q4_GEMV_BODY(nx, TSR__Q4_1_GBB, PFX##_block1, ACC_T, ZERO, STORE)              \
+    }                                                                                       \
+    TSR__Q4_GEMV_FN(PFX##_gemv0, PFX##_nx0)                                                 \
+    TSR__Q4_GEMV_FN(PFX##_gemv1, PFX##_nx1)
+
+#endif
