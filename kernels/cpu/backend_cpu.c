@@ -116,6 +116,7 @@ static void tsr__cpu_destroy(tsr_backend *be) {
         tsr_free(c->q8x);
         tsr_free(c->inv_freq);
         tsr_free(c->rope_cs);
+        tsr_free(c->qkv_kv);
         tsr_free(c->rope_pos);
         tsr_free(c);
     }
@@ -263,6 +264,8 @@ static const tsr_backend_ops tsr__cpu_ops = {
     .moe = tsr__cpu_moe,
     .attention_paged = tsr__cpu_attention_paged,
     .matmul_parts_acc = tsr__cpu_matmul_parts_acc,
+    .qkv_rope = tsr__cpu_qkv_rope,
+    .swiglu_fused = tsr__cpu_swiglu_fused,
 };
 
 tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {

@@ -7,6 +7,7 @@
 
 #include "base/alloc.h"
 #include "base/dtype.h"
+#include "runtime/model/fuse.h"
 #include "runtime/model/quantize.h"
 #include "base/file.h"
 #include "base/log.h"
@@ -84,7 +85,18 @@ static tsr_status tsr__place_weights(tsr_engine *e) {
                             &d->bo, &d->sinks, &d->router, &d->router_b,
                             &d->gate_up.w, &d->gate_up.scales, &d->gate_up.bias,
                             &d->down.w, &d->down.scales, &d->down.bias};
-        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) TSR_TRY(tsr__place(e, hs[i], ds[i]));
+        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) {
+            /* fused (runtime/model/fuse.h): the forward pass reads the fused tensor only,
+             * so the parts are not placed twice */
+            bool part = !e->be->ops->qkv_rope || !e->be->ops->swiglu_fused ? false :
+                        (h->wqkv.data && (hs[i] == &h->wq || hs[i] == &h->wk || hs[i] == &h->wv ||
+                                          hs[i] == &h->bq || hs[i] == &h->bk || hs[i] == &h->bv)) ||
+                        (h->w_gate_up.data && (hs[i] == &h->w_gate || hs[i] == &h->w_up));
+            if (!part) TSR_TRY(tsr__place(e, hs[i], ds[i]));
+        }
+        TSR_TRY(tsr__place(e, &h->wqkv, &d->wqkv));
+        TSR_TRY(tsr__place(e, &h->bqkv, &d->bqkv));
+        TSR_TRY(tsr__place(e, &h->w_gate_up, &d->w_gate_up));
     }
     e->weights = &e->placed_;
     return TSR_OK;
@@ -315,6 +327,8 @@ static tsr_status tsr__start(tsr_engine *e, const tsr_engine_spec *o) {
     /* The activations' data plane follows the backend (collective, same answer on every
      * rank: tsr_dist_data_plane). */
     if (o->distributed) TSR_TRY(tsr_dist_data_plane(&e->dist, e->be, o->kv.policy));
+    if (!o->no_fuse && e->be->ops->qkv_rope && e->be->ops->swiglu_fused)
+        TSR_TRY(tsr__agree(e, tsr_model_fuse(e->model)));
     TSR_TRY(tsr__pack(e, o));
     TSR_TRY(tsr__agree(e, tsr__place_weights(e)));
     const tsr_model_config *c = &e->model->cfg;
