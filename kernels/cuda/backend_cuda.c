@@ -800,6 +800,45 @@ static tsr_status tsr__cuda_swiglu(tsr_backend *be, float *gate, const float *up
     return TSR_OK;
 }
 
+/* kernels/backend.h's qkv_rope, one launch (kv.cu): host positions and slots are staged as
+ * rope's and kv_write's; the step's metadata is read in place. */
+static tsr_status tsr__cuda_qkv_rope(tsr_backend *be, const tsr_qkv_rope_args *a) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    const tsr_model_config *cfg = a->cfg;
+    if (a->n <= 0) return TSR_OK;
+    if (cfg->rope_scaling == TSR_ROPE_YARN) /* rope's limit: its table keys omit YaRN's betas */
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda qkv_rope: yarn is not supported yet");
+    if (!a->q_norm != !a->k_norm || (a->bias && a->bias->dtype != TSR_F32))
+        return tsr_error_set(TSR_ERR_INVALID, "cuda qkv_rope: bad bias or q/k norms");
+    TSR_TRY(tsr__rope_table(c, cfg));
+    const int32_t *dpos, *dslots = NULL;
+    bool staged;
+    TSR_TRY(tsr__stage_i32(c, a->pos, a->n, &dpos, &staged));
+    tsr__cuda_kv l = {0};
+    if (a->lay) {
+        TSR_TRY(tsr__kv_check("qkv_rope", a->lay, a->n));
+        const void *ds = NULL;
+        TSR_TRY(tsr__stage(c, &c->slots, a->slots, (size_t)a->n * sizeof(int32_t), c->stream,
+                           &ds));
+        dslots = ds;
+        l = tsr__kv_of(a->lay);
+    }
+    TSR_CUDA_TRY(tsr__cuda_launch_qkv_rope(
+        a->qkv, a->n, a->n_heads, a->n_kv_heads, cfg->head_dim, dpos, c->inv_freq,
+        tsr_rope_cos_scale(cfg), cfg->rope_interleaved ? 1 : 0,
+        a->bias ? (const float *)a->bias->data : NULL, a->q_norm ? a->q_norm->data : NULL,
+        a->k_norm ? a->k_norm->data : NULL, a->q_norm ? (int)a->q_norm->dtype : 0,
+        cfg->norm_eps, a->q, a->lay ? &l : NULL, dslots, a->k, a->v, c->stream));
+    return TSR_OK;
+}
+
+static tsr_status tsr__cuda_swiglu_fused(tsr_backend *be, const float *gu, int64_t n, int hidden,
+                                         float *out) {
+    TSR_CUDA_TRY(tsr__cuda_launch_swiglu_fused(gu, n, hidden, out, TSR_F32,
+                                               tsr__ctx(be)->stream));
+    return TSR_OK;
+}
+
 static tsr_status tsr__cuda_add(tsr_backend *be, float *x, const float *y, int64_t n) {
     TSR_CUDA_TRY(tsr__cuda_launch_add(x, y, n, tsr__ctx(be)->stream));
     return TSR_OK;
@@ -1134,6 +1173,8 @@ static const tsr_backend_ops tsr__cuda_ops = {
     .bias_add = tsr__cuda_bias_add,
     .attention_paged = tsr__cuda_attention_paged,
     .matmul_parts_acc = tsr__cuda_matmul_parts_acc,
+    .qkv_rope = tsr__cuda_qkv_rope,
+    .swiglu_fused = tsr__cuda_swiglu_fused,
     .graph_begin = tsr__cuda_graph_begin,
     .graph_end = tsr__cuda_graph_end,
 };

@@ -80,6 +80,19 @@ cudaError_t tsr__cuda_launch_kv_get(const tsr__cuda_kv *l, const int32_t *slots,
                                     float *k, float *v, cudaStream_t stream);
 cudaError_t tsr__cuda_launch_kv_copy(const tsr__cuda_kv *l, const int32_t *dst,
                                      const int32_t *src, int64_t n, cudaStream_t stream);
+/* The op qkv_rope (kernels/backend.h, tsr_qkv_rope_args) on the device (kv.cu), one block
+ * per token: row i of qkv ([n][(nh + 2 nkv) * hd]) plus bias (NULL: none; f32), each head
+ * RMS-normed with q_norm / k_norm (NULL: none; wdtype, eps), q and k rotated at pos[i]
+ * with inv_freq (hd / 2, device) and cos_scale (1, or YaRN's attention factor); q to q
+ * ([n][nh * hd]); k and v to slot slots[i] of l when l is non-NULL, else to k and v
+ * ([n][nkv * hd]). pos and slots are device arrays. */
+cudaError_t tsr__cuda_launch_qkv_rope(const float *qkv, int64_t n, int nh, int nkv, int hd,
+                                      const int32_t *pos, const float *inv_freq,
+                                      float cos_scale, int interleaved, const float *bias,
+                                      const void *q_norm, const void *k_norm, int wdtype,
+                                      float eps, float *q, const tsr__cuda_kv *l,
+                                      const int32_t *slots, float *k, float *v,
+                                      cudaStream_t stream);
 
 /* out[i] = f32(emb[ids[i]]); an id outside [0, rows) writes zeros and sets *bad_id = 1. */
 cudaError_t tsr__cuda_launch_embed(const void *emb, int dtype, int64_t rows, int64_t cols,
@@ -93,6 +106,11 @@ cudaError_t tsr__cuda_launch_rope(float *x, const int32_t *pos, int64_t n, int n
                                   int head_dim, const float *inv_freq, int interleaved,
                                   cudaStream_t stream);
 cudaError_t tsr__cuda_launch_swiglu(float *gate, const float *up, int64_t n, cudaStream_t stream);
+/* out[r][j] = silu(gu[r][j]) * gu[r][hidden + j] for n rows of the fused gate/up product
+ * ([n][2 * hidden]); out [n][hidden], f32, or BF16 when out_dtype is TSR_BF16 (the next
+ * GEMM's input as it reads it). */
+cudaError_t tsr__cuda_launch_swiglu_fused(const float *gu, int64_t n, int hidden, void *out,
+                                          int out_dtype, cudaStream_t stream);
 cudaError_t tsr__cuda_launch_add(float *x, const float *y, int64_t n, cudaStream_t stream);
 /* y[i] = ((parts[i] + parts[m + i]) + parts[2m + i]) + ... over n_parts parts of m floats:
  * the ordered sum of matmul_parts, one launch; accumulate: y[i] += that sum (the residual

@@ -1,4 +1,5 @@
-// Element-wise and row kernels of the CUDA backend: embed, rmsnorm, rope, swiglu, add and
+// Element-wise and row kernels of the CUDA backend: embed, rmsnorm, rope, swiglu (also on a
+// fused gate/up product), add and
 // the f32 -> bf16/f16 conversion in front of reduced-precision GEMMs. Semantics follow the
 // CPU backend (kernels/backend.h); accurate libm calls (expf, sincosf), never fast-math,
 // so results stay within float rounding of the CPU; this file is built with --fmad=false
@@ -100,6 +101,23 @@ __global__ void swiglu_kernel(float *gate, const float *up, int64_t n) {
     }
 }
 
+__device__ __forceinline__ void store_act(float *p, float y) { *p = y; }
+__device__ __forceinline__ void store_act(__nv_bfloat16 *p, float y) { *p = __float2bfloat16_rn(y); }
+
+// The fused gate/up product's halves: out[r][j] = silu(gate) * up, swiglu_kernel's
+// arithmetic; BF16 out rounds to nearest even, as the conversion in front of a GEMM would.
+template <typename T>
+__global__ void swiglu_fused_kernel(const float *gu, int64_t n, int hidden, T *out) {
+    const int64_t total = n * hidden;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t r = i / hidden, j = i % hidden;
+        const float g = gu[r * 2 * hidden + j], u = gu[r * 2 * hidden + hidden + j];
+        const float y = g / (1.0f + expf(-g)) * u;
+        store_act(out + i, y);
+    }
+}
+
 __global__ void add_kernel(float *x, const float *y, int64_t n) {
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -165,6 +183,22 @@ extern "C" cudaError_t tsr__cuda_launch_swiglu(float *gate, const float *up, int
                                                cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
     swiglu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(gate, up, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tsr__cuda_launch_swiglu_fused(const float *gu, int64_t n, int hidden,
+                                                     void *out, int out_dtype,
+                                                     cudaStream_t stream) {
+    if (n <= 0 || hidden <= 0) return cudaSuccess;
+    const int64_t total = n * hidden;
+    if (out_dtype == TSR_BF16)
+        swiglu_fused_kernel<<<blocks_for(total), kThreads, 0, stream>>>(
+            gu, n, hidden, static_cast<__nv_bfloat16 *>(out));
+    else if (out_dtype == TSR_F32)
+        swiglu_fused_kernel<<<blocks_for(total), kThreads, 0, stream>>>(
+            gu, n, hidden, static_cast<float *>(out));
+    else
+        return cudaErrorInvalidValue;
     return cudaGetLastError();
 }
 
