@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "kernels/backend.h"
+#include "kernels/kv_dtype.h"
 #include "kernels/sample.h"
 #include "base/alloc.h"
 #include "base/dtype.h"
@@ -1147,6 +1148,164 @@ TSR_TEST(test_sample) {
     check_sample(37, 12);
 }
 
+/* ---- the fused ops: qkv_rope and swiglu_fused against the ops they replace ---- */
+
+/* qkv_rope on every target against bias_add, the heads' rmsnorm, two ropes and kv_write
+ * on the reference (cpu/1), over the fused rows split on the host: q, and K/V read back by
+ * kv_gather from a paged store of kv_dtype (lay) or the k and v outputs. */
+static void check_qkv_rope(int kv_dtype, int with_lay, int norms, int bias) {
+    targets t;
+    ASSERT_OK(targets_open(&t));
+    enum { N = 5, NH = 4, NKV = 2, HD = 64, QD = NH * HD, KVD = NKV * HD, LD = QD + 2 * KVD };
+    tsr_model_config cfg = {.head_dim = HD, .rope_theta = 500000.0f, .norm_eps = 1e-5f,
+                            .rope_scaling = TSR_ROPE_LLAMA3, .rope_factor = 8.0f,
+                            .rope_low_freq_factor = 1.0f, .rope_high_freq_factor = 4.0f,
+                            .rope_original_max_pos = 8192};
+    const int32_t pos[N] = {0, 3, 17, 300, 4095}, slots[N] = {0, 5, 2, 9, 13};
+    float *qkv = rand_floats(N * LD, 1.0f), *bv = rand_floats(LD, 0.5f);
+    float *qn = rand_floats(HD, 0.2f), *kn = rand_floats(HD, 0.2f);
+    for (int i = 0; i < HD; i++) qn[i] += 1.0f, kn[i] += 1.0f;
+    float *hq = tsr_malloc(N * QD * sizeof(float)), *hk = tsr_malloc(N * KVD * sizeof(float));
+    float *hv = tsr_malloc(N * KVD * sizeof(float));
+    for (int r = 0; r < N; r++) {
+        memcpy(hq + r * QD, qkv + r * LD, QD * sizeof(float));
+        memcpy(hk + r * KVD, qkv + r * LD + QD, KVD * sizeof(float));
+        memcpy(hv + r * KVD, qkv + r * LD + QD + KVD, KVD * sizeof(float));
+    }
+    tsr_tensor tb = {.dtype = TSR_F32, .rows = 1, .cols = LD, .data = bv};
+    tsr_tensor tbq = {.dtype = TSR_F32, .rows = 1, .cols = QD, .data = bv};
+    tsr_tensor tbk = {.dtype = TSR_F32, .rows = 1, .cols = KVD, .data = bv + QD};
+    tsr_tensor tbv = {.dtype = TSR_F32, .rows = 1, .cols = KVD, .data = bv + QD + KVD};
+    tsr_tensor tqn = {.dtype = TSR_F32, .rows = 1, .cols = HD, .data = qn};
+    tsr_tensor tkn = {.dtype = TSR_F32, .rows = 1, .cols = HD, .data = kn};
+    const size_t outn = N * QD + 2 * N * KVD;
+    float *want = tsr_malloc(outn * sizeof(float)), *got = tsr_malloc(outn * sizeof(float));
+    char what[96];
+    snprintf(what, sizeof what, "qkv_rope %s%s%s", with_lay ? tsr_kv_dtype_name(kv_dtype) : "k/v out",
+             norms ? " q/k norms" : "", bias ? " bias" : "");
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        tsr_backend *be = target(&t, b);
+        placed pb, pbq, pbk, pbv, pqn, pkn;
+        ASSERT_OK(be_tensor(be, &tb, &pb));
+        ASSERT_OK(be_tensor(be, &tbq, &pbq));
+        ASSERT_OK(be_tensor(be, &tbk, &pbk));
+        ASSERT_OK(be_tensor(be, &tbv, &pbv));
+        ASSERT_OK(be_tensor(be, &tqn, &pqn));
+        ASSERT_OK(be_tensor(be, &tkn, &pkn));
+        kv_store s;
+        ASSERT_OK(kv_store_make(be, 1, KV_SLOTS, KV_BLOCK, KVD, &s));
+        s.lay.dtype = kv_dtype; /* the f32-sized buffer holds any dtype's rows */
+        s.lay.v = tsr_kv_rows_at(s.lay.k, kv_dtype, KVD, (int64_t)KV_BLOCK * KVD);
+        float *dq = be_dup(be, NULL, N * QD * sizeof(float));
+        float *dk = be_dup(be, hk, N * KVD * sizeof(float));
+        float *dv = be_dup(be, hv, N * KVD * sizeof(float));
+        ASSERT_TRUE(dq && dk && dv);
+        if (b < 0) { /* the unfused sequence */
+            ASSERT_OK(tsr_backend_upload(be, dq, hq, N * QD * sizeof(float)));
+            if (bias) {
+                ASSERT_OK(be->ops->bias_add(be, dq, &pbq.t, N));
+                ASSERT_OK(be->ops->bias_add(be, dk, &pbk.t, N));
+                ASSERT_OK(be->ops->bias_add(be, dv, &pbv.t, N));
+            }
+            if (norms) {
+                ASSERT_OK(be->ops->rmsnorm(be, dq, &pqn.t, N * NH, HD, cfg.norm_eps, dq));
+                ASSERT_OK(be->ops->rmsnorm(be, dk, &pkn.t, N * NKV, HD, cfg.norm_eps, dk));
+            }
+            ASSERT_OK(be->ops->rope(be, dq, pos, N, NH, &cfg));
+            ASSERT_OK(be->ops->rope(be, dk, pos, N, NKV, &cfg));
+            if (with_lay) ASSERT_OK(be->ops->kv_write(be, &s.lay, slots, N, dk, dv));
+        } else {
+            float *dqkv = be_dup(be, qkv, N * LD * sizeof(float));
+            ASSERT_TRUE(dqkv != NULL);
+            tsr_qkv_rope_args a = {.qkv = dqkv, .n = N, .n_heads = NH, .n_kv_heads = NKV,
+                                   .cfg = &cfg, .pos = pos, .bias = bias ? &pb.t : NULL,
+                                   .q_norm = norms ? &pqn.t : NULL,
+                                   .k_norm = norms ? &pkn.t : NULL, .q = dq,
+                                   .lay = with_lay ? &s.lay : NULL, .slots = slots,
+                                   .k = dk, .v = dv};
+            ASSERT_OK(be->ops->qkv_rope(be, &a));
+            be_release(be, dqkv);
+        }
+        float *out = b < 0 ? want : got;
+        ASSERT_OK(be_read(be, out, dq, N * QD * sizeof(float)));
+        if (with_lay) {
+            ASSERT_OK(be->ops->kv_gather(be, &s.lay, slots, N, out + N * QD,
+                                         out + N * QD + N * KVD, NULL));
+        } else {
+            ASSERT_OK(be_read(be, out + N * QD, dk, N * KVD * sizeof(float)));
+            ASSERT_OK(be_read(be, out + N * QD + N * KVD, dv, N * KVD * sizeof(float)));
+        }
+        /* the CPU backends give the bits; a GPU rounds sin/cos and the norms' sums its own
+         * way (|x| < 4 here), and a bf16 store may round such a value the other way */
+        double tol = b >= 0 && be->device >= 0 ? (kv_dtype == TSR_KV_BF16 ? 2e-2 : 1e-5) : 0.0;
+        if (b >= 0) ASSERT_TRUE(compare(what, t.label[b], got, want, outn, NULL, tol) <= 1.0);
+        be_release(be, dq);
+        be_release(be, dk);
+        be_release(be, dv);
+        kv_store_free(be, &s);
+        be_tensor_release(be, &pb);
+        be_tensor_release(be, &pbq);
+        be_tensor_release(be, &pbk);
+        be_tensor_release(be, &pbv);
+        be_tensor_release(be, &pqn);
+        be_tensor_release(be, &pkn);
+    }
+    tsr_free(qkv);
+    tsr_free(bv);
+    tsr_free(qn);
+    tsr_free(kn);
+    tsr_free(hq);
+    tsr_free(hk);
+    tsr_free(hv);
+    tsr_free(want);
+    tsr_free(got);
+    targets_close(&t);
+}
+
+TSR_TEST(test_qkv_rope) {
+    check_qkv_rope(TSR_KV_F32, 1, 0, 0);
+    check_qkv_rope(TSR_KV_BF16, 1, 1, 1);
+    check_qkv_rope(TSR_KV_F32, 0, 1, 1);
+}
+
+/* swiglu_fused against swiglu on the two halves, split on the host. */
+TSR_TEST(test_swiglu_fused) {
+    targets t;
+    ASSERT_OK(targets_open(&t));
+    enum { N = 9, H = 3000 }; /* over the CPU's threading threshold */
+    float *gu = rand_floats(N * 2 * H, 6.0f);
+    float *g = tsr_malloc(N * H * sizeof(float)), *u = tsr_malloc(N * H * sizeof(float));
+    for (int r = 0; r < N; r++) {
+        memcpy(g + r * H, gu + r * 2 * H, H * sizeof(float));
+        memcpy(u + r * H, gu + r * 2 * H + H, H * sizeof(float));
+    }
+    float *want = tsr_malloc(N * H * sizeof(float)), *got = tsr_malloc(N * H * sizeof(float));
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        tsr_backend *be = target(&t, b);
+        float *dout = be_dup(be, g, N * H * sizeof(float));
+        float *dgu = be_dup(be, gu, N * 2 * H * sizeof(float));
+        float *du = be_dup(be, u, N * H * sizeof(float));
+        ASSERT_TRUE(dout && dgu && du);
+        if (b < 0)
+            ASSERT_OK(be->ops->swiglu(be, dout, du, N * H));
+        else
+            ASSERT_OK(be->ops->swiglu_fused(be, dgu, N, H, dout));
+        ASSERT_OK(be_read(be, b < 0 ? want : got, dout, N * H * sizeof(float)));
+        if (b >= 0)
+            ASSERT_TRUE(compare("swiglu_fused 9x3000", t.label[b], got, want, N * H, NULL,
+                                be->device >= 0 ? 1e-5 : 0.0) <= 1.0);
+        be_release(be, dout);
+        be_release(be, dgu);
+        be_release(be, du);
+    }
+    tsr_free(gu);
+    tsr_free(g);
+    tsr_free(u);
+    tsr_free(want);
+    tsr_free(got);
+    targets_close(&t);
+}
+
 /* ---- timings (TSR_BENCH=1; tests/device/run.sh) ---- */
 
 static double now_s(void) {
@@ -1314,6 +1473,6 @@ TSR_TEST(test_backend_select) {
 TSR_TEST_MAIN(test_memory, test_copies, test_kv_rows, test_matmul_f32, test_matmul_bf16,
               test_matmul_f16, test_matmul_parts, test_rmsnorm, test_rope, test_swiglu_add, test_bias_add,
               test_embed, test_attention_decode, test_attention_prefill, test_attention_paged,
-              test_matmul_parts_acc, test_sample,
+              test_matmul_parts_acc, test_sample, test_qkv_rope, test_swiglu_fused,
               test_backend_select,
               test_bench)
