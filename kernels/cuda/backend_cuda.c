@@ -94,6 +94,9 @@ typedef struct tsr__cuda_ctx {
     int graph_next;
     int capturing; /* the slot being captured, or -1 */
     bool graphs_off;
+    /* TSR_CUDA_GEMV=1: a BF16 matmul of one row runs the GEMV kernel (ops.cu) instead of
+     * cuBLAS; off until the device check's backend-ops bench says it is faster. */
+    bool gemv;
     /* rope: inverse frequencies of the last config seen, on the device */
     float *inv_freq;
     float *inv_freq_host;
@@ -572,6 +575,10 @@ static tsr_status tsr__cuda_matmul(tsr_backend *be, const float *x, int64_t n, c
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
                              "cuda matmul: %lld x %lld weight with %lld rows exceeds int range",
                              (long long)w->rows, (long long)w->cols, (long long)n);
+    if (n == 1 && w->dtype == TSR_BF16 && c->gemv) { /* x read as f32: no conversion */
+        TSR_CUDA_TRY(tsr__cuda_launch_gemv_bf16(w->data, w->rows, w->cols, x, y, c->stream));
+        return TSR_OK;
+    }
     const float one = 1.0f, zero = 0.0f;
     const void *b = x;
     cudaDataType_t t = CUDA_R_32F;
@@ -1257,6 +1264,8 @@ tsr_status tsr__cuda_create(int device, tsr_backend **out) {
     {
         const char *gv = getenv("TSR_CUDA_GRAPHS");
         c->graphs_off = gv && !strcmp(gv, "0");
+        const char *gm = getenv("TSR_CUDA_GEMV");
+        c->gemv = gm && !strcmp(gm, "1");
     }
     TSR_CUDA_TRY_GOTO(cudaMalloc((void **)&c->bad_id, sizeof(int)), st, fail);
     TSR_CUDA_TRY_GOTO(cudaMemsetAsync(c->bad_id, 0, sizeof(int), c->stream), st, fail);

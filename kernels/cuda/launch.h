@@ -106,6 +106,10 @@ cudaError_t tsr__cuda_launch_rope(float *x, const int32_t *pos, int64_t n, int n
                                   int head_dim, const float *inv_freq, int interleaved,
                                   cudaStream_t stream);
 cudaError_t tsr__cuda_launch_swiglu(float *gate, const float *up, int64_t n, cudaStream_t stream);
+/* y[r] = w[r] . x for one f32 input row and a BF16 [rows, cols] w (decode at batch 1,
+ * without cuBLAS; backend_cuda.c takes it under TSR_CUDA_GEMV=1). */
+cudaError_t tsr__cuda_launch_gemv_bf16(const void *w, int64_t rows, int64_t cols,
+                                       const float *x, float *y, cudaStream_t stream);
 /* out[r][j] = silu(gu[r][j]) * gu[r][hidden + j] for n rows of the fused gate/up product
  * ([n][2 * hidden]); out [n][hidden], f32, or BF16 when out_dtype is TSR_BF16 (the next
  * GEMM's input as it reads it). */

@@ -118,6 +118,42 @@ __global__ void swiglu_fused_kernel(const float *gu, int64_t n, int hidden, T *o
     }
 }
 
+// y[r] = w[r] . x for one input row (decode at batch 1) with BF16 weights: a warp per
+// weight row, 16-byte loads (8 weights) in flight per lane, FP32 products and sums, x read
+// as f32 (no conversion launch). Rows of cols % 8 == 0 and 16-byte aligned (the common
+// case) take the vector path; others the scalar loop.
+constexpr int kGemvWarps = 8;
+
+__global__ void gemv_bf16_kernel(const unsigned short *w, int64_t rows, int64_t cols,
+                                 const float *x, float *y) {
+    const int lane = threadIdx.x % 32;
+    const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
+    if (r >= rows) return;
+    const unsigned short *wr = w + r * cols;
+    float acc = 0.0f;
+    const bool vec = cols % 8 == 0 && (reinterpret_cast<uintptr_t>(wr) & 15) == 0 &&
+                     (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+    if (vec) {
+        const uint4 *w8 = reinterpret_cast<const uint4 *>(wr);
+        const float4 *x4 = reinterpret_cast<const float4 *>(x);
+        for (int64_t i = lane; i < cols / 8; i += 32) {
+            const uint4 p = __ldg(w8 + i);
+            const float4 xa = __ldg(x4 + 2 * i), xb = __ldg(x4 + 2 * i + 1);
+            const unsigned u[4] = {p.x, p.y, p.z, p.w};
+            const float xs[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+            for (int j = 0; j < 4; j++) {
+                acc += __uint_as_float(u[j] << 16) * xs[2 * j];
+                acc += __uint_as_float(u[j] & 0xffff0000u) * xs[2 * j + 1];
+            }
+        }
+    } else {
+        for (int64_t c = lane; c < cols; c += 32)
+            acc += __uint_as_float(static_cast<unsigned>(wr[c]) << 16) * x[c];
+    }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) y[r] = acc;
+}
+
 __global__ void add_kernel(float *x, const float *y, int64_t n) {
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -199,6 +235,17 @@ extern "C" cudaError_t tsr__cuda_launch_swiglu_fused(const float *gu, int64_t n,
             gu, n, hidden, static_cast<float *>(out));
     else
         return cudaErrorInvalidValue;
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tsr__cuda_launch_gemv_bf16(const void *w, int64_t rows, int64_t cols,
+                                                  const float *x, float *y,
+                                                  cudaStream_t stream) {
+    if (rows <= 0 || cols <= 0) return cudaSuccess;
+    const int64_t blocks = (rows + kGemvWarps - 1) / kGemvWarps;
+    if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
+    gemv_bf16_kernel<<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(
+        static_cast<const unsigned short *>(w), rows, cols, x, y);
     return cudaGetLastError();
 }
 

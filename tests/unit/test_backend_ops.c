@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -1374,6 +1375,49 @@ static double time_attention(tsr_backend *be, int n_q, int n_k, int n_heads, int
     return best;
 }
 
+/* Decode at batch 1 with BF16 weights: cuBLAS at n = 1 (be) against the GEMV kernel (gv,
+ * a CUDA backend made under TSR_CUDA_GEMV=1), each checked against the CPU reference
+ * (which multiplies f32 inputs, as the kernel does; cuBLAS rounds them to BF16 first), and
+ * the weights' bytes per second of each. Issue 24 item 2 takes the kernel by default when
+ * cuBLAS stays below 85 % of the HBM bandwidth (tsr_membw's figure) and the kernel does
+ * better. */
+static void bench_gemv(tsr_backend *ref, tsr_backend *be, tsr_backend *gv, int64_t rows,
+                       int64_t cols) {
+    float *wf = rand_floats((size_t)(rows * cols), 0.1f), *x = rand_floats((size_t)cols, 1.0f);
+    tsr_tensor w = make_tensor(TSR_BF16, rows, cols, wf);
+    float *want = tsr_malloc((size_t)rows * sizeof(float)), *got = tsr_malloc((size_t)rows * sizeof(float));
+    tsr_backend *bs[3] = {ref, be, gv};
+    double err[3] = {0}, best[3] = {INFINITY, INFINITY, INFINITY};
+    for (int b = 0; b < 3 && want && got; b++) {
+        placed pw;
+        float *dx = be_dup(bs[b], x, (size_t)cols * sizeof(float));
+        float *dy = be_dup(bs[b], NULL, (size_t)rows * sizeof(float));
+        if (!dx || !dy || be_tensor(bs[b], &w, &pw) != TSR_OK) break;
+        for (int r = 0; r <= (b ? 20 : 0); r++) {
+            double t0 = now_s();
+            if (bs[b]->ops->matmul(bs[b], dx, 1, &pw.t, dy) != TSR_OK) break;
+            if (bs[b]->ops->synchronize(bs[b]) != TSR_OK) break;
+            if (r > 0 && now_s() - t0 < best[b]) best[b] = now_s() - t0;
+        }
+        if (be_read(bs[b], b ? got : want, dy, (size_t)rows * sizeof(float)) == TSR_OK && b)
+            for (int64_t i = 0; i < rows; i++)
+                if (fabs((double)got[i] - want[i]) > err[b]) err[b] = fabs((double)got[i] - want[i]);
+        be_tensor_release(bs[b], &pw);
+        be_release(bs[b], dx);
+        be_release(bs[b], dy);
+    }
+    double gb = (double)(rows * cols) * 2.0 * 1e-9;
+    printf("  gemv bf16 n=1 %6lldx%-5lld: cuBLAS %7.3f ms %7.1f GB/s (err %.1e), kernel %7.3f ms "
+           "%7.1f GB/s (err %.1e): kernel %.2fx\n", (long long)rows, (long long)cols,
+           best[1] * 1e3, gb / best[1], err[1], best[2] * 1e3, gb / best[2], err[2],
+           best[1] / best[2]);
+    tsr_free(wf);
+    tsr_free(x);
+    tsr_free((void *)w.data);
+    tsr_free(want);
+    tsr_free(got);
+}
+
 TSR_TEST(test_bench) {
     if (!getenv("TSR_BENCH")) return;
     targets t;
@@ -1393,6 +1437,17 @@ TSR_TEST(test_bench) {
         printf("  matmul %-4s n=%-5lld %lldx%lld: %9.3f ms  %8.1f TFLOP/s  %7.1f GB/s weights\n",
                tsr_dtype_name(mm[i].dt), (long long)mm[i].n, (long long)mm[i].rows,
                (long long)mm[i].cols, s * 1e3, flop / s * 1e-12, bytes / s * 1e-9);
+    }
+    if (be->device >= 0) { /* the 8B shape's decode products, q/k/v and gate/up fused */
+        setenv("TSR_CUDA_GEMV", "1", 1);
+        tsr_backend *gv = NULL;
+        tsr_status gst = tsr_backend_create("cuda", 1, &gv);
+        unsetenv("TSR_CUDA_GEMV");
+        const int64_t gs[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+        for (size_t i = 0; gst == TSR_OK && i < sizeof gs / sizeof gs[0]; i++)
+            bench_gemv(t.ref, be, gv, gs[i][0], gs[i][1]);
+        if (gst != TSR_OK) printf("  gemv: no second cuda backend (%s)\n", tsr_last_error());
+        tsr_backend_destroy(gv);
     }
     struct {
         int n_q, n_k;
