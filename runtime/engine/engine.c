@@ -62,6 +62,7 @@ static tsr_status tsr__place_weights(tsr_engine *e) {
     e->placed_.arena_left = 0;
     e->placed_.layers = tsr_calloc((size_t)(L > 0 ? L : 1), sizeof *e->placed_.layers);
     if (!e->placed_.layers) return TSR_ERR_NOMEM;
+    const bool fused = e->be->ops->qkv_rope && e->be->ops->swiglu_fused;
     TSR_TRY(tsr__place(e, &m->tok_emb, &e->placed_.tok_emb));
     TSR_TRY(tsr__place(e, &m->out_norm, &e->placed_.out_norm));
     if (m->classifier.data == m->tok_emb.data)
@@ -85,18 +86,18 @@ static tsr_status tsr__place_weights(tsr_engine *e) {
                             &d->bo, &d->sinks, &d->router, &d->router_b,
                             &d->gate_up.w, &d->gate_up.scales, &d->gate_up.bias,
                             &d->down.w, &d->down.scales, &d->down.bias};
+        /* Fused (runtime/model/fuse.h) on a backend with the fused ops: the forward pass
+         * reads the fused tensors only, so they are placed instead of their parts. */
+        bool fq = fused && h->wqkv.data, fg = fused && h->w_gate_up.data;
         for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) {
-            /* fused (runtime/model/fuse.h): the forward pass reads the fused tensor only,
-             * so the parts are not placed twice */
-            bool part = !e->be->ops->qkv_rope || !e->be->ops->swiglu_fused ? false :
-                        (h->wqkv.data && (hs[i] == &h->wq || hs[i] == &h->wk || hs[i] == &h->wv ||
-                                          hs[i] == &h->bq || hs[i] == &h->bk || hs[i] == &h->bv)) ||
-                        (h->w_gate_up.data && (hs[i] == &h->w_gate || hs[i] == &h->w_up));
+            bool part = (fq && (hs[i] == &h->wq || hs[i] == &h->wk || hs[i] == &h->wv ||
+                                hs[i] == &h->bq || hs[i] == &h->bk || hs[i] == &h->bv)) ||
+                        (fg && (hs[i] == &h->w_gate || hs[i] == &h->w_up));
             if (!part) TSR_TRY(tsr__place(e, hs[i], ds[i]));
         }
-        TSR_TRY(tsr__place(e, &h->wqkv, &d->wqkv));
-        TSR_TRY(tsr__place(e, &h->bqkv, &d->bqkv));
-        TSR_TRY(tsr__place(e, &h->w_gate_up, &d->w_gate_up));
+        if (fq) TSR_TRY(tsr__place(e, &h->wqkv, &d->wqkv));
+        if (fq) TSR_TRY(tsr__place(e, &h->bqkv, &d->bqkv));
+        if (fg) TSR_TRY(tsr__place(e, &h->w_gate_up, &d->w_gate_up));
     }
     e->weights = &e->placed_;
     return TSR_OK;
