@@ -352,6 +352,21 @@ typedef struct tsr_backend_ops {
      * [n][hidden] and may not overlap gu. The bits of swiglu on the two halves. */
     tsr_status (*swiglu_fused)(tsr_backend *be, const float *gu, int64_t n, int hidden,
                                float *out);
+    /* Optional (NULL: rmsnorm, then matmul): xb = rmsnorm(x) as rmsnorm gives it ([n][dim]),
+     * then y = xb . w^T as matmul gives it; one call, so that a backend whose GEMM reads
+     * BF16 (CUDA, for BF16 weights) writes the normed rows in BF16 for it too and runs no
+     * conversion in between. The CPU backends keep F32 (their BF16 kernels multiply F32
+     * inputs). */
+    tsr_status (*rmsnorm_matmul)(tsr_backend *be, const float *x, const tsr_tensor *norm,
+                                 int64_t n, int dim, float eps, float *xb, const tsr_tensor *w,
+                                 float *y);
+    /* Optional (NULL: swiglu_fused, then matmul_parts_acc): y += the ordered sum of
+     * matmul_parts of swiglu_fused(gu) with w (the bits of those two calls); hb ([n][hidden])
+     * is the call's scratch, its contents undefined afterwards. A BF16 GEMM's backend writes
+     * the SwiGLU rows in BF16 for it (CUDA). */
+    tsr_status (*swiglu_matmul_acc)(tsr_backend *be, const float *gu, int64_t n, int hidden,
+                                    float *hb, const tsr_tensor *w, const int32_t *seg,
+                                    int n_parts, float *y);
 } tsr_backend_ops;
 
 /* Short forms of the memory calls, synchronous (stream NULL). */

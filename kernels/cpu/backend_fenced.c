@@ -856,6 +856,39 @@ static tsr_status tsr__fenced_swiglu_fused(tsr_backend *be, const float *gu, int
     return tsr__fence_end(f, f->inner->ops->swiglu_fused(f->inner, gu, n, hidden, out));
 }
 
+static tsr_status tsr__fenced_rmsnorm_matmul(tsr_backend *be, const float *x,
+                                             const tsr_tensor *norm, int64_t n, int dim,
+                                             float eps, float *xb, const tsr_tensor *w,
+                                             float *y) {
+    tsr__fenced *f = TSR__F(be);
+    const char *op = "rmsnorm_matmul";
+    TSR_TRY(tsr__dev_tensor(f, op, "norm", norm));
+    TSR_TRY(tsr__dev_tensor(f, op, "weight", w));
+    TSR_TRY(tsr__dev(f, op, "x", x, tsr__bytes3(n, dim, sizeof(float))));
+    TSR_TRY(tsr__dev(f, op, "xb", xb, tsr__bytes3(n, dim, sizeof(float))));
+    TSR_TRY(tsr__dev(f, op, "y", y, tsr__bytes3(n, w->rows, sizeof(float))));
+    tsr__count(f, TSR__CNT_OPS, 1);
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->rmsnorm_matmul(f->inner, x, norm, n, dim, eps, xb,
+                                                           w, y));
+}
+
+static tsr_status tsr__fenced_swiglu_matmul_acc(tsr_backend *be, const float *gu, int64_t n,
+                                                int hidden, float *hb, const tsr_tensor *w,
+                                                const int32_t *seg, int n_parts, float *y) {
+    tsr__fenced *f = TSR__F(be);
+    const char *op = "swiglu_matmul_acc";
+    TSR_TRY(tsr__dev_tensor(f, op, "weight", w));
+    TSR_TRY(tsr__dev(f, op, "gu", gu, tsr__bytes3(n, 2 * (int64_t)hidden, sizeof(float))));
+    TSR_TRY(tsr__dev(f, op, "hb", hb, tsr__bytes3(n, hidden, sizeof(float))));
+    TSR_TRY(tsr__dev(f, op, "y", y, tsr__bytes3(n, w->rows, sizeof(float))));
+    TSR_TRY(tsr__host(f, op, "seg", seg, tsr__bytes3(n_parts + 1, 1, sizeof(int32_t))));
+    tsr__count(f, TSR__CNT_OPS, 1);
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->swiglu_matmul_acc(f->inner, gu, n, hidden, hb, w,
+                                                              seg, n_parts, y));
+}
+
 /* ---- graphs: nothing recorded; the sequence checked ---- */
 
 static tsr_status tsr__fenced_graph_begin(tsr_backend *be, uint64_t key, bool *replayed) {
@@ -962,6 +995,8 @@ static const tsr_backend_ops tsr__fenced_ops = {
     .graph_end = tsr__fenced_graph_end,
     .qkv_rope = tsr__fenced_qkv_rope,
     .swiglu_fused = tsr__fenced_swiglu_fused,
+    .rmsnorm_matmul = tsr__fenced_rmsnorm_matmul,
+    .swiglu_matmul_acc = tsr__fenced_swiglu_matmul_acc,
 };
 
 /* TSR_FENCED_MEMORY: digits with an optional K/M/G/T suffix (powers of 1024). */

@@ -97,6 +97,9 @@ typedef struct tsr__cuda_ctx {
     /* TSR_CUDA_GEMV=1: a BF16 matmul of one row runs the GEMV kernel (ops.cu) instead of
      * cuBLAS; off until the device check's backend-ops bench says it is faster. */
     bool gemv;
+    /* rmsnorm_matmul / swiglu_matmul_acc: xconv already holds the GEMM's BF16 input (the
+     * first step wrote it), so the GEMM inside the same call converts nothing. */
+    bool xconv_ready;
     /* rope: inverse frequencies of the last config seen, on the device */
     float *inv_freq;
     float *inv_freq_host;
@@ -585,9 +588,11 @@ static tsr_status tsr__cuda_matmul(tsr_backend *be, const float *x, int64_t n, c
     if (w->dtype == TSR_BF16 || w->dtype == TSR_F16) {
         t = w->dtype == TSR_BF16 ? CUDA_R_16BF : CUDA_R_16F;
         size_t elems = (size_t)n * (size_t)w->cols;
-        TSR_TRY(tsr__scratch_reserve(&c->xconv, elems * 2, c->stream));
-        TSR_CUDA_TRY(tsr__cuda_launch_convert_f32(c->xconv.ptr, (int)w->dtype, x, (int64_t)elems,
-                                                  c->stream));
+        if (!c->xconv_ready) {
+            TSR_TRY(tsr__scratch_reserve(&c->xconv, elems * 2, c->stream));
+            TSR_CUDA_TRY(tsr__cuda_launch_convert_f32(c->xconv.ptr, (int)w->dtype, x,
+                                                      (int64_t)elems, c->stream));
+        }
         b = c->xconv.ptr;
     } else if (w->dtype != TSR_F32) {
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda matmul: weight dtype %d", (int)w->dtype);
@@ -654,7 +659,9 @@ static tsr_status tsr__cuda_parts(tsr_backend *be, const float *x, int64_t n,
         t = w->dtype == TSR_BF16 ? CUDA_R_16BF : CUDA_R_16F;
         es = 2;
         size_t elems = (size_t)n * (size_t)w->cols;
-        if (elems) {
+        if (c->xconv_ready) {
+            b = c->xconv.ptr;
+        } else if (elems) {
             TSR_TRY(tsr__scratch_reserve(&c->xconv, elems * 2, c->stream));
             TSR_CUDA_TRY(tsr__cuda_launch_convert_f32(c->xconv.ptr, (int)w->dtype, x,
                                                       (int64_t)elems, c->stream));
@@ -844,6 +851,47 @@ static tsr_status tsr__cuda_swiglu_fused(tsr_backend *be, const float *gu, int64
     TSR_CUDA_TRY(tsr__cuda_launch_swiglu_fused(gu, n, hidden, out, TSR_F32,
                                                tsr__ctx(be)->stream));
     return TSR_OK;
+}
+
+/* kernels/backend.h's rmsnorm_matmul: for BF16 weights the norm kernel writes xb and the
+ * GEMM's BF16 input at once (no conversion launch); otherwise the two ops. */
+static tsr_status tsr__cuda_rmsnorm_matmul(tsr_backend *be, const float *x, const tsr_tensor *norm,
+                                           int64_t n, int dim, float eps, float *xb,
+                                           const tsr_tensor *w, float *y) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    if (w->dtype != TSR_BF16 || w->cols != dim || n <= 0 || (n == 1 && c->gemv)) {
+        TSR_TRY(tsr__cuda_rmsnorm(be, x, norm, n, dim, eps, xb));
+        return tsr__cuda_matmul(be, xb, n, w, y);
+    }
+    if (norm->rows * norm->cols < dim)
+        return tsr_error_set(TSR_ERR_INVALID, "cuda rmsnorm_matmul: norm has %lld values, dim %d",
+                             (long long)(norm->rows * norm->cols), dim);
+    TSR_TRY(tsr__scratch_reserve(&c->xconv, (size_t)n * (size_t)dim * 2, c->stream));
+    TSR_CUDA_TRY(tsr__cuda_launch_rmsnorm_bf16(x, norm->data, (int)norm->dtype, n, dim, eps, xb,
+                                               c->xconv.ptr, c->stream));
+    c->xconv_ready = true;
+    tsr_status st = tsr__cuda_matmul(be, xb, n, w, y);
+    c->xconv_ready = false;
+    return st;
+}
+
+/* kernels/backend.h's swiglu_matmul_acc: for BF16 weights the SwiGLU kernel writes the
+ * GEMM's BF16 input only (hb is not needed); otherwise the two ops. */
+static tsr_status tsr__cuda_swiglu_matmul_acc(tsr_backend *be, const float *gu, int64_t n,
+                                              int hidden, float *hb, const tsr_tensor *w,
+                                              const int32_t *seg, int n_parts, float *y) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    if (w->dtype != TSR_BF16 || w->cols != hidden || n <= 0) {
+        TSR_TRY(tsr__cuda_swiglu_fused(be, gu, n, hidden, hb));
+        return tsr__cuda_matmul_parts_acc(be, hb, n, w, seg, n_parts, y);
+    }
+    TSR_TRY(tsr__scratch_reserve(&c->xconv, (size_t)n * (size_t)hidden * 2, c->stream));
+    TSR_CUDA_TRY(tsr__cuda_launch_swiglu_fused(gu, n, hidden, c->xconv.ptr, TSR_BF16,
+                                               c->stream));
+    c->xconv_ready = true;
+    tsr_status st = tsr__cuda_matmul_parts_acc(be, hb, n, w, seg, n_parts, y);
+    c->xconv_ready = false;
+    return st;
 }
 
 static tsr_status tsr__cuda_add(tsr_backend *be, float *x, const float *y, int64_t n) {
@@ -1182,6 +1230,8 @@ static const tsr_backend_ops tsr__cuda_ops = {
     .matmul_parts_acc = tsr__cuda_matmul_parts_acc,
     .qkv_rope = tsr__cuda_qkv_rope,
     .swiglu_fused = tsr__cuda_swiglu_fused,
+    .rmsnorm_matmul = tsr__cuda_rmsnorm_matmul,
+    .swiglu_matmul_acc = tsr__cuda_swiglu_matmul_acc,
     .graph_begin = tsr__cuda_graph_begin,
     .graph_end = tsr__cuda_graph_end,
 };

@@ -101,6 +101,11 @@ cudaError_t tsr__cuda_launch_embed(const void *emb, int dtype, int64_t rows, int
 /* out[i] = x[i] / rms(x[i]) * w for n rows of dim (out may equal x); w has dtype wdtype. */
 cudaError_t tsr__cuda_launch_rmsnorm(const float *x, const void *w, int wdtype, int64_t n, int dim,
                                      float eps, float *out, cudaStream_t stream);
+/* rmsnorm that also writes its rows rounded to BF16 into out16 ([n][dim]): the next BF16
+ * GEMM's input (rmsnorm_matmul). */
+cudaError_t tsr__cuda_launch_rmsnorm_bf16(const float *x, const void *w, int wdtype, int64_t n,
+                                          int dim, float eps, float *out, void *out16,
+                                          cudaStream_t stream);
 /* In-place rotary embedding; inv_freq holds head_dim/2 frequencies (device). */
 cudaError_t tsr__cuda_launch_rope(float *x, const int32_t *pos, int64_t n, int n_heads,
                                   int head_dim, const float *inv_freq, int interleaved,

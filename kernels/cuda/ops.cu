@@ -57,8 +57,10 @@ __device__ float block_sum(float v, float *red) {
     return t;
 }
 
+// out16 (may be null): the same rows rounded to BF16, the input of the next BF16 GEMM
+// (rmsnorm_matmul), so that no conversion kernel runs between the two.
 __global__ void rmsnorm_kernel(const float *x, const void *w, int wdtype, int dim, float eps,
-                               float *out) {
+                               float *out, __nv_bfloat16 *out16) {
     __shared__ float red[32];
     const int64_t row = blockIdx.x;
     const float *xr = x + row * dim;
@@ -68,8 +70,12 @@ __global__ void rmsnorm_kernel(const float *x, const void *w, int wdtype, int di
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
     float *orow = out + row * dim;
     // Each element is read and written by the same thread, so out == x is safe.
-    for (int c = threadIdx.x; c < dim; c += blockDim.x)
-        orow[c] = xr[c] * inv * tsr_load(w, wdtype, c);
+    __nv_bfloat16 *o16 = out16 ? out16 + row * dim : nullptr;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        const float y = xr[c] * inv * tsr_load(w, wdtype, c);
+        orow[c] = y;
+        if (o16) o16[c] = __float2bfloat16_rn(y);
+    }
 }
 
 // One thread per rotated pair (row, head, i).
@@ -201,7 +207,18 @@ extern "C" cudaError_t tsr__cuda_launch_rmsnorm(const float *x, const void *w, i
                                                 cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
     if (n > 0x7fffffffLL) return cudaErrorInvalidValue;
-    rmsnorm_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, w, wdtype, dim, eps, out);
+    rmsnorm_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, w, wdtype, dim, eps, out,
+                                                                      nullptr);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tsr__cuda_launch_rmsnorm_bf16(const float *x, const void *w, int wdtype,
+                                                     int64_t n, int dim, float eps, float *out,
+                                                     void *out16, cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    if (n > 0x7fffffffLL) return cudaErrorInvalidValue;
+    rmsnorm_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
+        x, w, wdtype, dim, eps, out, static_cast<__nv_bfloat16 *>(out16));
     return cudaGetLastError();
 }
 

@@ -424,12 +424,26 @@ static tsr_status tsr__attention_paged(tsr_forward *f, int ll, int64_t row0, int
     return f->be->ops->attention_paged(f->be, &pa);
 }
 
-/* From the normed input xb to q rotated and the new K/V rows in the cache, for local layer
- * ll. Fused weights (runtime/model/fuse.h): one product and one qkv_rope (bias, q/k norms,
- * both ropes and, batched, the K/V write); otherwise each step its own call. The same
- * bits either way on the CPU backends (tests/unit/test_fuse.c). */
+/* xb = rmsnorm(x), y = xb . w^T: one call where the backend has it (rmsnorm_matmul: on
+ * CUDA the normed rows go to the GEMM in BF16 with no conversion launch). */
+static tsr_status tsr__norm_matmul(tsr_forward *f, const float *x, const tsr_tensor *norm,
+                                   int64_t n, float *xb, const tsr_tensor *w, float *y) {
+    const tsr_model_config *c = &f->m->cfg;
+    const tsr_backend_ops *op = f->be->ops;
+    if (op->rmsnorm_matmul)
+        return op->rmsnorm_matmul(f->be, x, norm, n, c->dim, c->norm_eps, xb, w, y);
+    TSR_TRY(op->rmsnorm(f->be, x, norm, n, c->dim, c->norm_eps, xb));
+    return op->matmul(f->be, xb, n, w, y);
+}
+
+/* From the residual stream x to its normed rows xb, q rotated and the new K/V rows in the
+ * cache, for local layer ll. Fused weights (runtime/model/fuse.h): the norm with one
+ * product, then one qkv_rope (bias, q/k norms, both ropes and, batched, the K/V write);
+ * otherwise each step its own call. The same bits either way on the CPU backends
+ * (tests/unit/test_fuse.c). */
 static tsr_status tsr__qkv(tsr_forward *f, const tsr_layer_weights *w, int ll, int64_t row0,
                            int64_t n) {
+    const float *x = f->x + row0 * (size_t)f->m->cfg.dim;
     const tsr_model_config *c = &f->m->cfg;
     tsr_backend *be = f->be;
     const tsr_backend_ops *op = be->ops;
@@ -440,7 +454,7 @@ static tsr_status tsr__qkv(tsr_forward *f, const tsr_layer_weights *w, int ll, i
     const int32_t *slots = f->batched ? f->m_slots + (size_t)ll * f->meta_T + row0 : NULL;
     if (tsr__fused_qkv(f, w)) {
         float *qkv = f->qkv + row0 * (f->qd + 2 * f->kvd);
-        TSR_TRY(op->matmul(be, xb, n, &w->wqkv, qkv));
+        TSR_TRY(tsr__norm_matmul(f, x, &w->attn_norm, n, xb, &w->wqkv, qkv));
         tsr_qkv_rope_args qa = {
             .qkv = qkv, .n = n, .n_heads = f->nh, .n_kv_heads = f->nkv, .cfg = c, .pos = pos,
             .bias = c->qkv_bias ? &w->bqkv : NULL, .q_norm = c->qk_norm ? &w->q_norm : NULL,
@@ -448,6 +462,7 @@ static tsr_status tsr__qkv(tsr_forward *f, const tsr_layer_weights *w, int ll, i
             .lay = f->batched ? &f->lay : NULL, .slots = slots, .k = k, .v = v};
         return op->qkv_rope(be, &qa);
     }
+    TSR_TRY(op->rmsnorm(be, x, &w->attn_norm, n, c->dim, c->norm_eps, xb));
     TSR_TRY(op->matmul(be, xb, n, &w->wq, q));
     TSR_TRY(op->matmul(be, xb, n, &w->wk, k));
     TSR_TRY(op->matmul(be, xb, n, &w->wv, v));
@@ -481,7 +496,6 @@ static tsr_status tsr__layers(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_
         const tsr_layer_weights *w = &m->layers[l];
         int ll = l - f->sh.layer_begin;
         /* attention block */
-        TSR_TRY(op->rmsnorm(be, x, &w->attn_norm, n, c->dim, c->norm_eps, xb));
         TSR_TRY(tsr__qkv(f, w, ll, row0, n));
         if (f->batched)
             TSR_TRY(tsr__attention_paged(f, ll, row0, n));
@@ -494,17 +508,26 @@ static tsr_status tsr__layers(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_
         } else {
             TSR_TRY(tsr__row_parallel(f, att, n, &w->wo, f->wo_seg, xb, x)); /* x += */
         }
-        TSR_TRY(op->rmsnorm(be, x, &w->ffn_norm, n, c->dim, c->norm_eps, xb));
+        bool fg = tsr__fused_gu(f, w);
+        float *gu = fg ? f->gu + row0 * 2 * (size_t)f->hid : NULL;
+        if (fg) /* the norm and the gate/up product */
+            TSR_TRY(tsr__norm_matmul(f, x, &w->ffn_norm, n, xb, &w->w_gate_up, gu));
+        else
+            TSR_TRY(op->rmsnorm(be, x, &w->ffn_norm, n, c->dim, c->norm_eps, xb));
         if (f->moe) { /* GPT-OSS: mixture of experts (runtime/exec/moe.c) */
             const float *y;
             TSR_TRY(tsr_moe_run(f->moe, w, xb, n, &y));
             TSR_TRY(op->add(be, x, y, n * c->dim));
             continue;
         }
-        /* SwiGLU MLP block: fused, one product and one swiglu_fused into hb */
-        if (tsr__fused_gu(f, w)) {
-            float *gu = f->gu + row0 * 2 * (size_t)f->hid;
-            TSR_TRY(op->matmul(be, xb, n, &w->w_gate_up, gu));
+        /* SwiGLU MLP block. Fused: the product is in gu; SwiGLU and w_down (+ residual) in
+         * one call in one process (on CUDA the SwiGLU rows go to the GEMM in BF16) */
+        if (fg && f->tp == 1 && op->swiglu_matmul_acc && op->matmul_parts_acc) {
+            TSR_TRY(op->swiglu_matmul_acc(be, gu, n, f->hid, hb, &w->w_down, f->down_seg,
+                                          f->n_parts, x)); /* x += */
+            continue;
+        }
+        if (fg) {
             TSR_TRY(op->swiglu_fused(be, gu, n, f->hid, hb));
         } else {
             TSR_TRY(op->matmul(be, xb, n, &w->w_gate, hb));

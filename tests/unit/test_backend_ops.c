@@ -1307,6 +1307,84 @@ TSR_TEST(test_swiglu_fused) {
     targets_close(&t);
 }
 
+/* rmsnorm_matmul and swiglu_matmul_acc against their two steps on the reference: xb and
+ * y (the residual y += for the second). On CUDA with BF16 weights the GEMM's input is the
+ * rows rounded to BF16 either way, written by the norm / SwiGLU kernel instead of a
+ * conversion: within the BF16 GEMM's tolerance of the CPU. */
+static void check_norm_swiglu_matmul(tsr_dtype dt, int64_t n) {
+    targets t;
+    ASSERT_OK(targets_open(&t));
+    enum { DIM = 256, HID = 384, PARTS = 4 };
+    const int32_t seg[PARTS + 1] = {0, 96, 192, 288, 384};
+    float *x = rand_floats((size_t)(n * DIM), 2.0f), *nw = rand_floats(DIM, 0.2f);
+    for (int i = 0; i < DIM; i++) nw[i] += 1.0f;
+    float *w1f = rand_floats(2 * HID * DIM, 0.1f), *w2f = rand_floats(DIM * HID, 0.1f);
+    float *gu = rand_floats((size_t)(n * 2 * HID), 3.0f), *res = rand_floats((size_t)(n * DIM), 1.0f);
+    tsr_tensor tn = {.dtype = TSR_F32, .rows = 1, .cols = DIM, .data = nw};
+    tsr_tensor w1 = make_tensor(dt, 2 * HID, DIM, w1f), w2 = make_tensor(dt, DIM, HID, w2f);
+    const size_t outn = (size_t)(n * DIM + n * 2 * HID + n * DIM);
+    float *want = tsr_malloc(outn * sizeof(float)), *got = tsr_malloc(outn * sizeof(float));
+    char what[80];
+    snprintf(what, sizeof what, "rmsnorm_matmul+swiglu_matmul_acc %s n=%lld",
+             tsr_dtype_name(dt), (long long)n);
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        tsr_backend *be = target(&t, b);
+        placed pn, p1, p2;
+        ASSERT_OK(be_tensor(be, &tn, &pn));
+        ASSERT_OK(be_tensor(be, &w1, &p1));
+        ASSERT_OK(be_tensor(be, &w2, &p2));
+        float *dx = be_dup(be, x, (size_t)(n * DIM) * sizeof(float));
+        float *dxb = be_dup(be, NULL, (size_t)(n * DIM) * sizeof(float));
+        float *dy = be_dup(be, NULL, (size_t)(n * 2 * HID) * sizeof(float));
+        float *dgu = be_dup(be, gu, (size_t)(n * 2 * HID) * sizeof(float));
+        float *dhb = be_dup(be, NULL, (size_t)(n * HID) * sizeof(float));
+        float *dres = be_dup(be, res, (size_t)(n * DIM) * sizeof(float));
+        ASSERT_TRUE(dx && dxb && dy && dgu && dhb && dres);
+        if (b < 0) {
+            ASSERT_OK(be->ops->rmsnorm(be, dx, &pn.t, n, DIM, 1e-5f, dxb));
+            ASSERT_OK(be->ops->matmul(be, dxb, n, &p1.t, dy));
+            ASSERT_OK(be->ops->swiglu_fused(be, dgu, n, HID, dhb));
+            ASSERT_OK(be->ops->matmul_parts_acc(be, dhb, n, &p2.t, seg, PARTS, dres));
+        } else {
+            ASSERT_OK(be->ops->rmsnorm_matmul(be, dx, &pn.t, n, DIM, 1e-5f, dxb, &p1.t, dy));
+            ASSERT_OK(be->ops->swiglu_matmul_acc(be, dgu, n, HID, dhb, &p2.t, seg, PARTS, dres));
+        }
+        float *out = b < 0 ? want : got;
+        ASSERT_OK(be_read(be, out, dxb, (size_t)(n * DIM) * sizeof(float)));
+        ASSERT_OK(be_read(be, out + n * DIM, dy, (size_t)(n * 2 * HID) * sizeof(float)));
+        ASSERT_OK(be_read(be, out + n * DIM + n * 2 * HID, dres, (size_t)(n * DIM) * sizeof(float)));
+        if (b >= 0)
+            ASSERT_TRUE(compare(what, t.label[b], got, want, outn, NULL,
+                                be->device >= 0 ? 0.2 : 0.0) <= 1.0);
+        be_release(be, dx);
+        be_release(be, dxb);
+        be_release(be, dy);
+        be_release(be, dgu);
+        be_release(be, dhb);
+        be_release(be, dres);
+        be_tensor_release(be, &pn);
+        be_tensor_release(be, &p1);
+        be_tensor_release(be, &p2);
+    }
+    tsr_free(x);
+    tsr_free(nw);
+    tsr_free(w1f);
+    tsr_free(w2f);
+    tsr_free(gu);
+    tsr_free(res);
+    tsr_free((void *)w1.data);
+    tsr_free((void *)w2.data);
+    tsr_free(want);
+    tsr_free(got);
+    targets_close(&t);
+}
+
+TSR_TEST(test_norm_swiglu_matmul) {
+    check_norm_swiglu_matmul(TSR_BF16, 1);
+    check_norm_swiglu_matmul(TSR_BF16, 40);
+    check_norm_swiglu_matmul(TSR_F32, 3);
+}
+
 /* ---- timings (TSR_BENCH=1; tests/device/run.sh) ---- */
 
 static double now_s(void) {
@@ -1529,5 +1607,6 @@ TSR_TEST_MAIN(test_memory, test_copies, test_kv_rows, test_matmul_f32, test_matm
               test_matmul_f16, test_matmul_parts, test_rmsnorm, test_rope, test_swiglu_add, test_bias_add,
               test_embed, test_attention_decode, test_attention_prefill, test_attention_paged,
               test_matmul_parts_acc, test_sample, test_qkv_rope, test_swiglu_fused,
+              test_norm_swiglu_matmul,
               test_backend_select,
               test_bench)
