@@ -822,8 +822,10 @@ static tsr_status tsr__cuda_qkv_rope(tsr_backend *be, const tsr_qkv_rope_args *a
     if (a->n <= 0) return TSR_OK;
     if (cfg->rope_scaling == TSR_ROPE_YARN) /* rope's limit: its table keys omit YaRN's betas */
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda qkv_rope: yarn is not supported yet");
-    if (!a->q_norm != !a->k_norm || (a->bias && a->bias->dtype != TSR_F32))
-        return tsr_error_set(TSR_ERR_INVALID, "cuda qkv_rope: bad bias or q/k norms");
+    if (!a->q_norm != !a->k_norm || (a->bias && a->bias->dtype != TSR_F32) ||
+        (a->q_norm && (a->q_norm->dtype != TSR_F32 || a->k_norm->dtype != TSR_F32)))
+        return tsr_error_set(TSR_ERR_INVALID, "cuda qkv_rope: the bias and q/k norms must be "
+                             "f32, the norms both or neither");
     TSR_TRY(tsr__rope_table(c, cfg));
     const int32_t *dpos, *dslots = NULL;
     bool staged;

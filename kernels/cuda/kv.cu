@@ -118,10 +118,9 @@ __global__ void kv_copy_kernel(tsr__cuda_kv l, const int32_t *dst, const int32_t
     }
 }
 
-__device__ __forceinline__ float w_at(const void *w, int wdtype, int i) {
-    if (wdtype == 0) return static_cast<const float *>(w)[i]; // TSR_F32
-    const unsigned short h = static_cast<const unsigned short *>(w)[i];
-    return __uint_as_float(static_cast<unsigned>(h) << 16); // TSR_BF16 (the loaders' norms)
+// The q/k norm weights: f32, as every loader keeps norms (the launcher refuses others).
+__device__ __forceinline__ float w_at(const void *w, int i) {
+    return static_cast<const float *>(w)[i];
 }
 
 // The op qkv_rope (launch.h), one block of kThreads per token. q goes straight to its output
@@ -131,7 +130,7 @@ __device__ __forceinline__ float w_at(const void *w, int wdtype, int i) {
 __global__ void qkv_rope_kernel(const float *qkv, int64_t n, int nh, int nkv, int hd,
                                 const int32_t *pos, const float *inv_freq, float cos_scale,
                                 int interleaved, const float *bias, const void *q_norm,
-                                const void *k_norm, int wdtype, float eps, float *q,
+                                const void *k_norm, float eps, float *q,
                                 tsr__cuda_kv l, int has_lay, const int32_t *slots, float *k,
                                 float *v) {
     extern __shared__ float skv[]; // [2][kvd]
@@ -155,7 +154,7 @@ __global__ void qkv_rope_kernel(const float *qkv, int64_t n, int nh, int nkv, in
                 for (int c = lane; c < hd; c += 32) ss += x[c] * x[c];
                 for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
                 const float inv = 1.0f / sqrtf(ss / static_cast<float>(hd) + eps);
-                for (int c = lane; c < hd; c += 32) x[c] = x[c] * inv * w_at(w, wdtype, c);
+                for (int c = lane; c < hd; c += 32) x[c] = x[c] * inv * w_at(w, c);
             }
             __syncthreads();
         }
@@ -226,13 +225,14 @@ extern "C" cudaError_t tsr__cuda_launch_qkv_rope(const float *qkv, int64_t n, in
                                                  const tsr__cuda_kv *l, const int32_t *slots,
                                                  float *k, float *v, cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
-    if (hd <= 0 || hd % 2 || nh <= 0 || nkv <= 0 || (l && (l->block <= 0 || l->row != nkv * hd)))
+    if (hd <= 0 || hd % 2 || nh <= 0 || nkv <= 0 || (l && (l->block <= 0 || l->row != nkv * hd)) ||
+        (q_norm && wdtype != 0)) // TSR_F32 norms only
         return cudaErrorInvalidValue;
     const size_t shared = 2 * static_cast<size_t>(nkv) * hd * sizeof(float);
     if (shared > 48 * 1024) return cudaErrorInvalidValue; // 6144 K/V floats: far above GQA's
     tsr__cuda_kv none = {};
     qkv_rope_kernel<<<row_blocks(n), kThreads, shared, stream>>>(
         qkv, n, nh, nkv, hd, pos, inv_freq, cos_scale, interleaved, bias, q_norm, k_norm,
-        wdtype, eps, q, l ? *l : none, l ? 1 : 0, slots, k, v);
+        eps, q, l ? *l : none, l ? 1 : 0, slots, k, v);
     return cudaGetLastError();
 }

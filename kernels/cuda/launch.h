@@ -82,7 +82,7 @@ cudaError_t tsr__cuda_launch_kv_copy(const tsr__cuda_kv *l, const int32_t *dst,
                                      const int32_t *src, int64_t n, cudaStream_t stream);
 /* The op qkv_rope (kernels/backend.h, tsr_qkv_rope_args) on the device (kv.cu), one block
  * per token: row i of qkv ([n][(nh + 2 nkv) * hd]) plus bias (NULL: none; f32), each head
- * RMS-normed with q_norm / k_norm (NULL: none; wdtype, eps), q and k rotated at pos[i]
+ * RMS-normed with q_norm / k_norm (NULL: none; f32, wdtype TSR_F32; eps), q and k rotated at pos[i]
  * with inv_freq (hd / 2, device) and cos_scale (1, or YaRN's attention factor); q to q
  * ([n][nh * hd]); k and v to slot slots[i] of l when l is non-NULL, else to k and v
  * ([n][nkv * hd]). pos and slots are device arrays. */

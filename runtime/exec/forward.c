@@ -137,14 +137,24 @@ tsr_status tsr_forward_create(const tsr_model *m, tsr_backend *be, int max_token
     return tsr_forward_create_parallel(m, be, max_tokens, NULL, out);
 }
 
-/* Whether layer w runs on its fused q/k/v (or gate/up) weights: present, and the backend
- * has the op that splits the product (runtime/model/fuse.h). */
-static bool tsr__fused_qkv(const tsr_forward *f, const tsr_layer_weights *w) {
+/* Whether layer w can run on its fused q/k/v (or gate/up) weights: present, and the
+ * backend has the op that splits the product (runtime/model/fuse.h). */
+static bool tsr__qkv_fusable(const tsr_forward *f, const tsr_layer_weights *w) {
     return w->wqkv.data && f->be->ops->qkv_rope && (!f->m->cfg.qkv_bias || w->bqkv.data);
 }
 
-static bool tsr__fused_gu(const tsr_forward *f, const tsr_layer_weights *w) {
+static bool tsr__gu_fusable(const tsr_forward *f, const tsr_layer_weights *w) {
     return w->w_gate_up.data && f->be->ops->swiglu_fused && f->m->cfg.n_experts == 0;
+}
+
+/* ... and does: the product's buffer was made when the forward was (a model fused later,
+ * by another engine that borrows it, keeps its unfused parts as views, read here). */
+static bool tsr__fused_qkv(const tsr_forward *f, const tsr_layer_weights *w) {
+    return f->qkv && tsr__qkv_fusable(f, w);
+}
+
+static bool tsr__fused_gu(const tsr_forward *f, const tsr_layer_weights *w) {
+    return f->gu && tsr__gu_fusable(f, w);
 }
 
 /* Activations live in the backend's memory. NCCL moves them as they are, ordered on the
@@ -209,8 +219,8 @@ tsr_status tsr_forward_create_parallel(const tsr_model *m, tsr_backend *be, int 
     /* Fused weights are used, layer by layer, where the backend has the fused ops
      * (runtime/model/fuse.h): their products' buffers when some local layer has them. */
     for (int l = sh.layer_begin; l < sh.layer_end; l++) {
-        f->fused_qkv |= tsr__fused_qkv(f, &m->layers[l]);
-        f->fused_gu |= tsr__fused_gu(f, &m->layers[l]);
+        f->fused_qkv |= tsr__qkv_fusable(f, &m->layers[l]);
+        f->fused_gu |= tsr__gu_fusable(f, &m->layers[l]);
     }
     size_t rb = TSR__PARTS_BYTES / ((size_t)sh.n_parts * (size_t)c->dim * 4);
     f->row_block = rb < 1 ? 1 : rb > T ? (int64_t)T : (int64_t)rb;
