@@ -1237,8 +1237,10 @@ static void check_qkv_rope(int kv_dtype, int with_lay, int norms, int bias) {
             ASSERT_OK(be_read(be, out + N * QD + N * KVD, dv, N * KVD * sizeof(float)));
         }
         /* the CPU backends give the bits; a GPU rounds sin/cos and the norms' sums its own
-         * way (|x| < 4 here), and a bf16 store may round such a value the other way */
-        double tol = b >= 0 && be->device >= 0 ? (kv_dtype == TSR_KV_BF16 ? 2e-2 : 1e-5) : 0.0;
+         * way (|x| < 4 here), and a bf16, q8 or fp8 store may round such a value to the
+         * neighbouring code */
+        static const double dev_tol[] = {1e-5, 2e-2, 5e-2, 0.3}; /* f32, bf16, q8, fp8 */
+        double tol = b >= 0 && be->device >= 0 ? dev_tol[with_lay ? kv_dtype : 0] : 0.0;
         if (b >= 0) ASSERT_TRUE(compare(what, t.label[b], got, want, outn, NULL, tol) <= 1.0);
         be_release(be, dq);
         be_release(be, dk);
@@ -1267,6 +1269,8 @@ TSR_TEST(test_qkv_rope) {
     check_qkv_rope(TSR_KV_F32, 1, 0, 0);
     check_qkv_rope(TSR_KV_BF16, 1, 1, 1);
     check_qkv_rope(TSR_KV_F32, 0, 1, 1);
+    check_qkv_rope(TSR_KV_Q8, 1, 0, 1);
+    check_qkv_rope(TSR_KV_FP8, 1, 1, 0);
 }
 
 /* swiglu_fused against swiglu on the two halves, split on the host. */
