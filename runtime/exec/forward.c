@@ -5,7 +5,11 @@
  * Distribution (runtime/exec/parallel.h): a rank holds a stage's layers and a TP slice of each.
  * The two row-parallel products (wo, w_down) are always computed as per-part partial sums
  * in canonical part order, in one process too, which is what makes tp = 1, 2, 4 give the
- * same bits. */
+ * same bits.
+ *
+ * Fused weights (runtime/model/fuse.h): a layer with wqkv / w_gate_up makes one product
+ * where it made three / two, and the calls around them merge (qkv_rope, rmsnorm_matmul,
+ * swiglu_matmul_acc: kernels/backend.h), with the unfused bits on the CPU backends. */
 #include "runtime/exec/forward.h"
 
 #include <math.h>
