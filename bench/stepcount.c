@@ -3,7 +3,7 @@
  * `counters`), so that the transfers a GPU step would pay are checked without a GPU:
  *
  *   tsr_stepcount SPEC [--kv-policy NAME] [--batch B] [--ctx C] [--steps S] [--budget X]
- *                 [--threads T] [--POLICY-OPTION V | --POLICY-FLAG]...
+ *                 [--threads T] [--no-fuse] [--POLICY-OPTION V | --POLICY-FLAG]...
  *
  * B sequences of C pseudo-random prompt tokens (one prefill call), then S decode steps of
  * one token per sequence, each taken as generate and run take it: one forward call with the
@@ -13,7 +13,9 @@
  *        upload_bytes= waits= host_arrays= host_array_bytes= pageable= ops=
  *        downloads_per_layer= ops_per_layer=
  * (docs/perf.md has the counts and what each one is). The arena is TSR_FENCED_MEMORY or
- * the fenced device's default. Exit 0, or 1 with one line on stderr. */
+ * the fenced device's default. --no-fuse keeps q/k/v and gate/up apart (the engine's
+ * no_fuse: runtime/model/fuse.h), for the counts without fused weights. Exit 0, or 1 with
+ * one line on stderr. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,12 +84,14 @@ static tsr_status tsr__run(tsr_engine *e, int batch, int ctx, int steps,
 int main(int argc, char **argv) {
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: %s SPEC [--kv-policy NAME] [--batch B] [--ctx C] [--steps S] "
-                        "[--budget X] [--threads T] [--POLICY-OPTION V]...\n", argv[0]);
+                        "[--budget X] [--threads T] [--no-fuse] [--POLICY-OPTION V]...\n",
+                argv[0]);
         return 1;
     }
     const char *spec = argv[1], *name = NULL;
     int batch = 1, ctx = 64, steps = 4, threads = tsr_sys_cpus();
     double budget = 0.5;
+    bool no_fuse = false;
     tsr_kv_policy_arg args[TSR__MAX_ARGS];
     int n_args = 0;
     const char *opt_name[TSR__MAX_ARGS], *opt_value[TSR__MAX_ARGS];
@@ -100,6 +104,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--steps") && v) steps = atoi(argv[++i]);
         else if (!strcmp(a, "--budget") && v) budget = atof(argv[++i]);
         else if (!strcmp(a, "--threads") && v) threads = atoi(argv[++i]);
+        else if (!strcmp(a, "--no-fuse")) no_fuse = true;
         else if (!strncmp(a, "--", 2) && n_opts < TSR__MAX_ARGS) {
             /* a policy option: checked against the declaration once it is known */
             opt_name[n_opts] = a + 2;
@@ -134,6 +139,7 @@ int main(int argc, char **argv) {
     tsr_engine_spec eo = {
         .model_path = spec, .backend = "cpu-fenced", .threads = threads,
         .max_tokens = max_tokens, .min_context = need, .config_out = &loaded,
+        .no_fuse = no_fuse,
         .kv = {.policy = pol, .block_size = 16, .max_seqs = batch,
                .budget = pol->uses_budget ? budget : 0, .policy_args = args,
                .n_policy_args = n_args, .no_prefix_cache = 1, .chunk_tokens = max_tokens,

@@ -165,6 +165,29 @@ typedef struct tsr_attn_paged_args {
     int window;
 } tsr_attn_paged_args;
 
+/* The q/k/v steps between a fused projection and attention in one call (the op qkv_rope):
+ * row i of qkv is q | k | v of one token (the product with the layer's wqkv,
+ * runtime/model/fuse.h). In order, with the bits of the ops it replaces: the bias added
+ * (bias_add), each head's rmsnorm (q_norm / k_norm, Qwen3), q and k rotated at pos[i]
+ * (rope), then q to q and k, v to the cache slots (kv_write) or to k and v. qkv is not
+ * modified. pos and slots are the step's metadata (host memory, or backend memory as
+ * rope's and kv_write's); everything else but cfg and the struct is backend memory. */
+typedef struct tsr_qkv_rope_args {
+    const float *qkv; /* [n][(n_heads + 2 * n_kv_heads) * head_dim] */
+    int64_t n;
+    int n_heads, n_kv_heads;
+    const tsr_model_config *cfg; /* head_dim, norm_eps, the rope parameters */
+    const int32_t *pos;          /* [n] */
+    const tsr_tensor *bias;      /* optional: f32 [1, row width] */
+    const tsr_tensor *q_norm, *k_norm; /* optional (both or neither): [1, head_dim] */
+    float *q;                    /* [n][n_heads * head_dim], rotated */
+    /* lay non-NULL: k (rotated) and v go to slot slots[i] of lay; else to k and v,
+     * [n][n_kv_heads * head_dim] each */
+    const tsr_kv_layout *lay;
+    const int32_t *slots;
+    float *k, *v;
+} tsr_qkv_rope_args;
+
 /* One row's sampling parameters for the op `sample`. r is the uniform in [0, 1) that the
  * request's seeded sampler drew on the host (runtime/exec/sampler.c), so that every backend picks
  * with the same number. */
@@ -330,6 +353,29 @@ typedef struct tsr_backend_ops {
      * blocks, kernels/cuda/quant_gemm.h). Not called on a host-memory backend. */
     tsr_status (*place_tensor)(tsr_backend *be, const tsr_tensor *host, tsr_tensor *dev,
                                bool *copied);
+    /* Optional (NULL: the forward pass keeps wq/wk/wv and w_gate/w_up apart, and
+     * runtime/model/fuse.h's weights unused): tsr_qkv_rope_args. */
+    tsr_status (*qkv_rope)(tsr_backend *be, const tsr_qkv_rope_args *a);
+    /* Optional with qkv_rope (both or neither): out[r][j] = silu(gu[r][j]) * gu[r][hidden
+     * + j] for n rows of a fused gate/up product ([n][2 * hidden], gate then up); out is
+     * [n][hidden] and may not overlap gu. The bits of swiglu on the two halves. */
+    tsr_status (*swiglu_fused)(tsr_backend *be, const float *gu, int64_t n, int hidden,
+                               float *out);
+    /* Optional (NULL: rmsnorm, then matmul): xb = rmsnorm(x) as rmsnorm gives it ([n][dim]),
+     * then y = xb . w^T as matmul gives it; one call, so that a backend whose GEMM reads
+     * BF16 (CUDA, for BF16 weights) writes the normed rows in BF16 for it too and runs no
+     * conversion in between. The CPU backends keep F32 (their BF16 kernels multiply F32
+     * inputs). */
+    tsr_status (*rmsnorm_matmul)(tsr_backend *be, const float *x, const tsr_tensor *norm,
+                                 int64_t n, int dim, float eps, float *xb, const tsr_tensor *w,
+                                 float *y);
+    /* Optional (NULL: swiglu_fused, then matmul_parts_acc): y += the ordered sum of
+     * matmul_parts of swiglu_fused(gu) with w (the bits of those two calls); hb ([n][hidden])
+     * is the call's scratch, its contents undefined afterwards. A BF16 GEMM's backend writes
+     * the SwiGLU rows in BF16 for it (CUDA). */
+    tsr_status (*swiglu_matmul_acc)(tsr_backend *be, const float *gu, int64_t n, int hidden,
+                                    float *hb, const tsr_tensor *w, const int32_t *seg,
+                                    int n_parts, float *y);
 } tsr_backend_ops;
 
 /* Short forms of the memory calls, synchronous (stream NULL). */

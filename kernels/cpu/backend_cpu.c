@@ -116,6 +116,7 @@ static void tsr__cpu_destroy(tsr_backend *be) {
         tsr_free(c->q8x);
         tsr_free(c->inv_freq);
         tsr_free(c->rope_cs);
+        tsr_free(c->qkv_kv);
         tsr_free(c->rope_pos);
         tsr_free(c);
     }
@@ -227,6 +228,22 @@ static tsr_status tsr__cpu_matmul_parts_acc(tsr_backend *be, const float *x, int
     return st;
 }
 
+/* The fused calls as their two steps: the CPU's BF16 kernels read F32 rows, so there is
+ * no conversion to save (kernels/backend.h). */
+static tsr_status tsr__cpu_rmsnorm_matmul(tsr_backend *be, const float *x, const tsr_tensor *norm,
+                                          int64_t n, int dim, float eps, float *xb,
+                                          const tsr_tensor *w, float *y) {
+    TSR_TRY(tsr__cpu_rmsnorm(be, x, norm, n, dim, eps, xb));
+    return tsr__cpu_matmul(be, xb, n, w, y);
+}
+
+static tsr_status tsr__cpu_swiglu_matmul_acc(tsr_backend *be, const float *gu, int64_t n,
+                                             int hidden, float *hb, const tsr_tensor *w,
+                                             const int32_t *seg, int n_parts, float *y) {
+    TSR_TRY(tsr__cpu_swiglu_fused(be, gu, n, hidden, hb));
+    return tsr__cpu_matmul_parts_acc(be, hb, n, w, seg, n_parts, y);
+}
+
 static const tsr_backend_ops tsr__cpu_ops = {
     .name = "cpu",
     .destroy = tsr__cpu_destroy,
@@ -264,6 +281,10 @@ static const tsr_backend_ops tsr__cpu_ops = {
     .moe = tsr__cpu_moe,
     .attention_paged = tsr__cpu_attention_paged,
     .matmul_parts_acc = tsr__cpu_matmul_parts_acc,
+    .qkv_rope = tsr__cpu_qkv_rope,
+    .swiglu_fused = tsr__cpu_swiglu_fused,
+    .rmsnorm_matmul = tsr__cpu_rmsnorm_matmul,
+    .swiglu_matmul_acc = tsr__cpu_swiglu_matmul_acc,
 };
 
 tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {

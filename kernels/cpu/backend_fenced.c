@@ -820,6 +820,75 @@ static tsr_status tsr__fenced_attention_paged(tsr_backend *be, const tsr_attn_pa
     return tsr__fence_end(f, st);
 }
 
+static tsr_status tsr__fenced_qkv_rope(tsr_backend *be, const tsr_qkv_rope_args *a) {
+    tsr__fenced *f = TSR__F(be);
+    const char *op = "qkv_rope";
+    if (a->n <= 0) return TSR_OK;
+    int64_t hd = a->cfg->head_dim, qd = a->n_heads * hd, kvd = a->n_kv_heads * hd;
+    TSR_TRY(tsr__host(f, op, "args", a, sizeof *a));
+    TSR_TRY(tsr__dev(f, op, "qkv", a->qkv, tsr__bytes3(a->n, qd + 2 * kvd, sizeof(float))));
+    TSR_TRY(tsr__dev(f, op, "q", a->q, tsr__bytes3(a->n, qd, sizeof(float))));
+    TSR_TRY(tsr__meta(f, op, "pos", a->pos, tsr__bytes3(a->n, 1, sizeof(int32_t))));
+    if (a->bias) TSR_TRY(tsr__dev_tensor(f, op, "bias", a->bias));
+    if (a->q_norm) TSR_TRY(tsr__dev_tensor(f, op, "q_norm", a->q_norm));
+    if (a->k_norm) TSR_TRY(tsr__dev_tensor(f, op, "k_norm", a->k_norm));
+    if (a->lay) {
+        TSR_TRY(tsr__meta(f, op, "slots", a->slots, tsr__bytes3(a->n, 1, sizeof(int32_t))));
+    } else {
+        TSR_TRY(tsr__dev(f, op, "k", a->k, tsr__bytes3(a->n, kvd, sizeof(float))));
+        TSR_TRY(tsr__dev(f, op, "v", a->v, tsr__bytes3(a->n, kvd, sizeof(float))));
+    }
+    tsr__count(f, TSR__CNT_OPS, 1);
+    TSR_TRY(tsr__fence_open(f));
+    /* device slots are readable only inside the fence: checked there */
+    tsr_status st = a->lay ? tsr__dev_slots(f, op, a->lay, a->slots, a->n) : TSR_OK;
+    if (st == TSR_OK) st = f->inner->ops->qkv_rope(f->inner, a);
+    return tsr__fence_end(f, st);
+}
+
+static tsr_status tsr__fenced_swiglu_fused(tsr_backend *be, const float *gu, int64_t n,
+                                           int hidden, float *out) {
+    tsr__fenced *f = TSR__F(be);
+    TSR_TRY(tsr__dev(f, "swiglu_fused", "gu", gu, tsr__bytes3(n, 2 * (int64_t)hidden, 4)));
+    TSR_TRY(tsr__dev(f, "swiglu_fused", "out", out, tsr__bytes3(n, hidden, sizeof(float))));
+    tsr__count(f, TSR__CNT_OPS, 1);
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->swiglu_fused(f->inner, gu, n, hidden, out));
+}
+
+static tsr_status tsr__fenced_rmsnorm_matmul(tsr_backend *be, const float *x,
+                                             const tsr_tensor *norm, int64_t n, int dim,
+                                             float eps, float *xb, const tsr_tensor *w,
+                                             float *y) {
+    tsr__fenced *f = TSR__F(be);
+    const char *op = "rmsnorm_matmul";
+    TSR_TRY(tsr__dev_tensor(f, op, "norm", norm));
+    TSR_TRY(tsr__dev_tensor(f, op, "weight", w));
+    TSR_TRY(tsr__dev(f, op, "x", x, tsr__bytes3(n, dim, sizeof(float))));
+    TSR_TRY(tsr__dev(f, op, "xb", xb, tsr__bytes3(n, dim, sizeof(float))));
+    TSR_TRY(tsr__dev(f, op, "y", y, tsr__bytes3(n, w->rows, sizeof(float))));
+    tsr__count(f, TSR__CNT_OPS, 1);
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->rmsnorm_matmul(f->inner, x, norm, n, dim, eps, xb,
+                                                           w, y));
+}
+
+static tsr_status tsr__fenced_swiglu_matmul_acc(tsr_backend *be, const float *gu, int64_t n,
+                                                int hidden, float *hb, const tsr_tensor *w,
+                                                const int32_t *seg, int n_parts, float *y) {
+    tsr__fenced *f = TSR__F(be);
+    const char *op = "swiglu_matmul_acc";
+    TSR_TRY(tsr__dev_tensor(f, op, "weight", w));
+    TSR_TRY(tsr__dev(f, op, "gu", gu, tsr__bytes3(n, 2 * (int64_t)hidden, sizeof(float))));
+    TSR_TRY(tsr__dev(f, op, "hb", hb, tsr__bytes3(n, hidden, sizeof(float))));
+    TSR_TRY(tsr__dev(f, op, "y", y, tsr__bytes3(n, w->rows, sizeof(float))));
+    TSR_TRY(tsr__host(f, op, "seg", seg, tsr__bytes3(n_parts + 1, 1, sizeof(int32_t))));
+    tsr__count(f, TSR__CNT_OPS, 1);
+    TSR_TRY(tsr__fence_open(f));
+    return tsr__fence_end(f, f->inner->ops->swiglu_matmul_acc(f->inner, gu, n, hidden, hb, w,
+                                                              seg, n_parts, y));
+}
+
 /* ---- graphs: nothing recorded; the sequence checked ---- */
 
 static tsr_status tsr__fenced_graph_begin(tsr_backend *be, uint64_t key, bool *replayed) {
@@ -924,6 +993,10 @@ static const tsr_backend_ops tsr__fenced_ops = {
     .matmul_parts_acc = tsr__fenced_matmul_parts_acc,
     .graph_begin = tsr__fenced_graph_begin,
     .graph_end = tsr__fenced_graph_end,
+    .qkv_rope = tsr__fenced_qkv_rope,
+    .swiglu_fused = tsr__fenced_swiglu_fused,
+    .rmsnorm_matmul = tsr__fenced_rmsnorm_matmul,
+    .swiglu_matmul_acc = tsr__fenced_swiglu_matmul_acc,
 };
 
 /* TSR_FENCED_MEMORY: digits with an optional K/M/G/T suffix (powers of 1024). */

@@ -61,6 +61,9 @@ typedef struct tsr__cpu_ctx {
     int64_t rope_pos_cap;
     int64_t rope_n;
     int rope_half;
+    /* qkv_rope with a KV layout: the call's rotated K and V rows, [n][2][kv width]. */
+    float *qkv_kv;
+    size_t qkv_kv_cap;
 } tsr__cpu_ctx;
 
 /* Memory calls (mem_cpu.c): host memory, memcpy, streams that are the caller's thread. */
@@ -101,6 +104,9 @@ tsr_status tsr__cpu_rmsnorm(tsr_backend *be, const float *x, const tsr_tensor *w
 tsr_status tsr__cpu_rope(tsr_backend *be, float *x, const int32_t *pos, int64_t n,
                          int n_heads, const tsr_model_config *cfg);
 tsr_status tsr__cpu_swiglu(tsr_backend *be, float *gate, const float *up, int64_t n);
+tsr_status tsr__cpu_qkv_rope(tsr_backend *be, const tsr_qkv_rope_args *a);
+tsr_status tsr__cpu_swiglu_fused(tsr_backend *be, const float *gu, int64_t n, int hidden,
+                                 float *out);
 tsr_status tsr__cpu_add(tsr_backend *be, float *x, const float *y, int64_t n);
 tsr_status tsr__cpu_bias_add(tsr_backend *be, float *x, const tsr_tensor *b, int64_t n);
 tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t *ids,

@@ -7,6 +7,7 @@
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q8.h"
+#include "kernels/kv_dtype.h"
 #include "kernels/rope_freq.h"
 #include "base/alloc.h"
 
@@ -196,6 +197,115 @@ tsr_status tsr__cpu_rope(tsr_backend *be, float *x, const int32_t *pos, int64_t 
     for (int64_t r = 0; r < n; r++) {
         const float *cr = cs + (size_t)r * (size_t)half * 2;
         tsr__rope_row(x + (size_t)r * ld, cr, cr + half, n_heads, hd, inter);
+    }
+    return TSR_OK;
+}
+
+/* One token of qkv_rope: the steps of bias_add, rmsnorm per head, rope and kv_write on the
+ * row's copies, each with the function those ops use, so the same bits. */
+static void tsr__qkv_rope_row(const tsr__cpu_kernels *k, const tsr_qkv_rope_args *a,
+                              const float *cs, float *kvrow, int64_t r) {
+    const tsr_model_config *cfg = a->cfg;
+    const int hd = cfg->head_dim, half = hd / 2;
+    const size_t qd = (size_t)a->n_heads * (size_t)hd, kvd = (size_t)a->n_kv_heads * (size_t)hd;
+    const float *src = a->qkv + (size_t)r * (qd + 2 * kvd);
+    float *qo = a->q + (size_t)r * qd;
+    float *ko = a->lay ? kvrow : a->k + (size_t)r * kvd;
+    float *vo = a->lay ? kvrow + kvd : a->v + (size_t)r * kvd;
+    memcpy(qo, src, qd * sizeof *qo);
+    memcpy(ko, src + qd, kvd * sizeof *ko);
+    memcpy(vo, src + qd + kvd, kvd * sizeof *vo);
+    if (a->bias) {
+        const float *b = a->bias->data;
+#pragma omp simd
+        for (size_t j = 0; j < qd; j++) qo[j] += b[j];
+#pragma omp simd
+        for (size_t j = 0; j < kvd; j++) ko[j] += b[qd + j];
+#pragma omp simd
+        for (size_t j = 0; j < kvd; j++) vo[j] += b[qd + kvd + j];
+    }
+    if (a->q_norm) {
+        for (int h = 0; h < a->n_heads; h++)
+            tsr__rmsnorm_row(k, qo + (size_t)h * hd, a->q_norm, hd, cfg->norm_eps,
+                             qo + (size_t)h * hd);
+        for (int h = 0; h < a->n_kv_heads; h++)
+            tsr__rmsnorm_row(k, ko + (size_t)h * hd, a->k_norm, hd, cfg->norm_eps,
+                             ko + (size_t)h * hd);
+    }
+    const float *cr = cs + (size_t)r * (size_t)half * 2;
+    tsr__rope_row(qo, cr, cr + half, a->n_heads, hd, cfg->rope_interleaved);
+    tsr__rope_row(ko, cr, cr + half, a->n_kv_heads, hd, cfg->rope_interleaved);
+    if (a->lay) {
+        const tsr_kv_layout *lay = a->lay;
+        tsr_kv_rows_encode(lay->dtype, ko, lay->row, tsr_kv_layout_row(lay, 0, a->slots[r]), 1,
+                           lay->row);
+        tsr_kv_rows_encode(lay->dtype, vo, lay->row, tsr_kv_layout_row(lay, 1, a->slots[r]), 1,
+                           lay->row);
+    }
+}
+
+tsr_status tsr__cpu_qkv_rope(tsr_backend *be, const tsr_qkv_rope_args *a) {
+    tsr__cpu_ctx *c = be->ctx;
+    const tsr_model_config *cfg = a->cfg;
+    int hd = cfg->head_dim;
+    if (hd <= 0 || (hd & 1) || hd > TSR__CPU_MAX_HEAD_DIM || a->n_heads <= 0 ||
+        a->n_kv_heads <= 0 || a->n < 0)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu qkv_rope: head_dim %d (even, <= %d)", hd,
+                             TSR__CPU_MAX_HEAD_DIM);
+    int64_t kvd = (int64_t)a->n_kv_heads * hd, ld = (int64_t)a->n_heads * hd + 2 * kvd;
+    if (a->bias && (a->bias->dtype != TSR_F32 || a->bias->rows != 1 || a->bias->cols != ld))
+        return tsr_error_set(TSR_ERR_INVALID, "qkv_rope: the bias must be an f32 [1, %lld]",
+                             (long long)ld);
+    if (!a->q_norm != !a->k_norm)
+        return tsr_error_set(TSR_ERR_INVALID, "qkv_rope: q_norm and k_norm come together");
+    if (a->lay && (a->lay->row != kvd || !a->slots))
+        return tsr_error_set(TSR_ERR_INVALID, "qkv_rope: KV rows of %d, the heads make %lld",
+                             (int)a->lay->row, (long long)kvd);
+    if (cfg->rope_scaling == TSR_ROPE_LLAMA3 &&
+        (cfg->rope_factor <= 0 || cfg->rope_original_max_pos <= 0 ||
+         cfg->rope_high_freq_factor == cfg->rope_low_freq_factor))
+        return tsr_error_set(TSR_ERR_INVALID, "cpu qkv_rope: bad llama3 scaling parameters");
+    if (a->n == 0) return TSR_OK;
+    const float *inv_freq, *cs;
+    TSR_TRY(tsr__rope_table(c, cfg, &inv_freq));
+    TSR_TRY(tsr__rope_angles(c, a->pos, a->n, hd / 2, inv_freq, tsr_rope_cos_scale(cfg), &cs));
+    float *kv = NULL;
+    if (a->lay) {
+        TSR_TRY(tsr__cpu_scratch(&c->qkv_kv, &c->qkv_kv_cap, (size_t)a->n * 2 * (size_t)kvd));
+        kv = c->qkv_kv;
+    }
+    const tsr__cpu_kernels *k = tsr__cpu_kernels_get();
+    if (!(c->threads > 1 && a->n * ld >= TSR__CPU_EW_PAR_MIN)) {
+        for (int64_t r = 0; r < a->n; r++)
+            tsr__qkv_rope_row(k, a, cs, kv ? kv + (size_t)r * 2 * (size_t)kvd : NULL, r);
+        return TSR_OK;
+    }
+#pragma omp parallel for num_threads(c->threads) schedule(static)
+    for (int64_t r = 0; r < a->n; r++)
+        tsr__qkv_rope_row(k, a, cs, kv ? kv + (size_t)r * 2 * (size_t)kvd : NULL, r);
+    return TSR_OK;
+}
+
+/* Row by row: the gate half copied out, then the kernel swiglu runs (elementwise, so the
+ * bits of swiglu on the whole halves). */
+tsr_status tsr__cpu_swiglu_fused(tsr_backend *be, const float *gu, int64_t n, int hidden,
+                                 float *out) {
+    tsr__cpu_ctx *c = be->ctx;
+    if (n < 0 || hidden <= 0)
+        return tsr_error_set(TSR_ERR_INVALID, "swiglu_fused: bad shape (hidden %d)", hidden);
+    const tsr__cpu_kernels *k = tsr__cpu_kernels_get();
+    size_t h = (size_t)hidden;
+    if (!(c->threads > 1 && n * hidden >= TSR__CPU_EW_PAR_MIN && n > 1)) {
+        for (int64_t r = 0; r < n; r++) {
+            memcpy(out + (size_t)r * h, gu + (size_t)r * 2 * h, h * sizeof *out);
+            k->silu_mul(out + (size_t)r * h, gu + (size_t)r * 2 * h + h, hidden);
+        }
+        return TSR_OK;
+    }
+#pragma omp parallel for num_threads(c->threads) schedule(static)
+    for (int64_t r = 0; r < n; r++) {
+        memcpy(out + (size_t)r * h, gu + (size_t)r * 2 * h, h * sizeof *out);
+        k->silu_mul(out + (size_t)r * h, gu + (size_t)r * 2 * h + h, hidden);
     }
     return TSR_OK;
 }

@@ -104,6 +104,12 @@ typedef struct tsr__cuda_ctx {
     int graph_next;
     int capturing; /* the slot being captured, or -1 */
     bool graphs_off;
+    /* TSR_CUDA_GEMV=1: a BF16 matmul of one row runs the GEMV kernel (ops.cu) instead of
+     * cuBLAS; off until the device check's backend-ops bench says it is faster. */
+    bool gemv;
+    /* rmsnorm_matmul / swiglu_matmul_acc: xconv already holds the GEMM's BF16 input (the
+     * first step wrote it), so the GEMM inside the same call converts nothing. */
+    bool xconv_ready;
     /* rope: inverse frequencies of the last config seen, on the device */
     float *inv_freq;
     float *inv_freq_host;
@@ -586,15 +592,21 @@ static tsr_status tsr__cuda_matmul(tsr_backend *be, const float *x, int64_t n, c
         const int32_t whole[2] = {0, (int32_t)w->cols};
         return tsr__cuda_quant_parts(c->quant, x, n, w, whole, 1, false, false, y);
     }
+    if (n == 1 && w->dtype == TSR_BF16 && c->gemv) { /* x read as f32: no conversion */
+        TSR_CUDA_TRY(tsr__cuda_launch_gemv_bf16(w->data, w->rows, w->cols, x, y, c->stream));
+        return TSR_OK;
+    }
     const float one = 1.0f, zero = 0.0f;
     const void *b = x;
     cudaDataType_t t = CUDA_R_32F;
     if (w->dtype == TSR_BF16 || w->dtype == TSR_F16) {
         t = w->dtype == TSR_BF16 ? CUDA_R_16BF : CUDA_R_16F;
         size_t elems = (size_t)n * (size_t)w->cols;
-        TSR_TRY(tsr__scratch_reserve(&c->xconv, elems * 2, c->stream));
-        TSR_CUDA_TRY(tsr__cuda_launch_convert_f32(c->xconv.ptr, (int)w->dtype, x, (int64_t)elems,
-                                                  c->stream));
+        if (!c->xconv_ready) {
+            TSR_TRY(tsr__scratch_reserve(&c->xconv, elems * 2, c->stream));
+            TSR_CUDA_TRY(tsr__cuda_launch_convert_f32(c->xconv.ptr, (int)w->dtype, x,
+                                                      (int64_t)elems, c->stream));
+        }
         b = c->xconv.ptr;
     } else if (w->dtype != TSR_F32) {
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda matmul: weight dtype %d", (int)w->dtype);
@@ -663,7 +675,9 @@ static tsr_status tsr__cuda_parts(tsr_backend *be, const float *x, int64_t n,
         t = w->dtype == TSR_BF16 ? CUDA_R_16BF : CUDA_R_16F;
         es = 2;
         size_t elems = (size_t)n * (size_t)w->cols;
-        if (elems) {
+        if (c->xconv_ready) {
+            b = c->xconv.ptr;
+        } else if (elems) {
             TSR_TRY(tsr__scratch_reserve(&c->xconv, elems * 2, c->stream));
             TSR_CUDA_TRY(tsr__cuda_launch_convert_f32(c->xconv.ptr, (int)w->dtype, x,
                                                       (int64_t)elems, c->stream));
@@ -818,6 +832,86 @@ static tsr_status tsr__cuda_rope(tsr_backend *be, float *x, const int32_t *pos, 
 static tsr_status tsr__cuda_swiglu(tsr_backend *be, float *gate, const float *up, int64_t n) {
     TSR_CUDA_TRY(tsr__cuda_launch_swiglu(gate, up, n, tsr__ctx(be)->stream));
     return TSR_OK;
+}
+
+/* kernels/backend.h's qkv_rope, one launch (kv.cu): host positions and slots are staged as
+ * rope's and kv_write's; the step's metadata is read in place. */
+static tsr_status tsr__cuda_qkv_rope(tsr_backend *be, const tsr_qkv_rope_args *a) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    const tsr_model_config *cfg = a->cfg;
+    if (a->n <= 0) return TSR_OK;
+    if (!a->q_norm != !a->k_norm || (a->bias && a->bias->dtype != TSR_F32) ||
+        (a->q_norm && (a->q_norm->dtype != TSR_F32 || a->k_norm->dtype != TSR_F32)))
+        return tsr_error_set(TSR_ERR_INVALID, "cuda qkv_rope: the bias and q/k norms must be "
+                             "f32, the norms both or neither");
+    TSR_TRY(tsr__rope_table(c, cfg));
+    const int32_t *dpos, *dslots = NULL;
+    bool staged;
+    TSR_TRY(tsr__stage_i32(c, a->pos, a->n, &dpos, &staged));
+    tsr__cuda_kv l = {0};
+    if (a->lay) {
+        TSR_TRY(tsr__kv_check("qkv_rope", a->lay, a->n));
+        const void *ds = NULL;
+        TSR_TRY(tsr__stage(c, &c->slots, a->slots, (size_t)a->n * sizeof(int32_t), c->stream,
+                           &ds));
+        dslots = ds;
+        l = tsr__kv_of(a->lay);
+    }
+    TSR_CUDA_TRY(tsr__cuda_launch_qkv_rope(
+        a->qkv, a->n, a->n_heads, a->n_kv_heads, cfg->head_dim, dpos, c->inv_freq,
+        tsr_rope_cos_scale(cfg), cfg->rope_interleaved ? 1 : 0,
+        a->bias ? (const float *)a->bias->data : NULL, a->q_norm ? a->q_norm->data : NULL,
+        a->k_norm ? a->k_norm->data : NULL, a->q_norm ? (int)a->q_norm->dtype : 0,
+        cfg->norm_eps, a->q, a->lay ? &l : NULL, dslots, a->k, a->v, c->stream));
+    return TSR_OK;
+}
+
+static tsr_status tsr__cuda_swiglu_fused(tsr_backend *be, const float *gu, int64_t n, int hidden,
+                                         float *out) {
+    TSR_CUDA_TRY(tsr__cuda_launch_swiglu_fused(gu, n, hidden, out, TSR_F32,
+                                               tsr__ctx(be)->stream));
+    return TSR_OK;
+}
+
+/* kernels/backend.h's rmsnorm_matmul: for BF16 weights the norm kernel writes xb and the
+ * GEMM's BF16 input at once (no conversion launch); otherwise the two ops. */
+static tsr_status tsr__cuda_rmsnorm_matmul(tsr_backend *be, const float *x, const tsr_tensor *norm,
+                                           int64_t n, int dim, float eps, float *xb,
+                                           const tsr_tensor *w, float *y) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    if (w->dtype != TSR_BF16 || w->cols != dim || n <= 0 || (n == 1 && c->gemv)) {
+        TSR_TRY(tsr__cuda_rmsnorm(be, x, norm, n, dim, eps, xb));
+        return tsr__cuda_matmul(be, xb, n, w, y);
+    }
+    if (norm->rows * norm->cols < dim)
+        return tsr_error_set(TSR_ERR_INVALID, "cuda rmsnorm_matmul: norm has %lld values, dim %d",
+                             (long long)(norm->rows * norm->cols), dim);
+    TSR_TRY(tsr__scratch_reserve(&c->xconv, (size_t)n * (size_t)dim * 2, c->stream));
+    TSR_CUDA_TRY(tsr__cuda_launch_rmsnorm_bf16(x, norm->data, (int)norm->dtype, n, dim, eps, xb,
+                                               c->xconv.ptr, c->stream));
+    c->xconv_ready = true;
+    tsr_status st = tsr__cuda_matmul(be, xb, n, w, y);
+    c->xconv_ready = false;
+    return st;
+}
+
+/* kernels/backend.h's swiglu_matmul_acc: for BF16 weights the SwiGLU kernel writes the
+ * GEMM's BF16 input only (hb is not needed); otherwise the two ops. */
+static tsr_status tsr__cuda_swiglu_matmul_acc(tsr_backend *be, const float *gu, int64_t n,
+                                              int hidden, float *hb, const tsr_tensor *w,
+                                              const int32_t *seg, int n_parts, float *y) {
+    tsr__cuda_ctx *c = tsr__ctx(be);
+    if (w->dtype != TSR_BF16 || w->cols != hidden || n <= 0) {
+        TSR_TRY(tsr__cuda_swiglu_fused(be, gu, n, hidden, hb));
+        return tsr__cuda_matmul_parts_acc(be, hb, n, w, seg, n_parts, y);
+    }
+    TSR_TRY(tsr__scratch_reserve(&c->xconv, (size_t)n * (size_t)hidden * 2, c->stream));
+    TSR_CUDA_TRY(tsr__cuda_launch_swiglu_fused(gu, n, hidden, c->xconv.ptr, TSR_BF16,
+                                               c->stream));
+    c->xconv_ready = true;
+    tsr_status st = tsr__cuda_matmul_parts_acc(be, hb, n, w, seg, n_parts, y);
+    c->xconv_ready = false;
+    return st;
 }
 
 static tsr_status tsr__cuda_add(tsr_backend *be, float *x, const float *y, int64_t n) {
@@ -1309,6 +1403,10 @@ static const tsr_backend_ops tsr__cuda_ops = {
     .moe = tsr__cuda_moe,
     .attention_paged = tsr__cuda_attention_paged,
     .matmul_parts_acc = tsr__cuda_matmul_parts_acc,
+    .qkv_rope = tsr__cuda_qkv_rope,
+    .swiglu_fused = tsr__cuda_swiglu_fused,
+    .rmsnorm_matmul = tsr__cuda_rmsnorm_matmul,
+    .swiglu_matmul_acc = tsr__cuda_swiglu_matmul_acc,
     .graph_begin = tsr__cuda_graph_begin,
     .graph_end = tsr__cuda_graph_end,
     .place_tensor = tsr__cuda_place_tensor,
@@ -1397,6 +1495,8 @@ tsr_status tsr__cuda_create(int device, tsr_backend **out) {
         c->graphs_off = gv && !strcmp(gv, "0");
         const char *av = getenv("TSR_CUDA_ATTN");
         c->attn_flash = prop.major >= 8 && !(av && !strcmp(av, "reference"));
+        const char *gm = getenv("TSR_CUDA_GEMV");
+        c->gemv = gm && !strcmp(gm, "1");
     }
     TSR_CUDA_TRY_GOTO(cudaMalloc((void **)&c->bad_id, sizeof(int)), st, fail);
     TSR_CUDA_TRY_GOTO(cudaMemsetAsync(c->bad_id, 0, sizeof(int), c->stream), st, fail);

@@ -1,5 +1,5 @@
-// KV rows by slot (kernels/backend.h: kv_write, kv_copy, kv_gather, kv_scatter) on the
-// device. Each kernel moves whole rows between a tsr__cuda_kv layout and dense f32
+// KV rows by slot (kernels/backend.h: kv_write, kv_copy, kv_gather, kv_scatter, and the
+// K/V write of qkv_rope, with its bias, q/k norms and ropes) on the device. Each kernel moves whole rows between a tsr__cuda_kv layout and dense f32
 // [n][row] arrays, converting to and from the layout's dtype (kv_codec.cuh), one thread
 // block per row and the block's threads over the row's elements. The slot lists are device arrays here; the host code stages them.
 #include <cuda_runtime.h>
@@ -118,6 +118,74 @@ __global__ void kv_copy_kernel(tsr__cuda_kv l, const int32_t *dst, const int32_t
     }
 }
 
+// The q/k norm weights: f32, as every loader keeps norms (the launcher refuses others).
+__device__ __forceinline__ float w_at(const void *w, int i) {
+    return static_cast<const float *>(w)[i];
+}
+
+// The op qkv_rope (launch.h), one block of kThreads per token. q goes straight to its output
+// row; k and v wait in shared memory (2 * kvd floats) for the slot store, which converts
+// to the layout's dtype as kv_put does. Each head's norm is a warp's: its sum of squares
+// is a warp reduction (another order than rmsnorm_kernel's block sum: within rounding).
+__global__ void qkv_rope_kernel(const float *qkv, int64_t n, int nh, int nkv, int hd,
+                                const int32_t *pos, const float *inv_freq, float cos_scale,
+                                int interleaved, const float *bias, const void *q_norm,
+                                const void *k_norm, float eps, float *q,
+                                tsr__cuda_kv l, int has_lay, const int32_t *slots, float *k,
+                                float *v) {
+    extern __shared__ float skv[]; // [2][kvd]
+    __shared__ float red[kThreads / 32];
+    const int qd = nh * hd, kvd = nkv * hd, ld = qd + 2 * kvd, half = hd / 2;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+    for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+        const float *src = qkv + r * ld;
+        float *qo = q + r * qd;
+        for (int c = threadIdx.x; c < ld; c += blockDim.x) {
+            const float x = bias ? src[c] + bias[c] : src[c];
+            if (c < qd) qo[c] = x;
+            else skv[c - qd] = x;
+        }
+        __syncthreads();
+        if (q_norm) {
+            for (int h = warp; h < nh + nkv; h += nw) {
+                float *x = h < nh ? qo + h * hd : skv + (h - nh) * hd;
+                const void *w = h < nh ? q_norm : k_norm;
+                float ss = 0.0f;
+                for (int c = lane; c < hd; c += 32) ss += x[c] * x[c];
+                for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                const float inv = 1.0f / sqrtf(ss / static_cast<float>(hd) + eps);
+                for (int c = lane; c < hd; c += 32) x[c] = x[c] * inv * w_at(w, c);
+            }
+            __syncthreads();
+        }
+        const float p = static_cast<float>(pos[r]);
+        for (int t = threadIdx.x; t < (nh + nkv) * half; t += blockDim.x) {
+            const int h = t / half, i = t % half;
+            float *x = h < nh ? qo + h * hd : skv + (h - nh) * hd;
+            float s, c;
+            sincosf(p * inv_freq[i], &s, &c);
+            c *= cos_scale;
+            s *= cos_scale;
+            float *a = interleaved ? x + 2 * i : x + i;
+            float *b = interleaved ? x + 2 * i + 1 : x + i + half;
+            const float x0 = *a, x1 = *b;
+            *a = x0 * c - x1 * s;
+            *b = interleaved ? x0 * s + x1 * c : x1 * c + x0 * s; // the CPU's operand order
+        }
+        __syncthreads();
+        if (has_lay) {
+            store_row(slot_row(l, l.k, slots[r]), skv, l.dtype, l.row, red);
+            store_row(slot_row(l, l.v, slots[r]), skv + kvd, l.dtype, l.row, red);
+        } else {
+            for (int c = threadIdx.x; c < kvd; c += blockDim.x) {
+                k[r * kvd + c] = skv[c];
+                v[r * kvd + c] = skv[kvd + c];
+            }
+        }
+        __syncthreads(); // skv is the next row's
+    }
+}
+
 } // namespace
 
 extern "C" cudaError_t tsr__cuda_launch_kv_put(const tsr__cuda_kv *l, const int32_t *slots,
@@ -145,5 +213,26 @@ extern "C" cudaError_t tsr__cuda_launch_kv_copy(const tsr__cuda_kv *l, const int
     if (l->block <= 0) return cudaErrorInvalidValue;
     const int threads = l->row < kCopyThreads ? ((l->row + 31) / 32) * 32 : kCopyThreads;
     kv_copy_kernel<<<1, threads, 0, stream>>>(*l, dst, src, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tsr__cuda_launch_qkv_rope(const float *qkv, int64_t n, int nh, int nkv,
+                                                 int hd, const int32_t *pos,
+                                                 const float *inv_freq, float cos_scale,
+                                                 int interleaved, const float *bias,
+                                                 const void *q_norm, const void *k_norm,
+                                                 int wdtype, float eps, float *q,
+                                                 const tsr__cuda_kv *l, const int32_t *slots,
+                                                 float *k, float *v, cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    if (hd <= 0 || hd % 2 || nh <= 0 || nkv <= 0 || (l && (l->block <= 0 || l->row != nkv * hd)) ||
+        (q_norm && wdtype != 0)) // TSR_F32 norms only
+        return cudaErrorInvalidValue;
+    const size_t shared = 2 * static_cast<size_t>(nkv) * hd * sizeof(float);
+    if (shared > 48 * 1024) return cudaErrorInvalidValue; // 6144 K/V floats: far above GQA's
+    tsr__cuda_kv none = {};
+    qkv_rope_kernel<<<row_blocks(n), kThreads, shared, stream>>>(
+        qkv, n, nh, nkv, hd, pos, inv_freq, cos_scale, interleaved, bias, q_norm, k_norm,
+        eps, q, l ? *l : none, l ? 1 : 0, slots, k, v);
     return cudaGetLastError();
 }

@@ -85,6 +85,19 @@ cudaError_t tsr__cuda_launch_kv_get(const tsr__cuda_kv *l, const int32_t *slots,
                                     float *k, float *v, cudaStream_t stream);
 cudaError_t tsr__cuda_launch_kv_copy(const tsr__cuda_kv *l, const int32_t *dst,
                                      const int32_t *src, int64_t n, cudaStream_t stream);
+/* The op qkv_rope (kernels/backend.h, tsr_qkv_rope_args) on the device (kv.cu), one block
+ * per token: row i of qkv ([n][(nh + 2 nkv) * hd]) plus bias (NULL: none; f32), each head
+ * RMS-normed with q_norm / k_norm (NULL: none; f32, wdtype TSR_F32; eps), q and k rotated at pos[i]
+ * with inv_freq (hd / 2, device) and cos_scale (1, or YaRN's attention factor); q to q
+ * ([n][nh * hd]); k and v to slot slots[i] of l when l is non-NULL, else to k and v
+ * ([n][nkv * hd]). pos and slots are device arrays. */
+cudaError_t tsr__cuda_launch_qkv_rope(const float *qkv, int64_t n, int nh, int nkv, int hd,
+                                      const int32_t *pos, const float *inv_freq,
+                                      float cos_scale, int interleaved, const float *bias,
+                                      const void *q_norm, const void *k_norm, int wdtype,
+                                      float eps, float *q, const tsr__cuda_kv *l,
+                                      const int32_t *slots, float *k, float *v,
+                                      cudaStream_t stream);
 
 /* out[i] = f32(emb[ids[i]]); an id outside [0, rows) writes zeros and sets *bad_id = 1. */
 cudaError_t tsr__cuda_launch_embed(const void *emb, int dtype, int64_t rows, int64_t cols,
@@ -93,12 +106,26 @@ cudaError_t tsr__cuda_launch_embed(const void *emb, int dtype, int64_t rows, int
 /* out[i] = x[i] / rms(x[i]) * w for n rows of dim (out may equal x); w has dtype wdtype. */
 cudaError_t tsr__cuda_launch_rmsnorm(const float *x, const void *w, int wdtype, int64_t n, int dim,
                                      float eps, float *out, cudaStream_t stream);
+/* rmsnorm that also writes its rows rounded to BF16 into out16 ([n][dim]): the next BF16
+ * GEMM's input (rmsnorm_matmul). */
+cudaError_t tsr__cuda_launch_rmsnorm_bf16(const float *x, const void *w, int wdtype, int64_t n,
+                                          int dim, float eps, float *out, void *out16,
+                                          cudaStream_t stream);
 /* In-place rotary embedding; inv_freq holds head_dim/2 frequencies (device); cos and sin
  * are multiplied by cos_scale (YaRN's attention factor, else 1: exact). */
 cudaError_t tsr__cuda_launch_rope(float *x, const int32_t *pos, int64_t n, int n_heads,
                                   int head_dim, const float *inv_freq, int interleaved,
                                   float cos_scale, cudaStream_t stream);
 cudaError_t tsr__cuda_launch_swiglu(float *gate, const float *up, int64_t n, cudaStream_t stream);
+/* y[r] = w[r] . x for one f32 input row and a BF16 [rows, cols] w (decode at batch 1,
+ * without cuBLAS; backend_cuda.c takes it under TSR_CUDA_GEMV=1). */
+cudaError_t tsr__cuda_launch_gemv_bf16(const void *w, int64_t rows, int64_t cols,
+                                       const float *x, float *y, cudaStream_t stream);
+/* out[r][j] = silu(gu[r][j]) * gu[r][hidden + j] for n rows of the fused gate/up product
+ * ([n][2 * hidden]); out [n][hidden], f32, or BF16 when out_dtype is TSR_BF16 (the next
+ * GEMM's input as it reads it). */
+cudaError_t tsr__cuda_launch_swiglu_fused(const float *gu, int64_t n, int hidden, void *out,
+                                          int out_dtype, cudaStream_t stream);
 cudaError_t tsr__cuda_launch_add(float *x, const float *y, int64_t n, cudaStream_t stream);
 /* y[i] = ((parts[i] + parts[m + i]) + parts[2m + i]) + ... over n_parts parts of m floats:
  * the ordered sum of matmul_parts, one launch; accumulate: y[i] += that sum (the residual

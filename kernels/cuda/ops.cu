@@ -1,4 +1,5 @@
-// Element-wise and row kernels of the CUDA backend: embed, rmsnorm, rope, swiglu, add and
+// Element-wise and row kernels of the CUDA backend: embed, rmsnorm, rope, swiglu (also on a
+// fused gate/up product), add and
 // the f32 -> bf16/f16 conversion in front of reduced-precision GEMMs. Semantics follow the
 // CPU backend (kernels/backend.h); accurate libm calls (expf, sincosf), never fast-math,
 // so results stay within float rounding of the CPU; this file is built with --fmad=false
@@ -56,8 +57,10 @@ __device__ float block_sum(float v, float *red) {
     return t;
 }
 
+// out16 (may be null): the same rows rounded to BF16, the input of the next BF16 GEMM
+// (rmsnorm_matmul), so that no conversion kernel runs between the two.
 __global__ void rmsnorm_kernel(const float *x, const void *w, int wdtype, int dim, float eps,
-                               float *out) {
+                               float *out, __nv_bfloat16 *out16) {
     __shared__ float red[32];
     const int64_t row = blockIdx.x;
     const float *xr = x + row * dim;
@@ -67,8 +70,12 @@ __global__ void rmsnorm_kernel(const float *x, const void *w, int wdtype, int di
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
     float *orow = out + row * dim;
     // Each element is read and written by the same thread, so out == x is safe.
-    for (int c = threadIdx.x; c < dim; c += blockDim.x)
-        orow[c] = xr[c] * inv * tsr_load(w, wdtype, c);
+    __nv_bfloat16 *o16 = out16 ? out16 + row * dim : nullptr;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        const float y = xr[c] * inv * tsr_load(w, wdtype, c);
+        orow[c] = y;
+        if (o16) o16[c] = __float2bfloat16_rn(y);
+    }
 }
 
 // One thread per rotated pair (row, head, i).
@@ -100,6 +107,59 @@ __global__ void swiglu_kernel(float *gate, const float *up, int64_t n) {
         const float g = gate[i];
         gate[i] = g / (1.0f + expf(-g)) * up[i];
     }
+}
+
+__device__ __forceinline__ void store_act(float *p, float y) { *p = y; }
+__device__ __forceinline__ void store_act(__nv_bfloat16 *p, float y) { *p = __float2bfloat16_rn(y); }
+
+// The fused gate/up product's halves: out[r][j] = silu(gate) * up, swiglu_kernel's
+// arithmetic; BF16 out rounds to nearest even, as the conversion in front of a GEMM would.
+template <typename T>
+__global__ void swiglu_fused_kernel(const float *gu, int64_t n, int hidden, T *out) {
+    const int64_t total = n * hidden;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t r = i / hidden, j = i % hidden;
+        const float g = gu[r * 2 * hidden + j], u = gu[r * 2 * hidden + hidden + j];
+        const float y = g / (1.0f + expf(-g)) * u;
+        store_act(out + i, y);
+    }
+}
+
+// y[r] = w[r] . x for one input row (decode at batch 1) with BF16 weights: a warp per
+// weight row, 16-byte loads (8 weights) in flight per lane, FP32 products and sums, x read
+// as f32 (no conversion launch). Rows of cols % 8 == 0 and 16-byte aligned (the common
+// case) take the vector path; others the scalar loop.
+constexpr int kGemvWarps = 8;
+
+__global__ void gemv_bf16_kernel(const unsigned short *w, int64_t rows, int64_t cols,
+                                 const float *x, float *y) {
+    const int lane = threadIdx.x % 32;
+    const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
+    if (r >= rows) return;
+    const unsigned short *wr = w + r * cols;
+    float acc = 0.0f;
+    const bool vec = cols % 8 == 0 && (reinterpret_cast<uintptr_t>(wr) & 15) == 0 &&
+                     (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+    if (vec) {
+        const uint4 *w8 = reinterpret_cast<const uint4 *>(wr);
+        const float4 *x4 = reinterpret_cast<const float4 *>(x);
+        for (int64_t i = lane; i < cols / 8; i += 32) {
+            const uint4 p = __ldg(w8 + i);
+            const float4 xa = __ldg(x4 + 2 * i), xb = __ldg(x4 + 2 * i + 1);
+            const unsigned u[4] = {p.x, p.y, p.z, p.w};
+            const float xs[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+            for (int j = 0; j < 4; j++) {
+                acc += __uint_as_float(u[j] << 16) * xs[2 * j];
+                acc += __uint_as_float(u[j] & 0xffff0000u) * xs[2 * j + 1];
+            }
+        }
+    } else {
+        for (int64_t c = lane; c < cols; c += 32)
+            acc += __uint_as_float(static_cast<unsigned>(wr[c]) << 16) * x[c];
+    }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) y[r] = acc;
 }
 
 __global__ void add_kernel(float *x, const float *y, int64_t n) {
@@ -149,7 +209,18 @@ extern "C" cudaError_t tsr__cuda_launch_rmsnorm(const float *x, const void *w, i
                                                 cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
     if (n > 0x7fffffffLL) return cudaErrorInvalidValue;
-    rmsnorm_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, w, wdtype, dim, eps, out);
+    rmsnorm_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, w, wdtype, dim, eps, out,
+                                                                      nullptr);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tsr__cuda_launch_rmsnorm_bf16(const float *x, const void *w, int wdtype,
+                                                     int64_t n, int dim, float eps, float *out,
+                                                     void *out16, cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
+    if (n > 0x7fffffffLL) return cudaErrorInvalidValue;
+    rmsnorm_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
+        x, w, wdtype, dim, eps, out, static_cast<__nv_bfloat16 *>(out16));
     return cudaGetLastError();
 }
 
@@ -167,6 +238,33 @@ extern "C" cudaError_t tsr__cuda_launch_swiglu(float *gate, const float *up, int
                                                cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
     swiglu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(gate, up, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tsr__cuda_launch_swiglu_fused(const float *gu, int64_t n, int hidden,
+                                                     void *out, int out_dtype,
+                                                     cudaStream_t stream) {
+    if (n <= 0 || hidden <= 0) return cudaSuccess;
+    const int64_t total = n * hidden;
+    if (out_dtype == TSR_BF16)
+        swiglu_fused_kernel<<<blocks_for(total), kThreads, 0, stream>>>(
+            gu, n, hidden, static_cast<__nv_bfloat16 *>(out));
+    else if (out_dtype == TSR_F32)
+        swiglu_fused_kernel<<<blocks_for(total), kThreads, 0, stream>>>(
+            gu, n, hidden, static_cast<float *>(out));
+    else
+        return cudaErrorInvalidValue;
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t tsr__cuda_launch_gemv_bf16(const void *w, int64_t rows, int64_t cols,
+                                                  const float *x, float *y,
+                                                  cudaStream_t stream) {
+    if (rows <= 0 || cols <= 0) return cudaSuccess;
+    const int64_t blocks = (rows + kGemvWarps - 1) / kGemvWarps;
+    if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
+    gemv_bf16_kernel<<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(
+        static_cast<const unsigned short *>(w), rows, cols, x, y);
     return cudaGetLastError();
 }
 

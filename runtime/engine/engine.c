@@ -8,6 +8,7 @@
 #include "base/alloc.h"
 #include "base/dtype.h"
 #include "runtime/model/fp8.h"
+#include "runtime/model/fuse.h"
 #include "runtime/model/quantize.h"
 #include "base/file.h"
 #include "base/log.h"
@@ -62,6 +63,7 @@ static tsr_status tsr__place_weights(tsr_engine *e) {
     e->placed_.arena_left = 0;
     e->placed_.layers = tsr_calloc((size_t)(L > 0 ? L : 1), sizeof *e->placed_.layers);
     if (!e->placed_.layers) return TSR_ERR_NOMEM;
+    const bool fused = e->be->ops->qkv_rope && e->be->ops->swiglu_fused;
     TSR_TRY(tsr__place(e, &m->tok_emb, &e->placed_.tok_emb));
     TSR_TRY(tsr__place(e, &m->out_norm, &e->placed_.out_norm));
     if (m->classifier.data == m->tok_emb.data)
@@ -85,7 +87,18 @@ static tsr_status tsr__place_weights(tsr_engine *e) {
                             &d->bo, &d->sinks, &d->router, &d->router_b,
                             &d->gate_up.w, &d->gate_up.scales, &d->gate_up.bias,
                             &d->down.w, &d->down.scales, &d->down.bias};
-        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) TSR_TRY(tsr__place(e, hs[i], ds[i]));
+        /* Fused (runtime/model/fuse.h) on a backend with the fused ops: the forward pass
+         * reads the fused tensors only, so they are placed instead of their parts. */
+        bool fq = fused && h->wqkv.data, fg = fused && h->w_gate_up.data;
+        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) {
+            bool part = (fq && (hs[i] == &h->wq || hs[i] == &h->wk || hs[i] == &h->wv ||
+                                hs[i] == &h->bq || hs[i] == &h->bk || hs[i] == &h->bv)) ||
+                        (fg && (hs[i] == &h->w_gate || hs[i] == &h->w_up));
+            if (!part) TSR_TRY(tsr__place(e, hs[i], ds[i]));
+        }
+        if (fq) TSR_TRY(tsr__place(e, &h->wqkv, &d->wqkv));
+        if (fq) TSR_TRY(tsr__place(e, &h->bqkv, &d->bqkv));
+        if (fg) TSR_TRY(tsr__place(e, &h->w_gate_up, &d->w_gate_up));
     }
     e->weights = &e->placed_;
     return TSR_OK;
@@ -338,6 +351,8 @@ static tsr_status tsr__start(tsr_engine *e, const tsr_engine_spec *o) {
     /* The activations' data plane follows the backend (collective, same answer on every
      * rank: tsr_dist_data_plane). */
     if (o->distributed) TSR_TRY(tsr_dist_data_plane(&e->dist, e->be, o->kv.policy));
+    if (!o->no_fuse && e->be->ops->qkv_rope && e->be->ops->swiglu_fused)
+        TSR_TRY(tsr__agree(e, tsr_model_fuse(e->model)));
     TSR_TRY(tsr__pack(e, o));
     TSR_TRY(tsr__agree(e, tsr__place_weights(e)));
     const tsr_model_config *c = &e->model->cfg;

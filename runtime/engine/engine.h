@@ -10,6 +10,7 @@
  *   4. the placement of the node's ranks, and binding to their cores (spec.dist.bind);
  *   5. the backend (tsr_backend_create_local: the local rank picks the GPU);
  *   6. the activations' data plane (distributed: MPI, NCCL, or local);
+ *      then q/k/v and gate/up fused into one matrix each (runtime/model/fuse.h);
  *   7. host-memory backends: the weights leave the file mapping for huge pages
  *      (tsr_model_pack, when asked);
  *   8. the weights in backend memory, once (tsr_backend_place_tensor: a copy only when the
@@ -107,6 +108,12 @@ typedef struct tsr_engine_spec {
     tsr_dtype weights_dtype;
     /* Host-memory backends only: tsr_model_pack (huge pages; logged at info level). */
     bool pack_weights;
+    /* Leave wq/wk/wv and w_gate/w_up apart (tests comparing against the fused weights;
+     * a model fused before stays fused). Otherwise, when the backend has the fused ops
+     * (qkv_rope, swiglu_fused), each is fused into one matrix after the conversion, a
+     * borrowed model's too, since the values and the parts' views stay
+     * (runtime/model/fuse.h). */
+    bool no_fuse;
     /* Optional: this rank's index in the job, set as soon as the comm is up (0 before),
      * so that a failed start still knows that rank 0 prints its message. */
     int *rank_out;

@@ -5,7 +5,11 @@
  * Distribution (runtime/exec/parallel.h): a rank holds a stage's layers and a TP slice of each.
  * The two row-parallel products (wo, w_down) are always computed as per-part partial sums
  * in canonical part order, in one process too, which is what makes tp = 1, 2, 4 give the
- * same bits. */
+ * same bits.
+ *
+ * Fused weights (runtime/model/fuse.h): a layer with wqkv / w_gate_up makes one product
+ * where it made three / two, and the calls around them merge (qkv_rope, rmsnorm_matmul,
+ * swiglu_matmul_acc: kernels/backend.h), with the unfused bits on the CPU backends. */
 #include "runtime/exec/forward.h"
 
 #include <math.h>
@@ -36,6 +40,10 @@ struct tsr_forward {
     int64_t row_block;       /* rows per row-parallel block */
     /* activations, [max_tokens][width] each, from the backend */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2;
+    /* Fused weights (runtime/model/fuse.h) with the backend's fused ops: the q/k/v product
+     * [max_tokens][qd + 2 kvd] and the gate/up product [max_tokens][2 hid]; NULL: unused. */
+    float *qkv, *gu;
+    bool fused_qkv, fused_gu;
     float *xl;          /* rows that need logits, gathered: [max_tokens][dim] */
     float *parts;       /* tp > 1 over MPI: [n_parts][row_block][dim] */
     int32_t *pos;       /* host: position of each row */
@@ -98,14 +106,16 @@ tsr_status tsr_forward_share_tokens(tsr_forward *f, int32_t *ids, int n) {
 
 size_t tsr_forward_workspace_bytes(const tsr_model_config *c, int max_tokens) {
     size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-    size_t per_row = 3 * (size_t)c->dim + 2 * qd + 2 * kvd + 2 * (size_t)c->hidden_dim;
+    /* with the fused products' rows (runtime/model/fuse.h) */
+    size_t per_row = 3 * (size_t)c->dim + 3 * qd + 4 * kvd + 4 * (size_t)c->hidden_dim;
     return (size_t)max_tokens * (per_row * 4 + 8);
 }
 
 void tsr_forward_destroy(tsr_forward *f) {
     if (!f) return;
-    float *bufs[] = {f->x,  f->xb,  f->q,     f->k,         f->v,         f->att,
-                     f->hb, f->hb2, f->xl,    f->parts,     f->logits_dev, f->scores_dev};
+    float *bufs[] = {f->x,  f->xb,  f->q,     f->k,         f->v,          f->att,
+                     f->hb, f->hb2, f->xl,    f->parts,     f->logits_dev, f->scores_dev,
+                     f->qkv, f->gu};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) f->be->ops->buffer_free(f->be, bufs[i]);
     if (f->d_meta) f->be->ops->buffer_free(f->be, f->d_meta);
@@ -129,6 +139,26 @@ void tsr_forward_destroy(tsr_forward *f) {
 tsr_status tsr_forward_create(const tsr_model *m, tsr_backend *be, int max_tokens,
                               tsr_forward **out) {
     return tsr_forward_create_parallel(m, be, max_tokens, NULL, out);
+}
+
+/* Whether layer w can run on its fused q/k/v (or gate/up) weights: present, and the
+ * backend has the op that splits the product (runtime/model/fuse.h). */
+static bool tsr__qkv_fusable(const tsr_forward *f, const tsr_layer_weights *w) {
+    return w->wqkv.data && f->be->ops->qkv_rope && (!f->m->cfg.qkv_bias || w->bqkv.data);
+}
+
+static bool tsr__gu_fusable(const tsr_forward *f, const tsr_layer_weights *w) {
+    return w->w_gate_up.data && f->be->ops->swiglu_fused && f->m->cfg.n_experts == 0;
+}
+
+/* ... and does: the product's buffer was made when the forward was (a model fused later,
+ * by another engine that borrows it, keeps its unfused parts as views, read here). */
+static bool tsr__fused_qkv(const tsr_forward *f, const tsr_layer_weights *w) {
+    return f->qkv && tsr__qkv_fusable(f, w);
+}
+
+static bool tsr__fused_gu(const tsr_forward *f, const tsr_layer_weights *w) {
+    return f->gu && tsr__gu_fusable(f, w);
 }
 
 /* Activations live in the backend's memory. NCCL moves them as they are, ordered on the
@@ -190,6 +220,12 @@ tsr_status tsr_forward_create_parallel(const tsr_model *m, tsr_backend *be, int 
     f->nkv = sh.kv_head_end - sh.kv_head_begin;
     f->n_parts = sh.part_end - sh.part_begin;
     size_t T = (size_t)max_tokens;
+    /* Fused weights are used, layer by layer, where the backend has the fused ops
+     * (runtime/model/fuse.h): their products' buffers when some local layer has them. */
+    for (int l = sh.layer_begin; l < sh.layer_end; l++) {
+        f->fused_qkv |= tsr__qkv_fusable(f, &m->layers[l]);
+        f->fused_gu |= tsr__gu_fusable(f, &m->layers[l]);
+    }
     size_t rb = TSR__PARTS_BYTES / ((size_t)sh.n_parts * (size_t)c->dim * 4);
     f->row_block = rb < 1 ? 1 : rb > T ? (int64_t)T : (int64_t)rb;
     struct {
@@ -200,6 +236,8 @@ tsr_status tsr_forward_create_parallel(const tsr_model *m, tsr_backend *be, int 
                 {&f->v, T, (size_t)f->kvd},    {&f->att, T, (size_t)f->qd},
                 {&f->hb, T, (size_t)f->hid},   {&f->hb2, T, (size_t)f->hid},
                 {&f->xl, T, (size_t)c->dim},
+                {&f->qkv, f->fused_qkv ? T : 0, (size_t)(f->qd + 2 * f->kvd)},
+                {&f->gu, f->fused_gu ? T : 0, 2 * (size_t)f->hid},
                 {&f->parts, f->tp > 1 && !f->use_nccl ? (size_t)f->row_block * f->n_parts : 0,
                  (size_t)c->dim}};
     tsr_status st = TSR_OK;
@@ -387,6 +425,76 @@ static tsr_status tsr__row_parallel(tsr_forward *f, const float *x, int64_t n,
     return TSR_OK;
 }
 
+/* Attention of the batch's rows [row0, row0 + n) in the batched step (the step's metadata
+ * in backend memory): one call for every sequence. */
+static tsr_status tsr__attention_paged(tsr_forward *f, int ll, int64_t row0, int64_t n) {
+    float *q = f->q + row0 * f->qd, *att = f->att + row0 * f->qd;
+    tsr_attn_paged_args pa = {
+        .q = q, .out = att, .n_q = (int)n, .n_heads = f->nh, .n_kv_heads = f->nkv,
+        .head_dim = f->m->cfg.head_dim, .lay = f->lay, .q_pos = f->m_pos + row0,
+        .q_seq = f->m_seq + row0, .n_keys = f->m_nkeys,
+        .tables = f->m_tables + (size_t)ll * f->meta_S * f->meta_MB,
+        .n_seqs = f->meta_S, .max_blocks = f->meta_MB};
+    return f->be->ops->attention_paged(f->be, &pa);
+}
+
+/* xb = rmsnorm(x), y = xb . w^T: one call where the backend has it (rmsnorm_matmul: on
+ * CUDA the normed rows go to the GEMM in BF16 with no conversion launch). */
+static tsr_status tsr__norm_matmul(tsr_forward *f, const float *x, const tsr_tensor *norm,
+                                   int64_t n, float *xb, const tsr_tensor *w, float *y) {
+    const tsr_model_config *c = &f->m->cfg;
+    const tsr_backend_ops *op = f->be->ops;
+    if (op->rmsnorm_matmul)
+        return op->rmsnorm_matmul(f->be, x, norm, n, c->dim, c->norm_eps, xb, w, y);
+    TSR_TRY(op->rmsnorm(f->be, x, norm, n, c->dim, c->norm_eps, xb));
+    return op->matmul(f->be, xb, n, w, y);
+}
+
+/* From the residual stream x to its normed rows xb, q rotated and the new K/V rows in the
+ * cache, for local layer ll. Fused weights (runtime/model/fuse.h): the norm with one
+ * product, then one qkv_rope (bias, q/k norms, both ropes and, batched, the K/V write);
+ * otherwise each step its own call. The same bits either way on the CPU backends
+ * (tests/unit/test_fuse.c). */
+static tsr_status tsr__qkv(tsr_forward *f, const tsr_layer_weights *w, int ll, int64_t row0,
+                           int64_t n) {
+    const float *x = f->x + row0 * (size_t)f->m->cfg.dim;
+    const tsr_model_config *c = &f->m->cfg;
+    tsr_backend *be = f->be;
+    const tsr_backend_ops *op = be->ops;
+    float *xb = f->xb + row0 * (size_t)c->dim;
+    float *q = f->q + row0 * f->qd, *k = f->k + row0 * f->kvd, *v = f->v + row0 * f->kvd;
+    /* batched: positions and slots from the step's metadata, one call each */
+    const int32_t *pos = f->batched ? f->m_pos + row0 : f->pos + row0;
+    const int32_t *slots = f->batched ? f->m_slots + (size_t)ll * f->meta_T + row0 : NULL;
+    if (tsr__fused_qkv(f, w)) {
+        float *qkv = f->qkv + row0 * (f->qd + 2 * f->kvd);
+        TSR_TRY(tsr__norm_matmul(f, x, &w->attn_norm, n, xb, &w->wqkv, qkv));
+        tsr_qkv_rope_args qa = {
+            .qkv = qkv, .n = n, .n_heads = f->nh, .n_kv_heads = f->nkv, .cfg = c, .pos = pos,
+            .bias = c->qkv_bias ? &w->bqkv : NULL, .q_norm = c->qk_norm ? &w->q_norm : NULL,
+            .k_norm = c->qk_norm ? &w->k_norm : NULL, .q = q,
+            .lay = f->batched ? &f->lay : NULL, .slots = slots, .k = k, .v = v};
+        return op->qkv_rope(be, &qa);
+    }
+    TSR_TRY(op->rmsnorm(be, x, &w->attn_norm, n, c->dim, c->norm_eps, xb));
+    TSR_TRY(op->matmul(be, xb, n, &w->wq, q));
+    TSR_TRY(op->matmul(be, xb, n, &w->wk, k));
+    TSR_TRY(op->matmul(be, xb, n, &w->wv, v));
+    if (c->qkv_bias) { /* Qwen2, GPT-OSS */
+        TSR_TRY(op->bias_add(be, q, &w->bq, n));
+        TSR_TRY(op->bias_add(be, k, &w->bk, n));
+        TSR_TRY(op->bias_add(be, v, &w->bv, n));
+    }
+    if (c->qk_norm) { /* Qwen3: each head's row of head_dim is normed on its own */
+        TSR_TRY(op->rmsnorm(be, q, &w->q_norm, n * f->nh, c->head_dim, c->norm_eps, q));
+        TSR_TRY(op->rmsnorm(be, k, &w->k_norm, n * f->nkv, c->head_dim, c->norm_eps, k));
+    }
+    TSR_TRY(op->rope(be, q, pos, n, f->nh, c));
+    TSR_TRY(op->rope(be, k, pos, n, f->nkv, c));
+    if (f->batched) TSR_TRY(op->kv_write(be, &f->lay, slots, n, k, v));
+    return TSR_OK;
+}
+
 /* This stage's layers for sequences [s0, s1), rows [row0, row0 + n) of the activations. */
 static tsr_status tsr__layers(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_seq *seqs,
                               int s0, int s1, int64_t row0, int64_t n) {
@@ -396,45 +504,17 @@ static tsr_status tsr__layers(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_
     const tsr_backend_ops *op = be->ops;
     size_t dim = (size_t)c->dim;
     float *x = f->x + row0 * dim, *xb = f->xb + row0 * dim;
-    float *q = f->q + row0 * f->qd, *k = f->k + row0 * f->kvd, *v = f->v + row0 * f->kvd;
     float *att = f->att + row0 * f->qd;
     float *hb = f->hb + row0 * f->hid, *hb2 = f->hb2 + row0 * f->hid;
-    const int32_t *pos = f->pos + row0;
     for (int l = f->sh.layer_begin; l < f->sh.layer_end; l++) {
         const tsr_layer_weights *w = &m->layers[l];
+        int ll = l - f->sh.layer_begin;
         /* attention block */
-        TSR_TRY(op->rmsnorm(be, x, &w->attn_norm, n, c->dim, c->norm_eps, xb));
-        TSR_TRY(op->matmul(be, xb, n, &w->wq, q));
-        TSR_TRY(op->matmul(be, xb, n, &w->wk, k));
-        TSR_TRY(op->matmul(be, xb, n, &w->wv, v));
-        if (c->qkv_bias) { /* Qwen2 */
-            TSR_TRY(op->bias_add(be, q, &w->bq, n));
-            TSR_TRY(op->bias_add(be, k, &w->bk, n));
-            TSR_TRY(op->bias_add(be, v, &w->bv, n));
-        }
-        if (c->qk_norm) { /* Qwen3: each head's row of head_dim is normed on its own */
-            TSR_TRY(op->rmsnorm(be, q, &w->q_norm, n * f->nh, c->head_dim, c->norm_eps, q));
-            TSR_TRY(op->rmsnorm(be, k, &w->k_norm, n * f->nkv, c->head_dim, c->norm_eps, k));
-        }
-        if (f->batched) { /* the step's metadata in backend memory: one call each */
-            int ll = l - f->sh.layer_begin;
-            const int32_t *dpos = f->m_pos + row0;
-            TSR_TRY(op->rope(be, q, dpos, n, f->nh, c));
-            TSR_TRY(op->rope(be, k, dpos, n, f->nkv, c));
-            TSR_TRY(op->kv_write(be, &f->lay, f->m_slots + (size_t)ll * f->meta_T + row0, n,
-                                 k, v));
-            tsr_attn_paged_args pa = {
-                .q = q, .out = att, .n_q = (int)n, .n_heads = f->nh, .n_kv_heads = f->nkv,
-                .head_dim = c->head_dim, .lay = f->lay, .q_pos = dpos,
-                .q_seq = f->m_seq + row0, .n_keys = f->m_nkeys,
-                .tables = f->m_tables + (size_t)ll * f->meta_S * f->meta_MB,
-                .n_seqs = f->meta_S, .max_blocks = f->meta_MB};
-            TSR_TRY(op->attention_paged(be, &pa));
-        } else {
-            TSR_TRY(op->rope(be, q, pos, n, f->nh, c));
-            TSR_TRY(op->rope(be, k, pos, n, f->nkv, c));
-            TSR_TRY(tsr__attention(f, kv, l - f->sh.layer_begin, seqs, s0, s1, row0));
-        }
+        TSR_TRY(tsr__qkv(f, w, ll, row0, n));
+        if (f->batched)
+            TSR_TRY(tsr__attention_paged(f, ll, row0, n));
+        else /* the cache writes the rows and hands out the spans, per sequence */
+            TSR_TRY(tsr__attention(f, kv, ll, seqs, s0, s1, row0));
         if (c->o_bias) { /* GPT-OSS: the bias goes in before the residual add */
             TSR_TRY(tsr__row_parallel(f, att, n, &w->wo, f->wo_seg, xb, NULL));
             TSR_TRY(op->bias_add(be, xb, &w->bo, n));
@@ -442,17 +522,32 @@ static tsr_status tsr__layers(tsr_forward *f, tsr_kv_cache *kv, const tsr_batch_
         } else {
             TSR_TRY(tsr__row_parallel(f, att, n, &w->wo, f->wo_seg, xb, x)); /* x += */
         }
-        TSR_TRY(op->rmsnorm(be, x, &w->ffn_norm, n, c->dim, c->norm_eps, xb));
+        bool fg = tsr__fused_gu(f, w);
+        float *gu = fg ? f->gu + row0 * 2 * (size_t)f->hid : NULL;
+        if (fg) /* the norm and the gate/up product */
+            TSR_TRY(tsr__norm_matmul(f, x, &w->ffn_norm, n, xb, &w->w_gate_up, gu));
+        else
+            TSR_TRY(op->rmsnorm(be, x, &w->ffn_norm, n, c->dim, c->norm_eps, xb));
         if (f->moe) { /* GPT-OSS: mixture of experts (runtime/exec/moe.c) */
             const float *y;
             TSR_TRY(tsr_moe_run(f->moe, w, xb, n, &y));
             TSR_TRY(op->add(be, x, y, n * c->dim));
             continue;
         }
-        /* SwiGLU MLP block */
-        TSR_TRY(op->matmul(be, xb, n, &w->w_gate, hb));
-        TSR_TRY(op->matmul(be, xb, n, &w->w_up, hb2));
-        TSR_TRY(op->swiglu(be, hb, hb2, n * f->hid));
+        /* SwiGLU MLP block. Fused: the product is in gu; SwiGLU and w_down (+ residual) in
+         * one call in one process (on CUDA the SwiGLU rows go to the GEMM in BF16) */
+        if (fg && f->tp == 1 && op->swiglu_matmul_acc && op->matmul_parts_acc) {
+            TSR_TRY(op->swiglu_matmul_acc(be, gu, n, f->hid, hb, &w->w_down, f->down_seg,
+                                          f->n_parts, x)); /* x += */
+            continue;
+        }
+        if (fg) {
+            TSR_TRY(op->swiglu_fused(be, gu, n, f->hid, hb));
+        } else {
+            TSR_TRY(op->matmul(be, xb, n, &w->w_gate, hb));
+            TSR_TRY(op->matmul(be, xb, n, &w->w_up, hb2));
+            TSR_TRY(op->swiglu(be, hb, hb2, n * f->hid));
+        }
         TSR_TRY(tsr__row_parallel(f, hb, n, &w->w_down, f->down_seg, xb, x)); /* x += */
     }
     return TSR_OK;

@@ -236,6 +236,9 @@ tsr_status tsr_parallel_shard_model(tsr_model *m, const tsr_parallel_shard *s) {
             continue;
         }
         if (!split) continue;
+        /* fused tensors (runtime/model/fuse.h) hold every head: the rank fuses its own rows
+         * again after the cut; the parts are views of them, so they stay valid */
+        w->wqkv = w->bqkv = w->w_gate_up = (tsr_tensor){0};
         TSR_TRY(tsr__rows(m, &w->wq, (int64_t)s->head_begin * hd, (int64_t)s->head_end * hd));
         TSR_TRY(tsr__rows(m, &w->wk, (int64_t)s->kv_head_begin * hd, (int64_t)s->kv_head_end * hd));
         TSR_TRY(tsr__rows(m, &w->wv, (int64_t)s->kv_head_begin * hd, (int64_t)s->kv_head_end * hd));

@@ -103,7 +103,8 @@ void tsr_parallel_shard_segments(const tsr_parallel_shard *s, const tsr_model_co
  * get copies of the shard's columns in model-owned memory, and the layers of other stages
  * are dropped (empty tensors). Embedding, norms and classifier stay whole (replicated).
  * m->cfg keeps the global shapes; the forward pass reads the local ones from the shard. A
- * whole-model shard changes nothing. */
+ * whole-model shard changes nothing; a cut drops fused tensors (runtime/model/fuse.h), to
+ * be fused again from the shard's rows. */
 tsr_status tsr_parallel_shard_model(tsr_model *m, const tsr_parallel_shard *s);
 
 /* One line describing a shard ("rank 1 (tp 1/2, pp 0/1): heads 4-7, kv heads 2-3, ..."). */

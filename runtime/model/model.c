@@ -210,16 +210,36 @@ tsr_status tsr_model_check(const tsr_model *m) {
      &(w)->bk,        &(w)->bv,     &(w)->q_norm, &(w)->k_norm, &(w)->bo,               \
      &(w)->sinks,     &(w)->router, &(w)->router_b, &(w)->gate_up.w,                    \
      &(w)->gate_up.scales, &(w)->gate_up.bias, &(w)->down.w, &(w)->down.scales,          \
-     &(w)->down.bias}
+     &(w)->down.bias, &(w)->wqkv, &(w)->bqkv, &(w)->w_gate_up}
 
 size_t tsr_model_weight_bytes(const tsr_model *m) {
     size_t total = tsr_tensor_bytes(&m->classifier) + tsr_tensor_bytes(&m->out_norm);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const tsr_layer_weights *w = &m->layers[l];
         const tsr_tensor *ts[] = TSR__LAYER_TENSORS(w);
-        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) total += tsr_tensor_bytes(ts[i]);
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+            /* fused (fuse.h): the parts are counted in their fused tensor */
+            if ((w->wqkv.data && (ts[i] == &w->wq || ts[i] == &w->wk || ts[i] == &w->wv ||
+                                  ts[i] == &w->bq || ts[i] == &w->bk || ts[i] == &w->bv)) ||
+                (w->w_gate_up.data && (ts[i] == &w->w_gate || ts[i] == &w->w_up)))
+                continue;
+            total += tsr_tensor_bytes(ts[i]);
+        }
     }
     return total;
+}
+
+void tsr_model_discard(tsr_model *m, const void *p, size_t bytes) {
+    if (!p || bytes < TSR__ARENA_MIN) return; /* smaller ones are malloc'ed: kept */
+    for (tsr_model_resource *r = m->resources; r; r = r->next) {
+        const char *a = r->addr;
+        if (!r->huge || (const char *)p < a || (const char *)p + bytes > a + r->len) continue;
+        /* arena allocations are whole 4 KiB pages (tsr_model_alloc) */
+        uintptr_t page = 4096, lo = ((uintptr_t)p + page - 1) & ~(page - 1),
+                  hi = ((uintptr_t)p + bytes) & ~(page - 1);
+        if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice only */
+        return;
+    }
 }
 
 /* The file mapping that holds p, or NULL. */

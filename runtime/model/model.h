@@ -26,6 +26,11 @@ typedef struct tsr_layer_weights {
     tsr_tensor router_b;         /* [1, n_experts] f32 */
     tsr_experts gate_up;         /* n_experts of [2 * hidden, dim], gate/up rows interleaved */
     tsr_experts down;            /* n_experts of [dim, hidden] */
+    /* Fused at load (runtime/model/fuse.h; data NULL: not fused): wq, wk and wv's rows
+     * stacked, [q width + 2 * kv width, dim], with their biases as one [1, that width]
+     * vector, and w_gate's rows then w_up's, [2 * hidden, dim]. The parts are views of
+     * them where their storage allows (fuse.h). */
+    tsr_tensor wqkv, bqkv, w_gate_up;
 } tsr_layer_weights;
 
 typedef struct tsr_model_resource tsr_model_resource;
@@ -62,6 +67,11 @@ tsr_status tsr_model_own_buffer(tsr_model *m, void *ptr); /* freed with tsr_free
 
 /* Allocates `bytes` owned by the model (64-byte aligned). */
 tsr_status tsr_model_alloc(tsr_model *m, size_t bytes, void **out);
+
+/* Drops the pages of [p, p + bytes) when it is a tsr_model_alloc weight-arena allocation
+ * that nothing views any more (a matrix copied elsewhere, runtime/model/fuse.c); anything
+ * else is left alone. The range must never be read again. */
+void tsr_model_discard(tsr_model *m, const void *p, size_t bytes);
 
 /* Copies every tensor that views a model file into model-owned memory (the 2 MiB-page
  * weight arena for matrices) and unmaps the files. Decode streams all weights once per

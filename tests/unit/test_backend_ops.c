@@ -13,10 +13,12 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "kernels/backend.h"
+#include "kernels/kv_dtype.h"
 #include "kernels/sample.h"
 #include "base/alloc.h"
 #include "base/dtype.h"
@@ -1147,6 +1149,246 @@ TSR_TEST(test_sample) {
     check_sample(37, 12);
 }
 
+/* ---- the fused ops: qkv_rope and swiglu_fused against the ops they replace ---- */
+
+/* qkv_rope on every target against bias_add, the heads' rmsnorm, two ropes and kv_write
+ * on the reference (cpu/1), over the fused rows split on the host: q, and K/V read back by
+ * kv_gather from a paged store of kv_dtype (lay) or the k and v outputs. */
+static void check_qkv_rope(int kv_dtype, int with_lay, int norms, int bias) {
+    targets t;
+    ASSERT_OK(targets_open(&t));
+    enum { N = 5, NH = 4, NKV = 2, HD = 64, QD = NH * HD, KVD = NKV * HD, LD = QD + 2 * KVD };
+    tsr_model_config cfg = {.head_dim = HD, .rope_theta = 500000.0f, .norm_eps = 1e-5f,
+                            .rope_scaling = TSR_ROPE_LLAMA3, .rope_factor = 8.0f,
+                            .rope_low_freq_factor = 1.0f, .rope_high_freq_factor = 4.0f,
+                            .rope_original_max_pos = 8192};
+    const int32_t pos[N] = {0, 3, 17, 300, 4095}, slots[N] = {0, 5, 2, 9, 13};
+    float *qkv = rand_floats(N * LD, 1.0f), *bv = rand_floats(LD, 0.5f);
+    float *qn = rand_floats(HD, 0.2f), *kn = rand_floats(HD, 0.2f);
+    for (int i = 0; i < HD; i++) qn[i] += 1.0f, kn[i] += 1.0f;
+    float *hq = tsr_malloc(N * QD * sizeof(float)), *hk = tsr_malloc(N * KVD * sizeof(float));
+    float *hv = tsr_malloc(N * KVD * sizeof(float));
+    for (int r = 0; r < N; r++) {
+        memcpy(hq + r * QD, qkv + r * LD, QD * sizeof(float));
+        memcpy(hk + r * KVD, qkv + r * LD + QD, KVD * sizeof(float));
+        memcpy(hv + r * KVD, qkv + r * LD + QD + KVD, KVD * sizeof(float));
+    }
+    tsr_tensor tb = {.dtype = TSR_F32, .rows = 1, .cols = LD, .data = bv};
+    tsr_tensor tbq = {.dtype = TSR_F32, .rows = 1, .cols = QD, .data = bv};
+    tsr_tensor tbk = {.dtype = TSR_F32, .rows = 1, .cols = KVD, .data = bv + QD};
+    tsr_tensor tbv = {.dtype = TSR_F32, .rows = 1, .cols = KVD, .data = bv + QD + KVD};
+    tsr_tensor tqn = {.dtype = TSR_F32, .rows = 1, .cols = HD, .data = qn};
+    tsr_tensor tkn = {.dtype = TSR_F32, .rows = 1, .cols = HD, .data = kn};
+    const size_t outn = N * QD + 2 * N * KVD;
+    float *want = tsr_malloc(outn * sizeof(float)), *got = tsr_malloc(outn * sizeof(float));
+    char what[96];
+    snprintf(what, sizeof what, "qkv_rope %s%s%s", with_lay ? tsr_kv_dtype_name(kv_dtype) : "k/v out",
+             norms ? " q/k norms" : "", bias ? " bias" : "");
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        tsr_backend *be = target(&t, b);
+        placed pb, pbq, pbk, pbv, pqn, pkn;
+        ASSERT_OK(be_tensor(be, &tb, &pb));
+        ASSERT_OK(be_tensor(be, &tbq, &pbq));
+        ASSERT_OK(be_tensor(be, &tbk, &pbk));
+        ASSERT_OK(be_tensor(be, &tbv, &pbv));
+        ASSERT_OK(be_tensor(be, &tqn, &pqn));
+        ASSERT_OK(be_tensor(be, &tkn, &pkn));
+        kv_store s;
+        ASSERT_OK(kv_store_make(be, 1, KV_SLOTS, KV_BLOCK, KVD, &s));
+        s.lay.dtype = kv_dtype; /* the f32-sized buffer holds any dtype's rows */
+        s.lay.v = tsr_kv_rows_at(s.lay.k, kv_dtype, KVD, (int64_t)KV_BLOCK * KVD);
+        float *dq = be_dup(be, NULL, N * QD * sizeof(float));
+        float *dk = be_dup(be, hk, N * KVD * sizeof(float));
+        float *dv = be_dup(be, hv, N * KVD * sizeof(float));
+        ASSERT_TRUE(dq && dk && dv);
+        if (b < 0) { /* the unfused sequence */
+            ASSERT_OK(tsr_backend_upload(be, dq, hq, N * QD * sizeof(float)));
+            if (bias) {
+                ASSERT_OK(be->ops->bias_add(be, dq, &pbq.t, N));
+                ASSERT_OK(be->ops->bias_add(be, dk, &pbk.t, N));
+                ASSERT_OK(be->ops->bias_add(be, dv, &pbv.t, N));
+            }
+            if (norms) {
+                ASSERT_OK(be->ops->rmsnorm(be, dq, &pqn.t, N * NH, HD, cfg.norm_eps, dq));
+                ASSERT_OK(be->ops->rmsnorm(be, dk, &pkn.t, N * NKV, HD, cfg.norm_eps, dk));
+            }
+            ASSERT_OK(be->ops->rope(be, dq, pos, N, NH, &cfg));
+            ASSERT_OK(be->ops->rope(be, dk, pos, N, NKV, &cfg));
+            if (with_lay) ASSERT_OK(be->ops->kv_write(be, &s.lay, slots, N, dk, dv));
+        } else {
+            float *dqkv = be_dup(be, qkv, N * LD * sizeof(float));
+            ASSERT_TRUE(dqkv != NULL);
+            tsr_qkv_rope_args a = {.qkv = dqkv, .n = N, .n_heads = NH, .n_kv_heads = NKV,
+                                   .cfg = &cfg, .pos = pos, .bias = bias ? &pb.t : NULL,
+                                   .q_norm = norms ? &pqn.t : NULL,
+                                   .k_norm = norms ? &pkn.t : NULL, .q = dq,
+                                   .lay = with_lay ? &s.lay : NULL, .slots = slots,
+                                   .k = dk, .v = dv};
+            ASSERT_OK(be->ops->qkv_rope(be, &a));
+            be_release(be, dqkv);
+        }
+        float *out = b < 0 ? want : got;
+        ASSERT_OK(be_read(be, out, dq, N * QD * sizeof(float)));
+        if (with_lay) {
+            ASSERT_OK(be->ops->kv_gather(be, &s.lay, slots, N, out + N * QD,
+                                         out + N * QD + N * KVD, NULL));
+        } else {
+            ASSERT_OK(be_read(be, out + N * QD, dk, N * KVD * sizeof(float)));
+            ASSERT_OK(be_read(be, out + N * QD + N * KVD, dv, N * KVD * sizeof(float)));
+        }
+        /* the CPU backends give the bits; a GPU rounds sin/cos and the norms' sums its own
+         * way (|x| < 4 here), and a bf16, q8 or fp8 store may round such a value to the
+         * neighbouring code */
+        static const double dev_tol[] = {1e-5, 2e-2, 5e-2, 0.3}; /* f32, bf16, q8, fp8 */
+        double tol = b >= 0 && be->device >= 0 ? dev_tol[with_lay ? kv_dtype : 0] : 0.0;
+        if (b >= 0) ASSERT_TRUE(compare(what, t.label[b], got, want, outn, NULL, tol) <= 1.0);
+        be_release(be, dq);
+        be_release(be, dk);
+        be_release(be, dv);
+        kv_store_free(be, &s);
+        be_tensor_release(be, &pb);
+        be_tensor_release(be, &pbq);
+        be_tensor_release(be, &pbk);
+        be_tensor_release(be, &pbv);
+        be_tensor_release(be, &pqn);
+        be_tensor_release(be, &pkn);
+    }
+    tsr_free(qkv);
+    tsr_free(bv);
+    tsr_free(qn);
+    tsr_free(kn);
+    tsr_free(hq);
+    tsr_free(hk);
+    tsr_free(hv);
+    tsr_free(want);
+    tsr_free(got);
+    targets_close(&t);
+}
+
+TSR_TEST(test_qkv_rope) {
+    check_qkv_rope(TSR_KV_F32, 1, 0, 0);
+    check_qkv_rope(TSR_KV_BF16, 1, 1, 1);
+    check_qkv_rope(TSR_KV_F32, 0, 1, 1);
+    check_qkv_rope(TSR_KV_Q8, 1, 0, 1);
+    check_qkv_rope(TSR_KV_FP8, 1, 1, 0);
+}
+
+/* swiglu_fused against swiglu on the two halves, split on the host. */
+TSR_TEST(test_swiglu_fused) {
+    targets t;
+    ASSERT_OK(targets_open(&t));
+    enum { N = 9, H = 3000 }; /* over the CPU's threading threshold */
+    float *gu = rand_floats(N * 2 * H, 6.0f);
+    float *g = tsr_malloc(N * H * sizeof(float)), *u = tsr_malloc(N * H * sizeof(float));
+    for (int r = 0; r < N; r++) {
+        memcpy(g + r * H, gu + r * 2 * H, H * sizeof(float));
+        memcpy(u + r * H, gu + r * 2 * H + H, H * sizeof(float));
+    }
+    float *want = tsr_malloc(N * H * sizeof(float)), *got = tsr_malloc(N * H * sizeof(float));
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        tsr_backend *be = target(&t, b);
+        float *dout = be_dup(be, g, N * H * sizeof(float));
+        float *dgu = be_dup(be, gu, N * 2 * H * sizeof(float));
+        float *du = be_dup(be, u, N * H * sizeof(float));
+        ASSERT_TRUE(dout && dgu && du);
+        if (b < 0)
+            ASSERT_OK(be->ops->swiglu(be, dout, du, N * H));
+        else
+            ASSERT_OK(be->ops->swiglu_fused(be, dgu, N, H, dout));
+        ASSERT_OK(be_read(be, b < 0 ? want : got, dout, N * H * sizeof(float)));
+        if (b >= 0)
+            ASSERT_TRUE(compare("swiglu_fused 9x3000", t.label[b], got, want, N * H, NULL,
+                                be->device >= 0 ? 1e-5 : 0.0) <= 1.0);
+        be_release(be, dout);
+        be_release(be, dgu);
+        be_release(be, du);
+    }
+    tsr_free(gu);
+    tsr_free(g);
+    tsr_free(u);
+    tsr_free(want);
+    tsr_free(got);
+    targets_close(&t);
+}
+
+/* rmsnorm_matmul and swiglu_matmul_acc against their two steps on the reference: xb and
+ * y (the residual y += for the second). On CUDA with BF16 weights the GEMM's input is the
+ * rows rounded to BF16 either way, written by the norm / SwiGLU kernel instead of a
+ * conversion: within the BF16 GEMM's tolerance of the CPU. */
+static void check_norm_swiglu_matmul(tsr_dtype dt, int64_t n) {
+    targets t;
+    ASSERT_OK(targets_open(&t));
+    enum { DIM = 256, HID = 384, PARTS = 4 };
+    const int32_t seg[PARTS + 1] = {0, 96, 192, 288, 384};
+    float *x = rand_floats((size_t)(n * DIM), 2.0f), *nw = rand_floats(DIM, 0.2f);
+    for (int i = 0; i < DIM; i++) nw[i] += 1.0f;
+    float *w1f = rand_floats(2 * HID * DIM, 0.1f), *w2f = rand_floats(DIM * HID, 0.1f);
+    float *gu = rand_floats((size_t)(n * 2 * HID), 3.0f), *res = rand_floats((size_t)(n * DIM), 1.0f);
+    tsr_tensor tn = {.dtype = TSR_F32, .rows = 1, .cols = DIM, .data = nw};
+    tsr_tensor w1 = make_tensor(dt, 2 * HID, DIM, w1f), w2 = make_tensor(dt, DIM, HID, w2f);
+    const size_t outn = (size_t)(n * DIM + n * 2 * HID + n * DIM);
+    float *want = tsr_malloc(outn * sizeof(float)), *got = tsr_malloc(outn * sizeof(float));
+    char what[80];
+    snprintf(what, sizeof what, "rmsnorm_matmul+swiglu_matmul_acc %s n=%lld",
+             tsr_dtype_name(dt), (long long)n);
+    for (int b = -1; b < t.n && !tsr_test_failed_flag; b++) {
+        tsr_backend *be = target(&t, b);
+        placed pn, p1, p2;
+        ASSERT_OK(be_tensor(be, &tn, &pn));
+        ASSERT_OK(be_tensor(be, &w1, &p1));
+        ASSERT_OK(be_tensor(be, &w2, &p2));
+        float *dx = be_dup(be, x, (size_t)(n * DIM) * sizeof(float));
+        float *dxb = be_dup(be, NULL, (size_t)(n * DIM) * sizeof(float));
+        float *dy = be_dup(be, NULL, (size_t)(n * 2 * HID) * sizeof(float));
+        float *dgu = be_dup(be, gu, (size_t)(n * 2 * HID) * sizeof(float));
+        float *dhb = be_dup(be, NULL, (size_t)(n * HID) * sizeof(float));
+        float *dres = be_dup(be, res, (size_t)(n * DIM) * sizeof(float));
+        ASSERT_TRUE(dx && dxb && dy && dgu && dhb && dres);
+        if (b < 0) {
+            ASSERT_OK(be->ops->rmsnorm(be, dx, &pn.t, n, DIM, 1e-5f, dxb));
+            ASSERT_OK(be->ops->matmul(be, dxb, n, &p1.t, dy));
+            ASSERT_OK(be->ops->swiglu_fused(be, dgu, n, HID, dhb));
+            ASSERT_OK(be->ops->matmul_parts_acc(be, dhb, n, &p2.t, seg, PARTS, dres));
+        } else {
+            ASSERT_OK(be->ops->rmsnorm_matmul(be, dx, &pn.t, n, DIM, 1e-5f, dxb, &p1.t, dy));
+            ASSERT_OK(be->ops->swiglu_matmul_acc(be, dgu, n, HID, dhb, &p2.t, seg, PARTS, dres));
+        }
+        float *out = b < 0 ? want : got;
+        ASSERT_OK(be_read(be, out, dxb, (size_t)(n * DIM) * sizeof(float)));
+        ASSERT_OK(be_read(be, out + n * DIM, dy, (size_t)(n * 2 * HID) * sizeof(float)));
+        ASSERT_OK(be_read(be, out + n * DIM + n * 2 * HID, dres, (size_t)(n * DIM) * sizeof(float)));
+        if (b >= 0)
+            ASSERT_TRUE(compare(what, t.label[b], got, want, outn, NULL,
+                                be->device >= 0 ? 0.2 : 0.0) <= 1.0);
+        be_release(be, dx);
+        be_release(be, dxb);
+        be_release(be, dy);
+        be_release(be, dgu);
+        be_release(be, dhb);
+        be_release(be, dres);
+        be_tensor_release(be, &pn);
+        be_tensor_release(be, &p1);
+        be_tensor_release(be, &p2);
+    }
+    tsr_free(x);
+    tsr_free(nw);
+    tsr_free(w1f);
+    tsr_free(w2f);
+    tsr_free(gu);
+    tsr_free(res);
+    tsr_free((void *)w1.data);
+    tsr_free((void *)w2.data);
+    tsr_free(want);
+    tsr_free(got);
+    targets_close(&t);
+}
+
+TSR_TEST(test_norm_swiglu_matmul) {
+    check_norm_swiglu_matmul(TSR_BF16, 1);
+    check_norm_swiglu_matmul(TSR_BF16, 40);
+    check_norm_swiglu_matmul(TSR_F32, 3);
+}
+
 /* ---- timings (TSR_BENCH=1; tests/device/run.sh) ---- */
 
 static double now_s(void) {
@@ -1215,6 +1457,49 @@ static double time_attention(tsr_backend *be, int n_q, int n_k, int n_heads, int
     return best;
 }
 
+/* Decode at batch 1 with BF16 weights: cuBLAS at n = 1 (be) against the GEMV kernel (gv,
+ * a CUDA backend made under TSR_CUDA_GEMV=1), each checked against the CPU reference
+ * (which multiplies f32 inputs, as the kernel does; cuBLAS rounds them to BF16 first), and
+ * the weights' bytes per second of each. Issue 24 item 2 takes the kernel by default when
+ * cuBLAS stays below 85 % of the HBM bandwidth (tsr_membw's figure) and the kernel does
+ * better. */
+static void bench_gemv(tsr_backend *ref, tsr_backend *be, tsr_backend *gv, int64_t rows,
+                       int64_t cols) {
+    float *wf = rand_floats((size_t)(rows * cols), 0.1f), *x = rand_floats((size_t)cols, 1.0f);
+    tsr_tensor w = make_tensor(TSR_BF16, rows, cols, wf);
+    float *want = tsr_malloc((size_t)rows * sizeof(float)), *got = tsr_malloc((size_t)rows * sizeof(float));
+    tsr_backend *bs[3] = {ref, be, gv};
+    double err[3] = {0}, best[3] = {INFINITY, INFINITY, INFINITY};
+    for (int b = 0; b < 3 && want && got; b++) {
+        placed pw;
+        float *dx = be_dup(bs[b], x, (size_t)cols * sizeof(float));
+        float *dy = be_dup(bs[b], NULL, (size_t)rows * sizeof(float));
+        if (!dx || !dy || be_tensor(bs[b], &w, &pw) != TSR_OK) break;
+        for (int r = 0; r <= (b ? 20 : 0); r++) {
+            double t0 = now_s();
+            if (bs[b]->ops->matmul(bs[b], dx, 1, &pw.t, dy) != TSR_OK) break;
+            if (bs[b]->ops->synchronize(bs[b]) != TSR_OK) break;
+            if (r > 0 && now_s() - t0 < best[b]) best[b] = now_s() - t0;
+        }
+        if (be_read(bs[b], b ? got : want, dy, (size_t)rows * sizeof(float)) == TSR_OK && b)
+            for (int64_t i = 0; i < rows; i++)
+                if (fabs((double)got[i] - want[i]) > err[b]) err[b] = fabs((double)got[i] - want[i]);
+        be_tensor_release(bs[b], &pw);
+        be_release(bs[b], dx);
+        be_release(bs[b], dy);
+    }
+    double gb = (double)(rows * cols) * 2.0 * 1e-9;
+    printf("  gemv bf16 n=1 %6lldx%-5lld: cuBLAS %7.3f ms %7.1f GB/s (err %.1e), kernel %7.3f ms "
+           "%7.1f GB/s (err %.1e): kernel %.2fx\n", (long long)rows, (long long)cols,
+           best[1] * 1e3, gb / best[1], err[1], best[2] * 1e3, gb / best[2], err[2],
+           best[1] / best[2]);
+    tsr_free(wf);
+    tsr_free(x);
+    tsr_free((void *)w.data);
+    tsr_free(want);
+    tsr_free(got);
+}
+
 TSR_TEST(test_bench) {
     if (!getenv("TSR_BENCH")) return;
     targets t;
@@ -1234,6 +1519,17 @@ TSR_TEST(test_bench) {
         printf("  matmul %-4s n=%-5lld %lldx%lld: %9.3f ms  %8.1f TFLOP/s  %7.1f GB/s weights\n",
                tsr_dtype_name(mm[i].dt), (long long)mm[i].n, (long long)mm[i].rows,
                (long long)mm[i].cols, s * 1e3, flop / s * 1e-12, bytes / s * 1e-9);
+    }
+    if (be->device >= 0) { /* the 8B shape's decode products, q/k/v and gate/up fused */
+        setenv("TSR_CUDA_GEMV", "1", 1);
+        tsr_backend *gv = NULL;
+        tsr_status gst = tsr_backend_create("cuda", 1, &gv);
+        unsetenv("TSR_CUDA_GEMV");
+        const int64_t gs[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+        for (size_t i = 0; gst == TSR_OK && i < sizeof gs / sizeof gs[0]; i++)
+            bench_gemv(t.ref, be, gv, gs[i][0], gs[i][1]);
+        if (gst != TSR_OK) printf("  gemv: no second cuda backend (%s)\n", tsr_last_error());
+        tsr_backend_destroy(gv);
     }
     struct {
         int n_q, n_k;
@@ -1314,6 +1610,7 @@ TSR_TEST(test_backend_select) {
 TSR_TEST_MAIN(test_memory, test_copies, test_kv_rows, test_matmul_f32, test_matmul_bf16,
               test_matmul_f16, test_matmul_parts, test_rmsnorm, test_rope, test_swiglu_add, test_bias_add,
               test_embed, test_attention_decode, test_attention_prefill, test_attention_paged,
-              test_matmul_parts_acc, test_sample,
+              test_matmul_parts_acc, test_sample, test_qkv_rope, test_swiglu_fused,
+              test_norm_swiglu_matmul,
               test_backend_select,
               test_bench)

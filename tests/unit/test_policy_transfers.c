@@ -4,7 +4,8 @@
  * (policies/policy.h). paged and streaming read none, so their step downloads nothing and
  * waits once (the sampled ids); h2o gets its scores, and its queries
  * only to materialize; snapkv its queries; offload its queries and attention input, plus
- * its own host copy's traffic. The counts per layer are printed (docs/perf.md). */
+ * its own host copy's traffic. The counts per layer are printed (docs/perf.md), and paged's
+ * backend calls are pinned: 6 per layer with the fused weights. */
 #include <stdio.h>
 #include <string.h>
 
@@ -99,6 +100,11 @@ TSR_TEST(test_reads_nothing_downloads_nothing) {
             ASSERT_EQ_INT(c.syncs, 1);
             if (p == 0) ASSERT_EQ_INT(c.pageable, 0);
             ASSERT_TRUE(c.ops > 0);
+            /* paged, whatever the batch: per layer 6 calls (norm + the q/k/v product,
+             * qkv_rope with the K/V write, attention_paged, wo + residual, norm + the
+             * gate/up product, SwiGLU + w_down + residual: runtime/model/fuse.h), and the
+             * step's own 4 (embedding, final norm, classifier, sampling) */
+            if (p == 0) ASSERT_EQ_INT(c.ops, 4 + 6 * m->cfg.n_layers);
         }
     tsr_model_destroy(m);
 }
