@@ -23,6 +23,7 @@
 /* What the user asks of a distributed job (--tp, --pp, ...: jobs/dist_cli.h). */
 typedef struct tsr_dist_options {
     int tp, pp;         /* 0: pp 1, tp = world / pp */
+    int ep;             /* expert parallelism over the TP group: 0 or 1 off, else = tp */
     int micro_batches;  /* 0: pp */
     bool bind;          /* bind each rank to its cores */
     float comm_timeout; /* seconds (tsr_comm_set_timeout); 0: off */
