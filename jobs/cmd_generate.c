@@ -173,10 +173,19 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
             "in %.3f s (%.1f tok/s), stop: %s\n",
             n_ids, tp, tp > 0 ? (double)n_ids / tp : 0.0, generated, td,
             td > 0 ? generated / td : 0.0, stop);
+    /* KV memory by layer type: a sliding layer's stops growing at its window */
+    tsr_kv_options kvo = o->kv.kv;
+    kvo.be = be;
+    tsr_kv_layer_bytes lb;
+    TSR_TRY(tsr_kv_layer_bytes_of(&kvo, c, &lb));
+    char kvl[256];
+    if (lb.sliding_layers > 0 && tsr_kv_layer_bytes_line(&lb, kvl, sizeof kvl) > 0)
+        fprintf(stderr, "tessera generate: %s\n", kvl);
     if (o->kv.stats) {
         char js[2048];
         tsr_kv_stats_json(kv, js, sizeof js);
-        fprintf(stderr, "%s\n%s\n", js, comm_js);
+        tsr_kv_layer_bytes_json(&lb, kvl, sizeof kvl);
+        fprintf(stderr, "%s\n%s\n{\"kv_memory\":%s}\n", js, comm_js, kvl);
     }
     return TSR_OK;
 }

@@ -741,9 +741,16 @@ static tsr_status tsr__job(tsr_run_job *g) {
     char kv_json[2048];
     tsr_kv_stats_json(g->kv, kv_json, sizeof kv_json);
     m->kv_json = kv_json;
+    tsr_kv_options kvo = o->kv.kv;
+    kvo.be = g->be;
+    tsr_kv_layer_bytes lb;
+    TSR_TRY(tsr_kv_layer_bytes_of(&kvo, &g->model->cfg, &lb));
+    char kvm[256], kvl[256];
+    tsr_kv_layer_bytes_json(&lb, kvm, sizeof kvm);
+    m->kv_memory_json = kvm;
     if (!g->root) return TSR_OK;
     if (o->metrics) TSR_TRY(tsr_metrics_write(m, o->metrics));
-    if (o->kv.stats) fprintf(stderr, "%s\n", kv_json);
+    if (o->kv.stats) fprintf(stderr, "%s\n{\"kv_memory\":%s}\n", kv_json, kvm);
     if (g->stop_signo) {
         int64_t done = g->resume.n_records + g->processed;
         fprintf(stderr,
@@ -767,6 +774,8 @@ static tsr_status tsr__job(tsr_run_job *g) {
                 " swapped out, %" PRId64 " in (%.1f MiB out), %" PRId64 " recomputed for a "
                 "full host pool\n", m->preemptions, o->preempt, m->swaps_out, m->swaps_in,
                 (double)m->swap_out_bytes / 1048576.0, m->swap_fallbacks);
+    if (!o->quiet && lb.sliding_layers > 0 && tsr_kv_layer_bytes_line(&lb, kvl, sizeof kvl) > 0)
+        fprintf(stderr, "tessera run: %s\n", kvl);
     return TSR_OK;
 }
 

@@ -84,8 +84,13 @@ hrun "$tmp/oss/gptoss_f32" "$tmp/h3.jsonl" --harmony-raw
     fail "built-in harmony and the model's template: $(tokens "$tmp/h2.jsonl") vs $(tokens "$tmp/h3.jsonl")"
 cmp -s "$tmp/h2.jsonl" "$tmp/h3.jsonl" || fail "built-in harmony and the model's template answer differently"
 out=$("$bin" generate --model "$g" --tokenizer "$htok" --chat --prompt "Hello there" \
-    --max-tokens 12 --temperature 0 --threads 2 2>"$tmp/herr") || fail "generate --chat: $(cat "$tmp/herr")"
+    --max-tokens 12 --temperature 0 --threads 2 --stats 2>"$tmp/herr") || fail "generate --chat: $(cat "$tmp/herr")"
 [ -z "$out" ] || fail "generate --chat printed more than the final channel: $out"
+# KV memory by layer type, in the summary and the --stats line
+grep -q '^tessera generate: KV 0.3 KiB/token in 1 full layer, 0.3 KiB/token in 1 sliding layer (window 8: 7 tokens a sequence between steps)$' "$tmp/herr" ||
+    fail "no KV line by layer type: $(cat "$tmp/herr")"
+grep -q '^{"kv_memory":{"full_layers":1,"full_bytes_per_token":260,"sliding_layers":1,"sliding_bytes_per_token":260,"window":8}}$' "$tmp/herr" ||
+    fail "no kv_memory stats line: $(cat "$tmp/herr")"
 out=$("$bin" generate --model "$g" --tokenizer "$htok" --chat --harmony-raw --prompt "Hello there" \
     --max-tokens 12 --temperature 0 --threads 2 2>"$tmp/herr") || fail "generate --chat --harmony-raw: $(cat "$tmp/herr")"
 [ -n "$out" ] || fail "generate --chat --harmony-raw printed nothing"
