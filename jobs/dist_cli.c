@@ -14,9 +14,10 @@ void tsr_dist_cli_opts(tsr_dist_cli *d, tsr_cli_opt *out) {
         {"pp", TSR_OPT_INT, &d->pp, "N", "pipeline stages (default 1); ranks = tp x pp", false},
         {"ep", TSR_OPT_INT, &d->ep, "N",
          "expert parallelism (mixture-of-experts models): the experts spread over the N "
-         "tensor-parallel ranks of a stage, E/N each, tokens exchanged all-to-all; N must "
-         "equal --tp (default: the job's ranks / --pp) and divide the experts; the same "
-         "tokens as one process (default 1: every rank holds every expert)", false},
+         "tensor-parallel ranks of a stage, E/N contiguous experts each, tokens exchanged "
+         "all-to-all; N must be the tp size (--tp, whose default is the job's ranks / --pp) "
+         "and divide the expert count, a dense model is refused; one process's tokens on "
+         "the CPU backends (off by default: every rank holds every expert)", false},
         {"micro-batches", TSR_OPT_INT, &d->micro_batches, "N",
          "pipeline micro-batches per step (default: --pp; 1 keeps results bit-identical to "
          "one process for batches of several sequences)", false},

@@ -55,6 +55,7 @@ typedef struct tsr_dist {
     tsr_parallel_shard shard; /* valid after tsr_dist_layout */
     int rank, world, local_rank, local_size;
     int micro_batches;
+    int ep;                   /* expert parallelism over the TP group (1: off) */
     tsr_topology *topo;       /* after tsr_dist_place */
     tsr_placement place;      /* this rank's */
     bool bound;               /* bound to place's cores */

@@ -159,7 +159,9 @@ tsr_status tsr_moe_create(tsr_backend *be, const tsr_model_config *c, int max_to
             !mo->fill)
             st = TSR_ERR_NOMEM;
     }
-    if (st == TSR_OK && sh && sh->expert_end - sh->expert_begin < c->n_experts)
+    /* a shard that names no range (expert_end 0) holds every expert */
+    if (st == TSR_OK && sh && sh->expert_end > 0 &&
+        sh->expert_end - sh->expert_begin < c->n_experts)
         st = tsr__ep_create(mo, comm, sh);
     if (st != TSR_OK) {
         tsr_moe_destroy(mo);
