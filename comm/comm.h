@@ -12,8 +12,9 @@
  * backend's device and stream.
  *
  * Two families of operations:
- *  - data plane (allreduce_sum_f32*, allgather, send/recv/isend/irecv): buffers live in the
- *    backend's memory, host memory on CPU, device memory when the comm uses NCCL;
+ *  - data plane (allreduce_sum_f32*, allgather, alltoallv, send/recv/isend/irecv): buffers
+ *    live in the backend's memory, host memory on CPU, device memory when the comm uses
+ *    NCCL;
  *  - control plane (bcast, allreduce_i64, barrier, agree, abort): host memory, always MPI.
  *
  * Determinism: on the MPI/CPU path allreduce_sum_f32 sums in group-rank order,
@@ -208,9 +209,11 @@ tsr_status tsr_comm_wait(tsr_comm *c, tsr_comm_request *req);
 /* ---- traffic counters ------------------------------------------------------------------ */
 
 /* What this rank's data-plane operations (allreduce_sum_f32*, allgather, alltoallv,
- * send/recv/isend/irecv) and bcast moved since tsr_comm_init or the last reset, over all groups.
- *  - MPI point-to-point (send/recv, and the chain sum's own messages) and alltoallv: exact
- *    bytes and messages (alltoallv: one per non-empty block to or from another rank); isend/irecv count when posted.
+ * send/recv/isend/irecv) and bcast moved since tsr_comm_init or the last reset, over all
+ * groups.
+ *  - MPI point-to-point (send/recv, and the chain sum's own messages) and alltoallv (MPI
+ *    and NCCL): exact bytes and messages (alltoallv: one per non-empty block to or from
+ *    another rank); isend/irecv count when posted.
  *  - MPI collectives are counted with the textbook algorithm, not whatever the MPI library
  *    picks: MPI_Bcast as a binomial tree (a non-root rank receives the buffer once and
  *    sends it to each of its children; the root sends to ceil(log2 size) children at

@@ -270,14 +270,16 @@ int tsr_dist_comm_json(tsr_dist *j, const tsr_comm_stats *prefill, int64_t prefi
     double pt = prefill_tokens > 0 ? (double)prefill_tokens : 1.0;
     double dt = decode_tokens > 0 ? (double)decode_tokens : 1.0;
     return snprintf(buf, cap,
-                    "{\"comm\":{\"backend\":\"%s\",\"world\":%d,\"tp\":%d,\"pp\":%d,\"ep\":%d,"
+                    "{\"comm\":{\"backend\":\"%s\",\"world\":%d,\"tp\":%d,\"pp\":%d,"
+                    "\"ep\":%d,"
                     "\"prefill\":{\"tokens\":%lld,\"bytes_sent\":%lld,\"bytes_recv\":%lld,"
                     "\"messages\":%lld,\"max_rank_bytes_sent\":%lld,\"bytes_per_token\":%.1f},"
                     "\"decode\":{\"tokens\":%lld,\"bytes_sent\":%lld,\"bytes_recv\":%lld,"
                     "\"messages\":%lld,\"max_rank_bytes_sent\":%lld,\"bytes_per_token\":%.1f}}}",
                     tsr_comm_backend_name(j->comm), j->world, tsr_comm_tp(j->comm),
-                    tsr_comm_pp(j->comm), j->ep > 1 ? j->ep : 1, (long long)prefill_tokens, (long long)sum[0],
-                    (long long)sum[1], (long long)sum[2], (long long)mx[0], (double)sum[0] / pt,
+                    tsr_comm_pp(j->comm), j->ep > 1 ? j->ep : 1, (long long)prefill_tokens,
+                    (long long)sum[0], (long long)sum[1], (long long)sum[2], (long long)mx[0],
+                    (double)sum[0] / pt,
                     (long long)decode_tokens, (long long)sum[3], (long long)sum[4],
                     (long long)sum[5], (long long)mx[1], (double)sum[3] / dt);
 }

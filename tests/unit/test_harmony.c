@@ -52,7 +52,8 @@ TSR_TEST(test_harmony_template_matches_gpt_oss) {
         cJSON_Delete(ctx);
         ASSERT_OK(st);
         const char *want = cJSON_GetObjectItem(r, "output")->valuestring;
-        if (strcmp(out, want)) TSR_FAIL_("case %s: built-in harmony differs:\n%s\n---\n%s", name, out, want);
+        if (strcmp(out, want))
+            TSR_FAIL_("case %s: built-in harmony differs:\n%s\n---\n%s", name, out, want);
         tsr_free(out);
         checked++;
     }
