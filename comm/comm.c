@@ -512,6 +512,49 @@ tsr_status tsr_comm_allgather(tsr_comm *c, tsr_comm_group which, const void *sen
 #endif
 }
 
+tsr_status tsr_comm_alltoallv(tsr_comm *c, tsr_comm_group which, const void *send,
+                              const size_t *send_bytes, const size_t *send_off, void *recv,
+                              const size_t *recv_bytes, const size_t *recv_off) {
+    tsr__comm_grp *g = NULL;
+    TSR_TRY(tsr__grp(c, which, "alltoallv", &g));
+    int me = g->rank;
+    if (send_bytes[me] != recv_bytes[me])
+        return tsr_error_set(TSR_ERR_INVALID, "alltoallv: %zu bytes to this rank itself but %zu "
+                             "expected from it", send_bytes[me], recv_bytes[me]);
+#ifdef TSR_HAVE_MPI
+    int64_t sent = 0, got = 0, msgs = 0;
+    for (int r = 0; r < g->size; r++) {
+        if (r == me) continue;
+        sent += (int64_t)send_bytes[r];
+        got += (int64_t)recv_bytes[r];
+        msgs += (send_bytes[r] > 0) + (recv_bytes[r] > 0);
+    }
+#endif
+#ifdef TSR__COMM_NCCL
+    if (g->nccl) {
+        TSR_TRY(tsr__nccl->alltoallv(c, g, send, send_bytes, send_off, recv, recv_bytes,
+                                     recv_off));
+        tsr__tally(c, sent, got, msgs);
+        return TSR_OK;
+    }
+    if (c->nccl && c->backend == TSR_COMM_MPI)
+        return tsr__nccl->copy(c, (char *)recv + recv_off[me],
+                               (const char *)send + send_off[me], send_bytes[me]);
+#endif
+    if (g->size == 1) {
+        if (send_bytes[0])
+            memmove((char *)recv + recv_off[0], (const char *)send + send_off[0], send_bytes[0]);
+        return TSR_OK;
+    }
+#ifdef TSR_HAVE_MPI
+    TSR_TRY(tsr__comm_mpi_alltoallv(g, send, send_bytes, send_off, recv, recv_bytes, recv_off));
+    tsr__tally(c, sent, got, msgs);
+    return TSR_OK;
+#else
+    return tsr_error_set(TSR_ERR_INTERNAL, "alltoallv: a %d-rank group without MPI", g->size);
+#endif
+}
+
 tsr_status tsr_comm_send(tsr_comm *c, tsr_comm_group which, const void *buf, size_t bytes,
                          int peer, int tag) {
     tsr__comm_grp *g = NULL;

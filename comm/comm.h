@@ -12,8 +12,9 @@
  * backend's device and stream.
  *
  * Two families of operations:
- *  - data plane (allreduce_sum_f32*, allgather, send/recv/isend/irecv): buffers live in the
- *    backend's memory, host memory on CPU, device memory when the comm uses NCCL;
+ *  - data plane (allreduce_sum_f32*, allgather, alltoallv, send/recv/isend/irecv): buffers
+ *    live in the backend's memory, host memory on CPU, device memory when the comm uses
+ *    NCCL;
  *  - control plane (bcast, allreduce_i64, barrier, agree, abort): host memory, always MPI.
  *
  * Determinism: on the MPI/CPU path allreduce_sum_f32 sums in group-rank order,
@@ -169,6 +170,17 @@ tsr_status tsr_comm_allreduce_sum_f32_parts(tsr_comm *c, tsr_comm_group g, const
 tsr_status tsr_comm_allgather(tsr_comm *c, tsr_comm_group g, const void *send, size_t bytes,
                               void *recv);
 
+/* Personalized exchange (expert parallelism): to group rank r this rank sends send_bytes[r]
+ * bytes from send + send_off[r], and from group rank r it receives recv_bytes[r] bytes into
+ * recv + recv_off[r]. The receive ranges must not overlap; send ranges may (one block sent
+ * to every rank). Every rank's send_bytes[r] must equal rank r's recv_bytes[me]. Counts are
+ * the caller's to agree on (tessera derives them from the routing every rank computes).
+ * MPI: MPI_Ialltoallv (each count must fit an int); NCCL: grouped ncclSend/ncclRecv on the
+ * stream; a group of one rank copies. */
+tsr_status tsr_comm_alltoallv(tsr_comm *c, tsr_comm_group g, const void *send,
+                              const size_t *send_bytes, const size_t *send_off, void *recv,
+                              const size_t *recv_bytes, const size_t *recv_off);
+
 /* Blocking point-to-point within a group (peer = group rank). Tags are >= 0. */
 tsr_status tsr_comm_send(tsr_comm *c, tsr_comm_group g, const void *buf, size_t bytes,
                          int peer, int tag);
@@ -196,10 +208,12 @@ tsr_status tsr_comm_wait(tsr_comm *c, tsr_comm_request *req);
 
 /* ---- traffic counters ------------------------------------------------------------------ */
 
-/* What this rank's data-plane operations (allreduce_sum_f32*, allgather, send/recv/isend/
- * irecv) and bcast moved since tsr_comm_init or the last reset, over all groups.
- *  - MPI point-to-point (send/recv, and the chain sum's own messages): exact bytes and
- *    messages; isend/irecv count when posted.
+/* What this rank's data-plane operations (allreduce_sum_f32*, allgather, alltoallv,
+ * send/recv/isend/irecv) and bcast moved since tsr_comm_init or the last reset, over all
+ * groups.
+ *  - MPI point-to-point (send/recv, and the chain sum's own messages) and alltoallv (MPI
+ *    and NCCL): exact bytes and messages (alltoallv: one per non-empty block to or from
+ *    another rank); isend/irecv count when posted.
  *  - MPI collectives are counted with the textbook algorithm, not whatever the MPI library
  *    picks: MPI_Bcast as a binomial tree (a non-root rank receives the buffer once and
  *    sends it to each of its children; the root sends to ceil(log2 size) children at

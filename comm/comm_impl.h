@@ -74,6 +74,9 @@ tsr_status tsr__comm_mpi_allgather(tsr__comm_grp *g, const void *send, size_t by
 tsr_status tsr__comm_mpi_chain_sum_f32(tsr__comm_grp *g, const float *parts, int n_local,
                                        size_t n, float *out, float *scratch, size_t chunk,
                                        tsr_comm_stats *st);
+tsr_status tsr__comm_mpi_alltoallv(tsr__comm_grp *g, const void *send, const size_t *send_bytes,
+                                   const size_t *send_off, void *recv, const size_t *recv_bytes,
+                                   const size_t *recv_off);
 tsr_status tsr__comm_mpi_bcast(tsr__comm_grp *g, void *buf, size_t bytes, int root);
 tsr_status tsr__comm_mpi_allreduce_i64(tsr__comm_grp *g, int64_t *buf, size_t n,
                                        tsr_comm_op op);
@@ -111,6 +114,10 @@ struct tsr_comm_nccl_ops {
     tsr_status (*recv)(tsr_comm *c, tsr__comm_grp *g, void *buf, size_t bytes, int peer,
                        bool wait);
     tsr_status (*sync)(tsr_comm *c);
+    /* tsr_comm_alltoallv on the stream (the block to this rank itself included). */
+    tsr_status (*alltoallv)(tsr_comm *c, tsr__comm_grp *g, const void *send,
+                            const size_t *send_bytes, const size_t *send_off, void *recv,
+                            const size_t *recv_bytes, const size_t *recv_off);
     /* Device-to-device copy on the stream: the one-rank group paths of device buffers. */
     tsr_status (*copy)(tsr_comm *c, void *dst, const void *src, size_t bytes);
 };

@@ -278,6 +278,32 @@ tsr_status tsr__comm_mpi_allgather(tsr__comm_grp *g, const void *send, size_t by
     return tsr__wait(g, &q, MPI_STATUS_IGNORE, "MPI_Iallgather", "allgather", -1);
 }
 
+tsr_status tsr__comm_mpi_alltoallv(tsr__comm_grp *g, const void *send, const size_t *send_bytes,
+                                   const size_t *send_off, void *recv, const size_t *recv_bytes,
+                                   const size_t *recv_off) {
+    int n = g->size;
+    int *v = tsr_malloc((size_t)4 * (size_t)n * sizeof(int));
+    if (!v) return TSR_ERR_NOMEM;
+    int *sc = v, *sd = v + n, *rc = v + 2 * n, *rd = v + 3 * n;
+    tsr_status st = TSR_OK;
+    for (int r = 0; r < n && st == TSR_OK; r++) {
+        st = tsr__count(send_bytes[r], "MPI_Alltoallv", &sc[r]);
+        if (st == TSR_OK) st = tsr__count(send_off[r], "MPI_Alltoallv", &sd[r]);
+        if (st == TSR_OK) st = tsr__count(recv_bytes[r], "MPI_Alltoallv", &rc[r]);
+        if (st == TSR_OK) st = tsr__count(recv_off[r], "MPI_Alltoallv", &rd[r]);
+    }
+    MPI_Request q;
+    int rc_mpi = MPI_SUCCESS;
+    if (st == TSR_OK) {
+        rc_mpi = MPI_Ialltoallv(send, sc, sd, MPI_BYTE, recv, rc, rd, MPI_BYTE, tsr__mc(g), &q);
+        if (rc_mpi != MPI_SUCCESS) st = tsr__mpi_err(rc_mpi, "MPI_Ialltoallv");
+    }
+    if (st == TSR_OK)
+        st = tsr__wait(g, &q, MPI_STATUS_IGNORE, "MPI_Ialltoallv", "alltoallv", -1);
+    tsr_free(v);
+    return st;
+}
+
 tsr_status tsr__comm_mpi_bcast(tsr__comm_grp *g, void *buf, size_t bytes, int root) {
     int n = 0;
     TSR_TRY(tsr__count(bytes, "MPI_Bcast", &n));

@@ -158,6 +158,34 @@ static tsr_status tsr__nccl_recv(tsr_comm *c, tsr__comm_grp *g, void *buf, size_
     return wait ? tsr__nccl_sync(c) : TSR_OK;
 }
 
+/* NCCL's point-to-point in one group call: every pair's transfer may progress at once. */
+static tsr_status tsr__nccl_alltoallv(tsr_comm *c, tsr__comm_grp *g, const void *send,
+                                    const size_t *send_bytes, const size_t *send_off,
+                                    void *recv, const size_t *recv_bytes,
+                                    const size_t *recv_off) {
+    TSR__NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < g->size; r++) {
+        if (send_bytes[r]) {
+            ncclResult_t e = ncclSend((const char *)send + send_off[r], send_bytes[r], ncclUint8,
+                                      r, tsr__nc(g), tsr__stream(c));
+            if (e != ncclSuccess) {
+                (void)ncclGroupEnd();
+                return tsr_error_set(TSR_ERR_NCCL, "ncclSend: %s", ncclGetErrorString(e));
+            }
+        }
+        if (recv_bytes[r]) {
+            ncclResult_t e = ncclRecv((char *)recv + recv_off[r], recv_bytes[r], ncclUint8, r,
+                                      tsr__nc(g), tsr__stream(c));
+            if (e != ncclSuccess) {
+                (void)ncclGroupEnd();
+                return tsr_error_set(TSR_ERR_NCCL, "ncclRecv: %s", ncclGetErrorString(e));
+            }
+        }
+    }
+    TSR__NCCL_TRY(ncclGroupEnd(), "ncclGroupEnd");
+    return TSR_OK;
+}
+
 static tsr_status tsr__nccl_sync(tsr_comm *c) {
     TSR__CUDA_TRY(cudaStreamSynchronize(tsr__stream(c)), "cudaStreamSynchronize");
     return TSR_OK;
@@ -182,6 +210,7 @@ const struct tsr_comm_nccl_ops tsr__comm_nccl_module_ops = {
     .send = tsr__nccl_send,
     .recv = tsr__nccl_recv,
     .sync = tsr__nccl_sync,
+    .alltoallv = tsr__nccl_alltoallv,
     .copy = tsr__nccl_copy,
 };
 

@@ -80,8 +80,10 @@ static const char tsr__bench_about[] =
     "\n"
     "JSON keys: model, dtype, threads, prompt_tokens, gen_tokens, repeat, prefill_samples,\n"
     "prefill_s, prefill_tok_s, prefill_gflops, decode_s, decode_tok_s, decode_gb_s,\n"
-    "weight_bytes, active_weight_bytes, decode_bytes_per_token, prefill_flops_per_token, peak_rss_bytes,\n"
-    "huge_page_bytes, dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab_size,\n"
+    "weight_bytes, active_weight_bytes, decode_bytes_per_token, prefill_flops_per_token,\n"
+    "peak_rss_bytes, huge_page_bytes, kv_memory (KV bytes per token of the full and of the\n"
+    "sliding-window layers, their counts and window), dim, hidden_dim, n_layers, n_heads,\n"
+    "n_kv_heads, head_dim, vocab_size,\n"
     "last_token (the final greedy token, a determinism check); with --membw-mib also\n"
     "membw_bytes, read_passes, read_gb_s, read_best_gb_s, decode_read_ratio; on a backend\n"
     "that counts its transfers (cpu-fenced) also step_counters: the means of the timed\n"
@@ -462,6 +464,14 @@ int tsr_cmd_bench(int argc, char **argv) {
                dtn, be->threads > 0 ? be->threads : o.threads, n, g, o.repeat, npre, prefill_s,
                pre_tps, pre_flops * pre_tps * 1e-9, decode_s, dec_tps,
                dec_gb, weight_bytes, active_bytes, dec_bytes, pre_flops, rss, huge);
+        /* KV bytes per token by layer type (sliding-window layers stop at their window) */
+        tsr_kv_options kvo = eo.kv;
+        kvo.be = be;
+        tsr_kv_layer_bytes lb;
+        char kvm[256] = "null";
+        if (tsr_kv_layer_bytes_of(&kvo, c, &lb) == TSR_OK)
+            tsr_kv_layer_bytes_json(&lb, kvm, sizeof kvm);
+        printf("\"kv_memory\":%s,", kvm);
         if (probe.n > 0)
             printf("\"membw_bytes\":%zu,\"read_passes\":%d,\"read_gb_s\":%.3f,"
                    "\"read_best_gb_s\":%.3f,\"decode_read_ratio\":%.4f,",

@@ -23,6 +23,7 @@
 #include "runtime/exec/kv_setup.h"
 #include "runtime/model/model.h"
 #include "runtime/exec/sampler.h"
+#include "runtime/text/harmony.h"
 #include "runtime/text/tokenizer.h"
 
 int tsr_cmd_fail(const char *cmd) {
@@ -36,7 +37,7 @@ typedef struct tsr__gen_opts {
     int max_tokens, top_k, threads, max_context, chunk;
     float temperature, top_p;
     uint64_t seed;
-    bool no_bos, chat, verbose, threads_given;
+    bool no_bos, chat, harmony_raw, verbose, threads_given;
     tsr_kv_cli kv;
     tsr_dist_cli dist;
 } tsr__gen_opts;
@@ -113,6 +114,12 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
     tsr_comm_get_stats(d->comm, &cs_prefill);
     tsr_comm_reset_stats(d->comm);
 
+    /* --chat with a harmony vocabulary (GPT-OSS): only the final channel's text is the
+     * answer (--harmony-raw: all of it, channels and special tokens) */
+    tsr_harmony_ids hids;
+    tsr_harmony_parser hp;
+    bool harmony = o->chat && !o->harmony_raw && tsr_harmony_ids_find(tok, &hids);
+    if (harmony) tsr_harmony_parser_init(&hp, &hids);
     int generated = 0, fed = 0; /* fed: decode tokens that went through the forward */
     int32_t prev = ids[n_ids - 1];
     const char *stop = "length";
@@ -132,6 +139,9 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
             break;
         }
         int nb = tsr_tokenizer_decode(tok, prev, next, piece, sizeof piece);
+        if (harmony &&
+            tsr_harmony_feed(&hp, next, piece, nb > 0 ? (size_t)nb : 0) != TSR_HARMONY_FINAL)
+            nb = 0; /* markup or another channel: not printed */
         if (nb > 0 && root) {
             fwrite(piece, 1, (size_t)nb, stdout);
             fflush(stdout);
@@ -163,10 +173,19 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
             "in %.3f s (%.1f tok/s), stop: %s\n",
             n_ids, tp, tp > 0 ? (double)n_ids / tp : 0.0, generated, td,
             td > 0 ? generated / td : 0.0, stop);
+    /* KV memory by layer type: a sliding layer's stops growing at its window */
+    tsr_kv_options kvo = o->kv.kv;
+    kvo.be = be;
+    tsr_kv_layer_bytes lb;
+    TSR_TRY(tsr_kv_layer_bytes_of(&kvo, c, &lb));
+    char kvl[256];
+    if (lb.sliding_layers > 0 && tsr_kv_layer_bytes_line(&lb, kvl, sizeof kvl) > 0)
+        fprintf(stderr, "tessera generate: %s\n", kvl);
     if (o->kv.stats) {
         char js[2048];
         tsr_kv_stats_json(kv, js, sizeof js);
-        fprintf(stderr, "%s\n%s\n", js, comm_js);
+        tsr_kv_layer_bytes_json(&lb, kvl, sizeof kvl);
+        fprintf(stderr, "%s\n%s\n{\"kv_memory\":%s}\n", js, comm_js, kvl);
     }
     return TSR_OK;
 }
@@ -203,7 +222,12 @@ int tsr_cmd_generate(int argc, char **argv) {
         {"no-bos", TSR_OPT_FLAG, &o.no_bos, NULL, "do not prepend the BOS token", false},
         {"chat", TSR_OPT_FLAG, &o.chat, NULL,
          "the prompt is a user message, rendered with the model's chat template (GGUF "
-         "metadata or tokenizer_config.json)", false},
+         "metadata or tokenizer_config.json; a GPT-OSS model without one: the built-in "
+         "harmony template); on a harmony model the answer printed is the final channel's "
+         "text", false},
+        {"harmony-raw", TSR_OPT_FLAG, &o.harmony_raw, NULL,
+         "with --chat on a harmony model (GPT-OSS): print the whole answer, every channel "
+         "with its special tokens, not only the final channel's text", false},
         {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
         {"dtype", TSR_OPT_STRING, &o.dtype, "f32|bf16|f16|q8_0|q4_0|q4_1|fp8",
          "weight dtype (default: as stored); q8_0, q4_0, q4_1 and fp8 quantize at load (fp8: "

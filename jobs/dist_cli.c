@@ -1,4 +1,4 @@
-/* --tp/--pp options of a distributed job (the start-up itself is runtime/engine/dist.c). */
+/* --tp/--pp/--ep options of a distributed job (the start-up itself is runtime/engine/dist.c). */
 #include "jobs/dist_cli.h"
 
 #include <string.h>
@@ -12,6 +12,12 @@ void tsr_dist_cli_opts(tsr_dist_cli *d, tsr_cli_opt *out) {
         {"tp", TSR_OPT_INT, &d->tp, "N",
          "tensor-parallel ranks per pipeline stage (default: the job's ranks / --pp)", false},
         {"pp", TSR_OPT_INT, &d->pp, "N", "pipeline stages (default 1); ranks = tp x pp", false},
+        {"ep", TSR_OPT_INT, &d->ep, "N",
+         "expert parallelism (mixture-of-experts models): the experts spread over the N "
+         "tensor-parallel ranks of a stage, E/N contiguous experts each, tokens exchanged "
+         "all-to-all; N must be the tp size (--tp, whose default is the job's ranks / --pp) "
+         "and divide the expert count, a dense model is refused; one process's tokens on "
+         "the CPU backends (off by default: every rank holds every expert)", false},
         {"micro-batches", TSR_OPT_INT, &d->micro_batches, "N",
          "pipeline micro-batches per step (default: --pp; 1 keeps results bit-identical to "
          "one process for batches of several sequences)", false},
@@ -34,6 +40,7 @@ static bool tsr__bad_count(const tsr_cli *cli, const char *name, int v) {
 tsr_cli_result tsr_dist_cli_check(const tsr_cli *cli, const tsr_dist_cli *d) {
     if (tsr__bad_count(cli, "tp", d->tp)) return tsr_cli_usage_error(cli, "--tp must be >= 1");
     if (tsr__bad_count(cli, "pp", d->pp)) return tsr_cli_usage_error(cli, "--pp must be >= 1");
+    if (tsr__bad_count(cli, "ep", d->ep)) return tsr_cli_usage_error(cli, "--ep must be >= 1");
     if (tsr__bad_count(cli, "micro-batches", d->micro_batches))
         return tsr_cli_usage_error(cli, "--micro-batches must be >= 1");
     if (!(d->comm_timeout >= 0) || d->comm_timeout > 1e9f) /* also NaN */

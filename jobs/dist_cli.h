@@ -1,4 +1,4 @@
-/* Distributed-job options shared by `tessera generate` and `tessera run`: --tp, --pp,
+/* Distributed-job options shared by `tessera generate` and `tessera run`: --tp, --pp, --ep,
  * --micro-batches, --bind, --comm-timeout. They fill the engine spec's tsr_dist_options;
  * the engine (runtime/engine/engine.h, runtime/engine/dist.h) starts the job. */
 #ifndef TSR_JOBS_DIST_CLI_H
@@ -9,7 +9,7 @@
 #include "jobs/cli.h"
 #include "runtime/engine/dist.h"
 
-#define TSR_DIST_CLI_N_OPTS 5
+#define TSR_DIST_CLI_N_OPTS 6
 
 /* The options as parsed: what the engine spec takes (tsr_engine_spec.dist). */
 typedef tsr_dist_options tsr_dist_cli;

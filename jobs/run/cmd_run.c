@@ -37,6 +37,7 @@
 #include "base/sys.h"
 #include "base/log.h"
 #include "runtime/text/chat_template.h"
+#include "runtime/text/harmony.h"
 #include "runtime/exec/forward.h"
 #include "runtime/model/model.h"
 #include "runtime/exec/scheduler.h"
@@ -207,6 +208,12 @@ static tsr_status tsr__setup_files(tsr_run_job *g) {
     } else if (cst != TSR_OK) {
         return cst;
     }
+    /* GPT-OSS: the built-in harmony template when the model brings none; chat answers
+     * written as their final channel's text (runtime/text/harmony.h) */
+    if (g->chat.kind == TSR_CHAT_NONE && g->model->cfg.arch == TSR_ARCH_GPT_OSS)
+        TSR_TRY(tsr_harmony_template(&g->chat));
+    tsr_harmony_ids hids;
+    g->harmony = !o->harmony_raw && tsr_harmony_ids_find(g->tok, &hids);
     tsr__basename(o->model, g->model_name, sizeof g->model_name);
     return TSR_OK;
 }
@@ -512,8 +519,16 @@ static tsr_status tsr__append(tsr_run_req *q, const char *piece, size_t n, bool 
 
 static tsr_status tsr__finish(tsr_run_job *g, int tag, const char *reason, double now) {
     tsr_run_req *q = &g->reqs[tag];
+    const char *text = q->text;
+    size_t text_len = q->len;
+    if (g->harmony && q->kind == TSR_BATCH_CHAT) { /* the final channel ("" if none) */
+        size_t b = 0, n = 0;
+        tsr_harmony_final_span(q->text ? q->text : "", q->len, &b, &n);
+        text = q->text ? q->text + b : "";
+        text_len = n;
+    }
     tsr_batch_result res = {.custom_id = q->custom_id, .kind = q->kind,
-                            .model = g->model_name, .text = q->text, .text_len = q->len,
+                            .model = g->model_name, .text = text, .text_len = text_len,
                             .finish_reason = reason, .prompt_tokens = q->n_prompt,
                             .completion_tokens = q->n_gen, .line_hash = q->line_hash};
     g->m.ok++;
@@ -726,9 +741,16 @@ static tsr_status tsr__job(tsr_run_job *g) {
     char kv_json[2048];
     tsr_kv_stats_json(g->kv, kv_json, sizeof kv_json);
     m->kv_json = kv_json;
+    tsr_kv_options kvo = o->kv.kv;
+    kvo.be = g->be;
+    tsr_kv_layer_bytes lb;
+    TSR_TRY(tsr_kv_layer_bytes_of(&kvo, &g->model->cfg, &lb));
+    char kvm[256], kvl[256];
+    tsr_kv_layer_bytes_json(&lb, kvm, sizeof kvm);
+    m->kv_memory_json = kvm;
     if (!g->root) return TSR_OK;
     if (o->metrics) TSR_TRY(tsr_metrics_write(m, o->metrics));
-    if (o->kv.stats) fprintf(stderr, "%s\n", kv_json);
+    if (o->kv.stats) fprintf(stderr, "%s\n{\"kv_memory\":%s}\n", kv_json, kvm);
     if (g->stop_signo) {
         int64_t done = g->resume.n_records + g->processed;
         fprintf(stderr,
@@ -752,6 +774,8 @@ static tsr_status tsr__job(tsr_run_job *g) {
                 " swapped out, %" PRId64 " in (%.1f MiB out), %" PRId64 " recomputed for a "
                 "full host pool\n", m->preemptions, o->preempt, m->swaps_out, m->swaps_in,
                 (double)m->swap_out_bytes / 1048576.0, m->swap_fallbacks);
+    if (!o->quiet && lb.sliding_layers > 0 && tsr_kv_layer_bytes_line(&lb, kvl, sizeof kvl) > 0)
+        fprintf(stderr, "tessera run: %s\n", kvl);
     return TSR_OK;
 }
 
@@ -802,6 +826,10 @@ int tsr_cmd_run(int argc, char **argv) {
          false},
         {"no-bos", TSR_OPT_FLAG, &o.no_bos, NULL, "do not prepend BOS to completion prompts",
          false},
+        {"harmony-raw", TSR_OPT_FLAG, &o.harmony_raw, NULL,
+         "chat requests on a harmony model (GPT-OSS): write the whole answer, every channel "
+         "with its special tokens (default: the final channel's text; stop strings match "
+         "the whole answer either way)", false},
         {"quiet", TSR_OPT_FLAG, &o.quiet, NULL, "no progress or summary on stderr", false},
         {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
         {"preempt", TSR_OPT_STRING, &o.preempt, "MODE",

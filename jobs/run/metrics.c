@@ -176,6 +176,9 @@ tsr_status tsr_metrics_write(tsr_metrics *m, const char *path) {
     if (kv) {
         tsr__add_bytes_moved(kv);
         cJSON_AddItemToObject(d, "kv", kv);
+        /* KV bytes per token by layer type (full vs sliding-window layers) */
+        cJSON *km = m->kv_memory_json ? cJSON_Parse(m->kv_memory_json) : NULL;
+        if (km) cJSON_AddItemToObject(kv, "memory", km);
     }
     char *js = cJSON_Print(d);
     cJSON_Delete(d);

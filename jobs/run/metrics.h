@@ -50,6 +50,7 @@ typedef struct tsr_metrics {
     int rank;
     int64_t peak_host_rss_bytes, peak_device_bytes;
     const char *kv_json; /* tsr_kv_stats_json of the cache (borrowed) */
+    const char *kv_memory_json; /* tsr_kv_layer_bytes_json (borrowed; NULL: none) */
 } tsr_metrics;
 
 void tsr_metrics_free(tsr_metrics *m);

@@ -26,6 +26,7 @@ typedef struct tsr_run_opts {
     float arrival_rate; /* --arrival-rate: requests/s of a Poisson process; 0: offline */
     uint64_t seed;
     bool no_bos, quiet, verbose, threads_given;
+    bool harmony_raw; /* --harmony-raw: chat records keep every harmony channel */
     const char *preempt; /* --preempt swap|recompute */
     tsr_kv_cli kv;
     tsr_dist_cli dist;
@@ -62,6 +63,7 @@ typedef struct tsr_run_job {
     tsr_tokenizer *tok;
     tsr_sched *sched;
     tsr_chat_template chat;
+    bool harmony; /* chat answers are harmony (GPT-OSS): a record gets the final channel */
     int ctx;
     FILE *in;
     tsr_batch_writer out, err;

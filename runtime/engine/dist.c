@@ -13,6 +13,7 @@
 #include "kernels/device_choice.h"
 #include "memory/host_pool.h"
 #include "policies/policy.h"
+#include "runtime/exec/moe.h"
 
 void tsr_dist_options_init(tsr_dist_options *d) {
     memset(d, 0, sizeof *d);
@@ -76,6 +77,23 @@ tsr_status tsr_dist_must(tsr_dist *j, tsr_status st) {
     return st;
 }
 
+/* --ep N: the experts spread over the TP group (runtime/exec/moe.h), the same on every rank
+ * (the errors too). */
+static tsr_status tsr__ep_layout(int ep, int tp, const tsr_model_config *c, const char *what,
+                                 tsr_parallel_shard *s) {
+    if (c->n_experts <= 0)
+        return tsr_error_set(TSR_ERR_INVALID, "--ep %d: %s has no experts (a dense model)", ep,
+                             what);
+    if (ep != tp)
+        return tsr_error_set(TSR_ERR_INVALID, "--ep %d must equal the tensor-parallel ranks "
+                             "(--tp %d): the experts are spread over the TP group", ep, tp);
+    if (c->n_experts % ep)
+        return tsr_error_set(TSR_ERR_INVALID, "--ep %d does not divide the %d experts of %s",
+                             ep, c->n_experts, what);
+    if (s) tsr_parallel_split(c->n_experts, ep, s->tp_rank, &s->expert_begin, &s->expert_end);
+    return TSR_OK;
+}
+
 tsr_status tsr_dist_layout(tsr_dist *j, const tsr_dist_options *d, tsr_model *m,
                            const char *what) {
     int pp = d->pp > 0 ? d->pp : 1;
@@ -88,11 +106,24 @@ tsr_status tsr_dist_layout(tsr_dist *j, const tsr_dist_options *d, tsr_model *m,
     TSR_TRY(tsr_comm_set_layout(j->comm, tp, pp));
     tsr_parallel_layout l;
     TSR_TRY(tsr_parallel_layout_init(tp, pp, j->world, &l));
+    /* --ep's errors before the shard's: "E not divisible" rather than a head count */
+    if (d->ep > 1) TSR_TRY(tsr__ep_layout(d->ep, tp, &m->cfg, what, NULL));
     TSR_TRY(tsr_parallel_shard_of(&l, &m->cfg, j->rank, what, &j->shard));
+    if (d->ep > 1) TSR_TRY(tsr__ep_layout(d->ep, tp, &m->cfg, what, &j->shard));
     j->micro_batches = d->micro_batches;
+    j->ep = d->ep > 1 ? d->ep : 1;
     j->comm_timeout = d->comm_timeout;
     /* Cutting the model is local; agree so that no rank goes on alone. */
-    return tsr_dist_agree(j, tsr_parallel_shard_model(m, &j->shard));
+    tsr_status st = tsr_parallel_shard_model(m, &j->shard);
+    for (int l2 = j->shard.layer_begin; l2 < j->shard.layer_end && st == TSR_OK && d->ep > 1;
+         l2++) {
+        st = tsr_moe_shard_experts(&m->layers[l2].gate_up, j->shard.expert_begin,
+                                   j->shard.expert_end);
+        if (st == TSR_OK)
+            st = tsr_moe_shard_experts(&m->layers[l2].down, j->shard.expert_begin,
+                                       j->shard.expert_end);
+    }
+    return tsr_dist_agree(j, st);
 }
 
 tsr_status tsr_dist_place(tsr_dist *j, bool bind, const char *backend) {
@@ -240,13 +271,15 @@ int tsr_dist_comm_json(tsr_dist *j, const tsr_comm_stats *prefill, int64_t prefi
     double dt = decode_tokens > 0 ? (double)decode_tokens : 1.0;
     return snprintf(buf, cap,
                     "{\"comm\":{\"backend\":\"%s\",\"world\":%d,\"tp\":%d,\"pp\":%d,"
+                    "\"ep\":%d,"
                     "\"prefill\":{\"tokens\":%lld,\"bytes_sent\":%lld,\"bytes_recv\":%lld,"
                     "\"messages\":%lld,\"max_rank_bytes_sent\":%lld,\"bytes_per_token\":%.1f},"
                     "\"decode\":{\"tokens\":%lld,\"bytes_sent\":%lld,\"bytes_recv\":%lld,"
                     "\"messages\":%lld,\"max_rank_bytes_sent\":%lld,\"bytes_per_token\":%.1f}}}",
                     tsr_comm_backend_name(j->comm), j->world, tsr_comm_tp(j->comm),
-                    tsr_comm_pp(j->comm), (long long)prefill_tokens, (long long)sum[0],
-                    (long long)sum[1], (long long)sum[2], (long long)mx[0], (double)sum[0] / pt,
+                    tsr_comm_pp(j->comm), j->ep > 1 ? j->ep : 1, (long long)prefill_tokens,
+                    (long long)sum[0], (long long)sum[1], (long long)sum[2], (long long)mx[0],
+                    (double)sum[0] / pt,
                     (long long)decode_tokens, (long long)sum[3], (long long)sum[4],
                     (long long)sum[5], (long long)mx[1], (double)sum[3] / dt);
 }

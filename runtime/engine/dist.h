@@ -23,6 +23,7 @@
 /* What the user asks of a distributed job (--tp, --pp, ...: jobs/dist_cli.h). */
 typedef struct tsr_dist_options {
     int tp, pp;         /* 0: pp 1, tp = world / pp */
+    int ep;             /* expert parallelism over the TP group: 0 or 1 off, else = tp */
     int micro_batches;  /* 0: pp */
     bool bind;          /* bind each rank to its cores */
     float comm_timeout; /* seconds (tsr_comm_set_timeout); 0: off */
@@ -54,6 +55,7 @@ typedef struct tsr_dist {
     tsr_parallel_shard shard; /* valid after tsr_dist_layout */
     int rank, world, local_rank, local_size;
     int micro_batches;
+    int ep;                   /* expert parallelism over the TP group (1: off) */
     tsr_topology *topo;       /* after tsr_dist_place */
     tsr_placement place;      /* this rank's */
     bool bound;               /* bound to place's cores */

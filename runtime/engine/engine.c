@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "base/sys.h"
 #include "memory/kv_paged.h"
+#include "runtime/text/harmony.h"
 
 /* Every rank passes its own status; all get the same answer. */
 static tsr_status tsr__agree(tsr_engine *e, tsr_status st) {
@@ -200,12 +201,14 @@ int64_t tsr_engine_device_bytes(const tsr_engine *e) {
     return used > 0 ? used : 0;
 }
 
-/* A user message rendered with the model's own chat template (generation prompt on). */
-static tsr_status tsr__chat_prompt(const char *model_path, const char *text, char **out,
-                                   size_t *len) {
+/* A user message rendered with the model's own chat template (generation prompt on); a
+ * GPT-OSS model without one gets the built-in harmony template (runtime/text/harmony.h). */
+static tsr_status tsr__chat_prompt(const char *model_path, const tsr_model_config *c,
+                                   const char *text, char **out, size_t *len) {
     tsr_chat_template t;
     TSR_TRY(tsr_model_chat_template(model_path, &t));
     tsr_status st = TSR_OK;
+    if (t.kind == TSR_CHAT_NONE && c->arch == TSR_ARCH_GPT_OSS) st = tsr_harmony_template(&t);
     if (t.kind == TSR_CHAT_NONE)
         st = tsr_error_set(TSR_ERR_INVALID, "%s: the model has no chat template (--chat needs "
                            "one; give the formatted prompt without --chat)",
@@ -252,15 +255,15 @@ static tsr_status tsr__load(tsr_engine *e, const tsr_engine_spec *o) {
     tsr_status st = TSR_OK;
     if (prompt && text_len == 0)
         st = tsr_error_set(TSR_ERR_INVALID, "%s: empty prompt", p->file ? p->file : "--prompt");
+    if (st == TSR_OK && !e->model) st = tsr__load_model(o, &e->model);
+    const tsr_model_config *c = e->model ? &e->model->cfg : NULL;
     if (st == TSR_OK && prompt && p->chat) { /* the text becomes the rendered conversation */
         char *rendered = NULL;
-        st = tsr__chat_prompt(o->model_path, text, &rendered, &text_len);
+        st = tsr__chat_prompt(o->model_path, c, text, &rendered, &text_len);
         tsr_free(buf);
         buf = rendered;
         text = rendered;
     }
-    if (st == TSR_OK && !e->model) st = tsr__load_model(o, &e->model);
-    const tsr_model_config *c = e->model ? &e->model->cfg : NULL;
     if (st == TSR_OK && o->config_out) *o->config_out = *c;
     if (st == TSR_OK && o->model_loaded) o->model_loaded(o->model_loaded_ctx, e->model);
     /* fp8: before the shard cut, so that a row's scale covers the whole row whatever tp

@@ -265,7 +265,7 @@ tsr_status tsr_forward_create_parallel(const tsr_model *m, tsr_backend *be, int 
         f->down_seg = tsr_calloc((size_t)f->n_parts + 1, sizeof *f->down_seg);
         if (!f->pos || !f->ids || !f->wo_seg || !f->down_seg) st = TSR_ERR_NOMEM;
     }
-    if (st == TSR_OK && c->n_experts > 0) st = tsr_moe_create(be, c, max_tokens, &f->moe);
+    if (st == TSR_OK && c->n_experts > 0) st = tsr_moe_create(be, c, max_tokens, comm, &sh, &f->moe);
     if (st != TSR_OK) {
         tsr_forward_destroy(f);
         return st;

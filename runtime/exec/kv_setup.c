@@ -302,3 +302,48 @@ int tsr_kv_stats_json(const tsr_kv_cache *kv, char *buf, size_t size) {
     tsr_kv_cache_detail(kv, &d);
     return tsr_kv_detail_json(&d, buf, size);
 }
+
+tsr_status tsr_kv_layer_bytes_of(const tsr_kv_options *opt, const tsr_model_config *cfg,
+                                 tsr_kv_layer_bytes *out) {
+    memset(out, 0, sizeof *out);
+    int kv_dtype;
+    TSR_TRY(tsr_kv_dtype_resolve(opt, &kv_dtype));
+    const tsr_kv_policy_decl *pol = opt->policy ? opt->policy : tsr_kv_policy_default();
+    tsr_kv_paged_config kc = {.n_layers = 1, .n_kv_heads = cfg->n_kv_heads,
+                              .head_dim = cfg->head_dim,
+                              .block_size = opt->block_size > 0 ? opt->block_size : 16,
+                              .max_seqs = 1, .max_seq_len = cfg->max_seq_len,
+                              .keep_scores = pol->reads_scores, .be = opt->be,
+                              .kv_dtype = kv_dtype};
+    /* one layer's block over its tokens: K, V and what the host keeps per position */
+    double per_layer = (double)tsr_kv_paged_block_bytes(&kc) / (double)kc.block_size;
+    for (int l = 0; l < cfg->n_layers; l++) {
+        int w = tsr_config_layer_window(cfg, l);
+        if (w > 0) {
+            out->sliding_layers++;
+            out->window = w > out->window ? w : out->window;
+        } else {
+            out->full_layers++;
+        }
+    }
+    out->full_per_token = per_layer * out->full_layers;
+    out->sliding_per_token = per_layer * out->sliding_layers;
+    return TSR_OK;
+}
+
+int tsr_kv_layer_bytes_json(const tsr_kv_layer_bytes *b, char *buf, size_t size) {
+    return snprintf(buf, size,
+                    "{\"full_layers\":%d,\"full_bytes_per_token\":%.0f,\"sliding_layers\":%d,"
+                    "\"sliding_bytes_per_token\":%.0f,\"window\":%d}",
+                    b->full_layers, b->full_per_token, b->sliding_layers, b->sliding_per_token,
+                    b->window);
+}
+
+int tsr_kv_layer_bytes_line(const tsr_kv_layer_bytes *b, char *buf, size_t size) {
+    return snprintf(buf, size,
+                    "KV %.1f KiB/token in %d full layer%s, %.1f KiB/token in %d sliding "
+                    "layer%s (window %d: %d tokens a sequence between steps)",
+                    b->full_per_token / 1024.0, b->full_layers, b->full_layers == 1 ? "" : "s",
+                    b->sliding_per_token / 1024.0, b->sliding_layers,
+                    b->sliding_layers == 1 ? "" : "s", b->window, b->window - 1);
+}

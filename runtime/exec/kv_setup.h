@@ -98,4 +98,24 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
  * (as snprintf). */
 int tsr_kv_stats_json(const tsr_kv_cache *kv, char *buf, size_t size);
 
+/* KV bytes per token by layer type, for the whole model (every KV head once, every layer)
+ * in the storage opt gives (dtype, block size, host scores): a full-attention layer keeps
+ * every token, a sliding-window layer (GPT-OSS) at most its window plus the step in flight
+ * per sequence, whatever the context (in every policy cache but offload's and the dense
+ * cache's, which keep every row). A model without sliding layers has sliding_layers 0. */
+typedef struct tsr_kv_layer_bytes {
+    int full_layers, sliding_layers;
+    int window;             /* the sliding layers' (the largest, when they differ) */
+    double full_per_token;  /* bytes of one token in all full layers together */
+    double sliding_per_token;
+} tsr_kv_layer_bytes;
+tsr_status tsr_kv_layer_bytes_of(const tsr_kv_options *opt, const tsr_model_config *cfg,
+                                 tsr_kv_layer_bytes *out);
+/* {"full_layers":..,"full_bytes_per_token":..,"sliding_layers":..,
+ *  "sliding_bytes_per_token":..,"window":..} (no newline); the length it needs. */
+int tsr_kv_layer_bytes_json(const tsr_kv_layer_bytes *b, char *buf, size_t size);
+/* "KV 1.0 KiB/token in 12 full layers, 1.0 KiB/token in 12 sliding layers (window 128:
+ * 127 tokens a sequence between steps)"; the length it needs. */
+int tsr_kv_layer_bytes_line(const tsr_kv_layer_bytes *b, char *buf, size_t size);
+
 #endif

@@ -119,6 +119,7 @@ tsr_status tsr_parallel_shard_of(const tsr_parallel_layout *l, const tsr_model_c
     tsr_parallel_hidden_chunk(c->hidden_dim, s.n_parts, s.part_begin, &s.hidden_begin, &unused);
     tsr_parallel_hidden_chunk(c->hidden_dim, s.n_parts, s.part_end - 1, &unused, &s.hidden_end);
     tsr_parallel_split(c->n_layers, l->pp, s.pp_rank, &s.layer_begin, &s.layer_end);
+    s.expert_end = c->n_experts; /* expert parallelism narrows it (runtime/engine/dist.c) */
     s.first_stage = s.pp_rank == 0;
     s.last_stage = s.pp_rank == l->pp - 1;
     *out = s;

@@ -46,6 +46,8 @@ typedef struct tsr_parallel_shard {
     int kv_share_begin, kv_share_end; /* the TP ranks holding these KV heads (this one alone
                                        * unless replicated) */
     int hidden_begin, hidden_end;   /* MLP intermediate columns (whole chunks) */
+    int expert_begin, expert_end;   /* experts held: all, or this TP rank's share under
+                                     * expert parallelism (runtime/exec/moe.h) */
     int n_parts;                    /* canonical reduction parts (= n_heads) */
     int part_begin, part_end;       /* my parts: = my heads, and my hidden chunks */
     int layer_begin, layer_end;     /* this stage's layers */

@@ -887,6 +887,10 @@ static tsr_status tsr__bpe_build(const char *path, const cJSON *doc, tsr__bpe *t
             if (strcmp(t->added[k].text, "<|endoftext|>") == 0)
                 t->base.eos_ids[t->base.n_eos_ids++] = t->added[k].id;
     }
+    /* harmony (GPT-OSS): an answer ends at <|return|>, or at <|call|> for a tool call */
+    for (int k = 0; k < t->n_added && t->base.n_eos_ids < 8; k++)
+        if (!strcmp(t->added[k].text, "<|return|>") || !strcmp(t->added[k].text, "<|call|>"))
+            t->base.eos_ids[t->base.n_eos_ids++] = t->added[k].id;
     if (t->base.n_eos_ids > 0) t->base.eos_id = t->base.eos_ids[0];
     const cJSON *unk = cJSON_GetObjectItem(model, "unk_token");
     if (cJSON_IsString(unk)) {

@@ -13,7 +13,14 @@ ok=$rc
 for key in prefill_tok_s prefill_samples decode_tok_s weight_bytes decode_bytes_per_token prefill_flops_per_token peak_rss_bytes; do
     grep -q "\"$key\":" "$TMP/out" || { echo "missing $key"; ok=1; }
 done
+grep -q '"kv_memory":{"full_layers":5,"full_bytes_per_token":[0-9]*,"sliding_layers":0,' "$TMP/out" ||
+    { echo "kv_memory: not 5 full layers"; ok=1; }
 check "$ok" bench_json
+# GPT-OSS: KV bytes per token by layer type (one sliding layer of window 8, one full; K and V
+# of 2 KV heads of 16 f32 values and a position: 260 bytes a layer)
+"$BIN" bench --model "$ROOT/tests/data/arch/gptoss_f32" --prompt-tokens 16 --gen-tokens 2 --repeat 1 --json >"$TMP/out8" 2>"$TMP/err"
+[ $? -eq 0 ] && grep -q '"kv_memory":{"full_layers":1,"full_bytes_per_token":260,"sliding_layers":1,"sliding_bytes_per_token":260,"window":8},' "$TMP/out8"
+check $? bench_kv_memory_layer_types
 "$BIN" bench --model "synthetic:tiny" --prompt-tokens 16 --gen-tokens 2 --repeat 1 --json >"$TMP/out2" 2>"$TMP/err"
 check $? bench_synthetic
 "$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 0 >"$TMP/out3" 2>"$TMP/err"

@@ -4,6 +4,10 @@
 # requests with it; a request the template refuses (raise_exception) gets an error record
 # with the template's message while the others run; a template using a construct tessera
 # lacks gives a start-up warning naming it and line:col, and no_chat_template records.
+# GPT-OSS (harmony): a model directory without a template gets the built-in harmony one,
+# which encodes to the same prompt as the model's own template; chat records and
+# `generate --chat` carry the final channel's text (empty from a random model: its answer
+# never opens the final channel), --harmony-raw the whole answer with its special tokens.
 # Args: $1 tessera binary, $2 repo root, $3 scratch dir.
 set -u
 bin=$1 root=$2 tmp=$3
@@ -54,4 +58,40 @@ grep -q "tokenizer_config.json: 2:4: unsupported statement 'include'" "$tmp/err3
     fail "no warning naming the construct: $(cat "$tmp/err3")"
 [ "$(grep -c '"code":"no_chat_template"' "$tmp/out3.jsonl")" -eq 2 ] ||
     fail "unsupported template: not two no_chat_template records"
+
+# harmony on the tiny GPT-OSS model with the 160-id harmony tokenizer
+g=$root/tests/data/arch/gptoss_f32 htok=$root/tests/data/harmony/tokenizer.json
+cat >"$tmp/h.jsonl" <<'JSONL'
+{"custom_id": "h", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}], "max_tokens": 12, "temperature": 0}}
+JSONL
+hrun() { # $1 model dir, $2 output, then flags
+    local md=$1 out=$2
+    shift 2
+    "$bin" run --model "$md" --tokenizer "$htok" --input "$tmp/h.jsonl" --output "$out" \
+        --threads 2 --progress-interval 0 --quiet "$@" 2>"$tmp/herr" ||
+        fail "harmony run exited $? ($(cat "$tmp/herr"))"
+}
+hrun "$g" "$tmp/h1.jsonl"
+grep -q '"content":""' "$tmp/h1.jsonl" || fail "harmony: not the (empty) final channel: $(cat "$tmp/h1.jsonl")"
+hrun "$g" "$tmp/h2.jsonl" --harmony-raw
+grep -q '"content":""' "$tmp/h2.jsonl" && fail "--harmony-raw: an empty answer: $(cat "$tmp/h2.jsonl")"
+tokens() { grep -o '"prompt_tokens":[0-9]*' "$1"; }
+mkdir -p "$tmp/oss/gptoss_f32" && cp "$g"/* "$tmp/oss/gptoss_f32/" # the same model name
+config "$root/tests/data/chat_templates/openai-gpt-oss-120b.jinja" "<|startoftext|>" \
+    >"$tmp/oss/gptoss_f32/tokenizer_config.json"
+hrun "$tmp/oss/gptoss_f32" "$tmp/h3.jsonl" --harmony-raw
+[ "$(tokens "$tmp/h2.jsonl")" = "$(tokens "$tmp/h3.jsonl")" ] ||
+    fail "built-in harmony and the model's template: $(tokens "$tmp/h2.jsonl") vs $(tokens "$tmp/h3.jsonl")"
+cmp -s "$tmp/h2.jsonl" "$tmp/h3.jsonl" || fail "built-in harmony and the model's template answer differently"
+out=$("$bin" generate --model "$g" --tokenizer "$htok" --chat --prompt "Hello there" \
+    --max-tokens 12 --temperature 0 --threads 2 --stats 2>"$tmp/herr") || fail "generate --chat: $(cat "$tmp/herr")"
+[ -z "$out" ] || fail "generate --chat printed more than the final channel: $out"
+# KV memory by layer type, in the summary and the --stats line
+grep -q '^tessera generate: KV 0.3 KiB/token in 1 full layer, 0.3 KiB/token in 1 sliding layer (window 8: 7 tokens a sequence between steps)$' "$tmp/herr" ||
+    fail "no KV line by layer type: $(cat "$tmp/herr")"
+grep -q '^{"kv_memory":{"full_layers":1,"full_bytes_per_token":260,"sliding_layers":1,"sliding_bytes_per_token":260,"window":8}}$' "$tmp/herr" ||
+    fail "no kv_memory stats line: $(cat "$tmp/herr")"
+out=$("$bin" generate --model "$g" --tokenizer "$htok" --chat --harmony-raw --prompt "Hello there" \
+    --max-tokens 12 --temperature 0 --threads 2 2>"$tmp/herr") || fail "generate --chat --harmony-raw: $(cat "$tmp/herr")"
+[ -n "$out" ] || fail "generate --chat --harmony-raw printed nothing"
 echo "ok"

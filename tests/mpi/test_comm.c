@@ -166,6 +166,52 @@ TSR_TEST(test_control_plane) {
     ASSERT_OK(tsr_comm_barrier(C, TSR_COMM_WORLD));
 }
 
+/* tsr_comm_alltoallv: rank r sends (r + q) % 3 ints to rank q (empty blocks included),
+ * each holding 100 r + q + k, laid out in reverse peer order so that offsets matter; the
+ * received blocks land in peer order. The stats count the bytes to and from other ranks. */
+TSR_TEST(test_alltoallv) {
+    ASSERT_OK(tsr_comm_set_layout(C, W, 1));
+    size_t sb[8], so[8], rb[8], ro[8];
+    int32_t send[64], recv[64];
+    size_t at = 0, sent = 0, got = 0;
+    for (int q = W - 1; q >= 0; q--) {
+        sb[q] = (size_t)((R + q) % 3) * sizeof(int32_t);
+        so[q] = at * sizeof(int32_t);
+        for (int k = 0; k < (R + q) % 3; k++) send[at++] = 100 * R + q + k;
+        if (q != R) sent += sb[q];
+    }
+    at = 0;
+    for (int q = 0; q < W; q++) {
+        rb[q] = (size_t)((q + R) % 3) * sizeof(int32_t);
+        ro[q] = at * sizeof(int32_t);
+        at += (size_t)((q + R) % 3);
+        if (q != R) got += rb[q];
+    }
+    memset(recv, 0xff, sizeof recv);
+    tsr_comm_reset_stats(C);
+    ASSERT_OK(tsr_comm_alltoallv(C, TSR_COMM_TP, send, sb, so, recv, rb, ro));
+    tsr_comm_stats st;
+    tsr_comm_get_stats(C, &st);
+    ASSERT_EQ_INT(st.bytes_sent, (int64_t)sent);
+    ASSERT_EQ_INT(st.bytes_recv, (int64_t)got);
+    at = 0;
+    for (int q = 0; q < W; q++)
+        for (int k = 0; k < (q + R) % 3; k++) ASSERT_EQ_INT(recv[at++], 100 * q + R + k);
+    /* one block to every rank (the rows' all-gather of expert parallelism) */
+    int32_t mine[2] = {R, -R}, all[16];
+    for (int q = 0; q < W; q++) {
+        sb[q] = sizeof mine;
+        so[q] = 0;
+        rb[q] = sizeof mine;
+        ro[q] = (size_t)q * sizeof mine;
+    }
+    ASSERT_OK(tsr_comm_alltoallv(C, TSR_COMM_TP, mine, sb, so, all, rb, ro));
+    for (int q = 0; q < W; q++) ASSERT_TRUE(all[2 * q] == q && all[2 * q + 1] == -q);
+    /* what a rank sends itself must be what it expects from itself */
+    rb[R] = 0;
+    ASSERT_EQ_INT(tsr_comm_alltoallv(C, TSR_COMM_TP, mine, sb, so, all, rb, ro), TSR_ERR_INVALID);
+}
+
 TSR_TEST(test_agree) {
     ASSERT_OK(tsr_comm_agree(C, TSR_OK));
     /* One rank fails (as when it cannot read its shard): every rank sees its error. */
@@ -213,6 +259,7 @@ static const struct {
     {"test_send_recv_ring", test_send_recv_ring},
     {"test_pipeline_stage_messages", test_pipeline_stage_messages},
     {"test_control_plane", test_control_plane},
+    {"test_alltoallv", test_alltoallv},
     {"test_agree", test_agree},
     {"test_bad_layouts_and_args", test_bad_layouts_and_args},
 };

@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
 #include "runtime/exec/forward.h"
+#include "runtime/exec/moe.h"
 #include "runtime/model/model.h"
 #include "runtime/exec/parallel.h"
 #include "tests/test.h"
@@ -81,7 +82,8 @@ static tsr_status run(tsr_model *m, tsr_backend *be, const tsr_forward_parallel 
     return st;
 }
 
-static void check_layout(int tp, int pp) {
+/* ep: the experts spread over the TP group (expert parallelism, runtime/exec/moe.h). */
+static void check_layout(int tp, int pp, bool ep) {
     tsr_model *whole = NULL, *m = NULL;
     tsr_backend *cpu = NULL, *dev = NULL;
     ASSERT_OK(tsr_model_load(MODEL, &whole));
@@ -102,13 +104,23 @@ static void check_layout(int tp, int pp) {
     tsr_forward_parallel par = {.comm = C, .micro_batches = 1};
     ASSERT_OK(tsr_parallel_shard_of(&l, &m->cfg, R, MODEL, &par.shard));
     ASSERT_OK(tsr_parallel_shard_model(m, &par.shard));
+    if (ep) { /* as runtime/engine/dist.c cuts them */
+        tsr_parallel_shard *s = &par.shard;
+        tsr_parallel_split(c->n_experts, tp, s->tp_rank, &s->expert_begin, &s->expert_end);
+        for (int i = s->layer_begin; i < s->layer_end; i++) {
+            ASSERT_OK(tsr_moe_shard_experts(&m->layers[i].gate_up, s->expert_begin,
+                                            s->expert_end));
+            ASSERT_OK(tsr_moe_shard_experts(&m->layers[i].down, s->expert_begin,
+                                            s->expert_end));
+        }
+    }
     const tsr_parallel_shard *sh = &par.shard;
     n_uploads = 0;
     ASSERT_OK(run(m, dev, &par, sh->layer_end - sh->layer_begin,
                   sh->kv_head_end - sh->kv_head_begin, prompt, got));
     int same = memcmp(want, got, n * 4) == 0;
     if (R == 0)
-        fprintf(stderr, "  tp %d x pp %d, staged: %s\n", tp, pp,
+        fprintf(stderr, "  tp %d x pp %d%s, staged: %s\n", tp, pp, ep ? " (ep)" : "",
                 same ? "the bits of one process" : "DIFFERS from one process");
     ASSERT_TRUE(same);
     /* Every rank that receives activations (all under tp, all but the first stage under
@@ -122,10 +134,23 @@ static void check_layout(int tp, int pp) {
     tsr_model_destroy(whole);
 }
 
-TSR_TEST(test_tp_staged) { check_layout(W, 1); }
-TSR_TEST(test_pp_staged) { check_layout(1, W); }
+TSR_TEST(test_tp_staged) { check_layout(W, 1, false); }
+TSR_TEST(test_pp_staged) { check_layout(1, W, false); }
 TSR_TEST(test_tp_pp_staged) {
-    if (W == 4) check_layout(2, 2);
+    if (W == 4) check_layout(2, 2, false);
+}
+/* Expert parallelism on a mixture-of-experts model (TSR_TEST_MODEL): tokens all-to-all. */
+static bool tsr__has_experts(void) {
+    tsr_model *m = NULL;
+    if (tsr_model_load(MODEL, &m) != TSR_OK) return false;
+    bool moe = m->cfg.n_experts > 0;
+    tsr_model_destroy(m);
+    return moe;
+}
+TSR_TEST(test_ep_staged) {
+    if (!tsr__has_experts()) return;
+    check_layout(W, 1, true);
+    if (W == 4) check_layout(2, 2, true);
 }
 
 static const struct {
@@ -135,6 +160,7 @@ static const struct {
     {"test_tp_staged", test_tp_staged},
     {"test_pp_staged", test_pp_staged},
     {"test_tp_pp_staged", test_tp_pp_staged},
+    {"test_ep_staged", test_ep_staged},
 };
 
 int main(int argc, char **argv) {

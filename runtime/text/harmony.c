@@ -1,0 +1,199 @@
+/* The harmony chat format (harmony.h). */
+#include "runtime/text/harmony.h"
+
+#include <string.h>
+
+#include "base/alloc.h"
+
+/* The parts of GPT-OSS's template (its chat_template.jinja) that a conversation of system,
+ * developer, user and assistant messages reaches, in the same output statements so that
+ * the whitespace is the same; anything else is refused rather than rendered differently. */
+static const char tsr__harmony_src[] =
+    "{%- if reasoning_effort is not defined %}{%- set reasoning_effort = \"medium\" %}"
+    "{%- endif %}"
+    "{{- \"<|start|>system<|message|>\" }}"
+    "{{- \"You are ChatGPT, a large language model trained by OpenAI.\\n\" }}"
+    "{{- \"Knowledge cutoff: 2024-06\\n\" }}"
+    "{{- \"Current date: \" + strftime_now(\"%Y-%m-%d\") + \"\\n\\n\" }}"
+    "{{- \"Reasoning: \" + reasoning_effort + \"\\n\\n\" }}"
+    "{{- \"# Valid channels: analysis, commentary, final. Channel must be included for every "
+    "message.\" }}"
+    "{{- \"<|end|>\" }}"
+    "{%- if messages[0].role == \"developer\" or messages[0].role == \"system\" %}"
+    "{%- set developer_message = messages[0].content %}"
+    "{%- set loop_messages = messages[1:] %}"
+    "{%- else %}"
+    "{%- set developer_message = \"\" %}"
+    "{%- set loop_messages = messages %}"
+    "{%- endif %}"
+    "{%- if developer_message %}"
+    "{{- \"<|start|>developer<|message|>\" }}"
+    "{{- \"# Instructions\\n\\n\" }}"
+    "{{- developer_message }}"
+    "{{- \"\\n\\n\" }}"
+    "{{- \"<|end|>\" }}"
+    "{%- endif %}"
+    "{%- for message in loop_messages -%}"
+    "{%- if message.role == 'assistant' -%}"
+    "{%- if loop.last and not add_generation_prompt %}"
+    "{{- \"<|start|>assistant<|channel|>final<|message|>\" + message.content + \"<|return|>\" }}"
+    "{%- else %}"
+    "{{- \"<|start|>assistant<|channel|>final<|message|>\" + message.content + \"<|end|>\" }}"
+    "{%- endif %}"
+    "{%- elif message.role == 'user' -%}"
+    "{{- \"<|start|>user<|message|>\" + message.content + \"<|end|>\" }}"
+    "{%- else -%}"
+    "{{- raise_exception(\"the built-in harmony template renders system, developer, user "
+    "and assistant messages only (\" + message.role + \" messages need the model's own "
+    "chat template)\") }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "<|start|>assistant"
+    "{%- endif -%}";
+
+tsr_status tsr_harmony_template(tsr_chat_template *out) {
+    return tsr_chat_template_from_source(tsr__harmony_src, sizeof tsr__harmony_src - 1,
+                                         "<|startoftext|>", "<|return|>",
+                                         "the built-in harmony template", out);
+}
+
+/* The id of a special token: its text must encode to exactly one id. */
+static bool tsr__one_id(const tsr_tokenizer *t, const char *text, int32_t *out) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    bool ok = tsr_tokenizer_encode(t, text, strlen(text), false, false, &ids, &n) == TSR_OK &&
+              n == 1;
+    if (ok) *out = ids[0];
+    tsr_free(ids);
+    return ok;
+}
+
+bool tsr_harmony_ids_find(const tsr_tokenizer *t, tsr_harmony_ids *out) {
+    memset(out, 0xff, sizeof *out);
+    if (!t) return false;
+    return tsr__one_id(t, "<|start|>", &out->start) && tsr__one_id(t, "<|end|>", &out->end) &&
+           tsr__one_id(t, "<|message|>", &out->message) &&
+           tsr__one_id(t, "<|channel|>", &out->channel) &&
+           tsr__one_id(t, "<|constrain|>", &out->constrain) &&
+           tsr__one_id(t, "<|return|>", &out->ret) && tsr__one_id(t, "<|call|>", &out->call);
+}
+
+enum {
+    TSR__H_HEADER = 0, /* after <|start|>: the role (and a recipient), until a channel */
+    TSR__H_CHANNEL,    /* after <|channel|>: the channel's name */
+    TSR__H_CONSTRAIN,  /* after <|constrain|>: a content type, until <|message|> */
+    TSR__H_CONTENT,    /* after <|message|>: the message's text */
+    TSR__H_BETWEEN,    /* after <|end|>: until the next <|start|> */
+    TSR__H_DONE,       /* after <|return|> or <|call|> */
+};
+
+void tsr_harmony_parser_init(tsr_harmony_parser *p, const tsr_harmony_ids *ids) {
+    memset(p, 0, sizeof *p);
+    p->ids = *ids;
+    p->state = TSR__H_HEADER;
+}
+
+/* The channel is "final" when its name's first word is (a recipient may follow it). */
+static bool tsr__is_final(const tsr_harmony_parser *p) {
+    size_t i = 0;
+    while (i < p->channel_len && p->channel[i] == ' ') i++;
+    size_t b = i;
+    while (i < p->channel_len && p->channel[i] != ' ') i++;
+    return i - b == 5 && !memcmp(p->channel + b, "final", 5);
+}
+
+tsr_harmony_part tsr_harmony_feed(tsr_harmony_parser *p, int32_t id, const char *piece,
+                                  size_t n) {
+    const tsr_harmony_ids *k = &p->ids;
+    if (p->state == TSR__H_DONE) return TSR_HARMONY_MARKUP;
+    if (id == k->ret || id == k->call) {
+        p->called = id == k->call;
+        p->state = TSR__H_DONE;
+        return TSR_HARMONY_STOP;
+    }
+    if (id == k->start) {
+        p->state = TSR__H_HEADER;
+        p->channel_len = 0;
+        return TSR_HARMONY_MARKUP;
+    }
+    if (id == k->channel) {
+        p->state = TSR__H_CHANNEL;
+        p->channel_len = 0;
+        return TSR_HARMONY_MARKUP;
+    }
+    if (id == k->constrain) {
+        p->state = TSR__H_CONSTRAIN;
+        return TSR_HARMONY_MARKUP;
+    }
+    if (id == k->message) {
+        p->state = TSR__H_CONTENT;
+        return TSR_HARMONY_MARKUP;
+    }
+    if (id == k->end) {
+        p->state = TSR__H_BETWEEN;
+        return TSR_HARMONY_MARKUP;
+    }
+    switch (p->state) {
+    case TSR__H_CHANNEL:
+        for (size_t i = 0; i < n && p->channel_len < sizeof p->channel - 1; i++)
+            p->channel[p->channel_len++] = piece[i];
+        p->channel[p->channel_len] = '\0';
+        return TSR_HARMONY_MARKUP;
+    case TSR__H_CONTENT: return tsr__is_final(p) ? TSR_HARMONY_FINAL : TSR_HARMONY_OTHER;
+    default: return TSR_HARMONY_MARKUP; /* a role, a recipient, a content type */
+    }
+}
+
+bool tsr_harmony_final_span(const char *raw, size_t n, size_t *begin, size_t *len) {
+    static const char *const marks[] = {"<|start|>", "<|channel|>", "<|message|>", "<|end|>",
+                                        "<|return|>", "<|call|>", "<|constrain|>"};
+    enum { START, CHANNEL, MESSAGE, END, RETURN, CALL, CONSTRAIN };
+    int state = TSR__H_HEADER;
+    size_t ch = 0, ch_len = 0, body = 0;
+    bool found = false, final = false;
+    *begin = *len = 0;
+    for (size_t i = 0; i <= n;) {
+        int m = -1;
+        if (i < n && raw[i] == '<')
+            for (int k = 0; k < (int)(sizeof marks / sizeof marks[0]) && m < 0; k++) {
+                size_t L = strlen(marks[k]);
+                if (L <= n - i && !memcmp(raw + i, marks[k], L)) m = k;
+            }
+        if (i == n || m >= 0) {
+            /* a channel name or a message body ends here */
+            if (state == TSR__H_CHANNEL) ch_len = i - ch;
+            if (state == TSR__H_CONTENT && final) {
+                *begin = body;
+                *len = i - body;
+                found = true;
+            }
+            if (i == n) break;
+        }
+        if (m < 0) {
+            i++;
+            continue;
+        }
+        i += strlen(marks[m]);
+        switch (m) {
+        case CHANNEL: state = TSR__H_CHANNEL; ch = i; ch_len = 0; break;
+        case CONSTRAIN: state = TSR__H_CONSTRAIN; break;
+        case MESSAGE: {
+            /* the channel's first word */
+            size_t b = ch, e = ch + ch_len;
+            while (b < e && raw[b] == ' ') b++;
+            size_t w = b;
+            while (w < e && raw[w] != ' ') w++;
+            final = w - b == 5 && !memcmp(raw + b, "final", 5); /* no channel: not final */
+            state = TSR__H_CONTENT;
+            body = i;
+            break;
+        }
+        case START: state = TSR__H_HEADER; ch_len = 0; break;
+        case END: state = TSR__H_BETWEEN; break;
+        default: state = TSR__H_DONE; break; /* return, call */
+        }
+        if (state == TSR__H_DONE) break;
+    }
+    return found;
+}

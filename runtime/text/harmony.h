@@ -1,0 +1,70 @@
+/* The harmony chat format of GPT-OSS (OpenAI's openai/harmony; the model's own chat
+ * template renders the same): a message is
+ *   <|start|>ROLE[<|channel|>CHANNEL]<|message|>CONTENT<|end|>
+ * a prompt ends with `<|start|>assistant`, and the model answers with one or more messages
+ * (typically an `analysis` one, then `<|start|>assistant<|channel|>final<|message|>...`),
+ * the last ended by <|return|> (done) or <|call|> (a tool call). The completion a user wants
+ * is the text of the `final` channel; the rest is the raw text.
+ *
+ * Here: the built-in harmony template (for a GPT-OSS model whose directory carries no chat
+ * template), the special tokens' ids in a tokenizer, and a streaming parser of the
+ * generated tokens that says which token belongs to the final channel. */
+#ifndef TSR_RUNTIME_HARMONY_H
+#define TSR_RUNTIME_HARMONY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "runtime/text/chat_template.h"
+#include "runtime/text/tokenizer.h"
+
+/* The built-in harmony template (a Jinja source run by runtime/text/jinja.c): the system
+ * message of GPT-OSS's own template (model identity, knowledge cutoff 2024-06, the current
+ * date, "Reasoning: medium" unless reasoning_effort is given, the valid channels), a
+ * leading system or developer message as the developer message ("# Instructions\n\n..."),
+ * user messages, earlier assistant turns in the final channel, then `<|start|>assistant`.
+ * Byte for byte what the model's template renders for such conversations (tested); tool
+ * messages and tool calls need the model's own template (refused by name). */
+tsr_status tsr_harmony_template(tsr_chat_template *out);
+
+/* The harmony special tokens of a tokenizer (each must encode to one id). */
+typedef struct tsr_harmony_ids {
+    int32_t start, end, message, channel, constrain, ret, call;
+} tsr_harmony_ids;
+
+/* True when the tokenizer has every harmony special token (ids in *out). */
+bool tsr_harmony_ids_find(const tsr_tokenizer *t, tsr_harmony_ids *out);
+
+/* What a generated token is, for the output. */
+typedef enum tsr_harmony_part {
+    TSR_HARMONY_MARKUP = 0, /* a special token, a role, a channel name: not content */
+    TSR_HARMONY_FINAL,      /* content of the final channel: the completion */
+    TSR_HARMONY_OTHER,      /* content of another channel (analysis, commentary) */
+    TSR_HARMONY_STOP,       /* <|return|> or <|call|>: the answer is over */
+} tsr_harmony_part;
+
+/* The parser's state over one answer, from just after the prompt's `<|start|>assistant`
+ * (a header: the model writes `<|channel|>NAME<|message|>` next). */
+typedef struct tsr_harmony_parser {
+    tsr_harmony_ids ids;
+    int state;          /* internal */
+    char channel[32];   /* the current message's channel name (cut at 31 bytes) */
+    size_t channel_len;
+    bool called;        /* ended by <|call|> */
+} tsr_harmony_parser;
+
+void tsr_harmony_parser_init(tsr_harmony_parser *p, const tsr_harmony_ids *ids);
+/* One generated token, with its decoded text (piece, n bytes; for the channel name). */
+tsr_harmony_part tsr_harmony_feed(tsr_harmony_parser *p, int32_t id, const char *piece,
+                                  size_t n);
+
+/* The same over a whole decoded answer (special tokens as their text, e.g. a `tessera run`
+ * record's raw text): the span [*begin, *begin + *len) of raw holding the text of its
+ * final-channel messages' content, the last one when there are several. False when no
+ * final-channel message started (an answer cut short while reasoning, a tool call): the
+ * completion is then empty. An unfinished final message counts up to the end of raw. */
+bool tsr_harmony_final_span(const char *raw, size_t n, size_t *begin, size_t *len);
+
+#endif

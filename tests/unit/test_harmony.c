@@ -1,0 +1,172 @@
+/* runtime/text/harmony.c: the built-in harmony template renders what GPT-OSS's own template
+ * renders under jinja2 (tests/data/chat_templates/expected.json, written by
+ * tools/chat_template_ref.py) for every conversation of system/developer, user and
+ * assistant messages there; the parser finds the final channel in synthetic answers
+ * encoded with the o200k test tokenizer (harmony's special tokens, one id each), token by
+ * token and over the decoded text alike; the harmony stop tokens end generation. */
+#include <cjson/cJSON.h>
+
+#include "base/alloc.h"
+#include "base/file.h"
+#include "runtime/text/harmony.h"
+#include "tests/test.h"
+
+#define TSR__TPL TSR_SOURCE_DIR "/tests/data/chat_templates/"
+#define TSR__TOK TSR_SOURCE_DIR "/tests/data/tokenizers/hf/o200k.json"
+
+TSR_TEST(test_harmony_template_matches_gpt_oss) {
+    char *text = NULL;
+    size_t len = 0;
+    ASSERT_OK(tsr_file_read(TSR__TPL "expected.json", "test data", 64u << 20, &text, &len));
+    cJSON *doc = cJSON_ParseWithLength(text, len);
+    tsr_free(text);
+    ASSERT_TRUE(doc != NULL);
+    int64_t now = (int64_t)cJSON_GetObjectItem(doc, "now")->valuedouble;
+    tsr_chat_template t;
+    ASSERT_OK(tsr_harmony_template(&t));
+    int checked = 0;
+    const cJSON *r;
+    cJSON_ArrayForEach(r, cJSON_GetObjectItem(doc, "results")) {
+        if (strcmp(cJSON_GetObjectItem(r, "template")->valuestring, "openai-gpt-oss-120b.jinja"))
+            continue;
+        const char *name = cJSON_GetObjectItem(r, "case")->valuestring;
+        const cJSON *c = NULL, *it;
+        cJSON_ArrayForEach(it, cJSON_GetObjectItem(doc, "cases"))
+            if (!strcmp(cJSON_GetObjectItem(it, "name")->valuestring, name)) c = it;
+        ASSERT_TRUE(c != NULL);
+        /* tools and template variables (model identity, built-in tools) are the model's
+         * own template's business */
+        const cJSON *extra = cJSON_GetObjectItem(c, "extra");
+        if (!cJSON_IsNull(cJSON_GetObjectItem(c, "tools")) || cJSON_GetArraySize(extra) > 0)
+            continue;
+        cJSON *ctx = cJSON_CreateObject();
+        cJSON_AddItemToObject(ctx, "messages",
+                              cJSON_Duplicate(cJSON_GetObjectItem(c, "messages"), true));
+        tsr_chat_opts o = {
+            .add_generation_prompt = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")),
+            .continue_final = cJSON_IsTrue(cJSON_GetObjectItem(c, "continue_final")),
+            .now = now};
+        char *out = NULL;
+        size_t n = 0;
+        tsr_status st = tsr_chat_render_json(&t, ctx, &o, &out, &n);
+        cJSON_Delete(ctx);
+        ASSERT_OK(st);
+        const char *want = cJSON_GetObjectItem(r, "output")->valuestring;
+        if (strcmp(out, want))
+            TSR_FAIL_("case %s: built-in harmony differs:\n%s\n---\n%s", name, out, want);
+        tsr_free(out);
+        checked++;
+    }
+    ASSERT_TRUE(checked >= 6);
+    /* a tool message needs the model's template: one line naming it */
+    tsr_chat_message m[2] = {{"user", "hi"}, {"tool", "{}"}};
+    char *out = NULL;
+    size_t n = 0;
+    ASSERT_EQ_INT(tsr_chat_render(&t, m, 2, &out, &n), TSR_ERR_INVALID);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "tool messages need the model's own chat template");
+    tsr_chat_template_free(&t);
+    cJSON_Delete(doc);
+}
+
+/* Feeds the answer's tokens one by one: the final channel's text in *got (tsr_free), the
+ * last part's kind in *last. */
+static void tsr__parse(const tsr_tokenizer *tok, const char *answer, char **got,
+                       tsr_harmony_part *last, bool *called) {
+    *got = NULL;
+    *last = TSR_HARMONY_MARKUP;
+    tsr_harmony_ids ids;
+    ASSERT_TRUE(tsr_harmony_ids_find(tok, &ids));
+    tsr_harmony_parser p;
+    tsr_harmony_parser_init(&p, &ids);
+    int32_t *t = NULL;
+    size_t n = 0;
+    ASSERT_OK(tsr_tokenizer_encode(tok, answer, strlen(answer), false, false, &t, &n));
+    char *out = tsr_calloc(strlen(answer) + 1, 1);
+    size_t len = 0;
+    char piece[256];
+    int32_t prev = -1;
+    *last = TSR_HARMONY_MARKUP;
+    for (size_t i = 0; i < n; i++) {
+        int nb = tsr_tokenizer_decode(tok, prev, t[i], piece, sizeof piece);
+        ASSERT_TRUE(nb >= 0);
+        prev = t[i];
+        *last = tsr_harmony_feed(&p, t[i], piece, (size_t)nb);
+        if (*last == TSR_HARMONY_FINAL) {
+            memcpy(out + len, piece, (size_t)nb);
+            len += (size_t)nb;
+        }
+        if (*last == TSR_HARMONY_STOP) break;
+    }
+    *called = p.called;
+    tsr_free(t);
+    *got = out;
+}
+
+TSR_TEST(test_harmony_parser) {
+    tsr_tokenizer *tok = NULL;
+    ASSERT_OK(tsr_tokenizer_load(TSR__TOK, &tok));
+    static const struct {
+        const char *answer, *final;
+        bool has_final, called;
+        tsr_harmony_part last;
+    } cases[] = {
+        /* reasoning, then the answer */
+        {"<|channel|>analysis<|message|>The user greets. Answer briefly.<|end|>"
+         "<|start|>assistant<|channel|>final<|message|>Hello! How can I help?<|return|>",
+         "Hello! How can I help?", true, false, TSR_HARMONY_STOP},
+        /* the answer alone, text after the stop is not the answer */
+        {"<|channel|>final<|message|>42<|return|>final words", "42", true, false,
+         TSR_HARMONY_STOP},
+        /* a tool call: commentary to a recipient with a content type, no final channel */
+        {"<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant"
+         "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+         "{\"city\":\"Paris\"}<|call|>",
+         "", false, true, TSR_HARMONY_STOP},
+        /* cut short while reasoning (max tokens) */
+        {"<|channel|>analysis<|message|>Let me think about", "", false, false,
+         TSR_HARMONY_OTHER},
+        /* cut short in the final channel: what there is */
+        {"<|channel|>analysis<|message|>ok<|end|><|start|>assistant<|channel|>final"
+         "<|message|>Par", "Par", true, false, TSR_HARMONY_FINAL},
+        /* a channel whose name only starts like final, and one named with a recipient */
+        {"<|channel|>finalize<|message|>no<|end|><|start|>assistant<|channel|>final "
+         "to=user<|message|>yes<|return|>", "yes", true, false, TSR_HARMONY_STOP},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tsr_harmony_part last = TSR_HARMONY_MARKUP;
+        bool called = false;
+        char *got = NULL;
+        tsr__parse(tok, cases[i].answer, &got, &last, &called);
+        ASSERT_TRUE(got != NULL);
+        if (strcmp(got, cases[i].final))
+            TSR_FAIL_("case %zu: final \"%s\", want \"%s\"", i, got, cases[i].final);
+        ASSERT_EQ_INT(last, cases[i].last);
+        ASSERT_EQ_INT(called, cases[i].called);
+        tsr_free(got);
+        /* the same over the decoded text */
+        size_t b = 0, n = 0;
+        bool found = tsr_harmony_final_span(cases[i].answer, strlen(cases[i].answer), &b, &n);
+        ASSERT_EQ_INT(found, cases[i].has_final);
+        if (n != strlen(cases[i].final) || memcmp(cases[i].answer + b, cases[i].final, n))
+            TSR_FAIL_("case %zu: final span \"%.*s\", want \"%s\"", i, (int)n,
+                      cases[i].answer + b, cases[i].final);
+    }
+    /* harmony's stops end generation, <|endoftext|> too */
+    tsr_harmony_ids ids;
+    ASSERT_TRUE(tsr_harmony_ids_find(tok, &ids));
+    ASSERT_TRUE(tsr_tokenizer_is_eos(tok, ids.ret));
+    ASSERT_TRUE(tsr_tokenizer_is_eos(tok, ids.call));
+    ASSERT_TRUE(!tsr_tokenizer_is_eos(tok, ids.end));
+    int32_t *t = NULL;
+    size_t n = 0;
+    ASSERT_OK(tsr_tokenizer_encode(tok, "<|endoftext|>", 13, false, false, &t, &n));
+    ASSERT_TRUE(n == 1 && tsr_tokenizer_is_eos(tok, t[0]));
+    tsr_free(t);
+    tsr_tokenizer_destroy(tok);
+    /* a vocabulary without the harmony tokens */
+    ASSERT_OK(tsr_tokenizer_load(TSR_SOURCE_DIR "/tests/data/tokenizers/hf/llama3.json", &tok));
+    ASSERT_TRUE(!tsr_harmony_ids_find(tok, &ids));
+    tsr_tokenizer_destroy(tok);
+}
+
+TSR_TEST_MAIN(test_harmony_template_matches_gpt_oss, test_harmony_parser)
