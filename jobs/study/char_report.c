@@ -82,7 +82,9 @@ const tsr_char_col tsr_char_cols[] = {
     {"needle_accuracy", "", "needle: exact-match share over the depths, the policy"},
     {"needle_accuracy_where_full_passes", "", "needle: the policy's share where the full cache passes"},
     {"needle_attention_recall", "", "needle: the needle's tokens kept resident (0..1), mean over depths"},
-    {"needle_by_depth", "", "needle: depth%:full/policy correct (1/0) per depth"},
+    {"needle_by_depth", "", "needle: depth%:full/policy correct (1/0; - not run) per depth"},
+    {"reference", "", "fidelity, needle: the full cache's side computed in this cell, reused "
+                      "from DIR/refs, or none"},
 };
 const size_t tsr_char_n_cols = sizeof tsr_char_cols / sizeof tsr_char_cols[0];
 
