@@ -811,6 +811,208 @@ static bool tsr__plot_fidelity(const tsr_study *s, cJSON *const *r, size_t n, in
     return tsr__gnuplot(gp, script, dir);
 }
 
+/* ---- needle plots ---- */
+
+#define TSR__MAX_DEPTHS 16
+
+/* A needle record's per-depth marks ("0:1/1 25:1/0 50:0/-"): depth (percent), the full
+ * cache's (1/0) and the policy's (1, 0, -1 not run); the count. */
+static int tsr__by_depth(rec_t r, double *depth, int *full, int *pol) {
+    const char *p = tsr__s(r, "needle_by_depth");
+    int n = 0;
+    while (*p && n < TSR__MAX_DEPTHS) {
+        char pm[4] = "";
+        int fu = 0, used = 0;
+        if (sscanf(p, "%lf:%d/%3[-01]%n", &depth[n], &fu, pm, &used) != 3 || used <= 0) break;
+        full[n] = fu;
+        pol[n] = pm[0] == '-' ? -1 : pm[0] == '1';
+        n++;
+        p += used;
+        while (*p == ' ') p++;
+    }
+    return n;
+}
+
+/* The needle cell of a model x policy x budget x length x needle count (NULL: none ran). */
+static rec_t tsr__needle_rec(cJSON *const *r, size_t n, const char *model, const char *policy,
+                             double budget, int length, int needles) {
+    for (size_t i = 0; i < n; i++)
+        if (tsr__is(r[i], "kind", "needle") && tsr__ok(r[i]) && tsr__is(r[i], "model", model) &&
+            tsr__is(r[i], "policy", policy) && tsr__n(r[i], "budget") == budget &&
+            tsr__n(r[i], "prompt_tokens") == length && tsr__n(r[i], "needles") == needles)
+            return r[i];
+    return NULL;
+}
+
+static void tsr__len_label(int len, char *buf, size_t cap) {
+    if (len % 1024 == 0) snprintf(buf, cap, "%dK", len / 1024);
+    else snprintf(buf, cap, "%d", len);
+}
+
+/* The heat map of one model and needle count: a row per policy and budget, a column per
+ * length and depth; green where the policy found the key, red where it did not and the
+ * full cache did, grey where the full cache failed (the cell measures the model), white
+ * where nothing ran. */
+static bool tsr__plot_heatmap(const tsr_study *s, cJSON *const *r, size_t n, int m, int needles,
+                              const char *dir, const char *gp, char *png, size_t cap) {
+    const char *ml = s->models[m].label;
+    char script[4200], dat[4200];
+    snprintf(png, cap, "needle_heatmap_%s_x%d.png", ml, needles);
+    snprintf(script, sizeof script, "%s/plots/needle_heatmap_%s_x%d.gp", dir, ml, needles);
+    snprintf(dat, sizeof dat, "%s/plots/needle_heatmap_%s_x%d.dat", dir, ml, needles);
+    FILE *d = fopen(dat, "w");
+    if (!d) return false;
+    char ytics[8192] = "", xtics[8192] = "";
+    size_t yl = 0, xl = 0;
+    int rows = 0, cols = 0, pts = 0;
+    /* columns: the lengths in the study's order, the depths of the first cell found */
+    double depth[TSR__MAX_DEPTHS];
+    int fu[TSR__MAX_DEPTHS], po[TSR__MAX_DEPTHS], nd = 0;
+    for (size_t i = 0; i < n && nd == 0; i++)
+        if (tsr__is(r[i], "kind", "needle") && tsr__ok(r[i]) && tsr__is(r[i], "model", ml) &&
+            tsr__n(r[i], "needles") == needles)
+            nd = tsr__by_depth(r[i], depth, fu, po);
+    if (nd == 0) {
+        fclose(d);
+        return false;
+    }
+    /* the lengths this needle count ran at */
+    bool len_on[64] = {false};
+    for (size_t i = 0; i < n; i++)
+        if (tsr__is(r[i], "kind", "needle") && tsr__is(r[i], "model", ml) &&
+            tsr__n(r[i], "needles") == needles && !tsr__is(r[i], "status", "skipped"))
+            for (int li = 0; li < s->n_needle_lengths && li < 64; li++)
+                len_on[li] = len_on[li] || tsr__n(r[i], "prompt_tokens") == s->needle_lengths[li];
+    for (int li = 0; li < s->n_needle_lengths && li < 64; li++)
+        for (int k = 0; len_on[li] && k < nd; k++) {
+            char lb[32];
+            tsr__len_label(s->needle_lengths[li], lb, sizeof lb);
+            /* a tic label is a format: the percent sign doubled */
+            if (xl < sizeof xtics - 64)
+                xl += (size_t)snprintf(xtics + xl, sizeof xtics - xl, "%s\"%s %g%%%%\" %d",
+                                       xl ? ", " : "", lb, depth[k], cols);
+            cols++;
+        }
+    for (int p = s->n_policies - 1; p >= 0; p--) { /* the first policy on top */
+        const tsr_study_policy *pol = &s->policies[p];
+        int nb = !pol->budgeted ? 1 : pol->budgets ? pol->n_budgets : s->n_budgets;
+        const double *bv = pol->budgets ? pol->budgets : s->budgets;
+        for (int b = nb - 1; b >= 0; b--) {
+            double bud = pol->budgeted ? bv[b] : 0;
+            char name[160];
+            if (pol->budgeted) snprintf(name, sizeof name, "%s %g%%%%", pol->label, bud * 100);
+            else snprintf(name, sizeof name, "%s (full cache)", pol->label);
+            int col = 0;
+            for (int li = 0; li < s->n_needle_lengths && li < 64; li++) {
+                if (!len_on[li]) continue;
+                rec_t c = tsr__needle_rec(r, n, ml, pol->label, bud, s->needle_lengths[li],
+                                          needles);
+                double dd[TSR__MAX_DEPTHS];
+                int f2[TSR__MAX_DEPTHS], p2[TSR__MAX_DEPTHS];
+                int k2 = c ? tsr__by_depth(c, dd, f2, p2) : 0;
+                /* a box per point that ran; nothing (white) where none did */
+                for (int k = 0; k < nd; k++, col++) {
+                    if (k >= k2 || (f2[k] && p2[k] < 0)) continue;
+                    fprintf(d, "%d %d %s\n", col, rows,
+                            !f2[k] ? "0.5" : p2[k] == 1 ? "1" : "0");
+                    pts++;
+                }
+            }
+            if (yl < sizeof ytics - 200)
+                yl += (size_t)snprintf(ytics + yl, sizeof ytics - yl, "%s\"%s\" %d",
+                                       yl ? ", " : "", name, rows);
+            rows++;
+        }
+    }
+    fclose(d);
+    if (!pts) return false;
+    FILE *g = fopen(script, "w");
+    if (!g) return false;
+    fprintf(g, "%s", tsr__gp_head);
+    fprintf(g, "set terminal pngcairo size %d,%d enhanced font 'Sans,10'\n",
+            (cols < 10 ? 400 : 0) + 160 + 40 * cols, 220 + 28 * rows);
+    fprintf(g, "set output '%s/%s'\n", dir, png);
+    fprintf(g, "set title \"%s: needle retrieval, %d key%s\\ngreen: found; red: missed where "
+               "the full cache found it;\\ngrey: the full cache missed it too (the model's "
+               "limit); white: not run\" font 'Sans,9'\n",
+            ml, needles, needles > 1 ? "s, asked for one" : "");
+    fprintf(g, "unset key\nunset colorbox\nunset grid\n");
+    fprintf(g, "set palette defined (0 '#d73027', 0.5 '#bdbdbd', 1 '#1a9850')\n");
+    fprintf(g, "set cbrange [0:1]\n");
+    fprintf(g, "set xrange [-0.5:%g]\nset yrange [-0.5:%g]\n", cols - 0.5, rows - 0.5);
+    fprintf(g, "set xtics rotate by 45 right (%s)\nset ytics (%s)\n", xtics, ytics);
+    fprintf(g, "set xlabel 'prompt length and depth of the asked key'\n");
+    fprintf(g, "set style fill solid 1.0 border lc rgb 'white'\n");
+    fprintf(g, "plot '%s' using 1:2:(0.5):(0.5):3 with boxxyerror fc palette\n", dat);
+    fclose(g);
+    return tsr__gnuplot(gp, script, dir);
+}
+
+/* Needle accuracy against the budget for one model: a series per policy and needle count,
+ * the share of (length, depth) points where the policy found the key among those where the
+ * full cache did (the full cache at budget 1). */
+static bool tsr__plot_needle_budget(const tsr_study *s, cJSON *const *r, size_t n, int m,
+                                    const char *dir, const char *gp, char *png, size_t cap) {
+    const char *ml = s->models[m].label;
+    char script[4200], plot[16384] = "";
+    size_t pl = 0;
+    snprintf(png, cap, "needle_vs_budget_%s.png", ml);
+    snprintf(script, sizeof script, "%s/plots/needle_budget_%s.gp", dir, ml);
+    for (int p = 0; p < s->n_policies; p++) {
+        const tsr_study_policy *pol = &s->policies[p];
+        int nb = !pol->budgeted ? 1 : pol->budgets ? pol->n_budgets : s->n_budgets;
+        const double *bv = pol->budgets ? pol->budgets : s->budgets;
+        for (int ni = 0; ni < s->n_needle_counts; ni++) {
+            int nn = s->needle_counts[ni];
+            char dat[4200];
+            snprintf(dat, sizeof dat, "%s/plots/needle_budget_%s_%s_x%d.dat", dir, ml,
+                     pol->label, nn);
+            FILE *d = fopen(dat, "w");
+            if (!d) return false;
+            int pts = 0;
+            for (int b = 0; b < nb; b++) {
+                double bud = pol->budgeted ? bv[b] : 0;
+                int full_ok = 0, both = 0;
+                for (int li = 0; li < s->n_needle_lengths; li++) {
+                    rec_t c = tsr__needle_rec(r, n, ml, pol->label, bud, s->needle_lengths[li],
+                                              nn);
+                    double dd[TSR__MAX_DEPTHS];
+                    int f2[TSR__MAX_DEPTHS], p2[TSR__MAX_DEPTHS];
+                    int k2 = c ? tsr__by_depth(c, dd, f2, p2) : 0;
+                    for (int k = 0; k < k2; k++) {
+                        full_ok += f2[k] == 1;
+                        both += f2[k] == 1 && p2[k] == 1;
+                    }
+                }
+                if (!full_ok) continue;
+                fprintf(d, "%g %g\n", bud > 0 && bud <= 1 ? bud : 1.0, (double)both / full_ok);
+                pts++;
+            }
+            fclose(d);
+            if (!pts || pl > sizeof plot - 400) continue;
+            pl += (size_t)snprintf(plot + pl, sizeof plot - pl,
+                                   "%s'%s' using 1:2 with linespoints lw 2 pt %d dt %d lc %d "
+                                   "title '%s, %d key%s'", pl ? ", \\\n     " : "", dat,
+                                   nn > 1 ? 6 : 7, nn > 1 ? 2 : 1, p + 1, pol->label, nn,
+                                   nn > 1 ? "s" : "");
+        }
+    }
+    if (!pl) return false;
+    FILE *g = fopen(script, "w");
+    if (!g) return false;
+    fprintf(g, "%s", tsr__gp_head);
+    fprintf(g, "set output '%s/%s'\n", dir, png);
+    fprintf(g, "set key below box maxrows 4\nset terminal pngcairo size 1100,760\n");
+    fprintf(g, "set title \"%s: needle accuracy vs KV budget where the full cache finds the key "
+               "(all lengths and depths; full cache = budget 1)\"\n", ml);
+    fprintf(g, "set xlabel 'KV budget (fraction of the sequence kept)'\n");
+    fprintf(g, "set ylabel 'keys found / keys the full cache found'\n");
+    fprintf(g, "set xrange [0:1.05]\nset yrange [-0.05:1.05]\n");
+    fprintf(g, "plot %s\n", plot);
+    fclose(g);
+    return tsr__gnuplot(gp, script, dir);
+}
+
 tsr_status tsr_char_report(const tsr_study *s, cJSON *const *recs, size_t n, const char *dir,
                            double study_wall_s, const char *self_exe) {
     (void)self_exe;
@@ -846,8 +1048,16 @@ tsr_status tsr_char_report(const tsr_study *s, cJSON *const *recs, size_t n, con
         if (tsr__plot_rate(s, recs, n, "ttft_p50_s", 1000.0, "median TTFT (ms)", "ttft", dir, gp,
                            pngs[n_png], sizeof pngs[0]))
             n_png++;
-        for (int m = 0; m < s->n_models && n_png < 78; m++)
+        for (int m = 0; m < s->n_models && n_png < 70; m++)
             if (tsr__plot_fidelity(s, recs, n, m, dir, gp, pngs[n_png], sizeof pngs[0])) n_png++;
+        for (int m = 0; m < s->n_models && s->needle_haystack && n_png < 72; m++) {
+            if (tsr__plot_needle_budget(s, recs, n, m, dir, gp, pngs[n_png], sizeof pngs[0]))
+                n_png++;
+            for (int ni = 0; ni < s->n_needle_counts && n_png < 78; ni++)
+                if (tsr__plot_heatmap(s, recs, n, m, s->needle_counts[ni], dir, gp,
+                                      pngs[n_png], sizeof pngs[0]))
+                    n_png++;
+        }
     }
 
     /* report */
