@@ -113,13 +113,8 @@ static double tsr__bud0(const tsr_study *s, const tsr_study_policy *p) {
 }
 
 /* Text accuracy of random weights means nothing: the findings' accuracy side uses the
- * real models' fidelity cells only (the synthetic ones stay in the CSV and the plot). */
-static bool tsr__synthetic(const tsr_study *s, rec_t r) {
-    for (int i = 0; i < s->n_models; i++)
-        if (tsr__is(r, "model", s->models[i].label))
-            return !strncmp(s->models[i].spec, "synthetic:", 10);
-    return false;
-}
+ * real models' fidelity and needle cells only (the synthetic ones stay in the CSV and the
+ * plots). */
 
 /* Same coordinates but policy and budget. */
 static bool tsr__same_point(rec_t a, rec_t b) {
@@ -220,6 +215,45 @@ static tsr_status tsr__write_csv(cJSON *const *recs, size_t n, const char *path)
 
 /* ---- findings ---- */
 
+#define TSR__MAX_DEPTHS 16
+static int tsr__by_depth(rec_t r, double *depth, int *full, int *pol);
+
+/* A policy's needle figures at a budget, pooled over the lengths, needle counts and the
+ * depths up to max_depth (percent): keys found where the full cache found them, of those. */
+static void tsr__needle_pool(cJSON *const *r, size_t n, const char *model, const char *policy,
+                             double budget, double max_depth, int *found, int *full_ok) {
+    *found = *full_ok = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!tsr__is(r[i], "kind", "needle") || !tsr__ok(r[i]) || !tsr__is(r[i], "model", model) ||
+            !tsr__is(r[i], "policy", policy) || tsr__n(r[i], "budget") != budget)
+            continue;
+        double d[TSR__MAX_DEPTHS];
+        int fu[TSR__MAX_DEPTHS], po[TSR__MAX_DEPTHS];
+        int k = tsr__by_depth(r[i], d, fu, po);
+        for (int j = 0; j < k; j++) {
+            if (d[j] > max_depth || fu[j] != 1) continue;
+            (*full_ok)++;
+            *found += po[j] == 1;
+        }
+    }
+}
+
+/* The fidelity record of a model x policy label x budget (NULL: none completed). */
+static rec_t tsr__fid_label(cJSON *const *r, size_t n, const char *model, const char *policy,
+                            double budget) {
+    for (size_t i = 0; i < n; i++)
+        if (tsr__is(r[i], "kind", "fidelity") && tsr__ok(r[i]) && tsr__is(r[i], "model", model) &&
+            tsr__is(r[i], "policy", policy) && tsr__n(r[i], "budget") == budget)
+            return r[i];
+    return NULL;
+}
+
+/* The budgets a policy's accuracy cells ran at. */
+static int tsr__pol_budgets(const tsr_study *s, const tsr_study_policy *p, const double **bv) {
+    *bv = p->budgets ? p->budgets : s->budgets;
+    return p->budgets ? p->n_budgets : s->n_budgets;
+}
+
 typedef struct tsr__finding {
     const char *key, *paper;
     char measured[2048];
@@ -282,16 +316,6 @@ static void tsr__f_full_fastest(const tsr_study *s, cJSON *const *r, size_t n, t
     tsr_free(ratio);
 }
 
-/* the fidelity record of a model x role x budget (NULL when none completed) */
-static rec_t tsr__fid(const tsr_study *s, cJSON *const *r, size_t n, const char *model,
-                      tsr__role role, double budget) {
-    for (size_t i = 0; i < n; i++)
-        if (tsr__is(r[i], "kind", "fidelity") && tsr__ok(r[i]) && tsr__is(r[i], "model", model) &&
-            tsr__role_rec(s, r[i]) == role && tsr__n(r[i], "budget") == budget)
-            return r[i];
-    return NULL;
-}
-
 static void tsr__f_scores_memory(const tsr_study *s, cJSON *const *r, size_t n,
                                  tsr__finding *f) {
     char full[128], sc[128];
@@ -317,23 +341,46 @@ static void tsr__f_scores_memory(const tsr_study *s, cJSON *const *r, size_t n,
             }
         }
     }
-    /* the accuracy side: the score-evicting policy's fidelity at its budgets */
-    char acc[1024] = "";
+    /* the accuracy side: the score-evicting policy's fidelity and needle retrieval at its
+     * budgets, on the real models */
+    char acc[1400] = "";
     size_t al = 0;
     bool cost = false, have_fid = false;
-    for (size_t i = 0; i < n; i++) {
-        if (!tsr__is(r[i], "kind", "fidelity") || !tsr__ok(r[i]) ||
-            tsr__role_rec(s, r[i]) != TSR__ROLE_SCORES || tsr__synthetic(s, r[i]))
-            continue;
-        have_fid = true;
-        double ag = tsr__n(r[i], "fid_agreement"), kl = tsr__n(r[i], "fid_kl");
-        double p = tsr__n(r[i], "fid_ppl"), pf = tsr__n(r[i], "fid_ppl_full");
-        if ((isfinite(ag) && ag < 1) || (isfinite(kl) && kl > 1e-6) || (p > pf * 1.0001)) cost = true;
-        if (al < sizeof acc - 200)
-            al += (size_t)snprintf(acc + al, sizeof acc - al,
-                                   "%s%s at budget %g: agreement %.3f, KL %.4f, ppl %.3f vs %.3f "
-                                   "full", al ? "; " : "", tsr__s(r[i], "model"),
-                                   tsr__n(r[i], "budget"), ag, kl, p, pf);
+    for (int m = 0; m < s->n_models; m++) {
+        if (!strncmp(s->models[m].spec, "synthetic:", 10)) continue;
+        const char *ml = s->models[m].label;
+        for (int p = 0; p < s->n_policies; p++) {
+            const tsr_study_policy *pol = &s->policies[p];
+            if (pol->materialize || tsr__role_of(tsr_kv_policy_find(pol->policy)) != TSR__ROLE_SCORES)
+                continue;
+            const double *bv;
+            int nb = tsr__pol_budgets(s, pol, &bv);
+            for (int b = 0; b < nb; b++) {
+                rec_t fr = tsr__fid_label(r, n, ml, pol->label, bv[b]);
+                int found = 0, full_ok = 0;
+                tsr__needle_pool(r, n, ml, pol->label, bv[b], 100, &found, &full_ok);
+                if (!fr && !full_ok) continue;
+                have_fid = true;
+                char fs[200] = "", ns[120] = "";
+                if (fr) {
+                    double ag = tsr__n(fr, "fid_agreement"), kl = tsr__n(fr, "fid_kl");
+                    double pp = tsr__n(fr, "fid_ppl"), pf = tsr__n(fr, "fid_ppl_full");
+                    if ((isfinite(ag) && ag < 1) || (isfinite(kl) && kl > 1e-6) ||
+                        (pp > pf * 1.0001))
+                        cost = true;
+                    snprintf(fs, sizeof fs, "agreement %.3f, KL %.4f, ppl %.3f vs %.3f full", ag,
+                             kl, pp, pf);
+                }
+                if (full_ok) {
+                    cost = cost || found < full_ok;
+                    snprintf(ns, sizeof ns, "%sneedle %d of the %d keys the full cache found",
+                             fr ? ", " : "", found, full_ok);
+                }
+                if (al < sizeof acc - 360)
+                    al += (size_t)snprintf(acc + al, sizeof acc - al, "%s%s %s at budget %g: %s%s",
+                                           al ? "; " : "", ml, pol->label, bv[b], fs, ns);
+            }
+        }
     }
     if (cmp == 0) {
         snprintf(f->measured, sizeof f->measured,
@@ -346,7 +393,7 @@ static void tsr__f_scores_memory(const tsr_study *s, cJSON *const *r, size_t n,
              "score eviction's (%s) KV pool peak was up to %.0f %% below the full cache's (%s) "
              "(budget %g, %g-token prompt; %d comparisons). Accuracy: %s", sc, 100 * best, full,
              best_b, best_n, cmp,
-             have_fid ? acc : "not measured (no fidelity cell of a real model ran)");
+             have_fid ? acc : "not measured (no fidelity or needle cell of a real model ran)");
     bool mem = best >= 0.5;
     f->verdict = mem && have_fid && cost ? "agree" : mem ? "partly" : "disagree";
 }
@@ -369,32 +416,60 @@ static void tsr__f_host_tier(const tsr_study *s, cJSON *const *r, size_t n, tsr_
             moved_h2o = fmax(moved_h2o, m);
         }
     }
-    /* accuracy: the host tier against score eviction at the same model and budget */
+    /* accuracy: the host tier's best policy against the best of every other policy with a
+     * budget, at the same real model and budget: KL of the document's scored positions
+     * (lower is better) and the needle keys found where the full cache found them (early
+     * facts: depths up to 25 %); a budget counts for the host tier when it is at least as
+     * good on every figure both sides have */
     int better = 0, pairs = 0;
-    char acc[1024] = "";
+    char acc[1400] = "";
     size_t al = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!tsr__is(r[i], "kind", "fidelity") || !tsr__ok(r[i]) ||
-            tsr__role_rec(s, r[i]) != TSR__ROLE_HOST || tsr__synthetic(s, r[i]))
-            continue;
-        rec_t h = tsr__fid(s, r, n, tsr__s(r[i], "model"), TSR__ROLE_SCORES,
-                           tsr__n(r[i], "budget"));
-        if (!h) continue;
-        double ao = tsr__n(r[i], "fid_agreement"), ah = tsr__n(h, "fid_agreement");
-        double ko = tsr__n(r[i], "fid_kl"), kh = tsr__n(h, "fid_kl");
-        double po = tsr__n(r[i], "fid_probe_attention_recall"),
-               ph = tsr__n(h, "fid_probe_attention_recall");
-        pairs++;
-        bool b = (isfinite(ko) && isfinite(kh) && ko <= kh) ||
-                 (!isfinite(ko) && isfinite(ao) && isfinite(ah) && ao >= ah);
-        better += b;
-        if (al < sizeof acc - 200)
-            al += (size_t)snprintf(acc + al, sizeof acc - al,
-                                   "%s%s budget %g: %s agreement %.3f KL %.4f probe recall "
-                                   "%.2f vs %s %.3f / %.4f / %.2f", al ? "; " : "",
-                                   tsr__s(r[i], "model"), tsr__n(r[i], "budget"),
-                                   tsr__s(r[i], "policy"), ao, ko, po, tsr__s(h, "policy"), ah,
-                                   kh, ph);
+    for (int m = 0; m < s->n_models; m++) {
+        if (!strncmp(s->models[m].spec, "synthetic:", 10)) continue;
+        const char *ml = s->models[m].label;
+        for (int bi = 0; bi < s->n_budgets; bi++) {
+            double b = s->budgets[bi];
+            /* [0]: the host tier, [1]: the others; their best KL and needle share */
+            double kl[2] = {INFINITY, INFINITY}, nd[2] = {-1, -1}, early[2] = {-1, -1};
+            const char *kl_who[2] = {NULL, NULL}, *nd_who[2] = {NULL, NULL};
+            for (int p = 0; p < s->n_policies; p++) {
+                const tsr_study_policy *pol = &s->policies[p];
+                tsr__role role = tsr__role_of(tsr_kv_policy_find(pol->policy));
+                if (!pol->budgeted || pol->materialize || role == TSR__ROLE_FULL) continue;
+                int side = role == TSR__ROLE_HOST ? 0 : 1;
+                rec_t fr = tsr__fid_label(r, n, ml, pol->label, b);
+                double k = fr ? tsr__n(fr, "fid_kl") : NAN;
+                if (isfinite(k) && k < kl[side]) {
+                    kl[side] = k;
+                    kl_who[side] = pol->label;
+                }
+                int found = 0, full_ok = 0, ef = 0, eo = 0;
+                tsr__needle_pool(r, n, ml, pol->label, b, 100, &found, &full_ok);
+                tsr__needle_pool(r, n, ml, pol->label, b, 25, &ef, &eo);
+                if (full_ok && (double)found / full_ok > nd[side]) {
+                    nd[side] = (double)found / full_ok;
+                    nd_who[side] = pol->label;
+                }
+                if (eo && (double)ef / eo > early[side]) early[side] = (double)ef / eo;
+            }
+            bool kl_cmp = kl_who[0] && kl_who[1], nd_cmp = nd_who[0] && nd_who[1];
+            if (!kl_cmp && !nd_cmp) continue;
+            pairs++;
+            bool win = (!kl_cmp || kl[0] <= kl[1]) && (!nd_cmp || nd[0] >= nd[1]);
+            better += win;
+            if (al >= sizeof acc - 360) continue;
+            al += (size_t)snprintf(acc + al, sizeof acc - al, "%s%s budget %g: ", al ? "; " : "",
+                                   ml, b);
+            if (kl_cmp)
+                al += (size_t)snprintf(acc + al, sizeof acc - al, "KL %s %.4f vs %s %.4f",
+                                       kl_who[0], kl[0], kl_who[1], kl[1]);
+            if (nd_cmp)
+                al += (size_t)snprintf(acc + al, sizeof acc - al,
+                                       "%sneedle %s %.2f vs %s %.2f (early keys %.2f vs %.2f)",
+                                       kl_cmp ? ", " : "", nd_who[0], nd[0], nd_who[1], nd[1],
+                                       early[0], early[1]);
+            al += (size_t)snprintf(acc + al, sizeof acc - al, win ? " (host tier best)" : "");
+        }
     }
     if (n_off == 0) {
         snprintf(f->measured, sizeof f->measured, "no cell of a host-tier policy (%s) completed",
@@ -404,10 +479,15 @@ static void tsr__f_host_tier(const tsr_study *s, cJSON *const *r, size_t n, tsr_
     }
     snprintf(f->measured, sizeof f->measured,
              "the host tier (%s) moved up to %.1f MiB between the host and the pool in a cell "
-             "(score eviction, %s: %.1f MiB). Accuracy against score eviction at the same "
-             "budget: %s%s", host, tsr__mib(moved_off), sc, tsr__mib(moved_h2o),
-             pairs ? "" : "not measured (no fidelity cell of a real model ran)",
-             pairs ? acc : "");
+             "(score eviction, %s: %.1f MiB). Accuracy against the best other policy at the "
+             "same budget: %s%s%s", host, tsr__mib(moved_off), sc, tsr__mib(moved_h2o),
+             pairs ? "" : "not measured (no fidelity or needle cell of a real model ran)",
+             pairs ? acc : "", "");
+    if (pairs) {
+        size_t ml = strlen(f->measured);
+        snprintf(f->measured + ml, sizeof f->measured - ml,
+                 ". The host tier was the most accurate at %d of %d budgets", better, pairs);
+    }
     bool traffic = moved_off > moved_h2o;
     f->verdict = traffic && pairs && 2 * better >= pairs ? "agree"
                  : traffic && !pairs                     ? "partly"
@@ -812,8 +892,6 @@ static bool tsr__plot_fidelity(const tsr_study *s, cJSON *const *r, size_t n, in
 }
 
 /* ---- needle plots ---- */
-
-#define TSR__MAX_DEPTHS 16
 
 /* A needle record's per-depth marks ("0:1/1 25:1/0 50:0/-"): depth (percent), the full
  * cache's (1/0) and the policy's (1, 0, -1 not run); the count. */

@@ -57,6 +57,10 @@ void tsr_fullref_key_add(tsr_fullref_key *k, const char *name, const char *fmt, 
 }
 
 tsr_status tsr_fullref_key_file(tsr_fullref_key *k, const char *name, const char *path) {
+    if (path && !strncmp(path, "synthetic:", 10)) { /* made from its name alone */
+        tsr_fullref_key_add(k, name, "%s", path);
+        return TSR_OK;
+    }
     struct stat sb;
     if (!path || stat(path, &sb) != 0)
         return tsr_error_set(TSR_ERR_IO, "%s: cannot stat: %s", path ? path : "(null)",

@@ -31,7 +31,8 @@ typedef struct tsr_fullref_key {
 void tsr_fullref_key_init(tsr_fullref_key *k, const char *kind);
 void tsr_fullref_key_add(tsr_fullref_key *k, const char *name, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* name=PATH size=N mtime=NS of a file (a model, a tokenizer); fails when it cannot stat. */
+/* name=PATH size=N mtime=NS of a file (a model, a tokenizer), or name=synthetic:NAME (such
+ * a model is made from its name); fails when a file cannot be stat'ed. */
 tsr_status tsr_fullref_key_file(tsr_fullref_key *k, const char *name, const char *path);
 /* name=LEN:HASH of bytes (a text, a haystack). */
 void tsr_fullref_key_bytes(tsr_fullref_key *k, const char *name, const void *data, size_t n);
