@@ -1091,6 +1091,99 @@ static bool tsr__plot_needle_budget(const tsr_study *s, cJSON *const *r, size_t 
     return tsr__gnuplot(gp, script, dir);
 }
 
+/* The accuracy tables of the report: the full cache's own needle score per length, then
+ * per policy and budget the fidelity figures and the needle keys found. */
+static void tsr__accuracy_tables(const tsr_study *s, cJSON *const *r, size_t n, FILE *md) {
+    bool any = false;
+    for (size_t i = 0; i < n && !any; i++)
+        any = (tsr__is(r[i], "kind", "needle") || tsr__is(r[i], "kind", "fidelity")) &&
+              tsr__ok(r[i]);
+    if (!any) return;
+    fprintf(md, "## Accuracy per policy and budget\n\n");
+    bool hdr = false;
+    for (int m = 0; m < s->n_models; m++)
+        for (int li = 0; li < s->n_needle_lengths; li++)
+            for (int ni = 0; ni < s->n_needle_counts; ni++) {
+                /* the full cache's score: from any cell of this length (all share it) */
+                for (size_t i = 0; i < n; i++) {
+                    rec_t c = r[i];
+                    if (!tsr__is(c, "kind", "needle") || !tsr__ok(c) ||
+                        !tsr__is(c, "model", s->models[m].label) ||
+                        tsr__n(c, "prompt_tokens") != s->needle_lengths[li] ||
+                        tsr__n(c, "needles") != s->needle_counts[ni])
+                        continue;
+                    double d[TSR__MAX_DEPTHS];
+                    int fu[TSR__MAX_DEPTHS], po[TSR__MAX_DEPTHS];
+                    int k = tsr__by_depth(c, d, fu, po), ok = 0;
+                    char where[160] = "";
+                    size_t wl = 0;
+                    for (int j = 0; j < k; j++) {
+                        ok += fu[j] == 1;
+                        if (fu[j] != 1 && wl < sizeof where - 16)
+                            wl += (size_t)snprintf(where + wl, sizeof where - wl, "%s%g %%",
+                                                   wl ? ", " : "", d[j]);
+                    }
+                    if (!hdr) {
+                        fprintf(md, "The full cache's own needle score (a depth it misses "
+                                    "measures the model, not a policy):\n\n| model | length | "
+                                    "keys | found by the full cache | missed at |\n"
+                                    "|---|---|---|---|---|\n");
+                        hdr = true;
+                    }
+                    fprintf(md, "| %s | %d | %d | %d of %d | %s |\n", s->models[m].label,
+                            s->needle_lengths[li], s->needle_counts[ni], ok, k,
+                            where[0] ? where : "-");
+                    break;
+                }
+            }
+    if (hdr) fprintf(md, "\n");
+    fprintf(md, "Per policy and budget: fidelity on the document (top-1 agreement and KL against "
+                "the full cache, perplexity against the full cache's) and the needle keys the "
+                "policy found of those the full cache found (all lengths and depths):\n\n"
+                "| model | policy | budget | agreement | KL | ppl (full) | needle, 1 key | "
+                "needle, 3 keys |\n|---|---|---|---|---|---|---|---|\n");
+    for (int m = 0; m < s->n_models; m++)
+        for (int p = 0; p < s->n_policies; p++) {
+            const tsr_study_policy *pol = &s->policies[p];
+            const double *bv = NULL;
+            int nb = pol->budgeted ? tsr__pol_budgets(s, pol, &bv) : 1;
+            for (int b = 0; b < nb; b++) {
+                double bud = pol->budgeted ? bv[b] : 0;
+                rec_t fr = tsr__fid_label(r, n, s->models[m].label, pol->label, bud);
+                char nd[2][48] = {"-", "-"};
+                bool have = fr != NULL;
+                for (int x = 0; x < 2; x++) {
+                    int found = 0, full_ok = 0;
+                    for (int li = 0; li < s->n_needle_lengths; li++) {
+                        rec_t c = tsr__needle_rec(r, n, s->models[m].label, pol->label, bud,
+                                                  s->needle_lengths[li], x ? 3 : 1);
+                        double d[TSR__MAX_DEPTHS];
+                        int fu[TSR__MAX_DEPTHS], po[TSR__MAX_DEPTHS];
+                        int k = c ? tsr__by_depth(c, d, fu, po) : 0;
+                        for (int j = 0; j < k; j++) {
+                            full_ok += fu[j] == 1;
+                            found += fu[j] == 1 && po[j] == 1;
+                        }
+                        have = have || c;
+                    }
+                    if (full_ok) snprintf(nd[x], sizeof nd[x], "%d of %d", found, full_ok);
+                }
+                if (!have) continue;
+                char bs[32] = "full cache";
+                if (pol->budgeted) snprintf(bs, sizeof bs, "%g", bud);
+                if (fr)
+                    fprintf(md, "| %s | %s | %s | %.3f | %.4f | %.3f (%.3f) | %s | %s |\n",
+                            s->models[m].label, pol->label, bs, tsr__n(fr, "fid_agreement"),
+                            tsr__n(fr, "fid_kl"), tsr__n(fr, "fid_ppl"),
+                            tsr__n(fr, "fid_ppl_full"), nd[0], nd[1]);
+                else
+                    fprintf(md, "| %s | %s | %s | - | - | - | %s | %s |\n", s->models[m].label,
+                            pol->label, bs, nd[0], nd[1]);
+            }
+        }
+    fprintf(md, "\n");
+}
+
 tsr_status tsr_char_report(const tsr_study *s, cJSON *const *recs, size_t n, const char *dir,
                            double study_wall_s, const char *self_exe) {
     (void)self_exe;
@@ -1212,8 +1305,9 @@ tsr_status tsr_char_report(const tsr_study *s, cJSON *const *recs, size_t n, con
     fprintf(md, "\nScale: these cells run on the machine at hand (a CPU run is not a GPU's "
                 "throughput); the comparisons are between policies on the same inputs, which "
                 "is what the findings are about. Accuracy in findings 2 and 3 comes from the "
-                "fidelity cells of real models; a synthetic model's text figures (random "
-                "weights) are in the CSV and the fidelity plot only.\n\n");
+                "fidelity and needle cells of real models; a synthetic model's figures (random "
+                "weights) are in the CSV and the plots only.\n\n");
+    tsr__accuracy_tables(s, recs, n, md);
     fprintf(md, "## The n x n arithmetic\n\n");
     if (oom) {
         rewind(oom);

@@ -225,6 +225,9 @@ assert "s260k h2o at budget 0.2: needle 1 of the 2 keys the full cache found" in
 assert "needle offload 1.00 vs h2o 0.50 (early keys 1.00 vs 0.00) (host tier best)" in m3, m3
 assert "most accurate at 2 of 2 budgets" in m3, m3
 PY
+grep -q "^| s260k | 64 | 1 | 2 of 3 | 100 % |$" "$ND/report.md" || fail "report: the full cache's needle score"
+grep -q "^| s260k | offload | 0.2 | - | - | - | 2 of 2 | - |$" "$ND/report.md" ||
+    fail "report: the accuracy row: $(grep '^| s260k | offload' "$ND/report.md")"
 
 # 4. Malformed studies: one line naming the file and the problem, exit 2.
 bad() { # NAME JSON PATTERN
