@@ -1260,6 +1260,7 @@ tsr_status tsr_char_report(const tsr_study *s, cJSON *const *recs, size_t n, con
     }
 
     fprintf(md, "# Characterization: %s\n\n", s->name);
+    if (s->comment) fprintf(md, "> %s\n\n", s->comment); /* what the study is, its own words */
     char lims[64] = "none";
     if (s->mem_limit > 0)
         snprintf(lims, sizeof lims, "%.0f MiB of address space", tsr__mib((double)s->mem_limit));

@@ -457,6 +457,7 @@ static tsr_status tsr__parse(tsr_study *s, const cJSON *root) {
                                           "fidelity, needle, rate_sweep, comment (unknown key)");
     }
     TSR_TRY(tsr__str_key(s, root, "name", "name", &s->name));
+    TSR_TRY(tsr__str_key(s, root, "comment", "comment", &s->comment));
     TSR_TRY(tsr__models(s, root));
     TSR_TRY(tsr__policies(s, root));
     TSR_TRY(tsr__ints(s, root, "prompt_lengths", 1, &s->prompt_lengths, &s->n_prompt_lengths));
@@ -572,6 +573,7 @@ void tsr_study_free(tsr_study *s) {
     tsr_free(s->needle_lengths);
     tsr_free(s->needle_counts);
     tsr_free(s->needle_depths);
+    tsr_free(s->comment);
     tsr_free(s->needle_policy_lengths);
     tsr_free(s->needle_multi_lengths);
     tsr_free(s->perf_budgets);

@@ -42,6 +42,7 @@ typedef struct tsr_study_layout {
 
 typedef struct tsr_study {
     char *path, *name;
+    char *comment; /* "comment": shown under the report's title (NULL: none) */
     tsr_study_model *models;
     int n_models;
     tsr_study_policy *policies;
