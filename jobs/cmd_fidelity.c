@@ -21,7 +21,7 @@
 #include "runtime/text/tokenizer.h"
 
 typedef struct tsr__fid_opts {
-    const char *model, *tokenizer, *text, *json, *backend, *ref_kv_dtype;
+    const char *model, *tokenizer, *text, *json, *backend, *ref_kv_dtype, *ref_dir;
     int probe_length, max_tokens, max_context, chunk, threads, gen_tokens;
     int doc_tokens, tail, prompt_tokens;
     bool quiet, document, decode_prefix;
@@ -72,6 +72,7 @@ static tsr_status tsr__write_json(const tsr__fid_opts *o, const tsr_fidelity_res
     cJSON_AddNumberToObject(d, "probe_key_tokens", r->probe_key_tokens);
     cJSON_AddNumberToObject(d, "windows", r->windows);
     cJSON_AddNumberToObject(d, "wall_s", r->wall_s);
+    cJSON_AddStringToObject(d, "reference", r->reference ? r->reference : "none");
     cJSON *kv = r->kv_json[0] ? cJSON_Parse(r->kv_json) : NULL;
     if (kv) cJSON_AddItemToObject(d, "kv", kv);
     return tsr_cli_write_json(d, o->json);
@@ -98,7 +99,8 @@ static tsr_status tsr__fidelity(const tsr__fid_opts *o) {
                                    .ref_kv_dtype = o->ref_kv_dtype,
                                    .prompt_tokens = o->prompt_tokens,
                                    .document = o->document, .doc_tokens = o->doc_tokens,
-                                   .tail_tokens = o->tail, .decode_prefix = o->decode_prefix};
+                                   .tail_tokens = o->tail, .decode_prefix = o->decode_prefix,
+                                   .ref_dir = o->ref_dir};
         fo.kv.max_context = o->max_context;
         st = tsr_fidelity_run(&spec, NULL, text, text_len, &fo, &r);
     }
@@ -161,6 +163,10 @@ int tsr_cmd_fidelity(int argc, char **argv) {
         {"chunk", TSR_OPT_INT, &o.chunk, "N", "prefill chunk (the probe, --tail prefixes), tokens",
          false},
         {"threads", TSR_OPT_INT, &o.threads, "N", "CPU threads", false},
+        {"reference-dir", TSR_OPT_STRING, &o.ref_dir, "DIR",
+         "keep the full cache's logits in DIR and reuse them when the same model, text and "
+         "options come again (a study's policies share one; the full cache is then not run)",
+         false},
         {"ref-kv-dtype", TSR_OPT_STRING, &o.ref_kv_dtype, "T",
          "KV dtype of the full cache (default: the backend's; --kv-dtype sets the policy's)",
          false},

@@ -17,9 +17,9 @@
 #include "runtime/eval/needle.h"
 
 typedef struct tsr__nd_opts {
-    const char *model, *haystack, *depths, *json, *backend;
+    const char *model, *haystack, *depths, *json, *backend, *ref_dir;
     int length, needles, chunk, threads, answer_tokens, max_context;
-    bool quiet;
+    bool quiet, skip_failed;
     tsr_kv_cli kv;
 } tsr__nd_opts;
 
@@ -48,7 +48,7 @@ static tsr_status tsr__write(const tsr__nd_opts *o, const tsr_needle_result *r) 
     cJSON_AddNumberToObject(d, "length", o->length);
     cJSON_AddNumberToObject(d, "needles", o->needles);
     cJSON_AddStringToObject(d, "key", r->key ? r->key : "");
-    int full_ok = 0, pol_ok = 0, both = 0;
+    int full_ok = 0, pol_ok = 0, both = 0, ran = 0;
     for (int i = 0; i < r->n_cells; i++) {
         const tsr_needle_cell *c = &r->cells[i];
         cJSON *e = cJSON_CreateObject();
@@ -60,15 +60,20 @@ static tsr_status tsr__write(const tsr__nd_opts *o, const tsr_needle_result *r) 
         /* a cell the full cache fails measures the model, not the policy */
         cJSON_AddBoolToObject(e, "measures_model", !c->full.correct);
         cJSON_AddItemToObject(e, "full", tsr__answer_json(&c->full));
-        cJSON_AddItemToObject(e, "policy", tsr__answer_json(&c->policy));
+        /* null: not run where the full cache fails (--skip-where-full-fails) */
+        cJSON_AddItemToObject(e, "policy", c->policy_ran ? tsr__answer_json(&c->policy)
+                                                         : cJSON_CreateNull());
         cJSON_AddItemToArray(cells, e);
         full_ok += c->full.correct;
-        pol_ok += c->policy.correct;
+        pol_ok += c->policy_ran && c->policy.correct;
+        ran += c->policy_ran;
         both += c->full.correct && c->policy.correct;
     }
     double n = r->n_cells > 0 ? r->n_cells : 1;
     cJSON_AddNumberToObject(d, "full_accuracy", full_ok / n);
-    cJSON_AddNumberToObject(d, "accuracy", pol_ok / n);
+    /* over the depths where the policy ran */
+    if (ran > 0) cJSON_AddNumberToObject(d, "accuracy", (double)pol_ok / ran);
+    else cJSON_AddNullToObject(d, "accuracy");
     /* the policy's accuracy where the full cache passes: what the policy loses */
     if (full_ok > 0)
         cJSON_AddNumberToObject(d, "accuracy_where_full_passes", (double)both / full_ok);
@@ -76,6 +81,8 @@ static tsr_status tsr__write(const tsr__nd_opts *o, const tsr_needle_result *r) 
         cJSON_AddNullToObject(d, "accuracy_where_full_passes");
     cJSON_AddItemToObject(d, "cells", cells);
     cJSON_AddNumberToObject(d, "wall_s", r->wall_s);
+    cJSON_AddStringToObject(d, "reference", r->reference ? r->reference : "none");
+    cJSON_AddBoolToObject(d, "policy_is_full", r->policy_is_full);
     cJSON *kv = r->kv_json[0] ? cJSON_Parse(r->kv_json) : NULL;
     if (kv) cJSON_AddItemToObject(d, "kv", kv);
     return tsr_cli_write_json(d, o->json);
@@ -103,7 +110,8 @@ static tsr_status tsr__needle(const tsr__nd_opts *o, const double *depths, int n
     tsr_needle_options no = {.backend = o->backend, .threads = o->threads, .kv = o->kv.kv,
                              .chunk_tokens = o->chunk, .length = o->length,
                              .n_depths = n_depths, .needles = o->needles,
-                             .answer_tokens = o->answer_tokens};
+                             .answer_tokens = o->answer_tokens, .ref_dir = o->ref_dir,
+                             .skip_where_full_fails = o->skip_failed};
     no.kv.max_context = o->max_context;
     memcpy(no.depths, depths, (size_t)n_depths * sizeof *depths);
     tsr_engine_spec spec = {.model_path = o->model, .load_tokenizer = true};
@@ -117,9 +125,10 @@ static tsr_status tsr__needle(const tsr__nd_opts *o, const double *depths, int n
         for (int i = 0; i < r.n_cells; i++)
             fprintf(stderr, " %g%% full %s policy %s (recall %.2f);", r.cells[i].depth * 100,
                     r.cells[i].full.correct ? "ok" : "FAIL",
-                    r.cells[i].policy.correct ? "ok" : "FAIL",
+                    !r.cells[i].policy_ran ? "not run" : r.cells[i].policy.correct ? "ok" : "FAIL",
                     r.cells[i].policy.attention_recall);
-        fprintf(stderr, " (%.1f s)\n", r.wall_s);
+        fprintf(stderr, " (%.1f s; full cache: %s)\n", r.wall_s,
+                r.policy_is_full ? "the policy itself" : r.reference);
     }
     return st;
 }
@@ -149,6 +158,13 @@ int tsr_cmd_needle(int argc, char **argv) {
         {"backend", TSR_OPT_STRING, &o.backend, "NAME", tsr_backend_names(), false},
         {"json", TSR_OPT_STRING, &o.json, "OUT.json", "write the result here (default: stdout)",
          false},
+        {"reference-dir", TSR_OPT_STRING, &o.ref_dir, "DIR",
+         "keep the prompts and the full cache's answers in DIR and reuse them when the same "
+         "model, haystack and options come again (a study's policies share one; the full "
+         "cache is then not run)", false},
+        {"skip-where-full-fails", TSR_OPT_FLAG, &o.skip_failed, NULL,
+         "do not run the policy at a depth where the full cache fails (that depth measures "
+         "the model; its policy answer is null)", false},
         {"quiet", TSR_OPT_FLAG, &o.quiet, NULL, "no summary line on stderr", false},
     };
     enum { N_BASE = sizeof base / sizeof base[0] };

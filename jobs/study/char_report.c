@@ -82,7 +82,9 @@ const tsr_char_col tsr_char_cols[] = {
     {"needle_accuracy", "", "needle: exact-match share over the depths, the policy"},
     {"needle_accuracy_where_full_passes", "", "needle: the policy's share where the full cache passes"},
     {"needle_attention_recall", "", "needle: the needle's tokens kept resident (0..1), mean over depths"},
-    {"needle_by_depth", "", "needle: depth%:full/policy correct (1/0) per depth"},
+    {"needle_by_depth", "", "needle: depth%:full/policy correct (1/0; - not run) per depth"},
+    {"reference", "", "fidelity, needle: the full cache's side computed in this cell, reused "
+                      "from DIR/refs, or none"},
 };
 const size_t tsr_char_n_cols = sizeof tsr_char_cols / sizeof tsr_char_cols[0];
 
@@ -111,13 +113,8 @@ static double tsr__bud0(const tsr_study *s, const tsr_study_policy *p) {
 }
 
 /* Text accuracy of random weights means nothing: the findings' accuracy side uses the
- * real models' fidelity cells only (the synthetic ones stay in the CSV and the plot). */
-static bool tsr__synthetic(const tsr_study *s, rec_t r) {
-    for (int i = 0; i < s->n_models; i++)
-        if (tsr__is(r, "model", s->models[i].label))
-            return !strncmp(s->models[i].spec, "synthetic:", 10);
-    return false;
-}
+ * real models' fidelity and needle cells only (the synthetic ones stay in the CSV and the
+ * plots). */
 
 /* Same coordinates but policy and budget. */
 static bool tsr__same_point(rec_t a, rec_t b) {
@@ -218,6 +215,45 @@ static tsr_status tsr__write_csv(cJSON *const *recs, size_t n, const char *path)
 
 /* ---- findings ---- */
 
+#define TSR__MAX_DEPTHS 16
+static int tsr__by_depth(rec_t r, double *depth, int *full, int *pol);
+
+/* A policy's needle figures at a budget, pooled over the lengths, needle counts and the
+ * depths up to max_depth (percent): keys found where the full cache found them, of those. */
+static void tsr__needle_pool(cJSON *const *r, size_t n, const char *model, const char *policy,
+                             double budget, double max_depth, int *found, int *full_ok) {
+    *found = *full_ok = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!tsr__is(r[i], "kind", "needle") || !tsr__ok(r[i]) || !tsr__is(r[i], "model", model) ||
+            !tsr__is(r[i], "policy", policy) || tsr__n(r[i], "budget") != budget)
+            continue;
+        double d[TSR__MAX_DEPTHS];
+        int fu[TSR__MAX_DEPTHS], po[TSR__MAX_DEPTHS];
+        int k = tsr__by_depth(r[i], d, fu, po);
+        for (int j = 0; j < k; j++) {
+            if (d[j] > max_depth || fu[j] != 1) continue;
+            (*full_ok)++;
+            *found += po[j] == 1;
+        }
+    }
+}
+
+/* The fidelity record of a model x policy label x budget (NULL: none completed). */
+static rec_t tsr__fid_label(cJSON *const *r, size_t n, const char *model, const char *policy,
+                            double budget) {
+    for (size_t i = 0; i < n; i++)
+        if (tsr__is(r[i], "kind", "fidelity") && tsr__ok(r[i]) && tsr__is(r[i], "model", model) &&
+            tsr__is(r[i], "policy", policy) && tsr__n(r[i], "budget") == budget)
+            return r[i];
+    return NULL;
+}
+
+/* The budgets a policy's accuracy cells ran at. */
+static int tsr__pol_budgets(const tsr_study *s, const tsr_study_policy *p, const double **bv) {
+    *bv = p->budgets ? p->budgets : s->budgets;
+    return p->budgets ? p->n_budgets : s->n_budgets;
+}
+
 typedef struct tsr__finding {
     const char *key, *paper;
     char measured[2048];
@@ -280,16 +316,6 @@ static void tsr__f_full_fastest(const tsr_study *s, cJSON *const *r, size_t n, t
     tsr_free(ratio);
 }
 
-/* the fidelity record of a model x role x budget (NULL when none completed) */
-static rec_t tsr__fid(const tsr_study *s, cJSON *const *r, size_t n, const char *model,
-                      tsr__role role, double budget) {
-    for (size_t i = 0; i < n; i++)
-        if (tsr__is(r[i], "kind", "fidelity") && tsr__ok(r[i]) && tsr__is(r[i], "model", model) &&
-            tsr__role_rec(s, r[i]) == role && tsr__n(r[i], "budget") == budget)
-            return r[i];
-    return NULL;
-}
-
 static void tsr__f_scores_memory(const tsr_study *s, cJSON *const *r, size_t n,
                                  tsr__finding *f) {
     char full[128], sc[128];
@@ -315,23 +341,46 @@ static void tsr__f_scores_memory(const tsr_study *s, cJSON *const *r, size_t n,
             }
         }
     }
-    /* the accuracy side: the score-evicting policy's fidelity at its budgets */
-    char acc[1024] = "";
+    /* the accuracy side: the score-evicting policy's fidelity and needle retrieval at its
+     * budgets, on the real models */
+    char acc[1400] = "";
     size_t al = 0;
     bool cost = false, have_fid = false;
-    for (size_t i = 0; i < n; i++) {
-        if (!tsr__is(r[i], "kind", "fidelity") || !tsr__ok(r[i]) ||
-            tsr__role_rec(s, r[i]) != TSR__ROLE_SCORES || tsr__synthetic(s, r[i]))
-            continue;
-        have_fid = true;
-        double ag = tsr__n(r[i], "fid_agreement"), kl = tsr__n(r[i], "fid_kl");
-        double p = tsr__n(r[i], "fid_ppl"), pf = tsr__n(r[i], "fid_ppl_full");
-        if ((isfinite(ag) && ag < 1) || (isfinite(kl) && kl > 1e-6) || (p > pf * 1.0001)) cost = true;
-        if (al < sizeof acc - 200)
-            al += (size_t)snprintf(acc + al, sizeof acc - al,
-                                   "%s%s at budget %g: agreement %.3f, KL %.4f, ppl %.3f vs %.3f "
-                                   "full", al ? "; " : "", tsr__s(r[i], "model"),
-                                   tsr__n(r[i], "budget"), ag, kl, p, pf);
+    for (int m = 0; m < s->n_models; m++) {
+        if (!strncmp(s->models[m].spec, "synthetic:", 10)) continue;
+        const char *ml = s->models[m].label;
+        for (int p = 0; p < s->n_policies; p++) {
+            const tsr_study_policy *pol = &s->policies[p];
+            if (pol->materialize || tsr__role_of(tsr_kv_policy_find(pol->policy)) != TSR__ROLE_SCORES)
+                continue;
+            const double *bv;
+            int nb = tsr__pol_budgets(s, pol, &bv);
+            for (int b = 0; b < nb; b++) {
+                rec_t fr = tsr__fid_label(r, n, ml, pol->label, bv[b]);
+                int found = 0, full_ok = 0;
+                tsr__needle_pool(r, n, ml, pol->label, bv[b], 100, &found, &full_ok);
+                if (!fr && !full_ok) continue;
+                have_fid = true;
+                char fs[200] = "", ns[120] = "";
+                if (fr) {
+                    double ag = tsr__n(fr, "fid_agreement"), kl = tsr__n(fr, "fid_kl");
+                    double pp = tsr__n(fr, "fid_ppl"), pf = tsr__n(fr, "fid_ppl_full");
+                    if ((isfinite(ag) && ag < 1) || (isfinite(kl) && kl > 1e-6) ||
+                        (pp > pf * 1.0001))
+                        cost = true;
+                    snprintf(fs, sizeof fs, "agreement %.3f, KL %.4f, ppl %.3f vs %.3f full", ag,
+                             kl, pp, pf);
+                }
+                if (full_ok) {
+                    cost = cost || found < full_ok;
+                    snprintf(ns, sizeof ns, "%sneedle %d of the %d keys the full cache found",
+                             fr ? ", " : "", found, full_ok);
+                }
+                if (al < sizeof acc - 360)
+                    al += (size_t)snprintf(acc + al, sizeof acc - al, "%s%s %s at budget %g: %s%s",
+                                           al ? "; " : "", ml, pol->label, bv[b], fs, ns);
+            }
+        }
     }
     if (cmp == 0) {
         snprintf(f->measured, sizeof f->measured,
@@ -344,7 +393,7 @@ static void tsr__f_scores_memory(const tsr_study *s, cJSON *const *r, size_t n,
              "score eviction's (%s) KV pool peak was up to %.0f %% below the full cache's (%s) "
              "(budget %g, %g-token prompt; %d comparisons). Accuracy: %s", sc, 100 * best, full,
              best_b, best_n, cmp,
-             have_fid ? acc : "not measured (no fidelity cell of a real model ran)");
+             have_fid ? acc : "not measured (no fidelity or needle cell of a real model ran)");
     bool mem = best >= 0.5;
     f->verdict = mem && have_fid && cost ? "agree" : mem ? "partly" : "disagree";
 }
@@ -367,32 +416,60 @@ static void tsr__f_host_tier(const tsr_study *s, cJSON *const *r, size_t n, tsr_
             moved_h2o = fmax(moved_h2o, m);
         }
     }
-    /* accuracy: the host tier against score eviction at the same model and budget */
+    /* accuracy: the host tier's best policy against the best of every other policy with a
+     * budget, at the same real model and budget: KL of the document's scored positions
+     * (lower is better) and the needle keys found where the full cache found them (early
+     * facts: depths up to 25 %); a budget counts for the host tier when it is at least as
+     * good on every figure both sides have */
     int better = 0, pairs = 0;
-    char acc[1024] = "";
+    char acc[1400] = "";
     size_t al = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!tsr__is(r[i], "kind", "fidelity") || !tsr__ok(r[i]) ||
-            tsr__role_rec(s, r[i]) != TSR__ROLE_HOST || tsr__synthetic(s, r[i]))
-            continue;
-        rec_t h = tsr__fid(s, r, n, tsr__s(r[i], "model"), TSR__ROLE_SCORES,
-                           tsr__n(r[i], "budget"));
-        if (!h) continue;
-        double ao = tsr__n(r[i], "fid_agreement"), ah = tsr__n(h, "fid_agreement");
-        double ko = tsr__n(r[i], "fid_kl"), kh = tsr__n(h, "fid_kl");
-        double po = tsr__n(r[i], "fid_probe_attention_recall"),
-               ph = tsr__n(h, "fid_probe_attention_recall");
-        pairs++;
-        bool b = (isfinite(ko) && isfinite(kh) && ko <= kh) ||
-                 (!isfinite(ko) && isfinite(ao) && isfinite(ah) && ao >= ah);
-        better += b;
-        if (al < sizeof acc - 200)
-            al += (size_t)snprintf(acc + al, sizeof acc - al,
-                                   "%s%s budget %g: %s agreement %.3f KL %.4f probe recall "
-                                   "%.2f vs %s %.3f / %.4f / %.2f", al ? "; " : "",
-                                   tsr__s(r[i], "model"), tsr__n(r[i], "budget"),
-                                   tsr__s(r[i], "policy"), ao, ko, po, tsr__s(h, "policy"), ah,
-                                   kh, ph);
+    for (int m = 0; m < s->n_models; m++) {
+        if (!strncmp(s->models[m].spec, "synthetic:", 10)) continue;
+        const char *ml = s->models[m].label;
+        for (int bi = 0; bi < s->n_budgets; bi++) {
+            double b = s->budgets[bi];
+            /* [0]: the host tier, [1]: the others; their best KL and needle share */
+            double kl[2] = {INFINITY, INFINITY}, nd[2] = {-1, -1}, early[2] = {-1, -1};
+            const char *kl_who[2] = {NULL, NULL}, *nd_who[2] = {NULL, NULL};
+            for (int p = 0; p < s->n_policies; p++) {
+                const tsr_study_policy *pol = &s->policies[p];
+                tsr__role role = tsr__role_of(tsr_kv_policy_find(pol->policy));
+                if (!pol->budgeted || pol->materialize || role == TSR__ROLE_FULL) continue;
+                int side = role == TSR__ROLE_HOST ? 0 : 1;
+                rec_t fr = tsr__fid_label(r, n, ml, pol->label, b);
+                double k = fr ? tsr__n(fr, "fid_kl") : NAN;
+                if (isfinite(k) && k < kl[side]) {
+                    kl[side] = k;
+                    kl_who[side] = pol->label;
+                }
+                int found = 0, full_ok = 0, ef = 0, eo = 0;
+                tsr__needle_pool(r, n, ml, pol->label, b, 100, &found, &full_ok);
+                tsr__needle_pool(r, n, ml, pol->label, b, 25, &ef, &eo);
+                if (full_ok && (double)found / full_ok > nd[side]) {
+                    nd[side] = (double)found / full_ok;
+                    nd_who[side] = pol->label;
+                }
+                if (eo && (double)ef / eo > early[side]) early[side] = (double)ef / eo;
+            }
+            bool kl_cmp = kl_who[0] && kl_who[1], nd_cmp = nd_who[0] && nd_who[1];
+            if (!kl_cmp && !nd_cmp) continue;
+            pairs++;
+            bool win = (!kl_cmp || kl[0] <= kl[1]) && (!nd_cmp || nd[0] >= nd[1]);
+            better += win;
+            if (al >= sizeof acc - 360) continue;
+            al += (size_t)snprintf(acc + al, sizeof acc - al, "%s%s budget %g: ", al ? "; " : "",
+                                   ml, b);
+            if (kl_cmp)
+                al += (size_t)snprintf(acc + al, sizeof acc - al, "KL %s %.4f vs %s %.4f",
+                                       kl_who[0], kl[0], kl_who[1], kl[1]);
+            if (nd_cmp)
+                al += (size_t)snprintf(acc + al, sizeof acc - al,
+                                       "%sneedle %s %.2f vs %s %.2f (early keys %.2f vs %.2f)",
+                                       kl_cmp ? ", " : "", nd_who[0], nd[0], nd_who[1], nd[1],
+                                       early[0], early[1]);
+            al += (size_t)snprintf(acc + al, sizeof acc - al, win ? " (host tier best)" : "");
+        }
     }
     if (n_off == 0) {
         snprintf(f->measured, sizeof f->measured, "no cell of a host-tier policy (%s) completed",
@@ -402,10 +479,15 @@ static void tsr__f_host_tier(const tsr_study *s, cJSON *const *r, size_t n, tsr_
     }
     snprintf(f->measured, sizeof f->measured,
              "the host tier (%s) moved up to %.1f MiB between the host and the pool in a cell "
-             "(score eviction, %s: %.1f MiB). Accuracy against score eviction at the same "
-             "budget: %s%s", host, tsr__mib(moved_off), sc, tsr__mib(moved_h2o),
-             pairs ? "" : "not measured (no fidelity cell of a real model ran)",
-             pairs ? acc : "");
+             "(score eviction, %s: %.1f MiB). Accuracy against the best other policy at the "
+             "same budget: %s%s%s", host, tsr__mib(moved_off), sc, tsr__mib(moved_h2o),
+             pairs ? "" : "not measured (no fidelity or needle cell of a real model ran)",
+             pairs ? acc : "", "");
+    if (pairs) {
+        size_t ml = strlen(f->measured);
+        snprintf(f->measured + ml, sizeof f->measured - ml,
+                 ". The host tier was the most accurate at %d of %d budgets", better, pairs);
+    }
     bool traffic = moved_off > moved_h2o;
     f->verdict = traffic && pairs && 2 * better >= pairs ? "agree"
                  : traffic && !pairs                     ? "partly"
@@ -809,6 +891,299 @@ static bool tsr__plot_fidelity(const tsr_study *s, cJSON *const *r, size_t n, in
     return tsr__gnuplot(gp, script, dir);
 }
 
+/* ---- needle plots ---- */
+
+/* A needle record's per-depth marks ("0:1/1 25:1/0 50:0/-"): depth (percent), the full
+ * cache's (1/0) and the policy's (1, 0, -1 not run); the count. */
+static int tsr__by_depth(rec_t r, double *depth, int *full, int *pol) {
+    const char *p = tsr__s(r, "needle_by_depth");
+    int n = 0;
+    while (*p && n < TSR__MAX_DEPTHS) {
+        char pm[4] = "";
+        int fu = 0, used = 0;
+        if (sscanf(p, "%lf:%d/%3[-01]%n", &depth[n], &fu, pm, &used) != 3 || used <= 0) break;
+        full[n] = fu;
+        pol[n] = pm[0] == '-' ? -1 : pm[0] == '1';
+        n++;
+        p += used;
+        while (*p == ' ') p++;
+    }
+    return n;
+}
+
+/* The needle cell of a model x policy x budget x length x needle count (NULL: none ran). */
+static rec_t tsr__needle_rec(cJSON *const *r, size_t n, const char *model, const char *policy,
+                             double budget, int length, int needles) {
+    for (size_t i = 0; i < n; i++)
+        if (tsr__is(r[i], "kind", "needle") && tsr__ok(r[i]) && tsr__is(r[i], "model", model) &&
+            tsr__is(r[i], "policy", policy) && tsr__n(r[i], "budget") == budget &&
+            tsr__n(r[i], "prompt_tokens") == length && tsr__n(r[i], "needles") == needles)
+            return r[i];
+    return NULL;
+}
+
+static void tsr__len_label(int len, char *buf, size_t cap) {
+    if (len % 1024 == 0) snprintf(buf, cap, "%dK", len / 1024);
+    else snprintf(buf, cap, "%d", len);
+}
+
+/* The heat map of one model and needle count: a row per policy and budget, a column per
+ * length and depth; green where the policy found the key, red where it did not and the
+ * full cache did, grey where the full cache failed (the cell measures the model), white
+ * where nothing ran. */
+static bool tsr__plot_heatmap(const tsr_study *s, cJSON *const *r, size_t n, int m, int needles,
+                              const char *dir, const char *gp, char *png, size_t cap) {
+    const char *ml = s->models[m].label;
+    char script[4200], dat[4200];
+    snprintf(png, cap, "needle_heatmap_%s_x%d.png", ml, needles);
+    snprintf(script, sizeof script, "%s/plots/needle_heatmap_%s_x%d.gp", dir, ml, needles);
+    snprintf(dat, sizeof dat, "%s/plots/needle_heatmap_%s_x%d.dat", dir, ml, needles);
+    FILE *d = fopen(dat, "w");
+    if (!d) return false;
+    char ytics[8192] = "", xtics[8192] = "";
+    size_t yl = 0, xl = 0;
+    int rows = 0, cols = 0, pts = 0;
+    /* columns: the lengths in the study's order, the depths of the first cell found */
+    double depth[TSR__MAX_DEPTHS];
+    int fu[TSR__MAX_DEPTHS], po[TSR__MAX_DEPTHS], nd = 0;
+    for (size_t i = 0; i < n && nd == 0; i++)
+        if (tsr__is(r[i], "kind", "needle") && tsr__ok(r[i]) && tsr__is(r[i], "model", ml) &&
+            tsr__n(r[i], "needles") == needles)
+            nd = tsr__by_depth(r[i], depth, fu, po);
+    if (nd == 0) {
+        fclose(d);
+        return false;
+    }
+    /* the lengths this needle count ran at */
+    bool len_on[64] = {false};
+    for (size_t i = 0; i < n; i++)
+        if (tsr__is(r[i], "kind", "needle") && tsr__is(r[i], "model", ml) &&
+            tsr__n(r[i], "needles") == needles && !tsr__is(r[i], "status", "skipped"))
+            for (int li = 0; li < s->n_needle_lengths && li < 64; li++)
+                len_on[li] = len_on[li] || tsr__n(r[i], "prompt_tokens") == s->needle_lengths[li];
+    for (int li = 0; li < s->n_needle_lengths && li < 64; li++)
+        for (int k = 0; len_on[li] && k < nd; k++) {
+            char lb[32];
+            tsr__len_label(s->needle_lengths[li], lb, sizeof lb);
+            /* a tic label is a format: the percent sign doubled */
+            if (xl < sizeof xtics - 64)
+                xl += (size_t)snprintf(xtics + xl, sizeof xtics - xl, "%s\"%s %g%%%%\" %d",
+                                       xl ? ", " : "", lb, depth[k], cols);
+            cols++;
+        }
+    for (int p = s->n_policies - 1; p >= 0; p--) { /* the first policy on top */
+        const tsr_study_policy *pol = &s->policies[p];
+        int nb = !pol->budgeted ? 1 : pol->budgets ? pol->n_budgets : s->n_budgets;
+        const double *bv = pol->budgets ? pol->budgets : s->budgets;
+        for (int b = nb - 1; b >= 0; b--) {
+            double bud = pol->budgeted ? bv[b] : 0;
+            char name[160];
+            if (pol->budgeted) snprintf(name, sizeof name, "%s %g%%%%", pol->label, bud * 100);
+            else snprintf(name, sizeof name, "%s (full cache)", pol->label);
+            int col = 0;
+            for (int li = 0; li < s->n_needle_lengths && li < 64; li++) {
+                if (!len_on[li]) continue;
+                rec_t c = tsr__needle_rec(r, n, ml, pol->label, bud, s->needle_lengths[li],
+                                          needles);
+                double dd[TSR__MAX_DEPTHS];
+                int f2[TSR__MAX_DEPTHS], p2[TSR__MAX_DEPTHS];
+                int k2 = c ? tsr__by_depth(c, dd, f2, p2) : 0;
+                /* a box per point that ran; nothing (white) where none did */
+                for (int k = 0; k < nd; k++, col++) {
+                    if (k >= k2 || (f2[k] && p2[k] < 0)) continue;
+                    fprintf(d, "%d %d %s\n", col, rows,
+                            !f2[k] ? "0.5" : p2[k] == 1 ? "1" : "0");
+                    pts++;
+                }
+            }
+            if (yl < sizeof ytics - 200)
+                yl += (size_t)snprintf(ytics + yl, sizeof ytics - yl, "%s\"%s\" %d",
+                                       yl ? ", " : "", name, rows);
+            rows++;
+        }
+    }
+    fclose(d);
+    if (!pts) return false;
+    FILE *g = fopen(script, "w");
+    if (!g) return false;
+    fprintf(g, "%s", tsr__gp_head);
+    fprintf(g, "set terminal pngcairo size %d,%d enhanced font 'Sans,10'\n",
+            (cols < 10 ? 400 : 0) + 160 + 40 * cols, 220 + 28 * rows);
+    fprintf(g, "set output '%s/%s'\n", dir, png);
+    fprintf(g, "set title \"%s: needle retrieval, %d key%s\\ngreen: found; red: missed where "
+               "the full cache found it;\\ngrey: the full cache missed it too (the model's "
+               "limit); white: not run\" font 'Sans,9'\n",
+            ml, needles, needles > 1 ? "s, asked for one" : "");
+    fprintf(g, "unset key\nunset colorbox\nunset grid\n");
+    fprintf(g, "set palette defined (0 '#d73027', 0.5 '#bdbdbd', 1 '#1a9850')\n");
+    fprintf(g, "set cbrange [0:1]\n");
+    fprintf(g, "set xrange [-0.5:%g]\nset yrange [-0.5:%g]\n", cols - 0.5, rows - 0.5);
+    fprintf(g, "set xtics rotate by 45 right (%s)\nset ytics (%s)\n", xtics, ytics);
+    fprintf(g, "set xlabel 'prompt length and depth of the asked key'\n");
+    fprintf(g, "set style fill solid 1.0 border lc rgb 'white'\n");
+    fprintf(g, "plot '%s' using 1:2:(0.5):(0.5):3 with boxxyerror fc palette\n", dat);
+    fclose(g);
+    return tsr__gnuplot(gp, script, dir);
+}
+
+/* Needle accuracy against the budget for one model: a series per policy and needle count,
+ * the share of (length, depth) points where the policy found the key among those where the
+ * full cache did (the full cache at budget 1). */
+static bool tsr__plot_needle_budget(const tsr_study *s, cJSON *const *r, size_t n, int m,
+                                    const char *dir, const char *gp, char *png, size_t cap) {
+    const char *ml = s->models[m].label;
+    char script[4200], plot[16384] = "";
+    size_t pl = 0;
+    snprintf(png, cap, "needle_vs_budget_%s.png", ml);
+    snprintf(script, sizeof script, "%s/plots/needle_budget_%s.gp", dir, ml);
+    for (int p = 0; p < s->n_policies; p++) {
+        const tsr_study_policy *pol = &s->policies[p];
+        int nb = !pol->budgeted ? 1 : pol->budgets ? pol->n_budgets : s->n_budgets;
+        const double *bv = pol->budgets ? pol->budgets : s->budgets;
+        for (int ni = 0; ni < s->n_needle_counts; ni++) {
+            int nn = s->needle_counts[ni];
+            char dat[4200];
+            snprintf(dat, sizeof dat, "%s/plots/needle_budget_%s_%s_x%d.dat", dir, ml,
+                     pol->label, nn);
+            FILE *d = fopen(dat, "w");
+            if (!d) return false;
+            int pts = 0;
+            for (int b = 0; b < nb; b++) {
+                double bud = pol->budgeted ? bv[b] : 0;
+                int full_ok = 0, both = 0;
+                for (int li = 0; li < s->n_needle_lengths; li++) {
+                    rec_t c = tsr__needle_rec(r, n, ml, pol->label, bud, s->needle_lengths[li],
+                                              nn);
+                    double dd[TSR__MAX_DEPTHS];
+                    int f2[TSR__MAX_DEPTHS], p2[TSR__MAX_DEPTHS];
+                    int k2 = c ? tsr__by_depth(c, dd, f2, p2) : 0;
+                    for (int k = 0; k < k2; k++) {
+                        full_ok += f2[k] == 1;
+                        both += f2[k] == 1 && p2[k] == 1;
+                    }
+                }
+                if (!full_ok) continue;
+                fprintf(d, "%g %g\n", bud > 0 && bud <= 1 ? bud : 1.0, (double)both / full_ok);
+                pts++;
+            }
+            fclose(d);
+            if (!pts || pl > sizeof plot - 400) continue;
+            pl += (size_t)snprintf(plot + pl, sizeof plot - pl,
+                                   "%s'%s' using 1:2 with linespoints lw 2 pt %d dt %d lc %d "
+                                   "title '%s, %d key%s'", pl ? ", \\\n     " : "", dat,
+                                   nn > 1 ? 6 : 7, nn > 1 ? 2 : 1, p + 1, pol->label, nn,
+                                   nn > 1 ? "s" : "");
+        }
+    }
+    if (!pl) return false;
+    FILE *g = fopen(script, "w");
+    if (!g) return false;
+    fprintf(g, "%s", tsr__gp_head);
+    fprintf(g, "set output '%s/%s'\n", dir, png);
+    fprintf(g, "set key below box maxrows 4\nset terminal pngcairo size 1100,760\n");
+    fprintf(g, "set title \"%s: needle accuracy vs KV budget where the full cache finds the key "
+               "(all lengths and depths; full cache = budget 1)\"\n", ml);
+    fprintf(g, "set xlabel 'KV budget (fraction of the sequence kept)'\n");
+    fprintf(g, "set ylabel 'keys found / keys the full cache found'\n");
+    fprintf(g, "set xrange [0:1.05]\nset yrange [-0.05:1.05]\n");
+    fprintf(g, "plot %s\n", plot);
+    fclose(g);
+    return tsr__gnuplot(gp, script, dir);
+}
+
+/* The accuracy tables of the report: the full cache's own needle score per length, then
+ * per policy and budget the fidelity figures and the needle keys found. */
+static void tsr__accuracy_tables(const tsr_study *s, cJSON *const *r, size_t n, FILE *md) {
+    bool any = false;
+    for (size_t i = 0; i < n && !any; i++)
+        any = (tsr__is(r[i], "kind", "needle") || tsr__is(r[i], "kind", "fidelity")) &&
+              tsr__ok(r[i]);
+    if (!any) return;
+    fprintf(md, "## Accuracy per policy and budget\n\n");
+    bool hdr = false;
+    for (int m = 0; m < s->n_models; m++)
+        for (int li = 0; li < s->n_needle_lengths; li++)
+            for (int ni = 0; ni < s->n_needle_counts; ni++) {
+                /* the full cache's score: from any cell of this length (all share it) */
+                for (size_t i = 0; i < n; i++) {
+                    rec_t c = r[i];
+                    if (!tsr__is(c, "kind", "needle") || !tsr__ok(c) ||
+                        !tsr__is(c, "model", s->models[m].label) ||
+                        tsr__n(c, "prompt_tokens") != s->needle_lengths[li] ||
+                        tsr__n(c, "needles") != s->needle_counts[ni])
+                        continue;
+                    double d[TSR__MAX_DEPTHS];
+                    int fu[TSR__MAX_DEPTHS], po[TSR__MAX_DEPTHS];
+                    int k = tsr__by_depth(c, d, fu, po), ok = 0;
+                    char where[160] = "";
+                    size_t wl = 0;
+                    for (int j = 0; j < k; j++) {
+                        ok += fu[j] == 1;
+                        if (fu[j] != 1 && wl < sizeof where - 16)
+                            wl += (size_t)snprintf(where + wl, sizeof where - wl, "%s%g %%",
+                                                   wl ? ", " : "", d[j]);
+                    }
+                    if (!hdr) {
+                        fprintf(md, "The full cache's own needle score (a depth it misses "
+                                    "measures the model, not a policy):\n\n| model | length | "
+                                    "keys | found by the full cache | missed at |\n"
+                                    "|---|---|---|---|---|\n");
+                        hdr = true;
+                    }
+                    fprintf(md, "| %s | %d | %d | %d of %d | %s |\n", s->models[m].label,
+                            s->needle_lengths[li], s->needle_counts[ni], ok, k,
+                            where[0] ? where : "-");
+                    break;
+                }
+            }
+    if (hdr) fprintf(md, "\n");
+    fprintf(md, "Per policy and budget: fidelity on the document (top-1 agreement and KL against "
+                "the full cache, perplexity against the full cache's) and the needle keys the "
+                "policy found of those the full cache found (all lengths and depths):\n\n"
+                "| model | policy | budget | agreement | KL | ppl (full) | needle, 1 key | "
+                "needle, 3 keys |\n|---|---|---|---|---|---|---|---|\n");
+    for (int m = 0; m < s->n_models; m++)
+        for (int p = 0; p < s->n_policies; p++) {
+            const tsr_study_policy *pol = &s->policies[p];
+            const double *bv = NULL;
+            int nb = pol->budgeted ? tsr__pol_budgets(s, pol, &bv) : 1;
+            for (int b = 0; b < nb; b++) {
+                double bud = pol->budgeted ? bv[b] : 0;
+                rec_t fr = tsr__fid_label(r, n, s->models[m].label, pol->label, bud);
+                char nd[2][48] = {"-", "-"};
+                bool have = fr != NULL;
+                for (int x = 0; x < 2; x++) {
+                    int found = 0, full_ok = 0;
+                    for (int li = 0; li < s->n_needle_lengths; li++) {
+                        rec_t c = tsr__needle_rec(r, n, s->models[m].label, pol->label, bud,
+                                                  s->needle_lengths[li], x ? 3 : 1);
+                        double d[TSR__MAX_DEPTHS];
+                        int fu[TSR__MAX_DEPTHS], po[TSR__MAX_DEPTHS];
+                        int k = c ? tsr__by_depth(c, d, fu, po) : 0;
+                        for (int j = 0; j < k; j++) {
+                            full_ok += fu[j] == 1;
+                            found += fu[j] == 1 && po[j] == 1;
+                        }
+                        have = have || c;
+                    }
+                    if (full_ok) snprintf(nd[x], sizeof nd[x], "%d of %d", found, full_ok);
+                }
+                if (!have) continue;
+                char bs[32] = "full cache";
+                if (pol->budgeted) snprintf(bs, sizeof bs, "%g", bud);
+                if (fr)
+                    fprintf(md, "| %s | %s | %s | %.3f | %.4f | %.3f (%.3f) | %s | %s |\n",
+                            s->models[m].label, pol->label, bs, tsr__n(fr, "fid_agreement"),
+                            tsr__n(fr, "fid_kl"), tsr__n(fr, "fid_ppl"),
+                            tsr__n(fr, "fid_ppl_full"), nd[0], nd[1]);
+                else
+                    fprintf(md, "| %s | %s | %s | - | - | - | %s | %s |\n", s->models[m].label,
+                            pol->label, bs, nd[0], nd[1]);
+            }
+        }
+    fprintf(md, "\n");
+}
+
 tsr_status tsr_char_report(const tsr_study *s, cJSON *const *recs, size_t n, const char *dir,
                            double study_wall_s, const char *self_exe) {
     (void)self_exe;
@@ -844,8 +1219,16 @@ tsr_status tsr_char_report(const tsr_study *s, cJSON *const *recs, size_t n, con
         if (tsr__plot_rate(s, recs, n, "ttft_p50_s", 1000.0, "median TTFT (ms)", "ttft", dir, gp,
                            pngs[n_png], sizeof pngs[0]))
             n_png++;
-        for (int m = 0; m < s->n_models && n_png < 78; m++)
+        for (int m = 0; m < s->n_models && n_png < 70; m++)
             if (tsr__plot_fidelity(s, recs, n, m, dir, gp, pngs[n_png], sizeof pngs[0])) n_png++;
+        for (int m = 0; m < s->n_models && s->needle_haystack && n_png < 72; m++) {
+            if (tsr__plot_needle_budget(s, recs, n, m, dir, gp, pngs[n_png], sizeof pngs[0]))
+                n_png++;
+            for (int ni = 0; ni < s->n_needle_counts && n_png < 78; ni++)
+                if (tsr__plot_heatmap(s, recs, n, m, s->needle_counts[ni], dir, gp,
+                                      pngs[n_png], sizeof pngs[0]))
+                    n_png++;
+        }
     }
 
     /* report */
@@ -877,6 +1260,7 @@ tsr_status tsr_char_report(const tsr_study *s, cJSON *const *recs, size_t n, con
     }
 
     fprintf(md, "# Characterization: %s\n\n", s->name);
+    if (s->comment) fprintf(md, "> %s\n\n", s->comment); /* what the study is, its own words */
     char lims[64] = "none";
     if (s->mem_limit > 0)
         snprintf(lims, sizeof lims, "%.0f MiB of address space", tsr__mib((double)s->mem_limit));
@@ -922,8 +1306,9 @@ tsr_status tsr_char_report(const tsr_study *s, cJSON *const *recs, size_t n, con
     fprintf(md, "\nScale: these cells run on the machine at hand (a CPU run is not a GPU's "
                 "throughput); the comparisons are between policies on the same inputs, which "
                 "is what the findings are about. Accuracy in findings 2 and 3 comes from the "
-                "fidelity cells of real models; a synthetic model's text figures (random "
-                "weights) are in the CSV and the fidelity plot only.\n\n");
+                "fidelity and needle cells of real models; a synthetic model's figures (random "
+                "weights) are in the CSV and the plots only.\n\n");
+    tsr__accuracy_tables(s, recs, n, md);
     fprintf(md, "## The n x n arithmetic\n\n");
     if (oom) {
         rewind(oom);

@@ -362,7 +362,14 @@ static void tsr__fill_metrics(cJSON *rec, const cJSON *m) {
     tsr__set(rec, "completion_tokens", tsr__num(m, "tokens", "completion", NULL));
 }
 
+/* Where the full cache's side came from (computed / reused / none). */
+static void tsr__fill_reference(cJSON *rec, const cJSON *f) {
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(f, "reference");
+    if (cJSON_IsString(r)) tsr__set_str(rec, "reference", r->valuestring);
+}
+
 static void tsr__fill_fidelity(cJSON *rec, const cJSON *f) {
+    tsr__fill_reference(rec, f);
     static const char *const keys[] = {"tokens", "nll", "ppl", "nll_full", "ppl_full",
                                        "agreement", "kl", "probe_text_recall",
                                        "probe_attention_recall", "wall_s"};
@@ -377,6 +384,7 @@ static void tsr__fill_fidelity(cJSON *rec, const cJSON *f) {
  * full cache passes, the mean attention recall of the needle, and a per-depth string
  * "depth:full/policy" (1 correct, 0 not) for the heat map. */
 static void tsr__fill_needle(cJSON *rec, const cJSON *f) {
+    tsr__fill_reference(rec, f);
     tsr__set(rec, "needle_full_accuracy", tsr__num(f, "full_accuracy", NULL, NULL));
     tsr__set(rec, "needle_accuracy", tsr__num(f, "accuracy", NULL, NULL));
     tsr__set(rec, "needle_accuracy_where_full_passes",
@@ -397,11 +405,15 @@ static void tsr__fill_needle(cJSON *rec, const cJSON *f) {
             rsum += rc;
             n++;
         }
+        /* the policy's mark: 1, 0, or - where it did not run (the full cache failed) */
         if (bl + 24 < sizeof by && cJSON_IsNumber(d))
-            bl += (size_t)snprintf(by + bl, sizeof by - bl, "%s%g:%d/%d", bl ? " " : "",
+            bl += (size_t)snprintf(by + bl, sizeof by - bl, "%s%g:%d/%s", bl ? " " : "",
                                    d->valuedouble * 100,
                                    cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fu, "correct")),
-                                   cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(po, "correct")));
+                                   !cJSON_IsObject(po) ? "-"
+                                   : cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(po, "correct"))
+                                       ? "1"
+                                       : "0");
     }
     tsr__set(rec, "needle_attention_recall", n > 0 ? rsum / n : NAN);
     tsr__set_str(rec, "needle_by_depth", by);
@@ -495,6 +507,7 @@ static tsr_status tsr__run_cell(tsr__char *c, const tsr_cell *cell, cJSON **out_
             tsr__arg(a, "--depths");
             tsr__arg(a, "%s", s->needle_depths);
         }
+        if (s->needle_skip_failed) tsr__arg(a, "--skip-where-full-fails");
     } else {
         snprintf(met, sizeof met, "%s/fidelity.json", work);
         tsr__arg(a, "%s", c->self);
@@ -525,6 +538,9 @@ static tsr_status tsr__run_cell(tsr__char *c, const tsr_cell *cell, cJSON **out_
         }
     }
     if (cell->kind != TSR_CELL_PERF) { /* needle and fidelity: a JSON of their own */
+        /* the full cache's side once per model and input, shared by the policies' cells */
+        tsr__arg(a, "--reference-dir");
+        tsr__arg(a, "%s/refs", c->o->out);
         tsr__policy_args(a, s, p, cell);
         tsr__arg(a, "--quiet");
         tsr__arg(a, "--json");

@@ -406,13 +406,42 @@ static tsr_status tsr__needle(tsr_study *s, const cJSON *root) {
         s->n_needle_counts = 1;
     }
     TSR_TRY(tsr__str_key(s, f, "depths", "needle.depths", &s->needle_depths));
+    if (cJSON_GetObjectItemCaseSensitive(f, "policy_lengths"))
+        TSR_TRY(tsr__ints(s, f, "policy_lengths", 16, &s->needle_policy_lengths,
+                          &s->n_needle_policy_lengths));
+    if (cJSON_GetObjectItemCaseSensitive(f, "multi_lengths"))
+        TSR_TRY(tsr__ints(s, f, "multi_lengths", 16, &s->needle_multi_lengths,
+                          &s->n_needle_multi_lengths));
+    const cJSON *sk = cJSON_GetObjectItemCaseSensitive(f, "skip_where_full_fails");
+    if (sk && !cJSON_IsBool(sk)) return tsr__bad(s, "needle.skip_where_full_fails", "true or false");
+    s->needle_skip_failed = cJSON_IsTrue(sk);
+    return TSR_OK;
+}
+
+/* "perf_budgets": [...], the perf cells' budgets */
+static tsr_status tsr__perf_budgets(tsr_study *s, const cJSON *root) {
+    const cJSON *a;
+    TSR_TRY(tsr__array(s, root, "perf_budgets", false, &a));
+    if (!a) return TSR_OK;
+    int n = cJSON_GetArraySize(a);
+    s->perf_budgets = tsr_calloc((size_t)n, sizeof *s->perf_budgets);
+    if (!s->perf_budgets) return TSR_ERR_NOMEM;
+    s->n_perf_budgets = n;
+    for (int i = 0; i < n; i++) {
+        const cJSON *v = cJSON_GetArrayItem(a, i);
+        char k[96];
+        snprintf(k, sizeof k, "perf_budgets[%d]", i);
+        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || v->valuedouble > 1e9)
+            return tsr__bad(s, k, "a fraction of the sequence in (0, 1] or a token count > 1");
+        s->perf_budgets[i] = v->valuedouble;
+    }
     return TSR_OK;
 }
 
 static const char *const tsr__known_keys[] = {
     "name", "models", "policies", "prompt_lengths", "batch_sizes", "request_rates",
     "kv_budgets", "layouts", "gen_tokens", "threads", "limits", "kv_memory", "launcher",
-    "fidelity", "comment", "rate_sweep", "needle"};
+    "fidelity", "comment", "rate_sweep", "needle", "perf_budgets"};
 
 static tsr_status tsr__parse(tsr_study *s, const cJSON *root) {
     if (!cJSON_IsObject(root)) return tsr_error_set(TSR_ERR_INVALID, "%s: expected a JSON object", s->path);
@@ -423,11 +452,12 @@ static tsr_status tsr__parse(tsr_study *s, const cJSON *root) {
             ok = ok || !strcmp(c->string, tsr__known_keys[i]);
         if (!ok)
             return tsr__bad(s, c->string, "one of name, models, policies, prompt_lengths, "
-                                          "batch_sizes, request_rates, kv_budgets, layouts, "
-                                          "gen_tokens, threads, limits, kv_memory, launcher, "
+                                          "batch_sizes, request_rates, kv_budgets, perf_budgets, "
+                                          "layouts, gen_tokens, threads, limits, kv_memory, launcher, "
                                           "fidelity, needle, rate_sweep, comment (unknown key)");
     }
     TSR_TRY(tsr__str_key(s, root, "name", "name", &s->name));
+    TSR_TRY(tsr__str_key(s, root, "comment", "comment", &s->comment));
     TSR_TRY(tsr__models(s, root));
     TSR_TRY(tsr__policies(s, root));
     TSR_TRY(tsr__ints(s, root, "prompt_lengths", 1, &s->prompt_lengths, &s->n_prompt_lengths));
@@ -450,6 +480,7 @@ static tsr_status tsr__parse(tsr_study *s, const cJSON *root) {
             return tsr__bad(s, "rate_sweep", "both prompt_length and batch");
     }
     TSR_TRY(tsr__budgets(s, root));
+    TSR_TRY(tsr__perf_budgets(s, root));
     TSR_TRY(tsr__layouts(s, root));
     s->gen_tokens = 16;
     TSR_TRY(tsr__int_key(s, root, "gen_tokens", "gen_tokens", 1, &s->gen_tokens));
@@ -542,6 +573,10 @@ void tsr_study_free(tsr_study *s) {
     tsr_free(s->needle_lengths);
     tsr_free(s->needle_counts);
     tsr_free(s->needle_depths);
+    tsr_free(s->comment);
+    tsr_free(s->needle_policy_lengths);
+    tsr_free(s->needle_multi_lengths);
+    tsr_free(s->perf_budgets);
     tsr_free(s->name);
     tsr_free(s->path);
     memset(s, 0, sizeof *s);
@@ -585,6 +620,12 @@ static void tsr__cell(const tsr_study *s, tsr_cell *x, int m, int l, int p, doub
     }
 }
 
+static bool tsr__has_int(const int *v, int n, int x) {
+    for (int i = 0; i < n; i++)
+        if (v[i] == x) return true;
+    return false;
+}
+
 tsr_status tsr_study_cells(const tsr_study *s, tsr_cell **cells, size_t *n) {
     size_t cap = 0;
     for (int p = 0; p < s->n_policies; p++) {
@@ -593,6 +634,9 @@ tsr_status tsr_study_cells(const tsr_study *s, tsr_cell **cells, size_t *n) {
         cap += nb * (size_t)s->n_prompt_lengths * (size_t)s->n_batch_sizes * (size_t)s->n_rates +
                nb + nb * (size_t)s->n_rates;
     }
+    if (s->perf_budgets) cap += (size_t)s->n_policies * (size_t)s->n_perf_budgets *
+                                ((size_t)s->n_prompt_lengths * (size_t)s->n_batch_sizes *
+                                     (size_t)s->n_rates + 1 + (size_t)s->n_rates);
     cap *= (size_t)s->n_models * (size_t)s->n_layouts;
     /* the fidelity cells of a second scoring and the needle cells */
     for (int p = 0; p < s->n_policies; p++) {
@@ -608,8 +652,13 @@ tsr_status tsr_study_cells(const tsr_study *s, tsr_cell **cells, size_t *n) {
         for (int l = 0; l < s->n_layouts; l++)
             for (int p = 0; p < s->n_policies; p++) {
                 const tsr_study_policy *pol = &s->policies[p];
-                int nb = !pol->budgeted ? 1 : pol->budgets ? pol->n_budgets : s->n_budgets;
-                const double *bv = pol->budgets ? pol->budgets : s->budgets;
+                int nb = !pol->budgeted ? 1
+                         : s->perf_budgets ? s->n_perf_budgets
+                         : pol->budgets    ? pol->n_budgets
+                                           : s->n_budgets;
+                const double *bv = s->perf_budgets ? s->perf_budgets
+                                   : pol->budgets  ? pol->budgets
+                                                   : s->budgets;
                 for (int b = 0; b < nb; b++) {
                     for (int pl = 0; pl < s->n_prompt_lengths; pl++)
                         for (int bs = 0; bs < s->n_batch_sizes; bs++)
@@ -669,6 +718,11 @@ tsr_status tsr_study_cells(const tsr_study *s, tsr_cell **cells, size_t *n) {
                 for (int b = 0; b < nb; b++)
                     for (int li = 0; li < s->n_needle_lengths; li++)
                         for (int ni = 0; ni < s->n_needle_counts; ni++) {
+                            int len = s->needle_lengths[li];
+                            if (s->needle_counts[ni] == 3 && s->needle_multi_lengths &&
+                                !tsr__has_int(s->needle_multi_lengths,
+                                              s->n_needle_multi_lengths, len))
+                                continue;
                             tsr_cell *x = &c[k++];
                             x->kind = TSR_CELL_NEEDLE;
                             x->model = m;
@@ -685,6 +739,13 @@ tsr_status tsr_study_cells(const tsr_study *s, tsr_cell **cells, size_t *n) {
                                 snprintf(x->skip_buf, sizeof x->skip_buf,
                                          "needle prompt %d + 16 answer tokens exceed the "
                                          "model's context of %d", x->prompt_len, ctx);
+                                x->skip = x->skip_buf;
+                            } else if (pol->budgeted && s->needle_policy_lengths &&
+                                       !tsr__has_int(s->needle_policy_lengths,
+                                                     s->n_needle_policy_lengths, len)) {
+                                snprintf(x->skip_buf, sizeof x->skip_buf,
+                                         "needle at %d tokens: the full cache only "
+                                         "(needle.policy_lengths)", len);
                                 x->skip = x->skip_buf;
                             }
                         }

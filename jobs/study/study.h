@@ -42,6 +42,7 @@ typedef struct tsr_study_layout {
 
 typedef struct tsr_study {
     char *path, *name;
+    char *comment; /* "comment": shown under the report's title (NULL: none) */
     tsr_study_model *models;
     int n_models;
     tsr_study_policy *policies;
@@ -55,6 +56,10 @@ typedef struct tsr_study {
     int sweep_len, sweep_batch;
     double *budgets; /* fraction of the sequence (<= 1) or tokens (> 1) */
     int n_budgets;
+    /* "perf_budgets": the budgets of the perf cells (memory/throughput); NULL: the same as
+     * the accuracy cells' (a policy's own, else kv_budgets) */
+    double *perf_budgets;
+    int n_perf_budgets;
     tsr_study_layout *layouts;
     int n_layouts;
     int gen_tokens;
@@ -76,6 +81,12 @@ typedef struct tsr_study {
     int *needle_lengths, n_needle_lengths;
     int *needle_counts, n_needle_counts; /* 1 and/or 3 */
     char *needle_depths; /* "0,25,50,75,100" */
+    /* lengths at which the policies run (NULL: all); at the others only the full cache
+     * (a policy that reads no budget) runs, the other cells are skipped, saying so */
+    int *needle_policy_lengths, n_needle_policy_lengths;
+    /* lengths of the three-needle variant (NULL: all) */
+    int *needle_multi_lengths, n_needle_multi_lengths;
+    bool needle_skip_failed; /* tessera needle --skip-where-full-fails */
 } tsr_study;
 
 typedef enum tsr_cell_kind {

@@ -2,6 +2,7 @@
 #include "runtime/eval/fidelity.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -9,6 +10,7 @@
 #include "memory/kv_paged.h"
 #include "policies/policy.h"
 #include "runtime/engine/engine.h"
+#include "runtime/eval/fullref.h"
 #include "runtime/exec/forward.h"
 
 double tsr_fidelity_nll(const float *logits, int n, int32_t next) {
@@ -56,7 +58,19 @@ typedef struct tsr__fid {
     int64_t agree, count;
     double gen_kl; /* the greedy continuations */
     int64_t gen_agree, gen_count;
+    /* the full cache's reference (runtime/eval/fullref.h): rows of V logits, one per
+     * position where the full cache's logits are used, in order */
+    enum { TSR__REF_NONE, TSR__REF_RECORD, TSR__REF_REPLAY } ref;
+    float *ref_rows;
+    size_t ref_n, ref_cap, ref_at;
+    uint64_t ids_hash;     /* of every sequence scored (from TSR_FULLREF_HASH0) */
+    uint64_t ref_ids_hash; /* a replayed reference's: the same tokens, or not this run's */
 } tsr__fid;
+
+/* The reference payload's head (then n_rows x V floats). */
+typedef struct tsr__ref_head {
+    uint64_t ids_hash, n_rows, vocab;
+} tsr__ref_head;
 
 /* Feeds n tokens of sequence 0 to engine e; the last one's logits go to `logits`. */
 static tsr_status tsr__feed(tsr_engine *e, const int32_t *ids, int32_t n, float *logits) {
@@ -65,13 +79,44 @@ static tsr_status tsr__feed(tsr_engine *e, const int32_t *ids, int32_t n, float 
     return tsr_forward_run(e->fwd, e->kv, &b, 1, logits, &rows);
 }
 
+/* The full cache's part of a step: its engine fed, unless a reference replays it. */
+static tsr_status tsr__feed_full(tsr__fid *f, const int32_t *ids, int32_t n) {
+    return f->ref == TSR__REF_REPLAY ? TSR_OK : tsr__feed(f->full, ids, n, f->lf);
+}
+
+/* The full cache's logits where they are used: kept for the reference being recorded, or
+ * the reference's next row replayed into f->lf. */
+static tsr_status tsr__full_row(tsr__fid *f) {
+    size_t V = (size_t)f->V;
+    if (f->ref == TSR__REF_REPLAY) {
+        if (f->ref_at >= f->ref_n)
+            return tsr_error_set(TSR_ERR_FORMAT, "fidelity: the full cache's reference has %zu "
+                                 "rows and this run scores more", f->ref_n);
+        memcpy(f->lf, f->ref_rows + f->ref_at * V, V * sizeof *f->lf);
+        f->ref_at++;
+    } else if (f->ref == TSR__REF_RECORD) {
+        if (f->ref_n == f->ref_cap) {
+            size_t cap = f->ref_cap ? 2 * f->ref_cap : 64;
+            float *p = tsr_realloc(f->ref_rows, cap * V * sizeof *p);
+            if (!p) return TSR_ERR_NOMEM;
+            f->ref_rows = p;
+            f->ref_cap = cap;
+        }
+        memcpy(f->ref_rows + f->ref_n * V, f->lf, V * sizeof *f->lf);
+        f->ref_n++;
+    }
+    return TSR_OK;
+}
+
 /* Scores one sequence (at most ctx tokens) through both caches, position by position. */
 static tsr_status tsr__score(tsr__fid *f, const int32_t *ids, int32_t n) {
-    tsr_kv_cache *kf = f->full->kv, *kp = f->pol->kv;
-    TSR_TRY(kf->ops->seq_add(kf, 0));
+    f->ids_hash = tsr_fullref_hash(f->ids_hash, &n, sizeof n);
+    f->ids_hash = tsr_fullref_hash(f->ids_hash, ids, (size_t)n * sizeof *ids);
+    tsr_kv_cache *kf = f->ref == TSR__REF_REPLAY ? NULL : f->full->kv, *kp = f->pol->kv;
+    if (kf) TSR_TRY(kf->ops->seq_add(kf, 0));
     tsr_status st = kp->ops->seq_add(kp, 0);
     if (st != TSR_OK) {
-        kf->ops->seq_free(kf, 0);
+        if (kf) kf->ops->seq_free(kf, 0);
         return st;
     }
     int32_t t = 0, pr = f->o->prompt_tokens < f->chunk ? f->o->prompt_tokens : f->chunk;
@@ -84,15 +129,16 @@ static tsr_status tsr__score(tsr__fid *f, const int32_t *ids, int32_t n) {
         pr = 0;
         if (f->o->decode_prefix) {
             for (; st == TSR_OK && t < pre - 1; t++) {
-                st = tsr__feed(f->full, ids + t, 1, f->lf);
+                st = tsr__feed_full(f, ids + t, 1);
                 if (st == TSR_OK) st = tsr__feed(f->pol, ids + t, 1, f->lp);
             }
         } else {
             for (int32_t at = 0; st == TSR_OK && at < pre; at += f->chunk) {
                 int32_t k = pre - at < f->chunk ? pre - at : f->chunk;
-                st = tsr__feed(f->full, ids + at, k, f->lf);
+                st = tsr__feed_full(f, ids + at, k);
                 if (st == TSR_OK) st = tsr__feed(f->pol, ids + at, k, f->lp);
             }
+            if (st == TSR_OK) st = tsr__full_row(f);
             if (st == TSR_OK) {
                 f->nll_full += tsr_fidelity_nll(f->lf, f->V, ids[pre]);
                 f->nll += tsr_fidelity_nll(f->lp, f->V, ids[pre]);
@@ -103,8 +149,9 @@ static tsr_status tsr__score(tsr__fid *f, const int32_t *ids, int32_t n) {
             }
         }
     } else if (pr > 1 && pr + 1 < n) { /* the prompt: one chunk, its last position scored */
-        st = tsr__feed(f->full, ids, pr, f->lf);
+        st = tsr__feed_full(f, ids, pr);
         if (st == TSR_OK) st = tsr__feed(f->pol, ids, pr, f->lp);
+        if (st == TSR_OK) st = tsr__full_row(f);
         if (st == TSR_OK) {
             f->nll_full += tsr_fidelity_nll(f->lf, f->V, ids[pr]);
             f->nll += tsr_fidelity_nll(f->lp, f->V, ids[pr]);
@@ -116,8 +163,9 @@ static tsr_status tsr__score(tsr__fid *f, const int32_t *ids, int32_t n) {
     }
     for (; st == TSR_OK && t + 1 < n; t++) {
         if (f->o->max_tokens > 0 && f->count >= f->o->max_tokens) break;
-        st = tsr__feed(f->full, ids + t, 1, f->lf);
+        st = tsr__feed_full(f, ids + t, 1);
         if (st == TSR_OK) st = tsr__feed(f->pol, ids + t, 1, f->lp);
+        if (st == TSR_OK) st = tsr__full_row(f);
         if (st != TSR_OK) break;
         f->nll_full += tsr_fidelity_nll(f->lf, f->V, ids[t + 1]);
         f->nll += tsr_fidelity_nll(f->lp, f->V, ids[t + 1]);
@@ -131,8 +179,9 @@ static tsr_status tsr__score(tsr__fid *f, const int32_t *ids, int32_t n) {
     if (g > f->ctx - n + 1) g = f->ctx - n + 1;
     int32_t next = n > 0 ? ids[n - 1] : 0;
     for (int32_t i = 0; st == TSR_OK && t + 1 == n && i < g; i++) {
-        st = tsr__feed(f->full, &next, 1, f->lf);
+        st = tsr__feed_full(f, &next, 1);
         if (st == TSR_OK) st = tsr__feed(f->pol, &next, 1, f->lp);
+        if (st == TSR_OK) st = tsr__full_row(f);
         if (st != TSR_OK) break;
         next = tsr__argmax(f->lf, f->V);
         f->gen_kl += tsr_fidelity_kl(f->lf, f->lp, f->V);
@@ -140,7 +189,7 @@ static tsr_status tsr__score(tsr__fid *f, const int32_t *ids, int32_t n) {
         f->gen_count++;
     }
     kp->ops->seq_free(kp, 0);
-    kf->ops->seq_free(kf, 0);
+    if (kf) kf->ops->seq_free(kf, 0);
     return st;
 }
 
@@ -357,9 +406,71 @@ static tsr_status tsr__run_probe(tsr__fid *f, const tsr_tokenizer *tok,
 
 /* ---- the run ------------------------------------------------------------------------------ */
 
+/* The key of the full cache's reference: everything its logits depend on. */
+static tsr_status tsr__ref_key(const tsr__fid *f, const tsr_engine_spec *model,
+                               const char *text, size_t text_len, tsr_fullref_key *k) {
+    const tsr_fidelity_options *o = f->o;
+    tsr_fullref_key_init(k, "fidelity");
+    TSR_TRY(tsr_fullref_key_file(k, "model", model->model_path));
+    if (model->tokenizer_path) TSR_TRY(tsr_fullref_key_file(k, "tokenizer", model->tokenizer_path));
+    else tsr_fullref_key_add(k, "tokenizer", "the model's");
+    tsr_fullref_key_bytes(k, "text", text, text_len);
+    tsr_fullref_key_add(k, "scoring", "document=%d doc_tokens=%d tail=%d decode_prefix=%d "
+                        "prompt_tokens=%d max_tokens=%lld", o->document, o->doc_tokens,
+                        o->tail_tokens, o->decode_prefix, o->prompt_tokens,
+                        (long long)o->max_tokens);
+    tsr_fullref_key_add(k, "engine", "backend=%s threads=%d chunk=%d ctx=%d vocab=%d",
+                        f->pol->be->ops->name, f->pol->threads, f->chunk, f->ctx, f->V);
+    tsr_fullref_key_add(k, "kv", "block_size=%d dtype=%s", o->kv.block_size,
+                        o->ref_kv_dtype ? o->ref_kv_dtype : "default");
+    tsr_fullref_key_exe(k);
+    return TSR_OK;
+}
+
+/* The reference when ref_dir has it: replay (no full-cache engine); else record. */
+static tsr_status tsr__ref_open(tsr__fid *f, const tsr_fullref_key *k) {
+    void *data = NULL;
+    size_t len = 0;
+    TSR_TRY(tsr_fullref_load(f->o->ref_dir, k, &data, &len));
+    f->ref = TSR__REF_RECORD;
+    if (!data) return TSR_OK;
+    tsr__ref_head h;
+    size_t row = (size_t)f->V * sizeof(float);
+    if (len >= sizeof h) memcpy(&h, data, sizeof h);
+    if (len < sizeof h || h.vocab != (uint64_t)f->V || len != sizeof h + h.n_rows * row) {
+        fprintf(stderr, "tessera fidelity: the full cache's reference in %s has the wrong size; "
+                        "computing it anew\n", f->o->ref_dir);
+        tsr_free(data);
+        return TSR_OK;
+    }
+    f->ref_rows = tsr_malloc(h.n_rows ? h.n_rows * row : 1);
+    if (!f->ref_rows) {
+        tsr_free(data);
+        return TSR_ERR_NOMEM;
+    }
+    memcpy(f->ref_rows, (char *)data + sizeof h, h.n_rows * row);
+    f->ref_n = f->ref_cap = h.n_rows;
+    f->ref_ids_hash = h.ids_hash; /* checked when the replay ends */
+    f->ref = TSR__REF_REPLAY;
+    tsr_free(data);
+    return TSR_OK;
+}
+
+static tsr_status tsr__ref_save(tsr__fid *f, const tsr_fullref_key *k) {
+    tsr__ref_head h = {.ids_hash = f->ids_hash, .n_rows = f->ref_n, .vocab = (uint64_t)f->V};
+    size_t row = (size_t)f->V * sizeof(float), len = sizeof h + f->ref_n * row;
+    char *buf = tsr_malloc(len);
+    if (!buf) return TSR_ERR_NOMEM;
+    memcpy(buf, &h, sizeof h);
+    if (f->ref_n) memcpy(buf + sizeof h, f->ref_rows, f->ref_n * row);
+    tsr_status st = tsr_fullref_save(f->o->ref_dir, k, buf, len);
+    tsr_free(buf);
+    return st;
+}
+
 /* The policy's engine from the caller's model spec (it loads or takes the model, and the
- * tokenizer when asked), then the full cache's engine over the same model (borrowed). */
-static tsr_status tsr__engines(tsr__fid *f, const tsr_engine_spec *model) {
+ * tokenizer when asked). */
+static tsr_status tsr__engine_pol(tsr__fid *f, const tsr_engine_spec *model) {
     const tsr_fidelity_options *o = f->o;
     tsr_engine_spec eo = *model;
     eo.backend = o->backend ? o->backend : "cpu";
@@ -372,11 +483,17 @@ static tsr_status tsr__engines(tsr__fid *f, const tsr_engine_spec *model) {
     f->V = f->pol->model->cfg.vocab_size;
     f->ctx = f->pol->ctx;
     f->chunk = f->pol->max_tokens;
-    /* The full cache: the same pool, blocks and context, and nothing a policy adds. */
+    return TSR_OK;
+}
+
+/* The full cache's engine over the policy engine's model (borrowed): the same pool, blocks
+ * and context, and nothing a policy adds. */
+static tsr_status tsr__engine_full(tsr__fid *f) {
+    const tsr_fidelity_options *o = f->o;
     const tsr_kv_options *k = &o->kv;
-    eo = (tsr_engine_spec){.model = f->pol->model, .borrow_model = true,
-                           .backend = eo.backend, .threads = eo.threads,
-                           .max_tokens = f->chunk};
+    tsr_engine_spec eo = {.model = f->pol->model, .borrow_model = true,
+                          .backend = o->backend ? o->backend : "cpu", .threads = f->pol->threads,
+                          .max_tokens = f->chunk};
     eo.kv = (tsr_kv_options){.policy = &tsr_kv_policy_paged, .memory_bytes = k->memory_bytes,
                              .memory_fraction = k->memory_fraction,
                              .block_size = k->block_size, .max_seqs = 1,
@@ -393,8 +510,16 @@ tsr_status tsr_fidelity_run(const tsr_engine_spec *model, const tsr_tokenizer *t
     out->probe_text_recall = -1.0;
     out->probe_attention_recall = -1.0;
     double t0 = tsr_sys_now();
-    tsr__fid f = {.o = o};
-    tsr_status st = tsr__engines(&f, model);
+    tsr__fid f = {.o = o, .ids_hash = TSR_FULLREF_HASH0};
+    tsr_status st = tsr__engine_pol(&f, model);
+    /* The full cache's side from a reference when one is kept: text scoring by the
+     * engine's own tokenizer, no greedy continuation (the reference holds logits only). */
+    tsr_fullref_key key;
+    bool use_ref = st == TSR_OK && o->ref_dir && text && !tok && o->gen_tokens <= 0 &&
+                   model->model_path;
+    if (use_ref) st = tsr__ref_key(&f, model, text, text_len, &key);
+    if (use_ref && st == TSR_OK) st = tsr__ref_open(&f, &key);
+    if (st == TSR_OK && f.ref != TSR__REF_REPLAY) st = tsr__engine_full(&f);
     if (st == TSR_OK && !tok) tok = f.pol->tok;
     if (st == TSR_OK && text && !tok)
         st = tsr_error_set(TSR_ERR_INVALID, "fidelity: scoring text needs a tokenizer");
@@ -414,6 +539,16 @@ tsr_status tsr_fidelity_run(const tsr_engine_spec *model, const tsr_tokenizer *t
         st = tsr__score_text(&f, tok, text, text_len, &out->windows);
         if (st == TSR_OK && f.count == 0)
             st = tsr_error_set(TSR_ERR_INVALID, "fidelity: the text has no token to score");
+        /* a replay used every row of a reference of the same tokens, or it is not this
+         * run's (the key should have said so: the tokenizer beside the model changed) */
+        if (st == TSR_OK && f.ref == TSR__REF_REPLAY) {
+            if (f.ref_at != f.ref_n || f.ids_hash != f.ref_ids_hash)
+                st = tsr_error_set(TSR_ERR_FORMAT, "fidelity: the full cache's reference in %s "
+                                   "does not match this run (%zu of its %zu rows used, tokens %s); delete "
+                                   "it", o->ref_dir, f.ref_at, f.ref_n,
+                                   f.ids_hash == f.ref_ids_hash ? "the same" : "differ");
+        }
+        if (st == TSR_OK && f.ref == TSR__REF_RECORD) st = tsr__ref_save(&f, &key);
     }
     if (st == TSR_OK && text) {
         out->tokens = f.count;
@@ -431,6 +566,10 @@ tsr_status tsr_fidelity_run(const tsr_engine_spec *model, const tsr_tokenizer *t
     }
     if (st == TSR_OK && o->probe_length > 0) st = tsr__run_probe(&f, tok, out);
     if (st == TSR_OK) tsr_kv_stats_json(f.pol->kv, out->kv_json, sizeof out->kv_json);
+    out->reference = f.ref == TSR__REF_REPLAY   ? "reused"
+                     : f.ref == TSR__REF_RECORD ? "computed"
+                                                : "none";
+    tsr_free(f.ref_rows);
     tsr_free(f.lf);
     tsr_free(f.lp);
     tsr_engine_destroy(f.full);

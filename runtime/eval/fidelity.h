@@ -69,6 +69,12 @@ typedef struct tsr_fidelity_options {
      * generation). 0: the modes above. */
     int tail_tokens;
     bool decode_prefix;
+    /* A directory of full-cache references (runtime/eval/fullref.h; NULL: none): the full
+     * cache's logits at the scored positions are read from there when a reference of the
+     * same model, text and options exists (the full cache's engine is then never made),
+     * else computed and written there. Text scoring only, without gen_tokens; the results
+     * are the same bits either way. Needs model->model_path. */
+    const char *ref_dir;
 } tsr_fidelity_options;
 
 typedef struct tsr_fidelity_result {
@@ -87,6 +93,9 @@ typedef struct tsr_fidelity_result {
     double probe_text_recall;      /* [0, 1]; < 0: not measured (no tokenizer) */
     double probe_attention_recall; /* [0, 1]; < 0: no probe */
     double wall_s;
+    /* the full cache's side: "none" (computed, not kept), "computed" (and written to
+     * ref_dir) or "reused" (read from ref_dir) (static) */
+    const char *reference;
     char kv_json[2048];  /* the policy cache's stats at the end (tsr_kv_stats_json) */
 } tsr_fidelity_result;
 

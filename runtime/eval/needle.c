@@ -4,12 +4,14 @@
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
 #include "base/sys.h"
 #include "policies/policy.h"
 #include "runtime/eval/fidelity.h"
+#include "runtime/eval/fullref.h"
 #include "runtime/exec/forward.h"
 #include "runtime/model/model.h"
 #include "runtime/text/chat_template.h"
@@ -205,7 +207,7 @@ static tsr_status tsr__answer(tsr__nd *d, tsr_engine *e, const int32_t *ids, int
     return st;
 }
 
-static tsr_status tsr__engines(tsr__nd *d, const tsr_engine_spec *model) {
+static tsr_status tsr__engine_pol(tsr__nd *d, const tsr_engine_spec *model) {
     const tsr_needle_options *o = d->o;
     tsr_engine_spec eo = *model;
     eo.backend = o->backend ? o->backend : "cpu";
@@ -220,17 +222,68 @@ static tsr_status tsr__engines(tsr__nd *d, const tsr_engine_spec *model) {
     d->ctx = d->pol->ctx;
     d->chunk = d->pol->max_tokens;
     d->tok = d->pol->tok;
-    /* the full cache: the same pool, blocks and context, nothing a policy adds */
+    return TSR_OK;
+}
+
+/* The full cache: the same pool, blocks and context, nothing a policy adds. */
+static tsr_status tsr__engine_full(tsr__nd *d) {
+    const tsr_needle_options *o = d->o;
     const tsr_kv_options *k = &o->kv;
-    eo = (tsr_engine_spec){.model = d->pol->model, .borrow_model = true,
-                           .backend = eo.backend, .threads = eo.threads,
-                           .max_tokens = d->chunk};
+    tsr_engine_spec eo = {.model = d->pol->model, .borrow_model = true,
+                          .backend = o->backend ? o->backend : "cpu", .threads = d->pol->threads,
+                          .max_tokens = d->chunk};
     eo.kv = (tsr_kv_options){.policy = &tsr_kv_policy_paged, .memory_bytes = k->memory_bytes,
                              .memory_fraction = k->memory_fraction,
                              .block_size = k->block_size, .max_seqs = 1,
                              .host_bytes = k->host_bytes, .chunk_tokens = d->chunk,
                              .max_context = d->ctx};
     return tsr_engine_create(&eo, &d->full);
+}
+
+/* One depth of the reference payload; the prompt's ids follow it. */
+typedef struct tsr__nd_ref {
+    int32_t prompt_n, needle_pos, needle_n, correct;
+    double recall;
+    char text[96];
+} tsr__nd_ref;
+
+static tsr_status tsr__ref_key(const tsr__nd *d, const tsr_engine_spec *model,
+                               const char *haystack, size_t len, tsr_fullref_key *k) {
+    const tsr_needle_options *o = d->o;
+    tsr_fullref_key_init(k, "needle");
+    TSR_TRY(tsr_fullref_key_file(k, "model", model->model_path));
+    if (model->tokenizer_path) TSR_TRY(tsr_fullref_key_file(k, "tokenizer", model->tokenizer_path));
+    else tsr_fullref_key_add(k, "tokenizer", "the model's");
+    tsr_fullref_key_bytes(k, "haystack", haystack, len);
+    char dl[TSR_NEEDLE_MAX_DEPTHS * 26] = "";
+    size_t l = 0;
+    for (int i = 0; i < o->n_depths && l < sizeof dl; i++)
+        l += (size_t)snprintf(dl + l, sizeof dl - l, "%s%.17g", i ? "," : "", o->depths[i]);
+    tsr_fullref_key_add(k, "prompt", "length=%d needles=%d depths=%s answer_tokens=%d",
+                        o->length, o->needles, dl, o->answer_tokens > 0 ? o->answer_tokens : 16);
+    tsr_fullref_key_add(k, "engine", "backend=%s threads=%d chunk=%d ctx=%d vocab=%d",
+                        d->pol->be->ops->name, d->pol->threads, d->chunk, d->ctx, d->V);
+    tsr_fullref_key_add(k, "kv", "block_size=%d dtype=default", o->kv.block_size);
+    tsr_fullref_key_exe(k);
+    return TSR_OK;
+}
+
+/* Parses a reference payload into per-depth entries and prompts (pointers into data);
+ * false when its shape is not n_depths entries. */
+static bool tsr__ref_parse(const char *data, size_t len, int n_depths, tsr__nd_ref *e,
+                           const int32_t **ids) {
+    size_t at = 0;
+    for (int i = 0; i < n_depths; i++) {
+        if (len - at < sizeof *e) return false;
+        memcpy(&e[i], data + at, sizeof *e);
+        at += sizeof *e;
+        size_t b = (size_t)(e[i].prompt_n > 0 ? e[i].prompt_n : 0) * sizeof(int32_t);
+        if (e[i].prompt_n <= 0 || len - at < b || e[i].text[sizeof e[i].text - 1] != '\0')
+            return false;
+        ids[i] = (const int32_t *)(const void *)(data + at);
+        at += b;
+    }
+    return at == len;
 }
 
 tsr_status tsr_needle_run(const tsr_engine_spec *model, const char *haystack, size_t len,
@@ -249,7 +302,7 @@ tsr_status tsr_needle_run(const tsr_engine_spec *model, const char *haystack, si
     if (d.tmpl.kind == TSR_CHAT_NONE)
         st = tsr_error_set(TSR_ERR_INVALID, "needle: %s has no chat template (the question is "
                            "asked through it)", model->model_path ? model->model_path : "model");
-    if (st == TSR_OK) st = tsr__engines(&d, model);
+    if (st == TSR_OK) st = tsr__engine_pol(&d, model);
     if (st == TSR_OK && o->length + (o->answer_tokens > 0 ? o->answer_tokens : 16) > d.ctx)
         st = tsr_error_set(TSR_ERR_BUDGET, "needle: a %d-token prompt and its answer exceed the "
                            "context of %d tokens", o->length, d.ctx);
@@ -268,24 +321,81 @@ tsr_status tsr_needle_run(const tsr_engine_spec *model, const char *haystack, si
         out->policy = tsr_kv_policy_name(d.pol->kv);
         out->key = tsr__keys[1];
     }
+    /* the policy is the full cache: paged, with the full cache's KV dtype */
+    out->policy_is_full = st == TSR_OK && o->kv.policy == &tsr_kv_policy_paged && !o->kv.kv_dtype;
+    /* the full cache's side from a reference when one is kept */
+    tsr_fullref_key key;
+    bool use_ref = st == TSR_OK && o->ref_dir && model->model_path;
+    void *ref = NULL;
+    size_t ref_len = 0;
+    tsr__nd_ref ent[TSR_NEEDLE_MAX_DEPTHS];
+    const int32_t *ref_ids[TSR_NEEDLE_MAX_DEPTHS];
+    bool replay = false;
+    if (use_ref) st = tsr__ref_key(&d, model, haystack, len, &key);
+    if (use_ref && st == TSR_OK) st = tsr_fullref_load(o->ref_dir, &key, &ref, &ref_len);
+    if (st == TSR_OK && ref) {
+        replay = tsr__ref_parse(ref, ref_len, o->n_depths, ent, ref_ids);
+        if (!replay)
+            fprintf(stderr, "tessera needle: the full cache's reference in %s has the wrong "
+                            "shape; computing it anew\n", o->ref_dir);
+    }
+    if (st == TSR_OK && !replay && !out->policy_is_full) st = tsr__engine_full(&d);
+    /* the reference being written: each depth's entry and prompt */
+    char *rec = NULL;
+    size_t rec_len = 0;
     for (int i = 0; st == TSR_OK && i < o->n_depths; i++) {
         tsr_needle_cell *c = &out->cells[i];
         int32_t *ids = NULL;
         size_t n = 0;
         c->depth = o->depths[i];
-        st = tsr__prompt(&d, o->depths[i], &ids, &n, &c->needle_pos, &c->needle_tokens);
+        if (replay) {
+            /* the prompt and the full cache's answer as recorded */
+            n = (size_t)ent[i].prompt_n;
+            ids = tsr_malloc(n * sizeof *ids);
+            if (!ids) st = TSR_ERR_NOMEM;
+            else memcpy(ids, ref_ids[i], n * sizeof *ids);
+            c->needle_pos = ent[i].needle_pos;
+            c->needle_tokens = ent[i].needle_n;
+            c->full.correct = ent[i].correct != 0;
+            c->full.attention_recall = ent[i].recall;
+            memcpy(c->full.text, ent[i].text, sizeof c->full.text);
+        } else {
+            st = tsr__prompt(&d, o->depths[i], &ids, &n, &c->needle_pos, &c->needle_tokens);
+            if (st == TSR_OK)
+                st = tsr__answer(&d, out->policy_is_full ? d.pol : d.full, ids, (int32_t)n,
+                                 c->needle_pos, c->needle_tokens, &c->full);
+            c->full.correct = tsr_needle_match(c->full.text, out->key);
+        }
         c->prompt_tokens = (int)n;
-        if (st == TSR_OK)
-            st = tsr__answer(&d, d.full, ids, (int32_t)n, c->needle_pos, c->needle_tokens,
-                             &c->full);
-        if (st == TSR_OK)
+        c->policy_ran = st == TSR_OK && (c->full.correct || !o->skip_where_full_fails);
+        if (c->policy_ran && out->policy_is_full) c->policy = c->full;
+        else if (c->policy_ran)
             st = tsr__answer(&d, d.pol, ids, (int32_t)n, c->needle_pos, c->needle_tokens,
                              &c->policy);
-        c->full.correct = tsr_needle_match(c->full.text, out->key);
-        c->policy.correct = tsr_needle_match(c->policy.text, out->key);
+        c->policy.correct = c->policy_ran && tsr_needle_match(c->policy.text, out->key);
+        if (st == TSR_OK && use_ref && !replay) {
+            tsr__nd_ref e = {.prompt_n = (int32_t)n, .needle_pos = c->needle_pos,
+                             .needle_n = c->needle_tokens, .correct = c->full.correct,
+                             .recall = c->full.attention_recall};
+            memcpy(e.text, c->full.text, sizeof e.text);
+            e.text[sizeof e.text - 1] = '\0';
+            char *r = tsr_realloc(rec, rec_len + sizeof e + n * sizeof *ids);
+            if (!r) {
+                st = TSR_ERR_NOMEM;
+            } else {
+                rec = r;
+                memcpy(rec + rec_len, &e, sizeof e);
+                memcpy(rec + rec_len + sizeof e, ids, n * sizeof *ids);
+                rec_len += sizeof e + n * sizeof *ids;
+            }
+        }
         tsr_free(ids);
         out->n_cells = i + 1;
     }
+    if (st == TSR_OK && use_ref && !replay) st = tsr_fullref_save(o->ref_dir, &key, rec, rec_len);
+    out->reference = replay ? "reused" : use_ref ? "computed" : "none";
+    tsr_free(rec);
+    tsr_free(ref);
     if (st == TSR_OK) tsr_kv_stats_json(d.pol->kv, out->kv_json, sizeof out->kv_json);
     tsr_free(d.hay);
     tsr_free(d.logits);

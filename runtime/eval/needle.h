@@ -5,7 +5,8 @@
  * `tessera needle` and the study's needle cells.
  *
  * Both caches answer, on the same prompt: the full cache (paged, every token kept) and the
- * policy under test. The full cache's score comes first: where it fails, the cell measures
+ * policy under test (when the policy is paged with the full cache's KV dtype, one engine
+ * answers for both: the same computation). The full cache's score comes first: where it fails, the cell measures
  * the model (its context use), not the policy. Scoring is exact match: the first run of
  * digits in the generated answer equals the key. Attention recall is the share of
  * (layer, needle token) pairs resident in the policy's cache once the prompt is in
@@ -38,6 +39,14 @@ typedef struct tsr_needle_options {
     double depths[TSR_NEEDLE_MAX_DEPTHS]; /* [0, 1]: where the asked needle goes */
     int needles;           /* 1 or 3 */
     int answer_tokens;     /* greedy tokens generated at most (0: 16) */
+    /* A directory of full-cache references (runtime/eval/fullref.h; NULL: none): the
+     * prompts and the full cache's answers are read from there when a reference of the
+     * same model, haystack and options exists (the full cache's engine is then never made),
+     * else computed and written there. Needs model->model_path. */
+    const char *ref_dir;
+    /* The policy is not run at a depth where the full cache fails (the cell measures the
+     * model there, not the policy): its answer is recorded as not run. */
+    bool skip_where_full_fails;
 } tsr_needle_options;
 
 typedef struct tsr_needle_answer {
@@ -48,6 +57,7 @@ typedef struct tsr_needle_answer {
 
 typedef struct tsr_needle_cell {
     double depth;
+    bool policy_ran;       /* false: skipped where the full cache fails (options above) */
     int prompt_tokens;     /* the rendered prompt's length */
     int needle_pos, needle_tokens; /* the asked needle's span in the prompt */
     tsr_needle_answer full, policy;
@@ -59,6 +69,12 @@ typedef struct tsr_needle_result {
     int n_cells;
     tsr_needle_cell cells[TSR_NEEDLE_MAX_DEPTHS];
     double wall_s;
+    /* the full cache's side: "none" (computed, not kept), "computed" (and written to
+     * ref_dir), "reused" (read from ref_dir) (static) */
+    const char *reference;
+    /* the policy is the full cache itself (paged, the full cache's KV dtype): one engine
+     * answered for both */
+    bool policy_is_full;
     char kv_json[2048];    /* the policy cache's stats at the end */
 } tsr_needle_result;
 

@@ -164,6 +164,71 @@ grep -q "gnuplot is not installed" "$TMP/err6" || fail "no line about the missin
 grep -q "^tiny_tp1_paged_k0_n16384_b4_roffline,.*,timeout,time limit of 1.5 s," "$TMP/slow/cells.csv" ||
     fail "timeout row in the CSV"
 
+# 5. Needle cells in the outputs: the study's needle keys (policy_lengths: the full cache
+#    alone at 128 tokens; multi_lengths: three keys at 128 only; perf_budgets), then records
+#    of the needle cells written here (as `tessera needle` cells leave them; the real model's
+#    runs are test_fidelity_gguf's) and the outputs: the heat maps and the needle-vs-budget
+#    plot, findings 2 and 3 judged from the needle figures.
+cat >"$TMP/nd.json" <<EOF
+{"name": "needle-outputs",
+ "models": [{"label": "s260k", "path": "$MODEL", "tokenizer": "$TOK"}],
+ "policies": ["paged", "h2o", "offload", {"label": "stream", "policy": "streaming"}],
+ "prompt_lengths": [32], "kv_budgets": [0.2, 0.5], "perf_budgets": [0.5], "gen_tokens": 2,
+ "threads": 1, "limits": {"memory": $MEM, "time_s": 120},
+ "needle": {"haystack": "$ROOT/bench/data/heldout.txt", "lengths": [64, 128], "needles": [1, 3],
+            "depths": "0,50,100", "multi_lengths": [128], "policy_lengths": [64]}}
+EOF
+ND=$TMP/nd
+"$BIN" characterize --study "$TMP/nd.json" --out "$ND" --list-cells >"$TMP/ndlist" ||
+    fail "needle study: --list-cells"
+# 4 perf cells (one budget each); needle: paged at 64, 128 and 128 x 3, then 3 policies x
+# 2 budgets x the same 3, those at 128 skipped
+[ "$(grep -c '_n32_b1_roffline' "$TMP/ndlist")" = 4 ] || fail "perf_budgets: $(cat "$TMP/ndlist")"
+[ "$(grep -c '^needle_' "$TMP/ndlist")" = 21 ] || fail "needle cells: $(grep -c '^needle_' "$TMP/ndlist")"
+[ "$(grep -c 'skipped: needle at 128 tokens: the full cache only' "$TMP/ndlist")" = 12 ] ||
+    fail "policy_lengths: $(grep skipped "$TMP/ndlist")"
+mkdir -p "$ND/cells"
+awk -F'\t' '$1 ~ /^needle_/ && $2 == "pending" {print $1}' "$TMP/ndlist" >"$TMP/ndids"
+python3 - "$ND" "$TMP/ndids" <<'PY' || fail "needle records"
+import json, sys
+out, ids = sys.argv[1], open(sys.argv[2]).read().split()
+marks = {"paged": "0:1/1 50:1/1 100:0/0", "offload": "0:1/1 50:1/1 100:0/-",
+         "h2o": "0:1/0 50:1/1 100:0/0", "stream": "0:1/0 50:1/0 100:0/0"}
+assert len(ids) == 9, ids
+for cid in ids:
+    _, model, pol, k, n, x = cid.split("_")
+    rec = {"id": cid, "kind": "needle", "model": model, "policy": pol,
+           "kv_policy": {"stream": "streaming"}.get(pol, pol), "budget": float(k[1:]),
+           "prompt_tokens": int(n[1:]), "needles": int(x[1:]), "status": "ok", "reason": "",
+           "needle_by_depth": marks[pol]}
+    json.dump(rec, open("%s/cells/%s.json" % (out, cid), "w"))
+PY
+"$BIN" characterize --study "$TMP/nd.json" --out "$ND" 2>"$TMP/nderr" ||
+    fail "needle study: exit $? ($(tail -1 "$TMP/nderr"))"
+grep -q "4 to run" "$TMP/nderr" || fail "needle study: $(head -1 "$TMP/nderr")"
+if command -v gnuplot >/dev/null; then
+    for f in needle_heatmap_s260k_x1.png needle_heatmap_s260k_x3.png needle_vs_budget_s260k.png; do
+        [ -s "$ND/$f" ] || fail "no $f: $(grep gnuplot "$TMP/nderr")"
+        grep -q "($f)" "$ND/report.md" || fail "the report does not show $f"
+    done
+    grep -q "gnuplot.*failed" "$TMP/nderr" && fail "a plot failed: $(grep gnuplot "$TMP/nderr")"
+    # a box per point that ran: 7 rows x 3 depths at 64, the full cache's 3 at 128
+    [ "$(wc -l <"$ND/plots/needle_heatmap_s260k_x1.dat")" = 24 ] ||
+        fail "heat map points: $(cat "$ND/plots/needle_heatmap_s260k_x1.dat")"
+fi
+python3 - "$ND/summary.json" <<'PY' || fail "needle findings"
+import json, sys
+f = {x["id"]: x for x in json.load(open(sys.argv[1]))["findings"]}
+m2, m3 = f["score_eviction_memory"]["measured"], f["host_tier_accuracy"]["measured"]
+# h2o finds the key at 50 % only: 1 of the 2 keys the full cache found, per budget
+assert "s260k h2o at budget 0.2: needle 1 of the 2 keys the full cache found" in m2, m2
+assert "needle offload 1.00 vs h2o 0.50 (early keys 1.00 vs 0.00) (host tier best)" in m3, m3
+assert "most accurate at 2 of 2 budgets" in m3, m3
+PY
+grep -q "^| s260k | 64 | 1 | 2 of 3 | 100 % |$" "$ND/report.md" || fail "report: the full cache's needle score"
+grep -q "^| s260k | offload | 0.2 | - | - | - | 2 of 2 | - |$" "$ND/report.md" ||
+    fail "report: the accuracy row: $(grep '^| s260k | offload' "$ND/report.md")"
+
 # 4. Malformed studies: one line naming the file and the problem, exit 2.
 bad() { # NAME JSON PATTERN
     printf '%s\n' "$2" >"$TMP/$1.json"

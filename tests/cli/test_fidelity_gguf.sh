@@ -19,9 +19,25 @@ grep -q '"agreement":1,' "$TMP/f.json" && grep -q '"kl":0,' "$TMP/f.json" ||
 
 "$BIN" needle --model "$GGUF" --haystack "$ROOT/bench/data/gpl-3.txt" --length 128 \
     --depths 100 --answer-tokens 10 --threads 2 --quiet --json "$TMP/n.json" \
-    2>"$TMP/n.err" || fail "needle: exit $?: $(cat "$TMP/n.err")"
+    --reference-dir "$TMP/refs" 2>"$TMP/n.err" || fail "needle: exit $?: $(cat "$TMP/n.err")"
 grep -q '"prompt_tokens":12[0-8],' "$TMP/n.json" || fail "needle: prompt length: $(cat "$TMP/n.json")"
 grep -q '"full_accuracy":1,' "$TMP/n.json" || fail "needle: the full cache missed the key: $(cat "$TMP/n.json")"
+# paged is the full cache itself (one engine answers); its reference serves the next policy,
+# which then runs no full cache: the same prompt and full answer
+grep -q '"reference":"computed","policy_is_full":true' "$TMP/n.json" ||
+    fail "needle: paged's reference: $(cat "$TMP/n.json")"
+"$BIN" needle --model "$GGUF" --haystack "$ROOT/bench/data/gpl-3.txt" --length 128 \
+    --depths 100 --answer-tokens 10 --threads 2 --quiet --json "$TMP/n2.json" \
+    --reference-dir "$TMP/refs" --kv-policy streaming --kv-budget 0.5 2>"$TMP/n2.err" ||
+    fail "needle streaming: exit $?: $(cat "$TMP/n2.err")"
+grep -q '"reference":"reused","policy_is_full":false' "$TMP/n2.json" ||
+    fail "needle: the reference not reused: $(cat "$TMP/n2.json")"
+python3 - "$TMP/n.json" "$TMP/n2.json" <<'PY' || fail "needle: the reused full side differs"
+import json, sys
+a, b = (json.load(open(p))["cells"][0] for p in sys.argv[1:])
+assert a["full"] == b["full"] and a["prompt_tokens"] == b["prompt_tokens"], (a, b)
+assert a["needle_position"] == b["needle_position"], (a, b)
+PY
 # usage errors
 rc=0
 "$BIN" needle --model "$GGUF" --haystack "$ROOT/bench/data/gpl-3.txt" --needles 2 2>/dev/null || rc=$?
