@@ -69,13 +69,13 @@ grep -q "memory.max.*leaves 1.0 MiB" "$TMP/tiny.err" ||
     fail "1 MiB left: not one line: $(cat "$TMP/tiny.err")"
 
 # --- a pool smaller than one sequence of the full context: refused at start ------------
-env $(fake_tree small 20447232 16777216) "$BIN" run --backend cpu --model "$MODEL" \
+env $(fake_tree small 22544384 16777216) "$BIN" run --backend cpu --model "$MODEL" \
     --input "$IN" --output "$TMP/small.jsonl" --quiet 2>"$TMP/small.err"
 rc=$?
-[ $rc -eq 1 ] || fail "3.5 MiB left: exit $rc, want 1"
+[ $rc -eq 1 ] || fail "5.5 MiB left: exit $rc, want 1"
 grep -q "one sequence of the full context (512 tokens).*memory.max" "$TMP/small.err" ||
-    fail "3.5 MiB left: no clear line: $(cat "$TMP/small.err")"
-[ -s "$TMP/small.jsonl" ] && fail "3.5 MiB left: records written"
+    fail "5.5 MiB left: no clear line: $(cat "$TMP/small.err")"
+[ -s "$TMP/small.jsonl" ] && fail "5.5 MiB left: records written"
 
 # --- --kv-memory: one full context fits, the requests together do not ------------------
 IN2=$TMP/long.jsonl
