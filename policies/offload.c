@@ -28,6 +28,8 @@
  * only part of its group, so the group's per-head energies are gathered from the ranks
  * that share it (tsr__off_group_qe, kv_share_begin/end of the policy config). */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "comm/comm.h"
@@ -78,6 +80,7 @@ typedef struct tsr__off_opts {
     double alpha;       /* skew: fetch the keys within alpha of the max partial logit */
     double ratio;       /* skew: partial-weight ratio, the share of a head's columns kept */
     int dense_layers;   /* skew: the first layers keep every token (InfiniGen: 2) */
+    int calib;          /* skew: query rows per layer that recalibrate the transform (0: none) */
 } tsr__off_opts;
 
 typedef struct tsr__off_counters {
@@ -109,6 +112,12 @@ typedef struct tsr__off {
     float *inv_freq;  /* skew: [hd / 2] rotary frequencies */
     float *wrow;      /* skew: [dim] one weight row as f32 */
     int dim;          /* skew: the attention input's width */
+    /* skew: per layer and KV head, the second moment of the group's rotated queries
+     * ([L][G][hd][hd]) over the first opt.calib query rows (cal_n), whose eigenvectors then
+     * replace the weights' transform (cal_done): InfiniGen's SVD of calibration queries */
+    double *cq;
+    int32_t *cal_n;
+    uint8_t *cal_done;
     int tp;           /* ranks of the TP group (each with H query heads) */
     int *chan;        /* [L][G][2 * pairs] channel indices within the head */
     uint8_t *chan_set; /* [L] the choice is final */
@@ -123,6 +132,9 @@ typedef struct tsr__off {
     tsr_kv_policy_queries qs;
     int64_t resident_meta_bytes;
     tsr__off_counters st;
+    /* TSR_OFFLOAD_DUMP=FILE (a debugging aid, tools/infinigen_ref.py --replay reads it): one
+     * line per speculated selection, "layer len take pos...", the prior tokens made resident */
+    FILE *dump;
 } tsr__off;
 
 typedef struct tsr__ocand {
@@ -151,6 +163,12 @@ static tsr_status tsr__off_skew_init(tsr__off *o, const tsr_kv_policy_model *pm)
     o->wrow = tsr_malloc((size_t)(o->dim > 0 ? o->dim : 1) * sizeof *o->wrow);
     if (!o->A || !o->wq || !o->inv_freq || !o->wrow) return TSR_ERR_NOMEM;
     tsr_rope_inv_freq(mc, o->inv_freq);
+    if (o->opt.calib > 0) {
+        o->cq = tsr_calloc((size_t)o->L * o->G * o->hd * o->hd, sizeof *o->cq);
+        o->cal_n = tsr_calloc((size_t)o->L, sizeof *o->cal_n);
+        o->cal_done = tsr_calloc((size_t)o->L, 1);
+        if (!o->cq || !o->cal_n || !o->cal_done) return TSR_ERR_NOMEM;
+    }
     int group = o->H / o->G;
     for (int l = 0; l < o->L; l++) {
         const tsr_kv_policy_layer *w = &pm->layers[l];
@@ -194,6 +212,8 @@ static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
     o->warm = tsr_calloc((size_t)o->L, sizeof *o->warm);
     o->pw = 2 * o->pairs;
     o->qs.layer = -1;
+    const char *dump = getenv("TSR_OFFLOAD_DUMP");
+    if (dump && *dump) o->dump = fopen(dump, "w");
     *state = o;
     int too_wide = o->hd / 2 > TSR__OFF_MAXHALF;
     if (!o->chan || !o->chan_set || !o->ke || !o->qe || !o->km || !o->warm || too_wide) {
@@ -253,12 +273,16 @@ static void tsr__off_destroy(void *state) {
     tsr_free(o->wq);
     tsr_free(o->inv_freq);
     tsr_free(o->wrow);
+    tsr_free(o->cq);
+    tsr_free(o->cal_n);
+    tsr_free(o->cal_done);
     tsr_free(o->chan);
     tsr_free(o->chan_set);
     tsr_free(o->ke);
     tsr_free(o->qe);
     tsr_free(o->km);
     tsr_free(o->warm);
+    if (o->dump) fclose(o->dump);
     tsr_free(o);
 }
 
@@ -479,10 +503,58 @@ static tsr_status tsr__off_write(void *state, int layer, int seq, int32_t n, con
     return TSR_OK;
 }
 
+/* skew: adds n rotated query rows ([n][H][hd]) to the layer's calibration moments; once
+ * opt.calib rows came, each KV head's transform becomes the eigenvectors of its group's
+ * moment, largest first (InfiniGen's right singular vectors of calibration queries, here the
+ * layer's own first queries rather than a text apart), and the layer's partial keys and any
+ * pending speculation (made with the old transform) follow. */
+static tsr_status tsr__off_calibrate(tsr__off *o, int layer, const float *q, int n) {
+    int hd = o->hd, group = o->H / o->G;
+    size_t hh = (size_t)hd * hd;
+    double *cl = o->cq + (size_t)layer * o->G * hh;
+    for (int r = 0; r < n; r++)
+        for (int h = 0; h < o->H; h++) {
+            const float *x = q + ((size_t)r * o->H + h) * hd;
+            double *c = cl + (size_t)(h / group) * hh;
+            for (int i = 0; i < hd; i++)
+                for (int j = i; j < hd; j++) c[(size_t)i * hd + j] += (double)x[i] * x[j];
+        }
+    o->cal_n[layer] += n;
+    if (o->cal_n[layer] < o->opt.calib) return TSR_OK;
+    double *v = tsr_malloc((hh + (size_t)hd) * sizeof *v);
+    if (!v) return TSR_ERR_NOMEM;
+    double *w = v + hh;
+    for (int g = 0; g < o->G; g++) {
+        double *c = cl + (size_t)g * hh;
+        for (int i = 0; i < hd; i++)
+            for (int j = 0; j < i; j++) c[(size_t)i * hd + j] = c[(size_t)j * hd + i];
+        tsr_offload_eig_sym(c, hd, w, v);
+        float *a = o->A + ((size_t)layer * o->G + g) * o->cols * hd;
+        for (int r = 0; r < o->cols; r++) {
+            int best = 0;
+            for (int k = 1; k < hd; k++)
+                if (w[k] > w[best]) best = k;
+            for (int i = 0; i < hd; i++) a[(size_t)r * hd + i] = (float)v[(size_t)i * hd + best];
+            w[best] = -INFINITY;
+        }
+    }
+    tsr_free(v);
+    o->cal_done[layer] = 1;
+    for (int s = 0; s < o->n_seqs; s++)
+        if (o->seqs[s].active) {
+            tsr__olayer *L = &o->seqs[s].layers[layer];
+            tsr__off_partial(o, L, layer, 0, L->n);
+            L->sq_n = 0; /* select projects this layer's own queries instead */
+        }
+    return TSR_OK;
+}
+
 static tsr_status tsr__off_queries(void *state, int layer, int seq, const float *q,
                                    const int32_t *q_pos, int n_q, int n_heads) {
     tsr__off *o = state;
     tsr_kv_policy_queries_set(&o->qs, layer, seq, q, q_pos, n_q, n_heads);
+    if (o->mode == TSR_OFFLOAD_SKEW && o->cal_done && !o->cal_done[layer] && n_heads == o->H)
+        TSR_TRY(tsr__off_calibrate(o, layer, q, n_q));
     if (o->mode == TSR_OFFLOAD_WARMUP && !o->chan_set[layer] && n_heads == o->H &&
         n_heads % o->G == 0)
         tsr__off_energy(o, o->qe + (size_t)layer * o->H * (o->hd / 2), q, n_q, n_heads);
@@ -732,6 +804,12 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
         tsr__oselect(c, len, take);
         for (int32_t j = 0; j < take; j++) want[c[j].pos] = 1;
         o->st.selections++;
+        if (o->dump) {
+            fprintf(o->dump, "%d %d %d", layer, (int)len, (int)take);
+            for (int32_t j = 0; j < len; j++)
+                if (want[j]) fprintf(o->dump, " %d", (int)j);
+            fputc('\n', o->dump);
+        }
         if (have_q && (o->opt.measure_recall || o->st.selections % TSR__OFF_RECALL_EVERY == 1)) {
             /* the exact pass is collective too (the same flag and count on every rank);
              * recall of the exact top `take` tokens (the layer's own queries, all keys) */
@@ -851,6 +929,10 @@ static const tsr_kv_policy_option tsr__off_options[] = {
     {"offload-dense-layers", TSR_KV_OPT_INT, offsetof(tsr__off_opts, dense_layers), "N",
      "skew: the first N layers keep every token, as InfiniGen does (their KV still counts "
      "in the host copy)", "2", 0, 1 << 20, NULL},
+    {"offload-calib", TSR_KV_OPT_INT, offsetof(tsr__off_opts, calib), "N",
+     "skew: after a layer's first N query rows, its transform becomes the eigenvectors of "
+     "those queries' second moment (InfiniGen calibrates on queries; 0: the weights' "
+     "transform throughout)", "64", 0, 1 << 20, NULL},
     {"offload-recall", TSR_KV_OPT_FLAG, offsetof(tsr__off_opts, measure_recall), NULL,
      "score every selection exactly for the speculation's recall (slow; by default every "
      "16th)", NULL, 0, 1, NULL},
