@@ -47,6 +47,8 @@
 #define TSR__OFF_ROWS 4
 /* Without --measure-recall, one selection in this many also measures recall. */
 #define TSR__OFF_RECALL_EVERY 16
+/* skew: query rows of a layer's first calibration (then at 2x, 4x, ... up to --offload-calib) */
+#define TSR__OFF_CAL0 16
 
 typedef struct tsr__olayer {
     float *hk, *hv;  /* host copy: [cap][kv_dim] ([cap_v] for hv: see tsr__off_grow) */
@@ -113,10 +115,12 @@ typedef struct tsr__off {
     float *wrow;      /* skew: [dim] one weight row as f32 */
     int dim;          /* skew: the attention input's width */
     /* skew: per layer and KV head, the second moment of the group's rotated queries
-     * ([L][G][hd][hd]) over the first opt.calib query rows (cal_n), whose eigenvectors then
-     * replace the weights' transform (cal_done): InfiniGen's SVD of calibration queries */
+     * ([L][G][hd][hd]) over the first opt.calib query rows (cal_n), whose eigenvectors
+     * replace the weights' transform each time cal_n reaches cal_next (16 rows, doubling:
+     * decode from BOS gets a calibrated transform early), final at opt.calib (cal_done):
+     * InfiniGen's SVD of calibration queries */
     double *cq;
-    int32_t *cal_n;
+    int32_t *cal_n, *cal_next;
     uint8_t *cal_done;
     int tp;           /* ranks of the TP group (each with H query heads) */
     int *chan;        /* [L][G][2 * pairs] channel indices within the head */
@@ -167,7 +171,10 @@ static tsr_status tsr__off_skew_init(tsr__off *o, const tsr_kv_policy_model *pm)
         o->cq = tsr_calloc((size_t)o->L * o->G * o->hd * o->hd, sizeof *o->cq);
         o->cal_n = tsr_calloc((size_t)o->L, sizeof *o->cal_n);
         o->cal_done = tsr_calloc((size_t)o->L, 1);
-        if (!o->cq || !o->cal_n || !o->cal_done) return TSR_ERR_NOMEM;
+        o->cal_next = tsr_malloc((size_t)o->L * sizeof *o->cal_next);
+        if (!o->cq || !o->cal_n || !o->cal_done || !o->cal_next) return TSR_ERR_NOMEM;
+        for (int l = 0; l < o->L; l++)
+            o->cal_next[l] = o->opt.calib < TSR__OFF_CAL0 ? o->opt.calib : TSR__OFF_CAL0;
     }
     int group = o->H / o->G;
     for (int l = 0; l < o->L; l++) {
@@ -276,6 +283,7 @@ static void tsr__off_destroy(void *state) {
     tsr_free(o->cq);
     tsr_free(o->cal_n);
     tsr_free(o->cal_done);
+    tsr_free(o->cal_next);
     tsr_free(o->chan);
     tsr_free(o->chan_set);
     tsr_free(o->ke);
@@ -520,14 +528,19 @@ static tsr_status tsr__off_calibrate(tsr__off *o, int layer, const float *q, int
                 for (int j = i; j < hd; j++) c[(size_t)i * hd + j] += (double)x[i] * x[j];
         }
     o->cal_n[layer] += n;
-    if (o->cal_n[layer] < o->opt.calib) return TSR_OK;
-    double *v = tsr_malloc((hh + (size_t)hd) * sizeof *v);
+    if (o->cal_n[layer] < o->cal_next[layer]) return TSR_OK;
+    while (o->cal_next[layer] <= o->cal_n[layer] && o->cal_next[layer] < o->opt.calib)
+        o->cal_next[layer] = 2 * o->cal_next[layer] < o->opt.calib ? 2 * o->cal_next[layer]
+                                                                   : o->opt.calib;
+    double *v = tsr_malloc((2 * hh + (size_t)hd) * sizeof *v);
     if (!v) return TSR_ERR_NOMEM;
-    double *w = v + hh;
+    double *w = v + hh, *c = w + hd;
     for (int g = 0; g < o->G; g++) {
-        double *c = cl + (size_t)g * hh;
+        /* a copy: the eigen-decomposition destroys it, and later rows add to the moment */
+        const double *m = cl + (size_t)g * hh;
         for (int i = 0; i < hd; i++)
-            for (int j = 0; j < i; j++) c[(size_t)i * hd + j] = c[(size_t)j * hd + i];
+            for (int j = 0; j < hd; j++)
+                c[(size_t)i * hd + j] = j >= i ? m[(size_t)i * hd + j] : m[(size_t)j * hd + i];
         tsr_offload_eig_sym(c, hd, w, v);
         float *a = o->A + ((size_t)layer * o->G + g) * o->cols * hd;
         for (int r = 0; r < o->cols; r++) {
@@ -539,7 +552,7 @@ static tsr_status tsr__off_calibrate(tsr__off *o, int layer, const float *q, int
         }
     }
     tsr_free(v);
-    o->cal_done[layer] = 1;
+    o->cal_done[layer] = o->cal_n[layer] >= o->opt.calib;
     for (int s = 0; s < o->n_seqs; s++)
         if (o->seqs[s].active) {
             tsr__olayer *L = &o->seqs[s].layers[layer];
@@ -930,9 +943,9 @@ static const tsr_kv_policy_option tsr__off_options[] = {
      "skew: the first N layers keep every token, as InfiniGen does (their KV still counts "
      "in the host copy)", "2", 0, 1 << 20, NULL},
     {"offload-calib", TSR_KV_OPT_INT, offsetof(tsr__off_opts, calib), "N",
-     "skew: after a layer's first N query rows, its transform becomes the eigenvectors of "
-     "those queries' second moment (InfiniGen calibrates on queries; 0: the weights' "
-     "transform throughout)", "64", 0, 1 << 20, NULL},
+     "skew: a layer's transform becomes the eigenvectors of its first queries' second moment "
+     "after 16 rows, again at 32, 64, ... up to N (InfiniGen calibrates on queries; 0: the "
+     "weights' transform throughout)", "256", 0, 1 << 20, NULL},
     {"offload-recall", TSR_KV_OPT_FLAG, offsetof(tsr__off_opts, measure_recall), NULL,
      "score every selection exactly for the speculation's recall (slow; by default every "
      "16th)", NULL, 0, 1, NULL},
