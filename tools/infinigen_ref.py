@@ -350,14 +350,18 @@ def main():
                     help="a TSR_OFFLOAD_DUMP of tessera fidelity on the same text and budget "
                     "(the first --budgets value): score its selections here and compare them per "
                     "layer with this reference's one set per layer")
+    ap.add_argument("--no-bos", action="store_true",
+                    help="no BOS first: as tessera encodes this GGUF (its tokenizer's add_bos is "
+                    "off), so positions match a TSR_OFFLOAD_DUMP")
     a = ap.parse_args()
     torch.set_grad_enabled(False)
     cfg, W = load_gguf(a.model)
     model = Model(cfg, W)
     text = open(a.text).read().strip()
     calib = " ".join(open(a.calib).read().split())
-    ids = [cfg["bos"]] + tokenize(a.model, text)
-    cids = [cfg["bos"]] + tokenize(a.model, calib)
+    bos = [] if a.no_bos else [cfg["bos"]]
+    ids = bos + tokenize(a.model, text)
+    cids = bos + tokenize(a.model, calib)
     if a.max_tokens:
         ids = ids[: a.max_tokens + 1]
     print(f"text {len(ids)} tokens, calibration {len(cids)}", file=sys.stderr)
