@@ -893,6 +893,33 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
         tsr_free(fk);
         tsr_free(fp);
     }
+    if (st == TSR_OK && o->dump && keep < len) {
+        /* the resident rows against the host copy: slots whose K/V or position depart from
+         * the selection (a debugging aid with the dump) */
+        int32_t n2 = tsr_kv_paged_slots(m, layer, seq), bad = 0, seen = 0;
+        size_t kvd = (size_t)o->kvd;
+        int32_t *p2 = tsr_malloc((size_t)(n2 ? n2 : 1) * sizeof *p2);
+        float *gk = tsr_malloc((size_t)(n2 ? n2 : 1) * kvd * 2 * sizeof *gk);
+        if (p2 && gk && tsr_kv_paged_read_slots(m, layer, seq, p2, NULL) == TSR_OK &&
+            tsr_kv_paged_gather(m, layer, seq, NULL, n2, gk, gk + (size_t)n2 * kvd) == TSR_OK)
+            for (int32_t i = 0; i < n2; i++) {
+                int32_t q = p2[i];
+                int okp = q >= 0 && q < L->n && (q >= len || want[q]);
+                seen += q < len && okp;
+                if (!okp || memcmp(gk + (size_t)i * kvd, L->hk + (size_t)q * kvd, kvd * 4) ||
+                    memcmp(gk + ((size_t)n2 + i) * kvd, L->hv + (size_t)q * kvd, kvd * 4))
+                    bad++;
+            }
+        const tsr_kv_span *sp = NULL;
+        int nsp = 0;
+        int32_t rows = 0;
+        if (m->ops->spans(m, layer, seq, &sp, &nsp) == TSR_OK)
+            for (int j = 0; j < nsp; j++) rows += sp[j].n;
+        fprintf(o->dump, "# %d %d slots %d bad %d prior %d span_rows %d\n", layer, (int)len,
+                (int)n2, (int)bad, (int)seen, (int)rows);
+        tsr_free(p2);
+        tsr_free(gk);
+    }
     tsr_free(pos);
     tsr_free(ev);
     tsr_free(want);

@@ -266,6 +266,8 @@ def read_dump(path):
     prior tokens made resident (the current token is resident too). {layer: {row: (take, set)}}."""
     out = {}
     for line in open(path):
+        if line.startswith("#"):  # offload.c's check of the resident rows
+            continue
         f = [int(x) for x in line.split()]
         if len(f) >= 3:
             out.setdefault(f[0], {})[f[1]] = (f[2], f[3:])
