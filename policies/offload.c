@@ -817,12 +817,6 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
         tsr__oselect(c, len, take);
         for (int32_t j = 0; j < take; j++) want[c[j].pos] = 1;
         o->st.selections++;
-        if (o->dump) {
-            fprintf(o->dump, "%d %d %d", layer, (int)len, (int)take);
-            for (int32_t j = 0; j < len; j++)
-                if (want[j]) fprintf(o->dump, " %d", (int)j);
-            fputc('\n', o->dump);
-        }
         if (have_q && (o->opt.measure_recall || o->st.selections % TSR__OFF_RECALL_EVERY == 1)) {
             /* the exact pass is collective too (the same flag and count on every rank);
              * recall of the exact top `take` tokens (the layer's own queries, all keys) */
@@ -839,6 +833,14 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
             o->st.recall_n++;
         }
         tsr_free(c);
+    }
+    if (o->dump && keep < len) { /* keep 0 too: only the step's tokens stay */
+        int32_t nw = 0;
+        for (int32_t j = 0; j < len; j++) nw += want[j];
+        fprintf(o->dump, "%d %d %d", layer, (int)len, (int)nw);
+        for (int32_t j = 0; j < len; j++)
+            if (want[j]) fprintf(o->dump, " %d", (int)j);
+        fputc('\n', o->dump);
     }
     /* Evict resident prior tokens that are not wanted, then fetch the missing ones. */
     int32_t ns = tsr_kv_paged_slots(m, layer, seq), ne = 0, nf = 0;
