@@ -71,7 +71,8 @@ typedef struct tsr__oseq {
 
 /* Its options (the declaration below) and stats. */
 /* The modes (--offload-mode, docs/kv-cache.md); the index into tsr__off_modes. */
-/* warmup is the default (0): on SmolLM2 it beats skew at every budget (docs/kv-cache.md). */
+/* warmup is the default (0): on SmolLM2 the calibrated skew wins decode-only at 10-20 %,
+ * warmup with a prompt at every budget (docs/kv-cache.md). */
 enum { TSR_OFFLOAD_WARMUP = 0, TSR_OFFLOAD_SKEW = 1 };
 static const char *const tsr__off_modes[] = {"warmup", "skew", NULL};
 
@@ -957,7 +958,7 @@ static const tsr_kv_policy_option tsr__off_options[] = {
     {"offload-mode", TSR_KV_OPT_ENUM, offsetof(tsr__off_opts, mode), "MODE",
      "skew (InfiniGen: partial keys from the weights' eigenvectors, the next layer "
      "speculated; warmup under --pp) or warmup (channel pairs from the first keys, the "
-     "layer's own queries; the default: better on SmolLM2, docs/kv-cache.md)", "warmup", 0, 0,
+     "layer's own queries; the default: better with a prompt on SmolLM2, docs/kv-cache.md)", "warmup", 0, 0,
      tsr__off_modes},
     {"offload-pairs", TSR_KV_OPT_INT, offsetof(tsr__off_opts, spec_pairs), "N",
      "channel pairs per head the speculation scores with (0: 20 % of the head's channels "
