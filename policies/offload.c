@@ -28,6 +28,8 @@
  * only part of its group, so the group's per-head energies are gathered from the ranks
  * that share it (tsr__off_group_qe, kv_share_begin/end of the policy config). */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "comm/comm.h"
@@ -46,6 +48,8 @@
 #define TSR__OFF_ROWS 4
 /* Without --measure-recall, one selection in this many also measures recall. */
 #define TSR__OFF_RECALL_EVERY 16
+/* skew: query rows of a layer's first calibration (then at 2x, 4x, ... up to --offload-calib) */
+#define TSR__OFF_CAL0 16
 
 typedef struct tsr__olayer {
     float *hk, *hv;  /* host copy: [cap][kv_dim] ([cap_v] for hv: see tsr__off_grow) */
@@ -68,7 +72,8 @@ typedef struct tsr__oseq {
 
 /* Its options (the declaration below) and stats. */
 /* The modes (--offload-mode, docs/kv-cache.md); the index into tsr__off_modes. */
-/* warmup is the default (0): on SmolLM2 it beats skew at every budget (docs/kv-cache.md). */
+/* warmup is the default (0): on SmolLM2 the calibrated skew wins decode-only at 10-20 %,
+ * warmup with a prompt at every budget (docs/kv-cache.md). */
 enum { TSR_OFFLOAD_WARMUP = 0, TSR_OFFLOAD_SKEW = 1 };
 static const char *const tsr__off_modes[] = {"warmup", "skew", NULL};
 
@@ -79,6 +84,7 @@ typedef struct tsr__off_opts {
     double alpha;       /* skew: fetch the keys within alpha of the max partial logit */
     double ratio;       /* skew: partial-weight ratio, the share of a head's columns kept */
     int dense_layers;   /* skew: the first layers keep every token (InfiniGen: 2) */
+    int calib;          /* skew: query rows per layer that recalibrate the transform (0: none) */
 } tsr__off_opts;
 
 typedef struct tsr__off_counters {
@@ -110,6 +116,14 @@ typedef struct tsr__off {
     float *inv_freq;  /* skew: [hd / 2] rotary frequencies */
     float *wrow;      /* skew: [dim] one weight row as f32 */
     int dim;          /* skew: the attention input's width */
+    /* skew: per layer and KV head, the second moment of the group's rotated queries
+     * ([L][G][hd][hd]) over the first opt.calib query rows (cal_n), whose eigenvectors
+     * replace the weights' transform each time cal_n reaches cal_next (16 rows, doubling:
+     * decode from BOS gets a calibrated transform early), final at opt.calib (cal_done):
+     * InfiniGen's SVD of calibration queries */
+    double *cq;
+    int32_t *cal_n, *cal_next;
+    uint8_t *cal_done;
     int tp;           /* ranks of the TP group (each with H query heads) */
     int *chan;        /* [L][G][2 * pairs] channel indices within the head */
     uint8_t *chan_set; /* [L] the choice is final */
@@ -124,6 +138,9 @@ typedef struct tsr__off {
     tsr_kv_policy_queries qs;
     int64_t resident_meta_bytes;
     tsr__off_counters st;
+    /* TSR_OFFLOAD_DUMP=FILE (a debugging aid, tools/infinigen_ref.py --replay reads it): one
+     * line per speculated selection, "layer len take pos...", the prior tokens made resident */
+    FILE *dump;
 } tsr__off;
 
 typedef struct tsr__ocand {
@@ -152,6 +169,15 @@ static tsr_status tsr__off_skew_init(tsr__off *o, const tsr_kv_policy_model *pm)
     o->wrow = tsr_malloc((size_t)(o->dim > 0 ? o->dim : 1) * sizeof *o->wrow);
     if (!o->A || !o->wq || !o->inv_freq || !o->wrow) return TSR_ERR_NOMEM;
     tsr_rope_inv_freq(mc, o->inv_freq);
+    if (o->opt.calib > 0) {
+        o->cq = tsr_calloc((size_t)o->L * o->G * o->hd * o->hd, sizeof *o->cq);
+        o->cal_n = tsr_calloc((size_t)o->L, sizeof *o->cal_n);
+        o->cal_done = tsr_calloc((size_t)o->L, 1);
+        o->cal_next = tsr_malloc((size_t)o->L * sizeof *o->cal_next);
+        if (!o->cq || !o->cal_n || !o->cal_done || !o->cal_next) return TSR_ERR_NOMEM;
+        for (int l = 0; l < o->L; l++)
+            o->cal_next[l] = o->opt.calib < TSR__OFF_CAL0 ? o->opt.calib : TSR__OFF_CAL0;
+    }
     int group = o->H / o->G;
     for (int l = 0; l < o->L; l++) {
         const tsr_kv_policy_layer *w = &pm->layers[l];
@@ -195,6 +221,8 @@ static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
     o->warm = tsr_calloc((size_t)o->L, sizeof *o->warm);
     o->pw = 2 * o->pairs;
     o->qs.layer = -1;
+    const char *dump = getenv("TSR_OFFLOAD_DUMP");
+    if (dump && *dump) o->dump = fopen(dump, "w");
     *state = o;
     int too_wide = o->hd / 2 > TSR__OFF_MAXHALF;
     if (!o->chan || !o->chan_set || !o->ke || !o->qe || !o->km || !o->warm || too_wide) {
@@ -254,12 +282,17 @@ static void tsr__off_destroy(void *state) {
     tsr_free(o->wq);
     tsr_free(o->inv_freq);
     tsr_free(o->wrow);
+    tsr_free(o->cq);
+    tsr_free(o->cal_n);
+    tsr_free(o->cal_done);
+    tsr_free(o->cal_next);
     tsr_free(o->chan);
     tsr_free(o->chan_set);
     tsr_free(o->ke);
     tsr_free(o->qe);
     tsr_free(o->km);
     tsr_free(o->warm);
+    if (o->dump) fclose(o->dump);
     tsr_free(o);
 }
 
@@ -480,10 +513,63 @@ static tsr_status tsr__off_write(void *state, int layer, int seq, int32_t n, con
     return TSR_OK;
 }
 
+/* skew: adds n rotated query rows ([n][H][hd]) to the layer's calibration moments; once
+ * opt.calib rows came, each KV head's transform becomes the eigenvectors of its group's
+ * moment, largest first (InfiniGen's right singular vectors of calibration queries, here the
+ * layer's own first queries rather than a text apart), and the layer's partial keys and any
+ * pending speculation (made with the old transform) follow. */
+static tsr_status tsr__off_calibrate(tsr__off *o, int layer, const float *q, int n) {
+    int hd = o->hd, group = o->H / o->G;
+    size_t hh = (size_t)hd * hd;
+    double *cl = o->cq + (size_t)layer * o->G * hh;
+    for (int r = 0; r < n; r++)
+        for (int h = 0; h < o->H; h++) {
+            const float *x = q + ((size_t)r * o->H + h) * hd;
+            double *c = cl + (size_t)(h / group) * hh;
+            for (int i = 0; i < hd; i++)
+                for (int j = i; j < hd; j++) c[(size_t)i * hd + j] += (double)x[i] * x[j];
+        }
+    o->cal_n[layer] += n;
+    if (o->cal_n[layer] < o->cal_next[layer]) return TSR_OK;
+    while (o->cal_next[layer] <= o->cal_n[layer] && o->cal_next[layer] < o->opt.calib)
+        o->cal_next[layer] = 2 * o->cal_next[layer] < o->opt.calib ? 2 * o->cal_next[layer]
+                                                                   : o->opt.calib;
+    double *v = tsr_malloc((2 * hh + (size_t)hd) * sizeof *v);
+    if (!v) return TSR_ERR_NOMEM;
+    double *w = v + hh, *c = w + hd;
+    for (int g = 0; g < o->G; g++) {
+        /* a copy: the eigen-decomposition destroys it, and later rows add to the moment */
+        const double *m = cl + (size_t)g * hh;
+        for (int i = 0; i < hd; i++)
+            for (int j = 0; j < hd; j++)
+                c[(size_t)i * hd + j] = j >= i ? m[(size_t)i * hd + j] : m[(size_t)j * hd + i];
+        tsr_offload_eig_sym(c, hd, w, v);
+        float *a = o->A + ((size_t)layer * o->G + g) * o->cols * hd;
+        for (int r = 0; r < o->cols; r++) {
+            int best = 0;
+            for (int k = 1; k < hd; k++)
+                if (w[k] > w[best]) best = k;
+            for (int i = 0; i < hd; i++) a[(size_t)r * hd + i] = (float)v[(size_t)i * hd + best];
+            w[best] = -INFINITY;
+        }
+    }
+    tsr_free(v);
+    o->cal_done[layer] = o->cal_n[layer] >= o->opt.calib;
+    for (int s = 0; s < o->n_seqs; s++)
+        if (o->seqs[s].active) {
+            tsr__olayer *L = &o->seqs[s].layers[layer];
+            tsr__off_partial(o, L, layer, 0, L->n);
+            L->sq_n = 0; /* select projects this layer's own queries instead */
+        }
+    return TSR_OK;
+}
+
 static tsr_status tsr__off_queries(void *state, int layer, int seq, const float *q,
                                    const int32_t *q_pos, int n_q, int n_heads) {
     tsr__off *o = state;
     tsr_kv_policy_queries_set(&o->qs, layer, seq, q, q_pos, n_q, n_heads);
+    if (o->mode == TSR_OFFLOAD_SKEW && o->cal_done && !o->cal_done[layer] && n_heads == o->H)
+        TSR_TRY(tsr__off_calibrate(o, layer, q, n_q));
     if (o->mode == TSR_OFFLOAD_WARMUP && !o->chan_set[layer] && n_heads == o->H &&
         n_heads % o->G == 0)
         tsr__off_energy(o, o->qe + (size_t)layer * o->H * (o->hd / 2), q, n_q, n_heads);
@@ -750,6 +836,14 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
         }
         tsr_free(c);
     }
+    if (o->dump && keep < len) { /* keep 0 too: only the step's tokens stay */
+        int32_t nw = 0;
+        for (int32_t j = 0; j < len; j++) nw += want[j];
+        fprintf(o->dump, "%d %d %d", layer, (int)len, (int)nw);
+        for (int32_t j = 0; j < len; j++)
+            if (want[j]) fprintf(o->dump, " %d", (int)j);
+        fputc('\n', o->dump);
+    }
     /* Evict resident prior tokens that are not wanted, then fetch the missing ones. */
     int32_t ns = tsr_kv_paged_slots(m, layer, seq), ne = 0, nf = 0;
     int32_t *pos = tsr_malloc((size_t)(ns ? ns : 1) * sizeof *pos);
@@ -803,6 +897,33 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
         tsr_free(fk);
         tsr_free(fp);
     }
+    if (st == TSR_OK && o->dump && keep < len) {
+        /* the resident rows against the host copy: slots whose K/V or position depart from
+         * the selection (a debugging aid with the dump) */
+        int32_t n2 = tsr_kv_paged_slots(m, layer, seq), bad = 0, seen = 0;
+        size_t kvd = (size_t)o->kvd;
+        int32_t *p2 = tsr_malloc((size_t)(n2 ? n2 : 1) * sizeof *p2);
+        float *gk = tsr_malloc((size_t)(n2 ? n2 : 1) * kvd * 2 * sizeof *gk);
+        if (p2 && gk && tsr_kv_paged_read_slots(m, layer, seq, p2, NULL) == TSR_OK &&
+            tsr_kv_paged_gather(m, layer, seq, NULL, n2, gk, gk + (size_t)n2 * kvd) == TSR_OK)
+            for (int32_t i = 0; i < n2; i++) {
+                int32_t q = p2[i];
+                int okp = q >= 0 && q < L->n && (q >= len || want[q]);
+                seen += q < len && okp;
+                if (!okp || memcmp(gk + (size_t)i * kvd, L->hk + (size_t)q * kvd, kvd * 4) ||
+                    memcmp(gk + ((size_t)n2 + i) * kvd, L->hv + (size_t)q * kvd, kvd * 4))
+                    bad++;
+            }
+        const tsr_kv_span *sp = NULL;
+        int nsp = 0;
+        int32_t rows = 0;
+        if (m->ops->spans(m, layer, seq, &sp, &nsp) == TSR_OK)
+            for (int j = 0; j < nsp; j++) rows += sp[j].n;
+        fprintf(o->dump, "# %d %d slots %d bad %d prior %d span_rows %d\n", layer, (int)len,
+                (int)n2, (int)bad, (int)seen, (int)rows);
+        tsr_free(p2);
+        tsr_free(gk);
+    }
     tsr_free(pos);
     tsr_free(ev);
     tsr_free(want);
@@ -838,7 +959,7 @@ static const tsr_kv_policy_option tsr__off_options[] = {
     {"offload-mode", TSR_KV_OPT_ENUM, offsetof(tsr__off_opts, mode), "MODE",
      "skew (InfiniGen: partial keys from the weights' eigenvectors, the next layer "
      "speculated; warmup under --pp) or warmup (channel pairs from the first keys, the "
-     "layer's own queries; the default: better on SmolLM2, docs/kv-cache.md)", "warmup", 0, 0,
+     "layer's own queries; the default: better with a prompt on SmolLM2, docs/kv-cache.md)", "warmup", 0, 0,
      tsr__off_modes},
     {"offload-pairs", TSR_KV_OPT_INT, offsetof(tsr__off_opts, spec_pairs), "N",
      "channel pairs per head the speculation scores with (0: 20 % of the head's channels "
@@ -852,6 +973,10 @@ static const tsr_kv_policy_option tsr__off_options[] = {
     {"offload-dense-layers", TSR_KV_OPT_INT, offsetof(tsr__off_opts, dense_layers), "N",
      "skew: the first N layers keep every token, as InfiniGen does (their KV still counts "
      "in the host copy)", "2", 0, 1 << 20, NULL},
+    {"offload-calib", TSR_KV_OPT_INT, offsetof(tsr__off_opts, calib), "N",
+     "skew: a layer's transform becomes the eigenvectors of its first queries' second moment "
+     "after 16 rows, again at 32, 64, ... up to N (InfiniGen calibrates on queries; 0: the "
+     "weights' transform throughout)", "256", 0, 1 << 20, NULL},
     {"offload-recall", TSR_KV_OPT_FLAG, offsetof(tsr__off_opts, measure_recall), NULL,
      "score every selection exactly for the speculation's recall (slow; by default every "
      "16th)", NULL, 0, 1, NULL},

@@ -156,6 +156,51 @@ def calibrate(model, ids, ratio):
     return A, M
 
 
+def weight_skew(model, ratio, n_pos):
+    """offload.c's skew (policies/offload_skew.c): per KV head, the eigenvectors of the rotated
+    query's covariance from the weights, E_t[R(t) C R(t)^T], C = Wq diag(g^2) Wq^T over the
+    head's query group (the normed input taken as whitened), t over [0, n_pos); the first
+    ceil(ratio x hd) columns by eigenvalue. Same shapes as calibrate()'s (per query head)."""
+    c, W = model.c, model.W
+    hd, rep = c["hd"], c["H"] // c["G"]
+    half = hd // 2
+    inv = 1.0 / c["theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
+    t = np.arange(n_pos, dtype=np.float64)
+
+    def phase(th):  # mean over t of exp(i th t), th [half, half]
+        ang = th[..., None] * t
+        return np.cos(ang).mean(-1), np.sin(ang).mean(-1)
+
+    cr, ci = phase(inv[:, None] - inv[None, :])
+    dr, di = phase(-(inv[:, None] + inv[None, :]))
+    cols = int(math.ceil(ratio * hd))
+    A = torch.zeros(c["L"], c["H"], hd, hd)
+    M = torch.zeros(c["L"], c["H"], hd, dtype=torch.bool)
+    for l in range(c["L"]):
+        wq = W[f"blk.{l}.attn_q.weight"].double().numpy()
+        g = W[f"blk.{l}.attn_norm.weight"].double().numpy()
+        for kv in range(c["G"]):
+            C = np.zeros((hd, hd))
+            for h in range(kv * rep, (kv + 1) * rep):
+                w = wq[h * hd:(h + 1) * hd] * g[None, :]
+                C += w @ w.T
+            m00, m01 = C[0::2, 0::2], C[0::2, 1::2]
+            m10, m11 = C[1::2, 0::2], C[1::2, 1::2]
+            x, y = (m00 + m11) / 2, (m10 - m01) / 2
+            u, w_ = (m00 - m11) / 2, (m01 + m10) / 2
+            R = np.zeros((hd, hd))
+            R[0::2, 0::2] = x * cr - y * ci + u * dr + w_ * di
+            R[0::2, 1::2] = -x * ci - y * cr - u * di + w_ * dr
+            R[1::2, 0::2] = y * cr + x * ci + w_ * dr - u * di
+            R[1::2, 1::2] = -y * ci + x * cr - w_ * di - u * dr
+            ev, V = np.linalg.eigh((R + R.T) / 2)
+            V = V[:, np.argsort(-ev)]
+            for h in range(kv * rep, (kv + 1) * rep):
+                A[l, h] = torch.from_numpy(V).float()
+                M[l, h, :cols] = True
+    return A, M
+
+
 def infinigen_mask(model, A, M, budget, alpha, budget_of, select, skew, stats, dense_layers):
     c = model.c
     rep = c["H"] // c["G"]
@@ -216,6 +261,60 @@ def infinigen_mask(model, A, M, budget, alpha, budget_of, select, skew, stats, d
     return fn
 
 
+def read_dump(path):
+    """offload.c's TSR_OFFLOAD_DUMP: per line "layer len take pos...": at decode row `len` the
+    prior tokens made resident (the current token is resident too). {layer: {row: (take, set)}}."""
+    out = {}
+    for line in open(path):
+        if line.startswith("#"):  # offload.c's check of the resident rows
+            continue
+        f = [int(x) for x in line.split()]
+        if len(f) >= 3:
+            out.setdefault(f[0], {})[f[1]] = (f[2], f[3:])
+    return out
+
+
+def replay(model, A, M, dump, budget, alpha, skew, dense_layers, per_layer):
+    """Scores tessera's selections (a dump) in this model, and per layer compares them with the
+    reference's one-set-per-layer selection computed from the same hidden states: Jaccard of
+    the two prior-token sets, and each one's recall of the exact pooled top tokens (the layer's
+    own queries, softmax summed over heads, the top `take` of tessera's row)."""
+    c = model.c
+    ref_st = dict(recall_sum=0.0, recall_n=0, fetch_frac=0.0)
+    ref_fn = infinigen_mask(model, A, M, budget, alpha, "step", "layer", skew, ref_st,
+                            dense_layers)
+
+    def fn(l, xn_prev, xn, q, k, s_exact):
+        rows = dump.get(l)
+        ref = ref_fn(l, xn_prev, xn, q, k, s_exact)
+        if not rows:
+            return None
+        T = q.shape[1]
+        allow = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        pe = torch.softmax(s_exact.masked_fill(~allow[None], float("-inf")), -1).sum(0)
+        st = per_layer.setdefault(l, dict(n=0, jac=0.0, rt=0.0, rr=0.0, tt=0.0, tr=0.0))
+        for i, (take, sel) in rows.items():
+            if i >= T:
+                continue
+            m = torch.zeros(T, dtype=torch.bool)
+            m[torch.tensor(sel, dtype=torch.long)] = True
+            allow[i] = m
+            allow[i, i] = True
+            ex = set(torch.topk(pe[i, :i], min(take, i)).indices.tolist())
+            ts = set(sel)
+            st["n"] += 1
+            st["tt"] += len(ts)
+            st["rt"] += len(ts & ex) / max(len(ex), 1)
+            if ref is not None:
+                rs = set(torch.nonzero(ref[0, i, :i]).flatten().tolist())
+                st["tr"] += len(rs)
+                st["rr"] += len(rs & ex) / max(len(ex), 1)
+                st["jac"] += len(rs & ts) / max(len(rs | ts), 1)
+        return allow[None].expand(c["H"], T, T)
+
+    return fn
+
+
 def metrics(lf, lp, ids):
     """Scores positions 0..T-2 (each predicts the next token), as tessera fidelity."""
     tgt = torch.tensor(ids[1:])
@@ -241,29 +340,59 @@ def main():
     ap.add_argument("--ratio", type=float, default=0.2, help="partial-weight ratio (0.2)")
     ap.add_argument("--budget-of", choices=["step", "sequence"], default="step")
     ap.add_argument("--select", default="head", help="head,group,layer (comma list)")
-    ap.add_argument("--skew", default="calib", help="calib,none (comma list)")
+    ap.add_argument("--skew", default="calib",
+                    help="calib (InfiniGen), weights (offload.c's, from Wq), none (comma list)")
+    ap.add_argument("--rope-positions", type=int, default=8192,
+                    help="--skew weights: positions the rotation is averaged over (offload.c: "
+                    "the model's context)")
     ap.add_argument("--dense-layers", type=int, default=2,
                     help="leading layers that attend to all (InfiniGen: 2)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--replay", default=None,
+                    help="a TSR_OFFLOAD_DUMP of tessera fidelity on the same text and budget "
+                    "(the first --budgets value): score its selections here and compare them per "
+                    "layer with this reference's one set per layer")
+    ap.add_argument("--no-bos", action="store_true",
+                    help="no BOS first: as tessera encodes this GGUF (its tokenizer's add_bos is "
+                    "off), so positions match a TSR_OFFLOAD_DUMP")
     a = ap.parse_args()
     torch.set_grad_enabled(False)
     cfg, W = load_gguf(a.model)
     model = Model(cfg, W)
     text = open(a.text).read().strip()
     calib = " ".join(open(a.calib).read().split())
-    ids = [cfg["bos"]] + tokenize(a.model, text)
-    cids = [cfg["bos"]] + tokenize(a.model, calib)
+    bos = [] if a.no_bos else [cfg["bos"]]
+    ids = bos + tokenize(a.model, text)
+    cids = bos + tokenize(a.model, calib)
     if a.max_tokens:
         ids = ids[: a.max_tokens + 1]
     print(f"text {len(ids)} tokens, calibration {len(cids)}", file=sys.stderr)
     A, M = calibrate(model, cids, a.ratio)
+    AM = {"calib": (A, M), "none": (A, M)}
+    if "weights" in a.skew:
+        AM["weights"] = weight_skew(model, a.ratio, a.rope_positions)
     lf = model.forward(ids)
+    if a.replay:
+        b = float(a.budgets.split(",")[0])
+        per = {}
+        fn = replay(model, A, M, read_dump(a.replay), b, a.alpha, a.skew.split(",")[0] == "calib",
+                    a.dense_layers, per)
+        r = metrics(lf, model.forward(ids, fn), ids)
+        print(f"replay of {a.replay}: ppl={r['ppl']:.2f} (full {r['ppl_full']:.2f}) "
+              f"agree={r['agreement']:.3f} kl={r['kl']:.3f}")
+        print("layer rows  tessera: size recall   reference: size recall   jaccard")
+        for l in sorted(per):
+            d = per[l]
+            n = max(d["n"], 1)
+            print(f"{l:5d} {d['n']:4d}  {d['tt'] / n:13.1f} {d['rt'] / n:6.3f}   "
+                  f"{d['tr'] / n:15.1f} {d['rr'] / n:6.3f}   {d['jac'] / n:7.3f}")
+        return
     rows = []
     for skew in a.skew.split(","):
         for sel in a.select.split(","):
             for b in [float(x) for x in a.budgets.split(",")]:
                 st = dict(recall_sum=0.0, recall_n=0, fetch_frac=0.0)
-                fn = infinigen_mask(model, A, M, b, a.alpha, a.budget_of, sel, skew == "calib",
+                fn = infinigen_mask(model, *AM[skew], b, a.alpha, a.budget_of, sel, skew != "none",
                                     st, a.dense_layers)
                 lp = model.forward(ids, fn)
                 r = metrics(lf, lp, ids)

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # offload's InfiniGen mode on the bundled real model (tools/fetch-models.sh): decode-mode
-# fidelity over the first tokens of tests/data/infinigen/artistic.txt at a 50 % budget must keep
-# its speculation's recall of the exact top tokens and its perplexity near the full cache's
-# (issue 31: a speculation that fell back to recent tokens or scored against the wrong skew
-# showed as recall ~0.5 and perplexity x3). Measured: recall 0.70, ppl 118 against the full
-# cache's 45 (24 tokens are few: the ratio is noisy); pinned with margin. The
-# InfiniGen reference on the same model is tests/data/infinigen/ref_artistic_300.json.
-# Skips (77) without the model.
+# fidelity over the first 48 tokens of tests/data/infinigen/artistic.txt at a 50 % budget must
+# keep its speculation's recall of the exact top tokens and its perplexity near the full
+# cache's (issue 31). The skew's transform is recalibrated from the layer's own queries after
+# 16 and 32 rows (--offload-calib); with the weights' transform alone (--offload-calib 0) the
+# same run measured recall 0.661, calibrated 0.747 (ppl 72.0 against the full cache's 31.5;
+# 48 tokens are few: the ratio is noisy), so recall >= 0.70 fails a fall-back to the weights'
+# transform, to recent tokens (fallbacks) or to a wrong skew. The InfiniGen reference on the
+# same model is tests/data/infinigen/. Skips (77) without the model.
 . "$(dirname "$0")/common.sh"
 GGUF=$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$GGUF" ]; then
@@ -14,7 +15,7 @@ if [ ! -f "$GGUF" ]; then
     exit 77
 fi
 "$BIN" fidelity --model "$GGUF" --text "$ROOT/tests/data/infinigen/artistic.txt" \
-    --max-tokens 24 --max-context 256 --threads 2 --kv-policy offload --offload-mode skew --kv-budget 0.5 \
+    --max-tokens 48 --max-context 256 --threads 2 --kv-policy offload --offload-mode skew --kv-budget 0.5 \
     --offload-recall --json "$TMP/f.json" --quiet 2>"$TMP/f.err" ||
     fail "fidelity offload: exit $?: $(tail -n 3 "$TMP/f.err")"
 python3 - "$TMP/f.json" <<'PY' || fail "offload on SmolLM2: $(cat "$TMP/f.json")"
@@ -23,9 +24,9 @@ d = json.load(open(sys.argv[1]))
 kv = d["kv"]
 print(f"ppl {d['ppl']:.2f} (full {d['ppl_full']:.2f}) agreement {d['agreement']:.3f} "
       f"recall {kv['spec_recall']:.3f} fallbacks {kv['spec_fallbacks']}")
-assert d["tokens"] == 24, d["tokens"]
+assert d["tokens"] == 48, d["tokens"]
 assert kv["spec_fallbacks"] == 0
-assert kv["spec_recall"] >= 0.6, kv["spec_recall"]
+assert kv["spec_recall"] >= 0.70, kv["spec_recall"]
 assert d["ppl"] <= 3.5 * d["ppl_full"], (d["ppl"], d["ppl_full"])
 PY
 exit $((fails > 0))
