@@ -1039,6 +1039,12 @@ tsr_status tsr_batch_lock_take(tsr_batch_lock *l, const char *file) {
             int e = errno;
             char holder[256] = "";
             ssize_t k = pread(fd, holder, sizeof holder - 1, 0);
+            /* the holder writes its record just after it locks: a job refused in between
+             * reads an empty file, so it gives the record up to 200 ms to appear */
+            for (int t = 0; t < 20 && k <= 0 && (e == EACCES || e == EAGAIN); t++) {
+                nanosleep(&(struct timespec){.tv_nsec = 10000000}, NULL);
+                k = pread(fd, holder, sizeof holder - 1, 0);
+            }
             close(fd);
             holder[k > 0 ? k : 0] = '\0';
             holder[strcspn(holder, "\n")] = '\0';
