@@ -51,6 +51,8 @@ extern const tsr__q4_kernels tsr__q4_k_avxvnni;
 extern const tsr__q4_kernels tsr__q4_k_avx512vnni;
 #endif
 
+_Static_assert(TSR_Q4_GROUP == 16, "tsr__qgroup_store_* assume 16-row groups");
+
 /* The per-group driver every variant shares (TSR__Q8_GEMV_BODY with GBB bytes per group
  * block and the Q4_1 sums): BLOCK_FN(wb, xq, xd, xs, xm, nb, b, nx, acc) adds block b. */
 #define TSR__Q4_GEMV_BODY(NX, GBB, BLOCK_FN, ACC_T, ZERO, STORE)                             \
@@ -63,27 +65,9 @@ extern const tsr__q4_kernels tsr__q4_k_avx512vnni;
             for (int64_t b = bseg[p]; b < bseg[p + 1]; b++)                                 \
                 BLOCK_FN(wg + (size_t)b * (GBB), xq, xd, xs, xm, nb, b, NX, acc);           \
             for (int i = 0; i < NX; i++) STORE(part[i], acc[i]);                            \
-            int64_t r0 = g * TSR_Q4_GROUP;                                                  \
-            int nr = rows - r0 < TSR_Q4_GROUP ? (int)(rows - r0) : TSR_Q4_GROUP;            \
-            if (!sum) {                                                                     \
-                for (int i = 0; i < NX; i++)                                                \
-                    for (int j = 0; j < nr; j++)                                            \
-                        y[(size_t)p * (size_t)ldp + (size_t)i * (size_t)ldy +               \
-                          (size_t)(r0 + j)] = part[i][j];                                   \
-            } else {                                                                        \
-                for (int i = 0; i < NX; i++)                                                \
-                    for (int j = 0; j < 16; j++)                                            \
-                        tot[i][j] = p == 0 ? part[i][j] : tot[i][j] + part[i][j];           \
-            }                                                                               \
+            tsr__qgroup_store_part(part, tot, p, NX, g, rows, sum, y, ldy, ldp);              \
         }                                                                                   \
-        if (sum) {                                                                          \
-            int64_t r0 = g * TSR_Q4_GROUP;                                                  \
-            int nr = rows - r0 < TSR_Q4_GROUP ? (int)(rows - r0) : TSR_Q4_GROUP;            \
-            for (int i = 0; i < NX; i++)                                                    \
-                for (int j = 0; j < nr; j++)                                                \
-                    y[(size_t)i * (size_t)ldy + (size_t)(r0 + j)] =                         \
-                        n_parts > 0 ? tot[i][j] : 0.0f;                                     \
-        }                                                                                   \
+        if (sum) tsr__qgroup_store_sum(tot, NX, n_parts, g, rows, y, ldy);                  \
     }
 
 /* The table entry: IMPL with nx a constant. */

@@ -57,6 +57,36 @@ extern const tsr__q8_kernels tsr__q8_k_avxvnni;
 extern const tsr__q8_kernels tsr__q8_k_avx512vnni;
 #endif
 
+/* The group drivers' stores (Q8_0 here, Q4_* in quant_q4_internal.h; both groups are 16
+ * rows): part p of group g either goes to its own plane of y (!sum) or into the running
+ * total tot, which tsr__qgroup_store_sum writes once the parts are done. */
+_Static_assert(TSR_Q8_GROUP == 16, "tsr__qgroup_store_* assume 16-row groups");
+
+static inline void tsr__qgroup_store_part(float part[][16], float tot[][16], int p, int nx,
+                                          int64_t g, int64_t rows, bool sum, float *y,
+                                          int64_t ldy, int64_t ldp) {
+    int64_t r0 = g * 16;
+    int nr = rows - r0 < 16 ? (int)(rows - r0) : 16;
+    if (!sum) {
+        for (int i = 0; i < nx; i++)
+            for (int j = 0; j < nr; j++)
+                y[(size_t)p * (size_t)ldp + (size_t)i * (size_t)ldy + (size_t)(r0 + j)] =
+                    part[i][j];
+    } else {
+        for (int i = 0; i < nx; i++)
+            for (int j = 0; j < 16; j++) tot[i][j] = p == 0 ? part[i][j] : tot[i][j] + part[i][j];
+    }
+}
+
+static inline void tsr__qgroup_store_sum(float tot[][16], int nx, int n_parts, int64_t g,
+                                         int64_t rows, float *y, int64_t ldy) {
+    int64_t r0 = g * 16;
+    int nr = rows - r0 < 16 ? (int)(rows - r0) : 16;
+    for (int i = 0; i < nx; i++)
+        for (int j = 0; j < nr; j++)
+            y[(size_t)i * (size_t)ldy + (size_t)(r0 + j)] = n_parts > 0 ? tot[i][j] : 0.0f;
+}
+
 /* The per-group driver every variant shares: BLOCK(acc, b) adds block b of the group to
  * the nx accumulators acc[i][16]; the driver runs the parts and stores. */
 #define TSR__Q8_GEMV_BODY(NX, BLOCK_FN, ACC_T, ZERO, STORE)                                  \
@@ -70,27 +100,9 @@ extern const tsr__q8_kernels tsr__q8_k_avx512vnni;
                 BLOCK_FN(wg + (size_t)b * TSR_Q8_GROUP_BLOCK_BYTES, xq, xd, xs, nb, b, NX,   \
                          acc);                                                              \
             for (int i = 0; i < NX; i++) STORE(part[i], acc[i]);                            \
-            int64_t r0 = g * TSR_Q8_GROUP;                                                  \
-            int nr = rows - r0 < TSR_Q8_GROUP ? (int)(rows - r0) : TSR_Q8_GROUP;            \
-            if (!sum) {                                                                     \
-                for (int i = 0; i < NX; i++)                                                \
-                    for (int j = 0; j < nr; j++)                                            \
-                        y[(size_t)p * (size_t)ldp + (size_t)i * (size_t)ldy +               \
-                          (size_t)(r0 + j)] = part[i][j];                                   \
-            } else {                                                                        \
-                for (int i = 0; i < NX; i++)                                                \
-                    for (int j = 0; j < 16; j++)                                            \
-                        tot[i][j] = p == 0 ? part[i][j] : tot[i][j] + part[i][j];           \
-            }                                                                               \
+            tsr__qgroup_store_part(part, tot, p, NX, g, rows, sum, y, ldy, ldp);              \
         }                                                                                   \
-        if (sum) {                                                                          \
-            int64_t r0 = g * TSR_Q8_GROUP;                                                  \
-            int nr = rows - r0 < TSR_Q8_GROUP ? (int)(rows - r0) : TSR_Q8_GROUP;            \
-            for (int i = 0; i < NX; i++)                                                    \
-                for (int j = 0; j < nr; j++)                                                \
-                    y[(size_t)i * (size_t)ldy + (size_t)(r0 + j)] =                         \
-                        n_parts > 0 ? tot[i][j] : 0.0f;                                     \
-        }                                                                                   \
+        if (sum) tsr__qgroup_store_sum(tot, NX, n_parts, g, rows, y, ldy);                  \
     }
 
 /* The table entry: BODY_FN with nx a constant. */
