@@ -16,16 +16,10 @@
 #include "base/alloc.h"
 #include "base/dtype.h"
 #include "kernels/backend.h"
+#include "tests/backend_test_util.h"
 #include "tests/test.h"
 
-#define MAX_TARGETS 3
 
-typedef struct targets {
-    tsr_backend *ref;
-    tsr_backend *be[MAX_TARGETS];
-    const char *label[MAX_TARGETS];
-    int n;
-} targets;
 
 static tsr_status targets_open(targets *t) {
     static const char *names[MAX_TARGETS] = {"cpu", "cpu-fenced", "cuda"};
@@ -51,34 +45,6 @@ static tsr_status targets_open(targets *t) {
     noted = 1;
     tsr_error_clear();
     return TSR_OK;
-}
-
-static void targets_close(targets *t) {
-    tsr_backend_destroy(t->ref);
-    for (int i = 0; i < t->n; i++) tsr_backend_destroy(t->be[i]);
-}
-
-static tsr_backend *target(const targets *t, int b) {
-    return b < 0 ? t->ref : t->be[b];
-}
-
-static void *be_dup(tsr_backend *be, const void *src, size_t bytes) {
-    void *p = NULL;
-    if (be->ops->buffer_alloc(be, bytes, &p) != TSR_OK) return NULL;
-    if (src && tsr_backend_upload(be, p, src, bytes) != TSR_OK) {
-        be->ops->buffer_free(be, p);
-        return NULL;
-    }
-    return p;
-}
-
-static tsr_status be_read(tsr_backend *be, void *dst, const void *src, size_t bytes) {
-    TSR_TRY(be->ops->synchronize(be));
-    return tsr_backend_download(be, dst, src, bytes);
-}
-
-static void be_release(tsr_backend *be, const void *p) {
-    if (p) be->ops->buffer_free(be, (void *)p);
 }
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;

@@ -26,6 +26,7 @@
 #include "base/dtype.h"
 #include "base/sys.h"
 #include "kernels/backend.h"
+#include "tests/backend_test_util.h"
 #include "tests/test.h"
 
 typedef struct gpus {
@@ -78,25 +79,6 @@ static float frand(void) { /* uniform in [-1, 1) */
     return (float)urand(1u << 24) / 8388608.0f - 1.0f;
 }
 
-static void *dup_on(tsr_backend *be, const void *src, size_t bytes) {
-    void *p = NULL;
-    if (be->ops->buffer_alloc(be, bytes, &p) != TSR_OK) return NULL;
-    if (src && tsr_backend_upload(be, p, src, bytes) != TSR_OK) {
-        be->ops->buffer_free(be, p);
-        return NULL;
-    }
-    return p;
-}
-
-static void release(tsr_backend *be, const void *p) {
-    if (p) be->ops->buffer_free(be, (void *)p);
-}
-
-static tsr_status read_back(tsr_backend *be, void *dst, const void *src, size_t bytes) {
-    TSR_TRY(be->ops->synchronize(be));
-    return tsr_backend_download(be, dst, src, bytes);
-}
-
 /* max |got - want| / (abs + rel * |want|), printed; NaN on one side only is a failure */
 static double worst(const char *what, const char *label, const float *got, const float *want,
                     size_t n, double abs, double rel) {
@@ -131,10 +113,10 @@ static tsr_status run_prefill(tsr_backend *be, const pcase *c, const float *q, c
                               const int32_t *qpos, const float *sinks, float *out, float *ks) {
     const int hd = c->hd, kvd = c->n_kv * hd;
     size_t qn = (size_t)c->n_q * c->n_heads * hd, ksn = (size_t)c->n_heads * c->keys;
-    float *dq = dup_on(be, q, qn * sizeof(float)), *dout = dup_on(be, NULL, qn * sizeof(float));
-    char *dk = dup_on(be, k, kv_bytes), *dv = dup_on(be, v, kv_bytes);
-    float *dsink = c->sinks ? dup_on(be, sinks, (size_t)c->n_heads * sizeof(float)) : NULL;
-    float *dks = c->scores ? dup_on(be, NULL, ksn * sizeof(float)) : NULL;
+    float *dq = be_dup(be, q, qn * sizeof(float)), *dout = be_dup(be, NULL, qn * sizeof(float));
+    char *dk = be_dup(be, k, kv_bytes), *dv = be_dup(be, v, kv_bytes);
+    float *dsink = c->sinks ? be_dup(be, sinks, (size_t)c->n_heads * sizeof(float)) : NULL;
+    float *dks = c->scores ? be_dup(be, NULL, ksn * sizeof(float)) : NULL;
     tsr_status st = TSR_ERR_NOMEM;
     if (!dq || !dout || !dk || !dv || (c->sinks && !dsink) || (c->scores && !dks)) goto out;
     if (dks && (st = be->ops->memset(be, dks, 0, ksn * sizeof(float))) != TSR_OK) goto out;
@@ -157,15 +139,15 @@ static tsr_status run_prefill(tsr_backend *be, const pcase *c, const float *q, c
                        .head_dim = hd, .out = dout, .key_scores = dks, .sinks = dsink,
                        .window = c->window};
     if ((st = be->ops->attention(be, &a)) != TSR_OK) goto out;
-    if ((st = read_back(be, out, dout, qn * sizeof(float))) != TSR_OK) goto out;
-    if (dks) st = read_back(be, ks, dks, ksn * sizeof(float));
+    if ((st = be_read(be, out, dout, qn * sizeof(float))) != TSR_OK) goto out;
+    if (dks) st = be_read(be, ks, dks, ksn * sizeof(float));
 out:
-    release(be, dq);
-    release(be, dout);
-    release(be, dk);
-    release(be, dv);
-    release(be, dsink);
-    release(be, dks);
+    be_release(be, dq);
+    be_release(be, dout);
+    be_release(be, dk);
+    be_release(be, dv);
+    be_release(be, dsink);
+    be_release(be, dks);
     return st;
 }
 
@@ -339,9 +321,9 @@ static void check_decode(gpus *g, const dcase *c) {
     const char *labels[3] = {"cpu", "flash", "ref"};
     for (int b = 0; b < 3 && !tsr_test_failed_flag; b++) {
         tsr_backend *be = bes[b];
-        unsigned char *dkv = dup_on(be, kv, rows * row * eb);
-        float *dq = dup_on(be, q, qn * sizeof(float)), *dout = dup_on(be, NULL, qn * sizeof(float));
-        int32_t *dm = dup_on(be, meta, meta_n * sizeof(int32_t));
+        unsigned char *dkv = be_dup(be, kv, rows * row * eb);
+        float *dq = be_dup(be, q, qn * sizeof(float)), *dout = be_dup(be, NULL, qn * sizeof(float));
+        int32_t *dm = be_dup(be, meta, meta_n * sizeof(int32_t));
         ASSERT_TRUE(dkv && dq && dout && dm);
         /* element offsets: a block is 2 * BS rows, V after the BS K rows */
         tsr_kv_layout lay = {.k = (float *)dkv, .v = (float *)(dkv + (size_t)BS * row * eb),
@@ -377,16 +359,16 @@ static void check_decode(gpus *g, const dcase *c) {
                                       .tables = dm + 2 * n_q + S, .n_seqs = S, .max_blocks = mb};
             ASSERT_OK(be->ops->attention_paged(be, &pa));
         }
-        ASSERT_OK(read_back(be, out[b], dout, qn * sizeof(float)));
+        ASSERT_OK(be_read(be, out[b], dout, qn * sizeof(float)));
         /* one sequence with a tile's worth of rows: the flash prefill over the table (BF16) */
         bool tc = S == 1 && n_q * (c->n_heads / c->n_kv) >= 64 && (hd == 64 || hd == 128);
         if (b > 0)
             ASSERT_TRUE(worst(what, labels[b], out[b], out[0], qn, b == 1 && tc ? 2e-2 : 5e-5,
                               0.0) <= 1.0);
-        release(be, dkv);
-        release(be, dq);
-        release(be, dout);
-        release(be, dm);
+        be_release(be, dkv);
+        be_release(be, dq);
+        be_release(be, dout);
+        be_release(be, dm);
     }
     for (int i = 0; i < 3; i++) tsr_free(out[i]);
     tsr_free(kv);
@@ -448,9 +430,9 @@ static tsr_status time_prefill(tsr_backend *be, int n, int scores, int warm, int
         pat16[i] = tsr_f32_to_bf16(frand());
     }
     for (int i = 0; i < n; i++) qpos[i] = i;
-    float *dq = dup_on(be, NULL, qn * sizeof(float)), *dout = dup_on(be, NULL, qn * sizeof(float));
-    uint16_t *dk = dup_on(be, NULL, kvn * 2), *dv = dup_on(be, NULL, kvn * 2);
-    float *dks = scores ? dup_on(be, NULL, ksn * sizeof(float)) : NULL;
+    float *dq = be_dup(be, NULL, qn * sizeof(float)), *dout = be_dup(be, NULL, qn * sizeof(float));
+    uint16_t *dk = be_dup(be, NULL, kvn * 2), *dv = be_dup(be, NULL, kvn * 2);
+    float *dks = scores ? be_dup(be, NULL, ksn * sizeof(float)) : NULL;
     tsr_status st = TSR_ERR_NOMEM;
     if (!dq || !dout || !dk || !dv || (scores && !dks)) goto out;
     for (size_t o = 0; o < qn; o += PAT)
@@ -476,11 +458,11 @@ static tsr_status time_prefill(tsr_backend *be, int n, int scores, int warm, int
         if (r > 0 && t < *best) *best = t;
     }
 out:
-    release(be, dq);
-    release(be, dout);
-    release(be, dk);
-    release(be, dv);
-    release(be, dks);
+    be_release(be, dq);
+    be_release(be, dout);
+    be_release(be, dk);
+    be_release(be, dv);
+    be_release(be, dks);
     tsr_free(pat);
     tsr_free(pat16);
     tsr_free(qpos);
