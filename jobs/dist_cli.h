@@ -19,8 +19,9 @@ void tsr_dist_cli_init(tsr_dist_cli *d);
 void tsr_dist_cli_opts(tsr_dist_cli *d, tsr_cli_opt *out);
 tsr_cli_result tsr_dist_cli_check(const tsr_cli *cli, const tsr_dist_cli *d);
 
-/* "tessera CMD: <error>" on rank 0 only (every rank has the agreed line); returns 1. `rank`
- * is the job's (tsr_engine_spec.rank_out: known even when the start failed). */
+/* "tessera CMD: <error>" on rank 0 only (every rank has the agreed line); returns rank 0's
+ * exit status, 1, and 0 on the other ranks (the launcher reports rank 0's: see the .c).
+ * `rank` is the job's (tsr_engine_spec.rank_out: known even when the start failed). */
 int tsr_dist_fail(int rank, const char *cmd);
 
 #endif
