@@ -333,10 +333,12 @@ TSR_TEST(test_gptoss_features_matter) {
 
 /* ---- KV policies ---------------------------------------------------------------------- */
 
-/* Greedy tokens of prompt p under a policy (paged cache), on cpu. */
-static tsr_status policy_tokens(tsr_model *m, const ref_prompt *p, const char *policy,
-                                double budget, const tsr_kv_policy_arg *args, int n_args,
-                                int32_t *out, int32_t rows_out[2]) {
+/* Greedy tokens of prompt p under a policy (paged cache), on cpu: the rows each layer holds
+ * at the end in rows_out ([the model's layers]) and the policy's stats in ps (NULL: not
+ * wanted). */
+static tsr_status policy_stats(tsr_model *m, const ref_prompt *p, const char *policy,
+                               double budget, const tsr_kv_policy_arg *args, int n_args,
+                               int32_t *out, int32_t *rows_out, tsr_kv_policy_stats *ps) {
     tsr_engine_spec spec = {.backend = "cpu", .threads = 1, .max_tokens = STEP_TOKENS,
                             .kv = {.policy = tsr_kv_policy_find(policy), .budget = budget,
                                    .policy_args = args, .n_policy_args = n_args,
@@ -356,16 +358,24 @@ static tsr_status policy_tokens(tsr_model *m, const ref_prompt *p, const char *p
         s = (tsr_batch_seq){.seq = 0, .tokens = &out[i], .n_tokens = 1, .want_logits = true};
         if (i + 1 < p->n_greedy) st = tsr_forward_run(e->fwd, e->kv, &s, 1, logits, &rows);
     }
-    for (int l = 0; l < 2 && st == TSR_OK; l++) /* rows each layer holds at the end */
+    for (int l = 0; l < m->cfg.n_layers && st == TSR_OK; l++) /* rows held at the end */
         rows_out[l] = tsr_kv_paged_slots(tsr_kv_policy_mech(e->kv), l, 0);
+    if (ps) tsr_kv_policy_get_stats(e->kv, ps);
     tsr_free(logits);
     tsr_engine_destroy(e);
     return st;
 }
 
-/* h2o and streaming with a budget above every sequence give transformers' tokens, the
- * sliding layer holding only window - 1 rows at the end of each step (its older positions
- * dropped whatever the policy) and the full layer every position; and h2o at a small budget
+static tsr_status policy_tokens(tsr_model *m, const ref_prompt *p, const char *policy,
+                                double budget, const tsr_kv_policy_arg *args, int n_args,
+                                int32_t *out, int32_t rows_out[2]) {
+    return policy_stats(m, p, policy, budget, args, n_args, out, rows_out, NULL);
+}
+
+/* h2o, streaming and offload (both modes) with a budget above every sequence give
+ * transformers' tokens, the sliding layer holding only window - 1 rows at the end of each
+ * step (its older positions dropped whatever the policy) and the full layer every position;
+ * a budget under the window applies to the full layer only; and h2o at a small budget
  * evicts the same tokens whether its scores come from the kernel (sinks and window inside)
  * or from the materialized matrix (sinks and window applied there). */
 TSR_TEST(test_gptoss_policies) {
@@ -376,11 +386,12 @@ TSR_TEST(test_gptoss_policies) {
     ref_prompt p[MAX_PROMPTS];
     memset(p, 0, sizeof p);
     int np = load_ref("gptoss_f32", m->cfg.vocab_size, p);
-    const char *pols[] = {"paged", "h2o", "streaming"};
+    const char *pols[] = {"paged", "h2o", "streaming", "offload", "offload"};
+    tsr_kv_policy_arg skew[] = {{"offload-mode", "skew"}, {"offload-dense-layers", "0"}};
     int32_t got[32], tiled[32], mat[32];
-    for (int k = 0; k < 3 && np == 3 && !tsr_test_failed_flag; k++) {
+    for (int k = 0; k < 5 && np == 3 && !tsr_test_failed_flag; k++) {
         int32_t rows[2] = {0, 0};
-        tsr_status st = policy_tokens(m, &p[2], pols[k], 128, NULL, 0, got, rows);
+        tsr_status st = policy_tokens(m, &p[2], pols[k], 128, skew, k == 4 ? 2 : 0, got, rows);
         if (st != TSR_OK) TSR_FAIL_("%s: %s", pols[k], tsr_last_error());
         /* 41 + 31 positions cached; layer 0 slides over 8 */
         if (rows[0] != 7 || rows[1] != p[2].n + p[2].n_greedy - 1)
@@ -394,9 +405,9 @@ TSR_TEST(test_gptoss_policies) {
             }
     }
     /* a budget under the window applies to the full layer only */
-    for (int k = 1; k < 3 && np == 3 && !tsr_test_failed_flag; k++) {
+    for (int k = 1; k < 5 && np == 3 && !tsr_test_failed_flag; k++) {
         int32_t rows[2] = {0, 0};
-        ASSERT_OK(policy_tokens(m, &p[2], pols[k], 4, NULL, 0, got, rows));
+        ASSERT_OK(policy_tokens(m, &p[2], pols[k], 4, skew, k == 4 ? 2 : 0, got, rows));
         if (rows[0] != 7 || rows[1] > 5)
             NOTE_FAIL("%s budget 4: layers hold %d and %d rows, want 7 and <= 5", pols[k],
                       rows[0], rows[1]);
@@ -413,6 +424,58 @@ TSR_TEST(test_gptoss_policies) {
             }
     }
     free_ref(p);
+    tsr_model_destroy(m);
+}
+
+/* offload across sliding layers: each full layer speculates from the previous full layer
+ * (tsr_kv_policy_next_full skips the sliding ones); on four layers, sliding and full
+ * alternating, a budget above the sequence gives paged's tokens in both modes, and a small
+ * one selects in the two full layers only (every decode step, never the recent-window
+ * fallback), the sliding layers keeping their window and the full ones the budget. */
+TSR_TEST(test_gptoss_offload) {
+    const int32_t w6[] = {8, 0, 8, 0, 8, 0}, w4[] = {0, 8, 8, 0};
+    ASSERT_EQ_INT(tsr_kv_policy_next_full(w6, 6, 1), 3);
+    ASSERT_EQ_INT(tsr_kv_policy_next_full(w6, 6, 3), 5);
+    ASSERT_EQ_INT(tsr_kv_policy_next_full(w6, 6, 5), 6);
+    ASSERT_EQ_INT(tsr_kv_policy_next_full(w6, 6, 0), 1);
+    ASSERT_EQ_INT(tsr_kv_policy_next_full(w4, 4, 0), 3);
+    ASSERT_EQ_INT(tsr_kv_policy_next_full(NULL, 4, 2), 3); /* every layer full: the next */
+    ASSERT_EQ_INT(tsr_kv_policy_next_full(NULL, 4, 3), 4);
+    char spec[600];
+    snprintf(spec, sizeof spec,
+             "synthetic:%s/tests/data/arch/gptoss_f32/config.json,seed=7,layers=4,ctx=256",
+             TSR_SOURCE_DIR);
+    tsr_model *m = NULL;
+    ASSERT_OK(tsr_model_load(spec, &m));
+    m->cfg.sliding_layers[0] |= 1u << 2; /* layers 0 and 2 slide (the config names two) */
+    ASSERT_TRUE(tsr_config_layer_window(&m->cfg, 2) == 8 &&
+                tsr_config_layer_window(&m->cfg, 3) == 0);
+    ref_prompt p;
+    memset(&p, 0, sizeof p);
+    p.n = 30;
+    p.n_greedy = 20;
+    for (int i = 0; i < p.n; i++) p.ids[i] = (i * 37 + 11) % m->cfg.vocab_size;
+    int32_t want[32], got[32], rows[4];
+    tsr_kv_policy_stats ps;
+    ASSERT_OK(policy_stats(m, &p, "paged", 0, NULL, 0, want, rows, NULL));
+    tsr_kv_policy_arg skew[] = {{"offload-mode", "skew"}, {"offload-dense-layers", "0"}};
+    for (int mode = 0; mode < 2 && !tsr_test_failed_flag; mode++) {
+        ASSERT_OK(policy_stats(m, &p, "offload", 64, skew, 2 * mode, got, rows, &ps));
+        for (int i = 0; i < p.n_greedy; i++) ASSERT_EQ_INT(got[i], want[i]);
+        ASSERT_TRUE(rows[0] == 7 && rows[2] == 7 && rows[1] == p.n + p.n_greedy - 1 &&
+                    rows[3] == p.n + p.n_greedy - 1);
+        ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "evictions"), 0);
+        /* the host copy holds the full layers only */
+        ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "bytes_offloaded"),
+                      (int64_t)(p.n + p.n_greedy - 1) * 2 * m->cfg.n_kv_heads *
+                          m->cfg.head_dim * 8);
+        ASSERT_OK(policy_stats(m, &p, "offload", 12, skew, 2 * mode, got, rows, &ps));
+        ASSERT_TRUE(rows[0] == 7 && rows[2] == 7 && rows[1] <= 12 && rows[3] <= 12);
+        /* the prompt selects nothing (no prior tokens); each decode step once per full layer */
+        ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "spec_selections"),
+                      2 * (p.n_greedy - 1));
+        ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "spec_fallbacks"), 0);
+    }
     tsr_model_destroy(m);
 }
 
@@ -707,5 +770,6 @@ TSR_TEST(test_config_spellings) {
 
 TSR_TEST_MAIN(test_yarn_frequencies, test_attention_sinks_window, test_mxfp4_decode,
               test_router, test_config_spellings, test_gptoss_f32, test_gptoss_bf16,
-              test_gptoss_mxfp4, test_gptoss_policies, test_gptoss_synthetic,
+              test_gptoss_mxfp4, test_gptoss_policies, test_gptoss_offload,
+              test_gptoss_synthetic,
               test_gptoss_features_matter)
