@@ -89,8 +89,15 @@ typedef struct tsr_batch_result {
     const char *model;         /* body.model */
     const char *text;          /* completion (any bytes; invalid UTF-8 becomes U+FFFD) */
     size_t text_len;
-    const char *finish_reason; /* "stop" | "length" */
+    const char *finish_reason; /* "stop" | "length" | "tool_calls" */
     int prompt_tokens, completion_tokens;
+    /* Chat records of a harmony model (GPT-OSS): the analysis channel's text as the
+     * message's "reasoning" (NULL: none), and a tool call (tool_name NULL: none) as its
+     * "tool_calls" list of one function call; with a call and no text, "content" is null. */
+    const char *reasoning;
+    size_t reasoning_len;
+    const char *tool_name, *tool_args;
+    size_t tool_name_len, tool_args_len;
     uint64_t line_hash; /* tsr_batch_line_hash of its input line; 0: not recorded */
 } tsr_batch_result;
 

@@ -214,6 +214,7 @@ static tsr_status tsr__setup_files(tsr_run_job *g) {
         TSR_TRY(tsr_harmony_template(&g->chat));
     tsr_harmony_ids hids;
     g->harmony = !o->harmony_raw && tsr_harmony_ids_find(g->tok, &hids);
+    g->harmony_call = g->harmony ? hids.call : -1;
     tsr__basename(o->model, g->model_name, sizeof g->model_name);
     return TSR_OK;
 }
@@ -517,22 +518,58 @@ static tsr_status tsr__append(tsr_run_req *q, const char *piece, size_t n, bool 
     return TSR_OK;
 }
 
+/* A harmony chat answer (raw[0, n)) as its record's parts (runtime/text/harmony.h): the
+ * final channel's text as the content, the analysis messages' text as the reasoning (in
+ * *reasoning, tsr_free; joined by a blank line when there are several), and a tool call
+ * (a message to=functions.NAME ended by <|call|>) with finish_reason "tool_calls". */
+static tsr_status tsr__harmony_result(const char *raw, size_t n, bool called,
+                                      tsr_batch_result *res, char **reasoning) {
+    tsr_harmony_answer a;
+    tsr_harmony_answer_parse(raw, n, called, &a);
+    res->text = raw + a.final.begin;
+    res->text_len = a.final.len;
+    if (a.tool_call && !strcmp(res->finish_reason, "stop")) {
+        res->finish_reason = "tool_calls";
+        res->tool_name = raw + a.tool_name.begin;
+        res->tool_name_len = a.tool_name.len;
+        res->tool_args = raw + a.tool_args.begin;
+        res->tool_args_len = a.tool_args.len;
+    }
+    if (a.n_reasoning == 0) return TSR_OK;
+    size_t len = 0;
+    for (int i = 0; i < a.n_reasoning; i++) len += a.reasoning[i].len + 2;
+    char *t = tsr_malloc(len + 1);
+    if (!t) return TSR_ERR_NOMEM;
+    len = 0;
+    for (int i = 0; i < a.n_reasoning; i++) {
+        if (i) {
+            memcpy(t + len, "\n\n", 2);
+            len += 2;
+        }
+        memcpy(t + len, raw + a.reasoning[i].begin, a.reasoning[i].len);
+        len += a.reasoning[i].len;
+    }
+    t[len] = '\0';
+    res->reasoning = t;
+    res->reasoning_len = len;
+    *reasoning = t;
+    return TSR_OK;
+}
+
 static tsr_status tsr__finish(tsr_run_job *g, int tag, const char *reason, double now) {
     tsr_run_req *q = &g->reqs[tag];
-    const char *text = q->text;
-    size_t text_len = q->len;
-    if (g->harmony && q->kind == TSR_BATCH_CHAT) { /* the final channel ("" if none) */
-        size_t b = 0, n = 0;
-        tsr_harmony_final_span(q->text ? q->text : "", q->len, &b, &n);
-        text = q->text ? q->text + b : "";
-        text_len = n;
-    }
+    const char *raw = q->text ? q->text : "";
     tsr_batch_result res = {.custom_id = q->custom_id, .kind = q->kind,
-                            .model = g->model_name, .text = text, .text_len = text_len,
+                            .model = g->model_name, .text = raw, .text_len = q->len,
                             .finish_reason = reason, .prompt_tokens = q->n_prompt,
                             .completion_tokens = q->n_gen, .line_hash = q->line_hash};
+    char *reasoning = NULL;
+    if (g->harmony && q->kind == TSR_BATCH_CHAT) /* the final channel ("" if none) and more */
+        TSR_TRY(tsr__harmony_result(raw, q->len, q->called, &res, &reasoning));
     g->m.ok++;
-    if (!strcmp(reason, "stop"))
+    if (!strcmp(res.finish_reason, "tool_calls"))
+        g->m.finish_tool_calls++;
+    else if (!strcmp(reason, "stop"))
         g->m.finish_stop++;
     else
         g->m.finish_length++;
@@ -542,6 +579,7 @@ static tsr_status tsr__finish(tsr_run_job *g, int tag, const char *reason, doubl
         TSR_TRY(tsr_samples_add(&g->m.tpot, (now - q->t_first) / (double)(q->n_gen - 1)));
     TSR_TRY(tsr_samples_add(&g->m.e2e, now - q->t_submit));
     tsr_status st = tsr__put(g, tsr_batch_format_result(&res), false);
+    tsr_free(reasoning);
     tsr_run_req_clear(q);
     return st;
 }
@@ -572,7 +610,10 @@ static tsr_status tsr__events(tsr_run_job *g, const tsr_sched_event *ev, int n_e
         }
         switch (ev[i].finish) {
         case TSR_FINISH_NONE: break;
-        case TSR_FINISH_EOS: TSR_TRY(tsr__finish(g, tag, "stop", now)); break;
+        case TSR_FINISH_EOS:
+            q->called = g->harmony && ev[i].eos == g->harmony_call;
+            TSR_TRY(tsr__finish(g, tag, "stop", now));
+            break;
         case TSR_FINISH_LENGTH:
         case TSR_FINISH_CONTEXT: TSR_TRY(tsr__finish(g, tag, "length", now)); break;
         case TSR_FINISH_ERROR: {

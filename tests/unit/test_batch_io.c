@@ -162,7 +162,36 @@ TSR_TEST(test_record_shapes) {
     ASSERT_STR_EQ(cJSON_GetObjectItem(msg, "role")->valuestring, "assistant");
     ASSERT_TRUE(cJSON_IsString(cJSON_GetObjectItem(msg, "content")));
     ASSERT_TRUE(cJSON_GetObjectItem(ch, "text") == NULL);
+    ASSERT_TRUE(!cJSON_GetObjectItem(msg, "reasoning") && !cJSON_GetObjectItem(msg, "tool_calls"));
     cJSON_Delete(d);
+    tsr_free(line);
+
+    /* a harmony tool call (OpenAI's shape): content null, the reasoning, one function call
+     * whose id follows the record's (the same in every run) */
+    r.text = "";
+    r.text_len = 0;
+    r.finish_reason = "tool_calls";
+    r.reasoning = "Need weather.xx";
+    r.reasoning_len = 13;
+    r.tool_name = "get_weather";
+    r.tool_name_len = 11;
+    r.tool_args = "{\"city\":\"Paris\"}";
+    r.tool_args_len = strlen(r.tool_args);
+    line = tsr_batch_format_result(&r);
+    ASSERT_TRUE(line != NULL);
+    ASSERT_STR_CONTAINS(line, "\"message\":{\"role\":\"assistant\",\"content\":null,"
+                              "\"reasoning\":\"Need weather.\",\"tool_calls\":[{\"id\":\"call_");
+    ASSERT_STR_CONTAINS(line, "\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                              "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},"
+                              "\"finish_reason\":\"tool_calls\"");
+    char *again = tsr_batch_format_result(&r);
+    ASSERT_TRUE(again && !strcmp(line, again));
+    tsr_free(again);
+    tsr_free(line);
+    r.text = "Sunny.";
+    r.text_len = 6; /* text with a call stays the content */
+    line = tsr_batch_format_result(&r);
+    ASSERT_STR_CONTAINS(line, "\"content\":\"Sunny.\"");
     tsr_free(line);
 
     line = tsr_batch_format_error(NULL, 12, TSR_BATCH_E_JSON, "line 12: not a JSON object");
