@@ -15,6 +15,7 @@
 
 #include "base/alloc.h"
 #include "base/utf8.h"
+#include "runtime/text/harmony.h"
 
 /* ---- string set: open addressing, FNV-1a ------------------------------------------------ */
 
@@ -404,6 +405,41 @@ static bool tsr__chat_message(cJSON *msg, const tsr_batch_result *r, const char 
            tsr__add_text(fn, "name", r->tool_name, r->tool_name_len) &&
            tsr__add_text(fn, "arguments", r->tool_args ? r->tool_args : "",
                          r->tool_args ? r->tool_args_len : 0);
+}
+
+tsr_status tsr_batch_result_harmony(tsr_batch_result *res, const char *raw, size_t n,
+                                    bool called, char **reasoning) {
+    *reasoning = NULL;
+    tsr_harmony_answer a;
+    tsr_harmony_answer_parse(raw, n, called, &a);
+    res->text = raw + a.final.begin;
+    res->text_len = a.final.len;
+    if (a.tool_call && !strcmp(res->finish_reason, "stop")) {
+        res->finish_reason = "tool_calls";
+        res->tool_name = raw + a.tool_name.begin;
+        res->tool_name_len = a.tool_name.len;
+        res->tool_args = raw + a.tool_args.begin;
+        res->tool_args_len = a.tool_args.len;
+    }
+    if (a.n_reasoning == 0) return TSR_OK;
+    size_t len = 0;
+    for (int i = 0; i < a.n_reasoning; i++) len += a.reasoning[i].len + 2;
+    char *t = tsr_malloc(len + 1);
+    if (!t) return TSR_ERR_NOMEM;
+    len = 0;
+    for (int i = 0; i < a.n_reasoning; i++) {
+        if (i) {
+            memcpy(t + len, "\n\n", 2);
+            len += 2;
+        }
+        memcpy(t + len, raw + a.reasoning[i].begin, a.reasoning[i].len);
+        len += a.reasoning[i].len;
+    }
+    t[len] = '\0';
+    res->reasoning = t;
+    res->reasoning_len = len;
+    *reasoning = t;
+    return TSR_OK;
 }
 
 char *tsr_batch_format_result(const tsr_batch_result *r) {

@@ -103,6 +103,14 @@ typedef struct tsr_batch_result {
 
 /* One output line, '\n'-terminated, caller frees (tsr_free). NULL: out of memory. */
 char *tsr_batch_format_result(const tsr_batch_result *r);
+
+/* A harmony chat answer (raw[0, n), the decoded text; `called`: generation ended with
+ * <|call|>, runtime/text/harmony.h) as res's parts: text the final channel's ("" when
+ * none), reasoning the analysis messages' text (joined by a blank line, in *reasoning, which
+ * the caller frees; NULL when none), and a tool call (a message to=functions.NAME ended by
+ * <|call|>) with finish_reason "tool_calls" when res's was "stop". Points into raw. */
+tsr_status tsr_batch_result_harmony(tsr_batch_result *res, const char *raw, size_t n,
+                                    bool called, char **reasoning);
 /* custom_id NULL: keyed by line (see the top of this file); `line` is always recorded. */
 char *tsr_batch_format_error(const char *custom_id, int64_t line, const char *code,
                              const char *message);

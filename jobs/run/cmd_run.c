@@ -518,44 +518,6 @@ static tsr_status tsr__append(tsr_run_req *q, const char *piece, size_t n, bool 
     return TSR_OK;
 }
 
-/* A harmony chat answer (raw[0, n)) as its record's parts (runtime/text/harmony.h): the
- * final channel's text as the content, the analysis messages' text as the reasoning (in
- * *reasoning, tsr_free; joined by a blank line when there are several), and a tool call
- * (a message to=functions.NAME ended by <|call|>) with finish_reason "tool_calls". */
-static tsr_status tsr__harmony_result(const char *raw, size_t n, bool called,
-                                      tsr_batch_result *res, char **reasoning) {
-    tsr_harmony_answer a;
-    tsr_harmony_answer_parse(raw, n, called, &a);
-    res->text = raw + a.final.begin;
-    res->text_len = a.final.len;
-    if (a.tool_call && !strcmp(res->finish_reason, "stop")) {
-        res->finish_reason = "tool_calls";
-        res->tool_name = raw + a.tool_name.begin;
-        res->tool_name_len = a.tool_name.len;
-        res->tool_args = raw + a.tool_args.begin;
-        res->tool_args_len = a.tool_args.len;
-    }
-    if (a.n_reasoning == 0) return TSR_OK;
-    size_t len = 0;
-    for (int i = 0; i < a.n_reasoning; i++) len += a.reasoning[i].len + 2;
-    char *t = tsr_malloc(len + 1);
-    if (!t) return TSR_ERR_NOMEM;
-    len = 0;
-    for (int i = 0; i < a.n_reasoning; i++) {
-        if (i) {
-            memcpy(t + len, "\n\n", 2);
-            len += 2;
-        }
-        memcpy(t + len, raw + a.reasoning[i].begin, a.reasoning[i].len);
-        len += a.reasoning[i].len;
-    }
-    t[len] = '\0';
-    res->reasoning = t;
-    res->reasoning_len = len;
-    *reasoning = t;
-    return TSR_OK;
-}
-
 static tsr_status tsr__finish(tsr_run_job *g, int tag, const char *reason, double now) {
     tsr_run_req *q = &g->reqs[tag];
     const char *raw = q->text ? q->text : "";
@@ -565,7 +527,7 @@ static tsr_status tsr__finish(tsr_run_job *g, int tag, const char *reason, doubl
                             .completion_tokens = q->n_gen, .line_hash = q->line_hash};
     char *reasoning = NULL;
     if (g->harmony && q->kind == TSR_BATCH_CHAT) /* the final channel ("" if none) and more */
-        TSR_TRY(tsr__harmony_result(raw, q->len, q->called, &res, &reasoning));
+        TSR_TRY(tsr_batch_result_harmony(&res, raw, q->len, q->called, &reasoning));
     g->m.ok++;
     if (!strcmp(res.finish_reason, "tool_calls"))
         g->m.finish_tool_calls++;

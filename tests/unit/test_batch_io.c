@@ -194,6 +194,43 @@ TSR_TEST(test_record_shapes) {
     ASSERT_STR_CONTAINS(line, "\"content\":\"Sunny.\"");
     tsr_free(line);
 
+    /* from the decoded harmony answer as `tessera run` has it (the <|call|> that ended it
+     * is not in the text) to the record */
+    static const char ans[] = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>"
+                              "assistant<|channel|>commentary to=functions.get_weather "
+                              "<|constrain|>json<|message|>{\"city\":\"Paris\"}";
+    tsr_batch_result h = {.custom_id = "h1", .kind = TSR_BATCH_CHAT, .model = "oss",
+                          .finish_reason = "stop", .prompt_tokens = 9, .completion_tokens = 20};
+    char *reasoning = NULL;
+    ASSERT_OK(tsr_batch_result_harmony(&h, ans, strlen(ans), true, &reasoning));
+    ASSERT_STR_EQ(h.finish_reason, "tool_calls");
+    line = tsr_batch_format_result(&h);
+    d = cJSON_Parse(line);
+    ch = cJSON_GetArrayItem(cJSON_GetObjectItem(
+                                cJSON_GetObjectItem(cJSON_GetObjectItem(d, "response"), "body"),
+                                "choices"),
+                            0);
+    msg = cJSON_GetObjectItem(ch, "message");
+    ASSERT_TRUE(cJSON_IsNull(cJSON_GetObjectItem(msg, "content")));
+    ASSERT_STR_EQ(cJSON_GetObjectItem(msg, "reasoning")->valuestring, "Need weather.");
+    cJSON *call = cJSON_GetArrayItem(cJSON_GetObjectItem(msg, "tool_calls"), 0);
+    ASSERT_STR_CONTAINS(cJSON_GetObjectItem(call, "id")->valuestring, "call_");
+    cJSON *fn = cJSON_GetObjectItem(call, "function");
+    ASSERT_STR_EQ(cJSON_GetObjectItem(fn, "name")->valuestring, "get_weather");
+    ASSERT_STR_EQ(cJSON_GetObjectItem(fn, "arguments")->valuestring, "{\"city\":\"Paris\"}");
+    ASSERT_STR_EQ(cJSON_GetObjectItem(ch, "finish_reason")->valuestring, "tool_calls");
+    cJSON_Delete(d);
+    tsr_free(line);
+    tsr_free(reasoning);
+    /* the same text cut by max_tokens: no call, the reasoning, empty content */
+    h = (tsr_batch_result){.custom_id = "h1", .kind = TSR_BATCH_CHAT, .finish_reason = "length"};
+    ASSERT_OK(tsr_batch_result_harmony(&h, ans, strlen(ans), false, &reasoning));
+    line = tsr_batch_format_result(&h);
+    ASSERT_STR_CONTAINS(line, "\"message\":{\"role\":\"assistant\",\"content\":\"\","
+                              "\"reasoning\":\"Need weather.\"},\"finish_reason\":\"length\"");
+    tsr_free(line);
+    tsr_free(reasoning);
+
     line = tsr_batch_format_error(NULL, 12, TSR_BATCH_E_JSON, "line 12: not a JSON object");
     d = cJSON_Parse(line);
     ASSERT_TRUE(cJSON_IsNull(cJSON_GetObjectItem(d, "custom_id")));
