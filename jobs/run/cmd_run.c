@@ -483,8 +483,11 @@ static tsr_status tsr__feed(tsr_run_job *g, int64_t *line_no, bool *eof) {
     return st;
 }
 
-/* Appends `piece` and reports whether a stop string now occurs (text trimmed there). */
-static tsr_status tsr__append(tsr_run_req *q, const char *piece, size_t n, bool *stopped) {
+/* Appends `piece` and reports whether a stop string now occurs (text trimmed there). With
+ * `harmony` (a chat answer in harmony) the stop strings match the final channel's text only,
+ * the completion the record holds: a match starts inside the open final message. */
+static tsr_status tsr__append(tsr_run_req *q, const char *piece, size_t n, bool harmony,
+                              bool *stopped) {
     *stopped = false;
     if (q->len + n + 1 > q->cap) {
         size_t cap = q->cap ? q->cap : 256;
@@ -498,12 +501,27 @@ static tsr_status tsr__append(tsr_run_req *q, const char *piece, size_t n, bool 
     memcpy(q->text + q->len, piece, n);
     q->len += n;
     q->text[q->len] = '\0';
+    size_t first = 0; /* where a match may start */
+    if (harmony && q->n_stops > 0) {
+        /* A mark completed by this piece ends in it with its '>': parse the answer again
+         * then (a few times an answer); otherwise the last parse holds. */
+        if (!q->final_known || memchr(piece, '>', n)) {
+            tsr_harmony_answer a;
+            tsr_harmony_answer_parse(q->text, q->len, false, &a);
+            q->final_open = a.has_final && a.final.begin + a.final.len == q->len;
+            q->final_from = a.final.begin;
+            q->final_known = true;
+        }
+        if (!q->final_open) return TSR_OK;
+        first = q->final_from;
+    }
     size_t best = SIZE_MAX;
     for (int i = 0; i < q->n_stops; i++) {
         size_t L = strlen(q->stops[i]);
         if (L > q->len) continue;
         /* A new match must end inside the new piece. */
         size_t from = old + 1 > L ? old + 1 - L : 0;
+        if (from < first) from = first;
         for (size_t at = from; at + L <= q->len && at < best; at++)
             if (!memcmp(q->text + at, q->stops[i], L)) {
                 best = at;
@@ -563,7 +581,9 @@ static tsr_status tsr__events(tsr_run_job *g, const tsr_sched_event *ev, int n_e
                                           sizeof piece);
             q->prev = ev[i].token;
             q->n_gen++;
-            if (nb > 0) TSR_TRY(tsr__append(q, piece, (size_t)nb, &stopped));
+            if (nb > 0)
+                TSR_TRY(tsr__append(q, piece, (size_t)nb, g->harmony && q->kind == TSR_BATCH_CHAT,
+                                    &stopped));
         }
         if (stopped) {
             if (ev[i].finish == TSR_FINISH_NONE) tsr_sched_finish(g->sched, ev[i].tag);

@@ -49,6 +49,10 @@ typedef struct tsr_run_req {
     double t_submit, t_first;
     double t_last; /* the last output token (inter-token latency) */
     bool called;   /* harmony: ended by <|call|> (a tool call; the token is not in text) */
+    /* harmony chat with stop strings: text ends inside a final-channel message whose text
+     * starts at final_from (known once parsed; again after a piece that may hold a mark) */
+    bool final_known, final_open;
+    size_t final_from;
 } tsr_run_req;
 
 typedef struct tsr_run_job {
