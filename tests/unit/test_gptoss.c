@@ -23,6 +23,8 @@
 #include "kernels/rope_freq.h"
 #include "memory/kv_cache.h"
 #include "memory/kv_paged.h"
+#include "memory/host_pool.h"
+#include "policies/offload_skew.h"
 #include "policies/policy.h"
 #include "runtime/engine/engine.h"
 #include "runtime/exec/forward.h"
@@ -479,6 +481,103 @@ TSR_TEST(test_gptoss_offload) {
     tsr_model_destroy(m);
 }
 
+/* The speculation's source, seen in what it selects: three layers (full, sliding, full), one
+ * head of 4 channels, identity Wq, skew with every column (partial q.k = q.k exactly).
+ * Four "hot" prior keys point along the decode query that layer 0's attention input makes
+ * for layer 2; layer 1's (sliding) input makes the opposite query. Layer 2 must fetch the hot
+ * keys (its speculation came from layer 0, the previous full layer, not from layer 1), and
+ * the sliding layer selects nothing. */
+TSR_TEST(test_gptoss_offload_source) {
+    enum { HD = 4, N = 40, L = 3 };
+    tsr_backend *be = NULL;
+    ASSERT_OK(tsr_backend_create("cpu", 1, &be));
+    tsr_host_pool *host = NULL;
+    ASSERT_OK(tsr_host_pool_create(0, &host));
+    tsr_model_config mc;
+    memset(&mc, 0, sizeof mc);
+    mc.dim = HD;
+    mc.n_heads = mc.n_kv_heads = 1;
+    mc.head_dim = HD;
+    mc.max_seq_len = 4096;
+    mc.rope_theta = 10000.0f;
+    mc.rope_interleaved = 1;
+    static const float eye[HD * HD] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1};
+    static const float ones[HD] = {1, 1, 1, 1};
+    tsr_tensor w = {.dtype = TSR_F32, .rows = HD, .cols = HD, .data = eye};
+    tsr_tensor nrm = {.dtype = TSR_F32, .rows = 1, .cols = HD, .data = ones};
+    tsr_kv_policy_layer pl[L];
+    for (int l = 0; l < L; l++)
+        pl[l] = (tsr_kv_policy_layer){.wq = w, .wk = w, .attn_norm = nrm, .window = l == 1 ? 8 : 0};
+    tsr_kv_policy_model pm = {.cfg = &mc, .layers = pl};
+    static const tsr_kv_policy_arg args[] = {{"offload-mode", "skew"},
+                                             {"offload-dense-layers", "0"},
+                                             {"offload-calib", "0"},
+                                             {"offload-ratio", "1"}};
+    tsr_kv_policy_config pc = {.budget = 8, .args = args, .n_args = 4, .n_heads = 1,
+                               .rope_interleaved = 1, .host = host, .owns_host = 1,
+                               .model = &pm};
+    tsr_kv_paged_config kc = {.n_layers = L, .n_kv_heads = 1, .head_dim = HD, .block_size = 4,
+                              .max_seqs = 1, .max_seq_len = 4096, .be = be};
+    kc.memory_bytes = 64 * tsr_kv_paged_block_bytes(&kc);
+    tsr_kv_cache *kv = NULL;
+    ASSERT_OK(tsr_kv_policy_cache_create(tsr_kv_policy_find("offload"), &pc, &kc, &kv));
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    /* the prompt: small keys, the hot ones rotated like the decode query (position N) */
+    float inv[HD / 2];
+    tsr_rope_inv_freq(&mc, inv);
+    static float k[N * HD], v[N * HD], x[N * HD];
+    uint32_t r = 3;
+    for (int i = 0; i < N * HD; i++) {
+        r = r * 1664525u + 1013904223u;
+        k[i] = ((float)((r >> 8) % 1000) / 1000.0f - 0.5f) * 0.2f;
+        v[i] = (float)(i / HD);
+    }
+    const int hot[4] = {5, 12, 23, 31};
+    for (int h = 0; h < 4; h++) {
+        float *kh = k + hot[h] * HD;
+        kh[0] = 10.0f;
+        kh[1] = kh[2] = kh[3] = 0.0f;
+        tsr_offload_rope(kh, 1, HD, inv, 1, N);
+    }
+    int32_t toks[N] = {0};
+    const tsr_kv_span *sp;
+    int ns;
+    ASSERT_OK(kv->ops->reserve(kv, 0, N));
+    for (int l = 0; l < L; l++) {
+        ASSERT_OK(kv->ops->attn_input(kv, l, 0, x, N, HD));
+        ASSERT_OK(kv->ops->write(kv, l, 0, N, k, v));
+        ASSERT_OK(kv->ops->spans(kv, l, 0, &sp, &ns));
+    }
+    ASSERT_OK(kv->ops->commit(kv, 0, toks, N));
+    /* decode at position N: layer 0's input along the hot keys, layer 1's against them */
+    float xs[L][HD] = {{10, 0, 0, 0}, {-10, 0, 0, 0}, {0, 0, 0, 0}};
+    float k1[HD] = {0}, v1[HD] = {0};
+    ASSERT_OK(kv->ops->reserve(kv, 0, 1));
+    for (int l = 0; l < L; l++) {
+        ASSERT_OK(kv->ops->attn_input(kv, l, 0, xs[l], 1, HD));
+        ASSERT_OK(kv->ops->write(kv, l, 0, 1, k1, v1));
+        ASSERT_OK(kv->ops->spans(kv, l, 0, &sp, &ns));
+    }
+    tsr_kv_cache *mech = tsr_kv_policy_mech(kv);
+    int32_t pos[N + 1];
+    /* the sliding layer: its window (7 rows after the prompt's commit) and the new row */
+    ASSERT_EQ_INT(tsr_kv_paged_slots(mech, 1, 0), 8);
+    int32_t n2 = tsr_kv_paged_slots(mech, 2, 0);
+    ASSERT_TRUE(n2 <= 8);
+    ASSERT_OK(tsr_kv_paged_read_slots(mech, 2, 0, pos, NULL));
+    int found = 0;
+    for (int32_t i = 0; i < n2; i++)
+        for (int h = 0; h < 4; h++) found += pos[i] == hot[h];
+    ASSERT_EQ_INT(found, 4);
+    tsr_kv_policy_stats ps;
+    tsr_kv_policy_get_stats(kv, &ps);
+    ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "spec_selections"), 2); /* layers 0 and 2 */
+    ASSERT_OK(kv->ops->commit(kv, 0, toks, 1));
+    ASSERT_EQ_INT(tsr_kv_paged_slots(mech, 1, 0), 7); /* the window, at the commit */
+    tsr_kv_cache_destroy(kv);
+    tsr_backend_destroy(be);
+}
+
 /* synthetic:CONFIG of a GPT-OSS config.json builds MXFP4 experts (as synthetic:gpt-oss-20b
  * does at full size) that run on cpu and cpu-fenced to the same logits. */
 TSR_TEST(test_gptoss_synthetic) {
@@ -771,5 +870,6 @@ TSR_TEST(test_config_spellings) {
 TSR_TEST_MAIN(test_yarn_frequencies, test_attention_sinks_window, test_mxfp4_decode,
               test_router, test_config_spellings, test_gptoss_f32, test_gptoss_bf16,
               test_gptoss_mxfp4, test_gptoss_policies, test_gptoss_offload,
+              test_gptoss_offload_source,
               test_gptoss_synthetic,
               test_gptoss_features_matter)
