@@ -133,6 +133,10 @@ typedef struct tsr__off {
     double *qe;
     double *km;       /* [L][G][hd] warm-up key sums per channel (for the variance) */
     int32_t *warm;    /* [L] key rows seen in the warm-up */
+    /* GPT-OSS: [L] each layer's sliding window (NULL: none, every layer full). A sliding layer
+     * is not offloaded: it keeps its window (the policy cache drops what leaves it,
+     * registry.c), has no host copy and no selection, and is no speculation's source. */
+    int32_t *windows;
     tsr__oseq *seqs;
     int n_seqs;
     tsr_kv_policy_queries qs;
@@ -219,6 +223,7 @@ static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
     o->qe = tsr_calloc(nq ? nq : 1, sizeof *o->qe);
     o->km = tsr_calloc(ne ? 2 * ne : 1, sizeof *o->km);
     o->warm = tsr_calloc((size_t)o->L, sizeof *o->warm);
+    o->windows = tsr_kv_policy_windows(cfg, o->L);
     o->pw = 2 * o->pairs;
     o->qs.layer = -1;
     const char *dump = getenv("TSR_OFFLOAD_DUMP");
@@ -292,6 +297,7 @@ static void tsr__off_destroy(void *state) {
     tsr_free(o->qe);
     tsr_free(o->km);
     tsr_free(o->warm);
+    tsr_free(o->windows);
     if (o->dump) fclose(o->dump);
     tsr_free(o);
 }
@@ -310,6 +316,11 @@ static tsr_status tsr__off_admit(void *state, int seq) {
     if (!s->layers) return TSR_ERR_NOMEM;
     s->active = 1;
     return TSR_OK;
+}
+
+/* A sliding layer (GPT-OSS): left to the policy cache's window (see `windows`). */
+static int tsr__off_sliding(const tsr__off *o, int layer) {
+    return o->windows && o->windows[layer] > 0;
 }
 
 static tsr__oseq *tsr__oseq_get(tsr__off *o, int seq) {
@@ -489,6 +500,7 @@ static tsr_status tsr__off_write(void *state, int layer, int seq, int32_t n, con
     tsr__off *o = state;
     tsr__oseq *s = tsr__oseq_get(o, seq);
     if (!s) return tsr_error_set(TSR_ERR_INVALID, "offload: no sequence %d", seq);
+    if (tsr__off_sliding(o, layer)) return TSR_OK;
     tsr__olayer *L = &s->layers[layer];
     int32_t at = o->mech->ops->seq_len(o->mech, seq);
     TSR_TRY(tsr__off_grow(o, L, at + n));
@@ -567,6 +579,7 @@ static tsr_status tsr__off_calibrate(tsr__off *o, int layer, const float *q, int
 static tsr_status tsr__off_queries(void *state, int layer, int seq, const float *q,
                                    const int32_t *q_pos, int n_q, int n_heads) {
     tsr__off *o = state;
+    if (tsr__off_sliding(o, layer)) return TSR_OK;
     tsr_kv_policy_queries_set(&o->qs, layer, seq, q, q_pos, n_q, n_heads);
     if (o->mode == TSR_OFFLOAD_SKEW && o->cal_done && !o->cal_done[layer] && n_heads == o->H)
         TSR_TRY(tsr__off_calibrate(o, layer, q, n_q));
@@ -702,11 +715,13 @@ static tsr_status tsr__off_speculate(tsr__off *o, tsr__olayer *L, int t, const f
 /* Layer `layer`'s attention input: speculates the next layer's selection from it (InfiniGen:
  * hidden states change little from one layer to the next, so the next layer's fetch can be
  * decided, and overlap, while this layer computes). The first layer of a rank has no
- * previous one here and speculates from its own input. */
+ * previous one here and speculates from its own input. With sliding layers (GPT-OSS) the
+ * next layer is the next full one: a full layer speculates from the previous full layer's
+ * input, and sliding layers neither speculate nor serve as a source. */
 static tsr_status tsr__off_attn_input(void *state, int layer, int seq, const float *x, int n,
                                       int dim) {
     tsr__off *o = state;
-    if (o->mode != TSR_OFFLOAD_SKEW || n <= 0) return TSR_OK;
+    if (o->mode != TSR_OFFLOAD_SKEW || n <= 0 || tsr__off_sliding(o, layer)) return TSR_OK;
     tsr__oseq *s = tsr__oseq_get(o, seq);
     if (!s) return tsr_error_set(TSR_ERR_INVALID, "offload: no sequence %d", seq);
     if (dim != o->dim)
@@ -715,7 +730,8 @@ static tsr_status tsr__off_attn_input(void *state, int layer, int seq, const flo
     int32_t pos0 = o->mech->ops->seq_len(o->mech, seq);
     if (tsr_kv_policy_budget(&o->cfg, pos0 + n) >= pos0 + n) return TSR_OK; /* keeps all */
     if (s->layers[layer].sq_n == 0) TSR_TRY(tsr__off_speculate(o, &s->layers[layer], layer, x, n, pos0));
-    if (layer + 1 < o->L) TSR_TRY(tsr__off_speculate(o, &s->layers[layer + 1], layer + 1, x, n, pos0));
+    int next = tsr_kv_policy_next_full(o->windows, o->L, layer);
+    if (next < o->L) TSR_TRY(tsr__off_speculate(o, &s->layers[next], next, x, n, pos0));
     return TSR_OK;
 }
 
@@ -771,6 +787,7 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
     tsr__off *o = state;
     tsr__oseq *s = tsr__oseq_get(o, seq);
     if (!s) return tsr_error_set(TSR_ERR_INVALID, "offload: no sequence %d", seq);
+    if (tsr__off_sliding(o, layer)) return TSR_OK; /* its window, whatever the budget */
     tsr__olayer *L = &s->layers[layer];
     tsr_kv_cache *m = o->mech;
     if (o->mode == TSR_OFFLOAD_WARMUP && !o->chan_set[layer]) {

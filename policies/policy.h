@@ -261,6 +261,10 @@ int tsr_kv_policy_options_string(const tsr_kv_policy_decl *pol, double budget,
  * it. Budgets apply to full layers only: a sliding layer keeps its window (the policy cache
  * drops the rows no later query sees, registry.c). */
 int32_t *tsr_kv_policy_windows(const tsr_kv_policy_config *cfg, int n_layers);
+/* The first full-attention layer after `layer` in windows (tsr_kv_policy_windows; NULL: every
+ * layer is full, so layer + 1), n_layers when none: the layer a cross-layer policy (offload's
+ * speculation) serves from `layer`, skipping the sliding layers between. */
+int tsr_kv_policy_next_full(const int32_t *windows, int n_layers, int layer);
 
 /* A tsr_kv_cache: a paged cache made from `kcfg`, steered by policy `pol`. The cache's
  * wants_queries, wants_attn_input and wants_scores (memory/kv_cache.h) are what pol

@@ -251,7 +251,8 @@ typedef struct tsr__pcache {
     /* GPT-OSS: per layer of the cache its sliding window (NULL: no sliding layer). Whatever
      * the policy, a sliding layer drops the positions no later query can see at every
      * commit, so it holds at most window - 1 old rows plus a step (and its blocks go back
-     * to the pool as they empty). Not under offload, whose host tier mirrors the slots. */
+     * to the pool as they empty). offload leaves its sliding layers to this (it neither
+     * copies them to its host tier nor selects in them). */
     int32_t *windows;
 } tsr__pcache;
 
@@ -373,6 +374,12 @@ int32_t *tsr_kv_policy_windows(const tsr_kv_policy_config *cfg, int n_layers) {
         w[l] = cfg->model->layers[l].window;
     }
     return w;
+}
+
+int tsr_kv_policy_next_full(const int32_t *windows, int n_layers, int layer) {
+    int l = layer + 1;
+    while (windows && l < n_layers && windows[l] > 0) l++;
+    return l < n_layers ? l : n_layers;
 }
 
 /* A sliding layer's rows at positions <= len - window: the next query (position >= len)
@@ -511,8 +518,7 @@ tsr_status tsr_kv_policy_cache_create(const tsr_kv_policy_decl *pol,
     tsr_kv_paged_config kc = *kcfg;
     if (!pol->allows_prefix_cache) kc.prefix_caching = 0;
     int32_t *windows = NULL; /* sliding layers (GPT-OSS), see tsr__pcache */
-    for (int l = 0; pcfg->model && pcfg->model->layers && strcmp(pol->name, "offload") != 0 &&
-                    l < kc.n_layers; l++) {
+    for (int l = 0; pcfg->model && pcfg->model->layers && l < kc.n_layers; l++) {
         if (pcfg->model->layers[l].window <= 0) continue;
         if (!windows && !(windows = tsr_calloc((size_t)kc.n_layers, sizeof *windows)))
             return TSR_ERR_NOMEM;

@@ -15,6 +15,7 @@
 
 #include "base/alloc.h"
 #include "base/utf8.h"
+#include "runtime/text/harmony.h"
 
 /* ---- string set: open addressing, FNV-1a ------------------------------------------------ */
 
@@ -370,6 +371,77 @@ static char *tsr__line(cJSON *doc) {
     return line;
 }
 
+/* A cleaned (UTF-8) copy of s[0, n) as a string member of o. */
+static bool tsr__add_text(cJSON *o, const char *key, const char *s, size_t n) {
+    char *t = tsr__utf8_clean(s, n);
+    bool ok = t && cJSON_AddStringToObject(o, key, t);
+    tsr_free(t);
+    return ok;
+}
+
+/* A chat record's message: role, content (null for a tool call without text), then the
+ * reasoning and the tool call when there are. The call's id is a hash of the record's, so
+ * it is the same in every run (one call per record: <|call|> ends the answer). */
+static bool tsr__chat_message(cJSON *msg, const tsr_batch_result *r, const char *text,
+                              const char *record_id) {
+    bool ok = cJSON_AddStringToObject(msg, "role", "assistant") != NULL;
+    if (r->tool_name && !*text) ok = ok && cJSON_AddNullToObject(msg, "content");
+    else ok = ok && cJSON_AddStringToObject(msg, "content", text);
+    if (ok && r->reasoning)
+        ok = tsr__add_text(msg, "reasoning", r->reasoning, r->reasoning_len);
+    if (!ok || !r->tool_name) return ok;
+    cJSON *calls = cJSON_AddArrayToObject(msg, "tool_calls");
+    cJSON *call = cJSON_CreateObject();
+    if (!calls || !call || !cJSON_AddItemToArray(calls, call)) {
+        cJSON_Delete(call);
+        return false;
+    }
+    char cid[32];
+    snprintf(cid, sizeof cid, "call_%016" PRIx64, tsr__fnv(record_id));
+    cJSON *fn = NULL;
+    return cJSON_AddStringToObject(call, "id", cid) &&
+           cJSON_AddStringToObject(call, "type", "function") &&
+           (fn = cJSON_AddObjectToObject(call, "function")) != NULL &&
+           tsr__add_text(fn, "name", r->tool_name, r->tool_name_len) &&
+           tsr__add_text(fn, "arguments", r->tool_args ? r->tool_args : "",
+                         r->tool_args ? r->tool_args_len : 0);
+}
+
+tsr_status tsr_batch_result_harmony(tsr_batch_result *res, const char *raw, size_t n,
+                                    bool called, char **reasoning) {
+    *reasoning = NULL;
+    tsr_harmony_answer a;
+    tsr_harmony_answer_parse(raw, n, called, &a);
+    res->text = raw + a.final.begin;
+    res->text_len = a.final.len;
+    if (a.tool_call && !strcmp(res->finish_reason, "stop")) {
+        res->finish_reason = "tool_calls";
+        res->tool_name = raw + a.tool_name.begin;
+        res->tool_name_len = a.tool_name.len;
+        res->tool_args = raw + a.tool_args.begin;
+        res->tool_args_len = a.tool_args.len;
+    }
+    if (a.n_reasoning == 0) return TSR_OK;
+    size_t len = 0;
+    for (int i = 0; i < a.n_reasoning; i++) len += a.reasoning[i].len + 2;
+    char *t = tsr_malloc(len + 1);
+    if (!t) return TSR_ERR_NOMEM;
+    len = 0;
+    for (int i = 0; i < a.n_reasoning; i++) {
+        if (i) {
+            memcpy(t + len, "\n\n", 2);
+            len += 2;
+        }
+        memcpy(t + len, raw + a.reasoning[i].begin, a.reasoning[i].len);
+        len += a.reasoning[i].len;
+    }
+    t[len] = '\0';
+    res->reasoning = t;
+    res->reasoning_len = len;
+    *reasoning = t;
+    return TSR_OK;
+}
+
 char *tsr_batch_format_result(const tsr_batch_result *r) {
     char id[48], req[48];
     tsr_batch_record_id(r->custom_id, 0, id, sizeof id);
@@ -382,7 +454,7 @@ char *tsr_batch_format_result(const tsr_batch_result *r) {
     cJSON *choices = cJSON_CreateArray();
     cJSON *choice = cJSON_CreateObject();
     cJSON *usage = cJSON_CreateObject();
-    bool ok = doc && resp && body && choices && choice && usage;
+    bool ok = doc && resp && body && choices && choice && usage, msg_ok = true;
     if (ok) {
         cJSON_AddStringToObject(doc, "id", id);
         cJSON_AddStringToObject(doc, "custom_id", r->custom_id);
@@ -397,10 +469,7 @@ char *tsr_batch_format_result(const tsr_batch_result *r) {
         cJSON_AddNumberToObject(choice, "index", 0);
         if (r->kind == TSR_BATCH_CHAT) {
             cJSON *msg = cJSON_AddObjectToObject(choice, "message");
-            if (msg) {
-                cJSON_AddStringToObject(msg, "role", "assistant");
-                cJSON_AddStringToObject(msg, "content", text);
-            }
+            msg_ok = msg && tsr__chat_message(msg, r, text, id);
         } else {
             cJSON_AddStringToObject(choice, "text", text);
         }
@@ -416,6 +485,10 @@ char *tsr_batch_format_result(const tsr_batch_result *r) {
             char h[24];
             snprintf(h, sizeof h, "%016" PRIx64, r->line_hash);
             cJSON_AddStringToObject(doc, "line_hash", h);
+        }
+        if (!msg_ok) { /* out of memory: no record rather than half of one */
+            cJSON_Delete(doc);
+            doc = NULL;
         }
     } else {
         cJSON_Delete(resp);

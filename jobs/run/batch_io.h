@@ -89,13 +89,28 @@ typedef struct tsr_batch_result {
     const char *model;         /* body.model */
     const char *text;          /* completion (any bytes; invalid UTF-8 becomes U+FFFD) */
     size_t text_len;
-    const char *finish_reason; /* "stop" | "length" */
+    const char *finish_reason; /* "stop" | "length" | "tool_calls" */
     int prompt_tokens, completion_tokens;
+    /* Chat records of a harmony model (GPT-OSS): the analysis channel's text as the
+     * message's "reasoning" (NULL: none), and a tool call (tool_name NULL: none) as its
+     * "tool_calls" list of one function call; with a call and no text, "content" is null. */
+    const char *reasoning;
+    size_t reasoning_len;
+    const char *tool_name, *tool_args;
+    size_t tool_name_len, tool_args_len;
     uint64_t line_hash; /* tsr_batch_line_hash of its input line; 0: not recorded */
 } tsr_batch_result;
 
 /* One output line, '\n'-terminated, caller frees (tsr_free). NULL: out of memory. */
 char *tsr_batch_format_result(const tsr_batch_result *r);
+
+/* A harmony chat answer (raw[0, n), the decoded text; `called`: generation ended with
+ * <|call|>, runtime/text/harmony.h) as res's parts: text the final channel's ("" when
+ * none), reasoning the analysis messages' text (joined by a blank line, in *reasoning, which
+ * the caller frees; NULL when none), and a tool call (a message to=functions.NAME ended by
+ * <|call|>) with finish_reason "tool_calls" when res's was "stop". Points into raw. */
+tsr_status tsr_batch_result_harmony(tsr_batch_result *res, const char *raw, size_t n,
+                                    bool called, char **reasoning);
 /* custom_id NULL: keyed by line (see the top of this file); `line` is always recorded. */
 char *tsr_batch_format_error(const char *custom_id, int64_t line, const char *code,
                              const char *message);

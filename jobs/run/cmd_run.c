@@ -214,6 +214,7 @@ static tsr_status tsr__setup_files(tsr_run_job *g) {
         TSR_TRY(tsr_harmony_template(&g->chat));
     tsr_harmony_ids hids;
     g->harmony = !o->harmony_raw && tsr_harmony_ids_find(g->tok, &hids);
+    g->harmony_call = g->harmony ? hids.call : -1;
     tsr__basename(o->model, g->model_name, sizeof g->model_name);
     return TSR_OK;
 }
@@ -482,8 +483,11 @@ static tsr_status tsr__feed(tsr_run_job *g, int64_t *line_no, bool *eof) {
     return st;
 }
 
-/* Appends `piece` and reports whether a stop string now occurs (text trimmed there). */
-static tsr_status tsr__append(tsr_run_req *q, const char *piece, size_t n, bool *stopped) {
+/* Appends `piece` and reports whether a stop string now occurs (text trimmed there). With
+ * `harmony` (a chat answer in harmony) the stop strings match the final channel's text only,
+ * the completion the record holds: a match starts inside the open final message. */
+static tsr_status tsr__append(tsr_run_req *q, const char *piece, size_t n, bool harmony,
+                              bool *stopped) {
     *stopped = false;
     if (q->len + n + 1 > q->cap) {
         size_t cap = q->cap ? q->cap : 256;
@@ -497,12 +501,27 @@ static tsr_status tsr__append(tsr_run_req *q, const char *piece, size_t n, bool 
     memcpy(q->text + q->len, piece, n);
     q->len += n;
     q->text[q->len] = '\0';
+    size_t first = 0; /* where a match may start */
+    if (harmony && q->n_stops > 0) {
+        /* A mark completed by this piece ends in it with its '>': parse the answer again
+         * then (a few times an answer); otherwise the last parse holds. */
+        if (!q->final_known || memchr(piece, '>', n)) {
+            tsr_harmony_answer a;
+            tsr_harmony_answer_parse(q->text, q->len, false, &a);
+            q->final_open = a.has_final && a.final.begin + a.final.len == q->len;
+            q->final_from = a.final.begin;
+            q->final_known = true;
+        }
+        if (!q->final_open) return TSR_OK;
+        first = q->final_from;
+    }
     size_t best = SIZE_MAX;
     for (int i = 0; i < q->n_stops; i++) {
         size_t L = strlen(q->stops[i]);
         if (L > q->len) continue;
         /* A new match must end inside the new piece. */
         size_t from = old + 1 > L ? old + 1 - L : 0;
+        if (from < first) from = first;
         for (size_t at = from; at + L <= q->len && at < best; at++)
             if (!memcmp(q->text + at, q->stops[i], L)) {
                 best = at;
@@ -519,20 +538,18 @@ static tsr_status tsr__append(tsr_run_req *q, const char *piece, size_t n, bool 
 
 static tsr_status tsr__finish(tsr_run_job *g, int tag, const char *reason, double now) {
     tsr_run_req *q = &g->reqs[tag];
-    const char *text = q->text;
-    size_t text_len = q->len;
-    if (g->harmony && q->kind == TSR_BATCH_CHAT) { /* the final channel ("" if none) */
-        size_t b = 0, n = 0;
-        tsr_harmony_final_span(q->text ? q->text : "", q->len, &b, &n);
-        text = q->text ? q->text + b : "";
-        text_len = n;
-    }
+    const char *raw = q->text ? q->text : "";
     tsr_batch_result res = {.custom_id = q->custom_id, .kind = q->kind,
-                            .model = g->model_name, .text = text, .text_len = text_len,
+                            .model = g->model_name, .text = raw, .text_len = q->len,
                             .finish_reason = reason, .prompt_tokens = q->n_prompt,
                             .completion_tokens = q->n_gen, .line_hash = q->line_hash};
+    char *reasoning = NULL;
+    if (g->harmony && q->kind == TSR_BATCH_CHAT) /* the final channel ("" if none) and more */
+        TSR_TRY(tsr_batch_result_harmony(&res, raw, q->len, q->called, &reasoning));
     g->m.ok++;
-    if (!strcmp(reason, "stop"))
+    if (!strcmp(res.finish_reason, "tool_calls"))
+        g->m.finish_tool_calls++;
+    else if (!strcmp(reason, "stop"))
         g->m.finish_stop++;
     else
         g->m.finish_length++;
@@ -542,6 +559,7 @@ static tsr_status tsr__finish(tsr_run_job *g, int tag, const char *reason, doubl
         TSR_TRY(tsr_samples_add(&g->m.tpot, (now - q->t_first) / (double)(q->n_gen - 1)));
     TSR_TRY(tsr_samples_add(&g->m.e2e, now - q->t_submit));
     tsr_status st = tsr__put(g, tsr_batch_format_result(&res), false);
+    tsr_free(reasoning);
     tsr_run_req_clear(q);
     return st;
 }
@@ -563,7 +581,9 @@ static tsr_status tsr__events(tsr_run_job *g, const tsr_sched_event *ev, int n_e
                                           sizeof piece);
             q->prev = ev[i].token;
             q->n_gen++;
-            if (nb > 0) TSR_TRY(tsr__append(q, piece, (size_t)nb, &stopped));
+            if (nb > 0)
+                TSR_TRY(tsr__append(q, piece, (size_t)nb, g->harmony && q->kind == TSR_BATCH_CHAT,
+                                    &stopped));
         }
         if (stopped) {
             if (ev[i].finish == TSR_FINISH_NONE) tsr_sched_finish(g->sched, ev[i].tag);
@@ -572,7 +592,10 @@ static tsr_status tsr__events(tsr_run_job *g, const tsr_sched_event *ev, int n_e
         }
         switch (ev[i].finish) {
         case TSR_FINISH_NONE: break;
-        case TSR_FINISH_EOS: TSR_TRY(tsr__finish(g, tag, "stop", now)); break;
+        case TSR_FINISH_EOS:
+            q->called = g->harmony && ev[i].eos == g->harmony_call;
+            TSR_TRY(tsr__finish(g, tag, "stop", now));
+            break;
         case TSR_FINISH_LENGTH:
         case TSR_FINISH_CONTEXT: TSR_TRY(tsr__finish(g, tag, "length", now)); break;
         case TSR_FINISH_ERROR: {

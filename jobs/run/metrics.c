@@ -115,6 +115,7 @@ tsr_status tsr_metrics_write(tsr_metrics *m, const char *path) {
         cJSON_AddNumberToObject(rq, "skipped", (double)m->skipped);
         cJSON_AddNumberToObject(rq, "finish_stop", (double)m->finish_stop);
         cJSON_AddNumberToObject(rq, "finish_length", (double)m->finish_length);
+        cJSON_AddNumberToObject(rq, "finish_tool_calls", (double)m->finish_tool_calls);
     }
     cJSON *tk = cJSON_AddObjectToObject(d, "tokens");
     if (tk) {

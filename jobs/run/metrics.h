@@ -32,7 +32,7 @@ typedef struct tsr_metrics {
     const char *model, *input, *output, *backend;
     int threads, max_batch_seqs, max_batch_tokens, max_context;
     /* requests (lines of the input) */
-    int64_t lines, ok, failed, skipped, finish_stop, finish_length;
+    int64_t lines, ok, failed, skipped, finish_stop, finish_length, finish_tool_calls;
     /* tokens of the requests that ran */
     int64_t prompt_tokens, completion_tokens;
     double wall_s;   /* from the first request to the last record */

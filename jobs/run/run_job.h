@@ -48,6 +48,11 @@ typedef struct tsr_run_req {
     int n_prompt, n_gen;
     double t_submit, t_first;
     double t_last; /* the last output token (inter-token latency) */
+    bool called;   /* harmony: ended by <|call|> (a tool call; the token is not in text) */
+    /* harmony chat with stop strings: text ends inside a final-channel message whose text
+     * starts at final_from (known once parsed; again after a piece that may hold a mark) */
+    bool final_known, final_open;
+    size_t final_from;
 } tsr_run_req;
 
 typedef struct tsr_run_job {
@@ -64,6 +69,7 @@ typedef struct tsr_run_job {
     tsr_sched *sched;
     tsr_chat_template chat;
     bool harmony; /* chat answers are harmony (GPT-OSS): a record gets the final channel */
+    int32_t harmony_call; /* with harmony: <|call|>'s id */
     int ctx;
     FILE *in;
     tsr_batch_writer out, err;

@@ -227,7 +227,8 @@ static tsr_status tsr__emit(tsr_sched *s, const tsr__req *r, int32_t token,
         s->ev_cap *= 2;
     }
     s->ev[s->n_ev++] = (tsr_sched_event){.tag = r->tag, .token = token,
-                                         .n_generated = r->n_generated, .finish = fin};
+                                         .n_generated = r->n_generated, .finish = fin,
+                                         .eos = -1};
     return TSR_OK;
 }
 
@@ -507,8 +508,10 @@ tsr_status tsr_sched_step(tsr_sched *s, const tsr_sched_event **events, int *n_e
             if (!s->plan[i].want_logits) continue;
             int32_t t = s->ids[row++];
             tsr_finish_reason fin = TSR_FINISH_NONE;
+            int32_t eos = -1;
             if (tsr__is_eos(s, t)) {
                 fin = TSR_FINISH_EOS;
+                eos = t;
                 t = -1;
             } else {
                 r->tokens[r->n_tokens++] = t;
@@ -519,6 +522,7 @@ tsr_status tsr_sched_step(tsr_sched *s, const tsr_sched_event **events, int *n_e
                     fin = TSR_FINISH_CONTEXT;
             }
             TSR_TRY(tsr__emit(s, r, t, fin));
+            s->ev[s->n_ev - 1].eos = eos;
         }
         info->n_seqs = n;
         s->totals.steps++;

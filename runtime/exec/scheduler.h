@@ -69,6 +69,9 @@ typedef struct tsr_sched_event {
     int32_t token;            /* the new token; -1 when the event carries none */
     int32_t n_generated;      /* tokens generated so far (EOS not counted) */
     tsr_finish_reason finish; /* TSR_FINISH_NONE while the request goes on */
+    /* TSR_FINISH_EOS: the end-of-sequence token that ended it (harmony's <|return|> and
+     * <|call|> differ), not in `token`; -1 otherwise */
+    int32_t eos;
 } tsr_sched_event;
 
 typedef struct tsr_sched_step_info {

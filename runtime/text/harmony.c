@@ -145,14 +145,41 @@ tsr_harmony_part tsr_harmony_feed(tsr_harmony_parser *p, int32_t id, const char 
     }
 }
 
-bool tsr_harmony_final_span(const char *raw, size_t n, size_t *begin, size_t *len) {
+/* The channel's first word in raw[b, e) (a recipient or content type may follow it). */
+static bool tsr__word_is(const char *raw, size_t b, size_t e, const char *word) {
+    while (b < e && raw[b] == ' ') b++;
+    size_t w = b;
+    while (w < e && raw[w] != ' ') w++;
+    size_t L = strlen(word);
+    return w - b == L && !memcmp(raw + b, word, L);
+}
+
+/* The recipient named by "to=NAME" in raw[b, e) (NAME ends at a space), "functions." cut
+ * from a function tool's name. False when there is none. */
+static bool tsr__recipient(const char *raw, size_t b, size_t e, tsr_harmony_span *name) {
+    for (size_t i = b; i + 3 <= e; i++) {
+        if (memcmp(raw + i, "to=", 3) || (i > b && raw[i - 1] != ' ')) continue;
+        size_t s = i + 3, t = s;
+        while (t < e && raw[t] != ' ') t++;
+        if (t - s > 10 && !memcmp(raw + s, "functions.", 10)) s += 10;
+        if (t == s) return false;
+        *name = (tsr_harmony_span){s, t - s};
+        return true;
+    }
+    return false;
+}
+
+void tsr_harmony_answer_parse(const char *raw, size_t n, bool called, tsr_harmony_answer *out) {
     static const char *const marks[] = {"<|start|>", "<|channel|>", "<|message|>", "<|end|>",
                                         "<|return|>", "<|call|>", "<|constrain|>"};
     enum { START, CHANNEL, MESSAGE, END, RETURN, CALL, CONSTRAIN };
     int state = TSR__H_HEADER;
-    size_t ch = 0, ch_len = 0, body = 0;
-    bool found = false, final = false;
-    *begin = *len = 0;
+    /* the current message: its header (the role, after the prompt's `<|start|>` for the
+     * first), channel name and body */
+    size_t hdr = 0, hdr_len = 0, ch = 0, ch_len = 0, body = 0;
+    bool final = false, analysis = false, to = false;
+    tsr_harmony_span name = {0, 0};
+    memset(out, 0, sizeof *out);
     for (size_t i = 0; i <= n;) {
         int m = -1;
         if (i < n && raw[i] == '<')
@@ -161,12 +188,22 @@ bool tsr_harmony_final_span(const char *raw, size_t n, size_t *begin, size_t *le
                 if (L <= n - i && !memcmp(raw + i, marks[k], L)) m = k;
             }
         if (i == n || m >= 0) {
-            /* a channel name or a message body ends here */
+            /* a header, a channel name or a message body ends here */
+            if (state == TSR__H_HEADER) hdr_len = i - hdr;
             if (state == TSR__H_CHANNEL) ch_len = i - ch;
-            if (state == TSR__H_CONTENT && final) {
-                *begin = body;
-                *len = i - body;
-                found = true;
+            if (state == TSR__H_CONTENT) {
+                tsr_harmony_span text = {body, i - body};
+                if (final) {
+                    out->final = text;
+                    out->has_final = true;
+                }
+                if (analysis && !to && out->n_reasoning < TSR_HARMONY_MAX_REASONING)
+                    out->reasoning[out->n_reasoning++] = text;
+                if ((m == CALL || (i == n && called)) && to) {
+                    out->tool_call = true;
+                    out->tool_name = name;
+                    out->tool_args = text;
+                }
             }
             if (i == n) break;
         }
@@ -178,22 +215,26 @@ bool tsr_harmony_final_span(const char *raw, size_t n, size_t *begin, size_t *le
         switch (m) {
         case CHANNEL: state = TSR__H_CHANNEL; ch = i; ch_len = 0; break;
         case CONSTRAIN: state = TSR__H_CONSTRAIN; break;
-        case MESSAGE: {
-            /* the channel's first word */
-            size_t b = ch, e = ch + ch_len;
-            while (b < e && raw[b] == ' ') b++;
-            size_t w = b;
-            while (w < e && raw[w] != ' ') w++;
-            final = w - b == 5 && !memcmp(raw + b, "final", 5); /* no channel: not final */
+        case MESSAGE:
+            final = tsr__word_is(raw, ch, ch + ch_len, "final"); /* no channel: not final */
+            analysis = tsr__word_is(raw, ch, ch + ch_len, "analysis");
+            to = tsr__recipient(raw, hdr, hdr + hdr_len, &name) ||
+                 tsr__recipient(raw, ch, ch + ch_len, &name);
             state = TSR__H_CONTENT;
             body = i;
             break;
-        }
-        case START: state = TSR__H_HEADER; ch_len = 0; break;
+        case START: state = TSR__H_HEADER; hdr = i; hdr_len = ch_len = 0; break;
         case END: state = TSR__H_BETWEEN; break;
         default: state = TSR__H_DONE; break; /* return, call */
         }
         if (state == TSR__H_DONE) break;
     }
-    return found;
+}
+
+bool tsr_harmony_final_span(const char *raw, size_t n, size_t *begin, size_t *len) {
+    tsr_harmony_answer a;
+    tsr_harmony_answer_parse(raw, n, false, &a);
+    *begin = a.final.begin;
+    *len = a.final.len;
+    return a.has_final;
 }

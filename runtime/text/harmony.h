@@ -67,4 +67,34 @@ tsr_harmony_part tsr_harmony_feed(tsr_harmony_parser *p, int32_t id, const char 
  * completion is then empty. An unfinished final message counts up to the end of raw. */
 bool tsr_harmony_final_span(const char *raw, size_t n, size_t *begin, size_t *len);
 
+/* A part of a decoded answer: raw[begin, begin + len). */
+typedef struct tsr_harmony_span {
+    size_t begin, len;
+} tsr_harmony_span;
+
+/* Analysis messages an answer's parse keeps (more are dropped: a GPT-OSS answer has one per
+ * turn). */
+#define TSR_HARMONY_MAX_REASONING 8
+
+/* What a `tessera run` chat record is made of (tsr_harmony_answer_parse). */
+typedef struct tsr_harmony_answer {
+    bool has_final;         /* a final-channel message started (tsr_harmony_final_span) */
+    tsr_harmony_span final; /* its text, the last one when there are several */
+    /* the text of the analysis-channel messages (the reasoning), in order; not those to a
+     * recipient (a built-in tool's call on the analysis channel) */
+    tsr_harmony_span reasoning[TSR_HARMONY_MAX_REASONING];
+    int n_reasoning;
+    /* A tool call: the answer ended with <|call|> after a message with a recipient
+     * (`to=functions.NAME`, in the header after the role or after the channel's name). */
+    bool tool_call;
+    tsr_harmony_span tool_name; /* NAME, without the "functions." of function tools */
+    tsr_harmony_span tool_args; /* the message's text: the arguments as the model wrote them */
+} tsr_harmony_answer;
+
+/* Parses a whole decoded answer (special tokens as their text) into *out. An unfinished
+ * message counts up to the end of raw. `called`: generation ended with <|call|>, which raw
+ * does not hold (a stop token is not part of the text; `tessera run`), so raw ends as if it
+ * were there. */
+void tsr_harmony_answer_parse(const char *raw, size_t n, bool called, tsr_harmony_answer *out);
+
 #endif

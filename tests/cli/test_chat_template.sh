@@ -7,7 +7,8 @@
 # GPT-OSS (harmony): a model directory without a template gets the built-in harmony one,
 # which encodes to the same prompt as the model's own template; chat records and
 # `generate --chat` carry the final channel's text (empty from a random model: its answer
-# never opens the final channel), --harmony-raw the whole answer with its special tokens.
+# never opens the final channel), --harmony-raw the whole answer with its special tokens;
+# stop strings match the final channel only (the whole answer with --harmony-raw).
 # Args: $1 tessera binary, $2 repo root, $3 scratch dir.
 set -u
 bin=$1 root=$2 tmp=$3
@@ -63,6 +64,7 @@ grep -q "tokenizer_config.json: 2:4: unsupported statement 'include'" "$tmp/err3
 g=$root/tests/data/arch/gptoss_f32 htok=$root/tests/data/harmony/tokenizer.json
 cat >"$tmp/h.jsonl" <<'JSONL'
 {"custom_id": "h", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}], "max_tokens": 12, "temperature": 0}}
+{"custom_id": "hs", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}], "max_tokens": 12, "temperature": 0, "stop": "Mat"}}
 JSONL
 hrun() { # $1 model dir, $2 output, then flags
     local md=$1 out=$2
@@ -75,6 +77,22 @@ hrun "$g" "$tmp/h1.jsonl"
 grep -q '"content":""' "$tmp/h1.jsonl" || fail "harmony: not the (empty) final channel: $(cat "$tmp/h1.jsonl")"
 hrun "$g" "$tmp/h2.jsonl" --harmony-raw
 grep -q '"content":""' "$tmp/h2.jsonl" && fail "--harmony-raw: an empty answer: $(cat "$tmp/h2.jsonl")"
+# "Mat" is in the raw answer ("]:*V02RMat02", no final channel): it cuts the raw record
+# only
+python3 - "$tmp/h1.jsonl" "$tmp/h2.jsonl" <<'PY' || fail "harmony stop strings: $(cat "$tmp/h1.jsonl" "$tmp/h2.jsonl")"
+import json, sys
+def recs(path):
+    d = {}
+    for line in open(path):
+        r = json.loads(line)
+        b = r["response"]["body"]
+        d[r["custom_id"]] = (b["choices"][0]["message"]["content"], b["usage"]["completion_tokens"])
+    return d
+h, raw = recs(sys.argv[1]), recs(sys.argv[2])
+assert "Mat" in raw["h"][0] and raw["hs"][0] == raw["h"][0][:raw["h"][0].index("Mat")], raw
+assert raw["hs"][1] < raw["h"][1], raw
+assert h["hs"] == h["h"], h
+PY
 tokens() { grep -o '"prompt_tokens":[0-9]*' "$1"; }
 mkdir -p "$tmp/oss/gptoss_f32" && cp "$g"/* "$tmp/oss/gptoss_f32/" # the same model name
 config "$root/tests/data/chat_templates/openai-gpt-oss-120b.jinja" "<|startoftext|>" \

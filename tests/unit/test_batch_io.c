@@ -162,8 +162,74 @@ TSR_TEST(test_record_shapes) {
     ASSERT_STR_EQ(cJSON_GetObjectItem(msg, "role")->valuestring, "assistant");
     ASSERT_TRUE(cJSON_IsString(cJSON_GetObjectItem(msg, "content")));
     ASSERT_TRUE(cJSON_GetObjectItem(ch, "text") == NULL);
+    ASSERT_TRUE(!cJSON_GetObjectItem(msg, "reasoning") && !cJSON_GetObjectItem(msg, "tool_calls"));
     cJSON_Delete(d);
     tsr_free(line);
+
+    /* a harmony tool call (OpenAI's shape): content null, the reasoning, one function call
+     * whose id follows the record's (the same in every run) */
+    r.text = "";
+    r.text_len = 0;
+    r.finish_reason = "tool_calls";
+    r.reasoning = "Need weather.xx";
+    r.reasoning_len = 13;
+    r.tool_name = "get_weather";
+    r.tool_name_len = 11;
+    r.tool_args = "{\"city\":\"Paris\"}";
+    r.tool_args_len = strlen(r.tool_args);
+    line = tsr_batch_format_result(&r);
+    ASSERT_TRUE(line != NULL);
+    ASSERT_STR_CONTAINS(line, "\"message\":{\"role\":\"assistant\",\"content\":null,"
+                              "\"reasoning\":\"Need weather.\",\"tool_calls\":[{\"id\":\"call_");
+    ASSERT_STR_CONTAINS(line, "\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                              "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},"
+                              "\"finish_reason\":\"tool_calls\"");
+    char *again = tsr_batch_format_result(&r);
+    ASSERT_TRUE(again && !strcmp(line, again));
+    tsr_free(again);
+    tsr_free(line);
+    r.text = "Sunny.";
+    r.text_len = 6; /* text with a call stays the content */
+    line = tsr_batch_format_result(&r);
+    ASSERT_STR_CONTAINS(line, "\"content\":\"Sunny.\"");
+    tsr_free(line);
+
+    /* from the decoded harmony answer as `tessera run` has it (the <|call|> that ended it
+     * is not in the text) to the record */
+    static const char ans[] = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>"
+                              "assistant<|channel|>commentary to=functions.get_weather "
+                              "<|constrain|>json<|message|>{\"city\":\"Paris\"}";
+    tsr_batch_result h = {.custom_id = "h1", .kind = TSR_BATCH_CHAT, .model = "oss",
+                          .finish_reason = "stop", .prompt_tokens = 9, .completion_tokens = 20};
+    char *reasoning = NULL;
+    ASSERT_OK(tsr_batch_result_harmony(&h, ans, strlen(ans), true, &reasoning));
+    ASSERT_STR_EQ(h.finish_reason, "tool_calls");
+    line = tsr_batch_format_result(&h);
+    d = cJSON_Parse(line);
+    ch = cJSON_GetArrayItem(cJSON_GetObjectItem(
+                                cJSON_GetObjectItem(cJSON_GetObjectItem(d, "response"), "body"),
+                                "choices"),
+                            0);
+    msg = cJSON_GetObjectItem(ch, "message");
+    ASSERT_TRUE(cJSON_IsNull(cJSON_GetObjectItem(msg, "content")));
+    ASSERT_STR_EQ(cJSON_GetObjectItem(msg, "reasoning")->valuestring, "Need weather.");
+    cJSON *call = cJSON_GetArrayItem(cJSON_GetObjectItem(msg, "tool_calls"), 0);
+    ASSERT_STR_CONTAINS(cJSON_GetObjectItem(call, "id")->valuestring, "call_");
+    cJSON *fn = cJSON_GetObjectItem(call, "function");
+    ASSERT_STR_EQ(cJSON_GetObjectItem(fn, "name")->valuestring, "get_weather");
+    ASSERT_STR_EQ(cJSON_GetObjectItem(fn, "arguments")->valuestring, "{\"city\":\"Paris\"}");
+    ASSERT_STR_EQ(cJSON_GetObjectItem(ch, "finish_reason")->valuestring, "tool_calls");
+    cJSON_Delete(d);
+    tsr_free(line);
+    tsr_free(reasoning);
+    /* the same text cut by max_tokens: no call, the reasoning, empty content */
+    h = (tsr_batch_result){.custom_id = "h1", .kind = TSR_BATCH_CHAT, .finish_reason = "length"};
+    ASSERT_OK(tsr_batch_result_harmony(&h, ans, strlen(ans), false, &reasoning));
+    line = tsr_batch_format_result(&h);
+    ASSERT_STR_CONTAINS(line, "\"message\":{\"role\":\"assistant\",\"content\":\"\","
+                              "\"reasoning\":\"Need weather.\"},\"finish_reason\":\"length\"");
+    tsr_free(line);
+    tsr_free(reasoning);
 
     line = tsr_batch_format_error(NULL, 12, TSR_BATCH_E_JSON, "line 12: not a JSON object");
     d = cJSON_Parse(line);

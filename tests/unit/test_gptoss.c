@@ -23,6 +23,8 @@
 #include "kernels/rope_freq.h"
 #include "memory/kv_cache.h"
 #include "memory/kv_paged.h"
+#include "memory/host_pool.h"
+#include "policies/offload_skew.h"
 #include "policies/policy.h"
 #include "runtime/engine/engine.h"
 #include "runtime/exec/forward.h"
@@ -333,10 +335,12 @@ TSR_TEST(test_gptoss_features_matter) {
 
 /* ---- KV policies ---------------------------------------------------------------------- */
 
-/* Greedy tokens of prompt p under a policy (paged cache), on cpu. */
-static tsr_status policy_tokens(tsr_model *m, const ref_prompt *p, const char *policy,
-                                double budget, const tsr_kv_policy_arg *args, int n_args,
-                                int32_t *out, int32_t rows_out[2]) {
+/* Greedy tokens of prompt p under a policy (paged cache), on cpu: the rows each layer holds
+ * at the end in rows_out ([the model's layers]) and the policy's stats in ps (NULL: not
+ * wanted). */
+static tsr_status policy_stats(tsr_model *m, const ref_prompt *p, const char *policy,
+                               double budget, const tsr_kv_policy_arg *args, int n_args,
+                               int32_t *out, int32_t *rows_out, tsr_kv_policy_stats *ps) {
     tsr_engine_spec spec = {.backend = "cpu", .threads = 1, .max_tokens = STEP_TOKENS,
                             .kv = {.policy = tsr_kv_policy_find(policy), .budget = budget,
                                    .policy_args = args, .n_policy_args = n_args,
@@ -356,16 +360,24 @@ static tsr_status policy_tokens(tsr_model *m, const ref_prompt *p, const char *p
         s = (tsr_batch_seq){.seq = 0, .tokens = &out[i], .n_tokens = 1, .want_logits = true};
         if (i + 1 < p->n_greedy) st = tsr_forward_run(e->fwd, e->kv, &s, 1, logits, &rows);
     }
-    for (int l = 0; l < 2 && st == TSR_OK; l++) /* rows each layer holds at the end */
+    for (int l = 0; l < m->cfg.n_layers && st == TSR_OK; l++) /* rows held at the end */
         rows_out[l] = tsr_kv_paged_slots(tsr_kv_policy_mech(e->kv), l, 0);
+    if (ps) tsr_kv_policy_get_stats(e->kv, ps);
     tsr_free(logits);
     tsr_engine_destroy(e);
     return st;
 }
 
-/* h2o and streaming with a budget above every sequence give transformers' tokens, the
- * sliding layer holding only window - 1 rows at the end of each step (its older positions
- * dropped whatever the policy) and the full layer every position; and h2o at a small budget
+static tsr_status policy_tokens(tsr_model *m, const ref_prompt *p, const char *policy,
+                                double budget, const tsr_kv_policy_arg *args, int n_args,
+                                int32_t *out, int32_t rows_out[2]) {
+    return policy_stats(m, p, policy, budget, args, n_args, out, rows_out, NULL);
+}
+
+/* h2o, streaming and offload (both modes) with a budget above every sequence give
+ * transformers' tokens, the sliding layer holding only window - 1 rows at the end of each
+ * step (its older positions dropped whatever the policy) and the full layer every position;
+ * a budget under the window applies to the full layer only; and h2o at a small budget
  * evicts the same tokens whether its scores come from the kernel (sinks and window inside)
  * or from the materialized matrix (sinks and window applied there). */
 TSR_TEST(test_gptoss_policies) {
@@ -376,11 +388,12 @@ TSR_TEST(test_gptoss_policies) {
     ref_prompt p[MAX_PROMPTS];
     memset(p, 0, sizeof p);
     int np = load_ref("gptoss_f32", m->cfg.vocab_size, p);
-    const char *pols[] = {"paged", "h2o", "streaming"};
+    const char *pols[] = {"paged", "h2o", "streaming", "offload", "offload"};
+    tsr_kv_policy_arg skew[] = {{"offload-mode", "skew"}, {"offload-dense-layers", "0"}};
     int32_t got[32], tiled[32], mat[32];
-    for (int k = 0; k < 3 && np == 3 && !tsr_test_failed_flag; k++) {
+    for (int k = 0; k < 5 && np == 3 && !tsr_test_failed_flag; k++) {
         int32_t rows[2] = {0, 0};
-        tsr_status st = policy_tokens(m, &p[2], pols[k], 128, NULL, 0, got, rows);
+        tsr_status st = policy_tokens(m, &p[2], pols[k], 128, skew, k == 4 ? 2 : 0, got, rows);
         if (st != TSR_OK) TSR_FAIL_("%s: %s", pols[k], tsr_last_error());
         /* 41 + 31 positions cached; layer 0 slides over 8 */
         if (rows[0] != 7 || rows[1] != p[2].n + p[2].n_greedy - 1)
@@ -394,9 +407,9 @@ TSR_TEST(test_gptoss_policies) {
             }
     }
     /* a budget under the window applies to the full layer only */
-    for (int k = 1; k < 3 && np == 3 && !tsr_test_failed_flag; k++) {
+    for (int k = 1; k < 5 && np == 3 && !tsr_test_failed_flag; k++) {
         int32_t rows[2] = {0, 0};
-        ASSERT_OK(policy_tokens(m, &p[2], pols[k], 4, NULL, 0, got, rows));
+        ASSERT_OK(policy_tokens(m, &p[2], pols[k], 4, skew, k == 4 ? 2 : 0, got, rows));
         if (rows[0] != 7 || rows[1] > 5)
             NOTE_FAIL("%s budget 4: layers hold %d and %d rows, want 7 and <= 5", pols[k],
                       rows[0], rows[1]);
@@ -414,6 +427,155 @@ TSR_TEST(test_gptoss_policies) {
     }
     free_ref(p);
     tsr_model_destroy(m);
+}
+
+/* offload across sliding layers: each full layer speculates from the previous full layer
+ * (tsr_kv_policy_next_full skips the sliding ones); on four layers, sliding and full
+ * alternating, a budget above the sequence gives paged's tokens in both modes, and a small
+ * one selects in the two full layers only (every decode step, never the recent-window
+ * fallback), the sliding layers keeping their window and the full ones the budget. */
+TSR_TEST(test_gptoss_offload) {
+    const int32_t w6[] = {8, 0, 8, 0, 8, 0}, w4[] = {0, 8, 8, 0};
+    ASSERT_EQ_INT(tsr_kv_policy_next_full(w6, 6, 1), 3);
+    ASSERT_EQ_INT(tsr_kv_policy_next_full(w6, 6, 3), 5);
+    ASSERT_EQ_INT(tsr_kv_policy_next_full(w6, 6, 5), 6);
+    ASSERT_EQ_INT(tsr_kv_policy_next_full(w6, 6, 0), 1);
+    ASSERT_EQ_INT(tsr_kv_policy_next_full(w4, 4, 0), 3);
+    ASSERT_EQ_INT(tsr_kv_policy_next_full(NULL, 4, 2), 3); /* every layer full: the next */
+    ASSERT_EQ_INT(tsr_kv_policy_next_full(NULL, 4, 3), 4);
+    char spec[600];
+    snprintf(spec, sizeof spec,
+             "synthetic:%s/tests/data/arch/gptoss_f32/config.json,seed=7,layers=4,ctx=256",
+             TSR_SOURCE_DIR);
+    tsr_model *m = NULL;
+    ASSERT_OK(tsr_model_load(spec, &m));
+    m->cfg.sliding_layers[0] |= 1u << 2; /* layers 0 and 2 slide (the config names two) */
+    ASSERT_TRUE(tsr_config_layer_window(&m->cfg, 2) == 8 &&
+                tsr_config_layer_window(&m->cfg, 3) == 0);
+    ref_prompt p;
+    memset(&p, 0, sizeof p);
+    p.n = 30;
+    p.n_greedy = 20;
+    for (int i = 0; i < p.n; i++) p.ids[i] = (i * 37 + 11) % m->cfg.vocab_size;
+    int32_t want[32], got[32], rows[4];
+    tsr_kv_policy_stats ps;
+    ASSERT_OK(policy_stats(m, &p, "paged", 0, NULL, 0, want, rows, NULL));
+    tsr_kv_policy_arg skew[] = {{"offload-mode", "skew"}, {"offload-dense-layers", "0"}};
+    for (int mode = 0; mode < 2 && !tsr_test_failed_flag; mode++) {
+        ASSERT_OK(policy_stats(m, &p, "offload", 64, skew, 2 * mode, got, rows, &ps));
+        for (int i = 0; i < p.n_greedy; i++) ASSERT_EQ_INT(got[i], want[i]);
+        ASSERT_TRUE(rows[0] == 7 && rows[2] == 7 && rows[1] == p.n + p.n_greedy - 1 &&
+                    rows[3] == p.n + p.n_greedy - 1);
+        ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "evictions"), 0);
+        /* the host copy holds the full layers only */
+        ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "bytes_offloaded"),
+                      (int64_t)(p.n + p.n_greedy - 1) * 2 * m->cfg.n_kv_heads *
+                          m->cfg.head_dim * 8);
+        ASSERT_OK(policy_stats(m, &p, "offload", 12, skew, 2 * mode, got, rows, &ps));
+        ASSERT_TRUE(rows[0] == 7 && rows[2] == 7 && rows[1] <= 12 && rows[3] <= 12);
+        /* the prompt selects nothing (no prior tokens); each decode step once per full layer */
+        ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "spec_selections"),
+                      2 * (p.n_greedy - 1));
+        ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "spec_fallbacks"), 0);
+    }
+    tsr_model_destroy(m);
+}
+
+/* The speculation's source, seen in what it selects: three layers (full, sliding, full), one
+ * head of 4 channels, identity Wq, skew with every column (partial q.k = q.k exactly).
+ * Four "hot" prior keys point along the decode query that layer 0's attention input makes
+ * for layer 2; layer 1's (sliding) input makes the opposite query. Layer 2 must fetch the hot
+ * keys (its speculation came from layer 0, the previous full layer, not from layer 1), and
+ * the sliding layer selects nothing. */
+TSR_TEST(test_gptoss_offload_source) {
+    enum { HD = 4, N = 40, L = 3 };
+    tsr_backend *be = NULL;
+    ASSERT_OK(tsr_backend_create("cpu", 1, &be));
+    tsr_host_pool *host = NULL;
+    ASSERT_OK(tsr_host_pool_create(0, &host));
+    tsr_model_config mc;
+    memset(&mc, 0, sizeof mc);
+    mc.dim = HD;
+    mc.n_heads = mc.n_kv_heads = 1;
+    mc.head_dim = HD;
+    mc.max_seq_len = 4096;
+    mc.rope_theta = 10000.0f;
+    mc.rope_interleaved = 1;
+    static const float eye[HD * HD] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1};
+    static const float ones[HD] = {1, 1, 1, 1};
+    tsr_tensor w = {.dtype = TSR_F32, .rows = HD, .cols = HD, .data = eye};
+    tsr_tensor nrm = {.dtype = TSR_F32, .rows = 1, .cols = HD, .data = ones};
+    tsr_kv_policy_layer pl[L];
+    for (int l = 0; l < L; l++)
+        pl[l] = (tsr_kv_policy_layer){.wq = w, .wk = w, .attn_norm = nrm, .window = l == 1 ? 8 : 0};
+    tsr_kv_policy_model pm = {.cfg = &mc, .layers = pl};
+    static const tsr_kv_policy_arg args[] = {{"offload-mode", "skew"},
+                                             {"offload-dense-layers", "0"},
+                                             {"offload-calib", "0"},
+                                             {"offload-ratio", "1"}};
+    tsr_kv_policy_config pc = {.budget = 8, .args = args, .n_args = 4, .n_heads = 1,
+                               .rope_interleaved = 1, .host = host, .owns_host = 1,
+                               .model = &pm};
+    tsr_kv_paged_config kc = {.n_layers = L, .n_kv_heads = 1, .head_dim = HD, .block_size = 4,
+                              .max_seqs = 1, .max_seq_len = 4096, .be = be};
+    kc.memory_bytes = 64 * tsr_kv_paged_block_bytes(&kc);
+    tsr_kv_cache *kv = NULL;
+    ASSERT_OK(tsr_kv_policy_cache_create(tsr_kv_policy_find("offload"), &pc, &kc, &kv));
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    /* the prompt: small keys, the hot ones rotated like the decode query (position N) */
+    float inv[HD / 2];
+    tsr_rope_inv_freq(&mc, inv);
+    static float k[N * HD], v[N * HD], x[N * HD];
+    uint32_t r = 3;
+    for (int i = 0; i < N * HD; i++) {
+        r = r * 1664525u + 1013904223u;
+        k[i] = ((float)((r >> 8) % 1000) / 1000.0f - 0.5f) * 0.2f;
+        v[i] = (float)(i / HD);
+    }
+    const int hot[4] = {5, 12, 23, 31};
+    for (int h = 0; h < 4; h++) {
+        float *kh = k + hot[h] * HD;
+        kh[0] = 10.0f;
+        kh[1] = kh[2] = kh[3] = 0.0f;
+        tsr_offload_rope(kh, 1, HD, inv, 1, N);
+    }
+    int32_t toks[N] = {0};
+    const tsr_kv_span *sp;
+    int ns;
+    ASSERT_OK(kv->ops->reserve(kv, 0, N));
+    for (int l = 0; l < L; l++) {
+        ASSERT_OK(kv->ops->attn_input(kv, l, 0, x, N, HD));
+        ASSERT_OK(kv->ops->write(kv, l, 0, N, k, v));
+        ASSERT_OK(kv->ops->spans(kv, l, 0, &sp, &ns));
+    }
+    ASSERT_OK(kv->ops->commit(kv, 0, toks, N));
+    /* decode at position N: layer 0's input along the hot keys, layer 1's against them */
+    float xs[L][HD] = {{10, 0, 0, 0}, {-10, 0, 0, 0}, {0, 0, 0, 0}};
+    float k1[HD] = {0}, v1[HD] = {0};
+    ASSERT_OK(kv->ops->reserve(kv, 0, 1));
+    for (int l = 0; l < L; l++) {
+        ASSERT_OK(kv->ops->attn_input(kv, l, 0, xs[l], 1, HD));
+        ASSERT_OK(kv->ops->write(kv, l, 0, 1, k1, v1));
+        ASSERT_OK(kv->ops->spans(kv, l, 0, &sp, &ns));
+    }
+    tsr_kv_cache *mech = tsr_kv_policy_mech(kv);
+    int32_t pos[N + 1];
+    /* the sliding layer: its window (7 rows after the prompt's commit) and the new row */
+    ASSERT_EQ_INT(tsr_kv_paged_slots(mech, 1, 0), 8);
+    int32_t n2 = tsr_kv_paged_slots(mech, 2, 0);
+    ASSERT_TRUE(n2 <= 8);
+    ASSERT_OK(tsr_kv_paged_read_slots(mech, 2, 0, pos, NULL));
+    int found = 0;
+    for (int32_t i = 0; i < n2; i++)
+        for (int h = 0; h < 4; h++) found += pos[i] == hot[h];
+    ASSERT_EQ_INT(found, 4);
+    tsr_kv_policy_stats ps;
+    tsr_kv_policy_get_stats(kv, &ps);
+    ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "spec_selections"), 2); /* layers 0 and 2 */
+    ASSERT_OK(kv->ops->commit(kv, 0, toks, 1));
+    ASSERT_EQ_INT(tsr_kv_paged_slots(mech, 1, 0), 7); /* the window, at the commit */
+    tsr_kv_cache_destroy(kv);
+    tsr_backend_destroy(be);
 }
 
 /* synthetic:CONFIG of a GPT-OSS config.json builds MXFP4 experts (as synthetic:gpt-oss-20b
@@ -707,5 +869,7 @@ TSR_TEST(test_config_spellings) {
 
 TSR_TEST_MAIN(test_yarn_frequencies, test_attention_sinks_window, test_mxfp4_decode,
               test_router, test_config_spellings, test_gptoss_f32, test_gptoss_bf16,
-              test_gptoss_mxfp4, test_gptoss_policies, test_gptoss_synthetic,
+              test_gptoss_mxfp4, test_gptoss_policies, test_gptoss_offload,
+              test_gptoss_offload_source,
+              test_gptoss_synthetic,
               test_gptoss_features_matter)

@@ -169,4 +169,81 @@ TSR_TEST(test_harmony_parser) {
     tsr_tokenizer_destroy(tok);
 }
 
-TSR_TEST_MAIN(test_harmony_template_matches_gpt_oss, test_harmony_parser)
+/* A whole answer's parts for a `tessera run` record: the final channel, the reasoning (the
+ * analysis messages), and a tool call (a message to a recipient ended by <|call|>, in the
+ * text or, as `tessera run` sees it, as the stop token that is not). */
+TSR_TEST(test_harmony_answer) {
+    static const char *const think = "<|channel|>analysis<|message|>Need weather.<|end|>";
+    static const struct {
+        const char *answer;
+        bool called;
+        const char *final, *reasoning0, *name, *args;
+        int n_reasoning;
+    } cases[] = {
+        /* reasoning, then the answer: no call */
+        {"<|channel|>analysis<|message|>The user greets.<|end|><|start|>assistant"
+         "<|channel|>final<|message|>Hello!<|return|>",
+         false, "Hello!", "The user greets.", NULL, NULL, 1},
+        /* a function call on commentary, the recipient after the channel, <|call|> in the text */
+        {"@<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+         "<|message|>{\"city\":\"Paris\"}<|call|>",
+         false, NULL, "Need weather.", "get_weather", "{\"city\":\"Paris\"}", 1},
+        /* the same as `tessera run` has it: the stop token is not in the text */
+        {"@<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+         "<|message|>{\"city\":\"Paris\"}",
+         true, NULL, "Need weather.", "get_weather", "{\"city\":\"Paris\"}", 1},
+        /* cut by max_tokens inside the call's arguments: no call */
+        {"@<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+         "<|message|>{\"city\":",
+         false, NULL, "Need weather.", NULL, NULL, 1},
+        /* the recipient in the header, after the role */
+        {"@<|start|>assistant to=functions.lookup<|channel|>commentary json<|message|>{}",
+         true, NULL, "Need weather.", "lookup", "{}", 1},
+        /* a built-in tool called on the analysis channel: its name whole, not reasoning */
+        {"<|channel|>analysis to=browser.search <|constrain|>json<|message|>{\"q\":1}<|call|>",
+         false, NULL, NULL, "browser.search", "{\"q\":1}", 0},
+        /* no recipient ("auto=" is not "to="): ended by <|call|> but no tool call */
+        {"<|channel|>commentary auto=x<|message|>hi<|call|>", false, NULL, NULL, NULL, NULL, 0},
+        /* two analysis messages, a final one to a recipient ended by <|return|> */
+        {"<|channel|>analysis<|message|>One.<|end|><|start|>assistant<|channel|>analysis"
+         "<|message|>Two.<|end|><|start|>assistant<|channel|>final to=user<|message|>yes"
+         "<|return|>",
+         false, "yes", "One.", NULL, NULL, 2},
+    };
+    char buf[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *a = cases[i].answer;
+        if (a[0] == '@') { /* after the reasoning */
+            snprintf(buf, sizeof buf, "%s%s", think, a + 1);
+            a = buf;
+        }
+        tsr_harmony_answer h;
+        tsr_harmony_answer_parse(a, strlen(a), cases[i].called, &h);
+        ASSERT_EQ_INT(h.has_final, cases[i].final != NULL);
+        if (cases[i].final &&
+            (h.final.len != strlen(cases[i].final) ||
+             memcmp(a + h.final.begin, cases[i].final, h.final.len)))
+            TSR_FAIL_("case %zu: final \"%.*s\"", i, (int)h.final.len, a + h.final.begin);
+        ASSERT_EQ_INT(h.n_reasoning, cases[i].n_reasoning);
+        if (cases[i].reasoning0 &&
+            (h.reasoning[0].len != strlen(cases[i].reasoning0) ||
+             memcmp(a + h.reasoning[0].begin, cases[i].reasoning0, h.reasoning[0].len)))
+            TSR_FAIL_("case %zu: reasoning \"%.*s\"", i, (int)h.reasoning[0].len,
+                      a + h.reasoning[0].begin);
+        ASSERT_EQ_INT(h.tool_call, cases[i].name != NULL);
+        if (!cases[i].name) continue;
+        if (h.tool_name.len != strlen(cases[i].name) ||
+            memcmp(a + h.tool_name.begin, cases[i].name, h.tool_name.len) ||
+            h.tool_args.len != strlen(cases[i].args) ||
+            memcmp(a + h.tool_args.begin, cases[i].args, h.tool_args.len))
+            TSR_FAIL_("case %zu: call \"%.*s\" (\"%.*s\")", i, (int)h.tool_name.len,
+                      a + h.tool_name.begin, (int)h.tool_args.len, a + h.tool_args.begin);
+    }
+    /* the second analysis message of the last case */
+    const char *a = cases[7].answer;
+    tsr_harmony_answer h;
+    tsr_harmony_answer_parse(a, strlen(a), false, &h);
+    ASSERT_TRUE(h.reasoning[1].len == 4 && !memcmp(a + h.reasoning[1].begin, "Two.", 4));
+}
+
+TSR_TEST_MAIN(test_harmony_template_matches_gpt_oss, test_harmony_parser, test_harmony_answer)

@@ -73,6 +73,7 @@ typedef struct result {
     int n;
     tsr_finish_reason fin;
     int events;
+    int32_t eos; /* the finishing event's eos */
 } result;
 
 /* Runs every request to completion; results indexed by tag. */
@@ -194,7 +195,10 @@ TSR_TEST(test_join_finish_eos_context_and_early_stop) {
         for (int i = 0; i < n_ev; i++) {
             result *r = &res[ev[i].tag];
             if (ev[i].token >= 0) r->toks[r->n++] = ev[i].token;
-            if (ev[i].finish) r->fin = ev[i].finish;
+            if (ev[i].finish) {
+                r->fin = ev[i].finish;
+                r->eos = ev[i].eos;
+            }
             /* the caller ends request 2 after its 3rd token (a stop string) */
             if (ev[i].tag == 2 && r->n == 3 && !ev[i].finish) {
                 ASSERT_TRUE(tsr_sched_finish(s, 2));
@@ -207,6 +211,8 @@ TSR_TEST(test_join_finish_eos_context_and_early_stop) {
     ASSERT_EQ_INT(res[0].fin, TSR_FINISH_EOS);
     ASSERT_EQ_INT(res[0].n, 1);
     ASSERT_EQ_INT(res[0].toks[0], 63);
+    ASSERT_EQ_INT(res[0].eos, 0); /* the EOS token that ended it (harmony: which stop) */
+    ASSERT_EQ_INT(res[1].eos, -1);
     /* generate's rule: tokens until the next one would not fit; 16 - 14 + 1 = 3 */
     ASSERT_EQ_INT(res[1].fin, TSR_FINISH_CONTEXT);
     ASSERT_EQ_INT(res[1].n, 3);
