@@ -1,0 +1,253 @@
+/* runtime/model/gguf_writer.h read back by runtime/format/gguf.h (every key type, tensor data
+ * at the alignment, chunked writes, failures leaving no file), and
+ * runtime/model/export_gguf.h: a model written as Q8_0 GGUF loads into the weights that
+ * `--dtype q8_0` quantizes at load (block for block; rotary rows permuted as llama.cpp's). */
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/test.h"
+#include "base/alloc.h"
+#include "base/dtype.h"
+#include "base/status.h"
+#include "kernels/cpu/quant_q8.h"
+#include "runtime/format/gguf.h"
+#include "runtime/model/export_gguf.h"
+#include "runtime/model/gguf_writer.h"
+#include "runtime/model/loader.h"
+#include "runtime/model/quantize.h"
+
+static const char *path_of(const char *name) {
+    static char buf[4][4096];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/gguf_writer_%s", TSR_BINARY_DIR, name);
+    return buf[k];
+}
+
+static bool exists(const char *p) { return access(p, F_OK) == 0; }
+
+TSR_TEST(test_roundtrip) {
+    const char *p = path_of("rt.gguf");
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", p);
+    remove(p);
+    tsr_gguf_writer *w;
+    ASSERT_OK(tsr_gguf_writer_create(p, &w));
+    int32_t ints[3] = {-1, 7, 1 << 20};
+    float fl[2] = {0.5f, -2.25f};
+    const char *strs[3] = {"a", "\xe2\x96\x81hello", ""};
+    uint64_t lens[3] = {1, 8, 0};
+    ASSERT_OK(tsr_gguf_writer_add_str(w, "general.architecture", "llama"));
+    ASSERT_OK(tsr_gguf_writer_add_u32(w, "k.u32", 4000000000u));
+    ASSERT_OK(tsr_gguf_writer_add_i32(w, "k.i32", -5));
+    ASSERT_OK(tsr_gguf_writer_add_f32(w, "k.f32", 1e-5f));
+    ASSERT_OK(tsr_gguf_writer_add_bool(w, "k.bool", true));
+    ASSERT_OK(tsr_gguf_writer_add_arr(w, "k.ints", TSR_GGUF_I32, ints, 3));
+    ASSERT_OK(tsr_gguf_writer_add_arr(w, "k.floats", TSR_GGUF_F32, fl, 2));
+    ASSERT_OK(tsr_gguf_writer_add_arr_str(w, "k.strs", strs, lens, 3));
+    int64_t ne_v[1] = {5}, ne_q[2] = {32, 2}, ne_b[2] = {3, 3};
+    ASSERT_OK(tsr_gguf_writer_add_tensor(w, "v", TSR_GGML_F32, 1, ne_v));
+    ASSERT_OK(tsr_gguf_writer_add_tensor(w, "q", TSR_GGML_Q8_0, 2, ne_q));
+    ASSERT_OK(tsr_gguf_writer_add_tensor(w, "b", TSR_GGML_BF16, 2, ne_b));
+    uint8_t data[20 + 68 + 18];
+    for (size_t i = 0; i < sizeof data; i++) data[i] = (uint8_t)(i * 7 + 3);
+    /* chunks across the tensor boundaries */
+    ASSERT_OK(tsr_gguf_writer_write(w, data, 7));
+    ASSERT_OK(tsr_gguf_writer_write(w, data + 7, 50));
+    ASSERT_OK(tsr_gguf_writer_write(w, data + 57, sizeof data - 57));
+    ASSERT_TRUE(exists(tmp) && !exists(p));
+    ASSERT_OK(tsr_gguf_writer_close(w));
+    ASSERT_TRUE(exists(p) && !exists(tmp));
+
+    tsr_gguf *g;
+    ASSERT_OK(tsr_gguf_open(p, &g));
+    ASSERT_EQ_INT(g->version, 3);
+    ASSERT_EQ_INT(g->n_kv, 8);
+    ASSERT_EQ_INT(g->n_tensors, 3);
+    const char *s;
+    int64_t v;
+    double d;
+    bool b;
+    ASSERT_OK(tsr_gguf_get_str(g, "general.architecture", &s, NULL));
+    ASSERT_STR_EQ(s, "llama");
+    ASSERT_OK(tsr_gguf_get_int(g, "k.u32", &v, NULL));
+    ASSERT_EQ_INT(v, 4000000000ll);
+    ASSERT_OK(tsr_gguf_get_int(g, "k.i32", &v, NULL));
+    ASSERT_EQ_INT(v, -5);
+    ASSERT_OK(tsr_gguf_get_float(g, "k.f32", &d, NULL));
+    ASSERT_TRUE((float)d == 1e-5f);
+    ASSERT_OK(tsr_gguf_get_bool(g, "k.bool", &b, NULL));
+    ASSERT_TRUE(b);
+    const tsr_gguf_kv *kv = tsr_gguf_find(g, "k.ints");
+    ASSERT_TRUE(kv && kv->elem == TSR_GGUF_I32 && kv->n == 3);
+    ASSERT_EQ_INT(tsr_gguf_arr_int(kv, 2), 1 << 20);
+    kv = tsr_gguf_find(g, "k.strs");
+    ASSERT_TRUE(kv && kv->elem == TSR_GGUF_STRING && kv->n == 3);
+    for (int i = 0; i < 3; i++) {
+        uint64_t n;
+        tsr_gguf_arr_str(kv, (uint64_t)i, &s, &n);
+        ASSERT_EQ_INT(n, lens[i]);
+        ASSERT_TRUE(memcmp(s, strs[i], n) == 0);
+    }
+    const tsr_gguf_tensor *t = tsr_gguf_tensor_find(g, "q");
+    ASSERT_TRUE(t && t->n_dims == 2 && t->ne[0] == 32 && t->ne[1] == 2 && t->nbytes == 68);
+    ASSERT_EQ_INT(t->offset % 32, 0);
+    ASSERT_TRUE(memcmp(t->data, data + 20, 68) == 0);
+    t = tsr_gguf_tensor_find(g, "b");
+    ASSERT_TRUE(t && t->type == TSR_GGML_BF16 && memcmp(t->data, data + 88, 18) == 0);
+    t = tsr_gguf_tensor_find(g, "v");
+    ASSERT_TRUE(t && memcmp(t->data, data, 20) == 0);
+
+    /* every key copied into another file reads back the same */
+    const char *p2 = path_of("copy.gguf");
+    ASSERT_OK(tsr_gguf_writer_create(p2, &w));
+    for (uint64_t i = 0; i < g->n_kv; i++) ASSERT_OK(tsr_gguf_writer_add_kv(w, &g->kv[i]));
+    ASSERT_OK(tsr_gguf_writer_close(w));
+    tsr_gguf *g2;
+    ASSERT_OK(tsr_gguf_open(p2, &g2));
+    ASSERT_EQ_INT(g2->n_kv, g->n_kv);
+    ASSERT_EQ_INT(g2->n_tensors, 0);
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        const tsr_gguf_kv *a = &g->kv[i], *c = tsr_gguf_find(g2, a->key);
+        ASSERT_TRUE(c && c->type == a->type && c->n == a->n);
+    }
+    kv = tsr_gguf_find(g2, "k.strs");
+    uint64_t n;
+    tsr_gguf_arr_str(kv, 1, &s, &n);
+    ASSERT_TRUE(n == 8 && memcmp(s, strs[1], 8) == 0);
+    tsr_gguf_close(g2);
+    tsr_gguf_close(g);
+    remove(p);
+    remove(p2);
+}
+
+TSR_TEST(test_failures_leave_no_file) {
+    const char *p = path_of("bad.gguf");
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", p);
+    remove(p);
+    tsr_gguf_writer *w;
+    int64_t ne[2] = {33, 2};
+    ASSERT_OK(tsr_gguf_writer_create(p, &w));
+    ASSERT_EQ_INT(tsr_gguf_writer_add_tensor(w, "q", TSR_GGML_Q8_0, 2, ne), TSR_ERR_INVALID);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "32-value blocks");
+    ASSERT_NE_INT(tsr_gguf_writer_close(w), TSR_OK); /* the failed add is remembered */
+    ASSERT_TRUE(!exists(p) && !exists(tmp));
+
+    /* a tensor short of its bytes */
+    ne[0] = 4;
+    ASSERT_OK(tsr_gguf_writer_create(p, &w));
+    ASSERT_OK(tsr_gguf_writer_add_tensor(w, "x", TSR_GGML_F32, 2, ne));
+    float f[8] = {0};
+    ASSERT_OK(tsr_gguf_writer_write(w, f, 16));
+    ASSERT_EQ_INT(tsr_gguf_writer_add_u32(w, "late", 1), TSR_ERR_INTERNAL);
+    ASSERT_NE_INT(tsr_gguf_writer_close(w), TSR_OK);
+    ASSERT_TRUE(!exists(p) && !exists(tmp));
+
+    /* too many bytes */
+    ASSERT_OK(tsr_gguf_writer_create(p, &w));
+    ASSERT_OK(tsr_gguf_writer_add_tensor(w, "x", TSR_GGML_F32, 2, ne));
+    ASSERT_EQ_INT(tsr_gguf_writer_write(w, f, 36), TSR_ERR_INTERNAL);
+    tsr_gguf_writer_abort(w);
+    ASSERT_TRUE(!exists(p) && !exists(tmp));
+
+    /* a folder that does not exist: the error names the file */
+    ASSERT_OK(tsr_gguf_writer_create(TSR_BINARY_DIR "/no/such/dir/x.gguf", &w));
+    ASSERT_NE_INT(tsr_gguf_writer_close(w), TSR_OK);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "no/such/dir/x.gguf.tmp");
+}
+
+/* Row r of a Q8_0 or float tensor as f32. */
+static void row_f32(const tsr_tensor *t, int64_t r, float *out) {
+    if (t->dtype == TSR_Q8_0)
+        tsr_q8_dequant_row(t->data, t->cols, r, out);
+    else
+        tsr_dtype_to_f32(t->dtype, tsr_tensor_row(t, r), out, (size_t)t->cols);
+}
+
+/* The GGUF's tensor g equals the quantized source q, whose rows are permuted per head
+ * (heads > 0: llama.cpp's order, adjacent rotary pairs, from half rotation). */
+static bool same_tensor(const tsr_tensor *q, const tsr_tensor *g, int heads) {
+    if (q->rows != g->rows || q->cols != g->cols) return false;
+    if ((q->dtype == TSR_Q8_0) != (g->dtype == TSR_Q8_0)) return false;
+    float a[512], b[512];
+    uint8_t qa[512], qb[512];
+    for (int64_t r = 0; r < g->rows; r++) {
+        int64_t hd = heads ? q->rows / heads : 1, h = r / hd, j = r % hd;
+        int64_t sr = heads ? h * hd + (j % 2) * (hd / 2) + j / 2 : r;
+        if (g->dtype == TSR_Q8_0) { /* the same blocks, byte for byte */
+            tsr_q8_unpack_row(q->data, q->cols, sr, qa);
+            tsr_q8_unpack_row(g->data, g->cols, r, qb);
+            if (memcmp(qa, qb, (size_t)g->cols / 32 * 34) != 0) return false;
+        } else {
+            row_f32(q, sr, a);
+            row_f32(g, r, b);
+            if (memcmp(a, b, (size_t)g->cols * 4) != 0) return false;
+        }
+    }
+    return true;
+}
+
+static void check_export(const char *spec) {
+    tsr_model *src, *ref, *back;
+    ASSERT_OK(tsr_model_load(spec, &src));
+    ASSERT_OK(tsr_model_load(spec, &ref));
+    ASSERT_OK(tsr_model_quantize(ref, TSR_Q8_0)); /* what --dtype q8_0 computes with */
+    const char *p = path_of("model.gguf");
+    bool carried = true;
+    ASSERT_OK(tsr_export_gguf(src, p, TSR_Q8_0, NULL, &carried));
+    ASSERT_TRUE(!carried);
+    ASSERT_OK(tsr_model_load(p, &back));
+    ASSERT_EQ_INT(back->cfg.dtype, TSR_Q8_0);
+    ASSERT_TRUE(back->cfg.rope_interleaved); /* llama: rows in adjacent-pair order */
+    ASSERT_EQ_INT(back->cfg.n_layers, src->cfg.n_layers);
+    ASSERT_EQ_INT(back->cfg.bos_id, src->cfg.bos_id);
+    ASSERT_EQ_INT(back->cfg.eos_id, src->cfg.eos_id);
+    ASSERT_TRUE(back->cfg.norm_eps == src->cfg.norm_eps);
+    ASSERT_TRUE(same_tensor(&ref->tok_emb, &back->tok_emb, 0));
+    ASSERT_TRUE(same_tensor(&ref->out_norm, &back->out_norm, 0));
+    int n_q8 = 0, n_16 = 0;
+    for (int l = 0; l < src->cfg.n_layers; l++) {
+        const tsr_layer_weights *a = &ref->layers[l], *b = &back->layers[l];
+        ASSERT_TRUE(same_tensor(&a->wq, &b->wq, src->cfg.n_heads));
+        ASSERT_TRUE(same_tensor(&a->wk, &b->wk, src->cfg.n_kv_heads));
+        const tsr_tensor *x[] = {&a->wv, &a->wo, &a->w_gate, &a->w_up, &a->w_down,
+                                 &a->attn_norm, &a->ffn_norm};
+        const tsr_tensor *y[] = {&b->wv, &b->wo, &b->w_gate, &b->w_up, &b->w_down,
+                                 &b->attn_norm, &b->ffn_norm};
+        for (int i = 0; i < 7; i++) {
+            ASSERT_TRUE(same_tensor(x[i], y[i], 0));
+            if (i < 5 && x[i]->dtype == TSR_Q8_0) n_q8++;
+            else if (i < 5) n_16++;
+        }
+    }
+    /* tiny (head_dim 8, hidden 172): wv, w_gate, w_up in Q8_0; wo, w_down not */
+    ASSERT_EQ_INT(n_q8, 3 * src->cfg.n_layers);
+    ASSERT_EQ_INT(n_16, 2 * src->cfg.n_layers);
+    tsr_model_destroy(src);
+    tsr_model_destroy(ref);
+    tsr_model_destroy(back);
+    remove(p);
+}
+
+TSR_TEST(test_export_q8_matches_load_quantization) {
+    check_export("synthetic:tiny");
+    check_export("synthetic:tiny,dtype=bf16");
+}
+
+TSR_TEST(test_export_refusals) {
+    tsr_model *m;
+    ASSERT_OK(tsr_model_load("synthetic:tiny", &m));
+    bool carried;
+    const char *p = path_of("refused.gguf");
+    ASSERT_EQ_INT(tsr_export_gguf(m, p, TSR_Q4_0, NULL, &carried), TSR_ERR_INVALID);
+    m->cfg.rope_scaling = TSR_ROPE_LLAMA3;
+    ASSERT_EQ_INT(tsr_export_gguf(m, p, TSR_Q8_0, NULL, &carried), TSR_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "rope_freqs");
+    ASSERT_TRUE(!exists(p));
+    tsr_model_destroy(m);
+}
+
+TSR_TEST_MAIN(test_roundtrip, test_failures_leave_no_file, test_export_q8_matches_load_quantization,
+              test_export_refusals)
