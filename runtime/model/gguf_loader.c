@@ -229,6 +229,10 @@ static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64
         return TSR_OK;
     }
     tsr_dtype dt = vector ? TSR_F32 : m->cfg.dtype;
+    /* a Q8_0 file's 16-bit matrices (where --dtype q8_0 keeps BF16: tessera convert writes
+     * them so) stay 16-bit: the weights --dtype q8_0 computes with, half of f32's bytes */
+    if (!vector && x->q8_native && (t->type == TSR_GGML_BF16 || t->type == TSR_GGML_F16))
+        dt = t->type == TSR_GGML_BF16 ? TSR_BF16 : TSR_F16;
     void *buf;
     TSR_TRY(tsr_model_alloc(m, (size_t)t->numel * tsr_dtype_size(dt), &buf));
     TSR_TRY(tsr_gguf_dequant(x->g, t, dt, buf));

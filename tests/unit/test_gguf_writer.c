@@ -170,7 +170,7 @@ static void row_f32(const tsr_tensor *t, int64_t r, float *out) {
  * (heads > 0: llama.cpp's order, adjacent rotary pairs, from half rotation). */
 static bool same_tensor(const tsr_tensor *q, const tsr_tensor *g, int heads) {
     if (q->rows != g->rows || q->cols != g->cols) return false;
-    if ((q->dtype == TSR_Q8_0) != (g->dtype == TSR_Q8_0)) return false;
+    if (q->dtype != g->dtype) return false;
     float a[512], b[512];
     uint8_t qa[512], qb[512];
     for (int64_t r = 0; r < g->rows; r++) {
