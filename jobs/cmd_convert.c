@@ -19,11 +19,12 @@ static const char tsr__convert_about[] =
     "one GGUF v3 file; otherwise (--format hf) OUT is a directory.\n"
     "\n"
     "GGUF (--dtype f32|f16|bf16|q8_0; default the source's: a Q8_0 GGUF stays Q8_0 block for\n"
-    "block, a Q4_0/Q4_1 or FP8 source gives f32): the metadata llama.cpp's converter writes\n"
-    "(architecture llama, qwen2 or qwen3; Mistral as llama) and the tensors under llama.cpp's\n"
-    "names, norms and biases in f32. llama rows of attn_q/attn_k are in llama.cpp's\n"
-    "adjacent-pair order (a Hugging Face Llama's are permuted). q8_0: a matrix is Q8_0\n"
-    "(ggml's reference quantizer, the `gguf` package's bytes) exactly where run/generate\n"
+    "block, a Q4_0/Q4_1 or FP8 source gives f32, and with q8_0 is requantized from its f32\n"
+    "values, where --dtype q8_0 at load keeps Q4 as it is): the metadata llama.cpp's\n"
+    "converter writes (architecture llama, qwen2 or qwen3; Mistral as llama) and the tensors\n"
+    "under llama.cpp's names, norms and biases in f32. llama rows of attn_q/attn_k are in\n"
+    "llama.cpp's adjacent-pair order (a Hugging Face Llama's are permuted). q8_0: a matrix is\n"
+    "Q8_0 (ggml's reference quantizer, the `gguf` package's bytes) exactly where run/generate\n"
     "--dtype q8_0 quantizes at load (columns a multiple of 32; wo needs head_dim % 32 == 0,\n"
     "w_down hidden % 32 == 0 and at least one 32-column unit per head), else bf16 (f16 from\n"
     "an f16 source), so the file computes what --dtype q8_0 on SPEC computes. The tokenizer\n"
@@ -132,8 +133,9 @@ int tsr_cmd_convert(int argc, char **argv) {
         if (carried)
             fprintf(stderr, "tessera convert: tokenizer %s stored as GGUF keys\n", tok);
         else if (!synthetic)
-            fprintf(stderr, "tessera convert: note: %s holds no tokenizer (%s)\n", output,
-                    have_tok ? "a tokenizer.json is not carried" : "none found next to SPEC");
+            fprintf(stderr, "tessera convert: note: %s holds no tokenizer vocabulary (%s%s)\n",
+                    output, have_tok ? "not carried from " : "none found next to SPEC",
+                    have_tok ? tok : "");
     } else {
         if (tsr_export_hf(m, output, out_dtype) != TSR_OK) {
             tsr_model_destroy(m);

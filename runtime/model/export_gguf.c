@@ -186,13 +186,15 @@ static tsr_status tsr__tokenizer(tsr_gguf_writer *w, const tsr_model *m, const c
         tsr_gguf *g;
         TSR_TRY(tsr_gguf_open(tok, &g));
         tsr_status st = TSR_OK;
+        bool any = false; /* a file may hold only the BOS/EOS ids */
         for (uint64_t i = 0; i < g->n_kv && st == TSR_OK; i++)
             if (!strncmp(g->kv[i].key, "tokenizer.", 10)) {
                 st = tsr_gguf_writer_add_kv(w, &g->kv[i]);
-                *carried = true;
+                any = true;
+                if (!strcmp(g->kv[i].key, "tokenizer.ggml.tokens")) *carried = true;
             }
         tsr_gguf_close(g);
-        if (st != TSR_OK || *carried) return st;
+        if (st != TSR_OK || any) return st;
     } else if (tok && !(len >= 5 && !strcmp(tok + len - 5, ".json"))) {
         TSR_TRY(tsr__spm_keys(w, tok, c->vocab_size));
         *carried = true;

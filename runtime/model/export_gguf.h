@@ -18,8 +18,8 @@
  * Tokenizer (tok, NULL for none): a GGUF file's tokenizer.* keys are copied; a llama2.c
  * tokenizer.bin becomes the `llama` (SentencePiece) keys as llama.cpp's converter writes them
  * (U+2581 for spaces, scores, token types, unknown/BOS/EOS ids 0/1/2); a tokenizer.json is
- * not carried (*carried false). Without a carried tokenizer the model's BOS/EOS ids are
- * written. */
+ * not carried. *carried: whether a vocabulary (tokenizer.ggml.tokens) was written. When no
+ * tokenizer key was, the model's BOS/EOS ids are. */
 #ifndef TSR_RUNTIME_EXPORT_GGUF_H
 #define TSR_RUNTIME_EXPORT_GGUF_H
 
