@@ -1,5 +1,6 @@
 #include "runtime/model/export_gguf.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -12,6 +13,7 @@
 #include "runtime/model/fp8.h"
 #include "runtime/model/gguf_writer.h"
 #include "runtime/model/quantize.h"
+#include "runtime/text/tokenizer.h"
 
 typedef struct tsr__gitem {
     char name[96];
@@ -176,6 +178,168 @@ static tsr_status tsr__spm_keys(tsr_gguf_writer *w, const char *path, int vocab)
     return st;
 }
 
+/* The llama.cpp pre-tokenizer name (tokenizer.ggml.pre) whose expansion in tessera's GGUF
+ * reader (runtime/text/tokenizer_bpe.c) is this tokenizer.json pre_tokenizer, or NULL. */
+static const char *tsr__pre_name(const cJSON *pt) {
+    static const char llama3[] =
+        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+        "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    static const char qwen2[] =
+        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+        "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    const cJSON *type = cJSON_GetObjectItem(pt, "type");
+    if (!cJSON_IsString(type)) return NULL;
+    if (!strcmp(type->valuestring, "ByteLevel")) /* GPT-2: no prefix space */
+        return cJSON_IsTrue(cJSON_GetObjectItem(pt, "add_prefix_space")) ? NULL : "gpt-2";
+    const cJSON *list = cJSON_GetObjectItem(pt, "pretokenizers");
+    if (strcmp(type->valuestring, "Sequence") != 0 || cJSON_GetArraySize(list) != 2) return NULL;
+    const cJSON *a = cJSON_GetArrayItem(list, 0), *b = cJSON_GetArrayItem(list, 1);
+    const cJSON *at = cJSON_GetObjectItem(a, "type"), *bt = cJSON_GetObjectItem(b, "type");
+    if (!cJSON_IsString(at) || !cJSON_IsString(bt) || strcmp(bt->valuestring, "ByteLevel") ||
+        cJSON_IsTrue(cJSON_GetObjectItem(b, "add_prefix_space")))
+        return NULL;
+    bool b_regex = !cJSON_IsFalse(cJSON_GetObjectItem(b, "use_regex"));
+    if (!strcmp(at->valuestring, "Digits"))
+        return cJSON_IsTrue(cJSON_GetObjectItem(a, "individual_digits")) && b_regex ? "smollm"
+                                                                                   : NULL;
+    const cJSON *re = cJSON_GetObjectItem(cJSON_GetObjectItem(a, "pattern"), "Regex");
+    const cJSON *beh = cJSON_GetObjectItem(a, "behavior");
+    if (strcmp(at->valuestring, "Split") || !cJSON_IsString(re) || b_regex ||
+        !cJSON_IsString(beh) || strcmp(beh->valuestring, "Isolated") ||
+        cJSON_IsTrue(cJSON_GetObjectItem(a, "invert")))
+        return NULL;
+    return !strcmp(re->valuestring, llama3) ? "llama-bpe"
+           : !strcmp(re->valuestring, qwen2) ? "qwen2"
+                                              : NULL;
+}
+
+/* A byte-level BPE tokenizer.json as llama.cpp's `gpt2` tokenizer keys: tokens by id (the
+ * vocabulary and the added tokens; ids up to the model's vocabulary that neither names are
+ * "[PAD<id>]", type 5 unused), token types (added special 3 control, other added 4
+ * user-defined, else 1), merges as "a b", the pre-tokenizer's llama.cpp name, and the BOS
+ * (with add_bos_token) and EOS/EOT ids tessera's reader of the file finds. Tokenizers GGUF
+ * cannot express as tessera reads it back (a normalizer other than NFC, byte fallback,
+ * another pre-tokenizer) are not carried: *carried stays false. */
+static tsr_status tsr__bpe_keys(tsr_gguf_writer *w, const char *path, int vocab,
+                                bool *carried) {
+    char *data = NULL;
+    size_t size = 0;
+    TSR_TRY(tsr_file_read(path, "tokenizer", 0, &data, &size));
+    cJSON *doc = cJSON_ParseWithLength(data, size);
+    tsr_free(data);
+    if (!doc) return tsr_error_set(TSR_ERR_FORMAT, "%s: not valid JSON", path);
+    const cJSON *model = cJSON_GetObjectItem(doc, "model");
+    const cJSON *mvocab = cJSON_GetObjectItem(model, "vocab");
+    const cJSON *merges = cJSON_GetObjectItem(model, "merges");
+    const cJSON *added = cJSON_GetObjectItem(doc, "added_tokens");
+    const cJSON *norm = cJSON_GetObjectItem(doc, "normalizer");
+    const cJSON *ntype = cJSON_GetObjectItem(norm, "type");
+    const cJSON *mtype = cJSON_GetObjectItem(model, "type");
+    /* Qwen2's NFC is dropped as llama.cpp's qwen2 files drop it (NFC text is unchanged) */
+    bool norm_ok = !norm || cJSON_IsNull(norm) ||
+                   (cJSON_IsString(ntype) && !strcmp(ntype->valuestring, "NFC"));
+    const char *pre = tsr__pre_name(cJSON_GetObjectItem(doc, "pre_tokenizer"));
+    if (!cJSON_IsString(mtype) || strcmp(mtype->valuestring, "BPE") || !cJSON_IsObject(mvocab) ||
+        !cJSON_IsArray(merges) || cJSON_IsTrue(cJSON_GetObjectItem(model, "byte_fallback")) ||
+        !norm_ok || !pre) {
+        cJSON_Delete(doc);
+        return TSR_OK;
+    }
+    const char **strs = tsr_calloc((size_t)vocab, sizeof *strs);
+    uint64_t *lens = tsr_calloc((size_t)vocab, sizeof *lens);
+    int32_t *types = tsr_calloc((size_t)vocab, sizeof *types);
+    char *pads = tsr_malloc((size_t)vocab * 16);
+    int n_merges = cJSON_GetArraySize(merges);
+    char **mstr = tsr_calloc((size_t)n_merges + 1, sizeof *mstr);
+    uint64_t *mlen = tsr_calloc((size_t)n_merges + 1, sizeof *mlen);
+    tsr_status st = strs && lens && types && pads && mstr && mlen ? TSR_OK : TSR_ERR_NOMEM;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, mvocab) {
+        if (st != TSR_OK) break;
+        int id = cJSON_IsNumber(it) ? it->valueint : -1;
+        if (id < 0 || id >= vocab) {
+            st = tsr_error_set(TSR_ERR_FORMAT, "%s: token id %d is outside the model's %d",
+                               path, id, vocab);
+            break;
+        }
+        strs[id] = it->string;
+        types[id] = 1;
+    }
+    cJSON_ArrayForEach(it, added) {
+        if (st != TSR_OK) break;
+        const cJSON *id = cJSON_GetObjectItem(it, "id"), *c = cJSON_GetObjectItem(it, "content");
+        if (!cJSON_IsNumber(id) || !cJSON_IsString(c) || id->valueint < 0 ||
+            id->valueint >= vocab) {
+            st = tsr_error_set(TSR_ERR_FORMAT, "%s: an added token's id is outside the model's "
+                               "%d", path, vocab);
+            break;
+        }
+        strs[id->valueint] = c->valuestring;
+        types[id->valueint] = cJSON_IsTrue(cJSON_GetObjectItem(it, "special")) ? 3 : 4;
+    }
+    for (int i = 0; i < vocab && st == TSR_OK; i++) {
+        if (strs[i]) {
+            lens[i] = strlen(strs[i]);
+            continue;
+        }
+        char *p = pads + (size_t)i * 16;
+        lens[i] = (uint64_t)snprintf(p, 16, "[PAD%d]", i);
+        strs[i] = p;
+        types[i] = 5;
+    }
+    int k = 0;
+    cJSON_ArrayForEach(it, merges) {
+        if (st != TSR_OK) break;
+        const cJSON *a = cJSON_GetArrayItem(it, 0), *b = cJSON_GetArrayItem(it, 1);
+        if (cJSON_IsString(it)) {
+            mstr[k] = tsr_strdup(it->valuestring);
+        } else if (cJSON_IsString(a) && cJSON_IsString(b)) {
+            size_t na = strlen(a->valuestring), nb = strlen(b->valuestring);
+            mstr[k] = tsr_malloc(na + nb + 2);
+            if (mstr[k]) snprintf(mstr[k], na + nb + 2, "%s %s", a->valuestring, b->valuestring);
+        } else {
+            st = tsr_error_set(TSR_ERR_FORMAT, "%s: model.merges[%d] is not a pair", path, k);
+            break;
+        }
+        if (!mstr[k]) st = TSR_ERR_NOMEM;
+        else mlen[k] = strlen(mstr[k]);
+        k++;
+    }
+    /* BOS/EOS as tessera's tokenizer.json reader finds them */
+    tsr_tokenizer *tok = NULL;
+    if (st == TSR_OK) st = tsr_tokenizer_load_bpe(path, &tok);
+    if (st == TSR_OK) st = tsr_gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2");
+    if (st == TSR_OK) st = tsr_gguf_writer_add_str(w, "tokenizer.ggml.pre", pre);
+    if (st == TSR_OK)
+        st = tsr_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", strs, lens, (uint64_t)vocab);
+    if (st == TSR_OK)
+        st = tsr_gguf_writer_add_arr(w, "tokenizer.ggml.token_type", TSR_GGUF_I32, types,
+                                     (uint64_t)vocab);
+    if (st == TSR_OK)
+        st = tsr_gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", (const char *const *)mstr,
+                                         mlen, (uint64_t)k);
+    if (st == TSR_OK)
+        st = tsr_gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", tok->bos_id >= 0);
+    if (st == TSR_OK && tok->bos_id >= 0)
+        st = tsr_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)tok->bos_id);
+    static const char *const eos_keys[3] = {"tokenizer.ggml.eos_token_id",
+                                            "tokenizer.ggml.eot_token_id",
+                                            "tokenizer.ggml.eom_token_id"};
+    for (int i = 0; st == TSR_OK && tok && i < tok->n_eos_ids && i < 3; i++)
+        st = tsr_gguf_writer_add_u32(w, eos_keys[i], (uint32_t)tok->eos_ids[i]);
+    if (st == TSR_OK) *carried = true;
+    tsr_tokenizer_destroy(tok);
+    for (int i = 0; mstr && i < k; i++) tsr_free(mstr[i]);
+    tsr_free(mstr);
+    tsr_free(mlen);
+    tsr_free(strs);
+    tsr_free(lens);
+    tsr_free(types);
+    tsr_free(pads);
+    cJSON_Delete(doc);
+    return st;
+}
+
 /* The tokenizer keys; *carried false when there is none to carry. */
 static tsr_status tsr__tokenizer(tsr_gguf_writer *w, const tsr_model *m, const char *tok,
                                  bool *carried) {
@@ -195,7 +359,10 @@ static tsr_status tsr__tokenizer(tsr_gguf_writer *w, const tsr_model *m, const c
             }
         tsr_gguf_close(g);
         if (st != TSR_OK || any) return st;
-    } else if (tok && !(len >= 5 && !strcmp(tok + len - 5, ".json"))) {
+    } else if (tok && len >= 5 && !strcmp(tok + len - 5, ".json")) {
+        TSR_TRY(tsr__bpe_keys(w, tok, c->vocab_size, carried));
+        if (*carried) return TSR_OK;
+    } else if (tok) {
         TSR_TRY(tsr__spm_keys(w, tok, c->vocab_size));
         *carried = true;
         return TSR_OK;

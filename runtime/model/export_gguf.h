@@ -17,9 +17,12 @@
  *
  * Tokenizer (tok, NULL for none): a GGUF file's tokenizer.* keys are copied; a llama2.c
  * tokenizer.bin becomes the `llama` (SentencePiece) keys as llama.cpp's converter writes them
- * (U+2581 for spaces, scores, token types, unknown/BOS/EOS ids 0/1/2); a tokenizer.json is
- * not carried. *carried: whether a vocabulary (tokenizer.ggml.tokens) was written. When no
- * tokenizer key was, the model's BOS/EOS ids are. */
+ * (U+2581 for spaces, scores, token types, unknown/BOS/EOS ids 0/1/2); a byte-level BPE
+ * tokenizer.json whose pre-tokenizer llama.cpp names (Llama 3's llama-bpe, Qwen2's qwen2,
+ * SmolLM's smollm, GPT-2's gpt-2) becomes the `gpt2` keys; other tokenizer.json files (byte
+ * fallback, other normalizers or pre-tokenizers) are not carried. *carried: whether a
+ * vocabulary (tokenizer.ggml.tokens) was written. When no tokenizer key was, the model's
+ * BOS/EOS ids are. */
 #ifndef TSR_RUNTIME_EXPORT_GGUF_H
 #define TSR_RUNTIME_EXPORT_GGUF_H
 

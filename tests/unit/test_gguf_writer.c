@@ -4,6 +4,7 @@
  * `--dtype q8_0` quantizes at load (block for block; rotary rows permuted as llama.cpp's). */
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/test.h"
@@ -16,6 +17,9 @@
 #include "runtime/model/gguf_writer.h"
 #include "runtime/model/loader.h"
 #include "runtime/model/quantize.h"
+#include "runtime/text/tokenizer.h"
+#include "base/file.h"
+#include <cjson/cJSON.h>
 
 static const char *path_of(const char *name) {
     static char buf[4][4096];
@@ -249,5 +253,86 @@ TSR_TEST(test_export_refusals) {
     tsr_model_destroy(m);
 }
 
+/* A byte-level BPE tokenizer.json written as `gpt2` keys reads back (tessera's GGUF reader)
+ * into the same tokenizer: the ids of every text of the tokenizer corpus (Qwen2: the ASCII
+ * ones, as its NFC normalizer is not carried), BOS and EOS. Tokenizers GGUF cannot express as
+ * read back are not carried. */
+static void check_bpe(const char *family, bool expect_carried, bool ascii_only) {
+    char dir[4096], cfg[4200], json[4200];
+    snprintf(dir, sizeof dir, "%s/gguf_writer_bpe", TSR_BINARY_DIR);
+    mkdir(dir, 0755);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    FILE *f = fopen(cfg, "w");
+    ASSERT_TRUE(f != NULL);
+    fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", "
+               "\"hidden_size\": 64, \"intermediate_size\": 64, \"num_hidden_layers\": 1, "
+               "\"num_attention_heads\": 2, \"num_key_value_heads\": 2, \"vocab_size\": 2560, "
+               "\"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-5, "
+               "\"torch_dtype\": \"float32\"}\n");
+    fclose(f);
+    char spec[4300];
+    snprintf(spec, sizeof spec, "synthetic:%s", cfg);
+    snprintf(json, sizeof json, "%s/tests/data/tokenizers/hf/%s.json", TSR_SOURCE_DIR, family);
+    tsr_model *m;
+    ASSERT_OK(tsr_model_load(spec, &m));
+    const char *p = path_of("bpe.gguf");
+    bool carried = false;
+    tsr_status st = tsr_export_gguf(m, p, TSR_F32, json, &carried);
+    tsr_model_destroy(m);
+    ASSERT_OK(st);
+    ASSERT_EQ_INT(carried, expect_carried);
+    if (!carried) {
+        remove(p);
+        return;
+    }
+    tsr_tokenizer *a, *b;
+    ASSERT_OK(tsr_tokenizer_load_bpe(json, &a));
+    ASSERT_OK(tsr_tokenizer_load(p, &b));
+    ASSERT_EQ_INT(b->bos_id, a->bos_id);
+    ASSERT_EQ_INT(b->n_eos_ids, a->n_eos_ids);
+    for (int i = 0; i < a->n_eos_ids; i++) ASSERT_EQ_INT(b->eos_ids[i], a->eos_ids[i]);
+    char *text = NULL;
+    size_t len = 0;
+    ASSERT_OK(tsr_file_read(TSR_SOURCE_DIR "/tests/data/tokenizers/hf/corpus.json", "corpus", 0,
+                            &text, &len));
+    cJSON *doc = cJSON_ParseWithLength(text, len);
+    tsr_free(text);
+    const cJSON *it;
+    int n = 0, bad = 0;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItem(doc, "texts")) {
+        const char *t = it->valuestring;
+        bool ascii = true;
+        for (const char *c = t; *c; c++) ascii &= (unsigned char)*c < 0x80;
+        if (ascii_only && !ascii) continue;
+        int32_t *ia, *ib;
+        size_t na, nb;
+        if (tsr_tokenizer_encode(a, t, strlen(t), true, false, &ia, &na) != TSR_OK ||
+            tsr_tokenizer_encode(b, t, strlen(t), true, false, &ib, &nb) != TSR_OK) {
+            bad++;
+            continue;
+        }
+        bad += na != nb || memcmp(ia, ib, na * sizeof *ia) != 0;
+        n++;
+        tsr_free(ia);
+        tsr_free(ib);
+    }
+    cJSON_Delete(doc);
+    fprintf(stderr, "  %s: %d texts, %d differ\n", family, n, bad);
+    ASSERT_TRUE(n >= 10);
+    ASSERT_EQ_INT(bad, 0);
+    tsr_tokenizer_destroy(a);
+    tsr_tokenizer_destroy(b);
+    remove(p);
+}
+
+TSR_TEST(test_bpe_tokenizer_carried) {
+    check_bpe("llama3", true, false);
+    check_bpe("smollm2", true, false);
+    check_bpe("qwen2", true, true);
+    check_bpe("gpt2_prefix", false, false); /* ByteLevel with a prefix space */
+    check_bpe("llama2", false, false);      /* byte fallback */
+    check_bpe("o200k", false, false);       /* a pre-tokenizer llama.cpp names otherwise */
+}
+
 TSR_TEST_MAIN(test_roundtrip, test_failures_leave_no_file, test_export_q8_matches_load_quantization,
-              test_export_refusals)
+              test_export_refusals, test_bpe_tokenizer_carried)
