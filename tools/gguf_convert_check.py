@@ -8,6 +8,7 @@ and checks it against the source model read here with numpy, independently of te
 - each matrix has the type tessera's `--dtype q8_0` gives it at load (Q8_0 where the columns
   are whole 32-value blocks, wo only when head_dim % 32 == 0, w_down only with whole units per
   head; else BF16), vectors F32;
+- rope_freqs.weight (Llama 3 rope scaling) equal to llama.cpp's converter's factors;
 - the architecture's hyperparameter keys, and for a llama2.c tokenizer the tokenizer keys equal
   those of tests/data/gguf/tok512_spm.gguf (tools/spm_gguf.py, the gguf package's writer).
 
@@ -30,6 +31,7 @@ with SOURCE models/stories260K.bin or tests/data/arch/<model>.
 import argparse
 import hashlib
 import json
+import math
 import os
 import struct
 import sys
@@ -117,6 +119,10 @@ def hf(path):
              "self_attn.v_proj.bias": "attn_v.bias",
              "self_attn.q_norm.weight": "attn_q_norm.weight",
              "self_attn.k_norm.weight": "attn_k_norm.weight"}
+    rs = c.get("rope_scaling") or c.get("rope_parameters") or {}
+    if rs.get("rope_type") == "llama3":
+        cfg["rope_freqs"] = llama3_factors(hd, theta, rs)
+        cfg["rope_orig"] = rs.get("original_max_position_embeddings", 8192)
     for l in range(cfg["L"]):
         for hn, gn in names.items():
             k = "model.layers.%d.%s" % (l, hn)
@@ -129,6 +135,24 @@ def hf(path):
                 w = permute(w, KV)
             t["blk.%d.%s" % (l, gn)] = w
     return cfg, t
+
+
+def llama3_factors(hd, theta, rs):
+    """llama.cpp's convert_hf_to_gguf.py LlamaModel rope_freqs.weight."""
+    factor, lo, hi = rs.get("factor", 8.0), rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
+    old = rs.get("original_max_position_embeddings", 8192)
+    freqs = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float32) / hd))
+    out = []
+    for f in freqs:
+        wavelen = 2 * math.pi / float(f)
+        if wavelen < old / hi:
+            out.append(1.0)
+        elif wavelen > old / lo:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - lo) / (hi - lo)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
 
 
 def q8_eligible(cfg, name, cols):
@@ -202,6 +226,14 @@ def main():
         check_tokenizer(r, a.tokenizer_ref, fail)
 
     got = {t.name: t for t in r.tensors}
+    if "rope_freqs" in cfg:
+        t = got.pop("rope_freqs.weight", None)
+        if t is None or t.tensor_type != T.F32 or not np.allclose(np.asarray(t.data), cfg["rope_freqs"],
+                                                                   rtol=1e-6, atol=0):
+            fail("rope_freqs.weight differs from llama.cpp's llama3 factors")
+        if field(r, arch + ".rope.scaling.original_context_length") != \
+                (cfg.get("rope_orig") or 8192):
+            fail("rope.scaling.original_context_length differs")
     if set(got) != set(src):
         fail("tensor names differ: extra %s, missing %s" %
              (sorted(set(got) - set(src)), sorted(set(src) - set(got))))

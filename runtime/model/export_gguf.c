@@ -9,6 +9,7 @@
 #include "base/file.h"
 #include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q8.h"
+#include "kernels/rope_freq.h"
 #include "runtime/format/gguf.h"
 #include "runtime/model/fp8.h"
 #include "runtime/model/gguf_writer.h"
@@ -402,6 +403,10 @@ static tsr_status tsr__metadata(tsr_gguf_writer *w, const tsr_model *m, const ch
     TSR__U32("rope.dimension_count", c->head_dim);
     TSR__U32("vocab_size", c->vocab_size);
 #undef TSR__U32
+    if (c->rope_scaling == TSR_ROPE_LLAMA3) { /* the rest is in rope_freqs.weight */
+        snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", arch);
+        TSR_TRY(tsr_gguf_writer_add_u32(w, key, (uint32_t)c->rope_original_max_pos));
+    }
     snprintf(key, sizeof key, "%s.rope.freq_base", arch);
     TSR_TRY(tsr_gguf_writer_add_f32(w, key, c->rope_theta));
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
@@ -420,10 +425,9 @@ tsr_status tsr_export_gguf(const tsr_model *m, const char *path, tsr_dtype dtype
     if (c->arch == TSR_ARCH_GPT_OSS || c->n_experts > 0)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: writing GPT-OSS models as GGUF is not "
                              "supported", path);
-    if (c->rope_scaling != TSR_ROPE_NONE)
-        return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: %s has rope scaling, which GGUF stores "
-                             "as a rope_freqs tensor that tessera's GGUF loader does not read",
-                             path, m->source);
+    if (c->rope_scaling != TSR_ROPE_NONE && c->rope_scaling != TSR_ROPE_LLAMA3)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: %s has YaRN rope scaling, which tessera "
+                             "does not write as GGUF", path, m->source);
     bool llama = !strcmp(arch, "llama");
     if (llama && (c->qkv_bias || c->qk_norm))
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: a llama model with q/k/v biases or q/k "
@@ -495,7 +499,44 @@ tsr_status tsr_export_gguf(const tsr_model *m, const char *path, tsr_dtype dtype
         st = tsr_gguf_writer_add_tensor(w, items[i].name, items[i].type,
                                         items[i].vector ? 1 : 2, ne);
     }
+    /* Llama 3 rope scaling as llama.cpp stores it: rope_freqs.weight, per frequency the
+     * divisor of the unscaled one (1 for high frequencies, `factor` for low ones, smoothed
+     * between), last so that the tensor data follows the others' */
+    float freqs[512];
+    int half = c->head_dim / 2;
+    bool rope_freqs = c->rope_scaling == TSR_ROPE_LLAMA3;
+    if (st == TSR_OK && rope_freqs) {
+        if (half > 512) {
+            st = tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: head_dim %d is too large", path,
+                               c->head_dim);
+        } else if (c->rope_low_freq_factor != 1.0f || c->rope_high_freq_factor != 4.0f) {
+            /* tessera's loader recovers Llama 3.1's 1 and 4 only (gguf_loader.c) */
+            st = tsr_error_set(TSR_ERR_UNSUPPORTED, "%s: llama3 rope scaling with low/high "
+                               "frequency factors %g and %g (GGUF keeps 1 and 4 only)", path,
+                               (double)c->rope_low_freq_factor,
+                               (double)c->rope_high_freq_factor);
+        } else {
+            /* llama.cpp's convert_hf_to_gguf.py LlamaModel: exactly 1 and `factor` at the
+             * ends, 1 / ((1 - smooth) / factor + smooth) between */
+            float base[512];
+            tsr_model_config plain = *c;
+            plain.rope_scaling = TSR_ROPE_NONE;
+            tsr_rope_inv_freq(&plain, base);
+            double orig = c->rope_original_max_pos, lo = c->rope_low_freq_factor,
+                   hi = c->rope_high_freq_factor, factor = c->rope_factor;
+            for (int j = 0; j < half; j++) {
+                double wavelen = 2.0 * 3.14159265358979323846 / (double)base[j];
+                double smooth = (orig / wavelen - lo) / (hi - lo);
+                freqs[j] = wavelen < orig / hi   ? 1.0f
+                           : wavelen > orig / lo ? (float)factor
+                                                 : (float)(1.0 / ((1.0 - smooth) / factor + smooth));
+            }
+            int64_t ne[1] = {half};
+            st = tsr_gguf_writer_add_tensor(w, "rope_freqs.weight", TSR_GGML_F32, 1, ne);
+        }
+    }
     if (st == TSR_OK) st = tsr__write_tensors(w, items, k);
+    if (st == TSR_OK && rope_freqs) st = tsr_gguf_writer_write(w, freqs, (size_t)half * 4);
     if (st == TSR_OK)
         st = tsr_gguf_writer_close(w);
     else

@@ -1,9 +1,10 @@
 /* Writes a model as one GGUF v3 file (runtime/model/gguf_writer.h), the layout llama.cpp's
  * converter gives and tessera's GGUF loader reads back (runtime/model/gguf_loader.c).
  *
- * Architecture: llama (Mistral too, as llama.cpp names it), qwen2, qwen3; GPT-OSS and
- * Llama 3 rope scaling (llama.cpp stores it as a rope_freqs tensor that tessera's loader
- * does not read) are refused. llama files hold attn_q/attn_k rows in llama.cpp's permuted
+ * Architecture: llama (Mistral too, as llama.cpp names it), qwen2, qwen3; GPT-OSS (and
+ * YaRN rope) is refused. Llama 3 rope scaling is stored as llama.cpp stores it, a
+ * rope_freqs.weight tensor of per-frequency divisors, with rope.scaling.
+ * original_context_length (tessera's GGUF loader recovers the parameters from them). llama files hold attn_q/attn_k rows in llama.cpp's permuted
  * order (adjacent rotary pairs): a source with half-rotation rows (a Hugging Face Llama)
  * is permuted, llama2.c's interleaved rows are written as they are; qwen2/qwen3 rows are
  * never permuted.

@@ -12,6 +12,7 @@
 #include "base/dtype.h"
 #include "base/status.h"
 #include "kernels/cpu/quant_q8.h"
+#include "kernels/rope_freq.h"
 #include "runtime/format/gguf.h"
 #include "runtime/model/export_gguf.h"
 #include "runtime/model/gguf_writer.h"
@@ -193,7 +194,7 @@ static bool same_tensor(const tsr_tensor *q, const tsr_tensor *g, int heads) {
     return true;
 }
 
-static void check_export(const char *spec) {
+static void check_export(const char *spec, int q8_per_layer, int bf16_per_layer) {
     tsr_model *src, *ref, *back;
     ASSERT_OK(tsr_model_load(spec, &src));
     ASSERT_OK(tsr_model_load(spec, &ref));
@@ -209,6 +210,12 @@ static void check_export(const char *spec) {
     ASSERT_EQ_INT(back->cfg.bos_id, src->cfg.bos_id);
     ASSERT_EQ_INT(back->cfg.eos_id, src->cfg.eos_id);
     ASSERT_TRUE(back->cfg.norm_eps == src->cfg.norm_eps);
+    /* rope: the same parameters, so bit-identical frequencies (Llama 3 scaling included) */
+    ASSERT_EQ_INT(back->cfg.rope_scaling, src->cfg.rope_scaling);
+    float fa[256], fb[256];
+    tsr_rope_inv_freq(&src->cfg, fa);
+    tsr_rope_inv_freq(&back->cfg, fb);
+    ASSERT_TRUE(memcmp(fa, fb, (size_t)(src->cfg.head_dim / 2) * 4) == 0);
     ASSERT_TRUE(same_tensor(&ref->tok_emb, &back->tok_emb, 0));
     ASSERT_TRUE(same_tensor(&ref->out_norm, &back->out_norm, 0));
     int n_q8 = 0, n_16 = 0;
@@ -226,9 +233,8 @@ static void check_export(const char *spec) {
             else if (i < 5) n_16++;
         }
     }
-    /* tiny (head_dim 8, hidden 172): wv, w_gate, w_up in Q8_0; wo, w_down not */
-    ASSERT_EQ_INT(n_q8, 3 * src->cfg.n_layers);
-    ASSERT_EQ_INT(n_16, 2 * src->cfg.n_layers);
+    ASSERT_EQ_INT(n_q8, q8_per_layer * src->cfg.n_layers);
+    ASSERT_EQ_INT(n_16, bf16_per_layer * src->cfg.n_layers);
     tsr_model_destroy(src);
     tsr_model_destroy(ref);
     tsr_model_destroy(back);
@@ -236,8 +242,34 @@ static void check_export(const char *spec) {
 }
 
 TSR_TEST(test_export_q8_matches_load_quantization) {
-    check_export("synthetic:tiny");
-    check_export("synthetic:tiny,dtype=bf16");
+    /* tiny (head_dim 8, hidden 172): wv, w_gate, w_up in Q8_0; wo, w_down not */
+    check_export("synthetic:tiny", 3, 2);
+    check_export("synthetic:tiny,dtype=bf16", 3, 2);
+}
+
+/* Llama 3 rope scaling goes as llama.cpp's rope_freqs.weight and comes back as the same
+ * parameters (head_dim 64 at theta 500000: high, smoothed and low frequencies). */
+TSR_TEST(test_export_llama3_rope) {
+    char dir[4096], cfg[4200], spec[4300];
+    snprintf(dir, sizeof dir, "%s/gguf_writer_llama3", TSR_BINARY_DIR);
+    mkdir(dir, 0755);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    FILE *f = fopen(cfg, "w");
+    ASSERT_TRUE(f != NULL);
+    fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", "
+               "\"hidden_size\": 128, \"intermediate_size\": 256, \"num_hidden_layers\": 2, "
+               "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"vocab_size\": 256, "
+               "\"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-5, "
+               "\"rope_theta\": 500000.0, \"rope_scaling\": {\"rope_type\": \"llama3\", "
+               "\"factor\": 32.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+               "\"original_max_position_embeddings\": 8192}, \"torch_dtype\": \"float32\"}\n");
+    fclose(f);
+    snprintf(spec, sizeof spec, "synthetic:%s", cfg);
+    check_export(spec, 5, 0); /* of wv, wo, w_gate, w_up, w_down */
+    tsr_model *m;
+    ASSERT_OK(tsr_model_load(spec, &m));
+    ASSERT_EQ_INT(m->cfg.rope_scaling, TSR_ROPE_LLAMA3);
+    tsr_model_destroy(m);
 }
 
 TSR_TEST(test_export_refusals) {
@@ -246,9 +278,16 @@ TSR_TEST(test_export_refusals) {
     bool carried;
     const char *p = path_of("refused.gguf");
     ASSERT_EQ_INT(tsr_export_gguf(m, p, TSR_Q4_0, NULL, &carried), TSR_ERR_INVALID);
-    m->cfg.rope_scaling = TSR_ROPE_LLAMA3;
+    m->cfg.rope_scaling = TSR_ROPE_YARN;
     ASSERT_EQ_INT(tsr_export_gguf(m, p, TSR_Q8_0, NULL, &carried), TSR_ERR_UNSUPPORTED);
-    ASSERT_STR_CONTAINS(tsr_last_error(), "rope_freqs");
+    ASSERT_STR_CONTAINS(tsr_last_error(), "YaRN");
+    m->cfg.rope_scaling = TSR_ROPE_LLAMA3;
+    m->cfg.rope_factor = 8.0f;
+    m->cfg.rope_low_freq_factor = 2.0f;
+    m->cfg.rope_high_freq_factor = 4.0f;
+    m->cfg.rope_original_max_pos = 8192;
+    ASSERT_EQ_INT(tsr_export_gguf(m, p, TSR_Q8_0, NULL, &carried), TSR_ERR_UNSUPPORTED);
+    ASSERT_STR_CONTAINS(tsr_last_error(), "low/high");
     ASSERT_TRUE(!exists(p));
     tsr_model_destroy(m);
 }
@@ -335,4 +374,4 @@ TSR_TEST(test_bpe_tokenizer_carried) {
 }
 
 TSR_TEST_MAIN(test_roundtrip, test_failures_leave_no_file, test_export_q8_matches_load_quantization,
-              test_export_refusals, test_bpe_tokenizer_carried)
+              test_export_refusals, test_bpe_tokenizer_carried, test_export_llama3_rope)
