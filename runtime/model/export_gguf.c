@@ -179,6 +179,23 @@ static tsr_status tsr__spm_keys(tsr_gguf_writer *w, const char *path, int vocab)
     return st;
 }
 
+/* The end ids, first `a`'s then `b`'s not yet listed (b may be NULL), as the EOS, EOT and
+ * EOM keys tessera's GGUF reader collects (at most three). */
+static tsr_status tsr__eos_keys(tsr_gguf_writer *w, const int *a, int na, const int *b, int nb) {
+    static const char *const keys[3] = {"tokenizer.ggml.eos_token_id",
+                                        "tokenizer.ggml.eot_token_id",
+                                        "tokenizer.ggml.eom_token_id"};
+    int ids[3], n = 0;
+    for (int i = 0; i < na + nb && n < 3; i++) {
+        int id = i < na ? a[i] : b[i - na];
+        bool dup = id < 0;
+        for (int k = 0; k < n; k++) dup |= ids[k] == id;
+        if (!dup) ids[n++] = id;
+    }
+    for (int k = 0; k < n; k++) TSR_TRY(tsr_gguf_writer_add_u32(w, keys[k], (uint32_t)ids[k]));
+    return TSR_OK;
+}
+
 /* The llama.cpp pre-tokenizer name (tokenizer.ggml.pre) whose expansion in tessera's GGUF
  * reader (runtime/text/tokenizer_bpe.c) is this tokenizer.json pre_tokenizer, or NULL. */
 static const char *tsr__pre_name(const cJSON *pt) {
@@ -221,8 +238,9 @@ static const char *tsr__pre_name(const cJSON *pt) {
  * (with add_bos_token) and EOS/EOT ids tessera's reader of the file finds. Tokenizers GGUF
  * cannot express as tessera reads it back (a normalizer other than NFC, byte fallback,
  * another pre-tokenizer) are not carried: *carried stays false. */
-static tsr_status tsr__bpe_keys(tsr_gguf_writer *w, const char *path, int vocab,
-                                bool *carried) {
+static tsr_status tsr__bpe_keys(tsr_gguf_writer *w, const tsr_model_config *c,
+                                const char *path, bool *carried) {
+    int vocab = c->vocab_size;
     char *data = NULL;
     size_t size = 0;
     TSR_TRY(tsr_file_read(path, "tokenizer", 0, &data, &size));
@@ -268,14 +286,15 @@ static tsr_status tsr__bpe_keys(tsr_gguf_writer *w, const char *path, int vocab,
     }
     cJSON_ArrayForEach(it, added) {
         if (st != TSR_OK) break;
-        const cJSON *id = cJSON_GetObjectItem(it, "id"), *c = cJSON_GetObjectItem(it, "content");
-        if (!cJSON_IsNumber(id) || !cJSON_IsString(c) || id->valueint < 0 ||
+        const cJSON *id = cJSON_GetObjectItem(it, "id");
+        const cJSON *content = cJSON_GetObjectItem(it, "content");
+        if (!cJSON_IsNumber(id) || !cJSON_IsString(content) || id->valueint < 0 ||
             id->valueint >= vocab) {
             st = tsr_error_set(TSR_ERR_FORMAT, "%s: an added token's id is outside the model's "
                                "%d", path, vocab);
             break;
         }
-        strs[id->valueint] = c->valuestring;
+        strs[id->valueint] = content->valuestring;
         types[id->valueint] = cJSON_IsTrue(cJSON_GetObjectItem(it, "special")) ? 3 : 4;
     }
     for (int i = 0; i < vocab && st == TSR_OK; i++) {
@@ -323,11 +342,9 @@ static tsr_status tsr__bpe_keys(tsr_gguf_writer *w, const char *path, int vocab,
         st = tsr_gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", tok->bos_id >= 0);
     if (st == TSR_OK && tok->bos_id >= 0)
         st = tsr_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)tok->bos_id);
-    static const char *const eos_keys[3] = {"tokenizer.ggml.eos_token_id",
-                                            "tokenizer.ggml.eot_token_id",
-                                            "tokenizer.ggml.eom_token_id"};
-    for (int i = 0; st == TSR_OK && tok && i < tok->n_eos_ids && i < 3; i++)
-        st = tsr_gguf_writer_add_u32(w, eos_keys[i], (uint32_t)tok->eos_ids[i]);
+    /* the tokenizer's, then the model config's (a Llama 3 instruct's <|eom_id|>) */
+    if (st == TSR_OK)
+        st = tsr__eos_keys(w, tok->eos_ids, tok->n_eos_ids, c->eos_ids, c->n_eos_ids);
     if (st == TSR_OK) *carried = true;
     tsr_tokenizer_destroy(tok);
     for (int i = 0; mstr && i < k; i++) tsr_free(mstr[i]);
@@ -361,7 +378,7 @@ static tsr_status tsr__tokenizer(tsr_gguf_writer *w, const tsr_model *m, const c
         tsr_gguf_close(g);
         if (st != TSR_OK || any) return st;
     } else if (tok && len >= 5 && !strcmp(tok + len - 5, ".json")) {
-        TSR_TRY(tsr__bpe_keys(w, tok, c->vocab_size, carried));
+        TSR_TRY(tsr__bpe_keys(w, c, tok, carried));
         if (*carried) return TSR_OK;
     } else if (tok) {
         TSR_TRY(tsr__spm_keys(w, tok, c->vocab_size));
@@ -370,9 +387,8 @@ static tsr_status tsr__tokenizer(tsr_gguf_writer *w, const tsr_model *m, const c
     }
     if (c->bos_id >= 0)
         TSR_TRY(tsr_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)c->bos_id));
-    if (c->eos_id >= 0)
-        TSR_TRY(tsr_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)c->eos_id));
-    return TSR_OK;
+    if (c->n_eos_ids > 0) return tsr__eos_keys(w, c->eos_ids, c->n_eos_ids, NULL, 0);
+    return tsr__eos_keys(w, &c->eos_id, 1, NULL, 0);
 }
 
 static tsr_status tsr__metadata(tsr_gguf_writer *w, const tsr_model *m, const char *arch,
