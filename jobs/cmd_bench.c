@@ -27,6 +27,7 @@
 #include "runtime/engine/engine.h"
 #include "runtime/exec/forward.h"
 #include "runtime/exec/kv_setup.h"
+#include "runtime/model/config.h"
 #include "runtime/model/model.h"
 #include "runtime/exec/sampler.h"
 
@@ -73,6 +74,11 @@ static const char tsr__bench_about[] =
     "      once per chunk\n"
     "  prefill_gflops = prefill_flops_per_token * prefill_tok_s / 1e9\n"
     "  decode_gb_s = decode_bytes_per_token * decode_tok_s / 1e9\n"
+    "  weight_gb_s = active_weight_bytes * decode_tok_s / 1e9: the weights alone (the figure\n"
+    "      that differs by dtype: f32, bf16, q8_0 at 34 bytes per 32 weights, ...)\n"
+    "  bytes_per_weight = weight_bytes / the weights it holds (classifier, layer matrices,\n"
+    "      norms; not the embedding table unless tied): 4, 2, 1.0625 for q8_0 when every\n"
+    "      matrix is quantized\n"
     "  peak_rss_bytes = getrusage ru_maxrss of the whole process (with --membw-mib, its\n"
     "      buffer too)\n"
     "  huge_page_bytes = of the process, backed by transparent huge pages at the end (the\n"
@@ -80,7 +86,7 @@ static const char tsr__bench_about[] =
     "\n"
     "JSON keys: model, dtype, threads, prompt_tokens, gen_tokens, repeat, prefill_samples,\n"
     "prefill_s, prefill_tok_s, prefill_gflops, decode_s, decode_tok_s, decode_gb_s,\n"
-    "weight_bytes, active_weight_bytes, decode_bytes_per_token, prefill_flops_per_token,\n"
+    "weight_gb_s, bytes_per_weight, weight_bytes, active_weight_bytes, decode_bytes_per_token, prefill_flops_per_token,\n"
     "peak_rss_bytes, huge_page_bytes, kv_memory (KV bytes per token of the full and of the\n"
     "sliding-window layers, their counts and window), dim, hidden_dim, n_layers, n_heads,\n"
     "n_kv_heads, head_dim, vocab_size,\n"
@@ -442,6 +448,9 @@ int tsr_cmd_bench(int argc, char **argv) {
     double pre_flops = 2.0 * params + attn + 2.0 * (double)c->vocab_size * c->dim / n;
     double pre_tps = n / prefill_s, dec_tps = g > 0 ? g / decode_s : 0.0;
     double dec_gb = dec_bytes * dec_tps * 1e-9, read_gb = 0.0, read_best = 0.0;
+    double n_weights = (double)tsr_config_param_count(c) -
+                       (c->tied_embeddings ? 0.0 : (double)c->vocab_size * c->dim);
+    double w_gb = active_bytes * dec_tps * 1e-9, bpw = weight_bytes / n_weights;
     if (probe.n > 0) {
         double med = tsr__median(probe.sec, probe.n); /* sorts: sec[0] is the fastest pass */
         read_gb = (double)probe.bytes / med * 1e-9;
@@ -457,13 +466,14 @@ int tsr_cmd_bench(int argc, char **argv) {
                "\"repeat\":%d,\"prefill_samples\":%d,\"prefill_s\":%.6f,"
                "\"prefill_tok_s\":%.2f,\"prefill_gflops\":%.3f,"
                "\"decode_s\":%.6f,\"decode_tok_s\":%.2f,\"decode_gb_s\":%.3f,"
+               "\"weight_gb_s\":%.3f,\"bytes_per_weight\":%.4f,"
                "\"weight_bytes\":%.0f,\"active_weight_bytes\":%.0f,"
                "\"decode_bytes_per_token\":%.0f,"
                "\"prefill_flops_per_token\":%.0f,\"peak_rss_bytes\":%.0f,"
                "\"huge_page_bytes\":%.0f,",
                dtn, be->threads > 0 ? be->threads : o.threads, n, g, o.repeat, npre, prefill_s,
                pre_tps, pre_flops * pre_tps * 1e-9, decode_s, dec_tps,
-               dec_gb, weight_bytes, active_bytes, dec_bytes, pre_flops, rss, huge);
+               dec_gb, w_gb, bpw, weight_bytes, active_bytes, dec_bytes, pre_flops, rss, huge);
         /* KV bytes per token by layer type (sliding-window layers stop at their window) */
         tsr_kv_options kvo = eo.kv;
         kvo.be = be;
@@ -506,8 +516,9 @@ int tsr_cmd_bench(int argc, char **argv) {
         printf("prefill %d tokens in %.4f s: %.1f tok/s, %.2f GFLOP/s (%.2f MFLOP/token)\n", n,
                prefill_s, pre_tps, pre_flops * pre_tps * 1e-9, pre_flops * 1e-6);
         if (g > 0)
-            printf("decode  %d tokens in %.4f s: %.1f tok/s, %.2f GB/s (%.2f MB/token)\n", g,
-                   decode_s, dec_tps, dec_gb, dec_bytes * 1e-6);
+            printf("decode  %d tokens in %.4f s: %.1f tok/s, %.2f GB/s (%.2f MB/token); "
+                   "weights %.2f MB/token at %.4f bytes/weight: %.2f GB/s\n", g, decode_s,
+                   dec_tps, dec_gb, dec_bytes * 1e-6, active_bytes * 1e-6, bpw, w_gb);
         if (probe.n > 0)
             printf("read    %d MiB streaming read beside the decode: %.2f GB/s (median of %d "
                    "passes; best %.2f); decode at %.1f %% of it\n", o.membw_mib, read_gb,

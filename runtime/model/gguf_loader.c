@@ -12,6 +12,7 @@
  * adjacent pairs (x[2i], x[2i+1]). Tessera's rope has both conventions, so such files run
  * with rope_interleaved = true on the rows as stored (q.k is unchanged by the same per-head
  * permutation of q and k rows). qwen2/qwen3 files are not permuted (llama.cpp's NEOX rope). */
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 #include "runtime/model/quantize.h"
 #include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q8.h"
+#include "kernels/rope_freq.h"
 
 /* Weights above this many f32 bytes are dequantized to bf16 instead (memory). */
 #define TSR__F32_LIMIT ((int64_t)8 << 30)
@@ -63,6 +65,50 @@ static tsr_status tsr__float(tsr__ggctx *x, const char *suffix, float *out) {
     bool have;
     TSR_TRY(tsr_gguf_get_float(x->g, tsr__k(x, suffix), &v, &have));
     if (have) *out = (float)v;
+    return TSR_OK;
+}
+
+/* Llama 3 rope scaling as llama.cpp stores it: rope_freqs.weight holds per frequency the
+ * divisor of the unscaled one. The parameters are recovered: factor is the last
+ * (lowest-frequency) divisor, the original context rope.scaling.original_context_length
+ * (8192 when absent), the low/high frequency factors Llama 3.1's 1 and 4; the tensor must
+ * equal the divisors those give (1e-4 relative), else the file is refused. All ones: no
+ * scaling. */
+static tsr_status tsr__rope_freqs(tsr__ggctx *x, tsr_model_config *c, const tsr_gguf_tensor *t) {
+    int half = c->head_dim / 2, orig = 8192;
+    float got[512], base[512], want[512];
+    if (t->type != TSR_GGML_F32 || t->n_dims != 1 || t->ne[0] != half || half < 1 || half > 512)
+        return tsr_error_set(TSR_ERR_FORMAT, "%s: rope_freqs.weight is not %d f32 values",
+                             x->g->path, half);
+    memcpy(got, t->data, (size_t)half * 4);
+    bool have, ones = true;
+    TSR_TRY(tsr__int(x, "rope.scaling.original_context_length", &orig, &have));
+    for (int j = 0; j < half; j++) ones &= got[j] == 1.0f;
+    if (ones) return TSR_OK;
+    tsr_model_config s = *c;
+    s.rope_scaling = TSR_ROPE_NONE;
+    tsr_rope_inv_freq(&s, base);
+    s.rope_scaling = TSR_ROPE_LLAMA3;
+    s.rope_factor = got[half - 1];
+    s.rope_low_freq_factor = 1.0f;
+    s.rope_high_freq_factor = 4.0f;
+    s.rope_original_max_pos = orig;
+    bool ok = s.rope_factor > 1.0f && orig > 0;
+    if (ok) tsr_rope_inv_freq(&s, want);
+    for (int j = 0; ok && j < half; j++) {
+        float d = base[j] / want[j];
+        ok = fabsf(d - got[j]) <= 1e-4f * d;
+    }
+    if (!ok)
+        return tsr_error_set(TSR_ERR_UNSUPPORTED,
+                             "%s: rope_freqs.weight is not Llama 3 rope scaling with low/high "
+                             "frequency factors 1 and 4 and original context %d (other "
+                             "per-frequency factors are not supported)", x->g->path, orig);
+    c->rope_scaling = TSR_ROPE_LLAMA3;
+    c->rope_factor = s.rope_factor;
+    c->rope_low_freq_factor = 1.0f;
+    c->rope_high_freq_factor = 4.0f;
+    c->rope_original_max_pos = orig;
     return TSR_OK;
 }
 
@@ -111,10 +157,8 @@ static tsr_status tsr__config(tsr__ggctx *x, tsr_model_config *c) {
                              "%s: rope scaling \"%.32s\" (factor %g) is not supported",
                              g->path, scaling, (double)factor);
     /* Llama 3.1-style scaling is stored as per-frequency factors in a tensor. */
-    if (tsr_gguf_tensor_find(g, "rope_freqs.weight"))
-        return tsr_error_set(TSR_ERR_UNSUPPORTED,
-                             "%s: rope_freqs.weight (llama3 rope scaling as factors) is not "
-                             "supported", g->path);
+    const tsr_gguf_tensor *rf = tsr_gguf_tensor_find(g, "rope_freqs.weight");
+    if (rf) TSR_TRY(tsr__rope_freqs(x, c, rf));
     c->rope_interleaved = llama;
     /* llama.cpp's qwen2 has q/k/v biases and qwen3 per-head q/k norms; either may show up
      * in a file of the other family's name, so the tensors decide. An o-projection bias
@@ -229,6 +273,10 @@ static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64
         return TSR_OK;
     }
     tsr_dtype dt = vector ? TSR_F32 : m->cfg.dtype;
+    /* a Q8_0 file's 16-bit matrices (where --dtype q8_0 keeps BF16: tessera convert writes
+     * them so) stay 16-bit: the weights --dtype q8_0 computes with, half of f32's bytes */
+    if (!vector && x->q8_native && (t->type == TSR_GGML_BF16 || t->type == TSR_GGML_F16))
+        dt = t->type == TSR_GGML_BF16 ? TSR_BF16 : TSR_F16;
     void *buf;
     TSR_TRY(tsr_model_alloc(m, (size_t)t->numel * tsr_dtype_size(dt), &buf));
     TSR_TRY(tsr_gguf_dequant(x->g, t, dt, buf));

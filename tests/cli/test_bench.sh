@@ -10,12 +10,20 @@ check() { if [ "$1" = 0 ]; then echo "ok   $2"; passes=$((passes + 1)); else ech
 "$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 8 --gen-tokens 4 --repeat 1 --json >"$TMP/out" 2>"$TMP/err"
 rc=$?
 ok=$rc
-for key in prefill_tok_s prefill_samples decode_tok_s weight_bytes decode_bytes_per_token prefill_flops_per_token peak_rss_bytes; do
+for key in prefill_tok_s prefill_samples decode_tok_s weight_bytes decode_bytes_per_token prefill_flops_per_token peak_rss_bytes weight_gb_s; do
     grep -q "\"$key\":" "$TMP/out" || { echo "missing $key"; ok=1; }
 done
 grep -q '"kv_memory":{"full_layers":5,"full_bytes_per_token":[0-9]*,"sliding_layers":0,' "$TMP/out" ||
     { echo "kv_memory: not 5 full layers"; ok=1; }
 check "$ok" bench_json
+# bytes per weight by dtype: 4 for f32; q8_0 below bf16's 2 (stories260K keeps wo and
+# w_down in bf16: their blocks would cross the tp reduction parts)
+grep -q '"bytes_per_weight":4.0000,' "$TMP/out"
+check $? bench_bytes_per_weight_f32
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 8 --gen-tokens 4 --repeat 1 --dtype q8_0 --json >"$TMP/outq" 2>"$TMP/err"
+bpw=$(grep -o '"bytes_per_weight":[0-9.]*' "$TMP/outq" | cut -d: -f2)
+[ -n "$bpw" ] && awk -v b="$bpw" 'BEGIN { exit !(b > 1.0625 && b < 2) }'
+check $? bench_bytes_per_weight_q8_0
 # GPT-OSS: KV bytes per token by layer type (one sliding layer of window 8, one full; K and V
 # of 2 KV heads of 16 f32 values and a position: 260 bytes a layer)
 "$BIN" bench --model "$ROOT/tests/data/arch/gptoss_f32" --prompt-tokens 16 --gen-tokens 2 --repeat 1 --json >"$TMP/out8" 2>"$TMP/err"

@@ -21,6 +21,7 @@
 #include "runtime/model/config.h"
 #include "runtime/engine/engine.h"
 #include "runtime/exec/forward.h"
+#include "runtime/model/export_gguf.h"
 #include "runtime/model/loader.h"
 #include "runtime/model/model.h"
 #include "tests/test.h"
@@ -267,6 +268,27 @@ TSR_TEST(test_export_roundtrip) {
         check_export("qwen3_bf16.gguf", "qwen3_bf16", TSR_ARCH_QWEN3, false, true);
 }
 
+/* tessera convert --output X.gguf: the f32 models written as GGUF (Mistral as llama.cpp's
+ * llama, its q/k rows permuted to adjacent pairs) load back to transformers' logits. */
+static void check_gguf_export(const char *name, tsr_arch arch, bool bias, bool qk_norm) {
+    char src[512], out[512];
+    snprintf(src, sizeof src, "%s/tests/data/arch/%s", TSR_SOURCE_DIR, name);
+    snprintf(out, sizeof out, "%s/test_arch_export_%s.gguf", TSR_BINARY_DIR, name);
+    tsr_model *m = NULL;
+    bool carried;
+    ASSERT_OK(tsr_model_load(src, &m));
+    tsr_status st = tsr_export_gguf(m, out, TSR_F32, NULL, &carried);
+    tsr_model_destroy(m);
+    ASSERT_OK(st);
+    check_file(out, out, name, arch, bias, qk_norm, TSR_F32);
+}
+
+TSR_TEST(test_export_gguf) {
+    check_gguf_export("mistral_f32", TSR_ARCH_LLAMA, false, false);
+    if (!tsr_test_failed_flag) check_gguf_export("qwen2_f32", TSR_ARCH_QWEN2, true, false);
+    if (!tsr_test_failed_flag) check_gguf_export("qwen3_f32", TSR_ARCH_QWEN3, false, true);
+}
+
 /* A GGUF file of another family is refused by name: qwen2_bf16.gguf with its
  * general.architecture value rewritten (same length, so every offset holds). */
 TSR_TEST(test_gguf_unknown_architecture) {
@@ -354,4 +376,5 @@ TSR_TEST(test_config_rules) {
 
 TSR_TEST_MAIN(test_qwen2_f32, test_qwen2_bf16, test_qwen3_f32, test_qwen3_bf16,
               test_mistral_f32, test_mistral_bf16, test_qwen2_gguf, test_qwen3_gguf,
-              test_export_roundtrip, test_gguf_unknown_architecture, test_config_rules)
+              test_export_roundtrip, test_export_gguf, test_gguf_unknown_architecture,
+              test_config_rules)
