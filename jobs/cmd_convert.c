@@ -79,7 +79,7 @@ int tsr_cmd_convert(int argc, char **argv) {
     tsr_dtype out_dtype = dtype >= 0 ? (tsr_dtype)dtype : m->cfg.dtype;
     /* a Q8_0 or 4-bit GGUF, an FP8 checkpoint: q * d (+ m) and code * scale are exact in f32 */
     if (out_dtype == TSR_Q8_0 || out_dtype == TSR_Q4_0 || out_dtype == TSR_Q4_1 ||
-        out_dtype == TSR_F8_E4M3)
+        out_dtype == TSR_Q4_K || out_dtype == TSR_F8_E4M3)
         out_dtype = TSR_F32;
     if (tsr_export_hf(m, output, out_dtype) != TSR_OK) {
         tsr_model_destroy(m);
