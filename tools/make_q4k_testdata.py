@@ -18,6 +18,9 @@ the dequantization of the bytes):
                300, tied embeddings) whose matrices are all Q4_K (so wo and w_down are
                eligible: head_dim and hidden / n_heads are whole super-blocks), with the
                byte-level gpt2 tokenizer of tests/data/gguf/tiny_llama.gguf
+  tiny_q4k_hd64.gguf  the same at dim 256, 4 heads of 64, 2 KV heads, hidden 512, 1 layer:
+               wo's head parts (64 columns) and w_down's hidden chunks (128) are not whole
+               super-blocks, so the loader expands those two
 
 Usage: python3 tools/make_q4k_testdata.py  (pip install gguf numpy)
 """
@@ -145,9 +148,8 @@ def bytes_to_unicode():
     return dict(zip(bs, map(chr, cs)))
 
 
-def tiny_model():
-    dim, hidden, heads, kv, hd, layers = 512, 512, 2, 1, 256, 2
-    w = gguf.GGUFWriter(os.path.join(OUT, "tiny_q4k.gguf"), "llama")
+def tiny_model(name="tiny_q4k.gguf", dim=512, hidden=512, heads=2, kv=1, hd=256, layers=2):
+    w = gguf.GGUFWriter(os.path.join(OUT, name), "llama")
     w.add_block_count(layers)
     w.add_context_length(128)
     w.add_embedding_length(dim)
@@ -198,6 +200,7 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     goldens()
     tiny_model()
+    tiny_model("tiny_q4k_hd64.gguf", dim=256, hidden=512, heads=4, kv=2, hd=64, layers=1)
     print("wrote", OUT, file=sys.stderr)
 
 

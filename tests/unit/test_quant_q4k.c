@@ -3,8 +3,9 @@
  * the Q8_K activation quantizer's bytes against llama.cpp's reference (the script's f32
  * numpy copy); slices; every kernel variant against the scalar reference (bits) for nx 1..4,
  * odd shapes and parts, the scalar reference against a double sum over the dequantized
- * weights and activations; the cpu and cpu-fenced backends; the GGUF loader's eligibility;
- * and a tiny all-Q4_K llama natively against its f32 expansion (greedy tokens, logits). */
+ * weights and activations; the cpu and cpu-fenced backends; a tiny all-Q4_K llama natively
+ * against its f32 expansion (greedy tokens, logits); the GGUF loader's expansion of a wo and
+ * w_down whose reduction parts cut super-blocks. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -472,5 +473,29 @@ TSR_TEST(test_tiny_model_native_vs_expanded) {
     ASSERT_EQ_INT(same, STEPS);
 }
 
+/* head_dim 64, hidden 512 over 4 heads: wo's and w_down's reduction parts cut super-blocks,
+ * so those two are dequantized (the cfg's f32), the rest stays Q4_K; the model runs. */
+TSR_TEST(test_ineligible_expanded) {
+    tsr_model *m;
+    ASSERT_OK(tsr_model_load(DATA "tiny_q4k_hd64.gguf", &m));
+    ASSERT_EQ_INT(m->cfg.head_dim, 64);
+    ASSERT_EQ_INT(m->cfg.dtype, TSR_Q4_K);
+    const tsr_layer_weights *w = &m->layers[0];
+    ASSERT_EQ_INT(w->wq.dtype, TSR_Q4_K);
+    ASSERT_EQ_INT(w->w_gate.dtype, TSR_Q4_K);
+    ASSERT_EQ_INT(w->wo.dtype, TSR_F32);
+    ASSERT_EQ_INT(w->w_down.dtype, TSR_F32);
+    tsr_engine *e = engine_for(m, 8);
+    ASSERT_TRUE(e);
+    int32_t ids[4] = {72, 101, 108, 108};
+    float *l = tsr_malloc((size_t)4 * (size_t)m->cfg.vocab_size * 4);
+    ASSERT_OK(all_logits(e, ids, 4, l));
+    for (int i = 0; i < 4 * m->cfg.vocab_size; i++) ASSERT_TRUE(isfinite(l[i]));
+    tsr_free(l);
+    tsr_engine_destroy(e);
+    tsr_model_destroy(m);
+}
+
 TSR_TEST_MAIN(test_repack_and_dequant, test_types_gguf, test_act_quant, test_kernels_equal_scalar,
-              test_slice, test_backends, test_tiny_model_native_vs_expanded)
+              test_slice, test_backends, test_tiny_model_native_vs_expanded,
+              test_ineligible_expanded)
