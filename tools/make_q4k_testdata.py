@@ -148,7 +148,8 @@ def bytes_to_unicode():
     return dict(zip(bs, map(chr, cs)))
 
 
-def tiny_model(name="tiny_q4k.gguf", dim=512, hidden=512, heads=2, kv=1, hd=256, layers=2):
+def tiny_model(name="tiny_q4k.gguf", dim=512, hidden=512, heads=2, kv=1, hd=256, layers=2,
+               offset=True):
     w = gguf.GGUFWriter(os.path.join(OUT, name), "llama")
     w.add_block_count(layers)
     w.add_context_length(128)
@@ -174,7 +175,7 @@ def tiny_model(name="tiny_q4k.gguf", dim=512, hidden=512, heads=2, kv=1, hd=256,
     w.add_eos_token_id(257)
     w.add_add_bos_token(False)
 
-    def q4k(name, rows, cols, sigma, offset=True):
+    def q4k(name, rows, cols, sigma):
         w.add_tensor(name, matrix(rows, cols, sigma, offset=offset), raw_dtype=T.Q4_K)
 
     q4k("token_embd.weight", len(toks), dim, 0.1)
@@ -200,7 +201,8 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     goldens()
     tiny_model()
-    tiny_model("tiny_q4k_hd64.gguf", dim=256, hidden=512, heads=4, kv=2, hd=64, layers=1)
+    tiny_model("tiny_q4k_hd64.gguf", dim=256, hidden=512, heads=4, kv=2, hd=64, layers=1,
+               offset=False)
     print("wrote", OUT, file=sys.stderr)
 
 

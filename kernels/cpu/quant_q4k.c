@@ -93,6 +93,35 @@ void tsr_q4k_dequant_row(const void *packed, int64_t cols, int64_t r, float *out
     }
 }
 
+bool tsr_q4k_to_q4_1(const uint8_t *blocks, int64_t cols, uint8_t *out) {
+    uint8_t gb[TSR__Q4K_GBB]; /* one row in slot 0 of a group block: the unpacking above */
+    for (int64_t b = 0; b < cols / TSR_Q4K_BLOCK; b++) {
+        const uint8_t *src = blocks + (size_t)b * TSR_Q4K_BLOCK_BYTES;
+        memset(gb, 0, sizeof gb);
+        memcpy(gb, src, 2);
+        memcpy(gb + TSR__Q4K_DMIN, src + 2, 2);
+        for (int w = 0; w < 3; w++) memcpy(gb + TSR__Q4K_SCALES + w * 64, src + 4 + 4 * w, 4);
+        for (int s = 0; s < 32; s++) memcpy(gb + TSR__Q4K_CODES + s * 64, src + 16 + 4 * s, 4);
+        float d = tsr__q4k_h(gb), dmin = tsr__q4k_h(gb + TSR__Q4K_DMIN);
+        int32_t sc[8], m[8];
+        tsr__q4k_scales(gb, 0, sc, m);
+        for (int j = 0; j < TSR__Q4K_SUB; j++) {
+            uint8_t *o = out + ((size_t)b * TSR__Q4K_SUB + (size_t)j) * 20;
+            float dj = d * (float)sc[j], mj = -(dmin * (float)m[j]);
+            uint16_t hd = tsr_f32_to_f16(dj), hm = tsr_f32_to_f16(mj);
+            if ((hd & 0x7c00) == 0x7c00 || (hm & 0x7c00) == 0x7c00) return false;
+            o[0] = (uint8_t)hd;
+            o[1] = (uint8_t)(hd >> 8);
+            o[2] = (uint8_t)hm;
+            o[3] = (uint8_t)(hm >> 8);
+            for (int k = 0; k < 16; k++)
+                o[4 + k] = (uint8_t)(tsr__q4k_code(gb, 0, 32 * j + k) |
+                                     tsr__q4k_code(gb, 0, 32 * j + k + 16) << 4);
+        }
+    }
+    return true;
+}
+
 /* Zero-fills the whole tensor: padding rows get d = dmin = 0 and add nothing. */
 static void tsr__q4k_pack_init(void *packed, int64_t rows, int64_t cols) {
     tsr_tensor q = {.dtype = TSR_Q4_K, .rows = rows, .cols = cols};

@@ -50,6 +50,15 @@ void tsr_q4k_unpack_row(const void *packed, int64_t cols, int64_t r, uint8_t *bl
 /* Row r dequantized to f32: (d * sc) * q - (dmin * m), gguf's dequantization. */
 void tsr_q4k_dequant_row(const void *packed, int64_t cols, int64_t r, float *out);
 
+/* One row of cols / 256 GGUF Q4_K blocks rewritten as cols / 32 GGUF Q4_1 blocks (20 bytes:
+ * fp16 d, fp16 m, 16 code bytes), sub-block j of a super-block becoming one Q4_1 block with
+ * d = fp16(d * sc[j]), m = fp16(-(dmin * m[j])) and the same codes. Lossy only by fp16's
+ * rounding of those two products (they need up to 17 significant bits; relative error at
+ * most 2^-12 of the sub-block's scale and offset), and computed then on 32-column blocks, so
+ * for matrices whose reduction parts cut super-blocks. False when a product overflows
+ * fp16 (the caller expands such a matrix instead). */
+bool tsr_q4k_to_q4_1(const uint8_t *blocks, int64_t cols, uint8_t *out);
+
 /* Rows [r0, r1) and columns [c0, c1) (multiples of 256) of the Q4_K tensor src, repacked
  * into dst (tsr_tensor_bytes of the [r1 - r0, c1 - c0] Q4_K tensor). */
 tsr_status tsr_q4k_slice(const tsr_tensor *src, int64_t r0, int64_t r1, int64_t c0, int64_t c1,

@@ -3,8 +3,8 @@
  * Q4_0, Q4_1 and Q4_K matrices stay in their blocks (repacked for the CPU kernels,
  * kernels/cpu/quant_q8.h, quant_q4.h and quant_q4k.h) where the forward can run them
  * (runtime/model/quantize.h; Q4_K where its 256-column super-blocks never cross a reduction
- * part, tsr__q4k_eligible); the others (Q5_K, Q6_K, ..., and Q4_K elsewhere) are dequantized
- * to f32 (bf16 for large models). TSR_GGUF_DEQUANT=1 in the environment dequantizes the 4-bit
+ * part, tsr__q4k_eligible, else rewritten as Q4_1 per 32-column sub-block); the others (Q5_K,
+ * Q6_K, ...) are dequantized to f32 (bf16 for large models). TSR_GGUF_DEQUANT=1 in the environment dequantizes the 4-bit
  * matrices (and a 4-bit file's Q8_0 ones) too, the way every quantized type was loaded before
  * those had kernels (for comparisons).
  *
@@ -38,7 +38,8 @@ typedef struct tsr__ggctx {
     bool q8_native; /* most matrix weights are Q8_0: those stay Q8_0 (tsr__load) */
     bool native;    /* Q4_0/Q4_1 (and then Q8_0) matrices stay in their blocks */
     int64_t n4[3];  /* elements loaded as Q4_0, Q4_1, Q4_K */
-    int n4k_expanded; /* Q4_K matrices dequantized (tsr__q4k_eligible) */
+    int n4k_q41;      /* Q4_K matrices run as Q4_1 (tsr__q4k_eligible false) */
+    int n4k_expanded; /* ... and dequantized (a scale past fp16's range) */
     int64_t n_mat;  /* elements of all matrices in the file */
 } tsr__ggctx;
 
@@ -236,11 +237,12 @@ static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64
         return TSR_OK;
     }
     if (eligible && x->native && t->type == TSR_GGML_Q4_K) {
+        size_t nb = (size_t)(cols / TSR_Q4K_BLOCK);
+        if (t->nbytes < (uint64_t)rows * nb * TSR_Q4K_BLOCK_BYTES)
+            return tsr_error_set(TSR_ERR_FORMAT, "%s: tensor %s is short", x->g->path, name);
         if (tsr__q4k_eligible(&m->cfg, which, cols)) {
             tsr_tensor q = {.dtype = TSR_Q4_K, .rows = rows, .cols = cols};
             void *pk;
-            if (t->nbytes < (uint64_t)(rows * (cols / TSR_Q4K_BLOCK)) * TSR_Q4K_BLOCK_BYTES)
-                return tsr_error_set(TSR_ERR_FORMAT, "%s: tensor %s is short", x->g->path, name);
             TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &pk));
             tsr_q4k_pack_gguf(t->data, rows, cols, pk);
             q.data = pk;
@@ -248,6 +250,30 @@ static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64
             x->n4[2] += rows * cols;
             return TSR_OK;
         }
+        /* Q4_1 of the sub-blocks (tsr_q4k_to_q4_1: fp16 d * sc and dmin * m), whose
+         * 32-column blocks every reduction part keeps whole, rather than f32 */
+        size_t rb = (size_t)(cols / TSR_Q4_BLOCK) * tsr_q4_block_bytes(TSR_Q4_1);
+        uint8_t *b41 = tsr_malloc((size_t)rows * rb);
+        if (!b41) return tsr_error_set(TSR_ERR_NOMEM, "%s: out of memory converting %s",
+                                       x->g->path, name);
+        bool fits = true;
+        for (int64_t r = 0; r < rows && fits; r++)
+            fits = tsr_q4k_to_q4_1((const uint8_t *)t->data + (size_t)r * nb * TSR_Q4K_BLOCK_BYTES,
+                                   cols, b41 + (size_t)r * rb);
+        if (fits) {
+            tsr_tensor q = {.dtype = TSR_Q4_1, .rows = rows, .cols = cols};
+            void *pk;
+            tsr_status st = tsr_model_alloc(m, tsr_tensor_bytes(&q), &pk);
+            if (st == TSR_OK) tsr_q4_pack_gguf(TSR_Q4_1, b41, rows, cols, pk);
+            tsr_free(b41);
+            TSR_TRY(st);
+            q.data = pk;
+            *dst = q;
+            x->n4[2] += rows * cols;
+            x->n4k_q41++;
+            return TSR_OK;
+        }
+        tsr_free(b41);
         x->n4k_expanded++;
     }
     if (eligible && (x->q8_native || x->native) && t->type == TSR_GGML_Q8_0) {
@@ -337,10 +363,11 @@ tsr_status tsr_loader_gguf(const char *path, tsr_model **out) {
         m->cfg.dtype = x.n4[2] > x.n4[0] && x.n4[2] > x.n4[1] ? TSR_Q4_K
                        : x.n4[1] >= x.n4[0]                   ? TSR_Q4_1
                                                               : TSR_Q4_0;
-    if (st == TSR_OK && x.n4k_expanded)
-        TSR_LOG_INFO("%s: %d Q4_K matri%s dequantized to %s: their 256-column super-blocks "
-                     "would cross the reduction parts of wo (head_dim %d) or w_down (hidden "
-                     "%d over %d heads)", path, x.n4k_expanded, x.n4k_expanded == 1 ? "x" : "ces",
+    if (st == TSR_OK && (x.n4k_q41 || x.n4k_expanded))
+        TSR_LOG_INFO("%s: %d Q4_K matri%s run as Q4_1 (fp16 d * scale and dmin * min per 32 "
+                     "columns) and %d dequantized to %s: their 256-column super-blocks would "
+                     "cross the reduction parts of wo (head_dim %d) or w_down (hidden %d over "
+                     "%d heads)", path, x.n4k_q41, x.n4k_q41 == 1 ? "x" : "ces", x.n4k_expanded,
                      tsr_dtype_name(cfg.dtype), cfg.head_dim, cfg.hidden_dim, cfg.n_heads);
     tsr_gguf_close(x.g);
     if (st != TSR_OK) {
