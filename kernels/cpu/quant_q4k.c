@@ -208,11 +208,20 @@ static inline void tsr__q4k_s_block(const uint8_t *wb, const int8_t *xq, const f
         for (int i = 0; i < nx; i++) {
             size_t k = (size_t)i * (size_t)nb + (size_t)b;
             const int8_t *x = xq + k * TSR_Q4K_BLOCK;
+            /* code step s holds bytes 4s..4s+3: columns 64c + 4(s % 8) + t in the low
+             * nibbles (sub-block 2c, c = s / 8), 32 further in the high ones */
+            int32_t dot[TSR__Q4K_SUB] = {0};
+            for (int s = 0; s < 32; s++) {
+                const uint8_t *cb = wb + TSR__Q4K_CODES + s * 64 + 4 * j;
+                int c = s / 8, col = 64 * c + 4 * (s % 8);
+                for (int t = 0; t < 4; t++) {
+                    dot[2 * c] += (int32_t)(cb[t] & 0x0f) * x[col + t];
+                    dot[2 * c + 1] += (int32_t)(cb[t] >> 4) * x[col + 32 + t];
+                }
+            }
             int32_t isum = 0, msum = 0;
             for (int s = 0; s < TSR__Q4K_SUB; s++) {
-                int32_t dot = 0;
-                for (int c = 0; c < 32; c++) dot += tsr__q4k_code(wb, j, 32 * s + c) * x[32 * s + c];
-                isum += sc[s] * dot;
+                isum += sc[s] * dot[s];
                 msum += m[s] * xs[k * TSR__Q4K_SUB + (size_t)s];
             }
             float a = fmaf((float)isum, dw * xd[k], acc[i].v[j]);
