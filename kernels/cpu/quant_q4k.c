@@ -29,8 +29,10 @@ static void tsr__q4k_pack_row(void *packed, int64_t cols, int64_t r, const uint8
         const uint8_t *src = blocks + (size_t)b * TSR_Q4K_BLOCK_BYTES;
         memcpy(gb + 2 * j, src, 2);
         memcpy(gb + TSR__Q4K_DMIN + 2 * j, src + 2, 2);
-        for (int w = 0; w < 3; w++) memcpy(gb + TSR__Q4K_SCALES + w * 64 + 4 * j, src + 4 + 4 * w, 4);
-        for (int s = 0; s < 32; s++) memcpy(gb + TSR__Q4K_CODES + s * 64 + 4 * j, src + 16 + 4 * s, 4);
+        for (int w = 0; w < 3; w++)
+            memcpy(gb + TSR__Q4K_SCALES + w * 64 + 4 * j, src + 4 + 4 * w, 4);
+        for (int s = 0; s < 32; s++)
+            memcpy(gb + TSR__Q4K_CODES + s * 64 + 4 * j, src + 16 + 4 * s, 4);
     }
 }
 
@@ -41,8 +43,10 @@ void tsr_q4k_unpack_row(const void *packed, int64_t cols, int64_t r, uint8_t *bl
         uint8_t *o = blocks + (size_t)b * TSR_Q4K_BLOCK_BYTES;
         memcpy(o, gb + 2 * j, 2);
         memcpy(o + 2, gb + TSR__Q4K_DMIN + 2 * j, 2);
-        for (int w = 0; w < 3; w++) memcpy(o + 4 + 4 * w, gb + TSR__Q4K_SCALES + w * 64 + 4 * j, 4);
-        for (int s = 0; s < 32; s++) memcpy(o + 16 + 4 * s, gb + TSR__Q4K_CODES + s * 64 + 4 * j, 4);
+        for (int w = 0; w < 3; w++)
+            memcpy(o + 4 + 4 * w, gb + TSR__Q4K_SCALES + w * 64 + 4 * j, 4);
+        for (int s = 0; s < 32; s++)
+            memcpy(o + 16 + 4 * s, gb + TSR__Q4K_CODES + s * 64 + 4 * j, 4);
     }
 }
 

@@ -70,11 +70,11 @@ tsr__q4k_z_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int
     __m512i u1 = _mm512_loadu_si512((const void *)(wb + TSR__Q4K_SCALES + 64));
     __m512i u2 = _mm512_loadu_si512((const void *)(wb + TSR__Q4K_SCALES + 128));
     __m512i s0 = _mm512_and_si512(u0, k3f);
-    __m512i s1 = _mm512_or_si512(_mm512_and_si512(u2, k0f),
-                                 _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k03), 4));
+    __m512i hi0 = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k03), 4);
+    __m512i hi1 = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k03), 4);
+    __m512i s1 = _mm512_or_si512(_mm512_and_si512(u2, k0f), hi0);
     __m512i n0 = _mm512_and_si512(u1, k3f);
-    __m512i n1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k0f),
-                                 _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k03), 4));
+    __m512i n1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k0f), hi1);
     /* mins as int16 pairs per lane: (m0, m2), (m1, m3), (m4, m6), (m5, m7) */
     __m512i p02 = _mm512_and_si512(n0, kw), p13 = _mm512_and_si512(_mm512_srli_epi32(n0, 8), kw);
     __m512i p46 = _mm512_and_si512(n1, kw), p57 = _mm512_and_si512(_mm512_srli_epi32(n1, 8), kw);

@@ -64,11 +64,11 @@ tsr__q4k_y_half(const uint8_t *wb, int h, const int8_t *const *x, const int32_t 
     __m256i u1 = _mm256_loadu_si256((const __m256i *)(sp + 64));
     __m256i u2 = _mm256_loadu_si256((const __m256i *)(sp + 128));
     __m256i s0 = _mm256_and_si256(u0, k3f);
-    __m256i s1 = _mm256_or_si256(_mm256_and_si256(u2, k0f),
-                                 _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), k03), 4));
+    __m256i hi0 = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), k03), 4);
+    __m256i hi1 = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), k03), 4);
+    __m256i s1 = _mm256_or_si256(_mm256_and_si256(u2, k0f), hi0);
     __m256i n0 = _mm256_and_si256(u1, k3f);
-    __m256i n1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), k0f),
-                                 _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), k03), 4));
+    __m256i n1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), k0f), hi1);
     __m256i p02 = _mm256_and_si256(n0, kw), p13 = _mm256_and_si256(_mm256_srli_epi32(n0, 8), kw);
     __m256i p46 = _mm256_and_si256(n1, kw), p57 = _mm256_and_si256(_mm256_srli_epi32(n1, 8), kw);
     __m256i is[4], ms[4];

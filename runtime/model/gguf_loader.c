@@ -4,9 +4,9 @@
  * kernels/cpu/quant_q8.h, quant_q4.h and quant_q4k.h) where the forward can run them
  * (runtime/model/quantize.h; Q4_K where its 256-column super-blocks never cross a reduction
  * part, tsr__q4k_eligible, else rewritten as Q4_1 per 32-column sub-block); the others (Q5_K,
- * Q6_K, ...) are dequantized to f32 (bf16 for large models). TSR_GGUF_DEQUANT=1 in the environment dequantizes the 4-bit
- * matrices (and a 4-bit file's Q8_0 ones) too, the way every quantized type was loaded before
- * those had kernels (for comparisons).
+ * Q6_K, ...) are dequantized to f32 (bf16 for large models). TSR_GGUF_DEQUANT=1 in the
+ * environment dequantizes the 4-bit matrices (and a 4-bit file's Q8_0 ones) too, the way every
+ * quantized type was loaded before those had kernels (for comparisons).
  *
  * Rotary layout: llama.cpp's converter permutes the rows of attn_q/attn_k of `llama` models
  * inside each head so that HF's half rotation (x[i], x[i + hd/2]) becomes a rotation of
@@ -36,7 +36,7 @@ typedef struct tsr__ggctx {
     const char *arch;
     char key[160];
     bool q8_native; /* most matrix weights are Q8_0: those stay Q8_0 (tsr__load) */
-    bool native;    /* Q4_0/Q4_1 (and then Q8_0) matrices stay in their blocks */
+    bool native;    /* Q4_0/Q4_1/Q4_K (and then Q8_0) matrices stay in their blocks */
     int64_t n4[3];  /* elements loaded as Q4_0, Q4_1, Q4_K */
     int n4k_q41;      /* Q4_K matrices run as Q4_1 (tsr__q4k_eligible false) */
     int n4k_expanded; /* ... and dequantized (a scale past fp16's range) */
@@ -258,8 +258,9 @@ static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64
                                        x->g->path, name);
         bool fits = true;
         for (int64_t r = 0; r < rows && fits; r++)
-            fits = tsr_q4k_to_q4_1((const uint8_t *)t->data + (size_t)r * nb * TSR_Q4K_BLOCK_BYTES,
-                                   cols, b41 + (size_t)r * rb);
+            fits = tsr_q4k_to_q4_1(
+                (const uint8_t *)t->data + (size_t)r * nb * TSR_Q4K_BLOCK_BYTES, cols,
+                b41 + (size_t)r * rb);
         if (fits) {
             tsr_tensor q = {.dtype = TSR_Q4_1, .rows = rows, .cols = cols};
             void *pk;
