@@ -20,6 +20,10 @@ typedef enum tsr_dtype {
      * codes), stored as kernels/cpu/quant_q4.h's repacked 16-row groups; matrices only. */
     TSR_Q4_0 = 5,
     TSR_Q4_1 = 6,
+    /* GGUF's Q4_K (256-value super-blocks: fp16 d and dmin, 6-bit scales and mins of 8
+     * sub-blocks of 32, 4-bit codes), stored as kernels/cpu/quant_q4k.h's repacked 16-row
+     * groups; matrices only (cols % 256 == 0), loaded from GGUF files (no quantizer). */
+    TSR_Q4_K = 7,
     /* FP8 E4M3 (float8_e4m3fn) weights with one f32 scale per row (compressed-tensors'
      * per-channel strategy; a per-tensor scale is stored once per row): the rows * cols
      * codes row-major, then at tsr_fp8_scale_offset the rows scales. Matrices only;
@@ -27,7 +31,7 @@ typedef enum tsr_dtype {
     TSR_F8_E4M3 = 8,
 } tsr_dtype;
 
-/* Bytes per element; Q8_0, Q4_0, Q4_1 and F8_E4M3: 1 (their scales are counted by
+/* Bytes per element; Q8_0, Q4_0, Q4_1, Q4_K and F8_E4M3: 1 (their scales are counted by
  * tsr_tensor_bytes). */
 size_t tsr_dtype_size(tsr_dtype t);
 const char *tsr_dtype_name(tsr_dtype t);

@@ -20,11 +20,13 @@ static inline size_t tsr_fp8_scale_offset(int64_t rows, int64_t cols) {
 }
 
 /* Q8_0, Q4_0, Q4_1: groups of 16 rows (the last padded) of 34-, 18- or 20-byte blocks per 32
- * columns (host layout; a device backend may hold its own, see kernels/backend.h
- * place_weight). F8_E4M3: codes, then one f32 scale per row. */
+ * columns; Q4_K: of 144-byte blocks per 256 columns (host layout; a device backend may hold
+ * its own, see kernels/backend.h place_weight). F8_E4M3: codes, then one f32 scale per row. */
 static inline size_t tsr_tensor_bytes(const tsr_tensor *t) {
     if (t->dtype == TSR_F8_E4M3)
         return tsr_fp8_scale_offset(t->rows, t->cols) + (size_t)t->rows * 4u;
+    if (t->dtype == TSR_Q4_K)
+        return (size_t)((t->rows + 15) / 16) * 16u * (size_t)(t->cols / 256) * 144u;
     if (t->dtype == TSR_Q8_0 || t->dtype == TSR_Q4_0 || t->dtype == TSR_Q4_1)
         return (size_t)((t->rows + 15) / 16) * 16u * (size_t)(t->cols / 32) *
                (t->dtype == TSR_Q8_0 ? 34u : t->dtype == TSR_Q4_0 ? 18u : 20u);
@@ -46,7 +48,7 @@ typedef struct tsr_experts {
     tsr_tensor bias;
 } tsr_experts;
 
-/* Pointer to row r (not for Q8_0 and Q4_*, whose rows interleave in groups; F8_E4M3: the
+/* Pointer to row r (not for Q8_0 and Q4_* (Q4_K too), whose rows interleave in groups; F8_E4M3: the
  * codes). */
 static inline const void *tsr_tensor_row(const tsr_tensor *t, int64_t r) {
     return (const char *)t->data + (size_t)r * (size_t)t->cols * tsr_dtype_size(t->dtype);

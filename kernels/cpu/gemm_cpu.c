@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/quant_q4_internal.h"
+#include "kernels/cpu/quant_q4k_internal.h"
 #include "kernels/cpu/quant_q8_internal.h"
 #include "base/alloc.h"
 
@@ -39,7 +40,8 @@ static void tsr__matvec_rows(const tsr__cpu_kernels *k, const tsr_tensor *w, con
     case TSR_U8: break; /* refused by tsr__cpu_matmul */
     case TSR_Q8_0: /* tsr__q8_run */
     case TSR_Q4_0:
-    case TSR_Q4_1: break;
+    case TSR_Q4_1:
+    case TSR_Q4_K: break; /* tsr__q4k_run */
     case TSR_F8_E4M3: break; /* refused: the engine converts FP8 to Q8_0 for the CPU */
     }
 }
@@ -80,7 +82,8 @@ static void tsr__matvec_seg_rows(const tsr__cpu_kernels *k, const tsr_tensor *w,
     case TSR_U8: break; /* refused by tsr__cpu_matmul_parts */
     case TSR_Q8_0: /* tsr__q8_run */
     case TSR_Q4_0:
-    case TSR_Q4_1: break;
+    case TSR_Q4_1:
+    case TSR_Q4_K: break; /* tsr__q4k_run */
     case TSR_F8_E4M3: break; /* refused: the engine converts FP8 to Q8_0 for the CPU */
     }
 }
@@ -316,6 +319,66 @@ static tsr_status tsr__q8_run(tsr__cpu_ctx *c, const float *x, int64_t n, const 
     return TSR_OK;
 }
 
+/* y = x . W^T for a Q4_K W (kernels/cpu/quant_q4k.h), as tsr__q8_run: each input row is
+ * quantized per 256-column block as llama.cpp's Q8_K first, then the Q4_K kernel runs over
+ * fixed blocks of row groups, each serving all inputs 4 at a time. Part boundaries must be
+ * multiples of 256 (the GGUF loader expands a Q4_K matrix whose reduction parts are not). */
+static tsr_status tsr__q4k_run(tsr__cpu_ctx *c, const float *x, int64_t n, const tsr_tensor *w,
+                               const int32_t *seg, int n_parts, bool sum, float *y) {
+    int64_t rows = w->rows, cols = w->cols, nb = cols / TSR_Q4K_BLOCK;
+    int32_t whole[2] = {0, (int32_t)nb}, small[65], *bseg = whole;
+    if (seg) {
+        bseg = n_parts < 65 ? small : tsr_malloc((size_t)(n_parts + 1) * sizeof *bseg);
+        if (!bseg) return TSR_ERR_NOMEM;
+        for (int p = 0; p <= n_parts; p++) {
+            if (seg[p] % TSR_Q4K_BLOCK) {
+                if (bseg != small) tsr_free(bseg);
+                return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu matmul_parts: q4_k part "
+                                     "boundary %d is not a multiple of 256", (int)seg[p]);
+            }
+            bseg[p] = seg[p] / TSR_Q4K_BLOCK;
+        }
+    } else {
+        n_parts = 1;
+        sum = true;
+    }
+    /* int8 values, then f32 scales and int32 sub-block sums, in one float scratch */
+    size_t nq = (size_t)n * (size_t)cols, ns = (size_t)n * (size_t)nb;
+    tsr_status st = tsr__cpu_scratch(&c->q8x, &c->q8x_cap, (nq + 3) / 4 + ns * (1 + TSR__Q4K_SUB));
+    if (st != TSR_OK) {
+        if (bseg != small && bseg != whole) tsr_free(bseg);
+        return st;
+    }
+    int8_t *xq = (int8_t *)c->q8x;
+    float *xd = c->q8x + (nq + 3) / 4;
+    int32_t *xs = (int32_t *)(xd + ns);
+    const tsr__q4k_kernels *k = tsr__q4k_kernels_get();
+    int qpar = c->threads > 1 && n >= 16;
+#pragma omp parallel for num_threads(c->threads) schedule(static) if (qpar)
+    for (int64_t i = 0; i < n; i++)
+        tsr__q4k_quantize_act(x + (size_t)i * (size_t)cols, cols, xq + (size_t)i * (size_t)cols,
+                              xd + (size_t)i * (size_t)nb,
+                              xs + (size_t)i * (size_t)nb * TSR__Q4K_SUB);
+    int64_t ng = (rows + TSR_Q4K_GROUP - 1) / TSR_Q4K_GROUP;
+    int64_t nblk = (ng + TSR__CPU_Q8_BLOCK_GROUPS - 1) / TSR__CPU_Q8_BLOCK_GROUPS;
+    int64_t ldp = n * rows;
+    int par = c->threads > 1 && nblk > 1 &&
+              (rows * cols >= TSR__CPU_PAR_MIN || n * rows * cols >= TSR__CPU_GEMM_PAR_MIN);
+#pragma omp parallel for num_threads(c->threads) schedule(static) if (par)
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t g0 = blk * TSR__CPU_Q8_BLOCK_GROUPS;
+        int64_t g1 = g0 + TSR__CPU_Q8_BLOCK_GROUPS < ng ? g0 + TSR__CPU_Q8_BLOCK_GROUPS : ng;
+        for (int64_t i0 = 0; i0 < n; i0 += 4) {
+            int nx = n - i0 < 4 ? (int)(n - i0) : 4;
+            k->gemv(w->data, nb, rows, g0, g1, xq + (size_t)i0 * (size_t)cols,
+                    xd + (size_t)i0 * (size_t)nb, xs + (size_t)i0 * (size_t)nb * TSR__Q4K_SUB,
+                    nx, bseg, n_parts, sum, y + (size_t)i0 * (size_t)rows, rows, ldp);
+        }
+    }
+    if (bseg != small && bseg != whole) tsr_free(bseg);
+    return TSR_OK;
+}
+
 tsr_status tsr__cpu_matmul(tsr_backend *be, const float *x, int64_t n, const tsr_tensor *w,
                            float *y) {
     tsr__cpu_ctx *c = be->ctx;
@@ -323,6 +386,8 @@ tsr_status tsr__cpu_matmul(tsr_backend *be, const float *x, int64_t n, const tsr
         return tsr_error_set(TSR_ERR_INVALID, "cpu matmul: bad shape (n=%lld)", (long long)n);
     if ((w->dtype == TSR_Q8_0 || tsr_q4_is(w->dtype)) && tsr_q8_fits(w->rows, w->cols))
         return n == 0 ? TSR_OK : tsr__q8_run(c, x, n, w, NULL, 1, true, y);
+    if (w->dtype == TSR_Q4_K && tsr_q4k_fits(w->rows, w->cols))
+        return n == 0 ? TSR_OK : tsr__q4k_run(c, x, n, w, NULL, 1, true, y);
     if (w->dtype != TSR_F32 && w->dtype != TSR_BF16 && w->dtype != TSR_F16)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu matmul: weight dtype %d",
                              (int)w->dtype);
@@ -474,6 +539,9 @@ tsr_status tsr__cpu_matmul_parts(tsr_backend *be, const float *x, int64_t n,
         seg[n_parts] <= w->cols &&
         seg[0] >= 0)
         return n == 0 ? TSR_OK : tsr__q8_run(c, x, n, w, seg, n_parts, sum, y);
+    if (w->dtype == TSR_Q4_K && tsr_q4k_fits(w->rows, w->cols) && seg[n_parts] <= w->cols &&
+        seg[0] >= 0)
+        return n == 0 ? TSR_OK : tsr__q4k_run(c, x, n, w, seg, n_parts, sum, y);
     if (w->dtype != TSR_F32 && w->dtype != TSR_BF16 && w->dtype != TSR_F16)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu matmul_parts: weight dtype %d",
                              (int)w->dtype);

@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/quant_q4.h"
+#include "kernels/cpu/quant_q4k.h"
 #include "kernels/cpu/quant_q8.h"
 #include "kernels/kv_dtype.h"
 #include "kernels/rope_freq.h"
@@ -26,6 +27,7 @@ static float tsr__w_at(const tsr_tensor *w, int64_t i) {
     case TSR_Q8_0: /* matrices only; norm weights are f32 */
     case TSR_Q4_0:
     case TSR_Q4_1:
+    case TSR_Q4_K:
     case TSR_F8_E4M3: break;
     }
     return 0.0f;
@@ -372,6 +374,10 @@ tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t 
             tsr_q8_dequant_row(emb->data, d, ids[i], o);
             continue;
         }
+        if (emb->dtype == TSR_Q4_K) {
+            tsr_q4k_dequant_row(emb->data, d, ids[i], o);
+            continue;
+        }
         if (tsr_q4_is(emb->dtype)) {
             tsr_q4_dequant_row(emb->dtype, emb->data, d, ids[i], o);
             continue;
@@ -384,7 +390,8 @@ tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t 
         case TSR_U8: tsr_dtype_to_f32(TSR_U8, src, o, (size_t)d); break;
         case TSR_Q8_0:
         case TSR_Q4_0:
-        case TSR_Q4_1: break;
+        case TSR_Q4_1:
+        case TSR_Q4_K: break;
         case TSR_F8_E4M3: break; /* never an embedding (runtime/model/fp8.h) */
         }
     }

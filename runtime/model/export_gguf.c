@@ -37,14 +37,10 @@ static int64_t tsr__src_row(const tsr__gitem *it, int64_t r) {
 
 /* Row r of t as f32 (block formats dequantized: exact in f32). */
 static void tsr__row_f32(const tsr_tensor *t, int64_t r, float *out) {
-    if (t->dtype == TSR_Q8_0)
-        tsr_q8_dequant_row(t->data, t->cols, r, out);
-    else if (t->dtype == TSR_F8_E4M3)
+    if (t->dtype == TSR_F8_E4M3)
         tsr_fp8_dequant_row(t, r, out);
-    else if (tsr_q4_is(t->dtype))
-        tsr_q4_dequant_row(t->dtype, t->data, t->cols, r, out);
     else
-        tsr_dtype_to_f32(t->dtype, tsr_tensor_row(t, r), out, (size_t)t->cols);
+        tsr_q4_row_f32(t, r, out); /* Q8_0, Q4_0/1, Q4_K, or a plain dtype */
 }
 
 static uint32_t tsr__ggml_type(tsr_dtype d) {

@@ -1,11 +1,12 @@
 /* GGUF model files (llama.cpp's format): the architecture's metadata keys give the config, the
  * tensors are copied at load into model-owned memory, so the file is closed afterwards. Q8_0,
- * Q4_0 and Q4_1 matrices stay in their blocks (repacked for the CPU kernels,
- * kernels/cpu/quant_q8.h and quant_q4.h) where the forward can run them
- * (runtime/model/quantize.h); the others (Q4_K, Q5_K, Q6_K, ...) are dequantized to f32 (bf16
- * for large models). TSR_GGUF_DEQUANT=1 in the environment dequantizes the 4-bit matrices
- * (and a 4-bit file's Q8_0 ones) too, the way every quantized type was loaded before those
- * had kernels (for comparisons).
+ * Q4_0, Q4_1 and Q4_K matrices stay in their blocks (repacked for the CPU kernels,
+ * kernels/cpu/quant_q8.h, quant_q4.h and quant_q4k.h) where the forward can run them
+ * (runtime/model/quantize.h; Q4_K where its 256-column super-blocks never cross a reduction
+ * part, tsr__q4k_eligible, else rewritten as Q4_1 per 32-column sub-block); the others (Q5_K,
+ * Q6_K, ...) are dequantized to f32 (bf16 for large models). TSR_GGUF_DEQUANT=1 in the
+ * environment dequantizes the 4-bit matrices (and a 4-bit file's Q8_0 ones) too, the way every
+ * quantized type was loaded before those had kernels (for comparisons).
  *
  * Rotary layout: llama.cpp's converter permutes the rows of attn_q/attn_k of `llama` models
  * inside each head so that HF's half rotation (x[i], x[i + hd/2]) becomes a rotation of
@@ -23,7 +24,9 @@
 #include "runtime/format/gguf.h"
 #include "runtime/model/loader.h"
 #include "runtime/model/quantize.h"
+#include "base/log.h"
 #include "kernels/cpu/quant_q4.h"
+#include "kernels/cpu/quant_q4k.h"
 #include "kernels/cpu/quant_q8.h"
 #include "kernels/rope_freq.h"
 
@@ -35,8 +38,10 @@ typedef struct tsr__ggctx {
     const char *arch;
     char key[160];
     bool q8_native; /* most matrix weights are Q8_0: those stay Q8_0 (tsr__load) */
-    bool native;    /* Q4_0/Q4_1 (and then Q8_0) matrices stay in their blocks */
-    int64_t n4[2];  /* elements loaded as Q4_0, Q4_1 */
+    bool native;    /* Q4_0/Q4_1/Q4_K (and then Q8_0) matrices stay in their blocks */
+    int64_t n4[3];  /* elements loaded as Q4_0, Q4_1, Q4_K */
+    int n4k_q41;      /* Q4_K matrices run as Q4_1 (tsr__q4k_eligible false) */
+    int n4k_expanded; /* ... and dequantized (a scale past fp16's range) */
     int64_t n_mat;  /* elements of all matrices in the file */
 } tsr__ggctx;
 
@@ -230,6 +235,20 @@ static tsr_status tsr__config(tsr__ggctx *x, tsr_model_config *c) {
     return TSR_OK;
 }
 
+/* Whether a Q4_K matrix `which` (tsr_model_q8_eligible's names) stays Q4_K: its columns
+ * whole 256-value super-blocks, and for the row-parallel wo and w_down every reduction part
+ * of runtime/exec/parallel.h too (query heads: head_dim % 256 == 0; hidden chunks, whole
+ * 32-column units split evenly over n_heads: hidden_dim % (256 * n_heads) == 0), so that
+ * every tp cuts the matrix and the activations on super-block boundaries and computes the
+ * same products. A config property, never tp's, like tsr_model_q8_eligible. */
+static bool tsr__q4k_eligible(const tsr_model_config *c, const char *which, int64_t cols) {
+    if (cols <= 0 || cols % TSR_Q4K_BLOCK) return false;
+    if (!strcmp(which, "wo")) return c->head_dim % TSR_Q4K_BLOCK == 0;
+    if (!strcmp(which, "w_down"))
+        return c->n_heads > 0 && c->hidden_dim % (TSR_Q4K_BLOCK * c->n_heads) == 0;
+    return true;
+}
+
 /* Dequantizes tensor `name` (ne = {cols, rows}, or {cols} for a vector) into dst. */
 static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64_t rows,
                             int64_t cols, bool vector, tsr_tensor *dst) {
@@ -260,6 +279,47 @@ static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64
         *dst = q;
         x->n4[qt == TSR_Q4_1] += rows * cols;
         return TSR_OK;
+    }
+    if (eligible && x->native && t->type == TSR_GGML_Q4_K) {
+        size_t nb = (size_t)(cols / TSR_Q4K_BLOCK);
+        if (t->nbytes < (uint64_t)rows * nb * TSR_Q4K_BLOCK_BYTES)
+            return tsr_error_set(TSR_ERR_FORMAT, "%s: tensor %s is short", x->g->path, name);
+        if (tsr__q4k_eligible(&m->cfg, which, cols)) {
+            tsr_tensor q = {.dtype = TSR_Q4_K, .rows = rows, .cols = cols};
+            void *pk;
+            TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &pk));
+            tsr_q4k_pack_gguf(t->data, rows, cols, pk);
+            q.data = pk;
+            *dst = q;
+            x->n4[2] += rows * cols;
+            return TSR_OK;
+        }
+        /* Q4_1 of the sub-blocks (tsr_q4k_to_q4_1: fp16 d * sc and dmin * m), whose
+         * 32-column blocks every reduction part keeps whole, rather than f32 */
+        size_t rb = (size_t)(cols / TSR_Q4_BLOCK) * tsr_q4_block_bytes(TSR_Q4_1);
+        uint8_t *b41 = tsr_malloc((size_t)rows * rb);
+        if (!b41) return tsr_error_set(TSR_ERR_NOMEM, "%s: out of memory converting %s",
+                                       x->g->path, name);
+        bool fits = true;
+        for (int64_t r = 0; r < rows && fits; r++)
+            fits = tsr_q4k_to_q4_1(
+                (const uint8_t *)t->data + (size_t)r * nb * TSR_Q4K_BLOCK_BYTES, cols,
+                b41 + (size_t)r * rb);
+        if (fits) {
+            tsr_tensor q = {.dtype = TSR_Q4_1, .rows = rows, .cols = cols};
+            void *pk;
+            tsr_status st = tsr_model_alloc(m, tsr_tensor_bytes(&q), &pk);
+            if (st == TSR_OK) tsr_q4_pack_gguf(TSR_Q4_1, b41, rows, cols, pk);
+            tsr_free(b41);
+            TSR_TRY(st);
+            q.data = pk;
+            *dst = q;
+            x->n4[2] += rows * cols;
+            x->n4k_q41++;
+            return TSR_OK;
+        }
+        tsr_free(b41);
+        x->n4k_expanded++;
     }
     if (eligible && (x->q8_native || x->native) && t->type == TSR_GGML_Q8_0) {
         tsr_tensor q = {.dtype = TSR_Q8_0, .rows = rows, .cols = cols};
@@ -348,8 +408,16 @@ tsr_status tsr_loader_gguf(const char *path, tsr_model **out) {
     if (st == TSR_OK) st = tsr__weights(m, &x);
     /* named as most of its matrices are stored (else the dtype the others expand to) */
     if (st == TSR_OK && x.q8_native) m->cfg.dtype = TSR_Q8_0;
-    else if (st == TSR_OK && 2 * (x.n4[0] + x.n4[1]) > x.n_mat)
-        m->cfg.dtype = x.n4[1] >= x.n4[0] ? TSR_Q4_1 : TSR_Q4_0;
+    else if (st == TSR_OK && 2 * (x.n4[0] + x.n4[1] + x.n4[2]) > x.n_mat)
+        m->cfg.dtype = x.n4[2] > x.n4[0] && x.n4[2] > x.n4[1] ? TSR_Q4_K
+                       : x.n4[1] >= x.n4[0]                   ? TSR_Q4_1
+                                                              : TSR_Q4_0;
+    if (st == TSR_OK && (x.n4k_q41 || x.n4k_expanded))
+        TSR_LOG_INFO("%s: %d Q4_K matri%s run as Q4_1 (fp16 d * scale and dmin * min per 32 "
+                     "columns) and %d dequantized to %s: their 256-column super-blocks would "
+                     "cross the reduction parts of wo (head_dim %d) or w_down (hidden %d over "
+                     "%d heads)", path, x.n4k_q41, x.n4k_q41 == 1 ? "x" : "ces", x.n4k_expanded,
+                     tsr_dtype_name(cfg.dtype), cfg.head_dim, cfg.hidden_dim, cfg.n_heads);
     tsr_gguf_close(x.g);
     if (st != TSR_OK) {
         tsr_model_destroy(m);

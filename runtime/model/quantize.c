@@ -36,7 +36,7 @@ static void tsr__drop_source(const void *p, size_t bytes) {
 static tsr_status tsr__quantize(tsr_model *m, tsr_tensor *t, bool q8, tsr_dtype qt) {
     /* Q8_0 stays; so do a GGUF's 4-bit matrices (fewer bytes, their own kernels) */
     if (!t->data || t->rows <= 0 || t->cols <= 0 || t->dtype == TSR_Q8_0 ||
-        t->dtype == TSR_Q4_0 || t->dtype == TSR_Q4_1)
+        t->dtype == TSR_Q4_0 || t->dtype == TSR_Q4_1 || t->dtype == TSR_Q4_K)
         return TSR_OK;
     if (q8) {
         tsr_tensor q = {.dtype = qt, .rows = t->rows, .cols = t->cols};

@@ -5,7 +5,7 @@
 # 256), and with wo kept in BF16 (head_dim 16: its head parts are not whole 32-column
 # blocks). The model line must name q8_0 (the quantization took place). Then --dtype fp8,
 # and a Q8_0 GGUF, whose matrices load as they are. The layers in 4 bits (--dtype q4_1,
-# embedding and classifier Q8_0) likewise.
+# embedding and classifier Q8_0) likewise, and a Q4_K GGUF computed natively.
 set -u
 bin=$1 root=$2 mpiexec=$3
 tmp=$(mktemp -d)
@@ -62,6 +62,27 @@ for lay in "--tp 2 --pp 1" "--tp 1 --pp 2"; do
         --threads 1 >"$tmp/out.txt" 2>"$tmp/out.err" ||
         { echo "FAIL [gguf, $lay]:"; cat "$tmp/out.err"; fail=1; continue; }
     cmp -s "$tmp/ref.txt" "$tmp/out.txt" || { echo "FAIL [gguf, $lay]: tokens differ"; fail=1; }
+done
+# A Q4_K GGUF (tools/make_q4k_testdata.py: head_dim 256, hidden 512 over 2 heads, so wo and
+# w_down are cut on 256-column super-blocks) runs natively and gives one process's tokens.
+# tiny_q4k_hd64.gguf: head_dim 64, so wo and w_down run as Q4_1 (said at load); the same.
+q4k=(--prompt "$prompt" --max-tokens 24 --temperature 0 --chunk 8)
+for f in tiny_q4k tiny_q4k_hd64; do
+  model=$root/tests/data/q4k/$f.gguf
+  "$bin" generate --model "$model" "${q4k[@]}" --verbose >"$tmp/ref.txt" 2>"$tmp/ref.err" ||
+      { cat "$tmp/ref.err"; exit 1; }
+  grep -aq "q4_k;" "$tmp/ref.err" || { echo "FAIL [$f]: not q4_k"; fail=1; }
+  if [ $f = tiny_q4k_hd64 ] && ! grep -aq "2 Q4_K matrices run as Q4_1" "$tmp/ref.err"; then
+      echo "FAIL [$f]: no Q4_1 line"; fail=1
+  fi
+  for lay in "--tp 2 --pp 1" "--tp 1 --pp 2"; do
+    [ $f = tiny_q4k_hd64 ] && [ "$lay" = "--tp 1 --pp 2" ] && continue # 1 layer
+    # shellcheck disable=SC2086
+    "$mpiexec" -n 2 --oversubscribe "$bin" generate --model "$model" "${q4k[@]}" $lay \
+        --threads 1 >"$tmp/out.txt" 2>"$tmp/out.err" ||
+        { echo "FAIL [$f, $lay]:"; cat "$tmp/out.err"; fail=1; continue; }
+    cmp -s "$tmp/ref.txt" "$tmp/out.txt" || { echo "FAIL [$f, $lay]: tokens differ"; fail=1; }
+  done
 done
 [ $fail = 0 ] && echo "q8_0: tp 2 and pp 2 print one process's tokens"
 exit $fail

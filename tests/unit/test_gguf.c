@@ -275,15 +275,12 @@ static double num(const cJSON *j, const char *k) {
 static bool same_tensor(const cJSON *exp, const char *name, const tsr_tensor *t) {
     const cJSON *vals = cJSON_GetObjectItem(cJSON_GetObjectItem(exp, "tensors"), name);
     double sum_ref = cJSON_GetObjectItem(cJSON_GetObjectItem(exp, "sums"), name)->valuedouble;
-    /* Q8_0, Q4_0, Q4_1 matrices stay in their blocks (kernels/cpu/quant_q8.h, quant_q4.h):
-     * compared dequantized */
+    /* Q8_0, Q4_0, Q4_1, Q4_K matrices stay in their blocks (kernels/cpu/quant_q8.h,
+     * quant_q4.h, quant_q4k.h): compared dequantized */
     float *deq = NULL;
-    if (vals && (t->dtype == TSR_Q8_0 || tsr_q4_is(t->dtype))) {
+    if (vals && (t->dtype == TSR_Q8_0 || tsr_q4_is(t->dtype) || t->dtype == TSR_Q4_K)) {
         deq = tsr_malloc((size_t)(t->rows * t->cols) * sizeof *deq);
-        for (int64_t r = 0; r < t->rows; r++) {
-            if (t->dtype == TSR_Q8_0) tsr_q8_dequant_row(t->data, t->cols, r, deq + r * t->cols);
-            else tsr_q4_dequant_row(t->dtype, t->data, t->cols, r, deq + r * t->cols);
-        }
+        for (int64_t r = 0; r < t->rows; r++) tsr_q4_row_f32(t, r, deq + r * t->cols);
     }
     if (!vals || (t->dtype != TSR_F32 && !deq)) return false;
     const float *d = deq ? deq : t->data;
