@@ -76,7 +76,7 @@ typedef struct tsr__oseq {
 
 /* Its options (the declaration below) and stats. */
 /* The modes (--offload-mode, docs/kv-cache.md); the index into tsr__off_modes. */
-/* warmup is the default (0): on SmolLM2 the calibrated skew wins decode-only at 10-20 %,
+/* warmup is the default (0): on SmolLM2 skew wins decode-only at every budget measured,
  * warmup with a prompt at every budget (docs/kv-cache.md). */
 enum { TSR_OFFLOAD_WARMUP = 0, TSR_OFFLOAD_SKEW = 1 };
 static const char *const tsr__off_modes[] = {"warmup", "skew", NULL};
