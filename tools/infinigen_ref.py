@@ -25,7 +25,11 @@ InfiniGen's method, as implemented here (the authors' accuracy/ code for Llama):
   authors' perplexity script, one parallel pass over a 2048-token sample).
 Variants isolate tessera's departures: --select head (InfiniGen), group (one set per KV head,
 scores summed over its query heads), layer (one set for all heads, as offload.c); --skew
-calib (InfiniGen) or none (identity: the partial columns of the raw rotated query).
+calib (InfiniGen), self (offload.c: calibrated on the scored sequence's own first 16, 32, ...
+--calib-rows queries, the weights' transform before), weights (offload.c's transform from
+Wq) or none (identity: the partial columns of the raw rotated query); --unit head
+(InfiniGen) or kv (one transform per KV head); --cols union (InfiniGen), l2union (the query
+side ranked by the squared sum, as offload.c) or eig (the first ceil(ratio x hd)).
 
 Writes a JSON of the metrics per budget (--out). Needs torch and gguf; CPU is enough.
 Usage: tools/infinigen_ref.py [--model GGUF] [--text FILE] [--budgets 0.1,0.2,0.5] [--out F]
