@@ -574,6 +574,12 @@ static tsr_status tsr__off_calibrate(tsr__off *o, int layer, const tsr__olayer *
     }
     tsr_free(v);
     o->cal_done[layer] = o->cal_n[layer] >= o->opt.calib;
+    int all = 1; /* the moments go once every layer's transform is final */
+    for (int l = 0; l < o->L; l++) all &= o->cal_done[l];
+    if (all) {
+        tsr_free(o->cq);
+        o->cq = NULL;
+    }
     for (int s = 0; s < o->n_seqs; s++)
         if (o->seqs[s].active) {
             tsr__olayer *L = &o->seqs[s].layers[layer];
