@@ -24,7 +24,8 @@ InfiniGen's method, as implemented here (the authors' accuracy/ code for Llama):
   semantics, ceil); sequence: of the whole text's length, every row before that sees all (the
   authors' perplexity script, one parallel pass over a 2048-token sample).
 Variants isolate tessera's departures: --select head (InfiniGen), group (one set per KV head,
-scores summed over its query heads), layer (one set for all heads, as offload.c); --skew
+scores summed over its query heads), layer (one set for all heads, the heads' probabilities summed, as offload.c), layermax (the
+heads' largest probability), layerpowK (their K-th powers summed); --skew
 calib (InfiniGen), self (offload.c: calibrated on the scored sequence's own first 16, 32, ...
 --calib-rows queries, the weights' transform before), weights (offload.c's transform from
 Wq) or none (identity: the partial columns of the raw rotated query); --unit head
@@ -306,8 +307,12 @@ def infinigen_mask(model, skew_segs, budget, alpha, budget_of, select, stats, de
             p = torch.softmax(sp, -1)
             if select == "group":
                 score = p.view(c["G"], rep, T, T).sum(1).repeat_interleave(rep, 0)
-            else:
+            elif select == "layer":
                 score = p.sum(0, keepdim=True).expand(c["H"], T, T)
+            elif select == "layermax":  # the heads' largest probability
+                score = p.max(0, keepdim=True).values.expand(c["H"], T, T)
+            else:  # layerpowK: the sum of the heads' probabilities to the K-th power
+                score = p.pow(float(select[8:])).sum(0, keepdim=True).expand(c["H"], T, T)
             score = score.masked_fill(~causal[None], float("-inf"))
         order = score.argsort(-1, descending=True)
         rank = torch.empty_like(order)
