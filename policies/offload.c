@@ -5,12 +5,16 @@
  * tokens to make resident; the tokens of the current step are always resident. Two modes
  * (docs/kv-cache.md):
  *
- * skew (TSR_OFFLOAD_SKEW): at create, per layer and KV head, the best columns
- * of an orthogonal transform from the weights (policies/offload_skew.h: the eigenvectors of
- * the rotated query's position-averaged covariance), applied after RoPE to queries and keys
- * alike, so it cancels in q.k exactly. The partial keys are the rotated keys' projections;
- * layer L's attention input (the cache's `attn_input` hook) times layer L+1's Wq, rotated
- * and projected, speculates L+1's selection; InfiniGen's alpha rule sizes the fetch. Under
+ * skew (TSR_OFFLOAD_SKEW): per layer and query head (InfiniGen skews per query head), the
+ * chosen columns of an orthogonal transform, applied after RoPE to queries and keys alike, so
+ * it cancels in q.k exactly: at create from the weights (policies/offload_skew.h: the
+ * eigenvectors of the KV group's rotated query's position-averaged covariance), then from the
+ * layer's own first queries (--offload-calib: the eigenvectors of each head's query moment,
+ * the union of the best columns by query energy and by the keys' |k.v|, InfiniGen's partial
+ * weights). The partial keys (per query head) are the rotated keys' projections; layer L's
+ * attention input (the cache's `attn_input` hook) times layer L+1's Wq, rotated and
+ * projected, speculates L+1's selection, the heads' softmax scores summed per token (a
+ * resident token holds every head); InfiniGen's alpha rule sizes the fetch. Under
  * tensor parallelism the heads' scores and counts are summed over the group, as below; not
  * with pipeline stages or replicated KV heads (those run warmup).
  *
@@ -72,7 +76,7 @@ typedef struct tsr__oseq {
 
 /* Its options (the declaration below) and stats. */
 /* The modes (--offload-mode, docs/kv-cache.md); the index into tsr__off_modes. */
-/* warmup is the default (0): on SmolLM2 the calibrated skew wins decode-only at 10-20 %,
+/* warmup is the default (0): on SmolLM2 skew wins decode-only at every budget measured,
  * warmup with a prompt at every budget (docs/kv-cache.md). */
 enum { TSR_OFFLOAD_WARMUP = 0, TSR_OFFLOAD_SKEW = 1 };
 static const char *const tsr__off_modes[] = {"warmup", "skew", NULL};
@@ -109,18 +113,22 @@ typedef struct tsr__off {
     tsr_kv_cache *mech;
     int L, G, H, hd, kvd, pairs; /* H: this rank's query heads */
     int mode;         /* what runs: TSR_OFFLOAD_SKEW or TSR_OFFLOAD_WARMUP */
-    int pw;           /* partial key width per KV head: 2 * pairs, or cols (skew) */
-    int cols;         /* skew: columns of the partial query / key */
-    float *A;         /* skew: [L][G][cols][hd], the best columns of each head's transform */
+    int pw;           /* partial key width per head: 2 * pairs, or (skew) up to 2 x cols */
+    int pkh;          /* heads of the partial keys: G (warmup), H (skew: per query head) */
+    int cols;         /* skew: columns ranked by each of the query and the key side */
+    /* skew: [L][H][pw][hd], each query head's transform columns (InfiniGen skews per query
+     * head); rows past the head's column count are zero */
+    float *A;
+    int *ncol;        /* skew: [L][H] the columns each head uses (<= pw) */
     tsr_tensor *wq;   /* skew: [L] this rank's query rows (views of the model's weights) */
     float *inv_freq;  /* skew: [hd / 2] rotary frequencies */
     float *wrow;      /* skew: [dim] one weight row as f32 */
     int dim;          /* skew: the attention input's width */
-    /* skew: per layer and KV head, the second moment of the group's rotated queries
-     * ([L][G][hd][hd]) over the first opt.calib query rows (cal_n), whose eigenvectors
-     * replace the weights' transform each time cal_n reaches cal_next (16 rows, doubling:
-     * decode from BOS gets a calibrated transform early), final at opt.calib (cal_done):
-     * InfiniGen's SVD of calibration queries */
+    /* skew: per layer and query head, the second moment of its rotated queries
+     * ([L][H][hd][hd], upper triangle) over the first opt.calib query rows (cal_n), whose
+     * eigenvectors replace the weights' transform each time cal_n reaches cal_next (16 rows,
+     * doubling: decode from BOS gets a calibrated transform early), final at opt.calib
+     * (cal_done): InfiniGen's SVD of calibration queries */
     double *cq;
     int32_t *cal_n, *cal_next;
     uint8_t *cal_done;
@@ -165,16 +173,21 @@ static tsr_status tsr__off_skew_init(tsr__off *o, const tsr_kv_policy_model *pm)
                                      : (int)ceil(o->opt.ratio * o->hd);
     if (cols > o->hd) cols = o->hd;
     if (cols < 1) cols = 1;
-    o->cols = o->pw = cols;
+    o->cols = cols;
+    /* calibrated: InfiniGen's union of the best `cols` by the query and by the key side */
+    o->pw = o->opt.calib > 0 && 2 * cols < o->hd ? 2 * cols : o->opt.calib > 0 ? o->hd : cols;
+    o->pkh = o->H;
     o->dim = (int)pm->layers[0].wq.cols;
-    o->A = tsr_malloc((size_t)o->L * o->G * cols * o->hd * sizeof *o->A);
+    o->A = tsr_calloc((size_t)o->L * o->H * o->pw * o->hd, sizeof *o->A);
+    o->ncol = tsr_malloc((size_t)o->L * o->H * sizeof *o->ncol);
     o->wq = tsr_malloc((size_t)o->L * sizeof *o->wq);
     o->inv_freq = tsr_malloc((size_t)(o->hd / 2 ? o->hd / 2 : 1) * sizeof *o->inv_freq);
     o->wrow = tsr_malloc((size_t)(o->dim > 0 ? o->dim : 1) * sizeof *o->wrow);
-    if (!o->A || !o->wq || !o->inv_freq || !o->wrow) return TSR_ERR_NOMEM;
+    if (!o->A || !o->ncol || !o->wq || !o->inv_freq || !o->wrow) return TSR_ERR_NOMEM;
+    for (size_t i = 0; i < (size_t)o->L * o->H; i++) o->ncol[i] = cols;
     tsr_rope_inv_freq(mc, o->inv_freq);
     if (o->opt.calib > 0) {
-        o->cq = tsr_calloc((size_t)o->L * o->G * o->hd * o->hd, sizeof *o->cq);
+        o->cq = tsr_calloc((size_t)o->L * o->H * o->hd * o->hd, sizeof *o->cq);
         o->cal_n = tsr_calloc((size_t)o->L, sizeof *o->cal_n);
         o->cal_done = tsr_calloc((size_t)o->L, 1);
         o->cal_next = tsr_malloc((size_t)o->L * sizeof *o->cal_next);
@@ -183,20 +196,31 @@ static tsr_status tsr__off_skew_init(tsr__off *o, const tsr_kv_policy_model *pm)
             o->cal_next[l] = o->opt.calib < TSR__OFF_CAL0 ? o->opt.calib : TSR__OFF_CAL0;
     }
     int group = o->H / o->G;
-    for (int l = 0; l < o->L; l++) {
+    float *a = tsr_malloc((size_t)cols * o->hd * sizeof *a);
+    if (!a) return TSR_ERR_NOMEM;
+    tsr_status st = TSR_OK;
+    for (int l = 0; l < o->L && st == TSR_OK; l++) {
         const tsr_kv_policy_layer *w = &pm->layers[l];
         if (w->wq.rows != (int64_t)o->H * o->hd || w->wk.rows != (int64_t)o->kvd ||
-            w->wq.cols != o->dim)
-            return tsr_error_set(TSR_ERR_INVALID, "offload: layer %d's Wq/Wk have %lld/%lld "
-                                 "rows, the cache wants %d/%d", l, (long long)w->wq.rows,
-                                 (long long)w->wk.rows, o->H * o->hd, o->kvd);
+            w->wq.cols != o->dim) {
+            st = tsr_error_set(TSR_ERR_INVALID, "offload: layer %d's Wq/Wk have %lld/%lld "
+                               "rows, the cache wants %d/%d", l, (long long)w->wq.rows,
+                               (long long)w->wk.rows, o->H * o->hd, o->kvd);
+            break;
+        }
         o->wq[l] = w->wq;
-        for (int g = 0; g < o->G; g++)
-            TSR_TRY(tsr_offload_skew_head(mc, o->inv_freq, &w->wq, (int64_t)g * group * o->hd,
-                                          group, &w->attn_norm, cols,
-                                          o->A + ((size_t)l * o->G + g) * cols * o->hd));
+        /* until the first calibration: the KV head group's transform from the weights, the
+         * same for each of its query heads */
+        for (int g = 0; g < o->G && st == TSR_OK; g++) {
+            st = tsr_offload_skew_head(mc, o->inv_freq, &w->wq, (int64_t)g * group * o->hd,
+                                       group, &w->attn_norm, cols, a);
+            for (int h = g * group; h < (g + 1) * group && st == TSR_OK; h++)
+                memcpy(o->A + ((size_t)l * o->H + h) * o->pw * o->hd, a,
+                       (size_t)cols * o->hd * sizeof *a);
+        }
     }
-    return TSR_OK;
+    tsr_free(a);
+    return st;
 }
 
 static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache *mech,
@@ -225,6 +249,7 @@ static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
     o->warm = tsr_calloc((size_t)o->L, sizeof *o->warm);
     o->windows = tsr_kv_policy_windows(cfg, o->L);
     o->pw = 2 * o->pairs;
+    o->pkh = o->G;
     o->qs.layer = -1;
     const char *dump = getenv("TSR_OFFLOAD_DUMP");
     if (dump && *dump) o->dump = fopen(dump, "w");
@@ -265,7 +290,7 @@ static void tsr__off_release(void *state, int seq) {
     tsr__off *o = state;
     if (seq < 0 || seq >= o->n_seqs || !o->seqs[seq].active) return;
     tsr__oseq *s = &o->seqs[seq];
-    size_t pw = (size_t)o->G * o->pw;
+    size_t pw = (size_t)o->pkh * o->pw;
     for (int l = 0; l < o->L; l++) {
         tsr__olayer *L = &s->layers[l];
         tsr_host_pool_free(o->cfg.host, L->hk, L->cap * o->kvd * 4);
@@ -284,6 +309,7 @@ static void tsr__off_destroy(void *state) {
     for (int i = 0; i < o->n_seqs; i++) tsr__off_release(o, i);
     tsr_free(o->seqs);
     tsr_free(o->A);
+    tsr_free(o->ncol);
     tsr_free(o->wq);
     tsr_free(o->inv_freq);
     tsr_free(o->wrow);
@@ -362,12 +388,14 @@ static void tsr__off_partial(const tsr__off *o, tsr__olayer *L, int layer, int32
                              int32_t to) {
     int pw = o->pw;
     if (o->mode == TSR_OFFLOAD_SKEW) {
+        int group = o->H / o->G;
         for (int32_t i = from; i < to; i++)
-            for (int g = 0; g < o->G; g++) {
-                float *pk = L->pk + ((size_t)i * o->G + g) * pw;
-                const float *k = L->hk + (size_t)i * o->kvd + (size_t)g * o->hd;
-                const float *a = o->A + ((size_t)layer * o->G + g) * pw * o->hd;
-                for (int c = 0; c < pw; c++) {
+            for (int h = 0; h < o->H; h++) {
+                float *pk = L->pk + ((size_t)i * o->H + h) * pw;
+                const float *k = L->hk + (size_t)i * o->kvd + (size_t)(h / group) * o->hd;
+                const float *a = o->A + ((size_t)layer * o->H + h) * pw * o->hd;
+                int nc = o->ncol[(size_t)layer * o->H + h];
+                for (int c = 0; c < nc; c++) {
                     float d = 0.0f;
                     for (int t = 0; t < o->hd; t++) d += a[(size_t)c * o->hd + t] * k[t];
                     pk[c] = d;
@@ -474,7 +502,7 @@ static tsr_status tsr__off_grow(tsr__off *o, tsr__olayer *L, int32_t rows) {
     if ((size_t)rows <= L->cap) return TSR_OK;
     size_t cap = L->cap ? L->cap : 256;
     while (cap < (size_t)rows) cap *= 2;
-    size_t kb = (size_t)o->kvd * 4, pw = (size_t)o->G * o->pw;
+    size_t kb = (size_t)o->kvd * 4, pw = (size_t)o->pkh * o->pw;
     /* Heap metadata first (freed without a size), then the two host-pool arrays, each
      * with its own recorded size, so that a failure anywhere still frees everything with
      * its true length (a placed pool unmaps exactly that). */
@@ -525,19 +553,20 @@ static tsr_status tsr__off_write(void *state, int layer, int seq, int32_t n, con
     return TSR_OK;
 }
 
-/* skew: adds n rotated query rows ([n][H][hd]) to the layer's calibration moments; once
- * opt.calib rows came, each KV head's transform becomes the eigenvectors of its group's
- * moment, largest first (InfiniGen's right singular vectors of calibration queries, here the
- * layer's own first queries rather than a text apart), and the layer's partial keys and any
- * pending speculation (made with the old transform) follow. */
-static tsr_status tsr__off_calibrate(tsr__off *o, int layer, const float *q, int n) {
+/* skew: adds n rotated query rows ([n][H][hd]) to the layer's calibration moments; each time
+ * cal_n reaches cal_next (16, 32, ... opt.calib rows) each query head's transform becomes the
+ * eigenvectors of its moment, its columns InfiniGen's union by the query and the key side
+ * (tsr_offload_skew_cols, the keys of Lk: the sequence whose queries these are), and the layer's
+ * partial keys and any pending speculation (made with the old transform) follow. */
+static tsr_status tsr__off_calibrate(tsr__off *o, int layer, const tsr__olayer *Lk,
+                                     const float *q, int n) {
     int hd = o->hd, group = o->H / o->G;
     size_t hh = (size_t)hd * hd;
-    double *cl = o->cq + (size_t)layer * o->G * hh;
+    double *cl = o->cq + (size_t)layer * o->H * hh;
     for (int r = 0; r < n; r++)
         for (int h = 0; h < o->H; h++) {
             const float *x = q + ((size_t)r * o->H + h) * hd;
-            double *c = cl + (size_t)(h / group) * hh;
+            double *c = cl + (size_t)h * hh;
             for (int i = 0; i < hd; i++)
                 for (int j = i; j < hd; j++) c[(size_t)i * hd + j] += (double)x[i] * x[j];
         }
@@ -546,27 +575,23 @@ static tsr_status tsr__off_calibrate(tsr__off *o, int layer, const float *q, int
     while (o->cal_next[layer] <= o->cal_n[layer] && o->cal_next[layer] < o->opt.calib)
         o->cal_next[layer] = 2 * o->cal_next[layer] < o->opt.calib ? 2 * o->cal_next[layer]
                                                                    : o->opt.calib;
-    double *v = tsr_malloc((2 * hh + (size_t)hd) * sizeof *v);
+    double *v = tsr_malloc((2 * hh + 2 * (size_t)hd) * sizeof *v);
     if (!v) return TSR_ERR_NOMEM;
-    double *w = v + hh, *c = w + hd;
-    for (int g = 0; g < o->G; g++) {
-        /* a copy: the eigen-decomposition destroys it, and later rows add to the moment */
-        const double *m = cl + (size_t)g * hh;
-        for (int i = 0; i < hd; i++)
-            for (int j = 0; j < hd; j++)
-                c[(size_t)i * hd + j] = j >= i ? m[(size_t)i * hd + j] : m[(size_t)j * hd + i];
-        tsr_offload_eig_sym(c, hd, w, v);
-        float *a = o->A + ((size_t)layer * o->G + g) * o->cols * hd;
-        for (int r = 0; r < o->cols; r++) {
-            int best = 0;
-            for (int k = 1; k < hd; k++)
-                if (w[k] > w[best]) best = k;
-            for (int i = 0; i < hd; i++) a[(size_t)r * hd + i] = (float)v[(size_t)i * hd + best];
-            w[best] = -INFINITY;
-        }
+    for (int h = 0; h < o->H; h++) {
+        size_t at = (size_t)layer * o->H + h;
+        o->ncol[at] = tsr_offload_skew_cols(cl + (size_t)h * hh, hd,
+                                            Lk ? Lk->hk + (size_t)(h / group) * hd : NULL,
+                                            Lk ? Lk->n : 0, (size_t)o->kvd, o->cols, o->pw, v,
+                                            o->A + at * o->pw * hd);
     }
     tsr_free(v);
     o->cal_done[layer] = o->cal_n[layer] >= o->opt.calib;
+    int all = 1; /* the moments go once every layer's transform is final */
+    for (int l = 0; l < o->L; l++) all &= o->cal_done[l];
+    if (all) {
+        tsr_free(o->cq);
+        o->cq = NULL;
+    }
     for (int s = 0; s < o->n_seqs; s++)
         if (o->seqs[s].active) {
             tsr__olayer *L = &o->seqs[s].layers[layer];
@@ -581,8 +606,10 @@ static tsr_status tsr__off_queries(void *state, int layer, int seq, const float 
     tsr__off *o = state;
     if (tsr__off_sliding(o, layer)) return TSR_OK;
     tsr_kv_policy_queries_set(&o->qs, layer, seq, q, q_pos, n_q, n_heads);
-    if (o->mode == TSR_OFFLOAD_SKEW && o->cal_done && !o->cal_done[layer] && n_heads == o->H)
-        TSR_TRY(tsr__off_calibrate(o, layer, q, n_q));
+    if (o->mode == TSR_OFFLOAD_SKEW && o->cal_done && !o->cal_done[layer] && n_heads == o->H) {
+        tsr__oseq *s = tsr__oseq_get(o, seq);
+        TSR_TRY(tsr__off_calibrate(o, layer, s ? &s->layers[layer] : NULL, q, n_q));
+    }
     if (o->mode == TSR_OFFLOAD_WARMUP && !o->chan_set[layer] && n_heads == o->H &&
         n_heads % o->G == 0)
         tsr__off_energy(o, o->qe + (size_t)layer * o->H * (o->hd / 2), q, n_q, n_heads);
@@ -666,18 +693,18 @@ static tsr_status tsr__off_scores(tsr__off *o, const tsr__olayer *L, int layer, 
  * queries q ([rows][H * hd]). */
 static tsr_status tsr__off_project(tsr__off *o, tsr__olayer *L, int t, const float *q,
                                    int rows) {
-    size_t w = (size_t)o->H * o->cols;
+    size_t w = (size_t)o->H * o->pw;
     if (!L->sq) {
         L->sq = tsr_malloc(TSR__OFF_ROWS * w * sizeof *L->sq);
         if (!L->sq) return TSR_ERR_NOMEM;
     }
-    int group = o->H / o->G;
     for (int r = 0; r < rows; r++)
         for (int h = 0; h < o->H; h++) {
             const float *qh = q + ((size_t)r * o->H + h) * o->hd;
-            const float *a = o->A + ((size_t)t * o->G + h / group) * o->cols * o->hd;
-            float *out = L->sq + (size_t)r * w + (size_t)h * o->cols;
-            for (int c = 0; c < o->cols; c++) {
+            const float *a = o->A + ((size_t)t * o->H + h) * o->pw * o->hd;
+            float *out = L->sq + (size_t)r * w + (size_t)h * o->pw;
+            int nc = o->ncol[(size_t)t * o->H + h];
+            for (int c = 0; c < nc; c++) {
                 float d = 0.0f;
                 for (int i = 0; i < o->hd; i++) d += a[(size_t)c * o->hd + i] * qh[i];
                 out[c] = d;
@@ -739,9 +766,10 @@ static tsr_status tsr__off_attn_input(void *state, int layer, int seq, const flo
  * the softmax of the partial logits summed over rows and heads (the ranking), and the
  * fetch size by InfiniGen's rule, the mean count per row and head of logits within alpha
  * of the maximum, capped at `cap` (tsr_offload_alpha_fetch). */
-static tsr_status tsr__off_skew_scores(tsr__off *o, const tsr__olayer *L, int32_t len,
-                                       int32_t cap, tsr__ocand *c, int32_t *take) {
-    int rows = L->sq_n, heads = o->H, group = heads / o->G, pw = o->pw;
+static tsr_status tsr__off_skew_scores(tsr__off *o, const tsr__olayer *L, int layer,
+                                       int32_t len, int32_t cap, tsr__ocand *c,
+                                       int32_t *take) {
+    int rows = L->sq_n, heads = o->H, pw = o->pw;
     size_t n = (size_t)(len ? len : 1);
     float *lg = tsr_malloc(n * sizeof *lg);
     float *part = tsr_calloc(n * (size_t)heads, sizeof *part);
@@ -750,15 +778,15 @@ static tsr_status tsr__off_skew_scores(tsr__off *o, const tsr__olayer *L, int32_
     tsr_status st = lg && part && sum && cnt ? TSR_OK : TSR_ERR_NOMEM;
     float scale = 1.0f / sqrtf((float)o->hd);
     for (int h = 0; h < heads && st == TSR_OK; h++) {
-        int g = h / group;
+        int nc = o->ncol[(size_t)layer * heads + h];
         float *ph = part + (size_t)h * (size_t)len;
         for (int r = 0; r < rows; r++) {
-            const float *q = L->sq + ((size_t)r * heads + h) * o->cols;
+            const float *q = L->sq + ((size_t)r * heads + h) * pw;
             float mx = -INFINITY;
             for (int32_t j = 0; j < len; j++) {
-                const float *pk = L->pk + (size_t)j * o->G * pw + (size_t)g * pw;
+                const float *pk = L->pk + ((size_t)j * heads + h) * pw;
                 float d = 0.0f;
-                for (int t = 0; t < pw; t++) d += q[t] * pk[t];
+                for (int t = 0; t < nc; t++) d += q[t] * pk[t];
                 lg[j] = d * scale;
                 mx = lg[j] > mx ? lg[j] : mx;
             }
@@ -822,7 +850,7 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
                                    o->qs.q + (size_t)(o->qs.n - rows) * o->H * o->hd, rows);
         }
         if (sst == TSR_OK && o->mode == TSR_OFFLOAD_SKEW && L->sq_n)
-            sst = tsr__off_skew_scores(o, L, len, keep, c, &take);
+            sst = tsr__off_skew_scores(o, L, layer, len, keep, c, &take);
         else if (sst == TSR_OK && have_q) sst = tsr__off_scores(o, L, layer, len, 0, c);
         else {
             for (int32_t j = 0; j < len; j++) c[j] = (tsr__ocand){(float)j, j};
@@ -991,9 +1019,10 @@ static const tsr_kv_policy_option tsr__off_options[] = {
      "skew: the first N layers keep every token, as InfiniGen does (their KV still counts "
      "in the host copy)", "2", 0, 1 << 20, NULL},
     {"offload-calib", TSR_KV_OPT_INT, offsetof(tsr__off_opts, calib), "N",
-     "skew: a layer's transform becomes the eigenvectors of its first queries' second moment "
-     "after 16 rows, again at 32, 64, ... up to N (InfiniGen calibrates on queries; 0: the "
-     "weights' transform throughout)", "256", 0, 1 << 20, NULL},
+     "skew: each query head's transform becomes the eigenvectors of its first queries' "
+     "second moment after 16 rows, again at 32, 64, ... up to N, the columns InfiniGen's "
+     "union by query energy and by key magnitude (0: the weights' transform throughout)",
+     "256", 0, 1 << 20, NULL},
     {"offload-recall", TSR_KV_OPT_FLAG, offsetof(tsr__off_opts, measure_recall), NULL,
      "score every selection exactly for the speculation's recall (slow; by default every "
      "16th)", NULL, 0, 1, NULL},

@@ -165,6 +165,46 @@ tsr_status tsr_offload_skew_head(const tsr_model_config *cfg, const float *inv_f
     return st;
 }
 
+int tsr_offload_skew_cols(const double *m, int hd, const float *k, int32_t nk, size_t kst,
+                          int cols, int width, double *scratch, float *a) {
+    size_t hh = (size_t)hd * hd;
+    double *v = scratch, *c = v + hh, *w = c + hh, *sk = w + hd;
+    for (int i = 0; i < hd; i++) /* the eigen-decomposition destroys its input */
+        for (int j = 0; j < hd; j++)
+            c[(size_t)i * hd + j] = j >= i ? m[(size_t)i * hd + j] : m[(size_t)j * hd + i];
+    tsr_offload_eig_sym(c, hd, w, v);
+    int sides = width > cols && k && nk > 0 ? 2 : 1;
+    for (int e = 0; e < hd; e++) sk[e] = 0.0;
+    for (int32_t t = 0; sides == 2 && t < nk; t++) {
+        const float *kt = k + (size_t)t * kst;
+        for (int e = 0; e < hd; e++) {
+            double d = 0.0;
+            for (int i = 0; i < hd; i++) d += (double)kt[i] * v[(size_t)i * hd + e];
+            sk[e] += fabs(d);
+        }
+    }
+    /* the union, marked in c (free again after the decomposition) */
+    for (int e = 0; e < hd; e++) c[e] = 0.0;
+    for (int side = 0; side < sides; side++) {
+        double *r = side ? sk : w;
+        for (int n = 0; n < cols && n < hd; n++) {
+            int best = 0;
+            for (int e = 1; e < hd; e++)
+                if (r[e] > r[best]) best = e;
+            c[best] = 1.0;
+            r[best] = -INFINITY;
+        }
+    }
+    int n = 0;
+    memset(a, 0, (size_t)width * hd * sizeof *a);
+    for (int e = 0; e < hd && n < width; e++)
+        if (c[e] != 0.0) {
+            for (int i = 0; i < hd; i++) a[(size_t)n * hd + i] = (float)v[(size_t)i * hd + e];
+            n++;
+        }
+    return n;
+}
+
 void tsr_offload_rope(float *x, int heads, int hd, const float *inv_freq, int interleaved,
                       int32_t pos) {
     int half = hd / 2;

@@ -38,6 +38,16 @@ tsr_status tsr_offload_skew_head(const tsr_model_config *cfg, const float *inv_f
                                  const tsr_tensor *wq, int64_t q_row0, int group,
                                  const tsr_tensor *norm, int cols, float *a);
 
+/* A query head's calibrated transform (InfiniGen's skew and partial-weight choice): the
+ * eigenvectors of m ([hd][hd], the second moment of the head's rotated queries, upper
+ * triangle read), of which the union of the `cols` with the largest eigenvalue (the query's
+ * energy along them, sum_t (q_t v)^2) and the `cols` with the largest sum_t |k_t v| over the
+ * keys k ([nk] rows of stride kst: the head's KV head; none when k is NULL or width <= cols)
+ * go to the rows of a ([width][hd], the rest zero). Returns their
+ * count (<= width). scratch: 2 hd^2 + 2 hd doubles. */
+int tsr_offload_skew_cols(const double *m, int hd, const float *k, int32_t nk, size_t kst,
+                          int cols, int width, double *scratch, float *a);
+
 /* a . b over n floats in 8 independent lanes (vectorizable without reassociation), the
  * lanes added in double. */
 double tsr_offload_dot(const float *a, const float *b, size_t n);

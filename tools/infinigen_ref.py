@@ -24,8 +24,13 @@ InfiniGen's method, as implemented here (the authors' accuracy/ code for Llama):
   semantics, ceil); sequence: of the whole text's length, every row before that sees all (the
   authors' perplexity script, one parallel pass over a 2048-token sample).
 Variants isolate tessera's departures: --select head (InfiniGen), group (one set per KV head,
-scores summed over its query heads), layer (one set for all heads, as offload.c); --skew
-calib (InfiniGen) or none (identity: the partial columns of the raw rotated query).
+scores summed over its query heads), layer (one set for all heads, the heads' probabilities summed, as offload.c), layermax (the
+heads' largest probability), layerpowK (their K-th powers summed); --skew
+calib (InfiniGen), self (offload.c: calibrated on the scored sequence's own first 16, 32, ...
+--calib-rows queries, the weights' transform before), weights (offload.c's transform from
+Wq) or none (identity: the partial columns of the raw rotated query); --unit head
+(InfiniGen) or kv (one transform per KV head); --cols union (InfiniGen), l2union (the query
+side ranked by the squared sum, as offload.c) or eig (the first ceil(ratio x hd)).
 
 Writes a JSON of the metrics per budget (--out). Needs torch and gguf; CPU is enough.
 Usage: tools/infinigen_ref.py [--model GGUF] [--text FILE] [--budgets 0.1,0.2,0.5] [--out F]
@@ -133,27 +138,63 @@ class Model:
         return x @ W["output.weight"].T
 
 
-def calibrate(model, ids, ratio):
-    """Skewing matrices A[l][h] (hd x hd) and partial-column masks M[l][h] (hd bool)."""
+def skew_from(q, k, rep, ratio, unit="head", cols="union"):
+    """Skewing matrices A (H x hd x hd) and partial-column masks M (H x hd bool) from post-RoPE
+    queries q [H, T, hd] and keys k [G, T, hd].
+    unit: head (InfiniGen: the right singular vectors of each query head's queries) or kv (one
+    transform per KV head from its whole query group's queries, as offload.c had).
+    cols: union (InfiniGen: the union of the top int(ratio x hd) columns by sum_t |q_t A| and by
+    sum_t |k_t A|), eig (the first ceil(ratio x hd) columns by singular value, as offload.c
+    had), l2union (the union with the query side ranked by sum_t (q_t A)^2, the singular
+    value squared: what a second moment alone can rank, as offload.c does now)."""
+    H, hd = q.shape[0], q.shape[-1]
+    A = torch.zeros(H, hd, hd)
+    M = torch.zeros(H, hd, dtype=torch.bool)
+    kc, ce = int(hd * ratio), int(math.ceil(ratio * hd))
+    for h in range(H):
+        g = h // rep
+        if unit == "head":
+            X = q[h]
+        else:
+            X = q[g * rep:(g + 1) * rep].reshape(-1, hd)
+        _, S, vq = torch.linalg.svd(X.double(), full_matrices=True)
+        a = vq.T.float()  # columns: right singular vectors, largest first
+        A[h] = a
+        if cols == "eig":
+            M[h, :ce] = True
+            continue
+        sq = (X @ a).abs().sum(0) if cols == "union" else (X @ a).pow(2).sum(0)
+        sk = (k[g] @ a).abs().sum(0)
+        M[h, torch.topk(sq, kc).indices] = True
+        M[h, torch.topk(sk, kc).indices] = True
+    return A, M
+
+
+def calibrate(model, ids, ratio, unit="head", cols="union"):
+    """Skewing matrices A[l][h] (hd x hd) and partial-column masks M[l][h] (hd bool) from a
+    calibration text (InfiniGen)."""
     c = model.c
     A = torch.zeros(c["L"], c["H"], c["hd"], c["hd"])
     M = torch.zeros(c["L"], c["H"], c["hd"], dtype=torch.bool)
     rep = c["H"] // c["G"]
-    k_cols = int(c["hd"] * ratio)
 
     def rec(l, q, k):
-        for h in range(c["H"]):
-            _, _, vq = torch.linalg.svd(q[h].double(), full_matrices=False)
-            a = vq.T.float()  # columns: right singular vectors, largest first
-            A[l, h] = a
-            sq = (q[h] @ a).abs().sum(0)
-            sk = (k[h // rep] @ a).abs().sum(0)
-            M[l, h, torch.topk(sq, k_cols).indices] = True
-            M[l, h, torch.topk(sk, k_cols).indices] = True
+        A[l], M[l] = skew_from(q, k, rep, ratio, unit, cols)
 
     with torch.no_grad():
         model.forward(ids, record=rec)
     return A, M
+
+
+def self_checkpoints(n):
+    """offload.c's recalibration points: 16, 32, 64, ... up to n query rows."""
+    cps, c = [], min(16, n)
+    while n > 0:
+        cps.append(c)
+        if c >= n:
+            break
+        c = min(2 * c, n)
+    return cps
 
 
 def weight_skew(model, ratio, n_pos):
@@ -201,7 +242,37 @@ def weight_skew(model, ratio, n_pos):
     return A, M
 
 
-def infinigen_mask(model, A, M, budget, alpha, budget_of, select, skew, stats, dense_layers):
+def static_skew(A, M, skew=True):
+    """The transform of every row: a calibration text's (or the weights'); skew False: the
+    identity (the raw rotated query's partial columns)."""
+    def segs(l, q, k, T):
+        a = A[l] if skew else torch.eye(A.shape[-1]).expand(A.shape[1], -1, -1)
+        return [(0, T, a, M[l], False)]
+    return segs
+
+
+def self_skew(WA, WM, rows, rep, ratio, unit, cols):
+    """offload.c's calibration from the sequence itself: row i uses the transform of the
+    layer's own first c queries (and keys), c the last of 16, 32, ... `rows` that is <= i + 1,
+    the weights' transform (WA, WM) before the first; at a recalibration row the layer's own
+    query replaces the speculated one (offload.c drops the speculation made with the old
+    transform)."""
+    cps = self_checkpoints(rows)
+
+    def segs(l, q, k, T):
+        out = [(0, min(cps[0] - 1, T), WA[l], WM[l], False)]
+        for j, cp in enumerate(cps):
+            if cp - 1 >= T:
+                break
+            a, m = skew_from(q[:, :cp], k[:, :cp], rep, ratio, unit, cols)
+            hi = cps[j + 1] - 1 if j + 1 < len(cps) else T
+            out.append((cp - 1, cp, a, m, True))
+            out.append((cp, min(hi, T), a, m, False))
+        return [x for x in out if x[1] > x[0]]
+    return segs
+
+
+def infinigen_mask(model, skew_segs, budget, alpha, budget_of, select, stats, dense_layers):
     c = model.c
     rep = c["H"] // c["G"]
     W = model.W
@@ -213,10 +284,11 @@ def infinigen_mask(model, A, M, budget, alpha, budget_of, select, skew, stats, d
         pos = torch.arange(T)
         qs = (xn_prev @ W[f"blk.{l}.attn_q.weight"].T).view(T, c["H"], c["hd"]).transpose(0, 1)
         qs = rope(qs, pos, c["hd"], c["theta"])
-        a = A[l] if skew else torch.eye(c["hd"]).expand(c["H"], -1, -1)
-        qp = (qs @ a) * M[l][:, None, :]
-        kp = k.repeat_interleave(rep, 0) @ a
-        sp = qp @ kp.transpose(1, 2) / math.sqrt(c["hd"])  # [H, T, T]
+        sp = torch.empty(c["H"], T, T)
+        for lo, hi, a, m, own in skew_segs(l, q, k, T):
+            qp = ((q if own else qs)[:, lo:hi] @ a) * m[:, None, :]
+            kp = k.repeat_interleave(rep, 0) @ a
+            sp[:, lo:hi] = qp @ kp.transpose(1, 2) / math.sqrt(c["hd"])  # [H, T, T]
         causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
         sp = sp.masked_fill(~causal[None], float("-inf"))
         mx = sp.max(-1, keepdim=True).values
@@ -235,8 +307,12 @@ def infinigen_mask(model, A, M, budget, alpha, budget_of, select, skew, stats, d
             p = torch.softmax(sp, -1)
             if select == "group":
                 score = p.view(c["G"], rep, T, T).sum(1).repeat_interleave(rep, 0)
-            else:
+            elif select == "layer":
                 score = p.sum(0, keepdim=True).expand(c["H"], T, T)
+            elif select == "layermax":  # the heads' largest probability
+                score = p.max(0, keepdim=True).values.expand(c["H"], T, T)
+            else:  # layerpowK: the sum of the heads' probabilities to the K-th power
+                score = p.pow(float(select[8:])).sum(0, keepdim=True).expand(c["H"], T, T)
             score = score.masked_fill(~causal[None], float("-inf"))
         order = score.argsort(-1, descending=True)
         rank = torch.empty_like(order)
@@ -281,8 +357,8 @@ def replay(model, A, M, dump, budget, alpha, skew, dense_layers, per_layer):
     own queries, softmax summed over heads, the top `take` of tessera's row)."""
     c = model.c
     ref_st = dict(recall_sum=0.0, recall_n=0, fetch_frac=0.0)
-    ref_fn = infinigen_mask(model, A, M, budget, alpha, "step", "layer", skew, ref_st,
-                            dense_layers)
+    ref_fn = infinigen_mask(model, static_skew(A, M, skew), budget, alpha, "step", "layer",
+                            ref_st, dense_layers)
 
     def fn(l, xn_prev, xn, q, k, s_exact):
         rows = dump.get(l)
@@ -341,7 +417,17 @@ def main():
     ap.add_argument("--budget-of", choices=["step", "sequence"], default="step")
     ap.add_argument("--select", default="head", help="head,group,layer (comma list)")
     ap.add_argument("--skew", default="calib",
-                    help="calib (InfiniGen), weights (offload.c's, from Wq), none (comma list)")
+                    help="calib (InfiniGen: a calibration text), self (offload.c's: the scored "
+                    "sequence's own first --calib-rows queries, recalibrated at 16, 32, ...), "
+                    "weights (offload.c's transform from Wq), none (comma list)")
+    ap.add_argument("--unit", default="head",
+                    help="calib/self: a transform per query head (InfiniGen) or per kv head "
+                    "(comma list)")
+    ap.add_argument("--cols", default="union",
+                    help="calib/self partial columns: union (InfiniGen), l2union (the query side "
+                    "by energy), eig (the first ceil(ratio x hd)) (comma list)")
+    ap.add_argument("--calib-rows", type=int, default=256,
+                    help="--skew self: rows of the last recalibration (offload.c's --offload-calib)")
     ap.add_argument("--rope-positions", type=int, default=8192,
                     help="--skew weights: positions the rotation is averaged over (offload.c: "
                     "the model's context)")
@@ -368,9 +454,20 @@ def main():
         ids = ids[: a.max_tokens + 1]
     print(f"text {len(ids)} tokens, calibration {len(cids)}", file=sys.stderr)
     A, M = calibrate(model, cids, a.ratio)
-    AM = {"calib": (A, M), "none": (A, M)}
-    if "weights" in a.skew:
-        AM["weights"] = weight_skew(model, a.ratio, a.rope_positions)
+    rep = cfg["H"] // cfg["G"]
+    WAM = weight_skew(model, a.ratio, a.rope_positions) if "weights" in a.skew or \
+        "self" in a.skew else None
+
+    def skew_of(skew, unit, cols):
+        if skew == "calib":
+            if (unit, cols) == ("head", "union"):
+                return static_skew(A, M)
+            return static_skew(*calibrate(model, cids, a.ratio, unit, cols))
+        if skew == "self":
+            return self_skew(*WAM, a.calib_rows, rep, a.ratio, unit, cols)
+        if skew == "weights":
+            return static_skew(*WAM)
+        return static_skew(A, M, False)
     lf = model.forward(ids)
     if a.replay:
         b = float(a.budgets.split(",")[0])
@@ -388,20 +485,25 @@ def main():
                   f"{d['tr'] / n:15.1f} {d['rr'] / n:6.3f}   {d['jac'] / n:7.3f}")
         return
     rows = []
-    for skew in a.skew.split(","):
+    variants = [(skew, unit, cols) for skew in a.skew.split(",") for unit in a.unit.split(",")
+                for cols in a.cols.split(",")]
+    for skew, unit, cols in variants:
+        segs = skew_of(skew, unit, cols)
         for sel in a.select.split(","):
             for b in [float(x) for x in a.budgets.split(",")]:
                 st = dict(recall_sum=0.0, recall_n=0, fetch_frac=0.0)
-                fn = infinigen_mask(model, *AM[skew], b, a.alpha, a.budget_of, sel, skew != "none",
-                                    st, a.dense_layers)
+                fn = infinigen_mask(model, segs, b, a.alpha, a.budget_of, sel, st,
+                                    a.dense_layers)
                 lp = model.forward(ids, fn)
                 r = metrics(lf, lp, ids)
-                r.update(budget=b, select=sel, skew=skew, alpha=a.alpha, ratio=a.ratio,
+                r.update(budget=b, select=sel, skew=skew, unit=unit, cols=cols, alpha=a.alpha,
+                         ratio=a.ratio,
                          budget_of=a.budget_of,
                          recall=st["recall_sum"] / max(st["recall_n"], 1),
                          fetched_frac=st["fetch_frac"] / max(st["recall_n"], 1))
                 rows.append(r)
-                print(f"skew={skew:5s} select={sel:5s} budget={b:.2f} ppl={r['ppl']:.2f} "
+                print(f"skew={skew:7s} unit={unit:4s} cols={cols:7s} select={sel:5s} "
+                      f"budget={b:.2f} ppl={r['ppl']:.2f} "
                       f"(full {r['ppl_full']:.2f}) agree={r['agreement']:.3f} kl={r['kl']:.3f} "
                       f"recall={r['recall']:.3f} fetched={r['fetched_frac']:.3f}", flush=True)
                 if a.out:  # after every row: a long run keeps what it measured

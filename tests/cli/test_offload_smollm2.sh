@@ -2,11 +2,12 @@
 # offload's InfiniGen mode on the bundled real model (tools/fetch-models.sh): decode-mode
 # fidelity over the first 48 tokens of tests/data/infinigen/artistic.txt at a 50 % budget must
 # keep its speculation's recall of the exact top tokens and its perplexity near the full
-# cache's (issue 31). The skew's transform is recalibrated from the layer's own queries after
-# 16 and 32 rows (--offload-calib); with the weights' transform alone (--offload-calib 0) the
-# same run measured recall 0.661, calibrated 0.747 (ppl 72.0 against the full cache's 31.5;
-# 48 tokens are few: the ratio is noisy), so recall >= 0.70 fails a fall-back to the weights'
-# transform, to recent tokens (fallbacks) or to a wrong skew. The InfiniGen reference on the
+# cache's (issue 31). The skew's transform is recalibrated per query head from the layer's own
+# queries after 16 and 32 rows (--offload-calib), its columns InfiniGen's union by query energy
+# and by key magnitude; the same run measured recall 0.795 (ppl 57.2 against the full cache's
+# 32.0), 0.747 with one transform per KV head and the columns by eigenvalue, 0.661 with the
+# weights' transform alone (--offload-calib 0); so recall >= 0.77 fails a fall-back to either,
+# to recent tokens (fallbacks) or to a wrong skew. The InfiniGen reference on the
 # same model is tests/data/infinigen/. Skips (77) without the model.
 . "$(dirname "$0")/common.sh"
 GGUF=$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -26,7 +27,7 @@ print(f"ppl {d['ppl']:.2f} (full {d['ppl_full']:.2f}) agreement {d['agreement']:
       f"recall {kv['spec_recall']:.3f} fallbacks {kv['spec_fallbacks']}")
 assert d["tokens"] == 48, d["tokens"]
 assert kv["spec_fallbacks"] == 0
-assert kv["spec_recall"] >= 0.70, kv["spec_recall"]
-assert d["ppl"] <= 3.5 * d["ppl_full"], (d["ppl"], d["ppl_full"])
+assert kv["spec_recall"] >= 0.77, kv["spec_recall"]
+assert d["ppl"] <= 2.5 * d["ppl_full"], (d["ppl"], d["ppl_full"])
 PY
 exit $((fails > 0))

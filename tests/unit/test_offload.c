@@ -327,6 +327,40 @@ TSR_TEST(test_alpha_selection) {
     ASSERT_NEAR(tsr_offload_alpha_count(&lg[0][0], 2, 5, 100.0f), 10.0, 0);
 }
 
+/* InfiniGen's partial-weight columns on a hand-built head: query energies 8, 7, ... 1 along
+ * the unit vectors, keys mostly along the weakest ones: the union of the 2 best by query
+ * energy and the 2 best by sum |k.v|; an overlap gives fewer rows (the rest zero); without
+ * keys (or width 2) the query side alone. */
+TSR_TEST(test_skew_union_cols) {
+    enum { HD = 8, NK = 5 };
+    double m[HD * HD] = {0}, scratch[2 * HD * HD + 2 * HD];
+    for (int i = 0; i < HD; i++) m[i * HD + i] = HD - i;
+    for (int i = 0; i < HD; i++) /* upper triangle read: noise below the diagonal */
+        for (int j = 0; j < i; j++) m[i * HD + j] = 99.0;
+    float k[NK * HD], a[4 * HD];
+    int want[3][HD] = {{1, 1, 0, 0, 0, 0, 1, 1}, {1, 1, 0, 1, 0, 0, 0, 0},
+                       {1, 1, 0, 0, 0, 0, 0, 0}};
+    for (int run = 0; run < 3; run++) {
+        for (int t = 0; t < NK; t++)
+            for (int i = 0; i < HD; i++) {
+                float big = run == 0 ? (i == 7 ? 5.0f : i == 6 ? 2.0f : 0.1f)
+                                     : (i == 0 ? 5.0f : i == 3 ? 2.0f : 0.1f);
+                k[t * HD + i] = (t & 1 ? -1.0f : 1.0f) * big; /* |k.v| counts either sign */
+            }
+        int n = tsr_offload_skew_cols(m, HD, run == 2 ? NULL : k, NK, HD, 2, 4, scratch, a);
+        int nw = 0, got[HD] = {0};
+        for (int i = 0; i < HD; i++) nw += want[run][i];
+        ASSERT_EQ_INT(n, nw);
+        for (int r = 0; r < 4; r++)
+            for (int i = 0; i < HD; i++) {
+                double x = fabs(a[r * HD + i]);
+                ASSERT_TRUE(x < 1e-6 || (r < n && fabs(x - 1.0) < 1e-6));
+                if (x > 0.5) got[i]++;
+            }
+        for (int i = 0; i < HD; i++) ASSERT_EQ_INT(got[i], want[run][i]);
+    }
+}
+
 /* The skew mode through the forward pass with the model's weights: at a 100 % budget the
  * same tokens and logits as paged; at 20 % every selection is speculated (none falls back
  * to the recent window), recall is sampled without --measure-recall and bytes are fetched,
@@ -388,4 +422,4 @@ TSR_KV_FWD_TEST(test_forward_skew_mode) {
 
 TSR_TEST_MAIN(test_speculative_selection_and_bytes, test_forward_full_budget_equals_paged,
               test_forward_uses_speculation, test_skew_keeps_qk, test_skew_rope_average,
-              test_alpha_selection, test_forward_skew_mode)
+              test_alpha_selection, test_skew_union_cols, test_forward_skew_mode)
