@@ -39,47 +39,82 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import infinigen_ref as ig  # noqa: E402  (the GGUF loader, tokenizer, model and metrics)
 
 
-def h2o_budget(b, n):
-    """tsr_kv_policy_budget: ceil(b x n) for b <= 1, else b tokens; at least 1, at most n."""
+def h2o_budget(b, n, min_budget=0):
+    """tsr_kv_policy_budget: ceil(b x n) for b <= 1, else b tokens; at least 1, at most n.
+    min_budget (an ablation, not tessera's): at least min(n, min_budget)."""
     t = math.ceil(b * n) if b <= 1.0 else int(b)
-    return max(1, min(t, n))
+    return max(max(1, min(t, n)), min(n, min_budget))
 
 
-def h2o_mask(c, budget, recent_share, select, dump=None):
+def h2o_keep(cache, score, bud, recent_share):
+    """One eviction: cache (positions, ascending) cut to bud, the round-half-up of
+    recent_share x bud newest plus the highest-scored others (ties: the newer stays).
+    score(j) is position j's accumulated score. Returns the kept positions, ascending."""
+    if len(cache) <= bud:
+        return list(cache)
+    rec = min(int(math.floor(bud * recent_share + 0.5)), bud)
+    old, new = cache[: len(cache) - rec], cache[len(cache) - rec:]
+    ranked = sorted(old, key=lambda j: (-score(j), -j))
+    return sorted(ranked[: bud - rec]) + list(new)
+
+
+def h2o_mask(c, budget, recent_share, select, dump=None, min_budget=0, fixed=None):
     """The forward pass's mask_fn: per layer the H2O cache of each step, one set per layer
-    (select 'layer') or per query head ('head')."""
+    (select 'layer') or per query head ('head'). fixed: a cache of that many tokens instead of
+    the step budget (the authors' real-drop cache: hh_size + recent_size)."""
 
     def fn(l, xn_prev, xn, q, k, s):
         H, T = s.shape[0], s.shape[1]
         sets = H if select == "head" else 1
         allow = torch.zeros(H, T, T, dtype=torch.bool)
         score = torch.zeros(sets, T, dtype=torch.float64)
-        kept = [torch.zeros(0, dtype=torch.long) for _ in range(sets)]
+        kept = [[] for _ in range(sets)]
         for i in range(T):
+            bud = fixed if fixed else h2o_budget(budget, i + 1, min_budget)
             for u in range(sets):
-                cache = torch.cat([kept[u], torch.tensor([i])])
-                heads = range(H) if sets == 1 else [u]
+                cache = kept[u] + [i]
+                heads = list(range(H)) if sets == 1 else [u]
+                idx = torch.tensor(cache)
                 for h in heads:
-                    allow[h, i, cache] = True
-                p = torch.softmax(s[list(heads)][:, i, cache].double(), -1)  # [heads, n]
-                score[u, cache] += p.sum(0)
-                bud = h2o_budget(budget, i + 1)
-                if cache.numel() > bud:
-                    rec = min(int(math.floor(bud * recent_share + 0.5)), bud)
-                    # cache is in position order: the newest `rec` stay
-                    old, new = cache[: cache.numel() - rec], cache[cache.numel() - rec:]
-                    # highest score first; ties: the newer first
-                    sc = score[u, old].tolist()
-                    key = sorted(zip(sc, old.tolist()), key=lambda t: (-t[0], -t[1]))
-                    heavy = torch.tensor(sorted(j for _, j in key[: bud - rec]),
-                                         dtype=torch.long)
-                    cache = torch.cat([heavy, new])
-                kept[u] = cache
+                    allow[h, i, idx] = True
+                p = torch.softmax(s[heads][:, i, idx].double(), -1)  # [heads, n]
+                score[u, idx] += p.sum(0)
+                sc = dict(zip(cache, score[u, idx].tolist()))
+                kept[u] = h2o_keep(cache, sc.__getitem__, bud, recent_share)
             if dump is not None and sets == 1:
-                dump.append((i, l, kept[0].tolist()))
+                dump.append((i, l, kept[0]))
         return allow
 
     return fn
+
+
+def write_testdata(path, steps, budget, recent_share, seed):
+    """A mechanism case for tests/unit/test_h2o.c: one layer, decode steps of one token; the
+    score each cached position receives at step i is a multiple of 1/64 (exact in f32 sums,
+    ties included), drawn from a seeded generator; after each step the kept positions and
+    their accumulated scores. Format: a header line 'steps budget recent', then per step
+    'i s_0 .. s_i | kept positions | their scores', scores in units of 1/64."""
+    g = torch.Generator().manual_seed(seed)
+    acc = {}
+    kept = []
+    lines = [f"{steps} {budget:.17g} {recent_share:.17g}"]
+    for i in range(steps):
+        # some positions draw large scores (heavy hitters), most small ones
+        draw = torch.randint(0, 64, (i + 1,), generator=g)
+        big = torch.randint(0, 8, (i + 1,), generator=g) == 0
+        sc = [(int(d) + (192 if b else 0)) / 64.0 for d, b in zip(draw, big)]
+        cache = kept + [i]
+        for j in cache:
+            acc[j] = acc.get(j, 0.0) + sc[j]
+        kept = h2o_keep(cache, acc.__getitem__, h2o_budget(budget, i + 1), recent_share)
+        for j in list(acc):
+            if j not in kept:
+                del acc[j]
+        lines.append(f"{i} " + " ".join(str(int(x * 64)) for x in sc) + " | " +
+                     " ".join(map(str, kept)) + " | " +
+                     " ".join(str(int(acc[j] * 64)) for j in kept))
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def main():
@@ -94,8 +129,21 @@ def main():
                     help="BOS first (tessera encodes this GGUF without: its add_bos is off)")
     ap.add_argument("--dump", default=None, help="kept positions per step and layer (first "
                     "budget, --select layer)")
+    ap.add_argument("--min-budget", type=int, default=0,
+                    help="ablation: at least this many tokens (0: tessera's budget)")
+    ap.add_argument("--fixed", action="store_true",
+                    help="ablation: a cache of budget x text tokens from the start (the "
+                    "authors' hh_size + recent_size), not ceil(budget x tokens so far)")
     ap.add_argument("--out", default=None, help="JSON of the metrics")
+    ap.add_argument("--write-testdata", default=None, metavar="DIR",
+                    help="write DIR/steps_*.txt for tests/unit/test_h2o.c (no model) and exit")
     a = ap.parse_args()
+    if a.write_testdata:
+        for name, steps, b, rs, seed in [("steps_b050_r050", 80, 0.5, 0.5, 1),
+                                         ("steps_b030_r050", 80, 0.3, 0.5, 2),
+                                         ("steps_b020_r025", 80, 0.2, 0.25, 3)]:
+            write_testdata(os.path.join(a.write_testdata, name + ".txt"), steps, b, rs, seed)
+        return
     torch.set_grad_enabled(False)
     cfg, W = ig.load_gguf(a.model)
     model = ig.Model(cfg, W)
@@ -109,11 +157,13 @@ def main():
     for sel in a.select.split(","):
         for bi, b in enumerate(float(x) for x in a.budgets.split(",")):
             dump = [] if a.dump and bi == 0 and sel == "layer" else None
-            lp = model.forward(ids, h2o_mask(cfg, b, a.recent, sel, dump))
+            fixed = math.ceil(b * (len(ids) - 1)) if a.fixed else None
+            lp = model.forward(ids, h2o_mask(cfg, b, a.recent, sel, dump, a.min_budget, fixed))
             r = ig.metrics(lf, lp, ids)
-            r.update(budget=b, select=sel, recent=a.recent)
+            r.update(budget=b, select=sel, recent=a.recent, min_budget=a.min_budget,
+                     fixed=fixed)
             rows.append(r)
-            print(f"select={sel:5s} budget={b:.2f} ppl={r['ppl']:.2f} (full {r['ppl_full']:.2f}) "
+            print(f"select={sel:5s} budget={b:.2f} min={a.min_budget} fixed={fixed} ppl={r['ppl']:.2f} (full {r['ppl_full']:.2f}) "
                   f"agree={r['agreement']:.3f} kl={r['kl']:.3f}", flush=True)
             if dump is not None:
                 with open(a.dump, "w") as f:
