@@ -129,6 +129,9 @@ def main():
                     help="BOS first (tessera encodes this GGUF without: its add_bos is off)")
     ap.add_argument("--dump", default=None, help="kept positions per step and layer (first "
                     "budget, --select layer)")
+    ap.add_argument("--dump-every", type=int, default=1, metavar="K",
+                    help="dump only the steps i with i %% K == K - 1 (tests/data/h2o/"
+                    "smollm2_artistic_48_b050.txt: --max-tokens 48 --budgets 0.5 --dump-every 4)")
     ap.add_argument("--min-budget", type=int, default=0,
                     help="ablation: at least this many tokens (0: tessera's budget)")
     ap.add_argument("--fixed", action="store_true",
@@ -168,7 +171,8 @@ def main():
             if dump is not None:
                 with open(a.dump, "w") as f:
                     for i, l, kept in sorted(dump):
-                        f.write(f"{i} {l} " + " ".join(map(str, kept)) + "\n")
+                        if i % a.dump_every == a.dump_every - 1 and i < len(ids) - 1:
+                            f.write(f"{i} {l} " + " ".join(map(str, kept)) + "\n")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(dict(model=os.path.basename(a.model), text=a.text, tokens=len(ids),
