@@ -15,14 +15,16 @@ H2O, as the authors' H2OKVCache_LayerWise does it, per layer:
   `budget - recent` of the others; an evicted token never returns.
 Departures, all tessera's semantics: one token set per layer, the scores summed over every
 query head (a tessera slot holds all heads; --select head keeps a set per query head, the
-paper's); the budget is ceil(budget x tokens so far) at every step; recent = round-half-up
-of --recent x budget (policies/h2o.c); ties go to the newer token.
+paper's); the budget is ceil(budget x tokens so far) at every step (--fixed: the authors'
+fixed cache of budget x text tokens); recent = round-half-up of --recent x budget
+(policies/h2o.c); ties go to the newer token. --min-budget K (an ablation): at least K tokens,
+which keeps the first token past the second step (docs/kv-cache.md, h2o).
 
 A teacher-forced decode with a per-step cache equals one parallel pass in which row i attends
 to the cache of step i, so each layer runs its steps in order on that layer's logits (which
 depend only on lower layers) and hands the forward pass the mask.
 
---dump FILE writes the kept positions per step and layer ("step layer pos..."), for
+--dump FILE writes the kept positions per step and layer ("newest_position layer pos..."), for
 comparison with TSR_H2O_DUMP=FILE of tessera (policies/h2o.c); --write-testdata DIR writes
 tests/data/h2o/ (see tests/unit/test_h2o.c).
 Usage: tools/h2o_ref.py [--model GGUF] [--text FILE] [--max-tokens N] [--budgets 0.1,0.2,0.5]
