@@ -111,7 +111,10 @@ static tsr_status tsr__h2o_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
         }
     }
     const char *dump = getenv("TSR_H2O_DUMP");
-    if (dump && *dump) h->dump = fopen(dump, "w");
+    if (dump && *dump && !(h->dump = fopen(dump, "w"))) {
+        tsr__h2o_destroy(h);
+        return tsr_error_set(TSR_ERR_IO, "h2o: cannot write TSR_H2O_DUMP=%s", dump);
+    }
     *state = h;
     return TSR_OK;
 }
