@@ -13,6 +13,7 @@
  * order, so they are the same bits for every tp, also when tp > n_kv_heads splits a KV
  * head's query group over ranks. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -46,6 +47,9 @@ typedef struct tsr__h2o {
     /* GPT-OSS (NULL: none): per cache layer its window, and [layer][head] sink logits */
     int *window;
     float *sinks;
+    /* TSR_H2O_DUMP=FILE (a debugging aid, tools/h2o_ref.py --dump writes the same): after
+     * each observe, "newest_position layer kept positions..." in position order. */
+    FILE *dump;
 } tsr__h2o;
 
 typedef struct tsr__cand {
@@ -57,6 +61,11 @@ typedef struct tsr__cand {
 static int tsr__by_pos_desc(const void *a, const void *b) {
     const tsr__cand *x = a, *y = b;
     return (x->pos < y->pos) - (x->pos > y->pos);
+}
+
+static int tsr__by_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
 }
 
 /* Highest score first; on ties the newer token first (so the older is evicted). */
@@ -101,12 +110,18 @@ static tsr_status tsr__h2o_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
                         : -INFINITY;
         }
     }
+    const char *dump = getenv("TSR_H2O_DUMP");
+    if (dump && *dump && !(h->dump = fopen(dump, "w"))) {
+        tsr__h2o_destroy(h);
+        return tsr_error_set(TSR_ERR_IO, "h2o: cannot write TSR_H2O_DUMP=%s", dump);
+    }
     *state = h;
     return TSR_OK;
 }
 
 static void tsr__h2o_destroy(void *state) {
     tsr__h2o *h = state;
+    if (h->dump) fclose(h->dump);
     tsr_free(h->pending);
     tsr_free(h->window);
     tsr_free(h->sinks);
@@ -264,6 +279,22 @@ static tsr_status tsr__h2o_evict(tsr__h2o *h, int layer, int seq, int32_t budget
     return st;
 }
 
+/* One TSR_H2O_DUMP line: the layer's kept positions after the step ending at len. */
+static tsr_status tsr__h2o_dump(tsr__h2o *h, int layer, int seq, int32_t len) {
+    int32_t n = tsr_kv_paged_slots(h->mech, layer, seq);
+    int32_t *pos = tsr_malloc((size_t)(n ? n : 1) * sizeof *pos);
+    if (!pos) return TSR_ERR_NOMEM;
+    tsr_status st = tsr_kv_paged_read_slots(h->mech, layer, seq, pos, NULL);
+    if (st == TSR_OK) {
+        qsort(pos, (size_t)n, sizeof *pos, tsr__by_i32);
+        fprintf(h->dump, "%d %d", (int)len - 1, layer);
+        for (int32_t i = 0; i < n; i++) fprintf(h->dump, " %d", (int)pos[i]);
+        fputc('\n', h->dump);
+    }
+    tsr_free(pos);
+    return st;
+}
+
 static tsr_status tsr__h2o_observe(void *state, int layer, int seq, const float *key_scores) {
     tsr__h2o *h = state;
     tsr_kv_cache *m = h->mech;
@@ -298,7 +329,8 @@ static tsr_status tsr__h2o_observe(void *state, int layer, int seq, const float 
     h->qs.q = NULL;
     int32_t len = m->ops->seq_len(m, seq) + h->pending[seq];
     if (h->window && h->window[layer] > 0) return TSR_OK; /* a sliding layer keeps its window */
-    return tsr__h2o_evict(h, layer, seq, tsr_kv_policy_budget(&h->cfg, len));
+    TSR_TRY(tsr__h2o_evict(h, layer, seq, tsr_kv_policy_budget(&h->cfg, len)));
+    return h->dump ? tsr__h2o_dump(h, layer, seq, len) : TSR_OK;
 }
 
 static tsr_status tsr__h2o_commit(void *state, int seq, int32_t n) {

@@ -2,7 +2,8 @@
 # The bundled instruct model (tools/fetch-models.sh) on real text: `tessera fidelity
 # --document --tail` scores the last positions of a licence text after a chunked prefill
 # (paged against itself is exact), and `tessera needle` finds the pass key through the chat
-# template with the full cache at the end of a short haystack. Skips (77) without the model.
+# template with the full cache at the end of a short haystack; h2o keeps the reference H2O's
+# tokens (tests/data/h2o/). Skips (77) without the model.
 . "$(dirname "$0")/common.sh"
 GGUF=$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$GGUF" ]; then
@@ -38,6 +39,22 @@ a, b = (json.load(open(p))["cells"][0] for p in sys.argv[1:])
 assert a["full"] == b["full"] and a["prompt_tokens"] == b["prompt_tokens"], (a, b)
 assert a["needle_position"] == b["needle_position"], (a, b)
 PY
+# h2o decode-only against the H2O reference (tools/h2o_ref.py wrote the data: its kept positions
+# per layer at every 4th step, 48 tokens at 50 %): the sets depart only where scores nearly
+# tie (measured mean Jaccard 0.97), a wrong score (heads, decode probabilities, slots) far more.
+TSR_H2O_DUMP="$TMP/h2o.txt" "$BIN" fidelity --model "$GGUF" --document --max-tokens 48 \
+    --text "$ROOT/tests/data/infinigen/artistic.txt" --max-context 256 --threads 2 \
+    --kv-policy h2o --kv-budget 0.5 --quiet --json "$TMP/h.json" 2>"$TMP/h.err" ||
+    fail "fidelity h2o: exit $?: $(tail -n 3 "$TMP/h.err")"
+python3 - "$TMP/h2o.txt" "$ROOT/tests/data/h2o/smollm2_artistic_48_b050.txt" <<'PY' ||
+import sys
+t, r = ({tuple(map(int, l.split()[:2])): set(map(int, l.split()[2:])) for l in open(p)}
+        for p in sys.argv[1:])
+j = [len(t[k] & r[k]) / len(t[k] | r[k]) for k in r]
+print(f"h2o against the reference: {len(j)} sets, mean Jaccard {sum(j) / len(j):.3f}")
+assert len(j) == 360 and sum(j) / len(j) >= 0.9
+PY
+    fail "h2o: kept sets unlike the reference's"
 # usage errors
 rc=0
 "$BIN" needle --model "$GGUF" --haystack "$ROOT/bench/data/gpl-3.txt" --needles 2 2>/dev/null || rc=$?

@@ -1,5 +1,7 @@
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/backend.h"
 #include "memory/kv_paged.h"
@@ -201,6 +203,66 @@ TSR_KV_TEST(test_tiled_scores_equal_materialized) {
     tsr_kv_cache_destroy(kv);
 }
 
+/* One case of tests/data/h2o/ (tools/h2o_ref.py --write-testdata, the reference's own
+ * eviction function): decode steps of one token with given per-position scores; after each
+ * step the kept positions and their accumulated scores must be the reference's. Block size
+ * 4, so evictions compact rows across blocks: a score that stayed in a slot instead of
+ * following its token, a wrong recent-window rounding, budget or tie order shows here. */
+static void tsr__h2o_case(const char *name) {
+    char path[1024], line[8192];
+    snprintf(path, sizeof path, "%s/tests/data/h2o/%s.txt", TSR_SOURCE_DIR, name);
+    FILE *f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    int steps = 0;
+    double budget = 0, recent = 0;
+    ASSERT_TRUE(fgets(line, sizeof line, f) && sscanf(line, "%d %lf %lf", &steps, &budget,
+                                                      &recent) == 3);
+    ASSERT_TRUE(steps > 0 && steps <= 200);
+    tsr_kv_cache *kv = NULL;
+    ASSERT_OK(tsr__mk_h2o(budget, recent, 0, 0, &kv));
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    tsr_kv_cache *m = tsr_kv_policy_mech(kv);
+    for (int i = 0; i < steps && !tsr_test_failed_flag; i++) {
+        float sc[256] = {0};
+        int32_t want_pos[256], pos[256];
+        float want_sc[256], got_sc[256];
+        int n_sc = 0, n_kept = 0, n_acc = 0, part = 0, step = -1;
+        ASSERT_TRUE(fgets(line, sizeof line, f) != NULL);
+        for (char *t = strtok(line, " \n"); t; t = strtok(NULL, " \n")) {
+            if (!strcmp(t, "|")) part++;
+            else if (step < 0) step = atoi(t);
+            else if (part == 0 && n_sc < 256) sc[n_sc++] = (float)atoi(t) / 64.0f;
+            else if (part == 1 && n_kept < 256) want_pos[n_kept++] = atoi(t);
+            else if (part == 2 && n_acc < 256) want_sc[n_acc++] = (float)atoi(t) / 64.0f;
+        }
+        ASSERT_EQ_INT(step, i);
+        ASSERT_EQ_INT(n_sc, i + 1);
+        ASSERT_EQ_INT(n_acc, n_kept);
+        ASSERT_OK(tsr__h2o_step(kv, 1, sc));
+        int32_t n = tsr_kv_paged_slots(m, 0, 0);
+        ASSERT_EQ_INT(n, n_kept);
+        ASSERT_OK(tsr_kv_paged_read_slots(m, 0, 0, pos, got_sc));
+        /* slot order is not position order after compaction: match by position */
+        for (int32_t j = 0; j < n; j++) {
+            int at = -1;
+            for (int32_t w = 0; w < n_kept; w++)
+                if (want_pos[w] == pos[j]) at = w;
+            if (at < 0) fprintf(stderr, "%s step %d: position %d kept, not the reference's\n",
+                                name, i, pos[j]);
+            ASSERT_TRUE(at >= 0);
+            ASSERT_NEAR(got_sc[j], want_sc[at], 1e-6);
+        }
+    }
+    fclose(f);
+    tsr_kv_cache_destroy(kv);
+}
+
+TSR_KV_TEST(test_steps_match_reference) {
+    tsr__h2o_case("steps_b050_r050");
+    tsr__h2o_case("steps_b030_r050");
+    tsr__h2o_case("steps_b020_r025");
+}
+
 TSR_KV_FWD_TEST(test_forward_full_budget_equals_paged) {
     const tsr_model *m = kvt_eng->weights;
     tsr_backend *be = kvt_be;
@@ -260,4 +322,4 @@ TSR_KV_FWD_TEST(test_forward_materialize_uses_queries) {
 
 TSR_TEST_MAIN(test_heavy_hitters_and_recent_kept, test_budget_fraction_and_blocks_freed,
               test_materialize_fails_cleanly, test_tiled_scores_equal_materialized,
-              test_forward_full_budget_equals_paged, test_forward_materialize_uses_queries)
+              test_steps_match_reference, test_forward_full_budget_equals_paged, test_forward_materialize_uses_queries)
