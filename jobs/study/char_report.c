@@ -108,8 +108,13 @@ static bool tsr__materialize(const tsr_study *s, rec_t r) {
 }
 static double tsr__mib(double b) { return b / 1048576.0; }
 /* the budget a policy's plotted series uses: its first (0 for the full cache) */
+/* The first budget of a policy's perf cells (memory/throughput), as study.c builds them:
+ * "perf_budgets" when the study has them, else the policy's own, else kv_budgets. */
 static double tsr__bud0(const tsr_study *s, const tsr_study_policy *p) {
-    return !p->budgeted ? 0 : p->budgets ? p->budgets[0] : s->budgets[0];
+    return !p->budgeted       ? 0
+           : s->perf_budgets  ? s->perf_budgets[0]
+           : p->budgets       ? p->budgets[0]
+                              : s->budgets[0];
 }
 
 /* Text accuracy of random weights means nothing: the findings' accuracy side uses the

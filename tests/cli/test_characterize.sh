@@ -206,6 +206,9 @@ PY
 "$BIN" characterize --study "$TMP/nd.json" --out "$ND" 2>"$TMP/nderr" ||
     fail "needle study: exit $? ($(tail -1 "$TMP/nderr"))"
 grep -q "4 to run" "$TMP/nderr" || fail "needle study: $(head -1 "$TMP/nderr")"
+# the tiled policies' memory table reads the perf cells at their budget (perf_budgets' 0.5)
+grep -q '^| s260k | h2o | 0.5 | 32 | 32 |' "$ND/report.md" ||
+    fail "tiled memory table at the perf budget: $(grep -A8 '^Tiled policies' "$ND/report.md")"
 if command -v gnuplot >/dev/null; then
     for f in needle_heatmap_s260k_x1.png needle_heatmap_s260k_x3.png needle_vs_budget_s260k.png; do
         [ -s "$ND/$f" ] || fail "no $f: $(grep gnuplot "$TMP/nderr")"
