@@ -247,7 +247,7 @@ static tsr_status tsr__gemm_panels(tsr__cpu_ctx *c, const float *x, int64_t n,
 /* Part boundaries seg[0..n_parts] (columns) in blocks of `block` columns: into `small`
  * (TSR__CPU_SMALL_PARTS + 1 entries) when they fit, else a heap array the caller frees
  * (*bseg != small). A boundary inside a block is refused: the kernels reduce whole blocks
- * (the loaders keep such matrices unquantized or expanded). */
+ * (the loaders keep, convert or expand such matrices). */
 static tsr_status tsr__block_parts(const int32_t *seg, int n_parts, int32_t block,
                                    const char *dtype_name, int32_t *small, int32_t **bseg) {
     int32_t *b = n_parts <= TSR__CPU_SMALL_PARTS
@@ -339,7 +339,7 @@ static tsr_status tsr__qact_begin(tsr__cpu_ctx *c, const float *x, int64_t n,
 }
 
 /* y = x . W^T for a Q8_0, Q4_0, Q4_1 or Q4_K W, per column part as matmul_parts (seg ==
- * NULL: one part, summed): the inputs quantized first (tsr__qact_begin), then the W's
+ * NULL: one part, summed): the inputs quantized first (tsr__qact_begin), then W's
  * integer kernel (kernels/cpu/quant_q8.h, quant_q4.h, quant_q4k.h) runs over fixed blocks
  * of row groups, each serving all inputs 4 at a time while it is in L1/L2, so W streams
  * from memory once for decode and prefill alike; each output's operations do not depend on
