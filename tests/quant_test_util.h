@@ -1,6 +1,7 @@
 /* Helpers of the quantized-weight tests (test_quant_q8, test_quant_q4, test_quant_q4k,
  * test_fp8): a whole-file reader for the reference data, the tests' deterministic random
- * numbers, and the check every integer gemv variant passes against the scalar one. */
+ * numbers, the check every integer gemv variant passes against the scalar one, and the
+ * backends' matmul against the scalar kernel's rows. */
 #ifndef TSR_TESTS_QUANT_TEST_UTIL_H
 #define TSR_TESTS_QUANT_TEST_UTIL_H
 
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "kernels/backend.h"
 #include "tests/test.h"
 
 /* The whole file (NUL-terminated, so JSON reads as a string; free()), or NULL. */
@@ -109,6 +111,49 @@ static inline void qt_variant_vs_scalar(const char *name, const void *ref, const
                           "(mag %g)", (long long)rows, (long long)nb, bad_i, (long long)bad_r,
                           bad_g, bad_e, bad_mag);
         }
+}
+
+/* The backends bes[0..n_be) (fen, when one of them, is the fenced device: W placed, x and y
+ * in its memory) give the scalar kernel's bits: matmul of w (n inputs x) equals want
+ * [n, rows], matmul_parts over the three parts seg[0..3] apart equals wantp [3, n, rows];
+ * a part boundary at column `bad` (inside a block) is refused. */
+static inline void qt_backends_agree(tsr_backend *const *bes, int n_be, const tsr_backend *fen,
+                                     const tsr_tensor *w, const float *x, int64_t n,
+                                     const int32_t *seg, int32_t bad, const float *want,
+                                     const float *wantp) {
+    int64_t rows = w->rows, cols = w->cols;
+    for (int b = 0; b < n_be; b++) {
+        tsr_backend *be = bes[b];
+        tsr_tensor dw = *w;
+        float *dx = (float *)x, *dy = NULL, *hy = tsr_malloc((size_t)(3 * n * rows) * 4);
+        bool copied = false;
+        if (be == fen) {
+            ASSERT_OK(tsr_backend_place_tensor(be, w, &dw, &copied));
+            ASSERT_OK(be->ops->buffer_alloc(be, (size_t)(n * cols) * 4, (void **)&dx));
+            ASSERT_OK(tsr_backend_upload(be, dx, x, (size_t)(n * cols) * 4));
+            ASSERT_OK(be->ops->buffer_alloc(be, (size_t)(3 * n * rows) * 4, (void **)&dy));
+        } else {
+            dy = hy;
+        }
+        ASSERT_OK(be->ops->matmul(be, dx, n, &dw, dy));
+        if (be == fen) ASSERT_OK(tsr_backend_download(be, hy, dy, (size_t)(n * rows) * 4));
+        if (memcmp(hy, want, (size_t)(n * rows) * 4))
+            TSR_FAIL_("backend %d: matmul %lldx%lld n %lld differs", b, (long long)rows,
+                      (long long)cols, (long long)n);
+        ASSERT_OK(be->ops->matmul_parts(be, dx, n, &dw, seg, 3, false, dy));
+        if (be == fen) ASSERT_OK(tsr_backend_download(be, hy, dy, (size_t)(3 * n * rows) * 4));
+        if (memcmp(hy, wantp, (size_t)(3 * n * rows) * 4))
+            TSR_FAIL_("backend %d: matmul_parts n %lld differs", b, (long long)n);
+        int32_t cut[3] = {0, bad, (int32_t)cols};
+        ASSERT_EQ_INT(be->ops->matmul_parts(be, dx, n, &dw, cut, 2, true, dy),
+                      TSR_ERR_UNSUPPORTED);
+        if (be == fen) {
+            be->ops->buffer_free(be, dx);
+            be->ops->buffer_free(be, dy);
+            if (copied) be->ops->buffer_free(be, (void *)dw.data);
+        }
+        tsr_free(hy);
+    }
 }
 
 #endif

@@ -386,14 +386,18 @@ static tsr_status tsr__qblock_run(tsr__cpu_ctx *c, const float *x, int64_t n,
     return TSR_OK;
 }
 
+/* Whether W runs on tsr__qblock_run: a block-quantized dtype in a shape its kernels take. */
+static bool tsr__qblock_fits(const tsr_tensor *w) {
+    if (w->dtype == TSR_Q8_0 || tsr_q4_is(w->dtype)) return tsr_q8_fits(w->rows, w->cols);
+    return w->dtype == TSR_Q4_K && tsr_q4k_fits(w->rows, w->cols);
+}
+
 tsr_status tsr__cpu_matmul(tsr_backend *be, const float *x, int64_t n, const tsr_tensor *w,
                            float *y) {
     tsr__cpu_ctx *c = be->ctx;
     if (n < 0 || !w || w->rows <= 0 || w->cols <= 0)
         return tsr_error_set(TSR_ERR_INVALID, "cpu matmul: bad shape (n=%lld)", (long long)n);
-    if ((w->dtype == TSR_Q8_0 || tsr_q4_is(w->dtype)) && tsr_q8_fits(w->rows, w->cols))
-        return n == 0 ? TSR_OK : tsr__qblock_run(c, x, n, w, NULL, 1, true, y);
-    if (w->dtype == TSR_Q4_K && tsr_q4k_fits(w->rows, w->cols))
+    if (tsr__qblock_fits(w))
         return n == 0 ? TSR_OK : tsr__qblock_run(c, x, n, w, NULL, 1, true, y);
     if (w->dtype != TSR_F32 && w->dtype != TSR_BF16 && w->dtype != TSR_F16)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu matmul: weight dtype %d",
@@ -542,12 +546,7 @@ tsr_status tsr__cpu_matmul_parts(tsr_backend *be, const float *x, int64_t n,
     if (n < 0 || !w || w->rows <= 0 || w->cols < 0 || n_parts < 1 || !seg)
         return tsr_error_set(TSR_ERR_INVALID, "cpu matmul_parts: bad shape (n=%lld, %d parts)",
                              (long long)n, n_parts);
-    if ((w->dtype == TSR_Q8_0 || tsr_q4_is(w->dtype)) && tsr_q8_fits(w->rows, w->cols) &&
-        seg[n_parts] <= w->cols &&
-        seg[0] >= 0)
-        return n == 0 ? TSR_OK : tsr__qblock_run(c, x, n, w, seg, n_parts, sum, y);
-    if (w->dtype == TSR_Q4_K && tsr_q4k_fits(w->rows, w->cols) && seg[n_parts] <= w->cols &&
-        seg[0] >= 0)
+    if (tsr__qblock_fits(w) && seg[n_parts] <= w->cols && seg[0] >= 0)
         return n == 0 ? TSR_OK : tsr__qblock_run(c, x, n, w, seg, n_parts, sum, y);
     if (w->dtype != TSR_F32 && w->dtype != TSR_BF16 && w->dtype != TSR_F16)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu matmul_parts: weight dtype %d",

@@ -279,40 +279,7 @@ TSR_TEST(test_backends) {
                           a.s + i * nb * 8, 1, bseg, 3, false, wantp + i * rows, rows, n * rows);
             }
             tsr_backend *bes[3] = {cpu1, cpu2, fen};
-            for (int b = 0; b < (have_fenced ? 3 : 2); b++) {
-                tsr_backend *be = bes[b];
-                tsr_tensor dw = w;
-                float *dx = x, *dy = NULL, *hy = tsr_malloc((size_t)(3 * n * rows) * 4);
-                bool copied = false;
-                if (be == fen) {
-                    ASSERT_OK(tsr_backend_place_tensor(be, &w, &dw, &copied));
-                    ASSERT_OK(be->ops->buffer_alloc(be, (size_t)(n * cols) * 4, (void **)&dx));
-                    ASSERT_OK(tsr_backend_upload(be, dx, x, (size_t)(n * cols) * 4));
-                    ASSERT_OK(be->ops->buffer_alloc(be, (size_t)(3 * n * rows) * 4,
-                                                    (void **)&dy));
-                } else {
-                    dy = hy;
-                }
-                ASSERT_OK(be->ops->matmul(be, dx, n, &dw, dy));
-                if (be == fen) ASSERT_OK(tsr_backend_download(be, hy, dy, (size_t)(n * rows) * 4));
-                if (memcmp(hy, want, (size_t)(n * rows) * 4))
-                    TSR_FAIL_("backend %d: matmul %lldx%lld n %lld differs", b, (long long)rows,
-                              (long long)cols, (long long)n);
-                ASSERT_OK(be->ops->matmul_parts(be, dx, n, &dw, seg, 3, false, dy));
-                if (be == fen)
-                    ASSERT_OK(tsr_backend_download(be, hy, dy, (size_t)(3 * n * rows) * 4));
-                if (memcmp(hy, wantp, (size_t)(3 * n * rows) * 4))
-                    TSR_FAIL_("backend %d: matmul_parts n %lld differs", b, (long long)n);
-                int32_t bad[3] = {0, 128, (int32_t)cols};
-                ASSERT_EQ_INT(be->ops->matmul_parts(be, dx, n, &dw, bad, 2, true, dy),
-                              TSR_ERR_UNSUPPORTED);
-                if (be == fen) {
-                    be->ops->buffer_free(be, dx);
-                    be->ops->buffer_free(be, dy);
-                    if (copied) be->ops->buffer_free(be, (void *)dw.data);
-                }
-                tsr_free(hy);
-            }
+            qt_backends_agree(bes, have_fenced ? 3 : 2, fen, &w, x, n, seg, 128, want, wantp);
             free_act(&a);
             tsr_free(want);
             tsr_free(wantp);
