@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/dtype.h"
 #include "kernels/backend.h"
 #include "tests/test.h"
 
@@ -116,7 +117,7 @@ static inline void qt_variant_vs_scalar(const char *name, const void *ref, const
 /* The backends bes[0..n_be) (fen, when one of them, is the fenced device: W placed, x and y
  * in its memory) give the scalar kernel's bits: matmul of w (n inputs x) equals want
  * [n, rows], matmul_parts over the three parts seg[0..3] apart equals wantp [3, n, rows];
- * a part boundary at column `bad` (inside a block) is refused. */
+ * a part boundary at column `bad` (inside a block) is refused, naming the dtype. */
 static inline void qt_backends_agree(tsr_backend *const *bes, int n_be, const tsr_backend *fen,
                                      const tsr_tensor *w, const float *x, int64_t n,
                                      const int32_t *seg, int32_t bad, const float *want,
@@ -147,6 +148,7 @@ static inline void qt_backends_agree(tsr_backend *const *bes, int n_be, const ts
         int32_t cut[3] = {0, bad, (int32_t)cols};
         ASSERT_EQ_INT(be->ops->matmul_parts(be, dx, n, &dw, cut, 2, true, dy),
                       TSR_ERR_UNSUPPORTED);
+        ASSERT_STR_CONTAINS(tsr_last_error(), tsr_dtype_name(w->dtype));
         if (be == fen) {
             be->ops->buffer_free(be, dx);
             be->ops->buffer_free(be, dy);

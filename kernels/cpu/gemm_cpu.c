@@ -15,6 +15,7 @@
 #include "kernels/cpu/quant_q4k_internal.h"
 #include "kernels/cpu/quant_q8_internal.h"
 #include "base/alloc.h"
+#include "base/dtype.h"
 
 /* Up to this many input rows the matvec kernels (W streamed once, each row block reused from
  * L1/L2 by every group of 4 rows: tsr__matvec_run) beat OpenBLAS sgemm, whose packing of
@@ -304,7 +305,7 @@ static tsr_status tsr__qact_begin(tsr__cpu_ctx *c, const float *x, int64_t n,
     q->n_parts = 1;
     q->sum = true;
     if (seg) {
-        TSR_TRY(tsr__block_parts(seg, n_parts, block, q4k ? "q4_k" : "q8_0", q->small,
+        TSR_TRY(tsr__block_parts(seg, n_parts, block, tsr_dtype_name(w->dtype), q->small,
                                  &q->bseg));
         q->n_parts = n_parts;
         q->sum = sum;
