@@ -84,10 +84,7 @@ def types_file():
     ref = {}
     for t in [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K]:
         add(w, "t." + t.name, t, 2, 256, ref)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_and_close(w)
     with open(os.path.join(OUT, "types_expected.f32"), "wb") as f:
         for name in ref:
             f.write(ref[name].astype("<f4").tobytes())
@@ -105,29 +102,32 @@ def bytes_to_unicode():
     return dict(zip(bs, map(chr, cs)))
 
 
-def tiny_llama(path=None, small=False):
-    """small: the fuzz seed (dim 32, row-32 block types only); else the unit-test model."""
-    path = path or os.path.join(OUT, "tiny_llama.gguf")
-    dim, hidden, heads, kv, hd = (32, 32, 2, 1, 16) if small else (256, 256, 4, 2, 64)
+def llama_writer(path, layers, dim, hidden, heads, kv, hd, theta, eps):
+    """A GGUFWriter for a llama with its hyperparameters set (context 128)."""
     w = gguf.GGUFWriter(path, "llama")
-    w.add_block_count(1)
+    w.add_block_count(layers)
     w.add_context_length(128)
     w.add_embedding_length(dim)
     w.add_feed_forward_length(hidden)
     w.add_head_count(heads)
     w.add_head_count_kv(kv)
-    w.add_rope_freq_base(50000.0)
-    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(theta)
+    w.add_layer_norm_rms_eps(eps)
     w.add_rope_dimension_count(hd)
-    # tokenizer: byte tokens (GPT-2 byte map), merges " t"+"h"... , control tokens
+    return w
+
+
+def add_gpt2_tokenizer(w, merges, vocab=300):
+    """A small gpt2 tokenizer (pre = smollm): the 256 byte tokens (GPT-2 byte map), one token
+    per merge, <|im_start|> (bos) and <|im_end|> (eos), padded to `vocab`. Returns the
+    tokens."""
     b2u = bytes_to_unicode()
     toks = [b2u[b] for b in range(256)]
-    merges = [("Ġ", "t"), ("Ġt", "h"), ("Ġth", "e"), ("1", "2")]
     for a, b in merges:
         toks.append(a + b)
     toks += ["<|im_start|>", "<|im_end|>"]
     types = [1] * (len(toks) - 2) + [3, 3]
-    while len(toks) < 300:
+    while len(toks) < vocab:
         toks.append("[PAD%d]" % len(toks))
         types.append(4)
     w.add_tokenizer_model("gpt2")
@@ -138,6 +138,23 @@ def tiny_llama(path=None, small=False):
     w.add_bos_token_id(256 + len(merges))
     w.add_eos_token_id(256 + len(merges) + 1)
     w.add_add_bos_token(False)
+    return toks
+
+
+def write_and_close(w):
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def tiny_llama(path=None, small=False):
+    """small: the fuzz seed (dim 32, row-32 block types only); else the unit-test model."""
+    path = path or os.path.join(OUT, "tiny_llama.gguf")
+    dim, hidden, heads, kv, hd = (32, 32, 2, 1, 16) if small else (256, 256, 4, 2, 64)
+    w = llama_writer(path, 1, dim, hidden, heads, kv, hd, 50000.0, 1e-6)
+    merges = [("Ġ", "t"), ("Ġt", "h"), ("Ġth", "e"), ("1", "2")]
+    toks = add_gpt2_tokenizer(w, merges)
     vocab = len(toks)
     ref = {}
     add(w, "token_embd.weight", T.Q8_0, vocab, dim, ref)
@@ -160,10 +177,7 @@ def tiny_llama(path=None, small=False):
             ref[full] = x.reshape(1, c)
         else:
             add(w, full, t, r, c, ref)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_and_close(w)
     if small:
         return
     exp = {"dim": dim, "hidden": hidden, "heads": heads, "kv_heads": kv, "head_dim": hd,

@@ -28,9 +28,11 @@ import os
 import sys
 
 import numpy as np
-import gguf
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
+
+# the GGUF model writing of tools/make_gguf_testdata.py (this script's folder is on sys.path)
+from make_gguf_testdata import add_gpt2_tokenizer, llama_writer, write_and_close
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 OUT = os.path.join(ROOT, "tests", "data", "q4k")
@@ -136,44 +138,10 @@ def goldens():
             f.write(q.tobytes() + d.astype("<f4").tobytes() + s.astype("<i4").tobytes())
 
 
-def bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
 def tiny_model(name="tiny_q4k.gguf", dim=512, hidden=512, heads=2, kv=1, hd=256, layers=2,
                offset=True):
-    w = gguf.GGUFWriter(os.path.join(OUT, name), "llama")
-    w.add_block_count(layers)
-    w.add_context_length(128)
-    w.add_embedding_length(dim)
-    w.add_feed_forward_length(hidden)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(hd)
-    b2u = bytes_to_unicode()
-    toks = [b2u[b] for b in range(256)] + ["<|im_start|>", "<|im_end|>"]
-    types = [1] * 256 + [3, 3]
-    while len(toks) < 300:
-        toks.append("[PAD%d]" % len(toks))
-        types.append(4)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(toks)
-    w.add_token_types(types)
-    w.add_token_merges([])
-    w.add_bos_token_id(256)
-    w.add_eos_token_id(257)
-    w.add_add_bos_token(False)
+    w = llama_writer(os.path.join(OUT, name), layers, dim, hidden, heads, kv, hd, 10000.0, 1e-5)
+    toks = add_gpt2_tokenizer(w, [])
 
     def q4k(name, rows, cols, sigma):
         w.add_tensor(name, matrix(rows, cols, sigma, offset=offset), raw_dtype=T.Q4_K)
@@ -191,10 +159,7 @@ def tiny_model(name="tiny_q4k.gguf", dim=512, hidden=512, heads=2, kv=1, hd=256,
         q4k("blk.%d.ffn_gate.weight" % l, hidden, dim, s)
         q4k("blk.%d.ffn_up.weight" % l, hidden, dim, s)
         q4k("blk.%d.ffn_down.weight" % l, dim, hidden, s)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_and_close(w)
 
 
 def main():

@@ -15,6 +15,7 @@
 #include "kernels/cpu/quant_q4k_internal.h"
 #include "kernels/cpu/quant_q8_internal.h"
 #include "base/alloc.h"
+#include "base/dtype.h"
 
 /* Up to this many input rows the matvec kernels (W streamed once, each row block reused from
  * L1/L2 by every group of 4 rows: tsr__matvec_run) beat OpenBLAS sgemm, whose packing of
@@ -38,10 +39,10 @@ static void tsr__matvec_rows(const tsr__cpu_kernels *k, const tsr_tensor *w, con
     case TSR_BF16: k->matvec_bf16(w->data, w->cols, r0, r1, x, nx, y, w->rows); break;
     case TSR_F16: k->matvec_f16(w->data, w->cols, r0, r1, x, nx, y, w->rows); break;
     case TSR_U8: break; /* refused by tsr__cpu_matmul */
-    case TSR_Q8_0: /* tsr__q8_run */
+    case TSR_Q8_0: /* tsr__qblock_run */
     case TSR_Q4_0:
     case TSR_Q4_1:
-    case TSR_Q4_K: break; /* tsr__q4k_run */
+    case TSR_Q4_K: break; /* tsr__qblock_run */
     case TSR_F8_E4M3: break; /* refused: the engine converts FP8 to Q8_0 for the CPU */
     }
 }
@@ -80,10 +81,10 @@ static void tsr__matvec_seg_rows(const tsr__cpu_kernels *k, const tsr_tensor *w,
                           ldp);
         break;
     case TSR_U8: break; /* refused by tsr__cpu_matmul_parts */
-    case TSR_Q8_0: /* tsr__q8_run */
+    case TSR_Q8_0: /* tsr__qblock_run */
     case TSR_Q4_0:
     case TSR_Q4_1:
-    case TSR_Q4_K: break; /* tsr__q4k_run */
+    case TSR_Q4_K: break; /* tsr__qblock_run */
     case TSR_F8_E4M3: break; /* refused: the engine converts FP8 to Q8_0 for the CPU */
     }
 }
@@ -238,61 +239,124 @@ static tsr_status tsr__gemm_panels(tsr__cpu_ctx *c, const float *x, int64_t n,
 
 /* ---- Q8_0 weights (quant_q8.h): W8A8 with GGUF's numerics, decode and prefill alike ---- */
 
-/* Groups of 16 rows per OpenMP work item of the Q8_0 matmul (32 rows, the f32 row block). */
+/* Groups of 16 rows per OpenMP work item of the block-quantized matmuls (32 rows, the f32
+ * row block). */
 #define TSR__CPU_Q8_BLOCK_GROUPS 2
+/* Part counts up to this convert their boundaries on the stack. */
+#define TSR__CPU_SMALL_PARTS 64
 
-/* y = x . W^T for a Q8_0 W, per column part as matmul_parts (seg == NULL: one part, summed):
- * every input row is quantized per 32-column block first (the same quantizer as the
- * weights), then the int8 kernel runs over fixed blocks of rows, each serving all inputs 4
- * at a time while it is in L1/L2, so W streams from memory once for decode and prefill
- * alike; each output's operations do not depend on the thread count or on n. Part
- * boundaries must be multiples of 32 (the loaders keep such matrices in BF16 otherwise).
- * Q4_0 / Q4_1 W (kernels/cpu/quant_q4.h) run the same way on their own kernels, Q4_1 with
- * the activation blocks' sums as llama.cpp's Q8_1 has them. */
-static tsr_status tsr__q8_run(tsr__cpu_ctx *c, const float *x, int64_t n, const tsr_tensor *w,
-                              const int32_t *seg, int n_parts, bool sum, float *y) {
-    int64_t rows = w->rows, cols = w->cols, nb = cols / TSR_Q8_BLOCK;
-    int32_t whole[2] = {0, (int32_t)nb}, small[65], *bseg = whole;
-    if (seg) {
-        bseg = n_parts < 65 ? small : tsr_malloc((size_t)(n_parts + 1) * sizeof *bseg);
-        if (!bseg) return TSR_ERR_NOMEM;
-        for (int p = 0; p <= n_parts; p++) {
-            if (seg[p] % TSR_Q8_BLOCK) {
-                if (bseg != small) tsr_free(bseg);
-                return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu matmul_parts: q8_0 part "
-                                     "boundary %d is not a multiple of 32", (int)seg[p]);
-            }
-            bseg[p] = seg[p] / TSR_Q8_BLOCK;
+/* Part boundaries seg[0..n_parts] (columns) in blocks of `block` columns: into `small`
+ * (TSR__CPU_SMALL_PARTS + 1 entries) when they fit, else a heap array the caller frees
+ * (*bseg != small). A boundary inside a block is refused: the kernels reduce whole blocks
+ * (the loaders keep, convert or expand such matrices). */
+static tsr_status tsr__block_parts(const int32_t *seg, int n_parts, int32_t block,
+                                   const char *dtype_name, int32_t *small, int32_t **bseg) {
+    int32_t *b = n_parts <= TSR__CPU_SMALL_PARTS
+                     ? small
+                     : tsr_malloc((size_t)(n_parts + 1) * sizeof *b);
+    if (!b) return TSR_ERR_NOMEM;
+    for (int p = 0; p <= n_parts; p++) {
+        if (seg[p] % block) {
+            if (b != small) tsr_free(b);
+            return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu matmul_parts: %s part boundary %d "
+                                 "is not a multiple of %d", dtype_name, (int)seg[p],
+                                 (int)block);
         }
-    } else {
-        n_parts = 1;
-        sum = true;
+        b[p] = seg[p] / block;
     }
-    /* int8 values, then f32 scales, int32 block sums and (Q4_1) f32 block sums, in one
-     * float scratch */
-    size_t nq = (size_t)n * (size_t)cols, ns = (size_t)n * (size_t)nb;
-    tsr_status st = tsr__cpu_scratch(&c->q8x, &c->q8x_cap, (nq + 3) / 4 + 3 * ns);
+    *bseg = b;
+    return TSR_OK;
+}
+
+/* The activations of a block-quantized matmul, quantized as its kernels read them (one
+ * float scratch: int8 values, then f32 scales, int32 block sums and, for Q4_1, f32 block
+ * sums), and its part boundaries in blocks. */
+typedef struct tsr__qact {
+    int64_t nb;   /* blocks per row */
+    int64_t nsum; /* int32 sums per block: 1, or Q4_K's sub-blocks */
+    int8_t *xq;
+    float *xd;
+    int32_t *xs;
+    float *xm;
+    int32_t whole[2], small[TSR__CPU_SMALL_PARTS + 1], *bseg;
+    int n_parts;
+    bool sum;
+} tsr__qact;
+
+static void tsr__qact_free(tsr__qact *q) {
+    if (q->bseg != q->small && q->bseg != q->whole) tsr_free(q->bseg);
+}
+
+/* The preamble every block-quantized W shares: the part boundaries in blocks (seg == NULL:
+ * one part, summed), the scratch, and each input row quantized per block (Q8_0 / Q4_0 /
+ * Q4_1: per 32 columns as the Q8_0 weights, Q4_1 adding llama.cpp's Q8_1 block sums; Q4_K:
+ * per 256 as llama.cpp's Q8_K). Rows are independent, so the thread count changes no bit. */
+static tsr_status tsr__qact_begin(tsr__cpu_ctx *c, const float *x, int64_t n,
+                                  const tsr_tensor *w, const int32_t *seg, int n_parts,
+                                  bool sum, tsr__qact *q) {
+    bool q4k = w->dtype == TSR_Q4_K, q41 = w->dtype == TSR_Q4_1;
+    int32_t block = q4k ? TSR_Q4K_BLOCK : TSR_Q8_BLOCK;
+    int64_t cols = w->cols;
+    q->nb = cols / block;
+    q->nsum = q4k ? TSR__Q4K_SUB : 1;
+    q->whole[0] = 0;
+    q->whole[1] = (int32_t)q->nb;
+    q->bseg = q->whole;
+    q->n_parts = 1;
+    q->sum = true;
+    if (seg) {
+        TSR_TRY(tsr__block_parts(seg, n_parts, block, tsr_dtype_name(w->dtype), q->small,
+                                 &q->bseg));
+        q->n_parts = n_parts;
+        q->sum = sum;
+    }
+    size_t nq = (size_t)n * (size_t)cols, ns = (size_t)n * (size_t)q->nb;
+    tsr_status st = tsr__cpu_scratch(&c->q8x, &c->q8x_cap,
+                                     (nq + 3) / 4 + ns * (q4k ? 1 + TSR__Q4K_SUB : 3));
     if (st != TSR_OK) {
-        if (bseg != small && bseg != whole) tsr_free(bseg);
+        tsr__qact_free(q);
         return st;
     }
-    int8_t *xq = (int8_t *)c->q8x;
-    float *xd = c->q8x + (nq + 3) / 4;
-    int32_t *xs = (int32_t *)(xd + ns);
-    float *xm = xd + 2 * ns;
+    q->xq = (int8_t *)c->q8x;
+    q->xd = c->q8x + (nq + 3) / 4;
+    q->xs = (int32_t *)(q->xd + ns);
+    q->xm = q->xd + 2 * ns;
     const tsr__q8_kernels *k = tsr__q8_kernels_get();
-    tsr__q4_gemv_fn g4 = tsr_q4_is(w->dtype) ? tsr__q4_gemv_for(tsr__q4_kernels_get(), w->dtype)
-                                             : NULL;
-    bool q41 = w->dtype == TSR_Q4_1;
+    int64_t nb = q->nb, nsb = q->nb * q->nsum;
     int qpar = c->threads > 1 && n >= 16;
 #pragma omp parallel for num_threads(c->threads) schedule(static) if (qpar)
     for (int64_t i = 0; i < n; i++) {
-        k->quant_act(x + (size_t)i * (size_t)cols, cols, xq + (size_t)i * (size_t)cols,
-                     xd + (size_t)i * (size_t)nb, xs + (size_t)i * (size_t)nb);
-        if (q41)
-            tsr__q4_act_msum(x + (size_t)i * (size_t)cols, cols, xs + (size_t)i * (size_t)nb,
-                             xm + (size_t)i * (size_t)nb);
+        const float *xi = x + (size_t)i * (size_t)cols;
+        int8_t *xqi = q->xq + (size_t)i * (size_t)cols;
+        int32_t *xsi = q->xs + (size_t)i * (size_t)nsb;
+        if (q4k) {
+            tsr__q4k_quantize_act(xi, cols, xqi, q->xd + (size_t)i * (size_t)nb, xsi);
+        } else {
+            k->quant_act(xi, cols, xqi, q->xd + (size_t)i * (size_t)nb, xsi);
+            if (q41) tsr__q4_act_msum(xi, cols, xsi, q->xm + (size_t)i * (size_t)nb);
+        }
     }
+    return TSR_OK;
+}
+
+/* y = x . W^T for a Q8_0, Q4_0, Q4_1 or Q4_K W, per column part as matmul_parts (seg ==
+ * NULL: one part, summed): the inputs quantized first (tsr__qact_begin), then W's
+ * integer kernel (kernels/cpu/quant_q8.h, quant_q4.h, quant_q4k.h) runs over fixed blocks
+ * of row groups, each serving all inputs 4 at a time while it is in L1/L2, so W streams
+ * from memory once for decode and prefill alike; each output's operations do not depend on
+ * the thread count or on n. Part boundaries must be multiples of the block (32, Q4_K 256;
+ * the loaders keep or expand other matrices). */
+static tsr_status tsr__qblock_run(tsr__cpu_ctx *c, const float *x, int64_t n,
+                                  const tsr_tensor *w, const int32_t *seg, int n_parts,
+                                  bool sum, float *y) {
+    tsr__qact q;
+    TSR_TRY(tsr__qact_begin(c, x, n, w, seg, n_parts, sum, &q));
+    int64_t rows = w->rows, cols = w->cols, nb = q.nb, nsb = q.nb * q.nsum;
+    const tsr__q8_kernels *k8 = tsr__q8_kernels_get();
+    tsr__q4_gemv_fn g4 = tsr_q4_is(w->dtype) ? tsr__q4_gemv_for(tsr__q4_kernels_get(), w->dtype)
+                                             : NULL;
+    tsr__q4k_gemv_fn gk = w->dtype == TSR_Q4_K ? tsr__q4k_kernels_get()->gemv : NULL;
+    /* every format packs 16-row groups (the _Static_asserts of the *_internal.h) */
     int64_t ng = (rows + TSR_Q8_GROUP - 1) / TSR_Q8_GROUP;
     int64_t nblk = (ng + TSR__CPU_Q8_BLOCK_GROUPS - 1) / TSR__CPU_Q8_BLOCK_GROUPS;
     int64_t ldp = n * rows;
@@ -304,79 +368,29 @@ static tsr_status tsr__q8_run(tsr__cpu_ctx *c, const float *x, int64_t n, const 
         int64_t g1 = g0 + TSR__CPU_Q8_BLOCK_GROUPS < ng ? g0 + TSR__CPU_Q8_BLOCK_GROUPS : ng;
         for (int64_t i0 = 0; i0 < n; i0 += 4) {
             int nx = n - i0 < 4 ? (int)(n - i0) : 4;
-            if (g4)
-                g4(w->data, nb, rows, g0, g1, xq + (size_t)i0 * (size_t)cols,
-                   xd + (size_t)i0 * (size_t)nb, xs + (size_t)i0 * (size_t)nb,
-                   xm + (size_t)i0 * (size_t)nb, nx, bseg, n_parts, sum,
-                   y + (size_t)i0 * (size_t)rows, rows, ldp);
+            const int8_t *xq = q.xq + (size_t)i0 * (size_t)cols;
+            const float *xd = q.xd + (size_t)i0 * (size_t)nb;
+            const int32_t *xs = q.xs + (size_t)i0 * (size_t)nsb;
+            float *yi = y + (size_t)i0 * (size_t)rows;
+            if (gk)
+                gk(w->data, nb, rows, g0, g1, xq, xd, xs, nx, q.bseg, q.n_parts, q.sum, yi,
+                   rows, ldp);
+            else if (g4)
+                g4(w->data, nb, rows, g0, g1, xq, xd, xs, q.xm + (size_t)i0 * (size_t)nb, nx,
+                   q.bseg, q.n_parts, q.sum, yi, rows, ldp);
             else
-                k->gemv(w->data, nb, rows, g0, g1, xq + (size_t)i0 * (size_t)cols,
-                        xd + (size_t)i0 * (size_t)nb, xs + (size_t)i0 * (size_t)nb, nx, bseg,
-                        n_parts, sum, y + (size_t)i0 * (size_t)rows, rows, ldp);
+                k8->gemv(w->data, nb, rows, g0, g1, xq, xd, xs, nx, q.bseg, q.n_parts, q.sum,
+                         yi, rows, ldp);
         }
     }
-    if (bseg != small && bseg != whole) tsr_free(bseg);
+    tsr__qact_free(&q);
     return TSR_OK;
 }
 
-/* y = x . W^T for a Q4_K W (kernels/cpu/quant_q4k.h), as tsr__q8_run: each input row is
- * quantized per 256-column block as llama.cpp's Q8_K first, then the Q4_K kernel runs over
- * fixed blocks of row groups, each serving all inputs 4 at a time. Part boundaries must be
- * multiples of 256 (the GGUF loader expands a Q4_K matrix whose reduction parts are not). */
-static tsr_status tsr__q4k_run(tsr__cpu_ctx *c, const float *x, int64_t n, const tsr_tensor *w,
-                               const int32_t *seg, int n_parts, bool sum, float *y) {
-    int64_t rows = w->rows, cols = w->cols, nb = cols / TSR_Q4K_BLOCK;
-    int32_t whole[2] = {0, (int32_t)nb}, small[65], *bseg = whole;
-    if (seg) {
-        bseg = n_parts < 65 ? small : tsr_malloc((size_t)(n_parts + 1) * sizeof *bseg);
-        if (!bseg) return TSR_ERR_NOMEM;
-        for (int p = 0; p <= n_parts; p++) {
-            if (seg[p] % TSR_Q4K_BLOCK) {
-                if (bseg != small) tsr_free(bseg);
-                return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu matmul_parts: q4_k part "
-                                     "boundary %d is not a multiple of 256", (int)seg[p]);
-            }
-            bseg[p] = seg[p] / TSR_Q4K_BLOCK;
-        }
-    } else {
-        n_parts = 1;
-        sum = true;
-    }
-    /* int8 values, then f32 scales and int32 sub-block sums, in one float scratch */
-    size_t nq = (size_t)n * (size_t)cols, ns = (size_t)n * (size_t)nb;
-    tsr_status st = tsr__cpu_scratch(&c->q8x, &c->q8x_cap, (nq + 3) / 4 + ns * (1 + TSR__Q4K_SUB));
-    if (st != TSR_OK) {
-        if (bseg != small && bseg != whole) tsr_free(bseg);
-        return st;
-    }
-    int8_t *xq = (int8_t *)c->q8x;
-    float *xd = c->q8x + (nq + 3) / 4;
-    int32_t *xs = (int32_t *)(xd + ns);
-    const tsr__q4k_kernels *k = tsr__q4k_kernels_get();
-    int qpar = c->threads > 1 && n >= 16;
-#pragma omp parallel for num_threads(c->threads) schedule(static) if (qpar)
-    for (int64_t i = 0; i < n; i++)
-        tsr__q4k_quantize_act(x + (size_t)i * (size_t)cols, cols, xq + (size_t)i * (size_t)cols,
-                              xd + (size_t)i * (size_t)nb,
-                              xs + (size_t)i * (size_t)nb * TSR__Q4K_SUB);
-    int64_t ng = (rows + TSR_Q4K_GROUP - 1) / TSR_Q4K_GROUP;
-    int64_t nblk = (ng + TSR__CPU_Q8_BLOCK_GROUPS - 1) / TSR__CPU_Q8_BLOCK_GROUPS;
-    int64_t ldp = n * rows;
-    int par = c->threads > 1 && nblk > 1 &&
-              (rows * cols >= TSR__CPU_PAR_MIN || n * rows * cols >= TSR__CPU_GEMM_PAR_MIN);
-#pragma omp parallel for num_threads(c->threads) schedule(static) if (par)
-    for (int64_t blk = 0; blk < nblk; blk++) {
-        int64_t g0 = blk * TSR__CPU_Q8_BLOCK_GROUPS;
-        int64_t g1 = g0 + TSR__CPU_Q8_BLOCK_GROUPS < ng ? g0 + TSR__CPU_Q8_BLOCK_GROUPS : ng;
-        for (int64_t i0 = 0; i0 < n; i0 += 4) {
-            int nx = n - i0 < 4 ? (int)(n - i0) : 4;
-            k->gemv(w->data, nb, rows, g0, g1, xq + (size_t)i0 * (size_t)cols,
-                    xd + (size_t)i0 * (size_t)nb, xs + (size_t)i0 * (size_t)nb * TSR__Q4K_SUB,
-                    nx, bseg, n_parts, sum, y + (size_t)i0 * (size_t)rows, rows, ldp);
-        }
-    }
-    if (bseg != small && bseg != whole) tsr_free(bseg);
-    return TSR_OK;
+/* Whether W runs on tsr__qblock_run: a block-quantized dtype in a shape its kernels take. */
+static bool tsr__qblock_fits(const tsr_tensor *w) {
+    if (w->dtype == TSR_Q8_0 || tsr_q4_is(w->dtype)) return tsr_q8_fits(w->rows, w->cols);
+    return w->dtype == TSR_Q4_K && tsr_q4k_fits(w->rows, w->cols);
 }
 
 tsr_status tsr__cpu_matmul(tsr_backend *be, const float *x, int64_t n, const tsr_tensor *w,
@@ -384,10 +398,8 @@ tsr_status tsr__cpu_matmul(tsr_backend *be, const float *x, int64_t n, const tsr
     tsr__cpu_ctx *c = be->ctx;
     if (n < 0 || !w || w->rows <= 0 || w->cols <= 0)
         return tsr_error_set(TSR_ERR_INVALID, "cpu matmul: bad shape (n=%lld)", (long long)n);
-    if ((w->dtype == TSR_Q8_0 || tsr_q4_is(w->dtype)) && tsr_q8_fits(w->rows, w->cols))
-        return n == 0 ? TSR_OK : tsr__q8_run(c, x, n, w, NULL, 1, true, y);
-    if (w->dtype == TSR_Q4_K && tsr_q4k_fits(w->rows, w->cols))
-        return n == 0 ? TSR_OK : tsr__q4k_run(c, x, n, w, NULL, 1, true, y);
+    if (tsr__qblock_fits(w))
+        return n == 0 ? TSR_OK : tsr__qblock_run(c, x, n, w, NULL, 1, true, y);
     if (w->dtype != TSR_F32 && w->dtype != TSR_BF16 && w->dtype != TSR_F16)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu matmul: weight dtype %d",
                              (int)w->dtype);
@@ -535,13 +547,8 @@ tsr_status tsr__cpu_matmul_parts(tsr_backend *be, const float *x, int64_t n,
     if (n < 0 || !w || w->rows <= 0 || w->cols < 0 || n_parts < 1 || !seg)
         return tsr_error_set(TSR_ERR_INVALID, "cpu matmul_parts: bad shape (n=%lld, %d parts)",
                              (long long)n, n_parts);
-    if ((w->dtype == TSR_Q8_0 || tsr_q4_is(w->dtype)) && tsr_q8_fits(w->rows, w->cols) &&
-        seg[n_parts] <= w->cols &&
-        seg[0] >= 0)
-        return n == 0 ? TSR_OK : tsr__q8_run(c, x, n, w, seg, n_parts, sum, y);
-    if (w->dtype == TSR_Q4_K && tsr_q4k_fits(w->rows, w->cols) && seg[n_parts] <= w->cols &&
-        seg[0] >= 0)
-        return n == 0 ? TSR_OK : tsr__q4k_run(c, x, n, w, seg, n_parts, sum, y);
+    if (tsr__qblock_fits(w) && seg[n_parts] <= w->cols && seg[0] >= 0)
+        return n == 0 ? TSR_OK : tsr__qblock_run(c, x, n, w, seg, n_parts, sum, y);
     if (w->dtype != TSR_F32 && w->dtype != TSR_BF16 && w->dtype != TSR_F16)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu matmul_parts: weight dtype %d",
                              (int)w->dtype);

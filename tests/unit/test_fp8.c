@@ -18,26 +18,11 @@
 #include "runtime/format/safetensors.h"
 #include "runtime/model/fp8.h"
 #include "runtime/model/model.h"
+#include "tests/quant_test_util.h"
 #include "tests/test.h"
 
 #define FP8_DIR TSR_SOURCE_DIR "/tests/data/fp8/"
 #define FP8_MODEL TSR_SOURCE_DIR "/tests/data/fp8_synth"
-
-static void *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return b;
-}
 
 /* tsr_fp8_quantize_tensor equals torch's per-channel FP8 bit for bit (codes and scales). */
 TSR_TEST(test_quantize_matches_torch) {

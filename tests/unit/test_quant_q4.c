@@ -14,23 +14,8 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/quant_q4_internal.h"
 #include "runtime/format/gguf.h"
+#include "tests/quant_test_util.h"
 #include "tests/test.h"
-
-static void *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return b;
-}
 
 static const tsr_dtype TYPES[2] = {TSR_Q4_0, TSR_Q4_1};
 
@@ -114,14 +99,6 @@ TSR_TEST(test_gguf_dequant) {
 
 /* ---- kernels ---- */
 
-static uint64_t rng_state = 88172645463325252ull;
-static float frand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((double)(rng_state >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
-}
-
 static tsr_tensor make_q4(tsr_dtype t, int64_t rows, int64_t cols) {
     tsr_tensor q = {.dtype = t, .rows = rows, .cols = cols};
     float *f = tsr_malloc((size_t)(rows * cols) * 4);
@@ -196,6 +173,26 @@ static double exact_row(tsr_dtype t, const tsr_tensor *w, const qact *a, int i, 
     return e;
 }
 
+typedef struct gemv_case {
+    tsr_dtype t;
+    const tsr_tensor *w;
+    const qact *a;
+} gemv_case;
+
+static void gemv_call(const void *kern, const void *ctx, int64_t g0, int64_t g1, int nx,
+                      const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy,
+                      int64_t ldp) {
+    const gemv_case *c = ctx;
+    tsr__q4_gemv_for(kern, c->t)(c->w->data, c->w->cols / 32, c->w->rows, g0, g1, c->a->qs,
+                                 c->a->d, c->a->s, c->a->m, nx, bseg, n_parts, sum, y, ldy,
+                                 ldp);
+}
+
+static double exact_call(const void *ctx, int i, int64_t r, double *mag) {
+    const gemv_case *c = ctx;
+    return exact_row(c->t, c->w, c->a, i, r, mag);
+}
+
 TSR_TEST(test_kernels_equal_scalar) {
     const tsr__q4_kernels *ref = tsr__q4_kernels_for(TSR__Q8_SCALAR);
     int64_t rows_list[] = {1, 15, 17, 33, 48};
@@ -218,41 +215,11 @@ TSR_TEST(test_kernels_equal_scalar) {
                     float *x = tsr_malloc((size_t)(4 * cols) * 4);
                     for (int64_t i = 0; i < 4 * cols; i++) x[i] = frand() * 3.0f;
                     qact a = make_act(x, 4, cols);
-                    int64_t ng = (rows + 15) / 16;
-                    int32_t one[2] = {0, (int32_t)nb};
-                    int32_t three[4] = {0, (int32_t)(nb / 3), (int32_t)(nb / 3), (int32_t)nb};
-                    for (int nx = 1; nx <= 4; nx++)
-                        for (int mode = 0; mode < 3; mode++) {
-                            const int32_t *bs = mode == 0 ? one : three;
-                            int np = mode == 0 ? 1 : 3;
-                            bool sum = mode != 2;
-                            size_t ny = (size_t)(np * 4 * rows);
-                            float *y0 = tsr_calloc(ny, 4), *y1 = tsr_calloc(ny, 4);
-                            tsr__q4_gemv_fn f0 = tsr__q4_gemv_for(ref, t), f1 = tsr__q4_gemv_for(k, t);
-                            f0(w.data, nb, rows, 0, ng, a.qs, a.d, a.s, a.m, nx, bs, np, sum, y0,
-                               rows, 4 * rows);
-                            /* the variant in two row ranges: the same bits as one call */
-                            f1(w.data, nb, rows, 0, ng / 2, a.qs, a.d, a.s, a.m, nx, bs, np, sum,
-                               y1, rows, 4 * rows);
-                            f1(w.data, nb, rows, ng / 2, ng, a.qs, a.d, a.s, a.m, nx, bs, np, sum,
-                               y1, rows, 4 * rows);
-                            if (memcmp(y0, y1, ny * 4))
-                                TSR_FAIL_("%s %s: rows %lld cols %lld nx %d mode %d differ from "
-                                          "scalar", k->name, tsr_dtype_name(t), (long long)rows,
-                                          (long long)cols, nx, mode);
-                            if (v == 0 && mode == 0)
-                                for (int i = 0; i < nx; i++)
-                                    for (int64_t r = 0; r < rows; r++) {
-                                        double mag, e = exact_row(t, &w, &a, i, r, &mag);
-                                        double g = y0[i * rows + r];
-                                        if (fabs(g - e) > 1e-6 * mag + 1e-30)
-                                            TSR_FAIL_("scalar %s: row %lld: %g vs exact %g (mag "
-                                                      "%g)", tsr_dtype_name(t), (long long)r, g,
-                                                      e, mag);
-                                    }
-                            tsr_free(y0);
-                            tsr_free(y1);
-                        }
+                    gemv_case gc = {t, &w, &a};
+                    char name[64];
+                    snprintf(name, sizeof name, "%s %s", k->name, tsr_dtype_name(t));
+                    qt_variant_vs_scalar(name, ref, k, gemv_call, &gc, rows, nb,
+                                         v == 0 ? exact_call : NULL);
                     free_act(&a);
                     tsr_free(x);
                     tsr_free((void *)w.data);
@@ -319,43 +286,7 @@ TSR_TEST(test_backends) {
                        n * rows);
                 }
                 tsr_backend *bes[3] = {cpu1, cpu2, fen};
-                for (int b = 0; b < (have_fenced ? 3 : 2); b++) {
-                    tsr_backend *be = bes[b];
-                    tsr_tensor dw = w;
-                    float *dx = x, *dy = NULL, *hy = tsr_malloc((size_t)(3 * n * rows) * 4);
-                    bool copied = false;
-                    if (be == fen) {
-                        ASSERT_OK(tsr_backend_place_tensor(be, &w, &dw, &copied));
-                        ASSERT_OK(be->ops->buffer_alloc(be, (size_t)(n * cols) * 4, (void **)&dx));
-                        ASSERT_OK(tsr_backend_upload(be, dx, x, (size_t)(n * cols) * 4));
-                        ASSERT_OK(be->ops->buffer_alloc(be, (size_t)(3 * n * rows) * 4,
-                                                        (void **)&dy));
-                    } else {
-                        dy = hy;
-                    }
-                    ASSERT_OK(be->ops->matmul(be, dx, n, &dw, dy));
-                    if (be == fen)
-                        ASSERT_OK(tsr_backend_download(be, hy, dy, (size_t)(n * rows) * 4));
-                    if (memcmp(hy, want, (size_t)(n * rows) * 4))
-                        TSR_FAIL_("backend %d %s: matmul %lldx%lld n %lld differs", b,
-                                  tsr_dtype_name(t), (long long)rows, (long long)cols,
-                                  (long long)n);
-                    ASSERT_OK(be->ops->matmul_parts(be, dx, n, &dw, seg, 3, false, dy));
-                    if (be == fen)
-                        ASSERT_OK(tsr_backend_download(be, hy, dy, (size_t)(3 * n * rows) * 4));
-                    if (memcmp(hy, wantp, (size_t)(3 * n * rows) * 4))
-                        TSR_FAIL_("backend %d %s: matmul_parts n %lld differs", b,
-                                  tsr_dtype_name(t), (long long)n);
-                    int32_t bad[3] = {0, 16, (int32_t)cols};
-                    ASSERT_EQ_INT(be->ops->matmul_parts(be, dx, n, &dw, bad, 2, true, dy),
-                                  TSR_ERR_UNSUPPORTED);
-                    if (be == fen) {
-                        be->ops->buffer_free(be, dx);
-                        be->ops->buffer_free(be, dy);
-                        if (copied) be->ops->buffer_free(be, (void *)dw.data);
-                    }
-                    tsr_free(hy);
-                }
+                qt_backends_agree(bes, have_fenced ? 3 : 2, fen, &w, x, n, seg, 16, want, wantp);
                 free_act(&a);
                 tsr_free(want);
                 tsr_free(wantp);

@@ -20,25 +20,10 @@
 #include "runtime/exec/forward.h"
 #include "runtime/model/model.h"
 #include "memory/kv_cache.h"
+#include "tests/quant_test_util.h"
 #include "tests/test.h"
 
 #define DATA TSR_SOURCE_DIR "/tests/data/q4k/"
-
-static void *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return b;
-}
 
 enum { GR = 37, GC = 768, GNB = GC / 256 };
 
@@ -132,20 +117,6 @@ TSR_TEST(test_act_quant) {
 
 /* ---- kernels ---- */
 
-static uint64_t rng_state = 88172645463325252ull;
-static float frand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((double)(rng_state >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
-}
-static uint32_t urand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 32);
-}
-
 /* A [rows, cols] Q4_K matrix of random valid blocks: every scale/min bit pattern, codes
  * 0..15, fp16 d and dmin in [1e-3, 1e-2) (some rows' dmin 0). */
 static tsr_tensor make_q4k(int64_t rows, int64_t cols) {
@@ -207,6 +178,25 @@ static double exact_row(const tsr_tensor *w, const qact *a, int i, int64_t r, do
     return e;
 }
 
+typedef struct gemv_case {
+    const tsr_tensor *w;
+    const qact *a;
+} gemv_case;
+
+static void gemv_call(const void *kern, const void *ctx, int64_t g0, int64_t g1, int nx,
+                      const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy,
+                      int64_t ldp) {
+    const gemv_case *c = ctx;
+    ((const tsr__q4k_kernels *)kern)->gemv(c->w->data, c->w->cols / 256, c->w->rows, g0, g1,
+                                           c->a->qs, c->a->d, c->a->s, nx, bseg, n_parts, sum,
+                                           y, ldy, ldp);
+}
+
+static double exact_call(const void *ctx, int i, int64_t r, double *mag) {
+    const gemv_case *c = ctx;
+    return exact_row(c->w, c->a, i, r, mag);
+}
+
 TSR_TEST(test_kernels_equal_scalar) {
     const tsr__q4k_kernels *ref = tsr__q4k_kernels_for(TSR__Q8_SCALAR);
     int64_t rows_list[] = {1, 15, 17, 37};
@@ -226,38 +216,9 @@ TSR_TEST(test_kernels_equal_scalar) {
                 float *x = tsr_malloc((size_t)(4 * cols) * 4);
                 for (int64_t i = 0; i < 4 * cols; i++) x[i] = frand() * (i % 97 ? 3.0f : 40.0f);
                 qact a = make_act(x, 4, cols);
-                int64_t ng = (rows + 15) / 16;
-                int32_t one[2] = {0, (int32_t)nb};
-                int32_t three[4] = {0, (int32_t)(nb / 3), (int32_t)(nb / 3), (int32_t)nb};
-                for (int nx = 1; nx <= 4; nx++)
-                    for (int mode = 0; mode < 3; mode++) {
-                        const int32_t *bs = mode == 0 ? one : three;
-                        int np = mode == 0 ? 1 : 3;
-                        bool sum = mode != 2;
-                        size_t ny = (size_t)(np * 4 * rows);
-                        float *y0 = tsr_calloc(ny, 4), *y1 = tsr_calloc(ny, 4);
-                        ref->gemv(w.data, nb, rows, 0, ng, a.qs, a.d, a.s, nx, bs, np, sum, y0,
-                                  rows, 4 * rows);
-                        /* the variant in two row ranges: the same bits as one call */
-                        k->gemv(w.data, nb, rows, 0, ng / 2, a.qs, a.d, a.s, nx, bs, np, sum, y1,
-                                rows, 4 * rows);
-                        k->gemv(w.data, nb, rows, ng / 2, ng, a.qs, a.d, a.s, nx, bs, np, sum,
-                                y1, rows, 4 * rows);
-                        if (memcmp(y0, y1, ny * 4))
-                            TSR_FAIL_("%s: rows %lld cols %lld nx %d mode %d differ from scalar",
-                                      k->name, (long long)rows, (long long)cols, nx, mode);
-                        if (v == 0 && mode == 0)
-                            for (int i = 0; i < nx; i++)
-                                for (int64_t r = 0; r < rows; r++) {
-                                    double mag, e = exact_row(&w, &a, i, r, &mag);
-                                    double g = y0[i * rows + r];
-                                    if (fabs(g - e) > 1e-6 * mag + 1e-30)
-                                        TSR_FAIL_("scalar: row %lld: %g vs exact %g (mag %g)",
-                                                  (long long)r, g, e, mag);
-                                }
-                        tsr_free(y0);
-                        tsr_free(y1);
-                    }
+                gemv_case gc = {&w, &a};
+                qt_variant_vs_scalar(k->name, ref, k, gemv_call, &gc, rows, nb,
+                                     v == 0 ? exact_call : NULL);
                 free_act(&a);
                 tsr_free(x);
                 tsr_free((void *)w.data);
@@ -318,40 +279,7 @@ TSR_TEST(test_backends) {
                           a.s + i * nb * 8, 1, bseg, 3, false, wantp + i * rows, rows, n * rows);
             }
             tsr_backend *bes[3] = {cpu1, cpu2, fen};
-            for (int b = 0; b < (have_fenced ? 3 : 2); b++) {
-                tsr_backend *be = bes[b];
-                tsr_tensor dw = w;
-                float *dx = x, *dy = NULL, *hy = tsr_malloc((size_t)(3 * n * rows) * 4);
-                bool copied = false;
-                if (be == fen) {
-                    ASSERT_OK(tsr_backend_place_tensor(be, &w, &dw, &copied));
-                    ASSERT_OK(be->ops->buffer_alloc(be, (size_t)(n * cols) * 4, (void **)&dx));
-                    ASSERT_OK(tsr_backend_upload(be, dx, x, (size_t)(n * cols) * 4));
-                    ASSERT_OK(be->ops->buffer_alloc(be, (size_t)(3 * n * rows) * 4,
-                                                    (void **)&dy));
-                } else {
-                    dy = hy;
-                }
-                ASSERT_OK(be->ops->matmul(be, dx, n, &dw, dy));
-                if (be == fen) ASSERT_OK(tsr_backend_download(be, hy, dy, (size_t)(n * rows) * 4));
-                if (memcmp(hy, want, (size_t)(n * rows) * 4))
-                    TSR_FAIL_("backend %d: matmul %lldx%lld n %lld differs", b, (long long)rows,
-                              (long long)cols, (long long)n);
-                ASSERT_OK(be->ops->matmul_parts(be, dx, n, &dw, seg, 3, false, dy));
-                if (be == fen)
-                    ASSERT_OK(tsr_backend_download(be, hy, dy, (size_t)(3 * n * rows) * 4));
-                if (memcmp(hy, wantp, (size_t)(3 * n * rows) * 4))
-                    TSR_FAIL_("backend %d: matmul_parts n %lld differs", b, (long long)n);
-                int32_t bad[3] = {0, 128, (int32_t)cols};
-                ASSERT_EQ_INT(be->ops->matmul_parts(be, dx, n, &dw, bad, 2, true, dy),
-                              TSR_ERR_UNSUPPORTED);
-                if (be == fen) {
-                    be->ops->buffer_free(be, dx);
-                    be->ops->buffer_free(be, dy);
-                    if (copied) be->ops->buffer_free(be, (void *)dw.data);
-                }
-                tsr_free(hy);
-            }
+            qt_backends_agree(bes, have_fenced ? 3 : 2, fen, &w, x, n, seg, 128, want, wantp);
             free_act(&a);
             tsr_free(want);
             tsr_free(wantp);

@@ -15,26 +15,10 @@
 #include "kernels/cpu/quant_q8_internal.h"
 #include "runtime/format/gguf.h"
 #include "runtime/model/model.h"
+#include "tests/quant_test_util.h"
 #include "tests/test.h"
 
 #define Q8_DIR TSR_SOURCE_DIR "/tests/data/q8/"
-
-static void *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    if (b) b[n] = 0;
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return b;
-}
 
 static uint64_t fnv64(const void *p, size_t n, uint64_t h) {
     const uint8_t *b = p;
@@ -241,14 +225,6 @@ TSR_TEST(test_gguf_q8_native) {
 
 /* ---- kernels ---- */
 
-static uint64_t rng_state = 88172645463325252ull;
-static float frand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((double)(rng_state >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
-}
-
 typedef struct qmat {
     tsr_tensor t;
     float *f; /* the f32 values */
@@ -291,6 +267,39 @@ static void free_act(qact *a) {
     tsr_free(a->s);
 }
 
+typedef struct gemv_case {
+    const tsr_tensor *w;
+    const qact *a;
+} gemv_case;
+
+static void gemv_call(const void *kern, const void *ctx, int64_t g0, int64_t g1, int nx,
+                      const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy,
+                      int64_t ldp) {
+    const gemv_case *c = ctx;
+    ((const tsr__q8_kernels *)kern)->gemv(c->w->data, c->w->cols / 32, c->w->rows, g0, g1,
+                                          c->a->qs, c->a->d, c->a->s, nx, bseg, n_parts, sum, y,
+                                          ldy, ldp);
+}
+
+/* Row r for token i: the exact sum of the same quantized values' block products. */
+static double exact_call(const void *ctx, int i, int64_t r, double *mag) {
+    const gemv_case *c = ctx;
+    int64_t cols = c->w->cols, nb = cols / 32;
+    uint8_t blk[5632 / 32 * 34];
+    tsr_q8_unpack_row(c->w->data, cols, r, blk);
+    double e = 0;
+    *mag = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        double dw = tsr_f16_to_f32((uint16_t)(blk[b * 34] | blk[b * 34 + 1] << 8));
+        long is = 0;
+        for (int j = 0; j < 32; j++)
+            is += (long)(int8_t)blk[b * 34 + 2 + j] * c->a->qs[i * cols + b * 32 + j];
+        e += (double)is * dw * c->a->d[i * nb + b];
+        *mag += fabs((double)is * dw * c->a->d[i * nb + b]);
+    }
+    return e;
+}
+
 TSR_TEST(test_kernels_equal_scalar) {
     const tsr__q8_kernels *ref = tsr__q8_kernels_for(TSR__Q8_SCALAR);
     int64_t rows_list[] = {1, 15, 17, 33, 48};
@@ -326,52 +335,9 @@ TSR_TEST(test_kernels_equal_scalar) {
                 float *x = tsr_malloc((size_t)(4 * cols) * 4);
                 for (int64_t i = 0; i < 4 * cols; i++) x[i] = frand() * 3.0f;
                 qact a = make_act(x, 4, cols);
-                int64_t ng = (rows + 15) / 16;
-                /* parts: one, and three uneven (one empty) */
-                int32_t one[2] = {0, (int32_t)nb};
-                int32_t three[4] = {0, (int32_t)(nb / 3), (int32_t)(nb / 3), (int32_t)nb};
-                for (int nx = 1; nx <= 4; nx++)
-                    for (int mode = 0; mode < 3; mode++) {
-                        const int32_t *bs = mode == 0 ? one : three;
-                        int np = mode == 0 ? 1 : 3;
-                        bool sum = mode != 2;
-                        size_t ny = (size_t)(np * 4 * rows);
-                        float *y0 = tsr_calloc(ny, 4), *y1 = tsr_calloc(ny, 4);
-                        ref->gemv(w.t.data, nb, rows, 0, ng, a.qs, a.d, a.s, nx, bs, np, sum,
-                                  y0, rows, 4 * rows);
-                        /* the variant in two row ranges: the same bits as one call */
-                        k->gemv(w.t.data, nb, rows, 0, ng / 2, a.qs, a.d, a.s, nx, bs, np, sum,
-                                y1, rows, 4 * rows);
-                        k->gemv(w.t.data, nb, rows, ng / 2, ng, a.qs, a.d, a.s, nx, bs, np,
-                                sum, y1, rows, 4 * rows);
-                        if (memcmp(y0, y1, ny * 4))
-                            TSR_FAIL_("%s: rows %lld cols %lld nx %d mode %d differ from scalar",
-                                      k->name, (long long)rows, (long long)cols, nx, mode);
-                        /* scalar against the exact sum of the same quantized values */
-                        if (v == 0 && mode == 0)
-                            for (int i = 0; i < nx; i++)
-                                for (int64_t r = 0; r < rows; r++) {
-                                    uint8_t blk[5632 / 32 * 34];
-                                    tsr_q8_unpack_row(w.t.data, cols, r, blk);
-                                    double e = 0, mag = 0;
-                                    for (int64_t b = 0; b < nb; b++) {
-                                        double dw = tsr_f16_to_f32((uint16_t)(blk[b * 34] |
-                                                                              blk[b * 34 + 1] << 8));
-                                        long is = 0;
-                                        for (int j = 0; j < 32; j++)
-                                            is += (long)(int8_t)blk[b * 34 + 2 + j] *
-                                                  a.qs[i * cols + b * 32 + j];
-                                        e += (double)is * dw * a.d[i * nb + b];
-                                        mag += fabs((double)is * dw * a.d[i * nb + b]);
-                                    }
-                                    double g = y0[i * rows + r];
-                                    if (fabs(g - e) > 1e-6 * mag + 1e-30)
-                                        TSR_FAIL_("scalar: row %lld: %g vs exact %g (mag %g)",
-                                                  (long long)r, g, e, mag);
-                                }
-                        tsr_free(y0);
-                        tsr_free(y1);
-                    }
+                gemv_case gc = {&w.t, &a};
+                qt_variant_vs_scalar(k->name, ref, k, gemv_call, &gc, rows, nb,
+                                     v == 0 ? exact_call : NULL);
                 free_act(&a);
                 tsr_free(x);
                 free_qmat(&w);
@@ -410,39 +376,7 @@ TSR_TEST(test_backends) {
                           a.s + i * nb, 1, bseg, 3, false, wantp + i * rows, rows, n * rows);
             }
             tsr_backend *bes[3] = {cpu1, cpu2, fen};
-            for (int b = 0; b < (have_fenced ? 3 : 2); b++) {
-                tsr_backend *be = bes[b];
-                tsr_tensor dw = w.t;
-                float *dx = x, *dy = NULL, *hy = tsr_malloc((size_t)(3 * n * rows) * 4);
-                bool copied = false;
-                if (be == fen) {
-                    ASSERT_OK(tsr_backend_place_tensor(be, &w.t, &dw, &copied));
-                    ASSERT_OK(be->ops->buffer_alloc(be, (size_t)(n * cols) * 4, (void **)&dx));
-                    ASSERT_OK(tsr_backend_upload(be, dx, x, (size_t)(n * cols) * 4));
-                    ASSERT_OK(be->ops->buffer_alloc(be, (size_t)(3 * n * rows) * 4, (void **)&dy));
-                } else {
-                    dy = hy;
-                }
-                ASSERT_OK(be->ops->matmul(be, dx, n, &dw, dy));
-                if (be == fen) ASSERT_OK(tsr_backend_download(be, hy, dy, (size_t)(n * rows) * 4));
-                if (memcmp(hy, want, (size_t)(n * rows) * 4))
-                    TSR_FAIL_("backend %d: matmul %lldx%lld n %lld differs", b, (long long)rows,
-                              (long long)cols, (long long)n);
-                ASSERT_OK(be->ops->matmul_parts(be, dx, n, &dw, seg, 3, false, dy));
-                if (be == fen)
-                    ASSERT_OK(tsr_backend_download(be, hy, dy, (size_t)(3 * n * rows) * 4));
-                if (memcmp(hy, wantp, (size_t)(3 * n * rows) * 4))
-                    TSR_FAIL_("backend %d: matmul_parts n %lld differs", b, (long long)n);
-                int32_t bad[3] = {0, 16, (int32_t)cols};
-                ASSERT_EQ_INT(be->ops->matmul_parts(be, dx, n, &dw, bad, 2, true, dy),
-                              TSR_ERR_UNSUPPORTED);
-                if (be == fen) {
-                    be->ops->buffer_free(be, dx);
-                    be->ops->buffer_free(be, dy);
-                    if (copied) be->ops->buffer_free(be, (void *)dw.data);
-                }
-                tsr_free(hy);
-            }
+            qt_backends_agree(bes, have_fenced ? 3 : 2, fen, &w.t, x, n, seg, 16, want, wantp);
             free_act(&a);
             tsr_free(want);
             tsr_free(wantp);

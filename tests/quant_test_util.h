@@ -1,0 +1,161 @@
+/* Helpers of the quantized-weight tests (test_quant_q8, test_quant_q4, test_quant_q4k,
+ * test_fp8): a whole-file reader for the reference data, the tests' deterministic random
+ * numbers, the check every integer gemv variant passes against the scalar one, and the
+ * backends' matmul against the scalar kernel's rows. */
+#ifndef TSR_TESTS_QUANT_TEST_UTIL_H
+#define TSR_TESTS_QUANT_TEST_UTIL_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/dtype.h"
+#include "kernels/backend.h"
+#include "tests/test.h"
+
+/* The whole file (NUL-terminated, so JSON reads as a string; free()), or NULL. */
+static inline void *read_all(const char *path, size_t *len) {
+    if (len) *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = n < 0 ? NULL : malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    if (b) b[n] = 0;
+    fclose(f);
+    if (len) *len = (size_t)n;
+    return b;
+}
+
+/* xorshift64, the same sequence in every test file (each has its own state). */
+static uint64_t rng_state = 88172645463325252ull;
+static inline uint64_t rng_next(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+/* Uniform in [-1, 1). */
+static inline float frand(void) {
+    return (float)((double)(rng_next() >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
+}
+static inline uint32_t urand(void) { return (uint32_t)(rng_next() >> 32); }
+
+/* One call of a gemv kernel family (its own argument list inside): the variant table `kern`
+ * over row groups [g0, g1) of the test's matrix for nx <= 4 of its quantized inputs, parts
+ * bseg[0..n_parts] in blocks, as the *_internal.h gemv contracts. */
+typedef void (*qt_gemv)(const void *kern, const void *ctx, int64_t g0, int64_t g1, int nx,
+                        const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy,
+                        int64_t ldp);
+/* Row r of input i computed in double from the same quantized values; *mag: sum of |terms|. */
+typedef double (*qt_exact)(const void *ctx, int i, int64_t r, double *mag);
+
+/* Variant `kern` against the scalar `ref` on a matrix of `rows` rows and nb blocks, for nx 1..4
+ * inputs and three part layouts (one part; three uneven with one empty, summed; the same
+ * apart): the variant, called in two row ranges (the same bits as one call), gives the
+ * scalar's bits. exact (non-NULL): the scalar's one-part rows lie within 1e-6 of their
+ * magnitude of exact's. */
+static inline void qt_variant_vs_scalar(const char *name, const void *ref, const void *kern,
+                                        qt_gemv gemv, const void *ctx, int64_t rows, int64_t nb,
+                                        qt_exact exact) {
+    int64_t ng = (rows + 15) / 16;
+    int32_t one[2] = {0, (int32_t)nb};
+    int32_t three[4] = {0, (int32_t)(nb / 3), (int32_t)(nb / 3), (int32_t)nb};
+    for (int nx = 1; nx <= 4; nx++)
+        for (int mode = 0; mode < 3; mode++) {
+            const int32_t *bs = mode == 0 ? one : three;
+            int np = mode == 0 ? 1 : 3;
+            bool sum = mode != 2;
+            size_t ny = (size_t)(np * 4 * rows);
+            float *y0 = tsr_calloc(ny, 4), *y1 = tsr_calloc(ny, 4);
+            if (!y0 || !y1) {
+                tsr_free(y0);
+                tsr_free(y1);
+                TSR_FAIL_("out of memory");
+            }
+            gemv(ref, ctx, 0, ng, nx, bs, np, sum, y0, rows, 4 * rows);
+            gemv(kern, ctx, 0, ng / 2, nx, bs, np, sum, y1, rows, 4 * rows);
+            gemv(kern, ctx, ng / 2, ng, nx, bs, np, sum, y1, rows, 4 * rows);
+            bool same = !memcmp(y0, y1, ny * 4);
+            int bad_i = -1;
+            int64_t bad_r = 0;
+            double bad_g = 0, bad_e = 0, bad_mag = 0;
+            if (exact && mode == 0)
+                for (int i = 0; i < nx && bad_i < 0; i++)
+                    for (int64_t r = 0; r < rows; r++) {
+                        double mag, e = exact(ctx, i, r, &mag), g = y0[i * rows + r];
+                        if (fabs(g - e) > 1e-6 * mag + 1e-30) {
+                            bad_i = i;
+                            bad_r = r;
+                            bad_g = g;
+                            bad_e = e;
+                            bad_mag = mag;
+                            break;
+                        }
+                    }
+            tsr_free(y0);
+            tsr_free(y1);
+            if (!same)
+                TSR_FAIL_("%s: rows %lld blocks %lld nx %d mode %d differ from scalar", name,
+                          (long long)rows, (long long)nb, nx, mode);
+            if (bad_i >= 0)
+                TSR_FAIL_("scalar: rows %lld blocks %lld input %d row %lld: %g vs exact %g "
+                          "(mag %g)", (long long)rows, (long long)nb, bad_i, (long long)bad_r,
+                          bad_g, bad_e, bad_mag);
+        }
+}
+
+/* The backends bes[0..n_be) (fen, when one of them, is the fenced device: W placed, x and y
+ * in its memory) give the scalar kernel's bits: matmul of w (n inputs x) equals want
+ * [n, rows], matmul_parts over the three parts seg[0..3] apart equals wantp [3, n, rows];
+ * a part boundary at column `bad` (inside a block) is refused, naming the dtype. */
+static inline void qt_backends_agree(tsr_backend *const *bes, int n_be, const tsr_backend *fen,
+                                     const tsr_tensor *w, const float *x, int64_t n,
+                                     const int32_t *seg, int32_t bad, const float *want,
+                                     const float *wantp) {
+    int64_t rows = w->rows, cols = w->cols;
+    for (int b = 0; b < n_be; b++) {
+        tsr_backend *be = bes[b];
+        tsr_tensor dw = *w;
+        float *dx = (float *)x, *dy = NULL, *hy = tsr_malloc((size_t)(3 * n * rows) * 4);
+        bool copied = false;
+        if (be == fen) {
+            ASSERT_OK(tsr_backend_place_tensor(be, w, &dw, &copied));
+            ASSERT_OK(be->ops->buffer_alloc(be, (size_t)(n * cols) * 4, (void **)&dx));
+            ASSERT_OK(tsr_backend_upload(be, dx, x, (size_t)(n * cols) * 4));
+            ASSERT_OK(be->ops->buffer_alloc(be, (size_t)(3 * n * rows) * 4, (void **)&dy));
+        } else {
+            dy = hy;
+        }
+        ASSERT_OK(be->ops->matmul(be, dx, n, &dw, dy));
+        if (be == fen) ASSERT_OK(tsr_backend_download(be, hy, dy, (size_t)(n * rows) * 4));
+        if (memcmp(hy, want, (size_t)(n * rows) * 4))
+            TSR_FAIL_("backend %d: matmul %lldx%lld n %lld differs", b, (long long)rows,
+                      (long long)cols, (long long)n);
+        ASSERT_OK(be->ops->matmul_parts(be, dx, n, &dw, seg, 3, false, dy));
+        if (be == fen) ASSERT_OK(tsr_backend_download(be, hy, dy, (size_t)(3 * n * rows) * 4));
+        if (memcmp(hy, wantp, (size_t)(3 * n * rows) * 4))
+            TSR_FAIL_("backend %d: matmul_parts n %lld differs", b, (long long)n);
+        int32_t cut[3] = {0, bad, (int32_t)cols};
+        ASSERT_EQ_INT(be->ops->matmul_parts(be, dx, n, &dw, cut, 2, true, dy),
+                      TSR_ERR_UNSUPPORTED);
+        ASSERT_STR_CONTAINS(tsr_last_error(), tsr_dtype_name(w->dtype));
+        if (be == fen) {
+            be->ops->buffer_free(be, dx);
+            be->ops->buffer_free(be, dy);
+            if (copied) be->ops->buffer_free(be, (void *)dw.data);
+        }
+        tsr_free(hy);
+    }
+}
+
+#endif
