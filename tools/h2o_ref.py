@@ -5,7 +5,10 @@ it, in torch on a Llama GGUF (SmolLM2-135M-Instruct), to compare policies/h2o.c 
 Scoring is tessera fidelity's decode mode (as tools/infinigen_ref.py, whose GGUF loader,
 tokenizer and model this script imports): the text is one sequence, fed one token per step,
 the policy's cache against the full cache; per position the policy's NLL, the greedy token's
-agreement with the full cache and KL(full || policy).
+agreement with the full cache and KL(full || policy). --tail N is fidelity's prompt mode (`--document --tail N`): all but
+the text's last N tokens are a prompt, fed in --chunk-token chunks (tessera's h2o: each chunk
+sees the cache and itself, then one cut) or, --chunk 0, in one pass (the authors': the
+prompt's full attention accumulated, then one cut), and only the last N positions are scored.
 
 H2O, as the authors' H2OKVCache_LayerWise does it, per layer:
 - step i appends token i to the cache and attends over what the cache holds;

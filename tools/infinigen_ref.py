@@ -4,7 +4,10 @@ on a Llama GGUF (SmolLM2-135M-Instruct), to compare policies/offload.c against (
 
 Scoring is tessera fidelity's decode mode: the text is one sequence from BOS, fed one token per
 step, the policy's cache against the full cache; per position the policy's NLL, the greedy
-token's agreement with the full cache and KL(full || policy). A teacher-forced decode with a
+token's agreement with the full cache and KL(full || policy). --tail N is fidelity's prompt mode (`--document
+--tail N`): all but the text's last N tokens are a prompt, prefilled with full attention as
+InfiniGen's prefill does, and only the last N positions are scored; selection applies to the
+decode steps, every prompt token a candidate. A teacher-forced decode with a
 per-step selection equals one parallel pass in which row i attends to the tokens selected at
 step i (a row depends only on the rows before it), which is how this script computes it.
 
