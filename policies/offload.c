@@ -89,6 +89,7 @@ typedef struct tsr__off_opts {
     double ratio;       /* skew: partial-weight ratio, the share of a head's columns kept */
     int dense_layers;   /* skew: the first layers keep every token (InfiniGen: 2) */
     int calib;          /* skew: query rows per layer that recalibrate the transform (0: none) */
+    int dense_prefill;  /* a step of several tokens (a prefill chunk) keeps every prior token */
 } tsr__off_opts;
 
 typedef struct tsr__off_counters {
@@ -830,6 +831,10 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
     /* InfiniGen leaves its first layers dense: layer 0 has no previous layer to speculate
      * from, and the first layers' attention is spread wide (tools/infinigen_ref.py). */
     if (o->mode == TSR_OFFLOAD_SKEW && layer < o->opt.dense_layers) keep = len;
+    /* InfiniGen prefills the prompt with full attention and selects only at decode: a chunk
+     * that saw only budget - chunk prior tokens (none for a chunk over the budget) would
+     * write every later layer's prompt KV from a starved attention. */
+    if (o->opt.dense_prefill && total - len > 1) keep = len;
     uint8_t *want = tsr_calloc((size_t)(len ? len : 1), 1);
     if (!want) return TSR_ERR_NOMEM;
     if (keep == len) {
@@ -1023,6 +1028,10 @@ static const tsr_kv_policy_option tsr__off_options[] = {
      "second moment after 16 rows, again at 32, 64, ... up to N, the columns InfiniGen's "
      "union by query energy and by key magnitude (0: the weights' transform throughout)",
      "256", 0, 1 << 20, NULL},
+    {"offload-dense-prefill", TSR_KV_OPT_FLAG, offsetof(tsr__off_opts, dense_prefill), NULL,
+     "a prefill chunk attends to every prior token, fetched from the host copy (InfiniGen's "
+     "prefill; the resident set then exceeds the budget while a prompt goes in)", NULL, 0, 1,
+     NULL},
     {"offload-recall", TSR_KV_OPT_FLAG, offsetof(tsr__off_opts, measure_recall), NULL,
      "score every selection exactly for the speculation's recall (slow; by default every "
      "16th)", NULL, 0, 1, NULL},

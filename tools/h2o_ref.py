@@ -5,7 +5,10 @@ it, in torch on a Llama GGUF (SmolLM2-135M-Instruct), to compare policies/h2o.c 
 Scoring is tessera fidelity's decode mode (as tools/infinigen_ref.py, whose GGUF loader,
 tokenizer and model this script imports): the text is one sequence, fed one token per step,
 the policy's cache against the full cache; per position the policy's NLL, the greedy token's
-agreement with the full cache and KL(full || policy).
+agreement with the full cache and KL(full || policy). --tail N is fidelity's prompt mode (`--document --tail N`): all but
+the text's last N tokens are a prompt, fed in --chunk-token chunks (tessera's h2o: each chunk
+sees the cache and itself, then one cut) or, --chunk 0, in one pass (the authors': the
+prompt's full attention accumulated, then one cut), and only the last N positions are scored.
 
 H2O, as the authors' H2OKVCache_LayerWise does it, per layer:
 - step i appends token i to the cache and attends over what the cache holds;
@@ -60,10 +63,14 @@ def h2o_keep(cache, score, bud, recent_share):
     return sorted(ranked[: bud - rec]) + list(new)
 
 
-def h2o_mask(c, budget, recent_share, select, dump=None, min_budget=0, fixed=None):
+def h2o_mask(c, budget, recent_share, select, dump=None, min_budget=0, fixed=None, steps=None):
     """The forward pass's mask_fn: per layer the H2O cache of each step, one set per layer
     (select 'layer') or per query head ('head'). fixed: a cache of that many tokens instead of
-    the step budget (the authors' real-drop cache: hh_size + recent_size)."""
+    the step budget (the authors' real-drop cache: hh_size + recent_size). steps: the
+    (start, end) token ranges fed per step (default: one token each); a step of several
+    tokens is a prefill chunk: its queries see the cache and the chunk causally, each cached
+    and new token's score gains the chunk's probabilities summed over its queries, and the
+    cache is cut once after the chunk (tessera's h2o: observe after each attention call)."""
 
     def fn(l, xn_prev, xn, q, k, s):
         H, T = s.shape[0], s.shape[1]
@@ -71,20 +78,22 @@ def h2o_mask(c, budget, recent_share, select, dump=None, min_budget=0, fixed=Non
         allow = torch.zeros(H, T, T, dtype=torch.bool)
         score = torch.zeros(sets, T, dtype=torch.float64)
         kept = [[] for _ in range(sets)]
-        for i in range(T):
-            bud = fixed if fixed else h2o_budget(budget, i + 1, min_budget)
+        for a0, a1 in (steps or [(i, i + 1) for i in range(T)]):
+            bud = fixed if fixed else h2o_budget(budget, a1, min_budget)
             for u in range(sets):
-                cache = kept[u] + [i]
+                cache = kept[u] + list(range(a0, a1))
                 heads = list(range(H)) if sets == 1 else [u]
                 idx = torch.tensor(cache)
+                ok = idx[None, :] <= torch.arange(a0, a1)[:, None]  # [rows, n] causal
                 for h in heads:
-                    allow[h, i, idx] = True
-                p = torch.softmax(s[heads][:, i, idx].double(), -1)  # [heads, n]
-                score[u, idx] += p.sum(0)
+                    allow[h, a0:a1, idx] = ok
+                lg = s[heads[0]:heads[-1] + 1, a0:a1][:, :, idx].double().masked_fill(~ok[None], float("-inf"))
+                p = torch.softmax(lg, -1)  # [heads, rows, n]
+                score[u, idx] += p.sum((0, 1))
                 sc = dict(zip(cache, score[u, idx].tolist()))
                 kept[u] = h2o_keep(cache, sc.__getitem__, bud, recent_share)
             if dump is not None and sets == 1:
-                dump.append((i, l, kept[0]))
+                dump.append((a1 - 1, l, kept[0]))
         return allow
 
     return fn
@@ -139,6 +148,16 @@ def main():
     ap.add_argument("--fixed", action="store_true",
                     help="ablation: a cache of budget x text tokens from the start (the "
                     "authors' hh_size + recent_size), not ceil(budget x tokens so far)")
+    ap.add_argument("--tail", type=int, default=0,
+                    help="prompt mode, as tessera fidelity --document --tail N: the text (its "
+                    "first --doc-tokens) is one sequence, all but its last N tokens a prompt "
+                    "prefilled in --chunk-token chunks, the last N positions scored one per "
+                    "decode step (--max-tokens is then ignored, as in tessera's document mode)")
+    ap.add_argument("--doc-tokens", type=int, default=2048,
+                    help="--tail: the document's first N tokens (tessera: the context, 2048)")
+    ap.add_argument("--chunk", type=int, default=256,
+                    help="--tail: prefill chunk (tessera fidelity's --chunk, 256); 0: the whole "
+                    "prompt in one pass, then one cut (the authors' real-drop cache)")
     ap.add_argument("--out", default=None, help="JSON of the metrics")
     ap.add_argument("--write-testdata", default=None, metavar="DIR",
                     help="write DIR/steps_*.txt for tests/unit/test_h2o.c (no model) and exit")
@@ -154,21 +173,34 @@ def main():
     model = ig.Model(cfg, W)
     text = open(a.text).read().strip()
     ids = ([cfg["bos"]] if a.bos else []) + ig.tokenize(a.model, text)
-    if a.max_tokens:
+    steps, first = None, 0
+    if a.tail:
+        ids = ids[: a.doc_tokens]
+        if a.tail + 1 >= len(ids):
+            sys.exit(f"h2o_ref.py: --tail {a.tail} needs a text longer than it "
+                     f"({a.text}: {len(ids)} tokens)")
+        pre = len(ids) - a.tail
+        ch = a.chunk if a.chunk > 0 else pre
+        steps = [(s0, min(s0 + ch, pre)) for s0 in range(0, pre, ch)]
+        steps += [(i, i + 1) for i in range(pre, len(ids))]
+        first = pre - 1  # the prompt's last row, then the decode steps
+    elif a.max_tokens:
         ids = ids[: a.max_tokens + 1]  # N predictions, as tessera fidelity --max-tokens N
-    print(f"text {len(ids)} tokens", file=sys.stderr)
+    print(f"text {len(ids)} tokens" + (f" (prompt {len(ids) - a.tail})" if a.tail else ""),
+          file=sys.stderr)
     lf = model.forward(ids)
     rows = []
     for sel in a.select.split(","):
         for bi, b in enumerate(float(x) for x in a.budgets.split(",")):
             dump = [] if a.dump and bi == 0 and sel == "layer" else None
             fixed = math.ceil(b * (len(ids) - 1)) if a.fixed else None
-            lp = model.forward(ids, h2o_mask(cfg, b, a.recent, sel, dump, a.min_budget, fixed))
-            r = ig.metrics(lf, lp, ids)
+            lp = model.forward(ids, h2o_mask(cfg, b, a.recent, sel, dump, a.min_budget, fixed,
+                                             steps))
+            r = ig.metrics(lf, lp, ids, first)
             r.update(budget=b, select=sel, recent=a.recent, min_budget=a.min_budget,
-                     fixed=fixed)
+                     fixed=fixed, tail=a.tail, chunk=a.chunk if a.tail else None)
             rows.append(r)
-            print(f"select={sel:5s} budget={b:.2f} min={a.min_budget} fixed={fixed} ppl={r['ppl']:.2f} (full {r['ppl_full']:.2f}) "
+            print(f"select={sel:5s} chunk={r['chunk']} budget={b:.2f} min={a.min_budget} fixed={fixed} ppl={r['ppl']:.2f} (full {r['ppl_full']:.2f}) "
                   f"agree={r['agreement']:.3f} kl={r['kl']:.3f}", flush=True)
             if dump is not None:
                 with open(a.dump, "w") as f:

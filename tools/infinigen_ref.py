@@ -4,7 +4,10 @@ on a Llama GGUF (SmolLM2-135M-Instruct), to compare policies/offload.c against (
 
 Scoring is tessera fidelity's decode mode: the text is one sequence from BOS, fed one token per
 step, the policy's cache against the full cache; per position the policy's NLL, the greedy
-token's agreement with the full cache and KL(full || policy). A teacher-forced decode with a
+token's agreement with the full cache and KL(full || policy). --tail N is fidelity's prompt mode (`--document
+--tail N`): all but the text's last N tokens are a prompt, prefilled with full attention as
+InfiniGen's prefill does, and only the last N positions are scored; selection applies to the
+decode steps, every prompt token a candidate. A teacher-forced decode with a
 per-step selection equals one parallel pass in which row i attends to the tokens selected at
 step i (a row depends only on the rows before it), which is how this script computes it.
 
@@ -272,7 +275,11 @@ def self_skew(WA, WM, rows, rep, ratio, unit, cols):
     return segs
 
 
-def infinigen_mask(model, skew_segs, budget, alpha, budget_of, select, stats, dense_layers):
+def infinigen_mask(model, skew_segs, budget, alpha, budget_of, select, stats, dense_layers,
+                   r0=0):
+    """r0: rows before it are a prompt, prefilled with full (causal) attention as InfiniGen's
+    prefill does (its whole KV stored); speculation and selection apply to rows r0.. (the
+    decode steps), whose candidates include every prompt token."""
     c = model.c
     rep = c["H"] // c["G"]
     W = model.W
@@ -281,57 +288,63 @@ def infinigen_mask(model, skew_segs, budget, alpha, budget_of, select, stats, de
         if l < dense_layers or xn_prev is None:
             return None
         T = q.shape[1]
+        R = T - r0  # the speculated rows r0 .. T-1
         pos = torch.arange(T)
-        qs = (xn_prev @ W[f"blk.{l}.attn_q.weight"].T).view(T, c["H"], c["hd"]).transpose(0, 1)
-        qs = rope(qs, pos, c["hd"], c["theta"])
-        sp = torch.empty(c["H"], T, T)
+        qs = (xn_prev[r0:] @ W[f"blk.{l}.attn_q.weight"].T).view(R, c["H"], c["hd"])
+        qs = rope(qs.transpose(0, 1), pos[r0:], c["hd"], c["theta"])
+        sp = torch.empty(c["H"], R, T)
         for lo, hi, a, m, own in skew_segs(l, q, k, T):
-            qp = ((q if own else qs)[:, lo:hi] @ a) * m[:, None, :]
+            lo, hi = max(lo, r0), hi
+            if hi <= lo:
+                continue
+            qp = ((q[:, lo:hi] if own else qs[:, lo - r0:hi - r0]) @ a) * m[:, None, :]
             kp = k.repeat_interleave(rep, 0) @ a
-            sp[:, lo:hi] = qp @ kp.transpose(1, 2) / math.sqrt(c["hd"])  # [H, T, T]
-        causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+            sp[:, lo - r0:hi - r0] = qp @ kp.transpose(1, 2) / math.sqrt(c["hd"])  # [H, R, T]
+        causal = torch.tril(torch.ones(T, T, dtype=torch.bool))[r0:]
         sp = sp.masked_fill(~causal[None], float("-inf"))
         mx = sp.max(-1, keepdim=True).values
-        cnt = (sp >= mx - alpha).sum(-1).float().mean(0).to(torch.int64)  # [T]
-        n = torch.arange(1, T + 1)
+        cnt = (sp >= mx - alpha).sum(-1).float().mean(0).to(torch.int64)  # [R]
+        n = torch.arange(r0 + 1, T + 1)
         if budget_of == "step":
             cap = torch.clamp(torch.ceil(budget * n.double()).long(), min=1)
         else:
-            cap = torch.full((T,), int(T * budget), dtype=torch.long)
+            cap = torch.full((R,), int(T * budget), dtype=torch.long)
         take = torch.minimum(cnt, cap).clamp(min=1)
-        full_rows = n <= cap if budget_of == "sequence" else torch.zeros(T, dtype=torch.bool)
+        full_rows = n <= cap if budget_of == "sequence" else torch.zeros(R, dtype=torch.bool)
         # the ranking per selection unit
         if select == "head":
             score = sp
         else:
             p = torch.softmax(sp, -1)
             if select == "group":
-                score = p.view(c["G"], rep, T, T).sum(1).repeat_interleave(rep, 0)
+                score = p.view(c["G"], rep, R, T).sum(1).repeat_interleave(rep, 0)
             elif select == "layer":
-                score = p.sum(0, keepdim=True).expand(c["H"], T, T)
+                score = p.sum(0, keepdim=True).expand(c["H"], R, T)
             elif select == "layermax":  # the heads' largest probability
-                score = p.max(0, keepdim=True).values.expand(c["H"], T, T)
+                score = p.max(0, keepdim=True).values.expand(c["H"], R, T)
             else:  # layerpowK: the sum of the heads' probabilities to the K-th power
-                score = p.pow(float(select[8:])).sum(0, keepdim=True).expand(c["H"], T, T)
+                score = p.pow(float(select[8:])).sum(0, keepdim=True).expand(c["H"], R, T)
             score = score.masked_fill(~causal[None], float("-inf"))
         order = score.argsort(-1, descending=True)
         rank = torch.empty_like(order)
         rank.scatter_(-1, order, torch.arange(T).expand_as(order).contiguous())
-        allow = rank < take[None, :, None]
-        allow |= full_rows[None, :, None]
+        sel = rank < take[None, :, None]
+        sel |= full_rows[None, :, None]
         # recall: of each head's exact top `take` keys (its own query, all keys), the share
         # selected; rows that keep everything are left out
-        ex = s_exact.masked_fill(~causal[None], float("-inf"))
+        ex = s_exact[:, r0:].masked_fill(~causal[None], float("-inf"))
         eo = ex.argsort(-1, descending=True)
         erank = torch.empty_like(eo)
         erank.scatter_(-1, eo, torch.arange(T).expand_as(eo).contiguous())
         etop = erank < take[None, :, None]
         rows = (take < n) & ~full_rows
         if rows.any():
-            hit = (etop & allow).sum(-1).float() / take[None, :].float()
+            hit = (etop & sel).sum(-1).float() / take[None, :].float()
             stats["recall_sum"] += hit[:, rows].mean().item()
             stats["recall_n"] += 1
             stats["fetch_frac"] += (take[rows].double() / n[rows].double()).mean().item()
+        allow = torch.tril(torch.ones(T, T, dtype=torch.bool))[None].repeat(c["H"], 1, 1)
+        allow[:, r0:] = sel
         return allow
 
     return fn
@@ -391,16 +404,17 @@ def replay(model, A, M, dump, budget, alpha, skew, dense_layers, per_layer):
     return fn
 
 
-def metrics(lf, lp, ids):
-    """Scores positions 0..T-2 (each predicts the next token), as tessera fidelity."""
-    tgt = torch.tensor(ids[1:])
-    lf, lp = lf[:-1].double(), lp[:-1].double()
+def metrics(lf, lp, ids, first=0):
+    """Scores positions first..T-2 (each predicts the next token), as tessera fidelity (with
+    --tail N: first = T - N - 1, the prompt's last row and the N - 1 decode steps)."""
+    tgt = torch.tensor(ids[first + 1:])
+    lf, lp = lf[first:-1].double(), lp[first:-1].double()
     lsf, lsp = torch.log_softmax(lf, -1), torch.log_softmax(lp, -1)
     nll_f = -lsf.gather(1, tgt[:, None]).mean().item()
     nll_p = -lsp.gather(1, tgt[:, None]).mean().item()
     agree = (lf.argmax(-1) == lp.argmax(-1)).double().mean().item()
     kl = (lsf.exp() * (lsf - lsp)).sum(-1).clamp(min=0).mean().item()
-    return dict(tokens=len(ids) - 1, ppl_full=math.exp(nll_f), ppl=math.exp(nll_p),
+    return dict(tokens=len(ids) - 1 - first, ppl_full=math.exp(nll_f), ppl=math.exp(nll_p),
                 nll=nll_p, agreement=agree, kl=kl)
 
 
@@ -433,6 +447,14 @@ def main():
                     "the model's context)")
     ap.add_argument("--dense-layers", type=int, default=2,
                     help="leading layers that attend to all (InfiniGen: 2)")
+    ap.add_argument("--tail", type=int, default=0,
+                    help="prompt mode, as tessera fidelity --document --tail N: the text (its "
+                    "first --doc-tokens) is one sequence, all but its last N tokens a prompt "
+                    "prefilled with full attention (InfiniGen's prefill: the prompt's KV all "
+                    "stored), the last N positions scored one per decode step; --max-tokens is "
+                    "then ignored, as tessera's document mode ignores it")
+    ap.add_argument("--doc-tokens", type=int, default=2048,
+                    help="--tail: the document's first N tokens (tessera: the context, 2048)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--replay", default=None,
                     help="a TSR_OFFLOAD_DUMP of tessera fidelity on the same text and budget "
@@ -450,9 +472,16 @@ def main():
     bos = [] if a.no_bos else [cfg["bos"]]
     ids = bos + tokenize(a.model, text)
     cids = bos + tokenize(a.model, calib)
-    if a.max_tokens:
+    if a.tail:
+        ids = ids[: a.doc_tokens]
+        if a.tail + 1 >= len(ids):
+            sys.exit(f"infinigen_ref.py: --tail {a.tail} needs a text longer than it "
+                     f"({a.text}: {len(ids)} tokens)")
+    elif a.max_tokens:
         ids = ids[: a.max_tokens + 1]
-    print(f"text {len(ids)} tokens, calibration {len(cids)}", file=sys.stderr)
+    r0 = len(ids) - a.tail if a.tail else 0  # the first decode row (the prompt before it)
+    first = r0 - 1 if a.tail else 0  # the first scored row: the prompt's last
+    print(f"text {len(ids)} tokens (prompt {r0}), calibration {len(cids)}", file=sys.stderr)
     A, M = calibrate(model, cids, a.ratio)
     rep = cfg["H"] // cfg["G"]
     WAM = weight_skew(model, a.ratio, a.rope_positions) if "weights" in a.skew or \
@@ -493,11 +522,11 @@ def main():
             for b in [float(x) for x in a.budgets.split(",")]:
                 st = dict(recall_sum=0.0, recall_n=0, fetch_frac=0.0)
                 fn = infinigen_mask(model, segs, b, a.alpha, a.budget_of, sel, st,
-                                    a.dense_layers)
+                                    a.dense_layers, r0)
                 lp = model.forward(ids, fn)
-                r = metrics(lf, lp, ids)
+                r = metrics(lf, lp, ids, first)
                 r.update(budget=b, select=sel, skew=skew, unit=unit, cols=cols, alpha=a.alpha,
-                         ratio=a.ratio,
+                         ratio=a.ratio, tail=a.tail, prompt_tokens=r0,
                          budget_of=a.budget_of,
                          recall=st["recall_sum"] / max(st["recall_n"], 1),
                          fetched_frac=st["fetch_frac"] / max(st["recall_n"], 1))

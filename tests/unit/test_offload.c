@@ -420,6 +420,64 @@ TSR_KV_FWD_TEST(test_forward_skew_mode) {
     tsr_free(ls);
 }
 
+/* --offload-dense-prefill: a step of several tokens (a prefill chunk) attends to every prior
+ * token, fetched back from the host copy; without it the chunk keeps budget - chunk of them.
+ * A one-token step selects within the budget either way. */
+TSR_KV_TEST(test_dense_prefill) {
+    for (int dense = 0; dense < 2; dense++) {
+        tsr_host_pool *host = NULL;
+        ASSERT_OK(tsr_host_pool_create(0, &host));
+        tsr_kv_paged_config kc = {.n_layers = 1, .n_kv_heads = 1, .head_dim = HD_,
+                                  .block_size = 4, .max_seqs = 1, .max_seq_len = 4096,
+                                  .be = kvt_be, .kv_dtype = kvt_dtype()};
+        kc.memory_bytes = 32 * tsr_kv_paged_block_bytes(&kc);
+        const tsr_kv_policy_arg args[] = {{"offload-pairs", "2"},
+                                          {"offload-dense-prefill", dense ? "1" : "0"}};
+        tsr_kv_policy_config pc = {.budget = 12, .args = args, .n_args = 2,
+                                   .n_heads = 2, .rope_interleaved = 1, .host = host,
+                                   .owns_host = 1};
+        tsr_kv_cache *kv = NULL;
+        ASSERT_OK(tsr_kv_policy_cache_create(tsr_kv_policy_find("offload"), &pc, &kc, &kv));
+        ASSERT_OK(kv->ops->seq_add(kv, 0));
+        enum { N = 60, C = 8 };
+        static float k[(N + C + 1) * HD_], v[(N + C + 1) * HD_], q[C * 2 * HD_];
+        for (int i = 0; i < (N + C + 1) * HD_; i++) {
+            k[i] = (float)((i * 37) % 11) / 11.0f - 0.5f;
+            v[i] = (float)(i / HD_);
+        }
+        for (int i = 0; i < C * 2 * HD_; i++) q[i] = (float)((i * 13) % 7) / 7.0f - 0.5f;
+        int32_t toks[N] = {0}, qpos[C];
+        const tsr_kv_span *sp;
+        int ns;
+        ASSERT_OK(kv->ops->reserve(kv, 0, N));
+        ASSERT_OK(kvt_write(kv, 0, 0, N, k, v));
+        ASSERT_OK(kv->ops->spans(kv, 0, 0, &sp, &ns));
+        ASSERT_OK(kv->ops->commit(kv, 0, toks, N));
+        /* a second chunk of C tokens */
+        for (int i = 0; i < C; i++) qpos[i] = N + i;
+        ASSERT_OK(kv->ops->reserve(kv, 0, C));
+        ASSERT_OK(kvt_write(kv, 0, 0, C, k + N * HD_, v + N * HD_));
+        ASSERT_OK(kv->ops->queries(kv, 0, 0, q, qpos, C, 2));
+        ASSERT_OK(kv->ops->spans(kv, 0, 0, &sp, &ns));
+        int total = 0;
+        for (int j = 0; j < ns; j++) total += sp[j].n;
+        ASSERT_EQ_INT(total, dense ? N + C : 12);
+        ASSERT_OK(kv->ops->commit(kv, 0, toks, C));
+        /* a decode step: the budget */
+        qpos[0] = N + C;
+        ASSERT_OK(kv->ops->reserve(kv, 0, 1));
+        ASSERT_OK(kvt_write(kv, 0, 0, 1, k + (N + C) * HD_, v + (N + C) * HD_));
+        ASSERT_OK(kv->ops->queries(kv, 0, 0, q, qpos, 1, 2));
+        ASSERT_OK(kv->ops->spans(kv, 0, 0, &sp, &ns));
+        total = 0;
+        for (int j = 0; j < ns; j++) total += sp[j].n;
+        ASSERT_EQ_INT(total, 12);
+        ASSERT_OK(kv->ops->commit(kv, 0, toks, 1));
+        tsr_kv_cache_destroy(kv);
+    }
+}
+
 TSR_TEST_MAIN(test_speculative_selection_and_bytes, test_forward_full_budget_equals_paged,
               test_forward_uses_speculation, test_skew_keeps_qk, test_skew_rope_average,
-              test_alpha_selection, test_skew_union_cols, test_forward_skew_mode)
+              test_alpha_selection, test_skew_union_cols, test_forward_skew_mode,
+              test_dense_prefill)
