@@ -5,9 +5,11 @@
 
 #include "base/alloc.h"
 
-/* The parts of GPT-OSS's template (its chat_template.jinja) that a conversation of system,
- * developer, user and assistant messages reaches, in the same output statements so that
- * the whitespace is the same; anything else is refused rather than rendered differently. */
+/* What GPT-OSS's template (its chat_template.jinja) renders for system, developer, user and
+ * assistant messages and function tools, the same text with its own macros (ts_type: a JSON
+ * schema as a TypeScript-like type; ts_props: an object's properties, one a line); tool calls
+ * and results as harmony renders them (harmony.h); anything else is refused rather than
+ * rendered differently. */
 static const char tsr__harmony_src[] =
     "{%- macro ts_type(s) -%}"
     "{%- if s.enum is defined -%}{%- for v in s.enum -%}{{- \" | \" if not loop.first -}}{{- v | tojson -}}{%- endfor -%}"
