@@ -87,7 +87,7 @@ typedef struct tsr__off_opts {
     int measure_recall; /* also compute exact scores on every selection (slow) */
     double alpha;       /* skew: fetch the keys within alpha of the max partial logit */
     double ratio;       /* skew: partial-weight ratio, the share of a head's columns kept */
-    int dense_layers;   /* skew: the first layers keep every token (InfiniGen: 2) */
+    int dense_layers;   /* skew: the first offloaded layers keep every token (InfiniGen: 2) */
     int calib;          /* skew: query rows per layer that recalibrate the transform (0: none) */
     int dense_prefill;  /* a step of several tokens (a prefill chunk) keeps every prior token */
 } tsr__off_opts;
@@ -348,6 +348,16 @@ static tsr_status tsr__off_admit(void *state, int seq) {
 /* A sliding layer (GPT-OSS): left to the policy cache's window (see `windows`). */
 static int tsr__off_sliding(const tsr__off *o, int layer) {
     return o->windows && o->windows[layer] > 0;
+}
+
+/* Skew's dense layers are the first `dense_layers` offloaded (full-attention) layers: with
+ * GPT-OSS's alternating sliding and full layers, counting layer indices would leave only half
+ * as many offloaded layers dense, and the first full layer is the one with no previous full
+ * layer to speculate from. */
+static int tsr__off_dense(const tsr__off *o, int layer) {
+    int before = 0; /* full layers below `layer` */
+    for (int l = 0; l < layer && before < o->opt.dense_layers; l++) before += !tsr__off_sliding(o, l);
+    return before < o->opt.dense_layers;
 }
 
 static tsr__oseq *tsr__oseq_get(tsr__off *o, int seq) {
@@ -830,7 +840,7 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
     if (keep > len) keep = len;
     /* InfiniGen leaves its first layers dense: layer 0 has no previous layer to speculate
      * from, and the first layers' attention is spread wide (tools/infinigen_ref.py). */
-    if (o->mode == TSR_OFFLOAD_SKEW && layer < o->opt.dense_layers) keep = len;
+    if (o->mode == TSR_OFFLOAD_SKEW && tsr__off_dense(o, layer)) keep = len;
     /* InfiniGen prefills the prompt with full attention and selects only at decode: a chunk
      * that saw only budget - chunk prior tokens (none for a chunk over the budget) would
      * write every later layer's prompt KV from a starved attention. */
@@ -1021,8 +1031,9 @@ static const tsr_kv_policy_option tsr__off_options[] = {
      "skew: the share of each head's channels kept as partial keys when --offload-pairs is "
      "0 (InfiniGen's partial-weight ratio)", "0.2", 0.01, 1, NULL},
     {"offload-dense-layers", TSR_KV_OPT_INT, offsetof(tsr__off_opts, dense_layers), "N",
-     "skew: the first N layers keep every token, as InfiniGen does (their KV still counts "
-     "in the host copy)", "2", 0, 1 << 20, NULL},
+     "skew: the first N offloaded layers keep every token, as InfiniGen does (their KV "
+     "still counts in the host copy); with sliding-window layers (GPT-OSS) N counts the "
+     "full-attention layers only", "2", 0, 1 << 20, NULL},
     {"offload-calib", TSR_KV_OPT_INT, offsetof(tsr__off_opts, calib), "N",
      "skew: each query head's transform becomes the eigenvectors of its first queries' "
      "second moment after 16 rows, again at 32, 64, ... up to N, the columns InfiniGen's "

@@ -97,6 +97,7 @@ void tsr_batch_request_free(tsr_batch_request *r) {
         tsr_free((char *)r->messages[i].content);
     }
     tsr_free(r->messages);
+    cJSON_Delete(r->chat_ctx);
     for (int i = 0; i < r->n_stops; i++) tsr_free(r->stops[i]);
     memset(r, 0, sizeof *r);
 }
@@ -143,6 +144,99 @@ static tsr_status tsr__content(const cJSON *c, char **out) {
     return TSR_OK;
 }
 
+/* A chat body's messages into r->messages and, as strings, into cms (the template's context).
+ * Roles system, user, assistant and tool; an assistant message may carry tool_calls (then
+ * its content may be null). *tooly: a tool message or a tool call needs the context. */
+static tsr_status tsr__chat_messages(const cJSON *ms, tsr_batch_request *r, cJSON *cms,
+                                     bool *tooly, tsr_batch_error *e) {
+    const cJSON *m;
+    cJSON_ArrayForEach(m, ms) {
+        int i = r->n_messages;
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role) ||
+            (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "user") &&
+             strcmp(role->valuestring, "assistant") && strcmp(role->valuestring, "tool")))
+            return tsr__bad(e, TSR_BATCH_E_MESSAGES,
+                            "messages[%d]: role must be \"system\", \"user\", \"assistant\" "
+                            "or \"tool\"", i);
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        if (calls && cJSON_IsNull(calls)) calls = NULL;
+        if (calls) {
+            bool ok = !strcmp(role->valuestring, "assistant") && cJSON_IsArray(calls);
+            const cJSON *c, *each = ok ? calls : NULL;
+            cJSON_ArrayForEach(c, each) {
+                const cJSON *f = cJSON_GetObjectItemCaseSensitive(c, "function");
+                const cJSON *a = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+                ok = ok && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(f, "name")) &&
+                     (cJSON_IsString(a) || cJSON_IsObject(a));
+            }
+            if (!ok)
+                return tsr__bad(e, TSR_BATCH_E_MESSAGES,
+                                "messages[%d]: tool_calls must be an assistant message's array "
+                                "of {\"function\": {\"name\": string, \"arguments\": ...}}", i);
+        }
+        const cJSON *cj = cJSON_GetObjectItemCaseSensitive(m, "content");
+        char *content = NULL;
+        tsr_status st = TSR_OK;
+        if (calls && (!cj || cJSON_IsNull(cj))) /* a call without text */
+            st = (content = tsr_strdup("")) ? TSR_OK : TSR_ERR_NOMEM;
+        else
+            st = tsr__content(cj, &content);
+        if (st == TSR_ERR_NOMEM) return st;
+        if (st != TSR_OK)
+            return tsr__bad(e, TSR_BATCH_E_MESSAGES,
+                            "messages[%d]: content must be a string or text parts", i);
+        r->messages[i].content = content;
+        r->messages[i].role = tsr_strdup(role->valuestring);
+        r->n_messages++;
+        if (!r->messages[i].role) return TSR_ERR_NOMEM;
+        *tooly = *tooly || calls || !strcmp(role->valuestring, "tool");
+        cJSON *cm = cJSON_CreateObject();
+        if (!cm || !cJSON_AddItemToArray(cms, cm)) {
+            cJSON_Delete(cm);
+            return TSR_ERR_NOMEM;
+        }
+        bool ok = cJSON_AddStringToObject(cm, "role", role->valuestring) &&
+                  cJSON_AddStringToObject(cm, "content", content);
+        static const char *const keep[] = {"name", "tool_call_id"};
+        for (int k = 0; k < 2 && ok; k++) {
+            const cJSON *x = cJSON_GetObjectItemCaseSensitive(m, keep[k]);
+            if (cJSON_IsString(x)) ok = cJSON_AddStringToObject(cm, keep[k], x->valuestring);
+        }
+        if (ok && calls) ok = cJSON_AddItemToObject(cm, "tool_calls", cJSON_Duplicate(calls, 1));
+        if (!ok) return TSR_ERR_NOMEM;
+    }
+    return TSR_OK;
+}
+
+/* body.tools (OpenAI function tools) into ctx unless tool_choice is "none"; *need set when
+ * they are kept. Other tool_choice values render the same prompt (nothing forces a call). */
+static tsr_status tsr__chat_tools(const cJSON *body, cJSON *ctx, bool *need,
+                                  tsr_batch_error *e) {
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
+    if (!tools || cJSON_IsNull(tools)) return TSR_OK;
+    bool ok = cJSON_IsArray(tools);
+    const cJSON *t, *each = ok ? tools : NULL;
+    cJSON_ArrayForEach(t, each) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *pa = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+        ok = ok && cJSON_IsString(ty) && !strcmp(ty->valuestring, "function") &&
+             cJSON_IsString(cJSON_GetObjectItemCaseSensitive(f, "name")) &&
+             (!pa || cJSON_IsNull(pa) || cJSON_IsObject(pa));
+    }
+    if (!ok)
+        return tsr__bad(e, TSR_BATCH_E_PARAM,
+                        "\"tools\" must be an array of {\"type\": \"function\", \"function\": "
+                        "{\"name\": string, \"parameters\": object}}");
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
+    if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")) return TSR_OK;
+    if (cJSON_GetArraySize(tools) == 0) return TSR_OK;
+    if (!cJSON_AddItemToObject(ctx, "tools", cJSON_Duplicate(tools, 1))) return TSR_ERR_NOMEM;
+    *need = true;
+    return TSR_OK;
+}
+
 static tsr_status tsr__parse_body(const cJSON *body, tsr_batch_request *r, tsr_batch_error *e) {
     if (r->kind == TSR_BATCH_COMPLETION) {
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
@@ -164,28 +258,18 @@ static tsr_status tsr__parse_body(const cJSON *body, tsr_batch_request *r, tsr_b
         int n = cJSON_GetArraySize(ms);
         r->messages = tsr_calloc((size_t)n, sizeof *r->messages);
         if (!r->messages) return TSR_ERR_NOMEM;
-        const cJSON *m;
-        cJSON_ArrayForEach(m, ms) {
-            int i = r->n_messages;
-            const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-            if (!cJSON_IsString(role) ||
-                (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "user") &&
-                 strcmp(role->valuestring, "assistant")))
-                return tsr__bad(e, TSR_BATCH_E_MESSAGES,
-                                "messages[%d]: role must be \"system\", \"user\" or "
-                                "\"assistant\"", i);
-            char *content = NULL;
-            tsr_status st = tsr__content(cJSON_GetObjectItemCaseSensitive(m, "content"),
-                                         &content);
-            if (st == TSR_ERR_NOMEM) return st;
-            if (st != TSR_OK)
-                return tsr__bad(e, TSR_BATCH_E_MESSAGES,
-                                "messages[%d]: content must be a string or text parts", i);
-            r->messages[i].content = content;
-            r->messages[i].role = tsr_strdup(role->valuestring);
-            r->n_messages++;
-            if (!r->messages[i].role) return TSR_ERR_NOMEM;
+        /* the template's context, kept when tools or tool messages need it */
+        cJSON *ctx = cJSON_CreateObject();
+        cJSON *cms = ctx ? cJSON_AddArrayToObject(ctx, "messages") : NULL;
+        bool need = false;
+        tsr_status st = cms ? tsr__chat_messages(ms, r, cms, &need, e) : TSR_ERR_NOMEM;
+        if (st == TSR_OK) st = tsr__chat_tools(body, ctx, &need, e);
+        if (st == TSR_OK && need) {
+            r->chat_ctx = ctx;
+            ctx = NULL;
         }
+        cJSON_Delete(ctx);
+        if (st != TSR_OK) return st;
     }
 
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, "max_tokens");

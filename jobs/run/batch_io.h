@@ -44,6 +44,10 @@ typedef struct tsr_batch_request {
     char *prompt;           /* completions */
     tsr_chat_message *messages; /* chat (strings owned by the request) */
     int n_messages;
+    /* chat with function tools (body.tools, unless tool_choice is "none"), tool messages or
+     * assistant tool_calls: the template's context, {"messages": [...], "tools": [...]}
+     * (owned; contents as strings), rendered instead of `messages`. NULL otherwise. */
+    cJSON *chat_ctx;
     int max_tokens;         /* default 16 (OpenAI's default) */
     float temperature;      /* default 1 */
     float top_p;            /* default 1 */

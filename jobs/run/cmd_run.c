@@ -327,7 +327,13 @@ static tsr_status tsr__submit(tsr_run_job *g, tsr_batch_request *r, uint64_t has
             return tsr__put_error(g, r->custom_id, r->line, hash, TSR_BATCH_E_TEMPLATE,
                                   "model has no chat template tessera can render "
                                   "(use /v1/completions)");
-        tsr_status cs = tsr_chat_render(&g->chat, r->messages, r->n_messages, &rendered, &text_len);
+        /* tools, tool messages or tool calls: the whole context (harmony: the developer
+         * message's `# Tools`, runtime/text/harmony.h) */
+        tsr_chat_opts co = {.add_generation_prompt = true, .now = -1};
+        tsr_status cs = r->chat_ctx ? tsr_chat_render_json(&g->chat, r->chat_ctx, &co, &rendered,
+                                                           &text_len)
+                                    : tsr_chat_render(&g->chat, r->messages, r->n_messages,
+                                                      &rendered, &text_len);
         if (cs == TSR_ERR_INVALID) /* the template refused these messages (raise_exception) */
             return tsr__put_error(g, r->custom_id, r->line, hash, TSR_BATCH_E_TEMPLATE, tsr_last_error());
         TSR_TRY(cs);

@@ -22,11 +22,20 @@
 
 /* The built-in harmony template (a Jinja source run by runtime/text/jinja.c): the system
  * message of GPT-OSS's own template (model identity, knowledge cutoff 2024-06, the current
- * date, "Reasoning: medium" unless reasoning_effort is given, the valid channels), a
- * leading system or developer message as the developer message ("# Instructions\n\n..."),
- * user messages, earlier assistant turns in the final channel, then `<|start|>assistant`.
- * Byte for byte what the model's template renders for such conversations (tested); tool
- * messages and tool calls need the model's own template (refused by name). */
+ * date, "Reasoning: medium" unless reasoning_effort is given, the valid channels, and with
+ * `tools` the line sending their calls to the commentary channel), a leading system or
+ * developer message as the developer message ("# Instructions\n\n..."), then `tools`
+ * (OpenAI function tools) as its "# Tools" section: `namespace functions { ... }` with one
+ * TypeScript-like type per function from its JSON schema (descriptions as `//` lines,
+ * optional properties with `?`, enums as unions, defaults as comments); user messages,
+ * earlier assistant turns in the final channel, an assistant's tool call as
+ * `<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>
+ * ARGS<|call|>` and a tool's result as `<|start|>functions.NAME to=assistant<|channel|>
+ * commentary<|message|>TEXT<|end|>` (NAME: the message's name, else the last call's), then
+ * `<|start|>assistant`. Byte for byte what the model's template renders for conversations
+ * without tool calls (tested); calls and results take harmony's form (openai/harmony), not
+ * the template's. Several calls in one message, content beside a call, a tool message with
+ * no name to go by and other roles are refused by name. */
 tsr_status tsr_harmony_template(tsr_chat_template *out);
 
 /* The harmony special tokens of a tokenizer (each must encode to one id). */

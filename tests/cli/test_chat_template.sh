@@ -101,6 +101,38 @@ hrun "$tmp/oss/gptoss_f32" "$tmp/h3.jsonl" --harmony-raw
 [ "$(tokens "$tmp/h2.jsonl")" = "$(tokens "$tmp/h3.jsonl")" ] ||
     fail "built-in harmony and the model's template: $(tokens "$tmp/h2.jsonl") vs $(tokens "$tmp/h3.jsonl")"
 cmp -s "$tmp/h2.jsonl" "$tmp/h3.jsonl" || fail "built-in harmony and the model's template answer differently"
+# function tools: the developer message's namespace (the same prompt as the model's own
+# template renders), tool_choice "none" leaves them out, a tool call and its result in the
+# history, and two calls in one message refused with a line naming the request
+W='{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city.", "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}, "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city"]}}}'
+M='[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]'
+C='{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}'
+cat >"$tmp/t.jsonl" <<JSONL
+{"custom_id": "h", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": $M, "max_tokens": 12, "temperature": 0}}
+{"custom_id": "t1", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": $M, "tools": [$W], "max_tokens": 12, "temperature": 0}}
+{"custom_id": "t2", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": $M, "tools": [$W], "tool_choice": "none", "max_tokens": 12, "temperature": 0}}
+{"custom_id": "t3", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": null, "tool_calls": [$C]}, {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 21}"}], "tools": [$W], "max_tokens": 12, "temperature": 0}}
+{"custom_id": "t4", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": null, "tool_calls": [$C, $C]}], "max_tokens": 12, "temperature": 0}}
+JSONL
+for md in "$g" "$tmp/oss/gptoss_f32"; do
+    "$bin" run --model "$md" --tokenizer "$htok" --input "$tmp/t.jsonl" --output "$tmp/t-$(basename "$(dirname "$md")").jsonl" \
+        --threads 2 --progress-interval 0 --quiet 2>"$tmp/terr" || fail "tools run exited $? ($(cat "$tmp/terr"))"
+done
+python3 - "$tmp/t-arch.jsonl" "$tmp/t-oss.jsonl" <<'PY' || fail "tools: $(cat "$tmp/t-arch.jsonl")"
+import json, sys
+def recs(path):
+    return {r["custom_id"]: r for r in map(json.loads, open(path))}
+b, own = recs(sys.argv[1]), recs(sys.argv[2])
+pt = lambda d, k: d[k]["response"]["body"]["usage"]["prompt_tokens"]
+assert pt(b, "t1") > pt(b, "h") and pt(b, "t2") == pt(b, "h"), b
+assert pt(b, "t1") == pt(own, "t1"), (pt(b, "t1"), pt(own, "t1"))  # the model's template agrees
+for k in ("t1", "t3"):
+    ch = b[k]["response"]["body"]["choices"][0]
+    assert ch["finish_reason"] in ("stop", "length", "tool_calls"), ch
+    assert (ch["finish_reason"] == "tool_calls") == ("tool_calls" in ch["message"]), ch
+e = b["t4"]["error"]
+assert e and "several tool_calls" in e["message"], b["t4"]
+PY
 out=$("$bin" generate --model "$g" --tokenizer "$htok" --chat --prompt "Hello there" \
     --max-tokens 12 --temperature 0 --threads 2 --stats 2>"$tmp/herr") || fail "generate --chat: $(cat "$tmp/herr")"
 [ -z "$out" ] || fail "generate --chat printed more than the final channel: $out"

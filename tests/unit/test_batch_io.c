@@ -56,7 +56,53 @@ TSR_TEST(test_parse_valid_completion_and_defaults) {
     ASSERT_NEAR(r.top_p, 0.5, 1e-7);
     ASSERT_EQ_INT(r.n_stops, 1);
     ASSERT_TRUE(!r.has_seed);
+    ASSERT_TRUE(r.chat_ctx == NULL); /* no tools: the plain messages */
     tsr_batch_request_free(&r);
+}
+
+/* A chat body's tools and tool messages become the template's context; tool_choice "none"
+ * drops the tools; malformed tools or tool_calls are invalid lines. */
+TSR_TEST(test_parse_chat_tools) {
+#define TSR__T "{\"type\":\"function\",\"function\":{\"name\":\"w\",\"parameters\":{}}}"
+#define TSR__L(body) "{\"custom_id\":\"t\",\"url\":\"/v1/chat/completions\",\"body\":{" body "}}"
+#define TSR__U "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]"
+    tsr_batch_request r;
+    tsr_batch_error e;
+    const char *l = TSR__L(TSR__U ",\"tools\":[" TSR__T "]");
+    ASSERT_OK(tsr_batch_parse_line(l, strlen(l), 1, &r, &e));
+    ASSERT_TRUE(r.chat_ctx != NULL);
+    ASSERT_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItem(r.chat_ctx, "tools")), 1);
+    ASSERT_STR_EQ(cJSON_GetArrayItem(cJSON_GetObjectItem(r.chat_ctx, "messages"), 0)
+                      ->child->next->valuestring, "Hi");
+    tsr_batch_request_free(&r);
+    l = TSR__L(TSR__U ",\"tools\":[" TSR__T "],\"tool_choice\":\"none\"");
+    ASSERT_OK(tsr_batch_parse_line(l, strlen(l), 1, &r, &e));
+    ASSERT_TRUE(r.chat_ctx == NULL);
+    tsr_batch_request_free(&r);
+    l = TSR__L("\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{"
+               "\"function\":{\"name\":\"w\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\","
+               "\"name\":\"w\",\"content\":[{\"type\":\"text\",\"text\":\"1\"}]}]");
+    ASSERT_OK(tsr_batch_parse_line(l, strlen(l), 1, &r, &e));
+    ASSERT_TRUE(r.chat_ctx != NULL && !cJSON_GetObjectItem(r.chat_ctx, "tools"));
+    const cJSON *ms = cJSON_GetObjectItem(r.chat_ctx, "messages");
+    ASSERT_STR_EQ(cJSON_GetObjectItem(cJSON_GetArrayItem(ms, 0), "content")->valuestring, "");
+    ASSERT_TRUE(cJSON_GetObjectItem(cJSON_GetArrayItem(ms, 0), "tool_calls") != NULL);
+    ASSERT_STR_EQ(cJSON_GetObjectItem(cJSON_GetArrayItem(ms, 1), "name")->valuestring, "w");
+    ASSERT_STR_EQ(cJSON_GetObjectItem(cJSON_GetArrayItem(ms, 1), "content")->valuestring, "1");
+    tsr_batch_request_free(&r);
+    bool id;
+    ASSERT_STR_EQ(parse_code(TSR__L(TSR__U ",\"tools\":{}"), &id), "invalid_parameter");
+    ASSERT_STR_EQ(parse_code(TSR__L(TSR__U ",\"tools\":[{\"type\":\"web\"}]"), &id),
+                  "invalid_parameter");
+    ASSERT_STR_EQ(parse_code(TSR__L("\"messages\":[{\"role\":\"user\",\"content\":\"x\","
+                                    "\"tool_calls\":[]}]"), &id),
+                  "invalid_messages");
+    ASSERT_STR_EQ(parse_code(TSR__L("\"messages\":[{\"role\":\"assistant\",\"tool_calls\":"
+                                    "[{\"function\":{\"name\":\"w\"}}]}]"), &id),
+                  "invalid_messages");
+#undef TSR__T
+#undef TSR__L
+#undef TSR__U
 }
 
 TSR_TEST(test_parse_each_bad_line) {
@@ -571,7 +617,8 @@ TSR_TEST(test_errors_file_failure_names_the_path_given) {
 }
 
 TSR_TEST_MAIN(test_take_line_invalid_encoding, test_resume_bound_to_input, test_lock_exclusive,
-              test_parse_valid_completion_and_defaults, test_parse_each_bad_line,
+              test_parse_valid_completion_and_defaults, test_parse_chat_tools,
+              test_parse_each_bad_line,
               test_record_shapes, test_resume_scan_truncated_output, test_strset,
               test_chat_template_llama3, test_input_scan_encodings,
               test_errors_file_failure_names_the_path_given)

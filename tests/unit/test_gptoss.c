@@ -478,6 +478,18 @@ TSR_TEST(test_gptoss_offload) {
                       2 * (p.n_greedy - 1));
         ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "spec_fallbacks"), 0);
     }
+    /* --offload-dense-layers counts the offloaded (full) layers: 1 keeps layer 1 (the first
+     * full one, after sliding layer 0) dense, 2 keeps both full layers 1 and 3 dense */
+    for (int dense = 1; dense <= 2 && !tsr_test_failed_flag; dense++) {
+        tsr_kv_policy_arg sd[] = {{"offload-mode", "skew"},
+                                  {"offload-dense-layers", dense == 1 ? "1" : "2"}};
+        ASSERT_OK(policy_stats(m, &p, "offload", 12, sd, 2, got, rows, &ps));
+        ASSERT_TRUE(rows[0] == 7 && rows[2] == 7 && rows[1] == p.n + p.n_greedy - 1);
+        if (dense == 1)
+            ASSERT_TRUE(rows[3] <= 12);
+        else
+            ASSERT_EQ_INT(rows[3], p.n + p.n_greedy - 1);
+    }
     tsr_model_destroy(m);
 }
 

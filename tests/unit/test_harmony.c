@@ -58,14 +58,132 @@ TSR_TEST(test_harmony_template_matches_gpt_oss) {
         checked++;
     }
     ASSERT_TRUE(checked >= 6);
-    /* a tool message needs the model's template: one line naming it */
-    tsr_chat_message m[2] = {{"user", "hi"}, {"tool", "{}"}};
+    /* a role harmony has no place for: one line naming it */
+    tsr_chat_message m[2] = {{"user", "hi"}, {"ipython", "{}"}};
     char *out = NULL;
     size_t n = 0;
     ASSERT_EQ_INT(tsr_chat_render(&t, m, 2, &out, &n), TSR_ERR_INVALID);
-    ASSERT_STR_CONTAINS(tsr_last_error(), "tool messages need the model's own chat template");
+    ASSERT_STR_CONTAINS(tsr_last_error(), "ipython messages need the model's own chat template");
     tsr_chat_template_free(&t);
     cJSON_Delete(doc);
+}
+
+/* Renders a context given as JSON text with the built-in template, at expected.json's time. */
+static char *tsr__render_ctx(const char *json, int64_t now) {
+    tsr_chat_template t;
+    if (tsr_harmony_template(&t) != TSR_OK) return NULL;
+    cJSON *ctx = cJSON_Parse(json);
+    tsr_chat_opts o = {.add_generation_prompt = true, .now = now};
+    char *out = NULL;
+    size_t n = 0;
+    if (!ctx || tsr_chat_render_json(&t, ctx, &o, &out, &n) != TSR_OK) out = NULL;
+    cJSON_Delete(ctx);
+    tsr_chat_template_free(&t);
+    return out;
+}
+
+/* Function tools: the system message's commentary line and the developer message's
+ * `# Tools` namespace are what GPT-OSS's own template renders under jinja2 (expected.json's
+ * "tools" case, up to its first user message); the tool call and the tool's result take
+ * harmony's form (openai/harmony's format description: the recipient after the channel,
+ * <|constrain|>json, the result from functions.NAME to the assistant, its text as is), where
+ * the model's template writes the recipient in the header and the result as a JSON string. */
+TSR_TEST(test_harmony_template_tools) {
+    char *text = NULL;
+    size_t len = 0;
+    ASSERT_OK(tsr_file_read(TSR__TPL "expected.json", "test data", 64u << 20, &text, &len));
+    cJSON *doc = cJSON_ParseWithLength(text, len);
+    tsr_free(text);
+    ASSERT_TRUE(doc != NULL);
+    int64_t now = (int64_t)cJSON_GetObjectItem(doc, "now")->valuedouble;
+    const cJSON *c = NULL, *it, *want = NULL;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItem(doc, "cases"))
+        if (!strcmp(cJSON_GetObjectItem(it, "name")->valuestring, "tools")) c = it;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItem(doc, "results"))
+        if (!strcmp(cJSON_GetObjectItem(it, "case")->valuestring, "tools") &&
+            !strcmp(cJSON_GetObjectItem(it, "template")->valuestring, "openai-gpt-oss-120b.jinja"))
+            want = cJSON_GetObjectItem(it, "output");
+    ASSERT_TRUE(c != NULL && want != NULL);
+    cJSON *ctx = cJSON_CreateObject();
+    cJSON_AddItemToObject(ctx, "messages", cJSON_Duplicate(cJSON_GetObjectItem(c, "messages"), true));
+    cJSON_AddItemToObject(ctx, "tools", cJSON_Duplicate(cJSON_GetObjectItem(c, "tools"), true));
+    char *js = cJSON_PrintUnformatted(ctx);
+    cJSON_Delete(ctx);
+    char *out = tsr__render_ctx(js, now);
+    cJSON_free(js);
+    ASSERT_TRUE(out != NULL);
+    const char *first_user = "<|start|>user<|message|>Weather in Paris?<|end|>";
+    const char *cut = strstr(want->valuestring, first_user);
+    ASSERT_TRUE(cut != NULL);
+    size_t pre = (size_t)(cut - want->valuestring) + strlen(first_user);
+    if (strncmp(out, want->valuestring, pre))
+        TSR_FAIL_("built-in harmony with tools differs:\n%s\n---\n%.*s", out, (int)pre,
+                  want->valuestring);
+    ASSERT_STR_EQ(out + pre,
+                  "<|start|>assistant<|channel|>commentary to=functions.get_weather "
+                  "<|constrain|>json<|message|>{\"city\": \"Paris\", \"unit\": \"c\"}<|call|>"
+                  "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+                  "{\"temp\": 21.5, \"sky\": \"clear\"}<|end|>"
+                  "<|start|>assistant<|channel|>final<|message|>It is 21.5 degrees and clear.<|end|>"
+                  "<|start|>user<|message|>Thanks!<|end|><|start|>assistant");
+    tsr_free(out);
+    cJSON_Delete(doc);
+
+    /* harmony's own example of the namespace (openai/harmony's format description): a tool
+     * without parameters, a default as a comment, an array, a nested object, no system message */
+    out = tsr__render_ctx(
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"tools\": ["
+        "{\"type\": \"function\", \"function\": {\"name\": \"get_location\", "
+        "\"description\": \"Gets the location of the user.\"}},"
+        "{\"type\": \"function\", \"function\": {\"name\": \"get_current_weather\", "
+        "\"description\": \"Gets the current weather in the provided location.\", "
+        "\"parameters\": {\"type\": \"object\", \"properties\": {"
+        "\"location\": {\"type\": \"string\", \"description\": \"The city and state, e.g. "
+        "San Francisco, CA\"}, \"format\": {\"type\": \"string\", \"enum\": [\"celsius\", "
+        "\"fahrenheit\"], \"default\": \"celsius\"}}, \"required\": [\"location\"]}}},"
+        "{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {"
+        "\"type\": \"object\", \"properties\": {\"n\": {\"type\": \"integer\", "
+        "\"default\": 3}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": "
+        "\"string\"}}, \"o\": {\"type\": \"object\", \"properties\": {\"b\": {"
+        "\"type\": \"boolean\"}}, \"required\": [\"b\"]}}, \"required\": [\"o\"]}}}]}",
+        0);
+    ASSERT_TRUE(out != NULL);
+    const char *dev = strstr(out, "<|start|>developer");
+    ASSERT_TRUE(dev != NULL);
+    ASSERT_STR_CONTAINS(out, "Channel must be included for every message.\nCalls to these tools "
+                             "must go to the commentary channel: 'functions'.<|end|>");
+    ASSERT_STR_EQ(dev,
+                  "<|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {\n\n"
+                  "// Gets the location of the user.\ntype get_location = () => any;\n\n"
+                  "// Gets the current weather in the provided location.\n"
+                  "type get_current_weather = (_: {\n"
+                  "// The city and state, e.g. San Francisco, CA\nlocation: string,\n"
+                  "format?: \"celsius\" | \"fahrenheit\", // default: celsius\n}) => any;\n\n"
+                  "type f = (_: {\nn?: number, // default: 3\ntags?: string[],\n"
+                  "o: {\nb: boolean,\n},\n}) => any;\n\n"
+                  "} // namespace functions<|end|><|start|>user<|message|>Hi<|end|><|start|>assistant");
+    tsr_free(out);
+
+    /* what harmony cannot say in one message: refused with one line */
+    tsr_chat_template t;
+    ASSERT_OK(tsr_harmony_template(&t));
+    static const char *const bad[] = {
+        "{\"messages\": [{\"role\": \"assistant\", \"content\": null, \"tool_calls\": ["
+        "{\"function\": {\"name\": \"a\", \"arguments\": \"{}\"}}, {\"function\": "
+        "{\"name\": \"b\", \"arguments\": \"{}\"}}]}]}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"tool\", "
+        "\"content\": \"1\"}]}"};
+    static const char *const why[] = {"several tool_calls", "a tool message with no name"};
+    for (int i = 0; i < 2; i++) {
+        cJSON *bc = cJSON_Parse(bad[i]);
+        tsr_chat_opts o = {.add_generation_prompt = true, .now = 0};
+        char *bo = NULL;
+        size_t bn = 0;
+        ASSERT_EQ_INT(tsr_chat_render_json(&t, bc, &o, &bo, &bn), TSR_ERR_INVALID);
+        ASSERT_STR_CONTAINS(tsr_last_error(), why[i]);
+        cJSON_Delete(bc);
+    }
+    tsr_chat_template_free(&t);
 }
 
 /* Feeds the answer's tokens one by one: the final channel's text in *got (tsr_free), the
@@ -246,4 +364,4 @@ TSR_TEST(test_harmony_answer) {
     ASSERT_TRUE(h.reasoning[1].len == 4 && !memcmp(a + h.reasoning[1].begin, "Two.", 4));
 }
 
-TSR_TEST_MAIN(test_harmony_template_matches_gpt_oss, test_harmony_parser, test_harmony_answer)
+TSR_TEST_MAIN(test_harmony_template_matches_gpt_oss, test_harmony_template_tools, test_harmony_parser, test_harmony_answer)
