@@ -420,6 +420,72 @@ TSR_KV_FWD_TEST(test_forward_skew_mode) {
     tsr_free(ls);
 }
 
+/* The overlapped copies (policies/offload_copy.h) against --offload-sync: skew at 20 %,
+ * without calibration and with one (--offload-calib 32: the layers' transforms change at
+ * 16 and 32 query rows, the steps when the fetch and the write-back of a layer stay
+ * synchronous), the prompt in chunks of 8, then decode: the same tokens and logits, bit
+ * for bit. On cpu-fenced the copies go on its streams, which run a copy only when
+ * something waits for it, so a missing wait or a staging buffer reused too early changes
+ * the bits: prefetches are taken, write-backs queued, and the run waits fewer times than
+ * the synchronous one. On cpu (host memory) nothing is queued. */
+TSR_KV_FWD_TEST(test_forward_overlap_same_bits) {
+    const tsr_model *m = kvt_eng->weights;
+    tsr_backend *be = kvt_be;
+    int32_t prompt[24];
+    for (int i = 0; i < 24; i++) prompt[i] = 1 + (i * 31) % (m->cfg.vocab_size - 1);
+    enum { GEN = 40 };
+    size_t vb = (size_t)m->cfg.vocab_size * sizeof(float);
+    float *lg[2] = {tsr_malloc(vb), tsr_malloc(vb)};
+    ASSERT_TRUE(lg[0] && lg[1]);
+    for (int calib = 0; calib < 2; calib++) {
+        int32_t toks[2][GEN];
+        int64_t syncs[2] = {0, 0}, streamed[2] = {0, 0};
+        for (int sync = 0; sync < 2; sync++) {
+            const tsr_kv_policy_arg args[] = {{"offload-mode", "skew"},
+                                              {"offload-calib", calib ? "32" : "0"},
+                                              {"offload-sync", "1"}};
+            tsr_kv_options o = {.policy = &tsr_kv_policy_offload, .memory_bytes = 8 << 20,
+                                .block_size = 16, .budget = 0.2, .max_seqs = 1, .be = be,
+                                .kv_dtype = kvt_dtype_name(), .model = kvt_eng->model,
+                                .policy_args = args, .n_policy_args = sync ? 3 : 2};
+            tsr_kv_cache *kv = NULL;
+            ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &kv));
+            tsr_backend_counters c;
+            if (be->ops->counters) be->ops->counters(be, &c, true);
+            ASSERT_OK(tsr__greedy(m, be, kv, prompt, 24, 8, GEN, toks[sync], lg[sync]));
+            if (be->ops->counters) {
+                be->ops->counters(be, &c, true);
+                syncs[sync] = c.syncs;
+                streamed[sync] = c.stream_copies;
+            }
+            tsr_kv_policy_stats ps;
+            tsr_kv_policy_get_stats(kv, &ps);
+            ASSERT_TRUE(TSR__PS("spec_selections") > 0 && TSR__PS("bytes_fetched") > 0);
+            if (sync || be->host_memory) {
+                ASSERT_EQ_INT(TSR__PS("copy_prefetches"), 0);
+                ASSERT_EQ_INT(TSR__PS("copy_writebacks"), 0);
+            } else {
+                ASSERT_TRUE(TSR__PS("copy_prefetch_used") > 0);
+                ASSERT_TRUE(TSR__PS("copy_prefetch_used") + TSR__PS("copy_prefetch_dropped") <=
+                            TSR__PS("copy_prefetches"));
+                ASSERT_TRUE(TSR__PS("copy_writebacks") > 0);
+                ASSERT_TRUE(TSR__PS("copy_drains") > 0);
+                if (!be->ops->event_elapsed) ASSERT_TRUE(TSR__PSD("copy_hidden") == -1.0);
+            }
+            tsr_kv_cache_destroy(kv);
+        }
+        for (int g = 0; g < GEN; g++) ASSERT_EQ_INT(toks[0][g], toks[1][g]);
+        ASSERT_TRUE(memcmp(lg[0], lg[1], vb) == 0);
+        if (be->ops->counters && !be->host_memory) {
+            ASSERT_TRUE(streamed[0] > 0 && streamed[1] == 0);
+            ASSERT_TRUE(syncs[0] < syncs[1]);
+        }
+    }
+    tsr_free(lg[0]);
+    tsr_free(lg[1]);
+}
+
 TSR_TEST_MAIN(test_speculative_selection_and_bytes, test_forward_full_budget_equals_paged,
               test_forward_uses_speculation, test_skew_keeps_qk, test_skew_rope_average,
-              test_alpha_selection, test_skew_union_cols, test_forward_skew_mode)
+              test_alpha_selection, test_skew_union_cols, test_forward_skew_mode,
+              test_forward_overlap_same_bits)
