@@ -453,7 +453,8 @@ static tsr_status tsr__cuda_event_create_timed(tsr_backend *be, tsr_event **out)
 static tsr_status tsr__cuda_event_elapsed(tsr_backend *be, tsr_event *start, tsr_event *end,
                                           float *ms) {
     (void)be;
-    if (!start || !end) return tsr_error_set(TSR_ERR_INVALID, "cuda: event_elapsed of a NULL event");
+    if (!start || !end)
+        return tsr_error_set(TSR_ERR_INVALID, "cuda: event_elapsed of a NULL event");
     TSR_CUDA_TRY(cudaEventElapsedTime(ms, (cudaEvent_t)(void *)start, (cudaEvent_t)(void *)end));
     return TSR_OK;
 }
