@@ -117,6 +117,7 @@ typedef struct tsr__off_counters {
     /* the copy streams (policies/offload_copy.h); reported */
     int64_t copy_prefetches, copy_prefetch_used, copy_prefetch_dropped, copy_writebacks;
     int64_t copy_drains, copy_timed;
+    int64_t copy_late; /* of the prefetches, those queued at the select itself */
     double copy_ms, copy_stall_ms;
     double copy_hidden; /* 1 - stall / copy over the timed prefetches; -1: not timed */
 } tsr__off_counters;
@@ -584,12 +585,15 @@ static tsr_status tsr__off_write(void *state, int layer, int seq, int32_t n, con
     TSR_TRY(tsr__off_grow(o, L, at + n));
     size_t kvd = (size_t)o->kvd;
     /* k and v are the layer's activations (backend memory): the host copy is a download.
-     * With copy streams (skew, when nothing reads this step's rows on the host before the
-     * next step: no calibration due, no dump) it goes down on the device-to-host stream and
-     * the rows' partial keys wait for the next step's drain (tsr__off_arrived); otherwise
-     * it waits, and everything below reads that copy. */
+     * With copy streams, when nothing reads this step's rows on the host before the next
+     * step (skew: no calibration due; warmup: the channels chosen, so no warm-up energy;
+     * no dump), it goes down on the device-to-host stream and the rows' partial keys wait
+     * for the next step's drain (tsr__off_arrived); otherwise it waits, and everything
+     * below reads that copy. */
     bool queued = false;
-    if (o->copy && o->mode == TSR_OFFLOAD_SKEW && !o->dump && !tsr__off_will_calibrate(o, layer))
+    int later = o->mode == TSR_OFFLOAD_SKEW ? !tsr__off_will_calibrate(o, layer)
+                                            : o->chan_set[layer];
+    if (o->copy && later && !o->dump)
         TSR_TRY(tsr_offload_copy_writeback(o->copy, seq, layer, k, v, n,
                                            L->hk + (size_t)at * kvd, L->hv + (size_t)at * kvd,
                                            at, &queued));
@@ -1055,6 +1059,17 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
             if (want[j] && !L->res[j]) fp[f++] = j;
         const float *dk = NULL, *dv = NULL;
         if (st == TSR_OK) st = tsr_offload_copy_take(o->copy, seq, layer, fp, nf, &dk, &dv);
+        if (st == TSR_OK && !dk && o->copy) {
+            /* nothing made early (warmup selects from the layer's own queries): the same
+             * copy from pinned staging on the copy stream, waited for at once by the
+             * compute stream, not the host; no overlap, but no host wait either */
+            bool q = false;
+            st = tsr_offload_copy_prefetch(o->copy, seq, layer, L->hk, L->hv, fp, nf, &q);
+            if (st == TSR_OK && q) {
+                o->st.copy_late++;
+                st = tsr_offload_copy_take(o->copy, seq, layer, fp, nf, &dk, &dv);
+            }
+        }
         if (st == TSR_OK && dk) {
             st = tsr_kv_paged_insert_device(m, layer, seq, fp, nf, dk, dv);
         } else if (st == TSR_OK) {
@@ -1192,6 +1207,7 @@ static const tsr_kv_policy_stat_field tsr__off_stat_fields[] = {
     {"copy_prefetch_used", TSR_KV_STAT_I64, offsetof(tsr__off_counters, copy_prefetch_used)},
     {"copy_prefetch_dropped", TSR_KV_STAT_I64,
      offsetof(tsr__off_counters, copy_prefetch_dropped)},
+    {"copy_late", TSR_KV_STAT_I64, offsetof(tsr__off_counters, copy_late)},
     {"copy_writebacks", TSR_KV_STAT_I64, offsetof(tsr__off_counters, copy_writebacks)},
     {"copy_drains", TSR_KV_STAT_I64, offsetof(tsr__off_counters, copy_drains)},
     {"copy_timed", TSR_KV_STAT_I64, offsetof(tsr__off_counters, copy_timed)},
