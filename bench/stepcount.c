@@ -11,11 +11,13 @@
  * after the prefill; the line gives the means per step and per layer:
  *   step policy= batch= ctx= layers= steps= downloads= download_bytes= uploads=
  *        upload_bytes= waits= host_arrays= host_array_bytes= pageable= ops=
- *        downloads_per_layer= ops_per_layer=
+ *        downloads_per_layer= ops_per_layer= stream_copies= waits_per_layer=
  * (docs/perf.md has the counts and what each one is). The arena is TSR_FENCED_MEMORY or
  * the fenced device's default. --no-fuse keeps q/k/v and gate/up apart (the engine's
- * no_fuse: runtime/model/fuse.h), for the counts without fused weights. Exit 0, or 1 with
- * one line on stderr. */
+ * no_fuse: runtime/model/fuse.h), for the counts without fused weights. stream_copies are
+ * the transfers queued on copy streams (no host wait; offload's overlapped fetch and
+ * write-back); waits_per_layer is waits over layers. Exit 0, or 1 with one line on
+ * stderr. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,12 +159,13 @@ int main(int argc, char **argv) {
         printf("step policy=%s batch=%d ctx=%d layers=%d steps=%d downloads=%.2f "
                "download_bytes=%.0f uploads=%.2f upload_bytes=%.0f waits=%.2f "
                "host_arrays=%.2f host_array_bytes=%.0f pageable=%.2f ops=%.2f "
-               "downloads_per_layer=%.2f ops_per_layer=%.2f\n",
+               "downloads_per_layer=%.2f ops_per_layer=%.2f stream_copies=%.2f "
+               "waits_per_layer=%.2f\n",
                pol->name, batch, ctx, L, steps, (double)c.downloads / n,
                (double)c.download_bytes / n, (double)c.uploads / n, (double)c.upload_bytes / n,
                (double)c.syncs / n, (double)c.host_args / n, (double)c.host_arg_bytes / n,
                (double)c.pageable / n, (double)c.ops / n, (double)c.downloads / n / L,
-               (double)c.ops / n / L);
+               (double)c.ops / n / L, (double)c.stream_copies / n, (double)c.syncs / n / L);
     } else {
         fprintf(stderr, "stepcount: %s: %s\n", tsr_strerror(st), tsr_last_error());
         rc = 1;

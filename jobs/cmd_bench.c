@@ -128,9 +128,12 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         {"repeat", TSR_OPT_INT, &o->repeat, "R", "timed repeats, median reported", false},
         {"warmup", TSR_OPT_INT, &o->warmup, "W", "untimed prefill + one decode step rounds",
          false},
-        {"kv", TSR_OPT_STRING, &o->kv, "paged|dense",
+        {"kv", TSR_OPT_STRING, &o->kv, "paged|dense|offload",
          "KV cache: the paged pool of generate and run (16-token blocks, no prefix sharing), "
-         "or one contiguous buffer (default: paged)", false},
+         "one contiguous buffer, or the offload policy (InfiniGen's skew mode at a 20 % "
+         "budget, its copies on copy streams; the JSON adds its kv_stats, copy_hidden the "
+         "share of the fetch's copy time the compute stream did not wait for, -1 where the "
+         "backend times no events) (default: paged)", false},
         {"backend", TSR_OPT_STRING, &o->backend, "NAME",
          "auto, cpu, cpu-fenced or cuda (default: cpu)", false},
         {"membw-mib", TSR_OPT_INT, &o->membw_mib, "MIB",
@@ -161,8 +164,9 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
                                    "memory available", o->membw_mib, (long long)(avail >> 20));
     if (!o->kv) o->kv = "paged";
     if (!o->backend) o->backend = "cpu";
-    if (strcmp(o->kv, "paged") != 0 && strcmp(o->kv, "dense") != 0)
-        return tsr_cli_usage_error(&cli, "--kv '%s': expected paged or dense", o->kv);
+    if (strcmp(o->kv, "paged") != 0 && strcmp(o->kv, "dense") != 0 &&
+        strcmp(o->kv, "offload") != 0)
+        return tsr_cli_usage_error(&cli, "--kv '%s': expected paged, dense or offload", o->kv);
     if (o->dtype_name) {
         o->dtype = tsr_dtype_parse(o->dtype_name);
         if (o->dtype != TSR_F32 && o->dtype != TSR_BF16 && o->dtype != TSR_Q8_0 &&
@@ -235,6 +239,7 @@ static void tsr__cnt_add(tsr_backend_counters *a, const tsr_backend_counters *b)
     a->host_arg_bytes += b->host_arg_bytes;
     a->ops += b->ops;
     a->pageable += b->pageable;
+    a->stream_copies += b->stream_copies;
 }
 
 /* Rows per block of the paged cache (the default of generate and run). */
@@ -360,9 +365,18 @@ int tsr_cmd_bench(int argc, char **argv) {
                           .max_tokens = n, .min_context = n + g, .config_out = &loaded,
                           .convert_weights = o.dtype >= 0, .pack_weights = true};
     if (o.dtype >= 0) eo.weights_dtype = (tsr_dtype)o.dtype;
+    /* offload: InfiniGen's skew mode (the next layer's fetch speculated, so its copy can
+     * overlap the layer before) at a 20 % budget */
+    static const tsr_kv_policy_arg skew[] = {{"offload-mode", "skew"}};
     if (strcmp(o.kv, "dense") == 0) {
         eo.dense_kv_tokens = n + g;
         eo.kv.max_seqs = 1;
+    } else if (strcmp(o.kv, "offload") == 0) {
+        eo.kv_blocks = ((int64_t)n + g + TSR__BENCH_BLOCK - 1) / TSR__BENCH_BLOCK;
+        eo.kv = (tsr_kv_options){.policy = &tsr_kv_policy_offload,
+                                 .block_size = TSR__BENCH_BLOCK, .max_seqs = 1,
+                                 .no_prefix_cache = 1, .chunk_tokens = n, .max_context = n + g,
+                                 .budget = 0.2, .policy_args = skew, .n_policy_args = 1};
     } else {
         /* The pool holds exactly one sequence of n + g tokens: blocks of 16 rows of K and V
          * per layer. No prefix sharing: every repeat feeds the same prompt. */
@@ -489,9 +503,10 @@ int tsr_cmd_bench(int argc, char **argv) {
         if (r.cnt_steps > 0) {
             const tsr_backend_counters *k = &r.cnt;
             const char *names[] = {"uploads", "upload_bytes", "downloads", "download_bytes",
-                                   "waits", "host_arrays", "pageable", "ops"};
+                                   "waits", "host_arrays", "pageable", "ops",
+                                   "stream_copies"};
             int64_t vals[] = {k->uploads, k->upload_bytes, k->downloads, k->download_bytes,
-                              k->syncs, k->host_args, k->pageable, k->ops};
+                              k->syncs, k->host_args, k->pageable, k->ops, k->stream_copies};
             double per[] = {(double)r.cnt_steps, (double)r.cnt_steps * c->n_layers};
             printf("\"step_counters\":{");
             for (int w = 0; w < 2; w++) {
@@ -501,6 +516,10 @@ int tsr_cmd_bench(int argc, char **argv) {
                 printf("}");
             }
             printf("},");
+        }
+        if (strcmp(o.kv, "offload") == 0) {
+            char ks[4096];
+            if (tsr_kv_stats_json(eng->kv, ks, sizeof ks) > 0) printf("\"kv_stats\":%s,", ks);
         }
         printf("\"dim\":%d,\"hidden_dim\":%d,\"n_layers\":%d,\"n_heads\":%d,"
                "\"n_kv_heads\":%d,\"head_dim\":%d,\"vocab_size\":%d,\"last_token\":%d}\n",

@@ -215,6 +215,9 @@ typedef struct tsr_backend_counters {
      * (not from host_alloc(pinned) or host_register): a GPU stages each through a bounce
      * buffer, synchronously, and a CUDA Graph cannot capture it. */
     int64_t pageable;
+    /* Of the transfers above, those queued on a copy stream (stream_create): no host wait,
+     * and free to overlap the compute stream's work. */
+    int64_t stream_copies;
 } tsr_backend_counters;
 
 typedef struct tsr_backend_ops {
@@ -253,6 +256,13 @@ typedef struct tsr_backend_ops {
     tsr_status (*event_record)(tsr_backend *be, tsr_event *ev, tsr_stream *stream);
     tsr_status (*stream_wait)(tsr_backend *be, tsr_stream *stream, tsr_event *ev);
     tsr_status (*event_sync)(tsr_backend *be, tsr_event *ev);
+    /* Optional (both NULL: the backend times nothing): an event that also takes a time stamp
+     * when reached (CUDA: a timing event; waits on it cost a little more, so only
+     * measurements use it; destroyed by event_destroy), and the milliseconds from `start`
+     * to `end`, both recorded and complete (after an event_sync, or a wait that covers
+     * them). */
+    tsr_status (*event_create_timed)(tsr_backend *be, tsr_event **out);
+    tsr_status (*event_elapsed)(tsr_backend *be, tsr_event *start, tsr_event *end, float *ms);
     /* Optional (NULL: nothing to do): pins / unpins a host buffer made elsewhere (the
      * hwloc-placed host pool) so that copies from it can be asynchronous. */
     tsr_status (*host_register)(tsr_backend *be, void *ptr, size_t bytes);
@@ -472,7 +482,7 @@ tsr_status tsr_backend_fenced_create(int threads, size_t arena_bytes, tsr_backen
  * TSR_BACKEND_MODULE_ABI; the loader refuses a module whose version or struct sizes differ
  * from its own with one line. The module calls back into the runtime (tsr_error_set, ...):
  * the executables export its symbols (CMakeLists.txt). */
-#define TSR_BACKEND_MODULE_ABI 3
+#define TSR_BACKEND_MODULE_ABI 4
 #define TSR_BACKEND_MODULE_ENTRY "tsr_backend_module_entry"
 
 /* What a GPU probe found. */

@@ -83,6 +83,12 @@ tsr_status tsr_kv_paged_reserve_rows(tsr_kv_cache *kv, int layer, int seq, int32
  * reserve_rows), in one backend call; their scores start at 0. */
 tsr_status tsr_kv_paged_insert(tsr_kv_cache *kv, int layer, int seq, const int32_t *pos,
                                int32_t n, const float *k, const float *v);
+/* The same from rows in backend memory ([n][kv_dim] f32 each: a staging buffer the caller
+ * filled on a copy stream and ordered the compute stream after), in one kv_write: the
+ * slots, positions and bits of insert. */
+tsr_status tsr_kv_paged_insert_device(tsr_kv_cache *kv, int layer, int seq,
+                                      const int32_t *pos, int32_t n, const float *k,
+                                      const float *v);
 
 /* --- sharing and preemption ----------------------------------------------------------- */
 

@@ -147,8 +147,9 @@ tsr_status tsr_kv_paged_reserve_rows(tsr_kv_cache *kv, int layer, int seq, int32
     return tsr__kvp_reserve_layers(p, s, seq, layer, layer + 1, rows);
 }
 
-tsr_status tsr_kv_paged_insert(tsr_kv_cache *kv, int layer, int seq, const int32_t *pos,
-                               int32_t n, const float *k, const float *v) {
+/* insert and insert_device: the rows from host memory (scatter) or backend memory (write). */
+static tsr_status tsr__kvp_insert(tsr_kv_cache *kv, int layer, int seq, const int32_t *pos,
+                                  int32_t n, const float *k, const float *v, int device) {
     tsr__paged *p = tsr__P(kv);
     tsr__pseq *s;
     tsr__player *L;
@@ -157,11 +158,23 @@ tsr_status tsr_kv_paged_insert(tsr_kv_cache *kv, int layer, int seq, const int32
         return tsr_error_set(TSR_ERR_INTERNAL, "KV cache: insert past reservation");
     TSR_TRY(tsr__kvp_scratch(p, n));
     tsr__slots_of(p, L, L->slots, n, p->sl_a);
-    TSR_TRY(tsr_kv_store_scatter(&p->kvs, p->sl_a, n, k, v, pos, NULL));
+    TSR_TRY(device ? tsr_kv_store_put(&p->kvs, p->sl_a, n, k, v, pos)
+                   : tsr_kv_store_scatter(&p->kvs, p->sl_a, n, k, v, pos, NULL));
     for (int32_t i = 0; i < n; i++)
         if (L->dense && pos[i] != L->slots + i) L->dense = 0;
     L->slots += n;
     return TSR_OK;
+}
+
+tsr_status tsr_kv_paged_insert(tsr_kv_cache *kv, int layer, int seq, const int32_t *pos,
+                               int32_t n, const float *k, const float *v) {
+    return tsr__kvp_insert(kv, layer, seq, pos, n, k, v, 0);
+}
+
+tsr_status tsr_kv_paged_insert_device(tsr_kv_cache *kv, int layer, int seq,
+                                      const int32_t *pos, int32_t n, const float *k,
+                                      const float *v) {
+    return tsr__kvp_insert(kv, layer, seq, pos, n, k, v, 1);
 }
 
 /* --- sharing and preemption ----------------------------------------------------------- */

@@ -85,6 +85,17 @@ tsr_status tsr_kv_store_scatter(tsr_kv_store *s, const int32_t *slots, int64_t n
     return TSR_OK;
 }
 
+tsr_status tsr_kv_store_put(tsr_kv_store *s, const int32_t *slots, int64_t n, const float *k,
+                            const float *v, const int32_t *pos) {
+    if (n <= 0) return TSR_OK;
+    TSR_TRY(s->be->ops->kv_write(s->be, &s->lay, slots, n, k, v));
+    for (int64_t i = 0; i < n; i++) {
+        s->pos[slots[i]] = pos[i];
+        if (s->score) s->score[slots[i]] = 0.0f;
+    }
+    return TSR_OK;
+}
+
 tsr_status tsr_kv_store_gather(const tsr_kv_store *s, const int32_t *slots, int64_t n,
                                float *k, float *v, int32_t *pos, float *score) {
     if (n <= 0) return TSR_OK;

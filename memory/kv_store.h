@@ -45,6 +45,10 @@ tsr_status tsr_kv_store_copy(tsr_kv_store *s, const int32_t *dst, const int32_t 
 tsr_status tsr_kv_store_scatter(tsr_kv_store *s, const int32_t *slots, int64_t n,
                                 const float *k, const float *v, const int32_t *pos,
                                 const float *score);
+/* Rows k[i], v[i] in backend memory ([n][row]: a staging buffer filled by a copy the
+ * compute stream was ordered after) to slots[i] with positions pos[i] and score 0. */
+tsr_status tsr_kv_store_put(tsr_kv_store *s, const int32_t *slots, int64_t n, const float *k,
+                            const float *v, const int32_t *pos);
 /* Slots to host rows and metadata (any of k, v, pos, score may be NULL; score reads 0
  * without scores). */
 tsr_status tsr_kv_store_gather(const tsr_kv_store *s, const int32_t *slots, int64_t n,

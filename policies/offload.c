@@ -39,6 +39,7 @@
 #include "comm/comm.h"
 #include "kernels/cpu/quant_q4.h"
 #include "kernels/rope_freq.h"
+#include "policies/offload_copy.h"
 #include "policies/offload_skew.h"
 #include "policies/policy.h"
 #include "base/alloc.h"
@@ -66,6 +67,13 @@ typedef struct tsr__olayer {
      * [H][cols], from the previous layer's attention input), sq_n rows; 0: none */
     float *sq;
     int sq_n;
+    /* skew with copy streams: this layer's selection, made early (at the previous layer's
+     * attention input, right after the speculation) so that its fetch overlaps that layer:
+     * ew[len] the wanted prior tokens, ew_take of them, for ew_len prior tokens and
+     * ew_total rows; ew_ok 0: none (select chooses as usual) */
+    uint8_t *ew;
+    int32_t ew_cap, ew_len, ew_total, ew_take;
+    int ew_ok;
 } tsr__olayer;
 
 typedef struct tsr__oseq {
@@ -90,6 +98,7 @@ typedef struct tsr__off_opts {
     int dense_layers;   /* skew: the first offloaded layers keep every token (InfiniGen: 2) */
     int calib;          /* skew: query rows per layer that recalibrate the transform (0: none) */
     int dense_prefill;  /* a step of several tokens (a prefill chunk) keeps every prior token */
+    int sync;           /* no copy streams: every fetch and write-back waits (the reference) */
 } tsr__off_opts;
 
 typedef struct tsr__off_counters {
@@ -106,6 +115,12 @@ typedef struct tsr__off_counters {
     double bytes_per_token;   /* reported: (offloaded + fetched) / tokens */
     double fetched_per_token; /* reported: fetched / tokens */
     double recall;            /* reported: recall_sum / recall_n, -1 when not measured */
+    /* the copy streams (policies/offload_copy.h); reported */
+    int64_t copy_prefetches, copy_prefetch_used, copy_prefetch_dropped, copy_writebacks;
+    int64_t copy_drains, copy_timed;
+    int64_t copy_late; /* of the prefetches, those queued at the select itself */
+    double copy_ms, copy_stall_ms;
+    double copy_hidden; /* 1 - stall / copy over the timed prefetches; -1: not timed */
 } tsr__off_counters;
 
 typedef struct tsr__off {
@@ -154,6 +169,9 @@ typedef struct tsr__off {
     /* TSR_OFFLOAD_DUMP=FILE (a debugging aid, tools/infinigen_ref.py --replay reads it): one
      * line per speculated selection, "layer len take pos...", the prior tokens made resident */
     FILE *dump;
+    /* copy streams for the fetch and the write-back; NULL: synchronous copies (a backend
+     * whose memory is the host's, or --offload-sync) */
+    tsr_offload_copy *copy;
 } tsr__off;
 
 typedef struct tsr__ocand {
@@ -162,6 +180,7 @@ typedef struct tsr__ocand {
 } tsr__ocand;
 
 static void tsr__off_destroy(void *state);
+static void tsr__off_arrived(void *ctx, int seq, int layer, int32_t at, int32_t n);
 
 /* The skew mode's transforms from the weights (once, at create): per layer and KV head the
  * best `cols` columns of the orthogonal transform (policies/offload_skew.h). */
@@ -280,6 +299,9 @@ static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
         o->mode = TSR_OFFLOAD_WARMUP;
     }
     tsr_status st = o->mode == TSR_OFFLOAD_SKEW ? tsr__off_skew_init(o, cfg->model) : TSR_OK;
+    if (st == TSR_OK && !o->opt.sync)
+        st = tsr_offload_copy_create(tsr_kv_paged_backend(mech), o->L, o->kvd, tsr__off_arrived,
+                                     o, &o->copy);
     if (st != TSR_OK) {
         tsr__off_destroy(o);
         *state = NULL;
@@ -291,6 +313,9 @@ static void tsr__off_release(void *state, int seq) {
     tsr__off *o = state;
     if (seq < 0 || seq >= o->n_seqs || !o->seqs[seq].active) return;
     tsr__oseq *s = &o->seqs[seq];
+    /* its copies in flight land before the memory goes; nothing to report from here */
+    if (tsr_offload_copy_release(o->copy, seq) != TSR_OK)
+        TSR_LOG_WARN("offload: releasing sequence %d's copies: %s", seq, tsr_last_error());
     size_t pw = (size_t)o->pkh * o->pw;
     for (int l = 0; l < o->L; l++) {
         tsr__olayer *L = &s->layers[l];
@@ -300,6 +325,7 @@ static void tsr__off_release(void *state, int seq) {
         tsr_free(L->pk);
         tsr_free(L->res);
         tsr_free(L->sq);
+        tsr_free(L->ew);
     }
     tsr_free(s->layers);
     memset(s, 0, sizeof *s);
@@ -308,6 +334,7 @@ static void tsr__off_release(void *state, int seq) {
 static void tsr__off_destroy(void *state) {
     tsr__off *o = state;
     for (int i = 0; i < o->n_seqs; i++) tsr__off_release(o, i);
+    tsr_offload_copy_destroy(o->copy);
     tsr_free(o->seqs);
     tsr_free(o->A);
     tsr_free(o->ncol);
@@ -369,7 +396,9 @@ static tsr_status tsr__off_append(void *state, int seq, int32_t n) {
     tsr__oseq *s = tsr__oseq_get(o, seq);
     if (!s) return tsr_error_set(TSR_ERR_INVALID, "offload: no sequence %d", seq);
     s->pending = n;
-    return TSR_OK;
+    /* a step starts: the last step's copies land (one host wait, when any are in flight),
+     * and the rows written back get their partial keys (tsr__off_arrived) */
+    return tsr_offload_copy_drain(o->copy);
 }
 
 static void tsr__off_pair(const tsr__off *o, int p, int *a, int *b) {
@@ -534,6 +563,28 @@ static tsr_status tsr__off_grow(tsr__off *o, tsr__olayer *L, int32_t rows) {
     return TSR_OK;
 }
 
+/* skew: whether layer's transform may be recalibrated during this step (its queries hook
+ * adding this step's rows reaches cal_next): that recomputes the layer's partial keys from
+ * every row of the host copy, this step's included, and replaces its speculation, so
+ * neither the write-back nor the selection of such a layer may run ahead. Counted over
+ * every sequence of the step, so the answer holds for the whole step (and is the same on
+ * every rank). */
+static int tsr__off_will_calibrate(const tsr__off *o, int layer) {
+    if (!o->cal_done || o->cal_done[layer]) return 0;
+    int64_t rows = 0;
+    for (int s = 0; s < o->n_seqs; s++)
+        if (o->seqs[s].active) rows += o->seqs[s].pending;
+    return o->cal_n[layer] + rows >= o->cal_next[layer];
+}
+
+/* A write-back landed (the drain at a step's start): the rows' partial keys. */
+static void tsr__off_arrived(void *ctx, int seq, int layer, int32_t at, int32_t n) {
+    tsr__off *o = ctx;
+    tsr__oseq *s = tsr__oseq_get(o, seq);
+    if (!s || at + n > s->layers[layer].n) return;
+    tsr__off_partial(o, &s->layers[layer], layer, at, at + n);
+}
+
 static tsr_status tsr__off_write(void *state, int layer, int seq, int32_t n, const float *k,
                                  const float *v) {
     tsr__off *o = state;
@@ -544,20 +595,33 @@ static tsr_status tsr__off_write(void *state, int layer, int seq, int32_t n, con
     int32_t at = o->mech->ops->seq_len(o->mech, seq);
     TSR_TRY(tsr__off_grow(o, L, at + n));
     size_t kvd = (size_t)o->kvd;
-    /* k and v are the layer's activations (backend memory): the host copy is a download,
-     * and everything below reads that copy. */
-    tsr_backend *be = tsr_kv_paged_backend(o->mech);
-    TSR_TRY(tsr_backend_download(be, L->hk + (size_t)at * kvd, k, (size_t)n * kvd * 4));
-    TSR_TRY(tsr_backend_download(be, L->hv + (size_t)at * kvd, v, (size_t)n * kvd * 4));
-    k = L->hk + (size_t)at * kvd;
-    if (o->mode == TSR_OFFLOAD_WARMUP && !o->chan_set[layer]) {
-        tsr__off_energy(o, o->ke + (size_t)layer * o->G * (o->hd / 2), k, n, o->G);
-        double *km = o->km + (size_t)layer * o->kvd;
-        for (int32_t i = 0; i < n; i++)
-            for (int c = 0; c < o->kvd; c++) km[c] += k[(size_t)i * kvd + c];
-        o->warm[layer] += n;
+    /* k and v are the layer's activations (backend memory): the host copy is a download.
+     * With copy streams, when nothing reads this step's rows on the host before the next
+     * step (skew: no calibration due; warmup: the channels chosen, so no warm-up energy;
+     * no dump), it goes down on the device-to-host stream and the rows' partial keys wait
+     * for the next step's drain (tsr__off_arrived); otherwise it waits, and everything
+     * below reads that copy. */
+    bool queued = false;
+    int later = o->mode == TSR_OFFLOAD_SKEW ? !tsr__off_will_calibrate(o, layer)
+                                            : o->chan_set[layer];
+    if (o->copy && later && !o->dump)
+        TSR_TRY(tsr_offload_copy_writeback(o->copy, seq, layer, k, v, n,
+                                           L->hk + (size_t)at * kvd, L->hv + (size_t)at * kvd,
+                                           at, &queued));
+    if (!queued) {
+        tsr_backend *be = tsr_kv_paged_backend(o->mech);
+        TSR_TRY(tsr_backend_download(be, L->hk + (size_t)at * kvd, k, (size_t)n * kvd * 4));
+        TSR_TRY(tsr_backend_download(be, L->hv + (size_t)at * kvd, v, (size_t)n * kvd * 4));
+        k = L->hk + (size_t)at * kvd;
+        if (o->mode == TSR_OFFLOAD_WARMUP && !o->chan_set[layer]) {
+            tsr__off_energy(o, o->ke + (size_t)layer * o->G * (o->hd / 2), k, n, o->G);
+            double *km = o->km + (size_t)layer * o->kvd;
+            for (int32_t i = 0; i < n; i++)
+                for (int c = 0; c < o->kvd; c++) km[c] += k[(size_t)i * kvd + c];
+            o->warm[layer] += n;
+        }
+        tsr__off_partial(o, L, layer, at, at + n);
     }
-    tsr__off_partial(o, L, layer, at, at + n);
     memset(L->res + at, 1, (size_t)n);
     L->n = at + n;
     o->st.bytes_offloaded += (int64_t)n * (int64_t)kvd * 8;
@@ -750,6 +814,8 @@ static tsr_status tsr__off_speculate(tsr__off *o, tsr__olayer *L, int t, const f
     return st;
 }
 
+static tsr_status tsr__off_early(tsr__off *o, tsr__oseq *s, int seq, int layer);
+
 /* Layer `layer`'s attention input: speculates the next layer's selection from it (InfiniGen:
  * hidden states change little from one layer to the next, so the next layer's fetch can be
  * decided, and overlap, while this layer computes). The first layer of a rank has no
@@ -769,7 +835,10 @@ static tsr_status tsr__off_attn_input(void *state, int layer, int seq, const flo
     if (tsr_kv_policy_budget(&o->cfg, pos0 + n) >= pos0 + n) return TSR_OK; /* keeps all */
     if (s->layers[layer].sq_n == 0) TSR_TRY(tsr__off_speculate(o, &s->layers[layer], layer, x, n, pos0));
     int next = tsr_kv_policy_next_full(o->windows, o->L, layer);
-    if (next < o->L) TSR_TRY(tsr__off_speculate(o, &s->layers[next], next, x, n, pos0));
+    if (next < o->L) {
+        TSR_TRY(tsr__off_speculate(o, &s->layers[next], next, x, n, pos0));
+        TSR_TRY(tsr__off_early(o, s, seq, next));
+    }
     return TSR_OK;
 }
 
@@ -822,6 +891,54 @@ static tsr_status tsr__off_skew_scores(tsr__off *o, const tsr__olayer *L, int la
     return st;
 }
 
+/* skew with copy streams: layer's selection made now, from the speculation just taken at
+ * the previous layer's attention input (the inputs select would use: the speculated
+ * queries, the partial keys of the prior tokens, the budget of this step's rows), stashed
+ * for select, and the upload of its missing rows queued on the host-to-device stream, so
+ * that it runs while the previous layer computes. Not for a layer whose transform may be
+ * recalibrated this step (tsr__off_will_calibrate), whose selection select makes then. The
+ * same calls on every rank (the scores are summed over the TP group). */
+static tsr_status tsr__off_early(tsr__off *o, tsr__oseq *s, int seq, int layer) {
+    tsr__olayer *L = &s->layers[layer];
+    L->ew_ok = 0;
+    if (!o->copy || o->mode != TSR_OFFLOAD_SKEW || !L->sq_n || layer < o->opt.dense_layers ||
+        tsr__off_sliding(o, layer) || tsr__off_will_calibrate(o, layer))
+        return TSR_OK;
+    tsr_kv_cache *m = o->mech;
+    int32_t len = m->ops->seq_len(m, seq), total = L->n + s->pending;
+    if (L->n != len) return TSR_OK;
+    int32_t keep = tsr_kv_policy_budget(&o->cfg, total) - (total - len);
+    if (keep <= 0 || keep >= len) return TSR_OK; /* select keeps all, or only the new rows */
+    if (L->ew_cap < len) {
+        uint8_t *ew = tsr_realloc(L->ew, (size_t)len);
+        if (!ew) return TSR_ERR_NOMEM;
+        L->ew = ew;
+        L->ew_cap = len;
+    }
+    tsr__ocand *c = tsr_malloc((size_t)len * sizeof *c);
+    int32_t *fp = tsr_malloc((size_t)len * sizeof *fp);
+    int32_t take = keep;
+    tsr_status st = c && fp ? tsr__off_skew_scores(o, L, layer, len, keep, c, &take)
+                            : TSR_ERR_NOMEM;
+    if (st == TSR_OK) {
+        tsr__oselect(c, len, take);
+        memset(L->ew, 0, (size_t)len);
+        for (int32_t j = 0; j < take; j++) L->ew[c[j].pos] = 1;
+        L->ew_len = len;
+        L->ew_total = total;
+        L->ew_take = take;
+        L->ew_ok = 1;
+        int32_t nf = 0;
+        for (int32_t j = 0; j < len; j++)
+            if (L->ew[j] && !L->res[j]) fp[nf++] = j;
+        bool queued = false;
+        st = tsr_offload_copy_prefetch(o->copy, seq, layer, L->hk, L->hv, fp, nf, &queued);
+    }
+    tsr_free(c);
+    tsr_free(fp);
+    return st;
+}
+
 static tsr_status tsr__off_select(void *state, int layer, int seq) {
     tsr__off *o = state;
     tsr__oseq *s = tsr__oseq_get(o, seq);
@@ -858,13 +975,18 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
         int have_q = tsr_kv_policy_queries_for(&o->qs, layer, seq) && o->qs.n > 0;
         tsr_status sst = TSR_OK;
         int32_t take = keep;
-        if (o->mode == TSR_OFFLOAD_SKEW && !L->sq_n && have_q) {
+        /* made early, from the same inputs (tsr__off_early) */
+        int early = L->ew_ok && L->ew_len == len && L->ew_total == total && L->sq_n;
+        if (!early && o->mode == TSR_OFFLOAD_SKEW && !L->sq_n && have_q) {
             /* nothing speculated (no attention input came): this layer's own queries */
             int rows = o->qs.n < TSR__OFF_ROWS ? o->qs.n : TSR__OFF_ROWS;
             sst = tsr__off_project(o, L, layer,
                                    o->qs.q + (size_t)(o->qs.n - rows) * o->H * o->hd, rows);
         }
-        if (sst == TSR_OK && o->mode == TSR_OFFLOAD_SKEW && L->sq_n)
+        if (early) {
+            memcpy(want, L->ew, (size_t)len);
+            take = L->ew_take;
+        } else if (sst == TSR_OK && o->mode == TSR_OFFLOAD_SKEW && L->sq_n)
             sst = tsr__off_skew_scores(o, L, layer, len, keep, c, &take);
         else if (sst == TSR_OK && have_q) sst = tsr__off_scores(o, L, layer, len, 0, c);
         else {
@@ -876,8 +998,10 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
             tsr_free(want);
             return sst;
         }
-        tsr__oselect(c, len, take);
-        for (int32_t j = 0; j < take; j++) want[c[j].pos] = 1;
+        if (!early) {
+            tsr__oselect(c, len, take);
+            for (int32_t j = 0; j < take; j++) want[c[j].pos] = 1;
+        }
         o->st.selections++;
         if (have_q && (o->opt.measure_recall || o->st.selections % TSR__OFF_RECALL_EVERY == 1)) {
             /* the exact pass is collective too (the same flag and count on every rank);
@@ -938,20 +1062,41 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
         st = nf > 0 ? tsr_kv_paged_reserve_rows(m, layer, seq, nf) : TSR_OK;
     }
     if (st == TSR_OK && nf > 0) {
-        /* The missing rows, packed from the host copy, go in with one scatter. */
+        /* The missing rows go in with one call: the prefetch's device rows when it holds
+         * exactly these (the compute stream waits for its upload, the host does not), else
+         * packed from the host copy and scattered; the same slots and bits either way. */
         size_t kvd = (size_t)o->kvd;
-        float *fk = tsr_malloc((size_t)nf * kvd * 2 * sizeof *fk);
+        float *fk = NULL;
         int32_t *fp = tsr_malloc((size_t)nf * sizeof *fp);
-        st = fk && fp ? TSR_OK : TSR_ERR_NOMEM;
-        float *fv = fk ? fk + (size_t)nf * kvd : NULL;
+        st = fp ? TSR_OK : TSR_ERR_NOMEM;
         int32_t f = 0;
-        for (int32_t j = 0; j < len && st == TSR_OK; j++) {
-            if (!want[j] || L->res[j]) continue;
-            memcpy(fk + (size_t)f * kvd, L->hk + (size_t)j * kvd, kvd * 4);
-            memcpy(fv + (size_t)f * kvd, L->hv + (size_t)j * kvd, kvd * 4);
-            fp[f++] = j;
+        for (int32_t j = 0; j < len && st == TSR_OK; j++)
+            if (want[j] && !L->res[j]) fp[f++] = j;
+        const float *dk = NULL, *dv = NULL;
+        if (st == TSR_OK) st = tsr_offload_copy_take(o->copy, seq, layer, fp, nf, &dk, &dv);
+        if (st == TSR_OK && !dk && o->copy) {
+            /* nothing made early (warmup selects from the layer's own queries): the same
+             * copy from pinned staging on the copy stream, waited for at once by the
+             * compute stream, not the host; no overlap, but no host wait either */
+            bool q = false;
+            st = tsr_offload_copy_prefetch(o->copy, seq, layer, L->hk, L->hv, fp, nf, &q);
+            if (st == TSR_OK && q) {
+                o->st.copy_late++;
+                st = tsr_offload_copy_take(o->copy, seq, layer, fp, nf, &dk, &dv);
+            }
         }
-        if (st == TSR_OK) st = tsr_kv_paged_insert(m, layer, seq, fp, nf, fk, fv);
+        if (st == TSR_OK && dk) {
+            st = tsr_kv_paged_insert_device(m, layer, seq, fp, nf, dk, dv);
+        } else if (st == TSR_OK) {
+            fk = tsr_malloc((size_t)nf * kvd * 2 * sizeof *fk);
+            st = fk ? TSR_OK : TSR_ERR_NOMEM;
+            float *fv = fk ? fk + (size_t)nf * kvd : NULL;
+            for (int32_t i = 0; i < nf && st == TSR_OK; i++) {
+                memcpy(fk + (size_t)i * kvd, L->hk + (size_t)fp[i] * kvd, kvd * 4);
+                memcpy(fv + (size_t)i * kvd, L->hv + (size_t)fp[i] * kvd, kvd * 4);
+            }
+            if (st == TSR_OK) st = tsr_kv_paged_insert(m, layer, seq, fp, nf, fk, fv);
+        }
         for (int32_t i = 0; i < f && st == TSR_OK; i++) L->res[fp[i]] = 1;
         if (st == TSR_OK) o->st.bytes_fetched += (int64_t)nf * o->kvd * 8;
         tsr_free(fk);
@@ -989,6 +1134,7 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
     tsr_free(want);
     o->qs.q = NULL;
     L->sq_n = 0; /* a speculation serves one selection */
+    L->ew_ok = 0;
     return st;
 }
 
@@ -1013,6 +1159,17 @@ static void tsr__off_stats(const void *state, void *out_) {
                                  ? (double)out->bytes_fetched / (double)out->tokens_processed
                                  : 0.0;
     out->recall = out->recall_n ? out->recall_sum / (double)out->recall_n : -1.0;
+    tsr_offload_copy_stats cs;
+    tsr_offload_copy_get_stats(o->copy, &cs);
+    out->copy_prefetches = cs.prefetches;
+    out->copy_prefetch_used = cs.prefetch_used;
+    out->copy_prefetch_dropped = cs.prefetch_dropped;
+    out->copy_writebacks = cs.writebacks;
+    out->copy_drains = cs.drains;
+    out->copy_timed = cs.timed;
+    out->copy_ms = cs.copy_ms;
+    out->copy_stall_ms = cs.stall_ms;
+    out->copy_hidden = cs.timed && cs.copy_ms > 0 ? 1.0 - cs.stall_ms / cs.copy_ms : -1.0;
 }
 
 static const tsr_kv_policy_option tsr__off_options[] = {
@@ -1043,6 +1200,9 @@ static const tsr_kv_policy_option tsr__off_options[] = {
      "a prefill chunk attends to every prior token, fetched from the host copy (InfiniGen's "
      "prefill; the resident set then exceeds the budget while a prompt goes in)", NULL, 0, 1,
      NULL},
+    {"offload-sync", TSR_KV_OPT_FLAG, offsetof(tsr__off_opts, sync), NULL,
+     "no copy streams: every fetch and write-back of K/V waits for its copy (the overlapped "
+     "path's reference, the same tokens)", NULL, 0, 1, NULL},
     {"offload-recall", TSR_KV_OPT_FLAG, offsetof(tsr__off_opts, measure_recall), NULL,
      "score every selection exactly for the speculation's recall (slow; by default every "
      "16th)", NULL, 0, 1, NULL},
@@ -1063,6 +1223,17 @@ static const tsr_kv_policy_stat_field tsr__off_stat_fields[] = {
     {"spec_recall", TSR_KV_STAT_F64, offsetof(tsr__off_counters, recall)},
     {"spec_recall_n", TSR_KV_STAT_I64, offsetof(tsr__off_counters, recall_n)},
     {"fetch_short", TSR_KV_STAT_I64, offsetof(tsr__off_counters, fetch_short)},
+    {"copy_prefetches", TSR_KV_STAT_I64, offsetof(tsr__off_counters, copy_prefetches)},
+    {"copy_prefetch_used", TSR_KV_STAT_I64, offsetof(tsr__off_counters, copy_prefetch_used)},
+    {"copy_prefetch_dropped", TSR_KV_STAT_I64,
+     offsetof(tsr__off_counters, copy_prefetch_dropped)},
+    {"copy_late", TSR_KV_STAT_I64, offsetof(tsr__off_counters, copy_late)},
+    {"copy_writebacks", TSR_KV_STAT_I64, offsetof(tsr__off_counters, copy_writebacks)},
+    {"copy_drains", TSR_KV_STAT_I64, offsetof(tsr__off_counters, copy_drains)},
+    {"copy_timed", TSR_KV_STAT_I64, offsetof(tsr__off_counters, copy_timed)},
+    {"copy_ms", TSR_KV_STAT_F64, offsetof(tsr__off_counters, copy_ms)},
+    {"copy_stall_ms", TSR_KV_STAT_F64, offsetof(tsr__off_counters, copy_stall_ms)},
+    {"copy_hidden", TSR_KV_STAT_F64, offsetof(tsr__off_counters, copy_hidden)},
 };
 
 /* Queries (warmup's channel choice and selection, recall checks in both modes) and the

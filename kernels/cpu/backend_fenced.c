@@ -19,8 +19,11 @@
  * - Counters (the op `counters`, tsr_backend_counters): uploads, downloads, host waits,
  *   host arrays handed to ops, op calls, and which transfers touch pageable host memory
  *   (not host_alloc(pinned), not registered), counted as a GPU backend would pay them (a
- *   copy with stream NULL waits, as the CUDA backend's cudaStreamSynchronize after it), so
- *   that a CPU run shows what a step moves and how often it stops the host.
+ *   copy with stream NULL waits, as the CUDA backend's cudaStreamSynchronize after it), and
+ *   the copies queued on copy streams, so that a CPU run shows what a step moves and how
+ *   often it stops the host.
+ * - Copy streams queue their copies until something waits for them (see "copy streams and
+ *   events" below), so that a missing wait changes a CPU run's results.
  *
  * Arena size: the arena_bytes given to tsr_backend_fenced_create, or, when that is 0, the
  * environment variable TSR_FENCED_MEMORY (bytes, with an optional K, M, G or T suffix,
@@ -60,7 +63,8 @@ typedef struct tsr__ranges {
 /* The counters (tsr_backend_counters' fields, in its order). */
 enum {
     TSR__CNT_UP, TSR__CNT_UP_BYTES, TSR__CNT_DOWN, TSR__CNT_DOWN_BYTES, TSR__CNT_SYNC,
-    TSR__CNT_ARGS, TSR__CNT_ARG_BYTES, TSR__CNT_OPS, TSR__CNT_PAGEABLE, TSR__CNT_N
+    TSR__CNT_ARGS, TSR__CNT_ARG_BYTES, TSR__CNT_OPS, TSR__CNT_PAGEABLE, TSR__CNT_STREAM,
+    TSR__CNT_N
 };
 
 /* Host memory a GPU could copy asynchronously: host_alloc(pinned) buffers and registered
@@ -108,12 +112,12 @@ static bool tsr__is_pinned(tsr__fenced *f, const void *p, size_t bytes) {
 }
 
 /* One transfer of `bytes` (up or down) from or to host memory `host`; stream NULL: the
- * host waits for it. */
+ * host waits for it, else one copy queued on a copy stream. */
 static void tsr__count_copy(tsr__fenced *f, bool up, size_t bytes, const void *host,
                             const tsr_stream *stream) {
     tsr__count(f, up ? TSR__CNT_UP : TSR__CNT_DOWN, 1);
     tsr__count(f, up ? TSR__CNT_UP_BYTES : TSR__CNT_DOWN_BYTES, (int64_t)bytes);
-    if (!stream) tsr__count(f, TSR__CNT_SYNC, 1);
+    tsr__count(f, stream ? TSR__CNT_STREAM : TSR__CNT_SYNC, 1);
     if (!tsr__is_pinned(f, host, bytes)) tsr__count(f, TSR__CNT_PAGEABLE, 1);
 }
 
@@ -458,12 +462,146 @@ static tsr_status tsr__fenced_synchronize(tsr_backend *be) {
     return TSR__INNER(be)->ops->synchronize(TSR__INNER(be));
 }
 
+/* ---- copy streams and events ----
+ * A copy queued on a stream does not run at once: it waits in the stream's queue until
+ * something needs it, as on a GPU, where it runs at some point between the call and the
+ * first wait on it. Queued copies run, in order, when an event recorded after them is
+ * waited for (stream_wait by another stream, event_sync), when their stream is destroyed,
+ * and never earlier. So a caller that reads a copy's destination without waiting reads the
+ * old bytes, and one that rewrites a copy's host source before the wait sends the new
+ * ones: on a CPU run, either shows up as different results instead of a race that only a
+ * GPU would lose. The compute stream (NULL) runs synchronously: an event recorded on it
+ * is complete at once, and a copy stream that waits for it has nothing to wait for. The
+ * contract checks and the counters act at the call, the copy itself when it runs. */
+enum { TSR__Q_UP, TSR__Q_DOWN, TSR__Q_GATHER, TSR__Q_SCATTER };
+
+typedef struct tsr__qcopy {
+    int kind;
+    void *dst;
+    const void *src;
+    size_t bytes;
+    tsr_kv_layout lay;
+    int32_t *slots; /* the call's slot list, copied: the caller may reuse its array */
+    int64_t n;
+    float *k, *v;          /* gather destinations */
+    const float *ck, *cv;  /* scatter sources */
+} tsr__qcopy;
+
+struct tsr_stream {
+    tsr__qcopy *q; /* pending copies, oldest first */
+    size_t n, cap;
+    uint64_t issued, done; /* copies queued and run since creation */
+};
+
+struct tsr_event {
+    tsr_stream *s; /* NULL: recorded on the compute stream (complete) or never recorded */
+    uint64_t at;   /* complete once s->done >= at */
+};
+
+/* Runs the oldest pending copies of s until `upto` of its copies have run. */
+static tsr_status tsr__stream_run(tsr__fenced *f, tsr_stream *s, uint64_t upto) {
+    tsr_status st = TSR_OK;
+    while (s->done < upto && s->n > 0 && st == TSR_OK) {
+        tsr__qcopy c = s->q[0];
+        memmove(s->q, s->q + 1, (s->n - 1) * sizeof *s->q);
+        s->n--;
+        s->done++;
+        st = tsr__fence_open(f);
+        if (st != TSR_OK) {
+            tsr_free(c.slots);
+            break;
+        }
+        tsr_backend *in = f->inner;
+        switch (c.kind) {
+        case TSR__Q_UP: st = in->ops->upload(in, c.dst, c.src, c.bytes, NULL); break;
+        case TSR__Q_DOWN: st = in->ops->download(in, c.dst, c.src, c.bytes, NULL); break;
+        case TSR__Q_GATHER:
+            st = in->ops->kv_gather(in, &c.lay, c.slots, c.n, c.k, c.v, NULL);
+            break;
+        default: st = in->ops->kv_scatter(in, &c.lay, c.slots, c.n, c.ck, c.cv, NULL); break;
+        }
+        st = tsr__fence_end(f, st);
+        tsr_free(c.slots);
+    }
+    return st;
+}
+
+/* Queues c on s (the slot list copied). */
+static tsr_status tsr__stream_push(tsr_stream *s, tsr__qcopy c, const int32_t *slots) {
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 8;
+        tsr__qcopy *q = tsr_realloc(s->q, cap * sizeof *q);
+        if (!q) return TSR_ERR_NOMEM;
+        s->q = q;
+        s->cap = cap;
+    }
+    if (slots && c.n > 0) {
+        c.slots = tsr_malloc((size_t)c.n * sizeof *c.slots);
+        if (!c.slots) return TSR_ERR_NOMEM;
+        memcpy(c.slots, slots, (size_t)c.n * sizeof *c.slots);
+    }
+    s->q[s->n++] = c;
+    s->issued++;
+    return TSR_OK;
+}
+
+static tsr_status tsr__fenced_stream_create(tsr_backend *be, tsr_stream **out) {
+    (void)be;
+    *out = tsr_calloc(1, sizeof **out);
+    return *out ? TSR_OK : TSR_ERR_NOMEM;
+}
+
+/* A stream's pending copies complete before it goes (cudaStreamDestroy lets them). */
+static void tsr__fenced_stream_destroy(tsr_backend *be, tsr_stream *stream) {
+    if (!stream) return;
+    if (tsr__stream_run(TSR__F(be), stream, stream->issued) != TSR_OK)
+        TSR_LOG_WARN("cpu-fenced: a queued copy failed at stream_destroy: %s",
+                     tsr_last_error());
+    for (size_t i = 0; i < stream->n; i++) tsr_free(stream->q[i].slots);
+    tsr_free(stream->q);
+    tsr_free(stream);
+}
+
+static tsr_status tsr__fenced_event_create(tsr_backend *be, tsr_event **out) {
+    (void)be;
+    *out = tsr_calloc(1, sizeof **out);
+    return *out ? TSR_OK : TSR_ERR_NOMEM;
+}
+
+static void tsr__fenced_event_destroy(tsr_backend *be, tsr_event *ev) {
+    (void)be;
+    tsr_free(ev);
+}
+
+static tsr_status tsr__fenced_event_record(tsr_backend *be, tsr_event *ev, tsr_stream *stream) {
+    (void)be;
+    ev->s = stream;
+    ev->at = stream ? stream->issued : 0;
+    return TSR_OK;
+}
+
+/* The waiting stream's later work follows ev: the copies before ev run now (the compute
+ * stream runs its ops at once; a copy stream waiting on another could run them later, but
+ * now is a schedule a GPU may pick too). */
+static tsr_status tsr__fenced_stream_wait(tsr_backend *be, tsr_stream *stream, tsr_event *ev) {
+    tsr__fenced *f = TSR__F(be);
+    return ev->s && ev->s != stream ? tsr__stream_run(f, ev->s, ev->at) : TSR_OK;
+}
+
+static tsr_status tsr__fenced_event_sync(tsr_backend *be, tsr_event *ev) {
+    tsr__count(TSR__F(be), TSR__CNT_SYNC, 1);
+    return ev->s ? tsr__stream_run(TSR__F(be), ev->s, ev->at) : TSR_OK;
+}
+
 static tsr_status tsr__fenced_upload(tsr_backend *be, void *dst, const void *src, size_t bytes,
                                      tsr_stream *stream) {
     tsr__fenced *f = TSR__F(be);
     TSR_TRY(tsr__dev(f, "upload", "dst", dst, bytes));
     TSR_TRY(tsr__host(f, "upload", "src", src, bytes));
     tsr__count_copy(f, true, bytes, src, stream);
+    if (stream)
+        return tsr__stream_push(stream, (tsr__qcopy){.kind = TSR__Q_UP, .dst = dst, .src = src,
+                                                     .bytes = bytes}, NULL);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->upload(f->inner, dst, src, bytes, stream));
 }
@@ -474,6 +612,9 @@ static tsr_status tsr__fenced_download(tsr_backend *be, void *dst, const void *s
     TSR_TRY(tsr__dev(f, "download", "src", src, bytes));
     TSR_TRY(tsr__host(f, "download", "dst", dst, bytes));
     tsr__count_copy(f, false, bytes, dst, stream);
+    if (stream)
+        return tsr__stream_push(stream, (tsr__qcopy){.kind = TSR__Q_DOWN, .dst = dst,
+                                                     .src = src, .bytes = bytes}, NULL);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->download(f->inner, dst, src, bytes, stream));
 }
@@ -493,36 +634,6 @@ static tsr_status tsr__fenced_memset(tsr_backend *be, void *dst, int byte, size_
     tsr__count(f, TSR__CNT_OPS, 1);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->memset(f->inner, dst, byte, bytes));
-}
-
-/* Streams and events are the CPU's: copies finish inside their calls. */
-static tsr_status tsr__fenced_stream_create(tsr_backend *be, tsr_stream **out) {
-    return TSR__INNER(be)->ops->stream_create(TSR__INNER(be), out);
-}
-
-static void tsr__fenced_stream_destroy(tsr_backend *be, tsr_stream *stream) {
-    TSR__INNER(be)->ops->stream_destroy(TSR__INNER(be), stream);
-}
-
-static tsr_status tsr__fenced_event_create(tsr_backend *be, tsr_event **out) {
-    return TSR__INNER(be)->ops->event_create(TSR__INNER(be), out);
-}
-
-static void tsr__fenced_event_destroy(tsr_backend *be, tsr_event *ev) {
-    TSR__INNER(be)->ops->event_destroy(TSR__INNER(be), ev);
-}
-
-static tsr_status tsr__fenced_event_record(tsr_backend *be, tsr_event *ev, tsr_stream *stream) {
-    return TSR__INNER(be)->ops->event_record(TSR__INNER(be), ev, stream);
-}
-
-static tsr_status tsr__fenced_stream_wait(tsr_backend *be, tsr_stream *stream, tsr_event *ev) {
-    return TSR__INNER(be)->ops->stream_wait(TSR__INNER(be), stream, ev);
-}
-
-static tsr_status tsr__fenced_event_sync(tsr_backend *be, tsr_event *ev) {
-    tsr__count(TSR__F(be), TSR__CNT_SYNC, 1);
-    return TSR__INNER(be)->ops->event_sync(TSR__INNER(be), ev);
 }
 
 static const char *tsr__fenced_device_name(tsr_backend *be) {
@@ -573,6 +684,9 @@ static tsr_status tsr__fenced_kv_gather(tsr_backend *be, const tsr_kv_layout *la
     TSR_TRY(tsr__host(f, "kv_gather", "v", v, tsr__rows_bytes(lay, n)));
     tsr__count_copy(f, false, tsr__rows_bytes(lay, n) * ((k != NULL) + (v != NULL)),
                     k ? (const void *)k : v, stream);
+    if (stream)
+        return tsr__stream_push(stream, (tsr__qcopy){.kind = TSR__Q_GATHER, .lay = *lay,
+                                                     .n = n, .k = k, .v = v}, slots);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->kv_gather(f->inner, lay, slots, n, k, v, stream));
 }
@@ -587,6 +701,9 @@ static tsr_status tsr__fenced_kv_scatter(tsr_backend *be, const tsr_kv_layout *l
     TSR_TRY(tsr__host(f, "kv_scatter", "v", v, tsr__rows_bytes(lay, n)));
     tsr__count_copy(f, true, tsr__rows_bytes(lay, n) * ((k != NULL) + (v != NULL)),
                     k ? (const void *)k : v, stream);
+    if (stream)
+        return tsr__stream_push(stream, (tsr__qcopy){.kind = TSR__Q_SCATTER, .lay = *lay,
+                                                     .n = n, .ck = k, .cv = v}, slots);
     TSR_TRY(tsr__fence_open(f));
     return tsr__fence_end(f, f->inner->ops->kv_scatter(f->inner, lay, slots, n, k, v, stream));
 }
@@ -931,7 +1048,7 @@ static void tsr__fenced_counters(tsr_backend *be, tsr_backend_counters *out, boo
         .downloads = v[TSR__CNT_DOWN], .download_bytes = v[TSR__CNT_DOWN_BYTES],
         .syncs = v[TSR__CNT_SYNC], .host_args = v[TSR__CNT_ARGS],
         .host_arg_bytes = v[TSR__CNT_ARG_BYTES], .ops = v[TSR__CNT_OPS],
-        .pageable = v[TSR__CNT_PAGEABLE]};
+        .pageable = v[TSR__CNT_PAGEABLE], .stream_copies = v[TSR__CNT_STREAM]};
 }
 
 /* ---- creation ---- */

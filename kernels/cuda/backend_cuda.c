@@ -439,6 +439,26 @@ static tsr_status tsr__cuda_event_sync(tsr_backend *be, tsr_event *ev) {
     return TSR_OK;
 }
 
+/* A timing event (offload's hidden-fraction measurement): the same cudaEvent_t, with
+ * timing on. */
+static tsr_status tsr__cuda_event_create_timed(tsr_backend *be, tsr_event **out) {
+    (void)be;
+    *out = NULL;
+    cudaEvent_t ev = NULL;
+    TSR_CUDA_TRY(cudaEventCreate(&ev));
+    *out = (tsr_event *)(void *)ev;
+    return TSR_OK;
+}
+
+static tsr_status tsr__cuda_event_elapsed(tsr_backend *be, tsr_event *start, tsr_event *end,
+                                          float *ms) {
+    (void)be;
+    if (!start || !end)
+        return tsr_error_set(TSR_ERR_INVALID, "cuda: event_elapsed of a NULL event");
+    TSR_CUDA_TRY(cudaEventElapsedTime(ms, (cudaEvent_t)(void *)start, (cudaEvent_t)(void *)end));
+    return TSR_OK;
+}
+
 /* Portable registration: the pinning holds for every device, so the host pool may be
  * shared by the backends of one process. */
 static tsr_status tsr__cuda_host_register(tsr_backend *be, void *ptr, size_t bytes) {
@@ -1382,6 +1402,8 @@ static const tsr_backend_ops tsr__cuda_ops = {
     .event_record = tsr__cuda_event_record,
     .stream_wait = tsr__cuda_stream_wait,
     .event_sync = tsr__cuda_event_sync,
+    .event_create_timed = tsr__cuda_event_create_timed,
+    .event_elapsed = tsr__cuda_event_elapsed,
     .host_register = tsr__cuda_host_register,
     .host_unregister = tsr__cuda_host_unregister,
     .stream_handle = tsr__cuda_stream_handle,

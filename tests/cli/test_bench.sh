@@ -39,8 +39,15 @@ check $? bench_bad_arg
 [ $? -eq 0 ] && grep -q '"decode_tok_s":' "$TMP/out4"
 check $? bench_kv_dense
 "$BIN" bench --model "$ROOT/models/stories260K.bin" --kv ring >"$TMP/out5" 2>"$TMP/err"
-[ $? -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "^tessera bench: --kv 'ring': expected paged or dense" "$TMP/err"
+[ $? -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "^tessera bench: --kv 'ring': expected paged, dense or offload" "$TMP/err"
 check $? bench_bad_kv
+# The offload policy (skew at 20 %): its stats, with the copy streams' counts and the hidden
+# fraction (-1 where the backend times no events: every CPU backend).
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 48 --gen-tokens 8 --repeat 1 --kv offload --json >"$TMP/out9" 2>"$TMP/err"
+[ $? -eq 0 ] && grep -q '"kv_stats":{"policy":"offload",' "$TMP/out9" &&
+    grep -q '"copy_prefetches":[0-9]*,"copy_prefetch_used":' "$TMP/out9" &&
+    grep -q '"copy_hidden":-1.0000}' "$TMP/out9"
+check $? bench_kv_offload
 # --membw-mib: a streaming read beside the decode, reported with the decode's share of it.
 "$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 8 --gen-tokens 4 --repeat 2 --membw-mib 4 --json >"$TMP/out6" 2>"$TMP/err"
 ok=$?

@@ -26,6 +26,16 @@ assert st["bytes_fetched_per_token"] > 0 and st["bytes_fetched"] > 0, st
 PY
 done
 
+# The copy streams (cpu-fenced: the fetch a layer ahead, the write-back on a copy stream) give
+# the tokens of --offload-sync, in both modes.
+for mode in skew warmup; do
+    gen --kv-policy offload --kv-budget 0.2 --offload-mode $mode >"$TMP/ovl_$mode" 2>"$TMP/err" ||
+        fail "offload $mode 20 %: $(cat "$TMP/err")"
+    gen --kv-policy offload --kv-budget 0.2 --offload-mode $mode --offload-sync >"$TMP/sync_$mode" 2>"$TMP/err" ||
+        fail "offload $mode 20 % --offload-sync: $(cat "$TMP/err")"
+    cmp -s "$TMP/ovl_$mode" "$TMP/sync_$mode" || fail "offload $mode: --offload-sync differs"
+done
+
 # skew's alpha rule: a wider alpha fetches at least as many tokens (InfiniGen's --offload-alpha)
 for a in 0.5 16; do
     gen --kv-policy offload --kv-budget 0.5 --offload-mode skew --offload-alpha $a --stats >/dev/null 2>"$TMP/alpha_$a" ||

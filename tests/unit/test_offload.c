@@ -477,7 +477,83 @@ TSR_KV_TEST(test_dense_prefill) {
     }
 }
 
+/* The overlapped copies (policies/offload_copy.h) against --offload-sync, at 20 %: skew
+ * without calibration and with one (--offload-calib 32: the layers' transforms change at
+ * 16 and 32 query rows, the steps when the fetch and the write-back of a layer stay
+ * synchronous), and warmup (write-backs once the warm-up's 64 rows chose the channels;
+ * its selection reads the layer's own queries, so its fetch is queued at the select and
+ * waited for there by the compute stream: "late"); the
+ * prompt in chunks of 8, then decode: the same tokens and logits, bit for bit. On
+ * cpu-fenced the copies go on its streams, which run a copy only when something waits for
+ * it, so a missing wait or a staging buffer reused too early changes the bits (or faults):
+ * skew's prefetches are taken, write-backs queued, and the run waits fewer times than the
+ * synchronous one. On cpu (host memory) nothing is queued. */
+TSR_KV_FWD_TEST(test_forward_overlap_same_bits) {
+    const tsr_model *m = kvt_eng->weights;
+    tsr_backend *be = kvt_be;
+    enum { NP = 48, GEN = 40 };
+    int32_t prompt[NP];
+    for (int i = 0; i < NP; i++) prompt[i] = 1 + (i * 31) % (m->cfg.vocab_size - 1);
+    size_t vb = (size_t)m->cfg.vocab_size * sizeof(float);
+    float *lg[2] = {tsr_malloc(vb), tsr_malloc(vb)};
+    ASSERT_TRUE(lg[0] && lg[1]);
+    for (int run = 0; run < 3; run++) {
+        int skew = run < 2;
+        int32_t toks[2][GEN];
+        int64_t syncs[2] = {0, 0}, streamed[2] = {0, 0};
+        for (int sync = 0; sync < 2; sync++) {
+            const tsr_kv_policy_arg args[] = {{"offload-mode", skew ? "skew" : "warmup"},
+                                              {"offload-calib", run == 1 ? "32" : "0"},
+                                              {"offload-sync", "1"}};
+            tsr_kv_policy_arg use[3];
+            int na = 0;
+            use[na++] = args[0];
+            if (skew) use[na++] = args[1];
+            if (sync) use[na++] = args[2];
+            tsr_kv_options o = {.policy = &tsr_kv_policy_offload, .memory_bytes = 8 << 20,
+                                .block_size = 16, .budget = 0.2, .max_seqs = 1, .be = be,
+                                .kv_dtype = kvt_dtype_name(), .model = kvt_eng->model,
+                                .policy_args = use, .n_policy_args = na};
+            tsr_kv_cache *kv = NULL;
+            ASSERT_OK(tsr_kv_setup(&o, &m->cfg, &kv));
+            tsr_backend_counters c;
+            if (be->ops->counters) be->ops->counters(be, &c, true);
+            ASSERT_OK(tsr__greedy(m, be, kv, prompt, NP, 8, GEN, toks[sync], lg[sync]));
+            if (be->ops->counters) {
+                be->ops->counters(be, &c, true);
+                syncs[sync] = c.syncs;
+                streamed[sync] = c.stream_copies;
+            }
+            tsr_kv_policy_stats ps;
+            tsr_kv_policy_get_stats(kv, &ps);
+            ASSERT_TRUE(TSR__PS("spec_selections") > 0 && TSR__PS("bytes_fetched") > 0);
+            if (sync || be->host_memory) {
+                ASSERT_EQ_INT(TSR__PS("copy_prefetches"), 0);
+                ASSERT_EQ_INT(TSR__PS("copy_writebacks"), 0);
+            } else {
+                ASSERT_TRUE(TSR__PS("copy_prefetch_used") > 0);
+                if (skew) ASSERT_TRUE(TSR__PS("copy_late") < TSR__PS("copy_prefetch_used"));
+                else ASSERT_EQ_INT(TSR__PS("copy_late"), TSR__PS("copy_prefetches"));
+                ASSERT_TRUE(TSR__PS("copy_prefetch_used") + TSR__PS("copy_prefetch_dropped") <=
+                            TSR__PS("copy_prefetches"));
+                ASSERT_TRUE(TSR__PS("copy_writebacks") > 0);
+                ASSERT_TRUE(TSR__PS("copy_drains") > 0);
+                if (!be->ops->event_elapsed) ASSERT_TRUE(TSR__PSD("copy_hidden") == -1.0);
+            }
+            tsr_kv_cache_destroy(kv);
+        }
+        for (int g = 0; g < GEN; g++) ASSERT_EQ_INT(toks[0][g], toks[1][g]);
+        ASSERT_TRUE(memcmp(lg[0], lg[1], vb) == 0);
+        if (be->ops->counters && !be->host_memory) {
+            ASSERT_TRUE(streamed[0] > 0 && streamed[1] == 0);
+            ASSERT_TRUE(syncs[0] < syncs[1]);
+        }
+    }
+    tsr_free(lg[0]);
+    tsr_free(lg[1]);
+}
+
 TSR_TEST_MAIN(test_speculative_selection_and_bytes, test_forward_full_budget_equals_paged,
               test_forward_uses_speculation, test_skew_keeps_qk, test_skew_rope_average,
               test_alpha_selection, test_skew_union_cols, test_forward_skew_mode,
-              test_dense_prefill)
+              test_dense_prefill, test_forward_overlap_same_bits)

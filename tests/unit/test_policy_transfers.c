@@ -182,6 +182,30 @@ TSR_TEST(test_fenced_counters) {
     ASSERT_EQ_INT(c.uploads, 1);
     ASSERT_EQ_INT(c.syncs, 0);
     ASSERT_EQ_INT(c.pageable, 0);
+    ASSERT_EQ_INT(c.stream_copies, 1);
+    /* a copy stream's copies run when waited for, not before: the destination keeps its
+     * old bytes until then, and the host source is read at the wait */
+    for (int i = 0; i < 64; i++) pin[i] = (float)i;
+    float back[64];
+    ASSERT_OK(tsr_backend_download(be, back, buf, sizeof back));
+    ASSERT_TRUE(back[5] == 0.0f);
+    tsr_event *ev = NULL;
+    ASSERT_OK(be->ops->event_create(be, &ev));
+    ASSERT_OK(be->ops->event_record(be, ev, s));
+    ASSERT_OK(be->ops->stream_wait(be, NULL, ev));
+    ASSERT_OK(tsr_backend_download(be, back, buf, sizeof back));
+    ASSERT_TRUE(back[5] == 5.0f);
+    /* an event recorded before a copy does not cover it */
+    ASSERT_OK(be->ops->event_record(be, ev, s));
+    ASSERT_OK(be->ops->download(be, back, buf, sizeof back, s));
+    back[7] = -1.0f;
+    ASSERT_OK(be->ops->event_sync(be, ev));
+    ASSERT_TRUE(back[7] == -1.0f);
+    ASSERT_OK(be->ops->event_record(be, ev, s));
+    ASSERT_OK(be->ops->event_sync(be, ev));
+    ASSERT_TRUE(back[7] == 7.0f);
+    be->ops->event_destroy(be, ev);
+    be->ops->counters(be, &c, true);
     be->ops->host_free(be, pin);
     /* a graph's work may not wait or copy pageable memory (a CUDA Graph could not record
      * it): graph_end says so */
