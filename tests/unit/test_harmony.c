@@ -14,12 +14,19 @@
 #define TSR__TPL TSR_SOURCE_DIR "/tests/data/chat_templates/"
 #define TSR__TOK TSR_SOURCE_DIR "/tests/data/tokenizers/hf/o200k.json"
 
-TSR_TEST(test_harmony_template_matches_gpt_oss) {
+/* The jinja2 renderings of GPT-OSS's own template (tests/data/chat_templates), or NULL. */
+static cJSON *tsr__expected(void) {
     char *text = NULL;
     size_t len = 0;
-    ASSERT_OK(tsr_file_read(TSR__TPL "expected.json", "test data", 64u << 20, &text, &len));
+    if (tsr_file_read(TSR__TPL "expected.json", "test data", 64u << 20, &text, &len) != TSR_OK)
+        return NULL;
     cJSON *doc = cJSON_ParseWithLength(text, len);
     tsr_free(text);
+    return doc;
+}
+
+TSR_TEST(test_harmony_template_matches_gpt_oss) {
+    cJSON *doc = tsr__expected();
     ASSERT_TRUE(doc != NULL);
     int64_t now = (int64_t)cJSON_GetObjectItem(doc, "now")->valuedouble;
     tsr_chat_template t;
@@ -89,11 +96,7 @@ static char *tsr__render_ctx(const char *json, int64_t now) {
  * <|constrain|>json, the result from functions.NAME to the assistant, its text as is), where
  * the model's template writes the recipient in the header and the result as a JSON string. */
 TSR_TEST(test_harmony_template_tools) {
-    char *text = NULL;
-    size_t len = 0;
-    ASSERT_OK(tsr_file_read(TSR__TPL "expected.json", "test data", 64u << 20, &text, &len));
-    cJSON *doc = cJSON_ParseWithLength(text, len);
-    tsr_free(text);
+    cJSON *doc = tsr__expected();
     ASSERT_TRUE(doc != NULL);
     int64_t now = (int64_t)cJSON_GetObjectItem(doc, "now")->valuedouble;
     const cJSON *c = NULL, *it, *want = NULL;
