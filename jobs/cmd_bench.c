@@ -1,9 +1,10 @@
 /* `tessera bench`: prefill and decode throughput of one model on one backend (the CPU by
  * default).
  *
- * One sequence: N pseudo-random prompt ids as one prefill chunk (logits for the last row
- * only), then M greedy decode steps of one token each. Prefill and decode are timed
- * separately; R repeats, each on a fresh sequence, report the median. The derived figures
+ * One sequence (or --batch B): N pseudo-random prompt ids as one prefill chunk (logits for
+ * the last row only), then M greedy decode steps of one token each (B rows per forward call
+ * with --batch). Prefill and decode are timed separately; R repeats, each on fresh
+ * sequences, report the median. The derived figures
  * (bytes per decode token, flops per prefill token) are stated in --help and docs/perf.md
  * so that bench/decode.sh can set them against the measured ceilings. */
 #include <stdarg.h>
@@ -43,6 +44,7 @@ typedef struct tsr__bench_opts {
     const char *kv;
     const char *backend;
     int membw_mib;
+    int batch; /* sequences decoded together */
     bool json;
 } tsr__bench_opts;
 
@@ -52,6 +54,10 @@ static const char tsr__bench_about[] =
     "row only), then decodes M tokens greedily, one token per forward call. Prefill and\n"
     "decode are timed separately (CLOCK_MONOTONIC); each repeat uses a fresh sequence and\n"
     "the median is reported.\n"
+    "--batch B: B sequences, each prefilled as its own chunk (prefill_s covers all B), then\n"
+    "M decode steps of B rows per forward call (the batched decode of tessera run);\n"
+    "decode_tok_s counts all B sequences' tokens (B x M / decode_s) and the per-token\n"
+    "figures below divide a step's bytes by B (the weights are read once per step).\n"
     "The KV cache is the paged pool of generate and run (--kv dense: one buffer instead).\n"
     "A short prefill is also timed in extra prefill-only rounds until its samples add up to\n"
     "0.2 s (at most 1000): one 128-token chunk of stories260K takes ~1.5 ms, and three such\n"
@@ -66,7 +72,8 @@ static const char tsr__bench_about[] =
     "      matrices and norms, final norm, classifier); for a mixture of experts (E experts,\n"
     "      K routed per token) only K/E of the expert tensors (weights, MXFP4 scales, biases)\n"
     "  decode_bytes_per_token = active_weight_bytes + one embedding row + the KV bytes\n"
-    "      read, averaged over the M steps: 2 (K and V) * L * G*hd * 4 bytes * (N + (M+1)/2)\n"
+    "      read, averaged over the M steps: 2 (K and V) * L * G*hd * 4 bytes * (N + (M+1)/2);\n"
+    "      with --batch B: (active_weight_bytes + B * (the row + the KV bytes)) / B\n"
     "  prefill_flops_per_token = 2*P + 4*L*H*hd*(N+1)/2 + 2*V*d/N, where\n"
     "      P = L*(d*H*hd + 2*d*G*hd + H*hd*d + 3*d*h) counts the layer matrices (not the\n"
     "      classifier; a mixture of experts: K*3*d*h + d*E for the FFN), the middle term is\n"
@@ -74,8 +81,8 @@ static const char tsr__bench_about[] =
     "      once per chunk\n"
     "  prefill_gflops = prefill_flops_per_token * prefill_tok_s / 1e9\n"
     "  decode_gb_s = decode_bytes_per_token * decode_tok_s / 1e9\n"
-    "  weight_gb_s = active_weight_bytes * decode_tok_s / 1e9: the weights alone (the figure\n"
-    "      that differs by dtype: f32, bf16, q8_0 at 34 bytes per 32 weights, ...)\n"
+    "  weight_gb_s = active_weight_bytes * decode_tok_s / B / 1e9: the weights alone (the\n"
+    "      figure that differs by dtype: f32, bf16, q8_0 at 34 bytes per 32 weights, ...)\n"
     "  bytes_per_weight = weight_bytes / the weights it holds (classifier, layer matrices,\n"
     "      norms; not the embedding table unless tied): 4, 2, 1.0625 for q8_0 when every\n"
     "      matrix is quantized\n"
@@ -84,7 +91,7 @@ static const char tsr__bench_about[] =
     "  huge_page_bytes = of the process, backed by transparent huge pages at the end (the\n"
     "      weights ask for them; -1: unknown)\n"
     "\n"
-    "JSON keys: model, dtype, threads, prompt_tokens, gen_tokens, repeat, prefill_samples,\n"
+    "JSON keys: model, dtype, threads, batch, prompt_tokens, gen_tokens, repeat, prefill_samples,\n"
     "prefill_s, prefill_tok_s, prefill_gflops, decode_s, decode_tok_s, decode_gb_s,\n"
     "weight_gb_s, bytes_per_weight, weight_bytes, active_weight_bytes, decode_bytes_per_token, prefill_flops_per_token,\n"
     "peak_rss_bytes, huge_page_bytes, kv_memory (KV bytes per token of the full and of the\n"
@@ -93,7 +100,7 @@ static const char tsr__bench_about[] =
     "last_token (the final greedy token, a determinism check); with --membw-mib also\n"
     "membw_bytes, read_passes, read_gb_s, read_best_gb_s, decode_read_ratio; on a backend\n"
     "that counts its transfers (cpu-fenced) also step_counters: the means of the timed\n"
-    "decode steps per token and per layer of uploads, upload_bytes, downloads,\n"
+    "decode steps (a step: B tokens) and per layer of uploads, upload_bytes, downloads,\n"
     "download_bytes, waits (host synchronisations), host_arrays (metadata an op stages),\n"
     "pageable (transfers and host arrays in pageable memory) and ops (backend calls).\n"
     "\n"
@@ -114,7 +121,7 @@ static int tsr__check_range(tsr_cli *cli, const char *name, int v, int lo, int h
 /* Returns 0 to run, else the exit code (0 after --help, 2 on a usage error). */
 static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit_code) {
     *o = (tsr__bench_opts){.prompt_tokens = 128, .gen_tokens = 128, .threads = tsr_sys_cpus(),
-                           .dtype = -1, .repeat = 3, .warmup = 1};
+                           .dtype = -1, .repeat = 3, .warmup = 1, .batch = 1};
     tsr_cli_opt opts[] = {
         {"model", TSR_OPT_STRING, &o->model, "SPEC", "model to load (required)", false},
         {"prompt-tokens", TSR_OPT_INT, &o->prompt_tokens, "N", "prefill chunk length", false},
@@ -139,6 +146,9 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         {"membw-mib", TSR_OPT_INT, &o->membw_mib, "MIB",
          "also measure the streaming-read bandwidth beside the decode: passes over a MIB MiB "
          "buffer before each timed repeat and after the last (0: off)", false},
+        {"batch", TSR_OPT_INT, &o->batch, "B",
+         "sequences decoded together, B rows per decode call (default 1; --kv paged only)",
+         false},
         {"json", TSR_OPT_FLAG, &o->json, NULL, "print one JSON line instead of text", false},
     };
     tsr_cli cli = {"bench", "--model SPEC [options]", tsr__bench_about, opts,
@@ -156,6 +166,7 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         tsr__check_range(&cli, "repeat", o->repeat, 1, 1000) ||
         tsr__check_range(&cli, "warmup", o->warmup, 0, 1000) ||
         tsr__check_range(&cli, "membw-mib", o->membw_mib, 0, 1 << 20) ||
+        tsr__check_range(&cli, "batch", o->batch, 1, 4096) ||
         tsr_cli_check_threads(&cli, o->threads) != TSR_CLI_OK)
         return 1;
     int64_t avail;
@@ -167,6 +178,8 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
     if (strcmp(o->kv, "paged") != 0 && strcmp(o->kv, "dense") != 0 &&
         strcmp(o->kv, "offload") != 0)
         return tsr_cli_usage_error(&cli, "--kv '%s': expected paged, dense or offload", o->kv);
+    if (o->batch > 1 && strcmp(o->kv, "paged") != 0)
+        return tsr_cli_usage_error(&cli, "--batch %d: only with --kv paged", o->batch);
     if (o->dtype_name) {
         o->dtype = tsr_dtype_parse(o->dtype_name);
         if (o->dtype != TSR_F32 && o->dtype != TSR_BF16 && o->dtype != TSR_Q8_0 &&
@@ -221,7 +234,11 @@ typedef struct tsr__bench_run {
     tsr_forward *fwd; /* the engine's */
     tsr_kv_cache *kv; /* the engine's */
     tsr_backend *be;  /* the engine's */
-    tsr_sampler smp;  /* greedy */
+    tsr_sampler *smp; /* greedy, one per sequence */
+    tsr_sampler **smp_of;
+    int batch;
+    tsr_batch_seq *seqs;
+    int32_t *tok, *in; /* per sequence: the last token drawn, the step's input */
     int32_t *prompt;
     int vocab;
     /* The backend's counters over the timed decode steps (their sums; steps counted) */
@@ -249,35 +266,39 @@ static void tsr__cnt_add(tsr_backend_counters *a, const tsr_backend_counters *b)
 #define TSR__BENCH_MIN_PREFILL_S 0.2
 #define TSR__BENCH_MAX_EXTRA 1000
 
-/* One forward call and its greedy token, drawn on the backend as generate and run draw it
- * (logits kept there, only the id comes back). */
-static tsr_status tsr__bench_step(tsr__bench_run *r, tsr_batch_seq *b, int32_t *tok) {
+/* One forward call over n sequences and their greedy tokens, drawn on the backend as
+ * generate and run draw them (logits kept there, only the ids come back). */
+static tsr_status tsr__bench_step(tsr__bench_run *r, int n, int32_t *tok) {
     int rows = 0;
-    tsr_sampler *sp = &r->smp;
-    TSR_TRY(tsr_forward_run(r->fwd, r->kv, b, 1, NULL, &rows));
-    return tsr_forward_sample(r->fwd, &sp, rows, tok);
+    TSR_TRY(tsr_forward_run(r->fwd, r->kv, r->seqs, n, NULL, &rows));
+    return tsr_forward_sample(r->fwd, r->smp_of, rows, tok);
 }
 
-/* One fresh sequence: prefill of n_prompt tokens, then n_gen greedy steps (counted: `cnt`
- * adds the backend's counters of the steps). */
+/* Fresh sequences 0..batch-1: each prefilled with n_prompt tokens in its own call, then
+ * n_gen greedy steps of one token for every sequence (counted: `cnt` adds the backend's
+ * counters of the steps). */
 static tsr_status tsr__bench_once(tsr__bench_run *r, int n_prompt, int n_gen, double *prefill_s,
                                   double *decode_s, int32_t *last, bool cnt) {
     tsr_status st = TSR_OK;
-    TSR_TRY(r->kv->ops->seq_add(r->kv, 0));
-    tsr_batch_seq b = {.seq = 0, .tokens = r->prompt, .n_tokens = n_prompt,
-                       .want_logits = true, .all_logits = false};
-    int32_t tok = -1;
+    int added = 0;
     double t0 = tsr_sys_now();
-    TSR_TRY_GOTO(tsr__bench_step(r, &b, &tok), st, done);
+    for (int s = 0; s < r->batch; s++) {
+        TSR_TRY_GOTO(r->kv->ops->seq_add(r->kv, s), st, done);
+        added = s + 1;
+        r->seqs[0] = (tsr_batch_seq){.seq = s, .tokens = r->prompt, .n_tokens = n_prompt,
+                                     .want_logits = true, .all_logits = false};
+        TSR_TRY_GOTO(tsr__bench_step(r, 1, &r->tok[s]), st, done);
+    }
     double t1 = tsr_sys_now();
     tsr_backend_counters c;
     bool counting = cnt && r->be->ops->counters && n_gen > 0;
     if (counting) r->be->ops->counters(r->be, &c, true);
+    for (int s = 0; s < r->batch; s++)
+        r->seqs[s] = (tsr_batch_seq){.seq = s, .tokens = &r->in[s], .n_tokens = 1,
+                                     .want_logits = true, .all_logits = false};
     for (int g = 0; g < n_gen; g++) {
-        int32_t in = tok;
-        b.tokens = &in;
-        b.n_tokens = 1;
-        TSR_TRY_GOTO(tsr__bench_step(r, &b, &tok), st, done);
+        memcpy(r->in, r->tok, (size_t)r->batch * sizeof *r->in);
+        TSR_TRY_GOTO(tsr__bench_step(r, r->batch, r->tok), st, done);
     }
     double t2 = tsr_sys_now();
     if (counting) {
@@ -287,9 +308,9 @@ static tsr_status tsr__bench_once(tsr__bench_run *r, int n_prompt, int n_gen, do
     }
     *prefill_s = t1 - t0;
     *decode_s = t2 - t1;
-    *last = tok;
+    *last = r->tok[0];
 done:
-    r->kv->ops->seq_free(r->kv, 0);
+    for (int s = 0; s < added; s++) r->kv->ops->seq_free(r->kv, s);
     return st;
 }
 
@@ -353,16 +374,16 @@ int tsr_cmd_bench(int argc, char **argv) {
     tsr__bench_run r = {0};
     tsr__bench_probe probe = {0};
     double *pre = NULL, *dec = NULL;
-    bool smp_ok = false;
+    int smp_ok = 0; /* samplers initialised */
     rc = tsr__bench_check_dtype(&o);
     if (rc) return rc;
-    int n = o.prompt_tokens, g = o.gen_tokens;
+    int n = o.prompt_tokens, g = o.gen_tokens, nb = o.batch;
 
     /* The engine loads SPEC (in --dtype), packs the weights into huge pages, as generate
      * and run use them, and refuses a model whose context cannot hold n + g tokens. */
     tsr_model_config loaded;
     tsr_engine_spec eo = {.model_path = o.model, .backend = o.backend, .threads = o.threads,
-                          .max_tokens = n, .min_context = n + g, .config_out = &loaded,
+                          .max_tokens = n > nb ? n : nb, .min_context = n + g, .config_out = &loaded,
                           .convert_weights = o.dtype >= 0, .pack_weights = true};
     if (o.dtype >= 0) eo.weights_dtype = (tsr_dtype)o.dtype;
     /* offload: InfiniGen's skew mode (the next layer's fetch speculated, so its copy can
@@ -378,11 +399,12 @@ int tsr_cmd_bench(int argc, char **argv) {
                                  .no_prefix_cache = 1, .chunk_tokens = n, .max_context = n + g,
                                  .budget = 0.2, .policy_args = skew, .n_policy_args = 1};
     } else {
-        /* The pool holds exactly one sequence of n + g tokens: blocks of 16 rows of K and V
-         * per layer. No prefix sharing: every repeat feeds the same prompt. */
-        eo.kv_blocks = ((int64_t)n + g + TSR__BENCH_BLOCK - 1) / TSR__BENCH_BLOCK;
+        /* The pool holds exactly --batch sequences of n + g tokens: blocks of 16 rows of K
+         * and V per layer. No prefix sharing: every sequence and repeat feeds the same
+         * prompt. */
+        eo.kv_blocks = nb * (((int64_t)n + g + TSR__BENCH_BLOCK - 1) / TSR__BENCH_BLOCK);
         eo.kv = (tsr_kv_options){.policy = &tsr_kv_policy_paged, .block_size = TSR__BENCH_BLOCK,
-                                 .max_seqs = 1, .no_prefix_cache = 1, .chunk_tokens = n,
+                                 .max_seqs = nb, .no_prefix_cache = 1, .chunk_tokens = n,
                                  .max_context = n + g};
     }
     tsr_status est = tsr_engine_create(&eo, &eng);
@@ -398,13 +420,22 @@ int tsr_cmd_bench(int argc, char **argv) {
     r.fwd = eng->fwd;
     r.be = be;
     r.vocab = c->vocab_size;
-    tsr_sampler_params greedy = {.temperature = 0, .top_p = 1, .seed = 1};
-    if (tsr_sampler_init(&r.smp, c->vocab_size, &greedy) != TSR_OK) goto fail;
-    smp_ok = true;
+    r.batch = nb;
+    r.smp = tsr_calloc((size_t)nb, sizeof *r.smp);
+    r.smp_of = tsr_calloc((size_t)nb, sizeof *r.smp_of);
+    r.seqs = tsr_calloc((size_t)nb, sizeof *r.seqs);
+    r.tok = tsr_calloc((size_t)nb, sizeof *r.tok);
+    r.in = tsr_calloc((size_t)nb, sizeof *r.in);
     r.prompt = tsr_malloc((size_t)n * sizeof *r.prompt);
     pre = tsr_calloc((size_t)o.repeat + TSR__BENCH_MAX_EXTRA, sizeof *pre);
     dec = tsr_calloc((size_t)o.repeat, sizeof *dec);
-    if (!r.prompt || !pre || !dec) goto fail;
+    if (!r.smp || !r.smp_of || !r.seqs || !r.tok || !r.in || !r.prompt || !pre || !dec)
+        goto fail;
+    tsr_sampler_params greedy = {.temperature = 0, .top_p = 1, .seed = 1};
+    for (; smp_ok < nb; smp_ok++) {
+        if (tsr_sampler_init(&r.smp[smp_ok], c->vocab_size, &greedy) != TSR_OK) goto fail;
+        r.smp_of[smp_ok] = &r.smp[smp_ok];
+    }
     uint64_t s = 0x243f6a8885a308d3ull; /* xorshift64: the same ids every run */
     for (int i = 0; i < n; i++) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
@@ -455,16 +486,18 @@ int tsr_cmd_bench(int argc, char **argv) {
         ffn = c->n_experts_used * ffn + (double)c->dim * c->n_experts;
     }
     double kv_read = 2.0 * c->n_layers * kvd * sizeof(float) * (n + (g + 1) / 2.0);
-    double dec_bytes = active_bytes + (double)c->dim * wsz + kv_read;
+    /* a decode step reads the weights once for its nb rows */
+    double dec_bytes = (active_bytes + nb * ((double)c->dim * wsz + kv_read)) / nb;
     double params = (double)c->n_layers *
                     ((double)c->dim * q + 2.0 * c->dim * kvd + q * c->dim + ffn);
     double attn = 4.0 * c->n_layers * q * (n + 1) / 2.0;
     double pre_flops = 2.0 * params + attn + 2.0 * (double)c->vocab_size * c->dim / n;
-    double pre_tps = n / prefill_s, dec_tps = g > 0 ? g / decode_s : 0.0;
+    double pre_tps = (double)nb * n / prefill_s;
+    double dec_tps = g > 0 ? (double)nb * g / decode_s : 0.0;
     double dec_gb = dec_bytes * dec_tps * 1e-9, read_gb = 0.0, read_best = 0.0;
     double n_weights = (double)tsr_config_param_count(c) -
                        (c->tied_embeddings ? 0.0 : (double)c->vocab_size * c->dim);
-    double w_gb = active_bytes * dec_tps * 1e-9, bpw = weight_bytes / n_weights;
+    double w_gb = active_bytes * dec_tps / nb * 1e-9, bpw = weight_bytes / n_weights;
     if (probe.n > 0) {
         double med = tsr__median(probe.sec, probe.n); /* sorts: sec[0] is the fastest pass */
         read_gb = (double)probe.bytes / med * 1e-9;
@@ -476,8 +509,8 @@ int tsr_cmd_bench(int argc, char **argv) {
     if (o.json) {
         printf("{\"model\":");
         tsr__json_string(o.model);
-        printf(",\"dtype\":\"%s\",\"threads\":%d,\"prompt_tokens\":%d,\"gen_tokens\":%d,"
-               "\"repeat\":%d,\"prefill_samples\":%d,\"prefill_s\":%.6f,"
+        printf(",\"dtype\":\"%s\",\"threads\":%d,\"batch\":%d,\"prompt_tokens\":%d,"
+               "\"gen_tokens\":%d,\"repeat\":%d,\"prefill_samples\":%d,\"prefill_s\":%.6f,"
                "\"prefill_tok_s\":%.2f,\"prefill_gflops\":%.3f,"
                "\"decode_s\":%.6f,\"decode_tok_s\":%.2f,\"decode_gb_s\":%.3f,"
                "\"weight_gb_s\":%.3f,\"bytes_per_weight\":%.4f,"
@@ -485,7 +518,8 @@ int tsr_cmd_bench(int argc, char **argv) {
                "\"decode_bytes_per_token\":%.0f,"
                "\"prefill_flops_per_token\":%.0f,\"peak_rss_bytes\":%.0f,"
                "\"huge_page_bytes\":%.0f,",
-               dtn, be->threads > 0 ? be->threads : o.threads, n, g, o.repeat, npre, prefill_s,
+               dtn, be->threads > 0 ? be->threads : o.threads, nb, n, g, o.repeat, npre,
+               prefill_s,
                pre_tps, pre_flops * pre_tps * 1e-9, decode_s, dec_tps,
                dec_gb, w_gb, bpw, weight_bytes, active_bytes, dec_bytes, pre_flops, rss, huge);
         /* KV bytes per token by layer type (sliding-window layers stop at their window) */
@@ -532,11 +566,11 @@ int tsr_cmd_bench(int argc, char **argv) {
                    c->n_experts_used, c->n_experts);
         printf(", dim %d, %d layers, vocab %d), %d thread%s\n", c->dim, c->n_layers,
                c->vocab_size, o.threads, o.threads == 1 ? "" : "s");
-        printf("prefill %d tokens in %.4f s: %.1f tok/s, %.2f GFLOP/s (%.2f MFLOP/token)\n", n,
+        printf("prefill %d tokens in %.4f s: %.1f tok/s, %.2f GFLOP/s (%.2f MFLOP/token)\n", nb * n,
                prefill_s, pre_tps, pre_flops * pre_tps * 1e-9, pre_flops * 1e-6);
         if (g > 0)
             printf("decode  %d tokens in %.4f s: %.1f tok/s, %.2f GB/s (%.2f MB/token); "
-                   "weights %.2f MB/token at %.4f bytes/weight: %.2f GB/s\n", g, decode_s,
+                   "weights %.2f MB/token at %.4f bytes/weight: %.2f GB/s\n", nb * g, decode_s,
                    dec_tps, dec_gb, dec_bytes * 1e-6, active_bytes * 1e-6, bpw, w_gb);
         if (probe.n > 0)
             printf("read    %d MiB streaming read beside the decode: %.2f GB/s (median of %d "
@@ -551,7 +585,12 @@ int tsr_cmd_bench(int argc, char **argv) {
 fail:
     if (rc) rc = tsr_cmd_fail("bench");
     tsr_engine_destroy(eng); /* forward, KV cache, placed weights, backend, model */
-    if (smp_ok) tsr_sampler_free(&r.smp);
+    for (int i = 0; i < smp_ok; i++) tsr_sampler_free(&r.smp[i]);
+    tsr_free(r.smp);
+    tsr_free(r.smp_of);
+    tsr_free(r.seqs);
+    tsr_free(r.tok);
+    tsr_free(r.in);
     tsr_free(r.prompt);
     tsr_free(pre);
     tsr_free(dec);

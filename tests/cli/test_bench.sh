@@ -79,5 +79,25 @@ w, a, d = r["weight_bytes"], r["active_weight_bytes"], r["decode_bytes_per_token
 assert 0 < a < w and d >= a, (w, a, d)
 PY
 check "$ok" bench_moe_active_bytes
+# --batch B: B sequences decoded together (the batched decode of tessera run). Sequence 0's
+# greedy tokens are batch 1's (every sequence has the same prompt, and a row's products do
+# not depend on the batch), its tokens per second count all B sequences, and a decode
+# step's bytes are shared by B.
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 8 --gen-tokens 6 --repeat 1 --batch 3 --json >"$TMP/out11" 2>"$TMP/err"
+ok=$?
+python3 - "$TMP/out" "$TMP/out11" <<'PY' || ok=1
+import json, sys
+one, three = (json.load(open(f)) for f in sys.argv[1:3])
+assert three["batch"] == 3 and one["batch"] == 1, (one["batch"], three["batch"])
+assert three["decode_bytes_per_token"] < one["decode_bytes_per_token"], "bytes not shared"
+assert abs(three["weight_gb_s"] * 3 / three["decode_tok_s"] - one["weight_gb_s"] / one["decode_tok_s"]) < 1e-2 * one["weight_gb_s"] / one["decode_tok_s"]
+PY
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 8 --gen-tokens 4 --repeat 1 --batch 3 --json >"$TMP/out12" 2>"$TMP/err"
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 8 --gen-tokens 4 --repeat 1 --json >"$TMP/out13" 2>"$TMP/err"
+[ "$(grep -o '"last_token":[0-9]*' "$TMP/out12")" = "$(grep -o '"last_token":[0-9]*' "$TMP/out13")" ] || { echo "batch 3 changed sequence 0's tokens"; ok=1; }
+check "$ok" bench_batch
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --batch 2 --kv dense >"$TMP/out14" 2>"$TMP/err"
+[ $? -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q -- "--batch 2: only with --kv paged" "$TMP/err"
+check $? bench_batch_kv_dense
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
