@@ -1272,10 +1272,9 @@ static const tsr_kv_policy_option tsr__off_options[] = {
      "256", 0, 1 << 20, NULL},
     {"offload-dense-prefill", TSR_KV_OPT_ENUM, offsetof(tsr__off_opts, dense_prefill),
      "off|on",
-     "on: a prefill chunk attends to every prior token, as InfiniGen's prefill does: each "
-     "layer fetches the prior tokens its budgeted selection left out from the host copy and "
-     "evicts them again after its attention (one layer's prior KV over the budgeted "
-     "resident set); off: the chunk attends to the budgeted selection", "on", 0, 0,
+     "on: a prefill chunk attends to every prior token (InfiniGen's prefill), those its "
+     "budgeted selection leaves out fetched for the layer's attention and evicted after "
+     "it; off: to the budgeted selection only", "on", 0, 0,
      tsr__off_switch},
     {"offload-sync", TSR_KV_OPT_FLAG, offsetof(tsr__off_opts, sync), NULL,
      "no copy streams: every fetch and write-back of K/V waits for its copy (the overlapped "
