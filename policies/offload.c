@@ -1109,7 +1109,9 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
     tsr_status st = tsr__off_evict(o, L, layer, seq, want, len);
     for (int32_t j = 0; j < len && st == TSR_OK; j++) nf += want[j] && !L->res[j];
     if (st == TSR_OK && nf > 0) st = tsr_kv_paged_reserve_rows(m, layer, seq, nf);
-    if (st == TSR_ERR_NO_BLOCKS && prefill) {
+    /* NO_BLOCKS: not free now; BUDGET: more than the whole pool holds for the sequence */
+    int short_pool = st == TSR_ERR_NO_BLOCKS || st == TSR_ERR_BUDGET;
+    if (short_pool && prefill) {
         /* The pool cannot hold every prior token of this layer (it is sized for the
          * budget, tsr_kv_setup): the chunk attends to its budgeted selection instead, as
          * without dense prefill, and it counts as a short fetch. */
@@ -1120,10 +1122,11 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
         st = tsr__off_evict(o, L, layer, seq, want, len);
         for (int32_t j = 0; j < len && st == TSR_OK; j++) nf += want[j] && !L->res[j];
         if (st == TSR_OK && nf > 0) st = tsr_kv_paged_reserve_rows(m, layer, seq, nf);
+        short_pool = st == TSR_ERR_NO_BLOCKS || st == TSR_ERR_BUDGET;
     }
-    if (st == TSR_ERR_NO_BLOCKS) {
+    if (short_pool) {
         /* The pool is shorter than the fetch (a tight --kv-memory: skew's alpha rule can
-         * want more rows than the layer held). Failing here would end the job in the middle
+         * want more rows than the layer held, a dense layer every prior token). Failing here would end the job in the middle
          * of a forward pass, so fetch what fits in the layer's last block, the most recent
          * tokens first, and count it (fetch_short). */
         int32_t bs = tsr_kv_block_size(m), cur = tsr_kv_paged_slots(m, layer, seq);
