@@ -13,7 +13,8 @@
  * stderr, so that a run stopped at a time limit still says how far it got.
  *
  * The block pool holds what the policy keeps of one sequence (all N tokens for paged, the
- * budget otherwise) plus two chunks (--pool-tokens overrides), so the device peak is the
+ * budget otherwise; offload a whole context more, see below) plus two chunks
+ * (--pool-tokens overrides), so the device peak is the
  * policy's and not a fixed pool's. device_peak_mb is the most device memory in use (the
  * backend's memory query: total - free) after any chunk, less what was in use before the
  * weights were placed: weights + pool + workspace. It is sampled after each chunk (the
@@ -114,6 +115,11 @@ int main(int argc, char **argv) {
     if (pol->uses_budget && budget > 0) {
         tsr_kv_policy_config pc = {.budget = budget};
         keep = tsr_kv_policy_budget(&pc, n);
+        /* offload's default (skew, dense prefill) keeps its first two layers whole, as
+         * InfiniGen does, and while a prompt goes in one layer's every prior token over its
+         * budget: a whole context per layer on top holds both at any layer count (one layer:
+         * the dense layer is all there is); kv_peak is what it used */
+        if (!strcmp(pol->name, "offload")) keep += n;
     }
     int64_t toks_in_pool = pool_tokens > 0 ? pool_tokens : keep + 2 * (int64_t)chunk;
     tsr_engine_spec eo = {

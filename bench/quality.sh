@@ -11,7 +11,7 @@
 #     BUILD_DIR  default build; needs the tsr_quality target (bench/quality.c)
 #     PAIRS      extra offload rows per budget speculating on PAIRS channel pairs per KV
 #                head, in skew and in warmup mode (default 2 of the model's 4, i.e. half the
-#                channels). The plain `offload` row is the default mode, warmup with 4
+#                channels). The `offload warmup` row is warmup with its default 4
 #                pairs: every channel of this model's 8-channel heads, so its speculation is
 #                exact here; `offload skew` is InfiniGen's 20 % of the channels (2 of 8)
 #     PROMPT     the first PROMPT tokens of each story go in as one prefill chunk, a prompt
@@ -62,7 +62,10 @@ for b in 0.1 0.2 0.5; do
     pct="$(awk -v b=$b 'BEGIN{print b*100}')%"
     for p in "${POLICIES[@]}"; do
         [ "$p" = paged ] && continue
-        row "$p" "$pct" "$p" --budget $b --recall
+        # offload's default is skew (its own row below): this row keeps warmup's exact
+        # speculation on this model (the fetch budget alone)
+        if [ "$p" = offload ]; then row "offload warmup" "$pct" offload --budget $b \
+            --offload-mode warmup --recall; else row "$p" "$pct" "$p" --budget $b --recall; fi
         if [ "$p" = offload ]; then
             row "offload skew" "$pct" offload --budget $b --offload-mode skew --recall
             row "offload skew (p=$PAIRS)" "$pct" offload --budget $b --pairs "$PAIRS" \

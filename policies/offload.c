@@ -18,8 +18,12 @@
  * tensor parallelism the heads' scores and counts are summed over the group, as below; not
  * with pipeline stages or replicated KV heads (those run warmup).
  *
- * warmup (TSR_OFFLOAD_WARMUP, the default, as measured on a real model; skew falls back to
- * it whenever the policy gets no weights): partial q.k over a
+ * Dense prefill (--offload-dense-prefill on, the default): a step of several tokens (a
+ * prefill chunk) attends to every prior token, as InfiniGen's prefill does; the layer's
+ * resident set goes back to its budgeted selection after its attention (tsr__off_trim).
+ *
+ * warmup (TSR_OFFLOAD_WARMUP; skew, the default, falls back to it whenever the policy gets
+ * no weights): partial q.k over a
  * few rotary channel pairs per KV head with the layer's own queries (the `queries` hook).
  * Channel pairs are chosen per layer during a warm-up (the first TSR__OFF_WARM keys and
  * their queries) by the largest query energy x key variance. A pair is rotation-invariant,
@@ -74,20 +78,30 @@ typedef struct tsr__olayer {
     uint8_t *ew;
     int32_t ew_cap, ew_len, ew_total, ew_take;
     int ew_ok;
+    /* dense prefill: the prior tokens [0, tk_len) the budgeted selection keeps (tk[j] 1)
+     * once this layer's attention over all of them is done (tsr__off_trim) */
+    uint8_t *tk;
+    int32_t tk_cap, tk_len;
 } tsr__olayer;
 
 typedef struct tsr__oseq {
     int active;
     int32_t pending;
+    /* dense prefill: a layer whose resident set holds every prior token for its attention
+     * and goes back to its budgeted selection at the next select of this sequence or at
+     * commit, whichever comes first (trim_layer; trim 0: none) */
+    int trim, trim_layer;
     tsr__olayer *layers;
 } tsr__oseq;
 
 /* Its options (the declaration below) and stats. */
 /* The modes (--offload-mode, docs/kv-cache.md); the index into tsr__off_modes. */
-/* warmup is the default (0): on SmolLM2 skew wins decode-only at every budget measured,
- * warmup with a prompt at every budget (docs/kv-cache.md). */
+/* skew is the default: InfiniGen's own method, with dense prefill InfiniGen's prefill; on
+ * SmolLM2 it is no worse than h2o at 20 and 50 % decode-only and within the InfiniGen
+ * reference's figures with a prompt (docs/kv-cache.md). */
 enum { TSR_OFFLOAD_WARMUP = 0, TSR_OFFLOAD_SKEW = 1 };
 static const char *const tsr__off_modes[] = {"warmup", "skew", NULL};
+static const char *const tsr__off_switch[] = {"off", "on", NULL};
 
 typedef struct tsr__off_opts {
     int mode;           /* TSR_OFFLOAD_SKEW or TSR_OFFLOAD_WARMUP */
@@ -97,7 +111,8 @@ typedef struct tsr__off_opts {
     double ratio;       /* skew: partial-weight ratio, the share of a head's columns kept */
     int dense_layers;   /* skew: the first offloaded layers keep every token (InfiniGen: 2) */
     int calib;          /* skew: query rows per layer that recalibrate the transform (0: none) */
-    int dense_prefill;  /* a step of several tokens (a prefill chunk) keeps every prior token */
+    int dense_prefill;  /* a step of several tokens (a prefill chunk) attends to every prior
+                         * token (0 off, 1 on) */
     int sync;           /* no copy streams: every fetch and write-back waits (the reference) */
 } tsr__off_opts;
 
@@ -294,8 +309,8 @@ static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
          * Plain tensor parallelism is: a rank holds whole query groups, and the scores and
          * counts are summed over the group's heads (tsr_kv_policy_sum_heads). */
         if (tsr_comm_world_rank(cfg->comm) == 0)
-            TSR_LOG_WARN("offload: --offload-mode skew needs pp 1 and tp <= the KV heads; "
-                         "this job uses --offload-mode warmup");
+            TSR_LOG_WARN("offload: --offload-mode skew (the default) needs pp 1 and tp <= the "
+                         "KV heads; this job uses --offload-mode warmup");
         o->mode = TSR_OFFLOAD_WARMUP;
     }
     tsr_status st = o->mode == TSR_OFFLOAD_SKEW ? tsr__off_skew_init(o, cfg->model) : TSR_OK;
@@ -326,6 +341,7 @@ static void tsr__off_release(void *state, int seq) {
         tsr_free(L->res);
         tsr_free(L->sq);
         tsr_free(L->ew);
+        tsr_free(L->tk);
     }
     tsr_free(s->layers);
     memset(s, 0, sizeof *s);
@@ -907,6 +923,8 @@ static tsr_status tsr__off_early(tsr__off *o, tsr__oseq *s, int seq, int layer) 
     tsr_kv_cache *m = o->mech;
     int32_t len = m->ops->seq_len(m, seq), total = L->n + s->pending;
     if (L->n != len) return TSR_OK;
+    /* a dense prefill chunk fetches every prior token at select: nothing to choose early */
+    if (o->opt.dense_prefill && total - len > 1) return TSR_OK;
     int32_t keep = tsr_kv_policy_budget(&o->cfg, total) - (total - len);
     if (keep <= 0 || keep >= len) return TSR_OK; /* select keeps all, or only the new rows */
     if (L->ew_cap < len) {
@@ -939,10 +957,45 @@ static tsr_status tsr__off_early(tsr__off *o, tsr__oseq *s, int seq, int layer) 
     return st;
 }
 
+/* Evicts the resident prior tokens of L (positions < len) that want does not hold. */
+static tsr_status tsr__off_evict(tsr__off *o, tsr__olayer *L, int layer, int seq,
+                                 const uint8_t *want, int32_t len) {
+    tsr_kv_cache *m = o->mech;
+    int32_t ns = tsr_kv_paged_slots(m, layer, seq), ne = 0;
+    int32_t *pos = tsr_malloc((size_t)(ns ? ns : 1) * sizeof *pos);
+    int32_t *ev = tsr_malloc((size_t)(ns ? ns : 1) * sizeof *ev);
+    tsr_status st = pos && ev ? tsr_kv_paged_read_slots(m, layer, seq, pos, NULL)
+                              : TSR_ERR_NOMEM;
+    for (int32_t i = 0; i < ns && st == TSR_OK; i++)
+        if (pos[i] < len && !want[pos[i]]) {
+            ev[ne++] = i;
+            L->res[pos[i]] = 0;
+        }
+    if (st == TSR_OK && ne) st = tsr_kv_paged_evict(m, layer, seq, ev, ne);
+    if (st == TSR_OK) o->st.evictions += ne;
+    tsr_free(pos);
+    tsr_free(ev);
+    return st;
+}
+
+/* Dense prefill, after the attention of the layer that held every prior token: its resident
+ * prior tokens go back to the budgeted selection made at its select (tk), the set the layer
+ * would have held without dense prefill. Local (no collective): the selection was made on
+ * every rank alike. Called at the sequence's next select (any layer: the forward pass runs a
+ * sequence's layers in order, each select after the previous layer's attention) and at its
+ * commit, so at most one layer of a sequence holds more than its budgeted set at a time. */
+static tsr_status tsr__off_trim(tsr__off *o, tsr__oseq *s, int seq) {
+    if (!s->trim) return TSR_OK;
+    s->trim = 0;
+    tsr__olayer *L = &s->layers[s->trim_layer];
+    return tsr__off_evict(o, L, s->trim_layer, seq, L->tk, L->tk_len);
+}
+
 static tsr_status tsr__off_select(void *state, int layer, int seq) {
     tsr__off *o = state;
     tsr__oseq *s = tsr__oseq_get(o, seq);
     if (!s) return tsr_error_set(TSR_ERR_INVALID, "offload: no sequence %d", seq);
+    TSR_TRY(tsr__off_trim(o, s, seq)); /* the previous layer's attention is done */
     if (tsr__off_sliding(o, layer)) return TSR_OK; /* its window, whatever the budget */
     tsr__olayer *L = &s->layers[layer];
     tsr_kv_cache *m = o->mech;
@@ -960,8 +1013,13 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
     if (o->mode == TSR_OFFLOAD_SKEW && tsr__off_dense(o, layer)) keep = len;
     /* InfiniGen prefills the prompt with full attention and selects only at decode: a chunk
      * that saw only budget - chunk prior tokens (none for a chunk over the budget) would
-     * write every later layer's prompt KV from a starved attention. */
-    if (o->opt.dense_prefill && total - len > 1) keep = len;
+     * write every later layer's prompt KV from a starved attention. So a step of several
+     * tokens (a prefill chunk) makes the budgeted selection as usual (`keep` tokens, by the
+     * mode's rule), then fetches every other prior token too for this layer's attention;
+     * after it, tsr__off_trim evicts them again, leaving the budgeted selection. The resident
+     * set exceeds what it holds without dense prefill by at most one layer's prior tokens
+     * (len - keep rows) per prefilling sequence. */
+    int prefill = o->opt.dense_prefill && total - len > 1 && keep < len;
     uint8_t *want = tsr_calloc((size_t)(len ? len : 1), 1);
     if (!want) return TSR_ERR_NOMEM;
     if (keep == len) {
@@ -1020,7 +1078,25 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
         }
         tsr_free(c);
     }
-    if (o->dump && keep < len) { /* keep 0 too: only the step's tokens stay */
+    if (prefill) {
+        if (L->tk_cap < len) {
+            uint8_t *tk = tsr_realloc(L->tk, (size_t)len);
+            if (!tk) {
+                tsr_free(want);
+                return TSR_ERR_NOMEM;
+            }
+            L->tk = tk;
+            L->tk_cap = len;
+        }
+        memcpy(L->tk, want, (size_t)len);
+        L->tk_len = len;
+        s->trim = 1;
+        s->trim_layer = layer;
+        memset(want, 1, (size_t)len);
+    }
+    /* the dump lists the sets attention saw, a dense prefill chunk's being all */
+    int dumped = o->dump && keep < len && !prefill;
+    if (dumped) { /* keep 0 too: only the step's tokens stay */
         int32_t nw = 0;
         for (int32_t j = 0; j < len; j++) nw += want[j];
         fprintf(o->dump, "%d %d %d", layer, (int)len, (int)nw);
@@ -1029,25 +1105,28 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
         fputc('\n', o->dump);
     }
     /* Evict resident prior tokens that are not wanted, then fetch the missing ones. */
-    int32_t ns = tsr_kv_paged_slots(m, layer, seq), ne = 0, nf = 0;
-    int32_t *pos = tsr_malloc((size_t)(ns ? ns : 1) * sizeof *pos);
-    int32_t *ev = tsr_malloc((size_t)(ns ? ns : 1) * sizeof *ev);
-    tsr_status st = pos && ev ? TSR_OK : TSR_ERR_NOMEM;
-    if (st == TSR_OK) st = tsr_kv_paged_read_slots(m, layer, seq, pos, NULL);
-    if (st == TSR_OK) {
-        for (int32_t i = 0; i < ns; i++)
-            if (pos[i] < len && !want[pos[i]]) {
-                ev[ne++] = i;
-                L->res[pos[i]] = 0;
-            }
-        st = tsr_kv_paged_evict(m, layer, seq, ev, ne);
-        o->st.evictions += ne;
-    }
+    int32_t nf = 0;
+    tsr_status st = tsr__off_evict(o, L, layer, seq, want, len);
     for (int32_t j = 0; j < len && st == TSR_OK; j++) nf += want[j] && !L->res[j];
     if (st == TSR_OK && nf > 0) st = tsr_kv_paged_reserve_rows(m, layer, seq, nf);
-    if (st == TSR_ERR_NO_BLOCKS) {
+    /* NO_BLOCKS: not free now; BUDGET: more than the whole pool holds for the sequence */
+    int short_pool = st == TSR_ERR_NO_BLOCKS || st == TSR_ERR_BUDGET;
+    if (short_pool && prefill) {
+        /* The pool cannot hold every prior token of this layer (it is sized for the
+         * budget, tsr_kv_setup): the chunk attends to its budgeted selection instead, as
+         * without dense prefill, and it counts as a short fetch. */
+        memcpy(want, L->tk, (size_t)len);
+        s->trim = 0;
+        o->st.fetch_short++;
+        nf = 0;
+        st = tsr__off_evict(o, L, layer, seq, want, len);
+        for (int32_t j = 0; j < len && st == TSR_OK; j++) nf += want[j] && !L->res[j];
+        if (st == TSR_OK && nf > 0) st = tsr_kv_paged_reserve_rows(m, layer, seq, nf);
+        short_pool = st == TSR_ERR_NO_BLOCKS || st == TSR_ERR_BUDGET;
+    }
+    if (short_pool) {
         /* The pool is shorter than the fetch (a tight --kv-memory: skew's alpha rule can
-         * want more rows than the layer held). Failing here would end the job in the middle
+         * want more rows than the layer held, a dense layer every prior token). Failing here would end the job in the middle
          * of a forward pass, so fetch what fits in the layer's last block, the most recent
          * tokens first, and count it (fetch_short). */
         int32_t bs = tsr_kv_block_size(m), cur = tsr_kv_paged_slots(m, layer, seq);
@@ -1102,7 +1181,7 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
         tsr_free(fk);
         tsr_free(fp);
     }
-    if (st == TSR_OK && o->dump && keep < len) {
+    if (st == TSR_OK && dumped) {
         /* the resident rows against the host copy: slots whose K/V or position depart from
          * the selection (a debugging aid with the dump) */
         int32_t n2 = tsr_kv_paged_slots(m, layer, seq), bad = 0, seen = 0;
@@ -1129,8 +1208,6 @@ static tsr_status tsr__off_select(void *state, int layer, int seq) {
         tsr_free(p2);
         tsr_free(gk);
     }
-    tsr_free(pos);
-    tsr_free(ev);
     tsr_free(want);
     o->qs.q = NULL;
     L->sq_n = 0; /* a speculation serves one selection */
@@ -1143,7 +1220,7 @@ static tsr_status tsr__off_commit(void *state, int seq, int32_t n) {
     tsr__oseq *s = tsr__oseq_get(o, seq);
     if (s) s->pending = 0;
     o->st.tokens_processed += n;
-    return TSR_OK;
+    return s ? tsr__off_trim(o, s, seq) : TSR_OK; /* the last layer's attention is done */
 }
 
 static void tsr__off_stats(const void *state, void *out_) {
@@ -1174,10 +1251,10 @@ static void tsr__off_stats(const void *state, void *out_) {
 
 static const tsr_kv_policy_option tsr__off_options[] = {
     {"offload-mode", TSR_KV_OPT_ENUM, offsetof(tsr__off_opts, mode), "MODE",
-     "skew (InfiniGen: partial keys from the weights' eigenvectors, the next layer "
-     "speculated; warmup under --pp) or warmup (channel pairs from the first keys, the "
-     "layer's own queries; the default: better with a prompt on SmolLM2, docs/kv-cache.md)", "warmup", 0, 0,
-     tsr__off_modes},
+     "skew (InfiniGen: partial keys from each query head's skewing transform, the next "
+     "layer speculated; warmup under --pp, with replicated KV heads or without model "
+     "weights) or warmup (channel pairs from the first keys, the layer's own queries)",
+     "skew", 0, 0, tsr__off_modes},
     {"offload-pairs", TSR_KV_OPT_INT, offsetof(tsr__off_opts, spec_pairs), "N",
      "channel pairs per head the speculation scores with (0: 20 % of the head's channels "
      "in skew mode, 4 pairs in warmup)", "0", 0, 64, NULL},
@@ -1196,10 +1273,12 @@ static const tsr_kv_policy_option tsr__off_options[] = {
      "second moment after 16 rows, again at 32, 64, ... up to N, the columns InfiniGen's "
      "union by query energy and by key magnitude (0: the weights' transform throughout)",
      "256", 0, 1 << 20, NULL},
-    {"offload-dense-prefill", TSR_KV_OPT_FLAG, offsetof(tsr__off_opts, dense_prefill), NULL,
-     "a prefill chunk attends to every prior token, fetched from the host copy (InfiniGen's "
-     "prefill; the resident set then exceeds the budget while a prompt goes in)", NULL, 0, 1,
-     NULL},
+    {"offload-dense-prefill", TSR_KV_OPT_ENUM, offsetof(tsr__off_opts, dense_prefill),
+     "off|on",
+     "on: a prefill chunk attends to every prior token (InfiniGen's prefill), those its "
+     "budgeted selection leaves out fetched for the layer's attention and evicted after "
+     "it; off: to the budgeted selection only", "on", 0, 0,
+     tsr__off_switch},
     {"offload-sync", TSR_KV_OPT_FLAG, offsetof(tsr__off_opts, sync), NULL,
      "no copy streams: every fetch and write-back of K/V waits for its copy (the overlapped "
      "path's reference, the same tokens)", NULL, 0, 1, NULL},

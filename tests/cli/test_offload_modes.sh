@@ -2,7 +2,8 @@
 # offload's two modes from the command line (docs/kv-cache.md): at a 100 % budget both give
 # the tokens of paged; at 20 % the --stats line reports speculative selections (none falling
 # back to the recent window), the sampled recall of the exact top tokens and the bytes
-# fetched per token; --offload-mode is checked and warned about under other policies.
+# fetched per token; the default is skew with dense prefill; --offload-mode and
+# --offload-dense-prefill are checked, and warned about under other policies.
 # Args: $1 tessera binary, $2 repo root, $3 scratch dir.
 set -u
 # shellcheck source=tests/cli/common.sh
@@ -46,6 +47,19 @@ import json, sys
 f = [[json.loads(l) for l in open(p) if l.startswith('{"policy"')][0]["bytes_fetched"] for p in sys.argv[1:]]
 assert 0 < f[0] < f[1], f
 PY
+# the default (no option but the budget): skew with dense prefill, the same tokens as both
+# given; 48 tokens from a 4-token prompt have no prefill chunk over a budget, so a prompt of
+# 40 tokens in 8-token chunks makes dense prefill act (the output differs with it off)
+P40="one two three four five six seven eight nine ten one two three four five six seven eight nine ten"
+gen --kv-policy offload --kv-budget 0.2 --prompt "$P40" --chunk 8 >"$TMP/def" 2>"$TMP/err" ||
+    fail "offload default: $(cat "$TMP/err")"
+gen --kv-policy offload --kv-budget 0.2 --prompt "$P40" --chunk 8 --offload-mode skew \
+    --offload-dense-prefill on >"$TMP/expl" 2>"$TMP/err" || fail "offload skew on: $(cat "$TMP/err")"
+cmp -s "$TMP/def" "$TMP/expl" || fail "offload's default is not skew with dense prefill"
+gen --kv-policy offload --offload-dense-prefill maybe >/dev/null 2>"$TMP/err"
+rc=$?
+[ $rc -eq 2 ] && grep -q -- "--offload-dense-prefill maybe: use one of off, on" "$TMP/err" ||
+    fail "bad dense prefill: exit $rc: $(cat "$TMP/err")"
 gen --kv-policy offload --offload-mode bogus >/dev/null 2>"$TMP/err"
 rc=$?
 [ $rc -eq 2 ] && grep -q -- "--offload-mode bogus: use one of warmup, skew" "$TMP/err" ||

@@ -389,11 +389,15 @@ TSR_TEST(test_gptoss_policies) {
     memset(p, 0, sizeof p);
     int np = load_ref("gptoss_f32", m->cfg.vocab_size, p);
     const char *pols[] = {"paged", "h2o", "streaming", "offload", "offload"};
+    /* offload in both modes: warmup (k 3) and skew without dense layers (k 4); skew's
+     * default dense layers would keep the full layer whole */
     tsr_kv_policy_arg skew[] = {{"offload-mode", "skew"}, {"offload-dense-layers", "0"}};
+    tsr_kv_policy_arg warm[] = {{"offload-mode", "warmup"}};
     int32_t got[32], tiled[32], mat[32];
     for (int k = 0; k < 5 && np == 3 && !tsr_test_failed_flag; k++) {
         int32_t rows[2] = {0, 0};
-        tsr_status st = policy_tokens(m, &p[2], pols[k], 128, skew, k == 4 ? 2 : 0, got, rows);
+        tsr_status st = policy_tokens(m, &p[2], pols[k], 128, k == 4 ? skew : warm,
+                                      k == 4 ? 2 : k == 3, got, rows);
         if (st != TSR_OK) TSR_FAIL_("%s: %s", pols[k], tsr_last_error());
         /* 41 + 31 positions cached; layer 0 slides over 8 */
         if (rows[0] != 7 || rows[1] != p[2].n + p[2].n_greedy - 1)
@@ -409,7 +413,8 @@ TSR_TEST(test_gptoss_policies) {
     /* a budget under the window applies to the full layer only */
     for (int k = 1; k < 5 && np == 3 && !tsr_test_failed_flag; k++) {
         int32_t rows[2] = {0, 0};
-        ASSERT_OK(policy_tokens(m, &p[2], pols[k], 4, skew, k == 4 ? 2 : 0, got, rows));
+        ASSERT_OK(policy_tokens(m, &p[2], pols[k], 4, k == 4 ? skew : warm, k == 4 ? 2 : k == 3,
+                                got, rows));
         if (rows[0] != 7 || rows[1] > 5)
             NOTE_FAIL("%s budget 4: layers hold %d and %d rows, want 7 and <= 5", pols[k],
                       rows[0], rows[1]);
@@ -460,9 +465,13 @@ TSR_TEST(test_gptoss_offload) {
     int32_t want[32], got[32], rows[4];
     tsr_kv_policy_stats ps;
     ASSERT_OK(policy_stats(m, &p, "paged", 0, NULL, 0, want, rows, NULL));
+    /* mode 0 warmup, 1 skew without dense layers */
     tsr_kv_policy_arg skew[] = {{"offload-mode", "skew"}, {"offload-dense-layers", "0"}};
+    tsr_kv_policy_arg warm[] = {{"offload-mode", "warmup"}};
     for (int mode = 0; mode < 2 && !tsr_test_failed_flag; mode++) {
-        ASSERT_OK(policy_stats(m, &p, "offload", 64, skew, 2 * mode, got, rows, &ps));
+        tsr_kv_policy_arg *ma = mode ? skew : warm;
+        int na = mode ? 2 : 1;
+        ASSERT_OK(policy_stats(m, &p, "offload", 64, ma, na, got, rows, &ps));
         for (int i = 0; i < p.n_greedy; i++) ASSERT_EQ_INT(got[i], want[i]);
         ASSERT_TRUE(rows[0] == 7 && rows[2] == 7 && rows[1] == p.n + p.n_greedy - 1 &&
                     rows[3] == p.n + p.n_greedy - 1);
@@ -471,7 +480,7 @@ TSR_TEST(test_gptoss_offload) {
         ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "bytes_offloaded"),
                       (int64_t)(p.n + p.n_greedy - 1) * 2 * m->cfg.n_kv_heads *
                           m->cfg.head_dim * 8);
-        ASSERT_OK(policy_stats(m, &p, "offload", 12, skew, 2 * mode, got, rows, &ps));
+        ASSERT_OK(policy_stats(m, &p, "offload", 12, ma, na, got, rows, &ps));
         ASSERT_TRUE(rows[0] == 7 && rows[2] == 7 && rows[1] <= 12 && rows[3] <= 12);
         /* the prompt selects nothing (no prior tokens); each decode step once per full layer */
         ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "spec_selections"),

@@ -420,11 +420,15 @@ TSR_KV_FWD_TEST(test_forward_skew_mode) {
     tsr_free(ls);
 }
 
-/* --offload-dense-prefill: a step of several tokens (a prefill chunk) attends to every prior
- * token, fetched back from the host copy; without it the chunk keeps budget - chunk of them.
- * A one-token step selects within the budget either way. */
+/* --offload-dense-prefill on (the default; run 2 gives no option): a step of several tokens
+ * (a prefill chunk) attends to every prior token, fetched back from the host copy, and after
+ * its attention (here: the commit, one layer) the resident set is the budgeted selection
+ * again, the same tokens as with off, where the chunk keeps budget - chunk of them. A
+ * one-token step selects within the budget either way. */
 TSR_KV_TEST(test_dense_prefill) {
-    for (int dense = 0; dense < 2; dense++) {
+    int64_t evicted_off = -1;
+    for (int run = 0; run < 3; run++) {
+        int dense = run > 0;
         tsr_host_pool *host = NULL;
         ASSERT_OK(tsr_host_pool_create(0, &host));
         tsr_kv_paged_config kc = {.n_layers = 1, .n_kv_heads = 1, .head_dim = HD_,
@@ -432,8 +436,8 @@ TSR_KV_TEST(test_dense_prefill) {
                                   .be = kvt_be, .kv_dtype = kvt_dtype()};
         kc.memory_bytes = 32 * tsr_kv_paged_block_bytes(&kc);
         const tsr_kv_policy_arg args[] = {{"offload-pairs", "2"},
-                                          {"offload-dense-prefill", dense ? "1" : "0"}};
-        tsr_kv_policy_config pc = {.budget = 12, .args = args, .n_args = 2,
+                                          {"offload-dense-prefill", run == 1 ? "on" : "off"}};
+        tsr_kv_policy_config pc = {.budget = 12, .args = args, .n_args = run == 2 ? 1 : 2,
                                    .n_heads = 2, .rope_interleaved = 1, .host = host,
                                    .owns_host = 1};
         tsr_kv_cache *kv = NULL;
@@ -463,6 +467,15 @@ TSR_KV_TEST(test_dense_prefill) {
         for (int j = 0; j < ns; j++) total += sp[j].n;
         ASSERT_EQ_INT(total, dense ? N + C : 12);
         ASSERT_OK(kv->ops->commit(kv, 0, toks, C));
+        /* after the attention: the budgeted set (budget - chunk prior tokens and the chunk),
+         * the dense run having evicted the same prior tokens the budgeted selection left */
+        tsr_kv_stats s;
+        kv->ops->stats(kv, &s);
+        ASSERT_EQ_INT(s.tokens_resident, 12);
+        tsr_kv_policy_stats ps;
+        tsr_kv_policy_get_stats(kv, &ps);
+        if (!dense) evicted_off = TSR__PS("evictions");
+        else ASSERT_EQ_INT(TSR__PS("evictions"), evicted_off);
         /* a decode step: the budget */
         qpos[0] = N + C;
         ASSERT_OK(kv->ops->reserve(kv, 0, 1));
