@@ -198,8 +198,8 @@ static tsr_status tsr__chat_messages(const cJSON *ms, tsr_batch_request *r, cJSO
         }
         bool ok = cJSON_AddStringToObject(cm, "role", role->valuestring) &&
                   cJSON_AddStringToObject(cm, "content", content);
-        static const char *const keep[] = {"name", "tool_call_id"};
-        for (int k = 0; k < 2 && ok; k++) {
+        static const char *const keep[] = {"name", "tool_call_id", "thinking"};
+        for (int k = 0; k < 3 && ok; k++) {
             const cJSON *x = cJSON_GetObjectItemCaseSensitive(m, keep[k]);
             if (cJSON_IsString(x)) ok = cJSON_AddStringToObject(cm, keep[k], x->valuestring);
         }
