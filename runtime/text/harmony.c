@@ -1,6 +1,7 @@
 /* The harmony chat format (harmony.h). */
 #include "runtime/text/harmony.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -131,6 +132,12 @@ tsr_status tsr_harmony_template(tsr_chat_template *out) {
     return tsr_chat_template_from_source(tsr__harmony_src, sizeof tsr__harmony_src - 1,
                                          "<|startoftext|>", "<|return|>",
                                          "the built-in harmony template", out);
+}
+
+bool tsr_harmony_force_call(const char *name, char *out, size_t cap) {
+    int n = name ? snprintf(out, cap, " to=functions.%s<|channel|>commentary json<|message|>", name)
+                 : snprintf(out, cap, " to=functions.");
+    return n >= 0 && (size_t)n < cap;
 }
 
 /* The id of a special token: its text must encode to exactly one id. */

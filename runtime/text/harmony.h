@@ -41,6 +41,14 @@
  * name. */
 tsr_status tsr_harmony_template(tsr_chat_template *out);
 
+/* The text that forces a tool call when appended to a rendered prompt (which ends with
+ * `<|start|>assistant`), in the header form of a past call above: with a function name,
+ * ` to=functions.NAME<|channel|>commentary json<|message|>` (the model writes only the
+ * arguments); with NULL (tool_choice "required"), ` to=functions.` (the model completes the
+ * recipient with a function's name, then the channel and arguments as it would unforced).
+ * Written to out (cap bytes with its '\0'); false when it does not fit. */
+bool tsr_harmony_force_call(const char *name, char *out, size_t cap);
+
 /* The harmony special tokens of a tokenizer (each must encode to one id). */
 typedef struct tsr_harmony_ids {
     int32_t start, end, message, channel, constrain, ret, call;

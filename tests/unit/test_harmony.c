@@ -346,4 +346,64 @@ TSR_TEST(test_harmony_answer) {
     ASSERT_TRUE(h.reasoning[1].len == 4 && !memcmp(a + h.reasoning[1].begin, "Two.", 4));
 }
 
-TSR_TEST_MAIN(test_harmony_template_matches_gpt_oss, test_harmony_template_tools, test_harmony_parser, test_harmony_answer)
+/* tool_choice forced: the prompt (the built-in template's rendering with the forcing text
+ * appended) encodes to the rendering's ids, then the header of a call as a past call is
+ * rendered, ending with <|message|> (named) or "functions." (required); an answer after a
+ * named header, cut by max_tokens, still parses as the call with its arguments so far. */
+TSR_TEST(test_harmony_force_call) {
+    tsr_tokenizer *tok = NULL;
+    ASSERT_OK(tsr_tokenizer_load(TSR__TOK, &tok));
+    tsr_harmony_ids ids;
+    ASSERT_TRUE(tsr_harmony_ids_find(tok, &ids));
+    char *base = tsr__render_ctx(
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}], \"tools\": "
+        "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}]}", 0);
+    ASSERT_TRUE(base != NULL);
+    char force[256], want[256], small[8];
+    ASSERT_TRUE(!tsr_harmony_force_call("get_weather", small, sizeof small));
+    for (int named = 0; named < 2; named++) {
+        ASSERT_TRUE(tsr_harmony_force_call(named ? "get_weather" : NULL, force, sizeof force));
+        ASSERT_STR_EQ(force, named ? " to=functions.get_weather<|channel|>commentary json<|message|>"
+                                   : " to=functions.");
+        size_t bl = strlen(base), fl = strlen(force);
+        char *prompt = tsr_malloc(bl + fl + 1);
+        memcpy(prompt, base, bl);
+        memcpy(prompt + bl, force, fl + 1);
+        int32_t *pb = NULL, *pp = NULL;
+        size_t nb = 0, np = 0;
+        ASSERT_OK(tsr_tokenizer_encode(tok, base, bl, false, false, &pb, &nb));
+        ASSERT_OK(tsr_tokenizer_encode(tok, prompt, bl + fl, false, false, &pp, &np));
+        /* the rendering's ids (ending with <|start|>assistant) unchanged, then the header */
+        ASSERT_TRUE(np > nb && !memcmp(pp, pb, nb * sizeof *pb));
+        size_t len = 0;
+        char piece[256];
+        for (size_t i = nb; i < np; i++) {
+            int n = tsr_tokenizer_decode(tok, pp[i - 1], pp[i], piece, sizeof piece);
+            ASSERT_TRUE(n >= 0 && len + (size_t)n < sizeof want);
+            memcpy(want + len, piece, (size_t)n);
+            len += (size_t)n;
+        }
+        want[len] = '\0';
+        ASSERT_STR_EQ(want, force);
+        if (named) {
+            ASSERT_EQ_INT(pp[np - 1], ids.message);
+            int channels = 0; /* <|channel|> as its one special id */
+            for (size_t i = nb; i < np; i++) channels += pp[i] == ids.channel;
+            ASSERT_EQ_INT(channels, 1);
+        }
+        tsr_free(pb);
+        tsr_free(pp);
+        tsr_free(prompt);
+    }
+    tsr_free(base);
+    tsr_tokenizer_destroy(tok);
+    /* the answer's text begins with the forced header; cut inside the arguments */
+    const char *a = " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Pa";
+    tsr_harmony_answer h;
+    tsr_harmony_answer_parse(a, strlen(a), true, &h);
+    ASSERT_TRUE(h.tool_call && !h.has_final);
+    ASSERT_TRUE(h.tool_name.len == 11 && !memcmp(a + h.tool_name.begin, "get_weather", 11));
+    ASSERT_STR_EQ(a + h.tool_args.begin, "{\"city\": \"Pa");
+}
+
+TSR_TEST_MAIN(test_harmony_template_matches_gpt_oss, test_harmony_template_tools, test_harmony_parser, test_harmony_answer, test_harmony_force_call)
