@@ -354,7 +354,8 @@ static tsr_status tsr__submit(tsr_run_job *g, tsr_batch_request *r, uint64_t has
                                       "tool_choice \"required\" or a named function is forced on "
                                       "harmony models (GPT-OSS) only");
             }
-            if (!tsr_harmony_force_call(r->force_name, forced, sizeof forced)) {
+            if ((r->force_name && strlen(r->force_name) > 200) ||
+                !tsr_harmony_force_call(r->force_name, forced, sizeof forced)) {
                 tsr_free(rendered);
                 return tsr__put_error(g, r->custom_id, r->line, hash, TSR_BATCH_E_TOOLS,
                                       "tool_choice names a function longer than 200 bytes");
