@@ -52,6 +52,13 @@ TOOL_MSGS = [S("Use tools when needed."), U("Weather in Paris?"),
              {"role": "tool", "tool_call_id": "abc123XYZ", "name": "get_weather",
               "content": "{\"temp\": 21.5, \"sky\": \"clear\"}"},
              A("It is 21.5 degrees and clear."), U("Thanks!")]
+# A turn that ends with a tool's result (the prompt of the next call's answer), the call
+# beside text (GPT-OSS keeps it as reasoning while no final answer follows).
+TOOL_TURN_MSGS = [U("Weather in Paris?"),
+                  {"role": "assistant", "content": "Need the weather.", "tool_calls": [
+                      {"id": "c1", "type": "function", "function": {
+                          "name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                  {"role": "tool", "tool_call_id": "c1", "content": "sunny, 21 °C"}]
 KWARGS = {"enable_thinking": False, "reasoning_effort": "high", "date_string": "01 Jan 2025",
           "builtin_tools": ["browser", "code_interpreter"], "model_identity": "You are Tess.",
           "functions": '[{"name": "get_weather", "parameters": {"city": "string"}}]',
@@ -61,6 +68,7 @@ THINK_MSGS = [S("Think first."), U("What is 6*7?"),
 # (name, messages, add_generation_prompt, continue_final, tools, extra template variables)
 CASES = [c + (None, {}) for c in CASES] + [
     ("tools", TOOL_MSGS, True, False, TOOLS, {}),
+    ("tool_turn", TOOL_TURN_MSGS, True, False, TOOLS, {}),
     ("kwargs", THINK_MSGS, True, False, None, KWARGS),
 ]
 

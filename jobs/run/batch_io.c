@@ -98,6 +98,7 @@ void tsr_batch_request_free(tsr_batch_request *r) {
     }
     tsr_free(r->messages);
     cJSON_Delete(r->chat_ctx);
+    tsr_free(r->force_name);
     for (int i = 0; i < r->n_stops; i++) tsr_free(r->stops[i]);
     memset(r, 0, sizeof *r);
 }
@@ -198,8 +199,8 @@ static tsr_status tsr__chat_messages(const cJSON *ms, tsr_batch_request *r, cJSO
         }
         bool ok = cJSON_AddStringToObject(cm, "role", role->valuestring) &&
                   cJSON_AddStringToObject(cm, "content", content);
-        static const char *const keep[] = {"name", "tool_call_id"};
-        for (int k = 0; k < 2 && ok; k++) {
+        static const char *const keep[] = {"name", "tool_call_id", "thinking"};
+        for (int k = 0; k < 3 && ok; k++) {
             const cJSON *x = cJSON_GetObjectItemCaseSensitive(m, keep[k]);
             if (cJSON_IsString(x)) ok = cJSON_AddStringToObject(cm, keep[k], x->valuestring);
         }
@@ -210,12 +211,15 @@ static tsr_status tsr__chat_messages(const cJSON *ms, tsr_batch_request *r, cJSO
 }
 
 /* body.tools (OpenAI function tools) into ctx unless tool_choice is "none"; *need set when
- * they are kept. Other tool_choice values render the same prompt (nothing forces a call). */
-static tsr_status tsr__chat_tools(const cJSON *body, cJSON *ctx, bool *need,
-                                  tsr_batch_error *e) {
+ * they are kept. tool_choice "auto" (the default) leaves the choice to the model; "required"
+ * and a named function set r->force_call (and r->force_name), which the caller forces. */
+static tsr_status tsr__chat_tools(const cJSON *body, tsr_batch_request *r, cJSON *ctx,
+                                  bool *need, tsr_batch_error *e) {
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
-    if (!tools || cJSON_IsNull(tools)) return TSR_OK;
-    bool ok = cJSON_IsArray(tools);
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
+    if (tools && cJSON_IsNull(tools)) tools = NULL;
+    if (tc && cJSON_IsNull(tc)) tc = NULL;
+    bool ok = !tools || cJSON_IsArray(tools);
     const cJSON *t, *each = ok ? tools : NULL;
     cJSON_ArrayForEach(t, each) {
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
@@ -226,12 +230,48 @@ static tsr_status tsr__chat_tools(const cJSON *body, cJSON *ctx, bool *need,
              (!pa || cJSON_IsNull(pa) || cJSON_IsObject(pa));
     }
     if (!ok)
-        return tsr__bad(e, TSR_BATCH_E_PARAM,
+        return tsr__bad(e, TSR_BATCH_E_TOOLS,
                         "\"tools\" must be an array of {\"type\": \"function\", \"function\": "
                         "{\"name\": string, \"parameters\": object}}");
-    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
+    int n_tools = tools ? cJSON_GetArraySize(tools) : 0;
+    const char *named = NULL;
+    if (cJSON_IsObject(tc)) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(tc, "function"), "name");
+        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(nm) ||
+            !nm->valuestring[0])
+            return tsr__bad(e, TSR_BATCH_E_TOOLS,
+                            "\"tool_choice\" must be \"none\", \"auto\", \"required\" or "
+                            "{\"type\": \"function\", \"function\": {\"name\": string}}");
+        named = nm->valuestring;
+        bool found = false;
+        cJSON_ArrayForEach(t, tools) {
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+            found = found || !strcmp(cJSON_GetObjectItemCaseSensitive(f, "name")->valuestring,
+                                     named);
+        }
+        if (!found)
+            return tsr__bad(e, TSR_BATCH_E_TOOLS,
+                            "\"tool_choice\" names the function \"%.200s\", which is not in "
+                            "\"tools\"", named);
+    } else if (tc && (!cJSON_IsString(tc) || (strcmp(tc->valuestring, "none") &&
+                                             strcmp(tc->valuestring, "auto") &&
+                                             strcmp(tc->valuestring, "required")))) {
+        return tsr__bad(e, TSR_BATCH_E_TOOLS,
+                        "\"tool_choice\" must be \"none\", \"auto\", \"required\" or "
+                        "{\"type\": \"function\", \"function\": {\"name\": string}}");
+    }
     if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")) return TSR_OK;
-    if (cJSON_GetArraySize(tools) == 0) return TSR_OK;
+    bool required = cJSON_IsString(tc) && !strcmp(tc->valuestring, "required");
+    if (required && n_tools == 0)
+        return tsr__bad(e, TSR_BATCH_E_TOOLS,
+                        "\"tool_choice\" \"required\" needs a non-empty \"tools\"");
+    if (n_tools == 0) return TSR_OK;
+    if (required || named) {
+        r->force_call = true;
+        if (named && !(r->force_name = tsr_strdup(named))) return TSR_ERR_NOMEM;
+    }
     if (!cJSON_AddItemToObject(ctx, "tools", cJSON_Duplicate(tools, 1))) return TSR_ERR_NOMEM;
     *need = true;
     return TSR_OK;
@@ -263,7 +303,7 @@ static tsr_status tsr__parse_body(const cJSON *body, tsr_batch_request *r, tsr_b
         cJSON *cms = ctx ? cJSON_AddArrayToObject(ctx, "messages") : NULL;
         bool need = false;
         tsr_status st = cms ? tsr__chat_messages(ms, r, cms, &need, e) : TSR_ERR_NOMEM;
-        if (st == TSR_OK) st = tsr__chat_tools(body, ctx, &need, e);
+        if (st == TSR_OK) st = tsr__chat_tools(body, r, ctx, &need, e);
         if (st == TSR_OK && need) {
             r->chat_ctx = ctx;
             ctx = NULL;
@@ -498,8 +538,8 @@ tsr_status tsr_batch_result_harmony(tsr_batch_result *res, const char *raw, size
     tsr_harmony_answer_parse(raw, n, called, &a);
     res->text = raw + a.final.begin;
     res->text_len = a.final.len;
-    if (a.tool_call && !strcmp(res->finish_reason, "stop")) {
-        res->finish_reason = "tool_calls";
+    if (a.tool_call) { /* cut by max_tokens: a forced call's arguments so far, "length" */
+        if (!strcmp(res->finish_reason, "stop")) res->finish_reason = "tool_calls";
         res->tool_name = raw + a.tool_name.begin;
         res->tool_name_len = a.tool_name.len;
         res->tool_args = raw + a.tool_args.begin;

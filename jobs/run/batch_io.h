@@ -48,6 +48,11 @@ typedef struct tsr_batch_request {
      * assistant tool_calls: the template's context, {"messages": [...], "tools": [...]}
      * (owned; contents as strings), rendered instead of `messages`. NULL otherwise. */
     cJSON *chat_ctx;
+    /* tool_choice "required" or a named function ({"type": "function", "function":
+     * {"name": ...}}, one of `tools`): the answer must be a call (forced on harmony models,
+     * runtime/text/harmony.h tsr_harmony_force_call); force_name NULL for "required" */
+    bool force_call;
+    char *force_name;
     int max_tokens;         /* default 16 (OpenAI's default) */
     float temperature;      /* default 1 */
     float top_p;            /* default 1 */
@@ -69,6 +74,8 @@ typedef struct tsr_batch_request {
 #define TSR_BATCH_E_PARAM "invalid_parameter"
 #define TSR_BATCH_E_TOO_LONG "prompt_too_long"
 #define TSR_BATCH_E_TEMPLATE "no_chat_template"
+#define TSR_BATCH_E_TOOLS "invalid_tools"         /* tools or tool_choice malformed */
+#define TSR_BATCH_E_TOOLS_UNSUP "unsupported_tools" /* tools the model's format cannot say */
 #define TSR_BATCH_E_INTERNAL "internal_error"
 #define TSR_BATCH_E_ENCODING "invalid_encoding" /* the line is not UTF-8 */
 

@@ -213,7 +213,8 @@ static tsr_status tsr__setup_files(tsr_run_job *g) {
     if (g->chat.kind == TSR_CHAT_NONE && g->model->cfg.arch == TSR_ARCH_GPT_OSS)
         TSR_TRY(tsr_harmony_template(&g->chat));
     tsr_harmony_ids hids;
-    g->harmony = !o->harmony_raw && tsr_harmony_ids_find(g->tok, &hids);
+    g->harmony_fmt = tsr_harmony_ids_find(g->tok, &hids);
+    g->harmony = !o->harmony_raw && g->harmony_fmt;
     g->harmony_call = g->harmony ? hids.call : -1;
     tsr__basename(o->model, g->model_name, sizeof g->model_name);
     return TSR_OK;
@@ -318,7 +319,7 @@ static tsr_status tsr__setup(tsr_run_job *g) {
  * (offline): from now. */
 static tsr_status tsr__submit(tsr_run_job *g, tsr_batch_request *r, uint64_t hash,
                               double arrival) {
-    char *rendered = NULL;
+    char *rendered = NULL, forced[256] = "";
     const char *text = r->prompt;
     size_t text_len = text ? strlen(text) : 0;
     bool bos = !g->o->no_bos && g->tok->bos_id >= 0;
@@ -335,10 +336,40 @@ static tsr_status tsr__submit(tsr_run_job *g, tsr_batch_request *r, uint64_t has
                                     : tsr_chat_render(&g->chat, r->messages, r->n_messages,
                                                       &rendered, &text_len);
         if (cs == TSR_ERR_INVALID) /* the template refused these messages (raise_exception) */
-            return tsr__put_error(g, r->custom_id, r->line, hash, TSR_BATCH_E_TEMPLATE, tsr_last_error());
+            return tsr__put_error(g, r->custom_id, r->line, hash,
+                                  r->chat_ctx ? TSR_BATCH_E_TOOLS_UNSUP : TSR_BATCH_E_TEMPLATE,
+                                  tsr_last_error());
         TSR_TRY(cs);
         text = rendered;
         bos = false; /* the template starts with bos_token */
+        if (r->force_call) {
+            /* tool_choice "required" or a named function: the answer's header is written
+             * here (harmony.h tsr_harmony_force_call); other formats have no header to
+             * write, so nothing would force the call */
+            static const char gen[] = "<|start|>assistant";
+            const size_t gl = sizeof gen - 1;
+            if (!g->harmony_fmt || text_len < gl || memcmp(text + text_len - gl, gen, gl)) {
+                tsr_free(rendered);
+                return tsr__put_error(g, r->custom_id, r->line, hash, TSR_BATCH_E_TOOLS_UNSUP,
+                                      "tool_choice \"required\" or a named function is forced on "
+                                      "harmony models (GPT-OSS) only");
+            }
+            if ((r->force_name && strlen(r->force_name) > 200) ||
+                !tsr_harmony_force_call(r->force_name, forced, sizeof forced)) {
+                tsr_free(rendered);
+                return tsr__put_error(g, r->custom_id, r->line, hash, TSR_BATCH_E_TOOLS,
+                                      "tool_choice names a function longer than 200 bytes");
+            }
+            size_t fl = strlen(forced);
+            char *t = tsr_realloc(rendered, text_len + fl + 1);
+            if (!t) {
+                tsr_free(rendered);
+                return TSR_ERR_NOMEM;
+            }
+            memcpy(t + text_len, forced, fl + 1);
+            text = rendered = t;
+            text_len += fl;
+        }
     }
     int32_t *ids = NULL;
     size_t n_ids = 0;
@@ -390,6 +421,16 @@ static tsr_status tsr__submit(tsr_run_job *g, tsr_batch_request *r, uint64_t has
     r->n_stops = 0;
     q->prev = last; /* SentencePiece's leading-space rule looks at it, as in generate */
     q->n_prompt = (int)n_ids;
+    /* a forced call's header begins the answer's text, as if the model had written it: the
+     * record's parse (tsr__finish) then reads the call */
+    size_t fl = strlen(forced);
+    if (fl) {
+        q->text = tsr_malloc(fl + 1);
+        if (!q->text) return TSR_ERR_NOMEM;
+        memcpy(q->text, forced, fl + 1);
+        q->len = fl;
+        q->cap = fl + 1;
+    }
     q->t_submit = arrival >= 0 ? g->t_start + arrival : tsr_sys_now();
     g->m.prompt_tokens += (int64_t)n_ids;
     return TSR_OK;
@@ -550,8 +591,11 @@ static tsr_status tsr__finish(tsr_run_job *g, int tag, const char *reason, doubl
                             .finish_reason = reason, .prompt_tokens = q->n_prompt,
                             .completion_tokens = q->n_gen, .line_hash = q->line_hash};
     char *reasoning = NULL;
+    /* an answer whose header the prompt forced to a function (it begins " to=functions.")
+     * is a call even when cut by max_tokens: its arguments so far, finish_reason "length" */
+    bool forced = q->len >= 14 && !memcmp(raw, " to=functions.", 14);
     if (g->harmony && q->kind == TSR_BATCH_CHAT) /* the final channel ("" if none) and more */
-        TSR_TRY(tsr_batch_result_harmony(&res, raw, q->len, q->called, &reasoning));
+        TSR_TRY(tsr_batch_result_harmony(&res, raw, q->len, q->called || forced, &reasoning));
     g->m.ok++;
     if (!strcmp(res.finish_reason, "tool_calls"))
         g->m.finish_tool_calls++;

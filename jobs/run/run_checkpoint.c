@@ -49,6 +49,7 @@ uint64_t tsr_run_req_body_hash(const tsr_batch_request *r) {
         h = tsr__hstr(h, r->messages[i].content);
     }
     for (int i = 0; i < r->n_stops; i++) h = tsr__hstr(h, r->stops[i]);
+    if (r->force_call) h = tsr__hstr(h, r->force_name ? r->force_name : "tool_choice=required");
     return h;
 }
 

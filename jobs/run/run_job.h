@@ -70,6 +70,7 @@ typedef struct tsr_run_job {
     tsr_chat_template chat;
     bool harmony; /* chat answers are harmony (GPT-OSS): a record gets the final channel */
     int32_t harmony_call; /* with harmony: <|call|>'s id */
+    bool harmony_fmt; /* the tokenizer has harmony's tokens (also with --harmony-raw) */
     int ctx;
     FILE *in;
     tsr_batch_writer out, err;

@@ -1,6 +1,7 @@
 /* The harmony chat format (harmony.h). */
 #include "runtime/text/harmony.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -87,15 +88,26 @@ static const char tsr__harmony_src[] =
     "{%- if message.tool_calls | length > 1 -%}"
     "{{- raise_exception(\"an assistant message with several tool_calls (harmony has one call per message; give each its own assistant message)\") }}"
     "{%- endif -%}"
-    "{%- if message.content -%}"
-    "{{- raise_exception(\"an assistant message with both content and tool_calls (harmony has no place for both in one message)\") }}"
+    "{%- set later = namespace(final=false) -%}"
+    "{%- for m in loop_messages[loop.index:] -%}"
+    "{%- if m.role == 'assistant' and not (m.tool_calls is defined and m.tool_calls) -%}"
+    "{%- set later.final = true -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- set thinking = message.thinking if message.thinking is defined and message.thinking else \"\" -%}"
+    "{%- if message.content and thinking -%}"
+    "{{- raise_exception(\"an assistant message with tool_calls and both content and thinking (harmony keeps one analysis message beside a call)\") }}"
+    "{%- endif -%}"
+    "{%- if (message.content or thinking) and not later.final -%}"
+    "{{- \"<|start|>assistant<|channel|>analysis<|message|>\" + (message.content or thinking) + \"<|end|>\" }}"
     "{%- endif -%}"
     "{%- set c = message.tool_calls[0].function if message.tool_calls[0].function is defined else message.tool_calls[0] -%}"
     "{%- set ns.call = c.name -%}"
-    "{{- \"<|start|>assistant<|channel|>commentary to=functions.\" + c.name + \" <|constrain|>json<|message|>\" }}"
+    "{{- \"<|start|>assistant to=functions.\" + c.name + \"<|channel|>commentary json<|message|>\" }}"
     "{{- c.arguments if c.arguments is string else c.arguments | tojson }}"
     "{{- \"<|call|>\" }}"
     "{%- elif message.role == 'assistant' -%}"
+    "{%- set ns.call = \"\" -%}"
     "{%- if loop.last and not add_generation_prompt %}"
     "{{- \"<|start|>assistant<|channel|>final<|message|>\" + message.content + \"<|return|>\" }}"
     "{%- else %}"
@@ -104,11 +116,10 @@ static const char tsr__harmony_src[] =
     "{%- elif message.role == 'user' -%}"
     "{{- \"<|start|>user<|message|>\" + message.content + \"<|end|>\" }}"
     "{%- elif message.role == 'tool' -%}"
-    "{%- set name = message.name if message.name is defined and message.name else ns.call -%}"
-    "{%- if not name -%}"
-    "{{- raise_exception(\"a tool message with no name and no tool call before it\") }}"
+    "{%- if not ns.call -%}"
+    "{{- raise_exception(\"a tool message with no assistant tool call before it (its result is named by the last call)\") }}"
     "{%- endif -%}"
-    "{{- \"<|start|>functions.\" + name + \" to=assistant<|channel|>commentary<|message|>\" + message.content + \"<|end|>\" }}"
+    "{{- \"<|start|>functions.\" + ns.call + \" to=assistant<|channel|>commentary<|message|>\" + message.content | tojson + \"<|end|>\" }}"
     "{%- else -%}"
     "{{- raise_exception(\"the built-in harmony template renders system, developer, user, assistant and tool messages only (\" + message.role + \" messages need the model's own chat template)\") }}"
     "{%- endif -%}"
@@ -121,6 +132,12 @@ tsr_status tsr_harmony_template(tsr_chat_template *out) {
     return tsr_chat_template_from_source(tsr__harmony_src, sizeof tsr__harmony_src - 1,
                                          "<|startoftext|>", "<|return|>",
                                          "the built-in harmony template", out);
+}
+
+bool tsr_harmony_force_call(const char *name, char *out, size_t cap) {
+    int n = name ? snprintf(out, cap, " to=functions.%s<|channel|>commentary json<|message|>", name)
+                 : snprintf(out, cap, " to=functions.");
+    return n >= 0 && (size_t)n < cap;
 }
 
 /* The id of a special token: its text must encode to exactly one id. */

@@ -29,14 +29,25 @@
  * TypeScript-like type per function from its JSON schema (descriptions as `//` lines,
  * optional properties with `?`, enums as unions, defaults as comments); user messages,
  * earlier assistant turns in the final channel, an assistant's tool call as
- * `<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>
- * ARGS<|call|>` and a tool's result as `<|start|>functions.NAME to=assistant<|channel|>
- * commentary<|message|>TEXT<|end|>` (NAME: the message's name, else the last call's), then
- * `<|start|>assistant`. Byte for byte what the model's template renders for conversations
- * without tool calls (tested); calls and results take harmony's form (openai/harmony), not
- * the template's. Several calls in one message, content beside a call, a tool message with
- * no name to go by and other roles are refused by name. */
+ * `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>ARGS<|call|>`
+ * (ARGS: an object as tojson writes it, a string as is) after its content or `thinking` as
+ * an analysis message unless a final answer follows later, a tool's result as
+ * `<|start|>functions.NAME to=assistant<|channel|>commentary<|message|>"TEXT"<|end|>` (the
+ * text quoted by tojson; NAME: the last call's), then `<|start|>assistant`. Byte for byte
+ * what the model's template renders (tested on tests/data/chat_templates' cases, tool calls
+ * and results included), except string arguments, which the template would quote. Several
+ * calls in one message (the template drops all but the first), both content and thinking
+ * beside a call, a tool message with no call before it and other roles are refused by
+ * name. */
 tsr_status tsr_harmony_template(tsr_chat_template *out);
+
+/* The text that forces a tool call when appended to a rendered prompt (which ends with
+ * `<|start|>assistant`), in the header form of a past call above: with a function name,
+ * ` to=functions.NAME<|channel|>commentary json<|message|>` (the model writes only the
+ * arguments); with NULL (tool_choice "required"), ` to=functions.` (the model completes the
+ * recipient with a function's name, then the channel and arguments as it would unforced).
+ * Written to out (cap bytes with its '\0'); false when it does not fit. */
+bool tsr_harmony_force_call(const char *name, char *out, size_t cap);
 
 /* The harmony special tokens of a tokenizer (each must encode to one id). */
 typedef struct tsr_harmony_ids {

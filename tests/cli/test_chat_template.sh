@@ -8,7 +8,8 @@
 # which encodes to the same prompt as the model's own template; chat records and
 # `generate --chat` carry the final channel's text (empty from a random model: its answer
 # never opens the final channel), --harmony-raw the whole answer with its special tokens;
-# stop strings match the final channel only (the whole answer with --harmony-raw).
+# stop strings match the final channel only (the whole answer with --harmony-raw);
+# tool_choice "required" and a named function are forced by the answer's header.
 # Args: $1 tessera binary, $2 repo root, $3 scratch dir.
 set -u
 bin=$1 root=$2 tmp=$3
@@ -113,26 +114,55 @@ cat >"$tmp/t.jsonl" <<JSONL
 {"custom_id": "t2", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": $M, "tools": [$W], "tool_choice": "none", "max_tokens": 12, "temperature": 0}}
 {"custom_id": "t3", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": null, "tool_calls": [$C]}, {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 21}"}], "tools": [$W], "max_tokens": 12, "temperature": 0}}
 {"custom_id": "t4", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": null, "tool_calls": [$C, $C]}], "max_tokens": 12, "temperature": 0}}
+{"custom_id": "t5", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": $M, "tools": [$W], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "max_tokens": 6, "temperature": 0}}
+{"custom_id": "t6", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": $M, "tools": [$W], "tool_choice": "required", "max_tokens": 6, "temperature": 0}}
+{"custom_id": "t7", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": $M, "tools": [$W], "tool_choice": {"type": "function", "function": {"name": "get_time"}}, "max_tokens": 6, "temperature": 0}}
 JSONL
 for md in "$g" "$tmp/oss/gptoss_f32"; do
     "$bin" run --model "$md" --tokenizer "$htok" --input "$tmp/t.jsonl" --output "$tmp/t-$(basename "$(dirname "$md")").jsonl" \
         --threads 2 --progress-interval 0 --quiet 2>"$tmp/terr" || fail "tools run exited $? ($(cat "$tmp/terr"))"
 done
-python3 - "$tmp/t-arch.jsonl" "$tmp/t-oss.jsonl" <<'PY' || fail "tools: $(cat "$tmp/t-arch.jsonl")"
+"$bin" run --model "$g" --tokenizer "$htok" --input "$tmp/t.jsonl" --output "$tmp/t-raw.jsonl" \
+    --threads 2 --progress-interval 0 --quiet --harmony-raw 2>"$tmp/terr" || fail "tools --harmony-raw exited $? ($(cat "$tmp/terr"))"
+# tool_choice forced: a named call's record carries the call (the random model's arguments,
+# cut by max_tokens), "required" leaves the recipient to the model; the raw answers begin
+# with the forced header; a function not in tools is invalid_tools
+python3 - "$tmp/t-arch.jsonl" "$tmp/t-oss.jsonl" "$tmp/t-raw.jsonl" <<'PY' || fail "tools: $(cat "$tmp/t-arch.jsonl")"
 import json, sys
 def recs(path):
     return {r["custom_id"]: r for r in map(json.loads, open(path))}
-b, own = recs(sys.argv[1]), recs(sys.argv[2])
+b, own, raw = recs(sys.argv[1]), recs(sys.argv[2]), recs(sys.argv[3])
+msg = lambda d, k: d[k]["response"]["body"]["choices"][0]
+for d in (b, own):
+    ch = msg(d, "t5")
+    assert ch["finish_reason"] == "length" and ch["message"]["content"] is None, ch
+    call = ch["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather" and call["arguments"], ch
+    assert d["t7"]["error"]["code"] == "invalid_tools" and "get_time" in d["t7"]["error"]["message"], d["t7"]
+rc = lambda k: msg(raw, k)["message"]["content"]
+assert rc("t5").startswith(" to=functions.get_weather<|channel|>commentary json<|message|>"), rc("t5")
+assert rc("t5").endswith(msg(b, "t5")["message"]["tool_calls"][0]["function"]["arguments"]), rc("t5")
+assert rc("t6").startswith(" to=functions."), rc("t6")
 pt = lambda d, k: d[k]["response"]["body"]["usage"]["prompt_tokens"]
 assert pt(b, "t1") > pt(b, "h") and pt(b, "t2") == pt(b, "h"), b
-assert pt(b, "t1") == pt(own, "t1"), (pt(b, "t1"), pt(own, "t1"))  # the model's template agrees
+for k in ("t1", "t5", "t6"):  # the model's template agrees, forced headers included
+    assert pt(b, k) == pt(own, k), (k, pt(b, k), pt(own, k))
+assert pt(b, "t5") > pt(b, "t6") > pt(b, "t1"), b
 for k in ("t1", "t3"):
     ch = b[k]["response"]["body"]["choices"][0]
     assert ch["finish_reason"] in ("stop", "length", "tool_calls"), ch
     assert (ch["finish_reason"] == "tool_calls") == ("tool_calls" in ch["message"]), ch
 e = b["t4"]["error"]
-assert e and "several tool_calls" in e["message"], b["t4"]
+assert e and e["code"] == "unsupported_tools" and "several tool_calls" in e["message"], b["t4"]
 PY
+# a model whose format has no call header to write (SmolLM2's ChatML): forcing refused
+config "$root/tests/data/chat_templates/HuggingFaceTB-SmolLM2-1.7B-Instruct.jinja" "<s>" \
+    >"$m/tokenizer_config.json"
+grep '"custom_id": "t6"' "$tmp/t.jsonl" >"$tmp/t6.jsonl"
+"$bin" run --model "$m" --input "$tmp/t6.jsonl" --output "$tmp/t6-out.jsonl" --threads 2 \
+    --progress-interval 0 --quiet 2>"$tmp/terr" || fail "run exited $? ($(cat "$tmp/terr"))"
+grep -q '"code":"unsupported_tools","message":"tool_choice \\"required\\" or a named function is forced on harmony models (GPT-OSS) only"' "$tmp/t6-out.jsonl" ||
+    fail "forcing on ChatML not refused: $(cat "$tmp/t6-out.jsonl")"
 out=$("$bin" generate --model "$g" --tokenizer "$htok" --chat --prompt "Hello there" \
     --max-tokens 12 --temperature 0 --threads 2 --stats 2>"$tmp/herr") || fail "generate --chat: $(cat "$tmp/herr")"
 [ -z "$out" ] || fail "generate --chat printed more than the final channel: $out"

@@ -61,7 +61,9 @@ TSR_TEST(test_parse_valid_completion_and_defaults) {
 }
 
 /* A chat body's tools and tool messages become the template's context; tool_choice "none"
- * drops the tools; malformed tools or tool_calls are invalid lines. */
+ * drops the tools, "required" and a named function mark the request to be forced; malformed
+ * tools or tool_choice (a function not in tools) are invalid_tools, malformed tool_calls
+ * invalid_messages. */
 TSR_TEST(test_parse_chat_tools) {
 #define TSR__T "{\"type\":\"function\",\"function\":{\"name\":\"w\",\"parameters\":{}}}"
 #define TSR__L(body) "{\"custom_id\":\"t\",\"url\":\"/v1/chat/completions\",\"body\":{" body "}}"
@@ -91,9 +93,30 @@ TSR_TEST(test_parse_chat_tools) {
     ASSERT_STR_EQ(cJSON_GetObjectItem(cJSON_GetArrayItem(ms, 1), "content")->valuestring, "1");
     tsr_batch_request_free(&r);
     bool id;
-    ASSERT_STR_EQ(parse_code(TSR__L(TSR__U ",\"tools\":{}"), &id), "invalid_parameter");
+    ASSERT_STR_EQ(parse_code(TSR__L(TSR__U ",\"tools\":{}"), &id), "invalid_tools");
     ASSERT_STR_EQ(parse_code(TSR__L(TSR__U ",\"tools\":[{\"type\":\"web\"}]"), &id),
-                  "invalid_parameter");
+                  "invalid_tools");
+    /* tool_choice: "required" and a named function of `tools` are to be forced */
+    l = TSR__L(TSR__U ",\"tools\":[" TSR__T "],\"tool_choice\":\"required\"");
+    ASSERT_OK(tsr_batch_parse_line(l, strlen(l), 1, &r, &e));
+    ASSERT_TRUE(r.force_call && r.force_name == NULL && r.chat_ctx != NULL);
+    tsr_batch_request_free(&r);
+    l = TSR__L(TSR__U ",\"tools\":[" TSR__T "],\"tool_choice\":{\"type\":\"function\","
+               "\"function\":{\"name\":\"w\"}}");
+    ASSERT_OK(tsr_batch_parse_line(l, strlen(l), 1, &r, &e));
+    ASSERT_TRUE(r.force_call && r.force_name && !strcmp(r.force_name, "w"));
+    tsr_batch_request_free(&r);
+    l = TSR__L(TSR__U ",\"tools\":[" TSR__T "],\"tool_choice\":\"auto\"");
+    ASSERT_OK(tsr_batch_parse_line(l, strlen(l), 1, &r, &e));
+    ASSERT_TRUE(!r.force_call && r.chat_ctx != NULL);
+    tsr_batch_request_free(&r);
+    ASSERT_STR_EQ(parse_code(TSR__L(TSR__U ",\"tools\":[" TSR__T "],\"tool_choice\":{\"type\":"
+                                    "\"function\",\"function\":{\"name\":\"x\"}}"), &id),
+                  "invalid_tools");
+    ASSERT_STR_EQ(parse_code(TSR__L(TSR__U ",\"tools\":[" TSR__T "],\"tool_choice\":\"any\""),
+                             &id), "invalid_tools");
+    ASSERT_STR_EQ(parse_code(TSR__L(TSR__U ",\"tool_choice\":\"required\""), &id),
+                  "invalid_tools");
     ASSERT_STR_EQ(parse_code(TSR__L("\"messages\":[{\"role\":\"user\",\"content\":\"x\","
                                     "\"tool_calls\":[]}]"), &id),
                   "invalid_messages");

@@ -41,14 +41,16 @@ TSR_TEST(test_harmony_template_matches_gpt_oss) {
         cJSON_ArrayForEach(it, cJSON_GetObjectItem(doc, "cases"))
             if (!strcmp(cJSON_GetObjectItem(it, "name")->valuestring, name)) c = it;
         ASSERT_TRUE(c != NULL);
-        /* tools and template variables (model identity, built-in tools) are the model's
-         * own template's business */
+        /* template variables (model identity, built-in tools) are the model's own
+         * template's business */
         const cJSON *extra = cJSON_GetObjectItem(c, "extra");
-        if (!cJSON_IsNull(cJSON_GetObjectItem(c, "tools")) || cJSON_GetArraySize(extra) > 0)
-            continue;
+        if (cJSON_GetArraySize(extra) > 0) continue;
         cJSON *ctx = cJSON_CreateObject();
         cJSON_AddItemToObject(ctx, "messages",
                               cJSON_Duplicate(cJSON_GetObjectItem(c, "messages"), true));
+        if (!cJSON_IsNull(cJSON_GetObjectItem(c, "tools")))
+            cJSON_AddItemToObject(ctx, "tools",
+                                  cJSON_Duplicate(cJSON_GetObjectItem(c, "tools"), true));
         tsr_chat_opts o = {
             .add_generation_prompt = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")),
             .continue_final = cJSON_IsTrue(cJSON_GetObjectItem(c, "continue_final")),
@@ -64,7 +66,7 @@ TSR_TEST(test_harmony_template_matches_gpt_oss) {
         tsr_free(out);
         checked++;
     }
-    ASSERT_TRUE(checked >= 6);
+    ASSERT_TRUE(checked >= 8); /* with the tool call and tool result cases */
     /* a role harmony has no place for: one line naming it */
     tsr_chat_message m[2] = {{"user", "hi"}, {"ipython", "{}"}};
     char *out = NULL;
@@ -89,48 +91,22 @@ static char *tsr__render_ctx(const char *json, int64_t now) {
     return out;
 }
 
-/* Function tools: the system message's commentary line and the developer message's
- * `# Tools` namespace are what GPT-OSS's own template renders under jinja2 (expected.json's
- * "tools" case, up to its first user message); the tool call and the tool's result take
- * harmony's form (openai/harmony's format description: the recipient after the channel,
- * <|constrain|>json, the result from functions.NAME to the assistant, its text as is), where
- * the model's template writes the recipient in the header and the result as a JSON string. */
+/* Function tools beyond expected.json's cases (which test_harmony_template_matches_gpt_oss
+ * renders, calls and results included): harmony's own example of the namespace, arguments
+ * given as a string (OpenAI's form: the text the model wrote, kept as is where GPT-OSS's
+ * template would quote it), and what harmony cannot say refused with one line. */
 TSR_TEST(test_harmony_template_tools) {
-    cJSON *doc = tsr__expected();
-    ASSERT_TRUE(doc != NULL);
-    int64_t now = (int64_t)cJSON_GetObjectItem(doc, "now")->valuedouble;
-    const cJSON *c = NULL, *it, *want = NULL;
-    cJSON_ArrayForEach(it, cJSON_GetObjectItem(doc, "cases"))
-        if (!strcmp(cJSON_GetObjectItem(it, "name")->valuestring, "tools")) c = it;
-    cJSON_ArrayForEach(it, cJSON_GetObjectItem(doc, "results"))
-        if (!strcmp(cJSON_GetObjectItem(it, "case")->valuestring, "tools") &&
-            !strcmp(cJSON_GetObjectItem(it, "template")->valuestring, "openai-gpt-oss-120b.jinja"))
-            want = cJSON_GetObjectItem(it, "output");
-    ASSERT_TRUE(c != NULL && want != NULL);
-    cJSON *ctx = cJSON_CreateObject();
-    cJSON_AddItemToObject(ctx, "messages", cJSON_Duplicate(cJSON_GetObjectItem(c, "messages"), true));
-    cJSON_AddItemToObject(ctx, "tools", cJSON_Duplicate(cJSON_GetObjectItem(c, "tools"), true));
-    char *js = cJSON_PrintUnformatted(ctx);
-    cJSON_Delete(ctx);
-    char *out = tsr__render_ctx(js, now);
-    cJSON_free(js);
+    char *out = tsr__render_ctx(
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": "
+        "\"assistant\", \"content\": null, \"tool_calls\": [{\"function\": {\"name\": "
+        "\"f\", \"arguments\": \"{\\\"n\\\":1}\"}}]}, {\"role\": \"tool\", "
+        "\"content\": \"ok\"}]}", 0);
     ASSERT_TRUE(out != NULL);
-    const char *first_user = "<|start|>user<|message|>Weather in Paris?<|end|>";
-    const char *cut = strstr(want->valuestring, first_user);
-    ASSERT_TRUE(cut != NULL);
-    size_t pre = (size_t)(cut - want->valuestring) + strlen(first_user);
-    if (strncmp(out, want->valuestring, pre))
-        TSR_FAIL_("built-in harmony with tools differs:\n%s\n---\n%.*s", out, (int)pre,
-                  want->valuestring);
-    ASSERT_STR_EQ(out + pre,
-                  "<|start|>assistant<|channel|>commentary to=functions.get_weather "
-                  "<|constrain|>json<|message|>{\"city\": \"Paris\", \"unit\": \"c\"}<|call|>"
-                  "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
-                  "{\"temp\": 21.5, \"sky\": \"clear\"}<|end|>"
-                  "<|start|>assistant<|channel|>final<|message|>It is 21.5 degrees and clear.<|end|>"
-                  "<|start|>user<|message|>Thanks!<|end|><|start|>assistant");
+    ASSERT_STR_CONTAINS(out, "<|start|>user<|message|>Hi<|end|><|start|>assistant to=functions.f"
+                             "<|channel|>commentary json<|message|>{\"n\":1}<|call|><|start|>"
+                             "functions.f to=assistant<|channel|>commentary<|message|>\"ok\"<|end|>"
+                             "<|start|>assistant");
     tsr_free(out);
-    cJSON_Delete(doc);
 
     /* harmony's own example of the namespace (openai/harmony's format description): a tool
      * without parameters, a default as a comment, an array, a nested object, no system message */
@@ -175,9 +151,12 @@ TSR_TEST(test_harmony_template_tools) {
         "{\"function\": {\"name\": \"a\", \"arguments\": \"{}\"}}, {\"function\": "
         "{\"name\": \"b\", \"arguments\": \"{}\"}}]}]}",
         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"tool\", "
-        "\"content\": \"1\"}]}"};
-    static const char *const why[] = {"several tool_calls", "a tool message with no name"};
-    for (int i = 0; i < 2; i++) {
+        "\"content\": \"1\"}]}",
+        "{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\", \"thinking\": \"b\", "
+        "\"tool_calls\": [{\"function\": {\"name\": \"a\", \"arguments\": {}}}]}]}"};
+    static const char *const why[] = {"several tool_calls", "no assistant tool call before it",
+                                      "both content and thinking"};
+    for (int i = 0; i < 3; i++) {
         cJSON *bc = cJSON_Parse(bad[i]);
         tsr_chat_opts o = {.add_generation_prompt = true, .now = 0};
         char *bo = NULL;
@@ -367,4 +346,64 @@ TSR_TEST(test_harmony_answer) {
     ASSERT_TRUE(h.reasoning[1].len == 4 && !memcmp(a + h.reasoning[1].begin, "Two.", 4));
 }
 
-TSR_TEST_MAIN(test_harmony_template_matches_gpt_oss, test_harmony_template_tools, test_harmony_parser, test_harmony_answer)
+/* tool_choice forced: the prompt (the built-in template's rendering with the forcing text
+ * appended) encodes to the rendering's ids, then the header of a call as a past call is
+ * rendered, ending with <|message|> (named) or "functions." (required); an answer after a
+ * named header, cut by max_tokens, still parses as the call with its arguments so far. */
+TSR_TEST(test_harmony_force_call) {
+    tsr_tokenizer *tok = NULL;
+    ASSERT_OK(tsr_tokenizer_load(TSR__TOK, &tok));
+    tsr_harmony_ids ids;
+    ASSERT_TRUE(tsr_harmony_ids_find(tok, &ids));
+    char *base = tsr__render_ctx(
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}], \"tools\": "
+        "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}]}", 0);
+    ASSERT_TRUE(base != NULL);
+    char force[256], want[256], small[8];
+    ASSERT_TRUE(!tsr_harmony_force_call("get_weather", small, sizeof small));
+    for (int named = 0; named < 2; named++) {
+        ASSERT_TRUE(tsr_harmony_force_call(named ? "get_weather" : NULL, force, sizeof force));
+        ASSERT_STR_EQ(force, named ? " to=functions.get_weather<|channel|>commentary json<|message|>"
+                                   : " to=functions.");
+        size_t bl = strlen(base), fl = strlen(force);
+        char *prompt = tsr_malloc(bl + fl + 1);
+        memcpy(prompt, base, bl);
+        memcpy(prompt + bl, force, fl + 1);
+        int32_t *pb = NULL, *pp = NULL;
+        size_t nb = 0, np = 0;
+        ASSERT_OK(tsr_tokenizer_encode(tok, base, bl, false, false, &pb, &nb));
+        ASSERT_OK(tsr_tokenizer_encode(tok, prompt, bl + fl, false, false, &pp, &np));
+        /* the rendering's ids (ending with <|start|>assistant) unchanged, then the header */
+        ASSERT_TRUE(np > nb && !memcmp(pp, pb, nb * sizeof *pb));
+        size_t len = 0;
+        char piece[256];
+        for (size_t i = nb; i < np; i++) {
+            int n = tsr_tokenizer_decode(tok, pp[i - 1], pp[i], piece, sizeof piece);
+            ASSERT_TRUE(n >= 0 && len + (size_t)n < sizeof want);
+            memcpy(want + len, piece, (size_t)n);
+            len += (size_t)n;
+        }
+        want[len] = '\0';
+        ASSERT_STR_EQ(want, force);
+        if (named) {
+            ASSERT_EQ_INT(pp[np - 1], ids.message);
+            int channels = 0; /* <|channel|> as its one special id */
+            for (size_t i = nb; i < np; i++) channels += pp[i] == ids.channel;
+            ASSERT_EQ_INT(channels, 1);
+        }
+        tsr_free(pb);
+        tsr_free(pp);
+        tsr_free(prompt);
+    }
+    tsr_free(base);
+    tsr_tokenizer_destroy(tok);
+    /* the answer's text begins with the forced header; cut inside the arguments */
+    const char *a = " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Pa";
+    tsr_harmony_answer h;
+    tsr_harmony_answer_parse(a, strlen(a), true, &h);
+    ASSERT_TRUE(h.tool_call && !h.has_final);
+    ASSERT_TRUE(h.tool_name.len == 11 && !memcmp(a + h.tool_name.begin, "get_weather", 11));
+    ASSERT_STR_EQ(a + h.tool_args.begin, "{\"city\": \"Pa");
+}
+
+TSR_TEST_MAIN(test_harmony_template_matches_gpt_oss, test_harmony_template_tools, test_harmony_parser, test_harmony_answer, test_harmony_force_call)
