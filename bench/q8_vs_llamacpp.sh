@@ -17,6 +17,13 @@
 # Q8_GGUF or GGUF (an existing file to use instead). The 4-bit path: GGUF=models/SmolLM2-
 # 135M-Instruct.Q4_1.gguf (tessera computes its Q4_1 matrices natively, kernels/cpu/quant_q4.h,
 # as llama.cpp does: Q4_1 weights, activations quantized per 32-block with their sums).
+#
+# Batched decode: BATCH=64 (and LLAMA_BATCHED_BENCH=/path/to/llama-batched-bench, built as
+# above; LLAMA_BENCH is then not needed) decodes BATCH sequences of PROMPT prompt tokens and
+# GEN decode tokens together: `tessera bench --batch BATCH` against `llama-batched-bench
+# -npp PROMPT -ntg GEN -npl BATCH` (a context of BATCH * (PROMPT + GEN) cells), rounds
+# alternating as above. Columns: decode tok/s over all sequences (llama.cpp's S_TG) and
+# prefill tok/s (S_PP), each side's median round.
 set -uo pipefail
 
 build=${1:-./build}
@@ -25,8 +32,20 @@ if ! build=$(cd "$build" 2>/dev/null && pwd); then
     exit 2
 fi
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+batch=${BATCH:-}
+if [[ -n $batch && ! $batch =~ ^[1-9][0-9]*$ ]]; then
+    echo "q8_vs_llamacpp.sh: BATCH must be a positive integer, not '$batch'" >&2
+    exit 2
+fi
 lb=${LLAMA_BENCH:-}
-if [[ -z $lb || ! -x $lb ]]; then
+lbb=${LLAMA_BATCHED_BENCH:-}
+if [[ -n $batch ]]; then
+    if [[ -z $lbb || ! -x $lbb ]]; then
+        echo "q8_vs_llamacpp.sh: BATCH set: set LLAMA_BATCHED_BENCH to a llama-batched-bench" \
+             "binary built on this machine" >&2
+        exit 2
+    fi
+elif [[ -z $lb || ! -x $lb ]]; then
     echo "q8_vs_llamacpp.sh: set LLAMA_BENCH to a llama-bench binary built on this machine" >&2
     exit 2
 fi
@@ -48,6 +67,31 @@ mb=$("$membw" --mib 512 --repeat 5 --max-threads 2)
 echo "read     tsr_membw best of 5: $(echo "$mb" | jget "['read_gb_s_1t']") GB/s 1 thread," \
      "$(echo "$mb" | jget "['read_gb_s_2t']") GB/s 2 threads"
 echo "file     $gg ($(stat -L -c %s "$gg") bytes)"
+if [[ -n $batch ]]; then
+    echo "batched  $batch sequences, prompt $prompt, decode $gen tokens each"
+    printf '%-3s %-10s %-10s %-8s %-10s %-10s %-8s\n' thr tes_dec lcpp_S_TG ratio tes_pre \
+        lcpp_S_PP ratio
+    for t in $threads; do
+        : >"$build/q8_tes_dec"; : >"$build/q8_lc_dec"; : >"$build/q8_tes_pre"; : >"$build/q8_lc_pre"
+        for ((r = 0; r < rounds; r++)); do
+            j=$("$tessera" bench --model "$gg" --threads "$t" --prompt-tokens "$prompt" \
+                --gen-tokens "$gen" --batch "$batch" --repeat 1 --json 2>/dev/null | tail -1)
+            echo "$j" | jget "['decode_tok_s']" >>"$build/q8_tes_dec"
+            echo "$j" | jget "['prefill_tok_s']" >>"$build/q8_tes_pre"
+            l=$("$lbb" -m "$gg" -c $((batch * (prompt + gen))) -b 2048 -ub 512 -npp "$prompt" \
+                -ntg "$gen" -npl "$batch" -t "$t" --output-format jsonl 2>/dev/null | grep speed_tg | tail -1)
+            echo "$l" | jget "['speed_tg']" >>"$build/q8_lc_dec"
+            echo "$l" | jget "['speed_pp']" >>"$build/q8_lc_pre"
+        done
+        td=$(median <"$build/q8_tes_dec") ld=$(median <"$build/q8_lc_dec")
+        tp=$(median <"$build/q8_tes_pre") lp=$(median <"$build/q8_lc_pre")
+        awk -v t="$t" -v td="$td" -v ld="$ld" -v tp="$tp" -v lp="$lp" \
+            'BEGIN {printf "%-3s %-10.1f %-10.1f %-8.2f %-10.1f %-10.1f %-8.2f\n",
+                    t, td, ld, td / ld, tp, lp, tp / lp}'
+    done
+    rm -f "$build"/q8_tes_* "$build"/q8_lc_*
+    exit 0
+fi
 printf '%-3s %-10s %-10s %-8s %-10s %-10s %-8s %-9s %-9s %-6s\n' thr tes_dec lcpp_dec ratio \
     tes_pre lcpp_pre ratio tes_GB/s read_GB/s share
 for t in $threads; do

@@ -34,16 +34,20 @@ tsr__q4_z_blk(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512i a0[4], a1[4];
     const int8_t *x[4];
+    #pragma GCC unroll 8
     for (int i = 0; i < nx; i++) {
         a0[i] = _mm512_setzero_si512();
         a1[i] = _mm512_setzero_si512();
         x[i] = xq + ((size_t)i * (size_t)nb + (size_t)b) * TSR_Q4_BLOCK;
     }
-    /* two chains per token (low and high nibbles), so vpdpbusd's latency hides */
+    /* two chains per token (low and high nibbles), so vpdpbusd's latency hides; the
+     * loops unrolled (nx is a constant), else GCC keeps nx 3-4 accumulators in memory */
+    #pragma GCC unroll 8
     for (int s = 0; s < 4; s++) {
         __m512i w = _mm512_loadu_si512((const void *)(codes + s * 64));
         __m512i wl = _mm512_and_si512(w, m4);
         __m512i wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+        #pragma GCC unroll 8
         for (int i = 0; i < nx; i++) {
             a0[i] = _mm512_dpbusd_epi32(a0[i], wl, _mm512_set1_epi32(tsr__q4_z_x4(x[i] + 4 * s)));
             a1[i] = _mm512_dpbusd_epi32(a1[i], wh,
@@ -53,6 +57,7 @@ tsr__q4_z_blk(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_
     __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
     __m512 mw = q41 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + 32)))
                     : _mm512_setzero_ps();
+    #pragma GCC unroll 8
     for (int i = 0; i < nx; i++) {
         size_t k = (size_t)i * (size_t)nb + (size_t)b;
         __m512i is = _mm512_add_epi32(a0[i], a1[i]);

@@ -26,31 +26,41 @@ static inline __attribute__((always_inline)) int32_t tsr__q8_z_x4(const int8_t *
     return v;
 }
 
+/* Every loop over tokens and steps is unrolled (nx is a constant after inlining): left as
+ * loops, GCC kept the accumulators of nx 3 and 4 in memory, a store and a reload around
+ * every vpdpbusd. Each token's int32 sum starts at -128 * its block sum (the u8 offset of
+ * the weights), so the epilogue is one convert, one product of the scales and one fma. */
 static inline __attribute__((always_inline)) void
 tsr__q8_z_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_t *xs,
                 int64_t nb, int64_t b, int nx, __m512 *acc) {
     __m512i a0[4], a1[4];
     const int8_t *x[4];
+#pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
-        a0[i] = _mm512_setzero_si512();
+        size_t k = (size_t)i * (size_t)nb + (size_t)b;
+        a0[i] = _mm512_set1_epi32(-128 * xs[k]);
         a1[i] = _mm512_setzero_si512();
-        x[i] = xq + ((size_t)i * (size_t)nb + (size_t)b) * TSR_Q8_BLOCK;
+        x[i] = xq + k * TSR_Q8_BLOCK;
     }
-    /* two chains per token, so vpdpbusd's latency hides behind the other's */
-    for (int s = 0; s < 8; s += 2) {
-        __m512i w0 = _mm512_loadu_si512((const void *)(wb + 32 + s * 64));
-        __m512i w1 = _mm512_loadu_si512((const void *)(wb + 32 + (s + 1) * 64));
+    /* nx <= 2: two chains per token, so vpdpbusd's latency hides behind the other's;
+     * nx >= 3 has enough independent chains with one */
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; s++) {
+        __m512i ws = _mm512_loadu_si512((const void *)(wb + 32 + s * 64));
+#pragma GCC unroll 4
         for (int i = 0; i < nx; i++) {
-            a0[i] = _mm512_dpbusd_epi32(a0[i], w0, _mm512_set1_epi32(tsr__q8_z_x4(x[i] + 4 * s)));
-            a1[i] = _mm512_dpbusd_epi32(a1[i], w1,
-                                        _mm512_set1_epi32(tsr__q8_z_x4(x[i] + 4 * s + 4)));
+            __m512i xb = _mm512_set1_epi32(tsr__q8_z_x4(x[i] + 4 * s));
+            if (nx <= 2 && (s & 1))
+                a1[i] = _mm512_dpbusd_epi32(a1[i], ws, xb);
+            else
+                a0[i] = _mm512_dpbusd_epi32(a0[i], ws, xb);
         }
     }
     __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
+#pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
         size_t k = (size_t)i * (size_t)nb + (size_t)b;
-        __m512i is = _mm512_sub_epi32(_mm512_add_epi32(a0[i], a1[i]),
-                                      _mm512_set1_epi32(128 * xs[k]));
+        __m512i is = nx <= 2 ? _mm512_add_epi32(a0[i], a1[i]) : a0[i];
         __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(xd[k]));
         acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), dd, acc[i]);
     }

@@ -1,0 +1,97 @@
+/* tsr_q8gemm: the Q8_0 product alone (the CPU backend's matmul on one random Q8_0 matrix),
+ * for the kernel's register blocking and thread split without the rest of a decode step.
+ *
+ * Y[N][R] = X[N][C] . W[R][C]^T with W quantized to Q8_0 at start; N inputs (1: decode, 64:
+ * a batched decode step). One warm-up call, then R timed runs of >= 50 ms each. Reports the
+ * median wall GMAC/s and, because this machine's wall time moves with other load, the
+ * GMAC/s per second of process CPU time (user + system of all threads, spin waits
+ * included). Prints one JSON line. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "base/alloc.h"
+#include "base/tensor.h"
+#include "bench/bench_args.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/quant_q8.h"
+
+static double tsr__clock(clockid_t id) {
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int tsr__cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void tsr__usage(FILE *f) {
+    fprintf(f, "usage: tsr_q8gemm --rows R --cols C [--n N] [--threads T] [--repeat K]\n"
+               "Q8_0 matmul of N (default 64) inputs on a random R x C matrix (C %% 32 == 0)\n"
+               "with T (default 1) threads; K (default 5) timed runs of >= 50 ms. Output: one\n"
+               "JSON line with gmac_s (median wall) and gmac_cpu_s (per CPU second).\n");
+}
+
+int main(int argc, char **argv) {
+    int rows = 0, cols = 0, n = 64, threads = 1, repeat = 5;
+    const tsr_bench_opt opts[] = {{"--rows", &rows, 1, 1 << 20}, {"--cols", &cols, 32, 1 << 20},
+                                  {"--n", &n, 1, 4096},          {"--threads", &threads, 1, 1024},
+                                  {"--repeat", &repeat, 1, 1000}};
+    int prc = tsr_bench_parse("tsr_q8gemm", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
+                              tsr__usage);
+    if (prc) return prc == 1 ? 0 : 2;
+    if (!rows || !cols || cols % 32) {
+        fprintf(stderr, "tsr_q8gemm: --rows and --cols (a multiple of 32) are required\n");
+        return 2;
+    }
+    size_t sw = (size_t)rows * cols, sx = (size_t)n * cols, sy = (size_t)n * rows;
+    float *wf = malloc(sw * sizeof *wf), *x = malloc(sx * sizeof *x), *y = malloc(sy * sizeof *y);
+    double *wall = malloc((size_t)repeat * sizeof *wall), *cpu = malloc((size_t)repeat * sizeof *cpu);
+    tsr_tensor src = {.dtype = TSR_F32, .rows = rows, .cols = cols, .data = wf};
+    tsr_tensor w = {.dtype = TSR_Q8_0, .rows = rows, .cols = cols};
+    void *wq = wf ? tsr_malloc(tsr_tensor_bytes(&w)) : NULL;
+    if (!wf || !x || !y || !wall || !cpu || !wq) {
+        fprintf(stderr, "tsr_q8gemm: out of memory\n");
+        return 1;
+    }
+    uint32_t s = 12345;
+    for (size_t i = 0; i < sw; i++) wf[i] = tsr_bench_rand(&s);
+    for (size_t i = 0; i < sx; i++) x[i] = tsr_bench_rand(&s);
+    tsr_backend *be = NULL;
+    if (tsr_q8_quantize_tensor(&src, wq) != TSR_OK || tsr_backend_cpu_create(threads, &be) != TSR_OK) {
+        fprintf(stderr, "tsr_q8gemm: setup failed\n");
+        return 1;
+    }
+    w.data = wq;
+    double t0 = tsr__clock(CLOCK_MONOTONIC);
+    if (be->ops->matmul(be, x, n, &w, y) != TSR_OK) {
+        fprintf(stderr, "tsr_q8gemm: matmul failed\n");
+        return 1;
+    }
+    double one = tsr__clock(CLOCK_MONOTONIC) - t0;
+    int iters = one > 0 ? (int)(0.05 / one) + 1 : 1000;
+    double macs = (double)n * rows * cols;
+    for (int r = 0; r < repeat; r++) {
+        double w0 = tsr__clock(CLOCK_MONOTONIC), c0 = tsr__clock(CLOCK_PROCESS_CPUTIME_ID);
+        for (int it = 0; it < iters; it++)
+            if (be->ops->matmul(be, x, n, &w, y) != TSR_OK) return 1;
+        wall[r] = macs * iters / (tsr__clock(CLOCK_MONOTONIC) - w0) * 1e-9;
+        cpu[r] = macs * iters / (tsr__clock(CLOCK_PROCESS_CPUTIME_ID) - c0) * 1e-9;
+    }
+    qsort(wall, (size_t)repeat, sizeof *wall, tsr__cmp_double);
+    qsort(cpu, (size_t)repeat, sizeof *cpu, tsr__cmp_double);
+    printf("{\"bench\":\"q8gemm\",\"rows\":%d,\"cols\":%d,\"n\":%d,\"threads\":%d,"
+           "\"gmac_s\":%.2f,\"gmac_s_best\":%.2f,\"gmac_cpu_s\":%.2f}\n",
+           rows, cols, n, threads, wall[repeat / 2], wall[repeat - 1], cpu[repeat / 2]);
+    tsr_backend_destroy(be);
+    tsr_free(wq);
+    free(wf);
+    free(x);
+    free(y);
+    free(wall);
+    free(cpu);
+    return 0;
+}
