@@ -34,6 +34,10 @@ tsr__q8_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int3
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     __m256i lo[4], hi[4];
     const int8_t *x[4];
+    /* the loops over tokens unrolled (nx is a constant after inlining), as in
+     * quant_q8_avx512.c: left as loops, GCC keeps the accumulators of nx 3 and 4 in memory
+     * (unrolling the 8 steps too made nx = 1 slower here) */
+#pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
         lo[i] = hi[i] = _mm256_setzero_si256();
         x[i] = xq + ((size_t)i * (size_t)nb + (size_t)b) * TSR_Q8_BLOCK;
@@ -43,6 +47,7 @@ tsr__q8_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int3
         __m256i wh =
             _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 32 + s * 64 + 32)), flip);
         __m256i al = _mm256_abs_epi8(wl), ah = _mm256_abs_epi8(wh);
+#pragma GCC unroll 4
         for (int i = 0; i < nx; i++) {
             __m256i xb = _mm256_set1_epi32(tsr__q8_y_x4(x[i] + 4 * s));
             __m256i pl = _mm256_maddubs_epi16(al, _mm256_sign_epi8(xb, wl));
@@ -53,6 +58,7 @@ tsr__q8_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int3
     }
     __m256 dl = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb));
     __m256 dh = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb + 16)));
+#pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
         __m256 dx = _mm256_set1_ps(xd[(size_t)i * (size_t)nb + (size_t)b]);
         acc[i].lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[i]), _mm256_mul_ps(dl, dx), acc[i].lo);
