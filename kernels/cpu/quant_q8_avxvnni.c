@@ -32,6 +32,8 @@ tsr__q8_v_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int3
                 int64_t nb, int64_t b, int nx, tsr__q8_v_acc *acc) {
     __m256i lo[4], hi[4];
     const int8_t *x[4];
+    /* the loops over tokens unrolled, as in quant_q8_avx2.c (accumulators in registers) */
+#pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
         lo[i] = hi[i] = _mm256_setzero_si256();
         x[i] = xq + ((size_t)i * (size_t)nb + (size_t)b) * TSR_Q8_BLOCK;
@@ -39,6 +41,7 @@ tsr__q8_v_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int3
     for (int s = 0; s < 8; s++) {
         __m256i wl = _mm256_loadu_si256((const __m256i *)(wb + 32 + s * 64));
         __m256i wh = _mm256_loadu_si256((const __m256i *)(wb + 32 + s * 64 + 32));
+#pragma GCC unroll 4
         for (int i = 0; i < nx; i++) {
             __m256i xb = _mm256_set1_epi32(tsr__q8_v_x4(x[i] + 4 * s));
             lo[i] = _mm256_dpbusd_avx_epi32(lo[i], wl, xb);
@@ -47,6 +50,7 @@ tsr__q8_v_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int3
     }
     __m256 dl = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb));
     __m256 dh = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb + 16)));
+#pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
         size_t k = (size_t)i * (size_t)nb + (size_t)b;
         __m256i c = _mm256_set1_epi32(128 * xs[k]);
