@@ -40,12 +40,13 @@ static inline __attribute__((always_inline)) __m512i tsr__q4k_z_pair(const int32
 #define TSR__Q4K_Z_CHUNK(C, SC, SH)                                                          \
     do {                                                                                     \
         __m512i a0[4], a1[4];                                                                \
-        for (int i = 0; i < nx; i++) a0[i] = a1[i] = _mm512_setzero_si512();                \
+        _Pragma("GCC unroll 4") for (int i = 0; i < nx; i++) a0[i] = a1[i] =               \
+            _mm512_setzero_si512();                                                          \
         for (int s = 0; s < 8; s++) {                                                        \
             __m512i w = _mm512_loadu_si512((const void *)(codes + ((C) * 8 + s) * 64));      \
             __m512i wl = _mm512_and_si512(w, m4);                                            \
             __m512i wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);                      \
-            for (int i = 0; i < nx; i++) {                                                   \
+            _Pragma("GCC unroll 4") for (int i = 0; i < nx; i++) {                           \
                 const int8_t *xc = x[i] + (C) * 64 + 4 * s;                                  \
                 a0[i] = _mm512_dpbusd_epi32(a0[i], wl, _mm512_set1_epi32(tsr__q4k_z_x4(xc))); \
                 a1[i] = _mm512_dpbusd_epi32(a1[i], wh,                                       \
@@ -54,7 +55,7 @@ static inline __attribute__((always_inline)) __m512i tsr__q4k_z_pair(const int32
         }                                                                                    \
         __m512i sc0 = _mm512_and_si512(_mm512_srli_epi32(SC, SH), ff);                       \
         __m512i sc1 = _mm512_and_si512(_mm512_srli_epi32(SC, (SH) + 8), ff);                 \
-        for (int i = 0; i < nx; i++)                                                         \
+        _Pragma("GCC unroll 4") for (int i = 0; i < nx; i++)                                 \
             is[i] = _mm512_add_epi32(is[i], _mm512_add_epi32(_mm512_mullo_epi32(a0[i], sc0), \
                                                              _mm512_mullo_epi32(a1[i], sc1))); \
     } while (0)
@@ -80,6 +81,9 @@ tsr__q4k_z_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int
     __m512i p46 = _mm512_and_si512(n1, kw), p57 = _mm512_and_si512(_mm512_srli_epi32(n1, 8), kw);
     __m512i is[4], ms[4];
     const int8_t *x[4];
+    /* every loop over tokens unrolled (nx is a constant after inlining), as in
+     * quant_q8_avx512.c: left as loops, GCC keeps the accumulators of nx 3 and 4 in memory */
+#pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
         size_t k = (size_t)i * (size_t)nb + (size_t)b;
         const int32_t *s = xs + k * TSR__Q4K_SUB;
@@ -97,6 +101,7 @@ tsr__q4k_z_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int
     __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
     __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + TSR__Q4K_DMIN)));
     const __m512i sign = _mm512_set1_epi32((int32_t)0x80000000u); /* -(v) exactly, zeros too */
+#pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
         __m512 dx = _mm512_set1_ps(xd[(size_t)i * (size_t)nb + (size_t)b]);
         acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[i]), _mm512_mul_ps(dw, dx), acc[i]);
