@@ -13,6 +13,8 @@ typedef struct {
     __m256 lo, hi;
 } tsr__q4_y_acc;
 
+/* Every loop over the nx tokens is unrolled (`GCC unroll`; nx is a constant after inlining):
+ * left as loops, GCC keeps the accumulators of nx 3 and 4 in memory (quant_q8_avx512.c). */
 static inline __attribute__((always_inline)) int32_t tsr__q4_y_x4(const int8_t *x) {
     int32_t v;
     memcpy(&v, x, 4);
@@ -27,6 +29,7 @@ tsr__q4_y_blk(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256i lo[4], hi[4];
     const int8_t *x[4];
+#pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
         lo[i] = hi[i] = _mm256_setzero_si256();
         x[i] = xq + ((size_t)i * (size_t)nb + (size_t)b) * TSR_Q4_BLOCK;
@@ -36,6 +39,7 @@ tsr__q4_y_blk(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_
         __m256i wh = _mm256_loadu_si256((const __m256i *)(codes + s * 64 + 32));
         __m256i wl0 = _mm256_and_si256(wl, m4), wl1 = _mm256_and_si256(_mm256_srli_epi16(wl, 4), m4);
         __m256i wh0 = _mm256_and_si256(wh, m4), wh1 = _mm256_and_si256(_mm256_srli_epi16(wh, 4), m4);
+#pragma GCC unroll 4
         for (int i = 0; i < nx; i++) {
             __m256i xa = _mm256_set1_epi32(tsr__q4_y_x4(x[i] + 4 * s));
             __m256i xb = _mm256_set1_epi32(tsr__q4_y_x4(x[i] + 16 + 4 * s));
@@ -45,6 +49,7 @@ tsr__q4_y_blk(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_
     }
     __m256 dl = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb));
     __m256 dh = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb + 16)));
+#pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
         size_t k = (size_t)i * (size_t)nb + (size_t)b;
         __m256 dx = _mm256_set1_ps(xd[k]);

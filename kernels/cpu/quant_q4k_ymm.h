@@ -16,6 +16,8 @@ typedef struct {
     __m256 lo, hi;
 } tsr__q4k_y_acc;
 
+/* Every loop over the nx tokens is unrolled (`GCC unroll`; nx is a constant after inlining):
+ * left as loops, GCC keeps the accumulators of nx 3 and 4 in memory (quant_q8_avx512.c). */
 static inline __attribute__((always_inline)) int32_t tsr__q4k_y_x4(const int8_t *x) {
     int32_t v;
     memcpy(&v, x, 4);
@@ -32,12 +34,12 @@ static inline __attribute__((always_inline)) __m256i tsr__q4k_y_pair(const int32
 #define TSR__Q4K_Y_CHUNK(C, SC, SH)                                                          \
     do {                                                                                     \
         __m256i a0[4], a1[4];                                                                \
-        for (int i = 0; i < nx; i++) a0[i] = a1[i] = _mm256_setzero_si256();                \
+        _Pragma("GCC unroll 4") for (int i = 0; i < nx; i++) a0[i] = a1[i] = _mm256_setzero_si256();                \
         for (int s = 0; s < 8; s++) {                                                        \
             __m256i w = _mm256_loadu_si256((const __m256i *)(codes + ((C) * 8 + s) * 64));   \
             __m256i wl = _mm256_and_si256(w, m4);                                            \
             __m256i wh = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);                      \
-            for (int i = 0; i < nx; i++) {                                                   \
+            _Pragma("GCC unroll 4") for (int i = 0; i < nx; i++) {                                                   \
                 const int8_t *xc = x[i] + (C) * 64 + 4 * s;                                  \
                 a0[i] = TSR__Q4K_Y_DOT(a0[i], wl, _mm256_set1_epi32(tsr__q4k_y_x4(xc)));    \
                 a1[i] = TSR__Q4K_Y_DOT(a1[i], wh, _mm256_set1_epi32(tsr__q4k_y_x4(xc + 32))); \
@@ -45,7 +47,7 @@ static inline __attribute__((always_inline)) __m256i tsr__q4k_y_pair(const int32
         }                                                                                    \
         __m256i sc0 = _mm256_and_si256(_mm256_srli_epi32(SC, SH), ff);                       \
         __m256i sc1 = _mm256_and_si256(_mm256_srli_epi32(SC, (SH) + 8), ff);                 \
-        for (int i = 0; i < nx; i++)                                                         \
+        _Pragma("GCC unroll 4") for (int i = 0; i < nx; i++)                                                         \
             is[i] = _mm256_add_epi32(is[i], _mm256_add_epi32(TSR__Q4K_Y_SCALE(a0[i], sc0),  \
                                                              TSR__Q4K_Y_SCALE(a1[i], sc1))); \
     } while (0)
@@ -72,6 +74,7 @@ tsr__q4k_y_half(const uint8_t *wb, int h, const int8_t *const *x, const int32_t 
     __m256i p02 = _mm256_and_si256(n0, kw), p13 = _mm256_and_si256(_mm256_srli_epi32(n0, 8), kw);
     __m256i p46 = _mm256_and_si256(n1, kw), p57 = _mm256_and_si256(_mm256_srli_epi32(n1, 8), kw);
     __m256i is[4], ms[4];
+#pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
         const int32_t *s = xsub[i];
         is[i] = _mm256_setzero_si256();
@@ -88,6 +91,7 @@ tsr__q4k_y_half(const uint8_t *wb, int h, const int8_t *const *x, const int32_t 
     __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb + 16 * h)));
     __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb + TSR__Q4K_DMIN + 16 * h)));
     const __m256i sign = _mm256_set1_epi32((int32_t)0x80000000u);
+#pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
         __m256 dx = _mm256_set1_ps(dxs[i]);
         __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]), _mm256_mul_ps(dw, dx), out[i]);
@@ -104,6 +108,7 @@ tsr__q4k_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int
     const int32_t *xsub[4];
     float dxs[4];
     __m256 lo[4], hi[4];
+#pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
         size_t k = (size_t)i * (size_t)nb + (size_t)b;
         x[i] = xq + k * TSR_Q4K_BLOCK;
@@ -114,6 +119,7 @@ tsr__q4k_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int
     }
     tsr__q4k_y_half(wb, 0, x, xsub, dxs, nx, lo);
     tsr__q4k_y_half(wb, 1, x, xsub, dxs, nx, hi);
+#pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
         acc[i].lo = lo[i];
         acc[i].hi = hi[i];
