@@ -20,6 +20,7 @@
 #include "jobs/cli.h"
 #include "jobs/commands.h"
 #include "kernels/backend.h"
+#include "kernels/kv_dtype.h"
 #include "memory/kv_cache.h"
 #include "base/alloc.h"
 #include "base/sys.h"
@@ -42,6 +43,7 @@ typedef struct tsr__bench_opts {
     int repeat;
     int warmup;
     const char *kv;
+    const char *kv_dtype; /* NULL: the backend's default */
     const char *backend;
     int membw_mib;
     int batch; /* sequences decoded together */
@@ -72,7 +74,9 @@ static const char tsr__bench_about[] =
     "      matrices and norms, final norm, classifier); for a mixture of experts (E experts,\n"
     "      K routed per token) only K/E of the expert tensors (weights, MXFP4 scales, biases)\n"
     "  decode_bytes_per_token = active_weight_bytes + one embedding row + the KV bytes\n"
-    "      read, averaged over the M steps: 2 (K and V) * L * G*hd * 4 bytes * (N + (M+1)/2);\n"
+    "      read, averaged over the M steps: 2 (K and V) * L * R * (N + (M+1)/2), R the\n"
+    "      stored bytes of a G*hd row (--kv-dtype: f32 4 a value, bf16 2, q8 1.125, fp8 1\n"
+    "      plus a 4-byte scale a row);\n"
     "      with --batch B: (active_weight_bytes + B * (the row + the KV bytes)) / B\n"
     "  prefill_flops_per_token = 2*P + 4*L*H*hd*(N+1)/2 + 2*V*d/N, where\n"
     "      P = L*(d*H*hd + 2*d*G*hd + H*hd*d + 3*d*h) counts the layer matrices (not the\n"
@@ -133,7 +137,9 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
         {"dtype", TSR_OPT_STRING, &o->dtype_name, "f32|bf16|q8_0|q4_0|q4_1|fp8",
          "weight dtype (default: as the model stores it; fp8: cuda, Q8_0 elsewhere)", false},
         {"repeat", TSR_OPT_INT, &o->repeat, "R", "timed repeats, median reported", false},
-        {"warmup", TSR_OPT_INT, &o->warmup, "W", "untimed prefill + one decode step rounds",
+        {"warmup", TSR_OPT_INT, &o->warmup, "W",
+         "untimed rounds of the same prefill and decode steps (they also fault in the KV "
+         "pool's pages, as llama.cpp's benchmarks clear their KV buffer before timing)",
          false},
         {"kv", TSR_OPT_STRING, &o->kv, "paged|dense|offload",
          "KV cache: the paged pool of generate and run (16-token blocks, no prefix sharing), "
@@ -141,6 +147,8 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
          "budget, its copies on copy streams; the JSON adds its kv_stats, copy_hidden the "
          "share of the fetch's copy time the compute stream did not wait for, -1 where the "
          "backend times no events) (default: paged)", false},
+        {"kv-dtype", TSR_OPT_STRING, &o->kv_dtype, "f32|bf16|q8|fp8",
+         "KV storage dtype (default: the backend's, f32 on the CPU, bf16 on cuda)", false},
         {"backend", TSR_OPT_STRING, &o->backend, "NAME",
          "auto, cpu, cpu-fenced or cuda (default: cpu)", false},
         {"membw-mib", TSR_OPT_INT, &o->membw_mib, "MIB",
@@ -178,6 +186,9 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
     if (strcmp(o->kv, "paged") != 0 && strcmp(o->kv, "dense") != 0 &&
         strcmp(o->kv, "offload") != 0)
         return tsr_cli_usage_error(&cli, "--kv '%s': expected paged, dense or offload", o->kv);
+    if (o->kv_dtype && tsr_kv_dtype_parse(o->kv_dtype) < 0)
+        return tsr_cli_usage_error(&cli, "--kv-dtype %s: unknown (use f32, bf16, q8 or fp8)",
+                                   o->kv_dtype);
     if (o->batch > 1 && strcmp(o->kv, "paged") != 0)
         return tsr_cli_usage_error(&cli, "--batch %d: only with --kv paged", o->batch);
     if (o->dtype_name) {
@@ -407,6 +418,7 @@ int tsr_cmd_bench(int argc, char **argv) {
                                  .max_seqs = nb, .no_prefix_cache = 1, .chunk_tokens = n,
                                  .max_context = n + g};
     }
+    eo.kv.kv_dtype = o.kv_dtype;
     tsr_status est = tsr_engine_create(&eo, &eng);
     if (est == TSR_ERR_BUDGET && loaded.max_seq_len > 0 && (int64_t)n + g > loaded.max_seq_len)
         return tsr__bench_usage_error("--prompt-tokens %d + --gen-tokens %d exceed the model's "
@@ -445,7 +457,7 @@ int tsr_cmd_bench(int argc, char **argv) {
     int32_t last = -1;
     for (int w = 0; w < o.warmup; w++) {
         double a, b;
-        if (tsr__bench_once(&r, n, g > 0 ? 1 : 0, &a, &b, &last, false) != TSR_OK) goto fail;
+        if (tsr__bench_once(&r, n, g, &a, &b, &last, false) != TSR_OK) goto fail;
     }
     if (tsr__probe_init(&probe, o.membw_mib, be->threads > 0 ? be->threads : o.threads,
                         o.repeat) != TSR_OK)
@@ -485,7 +497,13 @@ int tsr_cmd_bench(int argc, char **argv) {
         active_bytes -= experts * (1.0 - (double)c->n_experts_used / c->n_experts);
         ffn = c->n_experts_used * ffn + (double)c->dim * c->n_experts;
     }
-    double kv_read = 2.0 * c->n_layers * kvd * sizeof(float) * (n + (g + 1) / 2.0);
+    /* K/V rows as stored (kernels/kv_dtype.h: bf16 2 bytes an element, q8 1.125, ...) */
+    tsr_kv_options kvo = eo.kv;
+    kvo.be = be;
+    int kv_dtype = TSR_KV_F32;
+    if (tsr_kv_dtype_resolve(&kvo, &kv_dtype) != TSR_OK) goto fail;
+    double kv_row = (double)tsr_kv_row_bytes(kv_dtype, (int64_t)kvd);
+    double kv_read = 2.0 * c->n_layers * kv_row * (n + (g + 1) / 2.0);
     /* a decode step reads the weights once for its nb rows */
     double dec_bytes = (active_bytes + nb * ((double)c->dim * wsz + kv_read)) / nb;
     double params = (double)c->n_layers *
@@ -509,7 +527,7 @@ int tsr_cmd_bench(int argc, char **argv) {
     if (o.json) {
         printf("{\"model\":");
         tsr__json_string(o.model);
-        printf(",\"dtype\":\"%s\",\"threads\":%d,\"batch\":%d,\"prompt_tokens\":%d,"
+        printf(",\"dtype\":\"%s\",\"kv_dtype\":\"%s\",\"threads\":%d,\"batch\":%d,\"prompt_tokens\":%d,"
                "\"gen_tokens\":%d,\"repeat\":%d,\"prefill_samples\":%d,\"prefill_s\":%.6f,"
                "\"prefill_tok_s\":%.2f,\"prefill_gflops\":%.3f,"
                "\"decode_s\":%.6f,\"decode_tok_s\":%.2f,\"decode_gb_s\":%.3f,"
@@ -518,13 +536,12 @@ int tsr_cmd_bench(int argc, char **argv) {
                "\"decode_bytes_per_token\":%.0f,"
                "\"prefill_flops_per_token\":%.0f,\"peak_rss_bytes\":%.0f,"
                "\"huge_page_bytes\":%.0f,",
-               dtn, be->threads > 0 ? be->threads : o.threads, nb, n, g, o.repeat, npre,
+               dtn, tsr_kv_dtype_name(kv_dtype), be->threads > 0 ? be->threads : o.threads, nb,
+               n, g, o.repeat, npre,
                prefill_s,
                pre_tps, pre_flops * pre_tps * 1e-9, decode_s, dec_tps,
                dec_gb, w_gb, bpw, weight_bytes, active_bytes, dec_bytes, pre_flops, rss, huge);
         /* KV bytes per token by layer type (sliding-window layers stop at their window) */
-        tsr_kv_options kvo = eo.kv;
-        kvo.be = be;
         tsr_kv_layer_bytes lb;
         char kvm[256] = "null";
         if (tsr_kv_layer_bytes_of(&kvo, c, &lb) == TSR_OK)
@@ -564,8 +581,9 @@ int tsr_cmd_bench(int argc, char **argv) {
         if (active_bytes != weight_bytes)
             printf(", %.1f MB active per token (%d of %d experts)", active_bytes * 1e-6,
                    c->n_experts_used, c->n_experts);
-        printf(", dim %d, %d layers, vocab %d), %d thread%s\n", c->dim, c->n_layers,
-               c->vocab_size, o.threads, o.threads == 1 ? "" : "s");
+        printf(", dim %d, %d layers, vocab %d), %s KV, %d thread%s\n", c->dim, c->n_layers,
+               c->vocab_size, tsr_kv_dtype_name(kv_dtype), o.threads,
+               o.threads == 1 ? "" : "s");
         printf("prefill %d tokens in %.4f s: %.1f tok/s, %.2f GFLOP/s (%.2f MFLOP/token)\n", nb * n,
                prefill_s, pre_tps, pre_flops * pre_tps * 1e-9, pre_flops * 1e-6);
         if (g > 0)

@@ -32,6 +32,7 @@ typedef struct tsr__attn_geom {
     int64_t q_ld;   /* floats per query row */
     float scale;
     bool rows; /* one key row for all heads of a task (dot_heads/acc_heads), else chunks */
+    bool bf16; /* rows, with the spans' BF16 rows read as they are (dot_heads_bf16, ...) */
 } tsr__attn_geom;
 
 static inline int32_t tsr__span_pos(const tsr_kv_span *s, int64_t j) {
@@ -76,7 +77,14 @@ static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int h0, int nh, f
         for (int64_t j0 = 0; j0 < lim; j0 += TSR__ATTN_TILE) {
             int nt = lim - j0 < TSR__ATTN_TILE ? (int)(lim - j0) : TSR__ATTN_TILE;
             const float *kt = sp->k + (size_t)j0 * ts, *vt = sp->v + (size_t)j0 * ts;
-            if (G->rows) {
+            /* BF16 spans (G->bf16): the same rows, 2 bytes an element */
+            const uint16_t *kt16 = (const uint16_t *)sp->k + (size_t)j0 * ts;
+            const uint16_t *vt16 = (const uint16_t *)sp->v + (size_t)j0 * ts;
+            if (G->bf16) {
+                for (int j = 0; j < nt; j++)
+                    G->k->dot_heads_bf16(qi + (size_t)h0 * hd, kt16 + j * ts, koff, nh, hd,
+                                         G->scale, &sc[0][j], TSR__ATTN_TILE);
+            } else if (G->rows) {
                 for (int j = 0; j < nt; j++)
                     G->k->dot_heads(qi + (size_t)h0 * hd, kt + j * ts, koff, nh, hd, G->scale,
                                     &sc[0][j], TSR__ATTN_TILE);
@@ -119,8 +127,12 @@ static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int h0, int nh, f
                     for (; e < nh && !isnan(corr[e]); e++)
                         if (corr[e] != 1.0f) /* acc * 1 is acc */
                             G->k->acc_rows(acc + (size_t)e * hd, corr[e], NULL, NULL, 0, 0, hd);
-                    G->k->acc_heads(acc + (size_t)h * hd, &sc[h][0], TSR__ATTN_TILE, vt,
-                                    sp->stride, koff + h, nt, e - h, hd);
+                    if (G->bf16)
+                        G->k->acc_heads_bf16(acc + (size_t)h * hd, &sc[h][0], TSR__ATTN_TILE,
+                                             vt16, sp->stride, koff + h, nt, e - h, hd);
+                    else
+                        G->k->acc_heads(acc + (size_t)h * hd, &sc[h][0], TSR__ATTN_TILE, vt,
+                                        sp->stride, koff + h, nt, e - h, hd);
                     h = e;
                 }
             } else {
@@ -258,7 +270,7 @@ static void tsr__attn_score_pass(const tsr__attn_geom *G, int threads, int64_t k
  * per call (the kernels read a row once per call in decode too); its scratch is 8 bytes per
  * key and KV element, reused across calls. *out: a's copy with the f32 spans (a itself when
  * every span is f32). */
-static tsr_status tsr__attn_dequant(tsr__cpu_ctx *c, const tsr_attn_args *a,
+static tsr_status tsr__attn_dequant(tsr__attn_scratch *c, const tsr_attn_args *a,
                                     tsr_attn_args *out) {
     *out = *a;
     int any = 0;
@@ -302,8 +314,21 @@ static tsr_status tsr__attn_dequant(tsr__cpu_ctx *c, const tsr_attn_args *a,
     return TSR_OK;
 }
 
-tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a_in) {
+void tsr__attn_scratch_free(tsr__attn_scratch *s) {
+    tsr_free(s->lse);
+    tsr_free(s->kvdq);
+    tsr_free(s->dqspan);
+    tsr_free(s->spans);
+    *s = (tsr__attn_scratch){0};
+}
+
+tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a) {
     tsr__cpu_ctx *c = be->ctx;
+    return tsr__cpu_attention_on(a, c->threads, &c->attn);
+}
+
+tsr_status tsr__cpu_attention_on(const tsr_attn_args *a_in, int threads,
+                                 tsr__attn_scratch *sc) {
     const tsr_attn_args *a = a_in;
     if (a->head_dim <= 0 || a->head_dim > TSR__CPU_MAX_HEAD_DIM)
         return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu attention: head_dim %d (max %d)",
@@ -312,25 +337,36 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a_in) {
         return tsr_error_set(TSR_ERR_INVALID, "cpu attention: %d heads over %d kv heads",
                              a->n_heads, a->n_kv_heads);
     if (a->n_q <= 0) return TSR_OK;
+    /* A decode row over BF16 rows reads them as they are (no scratch) where the kernels
+     * can; everything else goes through f32 copies. */
+    const tsr__cpu_kernels *kt = tsr__cpu_kernels_get();
+    bool bf16 = kt->dot_heads_bf16 && kt->acc_heads_bf16 && a->n_q == 1 && !a->sinks &&
+                a->window <= 0 && !a->key_scores && a->n_spans > 0;
+    for (int s = 0; bf16 && s < a->n_spans; s++)
+        bf16 = a->spans[s].dtype == TSR_KV_BF16 &&
+               a->spans[s].stride == (int64_t)a->n_kv_heads * a->head_dim;
     tsr_attn_args af32;
-    TSR_TRY(tsr__attn_dequant(c, a_in, &af32));
-    a = &af32;
-    if (a->sinks || a->window > 0) return tsr__cpu_attention_sink(be, a); /* attn_sink_cpu.c */
+    if (!bf16) {
+        TSR_TRY(tsr__attn_dequant(sc, a_in, &af32));
+        a = &af32;
+    }
+    if (a->sinks || a->window > 0) return tsr__cpu_attention_sink(a, threads); /* attn_sink_cpu.c */
     tsr__attn_geom G = {
         .a = a,
-        .k = tsr__cpu_kernels_get(),
+        .k = kt,
+        .bf16 = bf16,
         .group = a->n_heads / a->n_kv_heads,
         .q_ld = (int64_t)a->n_heads * a->head_dim,
         .scale = 1.0f / sqrtf((float)a->head_dim),
     };
     /* Running max and sum per (query, head), kept for the score pass. */
     size_t nml = 2 * (size_t)a->n_q * (size_t)a->n_heads;
-    TSR_TRY(tsr__cpu_scratch(&c->lse, &c->lse_cap, nml));
-    float *ml = c->lse;
+    TSR_TRY(tsr__cpu_scratch(&sc->lse, &sc->lse_cap, nml));
+    float *ml = sc->lse;
     int64_t keys = 0;
     for (int s = 0; s < a->n_spans; s++) keys += a->spans[s].n;
     int64_t work = keys * a->n_q * a->n_heads * a->head_dim;
-    int par = c->threads > 1 && (a->n_q > 1 || a->n_heads > 1) && work >= 32768;
+    int par = threads > 1 && (a->n_q > 1 || a->n_heads > 1) && work >= 32768;
     /* Prefill: 16 queries per task in the lanes of a vector (attn_qblock). The row tasks
      * spend a 16-leaf reduction on every 16 scores (45 vector operations against 16 fmas
      * when head_dim is 8: stories260K's attention was 57 % of its prefill), and for wider
@@ -344,15 +380,15 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a_in) {
     if (G.k->attn_qblock && a->n_q > 1 && TSR__CPU_QBLOCK_FITS(a->head_dim)) {
         int64_t ntask = (a->n_q + 15) / 16 * a->n_heads;
         if (par && ntask > 1) {
-#pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
             for (int64_t t = 0; t < ntask; t++) tsr__attn_qblock_run(&G, t, ml);
         } else {
             for (int64_t t = 0; t < ntask; t++) tsr__attn_qblock_run(&G, t, ml);
         }
-        tsr__attn_score_pass(&G, par ? c->threads : 1, keys, ml);
+        tsr__attn_score_pass(&G, par ? threads : 1, keys, ml);
         return TSR_OK;
     }
-    int nthr = c->threads; /* threads of the main pass */
+    int nthr = threads; /* threads of the main pass */
     /* Decode splits the heads over the threads, so each thread reads its part of every K/V
      * row. Parts under TSR__ATTN_PAR_PART bytes ran slower than one thread (2 vCPUs, 12 kv
      * heads of 64 in halves of 1.5 KB, bench/attn.c: 1.8-2.8 against 0.9-1.3 ms per token at
@@ -397,6 +433,6 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a_in) {
     } else {
         for (int64_t t = 0; t < ntask; t++) tsr__attn_run(&G, t, blk, nblk, ml);
     }
-    tsr__attn_score_pass(&G, par ? c->threads : 1, keys, ml);
+    tsr__attn_score_pass(&G, par ? threads : 1, keys, ml);
     return TSR_OK;
 }

@@ -72,14 +72,13 @@ static void tsr__sk_head(const tsr_attn_args *a, int h, float scale, int64_t key
     }
 }
 
-tsr_status tsr__cpu_attention_sink(tsr_backend *be, const tsr_attn_args *a) {
-    tsr__cpu_ctx *c = be->ctx;
+tsr_status tsr__cpu_attention_sink(const tsr_attn_args *a, int threads) {
     float scale = 1.0f / sqrtf((float)a->head_dim);
     int64_t keys = 0;
     for (int s = 0; s < a->n_spans; s++) keys += a->spans[s].n;
     int64_t work = keys * a->n_q * a->n_heads * a->head_dim;
-    if (c->threads > 1 && a->n_heads > 1 && work >= 32768) {
-#pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1)
+    if (threads > 1 && a->n_heads > 1 && work >= 32768) {
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
         for (int h = 0; h < a->n_heads; h++) tsr__sk_head(a, h, scale, keys);
     } else {
         for (int h = 0; h < a->n_heads; h++) tsr__sk_head(a, h, scale, keys);

@@ -3,6 +3,7 @@
  * (attention) and simd_cpu.c (runtime-dispatched SIMD). */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
 #include <cblas.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -109,9 +110,10 @@ static void tsr__cpu_destroy(tsr_backend *be) {
         tsr_free(c->huge); /* the buffers themselves are their owners' to free */
         tsr_free(c->panel);
         tsr_free(c->parts);
-        tsr_free(c->lse);
-        tsr_free(c->kvdq);
-        tsr_free(c->dqspan);
+        tsr__attn_scratch_free(&c->attn);
+        if (c->attn_thr)
+            for (int t = 0; t < c->threads; t++) tsr__attn_scratch_free(&c->attn_thr[t]);
+        tsr_free(c->attn_thr);
         tsr_free(c->xpairs);
         tsr_free(c->q8x);
         tsr_free(c->inv_freq);
@@ -172,45 +174,107 @@ static tsr_status tsr__cpu_synchronize(tsr_backend *be) {
     return TSR_OK;
 }
 
+/* Rows of one sequence up to which attention_paged runs it on one thread beside the other
+ * sequences (a decode step's rows); longer runs (prefill chunks) get every thread. */
+#define TSR__CPU_PAGED_SEQ_ROWS 4
+
+/* The spans of the sequence of row r0 (rows r0 .. *r1 - 1 are that sequence's) from its
+ * block table, into s->spans. */
+static tsr_status tsr__paged_spans(const tsr_attn_paged_args *a, int r0, int *r1,
+                                   tsr__attn_scratch *s, int *n_spans) {
+    int seq = a->q_seq[r0], e = r0 + 1;
+    while (e < a->n_q && a->q_seq[e] == seq) e++;
+    *r1 = e;
+    int32_t nk = seq >= 0 && seq < a->n_seqs ? a->n_keys[seq] : -1;
+    int32_t nb = nk < 0 ? -1 : (nk + a->lay.block - 1) / a->lay.block;
+    if (nb < 0 || nb > a->max_blocks)
+        return tsr_error_set(TSR_ERR_INVALID, "attention_paged: row %d: sequence %d with %d "
+                             "keys outside the table", r0, seq, (int)nk);
+    if (s->spans_cap < a->max_blocks) {
+        tsr_kv_span *ns = tsr_realloc(s->spans, (size_t)a->max_blocks * sizeof *ns);
+        if (!ns) return TSR_ERR_NOMEM;
+        s->spans = ns;
+        s->spans_cap = a->max_blocks;
+    }
+    const int32_t *tb = a->tables + (size_t)seq * (size_t)a->max_blocks;
+    for (int32_t j = 0; j < nb; j++) {
+        int64_t at = (int64_t)tb[j] * a->lay.block_stride;
+        int32_t left = nk - j * a->lay.block;
+        s->spans[j] = (tsr_kv_span){
+            .k = tsr_kv_rows_at(a->lay.k, a->lay.dtype, a->lay.row, at),
+            .v = tsr_kv_rows_at(a->lay.v, a->lay.dtype, a->lay.row, at), .pos = NULL,
+            .pos0 = j * a->lay.block, .n = left < a->lay.block ? left : a->lay.block,
+            .stride = a->lay.row, .dtype = a->lay.dtype};
+    }
+    *n_spans = nb;
+    return TSR_OK;
+}
+
+/* Rows r0 .. r1 - 1 (one sequence, spans in s) through the per-sequence kernel. */
+static tsr_status tsr__paged_run(const tsr_attn_paged_args *a, int r0, int r1, int n_spans,
+                                 int threads, tsr__attn_scratch *s) {
+    size_t qd = (size_t)a->n_heads * (size_t)a->head_dim;
+    tsr_attn_args one = {.q = a->q + (size_t)r0 * qd, .q_pos = a->q_pos + r0, .n_q = r1 - r0,
+                         .spans = s->spans, .n_spans = n_spans, .n_heads = a->n_heads,
+                         .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
+                         .out = a->out + (size_t)r0 * qd, .sinks = a->sinks,
+                         .window = a->window};
+    return tsr__cpu_attention_on(&one, threads, s);
+}
+
 /* The batch's attention over a paged layout: each sequence's consecutive rows go to the
  * per-sequence kernel with the spans its block table names (the paged cache's own spans,
- * so the bits are those of the per-sequence path). */
+ * so the bits are those of the per-sequence path, which do not depend on the threads).
+ * Sequences with many rows run one after another on every thread; the short ones (decode)
+ * then run side by side, a sequence per thread: split over heads, one decode row's
+ * attention is too little work for a parallel region of its own (64 sequences x the layers
+ * were that many fork-joins a step, their waits a fifth of a batched decode step). */
 static tsr_status tsr__cpu_attention_paged(tsr_backend *be, const tsr_attn_paged_args *a) {
+    tsr__cpu_ctx *c = be->ctx;
     if (a->n_q <= 0) return TSR_OK;
     if (a->lay.block <= 0 || a->max_blocks <= 0 || a->n_seqs <= 0)
         return tsr_error_set(TSR_ERR_INVALID, "attention_paged: bad layout or table");
-    tsr_kv_span *spans = tsr_malloc((size_t)a->max_blocks * sizeof *spans);
-    if (!spans) return TSR_ERR_NOMEM;
-    size_t qd = (size_t)a->n_heads * (size_t)a->head_dim;
-    tsr_status st = TSR_OK;
-    for (int r0 = 0, r1; r0 < a->n_q && st == TSR_OK; r0 = r1) {
-        int s = a->q_seq[r0];
-        for (r1 = r0 + 1; r1 < a->n_q && a->q_seq[r1] == s;) r1++;
-        int32_t nk = s >= 0 && s < a->n_seqs ? a->n_keys[s] : -1;
-        int32_t nb = nk < 0 ? -1 : (nk + a->lay.block - 1) / a->lay.block;
-        if (nb < 0 || nb > a->max_blocks) {
-            st = tsr_error_set(TSR_ERR_INVALID, "attention_paged: row %d: sequence %d with %d "
-                               "keys outside the table", r0, s, (int)nk);
-            break;
+    int n_short = 0;
+    for (int r0 = 0, r1; r0 < a->n_q; r0 = r1) {
+        int n_spans;
+        TSR_TRY(tsr__paged_spans(a, r0, &r1, &c->attn, &n_spans));
+        if (r1 - r0 <= TSR__CPU_PAGED_SEQ_ROWS && c->threads > 1) {
+            n_short++;
+            continue;
         }
-        const int32_t *tb = a->tables + (size_t)s * (size_t)a->max_blocks;
-        for (int32_t j = 0; j < nb; j++) {
-            int64_t at = (int64_t)tb[j] * a->lay.block_stride;
-            int32_t left = nk - j * a->lay.block;
-            spans[j] = (tsr_kv_span){
-                .k = tsr_kv_rows_at(a->lay.k, a->lay.dtype, a->lay.row, at),
-                .v = tsr_kv_rows_at(a->lay.v, a->lay.dtype, a->lay.row, at), .pos = NULL,
-                .pos0 = j * a->lay.block, .n = left < a->lay.block ? left : a->lay.block,
-                .stride = a->lay.row, .dtype = a->lay.dtype};
-        }
-        tsr_attn_args one = {.q = a->q + (size_t)r0 * qd, .q_pos = a->q_pos + r0,
-                             .n_q = r1 - r0, .spans = spans, .n_spans = nb,
-                             .n_heads = a->n_heads, .n_kv_heads = a->n_kv_heads,
-                             .head_dim = a->head_dim, .out = a->out + (size_t)r0 * qd,
-                             .sinks = a->sinks, .window = a->window};
-        st = tsr__cpu_attention(be, &one);
+        TSR_TRY(tsr__paged_run(a, r0, r1, n_spans, c->threads, &c->attn));
     }
-    tsr_free(spans);
+    if (n_short == 0) return TSR_OK;
+    if (!c->attn_thr) {
+        c->attn_thr = tsr_calloc((size_t)c->threads, sizeof *c->attn_thr);
+        if (!c->attn_thr) return TSR_ERR_NOMEM;
+    }
+    /* the short sequences' first rows, for the loop below */
+    int *first = tsr_malloc((size_t)n_short * sizeof *first);
+    if (!first) return TSR_ERR_NOMEM;
+    int k = 0;
+    for (int r0 = 0, r1; r0 < a->n_q; r0 = r1) {
+        for (r1 = r0 + 1; r1 < a->n_q && a->q_seq[r1] == a->q_seq[r0];) r1++;
+        if (r1 - r0 <= TSR__CPU_PAGED_SEQ_ROWS) first[k++] = r0;
+    }
+    tsr_status st = TSR_OK;
+    char msg[256] = ""; /* the message is per thread: carried to the caller's */
+#pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1) if (n_short > 1)
+    for (int i = 0; i < n_short; i++) {
+        tsr__attn_scratch *s = &c->attn_thr[omp_get_thread_num()];
+        int r1, n_spans;
+        tsr_status e = tsr__paged_spans(a, first[i], &r1, s, &n_spans);
+        if (e == TSR_OK) e = tsr__paged_run(a, first[i], r1, n_spans, 1, s);
+        if (e != TSR_OK) {
+#pragma omp critical(tsr__cpu_paged_err)
+            if (st == TSR_OK) {
+                st = e;
+                snprintf(msg, sizeof msg, "%s", tsr_last_error());
+            }
+        }
+    }
+    tsr_free(first);
+    if (st != TSR_OK && msg[0]) return tsr_error_set(st, "%s", msg);
     return st;
 }
 

@@ -18,6 +18,20 @@ typedef struct tsr__cpu_huge {
     size_t bytes;
 } tsr__cpu_huge;
 
+/* Scratch of one attention call (attn_cpu.c): per (query, head) log-sum-exp for the
+ * key-score pass; for non-f32 KV (kernels/kv_dtype.h) the call's K/V rows in f32 and the
+ * spans that point at them; attention_paged's spans of one sequence. */
+typedef struct tsr__attn_scratch {
+    float *lse;
+    size_t lse_cap;
+    float *kvdq;
+    size_t kvdq_cap;
+    tsr_kv_span *dqspan;
+    int dqspan_cap;
+    tsr_kv_span *spans;
+    int spans_cap;
+} tsr__attn_scratch;
+
 typedef struct tsr__cpu_ctx {
     int threads;
     /* Live huge-page buffers (buffer_alloc of >= 2 MiB: weights, KV stores), unordered. */
@@ -35,15 +49,10 @@ typedef struct tsr__cpu_ctx {
     /* Q8_0 matmuls: the input rows quantized per token (gemm_cpu.c, quant_q8.h). */
     float *q8x;
     size_t q8x_cap;
-    /* Attention scratch: per (query, head) log-sum-exp for the key-score pass. */
-    float *lse;
-    size_t lse_cap;
-    /* Attention over non-f32 KV (kernels/kv_dtype.h): the call's K/V rows in f32 and the
-     * spans that point at them. */
-    float *kvdq;
-    size_t kvdq_cap;
-    tsr_kv_span *dqspan;
-    int dqspan_cap;
+    /* Attention scratch of calls on the caller's thread, and one per OpenMP thread for
+     * attention_paged's sequences run side by side (attn_thr[threads], made at first use). */
+    tsr__attn_scratch attn;
+    tsr__attn_scratch *attn_thr;
     /* rope: inv_freq of the last config seen (recomputed when the parameters change). */
     float *inv_freq;
     size_t inv_freq_cap;
@@ -112,9 +121,14 @@ tsr_status tsr__cpu_bias_add(tsr_backend *be, float *x, const tsr_tensor *b, int
 tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t *ids,
                           int64_t n, float *out);
 tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a);
+/* The same on `threads` threads with the scratch s (tsr__cpu_attention: c->threads and
+ * c->attn); the bits do not depend on the thread count. */
+tsr_status tsr__cpu_attention_on(const tsr_attn_args *a, int threads, tsr__attn_scratch *s);
+/* Frees what s holds. */
+void tsr__attn_scratch_free(tsr__attn_scratch *s);
 /* Attention with sinks and/or a sliding window (attn_sink_cpu.c; tsr__cpu_attention hands
  * such calls over). */
-tsr_status tsr__cpu_attention_sink(tsr_backend *be, const tsr_attn_args *a);
+tsr_status tsr__cpu_attention_sink(const tsr_attn_args *a, int threads);
 /* The experts of a mixture-of-experts layer (moe_cpu.c). */
 tsr_status tsr__cpu_moe(tsr_backend *be, const tsr_moe_args *a);
 /* MXFP4 (kernels/cpu/mxfp4_cpu.c): row r of an MXFP4 matrix of `cols` inputs (blocks of 16
@@ -229,6 +243,14 @@ typedef struct tsr__cpu_kernels {
     void (*attn_scores_qblock)(const float *q, int64_t q_ld, const int32_t *qpos, int nq,
                                int d, float scale, const tsr_kv_span *sp, int64_t j0, int nt,
                                int koff, const float *ml, int64_t ml_ld, float *ks);
+    /* Optional (NULL: BF16 KV is converted to f32 scratch first): dot_heads and acc_heads
+     * reading BF16 rows (k, v and stride in BF16 elements), each element widened to f32
+     * (exact) as it is loaded, so the bits are those of the f32 kernels over the converted
+     * rows, without the scratch's writes and second read. */
+    void (*dot_heads_bf16)(const float *q, const uint16_t *k, const int32_t *koff, int nh,
+                           int d, float scale, float *out, int64_t out_ld);
+    void (*acc_heads_bf16)(float *acc, const float *p, int64_t p_ld, const uint16_t *v,
+                           int64_t stride, const int32_t *koff, int nk, int nh, int d);
 } tsr__cpu_kernels;
 
 /* Longest segment that matmul_parts prefill gives to gemm_short. */

@@ -351,7 +351,7 @@ const tsr__cpu_kernels tsr__cpu_k_avx2 = {
     TSR__ISA_AVX2, "avx2", tsr__y_matvec_f32, tsr__y_matvec_bf16, tsr__y_matvec_f16,
     tsr__y_matvec_seg_f32, tsr__y_matvec_seg_bf16, tsr__y_matvec_seg_f16, tsr__y_cvt_bf16,
     tsr__y_cvt_f16, tsr__y_dot_rows, tsr__y_acc_rows, tsr__y_exp_sum,
-    tsr__y_silu_mul, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    tsr__y_silu_mul, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
 };
 
 #ifdef __clang__

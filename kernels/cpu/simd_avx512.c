@@ -525,6 +525,69 @@ static void tsr__z_dot_heads(const float *q, const float *k, const int32_t *koff
     }
 }
 
+/* BF16 to f32, exact: the 16 bits become the high half of the f32. */
+static inline __m512 tsr__z_bf16_ld(const uint16_t *p) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+static inline __m512 tsr__z_bf16_ld_mask(__mmask16 m, const uint16_t *p) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+/* tsr__z_dot_heads over a BF16 row (the same operations on the widened values). */
+static void tsr__z_dot_heads_bf16(const float *q, const uint16_t *k, const int32_t *koff,
+                                  int nh, int d, float scale, float *out, int64_t out_ld) {
+    int rem = d & 15;
+    __mmask16 tm = (__mmask16)((1u << rem) - 1u);
+    __m512 sv = _mm512_set1_ps(scale);
+    for (int h0 = 0; h0 < nh; h0 += 16) {
+        int n = nh - h0 < 16 ? nh - h0 : 16;
+        __m512 a[16];
+#pragma GCC unroll 16
+        for (int u = 0; u < 16; u++) a[u] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+        for (int u = 0; u < 16; u++) {
+            if (u >= n) break;
+            const float *qu = q + (size_t)(h0 + u) * (size_t)d;
+            const uint16_t *ku = k + koff[h0 + u];
+            int t = 0;
+            for (; t + 16 <= d; t += 16)
+                a[u] = _mm512_fmadd_ps(_mm512_loadu_ps(qu + t), tsr__z_bf16_ld(ku + t), a[u]);
+            if (rem)
+                a[u] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, qu + t),
+                                       tsr__z_bf16_ld_mask(tm, ku + t), a[u]);
+        }
+        float r[16];
+        _mm512_storeu_ps(r, _mm512_mul_ps(tsr__z_tree16_lanes(a), sv));
+        for (int u = 0; u < n; u++) out[(size_t)(h0 + u) * (size_t)out_ld] = r[u];
+    }
+}
+
+/* tsr__z_acc_heads over BF16 rows. */
+static void tsr__z_acc_heads_bf16(float *acc, const float *p, int64_t p_ld, const uint16_t *v,
+                                  int64_t stride, const int32_t *koff, int nk, int nh, int d) {
+    int rem = d & 15;
+    __mmask16 tm = (__mmask16)((1u << rem) - 1u);
+    for (int j = 0; j < nk; j++) {
+        const uint16_t *vj = v + (size_t)j * (size_t)stride;
+        for (int hh = 0; hh < nh; hh++) {
+            float *ah = acc + (size_t)hh * (size_t)d;
+            const uint16_t *vh = vj + koff[hh];
+            __m512 pj = _mm512_set1_ps(p[(size_t)hh * (size_t)p_ld + (size_t)j]);
+            int t = 0;
+#pragma GCC unroll 4
+            for (; t + 16 <= d; t += 16)
+                _mm512_storeu_ps(ah + t, _mm512_fmadd_ps(pj, tsr__z_bf16_ld(vh + t),
+                                                         _mm512_loadu_ps(ah + t)));
+            if (rem)
+                _mm512_mask_storeu_ps(ah + t, tm,
+                                      _mm512_fmadd_ps(pj, tsr__z_bf16_ld_mask(tm, vh + t),
+                                                      _mm512_maskz_loadu_ps(tm, ah + t)));
+        }
+    }
+}
+
 /* Keys outer, heads inner, each head's accumulator through L1: the rows are read front to
  * back. Per element: acc, then + p * v for each key in order, each an fma, as in
  * tsr__z_acc_rows after its scaling. (Two keys per pass over the accumulator read two rows
@@ -1009,6 +1072,7 @@ const tsr__cpu_kernels tsr__cpu_k_avx512 = {
     tsr__z_cvt_f16, tsr__z_dot_rows, tsr__z_acc_rows, tsr__z_exp_sum,
     tsr__z_silu_mul, true, tsr__z_dot_heads, tsr__z_acc_heads, tsr__z_attn_qblock,
     tsr__z_gemm_short, tsr__z_rmsnorm_f32, tsr__z_gemm_short_sum, tsr__z_attn_scores_qblock,
+    tsr__z_dot_heads_bf16, tsr__z_acc_heads_bf16,
 };
 
 #ifdef __clang__
