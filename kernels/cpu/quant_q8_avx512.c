@@ -66,13 +66,84 @@ tsr__q8_z_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int3
     }
 }
 
+/* Block b of two groups at once for nx >= 2 tokens: each broadcast of a token's 4 int8
+ * values feeds both groups' weights, so a vpdpbusd needs about half the loads (with one
+ * group, the loads rather than the vpdpbusd were the limit of batched products). The
+ * operations per row and token are tsr__q8_z_block's, so are the bits. */
+static inline __attribute__((always_inline)) void
+tsr__q8_z_block2(const uint8_t *wb0, const uint8_t *wb1, const int8_t *xq, const float *xd,
+                 const int32_t *xs, int64_t nb, int64_t b, int nx, __m512 *acc0,
+                 __m512 *acc1) {
+    __m512i s0[4], s1[4];
+    const int8_t *x[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < nx; i++) {
+        size_t k = (size_t)i * (size_t)nb + (size_t)b;
+        s0[i] = s1[i] = _mm512_set1_epi32(-128 * xs[k]);
+        x[i] = xq + k * TSR_Q8_BLOCK;
+    }
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; s++) {
+        __m512i w0 = _mm512_loadu_si512((const void *)(wb0 + 32 + s * 64));
+        __m512i w1 = _mm512_loadu_si512((const void *)(wb1 + 32 + s * 64));
+#pragma GCC unroll 4
+        for (int i = 0; i < nx; i++) {
+            __m512i xb = _mm512_set1_epi32(tsr__q8_z_x4(x[i] + 4 * s));
+            s0[i] = _mm512_dpbusd_epi32(s0[i], w0, xb);
+            s1[i] = _mm512_dpbusd_epi32(s1[i], w1, xb);
+        }
+    }
+    __m512 dw0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb0));
+    __m512 dw1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb1));
+#pragma GCC unroll 4
+    for (int i = 0; i < nx; i++) {
+        __m512 xv = _mm512_set1_ps(xd[(size_t)i * (size_t)nb + (size_t)b]);
+        acc0[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0[i]), _mm512_mul_ps(dw0, xv), acc0[i]);
+        acc1[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[i]), _mm512_mul_ps(dw1, xv), acc1[i]);
+    }
+}
+
 #define TSR__Q8_Z_STORE(dst, a) _mm512_storeu_ps(dst, a)
+
+/* Groups g and g + 1 (both inside the matrix) through tsr__q8_z_block2, part by part, each
+ * group stored as TSR__Q8_GEMV_BODY stores one. */
+static inline __attribute__((always_inline)) void
+tsr__q8_z_pair(const uint8_t *w, int64_t nb, int64_t rows, int64_t g, const int8_t *xq,
+               const float *xd, const int32_t *xs, int nx, const int32_t *bseg, int n_parts,
+               bool sum, float *y, int64_t ldy, int64_t ldp) {
+    const uint8_t *wg0 = w + (size_t)g * (size_t)nb * TSR_Q8_GROUP_BLOCK_BYTES;
+    const uint8_t *wg1 = wg0 + (size_t)nb * TSR_Q8_GROUP_BLOCK_BYTES;
+    float tot0[4][16], tot1[4][16], part[4][16];
+    for (int p = 0; p < n_parts; p++) {
+        __m512 acc0[4], acc1[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < nx; i++) acc0[i] = acc1[i] = _mm512_setzero_ps();
+        for (int64_t b = bseg[p]; b < bseg[p + 1]; b++)
+            tsr__q8_z_block2(wg0 + (size_t)b * TSR_Q8_GROUP_BLOCK_BYTES,
+                             wg1 + (size_t)b * TSR_Q8_GROUP_BLOCK_BYTES, xq, xd, xs, nb, b, nx,
+                             acc0, acc1);
+#pragma GCC unroll 4
+        for (int i = 0; i < nx; i++) _mm512_storeu_ps(part[i], acc0[i]);
+        tsr__qgroup_store_part(part, tot0, p, nx, g, rows, sum, y, ldy, ldp);
+#pragma GCC unroll 4
+        for (int i = 0; i < nx; i++) _mm512_storeu_ps(part[i], acc1[i]);
+        tsr__qgroup_store_part(part, tot1, p, nx, g + 1, rows, sum, y, ldy, ldp);
+    }
+    if (sum) {
+        tsr__qgroup_store_sum(tot0, nx, n_parts, g, rows, y, ldy);
+        tsr__qgroup_store_sum(tot1, nx, n_parts, g + 1, rows, y, ldy);
+    }
+}
 
 static inline __attribute__((always_inline)) void
 tsr__q8_z_gemv_nx(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,
                   const int8_t *xq, const float *xd, const int32_t *xs, int nx,
                   const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy,
                   int64_t ldp) {
+    /* one token streams the weights from memory: one group at a time is as fast */
+    if (nx >= 2)
+        for (; g0 + 2 <= g1; g0 += 2)
+            tsr__q8_z_pair(w, nb, rows, g0, xq, xd, xs, nx, bseg, n_parts, sum, y, ldy, ldp);
     TSR__Q8_GEMV_BODY(nx, tsr__q8_z_block, __m512, _mm512_setzero_ps(), TSR__Q8_Z_STORE)
 }
 
