@@ -14,7 +14,8 @@
 # streaming read bandwidth (tsr_membw, best of 5; and the median read `tessera bench
 # --membw-mib` measured beside its decode), tessera's decode GB/s and its share of that read.
 # Environment: THREADS ("1 2"), ROUNDS (3), GEN (64), PROMPT (128), SHAPE (stories110M),
-# Q8_GGUF or GGUF (an existing file to use instead). The 4-bit path: GGUF=models/SmolLM2-
+# Q8_GGUF or GGUF (an existing file to use instead), KV_DTYPE (tessera's --kv-dtype: unset,
+# its CPU default f32; bf16 stores 2 bytes a value as llama.cpp's default F16 cache does). The 4-bit path: GGUF=models/SmolLM2-
 # 135M-Instruct.Q4_1.gguf (tessera computes its Q4_1 matrices natively, kernels/cpu/quant_q4.h,
 # as llama.cpp does: Q4_1 weights, activations quantized per 32-block with their sums).
 #
@@ -37,6 +38,14 @@ if [[ -n $batch && ! $batch =~ ^[1-9][0-9]*$ ]]; then
     echo "q8_vs_llamacpp.sh: BATCH must be a positive integer, not '$batch'" >&2
     exit 2
 fi
+kvd=${KV_DTYPE:-}
+kv_opt=()
+case $kvd in
+    '') ;;
+    f32 | bf16 | q8 | fp8) kv_opt=(--kv-dtype "$kvd") ;;
+    *) echo "q8_vs_llamacpp.sh: KV_DTYPE must be f32, bf16, q8 or fp8, not '$kvd'" >&2
+       exit 2 ;;
+esac
 lb=${LLAMA_BENCH:-}
 lbb=${LLAMA_BATCHED_BENCH:-}
 if [[ -n $batch ]]; then
@@ -67,6 +76,7 @@ mb=$("$membw" --mib 512 --repeat 5 --max-threads 2)
 echo "read     tsr_membw best of 5: $(echo "$mb" | jget "['read_gb_s_1t']") GB/s 1 thread," \
      "$(echo "$mb" | jget "['read_gb_s_2t']") GB/s 2 threads"
 echo "file     $gg ($(stat -L -c %s "$gg") bytes)"
+echo "kv       tessera ${kvd:-f32 (its CPU default)}, llama.cpp f16 (its default)"
 if [[ -n $batch ]]; then
     echo "batched  $batch sequences, prompt $prompt, decode $gen tokens each"
     printf '%-3s %-10s %-10s %-8s %-10s %-10s %-8s\n' thr tes_dec lcpp_S_TG ratio tes_pre \
@@ -75,7 +85,8 @@ if [[ -n $batch ]]; then
         : >"$build/q8_tes_dec"; : >"$build/q8_lc_dec"; : >"$build/q8_tes_pre"; : >"$build/q8_lc_pre"
         for ((r = 0; r < rounds; r++)); do
             j=$("$tessera" bench --model "$gg" --threads "$t" --prompt-tokens "$prompt" \
-                --gen-tokens "$gen" --batch "$batch" --repeat 1 --json 2>/dev/null | tail -1)
+                --gen-tokens "$gen" --batch "$batch" "${kv_opt[@]}" --repeat 1 --json 2>/dev/null |
+                tail -1)
             echo "$j" | jget "['decode_tok_s']" >>"$build/q8_tes_dec"
             echo "$j" | jget "['prefill_tok_s']" >>"$build/q8_tes_pre"
             l=$("$lbb" -m "$gg" -c $((batch * (prompt + gen))) -b 2048 -ub 512 -npp "$prompt" \
@@ -99,7 +110,8 @@ for t in $threads; do
     : >"$build/q8_tes_gbs"; : >"$build/q8_tes_read"
     for ((r = 0; r < rounds; r++)); do
         j=$("$tessera" bench --model "$gg" --threads "$t" --prompt-tokens "$prompt" \
-            --gen-tokens "$gen" --repeat 1 --membw-mib 256 --json 2>/dev/null | tail -1)
+            --gen-tokens "$gen" "${kv_opt[@]}" --repeat 1 --membw-mib 256 --json 2>/dev/null |
+            tail -1)
         echo "$j" | jget "['decode_tok_s']" >>"$build/q8_tes_dec"
         echo "$j" | jget "['prefill_tok_s']" >>"$build/q8_tes_pre"
         echo "$j" | jget "['decode_gb_s']" >>"$build/q8_tes_gbs"
