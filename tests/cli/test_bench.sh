@@ -99,5 +99,26 @@ check "$ok" bench_batch
 "$BIN" bench --model "$ROOT/models/stories260K.bin" --batch 2 --kv dense >"$TMP/out14" 2>"$TMP/err"
 [ $? -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q -- "--batch 2: only with --kv paged" "$TMP/err"
 check $? bench_batch_kv_dense
+# --kv-dtype bf16: the KV bytes of decode_bytes_per_token halve (2 bytes a value), and the
+# batched decode on 2 threads (its sequences' attention side by side, BF16 rows read as they
+# are) gives sequence 0 the tokens of one sequence on one thread.
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 8 --gen-tokens 4 --repeat 1 --kv-dtype bf16 --threads 1 --json >"$TMP/out15" 2>"$TMP/err"
+ok=$?
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 8 --gen-tokens 4 --repeat 1 --kv-dtype bf16 --threads 2 --batch 4 --json >"$TMP/out16" 2>"$TMP/err" || ok=1
+python3 - "$TMP/out" "$TMP/out15" "$TMP/out16" <<'PY' || ok=1
+import json, sys
+f32, bf, bf4 = (json.load(open(f)) for f in sys.argv[1:4])
+assert f32["kv_dtype"] == "f32" and bf["kv_dtype"] == "bf16", (f32["kv_dtype"], bf["kv_dtype"])
+n, m = bf["prompt_tokens"], bf["gen_tokens"]
+kv16 = 2 * bf["n_layers"] * bf["n_kv_heads"] * bf["head_dim"] * 2 * (n + (m + 1) / 2)
+# out is --prompt-tokens 8 --gen-tokens 4 too (f32): its KV bytes are twice bf16's
+assert (f32["prompt_tokens"], f32["gen_tokens"]) == (n, m)
+assert abs((f32["decode_bytes_per_token"] - bf["decode_bytes_per_token"]) - kv16) <= 1, (f32["decode_bytes_per_token"], bf["decode_bytes_per_token"], kv16)
+assert bf4["last_token"] == bf["last_token"], (bf4["last_token"], bf["last_token"])
+PY
+check "$ok" bench_kv_dtype
+"$BIN" bench --model "$ROOT/models/stories260K.bin" --kv-dtype f16 >"$TMP/out17" 2>"$TMP/err"
+[ $? -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q -- "--kv-dtype f16: unknown" "$TMP/err"
+check $? bench_bad_kv_dtype
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
