@@ -1,4 +1,4 @@
-#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE, MADV_DONTNEED */
 #include "base/alloc.h"
 
 #include <stdatomic.h>
@@ -144,3 +144,10 @@ bool tsr_mul_size(size_t a, size_t b, size_t *out) {
 }
 
 size_t tsr_alloc_live_bytes(void) { return atomic_load(&tsr__live); }
+
+void tsr_pages_drop(const void *p, size_t bytes) {
+    if (!p || !bytes) return;
+    uintptr_t page = 4096, a = ((uintptr_t)p + page - 1) & ~(page - 1),
+              b = ((uintptr_t)p + bytes) & ~(page - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advice only */
+}

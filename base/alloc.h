@@ -24,6 +24,12 @@ char *tsr_strdup(const char *s);
 void *tsr_malloc_huge(size_t size);
 void tsr_free_huge(void *ptr, size_t size);
 
+/* Gives the pages wholly inside [p, p + bytes) back to the kernel (MADV_DONTNEED; advice
+ * only): a matrix copied or converted elsewhere is then not resident twice (peak RSS).
+ * Pages of a private file mapping come back from the file if touched, anonymous ones as
+ * zeros, so the range must not be read again unless it is a file's. */
+void tsr_pages_drop(const void *p, size_t bytes);
+
 /* a*b into *out; false on overflow. */
 bool tsr_mul_size(size_t a, size_t b, size_t *out);
 

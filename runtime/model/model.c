@@ -1,4 +1,4 @@
-#define _DEFAULT_SOURCE /* MADV_DONTNEED */
+#define _DEFAULT_SOURCE /* munmap of file mappings */
 #include "runtime/model/model.h"
 
 #include <stdint.h>
@@ -230,14 +230,16 @@ size_t tsr_model_weight_bytes(const tsr_model *m) {
 }
 
 void tsr_model_discard(tsr_model *m, const void *p, size_t bytes) {
-    if (!p || bytes < TSR__ARENA_MIN) return; /* smaller ones are malloc'ed: kept */
+    if (!p || !bytes) return;
+    /* malloc'ed weights (under TSR__ARENA_MIN) lie in no resource: kept */
     for (tsr_model_resource *r = m->resources; r; r = r->next) {
         const char *a = r->addr;
-        if (!r->huge || (const char *)p < a || (const char *)p + bytes > a + r->len) continue;
-        /* arena allocations are whole 4 KiB pages (tsr_model_alloc) */
-        uintptr_t page = 4096, lo = ((uintptr_t)p + page - 1) & ~(page - 1),
-                  hi = ((uintptr_t)p + bytes) & ~(page - 1);
-        if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice only */
+        if (!r->len || (const char *)p < a || (const char *)p + bytes > a + r->len) continue;
+        /* Arena allocations are whole 4 KiB pages (tsr_model_alloc); in a file mapping the
+         * pages wholly inside the range go (a neighbour sharing an edge page keeps it; a
+         * dropped page comes back from the file if touched), so a matrix copied out of a
+         * mapped file is not resident twice. */
+        tsr_pages_drop(p, bytes);
         return;
     }
 }
@@ -260,9 +262,7 @@ static tsr_status tsr__pack_one(tsr_model *m, tsr_tensor *t) {
     void *dst;
     TSR_TRY(tsr_model_alloc(m, bytes, &dst));
     memcpy(dst, t->data, bytes);
-    uintptr_t page = 4096, a = ((uintptr_t)t->data + page - 1) & ~(page - 1),
-              b = ((uintptr_t)t->data + bytes) & ~(page - 1);
-    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advice only */
+    tsr_pages_drop(t->data, bytes);
     t->data = dst;
     return TSR_OK;
 }

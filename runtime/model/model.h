@@ -69,8 +69,9 @@ tsr_status tsr_model_own_buffer(tsr_model *m, void *ptr); /* freed with tsr_free
 tsr_status tsr_model_alloc(tsr_model *m, size_t bytes, void **out);
 
 /* Drops the pages of [p, p + bytes) when it is a tsr_model_alloc weight-arena allocation
- * that nothing views any more (a matrix copied elsewhere, runtime/model/fuse.c); anything
- * else is left alone. The range must never be read again. */
+ * or part of a mapped model file that nothing views any more (a matrix copied elsewhere,
+ * runtime/model/fuse.c); anything else is left alone. The range must never be read again
+ * (a file mapping's pages would come back from the file). */
 void tsr_model_discard(tsr_model *m, const void *p, size_t bytes);
 
 /* Copies every tensor that views a model file into model-owned memory (the 2 MiB-page

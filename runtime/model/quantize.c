@@ -1,9 +1,7 @@
-#define _DEFAULT_SOURCE /* MADV_DONTNEED */
 #include "runtime/model/quantize.h"
 
 #include <stdint.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "base/alloc.h"
 #include "base/dtype.h"
@@ -19,16 +17,6 @@ bool tsr_model_q8_eligible(const tsr_model_config *c, const char *which, int64_t
     if (!strcmp(which, "w_down"))
         return c->hidden_dim % TSR_Q8_BLOCK == 0 && c->hidden_dim / TSR_Q8_BLOCK >= c->n_heads;
     return true;
-}
-
-/* Gives the pages wholly inside a replaced matrix's old data back to the kernel, so that
- * the source and its quantized copy are not resident together (peak RSS): a file mapping's
- * pages come back from the file if touched, anonymous ones as zeros; nothing reads them
- * again (the tensor now points at the copy; a tied classifier is re-pointed by the caller). */
-static void tsr__drop_source(const void *p, size_t bytes) {
-    uintptr_t page = 4096, a = ((uintptr_t)p + page - 1) & ~(page - 1),
-              b = ((uintptr_t)p + bytes) & ~(page - 1);
-    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advice only */
 }
 
 /* One matrix into qt (Q8_0, Q4_0 or Q4_1), or into BF16 when not eligible (kept as it is if
@@ -54,7 +42,7 @@ static tsr_status tsr__quantize(tsr_model *m, tsr_tensor *t, bool q8, tsr_dtype 
             void *out = (char *)dst + tsr_tensor_bytes(&part);
             TSR_TRY(qt == TSR_Q8_0 ? tsr_q8_quantize_tensor(&src, out)
                                    : tsr_q4_quantize_tensor(&src, qt, out));
-            tsr__drop_source(src.data, (size_t)n * row_bytes);
+            tsr_pages_drop(src.data, (size_t)n * row_bytes);
         }
         q.data = dst;
         *t = q;
@@ -66,7 +54,7 @@ static tsr_status tsr__quantize(tsr_model *m, tsr_tensor *t, bool q8, tsr_dtype 
     TSR_TRY(tsr_model_alloc(m, n * 2, (void **)&dst));
     const float *src = t->data;
     for (size_t i = 0; i < n; i++) dst[i] = tsr_f32_to_bf16(src[i]);
-    tsr__drop_source(src, n * sizeof *src);
+    tsr_pages_drop(src, n * sizeof *src);
     t->data = dst;
     t->dtype = TSR_BF16;
     return TSR_OK;
