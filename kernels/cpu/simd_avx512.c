@@ -492,52 +492,30 @@ static void tsr__z_dot_rows(const float *q, const float *k, int64_t stride, int 
     }
 }
 
+/* A K/V row's 16 values from f32 or BF16 storage (BF16 to f32 is exact: the 16 bits
+ * become the high half). */
+TSR__INLINE __m512 tsr__z_kv_ld(const void *p, size_t i, bool bf16) {
+    if (!bf16) return _mm512_loadu_ps((const float *)p + i);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i))),
+        16));
+}
+TSR__INLINE __m512 tsr__z_kv_ld_mask(__mmask16 m, const void *p, size_t i, bool bf16) {
+    if (!bf16) return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i)), 16));
+}
+
 /* One key row, sixteen query heads at a time: the per-item operations of tsr__z_dot_rows
  * (fma(q, k) over the columns in order, then the tree, then the scale), so a (head, key)
  * score has the same bits whichever of the two computed it. Head by head along the row,
  * so its bytes are loaded in address order: interleaving the heads column by column, or
  * keeping each head's strip down 16 rows as dot_rows does, measured 1.3-2x slower from
- * DRAM (bench/attn.c). */
-static void tsr__z_dot_heads(const float *q, const float *k, const int32_t *koff, int nh,
-                             int d, float scale, float *out, int64_t out_ld) {
-    int rem = d & 15;
-    __mmask16 tm = (__mmask16)((1u << rem) - 1u);
-    __m512 sv = _mm512_set1_ps(scale);
-    for (int h0 = 0; h0 < nh; h0 += 16) {
-        int n = nh - h0 < 16 ? nh - h0 : 16;
-        __m512 a[16];
-#pragma GCC unroll 16
-        for (int u = 0; u < 16; u++) a[u] = _mm512_setzero_ps();
-#pragma GCC unroll 16
-        for (int u = 0; u < 16; u++) {
-            if (u >= n) break;
-            const float *qu = q + (size_t)(h0 + u) * (size_t)d, *ku = k + koff[h0 + u];
-            int t = 0;
-            for (; t + 16 <= d; t += 16)
-                a[u] = _mm512_fmadd_ps(_mm512_loadu_ps(qu + t), _mm512_loadu_ps(ku + t), a[u]);
-            if (rem)
-                a[u] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, qu + t),
-                                       _mm512_maskz_loadu_ps(tm, ku + t), a[u]);
-        }
-        float r[16];
-        _mm512_storeu_ps(r, _mm512_mul_ps(tsr__z_tree16_lanes(a), sv));
-        for (int u = 0; u < n; u++) out[(size_t)(h0 + u) * (size_t)out_ld] = r[u];
-    }
-}
-
-/* BF16 to f32, exact: the 16 bits become the high half of the f32. */
-static inline __m512 tsr__z_bf16_ld(const uint16_t *p) {
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-static inline __m512 tsr__z_bf16_ld_mask(__mmask16 m, const uint16_t *p) {
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-}
-
-/* tsr__z_dot_heads over a BF16 row (the same operations on the widened values). */
-static void tsr__z_dot_heads_bf16(const float *q, const uint16_t *k, const int32_t *koff,
-                                  int nh, int d, float scale, float *out, int64_t out_ld) {
+ * DRAM (bench/attn.c). k is f32, or BF16 widened as it is loaded (the same bits as the f32
+ * kernel over the converted row). */
+TSR__INLINE void tsr__z_dot_heads_kv(const float *q, const void *k, const int32_t *koff,
+                                     int nh, int d, float scale, float *out, int64_t out_ld,
+                                     bool bf16) {
     int rem = d & 15;
     __mmask16 tm = (__mmask16)((1u << rem) - 1u);
     __m512 sv = _mm512_set1_ps(scale);
@@ -550,13 +528,14 @@ static void tsr__z_dot_heads_bf16(const float *q, const uint16_t *k, const int32
         for (int u = 0; u < 16; u++) {
             if (u >= n) break;
             const float *qu = q + (size_t)(h0 + u) * (size_t)d;
-            const uint16_t *ku = k + koff[h0 + u];
+            size_t ku = (size_t)koff[h0 + u];
             int t = 0;
             for (; t + 16 <= d; t += 16)
-                a[u] = _mm512_fmadd_ps(_mm512_loadu_ps(qu + t), tsr__z_bf16_ld(ku + t), a[u]);
+                a[u] = _mm512_fmadd_ps(_mm512_loadu_ps(qu + t), tsr__z_kv_ld(k, ku + t, bf16),
+                                       a[u]);
             if (rem)
                 a[u] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, qu + t),
-                                       tsr__z_bf16_ld_mask(tm, ku + t), a[u]);
+                                       tsr__z_kv_ld_mask(tm, k, ku + t, bf16), a[u]);
         }
         float r[16];
         _mm512_storeu_ps(r, _mm512_mul_ps(tsr__z_tree16_lanes(a), sv));
@@ -564,55 +543,52 @@ static void tsr__z_dot_heads_bf16(const float *q, const uint16_t *k, const int32
     }
 }
 
-/* tsr__z_acc_heads over BF16 rows. */
-static void tsr__z_acc_heads_bf16(float *acc, const float *p, int64_t p_ld, const uint16_t *v,
-                                  int64_t stride, const int32_t *koff, int nk, int nh, int d) {
+static void tsr__z_dot_heads(const float *q, const float *k, const int32_t *koff, int nh,
+                             int d, float scale, float *out, int64_t out_ld) {
+    tsr__z_dot_heads_kv(q, k, koff, nh, d, scale, out, out_ld, false);
+}
+
+static void tsr__z_dot_heads_bf16(const float *q, const uint16_t *k, const int32_t *koff,
+                                  int nh, int d, float scale, float *out, int64_t out_ld) {
+    tsr__z_dot_heads_kv(q, k, koff, nh, d, scale, out, out_ld, true);
+}
+
+/* Keys outer, heads inner, each head's accumulator through L1: the rows are read front to
+ * back. Per element: acc, then + p * v for each key in order, each an fma, as in
+ * tsr__z_acc_rows after its scaling. (Two or four keys per pass over the accumulator read
+ * the rows interleaved and measured slower.) v is f32 or BF16, as in dot_heads. */
+TSR__INLINE void tsr__z_acc_heads_kv(float *acc, const float *p, int64_t p_ld, const void *v,
+                                     int64_t stride, const int32_t *koff, int nk, int nh, int d,
+                                     bool bf16) {
     int rem = d & 15;
     __mmask16 tm = (__mmask16)((1u << rem) - 1u);
     for (int j = 0; j < nk; j++) {
-        const uint16_t *vj = v + (size_t)j * (size_t)stride;
+        size_t vj = (size_t)j * (size_t)stride;
         for (int hh = 0; hh < nh; hh++) {
             float *ah = acc + (size_t)hh * (size_t)d;
-            const uint16_t *vh = vj + koff[hh];
+            size_t vh = vj + (size_t)koff[hh];
             __m512 pj = _mm512_set1_ps(p[(size_t)hh * (size_t)p_ld + (size_t)j]);
             int t = 0;
 #pragma GCC unroll 4
             for (; t + 16 <= d; t += 16)
-                _mm512_storeu_ps(ah + t, _mm512_fmadd_ps(pj, tsr__z_bf16_ld(vh + t),
+                _mm512_storeu_ps(ah + t, _mm512_fmadd_ps(pj, tsr__z_kv_ld(v, vh + t, bf16),
                                                          _mm512_loadu_ps(ah + t)));
             if (rem)
                 _mm512_mask_storeu_ps(ah + t, tm,
-                                      _mm512_fmadd_ps(pj, tsr__z_bf16_ld_mask(tm, vh + t),
+                                      _mm512_fmadd_ps(pj, tsr__z_kv_ld_mask(tm, v, vh + t, bf16),
                                                       _mm512_maskz_loadu_ps(tm, ah + t)));
         }
     }
 }
 
-/* Keys outer, heads inner, each head's accumulator through L1: the rows are read front to
- * back. Per element: acc, then + p * v for each key in order, each an fma, as in
- * tsr__z_acc_rows after its scaling. (Two keys per pass over the accumulator read two rows
- * interleaved and measured slower.) */
 static void tsr__z_acc_heads(float *acc, const float *p, int64_t p_ld, const float *v,
                              int64_t stride, const int32_t *koff, int nk, int nh, int d) {
-    int rem = d & 15;
-    __mmask16 tm = (__mmask16)((1u << rem) - 1u);
-    for (int j = 0; j < nk; j++) {
-        const float *vj = v + (size_t)j * (size_t)stride;
-        for (int hh = 0; hh < nh; hh++) {
-            float *ah = acc + (size_t)hh * (size_t)d;
-            const float *vh = vj + koff[hh];
-            __m512 pj = _mm512_set1_ps(p[(size_t)hh * (size_t)p_ld + (size_t)j]);
-            int t = 0;
-#pragma GCC unroll 4
-            for (; t + 16 <= d; t += 16)
-                _mm512_storeu_ps(ah + t, _mm512_fmadd_ps(pj, _mm512_loadu_ps(vh + t),
-                                                         _mm512_loadu_ps(ah + t)));
-            if (rem)
-                _mm512_mask_storeu_ps(ah + t, tm,
-                                      _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(tm, vh + t),
-                                                      _mm512_maskz_loadu_ps(tm, ah + t)));
-        }
-    }
+    tsr__z_acc_heads_kv(acc, p, p_ld, v, stride, koff, nk, nh, d, false);
+}
+
+static void tsr__z_acc_heads_bf16(float *acc, const float *p, int64_t p_ld, const uint16_t *v,
+                                  int64_t stride, const int32_t *koff, int nk, int nh, int d) {
+    tsr__z_acc_heads_kv(acc, p, p_ld, v, stride, koff, nk, nh, d, true);
 }
 
 /* Keys outer, 64 columns at a time in registers: four independent FMA chains instead of
