@@ -80,9 +80,113 @@ tsr__q4_z_block1(const uint8_t *wb, const int8_t *xq, const float *xd, const int
     tsr__q4_z_blk(wb, xq, xd, xs, xm, nb, b, nx, acc, 1);
 }
 
+/* Block b of two groups at once for nx >= 2 tokens (as the Q8_0 kernel's tsr__q8_z_block2):
+ * each broadcast of a token's 4 int8 values feeds both groups' codes. The operations per
+ * row and token are tsr__q4_z_blk's, so are the bits. */
+static inline __attribute__((always_inline)) void
+tsr__q4_z_blk2(const uint8_t *wb0, const uint8_t *wb1, const int8_t *xq, const float *xd,
+               const int32_t *xs, const float *xm, int64_t nb, int64_t b, int nx, __m512 *acc0,
+               __m512 *acc1, const int q41) {
+    const uint8_t *c0 = wb0 + (q41 ? 64 : 32), *c1 = wb1 + (q41 ? 64 : 32);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512i a0[4], a1[4], e0[4], e1[4]; /* group 0 low/high nibbles, group 1 low/high */
+    const int8_t *x[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < nx; i++) {
+        a0[i] = a1[i] = e0[i] = e1[i] = _mm512_setzero_si512();
+        x[i] = xq + ((size_t)i * (size_t)nb + (size_t)b) * TSR_Q4_BLOCK;
+    }
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; s++) {
+        __m512i w0 = _mm512_loadu_si512((const void *)(c0 + s * 64));
+        __m512i w1 = _mm512_loadu_si512((const void *)(c1 + s * 64));
+        __m512i w0l = _mm512_and_si512(w0, m4), w0h = _mm512_and_si512(_mm512_srli_epi16(w0, 4), m4);
+        __m512i w1l = _mm512_and_si512(w1, m4), w1h = _mm512_and_si512(_mm512_srli_epi16(w1, 4), m4);
+#pragma GCC unroll 4
+        for (int i = 0; i < nx; i++) {
+            __m512i xl = _mm512_set1_epi32(tsr__q4_z_x4(x[i] + 4 * s));
+            __m512i xh = _mm512_set1_epi32(tsr__q4_z_x4(x[i] + 16 + 4 * s));
+            a0[i] = _mm512_dpbusd_epi32(a0[i], w0l, xl);
+            a1[i] = _mm512_dpbusd_epi32(a1[i], w0h, xh);
+            e0[i] = _mm512_dpbusd_epi32(e0[i], w1l, xl);
+            e1[i] = _mm512_dpbusd_epi32(e1[i], w1h, xh);
+        }
+    }
+    __m512 dw0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb0));
+    __m512 dw1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb1));
+    __m512 mw0 = q41 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb0 + 32)))
+                     : _mm512_setzero_ps();
+    __m512 mw1 = q41 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb1 + 32)))
+                     : _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int i = 0; i < nx; i++) {
+        size_t k = (size_t)i * (size_t)nb + (size_t)b;
+        __m512i is0 = _mm512_add_epi32(a0[i], a1[i]), is1 = _mm512_add_epi32(e0[i], e1[i]);
+        if (!q41) {
+            __m512i c8 = _mm512_set1_epi32(8 * xs[k]);
+            is0 = _mm512_sub_epi32(is0, c8);
+            is1 = _mm512_sub_epi32(is1, c8);
+        }
+        __m512 xv = _mm512_set1_ps(xd[k]);
+        acc0[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is0), _mm512_mul_ps(dw0, xv), acc0[i]);
+        acc1[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is1), _mm512_mul_ps(dw1, xv), acc1[i]);
+        if (q41) {
+            __m512 mv = _mm512_set1_ps(xm[k]);
+            acc0[i] = _mm512_fmadd_ps(mw0, mv, acc0[i]);
+            acc1[i] = _mm512_fmadd_ps(mw1, mv, acc1[i]);
+        }
+    }
+}
+
+/* Groups g and g + 1 through tsr__q4_z_blk2, part by part, each stored as
+ * TSR__Q4_GEMV_BODY stores one. */
+static inline __attribute__((always_inline)) void
+tsr__q4_z_pair(const uint8_t *w, int64_t nb, int64_t rows, int64_t g, const int8_t *xq,
+               const float *xd, const int32_t *xs, const float *xm, int nx, const int32_t *bseg,
+               int n_parts, bool sum, float *y, int64_t ldy, int64_t ldp, const int q41) {
+    const size_t gbb = q41 ? TSR__Q4_1_GBB : TSR__Q4_0_GBB;
+    const uint8_t *wg0 = w + (size_t)g * (size_t)nb * gbb, *wg1 = wg0 + (size_t)nb * gbb;
+    float tot0[4][16], tot1[4][16], part[4][16];
+    for (int p = 0; p < n_parts; p++) {
+        __m512 acc0[4], acc1[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < nx; i++) acc0[i] = acc1[i] = _mm512_setzero_ps();
+        for (int64_t b = bseg[p]; b < bseg[p + 1]; b++)
+            tsr__q4_z_blk2(wg0 + (size_t)b * gbb, wg1 + (size_t)b * gbb, xq, xd, xs, xm, nb, b,
+                           nx, acc0, acc1, q41);
+#pragma GCC unroll 4
+        for (int i = 0; i < nx; i++) _mm512_storeu_ps(part[i], acc0[i]);
+        tsr__qgroup_store_part(part, tot0, p, nx, g, rows, sum, y, ldy, ldp);
+#pragma GCC unroll 4
+        for (int i = 0; i < nx; i++) _mm512_storeu_ps(part[i], acc1[i]);
+        tsr__qgroup_store_part(part, tot1, p, nx, g + 1, rows, sum, y, ldy, ldp);
+    }
+    if (sum) {
+        tsr__qgroup_store_sum(tot0, nx, n_parts, g, rows, y, ldy);
+        tsr__qgroup_store_sum(tot1, nx, n_parts, g + 1, rows, y, ldy);
+    }
+}
+
 #define TSR__Q4_Z_STORE(dst, a) _mm512_storeu_ps(dst, a)
 
-TSR__Q4_GEMV_PAIR(tsr__q4_z, __m512, _mm512_setzero_ps(), TSR__Q4_Z_STORE)
+/* One type's kernel: pairs of groups for 2+ tokens, then the one-group body (one token
+ * streams the codes from memory: one group at a time is as fast). */
+#define TSR__Q4_Z_NX(NAME, Q41, GBB, BLOCK)                                                  \
+    static inline __attribute__((always_inline)) void NAME(                                 \
+        const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,                 \
+        const int8_t *xq, const float *xd, const int32_t *xs, const float *xm, int nx,      \
+        const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy, int64_t ldp) {   \
+        if (nx >= 2)                                                                        \
+            for (; g0 + 2 <= g1; g0 += 2)                                                   \
+                tsr__q4_z_pair(w, nb, rows, g0, xq, xd, xs, xm, nx, bseg, n_parts, sum, y,  \
+                               ldy, ldp, Q41);                                              \
+        TSR__Q4_GEMV_BODY(nx, GBB, BLOCK, __m512, _mm512_setzero_ps(), TSR__Q4_Z_STORE)      \
+    }
+
+TSR__Q4_Z_NX(tsr__q4_z_nx0, 0, TSR__Q4_0_GBB, tsr__q4_z_block0)
+TSR__Q4_Z_NX(tsr__q4_z_nx1, 1, TSR__Q4_1_GBB, tsr__q4_z_block1)
+TSR__Q4_GEMV_FN(tsr__q4_z_gemv0, tsr__q4_z_nx0)
+TSR__Q4_GEMV_FN(tsr__q4_z_gemv1, tsr__q4_z_nx1)
 
 const tsr__q4_kernels tsr__q4_k_avx512vnni = {TSR__Q8_AVX512VNNI, "avx512vnni", tsr__q4_z_gemv0,
                                               tsr__q4_z_gemv1};
