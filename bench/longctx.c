@@ -12,10 +12,10 @@
  * --progress S: every S seconds a line "progress tokens= seconds= device_peak_mb=" on
  * stderr, so that a run stopped at a time limit still says how far it got.
  *
- * The block pool holds what the policy keeps of one sequence (all N tokens for paged, the
- * budget otherwise; offload a whole context more, see below) plus two chunks
- * (--pool-tokens overrides), so the device peak is the
- * policy's and not a fixed pool's. device_peak_mb is the most device memory in use (the
+ * The block pool holds what one sequence of N tokens holds at the policy's peak, as its
+ * declaration says (tsr_kv_policy_resident_of: all N tokens for paged, the budget plus a
+ * chunk otherwise, offload's dense layers and dense prefill on top; --pool-tokens T per
+ * layer overrides), so the device peak is the policy's and not a fixed pool's. device_peak_mb is the most device memory in use (the
  * backend's memory query: total - free) after any chunk, less what was in use before the
  * weights were placed: weights + pool + workspace. It is sampled after each chunk (the
  * backend's scratch buffers only grow, so a chunk's transients stay counted). */
@@ -110,24 +110,14 @@ int main(int argc, char **argv) {
     float *logits = NULL;
     int32_t *toks = NULL;
     size_t peak_used = 0;
-    /* What the policy keeps of one sequence, plus two chunks of slack. */
-    int64_t keep = n;
-    if (pol->uses_budget && budget > 0) {
-        tsr_kv_policy_config pc = {.budget = budget};
-        keep = tsr_kv_policy_budget(&pc, n);
-        /* offload's default (skew, dense prefill) keeps its first two layers whole, as
-         * InfiniGen does, and while a prompt goes in one layer's every prior token over its
-         * budget: a whole context per layer on top holds both at any layer count (one layer:
-         * the dense layer is all there is); kv_peak is what it used */
-        if (!strcmp(pol->name, "offload")) keep += n;
-    }
-    int64_t toks_in_pool = pool_tokens > 0 ? pool_tokens : keep + 2 * (int64_t)chunk;
+    /* The pool: what one sequence of n tokens holds at the policy's peak, as its
+     * declaration says (tsr_kv_setup's fit_seqs), unless --pool-tokens sizes it. */
     tsr_engine_spec eo = {
         .model_path = spec, .backend = backend, .threads = threads, .max_tokens = chunk,
-        .kv_blocks = (toks_in_pool + 15) / 16 + 1,
+        .kv_blocks = pool_tokens > 0 ? (pool_tokens + 15) / 16 + 1 : 0,
         .kv = {.policy = pol, .block_size = 16, .budget = budget, .max_seqs = 1,
                .max_context = n, .policy_args = args, .n_policy_args = n_args,
-               .chunk_tokens = chunk}};
+               .chunk_tokens = chunk, .fit_seqs = 1}};
     tsr_status st = tsr_engine_create(&eo, &eng);
     if (st == TSR_OK) {
         f = eng->fwd;

@@ -258,6 +258,18 @@ static tsr_status tsr__off_skew_init(tsr__off *o, const tsr_kv_policy_model *pm)
     return st;
 }
 
+/* The mode a cache runs: skew as asked only with the weights (its transforms come from
+ * Wq), and split-independent only without pipeline stages or replicated KV heads: a stage's
+ * first layer has no previous layer's input to speculate from, and a replicated KV head's
+ * transform needs its whole query group's Wq, which no rank holds. The warm-up mode is
+ * split-independent. Plain tensor parallelism is: a rank holds whole query groups, and the
+ * scores and counts are summed over the group's heads (tsr_kv_policy_sum_heads). */
+static int tsr__off_mode(const tsr__off_opts *opt, int has_model, int pipeline, int shared) {
+    return opt->mode == TSR_OFFLOAD_SKEW && has_model && !pipeline && !shared
+               ? TSR_OFFLOAD_SKEW
+               : TSR_OFFLOAD_WARMUP;
+}
+
 static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache *mech,
                                   void **state) {
     if (!cfg->host)
@@ -297,22 +309,14 @@ static tsr_status tsr__off_create(const tsr_kv_policy_config *cfg, tsr_kv_cache 
                                         2 * TSR__OFF_MAXHALF)
                         : TSR_ERR_NOMEM;
     }
-    o->mode = o->opt.mode == TSR_OFFLOAD_SKEW && cfg->model ? TSR_OFFLOAD_SKEW
-                                                                   : TSR_OFFLOAD_WARMUP;
     int pp = cfg->comm ? tsr_comm_size(cfg->comm, TSR_COMM_PP) : 1;
     int shared = cfg->kv_share_end - cfg->kv_share_begin > 1;
     o->tp = cfg->comm ? tsr_comm_size(cfg->comm, TSR_COMM_TP) : 1;
-    if (o->mode == TSR_OFFLOAD_SKEW && (pp > 1 || shared)) {
-        /* Not split-independent: a pipeline stage's first layer has no previous layer's
-         * input to speculate from, and a replicated KV head's transform needs its whole
-         * query group's Wq, which no rank holds. The warm-up mode is split-independent.
-         * Plain tensor parallelism is: a rank holds whole query groups, and the scores and
-         * counts are summed over the group's heads (tsr_kv_policy_sum_heads). */
-        if (tsr_comm_world_rank(cfg->comm) == 0)
-            TSR_LOG_WARN("offload: --offload-mode skew (the default) needs pp 1 and tp <= the "
-                         "KV heads; this job uses --offload-mode warmup");
-        o->mode = TSR_OFFLOAD_WARMUP;
-    }
+    o->mode = tsr__off_mode(&o->opt, cfg->model != NULL, pp > 1, shared);
+    if (o->opt.mode == TSR_OFFLOAD_SKEW && cfg->model && o->mode != TSR_OFFLOAD_SKEW &&
+        tsr_comm_world_rank(cfg->comm) == 0) /* split: the user asked for skew */
+        TSR_LOG_WARN("offload: --offload-mode skew (the default) needs pp 1 and tp <= the "
+                     "KV heads; this job uses --offload-mode warmup");
     tsr_status st = o->mode == TSR_OFFLOAD_SKEW ? tsr__off_skew_init(o, cfg->model) : TSR_OK;
     if (st == TSR_OK && !o->opt.sync)
         st = tsr_offload_copy_create(tsr_kv_paged_backend(mech), o->L, o->kvd, tsr__off_arrived,
@@ -1249,6 +1253,29 @@ static void tsr__off_stats(const void *state, void *out_) {
     out->copy_hidden = cs.timed && cs.copy_ms > 0 ? 1.0 - cs.stall_ms / cs.copy_ms : -1.0;
 }
 
+/* Rows per layer of one sequence at most (policy.h, `resident`; in: the default, the
+ * budget plus a chunk). Skew's dense layers hold every token; the others their budgeted
+ * selection. Dense prefill holds, on top, one layer's every prior token while a prompt
+ * chunk attends (tsr__off_select; trimmed at the next select), so its peak is one
+ * budgeted layer holding the whole context; without room for that the chunk attends to
+ * its budgeted selection (fetch_short). Which layer it is changes from layer to layer:
+ * the first budgeted one stands for it. Every layer counts as a full one, as in the
+ * default (GPT-OSS's sliding layers hold their window instead, whatever the policy). */
+static void tsr__off_resident(const void *opts, const tsr_kv_policy_extent *in, int32_t *need,
+                              int32_t *want) {
+    const tsr__off_opts *opt = opts;
+    int skew = tsr__off_mode(opt, in->has_model, in->pipeline, in->kv_replicated) ==
+               TSR_OFFLOAD_SKEW;
+    int dense = skew ? opt->dense_layers : 0;
+    for (int l = 0; l < in->n_layers && l < dense; l++) need[l] = want[l] = in->context;
+    if (!opt->dense_prefill) return;
+    for (int l = 0; l < in->n_layers; l++)
+        if (need[l] < in->context) {
+            want[l] = in->context;
+            return;
+        }
+}
+
 static const tsr_kv_policy_option tsr__off_options[] = {
     {"offload-mode", TSR_KV_OPT_ENUM, offsetof(tsr__off_opts, mode), "MODE",
      "skew (InfiniGen: partial keys from each query head's skewing transform, the next "
@@ -1331,6 +1358,9 @@ const tsr_kv_policy_decl tsr_kv_policy_offload = {
     .stat_fields = tsr__off_stat_fields,
     .n_stats = TSR_KV_COUNT(tsr__off_stat_fields),
     .stats_size = sizeof(tsr__off_counters),
+    .resident = tsr__off_resident,
+    .resident_short = "dense prefill attends to the budgeted selection of the layer it "
+                      "cannot fetch every prior token for (counted in fetch_short)",
     .create = tsr__off_create,
     .destroy = tsr__off_destroy,
     .admit = tsr__off_admit,

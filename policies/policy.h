@@ -114,6 +114,23 @@ typedef struct tsr_kv_policy_stat_field {
 
 #define TSR_KV_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
+/* What the pool must hold of one sequence, asked of a declaration before the cache exists
+ * (tsr_kv_policy_resident): the job's shape as the sizing sees it. */
+typedef struct tsr_kv_policy_extent {
+    double budget;         /* --kv-budget, as tsr_kv_policy_config.budget */
+    const tsr_kv_policy_arg *args; /* the policy's options as text (undeclared: skipped) */
+    int n_args;
+    int32_t context;       /* positions one sequence may hold */
+    int32_t chunk;         /* rows one step writes before the policy evicts (prefill chunk) */
+    int n_layers;          /* the cache's layers (this rank's stage) */
+    /* The cache gets the model's weights (tsr_kv_policy_config.model), and whether the job
+     * splits the layers into pipeline stages or replicates this rank's KV heads over TP
+     * ranks: a policy's create may choose a mode from these (offload's skew). */
+    int has_model;
+    int pipeline;
+    int kv_replicated;
+} tsr_kv_policy_extent;
+
 /* The rotated queries of the layer call in flight (from the cache's queries hook: host
  * memory), kept by policies that need them at select/observe time; valid until that
  * layer's observe. */
@@ -196,6 +213,19 @@ typedef struct tsr_kv_policy_decl {
     const tsr_kv_policy_stat_field *stat_fields; /* what its stats hook reports (NULL: none) */
     int n_stats;
     size_t stats_size;       /* of its stats struct */
+
+    /* --- what it holds resident (tsr_kv_policy_resident) ------------------------------- */
+    /* Optional (NULL: the default below): the rows layer l of one sequence holds at most,
+     * need[l] for the policy's own selection and want[l] (>= need[l]) at its peak, with
+     * what it takes on top when the pool has room and does without otherwise. Called with
+     * its options struct (the declared defaults, then in->args) and both arrays filled
+     * with the default: the budget (at the full context) plus one chunk under a policy
+     * with uses_budget and a budget, at most the context; the context otherwise. */
+    void (*resident)(const void *opts, const tsr_kv_policy_extent *in, int32_t *need,
+                     int32_t *want);
+    /* What it does when the pool holds `need` but not `want`, for the start-up warning
+     * ("dense prefill attends to ..."); NULL when want is need. */
+    const char *resident_short;
 
     /* --- its hooks -------------------------------------------------------------------- */
     /* `mech` is the paged cache the policy steers (owned by the wrapper). */
@@ -291,6 +321,20 @@ tsr_status tsr_kv_policy_sum_heads(const tsr_kv_policy_config *cfg, const float 
 
 /* The budget in tokens for a sequence of `len` tokens (len when everything is kept). */
 int32_t tsr_kv_policy_budget(const tsr_kv_policy_config *cfg, int32_t len);
+
+/* Rows and blocks one sequence holds at most in the paged pool under pol (its `resident`
+ * hook, else the default), summed over in->n_layers layers, each layer's rows rounded up
+ * to whole blocks of block_size. need: what its selection holds, the least pool it runs
+ * in as specified; want: its peak, with what it takes on top when the pool has room
+ * (offload's dense layers and dense prefill: docs/kv-cache.md). */
+typedef struct tsr_kv_policy_resident {
+    int64_t need_rows, want_rows;
+    int64_t need_blocks, want_blocks;
+} tsr_kv_policy_resident;
+/* TSR_ERR_INVALID with one line for a bad option value or shape. */
+tsr_status tsr_kv_policy_resident_of(const tsr_kv_policy_decl *pol,
+                                     const tsr_kv_policy_extent *in, int block_size,
+                                     tsr_kv_policy_resident *out);
 
 /* The shipped declarations (registry.c's table), for callers that mean one of them. */
 extern const tsr_kv_policy_decl tsr_kv_policy_paged;

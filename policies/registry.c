@@ -224,6 +224,46 @@ int32_t tsr_kv_policy_budget(const tsr_kv_policy_config *cfg, int32_t len) {
     return t < len ? (int32_t)t : len;
 }
 
+tsr_status tsr_kv_policy_resident_of(const tsr_kv_policy_decl *pol,
+                                     const tsr_kv_policy_extent *in, int block_size,
+                                     tsr_kv_policy_resident *out) {
+    memset(out, 0, sizeof *out);
+    if (in->context < 1 || in->n_layers < 1 || block_size < 1)
+        return tsr_error_set(TSR_ERR_INVALID, "KV sizing: context %d, %d layers, blocks of "
+                             "%d rows: each must be positive", (int)in->context, in->n_layers,
+                             block_size);
+    int32_t ctx = in->context, rows = ctx;
+    if (pol->uses_budget && in->budget > 0) {
+        /* the budget at the full context, and a step's rows written before eviction */
+        tsr_kv_policy_config pc = {.budget = in->budget};
+        int64_t t = (int64_t)tsr_kv_policy_budget(&pc, ctx) + (in->chunk > 0 ? in->chunk : 512);
+        rows = t < ctx ? (int32_t)t : ctx;
+    }
+    size_t n = (size_t)in->n_layers;
+    int32_t *need = tsr_malloc(2 * n * sizeof *need);
+    void *opts = pol->options_size ? tsr_calloc(1, pol->options_size) : NULL;
+    tsr_status st = need && (opts || !pol->options_size) ? TSR_OK : TSR_ERR_NOMEM;
+    int32_t *want = need ? need + n : NULL;
+    if (st == TSR_OK) st = tsr_kv_policy_options_parse(pol, in->args, in->n_args, opts);
+    if (st == TSR_OK) {
+        for (size_t l = 0; l < n; l++) need[l] = want[l] = rows;
+        if (pol->resident) pol->resident(opts, in, need, want);
+        for (size_t l = 0; l < n; l++) {
+            /* a layer never holds more than the context, nor wants less than it needs */
+            int32_t a = need[l] < ctx ? need[l] : ctx;
+            int32_t b = want[l] < ctx ? want[l] : ctx;
+            if (b < a) b = a;
+            out->need_rows += a;
+            out->want_rows += b;
+            out->need_blocks += (a + block_size - 1) / block_size;
+            out->want_blocks += (b + block_size - 1) / block_size;
+        }
+    }
+    tsr_free(opts);
+    tsr_free(need);
+    return st;
+}
+
 tsr_status tsr_kv_policy_sum_heads(const tsr_kv_policy_config *cfg, const float *parts,
                                    int n_local, size_t n, float *out) {
     if (cfg->comm && tsr_comm_size(cfg->comm, TSR_COMM_TP) > 1) {

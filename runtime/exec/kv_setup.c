@@ -40,6 +40,13 @@ static void tsr__host_headroom(const tsr_kv_options *opt, tsr_sys_mem_limit *lim
 
 static double tsr__mib(int64_t b) { return (double)b / 1048576.0; }
 
+/* "1.2 GiB", "3.4 MiB" or "219.4 KiB": a size for a message, in the largest unit it fills. */
+static void tsr__size(int64_t b, char *buf, size_t size) {
+    if (b >= (1LL << 30)) snprintf(buf, size, "%.1f GiB", (double)b / (1LL << 30));
+    else if (b >= (1LL << 20)) snprintf(buf, size, "%.1f MiB", tsr__mib(b));
+    else snprintf(buf, size, "%.1f KiB", (double)b / 1024.0);
+}
+
 /* The pool's bytes when --kv-memory is not given (kv_setup.h says how); *src names the
  * bound for messages. */
 static tsr_status tsr__pool_bytes(const tsr_kv_options *opt, const tsr_model_config *cfg,
@@ -104,42 +111,75 @@ static int64_t tsr__host_pool_bytes(const tsr_kv_options *opt) {
     return b;
 }
 
-/* Tokens one sequence holds at once in the pool: the whole context, or under a token
- * budget (a policy with uses_budget) the budget plus one prefill chunk written before
- * eviction. */
-static int64_t tsr__seq_tokens(const tsr_kv_options *opt, const tsr_kv_policy_decl *pol,
-                               int ctx) {
-    if (!pol->uses_budget || opt->budget <= 0) return ctx;
-    tsr_kv_policy_config pc = {.budget = opt->budget};
-    int64_t chunk = opt->chunk_tokens > 0 ? opt->chunk_tokens : 512;
-    int64_t t = (int64_t)tsr_kv_policy_budget(&pc, ctx) + chunk;
-    return t < ctx ? t : ctx;
+/* The context one sequence may hold: --max-context, at most the model's. */
+static int tsr__context(const tsr_kv_options *opt, const tsr_model_config *cfg) {
+    return opt->max_context > 0 && opt->max_context < cfg->max_seq_len ? opt->max_context
+                                                                        : cfg->max_seq_len;
+}
+
+/* What one sequence of the full context holds at most under the policy, in blocks of
+ * every layer of this rank's cache, as the policy declares it (tsr_kv_policy_resident_of:
+ * its budgeted selection, and its peak with what it takes on top when there is room). */
+static tsr_status tsr__resident(const tsr_kv_options *opt, const tsr_kv_policy_decl *pol,
+                                const tsr_model_config *cfg, const tsr_kv_paged_config *kc,
+                                tsr_kv_policy_resident *out) {
+    int pp = opt->comm ? tsr_comm_size(opt->comm, TSR_COMM_PP) : 1;
+    const tsr_parallel_shard *sh = opt->shard;
+    tsr_kv_policy_extent in = {.budget = opt->budget, .args = opt->policy_args,
+                               .n_args = opt->n_policy_args,
+                               .context = tsr__context(opt, cfg),
+                               .chunk = opt->chunk_tokens > 0 ? opt->chunk_tokens : 512,
+                               .n_layers = kc->n_layers, .has_model = opt->model != NULL,
+                               .pipeline = pp > 1,
+                               .kv_replicated = sh && sh->kv_share_end - sh->kv_share_begin > 1};
+    return tsr_kv_policy_resident_of(pol, &in, kc->block_size > 0 ? kc->block_size : 16, out);
 }
 
 /* vLLM's check of max_model_len against the pool: one sequence of the full context must
- * fit, or the job refuses to start; from then on every request that fits the context
- * runs (the scheduler preempts others to make room). A pool of no block at all is left
- * to the cache's own error. */
+ * fit what the policy's selection holds (res.need_blocks), or the job refuses to start; from
+ * then on every request that fits the context runs (the scheduler preempts others to make
+ * room). A pool between that and the policy's peak (res.want_blocks) runs, the policy doing
+ * without what it takes on top (its declaration's resident_short): one warning says so and
+ * what pool avoids it. A pool of no block at all is left to the cache's own error. */
 static tsr_status tsr__check_context(const tsr_kv_options *opt, const tsr_kv_policy_decl *pol,
                                      const tsr_model_config *cfg, const tsr_kv_paged_config *kc,
-                                     const char *src) {
-    int ctx = opt->max_context > 0 && opt->max_context < cfg->max_seq_len ? opt->max_context
-                                                                          : cfg->max_seq_len;
+                                     const tsr_kv_policy_resident *res, const char *src) {
+    int ctx = tsr__context(opt, cfg);
     tsr_kv_paged_config c = *kc;
     if (c.block_size <= 0) c.block_size = 16;
     int64_t bb = tsr_kv_paged_block_bytes(&c);
     int64_t have = c.memory_bytes / bb;
-    int64_t toks = tsr__seq_tokens(opt, pol, ctx);
-    int64_t need = (toks + c.block_size - 1) / c.block_size * c.n_layers;
-    if (have < 1 || have >= need) return TSR_OK;
-    return tsr_error_set(TSR_ERR_BUDGET,
-                         "KV cache: one sequence of the full context (%d tokens%s) needs "
-                         "%.1f MiB of KV, the pool holds %.1f MiB (from %s): %s or lower "
-                         "--max-context",
-                         ctx, toks < ctx ? ", of which the policy keeps its budget" : "",
-                         tsr__mib(need * bb), tsr__mib(have * bb), src,
-                         opt->memory_bytes > 0 ? "raise --kv-memory"
-                                               : "give the job more memory");
+    if (have < 1) return TSR_OK;
+    if (have < res->need_blocks)
+        return tsr_error_set(TSR_ERR_BUDGET,
+                             "KV cache: one sequence of the full context (%d tokens%s) needs "
+                             "%.1f MiB of KV, the pool holds %.1f MiB (from %s): %s or lower "
+                             "--max-context",
+                             ctx,
+                             res->need_rows < (int64_t)ctx * c.n_layers
+                                 ? ", of which the policy keeps its budget"
+                                 : "",
+                             tsr__mib(res->need_blocks * bb), tsr__mib(have * bb), src,
+                             opt->memory_bytes > 0 ? "raise --kv-memory"
+                                                   : "give the job more memory");
+    if (have < res->want_blocks && pol->resident_short &&
+        (!opt->comm || tsr_comm_world_rank(opt->comm) == 0)) {
+        /* the pool this rank's layers want, as --kv-memory counts it (every rank alike),
+         * rounded up to what one writes: whole MiB from 1 GiB on, else whole KiB */
+        int64_t want = res->want_blocks * bb;
+        char h[32], w[32], arg[32];
+        tsr__size(have * bb, h, sizeof h);
+        tsr__size(want, w, sizeof w);
+        if (want >= (1LL << 30))
+            snprintf(arg, sizeof arg, "%lldM", (long long)((want + (1 << 20) - 1) >> 20));
+        else
+            snprintf(arg, sizeof arg, "%lldK", (long long)((want + 1023) >> 10));
+        TSR_LOG_WARN("KV pool: %s (from %s) holds one sequence of the full context (%d "
+                     "tokens) under %s but not its peak (%s): %s; --kv-memory %s or more "
+                     "avoids it",
+                     h, src, ctx, pol->name, w, pol->resident_short, arg);
+    }
+    return TSR_OK;
 }
 
 /* The host pool's pin hooks from the backend's optional host_register (ctx: the backend). */
@@ -182,7 +222,8 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
     int64_t mem = opt->memory_bytes;
     tsr_status mst = TSR_OK;
     char src[768] = "--kv-memory";
-    if (mem <= 0) mst = tsr__pool_bytes(opt, cfg, &mem, src, sizeof src);
+    if (mem <= 0 && opt->fit_seqs > 0) snprintf(src, sizeof src, "the policy's peak");
+    else if (mem <= 0) mst = tsr__pool_bytes(opt, cfg, &mem, src, sizeof src);
     /* free memory is this rank's: agree before the collective sizing below */
     if (dist) mst = tsr_comm_agree(opt->comm, mst);
     TSR_TRY(mst);
@@ -202,18 +243,26 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
                               .prefix_caching = !opt->no_prefix_cache,
                               .keep_scores = pol->reads_scores, .be = opt->be,
                               .kv_dtype = kv_dtype};
-    if (opt->memory_bytes <= 0 && (!opt->be || opt->be->host_memory)) {
+    tsr_kv_policy_resident res;
+    TSR_TRY(tsr__resident(opt, pol, cfg, &kc, &res));
+    /* a sequence's peak rounded up to whole blocks per layer: a multi-rank pool is cut to
+     * the same blocks per layer on every rank below, which must not fall under it */
+    int64_t peak_blocks = (res.want_blocks + layers - 1) / layers * layers;
+    if (opt->memory_bytes <= 0 && opt->fit_seqs > 0) {
+        /* what fit_seqs sequences hold at the policy's peak, whatever the memory */
+        kc.memory_bytes = mem = (int64_t)opt->fit_seqs * peak_blocks *
+                                tsr_kv_paged_block_bytes(&kc);
+        TSR_LOG_INFO("KV pool: %.1f MiB, what %d sequences of the full context hold at the "
+                     "policy's peak", tsr__mib(mem), opt->fit_seqs);
+    } else if (opt->memory_bytes <= 0 && (!opt->be || opt->be->host_memory)) {
         /* On the host the default pool is at most what the job's sequences can use: twice
-         * max_seqs contexts (room for prefix-cache hits). Half the free memory for a small
-         * model costs tens of MB of block records written up front, and the rest of the
-         * machine's memory belongs to other jobs. */
-        int64_t bs = kc.block_size > 0 ? kc.block_size : 16;
-        int64_t ctx = opt->max_context > 0 ? opt->max_context : cfg->max_seq_len;
-        int64_t need = 2 * (int64_t)kc.max_seqs * layers * ((ctx + bs - 1) / bs) *
-                       tsr_kv_paged_block_bytes(&kc);
+         * max_seqs sequences of the full context at the policy's peak (room for prefix-cache
+         * hits). Half the free memory for a small model costs tens of MB of block records
+         * written up front, and the rest of the machine's memory belongs to other jobs. */
+        int64_t need = 2 * (int64_t)kc.max_seqs * peak_blocks * tsr_kv_paged_block_bytes(&kc);
         if (need < kc.memory_bytes) {
-            TSR_LOG_INFO("KV pool: %.1f MiB, what %d sequences of %lld tokens can use (twice)",
-                         tsr__mib(need), kc.max_seqs, (long long)ctx);
+            TSR_LOG_INFO("KV pool: %.1f MiB, what %d sequences of %d tokens can use (twice)",
+                         tsr__mib(need), kc.max_seqs, tsr__context(opt, cfg));
             kc.memory_bytes = mem = need;
         }
     }
@@ -228,7 +277,7 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
         kc.memory_bytes = per_layer * layers * bb;
     }
     /* Every rank's pool has the same blocks per layer here: the ranks answer alike. */
-    TSR_TRY(tsr__check_context(opt, pol, cfg, &kc, src));
+    TSR_TRY(tsr__check_context(opt, pol, cfg, &kc, &res, src));
     int64_t host_bytes = tsr__host_pool_bytes(opt);
     tsr_host_pool *host = NULL;
     if (opt->topo && opt->place)

@@ -17,11 +17,16 @@
  *   buffers the forward grows on demand (all-logits rows, the per-key score buffer). Their
  *   host pool (swap, offload's host copy) gets, unless host_bytes is set, half of what the
  *   host bounds leave the rank.
+ * On the host the pool is then capped at twice max_seqs sequences of the full context at
+ * the policy's peak; with fit_seqs it is exactly fit_seqs of them.
  * Whatever its size, the pool must hold one sequence of the full context (max_context, or
- * the model's; under a policy that uses --kv-budget and is given one, the budget plus one
- * chunk): otherwise tsr_kv_setup refuses with TSR_ERR_BUDGET and one line, as vLLM checks
- * max_model_len against its pool. Every request that fits the context then runs,
- * preempting others when the pool is short (runtime/exec/scheduler.h). */
+ * the model's) in the rows the policy declares its selection holds (tsr_kv_policy_resident_of:
+ * under a policy that uses --kv-budget and is given one, the budget plus one chunk per
+ * layer; offload's dense layers whole): otherwise tsr_kv_setup refuses with TSR_ERR_BUDGET
+ * and one line, as vLLM checks max_model_len against its pool. A pool that holds that but
+ * not the policy's peak (offload's dense prefill) gets one warning line saying what the
+ * policy does without it and what pool avoids it. Every request that fits the context then
+ * runs, preempting others when the pool is short (runtime/exec/scheduler.h). */
 #ifndef TSR_RUNTIME_KV_SETUP_H
 #define TSR_RUNTIME_KV_SETUP_H
 
@@ -57,6 +62,10 @@ typedef struct tsr_kv_options {
     int chunk_tokens;        /* prefill chunk (workspace budgeting; 0: 512) */
     int max_context;         /* positions one sequence may hold: --max-context, checked
                               * against the pool at setup (0: the model's context) */
+    /* > 0 and memory_bytes 0: the pool is what this many sequences of the full context
+     * hold at the policy's declared peak (tsr_kv_policy_resident_of), whatever the memory
+     * (benches that measure what a policy uses). */
+    int fit_seqs;
     /* Distributed jobs: this rank's layers and KV heads, and the comm whose world agrees
      * on capacity and admission (memory/kv_dist.h). NULL: the whole model, one process. */
     const tsr_parallel_shard *shard;
