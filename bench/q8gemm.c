@@ -9,24 +9,13 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "base/alloc.h"
 #include "base/tensor.h"
 #include "bench/bench_args.h"
+#include "bench/bench_time.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/quant_q8.h"
-
-static double tsr__clock(clockid_t id) {
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int tsr__cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static void tsr__usage(FILE *f) {
     fprintf(f, "usage: tsr_q8gemm --rows R --cols C [--n N] [--threads T] [--repeat K]\n"
@@ -66,23 +55,23 @@ int main(int argc, char **argv) {
         return 1;
     }
     w.data = wq;
-    double t0 = tsr__clock(CLOCK_MONOTONIC);
+    double t0 = tsr_bench_time_wall();
     if (be->ops->matmul(be, x, n, &w, y) != TSR_OK) {
         fprintf(stderr, "tsr_q8gemm: matmul failed\n");
         return 1;
     }
-    double one = tsr__clock(CLOCK_MONOTONIC) - t0;
+    double one = tsr_bench_time_wall() - t0;
     int iters = one > 0 ? (int)(0.05 / one) + 1 : 1000;
     double macs = (double)n * rows * cols;
     for (int r = 0; r < repeat; r++) {
-        double w0 = tsr__clock(CLOCK_MONOTONIC), c0 = tsr__clock(CLOCK_PROCESS_CPUTIME_ID);
+        double w0 = tsr_bench_time_wall(), c0 = tsr_bench_time_cpu();
         for (int it = 0; it < iters; it++)
             if (be->ops->matmul(be, x, n, &w, y) != TSR_OK) return 1;
-        wall[r] = macs * iters / (tsr__clock(CLOCK_MONOTONIC) - w0) * 1e-9;
-        cpu[r] = macs * iters / (tsr__clock(CLOCK_PROCESS_CPUTIME_ID) - c0) * 1e-9;
+        wall[r] = macs * iters / (tsr_bench_time_wall() - w0) * 1e-9;
+        cpu[r] = macs * iters / (tsr_bench_time_cpu() - c0) * 1e-9;
     }
-    qsort(wall, (size_t)repeat, sizeof *wall, tsr__cmp_double);
-    qsort(cpu, (size_t)repeat, sizeof *cpu, tsr__cmp_double);
+    tsr_bench_time_sort(wall, repeat);
+    tsr_bench_time_sort(cpu, repeat);
     printf("{\"bench\":\"q8gemm\",\"rows\":%d,\"cols\":%d,\"n\":%d,\"threads\":%d,"
            "\"gmac_s\":%.2f,\"gmac_s_best\":%.2f,\"gmac_cpu_s\":%.2f}\n",
            rows, cols, n, threads, wall[repeat / 2], wall[repeat - 1], cpu[repeat / 2]);
