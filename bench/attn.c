@@ -23,6 +23,7 @@
 #include <stdlib.h>
 
 #include "bench/bench_args.h"
+#include "bench/bench_time.h"
 #include "kernels/backend.h"
 #include "base/alloc.h"
 #include "base/sys.h"
@@ -117,16 +118,6 @@ static void *tsr__alloc(size_t bytes) {
 
 static void tsr__fill(float *p, size_t n, uint32_t *r) {
     for (size_t i = 0; i < n; i++) p[i] = tsr_bench_rand(r);
-}
-
-static int tsr__cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double tsr__median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, tsr__cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static void tsr__usage(FILE *f) {
@@ -252,7 +243,7 @@ int main(int argc, char **argv) {
         if (r >= 0) attn_t[r] = ta, read_t[r] = tr;
     }
     double bytes = 2.0 * (double)ctx * (double)kvd * sizeof(float) * layers;
-    double ta = tsr__median(attn_t, repeat), tr = tsr__median(read_t, repeat);
+    double ta = tsr_bench_time_median(attn_t, repeat), tr = tsr_bench_time_median(read_t, repeat);
     printf("{\"bench\":\"attn\",\"ctx\":%d,\"heads\":%d,\"kv_heads\":%d,\"head_dim\":%d,"
            "\"layers\":%d,\"threads\":%d,\"flush_mib\":%d,\"paged\":%d,\"small_pages\":%d,"
            "\"pair\":%d,"

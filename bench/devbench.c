@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/bench_time.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
 #include "memory/kv_paged.h"
@@ -56,11 +57,6 @@ typedef struct tsr__db {
 static int32_t tsr__next_id(tsr__db *d) {
     d->rng = d->rng * 1664525u + 1013904223u;
     return (int32_t)((d->rng >> 8) % (uint32_t)d->eng->model->cfg.vocab_size);
-}
-
-static int tsr__cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* Bytes of every tensor one decode step reads, the embedding table aside. */
@@ -90,8 +86,7 @@ static tsr_status tsr__prefill(tsr__db *d, int n, int repeat, double *median_s) 
         if (r >= 0) t[r] = tsr_sys_now() - t0;
         kv->ops->seq_free(kv, 0);
     }
-    qsort(t, (size_t)repeat, sizeof *t, tsr__cmp_double);
-    *median_s = repeat % 2 ? t[repeat / 2] : 0.5 * (t[repeat / 2 - 1] + t[repeat / 2]);
+    *median_s = tsr_bench_time_median(t, repeat);
     tsr_free(t);
     return st;
 }

@@ -24,22 +24,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
 #include "policies/policy.h"
 #include "base/alloc.h"
+#include "base/sys.h"
 #include "runtime/exec/forward.h"
 #include "runtime/engine/engine.h"
 #include "runtime/exec/kv_setup.h"
 #include "runtime/model/model.h"
-
-static double tsr__now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Backend memory in use now, once the queued work is done, less what was in use before
  * the engine placed the weights (0 when the backend's memory is the host's: not ours
@@ -127,7 +121,7 @@ int main(int argc, char **argv) {
         if (!logits || !toks) st = TSR_ERR_NOMEM;
     }
     if (st == TSR_OK) st = kv->ops->seq_add(kv, 0);
-    double t0 = tsr__now();
+    double t0 = tsr_sys_now();
     if (st == TSR_OK) {
         int vocab = eng->model->cfg.vocab_size;
         uint32_t r = 42;
@@ -145,7 +139,7 @@ int main(int argc, char **argv) {
             size_t u = tsr__dev_used(eng);
             if (u > peak_used) peak_used = u;
             /* How far a run got, for a caller that stops it at a time limit. */
-            double now = tsr__now();
+            double now = tsr_sys_now();
             if (progress > 0 && now - last >= progress) {
                 fprintf(stderr, "progress tokens=%d seconds=%.1f device_peak_mb=%.1f\n",
                         pos + len, now - t0,
@@ -156,7 +150,7 @@ int main(int argc, char **argv) {
         if (st == TSR_OK && !isfinite(logits[0]))
             st = tsr_error_set(TSR_ERR_INTERNAL, "longctx: last logits are not finite");
     }
-    double secs = tsr__now() - t0;
+    double secs = tsr_sys_now() - t0;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     char dev[320] = "";

@@ -9,30 +9,49 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "base/alloc.h"
 #include "base/tensor.h"
 #include "bench/bench_args.h"
+#include "bench/bench_time.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/quant_q8.h"
-
-static double tsr__clock(clockid_t id) {
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int tsr__cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static void tsr__usage(FILE *f) {
     fprintf(f, "usage: tsr_q8gemm --rows R --cols C [--n N] [--threads T] [--repeat K]\n"
                "Q8_0 matmul of N (default 64) inputs on a random R x C matrix (C %% 32 == 0)\n"
                "with T (default 1) threads; K (default 5) timed runs of >= 50 ms. Output: one\n"
                "JSON line with gmac_s (median wall) and gmac_cpu_s (per CPU second).\n");
+}
+
+/* Fills W (wf, rows x cols) and the n inputs x with pseudo-random values, quantizes W into
+ * wq and creates the CPU backend (*be; the caller destroys it, also on failure). */
+static tsr_status tsr__setup(float *wf, int rows, int cols, float *x, int n, void *wq,
+                             int threads, tsr_backend **be) {
+    uint32_t s = 12345;
+    for (size_t i = 0; i < (size_t)rows * (size_t)cols; i++) wf[i] = tsr_bench_rand(&s);
+    for (size_t i = 0; i < (size_t)n * (size_t)cols; i++) x[i] = tsr_bench_rand(&s);
+    tsr_tensor src = {.dtype = TSR_F32, .rows = rows, .cols = cols, .data = wf};
+    TSR_TRY(tsr_q8_quantize_tensor(&src, wq));
+    return tsr_backend_cpu_create(threads, be);
+}
+
+/* One warm-up product, then `repeat` timed runs of >= 50 ms each: GMAC/s per wall second in
+ * wall[] and per second of process CPU time in cpu[]. */
+static tsr_status tsr__time(tsr_backend *be, const float *x, int n, const tsr_tensor *w,
+                            float *y, int repeat, double *wall, double *cpu) {
+    double t0 = tsr_bench_time_wall();
+    TSR_TRY(be->ops->matmul(be, x, n, w, y));
+    double one = tsr_bench_time_wall() - t0;
+    int iters = one > 0 ? (int)(0.05 / one) + 1 : 1000;
+    double macs = (double)n * w->rows * w->cols;
+    for (int r = 0; r < repeat; r++) {
+        double w0 = tsr_bench_time_wall(), c0 = tsr_bench_time_cpu();
+        for (int it = 0; it < iters; it++) TSR_TRY(be->ops->matmul(be, x, n, w, y));
+        wall[r] = macs * iters / (tsr_bench_time_wall() - w0) * 1e-9;
+        cpu[r] = macs * iters / (tsr_bench_time_cpu() - c0) * 1e-9;
+    }
+    return TSR_OK;
 }
 
 int main(int argc, char **argv) {
@@ -50,42 +69,26 @@ int main(int argc, char **argv) {
     size_t sw = (size_t)rows * cols, sx = (size_t)n * cols, sy = (size_t)n * rows;
     float *wf = malloc(sw * sizeof *wf), *x = malloc(sx * sizeof *x), *y = malloc(sy * sizeof *y);
     double *wall = malloc((size_t)repeat * sizeof *wall), *cpu = malloc((size_t)repeat * sizeof *cpu);
-    tsr_tensor src = {.dtype = TSR_F32, .rows = rows, .cols = cols, .data = wf};
     tsr_tensor w = {.dtype = TSR_Q8_0, .rows = rows, .cols = cols};
     void *wq = wf ? tsr_malloc(tsr_tensor_bytes(&w)) : NULL;
-    if (!wf || !x || !y || !wall || !cpu || !wq) {
-        fprintf(stderr, "tsr_q8gemm: out of memory\n");
-        return 1;
-    }
-    uint32_t s = 12345;
-    for (size_t i = 0; i < sw; i++) wf[i] = tsr_bench_rand(&s);
-    for (size_t i = 0; i < sx; i++) x[i] = tsr_bench_rand(&s);
-    tsr_backend *be = NULL;
-    if (tsr_q8_quantize_tensor(&src, wq) != TSR_OK || tsr_backend_cpu_create(threads, &be) != TSR_OK) {
-        fprintf(stderr, "tsr_q8gemm: setup failed\n");
-        return 1;
-    }
     w.data = wq;
-    double t0 = tsr__clock(CLOCK_MONOTONIC);
-    if (be->ops->matmul(be, x, n, &w, y) != TSR_OK) {
-        fprintf(stderr, "tsr_q8gemm: matmul failed\n");
-        return 1;
+    tsr_backend *be = NULL;
+    int rc = 1; /* every exit goes through the frees below */
+    if (!wf || !x || !y || !wall || !cpu || !wq) {
+        fprintf(stderr, "tsr_q8gemm: out of memory (a %d x %d matrix, %d inputs)\n", rows, cols,
+                n);
+    } else if (tsr__setup(wf, rows, cols, x, n, wq, threads, &be) != TSR_OK) {
+        fprintf(stderr, "tsr_q8gemm: setup failed: %s\n", tsr_last_error());
+    } else if (tsr__time(be, x, n, &w, y, repeat, wall, cpu) != TSR_OK) {
+        fprintf(stderr, "tsr_q8gemm: matmul failed: %s\n", tsr_last_error());
+    } else {
+        tsr_bench_time_sort(wall, repeat);
+        tsr_bench_time_sort(cpu, repeat);
+        printf("{\"bench\":\"q8gemm\",\"rows\":%d,\"cols\":%d,\"n\":%d,\"threads\":%d,"
+               "\"gmac_s\":%.2f,\"gmac_s_best\":%.2f,\"gmac_cpu_s\":%.2f}\n",
+               rows, cols, n, threads, wall[repeat / 2], wall[repeat - 1], cpu[repeat / 2]);
+        rc = 0;
     }
-    double one = tsr__clock(CLOCK_MONOTONIC) - t0;
-    int iters = one > 0 ? (int)(0.05 / one) + 1 : 1000;
-    double macs = (double)n * rows * cols;
-    for (int r = 0; r < repeat; r++) {
-        double w0 = tsr__clock(CLOCK_MONOTONIC), c0 = tsr__clock(CLOCK_PROCESS_CPUTIME_ID);
-        for (int it = 0; it < iters; it++)
-            if (be->ops->matmul(be, x, n, &w, y) != TSR_OK) return 1;
-        wall[r] = macs * iters / (tsr__clock(CLOCK_MONOTONIC) - w0) * 1e-9;
-        cpu[r] = macs * iters / (tsr__clock(CLOCK_PROCESS_CPUTIME_ID) - c0) * 1e-9;
-    }
-    qsort(wall, (size_t)repeat, sizeof *wall, tsr__cmp_double);
-    qsort(cpu, (size_t)repeat, sizeof *cpu, tsr__cmp_double);
-    printf("{\"bench\":\"q8gemm\",\"rows\":%d,\"cols\":%d,\"n\":%d,\"threads\":%d,"
-           "\"gmac_s\":%.2f,\"gmac_s_best\":%.2f,\"gmac_cpu_s\":%.2f}\n",
-           rows, cols, n, threads, wall[repeat / 2], wall[repeat - 1], cpu[repeat / 2]);
     tsr_backend_destroy(be);
     tsr_free(wq);
     free(wf);
@@ -93,5 +96,5 @@ int main(int argc, char **argv) {
     free(y);
     free(wall);
     free(cpu);
-    return 0;
+    return rc;
 }

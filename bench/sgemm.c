@@ -9,20 +9,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "bench/bench_args.h"
-
-static double tsr__now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int tsr__cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "bench/bench_time.h"
 
 static void tsr__usage(FILE *f) {
     fprintf(f,
@@ -64,18 +53,18 @@ int main(int argc, char **argv) {
 
     openblas_set_num_threads(threads);
     double flops = 2.0 * m * n * k;
-    double t0 = tsr__now();
+    double t0 = tsr_bench_time_wall();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f, y, n);
-    double one = tsr__now() - t0;
+    double one = tsr_bench_time_wall() - t0;
     int iters = one > 0 ? (int)(0.05 / one) + 1 : 1000;
     for (int r = 0; r < repeat; r++) {
-        t0 = tsr__now();
+        t0 = tsr_bench_time_wall();
         for (int it = 0; it < iters; it++)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f,
                         y, n);
-        gf[r] = flops * iters / (tsr__now() - t0) * 1e-9;
+        gf[r] = flops * iters / (tsr_bench_time_wall() - t0) * 1e-9;
     }
-    qsort(gf, (size_t)repeat, sizeof *gf, tsr__cmp_double);
+    tsr_bench_time_sort(gf, repeat);
     printf("{\"bench\":\"sgemm\",\"m\":%d,\"n\":%d,\"k\":%d,\"threads\":%d,\"repeat\":%d,"
            "\"gflops\":%.2f,\"gflops_best\":%.2f,\"check\":%.4g}\n",
            m, n, k, threads, repeat, gf[repeat / 2], gf[repeat - 1], (double)y[sy / 2]);

@@ -105,6 +105,10 @@ static tsr_status tsr__fidelity(const tsr__fid_opts *o) {
         st = tsr_fidelity_run(&spec, NULL, text, text_len, &fo, &r);
     }
     if (st == TSR_OK) st = tsr__write_json(o, &r);
+    /* said even with --quiet: an option given and not acted on */
+    if (st == TSR_OK && r.reference_unused)
+        fprintf(stderr, "tessera fidelity: --reference-dir %s: nothing kept: %s\n", o->ref_dir,
+                r.reference_unused);
     if (st == TSR_OK && !o->quiet) {
         fprintf(stderr, "tessera fidelity: %s", r.policy);
         if (r.tokens > 0)
@@ -164,8 +168,9 @@ int tsr_cmd_fidelity(int argc, char **argv) {
          false},
         {"threads", TSR_OPT_INT, &o.threads, "N", "CPU threads", false},
         {"reference-dir", TSR_OPT_STRING, &o.ref_dir, "DIR",
-         "keep the full cache's logits in DIR and reuse them when the same model, text and "
-         "options come again (a study's policies share one; the full cache is then not run)",
+         "keep the full cache's logits over --text in DIR and reuse them when the same model, "
+         "text and options come again (a study's policies share one; the full cache is then "
+         "not run). Not with --gen-tokens or without --text: a line then says nothing was kept",
          false},
         {"ref-kv-dtype", TSR_OPT_STRING, &o.ref_kv_dtype, "T",
          "KV dtype of the full cache (default: the backend's; --kv-dtype sets the policy's)",

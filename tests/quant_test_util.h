@@ -1,7 +1,7 @@
 /* Helpers of the quantized-weight tests (test_quant_q8, test_quant_q4, test_quant_q4k,
  * test_fp8): a whole-file reader for the reference data, the tests' deterministic random
  * numbers, the check every integer gemv variant passes against the scalar one, and the
- * backends' matmul against the scalar kernel's rows. */
+ * backends (cpu, cpu-fenced) and their matmul against the scalar kernel's rows. */
 #ifndef TSR_TESTS_QUANT_TEST_UTIL_H
 #define TSR_TESTS_QUANT_TEST_UTIL_H
 
@@ -114,17 +114,42 @@ static inline void qt_variant_vs_scalar(const char *name, const void *ref, const
         }
 }
 
-/* The backends bes[0..n_be) (fen, when one of them, is the fenced device: W placed, x and y
- * in its memory) give the scalar kernel's bits: matmul of w (n inputs x) equals want
- * [n, rows], matmul_parts over the three parts seg[0..3] apart equals wantp [3, n, rows];
- * a part boundary at column `bad` (inside a block) is refused, naming the dtype. */
-static inline void qt_backends_agree(tsr_backend *const *bes, int n_be, const tsr_backend *fen,
-                                     const tsr_tensor *w, const float *x, int64_t n,
-                                     const int32_t *seg, int32_t bad, const float *want,
-                                     const float *wantp) {
+/* The backends a quantized matmul must agree on: cpu with 1 and 2 threads, then the fenced
+ * device (be[n - 1] == fen) where it starts (else a note, and n is 2). */
+typedef struct qt_backends {
+    tsr_backend *be[3];
+    int n;
+    tsr_backend *fen;
+} qt_backends;
+
+static inline void qt_backends_open(qt_backends *b) {
+    memset(b, 0, sizeof *b);
+    for (int threads = 1; threads <= 2; threads++) {
+        ASSERT_OK(tsr_backend_cpu_create(threads, &b->be[b->n]));
+        b->n++;
+    }
+    if (tsr_backend_fenced_create(2, 64u << 20, &b->fen) == TSR_OK)
+        b->be[b->n++] = b->fen;
+    else
+        fprintf(stderr, "  cpu-fenced: %s\n", tsr_last_error());
+}
+
+static inline void qt_backends_close(qt_backends *b) {
+    for (int i = 0; i < b->n; i++) tsr_backend_destroy(b->be[i]);
+    memset(b, 0, sizeof *b);
+}
+
+/* The backends of bs (on the fenced device: W placed, x and y in its memory) give the scalar
+ * kernel's bits: matmul of w (n inputs x) equals want [n, rows], matmul_parts over the three
+ * parts seg[0..3] apart equals wantp [3, n, rows]; a part boundary at column `bad` (inside a
+ * block) is refused, naming the dtype. */
+static inline void qt_backends_agree(const qt_backends *bs, const tsr_tensor *w, const float *x,
+                                     int64_t n, const int32_t *seg, int32_t bad,
+                                     const float *want, const float *wantp) {
     int64_t rows = w->rows, cols = w->cols;
-    for (int b = 0; b < n_be; b++) {
-        tsr_backend *be = bes[b];
+    const tsr_backend *fen = bs->fen;
+    for (int b = 0; b < bs->n; b++) {
+        tsr_backend *be = bs->be[b];
         tsr_tensor dw = *w;
         float *dx = (float *)x, *dy = NULL, *hy = tsr_malloc((size_t)(3 * n * rows) * 4);
         bool copied = false;

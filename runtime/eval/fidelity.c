@@ -427,6 +427,22 @@ static tsr_status tsr__ref_key(const tsr__fid *f, const tsr_engine_spec *model,
     return TSR_OK;
 }
 
+/* Why o->ref_dir can serve no reference for this run (static text for the caller to show),
+ * or NULL when it does (or none is asked for). */
+static const char *tsr__ref_unusable(const tsr_fidelity_options *o, const tsr_engine_spec *model,
+                                     const tsr_tokenizer *tok, const char *text) {
+    if (!o->ref_dir) return NULL;
+    if (!text)
+        return "a reference holds the full cache's logits over --text, and there is no text "
+               "(the probe runs on the policy's cache alone)";
+    if (o->gen_tokens > 0)
+        return "--gen-tokens continues the text with the full cache's greedy tokens, which a "
+               "reference does not hold";
+    if (tok) return "the caller's tokenizer is not part of a reference's key";
+    if (!model->model_path) return "the model is not named by a path (a reference's key)";
+    return NULL;
+}
+
 /* The reference when ref_dir has it: replay (no full-cache engine); else record. */
 static tsr_status tsr__ref_open(tsr__fid *f, const tsr_fullref_key *k) {
     void *data = NULL;
@@ -515,9 +531,14 @@ tsr_status tsr_fidelity_run(const tsr_engine_spec *model, const tsr_tokenizer *t
     /* The full cache's side from a reference when one is kept: text scoring by the
      * engine's own tokenizer, no greedy continuation (the reference holds logits only). */
     tsr_fullref_key key;
-    bool use_ref = st == TSR_OK && o->ref_dir && text && !tok && o->gen_tokens <= 0 &&
-                   model->model_path;
+    out->reference_unused = tsr__ref_unusable(o, model, tok, text);
+    bool use_ref = st == TSR_OK && o->ref_dir && !out->reference_unused;
     if (use_ref) st = tsr__ref_key(&f, model, text, text_len, &key);
+    if (use_ref && st == TSR_OK && key.overflow) {
+        out->reference_unused = "the reference's key (with the paths of the model, tokenizer "
+                                "and executable) is longer than a key holds";
+        use_ref = false;
+    }
     if (use_ref && st == TSR_OK) st = tsr__ref_open(&f, &key);
     if (st == TSR_OK && f.ref != TSR__REF_REPLAY) st = tsr__engine_full(&f);
     if (st == TSR_OK && !tok) tok = f.pol->tok;

@@ -73,7 +73,8 @@ typedef struct tsr_fidelity_options {
      * cache's logits at the scored positions are read from there when a reference of the
      * same model, text and options exists (the full cache's engine is then never made),
      * else computed and written there. Text scoring only, without gen_tokens; the results
-     * are the same bits either way. Needs model->model_path. */
+     * are the same bits either way. Needs model->model_path. Where it serves no reference,
+     * the result's reference_unused says why. */
     const char *ref_dir;
 } tsr_fidelity_options;
 
@@ -96,6 +97,8 @@ typedef struct tsr_fidelity_result {
     /* the full cache's side: "none" (computed, not kept), "computed" (and written to
      * ref_dir) or "reused" (read from ref_dir) (static) */
     const char *reference;
+    /* ref_dir was given but serves no reference for this run: why (static), else NULL */
+    const char *reference_unused;
     char kv_json[2048];  /* the policy cache's stats at the end (tsr_kv_stats_json) */
 } tsr_fidelity_result;
 

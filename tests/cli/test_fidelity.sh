@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `tessera fidelity`: one JSON object with every field present and in range; the paged cache
 # against itself is exact (agreement 1, KL 0); h2o at 10 % is not; a synthetic model gets the
-# probe without a tokenizer; errors are one line with a non-zero exit.
+# probe without a tokenizer; --reference-dir keeps the full cache's side of a document and
+# says why when it keeps nothing; errors are one line with a non-zero exit.
 # args: $1 tessera binary, $2 repo root, $3 scratch dir
 set -u
 BIN=$1 ROOT=$2 TMP=$3
@@ -66,6 +67,34 @@ printf 'Once upon a time there was a little cat.\n\nThe dog ran to the park. It 
     fields "$TMP/gen.json" paged exact &&
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert d['gen_tokens'] == 16 and d['gen_agreement'] == 1 and d['gen_kl'] == 0, d" "$TMP/gen.json"
 check $? fidelity_gen_tokens
+
+# --reference-dir with --document: the paged run writes the full cache's logits there, the
+# h2o run reads them (no full cache of its own) and gets the same full-cache figures; where
+# no reference can be kept (a probe alone, --gen-tokens) the CLI says so and writes none.
+"$BIN" fidelity --model "$MODEL" --text "$TEXT" --document --doc-tokens 96 --kv-policy paged \
+    --threads 1 --reference-dir "$TMP/refs" --quiet --json "$TMP/ref1.json" 2>"$TMP/err" &&
+    [ ! -s "$TMP/err" ] && [ "$(ls "$TMP/refs" | grep -c '^fidelity-.*\.ref$')" -eq 1 ] &&
+    "$BIN" fidelity --model "$MODEL" --text "$TEXT" --document --doc-tokens 96 \
+        --kv-policy h2o --kv-budget 0.5 --threads 1 --reference-dir "$TMP/refs" --quiet \
+        --json "$TMP/ref2.json" 2>"$TMP/err" && [ ! -s "$TMP/err" ] &&
+    python3 - "$TMP/ref1.json" "$TMP/ref2.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+assert a["reference"] == "computed" and b["reference"] == "reused", (a, b)
+assert a["document"] and a["tokens"] == b["tokens"] == 95, (a, b)
+assert a["nll_full"] == b["nll_full"] and a["nll"] == a["nll_full"], (a, b)
+assert b["nll"] != b["nll_full"], b
+PY
+check $? fidelity_reference_dir_document
+"$BIN" fidelity --model "$MODEL" --probe-length 200 --threads 1 --reference-dir "$TMP/refs2" \
+    --quiet --json "$TMP/ref3.json" 2>"$TMP/err" && [ ! -e "$TMP/refs2" ] &&
+    [ "$(wc -l <"$TMP/err")" -eq 1 ] &&
+    grep -q "^tessera fidelity: --reference-dir .*refs2: nothing kept: .*no text" "$TMP/err" &&
+    grep -q '"reference":"none"' "$TMP/ref3.json" &&
+    "$BIN" fidelity --model "$MODEL" --text "$TMP/short.txt" --gen-tokens 4 --threads 1 \
+        --reference-dir "$TMP/refs2" --quiet --json "$TMP/ref4.json" 2>"$TMP/err" &&
+    [ ! -e "$TMP/refs2" ] && grep -q "nothing kept: --gen-tokens" "$TMP/err"
+check $? fidelity_reference_dir_says_why_none
 
 # No --json: the object on stdout. A synthetic model without a tokenizer: the probe alone.
 "$BIN" fidelity --model synthetic:tiny,ctx=512 --probe-length 400 --kv-policy h2o \

@@ -254,11 +254,9 @@ TSR_TEST(test_slice) {
 /* The backends: matmul (n 1..5 and a prefill of 40) and matmul_parts against the scalar
  * kernel's rows computed directly; cpu (1 and 2 threads) and cpu-fenced give its bits. */
 TSR_TEST(test_backends) {
-    tsr_backend *cpu1 = NULL, *cpu2 = NULL, *fen = NULL;
-    ASSERT_OK(tsr_backend_cpu_create(1, &cpu1));
-    ASSERT_OK(tsr_backend_cpu_create(2, &cpu2));
-    bool have_fenced = tsr_backend_fenced_create(2, 64u << 20, &fen) == TSR_OK;
-    if (!have_fenced) fprintf(stderr, "  cpu-fenced: %s\n", tsr_last_error());
+    qt_backends bs;
+    qt_backends_open(&bs);
+    ASSERT_TRUE(bs.n >= 2);
     const tsr__q4_kernels *ref = tsr__q4_kernels_for(TSR__Q8_SCALAR);
     int64_t shapes[][2] = {{37, 96}, {300, 256}};
     for (int ti = 0; ti < 2; ti++)
@@ -285,8 +283,7 @@ TSR_TEST(test_backends) {
                        a.s + i * nb, a.m + i * nb, 1, bseg, 3, false, wantp + i * rows, rows,
                        n * rows);
                 }
-                tsr_backend *bes[3] = {cpu1, cpu2, fen};
-                qt_backends_agree(bes, have_fenced ? 3 : 2, fen, &w, x, n, seg, 16, want, wantp);
+                qt_backends_agree(&bs, &w, x, n, seg, 16, want, wantp);
                 free_act(&a);
                 tsr_free(want);
                 tsr_free(wantp);
@@ -294,9 +291,7 @@ TSR_TEST(test_backends) {
             }
             tsr_free((void *)w.data);
         }
-    tsr_backend_destroy(cpu1);
-    tsr_backend_destroy(cpu2);
-    if (fen) tsr_backend_destroy(fen);
+    qt_backends_close(&bs);
 }
 
 TSR_TEST_MAIN(test_quantizer_bytes_and_repack, test_gguf_dequant, test_kernels_equal_scalar,

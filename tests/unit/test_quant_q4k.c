@@ -251,11 +251,9 @@ TSR_TEST(test_slice) {
  * kernel's rows computed directly; cpu (1 and 2 threads) and cpu-fenced give its bits; a
  * part boundary inside a super-block is refused. */
 TSR_TEST(test_backends) {
-    tsr_backend *cpu1 = NULL, *cpu2 = NULL, *fen = NULL;
-    ASSERT_OK(tsr_backend_cpu_create(1, &cpu1));
-    ASSERT_OK(tsr_backend_cpu_create(2, &cpu2));
-    bool have_fenced = tsr_backend_fenced_create(2, 64u << 20, &fen) == TSR_OK;
-    if (!have_fenced) fprintf(stderr, "  cpu-fenced: %s\n", tsr_last_error());
+    qt_backends bs;
+    qt_backends_open(&bs);
+    ASSERT_TRUE(bs.n >= 2);
     const tsr__q4k_kernels *ref = tsr__q4k_kernels_for(TSR__Q8_SCALAR);
     int64_t shapes[][2] = {{37, 768}, {300, 512}};
     for (int si = 0; si < 2; si++) {
@@ -278,8 +276,7 @@ TSR_TEST(test_backends) {
                 ref->gemv(w.data, nb, rows, 0, (rows + 15) / 16, a.qs + i * cols, a.d + i * nb,
                           a.s + i * nb * 8, 1, bseg, 3, false, wantp + i * rows, rows, n * rows);
             }
-            tsr_backend *bes[3] = {cpu1, cpu2, fen};
-            qt_backends_agree(bes, have_fenced ? 3 : 2, fen, &w, x, n, seg, 128, want, wantp);
+            qt_backends_agree(&bs, &w, x, n, seg, 128, want, wantp);
             free_act(&a);
             tsr_free(want);
             tsr_free(wantp);
@@ -287,9 +284,7 @@ TSR_TEST(test_backends) {
         }
         tsr_free((void *)w.data);
     }
-    tsr_backend_destroy(cpu1);
-    tsr_backend_destroy(cpu2);
-    if (fen) tsr_backend_destroy(fen);
+    qt_backends_close(&bs);
 }
 
 /* ---- the tiny Q4_K llama against its f32 expansion ---- */
