@@ -39,6 +39,19 @@ a, b = (json.load(open(p))["cells"][0] for p in sys.argv[1:])
 assert a["full"] == b["full"] and a["prompt_tokens"] == b["prompt_tokens"], (a, b)
 assert a["needle_position"] == b["needle_position"], (a, b)
 PY
+# a model path so long that the reference's key cannot hold it: needle says nothing is kept
+# (one line), keeps nothing and reports no reference
+# (about 4000 bytes, under PATH_MAX's 4096 wherever the build directory is)
+long=$TMP
+while [ $((${#long} + 200)) -lt 4000 ]; do long=$long/$(printf 'p%.0s' $(seq 1 199)); done
+mkdir -p "$long" && ln -s "$GGUF" "$long/m.gguf" || fail "cannot make a long path"
+"$BIN" needle --model "$long/m.gguf" --haystack "$ROOT/bench/data/gpl-3.txt" --length 128 \
+    --depths 100 --answer-tokens 4 --threads 2 --quiet --json "$TMP/n3.json" \
+    --reference-dir "$TMP/refs3" 2>"$TMP/n3.err" || fail "needle long path: exit $?: $(cat "$TMP/n3.err")"
+grep -q "^tessera needle: --reference-dir .*refs3: nothing kept: the reference's key" "$TMP/n3.err" ||
+    fail "needle long path: no line saying nothing is kept: $(cat "$TMP/n3.err")"
+grep -q '"reference":"none"' "$TMP/n3.json" || fail "needle long path: $(cat "$TMP/n3.json")"
+[ -z "$(ls -A "$TMP/refs3" 2>/dev/null)" ] || fail "needle long path: something was kept"
 # h2o decode-only against the H2O reference (tools/h2o_ref.py wrote the data: its kept positions
 # per layer at every 4th step, 48 tokens at 50 %): the sets depart only where scores nearly
 # tie (measured mean Jaccard 0.97), a wrong score (heads, decode probabilities, slots) far more.
