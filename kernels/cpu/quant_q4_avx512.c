@@ -138,36 +138,24 @@ tsr__q4_z_blk2(const uint8_t *wb0, const uint8_t *wb1, const int8_t *xq, const f
     }
 }
 
-/* Groups g and g + 1 through tsr__q4_z_blk2, part by part, each stored as
- * TSR__Q4_GEMV_BODY stores one. */
+#define TSR__Q4_Z_STORE(dst, a) _mm512_storeu_ps(dst, a)
+
+/* Groups g and g + 1 (both inside the matrix) through tsr__q4_z_blk2. */
 static inline __attribute__((always_inline)) void
 tsr__q4_z_pair(const uint8_t *w, int64_t nb, int64_t rows, int64_t g, const int8_t *xq,
                const float *xd, const int32_t *xs, const float *xm, int nx, const int32_t *bseg,
                int n_parts, bool sum, float *y, int64_t ldy, int64_t ldp, const int q41) {
-    const size_t gbb = q41 ? TSR__Q4_1_GBB : TSR__Q4_0_GBB;
-    const uint8_t *wg0 = w + (size_t)g * (size_t)nb * gbb, *wg1 = wg0 + (size_t)nb * gbb;
-    float tot0[4][16], tot1[4][16], part[4][16];
-    for (int p = 0; p < n_parts; p++) {
-        __m512 acc0[4], acc1[4];
-#pragma GCC unroll 4
-        for (int i = 0; i < nx; i++) acc0[i] = acc1[i] = _mm512_setzero_ps();
-        for (int64_t b = bseg[p]; b < bseg[p + 1]; b++)
-            tsr__q4_z_blk2(wg0 + (size_t)b * gbb, wg1 + (size_t)b * gbb, xq, xd, xs, xm, nb, b,
-                           nx, acc0, acc1, q41);
-#pragma GCC unroll 4
-        for (int i = 0; i < nx; i++) _mm512_storeu_ps(part[i], acc0[i]);
-        tsr__qgroup_store_part(part, tot0, p, nx, g, rows, sum, y, ldy, ldp);
-#pragma GCC unroll 4
-        for (int i = 0; i < nx; i++) _mm512_storeu_ps(part[i], acc1[i]);
-        tsr__qgroup_store_part(part, tot1, p, nx, g + 1, rows, sum, y, ldy, ldp);
-    }
-    if (sum) {
-        tsr__qgroup_store_sum(tot0, nx, n_parts, g, rows, y, ldy);
-        tsr__qgroup_store_sum(tot1, nx, n_parts, g + 1, rows, y, ldy);
-    }
+#define TSR__Q4_Z_BLOCK2(w0, w1, b, a0, a1)                                                  \
+    tsr__q4_z_blk2(w0, w1, xq, xd, xs, xm, nb, b, nx, a0, a1, q41)
+    if (q41)
+        TSR__QPAIR_BODY(nx, TSR__Q4_1_GBB, TSR__Q4_Z_BLOCK2, __m512, _mm512_setzero_ps(),
+                        TSR__Q4_Z_STORE)
+    else
+        TSR__QPAIR_BODY(nx, TSR__Q4_0_GBB, TSR__Q4_Z_BLOCK2, __m512, _mm512_setzero_ps(),
+                        TSR__Q4_Z_STORE)
+#undef TSR__Q4_Z_BLOCK2
 }
 
-#define TSR__Q4_Z_STORE(dst, a) _mm512_storeu_ps(dst, a)
 
 /* One type's kernel: pairs of groups for 2+ tokens, then the one-group body (one token
  * streams the codes from memory: one group at a time is as fast). */

@@ -105,34 +105,15 @@ tsr__q8_z_block2(const uint8_t *wb0, const uint8_t *wb1, const int8_t *xq, const
 
 #define TSR__Q8_Z_STORE(dst, a) _mm512_storeu_ps(dst, a)
 
-/* Groups g and g + 1 (both inside the matrix) through tsr__q8_z_block2, part by part, each
- * group stored as TSR__Q8_GEMV_BODY stores one. */
+/* Groups g and g + 1 (both inside the matrix) through tsr__q8_z_block2. */
 static inline __attribute__((always_inline)) void
 tsr__q8_z_pair(const uint8_t *w, int64_t nb, int64_t rows, int64_t g, const int8_t *xq,
                const float *xd, const int32_t *xs, int nx, const int32_t *bseg, int n_parts,
                bool sum, float *y, int64_t ldy, int64_t ldp) {
-    const uint8_t *wg0 = w + (size_t)g * (size_t)nb * TSR_Q8_GROUP_BLOCK_BYTES;
-    const uint8_t *wg1 = wg0 + (size_t)nb * TSR_Q8_GROUP_BLOCK_BYTES;
-    float tot0[4][16], tot1[4][16], part[4][16];
-    for (int p = 0; p < n_parts; p++) {
-        __m512 acc0[4], acc1[4];
-#pragma GCC unroll 4
-        for (int i = 0; i < nx; i++) acc0[i] = acc1[i] = _mm512_setzero_ps();
-        for (int64_t b = bseg[p]; b < bseg[p + 1]; b++)
-            tsr__q8_z_block2(wg0 + (size_t)b * TSR_Q8_GROUP_BLOCK_BYTES,
-                             wg1 + (size_t)b * TSR_Q8_GROUP_BLOCK_BYTES, xq, xd, xs, nb, b, nx,
-                             acc0, acc1);
-#pragma GCC unroll 4
-        for (int i = 0; i < nx; i++) _mm512_storeu_ps(part[i], acc0[i]);
-        tsr__qgroup_store_part(part, tot0, p, nx, g, rows, sum, y, ldy, ldp);
-#pragma GCC unroll 4
-        for (int i = 0; i < nx; i++) _mm512_storeu_ps(part[i], acc1[i]);
-        tsr__qgroup_store_part(part, tot1, p, nx, g + 1, rows, sum, y, ldy, ldp);
-    }
-    if (sum) {
-        tsr__qgroup_store_sum(tot0, nx, n_parts, g, rows, y, ldy);
-        tsr__qgroup_store_sum(tot1, nx, n_parts, g + 1, rows, y, ldy);
-    }
+#define TSR__Q8_Z_BLOCK2(w0, w1, b, a0, a1) tsr__q8_z_block2(w0, w1, xq, xd, xs, nb, b, nx, a0, a1)
+    TSR__QPAIR_BODY(nx, TSR_Q8_GROUP_BLOCK_BYTES, TSR__Q8_Z_BLOCK2, __m512, _mm512_setzero_ps(),
+                    TSR__Q8_Z_STORE)
+#undef TSR__Q8_Z_BLOCK2
 }
 
 static inline __attribute__((always_inline)) void

@@ -105,6 +105,31 @@ static inline void tsr__qgroup_store_sum(float tot[][16], int nx, int n_parts, i
         if (sum) tsr__qgroup_store_sum(tot, NX, n_parts, g, rows, y, ldy);                  \
     }
 
+/* The same for groups g and g + 1 at once (both inside the matrix), for kernels that run
+ * one block of two groups per call: BLOCK2(wb0, wb1, b, acc0, acc1) adds block b of both
+ * (wb0, wb1: its bytes in each group, GBB bytes a group block); each group is stored as
+ * TSR__Q8_GEMV_BODY stores one. */
+#define TSR__QPAIR_BODY(NX, GBB, BLOCK2, ACC_T, ZERO, STORE)                                 \
+    {                                                                                       \
+        const uint8_t *wg0 = w + (size_t)g * (size_t)nb * (GBB);                            \
+        const uint8_t *wg1 = wg0 + (size_t)nb * (GBB);                                      \
+        float tot0[4][16], tot1[4][16], part[4][16];                                        \
+        for (int p = 0; p < n_parts; p++) {                                                 \
+            ACC_T acc0[4], acc1[4];                                                         \
+            _Pragma("GCC unroll 4") for (int i = 0; i < NX; i++) acc0[i] = acc1[i] = ZERO;  \
+            for (int64_t b = bseg[p]; b < bseg[p + 1]; b++)                                 \
+                BLOCK2(wg0 + (size_t)b * (GBB), wg1 + (size_t)b * (GBB), b, acc0, acc1);    \
+            _Pragma("GCC unroll 4") for (int i = 0; i < NX; i++) STORE(part[i], acc0[i]);   \
+            tsr__qgroup_store_part(part, tot0, p, NX, g, rows, sum, y, ldy, ldp);             \
+            _Pragma("GCC unroll 4") for (int i = 0; i < NX; i++) STORE(part[i], acc1[i]);   \
+            tsr__qgroup_store_part(part, tot1, p, NX, g + 1, rows, sum, y, ldy, ldp);         \
+        }                                                                                   \
+        if (sum) {                                                                          \
+            tsr__qgroup_store_sum(tot0, NX, n_parts, g, rows, y, ldy);                      \
+            tsr__qgroup_store_sum(tot1, NX, n_parts, g + 1, rows, y, ldy);                  \
+        }                                                                                   \
+    }
+
 /* The table entry: BODY_FN with nx a constant. */
 #define TSR__Q8_GEMV_FN(NAME, IMPL)                                                          \
     static void NAME(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,    \
