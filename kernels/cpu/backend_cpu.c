@@ -178,24 +178,31 @@ static tsr_status tsr__cpu_synchronize(tsr_backend *be) {
  * sequences (a decode step's rows); longer runs (prefill chunks) get every thread. */
 #define TSR__CPU_PAGED_SEQ_ROWS 4
 
-/* The spans of the sequence of row r0 (rows r0 .. *r1 - 1 are that sequence's) from its
- * block table, into s->spans. */
-static tsr_status tsr__paged_spans(const tsr_attn_paged_args *a, int r0, int *r1,
-                                   tsr__attn_scratch *s, int *n_spans) {
+/* The sequence of row r0: its rows end at *r1, and its key count fills *nb blocks of its
+ * table (checked against the table). */
+static tsr_status tsr__paged_seq(const tsr_attn_paged_args *a, int r0, int *r1, int32_t *nb) {
     int seq = a->q_seq[r0], e = r0 + 1;
     while (e < a->n_q && a->q_seq[e] == seq) e++;
     *r1 = e;
     int32_t nk = seq >= 0 && seq < a->n_seqs ? a->n_keys[seq] : -1;
-    int32_t nb = nk < 0 ? -1 : (nk + a->lay.block - 1) / a->lay.block;
-    if (nb < 0 || nb > a->max_blocks)
+    *nb = nk < 0 ? -1 : (nk + a->lay.block - 1) / a->lay.block;
+    if (*nb < 0 || *nb > a->max_blocks)
         return tsr_error_set(TSR_ERR_INVALID, "attention_paged: row %d: sequence %d with %d "
                              "keys outside the table", r0, seq, (int)nk);
+    return TSR_OK;
+}
+
+/* The nb spans of row r0's sequence (tsr__paged_seq) from its block table, into s->spans. */
+static tsr_status tsr__paged_spans(const tsr_attn_paged_args *a, int r0, int32_t nb,
+                                   tsr__attn_scratch *s) {
     if (s->spans_cap < a->max_blocks) {
         tsr_kv_span *ns = tsr_realloc(s->spans, (size_t)a->max_blocks * sizeof *ns);
         if (!ns) return TSR_ERR_NOMEM;
         s->spans = ns;
         s->spans_cap = a->max_blocks;
     }
+    int seq = a->q_seq[r0];
+    int32_t nk = a->n_keys[seq];
     const int32_t *tb = a->tables + (size_t)seq * (size_t)a->max_blocks;
     for (int32_t j = 0; j < nb; j++) {
         int64_t at = (int64_t)tb[j] * a->lay.block_stride;
@@ -206,7 +213,6 @@ static tsr_status tsr__paged_spans(const tsr_attn_paged_args *a, int r0, int *r1
             .pos0 = j * a->lay.block, .n = left < a->lay.block ? left : a->lay.block,
             .stride = a->lay.row, .dtype = a->lay.dtype};
     }
-    *n_spans = nb;
     return TSR_OK;
 }
 
@@ -234,37 +240,36 @@ static tsr_status tsr__cpu_attention_paged(tsr_backend *be, const tsr_attn_paged
     if (a->n_q <= 0) return TSR_OK;
     if (a->lay.block <= 0 || a->max_blocks <= 0 || a->n_seqs <= 0)
         return tsr_error_set(TSR_ERR_INVALID, "attention_paged: bad layout or table");
-    int n_short = 0;
-    for (int r0 = 0, r1; r0 < a->n_q; r0 = r1) {
-        int n_spans;
-        TSR_TRY(tsr__paged_spans(a, r0, &r1, &c->attn, &n_spans));
-        if (r1 - r0 <= TSR__CPU_PAGED_SEQ_ROWS && c->threads > 1) {
-            n_short++;
-            continue;
-        }
-        TSR_TRY(tsr__paged_run(a, r0, r1, n_spans, c->threads, &c->attn));
-    }
-    if (n_short == 0) return TSR_OK;
-    if (!c->attn_thr) {
-        c->attn_thr = tsr_calloc((size_t)c->threads, sizeof *c->attn_thr);
-        if (!c->attn_thr) return TSR_ERR_NOMEM;
-    }
-    /* the short sequences' first rows, for the loop below */
-    int *first = tsr_malloc((size_t)n_short * sizeof *first);
-    if (!first) return TSR_ERR_NOMEM;
-    int k = 0;
-    for (int r0 = 0, r1; r0 < a->n_q; r0 = r1) {
-        for (r1 = r0 + 1; r1 < a->n_q && a->q_seq[r1] == a->q_seq[r0];) r1++;
-        if (r1 - r0 <= TSR__CPU_PAGED_SEQ_ROWS) first[k++] = r0;
-    }
+    /* the short sequences' first rows, their ends and blocks, for the parallel loop */
+    int *run = tsr_malloc(3 * (size_t)a->n_q * sizeof *run);
+    if (!run) return TSR_ERR_NOMEM;
     tsr_status st = TSR_OK;
+    int n_short = 0;
+    for (int r0 = 0, r1; r0 < a->n_q && st == TSR_OK; r0 = r1) {
+        int32_t nb;
+        st = tsr__paged_seq(a, r0, &r1, &nb);
+        if (st == TSR_OK && r1 - r0 <= TSR__CPU_PAGED_SEQ_ROWS && c->threads > 1) {
+            run[3 * n_short] = r0;
+            run[3 * n_short + 1] = r1;
+            run[3 * n_short + 2] = nb;
+            n_short++;
+        } else if (st == TSR_OK) {
+            st = tsr__paged_spans(a, r0, nb, &c->attn);
+            if (st == TSR_OK) st = tsr__paged_run(a, r0, r1, nb, c->threads, &c->attn);
+        }
+    }
+    if (st == TSR_OK && n_short > 0 && !c->attn_thr) {
+        c->attn_thr = tsr_calloc((size_t)c->threads, sizeof *c->attn_thr);
+        if (!c->attn_thr) st = TSR_ERR_NOMEM;
+    }
+    int n_par = st == TSR_OK ? n_short : 0;
     char msg[256] = ""; /* the message is per thread: carried to the caller's */
-#pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1) if (n_short > 1)
-    for (int i = 0; i < n_short; i++) {
+#pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1) if (n_par > 1)
+    for (int i = 0; i < n_par; i++) {
         tsr__attn_scratch *s = &c->attn_thr[omp_get_thread_num()];
-        int r1, n_spans;
-        tsr_status e = tsr__paged_spans(a, first[i], &r1, s, &n_spans);
-        if (e == TSR_OK) e = tsr__paged_run(a, first[i], r1, n_spans, 1, s);
+        const int *r = run + 3 * i;
+        tsr_status e = tsr__paged_spans(a, r[0], r[2], s);
+        if (e == TSR_OK) e = tsr__paged_run(a, r[0], r[1], r[2], 1, s);
         if (e != TSR_OK) {
 #pragma omp critical(tsr__cpu_paged_err)
             if (st == TSR_OK) {
@@ -273,7 +278,7 @@ static tsr_status tsr__cpu_attention_paged(tsr_backend *be, const tsr_attn_paged
             }
         }
     }
-    tsr_free(first);
+    tsr_free(run);
     if (st != TSR_OK && msg[0]) return tsr_error_set(st, "%s", msg);
     return st;
 }
