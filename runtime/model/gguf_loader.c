@@ -249,18 +249,11 @@ static bool tsr__q4k_eligible(const tsr_model_config *c, const char *which, int6
     return true;
 }
 
-/* The mapped file's pages of a tensor now held in model memory go back, so the file and
- * its repacked or converted copy are not resident together (peak RSS); they come back from
- * the file if it is read again. */
-static void tsr__drop_file_pages(const tsr__ggctx *x, const tsr_gguf_tensor *t) {
-    if (x->g->mapped) tsr_pages_drop(t->data, (size_t)t->nbytes);
-}
-
-/* Dequantizes tensor `name` (ne = {cols, rows}, or {cols} for a vector) into dst. */
-static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64_t rows,
-                            int64_t cols, bool vector, tsr_tensor *dst) {
-    const tsr_gguf_tensor *t = tsr_gguf_tensor_find(x->g, name);
-    if (!t) return tsr_error_set(TSR_ERR_FORMAT, "%s: missing tensor %s", x->g->path, name);
+/* Tensor t (`name`; ne = {cols, rows}, or {cols} for a vector) into dst, repacked or
+ * dequantized into model memory. */
+static tsr_status tsr__load_tensor(tsr_model *m, tsr__ggctx *x, const tsr_gguf_tensor *t,
+                                   const char *name, int64_t rows, int64_t cols, bool vector,
+                                   tsr_tensor *dst) {
     bool ok = vector ? (t->n_dims == 1 && t->ne[0] == cols)
                      : (t->n_dims == 2 && t->ne[0] == cols && t->ne[1] == rows);
     if (!ok)
@@ -282,7 +275,6 @@ static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64
             return tsr_error_set(TSR_ERR_FORMAT, "%s: tensor %s is short", x->g->path, name);
         TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &pk));
         tsr_q4_pack_gguf(qt, t->data, rows, cols, pk);
-        tsr__drop_file_pages(x, t);
         q.data = pk;
         *dst = q;
         x->n4[qt == TSR_Q4_1] += rows * cols;
@@ -297,7 +289,6 @@ static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64
             void *pk;
             TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &pk));
             tsr_q4k_pack_gguf(t->data, rows, cols, pk);
-            tsr__drop_file_pages(x, t);
             q.data = pk;
             *dst = q;
             x->n4[2] += rows * cols;
@@ -321,7 +312,6 @@ static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64
             if (st == TSR_OK) tsr_q4_pack_gguf(TSR_Q4_1, b41, rows, cols, pk);
             tsr_free(b41);
             TSR_TRY(st);
-            tsr__drop_file_pages(x, t);
             q.data = pk;
             *dst = q;
             x->n4[2] += rows * cols;
@@ -338,7 +328,6 @@ static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64
             return tsr_error_set(TSR_ERR_FORMAT, "%s: tensor %s is short", x->g->path, name);
         TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &pk));
         tsr_q8_pack_gguf(t->data, rows, cols, pk);
-        tsr__drop_file_pages(x, t);
         q.data = pk;
         *dst = q;
         return TSR_OK;
@@ -351,8 +340,19 @@ static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64
     void *buf;
     TSR_TRY(tsr_model_alloc(m, (size_t)t->numel * tsr_dtype_size(dt), &buf));
     TSR_TRY(tsr_gguf_dequant(x->g, t, dt, buf));
-    tsr__drop_file_pages(x, t);
     *dst = (tsr_tensor){.dtype = dt, .rows = vector ? 1 : rows, .cols = cols, .data = buf};
+    return TSR_OK;
+}
+
+/* Tensor `name` into dst (tsr__load_tensor); then the mapped file's pages of it go back,
+ * so the file and its copy in model memory are not resident together (peak RSS); they come
+ * back from the file if it is read again. */
+static tsr_status tsr__load(tsr_model *m, tsr__ggctx *x, const char *name, int64_t rows,
+                            int64_t cols, bool vector, tsr_tensor *dst) {
+    const tsr_gguf_tensor *t = tsr_gguf_tensor_find(x->g, name);
+    if (!t) return tsr_error_set(TSR_ERR_FORMAT, "%s: missing tensor %s", x->g->path, name);
+    TSR_TRY(tsr__load_tensor(m, x, t, name, rows, cols, vector, dst));
+    if (x->g->mapped) tsr_pages_drop(t->data, (size_t)t->nbytes);
     return TSR_OK;
 }
 
