@@ -534,10 +534,9 @@ tsr_status tsr_fidelity_run(const tsr_engine_spec *model, const tsr_tokenizer *t
     out->reference_unused = tsr__ref_unusable(o, model, tok, text);
     bool use_ref = st == TSR_OK && o->ref_dir && !out->reference_unused;
     if (use_ref) st = tsr__ref_key(&f, model, text, text_len, &key);
-    if (use_ref && st == TSR_OK && key.overflow) {
-        out->reference_unused = "the reference's key (with the paths of the model, tokenizer "
-                                "and executable) is longer than a key holds";
-        use_ref = false;
+    if (use_ref && st == TSR_OK) {
+        out->reference_unused = tsr_fullref_key_unusable(&key);
+        use_ref = !out->reference_unused;
     }
     if (use_ref && st == TSR_OK) st = tsr__ref_open(&f, &key);
     if (st == TSR_OK && f.ref != TSR__REF_REPLAY) st = tsr__engine_full(&f);

@@ -75,6 +75,12 @@ void tsr_fullref_key_bytes(tsr_fullref_key *k, const char *name, const void *dat
                         tsr_fullref_hash(TSR_FULLREF_HASH0, data, n));
 }
 
+const char *tsr_fullref_key_unusable(const tsr_fullref_key *k) {
+    return k->overflow ? "the reference's key (with the paths of the model, tokenizer and "
+                         "executable) is longer than a key holds"
+                       : NULL;
+}
+
 void tsr_fullref_key_exe(tsr_fullref_key *k) {
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);

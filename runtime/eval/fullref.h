@@ -39,6 +39,9 @@ void tsr_fullref_key_bytes(tsr_fullref_key *k, const char *name, const void *dat
 /* The executable (/proc/self/exe): a rebuilt tessera computes its references anew. */
 void tsr_fullref_key_exe(tsr_fullref_key *k);
 
+/* Why k names no reference (static text for a "nothing kept" line), or NULL when it does. */
+const char *tsr_fullref_key_unusable(const tsr_fullref_key *k);
+
 /* FNV-1a, 64 bits, continued from h (start: TSR_FULLREF_HASH0). */
 #define TSR_FULLREF_HASH0 0xcbf29ce484222325ull
 uint64_t tsr_fullref_hash(uint64_t h, const void *data, size_t n);

@@ -332,12 +332,11 @@ tsr_status tsr_needle_run(const tsr_engine_spec *model, const char *haystack, si
     const int32_t *ref_ids[TSR_NEEDLE_MAX_DEPTHS];
     bool replay = false;
     if (use_ref) st = tsr__ref_key(&d, model, haystack, len, &key);
-    if (use_ref && st == TSR_OK && key.overflow) {
-        /* a key that did not fit names nothing (fullref.h): say so rather than report a
-         * reference that was never written */
-        fprintf(stderr, "tessera needle: --reference-dir %s: nothing kept: the reference's "
-                        "key (with the paths of the model, tokenizer and executable) is "
-                        "longer than a key holds\n", o->ref_dir);
+    const char *why = use_ref && st == TSR_OK ? tsr_fullref_key_unusable(&key) : NULL;
+    if (why) {
+        /* say so rather than report a reference that was never written */
+        fprintf(stderr, "tessera needle: --reference-dir %s: nothing kept: %s\n", o->ref_dir,
+                why);
         use_ref = false;
     }
     if (use_ref && st == TSR_OK) st = tsr_fullref_load(o->ref_dir, &key, &ref, &ref_len);
