@@ -66,6 +66,11 @@ typedef struct tsr_kv_policy_config {
      * as long as it lives. Callers leave it NULL. */
     const void *opts;
     int n_heads;             /* query heads */
+    /* Rows one step writes at most before the policy evicts (the prefill chunk: kv_setup's
+     * chunk_tokens); 0: TSR_KV_POLICY_CHUNK. The pool is sized for a budgeted layer's
+     * budget plus this (tsr_kv_policy_bound), which a policy that lets decode steps grow a
+     * layer (snapkv) holds itself to. */
+    int32_t chunk;
     int rope_interleaved;    /* rotary pairs (2i, 2i+1) rather than (i, i + hd/2) */
     tsr_host_pool *host;     /* where host copies live (offload's full KV) */
     /* Tensor parallelism: the ranks of the TP group hold different KV heads of the same
@@ -121,7 +126,8 @@ typedef struct tsr_kv_policy_extent {
     const tsr_kv_policy_arg *args; /* the policy's options as text (undeclared: skipped) */
     int n_args;
     int32_t context;       /* positions one sequence may hold */
-    int32_t chunk;         /* rows one step writes before the policy evicts (prefill chunk) */
+    int32_t chunk;         /* rows one step writes before the policy evicts (prefill chunk;
+                            * 0: TSR_KV_POLICY_CHUNK) */
     int n_layers;          /* the cache's layers (this rank's stage) */
     /* The cache gets the model's weights (tsr_kv_policy_config.model), and whether the job
      * splits the layers into pipeline stages or replicates this rank's KV heads over TP
@@ -321,6 +327,15 @@ tsr_status tsr_kv_policy_sum_heads(const tsr_kv_policy_config *cfg, const float 
 
 /* The budget in tokens for a sequence of `len` tokens (len when everything is kept). */
 int32_t tsr_kv_policy_budget(const tsr_kv_policy_config *cfg, int32_t len);
+
+/* The chunk a config or extent of 0 means: tessera's default prefill chunk. */
+#define TSR_KV_POLICY_CHUNK 512
+
+/* The rows one budgeted layer of a sequence of `len` tokens may hold while a step runs:
+ * its budget plus one step's rows (cfg->chunk), not capped by len. At the full context
+ * this is what the pool is sized for (tsr_kv_policy_resident_of's default), so a policy
+ * that evicts once a layer would pass it stays within the sizing. */
+int64_t tsr_kv_policy_bound(const tsr_kv_policy_config *cfg, int32_t len);
 
 /* Rows and blocks one sequence holds at most in the paged pool under pol (its `resident`
  * hook, else the default), summed over in->n_layers layers, each layer's rows rounded up

@@ -224,6 +224,11 @@ int32_t tsr_kv_policy_budget(const tsr_kv_policy_config *cfg, int32_t len) {
     return t < len ? (int32_t)t : len;
 }
 
+int64_t tsr_kv_policy_bound(const tsr_kv_policy_config *cfg, int32_t len) {
+    return (int64_t)tsr_kv_policy_budget(cfg, len) +
+           (cfg->chunk > 0 ? cfg->chunk : TSR_KV_POLICY_CHUNK);
+}
+
 tsr_status tsr_kv_policy_resident_of(const tsr_kv_policy_decl *pol,
                                      const tsr_kv_policy_extent *in, int block_size,
                                      tsr_kv_policy_resident *out) {
@@ -235,8 +240,8 @@ tsr_status tsr_kv_policy_resident_of(const tsr_kv_policy_decl *pol,
     int32_t ctx = in->context, rows = ctx;
     if (pol->uses_budget && in->budget > 0) {
         /* the budget at the full context, and a step's rows written before eviction */
-        tsr_kv_policy_config pc = {.budget = in->budget};
-        int64_t t = (int64_t)tsr_kv_policy_budget(&pc, ctx) + (in->chunk > 0 ? in->chunk : 512);
+        tsr_kv_policy_config pc = {.budget = in->budget, .chunk = in->chunk};
+        int64_t t = tsr_kv_policy_bound(&pc, ctx);
         rows = t < ctx ? (int32_t)t : ctx;
     }
     size_t n = (size_t)in->n_layers;

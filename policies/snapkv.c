@@ -2,17 +2,28 @@
  * Generation"): at the end of a prompt, the attention the last W prompt queries (the
  * observation window, --snapkv-window, 32) give each earlier key, pooled over neighbouring
  * keys (1-D pooling, --snapkv-pool avg|max, --snapkv-kernel 7) and summed over heads, picks
- * the keys to keep: the top (budget - window) of them plus the window itself. Decode steps
- * then append without eviction, as in the paper.
+ * the keys to keep: the top (budget - window) of them plus the window itself.
  *
  * When the prompt ends: the cache interface sees step sizes, not requests, so every step of
  * more than one token (a prefill chunk) ends with a compression of each layer that holds
  * more than the budget, and a one-token step (a decode) appends. A prompt that fits in one
  * chunk is compressed once, at its end, exactly as in the paper; a chunked prompt is
  * compressed after each chunk (each with the last W queries seen so far as its window), so
- * a 128K prefill holds budget + one chunk per layer, what the pool is sized for
- * (runtime/exec/kv_setup.c), instead of the whole prompt. The last chunk's compression is the
- * paper's, over the keys the earlier ones kept.
+ * a 128K prefill holds budget + one chunk per layer instead of the whole prompt. The last
+ * chunk's compression is the paper's, over the keys the earlier ones kept.
+ *
+ * Decode steps: the paper appends every generated token, so its cache grows past the budget
+ * by the generation. The pool is sized for budget + one chunk per layer
+ * (tsr_kv_policy_resident_of's default, runtime/exec/kv_setup.c), so here a layer grows by
+ * decode steps up to that bound (tsr_kv_policy_bound: the budget at the sequence's length
+ * plus cfg->chunk) and no further: the decode step that brings it there ends, at commit,
+ * with the layer compressed to its budget again by the same selection, its window the last
+ * W queries seen (now decode queries). The next step's reserve (and the scheduler's
+ * reserve_check before it) then sees the compressed layer, so a sequence never needs more
+ * blocks than the start-up check counted, however long it generates; a prompt shorter than
+ * the budget is held to it the same way. A generation that stays under the bound appends
+ * exactly as the paper does (same tokens); one that reaches it is compressed every `chunk`
+ * decode steps, one scoring of the layer's keys each time.
  *
  * The forward pass's key_scores sum over every query of a call, so this policy does not
  * ask for them (reads_scores 0): the queries hook hands the step's rotated queries (host
@@ -48,6 +59,7 @@ typedef struct tsr__snap_counters {
     int64_t tokens_processed;
     int64_t compressions;          /* layer compressions */
     int64_t compressions_unscored; /* of them, without window queries: the newest kept */
+    int64_t decode_compressions;   /* of them, after a decode step reached the bound */
 } tsr__snap_counters;
 
 typedef struct tsr__sseq {
@@ -329,13 +341,18 @@ static tsr_status tsr__snap_choose(tsr__snap *s, tsr__sseq *sq, int layer, int s
     return st;
 }
 
-/* Compresses `layer` of seq to its budget when it holds more. */
-static tsr_status tsr__snap_compress(tsr__snap *s, tsr__sseq *sq, int layer, int seq) {
+/* Compresses `layer` of seq to its budget when it holds more and, after a decode step
+ * (`decode`), only when it holds its bound: budget + chunk rows, so that the next step's row
+ * would pass what the pool is sized for. */
+static tsr_status tsr__snap_compress(tsr__snap *s, tsr__sseq *sq, int layer, int seq,
+                                     int decode) {
     tsr_kv_cache *m = s->mech;
     if (s->windows && s->windows[layer] > 0) return TSR_OK; /* a sliding layer keeps its window */
     int32_t n = tsr_kv_paged_slots(m, layer, seq);
-    int32_t budget = tsr_kv_policy_budget(&s->cfg, m->ops->seq_len(m, seq));
-    if (n <= budget) return TSR_OK;
+    int32_t len = m->ops->seq_len(m, seq);
+    int32_t budget = tsr_kv_policy_budget(&s->cfg, len);
+    if (n <= budget || (decode && n < tsr_kv_policy_bound(&s->cfg, len))) return TSR_OK;
+    if (decode) s->st.decode_compressions++;
     tsr__scand *c = tsr_malloc((size_t)n * sizeof *c);
     int32_t *pos = tsr_malloc((size_t)n * sizeof *pos);
     int32_t *ev = tsr_malloc((size_t)n * sizeof *ev);
@@ -356,14 +373,13 @@ static tsr_status tsr__snap_compress(tsr__snap *s, tsr__sseq *sq, int layer, int
 }
 
 /* A prefill chunk (more than one token) ends with each layer compressed; a decode step
- * appends. */
+ * appends, and compresses a layer that it brought to its bound. */
 static tsr_status tsr__snap_commit(void *state, int seq, int32_t n) {
     tsr__snap *s = state;
     tsr__sseq *sq = tsr__snap_seq(s, seq);
     if (!sq) return tsr_error_set(TSR_ERR_INVALID, "snapkv: no sequence %d", seq);
     s->st.tokens_processed += n;
-    if (n <= 1) return TSR_OK;
-    for (int l = 0; l < s->L; l++) TSR_TRY(tsr__snap_compress(s, sq, l, seq));
+    for (int l = 0; l < s->L; l++) TSR_TRY(tsr__snap_compress(s, sq, l, seq, n <= 1));
     return TSR_OK;
 }
 
@@ -375,8 +391,8 @@ static const char *const tsr__snap_pools[] = {"avg", "max", NULL};
 
 static const tsr_kv_policy_option tsr__snap_options[] = {
     {"snapkv-window", TSR_KV_OPT_INT, offsetof(tsr__snap_opts, window), "N",
-     "observation window: the last N prompt queries score the older keys", "32", 1, 4096,
-     NULL},
+     "observation window: the last N queries seen (the prompt's, later decode steps') score "
+     "the older keys", "32", 1, 4096, NULL},
     {"snapkv-kernel", TSR_KV_OPT_INT, offsetof(tsr__snap_opts, kernel), "N",
      "pooling kernel over neighbouring keys, odd; 1 pools nothing", "7", 1, 255, NULL},
     {"snapkv-pool", TSR_KV_OPT_ENUM, offsetof(tsr__snap_opts, maxpool), "KIND",
@@ -389,13 +405,16 @@ static const tsr_kv_policy_stat_field tsr__snap_stat_fields[] = {
     {"snapkv_compressions", TSR_KV_STAT_I64, offsetof(tsr__snap_counters, compressions)},
     {"snapkv_unscored", TSR_KV_STAT_I64,
      offsetof(tsr__snap_counters, compressions_unscored)},
+    {"snapkv_decode_compressions", TSR_KV_STAT_I64,
+     offsetof(tsr__snap_counters, decode_compressions)},
 };
 
 /* Queries (its observation window's), not the kernel's scores summed over all queries;
  * the window's scores summed over the TP group. */
 const tsr_kv_policy_decl tsr_kv_policy_snapkv = {
     .name = "snapkv",
-    .help = "prompt keys the last queries attend to + that window",
+    .help = "keys the last queries attend to + that window; decoding recompresses at "
+            "budget + chunk",
     .reads_queries = 1,
     .uses_budget = 1,
     .checkpointable = 1,

@@ -117,6 +117,13 @@ static int tsr__context(const tsr_kv_options *opt, const tsr_model_config *cfg) 
                                                                         : cfg->max_seq_len;
 }
 
+/* Rows one step of a sequence writes at most: the prefill chunk. The sizing
+ * (tsr__resident) and the policy (tsr_kv_policy_config.chunk) must see the same one: a
+ * budgeted policy holds a layer to its budget plus this (tsr_kv_policy_bound). */
+static int32_t tsr__chunk(const tsr_kv_options *opt) {
+    return opt->chunk_tokens > 0 ? opt->chunk_tokens : TSR_KV_POLICY_CHUNK;
+}
+
 /* What one sequence of the full context holds at most under the policy, in blocks of
  * every layer of this rank's cache, as the policy declares it (tsr_kv_policy_resident_of:
  * its budgeted selection, and its peak with what it takes on top when there is room). */
@@ -128,7 +135,7 @@ static tsr_status tsr__resident(const tsr_kv_options *opt, const tsr_kv_policy_d
     tsr_kv_policy_extent in = {.budget = opt->budget, .args = opt->policy_args,
                                .n_args = opt->n_policy_args,
                                .context = tsr__context(opt, cfg),
-                               .chunk = opt->chunk_tokens > 0 ? opt->chunk_tokens : 512,
+                               .chunk = tsr__chunk(opt),
                                .n_layers = kc->n_layers, .has_model = opt->model != NULL,
                                .pipeline = pp > 1,
                                .kv_replicated = sh && sh->kv_share_end - sh->kv_share_begin > 1};
@@ -326,6 +333,7 @@ tsr_status tsr_kv_setup(const tsr_kv_options *opt, const tsr_model_config *cfg,
     tsr_kv_policy_config pc = {.budget = opt->budget, .args = opt->policy_args,
                                .n_args = opt->n_policy_args, .model = pl ? &pm : NULL,
                                .n_heads = sh->head_end - sh->head_begin,
+                               .chunk = tsr__chunk(opt),
                                .rope_interleaved = cfg->rope_interleaved, .host = host,
                                .owns_host = 1, .comm = opt->comm,
                                .kv_share_begin = sh->kv_share_begin,

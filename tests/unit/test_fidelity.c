@@ -116,8 +116,9 @@ static void test_h2o_ten_percent_differs_body(void) {
 }
 
 /* prompt_tokens: each story's first tokens as one chunk. paged stays exact; snapkv, which
- * compresses only at the end of a prompt, equals the full cache without one and differs
- * with one. */
+ * compresses at the end of a prompt, differs with one; without one it equals the full cache
+ * while decoding keeps each layer under its budget + one chunk (512 here: the stories are
+ * shorter), and differs once decoding reaches that bound (chunk 16) and recompresses. */
 static void test_prompt_mode_body(void);
 TSR_KV_TEST(test_prompt_mode) {
     tf_load();
@@ -126,15 +127,16 @@ TSR_KV_TEST(test_prompt_mode) {
 }
 
 static void test_prompt_mode_body(void) {
-    const char *pols[] = {"paged", "snapkv", "snapkv"};
-    for (int i = 0; i < 3; i++) {
+    const char *pols[] = {"paged", "snapkv", "snapkv", "snapkv"};
+    const int chunk[] = {48, 48, 512, 16};
+    for (int i = 0; i < 4; i++) {
         tsr_fidelity_options o = tf_opts(pols[i], i ? 0.2 : 0, 0);
-        o.prompt_tokens = i == 2 ? 0 : 48;
-        o.chunk_tokens = i == 2 ? 1 : 48;
+        o.prompt_tokens = i >= 2 ? 0 : 48;
+        o.chunk_tokens = chunk[i];
         tsr_fidelity_result r;
         ASSERT_OK(tsr_fidelity_run(tf_spec(), tf_tok, tf_text, tf_len, &o, &r));
         tf_in_range(&r);
-        if (i == 1) {
+        if (i == 1 || i == 3) {
             ASSERT_TRUE(r.agreement < 1.0 && r.kl > 0.0);
         } else {
             ASSERT_TRUE(r.agreement == 1.0 && r.kl == 0.0 && r.nll == r.nll_full);
@@ -166,7 +168,9 @@ static void test_probe_without_tokenizer_body(void) {
 }
 
 /* Tail scoring of one document: exactly tail positions scored, one window; paged stays
- * exact in prompt and decode-only mode; snapkv differs only when the prefix is a prompt. */
+ * exact in prompt and decode-only mode; snapkv differs when the prefix is a prompt, and in
+ * decode-only mode once the document passes budget + one chunk (40 + 64 of 200 tokens: it
+ * recompresses), not before (a chunk of 256). */
 static void test_document_tail_body(void);
 TSR_KV_TEST(test_document_tail) {
     tf_load();
@@ -175,19 +179,19 @@ TSR_KV_TEST(test_document_tail) {
 }
 
 static void test_document_tail_body(void) {
-    const char *pols[] = {"paged", "paged", "snapkv", "snapkv"};
-    for (int i = 0; i < 4; i++) {
+    const char *pols[] = {"paged", "paged", "snapkv", "snapkv", "snapkv"};
+    for (int i = 0; i < 5; i++) {
         tsr_fidelity_options o = tf_opts(pols[i], i >= 2 ? 0.2 : 0, 0);
         o.document = true;
         o.doc_tokens = 200;
         o.tail_tokens = 16;
-        o.chunk_tokens = 64;
-        o.decode_prefix = i == 1 || i == 3;
+        o.chunk_tokens = i == 4 ? 256 : 64;
+        o.decode_prefix = i == 1 || i >= 3;
         tsr_fidelity_result r;
         ASSERT_OK(tsr_fidelity_run(tf_spec(), tf_tok, tf_text, tf_len, &o, &r));
         tf_in_range(&r);
         ASSERT_TRUE(r.tokens == 16 && r.windows == 1);
-        if (i == 2)
+        if (i == 2 || i == 3)
             ASSERT_TRUE(r.kl > 0.0);
         else
             ASSERT_TRUE(r.agreement == 1.0 && r.kl == 0.0 && r.nll == r.nll_full);

@@ -1,8 +1,9 @@
 /* The snapkv policy (policies/snapkv.c): keys that the observation window's queries attend
  * to survive a prefill compression together with their pooling neighbourhood (kernel 7)
  * and the window (32 tokens), also when the window's queries came over several calls and
- * when the keys span several gather tiles; decode steps append; at a budget covering the
- * sequence it generates what paged generates. */
+ * when the keys span several gather tiles; decode steps append up to budget + chunk rows and
+ * are compressed again there, the window then made of decode queries; at a budget covering
+ * the sequence it generates what paged generates. */
 #include <math.h>
 #include <stdint.h>
 
@@ -26,15 +27,22 @@
 #define WIN_ 32
 #define MAXN_ 640
 
-/* args: snapkv's options (n of them), e.g. {"snapkv-pool", "max"}. */
-static tsr_status tsr__mk_snap_with(double budget, const tsr_kv_policy_arg *args, int n,
-                                    tsr_kv_cache **kv) {
+/* args: snapkv's options (n of them), e.g. {"snapkv-pool", "max"}; chunk: the rows a step
+ * writes at most (0: the default, 512), which with the budget bounds a layer in decode. */
+static tsr_status tsr__mk_snap_chunk(double budget, int32_t chunk, const tsr_kv_policy_arg *args,
+                                     int n, tsr_kv_cache **kv) {
     tsr_kv_paged_config kc = {.n_layers = 1, .n_kv_heads = G_, .head_dim = HD_,
                               .block_size = 4, .max_seqs = 1, .max_seq_len = 4096,
                               .be = kvt_be, .kv_dtype = kvt_dtype()};
     kc.memory_bytes = (MAXN_ / 4 + 8) * tsr_kv_paged_block_bytes(&kc);
-    tsr_kv_policy_config pc = {.budget = budget, .n_heads = H_, .args = args, .n_args = n};
+    tsr_kv_policy_config pc = {.budget = budget, .n_heads = H_, .args = args, .n_args = n,
+                               .chunk = chunk};
     return tsr_kv_policy_cache_create(tsr_kv_policy_find("snapkv"), &pc, &kc, kv);
+}
+
+static tsr_status tsr__mk_snap_with(double budget, const tsr_kv_policy_arg *args, int n,
+                                    tsr_kv_cache **kv) {
+    return tsr__mk_snap_chunk(budget, 0, args, n, kv);
 }
 
 /* The defaults: window 32, kernel 7, average pooling. */
@@ -222,6 +230,78 @@ TSR_KV_TEST(test_budget_below_window) {
     tsr_kv_cache_destroy(kv);
 }
 
+/* n decode steps (queries along the planted keys), each ending with the layer under its
+ * bound (budget + chunk: the next step's row fits what the pool is sized for); asserts that
+ * `compressions` of them compressed it, to `budget`. */
+static void tsr__decode_bounded(tsr_kv_cache *kv, int n, const int32_t *planted, int n_planted,
+                                int32_t budget, int32_t chunk, int compressions) {
+    tsr_kv_cache *m = tsr_kv_policy_mech(kv);
+    int compressed = 0;
+    for (int i = 0; i < n; i++) {
+        int32_t before = tsr_kv_paged_slots(m, 0, 0);
+        ASSERT_OK(tsr__snap_step(kv, 1, planted, n_planted, 0));
+        int32_t after = tsr_kv_paged_slots(m, 0, 0);
+        ASSERT_TRUE(before + 1 <= budget + chunk); /* what the step held */
+        ASSERT_TRUE(after < budget + chunk);
+        if (after == before + 1) continue;
+        ASSERT_EQ_INT(before + 1, budget + chunk); /* only the step that reached the bound */
+        ASSERT_EQ_INT(after, budget);
+        compressed++;
+    }
+    ASSERT_EQ_INT(compressed, compressions);
+}
+
+/* Decode steps grow a layer up to budget + chunk (what tsr_kv_policy_resident_of sizes the
+ * pool for) and no further: the step that reaches it ends with the layer compressed to its
+ * budget by the prompt's selection, its window the last 32 queries (decode queries now), so
+ * the planted keys' neighbourhoods and the newest 32 positions stay. */
+TSR_KV_TEST(test_decode_recompresses_at_bound) {
+    enum { CHUNK = 16, BUDGET = WIN_ + 14 };
+    tsr_kv_cache *kv = NULL;
+    const int32_t planted[2] = {10, 40};
+    ASSERT_OK(tsr__mk_snap_chunk(BUDGET, CHUNK, NULL, 0, &kv));
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    ASSERT_OK(tsr__snap_step(kv, 96, planted, 2, 96 - WIN_));
+    tsr__expect_kept(kv, 96, planted, 2);
+    /* 15 steps stay under the bound (the paper's append), the 16th reaches it */
+    tsr__decode_bounded(kv, CHUNK - 1, planted, 2, BUDGET, CHUNK, 0);
+    ASSERT_EQ_INT(tsr_kv_paged_slots(tsr_kv_policy_mech(kv), 0, 0), BUDGET + CHUNK - 1);
+    tsr__decode_bounded(kv, 1, planted, 2, BUDGET, CHUNK, 1);
+    tsr__expect_kept(kv, 96 + CHUNK, planted, 2);
+    /* and so on every CHUNK steps, for as long as it generates */
+    tsr__decode_bounded(kv, 5 * CHUNK, planted, 2, BUDGET, CHUNK, 5);
+    tsr__expect_kept(kv, 96 + 6 * CHUNK, planted, 2);
+    tsr_kv_policy_stats ps;
+    tsr_kv_policy_get_stats(kv, &ps);
+    ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "snapkv_compressions"), 7);
+    ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "snapkv_decode_compressions"), 6);
+    ASSERT_EQ_INT((int64_t)tsr_kv_policy_stat(&ps, "snapkv_unscored"), 0);
+    ASSERT_EQ_INT(ps.evictions, (96 - BUDGET) + 6 * CHUNK);
+    tsr_kv_cache_destroy(kv);
+}
+
+/* A prompt shorter than the budget is not compressed; decoding then grows it to budget +
+ * chunk, not to the context, and that compression keeps what the decode window attends to. */
+TSR_KV_TEST(test_short_prompt_bounded_in_decode) {
+    enum { CHUNK = 8, BUDGET = WIN_ + 7 };
+    tsr_kv_cache *kv = NULL;
+    const int32_t planted[1] = {10};
+    ASSERT_OK(tsr__mk_snap_chunk(BUDGET, CHUNK, NULL, 0, &kv));
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    ASSERT_OK(tsr__snap_step(kv, 20, planted, 1, 0));
+    ASSERT_EQ_INT(tsr_kv_paged_slots(tsr_kv_policy_mech(kv), 0, 0), 20);
+    tsr__decode_bounded(kv, BUDGET + CHUNK - 20, planted, 1, BUDGET, CHUNK, 1);
+    tsr__expect_kept(kv, BUDGET + CHUNK, planted, 1);
+    /* without a chunk in the config, the default 512 */
+    tsr_kv_cache_destroy(kv);
+    ASSERT_OK(tsr__mk_snap(BUDGET, &kv));
+    ASSERT_OK(kv->ops->seq_add(kv, 0));
+    ASSERT_OK(tsr__snap_step(kv, 20, planted, 1, 0));
+    tsr__decode_bounded(kv, MAXN_ - 20 - 1, planted, 1, BUDGET, 512, 1);
+    ASSERT_EQ_INT(tsr_kv_paged_slots(tsr_kv_policy_mech(kv), 0, 0), MAXN_ - 1 - 512);
+    tsr_kv_cache_destroy(kv);
+}
+
 TSR_KV_FWD_TEST(test_forward_full_budget_equals_paged) {
     const tsr_model *m = kvt_eng->weights;
     tsr_backend *be = kvt_be;
@@ -254,4 +334,5 @@ TSR_KV_FWD_TEST(test_forward_full_budget_equals_paged) {
 
 TSR_TEST_MAIN(test_planted_keys_survive_with_pooling, test_planted_keys_across_tiles,
               test_window_over_several_calls, test_options, test_budget_below_window,
+              test_decode_recompresses_at_bound, test_short_prompt_bounded_in_decode,
               test_forward_full_budget_equals_paged)
