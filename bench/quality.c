@@ -4,7 +4,8 @@
  * one line: policy, budget, tokens scored, mean NLL and perplexity of both, top-1 agreement,
  * KL(full || policy), seconds and the policy's KV stats JSON. Stories are separated by blank
  * lines; each is one sequence starting at BOS. --prompt P: the first P tokens of each story
- * go in as one prefill chunk (a prompt; snapkv compresses at its end), the rest as decode.
+ * go in as one prefill chunk (a prompt; snapkv compresses at its end), the rest as decode,
+ * the chunk P also bounding a layer in decode (budget + P rows; without a prompt, 1).
  * Exit 0 on success, 2 when the run fails (the
  * error line goes to stderr). --list-policies prints the registry's policy names, one a line.
  *

@@ -15,8 +15,8 @@
 #                pairs: every channel of this model's 8-channel heads, so its speculation is
 #                exact here; `offload skew` is InfiniGen's 20 % of the channels (2 of 8)
 #     PROMPT     the first PROMPT tokens of each story go in as one prefill chunk, a prompt
-#                (default 64; snapkv compresses at a prompt's end, so it is measured only
-#                with one), the rest one token per call; 0: every position in decode mode;
+#                (default 64; snapkv's selection at a prompt's end is measured only with
+#                one), the rest one token per call; 0: every position in decode mode;
 #                "both": every row twice, prompt mode (64) and decode-only (0), side by side
 # Columns: mean NLL (nats/token), perplexity, top-1 agreement of the greedy next token with
 # the full cache, KL(full || policy) of the next-token distributions (nats, mean over

@@ -51,9 +51,9 @@ typedef struct tsr_fidelity_options {
     int probe_length;     /* tokens of the retrieval probe's prompt (0: no probe) */
     int gen_tokens;       /* greedy continuation after each text sequence (0: none) */
     /* Text: the first prompt_tokens of each sequence go in as one prefill chunk (a prompt;
-     * only its last position is scored), the rest one token per call. Policies that act at
-     * the end of a prompt (snapkv) are measured only this way. 0: every position in decode
-     * mode. Needs chunk_tokens >= prompt_tokens. */
+     * only its last position is scored), the rest one token per call. What a policy does at
+     * the end of a prompt (snapkv's selection) is measured only this way. 0: every position
+     * in decode mode. Needs chunk_tokens >= prompt_tokens. */
     int prompt_tokens;
     /* The full cache's KV dtype (--ref-kv-dtype; NULL: the backend's default), so that a KV
      * dtype is measured against another (kernels/kv_dtype.h). */

@@ -22,7 +22,8 @@
  * Whatever its size, the pool must hold one sequence of the full context (max_context, or
  * the model's) in the rows the policy declares its selection holds (tsr_kv_policy_resident_of:
  * under a policy that uses --kv-budget and is given one, the budget plus one chunk per
- * layer; offload's dense layers whole): otherwise tsr_kv_setup refuses with TSR_ERR_BUDGET
+ * layer, decode steps included (the policy gets the same chunk: tsr_kv_policy_config.chunk);
+ * offload's dense layers whole): otherwise tsr_kv_setup refuses with TSR_ERR_BUDGET
  * and one line, as vLLM checks max_model_len against its pool. A pool that holds that but
  * not the policy's peak (offload's dense prefill) gets one warning line saying what the
  * policy does without it and what pool avoids it. Every request that fits the context then
