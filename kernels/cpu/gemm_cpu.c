@@ -42,7 +42,8 @@ static void tsr__matvec_rows(const tsr__cpu_kernels *k, const tsr_tensor *w, con
     case TSR_Q8_0: /* tsr__qblock_run */
     case TSR_Q4_0:
     case TSR_Q4_1:
-    case TSR_Q4_K: break; /* tsr__qblock_run */
+    case TSR_Q4_K:
+    case TSR_MXFP4: break; /* tsr__qblock_run */
     case TSR_F8_E4M3: break; /* refused: the engine converts FP8 to Q8_0 for the CPU */
     }
 }
@@ -84,7 +85,8 @@ static void tsr__matvec_seg_rows(const tsr__cpu_kernels *k, const tsr_tensor *w,
     case TSR_Q8_0: /* tsr__qblock_run */
     case TSR_Q4_0:
     case TSR_Q4_1:
-    case TSR_Q4_K: break; /* tsr__qblock_run */
+    case TSR_Q4_K:
+    case TSR_MXFP4: break; /* tsr__qblock_run */
     case TSR_F8_E4M3: break; /* refused: the engine converts FP8 to Q8_0 for the CPU */
     }
 }
@@ -339,7 +341,7 @@ static tsr_status tsr__qact_begin(tsr__cpu_ctx *c, const float *x, int64_t n,
     return TSR_OK;
 }
 
-/* y = x . W^T for a Q8_0, Q4_0, Q4_1 or Q4_K W, per column part as matmul_parts (seg ==
+/* y = x . W^T for a Q8_0, Q4_0, Q4_1, MXFP4 or Q4_K W, per column part as matmul_parts (seg ==
  * NULL: one part, summed): the inputs quantized first (tsr__qact_begin), then W's
  * integer kernel (kernels/cpu/quant_q8.h, quant_q4.h, quant_q4k.h) runs over fixed blocks
  * of row groups, each serving all inputs 4 at a time while it is in L1/L2, so W streams
@@ -353,8 +355,9 @@ static tsr_status tsr__qblock_run(tsr__cpu_ctx *c, const float *x, int64_t n,
     TSR_TRY(tsr__qact_begin(c, x, n, w, seg, n_parts, sum, &q));
     int64_t rows = w->rows, cols = w->cols, nb = q.nb, nsb = q.nb * q.nsum;
     const tsr__q8_kernels *k8 = tsr__q8_kernels_get();
-    tsr__q4_gemv_fn g4 = tsr_q4_is(w->dtype) ? tsr__q4_gemv_for(tsr__q4_kernels_get(), w->dtype)
-                                             : NULL;
+    tsr__q4_gemv_fn g4 = tsr_q4_is(w->dtype) || w->dtype == TSR_MXFP4
+                             ? tsr__q4_gemv_for(tsr__q4_kernels_get(), w->dtype)
+                             : NULL;
     tsr__q4k_gemv_fn gk = w->dtype == TSR_Q4_K ? tsr__q4k_kernels_get()->gemv : NULL;
     /* every format packs 16-row groups (the _Static_asserts of the *_internal.h) */
     int64_t ng = (rows + TSR_Q8_GROUP - 1) / TSR_Q8_GROUP;
@@ -389,7 +392,8 @@ static tsr_status tsr__qblock_run(tsr__cpu_ctx *c, const float *x, int64_t n,
 
 /* Whether W runs on tsr__qblock_run: a block-quantized dtype in a shape its kernels take. */
 static bool tsr__qblock_fits(const tsr_tensor *w) {
-    if (w->dtype == TSR_Q8_0 || tsr_q4_is(w->dtype)) return tsr_q8_fits(w->rows, w->cols);
+    if (w->dtype == TSR_Q8_0 || tsr_q4_is(w->dtype) || w->dtype == TSR_MXFP4)
+        return tsr_q8_fits(w->rows, w->cols);
     return w->dtype == TSR_Q4_K && tsr_q4k_fits(w->rows, w->cols);
 }
 

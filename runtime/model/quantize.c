@@ -87,3 +87,36 @@ tsr_status tsr_model_quantize(tsr_model *m, tsr_dtype dt) {
 }
 
 tsr_status tsr_model_quantize_q8(tsr_model *m) { return tsr_model_quantize(m, TSR_Q8_0); }
+
+/* One expert projection: expert by expert into the packed tensor, each expert's source
+ * bytes given back once packed (as tsr__quantize's slabs). */
+static tsr_status tsr__pack_experts(tsr_model *m, tsr_experts *x) {
+    if (!x->mxfp4 || !x->w.data || x->n <= 0 || x->rows % TSR_Q4_GROUP || x->cols % TSR_Q4_BLOCK)
+        return TSR_OK;
+    tsr_tensor q = {.dtype = TSR_MXFP4, .rows = (int64_t)x->n * x->rows, .cols = x->cols};
+    tsr_tensor one = {.dtype = TSR_MXFP4, .rows = x->rows, .cols = x->cols};
+    size_t per = tsr_tensor_bytes(&one);
+    size_t bb = (size_t)x->rows * (size_t)(x->cols / 2), sb = (size_t)x->rows * (size_t)(x->cols / 32);
+    void *dst;
+    TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &dst));
+    for (int e = 0; e < x->n; e++) {
+        const uint8_t *blocks = (const uint8_t *)x->w.data + (size_t)e * bb;
+        const uint8_t *scales = (const uint8_t *)x->scales.data + (size_t)e * sb;
+        tsr_q4_pack_mxfp4(blocks, scales, x->rows, x->cols, (char *)dst + (size_t)e * per);
+        tsr_pages_drop(blocks, bb);
+        tsr_pages_drop(scales, sb);
+    }
+    q.data = dst;
+    x->w = q;
+    x->scales = (tsr_tensor){.dtype = TSR_U8};
+    x->mxfp4 = 0;
+    return TSR_OK;
+}
+
+tsr_status tsr_model_pack_experts(tsr_model *m) {
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        TSR_TRY(tsr__pack_experts(m, &m->layers[l].gate_up));
+        TSR_TRY(tsr__pack_experts(m, &m->layers[l].down));
+    }
+    return TSR_OK;
+}
