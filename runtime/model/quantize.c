@@ -5,6 +5,7 @@
 
 #include "base/alloc.h"
 #include "base/dtype.h"
+#include "base/log.h"
 #include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q8.h"
 
@@ -114,9 +115,19 @@ static tsr_status tsr__pack_experts(tsr_model *m, tsr_experts *x) {
 }
 
 tsr_status tsr_model_pack_experts(tsr_model *m) {
+    int packed = 0, kept = 0;
     for (int l = 0; l < m->cfg.n_layers; l++) {
-        TSR_TRY(tsr__pack_experts(m, &m->layers[l].gate_up));
-        TSR_TRY(tsr__pack_experts(m, &m->layers[l].down));
+        tsr_experts *x[2] = {&m->layers[l].gate_up, &m->layers[l].down};
+        for (int i = 0; i < 2; i++) {
+            bool was = x[i]->mxfp4 && x[i]->w.data;
+            TSR_TRY(tsr__pack_experts(m, x[i]));
+            packed += was && !x[i]->mxfp4;
+            kept += was && x[i]->mxfp4;
+        }
     }
+    if (packed || kept)
+        TSR_LOG_INFO("%s: MXFP4 experts with 8-bit activations: %d projections repacked, %d "
+                     "kept on the f32 kernel (rows not whole 16-row groups per expert, or "
+                     "columns not 32-column blocks)", m->source, packed, kept);
     return TSR_OK;
 }
