@@ -7,6 +7,11 @@
 #ifndef TSR__Q4_YDOT
 #error "define TSR__Q4_YDOT before including quant_q4_ymm.h"
 #endif
+/* 1: YDOT is vpmaddubsw + vpmaddwd (AVX2), whose int16 products are summed over several
+ * steps before one vpmaddwd (half the multiplies; same exact sums) */
+#ifndef TSR__Q4_Y_I16
+#define TSR__Q4_Y_I16 0
+#endif
 
 #include <string.h>
 
@@ -39,13 +44,14 @@ tsr__q4_y_blk(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_
     const uint8_t *codes = wb + (q41 ? 64 : mx ? 16 : 32);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i lut = _mm256_setr_epi8(TSR__MX_LUT12, TSR__MX_LUT12);
-    __m256i lo[4], hi[4];
+    __m256i lo[4], hi[4], l16[4], h16[4];
     const int8_t *x[4];
 #pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
-        lo[i] = hi[i] = _mm256_setzero_si256();
+        lo[i] = hi[i] = l16[i] = h16[i] = _mm256_setzero_si256();
         x[i] = xq + ((size_t)i * (size_t)nb + (size_t)b) * TSR_Q4_BLOCK;
     }
+#pragma GCC unroll 4
     for (int s = 0; s < 4; s++) {
         __m256i wl = _mm256_loadu_si256((const __m256i *)(codes + s * 64));
         __m256i wh = _mm256_loadu_si256((const __m256i *)(codes + s * 64 + 32));
@@ -61,8 +67,27 @@ tsr__q4_y_blk(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_
         for (int i = 0; i < nx; i++) {
             __m256i xa = _mm256_set1_epi32(tsr__q4_y_x4(x[i] + 4 * s));
             __m256i xb = _mm256_set1_epi32(tsr__q4_y_x4(x[i] + 16 + 4 * s));
-            lo[i] = TSR__Q4_YDOT(TSR__Q4_YDOT(lo[i], wl0, xa), wl1, xb);
-            hi[i] = TSR__Q4_YDOT(TSR__Q4_YDOT(hi[i], wh0, xa), wh1, xb);
+            if (TSR__Q4_Y_I16) {
+                l16[i] = _mm256_add_epi16(l16[i], _mm256_add_epi16(_mm256_maddubs_epi16(wl0, xa),
+                                                                   _mm256_maddubs_epi16(wl1, xb)));
+                h16[i] = _mm256_add_epi16(h16[i], _mm256_add_epi16(_mm256_maddubs_epi16(wh0, xa),
+                                                                   _mm256_maddubs_epi16(wh1, xb)));
+            } else {
+                lo[i] = TSR__Q4_YDOT(TSR__Q4_YDOT(lo[i], wl0, xa), wl1, xb);
+                hi[i] = TSR__Q4_YDOT(TSR__Q4_YDOT(hi[i], wh0, xa), wh1, xb);
+            }
+        }
+        /* the int16 sums into int32: a vpmaddubsw pair is at most 2 * 15 * 127 (4-bit codes)
+         * or 2 * 24 * 127 (MXFP4's 0..24), so a whole block's 8 (Q4) or two steps' 4
+         * (MXFP4) add without overflow; one vpmaddwd then serves them all */
+        if (TSR__Q4_Y_I16 && (s == 3 || (mx && s == 1))) {
+            const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+            for (int i = 0; i < nx; i++) {
+                lo[i] = _mm256_add_epi32(lo[i], _mm256_madd_epi16(l16[i], ones));
+                hi[i] = _mm256_add_epi32(hi[i], _mm256_madd_epi16(h16[i], ones));
+                l16[i] = h16[i] = _mm256_setzero_si256();
+            }
         }
     }
     __m256 dl, dh;
