@@ -1,6 +1,6 @@
 /* The AVX2 Q8_0 kernel (quant_q8_internal.h), under its own target pragma: the 16 rows of a
  * group in two 8-lane halves; per 4-column step the u8 weights become s8 again (xor 0x80),
- * and vpmaddubsw multiplies |w| with sign(x, w) (no pair sum can saturate: |q| <= 127), then
+ * and vpmaddubsw multiplies |x| with sign(w, x) (no pair sum can saturate: |q|, |x| <= 127), then
  * vpmaddwd with ones gives each row's 4-product int32 sum. The same exact integer sums, scale
  * and fma per block as the other variants. */
 #include "kernels/cpu/quant_q8_internal.h"
@@ -46,12 +46,14 @@ tsr__q8_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int3
         __m256i wl = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 32 + s * 64)), flip);
         __m256i wh =
             _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 32 + s * 64 + 32)), flip);
-        __m256i al = _mm256_abs_epi8(wl), ah = _mm256_abs_epi8(wh);
 #pragma GCC unroll 4
         for (int i = 0; i < nx; i++) {
+            /* |x| (4 values, one vpabsb per step and token) times sign(w, x): the same
+             * products as |w| times sign(x, w), without a vpabsb per weight register */
             __m256i xb = _mm256_set1_epi32(tsr__q8_y_x4(x[i] + 4 * s));
-            __m256i pl = _mm256_maddubs_epi16(al, _mm256_sign_epi8(xb, wl));
-            __m256i ph = _mm256_maddubs_epi16(ah, _mm256_sign_epi8(xb, wh));
+            __m256i ax = _mm256_abs_epi8(xb);
+            __m256i pl = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wl, xb));
+            __m256i ph = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wh, xb));
             lo[i] = _mm256_add_epi32(lo[i], _mm256_madd_epi16(pl, ones));
             hi[i] = _mm256_add_epi32(hi[i], _mm256_madd_epi16(ph, ones));
         }
