@@ -29,9 +29,14 @@ typedef enum tsr_dtype {
      * codes row-major, then at tsr_fp8_scale_offset the rows scales. Matrices only;
      * runtime/model/fp8.h loads and converts them. */
     TSR_F8_E4M3 = 8,
+    /* MXFP4 experts (GPT-OSS) repacked for the CPU's integer kernels (kernels/cpu/quant_q4.h:
+     * 16-row groups, per 32-column block the 16 rows' E8M0 scale bytes, then the 4-bit codes
+     * in Q4_0's layout). Only a tsr_experts' w holds it; the plain form is TSR_U8 blocks and
+     * scales. */
+    TSR_MXFP4 = 9,
 } tsr_dtype;
 
-/* Bytes per element; Q8_0, Q4_0, Q4_1, Q4_K and F8_E4M3: 1 (their scales are counted by
+/* Bytes per element; Q8_0, Q4_0, Q4_1, Q4_K, F8_E4M3 and MXFP4: 1 (their scales are counted by
  * tsr_tensor_bytes). */
 size_t tsr_dtype_size(tsr_dtype t);
 const char *tsr_dtype_name(tsr_dtype t);

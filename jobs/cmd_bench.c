@@ -135,7 +135,8 @@ static int tsr__bench_parse(int argc, char **argv, tsr__bench_opts *o, int *exit
          "CPU kernel threads (the default is the CPUs this process may run on; at most 4 per "
          "such CPU)", false},
         {"dtype", TSR_OPT_STRING, &o->dtype_name, "f32|bf16|q8_0|q4_0|q4_1|fp8",
-         "weight dtype (default: as the model stores it; fp8: cuda, Q8_0 elsewhere)", false},
+         "weight dtype (default: as the model stores it; fp8: cuda, Q8_0 elsewhere); on the "
+         "CPU a quantized dtype also runs MXFP4 experts with 8-bit activations", false},
         {"repeat", TSR_OPT_INT, &o->repeat, "R", "timed repeats, median reported", false},
         {"warmup", TSR_OPT_INT, &o->warmup, "W",
          "untimed rounds of the same prefill and decode steps (they also fault in the KV "

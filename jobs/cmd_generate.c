@@ -231,7 +231,8 @@ int tsr_cmd_generate(int argc, char **argv) {
         {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
         {"dtype", TSR_OPT_STRING, &o.dtype, "f32|bf16|f16|q8_0|q4_0|q4_1|fp8",
          "weight dtype (default: as stored); q8_0, q4_0, q4_1 and fp8 quantize at load (fp8: "
-         "cuda; Q8_0 elsewhere)", false},
+         "cuda; Q8_0 elsewhere); on the CPU a quantized dtype also runs GPT-OSS's MXFP4 "
+         "experts with 8-bit activations (TSR_MXFP4_F32=1: their f32 kernel)", false},
     };
     enum { N_BASE = sizeof base / sizeof base[0] };
     tsr_cli_opt opts[N_BASE + TSR_KV_CLI_N_OPTS + TSR_DIST_CLI_N_OPTS];

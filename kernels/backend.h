@@ -410,6 +410,9 @@ struct tsr_backend {
     /* matmul and matmul_parts take TSR_F8_E4M3 weights (the CUDA backend); elsewhere the
      * engine converts FP8 matrices at load (runtime/model/fp8.h). */
     bool fp8_weights;
+    /* moe takes repacked MXFP4 experts (TSR_MXFP4, the CPU's integer kernels); the engine
+     * repacks them for a quantized --dtype (runtime/model/quantize.h). */
+    bool mxfp4_packed;
 };
 
 /* --- the registry -----------------------------------------------------------------------

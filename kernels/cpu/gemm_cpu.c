@@ -8,6 +8,8 @@
  * prefill runs at BLAS speed without an f32 copy of the whole matrix. */
 #include <cblas.h>
 #include <omp.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_internal.h"
@@ -42,7 +44,8 @@ static void tsr__matvec_rows(const tsr__cpu_kernels *k, const tsr_tensor *w, con
     case TSR_Q8_0: /* tsr__qblock_run */
     case TSR_Q4_0:
     case TSR_Q4_1:
-    case TSR_Q4_K: break; /* tsr__qblock_run */
+    case TSR_Q4_K:
+    case TSR_MXFP4: break; /* tsr__qblock_run */
     case TSR_F8_E4M3: break; /* refused: the engine converts FP8 to Q8_0 for the CPU */
     }
 }
@@ -84,7 +87,8 @@ static void tsr__matvec_seg_rows(const tsr__cpu_kernels *k, const tsr_tensor *w,
     case TSR_Q8_0: /* tsr__qblock_run */
     case TSR_Q4_0:
     case TSR_Q4_1:
-    case TSR_Q4_K: break; /* tsr__qblock_run */
+    case TSR_Q4_K:
+    case TSR_MXFP4: break; /* tsr__qblock_run */
     case TSR_F8_E4M3: break; /* refused: the engine converts FP8 to Q8_0 for the CPU */
     }
 }
@@ -149,11 +153,80 @@ static tsr_status tsr__matvec(tsr__cpu_ctx *c, const float *x, int64_t n, const 
  * column-parallel TP shard) sees the same panel shape. Under 256 columns, 32 rows:
  * stories260K's 32- and 64-row matrices were padded to 96 (wk, wv 18 -> 6 us a chunk of 128
  * tokens, wq 19 -> 13; the 172-row w1/w3 become 6 panels instead of 2, 37 -> 39). */
-static int64_t tsr__gemm_panel_rows(int64_t cols) {
+static int64_t tsr__gemm_panel_rows_wanted(int64_t cols) {
     if (cols < 256) return 32;
     int64_t p = (int64_t)(TSR__CPU_PANEL_BYTES / 4) / cols;
     p = p > 96 ? 96 : p & ~(int64_t)15;
     return p < 16 ? 16 : p;
+}
+
+/* Whether this machine's OpenBLAS gives a row of W the same bits wherever it sits among the
+ * p rows of an sgemm: it does on Zen 4 and Cooper Lake for every p here, but its Haswell and
+ * Zen kernels (AVX2 CPUs) split the rows into tiles of 8, 16 and 24 computed in different
+ * orders, so only p = 4, 8 and 16 qualify there (measured for n 1..512 inputs and 64..2048
+ * columns). Asked with a few shapes once per p (about 10 ms for p = 96), every position
+ * against the first. */
+static bool tsr__gemm_rows_independent(int64_t p) {
+    enum { K = 64 };
+    static const int ns[] = {8, 40, 128};
+    float *x = tsr_malloc((size_t)128 * K * sizeof *x), *w = tsr_malloc((size_t)p * K * sizeof *w);
+    float *y = tsr_malloc((size_t)128 * (size_t)p * sizeof *y), *ref = tsr_malloc(128 * sizeof *ref);
+    bool ok = x && w && y && ref;
+    uint32_t r = 0x9e3779b9u;
+    for (size_t i = 0; ok && i < (size_t)128 * K; i++) {
+        r = r * 1664525u + 1013904223u;
+        x[i] = (float)(r >> 8) * (1.0f / 16777216.0f) - 0.5f;
+    }
+    for (size_t i = 0; ok && i < (size_t)p * K; i++) {
+        r = r * 1664525u + 1013904223u;
+        w[i] = (float)(r >> 8) * (1.0f / 16777216.0f) - 0.5f;
+    }
+    for (size_t t = 0; ok && t < sizeof ns / sizeof ns[0]; t++) {
+        int n = ns[t];
+        for (int64_t j = 0; ok && j < p; j++) {
+            /* row 0's values at position j (swapped in, then back) */
+            for (int k = 0; k < K; k++) {
+                float v = w[k];
+                w[k] = w[(size_t)j * K + k];
+                w[(size_t)j * K + k] = v;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)p, K, 1.0f, x, K, w, K,
+                        0.0f, y, (int)p);
+            for (int i = 0; i < n; i++) {
+                if (j == 0) ref[i] = y[(size_t)i * (size_t)p];
+                else if (memcmp(&ref[i], &y[(size_t)i * (size_t)p + (size_t)j], sizeof *y)) ok = false;
+            }
+            for (int k = 0; k < K; k++) {
+                float v = w[k];
+                w[k] = w[(size_t)j * K + k];
+                w[(size_t)j * K + k] = v;
+            }
+        }
+    }
+    tsr_free(x);
+    tsr_free(w);
+    tsr_free(y);
+    tsr_free(ref);
+    return ok;
+}
+
+/* The panel rows for cols: the wanted size when a row's bits do not depend on its place in
+ * the panel, else the largest of 16, 8, 4 where they do not, so that a row slice of W (a TP
+ * shard) and a fused matrix's parts (q/k/v, gate/up) give each row W's bits on any CPU. The
+ * answers are cached per p (racing first callers compute the same). */
+static int64_t tsr__gemm_panel_rows(int64_t cols) {
+    static _Atomic signed char indep[97]; /* 0 not asked, 1 yes, -1 no */
+    const int64_t tries[] = {tsr__gemm_panel_rows_wanted(cols), 16, 8, 4};
+    for (size_t i = 0; i < sizeof tries / sizeof tries[0]; i++) {
+        int64_t p = tries[i];
+        signed char v = atomic_load_explicit(&indep[p], memory_order_acquire);
+        if (!v) {
+            v = tsr__gemm_rows_independent(p) ? 1 : -1;
+            atomic_store_explicit(&indep[p], v, memory_order_release);
+        }
+        if (v > 0) return p;
+    }
+    return 4; /* not seen: no row-slice guarantee on this BLAS */
 }
 
 /* y[.][r0 .. r0+pr) for panel b: one sgemm of exactly p rows. BF16/F16 rows are widened
@@ -161,8 +234,8 @@ static int64_t tsr__gemm_panel_rows(int64_t cols) {
  * goes through out ([n][p]). Every call thus has the same shape (n, p, cols): OpenBLAS
  * picks its kernel by shape (0.3.21 on Cooper Lake/Zen 4 uses a "small matrix" kernel with
  * other rounding when n*p*cols <= 1e6), and for a fixed shape each element's bits do not
- * depend on the row's place in the panel (measured), so a row gets the same bits in W and
- * in any row slice of W. */
+ * depend on the row's place in the panel (tsr__gemm_panel_rows chooses a p where this
+ * holds), so a row gets the same bits in W and in any row slice of W. */
 static void tsr__gemm_panel(const tsr__cpu_kernels *k, const float *x, int64_t n,
                             const tsr_tensor *w, int64_t p, int64_t b, float *panel,
                             float *out, float *y) {
@@ -339,7 +412,7 @@ static tsr_status tsr__qact_begin(tsr__cpu_ctx *c, const float *x, int64_t n,
     return TSR_OK;
 }
 
-/* y = x . W^T for a Q8_0, Q4_0, Q4_1 or Q4_K W, per column part as matmul_parts (seg ==
+/* y = x . W^T for a Q8_0, Q4_0, Q4_1, MXFP4 or Q4_K W, per column part as matmul_parts (seg ==
  * NULL: one part, summed): the inputs quantized first (tsr__qact_begin), then W's
  * integer kernel (kernels/cpu/quant_q8.h, quant_q4.h, quant_q4k.h) runs over fixed blocks
  * of row groups, each serving all inputs 4 at a time while it is in L1/L2, so W streams
@@ -353,8 +426,9 @@ static tsr_status tsr__qblock_run(tsr__cpu_ctx *c, const float *x, int64_t n,
     TSR_TRY(tsr__qact_begin(c, x, n, w, seg, n_parts, sum, &q));
     int64_t rows = w->rows, cols = w->cols, nb = q.nb, nsb = q.nb * q.nsum;
     const tsr__q8_kernels *k8 = tsr__q8_kernels_get();
-    tsr__q4_gemv_fn g4 = tsr_q4_is(w->dtype) ? tsr__q4_gemv_for(tsr__q4_kernels_get(), w->dtype)
-                                             : NULL;
+    tsr__q4_gemv_fn g4 = tsr_q4_is(w->dtype) || w->dtype == TSR_MXFP4
+                             ? tsr__q4_gemv_for(tsr__q4_kernels_get(), w->dtype)
+                             : NULL;
     tsr__q4k_gemv_fn gk = w->dtype == TSR_Q4_K ? tsr__q4k_kernels_get()->gemv : NULL;
     /* every format packs 16-row groups (the _Static_asserts of the *_internal.h) */
     int64_t ng = (rows + TSR_Q8_GROUP - 1) / TSR_Q8_GROUP;
@@ -389,7 +463,8 @@ static tsr_status tsr__qblock_run(tsr__cpu_ctx *c, const float *x, int64_t n,
 
 /* Whether W runs on tsr__qblock_run: a block-quantized dtype in a shape its kernels take. */
 static bool tsr__qblock_fits(const tsr_tensor *w) {
-    if (w->dtype == TSR_Q8_0 || tsr_q4_is(w->dtype)) return tsr_q8_fits(w->rows, w->cols);
+    if (w->dtype == TSR_Q8_0 || tsr_q4_is(w->dtype) || w->dtype == TSR_MXFP4)
+        return tsr_q8_fits(w->rows, w->cols);
     return w->dtype == TSR_Q4_K && tsr_q4k_fits(w->rows, w->cols);
 }
 

@@ -20,9 +20,11 @@ static tsr_status tsr__moe_proj(tsr_backend *be, const tsr_experts *w, int e, co
                           w->rows, w->cols, x, c, y, ctx->threads);
         return TSR_OK;
     }
+    /* plain rows, or the repacked MXFP4 (its rows whole 16-row groups per expert, so expert
+     * e's bytes start at those of the e * rows rows before it): the integer kernels */
+    tsr_tensor before = {.dtype = w->w.dtype, .rows = (int64_t)re, .cols = w->cols};
     tsr_tensor v = {.dtype = w->w.dtype, .rows = w->rows, .cols = w->cols,
-                    .data = (const char *)w->w.data +
-                            re * (size_t)w->cols * tsr_dtype_size(w->w.dtype)};
+                    .data = (const char *)w->w.data + tsr_tensor_bytes(&before)};
     return tsr__cpu_matmul(be, x, c, &v, y);
 }
 

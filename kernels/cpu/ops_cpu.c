@@ -28,7 +28,8 @@ static float tsr__w_at(const tsr_tensor *w, int64_t i) {
     case TSR_Q4_0:
     case TSR_Q4_1:
     case TSR_Q4_K:
-    case TSR_F8_E4M3: break;
+    case TSR_F8_E4M3:
+    case TSR_MXFP4: break;
     }
     return 0.0f;
 }
@@ -392,7 +393,8 @@ tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t 
         case TSR_Q4_0:
         case TSR_Q4_1:
         case TSR_Q4_K: break;
-        case TSR_F8_E4M3: break; /* never an embedding (runtime/model/fp8.h) */
+        case TSR_F8_E4M3: /* never an embedding (runtime/model/fp8.h) */
+        case TSR_MXFP4: break; /* experts only */
         }
     }
     return TSR_OK;

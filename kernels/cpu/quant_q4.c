@@ -16,7 +16,7 @@ bool tsr_q4_is(tsr_dtype t) { return t == TSR_Q4_0 || t == TSR_Q4_1; }
 size_t tsr_q4_block_bytes(tsr_dtype t) { return t == TSR_Q4_1 ? 20 : 18; }
 
 size_t tsr_q4_group_block_bytes(tsr_dtype t) {
-    return t == TSR_Q4_1 ? TSR__Q4_1_GBB : TSR__Q4_0_GBB;
+    return t == TSR_Q4_1 ? TSR__Q4_1_GBB : t == TSR_MXFP4 ? TSR__MX_GBB : TSR__Q4_0_GBB;
 }
 
 bool tsr_q4_fits(int64_t rows, int64_t cols) {
@@ -76,7 +76,7 @@ static uint8_t *tsr__q4_gb(tsr_dtype t, const void *packed, int64_t cols, int64_
 }
 
 /* Offset of the code bytes in a group block. */
-static size_t tsr__q4_codes(tsr_dtype t) { return t == TSR_Q4_1 ? 64 : 32; }
+static size_t tsr__q4_codes(tsr_dtype t) { return t == TSR_Q4_1 ? 64 : t == TSR_MXFP4 ? 16 : 32; }
 
 static void tsr__q4_pack_row(tsr_dtype t, void *packed, int64_t cols, int64_t r,
                              const uint8_t *blocks) {
@@ -104,11 +104,23 @@ void tsr_q4_unpack_row(tsr_dtype t, const void *packed, int64_t cols, int64_t r,
     }
 }
 
+/* Twice the E2M1 values: the MXFP4 code table of the kernels without their offset 12. */
+static const int8_t tsr__mx_v2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
 void tsr_q4_dequant_row(tsr_dtype t, const void *packed, int64_t cols, int64_t r, float *out) {
     int j = (int)(r % TSR_Q4_GROUP);
     size_t co = tsr__q4_codes(t);
     for (int64_t b = 0; b < cols / TSR_Q4_BLOCK; b++) {
         const uint8_t *gb = tsr__q4_gb(t, packed, cols, r, b);
+        if (t == TSR_MXFP4) { /* v2 * 2^(e - 128): exact, as the f32 decode */
+            float sc = tsr__mx_scale(gb[j]);
+            for (int k = 0; k < 16; k++) {
+                uint8_t c = gb[co + (k / 4) * 64 + j * 4 + k % 4];
+                out[b * TSR_Q4_BLOCK + k] = (float)tsr__mx_v2[c & 0x0f] * sc;
+                out[b * TSR_Q4_BLOCK + k + 16] = (float)tsr__mx_v2[c >> 4] * sc;
+            }
+            continue;
+        }
         float d = tsr_f16_to_f32((uint16_t)(gb[2 * j] | gb[2 * j + 1] << 8));
         float m = t == TSR_Q4_1 ? tsr_f16_to_f32((uint16_t)(gb[32 + 2 * j] | gb[33 + 2 * j] << 8))
                                 : 0.0f;
@@ -140,6 +152,27 @@ void tsr_q4_pack_gguf(tsr_dtype t, const uint8_t *blocks, int64_t rows, int64_t 
     tsr__q4_pack_init(t, packed, rows, cols);
     for (int64_t r = 0; r < rows; r++)
         tsr__q4_pack_row(t, packed, cols, r, blocks + (size_t)r * rb);
+}
+
+void tsr_q4_pack_mxfp4(const uint8_t *blocks, const uint8_t *scales, int64_t rows,
+                       int64_t cols, void *packed) {
+    int64_t nb = cols / TSR_Q4_BLOCK;
+    tsr__q4_pack_init(TSR_MXFP4, packed, rows, cols);
+    for (int64_t r = 0; r < rows; r++) {
+        int j = (int)(r % TSR_Q4_GROUP);
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *q = blocks + ((size_t)r * (size_t)nb + (size_t)b) * 16;
+            uint8_t *gb = tsr__q4_gb(TSR_MXFP4, packed, cols, r, b);
+            gb[j] = scales[(size_t)r * (size_t)nb + (size_t)b];
+            /* code of element i: byte i / 2, low nibble for even i; byte k here pairs
+             * elements k and k + 16, as a GGUF 4-bit block does */
+            for (int k = 0; k < 16; k++) {
+                int c0 = (q[k / 2] >> (4 * (k & 1))) & 0x0f;
+                int c1 = (q[(k + 16) / 2] >> (4 * (k & 1))) & 0x0f;
+                gb[16 + (k / 4) * 64 + j * 4 + k % 4] = (uint8_t)(c0 | c1 << 4);
+            }
+        }
+    }
 }
 
 tsr_status tsr_q4_slice(const tsr_tensor *src, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
@@ -189,7 +222,8 @@ tsr_status tsr_q4_quantize_tensor(const tsr_tensor *src, tsr_dtype t, void *pack
 
 void tsr_q4_row_f32(const tsr_tensor *t, int64_t r, float *out) {
     if (t->dtype == TSR_Q8_0) tsr_q8_dequant_row(t->data, t->cols, r, out);
-    else if (tsr_q4_is(t->dtype)) tsr_q4_dequant_row(t->dtype, t->data, t->cols, r, out);
+    else if (tsr_q4_is(t->dtype) || t->dtype == TSR_MXFP4)
+        tsr_q4_dequant_row(t->dtype, t->data, t->cols, r, out);
     else if (t->dtype == TSR_Q4_K) tsr_q4k_dequant_row(t->data, t->cols, r, out);
     else tsr_dtype_to_f32(t->dtype, tsr_tensor_row(t, r), out, (size_t)t->cols);
 }
@@ -255,13 +289,34 @@ static inline void tsr__q4_s_block1(const uint8_t *wb, const int8_t *xq, const f
     }
 }
 
+static inline void tsr__q4_s_blockm(const uint8_t *wb, const int8_t *xq, const float *xd,
+                                    const int32_t *xs, const float *xm, int64_t nb, int64_t b,
+                                    int nx, tsr__q4_acc16 *acc) {
+    (void)xm;
+    static const uint8_t lut[16] = {TSR__MX_LUT12};
+    for (int j = 0; j < 16; j++) {
+        float dw = tsr__mx_scale(wb[j]);
+        for (int i = 0; i < nx; i++) {
+            size_t k = (size_t)i * (size_t)nb + (size_t)b;
+            const int8_t *x = xq + k * TSR_Q4_BLOCK;
+            int32_t isum = 0;
+            for (int c = 0; c < 16; c++) {
+                uint8_t q = wb[16 + (c / 4) * 64 + j * 4 + c % 4];
+                isum += (int32_t)lut[q & 0x0f] * x[c] + (int32_t)lut[q >> 4] * x[c + 16];
+            }
+            isum -= 12 * xs[k];
+            acc[i].v[j] = fmaf((float)isum, dw * xd[k], acc[i].v[j]);
+        }
+    }
+}
+
 #define TSR__Q4_S_STORE(dst, a) memcpy(dst, (a).v, sizeof(a).v)
 #define TSR__Q4_S_ZERO ((tsr__q4_acc16){{0}})
 
 TSR__Q4_GEMV_PAIR(tsr__q4_s, tsr__q4_acc16, TSR__Q4_S_ZERO, TSR__Q4_S_STORE)
 
 static const tsr__q4_kernels tsr__q4_k_scalar = {TSR__Q8_SCALAR, "scalar", tsr__q4_s_gemv0,
-                                                 tsr__q4_s_gemv1};
+                                                 tsr__q4_s_gemv1, tsr__q4_s_gemvm};
 
 /* ---------------------------------------------------------------- dispatch ---- */
 
@@ -287,5 +342,10 @@ const tsr__q4_kernels *tsr__q4_kernels_get(void) {
 }
 
 tsr__q4_gemv_fn tsr__q4_gemv_for(const tsr__q4_kernels *k, tsr_dtype t) {
-    return t == TSR_Q4_1 ? k->gemv_q4_1 : k->gemv_q4_0;
+    if (t != TSR_MXFP4) return t == TSR_Q4_1 ? k->gemv_q4_1 : k->gemv_q4_0;
+#if defined(__x86_64__) || defined(__i386__)
+    /* a variant without its own MXFP4 kernel (AVX-512) runs on a CPU with AVX2 */
+    if (!k->gemv_mxfp4) return tsr__q4_k_avx2.gemv_mxfp4;
+#endif
+    return k->gemv_mxfp4;
 }

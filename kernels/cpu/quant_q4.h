@@ -13,7 +13,17 @@
  * the high nibble column k + 16, as in a GGUF block. A step's 64 bytes masked with 0x0f are
  * one AVX-512 register of 16 rows x 4 columns of u8 codes for vpdpbusd, shifted right by 4
  * the 4 columns 16 further. 288 (Q4_0) or 320 (Q4_1) bytes per group block: 16 GGUF blocks'
- * bytes, 4.5 or 5 bits per weight. */
+ * bytes, 4.5 or 5 bits per weight.
+ *
+ * MXFP4 (TSR_MXFP4, GPT-OSS's experts, OCP microscaling): a block holds 32 E2M1 codes (bit 3
+ * the sign, values 0, 0.5, 1, 1.5, 2, 3, 4, 6) and one E8M0 byte e (2^(e - 127)). Twice a
+ * code's value is an integer in [-12, 12], so a block's product with a quantized activation
+ * block is exact in int32: d_w * d_x * sum(v2 * x_q) with d_w = 2^(e - 128) (llama.cpp's
+ * MXFP4 x Q8_0). Packed like Q4_0, the scale area being the 16 rows' E8M0 bytes (16 bytes),
+ * then the 4 code steps with byte k of a row's block holding codes k (low nibble) and k + 16
+ * (high), 272 bytes per group block, 4.25 bits per weight as in the checkpoint. The kernels
+ * map a code to v2 + 12 (0..24, u8 for vpdpbusd) by a 16-byte table (vpshufb) and subtract
+ * 12 * sum(x_q), as Q4_0 subtracts 8 * sum(x_q). */
 #ifndef TSR_KERNELS_CPU_QUANT_Q4_H
 #define TSR_KERNELS_CPU_QUANT_Q4_H
 
@@ -46,8 +56,15 @@ void tsr_q4_pack_gguf(tsr_dtype t, const uint8_t *blocks, int64_t rows, int64_t 
 /* Row r back to GGUF blocks (the lossless inverse of the packing). */
 void tsr_q4_unpack_row(tsr_dtype t, const void *packed, int64_t cols, int64_t r,
                        uint8_t *blocks);
-/* Row r dequantized to f32 (GGUF's dequantization: d * (q - 8), or d * q + m). */
+/* Row r dequantized to f32 (GGUF's dequantization: d * (q - 8), or d * q + m; MXFP4: the
+ * code's value times 2^(e - 127)). */
 void tsr_q4_dequant_row(tsr_dtype t, const void *packed, int64_t cols, int64_t r, float *out);
+
+/* Repacks a [rows, cols] MXFP4 matrix (blocks: 16 bytes per 32 columns, element 2j the low
+ * nibble of byte j, 2j + 1 the high; scales: one E8M0 byte per block; both row-major as a
+ * checkpoint stores them) into `packed` (tsr_tensor_bytes of the TSR_MXFP4 tensor). */
+void tsr_q4_pack_mxfp4(const uint8_t *blocks, const uint8_t *scales, int64_t rows,
+                       int64_t cols, void *packed);
 
 /* Rows [r0, r1) and columns [c0, c1) (multiples of 32) of the 4-bit tensor src, repacked
  * into dst (tsr_tensor_bytes of the [r1 - r0, c1 - c0] tensor of src's dtype). */

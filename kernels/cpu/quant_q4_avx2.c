@@ -16,6 +16,7 @@
 #define TSR__Q4_YDOT(acc, w, x)                                                              \
     _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((w), (x)),               \
                                               _mm256_set1_epi16(1)))
+#define TSR__Q4_Y_I16 1
 #define TSR__Q4_Y_VARIANT TSR__Q8_AVX2
 #define TSR__Q4_Y_NAME "avx2"
 #define TSR__Q4_Y_TABLE tsr__q4_k_avx2

@@ -7,12 +7,25 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q8_internal.h"
 
 #define TSR__Q4_0_GBB 288 /* group block bytes: 16 fp16 d, 4 x 64 code bytes */
 #define TSR__Q4_1_GBB 320 /* 16 fp16 d, 16 fp16 m, 4 x 64 code bytes */
+#define TSR__MX_GBB 272   /* 16 E8M0 bytes, 4 x 64 code bytes */
+
+/* MXFP4: u8 code -> twice its E2M1 value + 12 (the kernels' vpshufb table), and the block
+ * scale 2^(e - 128) (half the E8M0 value: the table holds twice the values) as f32, exact:
+ * e = 0 gives the subnormal 2^-128, e = 255 infinity (the f32 decode's 2^128). */
+#define TSR__MX_LUT12 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0
+static inline float tsr__mx_scale(uint8_t e) {
+    uint32_t u = e ? (uint32_t)e << 23 : 0x00400000u;
+    float f;
+    memcpy(&f, &u, 4);
+    return f * 0.5f;
+}
 
 /* One 4-bit matvec kernel, the Q8_0 kernel's contract (quant_q8_internal.h) with the 4-bit
  * block products: for the row groups [g0, g1) of the packed w (nb blocks per row) and nx <= 4
@@ -20,6 +33,7 @@
  * sums xm = fp16(d_x * sum) as f32), per block b in order from acc = 0:
  *   Q4_0: acc = fmaf((float)(sum(q * x_q) - 8 * xs), d_w * d_x, acc)
  *   Q4_1: acc = fmaf((float)sum(q * x_q), d_w * d_x, acc); acc = fmaf(m_w, xm, acc)
+ *   MXFP4: acc = fmaf((float)(sum((v2 + 12) * x_q) - 12 * xs), tsr__mx_scale(e) * d_x, acc)
  * with the integer sums exact, so every variant gives the same bits. */
 typedef void (*tsr__q4_gemv_fn)(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0,
                                 int64_t g1, const int8_t *xq, const float *xd,
@@ -32,13 +46,14 @@ typedef struct tsr__q4_kernels {
     const char *name;
     tsr__q4_gemv_fn gemv_q4_0;
     tsr__q4_gemv_fn gemv_q4_1;
+    tsr__q4_gemv_fn gemv_mxfp4; /* NULL: the AVX2 variant's (tsr__q4_gemv_for) */
 } tsr__q4_kernels;
 
 /* The variant's kernels, or NULL when this CPU lacks its instructions. */
 const tsr__q4_kernels *tsr__q4_kernels_for(tsr__q8_variant v);
 /* The variant tsr__q8_kernels_get chooses (the same ISA cap). */
 const tsr__q4_kernels *tsr__q4_kernels_get(void);
-/* The kernel for dtype t (TSR_Q4_0 or TSR_Q4_1) of k. */
+/* The kernel for dtype t (TSR_Q4_0, TSR_Q4_1 or TSR_MXFP4) of k. */
 tsr__q4_gemv_fn tsr__q4_gemv_for(const tsr__q4_kernels *k, tsr_dtype t);
 
 /* Q4_1's activation block sums: xm[b] = fp16(d * bsum[b]) as f32, d = amax / 127 of block b
@@ -84,8 +99,8 @@ _Static_assert(TSR_Q4_GROUP == 16, "tsr__qgroup_store_* assume 16-row groups");
         }                                                                                   \
     }
 
-/* Both types' table entries of one variant from its block functions PFX##_block0 (Q4_0)
- * and PFX##_block1 (Q4_1). */
+/* The three types' table entries of one variant from its block functions PFX##_block0
+ * (Q4_0), PFX##_block1 (Q4_1) and PFX##_blockm (MXFP4). */
 #define TSR__Q4_GEMV_PAIR(PFX, ACC_T, ZERO, STORE)                                           \
     static inline __attribute__((always_inline)) void PFX##_nx0(                            \
         const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,                 \
@@ -99,7 +114,14 @@ _Static_assert(TSR_Q4_GROUP == 16, "tsr__qgroup_store_* assume 16-row groups");
         const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy, int64_t ldp) {   \
         TSR__Q4_GEMV_BODY(nx, TSR__Q4_1_GBB, PFX##_block1, ACC_T, ZERO, STORE)              \
     }                                                                                       \
+    static inline __attribute__((always_inline)) void PFX##_nxm(                            \
+        const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,                 \
+        const int8_t *xq, const float *xd, const int32_t *xs, const float *xm, int nx,      \
+        const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy, int64_t ldp) {   \
+        TSR__Q4_GEMV_BODY(nx, TSR__MX_GBB, PFX##_blockm, ACC_T, ZERO, STORE)                \
+    }                                                                                       \
     TSR__Q4_GEMV_FN(PFX##_gemv0, PFX##_nx0)                                                 \
-    TSR__Q4_GEMV_FN(PFX##_gemv1, PFX##_nx1)
+    TSR__Q4_GEMV_FN(PFX##_gemv1, PFX##_nx1)                                                 \
+    TSR__Q4_GEMV_FN(PFX##_gemvm, PFX##_nxm)
 
 #endif

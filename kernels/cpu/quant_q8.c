@@ -3,6 +3,7 @@
 #include "kernels/cpu/quant_q8_internal.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -242,7 +243,7 @@ const tsr__q8_kernels *tsr__q8_kernels_for(tsr__q8_variant v) {
     }
 }
 
-const tsr__q8_kernels *tsr__q8_kernels_get(void) {
+static const tsr__q8_kernels *tsr__q8_kernels_pick(void) {
     tsr__cpu_isa cap = tsr__cpu_kernels_get()->isa;
     tsr__q8_variant top = cap == TSR__ISA_AVX512 ? TSR__Q8_AVX512VNNI
                           : cap == TSR__ISA_AVX2 ? TSR__Q8_AVXVNNI
@@ -252,4 +253,18 @@ const tsr__q8_kernels *tsr__q8_kernels_get(void) {
         if (k) return k;
     }
     return &tsr__q8_k_scalar;
+}
+
+const tsr__q8_kernels *tsr__q8_kernels_get(void) {
+    /* Picked once: every quantized matmul asks (two or three times), and the AVX-VNNI check
+     * is a CPUID instruction, which a virtual machine traps (7 % of a Q4_1 decode profile
+     * on an AVX2 VM when it was asked every time). The pick follows tsr__cpu_kernels_get's,
+     * itself made once; racing first callers compute the same pointer. */
+    static _Atomic(const tsr__q8_kernels *) picked;
+    const tsr__q8_kernels *k = atomic_load_explicit(&picked, memory_order_acquire);
+    if (!k) {
+        k = tsr__q8_kernels_pick();
+        atomic_store_explicit(&picked, k, memory_order_release);
+    }
+    return k;
 }

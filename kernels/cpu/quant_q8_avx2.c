@@ -1,6 +1,6 @@
 /* The AVX2 Q8_0 kernel (quant_q8_internal.h), under its own target pragma: the 16 rows of a
  * group in two 8-lane halves; per 4-column step the u8 weights become s8 again (xor 0x80),
- * and vpmaddubsw multiplies |w| with sign(x, w) (no pair sum can saturate: |q| <= 127), then
+ * and vpmaddubsw multiplies |x| with sign(w, x) (no pair sum can saturate: |q|, |x| <= 127), then
  * vpmaddwd with ones gives each row's 4-product int32 sum. The same exact integer sums, scale
  * and fma per block as the other variants. */
 #include "kernels/cpu/quant_q8_internal.h"
@@ -46,12 +46,14 @@ tsr__q8_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int3
         __m256i wl = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 32 + s * 64)), flip);
         __m256i wh =
             _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 32 + s * 64 + 32)), flip);
-        __m256i al = _mm256_abs_epi8(wl), ah = _mm256_abs_epi8(wh);
 #pragma GCC unroll 4
         for (int i = 0; i < nx; i++) {
+            /* |x| (4 values, one vpabsb per step and token) times sign(w, x): the same
+             * products as |w| times sign(x, w), without a vpabsb per weight register */
             __m256i xb = _mm256_set1_epi32(tsr__q8_y_x4(x[i] + 4 * s));
-            __m256i pl = _mm256_maddubs_epi16(al, _mm256_sign_epi8(xb, wl));
-            __m256i ph = _mm256_maddubs_epi16(ah, _mm256_sign_epi8(xb, wh));
+            __m256i ax = _mm256_abs_epi8(xb);
+            __m256i pl = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wl, xb));
+            __m256i ph = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wh, xb));
             lo[i] = _mm256_add_epi32(lo[i], _mm256_madd_epi16(pl, ones));
             hi[i] = _mm256_add_epi32(hi[i], _mm256_madd_epi16(ph, ones));
         }
@@ -83,8 +85,55 @@ tsr__q8_y_gemv_nx(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_
 
 TSR__Q8_GEMV_FN(tsr__q8_y_gemv, tsr__q8_y_gemv_nx)
 
+/* tsr__q8_quantize_act's operations in 8 lanes (as quant_q8_avx512.c's in 16): max of |x|
+ * (exact), the scalar d and 1/d, v = x * id, truncation, and the half-away rounding of the
+ * exact fraction; the int32 codes packed to int8 in order (vpackssdw and vpacksswb work per
+ * 128-bit lane, vpermd puts the 4-byte groups back). */
+static void tsr__q8_y_quant_act(const float *x, int64_t cols, int8_t *qs, float *d,
+                                int32_t *bsum) {
+    const __m256 half = _mm256_set1_ps(0.5f), mhalf = _mm256_set1_ps(-0.5f);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b = 0; b < cols / TSR_Q8_BLOCK; b++) {
+        const float *xb = x + b * TSR_Q8_BLOCK;
+        __m256 xv[4];
+        __m256 m = _mm256_setzero_ps();
+        for (int h = 0; h < 4; h++) {
+            xv[h] = _mm256_loadu_ps(xb + 8 * h);
+            m = _mm256_max_ps(m, _mm256_and_ps(xv[h], absmask));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        float amax = _mm_cvtss_f32(m4);
+        float dd = amax / 127.0f;
+        float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4], sum = _mm256_setzero_si256();
+        for (int h = 0; h < 4; h++) {
+            __m256 v = _mm256_mul_ps(xv[h], vid);
+            __m256i i = _mm256_cvttps_epi32(v);
+            __m256 f = _mm256_sub_ps(v, _mm256_cvtepi32_ps(i));
+            /* a compare's true lanes are -1: subtracting adds one, adding subtracts one */
+            i = _mm256_sub_epi32(i, _mm256_castps_si256(_mm256_cmp_ps(f, half, _CMP_GE_OQ)));
+            i = _mm256_add_epi32(i, _mm256_castps_si256(_mm256_cmp_ps(f, mhalf, _CMP_LE_OQ)));
+            q[h] = i;
+            sum = _mm256_add_epi32(sum, i);
+        }
+        __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                        _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(qs + b * TSR_Q8_BLOCK),
+                            _mm256_permutevar8x32_epi32(p8, order));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        bsum[b] = _mm_cvtsi128_si32(s4);
+        d[b] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(dd), _MM_FROUND_TO_NEAREST_INT)));
+    }
+}
+
 const tsr__q8_kernels tsr__q8_k_avx2 = {TSR__Q8_AVX2, "avx2", tsr__q8_y_gemv,
-    tsr__q8_quantize_act};
+    tsr__q8_y_quant_act};
 
 #ifdef __clang__
 #pragma clang attribute pop

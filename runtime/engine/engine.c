@@ -1,6 +1,7 @@
 /* Engine start-up and teardown (runtime/engine/engine.h). */
 #include "runtime/engine/engine.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include <stdio.h>
@@ -351,6 +352,14 @@ static tsr_status tsr__start(tsr_engine *e, const tsr_engine_spec *o) {
         snprintf(why, sizeof why, "the %s backend computes no FP8", e->be->ops->name);
         TSR_TRY(tsr__agree(e, tsr_model_fp8_to_q8(e->model, why)));
     }
+    /* Under a quantized --dtype every product takes 8-bit activations: MXFP4 experts too,
+     * where the backend has their integer kernels (runtime/model/quantize.h), unless
+     * TSR_MXFP4_F32=1 keeps their f32 kernel (to compare the two) */
+    tsr_dtype mdt = e->model->cfg.dtype;
+    const char *mx_f32 = getenv("TSR_MXFP4_F32");
+    if (e->be->mxfp4_packed && !e->borrowed_ && !(mx_f32 && !strcmp(mx_f32, "1")) &&
+        (mdt == TSR_Q8_0 || mdt == TSR_Q4_0 || mdt == TSR_Q4_1))
+        TSR_TRY(tsr__agree(e, tsr_model_pack_experts(e->model)));
     /* The activations' data plane follows the backend (collective, same answer on every
      * rank: tsr_dist_data_plane). */
     if (o->distributed) TSR_TRY(tsr_dist_data_plane(&e->dist, e->be, o->kv.policy));

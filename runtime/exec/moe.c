@@ -179,8 +179,9 @@ tsr_status tsr_moe_shard_experts(tsr_experts *x, int begin, int end) {
     tsr_tensor *t[] = {&x->w, &x->scales};
     for (int i = 0; i < 2; i++) {
         if (!t[i]->data) continue;
-        t[i]->data = (const char *)t[i]->data + (size_t)r0 * (size_t)t[i]->cols *
-                                                    tsr_dtype_size(t[i]->dtype);
+        /* bytes of the rows before (repacked MXFP4: whole 16-row groups per expert) */
+        tsr_tensor before = {.dtype = t[i]->dtype, .rows = r0, .cols = t[i]->cols};
+        t[i]->data = (const char *)t[i]->data + tsr_tensor_bytes(&before);
         t[i]->rows = nr;
     }
     if (x->bias.data) {

@@ -39,7 +39,8 @@ const char *tsr_st_dtype_name(tsr_dtype t) {
     case TSR_F8_E4M3: return "F8_E4M3"; /* the codes; scales are separate tensors */
     case TSR_Q4_0:
     case TSR_Q4_1:
-    case TSR_Q4_K: break; /* no safetensors dtype */
+    case TSR_Q4_K:
+    case TSR_MXFP4: break; /* no safetensors dtype */
     }
     return "?";
 }

@@ -52,7 +52,8 @@ static const char *tsr__torch_dtype(tsr_dtype t) {
     case TSR_Q4_0:
     case TSR_Q4_1:
     case TSR_Q4_K:
-    case TSR_F8_E4M3: break;
+    case TSR_F8_E4M3:
+    case TSR_MXFP4: break;
     }
     return "float32";
 }

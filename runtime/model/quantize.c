@@ -5,6 +5,7 @@
 
 #include "base/alloc.h"
 #include "base/dtype.h"
+#include "base/log.h"
 #include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q8.h"
 
@@ -87,3 +88,46 @@ tsr_status tsr_model_quantize(tsr_model *m, tsr_dtype dt) {
 }
 
 tsr_status tsr_model_quantize_q8(tsr_model *m) { return tsr_model_quantize(m, TSR_Q8_0); }
+
+/* One expert projection: expert by expert into the packed tensor, each expert's source
+ * bytes given back once packed (as tsr__quantize's slabs). */
+static tsr_status tsr__pack_experts(tsr_model *m, tsr_experts *x) {
+    if (!x->mxfp4 || !x->w.data || x->n <= 0 || x->rows % TSR_Q4_GROUP || x->cols % TSR_Q4_BLOCK)
+        return TSR_OK;
+    tsr_tensor q = {.dtype = TSR_MXFP4, .rows = (int64_t)x->n * x->rows, .cols = x->cols};
+    tsr_tensor one = {.dtype = TSR_MXFP4, .rows = x->rows, .cols = x->cols};
+    size_t per = tsr_tensor_bytes(&one);
+    size_t bb = (size_t)x->rows * (size_t)(x->cols / 2), sb = (size_t)x->rows * (size_t)(x->cols / 32);
+    void *dst;
+    TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &dst));
+    for (int e = 0; e < x->n; e++) {
+        const uint8_t *blocks = (const uint8_t *)x->w.data + (size_t)e * bb;
+        const uint8_t *scales = (const uint8_t *)x->scales.data + (size_t)e * sb;
+        tsr_q4_pack_mxfp4(blocks, scales, x->rows, x->cols, (char *)dst + (size_t)e * per);
+        tsr_pages_drop(blocks, bb);
+        tsr_pages_drop(scales, sb);
+    }
+    q.data = dst;
+    x->w = q;
+    x->scales = (tsr_tensor){.dtype = TSR_U8};
+    x->mxfp4 = 0;
+    return TSR_OK;
+}
+
+tsr_status tsr_model_pack_experts(tsr_model *m) {
+    int packed = 0, kept = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        tsr_experts *x[2] = {&m->layers[l].gate_up, &m->layers[l].down};
+        for (int i = 0; i < 2; i++) {
+            bool was = x[i]->mxfp4 && x[i]->w.data;
+            TSR_TRY(tsr__pack_experts(m, x[i]));
+            packed += was && !x[i]->mxfp4;
+            kept += was && x[i]->mxfp4;
+        }
+    }
+    if (packed || kept)
+        TSR_LOG_INFO("%s: MXFP4 experts with 8-bit activations: %d projections repacked, %d "
+                     "kept on the f32 kernel (rows not whole 16-row groups per expert, or "
+                     "columns not 32-column blocks)", m->source, packed, kept);
+    return TSR_OK;
+}

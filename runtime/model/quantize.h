@@ -23,6 +23,13 @@ tsr_status tsr_model_quantize_q8(tsr_model *m);
  * 4-bit GGUF files of llama.cpp users often have them. Sets cfg.dtype to dt. */
 tsr_status tsr_model_quantize(tsr_model *m, tsr_dtype dt);
 
+/* MXFP4 experts (GPT-OSS) repacked for the CPU's integer kernels (TSR_MXFP4, kernels/cpu/
+ * quant_q4.h), which quantize the activations per token and 32-column block as the Q8_0
+ * matrices do: the engine calls it for a quantized --dtype on a backend that takes them
+ * (be->mxfp4_packed). Projections whose rows are not whole 16-row groups per expert stay as
+ * they are (their f32 kernel). Lossless; each expert's source pages are given back. */
+tsr_status tsr_model_pack_experts(tsr_model *m);
+
 /* Whether matrix `which` of a layer is stored as Q8_0 under tsr_model_quantize_q8:
  * which is "wo", "w_down", or any other matrix name (then cols % 32 decides). */
 bool tsr_model_q8_eligible(const tsr_model_config *c, const char *which, int64_t cols);

@@ -1,9 +1,10 @@
-/* 4-bit weights (Q4_0, Q4_1): the quantizer's bytes against the `gguf` package's
+/* 4-bit weights (Q4_0, Q4_1, and GPT-OSS's MXFP4 experts repacked): the quantizer's bytes against the `gguf` package's
  * (tests/data/q4, tools/make_q4_testdata.py); a GGUF's blocks repacked losslessly and
  * dequantized as the package does (tests/data/gguf/types.gguf); slices; every kernel variant
  * against the scalar reference (bits) for nx 1..4 and odd shapes, and the scalar reference
  * against a double-precision sum of the same integers; the cpu and cpu-fenced backends'
- * matmul and matmul_parts on 4-bit weights. */
+ * matmul and matmul_parts on 4-bit weights. MXFP4's exact sums come from the checkpoint
+ * layout through the f32 decode of the f32 kernels (tsr__mxfp4_row), not the packing. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,12 +13,13 @@
 #include "base/alloc.h"
 #include "base/dtype.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/quant_q4_internal.h"
 #include "runtime/format/gguf.h"
 #include "tests/quant_test_util.h"
 #include "tests/test.h"
 
-static const tsr_dtype TYPES[2] = {TSR_Q4_0, TSR_Q4_1};
+static const tsr_dtype TYPES[3] = {TSR_Q4_0, TSR_Q4_1, TSR_MXFP4};
 
 TSR_TEST(test_quantizer_bytes_and_repack) {
     size_t nf;
@@ -97,10 +99,66 @@ TSR_TEST(test_gguf_dequant) {
     tsr_gguf_close(g);
 }
 
+/* ---- MXFP4 ---- */
+
+/* A random MXFP4 matrix in the checkpoint layout: every code, scales around 2^0 (with 0 and
+ * 254 at the edges of the first row: the subnormal and the largest finite scale). */
+static void make_mx_src(int64_t rows, int64_t cols, uint8_t **blocks, uint8_t **scales) {
+    *blocks = tsr_malloc((size_t)(rows * cols / 2));
+    *scales = tsr_malloc((size_t)(rows * cols / 32));
+    if (!*blocks || !*scales) abort();
+    for (int64_t i = 0; i < rows * cols / 2; i++) (*blocks)[i] = (uint8_t)(rand() & 0xff);
+    for (int64_t i = 0; i < rows * cols / 32; i++) (*scales)[i] = (uint8_t)(121 + rand() % 12);
+    (*scales)[0] = 0;
+    if (cols >= 64) (*scales)[1] = 254;
+}
+
+/* Packed and dequantized rows are the f32 decode of the checkpoint's rows, and the
+ * packing's padding rows are zero (so they add nothing). */
+TSR_TEST(test_mxfp4_pack) {
+    for (int64_t rows = 15; rows <= 33; rows += 18) {
+        int64_t cols = 96;
+        uint8_t *blocks, *scales;
+        make_mx_src(rows, cols, &blocks, &scales);
+        tsr_tensor q = {.dtype = TSR_MXFP4, .rows = rows, .cols = cols};
+        ASSERT_EQ_INT((int)tsr_tensor_bytes(&q), (int)(((rows + 15) / 16) * 16 * 3 * 17));
+        uint8_t *packed = tsr_malloc(tsr_tensor_bytes(&q));
+        ASSERT_TRUE(packed);
+        tsr_q4_pack_mxfp4(blocks, scales, rows, cols, packed);
+        for (int64_t r = 0; r < rows; r++) {
+            float want[96], got[96], got2[96];
+            tsr__mxfp4_row(blocks + r * cols / 2, scales + r * cols / 32, cols, want);
+            tsr_q4_dequant_row(TSR_MXFP4, packed, cols, r, got);
+            q.data = packed;
+            tsr_q4_row_f32(&q, r, got2);
+            for (int k = 0; k < 96; k++) /* by value: the decode keeps -0 (code 8) */
+                if (!(want[k] == got[k] && want[k] == got2[k]))
+                    TSR_FAIL_("row %d col %d: %.9g %.9g vs decode %.9g", (int)r, k,
+                              (double)got[k], (double)got2[k], (double)want[k]);
+        }
+        tsr_free(packed);
+        tsr_free(blocks);
+        tsr_free(scales);
+    }
+}
+
 /* ---- kernels ---- */
+
+/* The source of the last MXFP4 matrix make_q4 made (exact_row reads it). */
+static uint8_t *mx_blocks, *mx_scales;
 
 static tsr_tensor make_q4(tsr_dtype t, int64_t rows, int64_t cols) {
     tsr_tensor q = {.dtype = t, .rows = rows, .cols = cols};
+    if (t == TSR_MXFP4) {
+        tsr_free(mx_blocks);
+        tsr_free(mx_scales);
+        make_mx_src(rows, cols, &mx_blocks, &mx_scales);
+        void *p = tsr_malloc(tsr_tensor_bytes(&q));
+        if (!p) abort();
+        tsr_q4_pack_mxfp4(mx_blocks, mx_scales, rows, cols, p);
+        q.data = p;
+        return q;
+    }
     float *f = tsr_malloc((size_t)(rows * cols) * 4);
     /* Q4_1's offsets matter: shift half the rows */
     for (int64_t i = 0; i < rows * cols; i++)
@@ -143,6 +201,21 @@ static void free_act(qact *a) {
 static double exact_row(tsr_dtype t, const tsr_tensor *w, const qact *a, int i, int64_t r,
                         double *mag) {
     int64_t cols = w->cols, nb = cols / 32;
+    if (t == TSR_MXFP4) { /* the f32 decode's weights times the int8 activations */
+        float wf[5632];
+        tsr__mxfp4_row(mx_blocks + r * cols / 2, mx_scales + r * cols / 32, cols, wf);
+        double e = 0;
+        *mag = 0;
+        for (int64_t b = 0; b < nb; b++) {
+            double is = 0;
+            for (int k = 0; k < 32; k++)
+                is += (double)wf[b * 32 + k] * a->qs[i * cols + b * 32 + k];
+            double p = is * a->d[i * nb + b];
+            e += p;
+            *mag += fabs(p);
+        }
+        return e;
+    }
     size_t bb = tsr_q4_block_bytes(t);
     uint8_t blk[5632 / 32 * 20];
     tsr_q4_unpack_row(t, w->data, cols, r, blk);
@@ -205,7 +278,7 @@ TSR_TEST(test_kernels_equal_scalar) {
             continue;
         }
         tested++;
-        for (int ti = 0; ti < 2; ti++) {
+        for (int ti = 0; ti < 3; ti++) {
             tsr_dtype t = TYPES[ti];
             for (size_t ri = 0; ri < 5; ri++)
                 for (size_t ci = 0; ci < 5; ci++) {
@@ -259,7 +332,7 @@ TSR_TEST(test_backends) {
     ASSERT_TRUE(bs.n >= 2);
     const tsr__q4_kernels *ref = tsr__q4_kernels_for(TSR__Q8_SCALAR);
     int64_t shapes[][2] = {{37, 96}, {300, 256}};
-    for (int ti = 0; ti < 2; ti++)
+    for (int ti = 0; ti < 3; ti++)
         for (int si = 0; si < 2; si++) {
             tsr_dtype t = TYPES[ti];
             tsr__q4_gemv_fn f0 = tsr__q4_gemv_for(ref, t);
@@ -294,5 +367,5 @@ TSR_TEST(test_backends) {
     qt_backends_close(&bs);
 }
 
-TSR_TEST_MAIN(test_quantizer_bytes_and_repack, test_gguf_dequant, test_kernels_equal_scalar,
-              test_slice, test_backends)
+TSR_TEST_MAIN(test_quantizer_bytes_and_repack, test_gguf_dequant, test_mxfp4_pack,
+              test_kernels_equal_scalar, test_slice, test_backends)
