@@ -2,7 +2,7 @@
  * group in two 8-lane halves; per 4-column step the u8 weights become s8 again (xor 0x80),
  * and vpmaddubsw multiplies |w| with sign(x, w) (no pair sum can saturate: |q| <= 127), then
  * vpmaddwd with ones gives each row's 4-product int32 sum. The same exact integer sums, scale
- * and fma per block as the other variants. */
+ * and fma per block as the other variants. For 4 tokens two groups share each broadcast. */
 #include "kernels/cpu/quant_q8_internal.h"
 
 #include <string.h>
@@ -99,7 +99,7 @@ tsr__q8_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int3
 /* The fewest tokens that run two groups per pass. With 16 ymm registers a pair's int32
  * sums (2 groups x 2 halves x nx) no longer all fit, so the pair pays only where it saves
  * the most broadcasts: tsr_q8gemm on one core of an AVX2-only EPYC (Zen 1) measured nx 4
- * about 13 % faster in pairs, nx 3 the same, nx 2 about 10 % slower (docs/perf.md). */
+ * 4-13 % faster in pairs, nx 3 the same, nx 2 about 10 % slower (docs/perf.md). */
 #define TSR__Q8_Y_PAIR_NX 4
 
 /* Groups g and g + 1 (both inside the matrix) through tsr__q8_y_blkn, as the AVX-512
