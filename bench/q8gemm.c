@@ -1,5 +1,6 @@
-/* tsr_q8gemm: the Q8_0 product alone (the CPU backend's matmul on one random Q8_0 matrix),
- * for the kernel's register blocking and thread split without the rest of a decode step.
+/* tsr_q8gemm: the Q8_0 product alone (the CPU backend's matmul on one random Q8_0 matrix,
+ * or Q4_0/Q4_1 with --q4 0/1: the same activations and driver, the 4-bit kernels), for the
+ * kernel's register blocking and thread split without the rest of a decode step.
  *
  * Y[N][R] = X[N][C] . W[R][C]^T with W quantized to Q8_0 at start; N inputs (1: decode, 64:
  * a batched decode step). One warm-up call, then R timed runs of >= 50 ms each. Reports the
@@ -15,24 +16,26 @@
 #include "bench/bench_args.h"
 #include "bench/bench_time.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q8.h"
 
 static void tsr__usage(FILE *f) {
-    fprintf(f, "usage: tsr_q8gemm --rows R --cols C [--n N] [--threads T] [--repeat K]\n"
+    fprintf(f, "usage: tsr_q8gemm --rows R --cols C [--n N] [--threads T] [--repeat K] [--q4 0|1]\n"
                "Q8_0 matmul of N (default 64) inputs on a random R x C matrix (C %% 32 == 0)\n"
-               "with T (default 1) threads; K (default 5) timed runs of >= 50 ms. Output: one\n"
-               "JSON line with gmac_s (median wall) and gmac_cpu_s (per CPU second).\n");
+               "with T (default 1) threads; K (default 5) timed runs of >= 50 ms; --q4 0 or 1\n"
+               "quantizes the matrix to Q4_0 or Q4_1 instead. Output: one JSON line with\n"
+               "gmac_s (median wall) and gmac_cpu_s (per CPU second).\n");
 }
 
 /* Fills W (wf, rows x cols) and the n inputs x with pseudo-random values, quantizes W into
  * wq and creates the CPU backend (*be; the caller destroys it, also on failure). */
-static tsr_status tsr__setup(float *wf, int rows, int cols, float *x, int n, void *wq,
-                             int threads, tsr_backend **be) {
+static tsr_status tsr__setup(float *wf, int rows, int cols, float *x, int n, tsr_dtype t,
+                             void *wq, int threads, tsr_backend **be) {
     uint32_t s = 12345;
     for (size_t i = 0; i < (size_t)rows * (size_t)cols; i++) wf[i] = tsr_bench_rand(&s);
     for (size_t i = 0; i < (size_t)n * (size_t)cols; i++) x[i] = tsr_bench_rand(&s);
     tsr_tensor src = {.dtype = TSR_F32, .rows = rows, .cols = cols, .data = wf};
-    TSR_TRY(tsr_q8_quantize_tensor(&src, wq));
+    TSR_TRY(t == TSR_Q8_0 ? tsr_q8_quantize_tensor(&src, wq) : tsr_q4_quantize_tensor(&src, t, wq));
     return tsr_backend_cpu_create(threads, be);
 }
 
@@ -55,10 +58,10 @@ static tsr_status tsr__time(tsr_backend *be, const float *x, int n, const tsr_te
 }
 
 int main(int argc, char **argv) {
-    int rows = 0, cols = 0, n = 64, threads = 1, repeat = 5;
+    int rows = 0, cols = 0, n = 64, threads = 1, repeat = 5, q4 = -1;
     const tsr_bench_opt opts[] = {{"--rows", &rows, 1, 1 << 20}, {"--cols", &cols, 32, 1 << 20},
                                   {"--n", &n, 1, 4096},          {"--threads", &threads, 1, 1024},
-                                  {"--repeat", &repeat, 1, 1000}};
+                                  {"--repeat", &repeat, 1, 1000}, {"--q4", &q4, 0, 1}};
     int prc = tsr_bench_parse("tsr_q8gemm", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
                               tsr__usage);
     if (prc) return prc == 1 ? 0 : 2;
@@ -69,7 +72,8 @@ int main(int argc, char **argv) {
     size_t sw = (size_t)rows * cols, sx = (size_t)n * cols, sy = (size_t)n * rows;
     float *wf = malloc(sw * sizeof *wf), *x = malloc(sx * sizeof *x), *y = malloc(sy * sizeof *y);
     double *wall = malloc((size_t)repeat * sizeof *wall), *cpu = malloc((size_t)repeat * sizeof *cpu);
-    tsr_tensor w = {.dtype = TSR_Q8_0, .rows = rows, .cols = cols};
+    tsr_dtype t = q4 < 0 ? TSR_Q8_0 : q4 == 0 ? TSR_Q4_0 : TSR_Q4_1;
+    tsr_tensor w = {.dtype = t, .rows = rows, .cols = cols};
     void *wq = wf ? tsr_malloc(tsr_tensor_bytes(&w)) : NULL;
     w.data = wq;
     tsr_backend *be = NULL;
@@ -77,16 +81,16 @@ int main(int argc, char **argv) {
     if (!wf || !x || !y || !wall || !cpu || !wq) {
         fprintf(stderr, "tsr_q8gemm: out of memory (a %d x %d matrix, %d inputs)\n", rows, cols,
                 n);
-    } else if (tsr__setup(wf, rows, cols, x, n, wq, threads, &be) != TSR_OK) {
+    } else if (tsr__setup(wf, rows, cols, x, n, t, wq, threads, &be) != TSR_OK) {
         fprintf(stderr, "tsr_q8gemm: setup failed: %s\n", tsr_last_error());
     } else if (tsr__time(be, x, n, &w, y, repeat, wall, cpu) != TSR_OK) {
         fprintf(stderr, "tsr_q8gemm: matmul failed: %s\n", tsr_last_error());
     } else {
         tsr_bench_time_sort(wall, repeat);
         tsr_bench_time_sort(cpu, repeat);
-        printf("{\"bench\":\"q8gemm\",\"rows\":%d,\"cols\":%d,\"n\":%d,\"threads\":%d,"
+        printf("{\"bench\":\"q8gemm\",\"dtype\":\"%s\",\"rows\":%d,\"cols\":%d,\"n\":%d,\"threads\":%d,"
                "\"gmac_s\":%.2f,\"gmac_s_best\":%.2f,\"gmac_cpu_s\":%.2f}\n",
-               rows, cols, n, threads, wall[repeat / 2], wall[repeat - 1], cpu[repeat / 2]);
+               tsr_dtype_name(t), rows, cols, n, threads, wall[repeat / 2], wall[repeat - 1], cpu[repeat / 2]);
         rc = 0;
     }
     tsr_backend_destroy(be);

@@ -2,7 +2,7 @@
  * group in two 8-lane halves; per 4-column step the u8 weights become s8 again (xor 0x80),
  * and vpmaddubsw multiplies |x| with sign(w, x) (no pair sum can saturate: |q|, |x| <= 127), then
  * vpmaddwd with ones gives each row's 4-product int32 sum. The same exact integer sums, scale
- * and fma per block as the other variants. */
+ * and fma per block as the other variants. For 4 tokens two groups share each broadcast. */
 #include "kernels/cpu/quant_q8_internal.h"
 
 #include <string.h>
@@ -27,45 +27,67 @@ static inline __attribute__((always_inline)) int32_t tsr__q8_y_x4(const int8_t *
     return v;
 }
 
+/* Block b of NG (1 or 2, a constant after inlining) groups: wb[h] and acc[h] are group h's
+ * bytes and accumulators. With two groups each broadcast of a token's 4 int8 values feeds
+ * four weight vectors instead of two. One source for both counts, so a row's operations
+ * (and bits) do not depend on whether its group ran alone or in a pair. */
 static inline __attribute__((always_inline)) void
-tsr__q8_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_t *xs,
-                int64_t nb, int64_t b, int nx, tsr__q8_y_acc *acc) {
-    (void)xs;
+tsr__q8_y_blkn(const uint8_t *const *wb, int ng, const int8_t *xq, const float *xd, int64_t nb,
+               int64_t b, int nx, tsr__q8_y_acc *const *acc) {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
-    __m256i lo[4], hi[4];
+    __m256i lo[2][4], hi[2][4];
     const int8_t *x[4];
-    /* the loops over tokens unrolled (nx is a constant after inlining), as in
-     * quant_q8_avx512.c: left as loops, GCC keeps the accumulators of nx 3 and 4 in memory
-     * (unrolling the 8 steps too made nx = 1 slower here) */
+    /* the loops over tokens and groups unrolled (nx and ng are constants after inlining),
+     * as in quant_q8_avx512.c: left as loops, GCC keeps the accumulators of nx 3 and 4 in
+     * memory (unrolling the 8 steps too made nx = 1 slower here) */
 #pragma GCC unroll 4
     for (int i = 0; i < nx; i++) {
-        lo[i] = hi[i] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int h = 0; h < ng; h++) lo[h][i] = hi[h][i] = _mm256_setzero_si256();
         x[i] = xq + ((size_t)i * (size_t)nb + (size_t)b) * TSR_Q8_BLOCK;
     }
     for (int s = 0; s < 8; s++) {
-        __m256i wl = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 32 + s * 64)), flip);
-        __m256i wh =
-            _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 32 + s * 64 + 32)), flip);
+        __m256i wl[2], wh[2];
+#pragma GCC unroll 2
+        for (int h = 0; h < ng; h++) {
+            const uint8_t *ws = wb[h] + 32 + s * 64;
+            wl[h] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)ws), flip);
+            wh[h] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(ws + 32)), flip);
+        }
 #pragma GCC unroll 4
         for (int i = 0; i < nx; i++) {
             /* |x| (4 values, one vpabsb per step and token) times sign(w, x): the same
              * products as |w| times sign(x, w), without a vpabsb per weight register */
             __m256i xb = _mm256_set1_epi32(tsr__q8_y_x4(x[i] + 4 * s));
             __m256i ax = _mm256_abs_epi8(xb);
-            __m256i pl = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wl, xb));
-            __m256i ph = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wh, xb));
-            lo[i] = _mm256_add_epi32(lo[i], _mm256_madd_epi16(pl, ones));
-            hi[i] = _mm256_add_epi32(hi[i], _mm256_madd_epi16(ph, ones));
+#pragma GCC unroll 2
+            for (int h = 0; h < ng; h++) {
+                __m256i pl = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wl[h], xb));
+                __m256i ph = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wh[h], xb));
+                lo[h][i] = _mm256_add_epi32(lo[h][i], _mm256_madd_epi16(pl, ones));
+                hi[h][i] = _mm256_add_epi32(hi[h][i], _mm256_madd_epi16(ph, ones));
+            }
         }
     }
-    __m256 dl = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb));
-    __m256 dh = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb + 16)));
+#pragma GCC unroll 2
+    for (int h = 0; h < ng; h++) {
+        __m256 dl = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb[h]));
+        __m256 dh = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb[h] + 16)));
 #pragma GCC unroll 4
-    for (int i = 0; i < nx; i++) {
-        __m256 dx = _mm256_set1_ps(xd[(size_t)i * (size_t)nb + (size_t)b]);
-        acc[i].lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[i]), _mm256_mul_ps(dl, dx), acc[i].lo);
-        acc[i].hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi[i]), _mm256_mul_ps(dh, dx), acc[i].hi);
+        for (int i = 0; i < nx; i++) {
+            __m256 dx = _mm256_set1_ps(xd[(size_t)i * (size_t)nb + (size_t)b]);
+            tsr__q8_y_acc *a = &acc[h][i];
+            a->lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[h][i]), _mm256_mul_ps(dl, dx), a->lo);
+            a->hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi[h][i]), _mm256_mul_ps(dh, dx), a->hi);
+        }
     }
+}
+
+static inline __attribute__((always_inline)) void
+tsr__q8_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_t *xs,
+                int64_t nb, int64_t b, int nx, tsr__q8_y_acc *acc) {
+    (void)xs;
+    tsr__q8_y_blkn(&wb, 1, xq, xd, nb, b, nx, &acc);
 }
 
 #define TSR__Q8_Y_STORE(dst, a)                                                              \
@@ -75,11 +97,34 @@ tsr__q8_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int3
     } while (0)
 #define TSR__Q8_Y_ZERO ((tsr__q8_y_acc){_mm256_setzero_ps(), _mm256_setzero_ps()})
 
+/* The fewest tokens that run two groups per pass. With 16 ymm registers a pair's int32
+ * sums (2 groups x 2 halves x nx) no longer all fit, so the pair pays only where it saves
+ * the most broadcasts: tsr_q8gemm on one core of an AVX2-only EPYC (Zen 1) measured nx 4
+ * 4-13 % faster in pairs, nx 3 the same, nx 2 about 10 % slower (docs/perf.md). */
+#define TSR__Q8_Y_PAIR_NX 4
+
+/* Groups g and g + 1 (both inside the matrix) through tsr__q8_y_blkn, as the AVX-512
+ * kernel's tsr__q8_z_pair. */
+static inline __attribute__((always_inline)) void
+tsr__q8_y_pair(const uint8_t *w, int64_t nb, int64_t rows, int64_t g, const int8_t *xq,
+               const float *xd, int nx, const int32_t *bseg, int n_parts, bool sum, float *y,
+               int64_t ldy, int64_t ldp) {
+#define TSR__Q8_Y_BLOCK2(w0, w1, b, a0, a1)                                                  \
+    tsr__q8_y_blkn((const uint8_t *const[2]){w0, w1}, 2, xq, xd, nb, b, nx,                  \
+                   (tsr__q8_y_acc *const[2]){a0, a1})
+    TSR__QPAIR_BODY(nx, TSR_Q8_GROUP_BLOCK_BYTES, TSR__Q8_Y_BLOCK2, tsr__q8_y_acc,
+                    TSR__Q8_Y_ZERO, TSR__Q8_Y_STORE)
+#undef TSR__Q8_Y_BLOCK2
+}
+
 static inline __attribute__((always_inline)) void
 tsr__q8_y_gemv_nx(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,
                   const int8_t *xq, const float *xd, const int32_t *xs, int nx,
                   const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy,
                   int64_t ldp) {
+    if (nx >= TSR__Q8_Y_PAIR_NX)
+        for (; g0 + 2 <= g1; g0 += 2)
+            tsr__q8_y_pair(w, nb, rows, g0, xq, xd, nx, bseg, n_parts, sum, y, ldy, ldp);
     TSR__Q8_GEMV_BODY(nx, tsr__q8_y_block, tsr__q8_y_acc, TSR__Q8_Y_ZERO, TSR__Q8_Y_STORE)
 }
 
