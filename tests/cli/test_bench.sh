@@ -90,7 +90,11 @@ import json, sys
 one, three = (json.load(open(f)) for f in sys.argv[1:3])
 assert three["batch"] == 3 and one["batch"] == 1, (one["batch"], three["batch"])
 assert three["decode_bytes_per_token"] < one["decode_bytes_per_token"], "bytes not shared"
-assert abs(three["weight_gb_s"] * 3 / three["decode_tok_s"] - one["weight_gb_s"] / one["decode_tok_s"]) < 1e-2 * one["weight_gb_s"] / one["decode_tok_s"]
+# weight_gb_s divides a step's weight bytes by B: active_weight_bytes * tok/s / B, within the
+# printed rounding (3 decimals: near 1 % of the small figures of a slow or fenced run)
+for r, B in ((one, 1), (three, 3)):
+    want = r["active_weight_bytes"] * r["decode_tok_s"] / B / 1e9
+    assert abs(r["weight_gb_s"] - want) <= 6e-4 + 1e-3 * want, (B, r["weight_gb_s"], want)
 PY
 "$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 8 --gen-tokens 4 --repeat 1 --batch 3 --json >"$TMP/out12" 2>"$TMP/err"
 "$BIN" bench --model "$ROOT/models/stories260K.bin" --prompt-tokens 8 --gen-tokens 4 --repeat 1 --json >"$TMP/out13" 2>"$TMP/err"
