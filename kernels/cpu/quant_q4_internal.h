@@ -99,29 +99,22 @@ _Static_assert(TSR_Q4_GROUP == 16, "tsr__qgroup_store_* assume 16-row groups");
         }                                                                                   \
     }
 
+/* One type's table entry of one variant: PFX##_gemv##SUF from the block function
+ * PFX##_block##SUF and the type's group block bytes. */
+#define TSR__Q4_GEMV_ONE(PFX, SUF, GBB, ACC_T, ZERO, STORE)                                  \
+    static inline __attribute__((always_inline)) void PFX##_nx##SUF(                        \
+        const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,                 \
+        const int8_t *xq, const float *xd, const int32_t *xs, const float *xm, int nx,      \
+        const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy, int64_t ldp) {   \
+        TSR__Q4_GEMV_BODY(nx, GBB, PFX##_block##SUF, ACC_T, ZERO, STORE)                    \
+    }                                                                                       \
+    TSR__Q4_GEMV_FN(PFX##_gemv##SUF, PFX##_nx##SUF)
+
 /* The three types' table entries of one variant from its block functions PFX##_block0
  * (Q4_0), PFX##_block1 (Q4_1) and PFX##_blockm (MXFP4). */
 #define TSR__Q4_GEMV_PAIR(PFX, ACC_T, ZERO, STORE)                                           \
-    static inline __attribute__((always_inline)) void PFX##_nx0(                            \
-        const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,                 \
-        const int8_t *xq, const float *xd, const int32_t *xs, const float *xm, int nx,      \
-        const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy, int64_t ldp) {   \
-        TSR__Q4_GEMV_BODY(nx, TSR__Q4_0_GBB, PFX##_block0, ACC_T, ZERO, STORE)              \
-    }                                                                                       \
-    static inline __attribute__((always_inline)) void PFX##_nx1(                            \
-        const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,                 \
-        const int8_t *xq, const float *xd, const int32_t *xs, const float *xm, int nx,      \
-        const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy, int64_t ldp) {   \
-        TSR__Q4_GEMV_BODY(nx, TSR__Q4_1_GBB, PFX##_block1, ACC_T, ZERO, STORE)              \
-    }                                                                                       \
-    static inline __attribute__((always_inline)) void PFX##_nxm(                            \
-        const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,                 \
-        const int8_t *xq, const float *xd, const int32_t *xs, const float *xm, int nx,      \
-        const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy, int64_t ldp) {   \
-        TSR__Q4_GEMV_BODY(nx, TSR__MX_GBB, PFX##_blockm, ACC_T, ZERO, STORE)                \
-    }                                                                                       \
-    TSR__Q4_GEMV_FN(PFX##_gemv0, PFX##_nx0)                                                 \
-    TSR__Q4_GEMV_FN(PFX##_gemv1, PFX##_nx1)                                                 \
-    TSR__Q4_GEMV_FN(PFX##_gemvm, PFX##_nxm)
+    TSR__Q4_GEMV_ONE(PFX, 0, TSR__Q4_0_GBB, ACC_T, ZERO, STORE)                             \
+    TSR__Q4_GEMV_ONE(PFX, 1, TSR__Q4_1_GBB, ACC_T, ZERO, STORE)                             \
+    TSR__Q4_GEMV_ONE(PFX, m, TSR__MX_GBB, ACC_T, ZERO, STORE)
 
 #endif
