@@ -691,12 +691,15 @@ static int tsr__main(tsr__char *c) {
         return 2;
     }
     for (int i = 0; i < c->st.n_models; i++) {
-        char tok[4096];
-        if (tsr__tokenizer_path(c, &c->st.models[i], tok, sizeof tok) != TSR_OK ||
-            access(tok, R_OK) != 0) {
-            fprintf(stderr, "tessera characterize: %s\n",
-                    access(tok, R_OK) != 0 && tok[0] ? "a model's tokenizer is not readable"
-                                                     : tsr_last_error());
+        /* tok is not written when no path is found (the error says why) */
+        char tok[4096] = "";
+        if (tsr__tokenizer_path(c, &c->st.models[i], tok, sizeof tok) != TSR_OK) {
+            fprintf(stderr, "tessera characterize: %s\n", tsr_last_error());
+            return 2;
+        }
+        if (access(tok, R_OK) != 0) {
+            fprintf(stderr, "tessera characterize: %s: key 'models[%d]': tokenizer %s is not "
+                            "readable (%s)\n", c->st.path, i, tok, strerror(errno));
             return 2;
         }
     }
