@@ -160,6 +160,15 @@ static int64_t tsr__gemm_panel_rows_wanted(int64_t cols) {
     return p < 16 ? 16 : p;
 }
 
+/* Swaps rows 0 and j of w ([.][k]). */
+static void tsr__swap_rows(float *w, int64_t j, int k) {
+    for (int c = 0; c < k; c++) {
+        float v = w[c];
+        w[c] = w[(size_t)j * (size_t)k + (size_t)c];
+        w[(size_t)j * (size_t)k + (size_t)c] = v;
+    }
+}
+
 /* Whether this machine's OpenBLAS gives a row of W the same bits wherever it sits among the
  * p rows of an sgemm: it does on Zen 4 and Cooper Lake for every p here, but its Haswell and
  * Zen kernels (AVX2 CPUs) split the rows into tiles of 8, 16 and 24 computed in different
@@ -185,22 +194,14 @@ static bool tsr__gemm_rows_independent(int64_t p) {
         int n = ns[t];
         for (int64_t j = 0; ok && j < p; j++) {
             /* row 0's values at position j (swapped in, then back) */
-            for (int k = 0; k < K; k++) {
-                float v = w[k];
-                w[k] = w[(size_t)j * K + k];
-                w[(size_t)j * K + k] = v;
-            }
+            tsr__swap_rows(w, j, K);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)p, K, 1.0f, x, K, w, K,
                         0.0f, y, (int)p);
             for (int i = 0; i < n; i++) {
                 if (j == 0) ref[i] = y[(size_t)i * (size_t)p];
                 else if (memcmp(&ref[i], &y[(size_t)i * (size_t)p + (size_t)j], sizeof *y)) ok = false;
             }
-            for (int k = 0; k < K; k++) {
-                float v = w[k];
-                w[k] = w[(size_t)j * K + k];
-                w[(size_t)j * K + k] = v;
-            }
+            tsr__swap_rows(w, j, K);
         }
     }
     tsr_free(x);
