@@ -95,6 +95,19 @@ wait_done() {
     done
     echo "TIMEOUT_IN_TEST($st, $(job_field "$id" Reason))"
 }
+# release ID: lets a requeued job start now instead of after its ~2-minute BeginTime. Slurm
+# sets that BeginTime because slurmd refuses a credential issued in the same second as the
+# old run's revocation ("Job credential revoked": the job ends FAILED; seen in CI when
+# StartTime=now came 0.3 s after the requeue), so this waits for PENDING and 2 s more.
+release() {
+    local id=$1 k=0
+    while [ "$(job_field "$id" JobState)" != PENDING ] && [ $k -lt 300 ]; do
+        sleep 0.2
+        k=$((k + 1))
+    done
+    sleep 2
+    scontrol update JobId="$id" StartTime=now
+}
 nlines() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
 # wait_lines FILE N SECONDS: until FILE has at least N lines.
 wait_lines() {
@@ -173,7 +186,7 @@ grep -q "tessera run: stopped by SIGUSR1 after $n1 of $N requests" "$TMP/big.log
 grep -q "requeueing job $id" "$TMP/big.log" || fail "job 2: no requeue line"
 [ "$n1" -lt $N ] || fail "job 2 finished before the signal; make the input bigger"
 # A requeued job waits ~2 minutes (its BeginTime); the test does not.
-scontrol update JobId="$id" StartTime=now || fail "scontrol update StartTime failed"
+release "$id" || fail "scontrol update StartTime failed"
 st=$(wait_done "$id" 80 release)
 [ "$st" = COMPLETED ] || die "job 2 ($id) after requeue: $st, want COMPLETED"
 grep -q "resuming: .* holds $n1 records" "$TMP/big.log" || fail "job 2: the rerun did not resume"
@@ -238,7 +251,7 @@ if "$BIN" run --help 2>/dev/null | grep -q -- '--tp'; then
     n1=$(wc -l <"$TMP/tp2.out.jsonl")
     if [ "$(job_field "$id" Restarts)" = 1 ]; then
         grep -q "stopped by SIGUSR1 after $n1 of $N" "$TMP/tp2.log" || fail "job 5: no stop line"
-        scontrol update JobId="$id" StartTime=now || fail "scontrol update StartTime failed"
+        release "$id" || fail "scontrol update StartTime failed"
     else
         [ "$n1" -eq $N ] || die "job 5 ($id) did not requeue: $(job_field "$id" JobState)"
     fi
@@ -278,7 +291,7 @@ if [ -n "$CK" ] && "$BIN" run --help 2>/dev/null | grep -q -- '--tp'; then
         done
         scontrol update JobId="$id" NumTasks=1 NumCPUs=1 ||
             fail "scontrol update NumTasks=1 NumCPUs=1 failed"
-        scontrol update JobId="$id" StartTime=now || fail "scontrol update StartTime failed"
+        release "$id" || fail "scontrol update StartTime failed"
         st=$(wait_done "$id" 120 release)
         [ "$st" = COMPLETED ] || die "job 6 ($id) on 1 task: $st, want COMPLETED"
         grep -q "run 2 on .*: 1 task(s)" "$TMP/el.log" || fail "job 6: run 2 was not 1 task"
