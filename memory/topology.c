@@ -4,9 +4,11 @@
 #include <errno.h>
 #include <hwloc.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/log.h"
 
 struct tsr_topology {
     hwloc_topology_t topo;
@@ -16,6 +18,17 @@ struct tsr_topology {
 static bool tsr__ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);
     return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* Those three map X11, OpenCL, libxml2, ICU and libstdc++ into the process: 2.7 MiB of
+ * resident pages, a third of what a small model's run holds besides its weights. GPU
+ * locality needs only hwloc_pci (and the CUDA/NVML plugins where a site builds them), and an
+ * XML topology reads through hwloc's built-in parser without hwloc_xml_libxml. */
+void tsr_topology_preinit(void) {
+    const char *b = getenv("HWLOC_PLUGINS_BLACKLIST"), *c = getenv("HWLOC_COMPONENTS");
+    if ((b && *b) || (c && *c)) return;
+    if (setenv("HWLOC_PLUGINS_BLACKLIST", "hwloc_gl,hwloc_opencl,hwloc_xml_libxml", 0) != 0)
+        TSR_LOG_DEBUG("setenv HWLOC_PLUGINS_BLACKLIST: %s", strerror(errno));
 }
 
 tsr_status tsr_topology_load(const char *spec, tsr_topology **out) {

@@ -25,6 +25,11 @@ typedef struct tsr_topology tsr_topology;
  * libpciaccess's scan leaks a little, which LeakSanitizer reports); a path ending in ".xml":
  * an hwloc XML file; anything else: an hwloc synthetic description. */
 tsr_status tsr_topology_load(const char *spec, tsr_topology **out);
+/* Keeps hwloc from loading the plugins a compute job never uses (hwloc_gl, hwloc_opencl,
+ * hwloc_xml_libxml) by setting HWLOC_PLUGINS_BLACKLIST, unless the user set it or
+ * HWLOC_COMPONENTS. hwloc loads every plugin it finds when the process's first topology is
+ * created, and MPI_Init creates one before tsr_topology_load: call this before MPI starts. */
+void tsr_topology_preinit(void);
 void tsr_topology_destroy(tsr_topology *t);
 
 /* False for synthetic and XML topologies: they cannot be bound to. */

@@ -38,6 +38,7 @@ tsr_status tsr_dist_start(tsr_dist *j) {
     /* Fault injection for the tests of a rank that dies during start-up. */
     const char *die = getenv("TSR_FAULT_DIE_RANK");
     tsr_comm_options o = {.backend = TSR_COMM_AUTO};
+    tsr_topology_preinit(); /* before MPI_Init creates the process's first hwloc topology */
     TSR_TRY(tsr_comm_init(&o, &j->comm));
     tsr_comm_set_timeout(j->comm, 0); /* until tsr_dist_ready: see there */
     j->rank = tsr_comm_world_rank(j->comm);

@@ -1,12 +1,28 @@
 /* memory/topology: placement on synthetic and XML topologies, binding and NUMA allocation
  * on this machine. */
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "memory/topology.h"
 #include "base/alloc.h"
 #include "tests/test.h"
 
 #define TWO_BY_TWO "pack:2 numa:2 core:4 pu:1"
+
+/* First, before any topology: the blacklist must be in place when hwloc loads its plugins,
+ * so the XML fixture below is read by hwloc's built-in parser, as in tessera. */
+TSR_TEST(test_preinit_blacklists_plugins) {
+    ASSERT_TRUE(setenv("HWLOC_COMPONENTS", "linux", 1) == 0);
+    tsr_topology_preinit();
+    ASSERT_TRUE(getenv("HWLOC_PLUGINS_BLACKLIST") == NULL); /* the user's choice stands */
+    ASSERT_TRUE(unsetenv("HWLOC_COMPONENTS") == 0);
+    ASSERT_TRUE(setenv("HWLOC_PLUGINS_BLACKLIST", "hwloc_pci", 1) == 0);
+    tsr_topology_preinit();
+    ASSERT_STR_EQ(getenv("HWLOC_PLUGINS_BLACKLIST"), "hwloc_pci");
+    ASSERT_TRUE(unsetenv("HWLOC_PLUGINS_BLACKLIST") == 0);
+    tsr_topology_preinit();
+    ASSERT_STR_EQ(getenv("HWLOC_PLUGINS_BLACKLIST"), "hwloc_gl,hwloc_opencl,hwloc_xml_libxml");
+}
 
 TSR_TEST(test_counts) {
     tsr_topology *t = NULL;
@@ -168,6 +184,6 @@ TSR_TEST(test_this_machine_bind_and_alloc) {
     tsr_topology_destroy(t);
 }
 
-TSR_TEST_MAIN(test_counts, test_bad_specs, test_four_ranks_one_per_numa,
+TSR_TEST_MAIN(test_preinit_blacklists_plugins, test_counts, test_bad_specs, test_four_ranks_one_per_numa,
               test_eight_ranks_two_per_numa, test_two_ranks_spread_over_packages,
               test_more_ranks_than_cores, test_gpu_near_numa, test_this_machine_bind_and_alloc)
