@@ -33,6 +33,7 @@ void tsr_topology_preinit(void) {
 
 tsr_status tsr_topology_load(const char *spec, tsr_topology **out) {
     *out = NULL;
+    tsr_topology_preinit(); /* for callers that start no MPI (tsr_dist_start calls it first) */
     bool cpu_only = spec && strcmp(spec, "system-cpu") == 0;
     bool system = !spec || !*spec || strcmp(spec, "system") == 0 || cpu_only;
     tsr_topology *t = tsr_calloc(1, sizeof *t);
