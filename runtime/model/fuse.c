@@ -2,6 +2,7 @@
 #include "runtime/model/fuse.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -17,6 +18,23 @@ static bool tsr__fusable(tsr_tensor *const *p, int n) {
     return true;
 }
 
+/* Copies n bytes from src to dst in slabs of about 1 MiB that end on src's page
+ * boundaries, each slab's source given back (tsr_model_discard) once copied when drop is
+ * set: the fused copy and its parts are then never resident together beyond one slab (an
+ * 8B model's gate/up pair is 235 MB in BF16). */
+static void tsr__copy_dropping(tsr_model *m, char *dst, const char *src, size_t n, bool drop) {
+    const uintptr_t page = 4096;
+    size_t done = 0;
+    while (done < n) {
+        uintptr_t end = ((uintptr_t)(src + done) + ((size_t)1 << 20)) & ~(page - 1);
+        size_t len = end - (uintptr_t)(src + done);
+        if (len > n - done) len = n - done;
+        memcpy(dst + done, src + done, len);
+        if (drop) tsr_model_discard(m, src + done, len);
+        done += len;
+    }
+}
+
 /* The parts' rows stacked into *out (model-owned). Row-major dtypes, and Q8_0 whose parts
  * but the last are whole 16-row groups: the parts' bytes back to back, the parts re-pointed
  * at their rows and their old storage dropped. Other Q8_0: each row unpacked and packed
@@ -30,21 +48,18 @@ static tsr_status tsr__stack(tsr_model *m, tsr_tensor *const *p, int n, tsr_tens
     void *dst;
     TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&f), &dst));
     if (back_to_back) {
+        const void *olds[8];
+        if (n > (int)(sizeof olds / sizeof olds[0]))
+            return tsr_error_set(TSR_ERR_INTERNAL, "fuse: %d parts", n);
+        for (int i = 0; i < n; i++) olds[i] = p[i]->data;
         size_t off = 0;
         for (int i = 0; i < n; i++) {
             size_t b = tsr_tensor_bytes(p[i]);
-            memcpy((char *)dst + off, p[i]->data, b);
-            off += b;
-        }
-        off = 0;
-        for (int i = 0; i < n; i++) {
-            size_t b = tsr_tensor_bytes(p[i]);
-            const void *old = p[i]->data;
+            bool shared = false; /* a part that views another's storage keeps it alive */
+            for (int j = 0; j < n; j++) shared |= j != i && olds[j] == olds[i];
+            tsr__copy_dropping(m, (char *)dst + off, olds[i], b, !shared);
             p[i]->data = (char *)dst + off;
             off += b;
-            bool shared = false; /* a part that views another's storage keeps it alive */
-            for (int j = 0; j < n; j++) shared |= j != i && p[j]->data == old;
-            if (!shared) tsr_model_discard(m, old, b);
         }
     } else {
         uint8_t *row = tsr_malloc((size_t)(f.cols / TSR_Q8_BLOCK) * TSR_Q8_BLOCK_BYTES);
