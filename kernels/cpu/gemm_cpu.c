@@ -427,7 +427,7 @@ static tsr_status tsr__qblock_run(tsr__cpu_ctx *c, const float *x, int64_t n,
     TSR_TRY(tsr__qact_begin(c, x, n, w, seg, n_parts, sum, &q));
     int64_t rows = w->rows, cols = w->cols, nb = q.nb, nsb = q.nb * q.nsum;
     const tsr__q8_kernels *k8 = tsr__q8_kernels_get();
-    tsr__q4_gemv_fn g4 = tsr_q4_is(w->dtype) || w->dtype == TSR_MXFP4
+    tsr__q4_gemv_fn g4 = tsr_q4_grouped(w->dtype)
                              ? tsr__q4_gemv_for(tsr__q4_kernels_get(), w->dtype)
                              : NULL;
     tsr__q4k_gemv_fn gk = w->dtype == TSR_Q4_K ? tsr__q4k_kernels_get()->gemv : NULL;
@@ -464,7 +464,7 @@ static tsr_status tsr__qblock_run(tsr__cpu_ctx *c, const float *x, int64_t n,
 
 /* Whether W runs on tsr__qblock_run: a block-quantized dtype in a shape its kernels take. */
 static bool tsr__qblock_fits(const tsr_tensor *w) {
-    if (w->dtype == TSR_Q8_0 || tsr_q4_is(w->dtype) || w->dtype == TSR_MXFP4)
+    if (w->dtype == TSR_Q8_0 || tsr_q4_grouped(w->dtype))
         return tsr_q8_fits(w->rows, w->cols);
     return w->dtype == TSR_Q4_K && tsr_q4k_fits(w->rows, w->cols);
 }

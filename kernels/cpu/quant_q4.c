@@ -13,6 +13,8 @@
 
 bool tsr_q4_is(tsr_dtype t) { return t == TSR_Q4_0 || t == TSR_Q4_1; }
 
+bool tsr_q4_grouped(tsr_dtype t) { return tsr_q4_is(t) || t == TSR_MXFP4; }
+
 size_t tsr_q4_block_bytes(tsr_dtype t) { return t == TSR_Q4_1 ? 20 : 18; }
 
 size_t tsr_q4_group_block_bytes(tsr_dtype t) {
@@ -222,7 +224,7 @@ tsr_status tsr_q4_quantize_tensor(const tsr_tensor *src, tsr_dtype t, void *pack
 
 void tsr_q4_row_f32(const tsr_tensor *t, int64_t r, float *out) {
     if (t->dtype == TSR_Q8_0) tsr_q8_dequant_row(t->data, t->cols, r, out);
-    else if (tsr_q4_is(t->dtype) || t->dtype == TSR_MXFP4)
+    else if (tsr_q4_grouped(t->dtype))
         tsr_q4_dequant_row(t->dtype, t->data, t->cols, r, out);
     else if (t->dtype == TSR_Q4_K) tsr_q4k_dequant_row(t->data, t->cols, r, out);
     else tsr_dtype_to_f32(t->dtype, tsr_tensor_row(t, r), out, (size_t)t->cols);

@@ -39,6 +39,9 @@
 
 /* Whether dtype is one of the 4-bit types (TSR_Q4_0, TSR_Q4_1). */
 bool tsr_q4_is(tsr_dtype t);
+/* Whether t runs on the 4-bit kernels' repacked 16-row groups: Q4_0, Q4_1, and MXFP4
+ * experts repacked at start-up (tsr_q4_pack_mxfp4). */
+bool tsr_q4_grouped(tsr_dtype t);
 /* GGUF bytes of one block: 18 (Q4_0) or 20 (Q4_1). */
 size_t tsr_q4_block_bytes(tsr_dtype t);
 /* Bytes of one 16-row group's block in the repacked layout: 288 or 320. */
