@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/module.h"
 #include "base/sys.h"
 #include "comm/comm.h"
 #include "kernels/device_choice.h"
@@ -67,44 +68,6 @@ typedef struct tsr__module_slot {
 
 static tsr__module_slot tsr__slots[TSR__N_BACKENDS];
 
-/* The directory of the running binary (/proc/self/exe), without a trailing slash. */
-static bool tsr__exe_dir(char *dir, size_t cap) {
-    ssize_t n = readlink("/proc/self/exe", dir, cap - 1);
-    if (n <= 0) return false;
-    dir[n] = 0;
-    char *slash = strrchr(dir, '/');
-    if (!slash) return false;
-    *slash = 0;
-    return true;
-}
-
-/* Where a module is looked for, in order: $TSR_MODULE_DIR (a site's override), next to the
- * binary (the build tree: build/tessera), ../lib/tessera from it (an installed tree:
- * bin/tessera), and one level up (the build tree's tests/ and bench/ executables). The first
- * existing file wins; *looked lists the directories for the error line. */
-static bool tsr__module_find(const char *file, char *path, size_t cap, char *looked,
-                             size_t lcap) {
-    char exe[PATH_MAX];
-    const char *env = getenv("TSR_MODULE_DIR");
-    char dirs[4][PATH_MAX + 16];
-    int nd = 0;
-    if (env && *env) snprintf(dirs[nd++], sizeof dirs[0], "%s", env);
-    if (tsr__exe_dir(exe, sizeof exe)) {
-        snprintf(dirs[nd++], sizeof dirs[0], "%s", exe);
-        snprintf(dirs[nd++], sizeof dirs[0], "%s/../lib/tessera", exe);
-        snprintf(dirs[nd++], sizeof dirs[0], "%s/..", exe);
-    }
-    size_t at = 0;
-    looked[0] = 0;
-    for (int i = 0; i < nd; i++) {
-        int w = snprintf(path, cap, "%s/%s", dirs[i], file);
-        if (w > 0 && (size_t)w < cap && access(path, F_OK) == 0) return true;
-        if (at < lcap)
-            at += (size_t)snprintf(looked + at, lcap - at, "%s%s", i ? ", " : "", dirs[i]);
-    }
-    return false;
-}
-
 static tsr_status tsr__slot_fail(tsr__module_slot *s, tsr_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static tsr_status tsr__slot_fail(tsr__module_slot *s, tsr_status st, const char *fmt, ...) {
@@ -119,7 +82,7 @@ static tsr_status tsr__slot_fail(tsr__module_slot *s, tsr_status st, const char 
 static tsr_status tsr__module_open(tsr__module_slot *s) {
     const tsr_backend_info *b = s->info;
     char looked[1024];
-    if (!tsr__module_find(b->module, s->path, sizeof s->path, looked, sizeof looked))
+    if (!tsr_module_find(b->module, s->path, sizeof s->path, looked, sizeof looked))
         return tsr__slot_fail(s, TSR_ERR_UNSUPPORTED,
                               "backend '%s': its module %s is not installed (looked in %s): "
                               "use a tessera built with -DTESSERA_CUDA=ON, set TSR_MODULE_DIR "

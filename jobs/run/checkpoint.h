@@ -8,7 +8,9 @@
  * which rows are whose), with each row's position and score, so a job on any tp x pp (one
  * rank included) reads the slice it holds. A multi-rank job writes it with parallel HDF5
  * over MPI-IO, each rank its hyperslab (its layers, its KV heads) in one collective write
- * per dataset. Without HDF5 (TESSERA_HDF5=OFF) every call fails with TSR_ERR_UNSUPPORTED.
+ * per dataset. The HDF5 code is a run-time module (jobs/run/checkpoint_h5.c), so that runs
+ * without checkpoints map none of HDF5's libraries; without HDF5 (TESSERA_HDF5=OFF) or
+ * without the module, every call fails with TSR_ERR_UNSUPPORTED and one line saying so.
  *
  * A checkpoint is bound to its job: it records the model's identity (configuration, tensor
  * names/shapes/dtypes, a sampled content fingerprint, all of the whole model), the
@@ -92,7 +94,9 @@ typedef struct tsr_ckpt_part {
     bool head_owner;
 } tsr_ckpt_part;
 
-/* false when the build has no HDF5. */
+/* Whether checkpoints can be read and written: the build has HDF5 and its module
+ * (libtessera-hdf5.so, loaded here on first use) loads; when not, the error line says why
+ * (tsr_last_error). Every call below loads it the same way and fails with that line. */
 bool tsr_ckpt_available(void);
 /* The per-rank file a tessera of format 2 wrote for rank 0 (FILE.rank0.h5), which this
  * one refuses by name. */

@@ -961,8 +961,7 @@ int tsr_cmd_run(int argc, char **argv) {
     if (o.checkpoint_discard && !o.checkpoint)
         return tsr_cli_usage_error(&cli, "--checkpoint-discard needs --checkpoint");
     if (o.checkpoint && !tsr_ckpt_available())
-        return tsr_cli_usage_error(&cli, "--checkpoint: this build has no HDF5 (configure with "
-                                         "-DTESSERA_HDF5=ON)");
+        return tsr_cli_usage_error(&cli, "--checkpoint: %s", tsr_last_error());
     if (o.checkpoint && !o.kv.kv.policy->checkpointable)
         return tsr_cli_usage_error(&cli, "--checkpoint does not support --kv-policy %s (it "
                                    "keeps KV of its own that a checkpoint does not save)",
