@@ -912,7 +912,8 @@ int tsr_cmd_run(int argc, char **argv) {
         {"checkpoint", TSR_OPT_STRING, &o.checkpoint, "FILE.h5",
          "on a stop signal save the in-flight requests and their KV here (one HDF5 file, all "
          "ranks); a rerun resumes them where they stopped, on any layout; one written by another job "
-         "(model, tokenizer, input lines, options) or damaged is refused", false},
+         "(model, tokenizer, input lines, options) or damaged is refused; needs the HDF5 "
+         "module libtessera-hdf5.so installed with the binary (checked at start-up)", false},
         {"checkpoint-discard", TSR_OPT_FLAG, &o.checkpoint_discard, NULL,
          "a --checkpoint file that does not fit this job or is damaged is removed and its "
          "requests are recomputed, instead of refused", false},
