@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/dtype.h"
 #include "base/sys.h"
 
 tsr_cli_result tsr_cli_usage_error(const tsr_cli *cli, const char *fmt, ...) {
@@ -130,6 +131,13 @@ tsr_cli_result tsr_cli_parse(tsr_cli *cli, int argc, char **argv) {
         if (tsr__set(cli, o, val) != 0) return TSR_CLI_USAGE;
         o->seen = true;
     }
+    return TSR_CLI_OK;
+}
+
+tsr_cli_result tsr_cli_check_dtype(const tsr_cli *cli, const char *dtype) {
+    if (dtype && tsr_dtype_parse(dtype) < 0)
+        return tsr_cli_usage_error(cli, "--dtype '%s': expected f32, bf16, f16, q8_0, q4_0, "
+                                   "q4_1 or fp8", dtype);
     return TSR_CLI_OK;
 }
 

@@ -57,6 +57,16 @@ const tsr_cli_opt *tsr_cli_find(const tsr_cli *cli, const char *name);
 /* Usage error unless 1 <= threads <= TSR_CLI_THREADS_PER_CPU x tsr_sys_cpus() (--threads). */
 tsr_cli_result tsr_cli_check_threads(const tsr_cli *cli, int threads);
 
+/* --dtype of the commands that load a model for a job (generate, run): the weights' dtype
+ * after loading (the engine's weights_dtype; quantized ones quantize at load). */
+#define TSR_CLI_DTYPE_VALUES "f32|bf16|f16|q8_0|q4_0|q4_1|fp8"
+#define TSR_CLI_DTYPE_HELP                                                                  \
+    "weight dtype (default: as stored); q8_0, q4_0, q4_1 and fp8 quantize at load (fp8: "   \
+    "cuda; Q8_0 elsewhere); on the CPU a quantized dtype also runs GPT-OSS's MXFP4 experts " \
+    "with 8-bit activations (TSR_MXFP4_F32=1: their f32 kernel)"
+/* Usage error unless dtype is NULL (not given) or one of TSR_CLI_DTYPE_VALUES. */
+tsr_cli_result tsr_cli_check_dtype(const tsr_cli *cli, const char *dtype);
+
 /* Parses a byte count: "1048576", "512M", "4G", "1.5GiB" (K/M/G/T are powers of 1024).
  * Returns 0 on success, -1 when malformed. */
 int tsr_cli_parse_bytes(const char *s, int64_t *out);

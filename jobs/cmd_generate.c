@@ -229,10 +229,7 @@ int tsr_cmd_generate(int argc, char **argv) {
          "with --chat on a harmony model (GPT-OSS): print the whole answer, every channel "
          "with its special tokens, not only the final channel's text", false},
         {"verbose", TSR_OPT_FLAG, &o.verbose, NULL, "log model and backend details", false},
-        {"dtype", TSR_OPT_STRING, &o.dtype, "f32|bf16|f16|q8_0|q4_0|q4_1|fp8",
-         "weight dtype (default: as stored); q8_0, q4_0, q4_1 and fp8 quantize at load (fp8: "
-         "cuda; Q8_0 elsewhere); on the CPU a quantized dtype also runs GPT-OSS's MXFP4 "
-         "experts with 8-bit activations (TSR_MXFP4_F32=1: their f32 kernel)", false},
+        {"dtype", TSR_OPT_STRING, &o.dtype, TSR_CLI_DTYPE_VALUES, TSR_CLI_DTYPE_HELP, false},
     };
     enum { N_BASE = sizeof base / sizeof base[0] };
     tsr_cli_opt opts[N_BASE + TSR_KV_CLI_N_OPTS + TSR_DIST_CLI_N_OPTS];
@@ -252,9 +249,7 @@ int tsr_cmd_generate(int argc, char **argv) {
     if (!o.prompt == !o.prompt_file)
         return tsr_cli_usage_error(&cli, "give exactly one of --prompt and --prompt-file");
     if (o.max_tokens < 0) return tsr_cli_usage_error(&cli, "--max-tokens must be >= 0");
-    if (o.dtype && tsr_dtype_parse(o.dtype) < 0)
-        return tsr_cli_usage_error(&cli, "--dtype '%s': expected f32, bf16, f16, q8_0, q4_0, "
-                                   "q4_1 or fp8", o.dtype);
+    if (tsr_cli_check_dtype(&cli, o.dtype) != TSR_CLI_OK) return 2;
     if (tsr_cli_check_threads(&cli, o.threads) != TSR_CLI_OK) return 2;
     if (o.chunk < 1) return tsr_cli_usage_error(&cli, "--chunk must be >= 1");
     if (o.max_context < 0) return tsr_cli_usage_error(&cli, "--max-context must be >= 0");

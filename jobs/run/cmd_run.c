@@ -34,6 +34,7 @@
 #include "memory/kv_dist.h"
 #include "policies/policy.h"
 #include "base/alloc.h"
+#include "base/dtype.h"
 #include "base/sys.h"
 #include "base/log.h"
 #include "runtime/text/chat_template.h"
@@ -264,6 +265,11 @@ static tsr_status tsr__setup(tsr_run_job *g) {
                             .threads = o->threads_given ? o->threads : 0,
                             .max_tokens = o->max_batch_tokens, .kv = o->kv.kv,
                             .pack_weights = true, .rank_out = &g->rank};
+    if (o->dtype) { /* matrices converted (q8_0: quantized) after the shard cut; the
+                     * checkpoint records the dtype they run in (run_checkpoint.c) */
+        spec.convert_weights = true;
+        spec.weights_dtype = (tsr_dtype)tsr_dtype_parse(o->dtype);
+    }
     if (o->checkpoint) { /* the whole model's identity, before the shard cut */
         spec.model_loaded = tsr_run_ckpt_model_loaded;
         spec.model_loaded_ctx = g;
@@ -303,9 +309,10 @@ static tsr_status tsr__setup(tsr_run_job *g) {
     g->reqs = tsr_calloc((size_t)g->n_reqs, sizeof *g->reqs);
     if (!g->reqs) return TSR_ERR_NOMEM;
     if (o->verbose && g->root)
-        TSR_LOG_INFO("model %s: dim %d, %d layers, vocab %d, context %d; backend %s, %d "
-                     "threads; chat template: %s; output has %" PRId64 " records",
+        TSR_LOG_INFO("model %s: dim %d, %d layers, vocab %d, context %d, %s weights; backend "
+                     "%s, %d threads; chat template: %s; output has %" PRId64 " records",
                      o->model, c->dim, c->n_layers, c->vocab_size, g->ctx,
+                     tsr_dtype_name(c->dtype),
                      tsr_engine_device_name(g->eng),
                      g->be->threads,
                      g->chat.kind == TSR_CHAT_NONE ? "none" : "the model's (jinja)",
@@ -885,6 +892,7 @@ int tsr_cmd_run(int argc, char **argv) {
          "at most 4 per CPU this process may run on)",
          false},
         {"backend", TSR_OPT_STRING, &o.backend, "NAME", tsr_backend_names(), false},
+        {"dtype", TSR_OPT_STRING, &o.dtype, TSR_CLI_DTYPE_VALUES, TSR_CLI_DTYPE_HELP, false},
         {"seed", TSR_OPT_U64, &o.seed, "S",
          "seed of requests whose body has no \"seed\", and of the --arrival-rate arrivals",
          false},
@@ -953,6 +961,7 @@ int tsr_cmd_run(int argc, char **argv) {
     if (strcmp(o.preempt, "swap") && strcmp(o.preempt, "recompute"))
         return tsr_cli_usage_error(&cli, "--preempt must be swap or recompute");
     if (tsr_cli_check_threads(&cli, o.threads) != TSR_CLI_OK) return 2;
+    if (tsr_cli_check_dtype(&cli, o.dtype) != TSR_CLI_OK) return 2;
     if (!(o.arrival_rate >= 0 && o.arrival_rate < 1e9))
         return tsr_cli_usage_error(&cli, "--arrival-rate must be >= 0 (requests/s)");
     if (o.progress_interval < 0)

@@ -19,6 +19,7 @@
 
 typedef struct tsr_run_opts {
     const char *model, *tokenizer, *input, *output, *errors, *metrics, *backend;
+    const char *dtype; /* --dtype: the weights' dtype after loading, or NULL (as stored) */
     const char *checkpoint; /* --checkpoint FILE.h5, or NULL */
     bool checkpoint_discard; /* --checkpoint-discard: drop one that does not fit the job */
     int max_batch_seqs, max_batch_tokens, max_context, threads;
