@@ -145,12 +145,15 @@ submit_bulk() { # INPUT OUTPUT LOGNAME [sbatch options]
 }
 cd "$TMP" || die "cd $TMP"
 
-# --- 1. a small bulk job to COMPLETED -----------------------------------------------------
+# --- 1. a small bulk job to COMPLETED (DTYPE=q8_0: quantized at load) ---------------------
 make_input "$TMP/small.jsonl" 20 16
+DT=()
+if "$BIN" run --help 2>/dev/null | grep -q -- '--dtype'; then DT=(--dtype q8_0); fi
 # shellcheck disable=SC2086  # RUN_ARGS is a list of options
 "$BIN" run --model "$MODEL" --input "$TMP/small.jsonl" --output "$TMP/small.ref.jsonl" \
-    $RUN_ARGS --quiet || die "direct tessera run failed"
-id=$(submit_bulk "$TMP/small.jsonl" "$TMP/small.out.jsonl" small.log -n 1) || die "sbatch failed"
+    $RUN_ARGS "${DT[@]}" --quiet || die "direct tessera run failed"
+id=$(DTYPE=${DT[1]:-} submit_bulk "$TMP/small.jsonl" "$TMP/small.out.jsonl" small.log -n 1) ||
+    die "sbatch failed"
 st=$(wait_done "$id" 60)
 [ "$st" = COMPLETED ] || die "job 1 ($id): $st, want COMPLETED"
 [ "$(job_field "$id" ExitCode)" = 0:0 ] || fail "job 1: ExitCode $(job_field "$id" ExitCode)"
@@ -158,7 +161,7 @@ grep -q "JobId=$id .*JobState=COMPLETED" "$SDIR/log/jobcomp.txt" || fail "job 1:
 check_jsonl "$TMP/small.out.jsonl" 20 "job 1"
 diff <(sort "$TMP/small.ref.jsonl") <(sort "$TMP/small.out.jsonl") >/dev/null ||
     fail "job 1: records differ from a direct tessera run"
-echo "test_slurm: job 1 COMPLETED ($(($(date +%s) - T0)) s)"
+echo "test_slurm: job 1${DT[1]:+ (${DT[1]})} COMPLETED ($(($(date +%s) - T0)) s)"
 
 # --- 2. USR1 as before the time limit: stop, requeue, resume ------------------------------
 N=160
