@@ -67,6 +67,9 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/filetxt
 JobCompLoc=$dir/log/jobcomp.txt
 SchedulerType=sched/backfill
+# A test cluster schedules every 2 s (the default 60 s main loop and 30 s backfill pass made a
+# requeued job, released with StartTime=now, wait up to a minute to start).
+SchedulerParameters=sched_interval=2,bf_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
