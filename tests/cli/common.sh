@@ -21,6 +21,17 @@ fenced_scale() {
 }
 # Lines of a file (0 when it does not exist yet).
 nlines() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
+# term_after PID FILE N [TRIES]: SIGTERM to the background job PID once FILE has N lines
+# (or after TRIES x 10 ms, default 800), then waits for it: returns its exit status.
+term_after() {
+    local k=0
+    while [ "$(nlines "$2")" -lt "$3" ] && [ $k -lt "${4:-800}" ]; do
+        sleep 0.01
+        k=$((k + 1))
+    done
+    kill -TERM "$1"
+    wait "$1"
+}
 # same_records A B WHAT: the same custom_ids once each with the same texts and reasons.
 same_records() {
     python3 - "$1" "$2" <<'PY' || fail "$3: records differ"

@@ -52,16 +52,9 @@ mkdir -p "$DA" "$DB"
 
 # stop_job DIR INPUT: runs the job in DIR (out.jsonl, ck.h5), SIGTERM after 15 records.
 stop_job() {
-    local k=0
     (cd "$1" && exec "$BIN" run "${ARGS[@]}" --input "$2" --output out.jsonl \
         --checkpoint ck.h5 2>stop.err) &
-    local pid=$!
-    while [ "$(nlines "$1/out.jsonl")" -lt 15 ] && [ $k -lt 800 ]; do
-        sleep 0.01
-        k=$((k + 1))
-    done
-    kill -TERM "$pid"
-    wait "$pid"
+    term_after $! "$1/out.jsonl" 15
     local rc=$?
     [ $rc -eq 3 ] || fail "$1: SIGTERM: exit $rc, want 3: $(cat "$1/stop.err")"
     [ -f "$1/ck.h5" ] || fail "$1: no checkpoint after SIGTERM"

@@ -69,13 +69,7 @@ else
         ARGS=(--model "$MODEL" --input "$IN" --max-batch-seqs 4 --threads 1 --quiet
             --kv-policy $pol --backend cpu-fenced --output "$out" --checkpoint "$ck")
         "$BIN" run "${ARGS[@]}" 2>"$TMP/ck.err" &
-        pid=$! k=0
-        while [ "$(nlines "$out")" -lt 6 ] && [ $k -lt 1000 ]; do
-            sleep 0.01
-            k=$((k + 1))
-        done
-        kill -TERM "$pid"
-        wait "$pid"
+        term_after $! "$out" 6 1000
         rc=$?
         [ $rc -eq 3 ] || fail "checkpoint [$pol]: SIGTERM: exit $rc, want 3: $(cat "$TMP/ck.err")"
         [ "$(nlines "$out")" -lt 24 ] || fail "checkpoint [$pol]: finished before the signal"

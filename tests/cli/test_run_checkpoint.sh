@@ -39,16 +39,10 @@ PY
 # run_and_term OUT CKPT ERR [args]: starts a run, SIGTERMs it once it wrote 15 records;
 # sets rc.
 run_and_term() {
-    local out=$1 ck=$2 err=$3 k=0
+    local out=$1 ck=$2 err=$3
     shift 3
     "$BIN" run "$@" --output "$out" --checkpoint "$ck" 2>"$err" &
-    local pid=$!
-    while [ "$(nlines "$out")" -lt 15 ] && [ $k -lt 800 ]; do
-        sleep 0.01
-        k=$((k + 1))
-    done
-    kill -TERM "$pid"
-    wait "$pid"
+    term_after $! "$out" 15
     rc=$?
 }
 

@@ -31,7 +31,7 @@ PY
 fail=0
 # case POLICY FROM_ARGS TO_ARGS
 case_() {
-    local pol=$1 from=$2 to=$3 k=0 rc
+    local pol=$1 from=$2 to=$3 rc
     rm -f "$TMP"/out.jsonl "$TMP"/ref.jsonl "$TMP"/ck.h5*
     # shellcheck disable=SC2086
     "$BIN" run --model "$MODEL" --input "$IN" --output "$TMP/ref.jsonl" --kv-policy "$pol" \
@@ -39,13 +39,7 @@ case_() {
     # shellcheck disable=SC2086
     "$BIN" run --model "$MODEL" --input "$IN" --output "$TMP/out.jsonl" --kv-policy "$pol" \
         --checkpoint "$TMP/ck.h5" $from 2>"$TMP/err1" &
-    local pid=$!
-    while [ "$(nlines "$TMP/out.jsonl")" -lt 4 ] && [ $k -lt 1500 ]; do
-        sleep 0.01
-        k=$((k + 1))
-    done
-    kill -TERM "$pid"
-    wait "$pid"
+    term_after $! "$TMP/out.jsonl" 4 1500
     rc=$?
     if [ $rc -ne 3 ] && [ $rc -ne 0 ]; then
         echo "FAIL: $pol $from: the stopped run exited $rc"; cat "$TMP/err1"; fail=1; return

@@ -57,14 +57,7 @@ PY
         --progress-interval 0)
     "$BIN" run "${CK[@]}" --output "$TMP/full.jsonl" --quiet || fail "uninterrupted q8_0 run failed"
     "$BIN" run "${CK[@]}" --output "$TMP/ck.jsonl" --checkpoint "$TMP/ck.h5" 2>"$TMP/stop.err" &
-    pid=$!
-    k=0
-    while [ "$(nlines "$TMP/ck.jsonl")" -lt 10 ] && [ $k -lt 800 ]; do
-        sleep 0.01
-        k=$((k + 1))
-    done
-    kill -TERM "$pid"
-    wait "$pid"
+    term_after $! "$TMP/ck.jsonl" 10
     rc=$?
     if [ $rc -ne 3 ] || [ ! -f "$TMP/ck.h5" ]; then
         fail "SIGTERM of the q8_0 job: exit $rc, want 3 and a checkpoint: $(cat "$TMP/stop.err")"
