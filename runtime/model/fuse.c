@@ -48,18 +48,20 @@ static tsr_status tsr__stack(tsr_model *m, tsr_tensor *const *p, int n, tsr_tens
     void *dst;
     TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&f), &dst));
     if (back_to_back) {
-        const void *olds[8];
-        if (n > (int)(sizeof olds / sizeof olds[0]))
-            return tsr_error_set(TSR_ERR_INTERNAL, "fuse: %d parts", n);
-        for (int i = 0; i < n; i++) olds[i] = p[i]->data;
+        /* copied first, re-pointed after, so that every part's old storage is still there
+         * to compare with */
         size_t off = 0;
         for (int i = 0; i < n; i++) {
             size_t b = tsr_tensor_bytes(p[i]);
             bool shared = false; /* a part that views another's storage keeps it alive */
-            for (int j = 0; j < n; j++) shared |= j != i && olds[j] == olds[i];
-            tsr__copy_dropping(m, (char *)dst + off, olds[i], b, !shared);
-            p[i]->data = (char *)dst + off;
+            for (int j = 0; j < n; j++) shared |= j != i && p[j]->data == p[i]->data;
+            tsr__copy_dropping(m, (char *)dst + off, p[i]->data, b, !shared);
             off += b;
+        }
+        off = 0;
+        for (int i = 0; i < n; i++) {
+            p[i]->data = (char *)dst + off;
+            off += tsr_tensor_bytes(p[i]);
         }
     } else {
         uint8_t *row = tsr_malloc((size_t)(f.cols / TSR_Q8_BLOCK) * TSR_Q8_BLOCK_BYTES);
