@@ -19,11 +19,22 @@
 #define TSR__ATTN_SUB 16
 /* K + V bytes of a prefill call from which it reads in row order (about a Zen 4 L2). */
 #define TSR__ATTN_ROWS_MIN ((size_t)1 << 20)
-/* Least bytes of a K/V row per thread for a threaded decode call (see the call below). */
-#define TSR__ATTN_PAR_PART ((size_t)4096)
+/* A decode row's keys per partition, at least, and the most partitions (tsr__attn_decode):
+ * each partition's merge costs about one key's arithmetic, so under 1/64 of the work; up
+ * to 128 partitions keep that many threads busy (the shares: 128 x heads x head_dim floats). */
+#define TSR__ATTN_PART_KEYS 64
+#define TSR__ATTN_PARTS 128
+/* partitions start on tile boundaries, so a row's tiles are the same however it is cut */
+_Static_assert(TSR__ATTN_PART_KEYS % TSR__ATTN_TILE == 0, "partitions of whole tiles");
 /* Accumulator floats per task (on the stack) and most heads one task carries. */
 #define TSR__ATTN_ACC 4096
 #define TSR__ATTN_MAXH 64
+
+/* A run of n keys from key j0 of span s0 on (a decode row's partition). */
+typedef struct tsr__attn_range {
+    int s0;
+    int64_t j0, n;
+} tsr__attn_range;
 
 typedef struct tsr__attn_geom {
     const tsr_attn_args *a;
@@ -46,106 +57,165 @@ static inline int64_t tsr__span_limit(const tsr_kv_span *s, int32_t qp) {
     return lim < 0 ? 0 : lim > s->n ? s->n : lim;
 }
 
-/* Attention of query row i for heads [h0, h0+nh). Key tiles are the outer loop; within a
- * tile come the scores of all heads, the online softmax per head, then the values. With
- * G->rows the scores and values go one key row at a time for all heads of the task (the
- * row read front to back: the order DRAM streams best, docs/kernels-cpu.md); otherwise in
- * chunks of TSR__ATTN_SUB rows with every head inside a chunk (less arithmetic, best when
- * the rows are in L2). Per key and per element the arithmetic is that of one head at a
- * time over the whole tile either way (q.k is per key; the V sums run over the keys in
- * order, scaled by c first), so the bits depend neither on the order nor on which heads
- * share a task. ml receives each head's final running max and sum (for the score pass). */
-static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int h0, int nh, float *ml) {
+/* A tile's keys within one span: n visible keys from key j0 of sp, at offset off of the
+ * tile's scores. */
+typedef struct tsr__attn_piece {
+    const tsr_kv_span *sp;
+    int64_t j0;
+    int n, off;
+} tsr__attn_piece;
+
+/* Attention of query row i for heads [h0, h0+nh) over the keys of r (all keys when NULL).
+ * Key tiles are the outer loop: windows of TSR__ATTN_TILE keys of the spans taken as one
+ * sequence, counted from r's first key (partitions start at multiples of the tile), so a
+ * tile may take its keys from several spans and the arithmetic depends on the keys' order
+ * alone, not on where the spans cut it: a paged cache's blocks give a dense cache's bits.
+ * Within a tile come the scores of all heads, the online softmax per head, then the
+ * values. With G->rows the scores and values go one key row at a time for all heads of
+ * the task (the row read front to back: the order DRAM streams best,
+ * docs/kernels-cpu.md); otherwise in chunks of TSR__ATTN_SUB rows with every head inside
+ * a chunk (less arithmetic, best when the rows are in L2). Per key and per element the
+ * arithmetic is that of one head at a time over the whole tile either way (q.k is per
+ * key; the V sums run over the keys in order, scaled by c first, and a sum continued
+ * after acc * 1 is the same sum), so the bits depend neither on the order nor on which
+ * heads share a task. part NULL: the output normalized into a->out, and ml receives each
+ * head's final running max and sum (for the score pass); else the accumulators
+ * unnormalized into part and max and sum into ml (a partition's share). */
+static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int h0, int nh,
+                           const tsr__attn_range *r, float *part, float *ml) {
     const tsr_attn_args *a = G->a;
     const int hd = a->head_dim;
     const int32_t qp = a->q_pos[i];
     const float *qi = a->q + (size_t)i * G->q_ld;
     int32_t koff[TSR__ATTN_MAXH];
     for (int hh = 0; hh < nh; hh++) koff[hh] = (int32_t)((h0 + hh) / G->group * hd);
-    float acc[TSR__ATTN_ACC];
+    float acc_own[TSR__ATTN_ACC];
+    float *acc = part ? part + (size_t)h0 * hd : acc_own; /* a partition sums in its share */
     float m[TSR__ATTN_MAXH], l[TSR__ATTN_MAXH], corr[TSR__ATTN_MAXH];
     float sc[TSR__ATTN_MAXH][TSR__ATTN_TILE];
+    tsr__attn_piece pc[TSR__ATTN_TILE];
     for (int hh = 0; hh < nh; hh++) {
         m[hh] = -INFINITY;
         l[hh] = 0.0f;
     }
     for (int t = 0; t < nh * hd; t++) acc[t] = 0.0f;
-    for (int s = 0; s < a->n_spans; s++) {
-        const tsr_kv_span *sp = &a->spans[s];
-        const size_t ts = (size_t)sp->stride;
-        int64_t lim = tsr__span_limit(sp, qp);
-        for (int64_t j0 = 0; j0 < lim; j0 += TSR__ATTN_TILE) {
-            int nt = lim - j0 < TSR__ATTN_TILE ? (int)(lim - j0) : TSR__ATTN_TILE;
-            const float *kt = sp->k + (size_t)j0 * ts, *vt = sp->v + (size_t)j0 * ts;
-            /* BF16 spans (G->bf16): the same rows, 2 bytes an element */
-            const uint16_t *kt16 = (const uint16_t *)sp->k + (size_t)j0 * ts;
-            const uint16_t *vt16 = (const uint16_t *)sp->v + (size_t)j0 * ts;
-            if (G->bf16) {
-                for (int j = 0; j < nt; j++)
+    int s = r ? r->s0 : 0;
+    int64_t js = r ? r->j0 : 0, left = r ? r->n : INT64_MAX;
+    while (left > 0 && s < a->n_spans) {
+        /* the tile: the next TSR__ATTN_TILE keys, their visible runs as pieces */
+        int npc = 0, nt = 0;
+        for (int64_t w = 0; w < TSR__ATTN_TILE && left > 0 && s < a->n_spans;) {
+            const tsr_kv_span *sp = &a->spans[s];
+            int64_t take = sp->n - js;
+            take = take < TSR__ATTN_TILE - w ? take : TSR__ATTN_TILE - w;
+            take = take < left ? take : left;
+            int64_t lim = tsr__span_limit(sp, qp);
+            int64_t vis = (js + take < lim ? js + take : lim) - js;
+            if (vis > 0) {
+                pc[npc++] = (tsr__attn_piece){sp, js, (int)vis, nt};
+                nt += (int)vis;
+            }
+            w += take;
+            left -= take;
+            js += take;
+            if (js >= sp->n) {
+                s++;
+                js = 0;
+            }
+        }
+        if (nt == 0) continue;
+        for (int p = 0; p < npc; p++) {
+            const tsr__attn_piece *e = &pc[p];
+            const size_t ts = (size_t)e->sp->stride;
+            const float *kt = e->sp->k + (size_t)e->j0 * ts;
+            const uint16_t *kt16 = (const uint16_t *)e->sp->k + (size_t)e->j0 * ts;
+            if (G->bf16) { /* BF16 spans: the same rows, 2 bytes an element */
+                for (int j = 0; j < e->n; j++)
                     G->k->dot_heads_bf16(qi + (size_t)h0 * hd, kt16 + j * ts, koff, nh, hd,
-                                         G->scale, &sc[0][j], TSR__ATTN_TILE);
+                                         G->scale, &sc[0][e->off + j], TSR__ATTN_TILE);
             } else if (G->rows) {
-                for (int j = 0; j < nt; j++)
+                for (int j = 0; j < e->n; j++)
                     G->k->dot_heads(qi + (size_t)h0 * hd, kt + j * ts, koff, nh, hd, G->scale,
-                                    &sc[0][j], TSR__ATTN_TILE);
+                                    &sc[0][e->off + j], TSR__ATTN_TILE);
             } else {
-                for (int c = 0; c < nt; c += TSR__ATTN_SUB) {
-                    int n = nt - c < TSR__ATTN_SUB ? nt - c : TSR__ATTN_SUB;
+                for (int c = 0; c < e->n; c += TSR__ATTN_SUB) {
+                    int n = e->n - c < TSR__ATTN_SUB ? e->n - c : TSR__ATTN_SUB;
                     for (int hh = 0; hh < nh; hh++)
                         G->k->dot_rows(qi + (size_t)(h0 + hh) * hd, kt + c * ts + koff[hh],
-                                       sp->stride, n, hd, G->scale, sc[hh] + c);
+                                       e->sp->stride, n, hd, G->scale, sc[hh] + e->off + c);
                 }
             }
-            for (int hh = 0; hh < nh; hh++) {
-                float *x = sc[hh];
-                if (sp->pos) {
-                    for (int j = 0; j < nt; j++)
-                        if (sp->pos[j0 + j] > qp) x[j] = -INFINITY;
-                }
-                float mt = -INFINITY;
-                for (int j = 0; j < nt; j++) mt = x[j] > mt ? x[j] : mt;
-                if (mt == -INFINITY) { /* nothing visible in this tile */
-                    corr[hh] = NAN;
+            if (e->sp->pos) {
+                for (int j = 0; j < e->n; j++)
+                    if (e->sp->pos[e->j0 + j] > qp)
+                        for (int hh = 0; hh < nh; hh++) sc[hh][e->off + j] = -INFINITY;
+            }
+        }
+        for (int hh = 0; hh < nh; hh++) {
+            float *x = sc[hh];
+            float mt = -INFINITY;
+            for (int j = 0; j < nt; j++) mt = x[j] > mt ? x[j] : mt;
+            if (mt == -INFINITY) { /* nothing visible in this tile */
+                corr[hh] = NAN;
+                continue;
+            }
+            float mn = m[hh] > mt ? m[hh] : mt;
+            corr[hh] = expf(m[hh] - mn); /* 0 on the first visible tile */
+            float sum = G->k->exp_sum(x, nt, mn);
+            l[hh] = l[hh] * corr[hh] + sum;
+            m[hh] = mn;
+        }
+        if (G->rows) {
+            /* acc * c first (acc_rows over no keys: its own rounding), then the keys,
+             * over each run of heads that saw a key in this tile (usually all of them;
+             * the others are left untouched, as the chunked order leaves them). */
+            for (int h = 0; h < nh;) {
+                if (isnan(corr[h])) {
+                    h++;
                     continue;
                 }
-                float mn = m[hh] > mt ? m[hh] : mt;
-                corr[hh] = expf(m[hh] - mn); /* 0 on the first visible tile */
-                float sum = G->k->exp_sum(x, nt, mn);
-                l[hh] = l[hh] * corr[hh] + sum;
-                m[hh] = mn;
-            }
-            if (G->rows) {
-                /* acc * c first (acc_rows over no keys: its own rounding), then the keys,
-                 * over each run of heads that saw a key in this tile (usually all of them;
-                 * the others are left untouched, as the chunked order leaves them). */
-                for (int h = 0; h < nh;) {
-                    if (isnan(corr[h])) {
-                        h++;
-                        continue;
-                    }
-                    int e = h;
-                    for (; e < nh && !isnan(corr[e]); e++)
-                        if (corr[e] != 1.0f) /* acc * 1 is acc */
-                            G->k->acc_rows(acc + (size_t)e * hd, corr[e], NULL, NULL, 0, 0, hd);
+                int e = h;
+                for (; e < nh && !isnan(corr[e]); e++)
+                    if (corr[e] != 1.0f) /* acc * 1 is acc */
+                        G->k->acc_rows(acc + (size_t)e * hd, corr[e], NULL, NULL, 0, 0, hd);
+                for (int p = 0; p < npc; p++) {
+                    const tsr__attn_piece *q = &pc[p];
+                    const size_t ts = (size_t)q->sp->stride;
                     if (G->bf16)
-                        G->k->acc_heads_bf16(acc + (size_t)h * hd, &sc[h][0], TSR__ATTN_TILE,
-                                             vt16, sp->stride, koff + h, nt, e - h, hd);
+                        G->k->acc_heads_bf16(acc + (size_t)h * hd, &sc[h][q->off],
+                                             TSR__ATTN_TILE,
+                                             (const uint16_t *)q->sp->v + (size_t)q->j0 * ts,
+                                             q->sp->stride, koff + h, q->n, e - h, hd);
                     else
-                        G->k->acc_heads(acc + (size_t)h * hd, &sc[h][0], TSR__ATTN_TILE, vt,
-                                        sp->stride, koff + h, nt, e - h, hd);
-                    h = e;
+                        G->k->acc_heads(acc + (size_t)h * hd, &sc[h][q->off], TSR__ATTN_TILE,
+                                        q->sp->v + (size_t)q->j0 * ts, q->sp->stride,
+                                        koff + h, q->n, e - h, hd);
                 }
-            } else {
-                for (int c = 0; c < nt; c += TSR__ATTN_SUB) {
-                    int n = nt - c < TSR__ATTN_SUB ? nt - c : TSR__ATTN_SUB;
+                h = e;
+            }
+        } else {
+            for (int p = 0; p < npc; p++) {
+                const tsr__attn_piece *q = &pc[p];
+                const float *vt = q->sp->v + (size_t)q->j0 * (size_t)q->sp->stride;
+                for (int c = 0; c < q->n; c += TSR__ATTN_SUB) {
+                    int n = q->n - c < TSR__ATTN_SUB ? q->n - c : TSR__ATTN_SUB;
                     for (int hh = 0; hh < nh; hh++) {
                         if (isnan(corr[hh])) continue;
-                        G->k->acc_rows(acc + (size_t)hh * hd, c ? 1.0f : corr[hh], sc[hh] + c,
-                                       vt + c * ts + koff[hh], sp->stride, n, hd);
+                        G->k->acc_rows(acc + (size_t)hh * hd,
+                                       q->off + c ? 1.0f : corr[hh], sc[hh] + q->off + c,
+                                       vt + (size_t)c * (size_t)q->sp->stride + koff[hh],
+                                       q->sp->stride, n, hd);
                     }
                 }
             }
         }
+    }
+    if (part) { /* a partition's share, merged by tsr__attn_merge */
+        for (int hh = 0; hh < nh; hh++) {
+            ml[2 * (h0 + hh)] = m[hh];
+            ml[2 * (h0 + hh) + 1] = l[hh];
+        }
+        return;
     }
     for (int hh = 0; hh < nh; hh++) {
         float *o = a->out + (size_t)i * G->q_ld + (size_t)(h0 + hh) * hd;
@@ -206,7 +276,7 @@ static void tsr__attn_run(const tsr__attn_geom *G, int64_t t, int blk, int nblk,
     int64_t i = t / nblk;
     int h0 = (int)(t % nblk) * blk;
     int nh = G->a->n_heads - h0 < blk ? G->a->n_heads - h0 : blk;
-    tsr__attn_task(G, i, h0, nh, ml);
+    tsr__attn_task(G, i, h0, nh, NULL, NULL, ml);
 }
 
 _Static_assert(TSR__ATTN_TILE <= TSR__CPU_QBLOCK_MAX_TILE, "attn_qblock holds one tile");
@@ -261,6 +331,110 @@ static void tsr__attn_score_pass(const tsr__attn_geom *G, int threads, int64_t k
     } else {
         for (int64_t t = 0; t < nst; t++) tsr__attn_score_run(G, t, ntiles, keys, ml);
     }
+}
+
+/* Keys per partition of a decode row: TSR__ATTN_PART_KEYS, doubled while there would be
+ * more than TSR__ATTN_PARTS partitions. It depends on the key count alone, so the bits do
+ * not depend on the thread count. */
+static int64_t tsr__attn_part_keys(int64_t keys) {
+    int64_t pk = TSR__ATTN_PART_KEYS;
+    while (pk * TSR__ATTN_PARTS < keys) pk *= 2;
+    return pk;
+}
+
+/* Head h of a decode row from its partitions' shares (acc unnormalized, m, l), in
+ * partition order: M the largest m, then sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M)
+ * (acc_rows over the shares as rows). A partition in which the head saw no key (m_p =
+ * -inf, acc_p zero) adds nothing. */
+static void tsr__attn_merge(const tsr__attn_geom *G, const float *pacc, const float *pml,
+                            int np, int h, float *ml) {
+    const tsr_attn_args *a = G->a;
+    const int hd = a->head_dim;
+    const int64_t hw = (int64_t)a->n_heads * hd;
+    float *o = a->out + (size_t)h * hd, w[TSR__ATTN_PARTS];
+    float mx = -INFINITY, l = 0.0f;
+    for (int p = 0; p < np; p++) {
+        float m = pml[2 * ((size_t)p * a->n_heads + h)];
+        mx = m > mx ? m : mx;
+    }
+    for (int p = 0; p < np; p++) {
+        const float *pm = pml + 2 * ((size_t)p * a->n_heads + h);
+        w[p] = pm[0] == -INFINITY ? 0.0f : expf(pm[0] - mx);
+        l += pm[1] * w[p];
+    }
+    memset(o, 0, (size_t)hd * sizeof *o);
+    if (l > 0.0f) {
+        G->k->acc_rows(o, 1.0f, w, pacc + (size_t)h * hd, hw, np, hd);
+        G->k->acc_rows(o, 1.0f / l, NULL, NULL, 0, 0, hd);
+    }
+    ml[2 * h] = mx;
+    ml[2 * h + 1] = l;
+}
+
+/* Task t of a partitioned decode row: partition t / nblk, head block t % nblk. */
+static void tsr__attn_part_run(const tsr__attn_geom *G, int64_t t, int blk, int nblk,
+                               const tsr__attn_range *r, float *pacc, float *pml) {
+    const tsr_attn_args *a = G->a;
+    int64_t p = t / nblk;
+    int h0 = (int)(t % nblk) * blk;
+    int nh = a->n_heads - h0 < blk ? a->n_heads - h0 : blk;
+    tsr__attn_task(G, 0, h0, nh, r + p, pacc + (size_t)p * a->n_heads * a->head_dim,
+                   pml + 2 * (size_t)p * a->n_heads);
+}
+
+/* One decode row (n_q 1). Its keys are cut into partitions (tsr__attn_part_keys); each
+ * (partition, head block) is a task over a contiguous run of K/V rows, and the heads are
+ * merged in partition order afterwards (FlashDecoding's split over keys). Splitting the
+ * heads instead gave each thread a strip of every row, which ran slower than one thread
+ * for rows under 8 KiB (2 vCPUs, 12 kv heads of 64 in halves of 1.5 KB: 1.8-2.8 against
+ * 0.9-1.3 ms per token at 256 keys), so most models' decode attention ran on one thread
+ * however many a rank had. A row with one partition runs as one task per head block,
+ * normalized in place as a prefill row. */
+static tsr_status tsr__attn_decode(const tsr__attn_geom *G, tsr__attn_scratch *sc, int threads,
+                                   int64_t keys, int blk, float *ml) {
+    const tsr_attn_args *a = G->a;
+    int nblk = (a->n_heads + blk - 1) / blk;
+    int64_t pk = tsr__attn_part_keys(keys), np = (keys + pk - 1) / pk;
+    if (np <= 1) {
+        if (threads > 1 && nblk > 1) {
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+            for (int64_t t = 0; t < nblk; t++) tsr__attn_run(G, t, blk, nblk, ml);
+        } else {
+            for (int64_t t = 0; t < nblk; t++) tsr__attn_run(G, t, blk, nblk, ml);
+        }
+        return TSR_OK;
+    }
+    size_t hw = (size_t)a->n_heads * (size_t)a->head_dim;
+    TSR_TRY(tsr__cpu_scratch(&sc->part, &sc->part_cap,
+                             (size_t)np * (hw + 2 * (size_t)a->n_heads)));
+    float *pacc = sc->part, *pml = sc->part + (size_t)np * hw;
+    /* where each partition starts: one walk over the spans */
+    tsr__attn_range r[TSR__ATTN_PARTS];
+    for (int p = 0, s = 0; p < (int)np; p++) {
+        int64_t j0 = p ? r[p - 1].j0 : 0, need = p ? pk : 0;
+        s = p ? r[p - 1].s0 : 0;
+        while (s < a->n_spans && j0 + need >= a->spans[s].n) {
+            need -= a->spans[s].n - j0;
+            j0 = 0;
+            s++;
+        }
+        r[p] = (tsr__attn_range){s, j0 + need, pk};
+    }
+    int64_t ntask = np * nblk;
+    if (threads > 1) {
+        /* one region: the merge waits at the first loop's barrier, not a second fork */
+#pragma omp parallel num_threads(threads)
+        {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < ntask; t++) tsr__attn_part_run(G, t, blk, nblk, r, pacc, pml);
+#pragma omp for schedule(static)
+            for (int h = 0; h < a->n_heads; h++) tsr__attn_merge(G, pacc, pml, (int)np, h, ml);
+        }
+    } else {
+        for (int64_t t = 0; t < ntask; t++) tsr__attn_part_run(G, t, blk, nblk, r, pacc, pml);
+        for (int h = 0; h < a->n_heads; h++) tsr__attn_merge(G, pacc, pml, (int)np, h, ml);
+    }
+    return TSR_OK;
 }
 
 /* Attention over K/V stored in another dtype than f32 (BF16, Q8, FP8: kernels/kv_dtype.h):
@@ -319,6 +493,7 @@ void tsr__attn_scratch_free(tsr__attn_scratch *s) {
     tsr_free(s->kvdq);
     tsr_free(s->dqspan);
     tsr_free(s->spans);
+    tsr_free(s->part);
     *s = (tsr__attn_scratch){0};
 }
 
@@ -388,34 +563,12 @@ tsr_status tsr__cpu_attention_on(const tsr_attn_args *a_in, int threads,
         tsr__attn_score_pass(&G, par ? threads : 1, keys, ml);
         return TSR_OK;
     }
-    int nthr = threads; /* threads of the main pass */
-    /* Decode splits the heads over the threads, so each thread reads its part of every K/V
-     * row. Parts under TSR__ATTN_PAR_PART bytes ran slower than one thread (2 vCPUs, 12 kv
-     * heads of 64 in halves of 1.5 KB, bench/attn.c: 1.8-2.8 against 0.9-1.3 ms per token at
-     * 256 keys, 6.8-7.1 against 4.1-4.4 at 2048; 4 kv heads at 8192 keys 4.5-6.6 against
-     * 3.1-3.3), so a decode call uses only as many threads as get parts that large. */
-    if (par && a->n_q == 1) {
-        size_t parts = (size_t)a->n_kv_heads * (size_t)a->head_dim * sizeof(float) /
-                       TSR__ATTN_PAR_PART;
-        nthr = parts < (size_t)nthr ? (int)parts : nthr;
-    }
-    int par_main = par && nthr > 1;
-    /* Heads per task: as many as the stack accumulator holds; when threaded, for decode one
-     * block per thread (each thread then reads one contiguous part of every row), for
-     * prefill about 4 tasks per thread (balance); whole GQA groups where possible, so a
-     * group's K/V tile is read by one task. Per-head results do not depend on the blocking. */
+    /* Heads per task: as many as the stack accumulator holds; when a prefill is threaded,
+     * about 4 tasks per thread (balance); whole GQA groups where possible, so a group's K/V
+     * tile is read by one task. Per-head results do not depend on the blocking. */
     int blk = TSR__ATTN_ACC / a->head_dim;
     blk = blk > TSR__ATTN_MAXH ? TSR__ATTN_MAXH : blk;
     blk = blk > a->n_heads ? a->n_heads : blk;
-    if (par_main) {
-        int64_t want = (a->n_q == 1 ? 1 : 4) * (int64_t)nthr;
-        int64_t per = ((int64_t)a->n_q * a->n_heads + want - 1) / want;
-        if (per < blk) blk = per < 1 ? 1 : (int)per;
-        if (blk > G.group) blk -= blk % G.group;
-    }
-    int nblk = (a->n_heads + blk - 1) / blk;
-    int64_t ntask = (int64_t)a->n_q * nblk;
-    par_main = par_main && ntask > 1;
     /* Row order when the K/V rows come from DRAM: always in decode (the weights of the
      * other layers stream through the caches between two visits of a layer), and for a
      * prefill over more than an L2 of K + V. Measured (bench/attn.c, 12 kv heads of 64, 256
@@ -425,10 +578,24 @@ tsr_status tsr__cpu_attention_on(const tsr_attn_args *a_in, int threads,
         size_t kv_bytes = (size_t)keys * (size_t)a->n_kv_heads * (size_t)a->head_dim * 8;
         G.rows = a->n_q == 1 || kv_bytes > TSR__ATTN_ROWS_MIN;
     }
+    if (a->n_q == 1) {
+        TSR_TRY(tsr__attn_decode(&G, sc, par ? threads : 1, keys, blk, ml));
+        tsr__attn_score_pass(&G, par ? threads : 1, keys, ml);
+        return TSR_OK;
+    }
+    if (par) {
+        int64_t want = 4 * (int64_t)threads;
+        int64_t per = ((int64_t)a->n_q * a->n_heads + want - 1) / want;
+        if (per < blk) blk = per < 1 ? 1 : (int)per;
+        if (blk > G.group) blk -= blk % G.group;
+    }
+    int nblk = (a->n_heads + blk - 1) / blk;
+    int64_t ntask = (int64_t)a->n_q * nblk;
+    int par_main = par && ntask > 1;
     /* Dynamic: causal rows differ in length; results do not depend on the assignment.
      * Serial runs skip OpenMP (a serialized region still costs ~0.7 us and a futex). */
     if (par_main) {
-#pragma omp parallel for num_threads(nthr) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
         for (int64_t t = 0; t < ntask; t++) tsr__attn_run(&G, t, blk, nblk, ml);
     } else {
         for (int64_t t = 0; t < ntask; t++) tsr__attn_run(&G, t, blk, nblk, ml);

@@ -232,9 +232,10 @@ static tsr_status tsr__paged_run(const tsr_attn_paged_args *a, int r0, int r1, i
  * per-sequence kernel with the spans its block table names (the paged cache's own spans,
  * so the bits are those of the per-sequence path, which do not depend on the threads).
  * Sequences with many rows run one after another on every thread; the short ones (decode)
- * then run side by side, a sequence per thread: split over heads, one decode row's
- * attention is too little work for a parallel region of its own (64 sequences x the layers
- * were that many fork-joins a step, their waits a fifth of a batched decode step). */
+ * then run side by side, a sequence per thread, when there are at least as many as
+ * threads: one decode row's attention is too little work for a parallel region of its own
+ * (64 sequences x the layers were that many fork-joins a step, their waits a fifth of a
+ * batched decode step). Fewer run one after another on every thread. */
 static tsr_status tsr__cpu_attention_paged(tsr_backend *be, const tsr_attn_paged_args *a) {
     tsr__cpu_ctx *c = be->ctx;
     if (a->n_q <= 0) return TSR_OK;
@@ -258,11 +259,18 @@ static tsr_status tsr__cpu_attention_paged(tsr_backend *be, const tsr_attn_paged
             if (st == TSR_OK) st = tsr__paged_run(a, r0, r1, nb, c->threads, &c->attn);
         }
     }
-    if (st == TSR_OK && n_short > 0 && !c->attn_thr) {
+    if (st == TSR_OK && n_short >= c->threads && !c->attn_thr) {
         c->attn_thr = tsr_calloc((size_t)c->threads, sizeof *c->attn_thr);
         if (!c->attn_thr) st = TSR_ERR_NOMEM;
     }
-    int n_par = st == TSR_OK ? n_short : 0;
+    /* Fewer decode rows than threads (one sequence, in the usual generate): one after
+     * another, each split over keys on every thread (attn_cpu.c tsr__attn_decode). */
+    for (int i = 0; st == TSR_OK && n_short < c->threads && i < n_short; i++) {
+        const int *r = run + 3 * i;
+        st = tsr__paged_spans(a, r[0], r[2], &c->attn);
+        if (st == TSR_OK) st = tsr__paged_run(a, r[0], r[1], r[2], c->threads, &c->attn);
+    }
+    int n_par = st == TSR_OK && n_short >= c->threads ? n_short : 0;
     char msg[256] = ""; /* the message is per thread: carried to the caller's */
 #pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1) if (n_par > 1)
     for (int i = 0; i < n_par; i++) {

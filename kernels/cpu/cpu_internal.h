@@ -30,6 +30,8 @@ typedef struct tsr__attn_scratch {
     int dqspan_cap;
     tsr_kv_span *spans;
     int spans_cap;
+    float *part; /* a partitioned decode row's shares (attn_cpu.c tsr__attn_decode) */
+    size_t part_cap;
 } tsr__attn_scratch;
 
 typedef struct tsr__cpu_ctx {

@@ -70,7 +70,7 @@ typedef struct span_spec {
     int pad;      /* extra floats between rows */
 } span_spec;
 
-/* Builds spans + queries, runs the backend at 1 and 2 threads and the reference. */
+/* Builds spans + queries, runs the backend at 1, 2 and 3 threads and the reference. */
 static void run_case(int n_q, const int32_t *q_pos, const span_spec *specs, int n_spans,
                      int n_heads, int n_kv_heads, int hd, int with_scores) {
     int kv_dim = n_kv_heads * hd;
@@ -104,10 +104,10 @@ static void run_case(int n_q, const int32_t *q_pos, const span_spec *specs, int 
     size_t qn = (size_t)n_q * n_heads * hd;
     float *q = tsr_malloc(qn * 4), *ref = tsr_malloc(qn * 4);
     for (size_t i = 0; i < qn; i++) q[i] = 2.0f * frand();
-    float *out[2], *ks[2];
+    float *out[3], *ks[3];
     float *ks_ref = tsr_malloc((size_t)(n_heads * total) * 4);
     for (int64_t i = 0; i < n_heads * total; i++) ks_ref[i] = 0.5f;
-    for (int t = 0; t < 2; t++) {
+    for (int t = 0; t < 3; t++) {
         out[t] = tsr_malloc(qn * 4);
         ks[t] = tsr_malloc((size_t)(n_heads * total) * 4);
         for (int64_t i = 0; i < n_heads * total; i++) ks[t][i] = 0.5f; /* added to */
@@ -124,19 +124,21 @@ static void run_case(int n_q, const int32_t *q_pos, const span_spec *specs, int 
             TSR_FAIL_("out[%zu] = %.9g, ref %.9g (nq %d heads %d/%d hd %d)", i, out[0][i],
                       ref[i], n_q, n_heads, n_kv_heads, hd);
     ASSERT_TRUE(memcmp(out[0], out[1], qn * 4) == 0);
+    ASSERT_TRUE(memcmp(out[0], out[2], qn * 4) == 0);
     if (with_scores) {
         for (int64_t i = 0; i < n_heads * total; i++)
             if (!(fabsf(ks[0][i] - ks_ref[i]) <= 1e-5f * (1.0f + fabsf(ks_ref[i]))))
                 TSR_FAIL_("key_scores[%lld] = %.9g, ref %.9g", (long long)i, ks[0][i],
                           ks_ref[i]);
         ASSERT_TRUE(memcmp(ks[0], ks[1], (size_t)(n_heads * total) * 4) == 0);
+        ASSERT_TRUE(memcmp(ks[0], ks[2], (size_t)(n_heads * total) * 4) == 0);
     }
     for (int s = 0; s < n_spans; s++) {
         tsr_free(kbuf[s]);
         tsr_free(vbuf[s]);
         tsr_free(pbuf[s]);
     }
-    for (int t = 0; t < 2; t++) {
+    for (int t = 0; t < 3; t++) {
         tsr_free(out[t]);
         tsr_free(ks[t]);
     }
@@ -158,9 +160,9 @@ TSR_TEST(test_decode_one_span) {
 }
 
 /* Decode over 8 spans of 80 rows: one key row at a time for all heads (AVX-512) or 16-row
- * chunks; one thread, or (32 kv heads of 64: 4 KiB of a row per thread) the heads split
- * over 2 threads (kernels/cpu/attn_cpu.c); each must give the reference and the same bits.
- * Spans with padded strides and shuffled positions, tiles of 64 and 16 rows. */
+ * chunks, in 10 partitions of 64 keys that cross the spans' ends, on 1, 2 or 3 threads
+ * (kernels/cpu/attn_cpu.c); each must give the reference and the same bits. Spans with
+ * padded strides and shuffled positions. */
 TSR_TEST(test_decode_long_spans) {
     span_spec sp[8];
     for (int s = 0; s < 8; s++) sp[s] = (span_spec){80, 80 * s, s % 3 == 1, s % 2 ? 7 : 0};
@@ -170,6 +172,31 @@ TSR_TEST(test_decode_long_spans) {
     run_case(1, &qp, sp, 8, 8, 8, 64, 1);
     if (tsr_test_failed_flag) return;
     run_case(1, &qp, sp, 8, 32, 32, 64, 1);
+}
+
+/* Decode rows split into partitions (kernels/cpu/attn_cpu.c tsr__attn_decode): a query at
+ * position 100 over 300 contiguous keys (the partitions past it see nothing and add
+ * nothing), spans of 16 rows as a paged cache holds them and spans that end inside a
+ * partition, and 8300 keys (more than 128 partitions of 64: partitions of 128). */
+TSR_TEST(test_decode_partitions) {
+    span_spec one = {300, 0, 0, 2};
+    int32_t qp = 100;
+    for (int g = 0; g < 3; g++) {
+        run_case(1, &qp, &one, 1, gqa[g][0], gqa[g][1], 32, 1);
+        if (tsr_test_failed_flag) return;
+    }
+    span_spec blocks[8];
+    for (int s = 0; s < 8; s++) blocks[s] = (span_spec){16, 16 * s, 0, 0};
+    qp = 8 * 16 - 1;
+    run_case(1, &qp, blocks, 8, 8, 2, 64, 1);
+    if (tsr_test_failed_flag) return;
+    span_spec odd[4] = {{37, 0, 0, 1}, {64, 37, 1, 0}, {1, 101, 0, 0}, {90, 102, 0, 3}};
+    qp = 191;
+    run_case(1, &qp, odd, 4, 4, 2, 48, 1);
+    if (tsr_test_failed_flag) return;
+    span_spec many[3] = {{5000, 0, 0, 0}, {3000, 5000, 1, 0}, {300, 8000, 0, 1}};
+    qp = 8299;
+    run_case(1, &qp, many, 3, 4, 2, 16, 1);
 }
 
 /* A prefill chunk over more than 1 MiB of K + V (row order, threaded: 4 tasks a thread)
@@ -333,7 +360,8 @@ TSR_TEST(test_prefill_tiny_heads_edges) {
     ASSERT_TRUE(memcmp(out[0], out[1], sizeof out[0]) == 0);
 }
 
-TSR_TEST_MAIN(test_decode_one_span, test_decode_long_spans, test_prefill_row_order,
+TSR_TEST_MAIN(test_decode_one_span, test_decode_long_spans, test_decode_partitions,
+              test_prefill_row_order,
               test_prefill_after_cache,
               test_shuffled_spans, test_causal_prefill, test_no_visible_key,
               test_decode_skips_a_nan_tile_per_head, test_prefill_tiny_heads,

@@ -919,15 +919,18 @@ TSR_TEST(test_attention_prefill) {
 }
 
 /* attention_paged (optional) against the reference's per-sequence attention over the same
- * keys: two sequences of a paged layout (blocks of 16, K rows then V rows, the tables out of
- * order), 1 and 3 query rows (decode and a short chunk). */
+ * keys: three sequences of a paged layout (blocks of 16, K rows then V rows, the tables out
+ * of order, one block used twice), 1, 5 and 1 query rows (decode, a short chunk, and a
+ * decode row over 150 keys: the CPU splits it into 3 partitions of 64 keys on its 3
+ * threads, since 2 decode rows are fewer than its threads). */
 TSR_TEST(test_attention_paged) {
     targets t;
     ASSERT_OK(targets_open(&t));
-    enum { BS = 16, NB = 12, MB = 5, S = 2, NQ = 4, H = 8, G = 2, HD = 64 };
+    enum { BS = 16, NB = 12, MB = 10, S = 3, NQ = 7, H = 8, G = 2, HD = 64 };
     const int row = G * HD;
-    const int32_t n_keys[S] = {37, 70}, tables[S][MB] = {{7, 2, 9, 0, 0}, {1, 11, 4, 8, 3}};
-    const int32_t q_seq[NQ] = {0, 1, 1, 1}, q_pos[NQ] = {36, 67, 68, 69};
+    const int32_t n_keys[S] = {37, 70, 150},
+                  tables[S][MB] = {{7, 2, 9}, {1, 11, 4, 8, 3}, {5, 6, 10, 0, 3, 2, 9, 1, 4, 8}};
+    const int32_t q_seq[NQ] = {0, 1, 1, 1, 1, 1, 2}, q_pos[NQ] = {36, 65, 66, 67, 68, 69, 149};
     size_t kvn = (size_t)NB * 2 * BS * row, qn = (size_t)NQ * H * HD;
     float *kv = rand_floats(kvn, 1.2f), *q = rand_floats(qn, 1.5f);
     float *want = tsr_malloc(qn * sizeof(float)), *got = tsr_malloc(qn * sizeof(float));
@@ -973,7 +976,7 @@ TSR_TEST(test_attention_paged) {
         }
         ASSERT_OK(be_read(be, b < 0 ? want : got, dout, qn * sizeof(float)));
         if (b >= 0)
-            ASSERT_TRUE(compare("attention_paged 2 seqs gqa4 hd64", t.label[b], got, want, qn,
+            ASSERT_TRUE(compare("attention_paged 3 seqs gqa4 hd64", t.label[b], got, want, qn,
                                 NULL, 2e-5) <= 1.0);
         be_release(be, dkv);
         be_release(be, dq);
