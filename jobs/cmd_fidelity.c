@@ -11,6 +11,7 @@
 
 #include "kernels/backend.h"
 #include "base/alloc.h"
+#include "base/dtype.h"
 #include "base/file.h"
 #include "base/sys.h"
 #include "jobs/cli.h"
@@ -21,7 +22,7 @@
 #include "runtime/text/tokenizer.h"
 
 typedef struct tsr__fid_opts {
-    const char *model, *tokenizer, *text, *json, *backend, *ref_kv_dtype, *ref_dir;
+    const char *model, *tokenizer, *text, *json, *backend, *ref_kv_dtype, *ref_dir, *dtype;
     int probe_length, max_tokens, max_context, chunk, threads, gen_tokens;
     int doc_tokens, tail, prompt_tokens;
     bool quiet, document, decode_prefix;
@@ -47,6 +48,7 @@ static tsr_status tsr__write_json(const tsr__fid_opts *o, const tsr_fidelity_res
     snprintf(b, sizeof b, "%.7g", o->kv.kv.budget);
     cJSON_AddNumberToObject(d, "budget", strtod(b, NULL));
     cJSON_AddStringToObject(d, "model", o->model);
+    cJSON_AddStringToObject(d, "dtype", r->dtype ? r->dtype : "");
     /* how the text was scored: "decode" (one token a call), "prompt" (a prefilled prompt,
      * then decode), "tail-prompt" / "tail-decode" (the last --tail positions of each
      * sequence after its prefix as a chunked prompt / one token a call) */
@@ -88,6 +90,10 @@ static tsr_status tsr__fidelity(const tsr__fid_opts *o) {
     tsr_engine_spec spec = {.model_path = o->model, .tokenizer_path = o->tokenizer,
                             .load_tokenizer = o->text || o->tokenizer ||
                                               strncmp(o->model, "synthetic:", 10) != 0};
+    if (o->dtype) { /* both caches run on the converted (quantized) matrices */
+        spec.convert_weights = true;
+        spec.weights_dtype = (tsr_dtype)tsr_dtype_parse(o->dtype);
+    }
     tsr_status st = TSR_OK;
     if (o->text) st = tsr_file_read(o->text, "text", 0, &text, &text_len);
     if (st == TSR_OK) {
@@ -166,6 +172,7 @@ int tsr_cmd_fidelity(int argc, char **argv) {
          "context length in tokens (0 = the model's maximum)", false},
         {"chunk", TSR_OPT_INT, &o.chunk, "N", "prefill chunk (the probe, --tail prefixes), tokens",
          false},
+        {"dtype", TSR_OPT_STRING, &o.dtype, TSR_CLI_DTYPE_VALUES, TSR_CLI_DTYPE_HELP, false},
         {"threads", TSR_OPT_INT, &o.threads, "N", "CPU threads", false},
         {"reference-dir", TSR_OPT_STRING, &o.ref_dir, "DIR",
          "keep the full cache's logits over --text in DIR and reuse them when the same model, "
@@ -239,6 +246,7 @@ int tsr_cmd_fidelity(int argc, char **argv) {
         return tsr_cli_usage_error(&cli, "--document and --tail need --text");
     if (o.chunk < 1) return tsr_cli_usage_error(&cli, "--chunk must be >= 1");
     if (tsr_cli_check_threads(&cli, o.threads) != TSR_CLI_OK) return 2;
+    if (tsr_cli_check_dtype(&cli, o.dtype) != TSR_CLI_OK) return 2;
     o.kv.quiet = o.quiet;
     if (tsr_kv_cli_check(&cli, &o.kv) != TSR_CLI_OK) return 2;
     if (tsr__fidelity(&o) != TSR_OK) return tsr_cmd_fail("fidelity");

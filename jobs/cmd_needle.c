@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "base/alloc.h"
+#include "base/dtype.h"
 #include "base/file.h"
 #include "base/sys.h"
 #include "jobs/cli.h"
@@ -17,7 +18,7 @@
 #include "runtime/eval/needle.h"
 
 typedef struct tsr__nd_opts {
-    const char *model, *haystack, *depths, *json, *backend, *ref_dir;
+    const char *model, *haystack, *depths, *json, *backend, *ref_dir, *dtype;
     int length, needles, chunk, threads, answer_tokens, max_context;
     bool quiet, skip_failed;
     tsr_kv_cli kv;
@@ -45,6 +46,7 @@ static tsr_status tsr__write(const tsr__nd_opts *o, const tsr_needle_result *r) 
     snprintf(b, sizeof b, "%.7g", o->kv.kv.budget);
     cJSON_AddNumberToObject(d, "budget", strtod(b, NULL));
     cJSON_AddStringToObject(d, "model", o->model);
+    cJSON_AddStringToObject(d, "dtype", r->dtype ? r->dtype : "");
     cJSON_AddNumberToObject(d, "length", o->length);
     cJSON_AddNumberToObject(d, "needles", o->needles);
     cJSON_AddStringToObject(d, "key", r->key ? r->key : "");
@@ -115,6 +117,10 @@ static tsr_status tsr__needle(const tsr__nd_opts *o, const double *depths, int n
     no.kv.max_context = o->max_context;
     memcpy(no.depths, depths, (size_t)n_depths * sizeof *depths);
     tsr_engine_spec spec = {.model_path = o->model, .load_tokenizer = true};
+    if (o->dtype) { /* both caches run on the converted (quantized) matrices */
+        spec.convert_weights = true;
+        spec.weights_dtype = (tsr_dtype)tsr_dtype_parse(o->dtype);
+    }
     tsr_needle_result r;
     tsr_status st = tsr_needle_run(&spec, hay, len, &no, &r);
     tsr_free(hay);
@@ -154,6 +160,7 @@ int tsr_cmd_needle(int argc, char **argv) {
         {"max-context", TSR_OPT_INT, &o.max_context, "N",
          "context length in tokens (0 = the model's maximum)", false},
         {"chunk", TSR_OPT_INT, &o.chunk, "N", "prefill chunk, tokens", false},
+        {"dtype", TSR_OPT_STRING, &o.dtype, TSR_CLI_DTYPE_VALUES, TSR_CLI_DTYPE_HELP, false},
         {"threads", TSR_OPT_INT, &o.threads, "N", "CPU threads", false},
         {"backend", TSR_OPT_STRING, &o.backend, "NAME", tsr_backend_names(), false},
         {"json", TSR_OPT_STRING, &o.json, "OUT.json", "write the result here (default: stdout)",
@@ -207,6 +214,7 @@ int tsr_cmd_needle(int argc, char **argv) {
         return tsr_cli_usage_error(&cli, "--depths: 1 to %d percentages in [0, 100], comma "
                                          "separated", TSR_NEEDLE_MAX_DEPTHS);
     if (tsr_cli_check_threads(&cli, o.threads) != TSR_CLI_OK) return 2;
+    if (tsr_cli_check_dtype(&cli, o.dtype) != TSR_CLI_OK) return 2;
     o.kv.quiet = o.quiet;
     if (tsr_kv_cli_check(&cli, &o.kv) != TSR_CLI_OK) return 2;
     if (tsr__needle(&o, depths, n_depths) != TSR_OK) return tsr_cmd_fail("needle");

@@ -421,6 +421,8 @@ static tsr_status tsr__ref_key(const tsr__fid *f, const tsr_engine_spec *model,
                         (long long)o->max_tokens);
     tsr_fullref_key_add(k, "engine", "backend=%s threads=%d chunk=%d ctx=%d vocab=%d",
                         f->pol->be->ops->name, f->pol->threads, f->chunk, f->ctx, f->V);
+    /* what the matrices ran in: a run quantized at load (--dtype) computes other logits */
+    tsr_fullref_key_add(k, "weights", "dtype=%s", tsr_dtype_name(f->pol->model->cfg.dtype));
     tsr_fullref_key_add(k, "kv", "block_size=%d dtype=%s", o->kv.block_size,
                         o->ref_kv_dtype ? o->ref_kv_dtype : "default");
     tsr_fullref_key_exe(k);
@@ -551,6 +553,7 @@ tsr_status tsr_fidelity_run(const tsr_engine_spec *model, const tsr_tokenizer *t
                                             "of %d tokens", o->probe_length, f.ctx);
     if (st == TSR_OK) {
         out->policy = tsr_kv_policy_name(f.pol->kv);
+        out->dtype = tsr_dtype_name(f.pol->model->cfg.dtype);
         f.lf = tsr_malloc((size_t)f.V * sizeof *f.lf);
         f.lp = tsr_malloc((size_t)f.V * sizeof *f.lp);
         if (!f.lf || !f.lp) st = TSR_ERR_NOMEM;

@@ -99,6 +99,7 @@ typedef struct tsr_fidelity_result {
     const char *reference;
     /* ref_dir was given but serves no reference for this run: why (static), else NULL */
     const char *reference_unused;
+    const char *dtype; /* the dtype the model's matrices ran in (static) */
     char kv_json[2048];  /* the policy cache's stats at the end (tsr_kv_stats_json) */
 } tsr_fidelity_result;
 

@@ -263,6 +263,8 @@ static tsr_status tsr__ref_key(const tsr__nd *d, const tsr_engine_spec *model,
                         o->length, o->needles, dl, o->answer_tokens > 0 ? o->answer_tokens : 16);
     tsr_fullref_key_add(k, "engine", "backend=%s threads=%d chunk=%d ctx=%d vocab=%d",
                         d->pol->be->ops->name, d->pol->threads, d->chunk, d->ctx, d->V);
+    /* what the matrices ran in: a run quantized at load (--dtype) computes other logits */
+    tsr_fullref_key_add(k, "weights", "dtype=%s", tsr_dtype_name(d->pol->model->cfg.dtype));
     tsr_fullref_key_add(k, "kv", "block_size=%d dtype=default", o->kv.block_size);
     tsr_fullref_key_exe(k);
     return TSR_OK;
@@ -319,6 +321,7 @@ tsr_status tsr_needle_run(const tsr_engine_spec *model, const char *haystack, si
     }
     if (st == TSR_OK) {
         out->policy = tsr_kv_policy_name(d.pol->kv);
+        out->dtype = tsr_dtype_name(d.pol->model->cfg.dtype);
         out->key = tsr__keys[1];
     }
     /* the policy is the full cache: paged, with the full cache's KV dtype */

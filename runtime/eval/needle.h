@@ -65,6 +65,7 @@ typedef struct tsr_needle_cell {
 
 typedef struct tsr_needle_result {
     const char *policy;    /* static */
+    const char *dtype;     /* the dtype the model's matrices ran in (static) */
     const char *key;       /* the asked key (static) */
     int n_cells;
     tsr_needle_cell cells[TSR_NEEDLE_MAX_DEPTHS];

@@ -2,7 +2,8 @@
 # `tessera fidelity`: one JSON object with every field present and in range; the paged cache
 # against itself is exact (agreement 1, KL 0); h2o at 10 % is not; a synthetic model gets the
 # probe without a tokenizer; --reference-dir keeps the full cache's side of a document and
-# says why when it keeps nothing; errors are one line with a non-zero exit.
+# says why when it keeps nothing; --dtype q8_0 runs both caches quantized (and is part of a
+# reference's key); errors are one line with a non-zero exit.
 # args: $1 tessera binary, $2 repo root, $3 scratch dir
 set -u
 BIN=$1 ROOT=$2 TMP=$3
@@ -95,6 +96,28 @@ check $? fidelity_reference_dir_document
         --reference-dir "$TMP/refs2" --quiet --json "$TMP/ref4.json" 2>"$TMP/err" &&
     [ ! -e "$TMP/refs2" ] && grep -q "nothing kept: --gen-tokens" "$TMP/err"
 check $? fidelity_reference_dir_says_why_none
+
+# --dtype q8_0: both caches run on the matrices quantized at load; the JSON names the dtype,
+# and a reference's key holds it, so the f32 run's full-cache logits (refs, above) are not
+# reused for it: computed once (other figures), then reused by the next q8_0 run.
+for i in 1 2; do
+    "$BIN" fidelity --model "$MODEL" --text "$TEXT" --document --doc-tokens 96 --dtype q8_0 \
+        --kv-policy h2o --kv-budget 0.5 --threads 1 --reference-dir "$TMP/refs" --quiet \
+        --json "$TMP/q$i.json" 2>"$TMP/err" && [ ! -s "$TMP/err" ] || break
+done
+[ -s "$TMP/q2.json" ] && [ "$(ls "$TMP/refs" | grep -c '^fidelity-.*\.ref$')" -eq 2 ] &&
+    python3 - "$TMP/ref2.json" "$TMP/q1.json" "$TMP/q2.json" <<'PY'
+import json, sys
+f, a, b = (json.load(open(p)) for p in sys.argv[1:])
+assert f["dtype"] == "f32" and a["dtype"] == b["dtype"] == "q8_0", (f, a, b)
+assert a["reference"] == "computed" and b["reference"] == "reused", (a, b)
+assert a["nll_full"] != f["nll_full"] and a["nll"] != f["nll"], (f, a)
+assert a["nll_full"] == b["nll_full"] and a["nll"] == b["nll"], (a, b)
+PY
+check $? fidelity_dtype_q8_0
+"$BIN" fidelity --model "$MODEL" --text "$TEXT" --dtype q9 >"$TMP/o" 2>"$TMP/err"
+[ $? -eq 2 ] && [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q -- "--dtype" "$TMP/err" && [ ! -s "$TMP/o" ]
+check $? fidelity_dtype_bad
 
 # No --json: the object on stdout. A synthetic model without a tokenizer: the probe alone.
 "$BIN" fidelity --model synthetic:tiny,ctx=512 --probe-length 400 --kv-policy h2o \

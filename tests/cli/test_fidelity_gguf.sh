@@ -39,6 +39,15 @@ a, b = (json.load(open(p))["cells"][0] for p in sys.argv[1:])
 assert a["full"] == b["full"] and a["prompt_tokens"] == b["prompt_tokens"], (a, b)
 assert a["needle_position"] == b["needle_position"], (a, b)
 PY
+# --dtype q8_0 (the Q4_1 matrices converted at load): the reference kept above is of the
+# file's dtype, so this run computes its own; the JSON names the dtype the matrices ran in
+"$BIN" needle --model "$GGUF" --haystack "$ROOT/bench/data/gpl-3.txt" --length 128 \
+    --depths 100 --answer-tokens 10 --threads 2 --quiet --json "$TMP/nq.json" --dtype q8_0 \
+    --reference-dir "$TMP/refs" --kv-policy streaming --kv-budget 0.5 2>"$TMP/nq.err" ||
+    fail "needle --dtype q8_0: exit $?: $(cat "$TMP/nq.err")"
+grep -q '"dtype":"q8_0"' "$TMP/nq.json" && grep -q '"dtype":"q4_1"' "$TMP/n2.json" &&
+    grep -q '"reference":"computed","policy_is_full":false' "$TMP/nq.json" ||
+    fail "needle --dtype q8_0: $(cat "$TMP/nq.json")"
 # a model path so long that the reference's key cannot hold it: needle says nothing is kept
 # (one line), keeps nothing and reports no reference
 # (about 4000 bytes, under PATH_MAX's 4096 wherever the build directory is)
