@@ -388,37 +388,30 @@ static void tsr__attn_part_run(const tsr__attn_geom *G, int64_t t, int blk, int 
  * heads instead gave each thread a strip of every row, which ran slower than one thread
  * for rows under 8 KiB (2 vCPUs, 12 kv heads of 64 in halves of 1.5 KB: 1.8-2.8 against
  * 0.9-1.3 ms per token at 256 keys), so most models' decode attention ran on one thread
- * however many a rank had. A row with one partition runs as one task per head block,
- * normalized in place as a prefill row. */
+ * however many a rank had. Called for rows of more than one partition (keys >
+ * TSR__ATTN_PART_KEYS); a row of one runs as a prefill row does. */
 static tsr_status tsr__attn_decode(const tsr__attn_geom *G, tsr__attn_scratch *sc, int threads,
                                    int64_t keys, int blk, float *ml) {
     const tsr_attn_args *a = G->a;
     int nblk = (a->n_heads + blk - 1) / blk;
     int64_t pk = tsr__attn_part_keys(keys), np = (keys + pk - 1) / pk;
-    if (np <= 1) {
-        if (threads > 1 && nblk > 1) {
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-            for (int64_t t = 0; t < nblk; t++) tsr__attn_run(G, t, blk, nblk, ml);
-        } else {
-            for (int64_t t = 0; t < nblk; t++) tsr__attn_run(G, t, blk, nblk, ml);
-        }
-        return TSR_OK;
-    }
     size_t hw = (size_t)a->n_heads * (size_t)a->head_dim;
     TSR_TRY(tsr__cpu_scratch(&sc->part, &sc->part_cap,
                              (size_t)np * (hw + 2 * (size_t)a->n_heads)));
     float *pacc = sc->part, *pml = sc->part + (size_t)np * hw;
     /* where each partition starts: one walk over the spans */
     tsr__attn_range r[TSR__ATTN_PARTS];
-    for (int p = 0, s = 0; p < (int)np; p++) {
-        int64_t j0 = p ? r[p - 1].j0 : 0, need = p ? pk : 0;
-        s = p ? r[p - 1].s0 : 0;
+    int s = 0;
+    int64_t j0 = 0;
+    for (int p = 0; p < (int)np; p++) {
+        int64_t need = p ? pk : 0;
         while (s < a->n_spans && j0 + need >= a->spans[s].n) {
             need -= a->spans[s].n - j0;
             j0 = 0;
             s++;
         }
-        r[p] = (tsr__attn_range){s, j0 + need, pk};
+        j0 += need;
+        r[p] = (tsr__attn_range){s, j0, pk};
     }
     int64_t ntask = np * nblk;
     if (threads > 1) {
@@ -563,7 +556,8 @@ tsr_status tsr__cpu_attention_on(const tsr_attn_args *a_in, int threads,
         tsr__attn_score_pass(&G, par ? threads : 1, keys, ml);
         return TSR_OK;
     }
-    /* Heads per task: as many as the stack accumulator holds; when a prefill is threaded,
+    /* Heads per task: as many as the stack accumulator holds (a decode row keeps them all,
+     * reading each row front to back); when a prefill is threaded,
      * about 4 tasks per thread (balance); whole GQA groups where possible, so a group's K/V
      * tile is read by one task. Per-head results do not depend on the blocking. */
     int blk = TSR__ATTN_ACC / a->head_dim;
@@ -578,12 +572,12 @@ tsr_status tsr__cpu_attention_on(const tsr_attn_args *a_in, int threads,
         size_t kv_bytes = (size_t)keys * (size_t)a->n_kv_heads * (size_t)a->head_dim * 8;
         G.rows = a->n_q == 1 || kv_bytes > TSR__ATTN_ROWS_MIN;
     }
-    if (a->n_q == 1) {
+    if (a->n_q == 1 && keys > TSR__ATTN_PART_KEYS) { /* more than one partition */
         TSR_TRY(tsr__attn_decode(&G, sc, par ? threads : 1, keys, blk, ml));
         tsr__attn_score_pass(&G, par ? threads : 1, keys, ml);
         return TSR_OK;
     }
-    if (par) {
+    if (par && a->n_q > 1) {
         int64_t want = 4 * (int64_t)threads;
         int64_t per = ((int64_t)a->n_q * a->n_heads + want - 1) / want;
         if (per < blk) blk = per < 1 ? 1 : (int)per;

@@ -216,9 +216,11 @@ static tsr_status tsr__paged_spans(const tsr_attn_paged_args *a, int r0, int32_t
     return TSR_OK;
 }
 
-/* Rows r0 .. r1 - 1 (one sequence, spans in s) through the per-sequence kernel. */
+/* Rows r0 .. r1 - 1 (one sequence, its nb blocks: tsr__paged_seq) through the per-sequence
+ * kernel, over the spans its block table names (tsr__paged_spans, into s). */
 static tsr_status tsr__paged_run(const tsr_attn_paged_args *a, int r0, int r1, int n_spans,
                                  int threads, tsr__attn_scratch *s) {
+    TSR_TRY(tsr__paged_spans(a, r0, n_spans, s));
     size_t qd = (size_t)a->n_heads * (size_t)a->head_dim;
     tsr_attn_args one = {.q = a->q + (size_t)r0 * qd, .q_pos = a->q_pos + r0, .n_q = r1 - r0,
                          .spans = s->spans, .n_spans = n_spans, .n_heads = a->n_heads,
@@ -255,8 +257,7 @@ static tsr_status tsr__cpu_attention_paged(tsr_backend *be, const tsr_attn_paged
             run[3 * n_short + 2] = nb;
             n_short++;
         } else if (st == TSR_OK) {
-            st = tsr__paged_spans(a, r0, nb, &c->attn);
-            if (st == TSR_OK) st = tsr__paged_run(a, r0, r1, nb, c->threads, &c->attn);
+            st = tsr__paged_run(a, r0, r1, nb, c->threads, &c->attn);
         }
     }
     if (st == TSR_OK && n_short >= c->threads && !c->attn_thr) {
@@ -267,8 +268,7 @@ static tsr_status tsr__cpu_attention_paged(tsr_backend *be, const tsr_attn_paged
      * another, each split over keys on every thread (attn_cpu.c tsr__attn_decode). */
     for (int i = 0; st == TSR_OK && n_short < c->threads && i < n_short; i++) {
         const int *r = run + 3 * i;
-        st = tsr__paged_spans(a, r[0], r[2], &c->attn);
-        if (st == TSR_OK) st = tsr__paged_run(a, r[0], r[1], r[2], c->threads, &c->attn);
+        st = tsr__paged_run(a, r[0], r[1], r[2], c->threads, &c->attn);
     }
     int n_par = st == TSR_OK && n_short >= c->threads ? n_short : 0;
     char msg[256] = ""; /* the message is per thread: carried to the caller's */
@@ -276,8 +276,7 @@ static tsr_status tsr__cpu_attention_paged(tsr_backend *be, const tsr_attn_paged
     for (int i = 0; i < n_par; i++) {
         tsr__attn_scratch *s = &c->attn_thr[omp_get_thread_num()];
         const int *r = run + 3 * i;
-        tsr_status e = tsr__paged_spans(a, r[0], r[2], s);
-        if (e == TSR_OK) e = tsr__paged_run(a, r[0], r[1], r[2], 1, s);
+        tsr_status e = tsr__paged_run(a, r[0], r[1], r[2], 1, s);
         if (e != TSR_OK) {
 #pragma omp critical(tsr__cpu_paged_err)
             if (st == TSR_OK) {
