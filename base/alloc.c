@@ -1,4 +1,4 @@
-#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE, MADV_DONTNEED */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE, MADV_NOHUGEPAGE, MADV_DONTNEED */
 #include "base/alloc.h"
 
 #include <stdatomic.h>
@@ -105,8 +105,14 @@ void *tsr_malloc_huge(size_t size) {
     if (base > raw) munmap(raw, (size_t)(base - raw));
     size_t tail = (size_t)(raw + len + TSR__HUGE - (base + len));
     if (tail) munmap(base + len, tail);
+    /* advice only: fine to fail. The tail past the last whole 2 MiB page of size is kept
+     * off huge pages even where THP is "always" (alloc.h). */
+    size_t whole = size & ~(TSR__HUGE - 1);
 #ifdef MADV_HUGEPAGE
-    (void)madvise(base, len, MADV_HUGEPAGE); /* advice only: fine to fail */
+    (void)madvise(base, whole, MADV_HUGEPAGE);
+#endif
+#ifdef MADV_NOHUGEPAGE
+    if (len > whole) (void)madvise(base + whole, len - whole, MADV_NOHUGEPAGE);
 #endif
     atomic_fetch_add(&tsr__live, size);
     return base;

@@ -17,8 +17,11 @@ char *tsr_strdup(const char *s);
 /* Large, long-lived buffers that decode streams every token (weights, KV caches): an
  * anonymous mapping aligned to 2 MiB and advised MADV_HUGEPAGE before its first
  * touch, so transparent huge pages back it (THP "madvise" mode, a common default): fewer
- * TLB misses and page walks on every pass. Pages are still touched lazily. Elsewhere (THP
- * off) it is ordinary memory, and so is a buffer under 2 MiB (no huge page fits it).
+ * TLB misses and page walks on every pass. Pages are still touched lazily. Only the
+ * buffer's whole 2 MiB pages are huge: the rest of its last one is advised MADV_NOHUGEPAGE
+ * (4 KiB pages), since a huge-page fault there would make up to 2 MiB resident for a few
+ * bytes of buffer (peak RSS). Elsewhere (THP off) it is ordinary memory, and so is a buffer
+ * under 2 MiB (no huge page fits it).
  * Sanitizer builds use tsr_malloc_aligned, to keep the checks.
  * Free with tsr_free_huge and the same size. Counted in tsr_alloc_live_bytes. */
 void *tsr_malloc_huge(size_t size);

@@ -366,6 +366,7 @@ static tsr_status tsr__start(tsr_engine *e, const tsr_engine_spec *o) {
     if (!o->no_fuse && e->be->ops->qkv_rope && e->be->ops->swiglu_fused)
         TSR_TRY(tsr__agree(e, tsr_model_fuse(e->model)));
     TSR_TRY(tsr__pack(e, o));
+    if (!e->borrowed_) tsr_model_trim(e->model); /* the weights are final from here */
     TSR_TRY(tsr__agree(e, tsr__place_weights(e)));
     const tsr_model_config *c = &e->model->cfg;
     tsr_kv_options kvo = o->kv;

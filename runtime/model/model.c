@@ -82,6 +82,7 @@ tsr_status tsr_model_own_buffer(tsr_model *m, void *ptr) {
 #define TSR__ARENA_CHUNK ((size_t)64 << 20)
 
 static tsr_status tsr__arena_chunk(tsr_model *m, size_t need) {
+    tsr_model_trim(m); /* the chunk left behind keeps only what it holds */
     size_t len = need > TSR__ARENA_CHUNK ? need : TSR__ARENA_CHUNK;
     char *base = tsr_malloc_huge(len);
     if (!base)
@@ -95,6 +96,13 @@ static tsr_status tsr__arena_chunk(tsr_model *m, size_t need) {
     m->arena_next = base;
     m->arena_left = len;
     return TSR_OK;
+}
+
+void tsr_model_trim(tsr_model *m) {
+    /* The first write into a chunk's 2 MiB page faults in the whole page, so up to 2 MiB
+     * past the last tensor are resident with nothing in them. The tail stays usable: a
+     * later tensor there faults its pages in again. */
+    tsr_pages_drop(m->arena_next, m->arena_left);
 }
 
 tsr_status tsr_model_alloc(tsr_model *m, size_t bytes, void **out) {

@@ -68,6 +68,10 @@ tsr_status tsr_model_own_buffer(tsr_model *m, void *ptr); /* freed with tsr_free
 /* Allocates `bytes` owned by the model (64-byte aligned). */
 tsr_status tsr_model_alloc(tsr_model *m, size_t bytes, void **out);
 
+/* Gives back the pages of the weight arena past its last tensor (a huge-page fault
+ * brought them in; peak RSS): call when the weights are in place. */
+void tsr_model_trim(tsr_model *m);
+
 /* Drops the pages of [p, p + bytes) when it is a tsr_model_alloc weight-arena allocation
  * or part of a mapped model file that nothing views any more (a matrix copied elsewhere,
  * runtime/model/fuse.c); anything else is left alone. The range must never be read again

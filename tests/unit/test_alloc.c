@@ -1,6 +1,7 @@
 /* base/alloc.c: tsr_malloc_huge gives 2 MiB-aligned mappings from 2 MiB on and plain
  * aligned memory below (no huge page fits there), both writable, counted in the live bytes
- * and returned by tsr_free_huge with the same size. Under an address-space limit a failed
+ * and returned by tsr_free_huge with the same size; the part past the last whole 2 MiB page
+ * is not a huge page. Under an address-space limit a failed
  * allocation's line names the limit and what takes the space. */
 #include <stdint.h>
 #include <stdio.h>
@@ -29,6 +30,22 @@ TSR_TEST(test_malloc_huge_sizes) {
         ASSERT_TRUE(tsr_alloc_live_bytes() == live);
     }
     tsr_free_huge(NULL, 123); /* a no-op, like free(NULL) */
+}
+
+/* A buffer a little over 2 MiB, written whole: its whole 2 MiB page may be huge, the rest
+ * is 4 KiB pages (a huge page there would make 2 MiB resident for 8 KiB). */
+TSR_TEST(test_malloc_huge_tail) {
+    size_t n = ((size_t)2 << 20) + 8192;
+    int64_t before = tsr_sys_rss();
+    unsigned char *p = tsr_malloc_huge(n);
+    ASSERT_TRUE(p != NULL);
+    memset(p, 0x3c, n);
+    int64_t after = tsr_sys_rss();
+    if (before > 0 && after > 0) {
+        printf("  2 MiB + 8 KiB written: RSS +%lld KiB\n", (long long)(after - before) / 1024);
+        ASSERT_TRUE(after - before < (int64_t)(n + ((size_t)512 << 10)));
+    }
+    tsr_free_huge(p, n);
 }
 
 /* In a child (the limit stays there): 1 GiB under a limit of the space in use + 256 MiB. */
@@ -66,4 +83,4 @@ TSR_TEST(test_nomem_names_the_space) {
     ASSERT_STR_CONTAINS(msg, " MiB in use (");
 }
 
-TSR_TEST_MAIN(test_malloc_huge_sizes, test_nomem_names_the_space)
+TSR_TEST_MAIN(test_malloc_huge_sizes, test_malloc_huge_tail, test_nomem_names_the_space)

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/sys.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
 #include "policies/policy.h"
@@ -224,4 +225,30 @@ TSR_TEST(test_fuse_peak) {
     tsr_model_destroy(m);
 }
 
-TSR_TEST_MAIN(test_fused_llama, test_fused_arch, test_fuse_q8_rows, test_fuse_peak)
+/* A tensor of 300 KiB written into a fresh arena chunk: the first write may fault in a
+ * whole 2 MiB page (THP); tsr_model_trim gives back what lies past the tensor, and the
+ * tensor keeps its bytes. */
+TSR_TEST(test_arena_trim) {
+    tsr_model_config c = {.dim = 8, .hidden_dim = 8, .n_layers = 1, .n_heads = 1,
+                          .n_kv_heads = 1, .head_dim = 8, .vocab_size = 8, .max_seq_len = 8,
+                          .norm_eps = 1e-5f, .rope_theta = 1e4f, .dtype = TSR_F32};
+    tsr_model *m = NULL;
+    ASSERT_OK(tsr_model_create("arena-trim", &c, &m));
+    size_t n = (size_t)300 << 10;
+    int64_t before = tsr_sys_rss();
+    unsigned char *d;
+    ASSERT_OK(tsr_model_alloc(m, n, (void **)&d));
+    memset(d, 0x5a, n);
+    tsr_model_trim(m);
+    int64_t after = tsr_sys_rss();
+    ASSERT_TRUE(d[0] == 0x5a && d[n - 1] == 0x5a);
+    if (before > 0 && after > 0) {
+        printf("  300 KiB tensor: RSS +%lld KiB after the trim\n",
+               (long long)(after - before) / 1024);
+        ASSERT_TRUE(after - before < (int64_t)(n + ((size_t)512 << 10)));
+    }
+    tsr_model_destroy(m);
+}
+
+TSR_TEST_MAIN(test_fused_llama, test_fused_arch, test_fuse_q8_rows, test_fuse_peak,
+              test_arena_trim)
