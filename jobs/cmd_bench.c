@@ -396,8 +396,8 @@ int tsr_cmd_bench(int argc, char **argv) {
     tsr_model_config loaded;
     tsr_engine_spec eo = {.model_path = o.model, .backend = o.backend, .threads = o.threads,
                           .max_tokens = n > nb ? n : nb, .min_context = n + g, .config_out = &loaded,
-                          .convert_weights = o.dtype >= 0, .pack_weights = true};
-    if (o.dtype >= 0) eo.weights_dtype = (tsr_dtype)o.dtype;
+                          .pack_weights = true};
+    tsr_engine_spec_dtype(&eo, o.dtype_name);
     /* offload: InfiniGen's skew mode (the next layer's fetch speculated, so its copy can
      * overlap the layer before) at a 20 % budget */
     static const tsr_kv_policy_arg skew[] = {{"offload-mode", "skew"}};

@@ -11,7 +11,6 @@
 
 #include "kernels/backend.h"
 #include "base/alloc.h"
-#include "base/dtype.h"
 #include "base/file.h"
 #include "base/sys.h"
 #include "jobs/cli.h"
@@ -90,10 +89,7 @@ static tsr_status tsr__fidelity(const tsr__fid_opts *o) {
     tsr_engine_spec spec = {.model_path = o->model, .tokenizer_path = o->tokenizer,
                             .load_tokenizer = o->text || o->tokenizer ||
                                               strncmp(o->model, "synthetic:", 10) != 0};
-    if (o->dtype) { /* both caches run on the converted (quantized) matrices */
-        spec.convert_weights = true;
-        spec.weights_dtype = (tsr_dtype)tsr_dtype_parse(o->dtype);
-    }
+    tsr_engine_spec_dtype(&spec, o->dtype); /* both caches run on the converted matrices */
     tsr_status st = TSR_OK;
     if (o->text) st = tsr_file_read(o->text, "text", 0, &text, &text_len);
     if (st == TSR_OK) {

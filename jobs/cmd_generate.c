@@ -63,10 +63,7 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
                             .threads = o->threads_given ? o->threads : 0,
                             .max_tokens = o->chunk, .kv = o->kv.kv, .pack_weights = true,
                             .rank_out = &g->rank};
-    if (o->dtype) { /* matrices converted (q8_0: quantized) after the shard cut */
-        spec.convert_weights = true;
-        spec.weights_dtype = (tsr_dtype)tsr_dtype_parse(o->dtype);
-    }
+    tsr_engine_spec_dtype(&spec, o->dtype); /* converted after the shard cut */
     spec.kv.max_seqs = 1;
     spec.kv.max_context = o->max_context; /* 0: the model's; the engine holds it to it */
     TSR_TRY(tsr_engine_create(&spec, &g->eng));

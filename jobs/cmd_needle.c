@@ -8,7 +8,6 @@
 #include <cjson/cJSON.h>
 
 #include "base/alloc.h"
-#include "base/dtype.h"
 #include "base/file.h"
 #include "base/sys.h"
 #include "jobs/cli.h"
@@ -117,10 +116,7 @@ static tsr_status tsr__needle(const tsr__nd_opts *o, const double *depths, int n
     no.kv.max_context = o->max_context;
     memcpy(no.depths, depths, (size_t)n_depths * sizeof *depths);
     tsr_engine_spec spec = {.model_path = o->model, .load_tokenizer = true};
-    if (o->dtype) { /* both caches run on the converted (quantized) matrices */
-        spec.convert_weights = true;
-        spec.weights_dtype = (tsr_dtype)tsr_dtype_parse(o->dtype);
-    }
+    tsr_engine_spec_dtype(&spec, o->dtype); /* both caches run on the converted matrices */
     tsr_needle_result r;
     tsr_status st = tsr_needle_run(&spec, hay, len, &no, &r);
     tsr_free(hay);

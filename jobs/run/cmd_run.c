@@ -265,11 +265,9 @@ static tsr_status tsr__setup(tsr_run_job *g) {
                             .threads = o->threads_given ? o->threads : 0,
                             .max_tokens = o->max_batch_tokens, .kv = o->kv.kv,
                             .pack_weights = true, .rank_out = &g->rank};
-    if (o->dtype) { /* matrices converted (q8_0: quantized) after the shard cut; the
-                     * checkpoint records the dtype they run in (run_checkpoint.c) */
-        spec.convert_weights = true;
-        spec.weights_dtype = (tsr_dtype)tsr_dtype_parse(o->dtype);
-    }
+    /* converted after the shard cut; the checkpoint records the dtype they run in
+     * (run_checkpoint.c) */
+    tsr_engine_spec_dtype(&spec, o->dtype);
     if (o->checkpoint) { /* the whole model's identity, before the shard cut */
         spec.model_loaded = tsr_run_ckpt_model_loaded;
         spec.model_loaded_ctx = g;

@@ -392,6 +392,12 @@ static tsr_status tsr__start(tsr_engine *e, const tsr_engine_spec *o) {
     return TSR_OK;
 }
 
+void tsr_engine_spec_dtype(tsr_engine_spec *spec, const char *dtype) {
+    if (!dtype) return;
+    spec->convert_weights = true;
+    spec->weights_dtype = (tsr_dtype)tsr_dtype_parse(dtype);
+}
+
 tsr_status tsr_engine_create(const tsr_engine_spec *spec, tsr_engine **out) {
     *out = NULL;
     if (spec->rank_out) *spec->rank_out = 0;

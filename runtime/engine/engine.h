@@ -128,6 +128,10 @@ typedef struct tsr_engine_spec {
     void *model_loaded_ctx;
 } tsr_engine_spec;
 
+/* A command's --dtype: NULL keeps the weights as loaded; a name (one tsr_dtype_parse
+ * takes: the command checked it, jobs/cli.h) sets convert_weights and weights_dtype. */
+void tsr_engine_spec_dtype(tsr_engine_spec *spec, const char *dtype);
+
 typedef struct tsr_engine {
     tsr_dist dist;            /* the job (distributed: comm, layout, shard, placement); one
                                * process otherwise (rank 0, world 1, comm NULL) */
