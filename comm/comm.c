@@ -757,3 +757,10 @@ _Noreturn void tsr_comm_abort(tsr_comm *c, int code, const char *msg) {
 #endif
     exit(code);
 }
+
+#ifndef TSR_HAVE_MPI
+bool tsr_comm_mpi_library(char *buf, size_t cap) {
+    if (cap) buf[0] = '\0';
+    return false;
+}
+#endif

@@ -103,6 +103,11 @@ void tsr_comm_destroy(tsr_comm *c);
 void tsr_comm_set_timeout(tsr_comm *c, double seconds);
 double tsr_comm_timeout(const tsr_comm *c);
 
+/* The MPI library this build links (tessera --version): the first line of
+ * MPI_Get_library_version ("Open MPI v4.1.4, ..." up to the comma), callable before any
+ * comm exists; false, with buf empty, in a build without MPI (TESSERA_MPI=OFF). */
+bool tsr_comm_mpi_library(char *buf, size_t cap);
+
 /* "self" or "mpi", and whether the data plane is on NCCL. */
 const char *tsr_comm_backend_name(const tsr_comm *c);
 bool tsr_comm_uses_nccl(const tsr_comm *c);

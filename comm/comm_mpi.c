@@ -391,3 +391,17 @@ _Noreturn void tsr__comm_mpi_abort(int code) {
     if (inited && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
     exit(code);
 }
+
+bool tsr_comm_mpi_library(char *buf, size_t cap) {
+    if (!cap) return true;
+    char v[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    if (MPI_Get_library_version(v, &len) != MPI_SUCCESS || len <= 0) {
+        snprintf(buf, cap, "MPI (library version unknown)");
+        return true;
+    }
+    v[len < MPI_MAX_LIBRARY_VERSION_STRING ? len : MPI_MAX_LIBRARY_VERSION_STRING - 1] = '\0';
+    v[strcspn(v, ",\n")] = '\0'; /* Open MPI: "Open MPI v4.1.4, package: ..., ident: ..." */
+    snprintf(buf, cap, "%s", v);
+    return true;
+}

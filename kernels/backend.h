@@ -475,6 +475,14 @@ int tsr_backend_gpu_busid(int device, char *buf, size_t cap);
 void tsr_backend_destroy(tsr_backend *be);
 
 tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out);
+/* What the CPU backend runs on this CPU (tessera --version): its kernels' ISA after
+ * TSR_CPU_ISA's cap ("avx512", "avx2" or "scalar"), the quantized products' variant
+ * ("avx512vnni", "avxvnni", "avx2" or "scalar") and the BLAS under prefill's sgemm
+ * (OpenBLAS's openblas_get_config(): version, the core it picked). */
+typedef struct tsr_backend_cpu_facts {
+    const char *isa, *quant, *blas;
+} tsr_backend_cpu_facts;
+void tsr_backend_cpu_facts_get(tsr_backend_cpu_facts *out);
 /* The fenced CPU device with an arena of arena_bytes (0: the default). */
 tsr_status tsr_backend_fenced_create(int threads, size_t arena_bytes, tsr_backend **out);
 

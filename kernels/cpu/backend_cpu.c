@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "kernels/cpu/cpu_internal.h"
+#include "kernels/cpu/quant_q8_internal.h"
 #include "base/alloc.h"
 #include "base/log.h"
 #include "base/sys.h"
@@ -394,4 +395,10 @@ tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {
                   tsr__cpu_kernels_get()->name);
     *out = be;
     return TSR_OK;
+}
+
+void tsr_backend_cpu_facts_get(tsr_backend_cpu_facts *out) {
+    out->isa = tsr__cpu_kernels_get()->name;
+    out->quant = tsr__q8_kernels_get()->name;
+    out->blas = openblas_get_config();
 }

@@ -2,7 +2,8 @@
 # Checkpoints' HDF5 code is a module loaded on first use (libtessera-hdf5.so,
 # jobs/run/checkpoint.c): the binary links no HDF5 library and runs without the module;
 # a checkpoint that cannot be had is one line naming the module and why (not installed,
-# cannot load), and a non-zero exit; TSR_MODULE_DIR finds a module elsewhere.
+# cannot load), and a non-zero exit; TSR_MODULE_DIR finds a module elsewhere; --version
+# says where the module is, or where it looked.
 # Args: $1 tessera binary, $2 repo root, $3 scratch dir.
 set -u
 # shellcheck source=tests/cli/common.sh
@@ -58,11 +59,17 @@ expect_line "run --checkpoint, module absent" "is not installed" -- \
     "$ALONE" run --model "$MODEL" --input "$IN" --output "$TMP/out.jsonl" --checkpoint "$TMP/c.h5"
 expect_line "checkpoint inspect, module absent" "is not installed" -- \
     "$ALONE" checkpoint inspect "$TMP/c.h5"
+"$ALONE" --version >"$TMP/version" 2>&1 &&
+    grep -q "^hdf5 module   libtessera-hdf5.so not found (looked in .*): run --checkpoint cannot run$" \
+        "$TMP/version" || fail "--version without the module: $(cat "$TMP/version")"
 
 # 3. TSR_MODULE_DIR names the module's directory: the same binary checkpoints.
 TSR_MODULE_DIR=$MODDIR "$ALONE" run --model "$MODEL" --input "$IN" --output "$TMP/ok.jsonl" \
     --checkpoint "$TMP/c.h5" --quiet 2>"$TMP/err" &&
     [ "$(nlines "$TMP/ok.jsonl")" -eq 1 ] || fail "TSR_MODULE_DIR: $(cat "$TMP/err")"
+TSR_MODULE_DIR=$MODDIR "$ALONE" --version >"$TMP/version" 2>&1 &&
+    grep -qF "hdf5 module   $MODDIR/libtessera-hdf5.so (loaded by run --checkpoint)" \
+        "$TMP/version" || fail "--version with TSR_MODULE_DIR: $(cat "$TMP/version")"
 
 # 4. A file of that name that is no shared object: "cannot load", with the loader's reason.
 mkdir -p "$TMP/bad"

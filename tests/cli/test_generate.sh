@@ -43,6 +43,23 @@ expect tiny_kv_memory 1 "holds no block" -- "$BIN" generate --model "$MODEL" --p
 expect bad_kv_memory 2 "invalid size '12Q' for --kv-memory" -- "$BIN" generate --model "$MODEL" --prompt hi --kv-memory 12Q
 expect unknown_command 2 "unknown command 'frob'" -- "$BIN" frob
 
+# --version: the version, then the build's facts on this machine (kernels, BLAS, MPI, where
+# the modules are), opening no module (LD_DEBUG=files lists every object the loader maps).
+"$BIN" --version >"$TMP/version" 2>"$TMP/err"
+rc=$?
+TSR_CPU_ISA=scalar "$BIN" --version >"$TMP/version_scalar" 2>&1
+LD_DEBUG=files "$BIN" --version >/dev/null 2>"$TMP/ld_debug"
+if [ $rc -eq 0 ] && [ ! -s "$TMP/err" ] && head -n 1 "$TMP/version" | grep -qE '^tessera [0-9]+\.[0-9]+\.[0-9]+$' &&
+    grep -qE '^cpu kernels +(avx512|avx2|scalar); quantized products ' "$TMP/version" &&
+    grep -qE '^blas +OpenBLAS ' "$TMP/version" && grep -qE '^hdf5 module ' "$TMP/version" &&
+    grep -qE '^cpu kernels +scalar; quantized products scalar ' "$TMP/version_scalar" &&
+    ! grep -q 'libtessera-' "$TMP/ld_debug"; then
+    echo "ok   version"; passes=$((passes + 1))
+else
+    echo "FAIL version (exit $rc):"; cat "$TMP/version" "$TMP/err" "$TMP/version_scalar"
+    grep 'libtessera-' "$TMP/ld_debug"; fails=$((fails + 1))
+fi
+
 # --help tells the truth: every option the parser knows is listed.
 if "$BIN" generate --help >"$TMP/help" && grep -q -- "--max-context N" "$TMP/help" && grep -q -- "--prompt-file PATH" "$TMP/help"; then
     echo "ok   help"; passes=$((passes + 1))
