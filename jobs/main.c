@@ -33,7 +33,9 @@ static void tsr__usage(FILE *f) {
     for (size_t i = 0; i < sizeof tsr__cmds / sizeof tsr__cmds[0]; i++)
         fprintf(f, "  %-10s %s\n", tsr__cmds[i].name, tsr__cmds[i].help);
     tsr_kv_cli_print_policies(f);
-    fprintf(f, "\n'tessera COMMAND --help' describes each command's options.\n");
+    fprintf(f, "\n'tessera COMMAND --help' describes each command's options; 'tessera --version'\n"
+               "prints the version and what this build runs with here (kernels, BLAS, MPI,\n"
+               "modules).\n");
 }
 
 /* One line per run-time module: where this binary finds it, or where it looked. Found is
