@@ -7,6 +7,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* The checkpoint module's file (jobs/run/checkpoint.c loads it; tessera --version says
+ * where it is). */
+#define TSR_MODULE_HDF5_FILE "libtessera-hdf5.so"
+
 /* Looks for the module `file`, in order: $TSR_MODULE_DIR (a site's override), next to the
  * binary (the build tree: build/tessera), ../lib/tessera from it (an installed tree:
  * bin/tessera), and one level up (the build tree's tests/, bench/ and tools/ executables).

@@ -6,7 +6,6 @@
 #include "comm/comm.h"
 #include "jobs/commands.h"
 #include "jobs/kv_cli.h"
-#include "jobs/run/checkpoint_module.h"
 #include "kernels/backend.h"
 
 #ifndef TSR_VERSION
@@ -69,7 +68,7 @@ static void tsr__version(void) {
         tsr__module_line("cuda module", cuda->module,
                          "loaded by --backend cuda, or auto on a node with an NVIDIA driver",
                          "--backend cuda cannot run");
-    tsr__module_line("hdf5 module", TSR_CKPT_MODULE_FILE, "loaded by run --checkpoint",
+    tsr__module_line("hdf5 module", TSR_MODULE_HDF5_FILE, "loaded by run --checkpoint",
                      "run --checkpoint cannot run");
 }
 

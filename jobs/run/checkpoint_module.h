@@ -7,11 +7,12 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "base/module.h"
 #include "jobs/run/checkpoint.h"
 
 /* Bump on any change to the table or to the structs it passes. */
 #define TSR_CKPT_MODULE_ABI 1u
-#define TSR_CKPT_MODULE_FILE "libtessera-hdf5.so"
+#define TSR_CKPT_MODULE_FILE TSR_MODULE_HDF5_FILE
 #define TSR_CKPT_MODULE_ENTRY "tsr_ckpt_module_entry"
 
 typedef struct tsr_ckpt_module {
