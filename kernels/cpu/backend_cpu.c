@@ -261,17 +261,18 @@ static tsr_status tsr__cpu_attention_paged(tsr_backend *be, const tsr_attn_paged
             st = tsr__paged_run(a, r0, r1, nb, c->threads, &c->attn);
         }
     }
-    if (st == TSR_OK && n_short >= c->threads && !c->attn_thr) {
+    bool side_by_side = n_short >= c->threads;
+    if (st == TSR_OK && side_by_side && !c->attn_thr) {
         c->attn_thr = tsr_calloc((size_t)c->threads, sizeof *c->attn_thr);
         if (!c->attn_thr) st = TSR_ERR_NOMEM;
     }
     /* Fewer decode rows than threads (one sequence, in the usual generate): one after
      * another, each split over keys on every thread (attn_cpu.c tsr__attn_decode). */
-    for (int i = 0; st == TSR_OK && n_short < c->threads && i < n_short; i++) {
+    for (int i = 0; st == TSR_OK && !side_by_side && i < n_short; i++) {
         const int *r = run + 3 * i;
         st = tsr__paged_run(a, r[0], r[1], r[2], c->threads, &c->attn);
     }
-    int n_par = st == TSR_OK && n_short >= c->threads ? n_short : 0;
+    int n_par = st == TSR_OK && side_by_side ? n_short : 0;
     char msg[256] = ""; /* the message is per thread: carried to the caller's */
 #pragma omp parallel for num_threads(c->threads) schedule(dynamic, 1) if (n_par > 1)
     for (int i = 0; i < n_par; i++) {
