@@ -565,13 +565,20 @@ tsr_status tsr__cpu_attention_on(const tsr_attn_args *a_in, int threads,
     blk = blk > a->n_heads ? a->n_heads : blk;
     /* Row order when the K/V rows come from DRAM: always in decode (the weights of the
      * other layers stream through the caches between two visits of a layer), and for a
-     * prefill over more than an L2 of K + V. Measured (bench/attn.c, 12 kv heads of 64, 256
-     * keys, 12 layers, 1 thread): cold 1.08-1.15 against 1.45-1.52 ms per token; warm in
-     * L3 about equal; warm in L2 19 against 11-14 us per layer. */
+     * prefill over more than an L2 of K + V. Measured with the AVX-512 kernels
+     * (bench/attn.c, 12 kv heads of 64, 256 keys, 12 layers, 1 thread, Zen 4): cold
+     * 1.08-1.15 against 1.45-1.52 ms per token; warm in L3 about equal; warm in L2 19
+     * against 11-14 us per layer. With the AVX2 kernels f32 rows stay in chunks: on an
+     * AVX2-only EPYC (Zen 1, 8 MiB L3) rows measured 4 % slower in decode (bench/attn.c,
+     * 1024 keys) and 8 % in a 960-token prefill, since dot_heads loads a q vector for every
+     * k vector where dot_rows shares one among four keys, and Zen 1 loads two 128-bit
+     * halves a cycle. BF16 rows go in row order everywhere: read as they are, they save
+     * the converted f32 copy (tsr__attn_dequant), which cost 2x in that CPU's decode. */
     if (G.k->dot_heads && G.k->acc_heads) {
         size_t kv_bytes = (size_t)keys * (size_t)a->n_kv_heads * (size_t)a->head_dim * 8;
-        G.rows = a->n_q == 1 || kv_bytes > TSR__ATTN_ROWS_MIN;
+        G.rows = G.k->isa == TSR__ISA_AVX512 && (a->n_q == 1 || kv_bytes > TSR__ATTN_ROWS_MIN);
     }
+    G.rows |= G.bf16;
     if (a->n_q == 1 && keys > TSR__ATTN_PART_KEYS) { /* more than one partition */
         TSR_TRY(tsr__attn_decode(&G, sc, par ? threads : 1, keys, blk, ml));
         tsr__attn_score_pass(&G, par ? threads : 1, keys, ml);

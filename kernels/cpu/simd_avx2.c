@@ -186,6 +186,24 @@ static void tsr__y_cvt_f16(const uint16_t *src, float *dst, int64_t n) {
     for (; i < n; i++) dst[i] = tsr_f16_to_f32(src[i]);
 }
 
+/* Four items' dot products from their two accumulators each (a0[u] + a1[u]), reduced
+ * together and scaled: item u's sum in lane u, through per-item adds only (halves, then
+ * pairs), so an item's bits depend on its own accumulators, never on its neighbours. */
+TSR__INLINE __m128 tsr__y_reduce4(const __m256 *a0, const __m256 *a1, __m128 sv) {
+    __m256 v0 = _mm256_add_ps(a0[0], a1[0]), v1 = _mm256_add_ps(a0[1], a1[1]);
+    __m256 v2 = _mm256_add_ps(a0[2], a1[2]), v3 = _mm256_add_ps(a0[3], a1[3]);
+    /* lo + hi: x0 = [item 0 | item 1], x1 = [item 2 | item 3], four sums each. */
+    __m256 x0 = _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20),
+                              _mm256_permute2f128_ps(v0, v1, 0x31));
+    __m256 x1 = _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20),
+                              _mm256_permute2f128_ps(v2, v3, 0x31));
+    /* (s0 + s2, s1 + s3), then their sum: lanes [i0 i2 . . | i1 i3 . .]. */
+    __m256 y = _mm256_add_ps(_mm256_shuffle_ps(x0, x1, 0x44), _mm256_shuffle_ps(x0, x1, 0xEE));
+    __m256 z = _mm256_add_ps(_mm256_shuffle_ps(y, y, 0x88), _mm256_shuffle_ps(y, y, 0xDD));
+    __m128 r = _mm_unpacklo_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps(z, 1));
+    return _mm_mul_ps(r, sv);
+}
+
 /* Four keys at a time, reduced together: the same per-key operations as one reduction per
  * key (two accumulators, halves, then pairs), with the shuffles shared by four keys. Keys
  * past nk reuse q as a dummy row, so every key's value goes through the same operations
@@ -223,18 +241,7 @@ static void tsr__y_dot_rows(const float *q, const float *k, int64_t stride, int 
                 a1[u] = _mm256_fmadd_ps(qt, tsr__y_load_tail(kr[u], t, rem, TSR__DT_F32),
                                         a1[u]);
         }
-        __m256 v0 = _mm256_add_ps(a0[0], a1[0]), v1 = _mm256_add_ps(a0[1], a1[1]);
-        __m256 v2 = _mm256_add_ps(a0[2], a1[2]), v3 = _mm256_add_ps(a0[3], a1[3]);
-        /* lo + hi: x0 = [key 0 | key 1], x1 = [key 2 | key 3], four sums each. */
-        __m256 x0 = _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20),
-                                  _mm256_permute2f128_ps(v0, v1, 0x31));
-        __m256 x1 = _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20),
-                                  _mm256_permute2f128_ps(v2, v3, 0x31));
-        /* (s0 + s2, s1 + s3), then their sum: lanes [k0 k2 . . | k1 k3 . .]. */
-        __m256 y = _mm256_add_ps(_mm256_shuffle_ps(x0, x1, 0x44), _mm256_shuffle_ps(x0, x1, 0xEE));
-        __m256 z = _mm256_add_ps(_mm256_shuffle_ps(y, y, 0x88), _mm256_shuffle_ps(y, y, 0xDD));
-        __m128 r = _mm_unpacklo_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps(z, 1));
-        r = _mm_mul_ps(r, sv);
+        __m128 r = tsr__y_reduce4(a0, a1, sv);
         if (nk - j >= 4) {
             _mm_storeu_ps(out + j, r);
         } else {
@@ -279,6 +286,94 @@ static void tsr__y_acc_rows(float *acc, float c, const float *p, const float *v,
             a = __builtin_fmaf(p[j], v[(size_t)j * (size_t)stride + t], a);
         acc[t] = a;
     }
+}
+
+/* One key row, four query heads at a time: the per-item operations of tsr__y_dot_rows
+ * (two accumulators over the columns in order, tsr__y_reduce4, the scale) with heads in
+ * place of its four keys, so a (head, key) score has the same bits whichever computed it.
+ * Head by head along the row, so its bytes are loaded in address order (the order DRAM
+ * streams best; dot_rows keeps each head's strip down 16 rows). k is f32, or BF16 widened
+ * as it is loaded (exact: the same bits as over the converted row). */
+TSR__INLINE void tsr__y_dot_heads_kv(const float *q, const void *k, const int32_t *koff,
+                                     int nh, int d, float scale, float *out, int64_t out_ld,
+                                     const int dt) {
+    int rem = d & 7;
+    __m128 sv = _mm_set1_ps(scale);
+    for (int h0 = 0; h0 < nh; h0 += 4) {
+        int n = nh - h0 < 4 ? nh - h0 : 4;
+        __m256 a0[4], a1[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) a0[u] = a1[u] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            if (u >= n) break; /* absent heads reduce zeros, which touch no other lane */
+            const float *qu = q + (size_t)(h0 + u) * (size_t)d;
+            int64_t ku = koff[h0 + u];
+            int t = 0;
+            for (; t + 16 <= d; t += 16) {
+                a0[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qu + t), tsr__y_load(k, ku + t, dt),
+                                        a0[u]);
+                a1[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qu + t + 8),
+                                        tsr__y_load(k, ku + t + 8, dt), a1[u]);
+            }
+            for (; t + 8 <= d; t += 8)
+                a0[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qu + t), tsr__y_load(k, ku + t, dt),
+                                        a0[u]);
+            if (rem)
+                a1[u] = _mm256_fmadd_ps(tsr__y_load_tail(qu, t, rem, TSR__DT_F32),
+                                        tsr__y_load_tail(k, ku + t, rem, dt), a1[u]);
+        }
+        float r[4];
+        _mm_storeu_ps(r, tsr__y_reduce4(a0, a1, sv));
+        for (int u = 0; u < n; u++) out[(size_t)(h0 + u) * (size_t)out_ld] = r[u];
+    }
+}
+
+static void tsr__y_dot_heads(const float *q, const float *k, const int32_t *koff, int nh,
+                             int d, float scale, float *out, int64_t out_ld) {
+    tsr__y_dot_heads_kv(q, k, koff, nh, d, scale, out, out_ld, TSR__DT_F32);
+}
+
+static void tsr__y_dot_heads_bf16(const float *q, const uint16_t *k, const int32_t *koff,
+                                  int nh, int d, float scale, float *out, int64_t out_ld) {
+    tsr__y_dot_heads_kv(q, k, koff, nh, d, scale, out, out_ld, TSR__DT_BF16);
+}
+
+/* Keys outer, heads inner, each head's accumulator through L1: the rows are read front to
+ * back. Per element: acc, then + p * v for each key in order, each an fma, as in
+ * tsr__y_acc_rows after its scaling. v is f32 or BF16, as in dot_heads. */
+TSR__INLINE void tsr__y_acc_heads_kv(float *acc, const float *p, int64_t p_ld, const void *v,
+                                     int64_t stride, const int32_t *koff, int nk, int nh, int d,
+                                     const int dt) {
+    for (int j = 0; j < nk; j++) {
+        int64_t vj = (int64_t)j * stride;
+        for (int hh = 0; hh < nh; hh++) {
+            float *ah = acc + (size_t)hh * (size_t)d;
+            int64_t vh = vj + koff[hh];
+            float pf = p[(size_t)hh * (size_t)p_ld + (size_t)j];
+            __m256 pj = _mm256_set1_ps(pf);
+            int t = 0;
+#pragma GCC unroll 4
+            for (; t + 8 <= d; t += 8)
+                _mm256_storeu_ps(ah + t, _mm256_fmadd_ps(pj, tsr__y_load(v, vh + t, dt),
+                                                         _mm256_loadu_ps(ah + t)));
+            for (; t < d; t++) {
+                float x = dt == TSR__DT_F32 ? ((const float *)v)[vh + t]
+                                            : tsr_bf16_to_f32(((const uint16_t *)v)[vh + t]);
+                ah[t] = __builtin_fmaf(pf, x, ah[t]);
+            }
+        }
+    }
+}
+
+static void tsr__y_acc_heads(float *acc, const float *p, int64_t p_ld, const float *v,
+                             int64_t stride, const int32_t *koff, int nk, int nh, int d) {
+    tsr__y_acc_heads_kv(acc, p, p_ld, v, stride, koff, nk, nh, d, TSR__DT_F32);
+}
+
+static void tsr__y_acc_heads_bf16(float *acc, const float *p, int64_t p_ld, const uint16_t *v,
+                                  int64_t stride, const int32_t *koff, int nk, int nh, int d) {
+    tsr__y_acc_heads_kv(acc, p, p_ld, v, stride, koff, nk, nh, d, TSR__DT_BF16);
 }
 
 TSR__INLINE __m256 tsr__y_exp(__m256 x) {
@@ -351,7 +446,8 @@ const tsr__cpu_kernels tsr__cpu_k_avx2 = {
     TSR__ISA_AVX2, "avx2", tsr__y_matvec_f32, tsr__y_matvec_bf16, tsr__y_matvec_f16,
     tsr__y_matvec_seg_f32, tsr__y_matvec_seg_bf16, tsr__y_matvec_seg_f16, tsr__y_cvt_bf16,
     tsr__y_cvt_f16, tsr__y_dot_rows, tsr__y_acc_rows, tsr__y_exp_sum,
-    tsr__y_silu_mul, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    tsr__y_silu_mul, false, tsr__y_dot_heads, tsr__y_acc_heads, NULL, NULL, NULL, NULL, NULL,
+    tsr__y_dot_heads_bf16, tsr__y_acc_heads_bf16,
 };
 
 #ifdef __clang__

@@ -468,7 +468,8 @@ TSR_TEST(test_buffers) {
 
 /* dot_heads / acc_heads (one key row for all query heads) give the bits of dot_rows /
  * acc_rows (16-key groups per head), whatever the head count, head size (tails), GQA
- * grouping and position of the key in a group. Only the kernel sets that have them. */
+ * grouping and position of the key in a group; their BF16 variants the bits of the f32
+ * ones over the widened rows. Only the kernel sets that have them. */
 TSR_TEST(test_attention_row_kernels_match_chunked) {
     static const int dims[] = {13, 16, 40, 64, 80, 128};
     static const int heads[][2] = {{1, 1}, {5, 5}, {12, 12}, {12, 4}, {17, 17}, {32, 8}};
@@ -503,6 +504,29 @@ TSR_TEST(test_attention_row_kernels_match_chunked) {
                     k->acc_rows(acc2 + (size_t)h * d, 1.0f, p + h * 64, kv + koff[h], stride, nk,
                                 d);
                 ASSERT_TRUE(!memcmp(acc1, acc2, (size_t)nh * d * 4));
+                if (k->dot_heads_bf16 && k->acc_heads_bf16) {
+                    /* BF16 rows widened as loaded: the bits of the f32 kernels over the
+                     * widened rows */
+                    size_t nkv = (size_t)nk * (size_t)stride;
+                    uint16_t *kv16 = tsr_malloc(nkv * 2);
+                    for (size_t e = 0; e < nkv; e++) {
+                        kv16[e] = tsr_f32_to_bf16(kv[e]);
+                        kv[e] = tsr_bf16_to_f32(kv16[e]);
+                    }
+                    for (int j = 0; j < nk; j++) {
+                        k->dot_heads_bf16(q, kv16 + (size_t)j * stride, koff, nh, d, 0.125f,
+                                          out1 + j, 64);
+                        k->dot_heads(q, kv + (size_t)j * stride, koff, nh, d, 0.125f,
+                                     out2 + j, 64);
+                    }
+                    for (int h = 0; h < nh; h++)
+                        ASSERT_TRUE(!memcmp(out1 + h * 64, out2 + h * 64, (size_t)nk * 4));
+                    memcpy(acc2, acc1, (size_t)nh * d * 4);
+                    k->acc_heads_bf16(acc1, p, 64, kv16, stride, koff, nk, nh, d);
+                    k->acc_heads(acc2, p, 64, kv, stride, koff, nk, nh, d);
+                    ASSERT_TRUE(!memcmp(acc1, acc2, (size_t)nh * d * 4));
+                    tsr_free(kv16);
+                }
                 tsr_free(q), tsr_free(kv), tsr_free(p), tsr_free(acc1), tsr_free(acc2);
             }
         }
