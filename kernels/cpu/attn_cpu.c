@@ -43,7 +43,11 @@ typedef struct tsr__attn_geom {
     int64_t q_ld;   /* floats per query row */
     float scale;
     bool rows; /* one key row for all heads of a task (dot_heads/acc_heads), else chunks */
-    bool bf16; /* rows, with the spans' BF16 rows read as they are (dot_heads_bf16, ...) */
+    /* rows, with the spans' stored rows read as they are (dot_heads_kv, acc_heads_kv): all
+     * spans of dtype kvdt, row_bytes apart */
+    bool stored;
+    int kvdt;
+    int64_t row_bytes;
 } tsr__attn_geom;
 
 static inline int32_t tsr__span_pos(const tsr_kv_span *s, int64_t j) {
@@ -128,11 +132,12 @@ static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int h0, int nh,
             const tsr__attn_piece *e = &pc[p];
             const size_t ts = (size_t)e->sp->stride;
             const float *kt = e->sp->k + (size_t)e->j0 * ts;
-            const uint16_t *kt16 = (const uint16_t *)e->sp->k + (size_t)e->j0 * ts;
-            if (G->bf16) { /* BF16 spans: the same rows, 2 bytes an element */
+            if (G->stored) { /* the same rows, stored */
+                const size_t rb = (size_t)G->row_bytes;
+                const uint8_t *kb = (const uint8_t *)e->sp->k + (size_t)e->j0 * rb;
                 for (int j = 0; j < e->n; j++)
-                    G->k->dot_heads_bf16(qi + (size_t)h0 * hd, kt16 + j * ts, koff, nh, hd,
-                                         G->scale, &sc[0][e->off + j], TSR__ATTN_TILE);
+                    G->k->dot_heads_kv(qi + (size_t)h0 * hd, kb + (size_t)j * rb, G->kvdt, koff,
+                                       nh, hd, G->scale, &sc[0][e->off + j], TSR__ATTN_TILE);
             } else if (G->rows) {
                 for (int j = 0; j < e->n; j++)
                     G->k->dot_heads(qi + (size_t)h0 * hd, kt + j * ts, koff, nh, hd, G->scale,
@@ -181,11 +186,11 @@ static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int h0, int nh,
                 for (int p = 0; p < npc; p++) {
                     const tsr__attn_piece *q = &pc[p];
                     const size_t ts = (size_t)q->sp->stride;
-                    if (G->bf16)
-                        G->k->acc_heads_bf16(acc + (size_t)h * hd, &sc[h][q->off],
-                                             TSR__ATTN_TILE,
-                                             (const uint16_t *)q->sp->v + (size_t)q->j0 * ts,
-                                             q->sp->stride, koff + h, q->n, e - h, hd);
+                    if (G->stored)
+                        G->k->acc_heads_kv(acc + (size_t)h * hd, &sc[h][q->off], TSR__ATTN_TILE,
+                                           (const uint8_t *)q->sp->v +
+                                               (size_t)q->j0 * (size_t)G->row_bytes,
+                                           G->row_bytes, G->kvdt, koff + h, q->n, e - h, hd);
                     else
                         G->k->acc_heads(acc + (size_t)h * hd, &sc[h][q->off], TSR__ATTN_TILE,
                                         q->sp->v + (size_t)q->j0 * ts, q->sp->stride,
@@ -505,16 +510,18 @@ tsr_status tsr__cpu_attention_on(const tsr_attn_args *a_in, int threads,
         return tsr_error_set(TSR_ERR_INVALID, "cpu attention: %d heads over %d kv heads",
                              a->n_heads, a->n_kv_heads);
     if (a->n_q <= 0) return TSR_OK;
-    /* A decode row over BF16 rows reads them as they are (no scratch) where the kernels
-     * can; everything else goes through f32 copies. */
+    /* A decode row over stored rows the kernels read as they are (kv_rows) takes them so,
+     * with no scratch; everything else goes through f32 copies. */
     const tsr__cpu_kernels *kt = tsr__cpu_kernels_get();
-    bool bf16 = kt->dot_heads_bf16 && kt->acc_heads_bf16 && a->n_q == 1 && !a->sinks &&
-                a->window <= 0 && !a->key_scores && a->n_spans > 0;
-    for (int s = 0; bf16 && s < a->n_spans; s++)
-        bf16 = a->spans[s].dtype == TSR_KV_BF16 &&
-               a->spans[s].stride == (int64_t)a->n_kv_heads * a->head_dim;
+    const int64_t kvd = (int64_t)a->n_kv_heads * a->head_dim;
+    const int kvdt = a->n_spans > 0 ? a->spans[0].dtype : TSR_KV_F32;
+    bool stored = kvdt != TSR_KV_F32 && kvdt >= 0 && kvdt < 32 && (kt->kv_rows >> kvdt & 1u) &&
+                  tsr_kv_row_bytes(kvdt, kvd) > 0 && a->n_q == 1 && !a->sinks &&
+                  a->window <= 0 && !a->key_scores;
+    for (int s = 0; stored && s < a->n_spans; s++)
+        stored = a->spans[s].dtype == kvdt && a->spans[s].stride == kvd;
     tsr_attn_args af32;
-    if (!bf16) {
+    if (!stored) {
         TSR_TRY(tsr__attn_dequant(sc, a_in, &af32));
         a = &af32;
     }
@@ -522,7 +529,9 @@ tsr_status tsr__cpu_attention_on(const tsr_attn_args *a_in, int threads,
     tsr__attn_geom G = {
         .a = a,
         .k = kt,
-        .bf16 = bf16,
+        .stored = stored,
+        .kvdt = kvdt,
+        .row_bytes = stored ? (int64_t)tsr_kv_row_bytes(kvdt, kvd) : 0,
         .group = a->n_heads / a->n_kv_heads,
         .q_ld = (int64_t)a->n_heads * a->head_dim,
         .scale = 1.0f / sqrtf((float)a->head_dim),
@@ -572,13 +581,14 @@ tsr_status tsr__cpu_attention_on(const tsr_attn_args *a_in, int threads,
      * AVX2-only EPYC (Zen 1, 8 MiB L3) rows measured 4 % slower in decode (bench/attn.c,
      * 1024 keys) and 8 % in a 960-token prefill, since dot_heads loads a q vector for every
      * k vector where dot_rows shares one among four keys, and Zen 1 loads two 128-bit
-     * halves a cycle. BF16 rows go in row order everywhere: read as they are, they save
-     * the converted f32 copy (tsr__attn_dequant), which cost 2x in that CPU's decode. */
+     * halves a cycle. Stored rows (BF16, Q8, FP8) go in row order everywhere: read as they
+     * are, they save the converted f32 copy (tsr__attn_dequant), which cost 2x in that
+     * CPU's decode. */
     if (G.k->dot_heads && G.k->acc_heads) {
         size_t kv_bytes = (size_t)keys * (size_t)a->n_kv_heads * (size_t)a->head_dim * 8;
         G.rows = G.k->isa == TSR__ISA_AVX512 && (a->n_q == 1 || kv_bytes > TSR__ATTN_ROWS_MIN);
     }
-    G.rows |= G.bf16;
+    G.rows |= G.stored;
     if (a->n_q == 1 && keys > TSR__ATTN_PART_KEYS) { /* more than one partition */
         TSR_TRY(tsr__attn_decode(&G, sc, par ? threads : 1, keys, blk, ml));
         tsr__attn_score_pass(&G, par ? threads : 1, keys, ml);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "kernels/backend.h"
+#include "kernels/kv_dtype.h"
 
 /* Largest head_dim the attention and rope kernels keep on the stack. */
 #define TSR__CPU_MAX_HEAD_DIM 512
@@ -245,14 +246,21 @@ typedef struct tsr__cpu_kernels {
     void (*attn_scores_qblock)(const float *q, int64_t q_ld, const int32_t *qpos, int nq,
                                int d, float scale, const tsr_kv_span *sp, int64_t j0, int nt,
                                int koff, const float *ml, int64_t ml_ld, float *ks);
-    /* Optional (NULL: BF16 KV is converted to f32 scratch first): dot_heads and acc_heads
-     * reading BF16 rows (k, v and stride in BF16 elements), each element widened to f32
-     * (exact) as it is loaded, so the bits are those of the f32 kernels over the converted
-     * rows, without the scratch's writes and second read. */
-    void (*dot_heads_bf16)(const float *q, const uint16_t *k, const int32_t *koff, int nh,
-                           int d, float scale, float *out, int64_t out_ld);
-    void (*acc_heads_bf16)(float *acc, const float *p, int64_t p_ld, const uint16_t *v,
-                           int64_t stride, const int32_t *koff, int nk, int nh, int d);
+    /* Stored K/V dtypes (bit 1u << dtype, kernels/kv_dtype.h) that dot_heads_kv and
+     * acc_heads_kv read as they are (0: none; attention converts such rows to f32 scratch
+     * first). They are dot_heads and acc_heads over stored rows: k and v point at a stored
+     * row (v at key 0's, rows row_bytes apart), koff are element offsets into a row, and
+     * each element is decoded as it is loaded with tsr_kv_rows_decode's arithmetic (BF16
+     * widened, Q8 d * q, FP8 d * e4m3: exact or one rounding each), so the bits are those
+     * of dot_heads and acc_heads over the converted rows, without the scratch's writes and
+     * second read. Q8 heads are whole blocks (head_dim a multiple of TSR_KV_Q8_BLOCK, as
+     * tsr_kv_dtype_fits asks). */
+    unsigned kv_rows;
+    void (*dot_heads_kv)(const float *q, const void *k, int dtype, const int32_t *koff,
+                         int nh, int d, float scale, float *out, int64_t out_ld);
+    void (*acc_heads_kv)(float *acc, const float *p, int64_t p_ld, const void *v,
+                         int64_t row_bytes, int dtype, const int32_t *koff, int nk, int nh,
+                         int d);
 } tsr__cpu_kernels;
 
 /* Longest segment that matmul_parts prefill gives to gemm_short. */

@@ -288,13 +288,78 @@ static void tsr__y_acc_rows(float *acc, float c, const float *p, const float *v,
     }
 }
 
+/* Element e of a stored K/V row k as tsr_kv_rows_decode gives it (f32 as it is). */
+TSR__INLINE float tsr__y_kv_elem(const void *k, int64_t e, const int dt) {
+    const uint8_t *r = k;
+    float d;
+    switch (dt) {
+    case TSR_KV_F32: return ((const float *)k)[e];
+    case TSR_KV_BF16: return tsr_bf16_to_f32(((const uint16_t *)k)[e]);
+    case TSR_KV_Q8:
+        r += (size_t)(e / TSR_KV_Q8_BLOCK) * (4 + TSR_KV_Q8_BLOCK);
+        memcpy(&d, r, 4);
+        return d * (float)(int8_t)r[4 + e % TSR_KV_Q8_BLOCK];
+    default:
+        memcpy(&d, r, 4);
+        return d * tsr_e4m3_to_f32(r[4 + e]);
+    }
+}
+
+/* The factor tsr__y_kv_ld applies to an FP8 row's decoded codes: 256 times its scale, read
+ * once per row (in acc_heads the stores to the accumulators could alias the row, so the
+ * compiler would reload it per vector). 0 for the other dtypes. */
+TSR__INLINE float tsr__y_kv_rs(const void *k, const int dt) {
+    float d = 0.0f;
+    if (dt == TSR_KV_FP8) memcpy(&d, k, 4);
+    return d * 256.0f;
+}
+
+/* Eight elements from e of a stored K/V row, decoded as tsr_kv_rows_decode does, so with
+ * its bits: BF16 widened (exact); Q8 d * q of e's block (e is a multiple of 8 inside a
+ * head of whole blocks, so the eight share it); FP8 d * e4m3. An E4M3 code's bits, less
+ * the sign, shifted left by 7 are the FP16 of its value / 256 (the exponent biases differ
+ * by 8, subnormals included), so vcvtph2ps decodes it exactly and d * v equals v * rs,
+ * rs = 256 d (tsr__y_kv_rs: exact, as d = amax / 448); the NaN codes 0x7f and 0xff become
+ * NaN first. */
+TSR__INLINE __m256 tsr__y_kv_ld(const void *k, int64_t e, float rs, const int dt) {
+    const uint8_t *r = k;
+    switch (dt) {
+    case TSR_KV_F32: return _mm256_loadu_ps((const float *)k + e);
+    case TSR_KV_BF16: return tsr__y_load(k, e, TSR__DT_BF16);
+    case TSR_KV_Q8: {
+        r += (size_t)(e / TSR_KV_Q8_BLOCK) * (4 + TSR_KV_Q8_BLOCK);
+        float d;
+        memcpy(&d, r, 4);
+        __m128i q = _mm_loadl_epi64((const __m128i *)(r + 4 + e % TSR_KV_Q8_BLOCK));
+        return _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+    }
+    default: {
+        __m128i c = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(r + 4 + e)));
+        __m128i mag = _mm_and_si128(c, _mm_set1_epi16(0x7f));
+        __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(c, _mm_set1_epi16(0x80)), 8),
+                                 _mm_slli_epi16(mag, 7));
+        /* FP16's quiet NaN 0x7e00 widens to 0x7fc00000, the table's NaN */
+        h = _mm_blendv_epi8(h, _mm_set1_epi16(0x7e00),
+                            _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f)));
+        return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(rs));
+    }
+    }
+}
+
+/* The last rem (< 8) elements from e, decoded one by one, zero padded. */
+TSR__INLINE __m256 tsr__y_kv_ld_tail(const void *k, int64_t e, int rem, const int dt) {
+    float buf[8] = {0};
+    for (int i = 0; i < rem; i++) buf[i] = tsr__y_kv_elem(k, e + i, dt);
+    return _mm256_loadu_ps(buf);
+}
+
 /* One key row, four query heads at a time: the per-item operations of tsr__y_dot_rows
  * (two accumulators over the columns in order, tsr__y_reduce4, the scale) with heads in
  * place of its four keys, so a (head, key) score has the same bits whichever computed it.
  * Head by head along the row, so its bytes are loaded in address order (the order DRAM
- * streams best; dot_rows keeps each head's strip down 16 rows). k is f32, or BF16 widened
- * as it is loaded (exact: the same bits as over the converted row). */
-TSR__INLINE void tsr__y_dot_heads_kv(const float *q, const void *k, const int32_t *koff,
+ * streams best; dot_rows keeps each head's strip down 16 rows). k is an f32 row, or a
+ * stored row of dtype dt decoded as it is loaded (tsr__y_kv_ld). */
+TSR__INLINE void tsr__y_dot_heads_dt(const float *q, const void *k, const int32_t *koff,
                                      int nh, int d, float scale, float *out, int64_t out_ld,
                                      const int dt) {
     int rem = d & 7;
@@ -309,19 +374,20 @@ TSR__INLINE void tsr__y_dot_heads_kv(const float *q, const void *k, const int32_
             if (u >= n) break; /* absent heads reduce zeros, which touch no other lane */
             const float *qu = q + (size_t)(h0 + u) * (size_t)d;
             int64_t ku = koff[h0 + u];
+            float rs = tsr__y_kv_rs(k, dt);
             int t = 0;
             for (; t + 16 <= d; t += 16) {
-                a0[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qu + t), tsr__y_load(k, ku + t, dt),
-                                        a0[u]);
+                a0[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qu + t),
+                                        tsr__y_kv_ld(k, ku + t, rs, dt), a0[u]);
                 a1[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qu + t + 8),
-                                        tsr__y_load(k, ku + t + 8, dt), a1[u]);
+                                        tsr__y_kv_ld(k, ku + t + 8, rs, dt), a1[u]);
             }
             for (; t + 8 <= d; t += 8)
-                a0[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qu + t), tsr__y_load(k, ku + t, dt),
-                                        a0[u]);
+                a0[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qu + t),
+                                        tsr__y_kv_ld(k, ku + t, rs, dt), a0[u]);
             if (rem)
                 a1[u] = _mm256_fmadd_ps(tsr__y_load_tail(qu, t, rem, TSR__DT_F32),
-                                        tsr__y_load_tail(k, ku + t, rem, dt), a1[u]);
+                                        tsr__y_kv_ld_tail(k, ku + t, rem, dt), a1[u]);
         }
         float r[4];
         _mm_storeu_ps(r, tsr__y_reduce4(a0, a1, sv));
@@ -331,49 +397,63 @@ TSR__INLINE void tsr__y_dot_heads_kv(const float *q, const void *k, const int32_
 
 static void tsr__y_dot_heads(const float *q, const float *k, const int32_t *koff, int nh,
                              int d, float scale, float *out, int64_t out_ld) {
-    tsr__y_dot_heads_kv(q, k, koff, nh, d, scale, out, out_ld, TSR__DT_F32);
+    tsr__y_dot_heads_dt(q, k, koff, nh, d, scale, out, out_ld, TSR_KV_F32);
 }
 
-static void tsr__y_dot_heads_bf16(const float *q, const uint16_t *k, const int32_t *koff,
-                                  int nh, int d, float scale, float *out, int64_t out_ld) {
-    tsr__y_dot_heads_kv(q, k, koff, nh, d, scale, out, out_ld, TSR__DT_BF16);
+static void tsr__y_dot_heads_stored(const float *q, const void *k, int dtype,
+                                    const int32_t *koff, int nh, int d, float scale,
+                                    float *out, int64_t out_ld) {
+    switch (dtype) { /* one copy per dtype, its decoding inlined */
+    case TSR_KV_BF16:
+        tsr__y_dot_heads_dt(q, k, koff, nh, d, scale, out, out_ld, TSR_KV_BF16);
+        break;
+    case TSR_KV_Q8: tsr__y_dot_heads_dt(q, k, koff, nh, d, scale, out, out_ld, TSR_KV_Q8); break;
+    default: tsr__y_dot_heads_dt(q, k, koff, nh, d, scale, out, out_ld, TSR_KV_FP8); break;
+    }
 }
 
 /* Keys outer, heads inner, each head's accumulator through L1: the rows are read front to
  * back. Per element: acc, then + p * v for each key in order, each an fma, as in
- * tsr__y_acc_rows after its scaling. v is f32 or BF16, as in dot_heads. */
-TSR__INLINE void tsr__y_acc_heads_kv(float *acc, const float *p, int64_t p_ld, const void *v,
-                                     int64_t stride, const int32_t *koff, int nk, int nh, int d,
-                                     const int dt) {
+ * tsr__y_acc_rows after its scaling. v is f32 or stored as dt, as in dot_heads; rows
+ * row_bytes apart. */
+TSR__INLINE void tsr__y_acc_heads_dt(float *acc, const float *p, int64_t p_ld, const void *v,
+                                     int64_t row_bytes, const int32_t *koff, int nk, int nh,
+                                     int d, const int dt) {
     for (int j = 0; j < nk; j++) {
-        int64_t vj = (int64_t)j * stride;
+        const void *vj = (const uint8_t *)v + (size_t)j * (size_t)row_bytes;
+        float rs = tsr__y_kv_rs(vj, dt);
         for (int hh = 0; hh < nh; hh++) {
             float *ah = acc + (size_t)hh * (size_t)d;
-            int64_t vh = vj + koff[hh];
+            int64_t vh = koff[hh];
             float pf = p[(size_t)hh * (size_t)p_ld + (size_t)j];
             __m256 pj = _mm256_set1_ps(pf);
             int t = 0;
 #pragma GCC unroll 4
             for (; t + 8 <= d; t += 8)
-                _mm256_storeu_ps(ah + t, _mm256_fmadd_ps(pj, tsr__y_load(v, vh + t, dt),
+                _mm256_storeu_ps(ah + t, _mm256_fmadd_ps(pj, tsr__y_kv_ld(vj, vh + t, rs, dt),
                                                          _mm256_loadu_ps(ah + t)));
-            for (; t < d; t++) {
-                float x = dt == TSR__DT_F32 ? ((const float *)v)[vh + t]
-                                            : tsr_bf16_to_f32(((const uint16_t *)v)[vh + t]);
-                ah[t] = __builtin_fmaf(pf, x, ah[t]);
-            }
+            for (; t < d; t++) ah[t] = __builtin_fmaf(pf, tsr__y_kv_elem(vj, vh + t, dt), ah[t]);
         }
     }
 }
 
 static void tsr__y_acc_heads(float *acc, const float *p, int64_t p_ld, const float *v,
                              int64_t stride, const int32_t *koff, int nk, int nh, int d) {
-    tsr__y_acc_heads_kv(acc, p, p_ld, v, stride, koff, nk, nh, d, TSR__DT_F32);
+    tsr__y_acc_heads_dt(acc, p, p_ld, v, stride * 4, koff, nk, nh, d, TSR_KV_F32);
 }
 
-static void tsr__y_acc_heads_bf16(float *acc, const float *p, int64_t p_ld, const uint16_t *v,
-                                  int64_t stride, const int32_t *koff, int nk, int nh, int d) {
-    tsr__y_acc_heads_kv(acc, p, p_ld, v, stride, koff, nk, nh, d, TSR__DT_BF16);
+static void tsr__y_acc_heads_stored(float *acc, const float *p, int64_t p_ld, const void *v,
+                                    int64_t row_bytes, int dtype, const int32_t *koff, int nk,
+                                    int nh, int d) {
+    switch (dtype) {
+    case TSR_KV_BF16:
+        tsr__y_acc_heads_dt(acc, p, p_ld, v, row_bytes, koff, nk, nh, d, TSR_KV_BF16);
+        break;
+    case TSR_KV_Q8:
+        tsr__y_acc_heads_dt(acc, p, p_ld, v, row_bytes, koff, nk, nh, d, TSR_KV_Q8);
+        break;
+    default: tsr__y_acc_heads_dt(acc, p, p_ld, v, row_bytes, koff, nk, nh, d, TSR_KV_FP8); break;
+    }
 }
 
 TSR__INLINE __m256 tsr__y_exp(__m256 x) {
@@ -447,7 +527,8 @@ const tsr__cpu_kernels tsr__cpu_k_avx2 = {
     tsr__y_matvec_seg_f32, tsr__y_matvec_seg_bf16, tsr__y_matvec_seg_f16, tsr__y_cvt_bf16,
     tsr__y_cvt_f16, tsr__y_dot_rows, tsr__y_acc_rows, tsr__y_exp_sum,
     tsr__y_silu_mul, false, tsr__y_dot_heads, tsr__y_acc_heads, NULL, NULL, NULL, NULL, NULL,
-    tsr__y_dot_heads_bf16, tsr__y_acc_heads_bf16,
+    (1u << TSR_KV_BF16) | (1u << TSR_KV_Q8) | (1u << TSR_KV_FP8), tsr__y_dot_heads_stored,
+    tsr__y_acc_heads_stored,
 };
 
 #ifdef __clang__

@@ -548,8 +548,11 @@ static void tsr__z_dot_heads(const float *q, const float *k, const int32_t *koff
     tsr__z_dot_heads_kv(q, k, koff, nh, d, scale, out, out_ld, false);
 }
 
-static void tsr__z_dot_heads_bf16(const float *q, const uint16_t *k, const int32_t *koff,
-                                  int nh, int d, float scale, float *out, int64_t out_ld) {
+/* dot_heads_kv for kv_rows' one dtype here, BF16. */
+static void tsr__z_dot_heads_stored(const float *q, const void *k, int dtype,
+                                    const int32_t *koff, int nh, int d, float scale, float *out,
+                                    int64_t out_ld) {
+    (void)dtype;
     tsr__z_dot_heads_kv(q, k, koff, nh, d, scale, out, out_ld, true);
 }
 
@@ -586,9 +589,12 @@ static void tsr__z_acc_heads(float *acc, const float *p, int64_t p_ld, const flo
     tsr__z_acc_heads_kv(acc, p, p_ld, v, stride, koff, nk, nh, d, false);
 }
 
-static void tsr__z_acc_heads_bf16(float *acc, const float *p, int64_t p_ld, const uint16_t *v,
-                                  int64_t stride, const int32_t *koff, int nk, int nh, int d) {
-    tsr__z_acc_heads_kv(acc, p, p_ld, v, stride, koff, nk, nh, d, true);
+/* acc_heads_kv for BF16 (kv_rows): row_bytes / 2 BF16 elements from row to row. */
+static void tsr__z_acc_heads_stored(float *acc, const float *p, int64_t p_ld, const void *v,
+                                    int64_t row_bytes, int dtype, const int32_t *koff, int nk,
+                                    int nh, int d) {
+    (void)dtype;
+    tsr__z_acc_heads_kv(acc, p, p_ld, v, row_bytes / 2, koff, nk, nh, d, true);
 }
 
 /* Keys outer, 64 columns at a time in registers: four independent FMA chains instead of
@@ -1048,7 +1054,7 @@ const tsr__cpu_kernels tsr__cpu_k_avx512 = {
     tsr__z_cvt_f16, tsr__z_dot_rows, tsr__z_acc_rows, tsr__z_exp_sum,
     tsr__z_silu_mul, true, tsr__z_dot_heads, tsr__z_acc_heads, tsr__z_attn_qblock,
     tsr__z_gemm_short, tsr__z_rmsnorm_f32, tsr__z_gemm_short_sum, tsr__z_attn_scores_qblock,
-    tsr__z_dot_heads_bf16, tsr__z_acc_heads_bf16,
+    1u << TSR_KV_BF16, tsr__z_dot_heads_stored, tsr__z_acc_heads_stored,
 };
 
 #ifdef __clang__

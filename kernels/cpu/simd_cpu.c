@@ -141,7 +141,7 @@ static const tsr__cpu_kernels tsr__k_scalar = {
     TSR__ISA_SCALAR, "scalar", tsr__s_matvec_f32, tsr__s_matvec_bf16, tsr__s_matvec_f16,
     tsr__s_matvec_seg_f32, tsr__s_matvec_seg_bf16, tsr__s_matvec_seg_f16, tsr__s_cvt_bf16,
     tsr__s_cvt_f16, tsr__s_dot_rows, tsr__s_acc_rows, tsr__s_exp_sum,
-    tsr__s_silu_mul, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    tsr__s_silu_mul, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL,
 };
 
 void tsr__cpu_bf16_pairs(const float *x, int64_t ldx, int nx, const int32_t *seg,

@@ -9,6 +9,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_internal.h"
+#include "kernels/kv_dtype.h"
 #include "kernels/rope_freq.h"
 #include "base/alloc.h"
 #include "base/dtype.h"
@@ -468,8 +469,7 @@ TSR_TEST(test_buffers) {
 
 /* dot_heads / acc_heads (one key row for all query heads) give the bits of dot_rows /
  * acc_rows (16-key groups per head), whatever the head count, head size (tails), GQA
- * grouping and position of the key in a group; their BF16 variants the bits of the f32
- * ones over the widened rows. Only the kernel sets that have them. */
+ * grouping and position of the key in a group. Only the kernel sets that have them. */
 TSR_TEST(test_attention_row_kernels_match_chunked) {
     static const int dims[] = {13, 16, 40, 64, 80, 128};
     static const int heads[][2] = {{1, 1}, {5, 5}, {12, 12}, {12, 4}, {17, 17}, {32, 8}};
@@ -504,33 +504,85 @@ TSR_TEST(test_attention_row_kernels_match_chunked) {
                     k->acc_rows(acc2 + (size_t)h * d, 1.0f, p + h * 64, kv + koff[h], stride, nk,
                                 d);
                 ASSERT_TRUE(!memcmp(acc1, acc2, (size_t)nh * d * 4));
-                if (k->dot_heads_bf16 && k->acc_heads_bf16) {
-                    /* BF16 rows widened as loaded: the bits of the f32 kernels over the
-                     * widened rows */
-                    size_t nkv = (size_t)nk * (size_t)stride;
-                    uint16_t *kv16 = tsr_malloc(nkv * 2);
-                    for (size_t e = 0; e < nkv; e++) {
-                        kv16[e] = tsr_f32_to_bf16(kv[e]);
-                        kv[e] = tsr_bf16_to_f32(kv16[e]);
-                    }
-                    for (int j = 0; j < nk; j++) {
-                        k->dot_heads_bf16(q, kv16 + (size_t)j * stride, koff, nh, d, 0.125f,
-                                          out1 + j, 64);
-                        k->dot_heads(q, kv + (size_t)j * stride, koff, nh, d, 0.125f,
-                                     out2 + j, 64);
-                    }
-                    for (int h = 0; h < nh; h++)
-                        ASSERT_TRUE(!memcmp(out1 + h * 64, out2 + h * 64, (size_t)nk * 4));
-                    memcpy(acc2, acc1, (size_t)nh * d * 4);
-                    k->acc_heads_bf16(acc1, p, 64, kv16, stride, koff, nk, nh, d);
-                    k->acc_heads(acc2, p, 64, kv, stride, koff, nk, nh, d);
-                    ASSERT_TRUE(!memcmp(acc1, acc2, (size_t)nh * d * 4));
-                    tsr_free(kv16);
-                }
                 tsr_free(q), tsr_free(kv), tsr_free(p), tsr_free(acc1), tsr_free(acc2);
             }
         }
     }
+}
+
+/* dot_heads_kv / acc_heads_kv over stored rows (each dtype a table reads in place) give the
+ * bits of dot_heads / acc_heads over the rows tsr_kv_rows_decode converts, for every head
+ * size the dtype stores (tails for BF16 and FP8), GQA grouping and key; and every E4M3
+ * code (NaNs and both zeros included) decodes as tsr_kv_rows_decode's. */
+TSR_TEST(test_attention_stored_rows_match_converted) {
+    static const int dims[] = {13, 16, 40, 64, 80, 128};
+    static const int heads[][2] = {{1, 1}, {5, 5}, {12, 4}, {17, 17}, {32, 8}};
+    int checked = 0;
+    for (int isa = TSR__ISA_SCALAR; isa <= TSR__ISA_AVX512; isa++) {
+        const tsr__cpu_kernels *k = tsr__cpu_kernels_for((tsr__cpu_isa)isa);
+        if (!k || !k->kv_rows) continue;
+        for (int dt = TSR_KV_BF16; dt <= TSR_KV_FP8; dt++) {
+            if (!(k->kv_rows >> dt & 1u)) continue;
+            for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+                for (size_t hi = 0; hi < sizeof heads / sizeof heads[0]; hi++) {
+                    int d = dims[di], nh = heads[hi][0], g = heads[hi][1], group = nh / g;
+                    int nk = 21;
+                    int64_t kvd = (int64_t)g * d;
+                    size_t rb = tsr_kv_row_bytes(dt, kvd);
+                    if (!tsr_kv_dtype_fits(dt, d) || rb == 0) continue;
+                    float *q = tsr_malloc((size_t)nh * d * 4);
+                    float *src = tsr_malloc((size_t)nk * (size_t)kvd * 4);
+                    float *dec = tsr_malloc((size_t)nk * (size_t)kvd * 4);
+                    uint8_t *raw = tsr_malloc((size_t)nk * rb);
+                    float *p = tsr_malloc((size_t)nh * 64 * 4);
+                    float *acc1 = tsr_malloc((size_t)nh * d * 4);
+                    float *acc2 = tsr_malloc((size_t)nh * d * 4);
+                    float out1[32 * 64], out2[32 * 64];
+                    int32_t koff[32];
+                    fill(q, (size_t)nh * d);
+                    fill(src, (size_t)nk * (size_t)kvd);
+                    fill(p, (size_t)nh * 64);
+                    fill(acc1, (size_t)nh * d);
+                    memcpy(acc2, acc1, (size_t)nh * d * 4);
+                    tsr_kv_rows_encode(dt, src, kvd, raw, nk, kvd);
+                    tsr_kv_rows_decode(dt, raw, dec, kvd, nk, kvd);
+                    for (int h = 0; h < nh; h++) koff[h] = h / group * d;
+                    for (int j = 0; j < nk; j++) {
+                        k->dot_heads_kv(q, raw + (size_t)j * rb, dt, koff, nh, d, 0.125f,
+                                        out1 + j, 64);
+                        k->dot_heads(q, dec + (size_t)j * (size_t)kvd, koff, nh, d, 0.125f,
+                                     out2 + j, 64);
+                    }
+                    for (int h = 0; h < nh; h++)
+                        ASSERT_TRUE(!memcmp(out1 + h * 64, out2 + h * 64, (size_t)nk * 4));
+                    k->acc_heads_kv(acc1, p, 64, raw, (int64_t)rb, dt, koff, nk, nh, d);
+                    k->acc_heads(acc2, p, 64, dec, kvd, koff, nk, nh, d);
+                    ASSERT_TRUE(!memcmp(acc1, acc2, (size_t)nh * d * 4));
+                    checked++;
+                    tsr_free(q), tsr_free(src), tsr_free(dec), tsr_free(raw), tsr_free(p);
+                    tsr_free(acc1), tsr_free(acc2);
+                }
+            }
+        }
+        if (k->kv_rows >> TSR_KV_FP8 & 1u) {
+            /* one row of all 256 codes: with p = 1 over a zero accumulator acc_heads_kv
+             * leaves fma(1, v, 0), acc_heads the same of the decoded value */
+            uint8_t raw[4 + 256];
+            float dec[256], acc1[256] = {0}, acc2[256] = {0}, one = 1.0f, sc = 0.37f;
+            int32_t koff0 = 0;
+            memcpy(raw, &sc, 4);
+            for (int c = 0; c < 256; c++) raw[4 + c] = (uint8_t)c;
+            tsr_kv_rows_decode(TSR_KV_FP8, raw, dec, 256, 1, 256);
+            k->acc_heads_kv(acc1, &one, 1, raw, (int64_t)sizeof raw, TSR_KV_FP8, &koff0, 1, 1,
+                            256);
+            k->acc_heads(acc2, &one, 1, dec, 256, &koff0, 1, 1, 256);
+            ASSERT_TRUE(!memcmp(acc1, acc2, sizeof acc1));
+            ASSERT_TRUE(isnan(acc1[0x7f]) && isnan(acc1[0xff]));
+        }
+    }
+    /* the AVX2 table reads BF16, Q8 and FP8 (every x86-64 CPU in use has AVX2) */
+    const tsr__cpu_kernels *y = tsr__cpu_kernels_for(TSR__ISA_AVX2);
+    if (y) ASSERT_TRUE(checked > 0);
 }
 
 /* The rope angles of the last position list are reused (q and k of every layer): a
@@ -565,4 +617,5 @@ TSR_TEST(test_rope_angle_cache) {
 TSR_TEST_MAIN(test_matvec_kernels_all_isas, test_matmul_all_dtypes, test_matmul_rejects_bad_input,
               test_rmsnorm, test_rope_vs_reference, test_rope_interleaved_is_permuted_halves,
               test_rope_inv_freq_matches_hf, test_rope_matches_hf, test_rope_angle_cache,
-              test_swiglu_add, test_embed, test_buffers, test_attention_row_kernels_match_chunked)
+              test_swiglu_add, test_embed, test_buffers, test_attention_row_kernels_match_chunked,
+              test_attention_stored_rows_match_converted)
