@@ -27,7 +27,7 @@ size_t tsr_kv_row_bytes(int dtype, int64_t row) {
     case TSR_KV_BF16: return (size_t)row * 2;
     case TSR_KV_Q8:
         if (row % TSR_KV_Q8_BLOCK) return 0;
-        return (size_t)(row / TSR_KV_Q8_BLOCK) * (4 + TSR_KV_Q8_BLOCK);
+        return (size_t)(row / TSR_KV_Q8_BLOCK) * TSR_KV_Q8_BLOCK_BYTES;
     case TSR_KV_FP8: return 4 + (size_t)row;
     default: return 0;
     }
@@ -129,7 +129,7 @@ void tsr_kv_rows_encode(int dtype, const float *src, int64_t src_ld, void *dst, 
         case TSR_KV_Q8:
             for (int64_t b = 0; b < row / TSR_KV_Q8_BLOCK; b++) {
                 const float *xb = x + b * TSR_KV_Q8_BLOCK;
-                uint8_t *ob = o + b * (4 + TSR_KV_Q8_BLOCK);
+                uint8_t *ob = o + b * TSR_KV_Q8_BLOCK_BYTES;
                 float d = tsr__amax(xb, TSR_KV_Q8_BLOCK) / 127.0f;
                 float id = d > 0.0f ? 1.0f / d : 0.0f;
                 memcpy(ob, &d, 4);
@@ -146,6 +146,30 @@ void tsr_kv_rows_encode(int dtype, const float *src, int64_t src_ld, void *dst, 
         }
         default: break;
         }
+    }
+}
+
+float tsr_kv_elem_decode(int dtype, const void *row, int64_t e) {
+    const uint8_t *r = row;
+    float d;
+    switch (dtype) {
+    case TSR_KV_BF16: {
+        uint16_t h;
+        memcpy(&h, r + 2 * e, 2);
+        return tsr_bf16_to_f32(h);
+    }
+    case TSR_KV_Q8:
+        r += (size_t)(e / TSR_KV_Q8_BLOCK) * TSR_KV_Q8_BLOCK_BYTES;
+        memcpy(&d, r, 4);
+        return d * (float)(int8_t)r[4 + e % TSR_KV_Q8_BLOCK];
+    case TSR_KV_FP8:
+        memcpy(&d, r, 4);
+        return d * tsr__e4m3_lut[r[4 + e]];
+    default: {
+        float f;
+        memcpy(&f, r + 4 * e, 4);
+        return f;
+    }
     }
 }
 
@@ -166,7 +190,7 @@ void tsr_kv_rows_decode(int dtype, const void *src, float *dst, int64_t dst_ld, 
             break;
         case TSR_KV_Q8:
             for (int64_t b = 0; b < row / TSR_KV_Q8_BLOCK; b++) {
-                const uint8_t *xb = x + b * (4 + TSR_KV_Q8_BLOCK);
+                const uint8_t *xb = x + b * TSR_KV_Q8_BLOCK_BYTES;
                 float d;
                 memcpy(&d, xb, 4);
                 for (int c = 0; c < TSR_KV_Q8_BLOCK; c++)

@@ -28,6 +28,8 @@ typedef enum tsr_kv_dtype {
 } tsr_kv_dtype;
 
 #define TSR_KV_Q8_BLOCK 32
+/* Bytes of one stored Q8 block: its f32 scale, then TSR_KV_Q8_BLOCK int8. */
+#define TSR_KV_Q8_BLOCK_BYTES (4 + TSR_KV_Q8_BLOCK)
 
 /* "f32", "bf16", "q8", "fp8". */
 const char *tsr_kv_dtype_name(int dtype);
@@ -45,6 +47,10 @@ void tsr_kv_rows_encode(int dtype, const float *src, int64_t src_ld, void *dst, 
                         int64_t row);
 void tsr_kv_rows_decode(int dtype, const void *src, float *dst, int64_t dst_ld, int64_t n,
                         int64_t row);
+
+/* Element e of one stored row as tsr_kv_rows_decode gives it (the same arithmetic), for
+ * readers that decode in place and need a single element (a SIMD kernel's row tail). */
+float tsr_kv_elem_decode(int dtype, const void *row, int64_t e);
 
 /* E4M3 (float8_e4m3fn) scalar codec: decode is exact; encode rounds to nearest even and
  * saturates to +-448 (NaN stays NaN). */

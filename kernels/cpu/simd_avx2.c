@@ -288,23 +288,6 @@ static void tsr__y_acc_rows(float *acc, float c, const float *p, const float *v,
     }
 }
 
-/* Element e of a stored K/V row k as tsr_kv_rows_decode gives it (f32 as it is). */
-TSR__INLINE float tsr__y_kv_elem(const void *k, int64_t e, const int dt) {
-    const uint8_t *r = k;
-    float d;
-    switch (dt) {
-    case TSR_KV_F32: return ((const float *)k)[e];
-    case TSR_KV_BF16: return tsr_bf16_to_f32(((const uint16_t *)k)[e]);
-    case TSR_KV_Q8:
-        r += (size_t)(e / TSR_KV_Q8_BLOCK) * (4 + TSR_KV_Q8_BLOCK);
-        memcpy(&d, r, 4);
-        return d * (float)(int8_t)r[4 + e % TSR_KV_Q8_BLOCK];
-    default:
-        memcpy(&d, r, 4);
-        return d * tsr_e4m3_to_f32(r[4 + e]);
-    }
-}
-
 /* The factor tsr__y_kv_ld applies to an FP8 row's decoded codes: 256 times its scale, read
  * once per row (in acc_heads the stores to the accumulators could alias the row, so the
  * compiler would reload it per vector). 0 for the other dtypes. */
@@ -327,7 +310,7 @@ TSR__INLINE __m256 tsr__y_kv_ld(const void *k, int64_t e, float rs, const int dt
     case TSR_KV_F32: return _mm256_loadu_ps((const float *)k + e);
     case TSR_KV_BF16: return tsr__y_load(k, e, TSR__DT_BF16);
     case TSR_KV_Q8: {
-        r += (size_t)(e / TSR_KV_Q8_BLOCK) * (4 + TSR_KV_Q8_BLOCK);
+        r += (size_t)(e / TSR_KV_Q8_BLOCK) * TSR_KV_Q8_BLOCK_BYTES;
         float d;
         memcpy(&d, r, 4);
         __m128i q = _mm_loadl_epi64((const __m128i *)(r + 4 + e % TSR_KV_Q8_BLOCK));
@@ -349,7 +332,7 @@ TSR__INLINE __m256 tsr__y_kv_ld(const void *k, int64_t e, float rs, const int dt
 /* The last rem (< 8) elements from e, decoded one by one, zero padded. */
 TSR__INLINE __m256 tsr__y_kv_ld_tail(const void *k, int64_t e, int rem, const int dt) {
     float buf[8] = {0};
-    for (int i = 0; i < rem; i++) buf[i] = tsr__y_kv_elem(k, e + i, dt);
+    for (int i = 0; i < rem; i++) buf[i] = tsr_kv_elem_decode(dt, k, e + i);
     return _mm256_loadu_ps(buf);
 }
 
@@ -364,6 +347,7 @@ TSR__INLINE void tsr__y_dot_heads_dt(const float *q, const void *k, const int32_
                                      const int dt) {
     int rem = d & 7;
     __m128 sv = _mm_set1_ps(scale);
+    const float rs = tsr__y_kv_rs(k, dt);
     for (int h0 = 0; h0 < nh; h0 += 4) {
         int n = nh - h0 < 4 ? nh - h0 : 4;
         __m256 a0[4], a1[4];
@@ -374,7 +358,6 @@ TSR__INLINE void tsr__y_dot_heads_dt(const float *q, const void *k, const int32_
             if (u >= n) break; /* absent heads reduce zeros, which touch no other lane */
             const float *qu = q + (size_t)(h0 + u) * (size_t)d;
             int64_t ku = koff[h0 + u];
-            float rs = tsr__y_kv_rs(k, dt);
             int t = 0;
             for (; t + 16 <= d; t += 16) {
                 a0[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qu + t),
@@ -432,7 +415,8 @@ TSR__INLINE void tsr__y_acc_heads_dt(float *acc, const float *p, int64_t p_ld, c
             for (; t + 8 <= d; t += 8)
                 _mm256_storeu_ps(ah + t, _mm256_fmadd_ps(pj, tsr__y_kv_ld(vj, vh + t, rs, dt),
                                                          _mm256_loadu_ps(ah + t)));
-            for (; t < d; t++) ah[t] = __builtin_fmaf(pf, tsr__y_kv_elem(vj, vh + t, dt), ah[t]);
+            for (; t < d; t++)
+                ah[t] = __builtin_fmaf(pf, tsr_kv_elem_decode(dt, vj, vh + t), ah[t]);
         }
     }
 }
