@@ -232,6 +232,40 @@ static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int h0, int nh,
     }
 }
 
+/* tsr__attn_scores_tile over stored rows (G->stored: one decode row): the q.k of the
+ * group's heads one key row at a time with dot_heads_kv, the main pass's kernel, so s - m
+ * is exactly the main pass's; then each head's exp against its final max. */
+static void tsr__attn_scores_tile_stored(const tsr__attn_geom *G, const float *ml, int g,
+                                         const tsr_kv_span *sp, int64_t j0, int nt,
+                                         float *ks0, int64_t total) {
+    const tsr_attn_args *a = G->a;
+    const int hd = a->head_dim;
+    const int32_t qp = a->q_pos[0];
+    const size_t rb = (size_t)G->row_bytes;
+    const uint8_t *kb = (const uint8_t *)sp->k + (size_t)j0 * rb;
+    float sc[TSR__ATTN_MAXH][TSR__ATTN_TILE];
+    int32_t koff[TSR__ATTN_MAXH];
+    for (int hh = 0; hh < TSR__ATTN_MAXH; hh++) koff[hh] = (int32_t)(g * hd);
+    int vis = 0;
+    for (int j = 0; j < nt && !vis; j++) vis = tsr__span_pos(sp, j0 + j) <= qp;
+    if (!vis) return;
+    for (int h0 = g * G->group; h0 < (g + 1) * G->group; h0 += TSR__ATTN_MAXH) {
+        int nh = (g + 1) * G->group - h0;
+        nh = nh < TSR__ATTN_MAXH ? nh : TSR__ATTN_MAXH;
+        for (int j = 0; j < nt; j++)
+            G->k->dot_heads_kv(a->q + (size_t)h0 * hd, kb + (size_t)j * rb, G->kvdt, koff, nh,
+                               hd, G->scale, &sc[0][j], TSR__ATTN_TILE);
+        for (int hh = 0; hh < nh; hh++) {
+            float m = ml[2 * (h0 + hh)], l = ml[2 * (h0 + hh) + 1];
+            if (!(l > 0.0f)) continue;
+            float inv = 1.0f / l, *ks = ks0 + (size_t)(h0 + hh) * (size_t)total;
+            (void)G->k->exp_sum(sc[hh], nt, m);
+            for (int j = 0; j < nt; j++)
+                if (tsr__span_pos(sp, j0 + j) <= qp) ks[j] += sc[hh][j] * inv;
+        }
+    }
+}
+
 /* Adds to key_scores[h][off + j0 .. +nt), for the query heads h of kv head g, the
  * probabilities of keys j0.. of span sp (ks: key_scores + off + j0, rows `total` apart). */
 static void tsr__attn_scores_tile(const tsr__attn_geom *G, const float *ml, int g,
@@ -239,6 +273,10 @@ static void tsr__attn_scores_tile(const tsr__attn_geom *G, const float *ml, int 
                                   int64_t total) {
     const tsr_attn_args *a = G->a;
     const int hd = a->head_dim;
+    if (G->stored) {
+        tsr__attn_scores_tile_stored(G, ml, g, sp, j0, nt, ks0, total);
+        return;
+    }
     if (G->k->attn_scores_qblock && a->n_q > 1 && TSR__CPU_QBLOCK_FITS(hd)) {
         for (int hh = 0; hh < G->group; hh++) {
             int h = g * G->group + hh;
@@ -510,14 +548,14 @@ tsr_status tsr__cpu_attention_on(const tsr_attn_args *a_in, int threads,
         return tsr_error_set(TSR_ERR_INVALID, "cpu attention: %d heads over %d kv heads",
                              a->n_heads, a->n_kv_heads);
     if (a->n_q <= 0) return TSR_OK;
-    /* A decode row over stored rows the kernels read as they are (kv_rows) takes them so,
-     * with no scratch; everything else goes through f32 copies. */
+    /* A decode row (its key scores too) over stored rows the kernels read as they are
+     * (kv_rows) takes them so, with no scratch; everything else goes through f32 copies. */
     const tsr__cpu_kernels *kt = tsr__cpu_kernels_get();
     const int64_t kvd = (int64_t)a->n_kv_heads * a->head_dim;
     const int kvdt = a->n_spans > 0 ? a->spans[0].dtype : TSR_KV_F32;
     bool stored = kvdt != TSR_KV_F32 && kvdt >= 0 && kvdt < 32 && (kt->kv_rows >> kvdt & 1u) &&
                   tsr_kv_row_bytes(kvdt, kvd) > 0 && a->n_q == 1 && !a->sinks &&
-                  a->window <= 0 && !a->key_scores;
+                  a->window <= 0;
     for (int s = 0; stored && s < a->n_spans; s++)
         stored = a->spans[s].dtype == kvdt && a->spans[s].stride == kvd;
     tsr_attn_args af32;

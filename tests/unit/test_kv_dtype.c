@@ -50,14 +50,65 @@ TSR_TEST(test_row_bytes) {
     ASSERT_EQ_INT(tsr_kv_dtype_parse("f16"), -1);
 }
 
-enum { HD = 32, G = 2, H = 4, KVD = HD * G, N = 40, BS = 16 };
+enum { HD = 32, G = 2, H = 4, KVD = HD * G, N = 200, BS = 16, NB = (N + BS - 1) / BS };
+
+/* Decode attention, with key scores or without, over the first n rows of store s (spans
+ * of one block each) and over f32 copies kg, vg of its gathered rows in the same spans:
+ * out and key scores must be equal bit for bit. */
+static void check_attention(tsr_kv_store *s, int n, const float *q, const float *kg,
+                            const float *vg, int with_scores) {
+    static float o1[H * HD], o2[H * HD], ks1[H * N], ks2[H * N];
+    tsr_kv_span sp[NB], ref[NB];
+    int nsp = (n + BS - 1) / BS;
+    for (int b = 0; b < nsp; b++)
+        sp[b] = (tsr_kv_span){.k = tsr_kv_store_block_k(s, b), .v = tsr_kv_store_block_v(s, b),
+                              .pos0 = b * BS, .n = n - b * BS < BS ? n - b * BS : BS,
+                              .stride = KVD, .dtype = s->lay.dtype};
+    float *gk = kvt_dev(kg, n * KVD), *gv = kvt_dev(vg, n * KVD);
+    for (int b = 0; b < nsp; b++) { /* the same spans, so the same tiles */
+        ref[b] = sp[b];
+        ref[b].k = gk + (size_t)b * BS * KVD;
+        ref[b].v = gv + (size_t)b * BS * KVD;
+        ref[b].dtype = TSR_KV_F32;
+    }
+    for (int i = 0; i < H * n; i++) ks1[i] = 0.25f; /* attention adds to them */
+    float *dq = kvt_dev(q, H * HD), *out = kvt_dev(o1, H * HD), *dks = kvt_dev(ks1, H * n);
+    int32_t qp = n - 1;
+    tsr_attn_args a = {.q = dq, .q_pos = &qp, .n_q = 1, .spans = sp, .n_spans = nsp,
+                       .n_heads = H, .n_kv_heads = G, .head_dim = HD, .out = out,
+                       .key_scores = with_scores ? dks : NULL};
+    ASSERT_OK(kvt_be->ops->attention(kvt_be, &a));
+    ASSERT_OK(kvt_read(o1, out, H * HD));
+    ASSERT_OK(kvt_read(ks1, dks, H * n));
+    kvt_dev_free(dks);
+    for (int i = 0; i < H * n; i++) ks2[i] = 0.25f;
+    dks = kvt_dev(ks2, H * n);
+    a.spans = ref;
+    a.key_scores = with_scores ? dks : NULL;
+    ASSERT_OK(kvt_be->ops->attention(kvt_be, &a));
+    ASSERT_OK(kvt_read(o2, out, H * HD));
+    ASSERT_OK(kvt_read(ks2, dks, H * n));
+    ASSERT_TRUE(memcmp(o1, o2, sizeof o1) == 0);
+    ASSERT_TRUE(memcmp(ks1, ks2, (size_t)(H * n) * sizeof(float)) == 0);
+    if (with_scores) { /* the scores were added: each head's sum to 1 over the keys */
+        double sum = 0.0;
+        for (int j = 0; j < n; j++) sum += ks1[j] - 0.25f;
+        ASSERT_TRUE(fabs(sum - 1.0) < 1e-4);
+    }
+    kvt_dev_free(gk);
+    kvt_dev_free(gv);
+    kvt_dev_free(dq);
+    kvt_dev_free(out);
+    kvt_dev_free(dks);
+}
 
 /* Rows through the store of each dtype: gathered rows are within the dtype's rounding of
- * what was written, and attention over the store's spans equals attention over f32 spans
- * of the gathered rows exactly. */
+ * what was written, and decode attention (with and without key scores, over one
+ * partition of keys and several) over the store's spans equals attention over f32 spans of
+ * the gathered rows exactly. */
 TSR_KV_TEST(test_store_and_attention) {
     static float k[N * KVD], v[N * KVD], kg[N * KVD], vg[N * KVD];
-    static float q[H * HD], o1[H * HD], o2[H * HD];
+    static float q[H * HD];
     for (int i = 0; i < N * KVD; i++) {
         k[i] = sinf(0.37f * (float)i) * (1.0f + (float)(i % 7));
         v[i] = cosf(0.11f * (float)i);
@@ -66,7 +117,7 @@ TSR_KV_TEST(test_store_and_attention) {
     const float tol[] = {0.0f, 1.0f / 128, 1.0f / 127, 1.0f / 14};
     for (int dt = TSR_KV_F32; dt <= TSR_KV_FP8; dt++) {
         tsr_kv_store s;
-        ASSERT_OK(tsr_kv_store_init(&s, kvt_be, (N + BS - 1) / BS, BS, KVD, dt, false));
+        ASSERT_OK(tsr_kv_store_init(&s, kvt_be, NB, BS, KVD, dt, false));
         int32_t slots[N];
         for (int i = 0; i < N; i++) slots[i] = i;
         float *dk = kvt_dev(k, N * KVD), *dv = kvt_dev(v, N * KVD);
@@ -85,38 +136,15 @@ TSR_KV_TEST(test_store_and_attention) {
                 ASSERT_TRUE(e <= lim + 1e-30f);
             }
         }
-        /* attention: stored spans (one per block) against f32 copies of the gathered rows */
-        tsr_kv_span sp[3], ref[3];
-        int nsp = (N + BS - 1) / BS;
-        for (int b = 0; b < nsp; b++)
-            sp[b] = (tsr_kv_span){.k = tsr_kv_store_block_k(&s, b),
-                                  .v = tsr_kv_store_block_v(&s, b), .pos0 = b * BS,
-                                  .n = N - b * BS < BS ? N - b * BS : BS, .stride = KVD,
-                                  .dtype = dt};
-        float *gk = kvt_dev(kg, N * KVD), *gv = kvt_dev(vg, N * KVD);
-        for (int b = 0; b < nsp; b++) { /* the same spans, so the same tiles */
-            ref[b] = sp[b];
-            ref[b].k = gk + (size_t)b * BS * KVD;
-            ref[b].v = gv + (size_t)b * BS * KVD;
-            ref[b].dtype = TSR_KV_F32;
+        /* 40 keys: one partition; 200: four (kernels/cpu/attn_cpu.c) */
+        for (int sc = 0; sc < 2 && !tsr_test_failed_flag; sc++) {
+            check_attention(&s, 40, q, kg, vg, sc);
+            if (!tsr_test_failed_flag) check_attention(&s, N, q, kg, vg, sc);
         }
-        float *dq = kvt_dev(q, H * HD), *out = kvt_dev(o1, H * HD);
-        int32_t qp = N - 1;
-        tsr_attn_args a = {.q = dq, .q_pos = &qp, .n_q = 1, .spans = sp, .n_spans = nsp,
-                           .n_heads = H, .n_kv_heads = G, .head_dim = HD, .out = out};
-        ASSERT_OK(kvt_be->ops->attention(kvt_be, &a));
-        ASSERT_OK(kvt_read(o1, out, H * HD));
-        a.spans = ref;
-        ASSERT_OK(kvt_be->ops->attention(kvt_be, &a));
-        ASSERT_OK(kvt_read(o2, out, H * HD));
-        ASSERT_TRUE(memcmp(o1, o2, sizeof o1) == 0);
         kvt_dev_free(dk);
         kvt_dev_free(dv);
-        kvt_dev_free(gk);
-        kvt_dev_free(gv);
-        kvt_dev_free(dq);
-        kvt_dev_free(out);
         tsr_kv_store_release(&s);
+        if (tsr_test_failed_flag) return;
     }
 }
 
