@@ -5,7 +5,11 @@
  * K/V rows of a tile are swept once for every head of the task, GQA groups included. The
  * optional per-key score pass recomputes q.k per key tile with each query's final max and
  * sum; each (kv head, key tile) belongs to one task and sums queries and heads in a fixed
- * order, so it is race-free and independent of the thread count. */
+ * order, so it is race-free and independent of the thread count. GPT-OSS's extras run in
+ * the same tiles: a sliding window by key position (whatever the spans hold, so a policy
+ * that keeps old tokens cannot change a sliding layer) and a sink logit per query head in
+ * the softmax's denominator, counted once per query: the running max and sum start at the
+ * sink (m = sink, l = 1), or a decode row's partitions are merged with it. */
 #include <math.h>
 #include <string.h>
 
@@ -43,6 +47,7 @@ typedef struct tsr__attn_geom {
     int64_t q_ld;   /* floats per query row */
     float scale;
     bool rows; /* one key row for all heads of a task (dot_heads/acc_heads), else chunks */
+    bool qblock; /* the main pass ran in query lanes (attn_qblock): the score pass does too */
     /* rows, with the spans' stored rows read as they are (dot_heads_kv, acc_heads_kv): all
      * spans of dtype kvdt, row_bytes apart */
     bool stored;
@@ -59,6 +64,30 @@ static inline int64_t tsr__span_limit(const tsr_kv_span *s, int32_t qp) {
     if (s->pos) return s->n;
     int64_t lim = (int64_t)qp - s->pos0 + 1;
     return lim < 0 ? 0 : lim > s->n ? s->n : lim;
+}
+
+/* The first key of span s inside the window of a query at qp: contiguous spans start at
+ * position qp - window + 1 (0 without a window, and for position arrays, masked key by
+ * key instead). */
+static inline int64_t tsr__span_start(const tsr_kv_span *s, int32_t qp, int window) {
+    if (s->pos || window <= 0) return 0;
+    int64_t lo = (int64_t)qp - window + 1 - s->pos0;
+    return lo < 0 ? 0 : lo > s->n ? s->n : lo;
+}
+
+/* Whether a query at qp sees a key at kp: causal, and within the window when there is one
+ * (window > 0: positions > qp - window). */
+static inline bool tsr__attn_visible(int32_t kp, int32_t qp, int window) {
+    return kp <= qp && (window <= 0 || (int64_t)kp > (int64_t)qp - window);
+}
+
+/* The sink logit of query head h as the online softmax starts from it: *m = sink, *l = 1;
+ * none (or a -inf sink, which adds exp(-inf) = 0) starts empty, so a -inf sink gives the
+ * bits of no sink. */
+static inline void tsr__attn_sink_start(const tsr_attn_args *a, int h, float *m, float *l) {
+    float s = a->sinks ? a->sinks[h] : -INFINITY;
+    *m = s > -INFINITY ? s : -INFINITY;
+    *l = s > -INFINITY ? 1.0f : 0.0f;
 }
 
 /* A tile's keys within one span: n visible keys from key j0 of sp, at offset off of the
@@ -82,9 +111,11 @@ typedef struct tsr__attn_piece {
  * arithmetic is that of one head at a time over the whole tile either way (q.k is per
  * key; the V sums run over the keys in order, scaled by c first, and a sum continued
  * after acc * 1 is the same sum), so the bits depend neither on the order nor on which
- * heads share a task. part NULL: the output normalized into a->out, and ml receives each
- * head's final running max and sum (for the score pass); else the accumulators
- * unnormalized into part and max and sum into ml (a partition's share). */
+ * heads share a task. Keys outside a's window are left out of the tiles (contiguous
+ * spans) or masked (position arrays). part NULL: the softmax starts at the sinks, the
+ * output normalized into a->out, and ml receives each head's final running max and sum
+ * (for the score pass); else, without the sinks (tsr__attn_merge adds them), the
+ * accumulators unnormalized into part and max and sum into ml (a partition's share). */
 static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int h0, int nh,
                            const tsr__attn_range *r, float *part, float *ml) {
     const tsr_attn_args *a = G->a;
@@ -101,6 +132,7 @@ static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int h0, int nh,
     for (int hh = 0; hh < nh; hh++) {
         m[hh] = -INFINITY;
         l[hh] = 0.0f;
+        if (!part) tsr__attn_sink_start(a, h0 + hh, &m[hh], &l[hh]);
     }
     for (int t = 0; t < nh * hd; t++) acc[t] = 0.0f;
     int s = r ? r->s0 : 0;
@@ -113,11 +145,11 @@ static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int h0, int nh,
             int64_t take = sp->n - js;
             take = take < TSR__ATTN_TILE - w ? take : TSR__ATTN_TILE - w;
             take = take < left ? take : left;
-            int64_t lim = tsr__span_limit(sp, qp);
-            int64_t vis = (js + take < lim ? js + take : lim) - js;
-            if (vis > 0) {
-                pc[npc++] = (tsr__attn_piece){sp, js, (int)vis, nt};
-                nt += (int)vis;
+            int64_t lim = tsr__span_limit(sp, qp), lo = tsr__span_start(sp, qp, a->window);
+            int64_t b = js > lo ? js : lo, e = js + take < lim ? js + take : lim;
+            if (e > b) {
+                pc[npc++] = (tsr__attn_piece){sp, b, (int)(e - b), nt};
+                nt += (int)(e - b);
             }
             w += take;
             left -= take;
@@ -152,7 +184,7 @@ static void tsr__attn_task(const tsr__attn_geom *G, int64_t i, int h0, int nh,
             }
             if (e->sp->pos) {
                 for (int j = 0; j < e->n; j++)
-                    if (e->sp->pos[e->j0 + j] > qp)
+                    if (!tsr__attn_visible(e->sp->pos[e->j0 + j], qp, a->window))
                         for (int hh = 0; hh < nh; hh++) sc[hh][e->off + j] = -INFINITY;
             }
         }
@@ -247,7 +279,8 @@ static void tsr__attn_scores_tile_stored(const tsr__attn_geom *G, const float *m
     int32_t koff[TSR__ATTN_MAXH];
     for (int hh = 0; hh < TSR__ATTN_MAXH; hh++) koff[hh] = (int32_t)(g * hd);
     int vis = 0;
-    for (int j = 0; j < nt && !vis; j++) vis = tsr__span_pos(sp, j0 + j) <= qp;
+    for (int j = 0; j < nt && !vis; j++)
+        vis = tsr__attn_visible(tsr__span_pos(sp, j0 + j), qp, a->window);
     if (!vis) return;
     for (int h0 = g * G->group; h0 < (g + 1) * G->group; h0 += TSR__ATTN_MAXH) {
         int nh = (g + 1) * G->group - h0;
@@ -261,7 +294,8 @@ static void tsr__attn_scores_tile_stored(const tsr__attn_geom *G, const float *m
             float inv = 1.0f / l, *ks = ks0 + (size_t)(h0 + hh) * (size_t)total;
             (void)G->k->exp_sum(sc[hh], nt, m);
             for (int j = 0; j < nt; j++)
-                if (tsr__span_pos(sp, j0 + j) <= qp) ks[j] += sc[hh][j] * inv;
+                if (tsr__attn_visible(tsr__span_pos(sp, j0 + j), qp, a->window))
+                    ks[j] += sc[hh][j] * inv;
         }
     }
 }
@@ -277,7 +311,7 @@ static void tsr__attn_scores_tile(const tsr__attn_geom *G, const float *ml, int 
         tsr__attn_scores_tile_stored(G, ml, g, sp, j0, nt, ks0, total);
         return;
     }
-    if (G->k->attn_scores_qblock && a->n_q > 1 && TSR__CPU_QBLOCK_FITS(hd)) {
+    if (G->qblock) {
         for (int hh = 0; hh < G->group; hh++) {
             int h = g * G->group + hh;
             G->k->attn_scores_qblock(a->q + (size_t)h * hd, G->q_ld, a->q_pos, (int)a->n_q, hd,
@@ -306,10 +340,9 @@ static void tsr__attn_scores_tile(const tsr__attn_geom *G, const float *ml, int 
             float *ks = ks0 + (size_t)h * (size_t)total;
             G->k->dot_rows(q, kt, sp->stride, nt, hd, G->scale, sc);
             (void)G->k->exp_sum(sc, nt, m); /* the main pass's exp, so the terms agree */
-            for (int j = 0; j < nt; j++) {
-                if (tsr__span_pos(sp, j0 + j) > qp) continue;
-                ks[j] += sc[j] * inv;
-            }
+            for (int j = 0; j < nt; j++)
+                if (tsr__attn_visible(tsr__span_pos(sp, j0 + j), qp, a->window))
+                    ks[j] += sc[j] * inv;
         }
     }
 }
@@ -386,16 +419,18 @@ static int64_t tsr__attn_part_keys(int64_t keys) {
 }
 
 /* Head h of a decode row from its partitions' shares (acc unnormalized, m, l), in
- * partition order: M the largest m, then sum_p acc_p e^(m_p - M) / sum_p l_p e^(m_p - M)
- * (acc_rows over the shares as rows). A partition in which the head saw no key (m_p =
- * -inf, acc_p zero) adds nothing. */
+ * partition order: M the largest m (and the sink), then sum_p acc_p e^(m_p - M) /
+ * (sum_p l_p e^(m_p - M) + e^(sink - M)) (acc_rows over the shares as rows). A partition
+ * in which the head saw no key (m_p = -inf, acc_p zero) adds nothing. */
 static void tsr__attn_merge(const tsr__attn_geom *G, const float *pacc, const float *pml,
                             int np, int h, float *ml) {
     const tsr_attn_args *a = G->a;
     const int hd = a->head_dim;
     const int64_t hw = (int64_t)a->n_heads * hd;
     float *o = a->out + (size_t)h * hd, w[TSR__ATTN_PARTS];
-    float mx = -INFINITY, l = 0.0f;
+    float sink, l1, mx, l = 0.0f;
+    tsr__attn_sink_start(a, h, &sink, &l1);
+    mx = sink;
     for (int p = 0; p < np; p++) {
         float m = pml[2 * ((size_t)p * a->n_heads + h)];
         mx = m > mx ? m : mx;
@@ -405,6 +440,7 @@ static void tsr__attn_merge(const tsr__attn_geom *G, const float *pacc, const fl
         w[p] = pm[0] == -INFINITY ? 0.0f : expf(pm[0] - mx);
         l += pm[1] * w[p];
     }
+    if (l1 > 0.0f) l += expf(sink - mx);
     memset(o, 0, (size_t)hd * sizeof *o);
     if (l > 0.0f) {
         G->k->acc_rows(o, 1.0f, w, pacc + (size_t)h * hd, hw, np, hd);
@@ -554,8 +590,7 @@ tsr_status tsr__cpu_attention_on(const tsr_attn_args *a_in, int threads,
     const int64_t kvd = (int64_t)a->n_kv_heads * a->head_dim;
     const int kvdt = a->n_spans > 0 ? a->spans[0].dtype : TSR_KV_F32;
     bool stored = kvdt != TSR_KV_F32 && kvdt >= 0 && kvdt < 32 && (kt->kv_rows >> kvdt & 1u) &&
-                  tsr_kv_row_bytes(kvdt, kvd) > 0 && a->n_q == 1 && !a->sinks &&
-                  a->window <= 0;
+                  tsr_kv_row_bytes(kvdt, kvd) > 0 && a->n_q == 1;
     for (int s = 0; stored && s < a->n_spans; s++)
         stored = a->spans[s].dtype == kvdt && a->spans[s].stride == kvd;
     tsr_attn_args af32;
@@ -563,7 +598,6 @@ tsr_status tsr__cpu_attention_on(const tsr_attn_args *a_in, int threads,
         TSR_TRY(tsr__attn_dequant(sc, a_in, &af32));
         a = &af32;
     }
-    if (a->sinks || a->window > 0) return tsr__cpu_attention_sink(a, threads); /* attn_sink_cpu.c */
     tsr__attn_geom G = {
         .a = a,
         .k = kt,
@@ -589,10 +623,12 @@ tsr_status tsr__cpu_attention_on(const tsr_attn_args *a_in, int threads,
      * scores or 16 output dimensions in registers and broadcast the key and value
      * entries. 128 queries, 1 thread, warm: head_dim 8 356 -> 68 us per layer (260K),
      * 48 395 -> 173 us (15M), 64 900 -> 444 (110M), 128 with GQA 8.1 -> 3.1 ms. With key
-     * scores (h2o) the score pass follows, in lanes as well (attn_scores_qblock, which
-     * every kernel table with attn_qblock has): its q.k has the lanes' arithmetic, so
-     * s - m is exactly the main pass's. */
-    if (G.k->attn_qblock && a->n_q > 1 && TSR__CPU_QBLOCK_FITS(a->head_dim)) {
+     * scores (h2o) the score pass follows, in lanes as well (attn_scores_qblock): its q.k
+     * has the lanes' arithmetic, so s - m is exactly the main pass's. Sinks and windows
+     * (GPT-OSS) take the row tasks below: the lanes have neither. */
+    G.qblock = G.k->attn_qblock && G.k->attn_scores_qblock && a->n_q > 1 &&
+               TSR__CPU_QBLOCK_FITS(a->head_dim) && !a->sinks && a->window <= 0;
+    if (G.qblock) {
         int64_t ntask = (a->n_q + 15) / 16 * a->n_heads;
         if (par && ntask > 1) {
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)

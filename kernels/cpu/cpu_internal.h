@@ -129,9 +129,6 @@ tsr_status tsr__cpu_attention(tsr_backend *be, const tsr_attn_args *a);
 tsr_status tsr__cpu_attention_on(const tsr_attn_args *a, int threads, tsr__attn_scratch *s);
 /* Frees what s holds. */
 void tsr__attn_scratch_free(tsr__attn_scratch *s);
-/* Attention with sinks and/or a sliding window (attn_sink_cpu.c; tsr__cpu_attention hands
- * such calls over). */
-tsr_status tsr__cpu_attention_sink(const tsr_attn_args *a, int threads);
 /* The experts of a mixture-of-experts layer (moe_cpu.c). */
 tsr_status tsr__cpu_moe(tsr_backend *be, const tsr_moe_args *a);
 /* MXFP4 (kernels/cpu/mxfp4_cpu.c): row r of an MXFP4 matrix of `cols` inputs (blocks of 16

@@ -1,7 +1,7 @@
 /* CPU attention (tiled online softmax) vs a naive reference that builds the full score
  * matrix in double: several spans, non-contiguous position arrays, strided rows, GQA ratios
- * 1/2/4, decode and prefill continuing after cached keys, and per-key score accumulation.
- * 1 and 2 threads must agree bit for bit. */
+ * 1/2/4, decode and prefill continuing after cached keys, per-key score accumulation, and
+ * GPT-OSS's sinks and sliding windows. 1 and 2 threads must agree bit for bit. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -17,7 +17,13 @@ static float frand(void) {
     return (float)((rng_state >> 40) & 0xffffff) / 8388608.0f - 1.0f;
 }
 
-/* Reference: out and key_scores (added to) for the same arguments. */
+/* Whether a query at qp sees a key at kp (causal, within a->window when > 0). */
+static int ref_visible(const tsr_attn_args *a, int32_t kp, int32_t qp) {
+    return kp <= qp && (a->window <= 0 || kp > qp - a->window);
+}
+
+/* Reference: out and key_scores (added to) for the same arguments; a sink logit joins each
+ * query's softmax denominator (its probability is not a key's). */
 static void attn_ref(const tsr_attn_args *a, float *out, float *ks) {
     int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
     int64_t total = 0;
@@ -27,7 +33,7 @@ static void attn_ref(const tsr_attn_args *a, float *out, float *ks) {
         for (int h = 0; h < a->n_heads; h++) {
             int g = h / group;
             const float *q = a->q + ((size_t)i * a->n_heads + h) * hd;
-            double mx = -INFINITY;
+            double sink = a->sinks ? a->sinks[h] : -INFINITY, mx = sink;
             int64_t j = 0;
             for (int s = 0; s < a->n_spans; s++) {
                 const tsr_kv_span *sp = &a->spans[s];
@@ -36,11 +42,11 @@ static void attn_ref(const tsr_attn_args *a, float *out, float *ks) {
                     const float *k = sp->k + (size_t)t * sp->stride + (size_t)g * hd;
                     double d = 0;
                     for (int e = 0; e < hd; e++) d += (double)q[e] * k[e];
-                    sc[j] = p <= a->q_pos[i] ? d / sqrt((double)hd) : -INFINITY;
+                    sc[j] = ref_visible(a, p, a->q_pos[i]) ? d / sqrt((double)hd) : -INFINITY;
                     if (sc[j] > mx) mx = sc[j];
                 }
             }
-            double sum = 0;
+            double sum = sink > -INFINITY ? exp(sink - mx) : 0.0;
             for (j = 0; j < total; j++) {
                 sc[j] = exp(sc[j] - mx);
                 sum += sc[j];
@@ -69,6 +75,10 @@ typedef struct span_spec {
     int shuffled; /* positions from a permutation of pos0.. (non-contiguous order) */
     int pad;      /* extra floats between rows */
 } span_spec;
+
+/* GPT-OSS's extras for the next run_case: sinks (0 none, 1 N(0, 2)-like logits, 2 all
+ * -inf) and the window (0 none). */
+static int case_sinks, case_window;
 
 /* Builds spans + queries, runs the backend at 1, 2 and 3 threads and the reference. */
 static void run_case(int n_q, const int32_t *q_pos, const span_spec *specs, int n_spans,
@@ -104,6 +114,9 @@ static void run_case(int n_q, const int32_t *q_pos, const span_spec *specs, int 
     size_t qn = (size_t)n_q * n_heads * hd;
     float *q = tsr_malloc(qn * 4), *ref = tsr_malloc(qn * 4);
     for (size_t i = 0; i < qn; i++) q[i] = 2.0f * frand();
+    float sinks[64];
+    for (int h = 0; h < n_heads && h < 64; h++)
+        sinks[h] = case_sinks == 2 ? -INFINITY : 2.0f * frand();
     float *out[3], *ks[3];
     float *ks_ref = tsr_malloc((size_t)(n_heads * total) * 4);
     for (int64_t i = 0; i < n_heads * total; i++) ks_ref[i] = 0.5f;
@@ -112,7 +125,7 @@ static void run_case(int n_q, const int32_t *q_pos, const span_spec *specs, int 
         ks[t] = tsr_malloc((size_t)(n_heads * total) * 4);
         for (int64_t i = 0; i < n_heads * total; i++) ks[t][i] = 0.5f; /* added to */
         tsr_attn_args a = {q, q_pos, n_q, spans, n_spans, n_heads, n_kv_heads, hd, out[t],
-                           with_scores ? ks[t] : NULL, NULL, 0};
+                           with_scores ? ks[t] : NULL, case_sinks ? sinks : NULL, case_window};
         tsr_backend *be;
         ASSERT_OK(tsr_backend_cpu_create(t + 1, &be));
         ASSERT_OK(be->ops->attention(be, &a));
@@ -360,9 +373,69 @@ TSR_TEST(test_prefill_tiny_heads_edges) {
     ASSERT_TRUE(memcmp(out[0], out[1], sizeof out[0]) == 0);
 }
 
+/* GPT-OSS's sinks and sliding windows against the reference: decode rows of one partition
+ * and of several (the sink joins the partitions' merge; partitions before the window see
+ * nothing), over contiguous spans (keys before the window left out of the tiles) and
+ * shuffled position arrays (masked key by key), with key scores; prefill from position 0
+ * and after cached keys with mixed query positions. */
+TSR_TEST(test_sinks_and_window) {
+    span_spec one = {40, 0, 0, 0}, longer = {300, 0, 0, 2};
+    span_spec sh[3] = {{64, 0, 1, 5}, {150, 64, 1, 0}, {30, 214, 0, 1}};
+    int32_t qp[200];
+    const int modes[3][2] = {{1, 0}, {1, 16}, {0, 100}}; /* sinks, window */
+    for (int m = 0; m < 3 && !tsr_test_failed_flag; m++) {
+        case_sinks = modes[m][0];
+        case_window = modes[m][1];
+        for (int g = 0; g < 3 && !tsr_test_failed_flag; g++) {
+            qp[0] = 39;
+            run_case(1, qp, &one, 1, gqa[g][0], gqa[g][1], 64, 1);
+            qp[0] = 299;
+            if (!tsr_test_failed_flag) run_case(1, qp, &longer, 1, gqa[g][0], gqa[g][1], 32, 1);
+            qp[0] = 243;
+            if (!tsr_test_failed_flag) run_case(1, qp, sh, 3, gqa[g][0], gqa[g][1], 16, 1);
+        }
+        for (int i = 0; i < 200; i++) qp[i] = i;
+        if (!tsr_test_failed_flag) run_case(200, qp, &longer, 1, 8, 2, 64, 1);
+        int32_t mixed[8] = {243, 10, 100, 214, 0, 63, 150, 230};
+        if (!tsr_test_failed_flag) run_case(8, mixed, sh, 3, 8, 4, 24, 1);
+    }
+    case_sinks = case_window = 0;
+}
+
+/* A -inf sink adds exp(-inf) = 0: the bits of no sink, in decode (one partition and
+ * several) and prefill. */
+TSR_TEST(test_minus_inf_sinks_are_none) {
+    enum { N = 200, G = 2, H = 8, HD = 32, KVD = G * HD };
+    static float k[N * KVD], v[N * KVD], q[N * H * HD], o[2][N * H * HD];
+    for (int i = 0; i < N * KVD; i++) {
+        k[i] = frand();
+        v[i] = frand();
+    }
+    for (int i = 0; i < N * H * HD; i++) q[i] = frand();
+    float sinks[H];
+    for (int h = 0; h < H; h++) sinks[h] = -INFINITY;
+    int32_t qp[N];
+    for (int i = 0; i < N; i++) qp[i] = i;
+    tsr_backend *be;
+    ASSERT_OK(tsr_backend_cpu_create(2, &be));
+    const int calls[3][2] = {{1, 40}, {1, N}, {N, N}}; /* queries, keys */
+    for (int c = 0; c < 3; c++) {
+        int nq = calls[c][0], nk = calls[c][1];
+        tsr_kv_span sp = {k, v, NULL, 0, nk, KVD, TSR_KV_F32};
+        for (int t = 0; t < 2; t++) {
+            tsr_attn_args a = {q, nq == 1 ? &qp[nk - 1] : qp, nq, &sp, 1, H, G, HD, o[t],
+                               NULL, t ? sinks : NULL, 0};
+            ASSERT_OK(be->ops->attention(be, &a));
+        }
+        ASSERT_TRUE(memcmp(o[0], o[1], (size_t)nq * H * HD * sizeof(float)) == 0);
+    }
+    tsr_backend_destroy(be);
+}
+
 TSR_TEST_MAIN(test_decode_one_span, test_decode_long_spans, test_decode_partitions,
               test_prefill_row_order,
               test_prefill_after_cache,
               test_shuffled_spans, test_causal_prefill, test_no_visible_key,
               test_decode_skips_a_nan_tile_per_head, test_prefill_tiny_heads,
-              test_prefill_tiny_heads_edges)
+              test_prefill_tiny_heads_edges, test_sinks_and_window,
+              test_minus_inf_sinks_are_none)

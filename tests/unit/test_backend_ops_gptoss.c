@@ -197,8 +197,8 @@ static void check_attention(const attn_case *ac) {
                 ASSERT_TRUE(compare(what, t.label[b], got_ks, want_ks, ksn, 2e-5) <= 1.0);
             }
         }
-        if (ac->sinks == 2) { /* -inf sinks: what no sinks give, on the same backend (the
-                               * CPU then takes its plain kernel: rounding apart) */
+        if (ac->sinks == 2) { /* -inf sinks: what no sinks give, on the same backend (on
+                               * the CPU the same bits: test_attn_cpu) */
             run_attention(be, ac, q, kv, kpos, qpos, NULL, keys, stride, alt, alt_ks);
             snprintf(what, sizeof what, "%s = no sinks", ac->what);
             ASSERT_TRUE(compare(what, b < 0 ? "cpu/1" : t.label[b], alt, b < 0 ? want : got,

@@ -52,11 +52,12 @@ TSR_TEST(test_row_bytes) {
 
 enum { HD = 32, G = 2, H = 4, KVD = HD * G, N = 200, BS = 16, NB = (N + BS - 1) / BS };
 
-/* Decode attention, with key scores or without, over the first n rows of store s (spans
- * of one block each) and over f32 copies kg, vg of its gathered rows in the same spans:
- * out and key scores must be equal bit for bit. */
+/* Decode attention over the first n rows of store s (spans of one block each) and over f32
+ * copies kg, vg of its gathered rows in the same spans: out and key scores must be equal
+ * bit for bit. mode 0: plain; 1: with key scores; 2: also GPT-OSS's sinks and a window. */
 static void check_attention(tsr_kv_store *s, int n, const float *q, const float *kg,
-                            const float *vg, int with_scores) {
+                            const float *vg, int mode) {
+    const int with_scores = mode > 0;
     static float o1[H * HD], o2[H * HD], ks1[H * N], ks2[H * N];
     tsr_kv_span sp[NB], ref[NB];
     int nsp = (n + BS - 1) / BS;
@@ -72,11 +73,14 @@ static void check_attention(tsr_kv_store *s, int n, const float *q, const float 
         ref[b].dtype = TSR_KV_F32;
     }
     for (int i = 0; i < H * n; i++) ks1[i] = 0.25f; /* attention adds to them */
+    const float sinks[H] = {0.5f, -1.0f, 2.0f, -INFINITY};
     float *dq = kvt_dev(q, H * HD), *out = kvt_dev(o1, H * HD), *dks = kvt_dev(ks1, H * n);
+    float *dsk = kvt_dev(sinks, H);
     int32_t qp = n - 1;
     tsr_attn_args a = {.q = dq, .q_pos = &qp, .n_q = 1, .spans = sp, .n_spans = nsp,
                        .n_heads = H, .n_kv_heads = G, .head_dim = HD, .out = out,
-                       .key_scores = with_scores ? dks : NULL};
+                       .key_scores = with_scores ? dks : NULL, .sinks = mode > 1 ? dsk : NULL,
+                       .window = mode > 1 ? 24 : 0};
     ASSERT_OK(kvt_be->ops->attention(kvt_be, &a));
     ASSERT_OK(kvt_read(o1, out, H * HD));
     ASSERT_OK(kvt_read(ks1, dks, H * n));
@@ -90,7 +94,7 @@ static void check_attention(tsr_kv_store *s, int n, const float *q, const float 
     ASSERT_OK(kvt_read(ks2, dks, H * n));
     ASSERT_TRUE(memcmp(o1, o2, sizeof o1) == 0);
     ASSERT_TRUE(memcmp(ks1, ks2, (size_t)(H * n) * sizeof(float)) == 0);
-    if (with_scores) { /* the scores were added: each head's sum to 1 over the keys */
+    if (mode == 1) { /* the scores were added: each head's sum to 1 over the keys */
         double sum = 0.0;
         for (int j = 0; j < n; j++) sum += ks1[j] - 0.25f;
         ASSERT_TRUE(fabs(sum - 1.0) < 1e-4);
@@ -100,12 +104,13 @@ static void check_attention(tsr_kv_store *s, int n, const float *q, const float 
     kvt_dev_free(dq);
     kvt_dev_free(out);
     kvt_dev_free(dks);
+    kvt_dev_free(dsk);
 }
 
 /* Rows through the store of each dtype: gathered rows are within the dtype's rounding of
- * what was written, and decode attention (with and without key scores, over one
- * partition of keys and several) over the store's spans equals attention over f32 spans of
- * the gathered rows exactly. */
+ * what was written, and decode attention (with and without key scores, sinks and a window,
+ * over one partition of keys and several) over the store's spans equals attention over f32
+ * spans of the gathered rows exactly. */
 TSR_KV_TEST(test_store_and_attention) {
     static float k[N * KVD], v[N * KVD], kg[N * KVD], vg[N * KVD];
     static float q[H * HD];
@@ -137,7 +142,7 @@ TSR_KV_TEST(test_store_and_attention) {
             }
         }
         /* 40 keys: one partition; 200: four (kernels/cpu/attn_cpu.c) */
-        for (int sc = 0; sc < 2 && !tsr_test_failed_flag; sc++) {
+        for (int sc = 0; sc < 3 && !tsr_test_failed_flag; sc++) {
             check_attention(&s, 40, q, kg, vg, sc);
             if (!tsr_test_failed_flag) check_attention(&s, N, q, kg, vg, sc);
         }
