@@ -1,6 +1,8 @@
 /* The AVX2 4-bit kernel (quant_q4_internal.h, body in quant_q4_ymm.h): vpmaddubsw of the u8
  * codes (0..15) and the s8 activations (a pair sums to at most 2 * 15 * 128, no saturation),
  * then vpmaddwd with ones: each row's exact 4-product int32 sum per lane. */
+/* The weight stream prefetched 4 KiB ahead (tsr__qprefetch, quant_q8_internal.h). */
+#define TSR__Q_PREFETCH_BYTES 4096
 #include "kernels/cpu/quant_q4_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)

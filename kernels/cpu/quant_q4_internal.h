@@ -77,8 +77,10 @@ _Static_assert(TSR_Q4_GROUP == 16, "tsr__qgroup_store_* assume 16-row groups");
         for (int p = 0; p < n_parts; p++) {                                                 \
             ACC_T acc[4];                                                                   \
             _Pragma("GCC unroll 4") for (int i = 0; i < NX; i++) acc[i] = ZERO;             \
-            for (int64_t b = bseg[p]; b < bseg[p + 1]; b++)                                 \
+            for (int64_t b = bseg[p]; b < bseg[p + 1]; b++) {                               \
+                tsr__qprefetch(wg + (size_t)b * (GBB), (GBB));                              \
                 BLOCK_FN(wg + (size_t)b * (GBB), xq, xd, xs, xm, nb, b, NX, acc);           \
+            }                                                                               \
             _Pragma("GCC unroll 4") for (int i = 0; i < NX; i++) STORE(part[i], acc[i]);    \
             tsr__qgroup_store_part(part, tot, p, NX, g, rows, sum, y, ldy, ldp);              \
         }                                                                                   \

@@ -3,6 +3,8 @@
  * and vpmaddubsw multiplies |x| with sign(w, x) (no pair sum can saturate: |q|, |x| <= 127), then
  * vpmaddwd with ones gives each row's 4-product int32 sum. The same exact integer sums, scale
  * and fma per block as the other variants. For 4 tokens two groups share each broadcast. */
+/* The weight stream prefetched 4 KiB ahead (tsr__qprefetch, quant_q8_internal.h). */
+#define TSR__Q_PREFETCH_BYTES 4096
 #include "kernels/cpu/quant_q8_internal.h"
 
 #include <string.h>

@@ -87,6 +87,24 @@ static inline void tsr__qgroup_store_sum(float tot[][16], int nx, int n_parts, i
             y[(size_t)i * (size_t)ldy + (size_t)(r0 + j)] = n_parts > 0 ? tot[i][j] : 0.0f;
 }
 
+/* Software prefetch of the weight stream in the drivers below: the cache lines of a group
+ * block TSR__Q_PREFETCH_BYTES past it (the groups are stored one after another, so those
+ * are the bytes a few blocks later). A variant's source sets the distance before it
+ * includes this header; 0, the default, compiles it away. An AVX2-only EPYC (Zen 1)
+ * read its weights from memory at 60-70 % of the in-cache speed of its AVX2 kernels:
+ * its hardware prefetchers fall behind a stream read at the kernels' pace, and 4 KiB
+ * ahead brought them to the in-cache speed (docs/kernels-cpu.md). On Zen 4, prefetching
+ * the AVX-512 kernel's weights 1-4 KiB ahead measured slower (docs/perf.md), so the
+ * other variants keep 0. x86 prefetches never fault, so the lines past a matrix's end
+ * may be named (as an integer address: no pointer past the object is formed). */
+#ifndef TSR__Q_PREFETCH_BYTES
+#define TSR__Q_PREFETCH_BYTES 0
+#endif
+static inline __attribute__((always_inline)) void tsr__qprefetch(const uint8_t *wb, int gbb) {
+    for (int o = 0; TSR__Q_PREFETCH_BYTES > 0 && o < gbb; o += 64)
+        __builtin_prefetch((const void *)((uintptr_t)wb + TSR__Q_PREFETCH_BYTES + (uintptr_t)o));
+}
+
 /* The per-group driver every variant shares: BLOCK(acc, b) adds block b of the group to
  * the nx accumulators acc[i][16]; the driver runs the parts and stores. */
 #define TSR__Q8_GEMV_BODY(NX, BLOCK_FN, ACC_T, ZERO, STORE)                                  \
@@ -96,9 +114,12 @@ static inline void tsr__qgroup_store_sum(float tot[][16], int nx, int n_parts, i
         for (int p = 0; p < n_parts; p++) {                                                 \
             ACC_T acc[4];                                                                   \
             _Pragma("GCC unroll 4") for (int i = 0; i < NX; i++) acc[i] = ZERO;             \
-            for (int64_t b = bseg[p]; b < bseg[p + 1]; b++)                                 \
+            for (int64_t b = bseg[p]; b < bseg[p + 1]; b++) {                               \
+                tsr__qprefetch(wg + (size_t)b * TSR_Q8_GROUP_BLOCK_BYTES,                    \
+                               TSR_Q8_GROUP_BLOCK_BYTES);                                   \
                 BLOCK_FN(wg + (size_t)b * TSR_Q8_GROUP_BLOCK_BYTES, xq, xd, xs, nb, b, NX,   \
                          acc);                                                              \
+            }                                                                               \
             _Pragma("GCC unroll 4") for (int i = 0; i < NX; i++) STORE(part[i], acc[i]);    \
             tsr__qgroup_store_part(part, tot, p, NX, g, rows, sum, y, ldy, ldp);              \
         }                                                                                   \
@@ -117,8 +138,11 @@ static inline void tsr__qgroup_store_sum(float tot[][16], int nx, int n_parts, i
         for (int p = 0; p < n_parts; p++) {                                                 \
             ACC_T acc0[4], acc1[4];                                                         \
             _Pragma("GCC unroll 4") for (int i = 0; i < NX; i++) acc0[i] = acc1[i] = ZERO;  \
-            for (int64_t b = bseg[p]; b < bseg[p + 1]; b++)                                 \
+            for (int64_t b = bseg[p]; b < bseg[p + 1]; b++) {                               \
+                tsr__qprefetch(wg0 + (size_t)b * (GBB), (GBB));                             \
+                tsr__qprefetch(wg1 + (size_t)b * (GBB), (GBB));                             \
                 BLOCK2(wg0 + (size_t)b * (GBB), wg1 + (size_t)b * (GBB), b, acc0, acc1);    \
+            }                                                                               \
             _Pragma("GCC unroll 4") for (int i = 0; i < NX; i++) STORE(part[i], acc0[i]);   \
             tsr__qgroup_store_part(part, tot0, p, NX, g, rows, sum, y, ldy, ldp);             \
             _Pragma("GCC unroll 4") for (int i = 0; i < NX; i++) STORE(part[i], acc1[i]);   \
