@@ -3,8 +3,9 @@
  * over its 8 steps in int16 (at most 30480, no overflow), then vpmaddwd with the rows'
  * scales as int16 pairs: each row's exact scale * sub-block sum per lane, as llama.cpp's own
  * AVX2 Q4_K kernel weights its sums. */
-/* The weight stream prefetched 4 KiB ahead (tsr__qprefetch, quant_q8_internal.h). */
-#define TSR__Q_PREFETCH_BYTES 4096
+/* No weight prefetch (tsr__qprefetch, quant_q8_internal.h): on the Zen 1 EPYC where the
+ * other AVX2 kernels gained from 4 KiB ahead, this one lost (a random all-Q4_K llama,
+ * dim 1024, hidden 4096, 8 layers: decode 143-144 against 115-122 tok/s at 2 threads). */
 #include "kernels/cpu/quant_q4k_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
