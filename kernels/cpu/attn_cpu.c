@@ -81,6 +81,24 @@ static inline bool tsr__attn_visible(int32_t kp, int32_t qp, int window) {
     return kp <= qp && (window <= 0 || (int64_t)kp > (int64_t)qp - window);
 }
 
+/* The lowest and highest positions of keys [j0, j0 + nt) of span s. */
+static inline void tsr__tile_pos_range(const tsr_kv_span *s, int64_t j0, int nt, int32_t *lo,
+                                       int32_t *hi) {
+    *lo = INT32_MAX;
+    *hi = INT32_MIN;
+    for (int j = 0; j < nt; j++) {
+        int32_t p = tsr__span_pos(s, j0 + j);
+        *lo = p < *lo ? p : *lo;
+        *hi = p > *hi ? p : *hi;
+    }
+}
+
+/* False when a query at qp can see no key with a position in [lo, hi] (all after it, or
+ * all before its window); true may still mean none (a position array's gaps). */
+static inline bool tsr__attn_may_see(int32_t lo, int32_t hi, int32_t qp, int window) {
+    return lo <= qp && (window <= 0 || (int64_t)hi > (int64_t)qp - window);
+}
+
 /* The sink logit of query head h as the online softmax starts from it: *m = sink, *l = 1;
  * none (or a -inf sink, which adds exp(-inf) = 0) starts empty, so a -inf sink gives the
  * bits of no sink. */
@@ -278,10 +296,9 @@ static void tsr__attn_scores_tile_stored(const tsr__attn_geom *G, const float *m
     float sc[TSR__ATTN_MAXH][TSR__ATTN_TILE];
     int32_t koff[TSR__ATTN_MAXH];
     for (int hh = 0; hh < TSR__ATTN_MAXH; hh++) koff[hh] = (int32_t)(g * hd);
-    int vis = 0;
-    for (int j = 0; j < nt && !vis; j++)
-        vis = tsr__attn_visible(tsr__span_pos(sp, j0 + j), qp, a->window);
-    if (!vis) return;
+    int32_t lo, hi;
+    tsr__tile_pos_range(sp, j0, nt, &lo, &hi);
+    if (!tsr__attn_may_see(lo, hi, qp, a->window)) return;
     for (int h0 = g * G->group; h0 < (g + 1) * G->group; h0 += TSR__ATTN_MAXH) {
         int nh = (g + 1) * G->group - h0;
         nh = nh < TSR__ATTN_MAXH ? nh : TSR__ATTN_MAXH;
@@ -322,14 +339,11 @@ static void tsr__attn_scores_tile(const tsr__attn_geom *G, const float *ml, int 
     }
     float sc[TSR__ATTN_TILE];
     const float *kt = sp->k + (size_t)j0 * (size_t)sp->stride + (size_t)g * hd;
-    int32_t kmin = INT32_MAX;
-    for (int j = 0; j < nt; j++) {
-        int32_t p = tsr__span_pos(sp, j0 + j);
-        kmin = p < kmin ? p : kmin;
-    }
+    int32_t lo, hi;
+    tsr__tile_pos_range(sp, j0, nt, &lo, &hi);
     for (int64_t i = 0; i < a->n_q; i++) {
         int32_t qp = a->q_pos[i];
-        if (qp < kmin) continue;
+        if (!tsr__attn_may_see(lo, hi, qp, a->window)) continue; /* it would add nothing */
         for (int hh = 0; hh < G->group; hh++) {
             int h = g * G->group + hh;
             float m = ml[2 * ((size_t)i * a->n_heads + h)];
