@@ -34,9 +34,13 @@ typedef enum tsr_dtype {
      * in Q4_0's layout). Only a tsr_experts' w holds it; the plain form is TSR_U8 blocks and
      * scales. */
     TSR_MXFP4 = 9,
+    /* GGUF's Q6_K (256-value blocks: 6-bit codes, int8 scales per 16 values, fp16 d), stored
+     * as kernels/cpu/quant_q6k.h's repacked 16-row groups of 32-column blocks (d repeated per
+     * block); matrices only, loaded from GGUF files (no quantizer). */
+    TSR_Q6_K = 10,
 } tsr_dtype;
 
-/* Bytes per element; Q8_0, Q4_0, Q4_1, Q4_K, F8_E4M3 and MXFP4: 1 (their scales are counted by
+/* Bytes per element; Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, F8_E4M3 and MXFP4: 1 (their scales are counted by
  * tsr_tensor_bytes). */
 size_t tsr_dtype_size(tsr_dtype t);
 const char *tsr_dtype_name(tsr_dtype t);

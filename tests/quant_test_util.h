@@ -1,7 +1,8 @@
 /* Helpers of the quantized-weight tests (test_quant_q8, test_quant_q4, test_quant_q4k,
- * test_fp8): a whole-file reader for the reference data, the tests' deterministic random
- * numbers, the check every integer gemv variant passes against the scalar one, and the
- * backends (cpu, cpu-fenced) and their matmul against the scalar kernel's rows. */
+ * test_quant_q6k, test_fp8): a whole-file reader for the reference data, the tests'
+ * deterministic random numbers, the check every integer gemv variant passes against the
+ * scalar one, the backends (cpu, cpu-fenced) and their matmul against the scalar kernel's
+ * rows, and an engine on a whole tiny model with its teacher-forced logits. */
 #ifndef TSR_TESTS_QUANT_TEST_UTIL_H
 #define TSR_TESTS_QUANT_TEST_UTIL_H
 
@@ -15,6 +16,9 @@
 #include "base/alloc.h"
 #include "base/dtype.h"
 #include "kernels/backend.h"
+#include "memory/kv_cache.h"
+#include "runtime/engine/engine.h"
+#include "runtime/exec/forward.h"
 #include "tests/test.h"
 
 /* The whole file (NUL-terminated, so JSON reads as a string; free()), or NULL. */
@@ -181,6 +185,36 @@ static inline void qt_backends_agree(const qt_backends *bs, const tsr_tensor *w,
         }
         tsr_free(hy);
     }
+}
+
+/* ---- whole tiny models (test_quant_q4k, test_quant_q6k) ---- */
+
+/* A cpu engine (2 threads, one sequence, dense KV for max_n tokens) borrowing m. */
+static inline tsr_engine *qt_engine(tsr_model *m, int max_n) {
+    tsr_engine_spec eo = {.backend = "cpu", .threads = 2, .max_tokens = 512,
+                          .kv = {.max_seqs = 1}, .dense_kv_tokens = max_n + 8,
+                          .borrow_model = true};
+    eo.model = m;
+    tsr_engine *e = NULL;
+    if (tsr_engine_create(&eo, &e) != TSR_OK) return NULL;
+    return e;
+}
+
+static inline int32_t qt_argmax(const float *x, int n) {
+    int32_t b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Teacher-forced logits of ids (every position) from a fresh sequence 0. */
+static inline tsr_status qt_all_logits(tsr_engine *e, const int32_t *ids, int n, float *out) {
+    e->kv->ops->seq_free(e->kv, 0);
+    TSR_TRY(e->kv->ops->seq_add(e->kv, 0));
+    tsr_batch_seq s = {.seq = 0, .tokens = ids, .n_tokens = n, .want_logits = true,
+                       .all_logits = true};
+    int got = 0;
+    return tsr_forward_run(e->fwd, e->kv, &s, 1, out, &got);
 }
 
 #endif

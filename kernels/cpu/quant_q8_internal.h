@@ -105,26 +105,27 @@ static inline __attribute__((always_inline)) void tsr__qprefetch(const uint8_t *
         __builtin_prefetch((const void *)((uintptr_t)wb + TSR__Q_PREFETCH_BYTES + (uintptr_t)o));
 }
 
-/* The per-group driver every variant shares: BLOCK(acc, b) adds block b of the group to
- * the nx accumulators acc[i][16]; the driver runs the parts and stores. */
-#define TSR__Q8_GEMV_BODY(NX, BLOCK_FN, ACC_T, ZERO, STORE)                                  \
+/* The per-group driver every variant shares: BLOCK_FN(wb, xq, xd, xs, nb, b, nx, acc) adds
+ * block b of the group (GBB bytes a group block) to the nx accumulators; the driver runs the
+ * parts and stores. TSR__Q8_GEMV_BODY is Q8_0's (quant_q6k_internal.h's Q6_K uses it too). */
+#define TSR__QGEMV_BODY(NX, GBB, BLOCK_FN, ACC_T, ZERO, STORE)                               \
     for (int64_t g = g0; g < g1; g++) {                                                     \
-        const uint8_t *wg = w + (size_t)g * (size_t)nb * TSR_Q8_GROUP_BLOCK_BYTES;          \
+        const uint8_t *wg = w + (size_t)g * (size_t)nb * (GBB);                             \
         float tot[4][16], part[4][16];                                                      \
         for (int p = 0; p < n_parts; p++) {                                                 \
             ACC_T acc[4];                                                                   \
             _Pragma("GCC unroll 4") for (int i = 0; i < NX; i++) acc[i] = ZERO;             \
             for (int64_t b = bseg[p]; b < bseg[p + 1]; b++) {                               \
-                tsr__qprefetch(wg + (size_t)b * TSR_Q8_GROUP_BLOCK_BYTES,                    \
-                               TSR_Q8_GROUP_BLOCK_BYTES);                                   \
-                BLOCK_FN(wg + (size_t)b * TSR_Q8_GROUP_BLOCK_BYTES, xq, xd, xs, nb, b, NX,   \
-                         acc);                                                              \
+                tsr__qprefetch(wg + (size_t)b * (GBB), (GBB));                              \
+                BLOCK_FN(wg + (size_t)b * (GBB), xq, xd, xs, nb, b, NX, acc);               \
             }                                                                               \
             _Pragma("GCC unroll 4") for (int i = 0; i < NX; i++) STORE(part[i], acc[i]);    \
             tsr__qgroup_store_part(part, tot, p, NX, g, rows, sum, y, ldy, ldp);              \
         }                                                                                   \
         if (sum) tsr__qgroup_store_sum(tot, NX, n_parts, g, rows, y, ldy);                  \
     }
+#define TSR__Q8_GEMV_BODY(NX, BLOCK_FN, ACC_T, ZERO, STORE)                                  \
+    TSR__QGEMV_BODY(NX, TSR_Q8_GROUP_BLOCK_BYTES, BLOCK_FN, ACC_T, ZERO, STORE)
 
 /* The same for groups g and g + 1 at once (both inside the matrix), for kernels that run
  * one block of two groups per call: BLOCK2(wb0, wb1, b, acc0, acc1) adds block b of both

@@ -629,7 +629,8 @@ static tsr_status tsr__cuda_matmul(tsr_backend *be, const float *x, int64_t n, c
         }
         b = c->xconv.ptr;
     } else if (w->dtype != TSR_F32) {
-        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda matmul: weight dtype %d", (int)w->dtype);
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda matmul: no CUDA kernel for %s weights "
+                             "(TSR_GGUF_DEQUANT=1 expands a GGUF's)", tsr_dtype_name(w->dtype));
     }
     TSR_CUBLAS_TRY(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)n,
                                 (int)w->cols, &one, w->data, t, (int)w->cols, b, t, (int)w->cols,
@@ -704,8 +705,9 @@ static tsr_status tsr__cuda_parts(tsr_backend *be, const float *x, int64_t n,
             b = c->xconv.ptr;
         }
     } else if (w->dtype != TSR_F32) {
-        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda matmul_parts: weight dtype %d",
-                             (int)w->dtype);
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cuda matmul_parts: no CUDA kernel for %s "
+                             "weights (TSR_GGUF_DEQUANT=1 expands a GGUF's)",
+                             tsr_dtype_name(w->dtype));
     }
     size_t m = (size_t)n * (size_t)w->rows; /* floats of one part */
     int len0 = seg[1] - seg[0];

@@ -275,10 +275,11 @@ static double num(const cJSON *j, const char *k) {
 static bool same_tensor(const cJSON *exp, const char *name, const tsr_tensor *t) {
     const cJSON *vals = cJSON_GetObjectItem(cJSON_GetObjectItem(exp, "tensors"), name);
     double sum_ref = cJSON_GetObjectItem(cJSON_GetObjectItem(exp, "sums"), name)->valuedouble;
-    /* Q8_0, Q4_0, Q4_1, Q4_K matrices stay in their blocks (kernels/cpu/quant_q8.h,
-     * quant_q4.h, quant_q4k.h): compared dequantized */
+    /* Q8_0, Q4_0, Q4_1, Q4_K, Q6_K matrices stay in their blocks (kernels/cpu/quant_q8.h,
+     * quant_q4.h, quant_q4k.h, quant_q6k.h): compared dequantized */
     float *deq = NULL;
-    if (vals && (t->dtype == TSR_Q8_0 || tsr_q4_is(t->dtype) || t->dtype == TSR_Q4_K)) {
+    if (vals && (t->dtype == TSR_Q8_0 || tsr_q4_is(t->dtype) || t->dtype == TSR_Q4_K ||
+                 t->dtype == TSR_Q6_K)) {
         deq = tsr_malloc((size_t)(t->rows * t->cols) * sizeof *deq);
         for (int64_t r = 0; r < t->rows; r++) tsr_q4_row_f32(t, r, deq + r * t->cols);
     }

@@ -289,23 +289,6 @@ TSR_TEST(test_backends) {
 
 /* ---- the tiny Q4_K llama against its f32 expansion ---- */
 
-static tsr_engine *engine_for(tsr_model *m, int max_n) {
-    tsr_engine_spec eo = {.backend = "cpu", .threads = 2, .max_tokens = 512,
-                          .kv = {.max_seqs = 1}, .dense_kv_tokens = max_n + 8,
-                          .borrow_model = true};
-    eo.model = m;
-    tsr_engine *e = NULL;
-    if (tsr_engine_create(&eo, &e) != TSR_OK) return NULL;
-    return e;
-}
-
-static int32_t argmax(const float *x, int n) {
-    int32_t b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
 /* Greedy continuation of ids[0..n) for steps tokens (the model's own choices fed back). */
 static tsr_status greedy(tsr_engine *e, const int32_t *ids, int n, int steps, int V,
                          float *logits, int32_t *out) {
@@ -315,22 +298,12 @@ static tsr_status greedy(tsr_engine *e, const int32_t *ids, int n, int steps, in
     int got = 0;
     TSR_TRY(tsr_forward_run(e->fwd, e->kv, &s, 1, logits, &got));
     for (int i = 0; i < steps; i++) {
-        out[i] = argmax(logits, V);
+        out[i] = qt_argmax(logits, V);
         if (i + 1 == steps) break;
         tsr_batch_seq t = {.seq = 0, .tokens = &out[i], .n_tokens = 1, .want_logits = true};
         TSR_TRY(tsr_forward_run(e->fwd, e->kv, &t, 1, logits, &got));
     }
     return TSR_OK;
-}
-
-/* Teacher-forced logits of ids (every position). */
-static tsr_status all_logits(tsr_engine *e, const int32_t *ids, int n, float *out) {
-    e->kv->ops->seq_free(e->kv, 0);
-    TSR_TRY(e->kv->ops->seq_add(e->kv, 0));
-    tsr_batch_seq s = {.seq = 0, .tokens = ids, .n_tokens = n, .want_logits = true,
-                       .all_logits = true};
-    int got = 0;
-    return tsr_forward_run(e->fwd, e->kv, &s, 1, out, &got);
 }
 
 /* The expected quantization effect: native Q4_K quantizes the activations to 8 bits per 256
@@ -357,12 +330,12 @@ TSR_TEST(test_tiny_model_native_vs_expanded) {
     }
     ASSERT_EQ_INT(mf->layers[0].wq.dtype, TSR_F32);
     int V = mq->cfg.vocab_size, N = 16;
-    tsr_engine *eq = engine_for(mq, N + STEPS), *ef = engine_for(mf, N + STEPS);
+    tsr_engine *eq = qt_engine(mq, N + STEPS), *ef = qt_engine(mf, N + STEPS);
     ASSERT_TRUE(eq && ef);
     int32_t ids[16] = {72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 32, 84, 104};
     float *lq = tsr_malloc((size_t)N * (size_t)V * 4), *lf = tsr_malloc((size_t)N * (size_t)V * 4);
-    ASSERT_OK(all_logits(eq, ids, N, lq));
-    ASSERT_OK(all_logits(ef, ids, N, lf));
+    ASSERT_OK(qt_all_logits(eq, ids, N, lq));
+    ASSERT_OK(qt_all_logits(ef, ids, N, lf));
     double worst = 0, var = 0, mean = 0;
     int top1 = 0;
     for (int r = 0; r < N; r++) {
@@ -372,7 +345,7 @@ TSR_TEST(test_tiny_model_native_vs_expanded) {
             if (!(d <= worst)) worst = d;
             mean += b[v];
         }
-        top1 += argmax(a, V) == argmax(b, V);
+        top1 += qt_argmax(a, V) == qt_argmax(b, V);
     }
     mean /= (double)N * V;
     for (int i = 0; i < N * V; i++) var += (lf[i] - mean) * (lf[i] - mean);
@@ -417,13 +390,13 @@ TSR_TEST(test_ineligible_as_q4_1) {
     tsr_status ls = tsr_model_load(DATA "tiny_q4k_hd64.gguf", &mf);
     unsetenv("TSR_GGUF_DEQUANT");
     ASSERT_OK(ls);
-    tsr_engine *e = engine_for(m, 8), *ef = engine_for(mf, 8);
+    tsr_engine *e = qt_engine(m, 8), *ef = qt_engine(mf, 8);
     ASSERT_TRUE(e && ef);
     int32_t ids[8] = {72, 101, 108, 108, 111, 44, 32, 119};
     int V = m->cfg.vocab_size;
     float *l = tsr_malloc((size_t)8 * (size_t)V * 4), *lf = tsr_malloc((size_t)8 * (size_t)V * 4);
-    ASSERT_OK(all_logits(e, ids, 8, l));
-    ASSERT_OK(all_logits(ef, ids, 8, lf));
+    ASSERT_OK(qt_all_logits(e, ids, 8, l));
+    ASSERT_OK(qt_all_logits(ef, ids, 8, lf));
     double worst = 0, var = 0;
     int top1 = 0;
     for (int i = 0; i < 8 * V; i++) {
@@ -431,7 +404,7 @@ TSR_TEST(test_ineligible_as_q4_1) {
         if (!(d <= worst)) worst = d;
         var += (double)lf[i] * lf[i];
     }
-    for (int r = 0; r < 8; r++) top1 += argmax(l + r * V, V) == argmax(lf + r * V, V);
+    for (int r = 0; r < 8; r++) top1 += qt_argmax(l + r * V, V) == qt_argmax(lf + r * V, V);
     double rms = sqrt(var / (8.0 * V));
     fprintf(stderr, "  hd64 (wo, w_down as Q4_1) vs f32 expansion: max abs logit diff %.3g "
             "(logit rms %.3g, ratio %.3g, tol %g), top-1 %d/8\n", worst, rms, worst / rms,
