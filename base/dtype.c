@@ -10,6 +10,7 @@ size_t tsr_dtype_size(tsr_dtype t) {
     case TSR_Q4_0:
     case TSR_Q4_1:
     case TSR_Q4_K:
+    case TSR_Q5_K:
     case TSR_Q6_K:
     case TSR_F8_E4M3:
     case TSR_MXFP4: return 1;
@@ -28,6 +29,7 @@ const char *tsr_dtype_name(tsr_dtype t) {
     case TSR_Q4_0: return "q4_0";
     case TSR_Q4_1: return "q4_1";
     case TSR_Q4_K: return "q4_k";
+    case TSR_Q5_K: return "q5_k";
     case TSR_Q6_K: return "q6_k";
     case TSR_MXFP4: return "mxfp4";
     }
@@ -121,6 +123,7 @@ void tsr_dtype_to_f32(tsr_dtype t, const void *src, float *dst, size_t n) {
     case TSR_Q4_0: /* and kernels/cpu/quant_q4.h */
     case TSR_Q4_1:
     case TSR_Q4_K: /* and kernels/cpu/quant_q4k.h */
+    case TSR_Q5_K: /* and kernels/cpu/quant_q5k.h */
     case TSR_Q6_K: /* and kernels/cpu/quant_q6k.h */
     case TSR_MXFP4:
         memset(dst, 0, n * sizeof *dst);

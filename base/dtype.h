@@ -38,9 +38,13 @@ typedef enum tsr_dtype {
      * as kernels/cpu/quant_q6k.h's repacked 16-row groups of 32-column blocks (d repeated per
      * block); matrices only, loaded from GGUF files (no quantizer). */
     TSR_Q6_K = 10,
+    /* GGUF's Q5_K (256-value blocks: fp16 d and dmin, 6-bit scales and mins per 32 values,
+     * 5-bit codes), stored as kernels/cpu/quant_q5k.h's repacked 16-row groups of 32-column
+     * blocks; matrices only, loaded from GGUF files (no quantizer). */
+    TSR_Q5_K = 11,
 } tsr_dtype;
 
-/* Bytes per element; Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, F8_E4M3 and MXFP4: 1 (their scales are counted by
+/* Bytes per element; Q8_0, Q4_*, Q5_K, Q6_K, F8_E4M3 and MXFP4: 1 (their scales are counted by
  * tsr_tensor_bytes). */
 size_t tsr_dtype_size(tsr_dtype t);
 const char *tsr_dtype_name(tsr_dtype t);

@@ -19,17 +19,18 @@ static inline size_t tsr_fp8_scale_offset(int64_t rows, int64_t cols) {
     return ((size_t)rows * (size_t)cols + 15u) & ~(size_t)15u;
 }
 
-/* Q8_0, Q4_0, Q4_1, MXFP4, Q6_K: groups of 16 rows (the last padded) of 34-, 18-, 20-, 17- or
- * 28-byte blocks per 32 columns; Q4_K: of 144-byte blocks per 256 columns (host layout; a
- * device backend may hold its own, see kernels/backend.h place_weight). F8_E4M3: codes, then
- * one f32 scale per row. */
+/* Q8_0, Q4_0, Q4_1, MXFP4, Q5_K, Q6_K: groups of 16 rows (the last padded) of 34-, 18-, 20-,
+ * 17-, 26- or 28-byte blocks per 32 columns; Q4_K: of 144-byte blocks per 256 columns (host
+ * layout; a device backend may hold its own, see kernels/backend.h place_weight). F8_E4M3:
+ * codes, then one f32 scale per row. */
 static inline size_t tsr_tensor_bytes(const tsr_tensor *t) {
     if (t->dtype == TSR_F8_E4M3)
         return tsr_fp8_scale_offset(t->rows, t->cols) + (size_t)t->rows * 4u;
     if (t->dtype == TSR_Q4_K)
         return (size_t)((t->rows + 15) / 16) * 16u * (size_t)(t->cols / 256) * 144u;
-    if (t->dtype == TSR_Q6_K)
-        return (size_t)((t->rows + 15) / 16) * 16u * (size_t)(t->cols / 32) * 28u;
+    if (t->dtype == TSR_Q6_K || t->dtype == TSR_Q5_K)
+        return (size_t)((t->rows + 15) / 16) * 16u * (size_t)(t->cols / 32) *
+               (t->dtype == TSR_Q6_K ? 28u : 26u);
     if (t->dtype == TSR_Q8_0 || t->dtype == TSR_Q4_0 || t->dtype == TSR_Q4_1 ||
         t->dtype == TSR_MXFP4)
         return (size_t)((t->rows + 15) / 16) * 16u * (size_t)(t->cols / 32) *
@@ -57,7 +58,7 @@ typedef struct tsr_experts {
     tsr_tensor bias;
 } tsr_experts;
 
-/* Pointer to row r (not for Q8_0, MXFP4, Q4_* and Q6_K, whose rows interleave in groups;
+/* Pointer to row r (not for Q8_0, MXFP4, Q4_*, Q5_K and Q6_K, whose rows interleave in groups;
  * F8_E4M3: the codes). */
 static inline const void *tsr_tensor_row(const tsr_tensor *t, int64_t r) {
     return (const char *)t->data + (size_t)r * (size_t)t->cols * tsr_dtype_size(t->dtype);

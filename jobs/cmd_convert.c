@@ -116,10 +116,11 @@ int tsr_cmd_convert(int argc, char **argv) {
     tsr_model *m = NULL;
     if (tsr_model_load(model, &m) != TSR_OK) return tsr_cmd_fail("convert");
     tsr_dtype out_dtype = dtype >= 0 ? (tsr_dtype)dtype : m->cfg.dtype;
-    /* a Q8_0, 4- or 6-bit GGUF, an FP8 checkpoint: q * d (+ m) and code * scale are exact in f32
-     * (a Q8_0 source stays Q8_0 in GGUF, block for block) */
+    /* a Q8_0, 4-, 5- or 6-bit GGUF, an FP8 checkpoint: q * d (+ m) and code * scale are exact
+     * in f32 (a Q8_0 source stays Q8_0 in GGUF, block for block) */
     if ((out_dtype == TSR_Q8_0 && !gguf) || out_dtype == TSR_Q4_0 || out_dtype == TSR_Q4_1 ||
-        out_dtype == TSR_Q4_K || out_dtype == TSR_Q6_K || out_dtype == TSR_F8_E4M3)
+        out_dtype == TSR_Q4_K || out_dtype == TSR_Q5_K || out_dtype == TSR_Q6_K ||
+        out_dtype == TSR_F8_E4M3)
         out_dtype = TSR_F32;
     bool synthetic = strncmp(model, "synthetic:", 10) == 0;
     char tok[4096];

@@ -713,7 +713,7 @@ static tsr_status tsr__fenced_kv_scatter(tsr_backend *be, const tsr_kv_layout *l
 static tsr_status tsr__dev_tensor(tsr__fenced *f, const char *op, const char *arg,
                                   const tsr_tensor *w) {
     if (w->dtype == TSR_Q8_0 || w->dtype == TSR_Q4_0 || w->dtype == TSR_Q4_1 ||
-        w->dtype == TSR_Q4_K || w->dtype == TSR_Q6_K ||
+        w->dtype == TSR_Q4_K || w->dtype == TSR_Q5_K || w->dtype == TSR_Q6_K ||
         w->dtype == TSR_MXFP4) /* scales, padding */
         return tsr__dev(f, op, arg, w->data, w->rows > 0 && w->cols > 0 ? tsr_tensor_bytes(w) : 0);
     return tsr__dev(f, op, arg, w->data, tsr__bytes3(w->rows, w->cols,

@@ -15,6 +15,7 @@
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/quant_q4_internal.h"
 #include "kernels/cpu/quant_q4k_internal.h"
+#include "kernels/cpu/quant_q5k_internal.h"
 #include "kernels/cpu/quant_q6k_internal.h"
 #include "kernels/cpu/quant_q8_internal.h"
 #include "base/alloc.h"
@@ -46,6 +47,7 @@ static void tsr__matvec_rows(const tsr__cpu_kernels *k, const tsr_tensor *w, con
     case TSR_Q4_0:
     case TSR_Q4_1:
     case TSR_Q4_K:
+    case TSR_Q5_K:
     case TSR_Q6_K:
     case TSR_MXFP4: break; /* tsr__qblock_run */
     case TSR_F8_E4M3: break; /* refused: the engine converts FP8 to Q8_0 for the CPU */
@@ -90,6 +92,7 @@ static void tsr__matvec_seg_rows(const tsr__cpu_kernels *k, const tsr_tensor *w,
     case TSR_Q4_0:
     case TSR_Q4_1:
     case TSR_Q4_K:
+    case TSR_Q5_K:
     case TSR_Q6_K:
     case TSR_MXFP4: break; /* tsr__qblock_run */
     case TSR_F8_E4M3: break; /* refused: the engine converts FP8 to Q8_0 for the CPU */
@@ -366,7 +369,7 @@ static void tsr__qact_free(tsr__qact *q) {
 
 /* The preamble every block-quantized W shares: the part boundaries in blocks (seg == NULL:
  * one part, summed), the scratch, and each input row quantized per block (Q8_0 / Q4_0 /
- * Q4_1, Q6_K: per 32 columns as the Q8_0 weights, Q4_1 adding llama.cpp's Q8_1 block sums;
+ * Q4_1, Q5_K, Q6_K: per 32 columns as the Q8_0 weights, Q4_1 adding llama.cpp's Q8_1 block sums;
  * Q4_K: per 256 as llama.cpp's Q8_K). Rows are independent, so the thread count changes no bit. */
 static tsr_status tsr__qact_begin(tsr__cpu_ctx *c, const float *x, int64_t n,
                                   const tsr_tensor *w, const int32_t *seg, int n_parts,
@@ -417,9 +420,10 @@ static tsr_status tsr__qact_begin(tsr__cpu_ctx *c, const float *x, int64_t n,
     return TSR_OK;
 }
 
-/* y = x . W^T for a Q8_0, Q4_0, Q4_1, MXFP4, Q4_K or Q6_K W, per column part as matmul_parts
- * (seg == NULL: one part, summed): the inputs quantized first (tsr__qact_begin), then W's
- * integer kernel (kernels/cpu/quant_q8.h, quant_q4.h, quant_q4k.h, quant_q6k.h) runs over
+/* y = x . W^T for a Q8_0, Q4_0, Q4_1, MXFP4, Q4_K, Q5_K or Q6_K W, per column part as
+ * matmul_parts (seg == NULL: one part, summed): the inputs quantized first (tsr__qact_begin),
+ * then W's integer kernel (kernels/cpu/quant_q8.h, quant_q4.h, quant_q4k.h, quant_q5k.h,
+ * quant_q6k.h) runs over
  * fixed blocks of row groups, each serving all inputs 4 at a time while it is in L1/L2, so
  * W streams from memory once for decode and prefill alike; each output's operations do not
  * depend on the thread count or on n. Part boundaries must be multiples of the block (32,
@@ -435,8 +439,11 @@ static tsr_status tsr__qblock_run(tsr__cpu_ctx *c, const float *x, int64_t n,
                              ? tsr__q4_gemv_for(tsr__q4_kernels_get(), w->dtype)
                              : NULL;
     tsr__q4k_gemv_fn gk = w->dtype == TSR_Q4_K ? tsr__q4k_kernels_get()->gemv : NULL;
-    /* Q6_K takes the Q8_0 kernels' activations and contract (quant_q6k_internal.h) */
-    tsr__q8_gemv_fn g8 = w->dtype == TSR_Q6_K ? tsr__q6k_kernels_get()->gemv : k8->gemv;
+    /* Q5_K and Q6_K take the Q8_0 kernels' activations and contract (quant_q5k_internal.h,
+     * quant_q6k_internal.h) */
+    tsr__q8_gemv_fn g8 = w->dtype == TSR_Q6_K   ? tsr__q6k_kernels_get()->gemv
+                         : w->dtype == TSR_Q5_K ? tsr__q5k_kernels_get()->gemv
+                                                : k8->gemv;
     /* every format packs 16-row groups (the _Static_asserts of the *_internal.h) */
     int64_t ng = (rows + TSR_Q8_GROUP - 1) / TSR_Q8_GROUP;
     int64_t nblk = (ng + TSR__CPU_Q8_BLOCK_GROUPS - 1) / TSR__CPU_Q8_BLOCK_GROUPS;
@@ -473,6 +480,7 @@ static bool tsr__qblock_fits(const tsr_tensor *w) {
     if (w->dtype == TSR_Q8_0 || tsr_q4_grouped(w->dtype))
         return tsr_q8_fits(w->rows, w->cols);
     if (w->dtype == TSR_Q6_K) return tsr_q6k_fits(w->rows, w->cols);
+    if (w->dtype == TSR_Q5_K) return tsr_q5k_fits(w->rows, w->cols);
     return w->dtype == TSR_Q4_K && tsr_q4k_fits(w->rows, w->cols);
 }
 

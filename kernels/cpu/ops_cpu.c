@@ -7,6 +7,7 @@
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q4k.h"
+#include "kernels/cpu/quant_q5k.h"
 #include "kernels/cpu/quant_q6k.h"
 #include "kernels/cpu/quant_q8.h"
 #include "kernels/kv_dtype.h"
@@ -29,6 +30,7 @@ static float tsr__w_at(const tsr_tensor *w, int64_t i) {
     case TSR_Q4_0:
     case TSR_Q4_1:
     case TSR_Q4_K:
+    case TSR_Q5_K:
     case TSR_Q6_K:
     case TSR_F8_E4M3:
     case TSR_MXFP4: break;
@@ -381,8 +383,9 @@ tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t 
             tsr_q4k_dequant_row(emb->data, d, ids[i], o);
             continue;
         }
-        if (emb->dtype == TSR_Q6_K) {
-            tsr_q6k_dequant_row(emb->data, d, ids[i], o);
+        if (emb->dtype == TSR_Q6_K || emb->dtype == TSR_Q5_K) {
+            if (emb->dtype == TSR_Q6_K) tsr_q6k_dequant_row(emb->data, d, ids[i], o);
+            else tsr_q5k_dequant_row(emb->data, d, ids[i], o);
             continue;
         }
         if (tsr_q4_is(emb->dtype)) {
@@ -399,6 +402,7 @@ tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t 
         case TSR_Q4_0:
         case TSR_Q4_1:
         case TSR_Q4_K:
+        case TSR_Q5_K:
         case TSR_Q6_K: break;
         case TSR_F8_E4M3: /* never an embedding (runtime/model/fp8.h) */
         case TSR_MXFP4: break; /* experts only */

@@ -9,6 +9,7 @@
 #include "base/alloc.h"
 #include "base/dtype.h"
 #include "kernels/cpu/quant_q4k.h"
+#include "kernels/cpu/quant_q5k.h"
 #include "kernels/cpu/quant_q6k.h"
 #include "kernels/cpu/quant_q8.h"
 
@@ -229,6 +230,7 @@ void tsr_q4_row_f32(const tsr_tensor *t, int64_t r, float *out) {
         tsr_q4_dequant_row(t->dtype, t->data, t->cols, r, out);
     else if (t->dtype == TSR_Q4_K) tsr_q4k_dequant_row(t->data, t->cols, r, out);
     else if (t->dtype == TSR_Q6_K) tsr_q6k_dequant_row(t->data, t->cols, r, out);
+    else if (t->dtype == TSR_Q5_K) tsr_q5k_dequant_row(t->data, t->cols, r, out);
     else tsr_dtype_to_f32(t->dtype, tsr_tensor_row(t, r), out, (size_t)t->cols);
 }
 

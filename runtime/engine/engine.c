@@ -111,9 +111,10 @@ static tsr_status tsr__place_weights(tsr_engine *e) {
  * tensors (layers of other stages) stay empty. */
 static tsr_status tsr__convert_tensor(tsr_model *m, tsr_tensor *t, tsr_dtype dt) {
     size_t n = (size_t)t->rows * (size_t)t->cols;
-    /* Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (a GGUF's) are kept: already the smaller formats */
+    /* Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K (a GGUF's) are kept: already the smaller formats */
     if (t->dtype == dt || t->dtype == TSR_Q8_0 || t->dtype == TSR_Q4_0 || t->dtype == TSR_Q4_1 ||
-        t->dtype == TSR_Q4_K || t->dtype == TSR_Q6_K || !t->data || n == 0)
+        t->dtype == TSR_Q4_K || t->dtype == TSR_Q5_K || t->dtype == TSR_Q6_K || !t->data ||
+        n == 0)
         return TSR_OK;
     if (t->dtype == TSR_F8_E4M3) return tsr_fp8_dequantize(m, t, dt);
     void *dst;

@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q4k.h"
+#include "kernels/cpu/quant_q5k.h"
 #include "kernels/cpu/quant_q6k.h"
 #include "kernels/cpu/quant_q8.h"
 #include "runtime/model/fp8.h"
@@ -192,16 +193,18 @@ static tsr_status tsr__rows(tsr_model *m, tsr_tensor *t, int64_t r0, int64_t r1)
         *t = s;
         return TSR_OK;
     }
-    if (t->dtype == TSR_Q6_K && t->data) { /* the same, in Q6_K's layout */
-        tsr_tensor s = {.dtype = TSR_Q6_K, .rows = r1 - r0, .cols = t->cols};
+    if ((t->dtype == TSR_Q6_K || t->dtype == TSR_Q5_K) && t->data) { /* in their layouts */
+        bool q6 = t->dtype == TSR_Q6_K;
+        tsr_tensor s = {.dtype = t->dtype, .rows = r1 - r0, .cols = t->cols};
         if (r0 % TSR_Q6K_GROUP == 0) {
-            s.data = (const char *)t->data + (size_t)(r0 / TSR_Q6K_GROUP) *
-                                                 (size_t)(t->cols / TSR_Q6K_BLOCK) *
-                                                 TSR_Q6K_GROUP_BLOCK_BYTES;
+            s.data = (const char *)t->data +
+                     (size_t)(r0 / TSR_Q6K_GROUP) * (size_t)(t->cols / TSR_Q6K_BLOCK) *
+                         (q6 ? TSR_Q6K_GROUP_BLOCK_BYTES : TSR_Q5K_GROUP_BLOCK_BYTES);
         } else {
             void *dst;
             TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&s), &dst));
-            TSR_TRY(tsr_q6k_slice(t, r0, r1, 0, t->cols, dst));
+            TSR_TRY(q6 ? tsr_q6k_slice(t, r0, r1, 0, t->cols, dst)
+                       : tsr_q5k_slice(t, r0, r1, 0, t->cols, dst));
             s.data = dst;
         }
         *t = s;
@@ -247,11 +250,12 @@ static tsr_status tsr__cols(tsr_model *m, tsr_tensor *t, int64_t c0, int64_t c1)
         *t = s;
         return TSR_OK;
     }
-    if (t->dtype == TSR_Q6_K && t->data) { /* c0, c1 on 32-column blocks, as Q8_0's */
-        tsr_tensor s = {.dtype = TSR_Q6_K, .rows = t->rows, .cols = c1 - c0};
+    if ((t->dtype == TSR_Q6_K || t->dtype == TSR_Q5_K) && t->data) { /* on 32-column blocks */
+        tsr_tensor s = {.dtype = t->dtype, .rows = t->rows, .cols = c1 - c0};
         void *dst;
         TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&s), &dst));
-        TSR_TRY(tsr_q6k_slice(t, 0, t->rows, c0, c1, dst));
+        TSR_TRY(t->dtype == TSR_Q6_K ? tsr_q6k_slice(t, 0, t->rows, c0, c1, dst)
+                                     : tsr_q5k_slice(t, 0, t->rows, c0, c1, dst));
         s.data = dst;
         *t = s;
         return TSR_OK;

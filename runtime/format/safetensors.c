@@ -40,6 +40,7 @@ const char *tsr_st_dtype_name(tsr_dtype t) {
     case TSR_Q4_0:
     case TSR_Q4_1:
     case TSR_Q4_K:
+    case TSR_Q5_K:
     case TSR_Q6_K:
     case TSR_MXFP4: break; /* no safetensors dtype */
     }

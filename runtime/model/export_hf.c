@@ -16,6 +16,7 @@
 #include "base/alloc.h"
 #include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q4k.h"
+#include "kernels/cpu/quant_q5k.h"
 #include "kernels/cpu/quant_q6k.h"
 #include "kernels/cpu/quant_q8.h"
 #include "runtime/model/fp8.h"
@@ -53,6 +54,7 @@ static const char *tsr__torch_dtype(tsr_dtype t) {
     case TSR_Q4_0:
     case TSR_Q4_1:
     case TSR_Q4_K:
+    case TSR_Q5_K:
     case TSR_Q6_K:
     case TSR_F8_E4M3:
     case TSR_MXFP4: break;
@@ -196,7 +198,8 @@ static tsr_status tsr__write_weights(const tsr__export_item *items, int n, const
         for (int64_t r = 0; r < t->rows && st == TSR_OK; r++) {
             size_t cols = (size_t)t->cols;
             bool blocks = t->dtype == TSR_Q8_0 || tsr_q4_is(t->dtype) || t->dtype == TSR_Q4_K ||
-                          t->dtype == TSR_Q6_K || t->dtype == TSR_F8_E4M3;
+                          t->dtype == TSR_Q5_K || t->dtype == TSR_Q6_K ||
+                          t->dtype == TSR_F8_E4M3;
             if (t->dtype == TSR_Q8_0) /* rows of the repacked groups, dequantized */
                 tsr_q8_dequant_row(t->data, t->cols, tsr__src_row(&items[i], r), f32);
             else if (t->dtype == TSR_F8_E4M3) /* code * scale */
@@ -205,6 +208,8 @@ static tsr_status tsr__write_weights(const tsr__export_item *items, int n, const
                 tsr_q4k_dequant_row(t->data, t->cols, tsr__src_row(&items[i], r), f32);
             else if (t->dtype == TSR_Q6_K)
                 tsr_q6k_dequant_row(t->data, t->cols, tsr__src_row(&items[i], r), f32);
+            else if (t->dtype == TSR_Q5_K)
+                tsr_q5k_dequant_row(t->data, t->cols, tsr__src_row(&items[i], r), f32);
             else if (blocks)
                 tsr_q4_dequant_row(t->dtype, t->data, t->cols, tsr__src_row(&items[i], r), f32);
             const void *src = blocks ? (const void *)f32

@@ -1,13 +1,14 @@
 /* GGUF model files (llama.cpp's format): the architecture's metadata keys give the config, the
  * tensors are copied at load into model-owned memory, so the file is closed afterwards. Q8_0,
- * Q4_0, Q4_1, Q4_K and Q6_K matrices stay in their blocks (repacked for the CPU kernels,
- * kernels/cpu/quant_q8.h, quant_q4.h, quant_q4k.h and quant_q6k.h) where the forward can run
- * them (runtime/model/quantize.h; Q4_K where its 256-column super-blocks never cross a
- * reduction part, tsr__q4k_eligible, else rewritten as Q4_1 per 32-column sub-block; Q6_K in
- * 32-column blocks wherever Q8_0 runs); the others (Q5_K, ...) are dequantized to f32 (bf16
- * for large models). TSR_GGUF_DEQUANT=1 in the environment dequantizes the 4- and 6-bit
- * matrices (and such a file's Q8_0 ones) too, the way every quantized type was loaded before
- * those had kernels (for comparisons).
+ * Q4_0, Q4_1, Q4_K, Q5_K and Q6_K matrices stay in their blocks (repacked for the CPU
+ * kernels, kernels/cpu/quant_q8.h, quant_q4.h, quant_q4k.h, quant_q5k.h and quant_q6k.h)
+ * where the forward can run them (runtime/model/quantize.h; Q4_K where its 256-column
+ * super-blocks never cross a reduction part, tsr__q4k_eligible, else rewritten as Q4_1 per
+ * 32-column sub-block; Q5_K and Q6_K in 32-column blocks wherever Q8_0 runs); where not,
+ * they are dequantized to f32 (bf16 for large models), and runtime/format/gguf.h refuses the
+ * types it does not read (Q2_K, Q5_1, IQ*, ...) by name. TSR_GGUF_DEQUANT=1 in the
+ * environment dequantizes the 4- to 6-bit matrices (and such a file's Q8_0 ones) too, the way
+ * every quantized type was loaded before those had kernels (for comparisons).
  *
  * Rotary layout: llama.cpp's converter permutes the rows of attn_q/attn_k of `llama` models
  * inside each head so that HF's half rotation (x[i], x[i + hd/2]) becomes a rotation of
@@ -28,6 +29,7 @@
 #include "base/log.h"
 #include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q4k.h"
+#include "kernels/cpu/quant_q5k.h"
 #include "kernels/cpu/quant_q6k.h"
 #include "kernels/cpu/quant_q8.h"
 #include "kernels/rope_freq.h"
@@ -40,8 +42,8 @@ typedef struct tsr__ggctx {
     const char *arch;
     char key[160];
     bool q8_native; /* most matrix weights are Q8_0: those stay Q8_0 (tsr__load) */
-    bool native;    /* Q4_0/Q4_1/Q4_K/Q6_K (and then Q8_0) matrices stay in their blocks */
-    int64_t n4[4];  /* elements loaded as Q4_0, Q4_1, Q4_K, Q6_K */
+    bool native;    /* Q4_0/Q4_1/Q4_K/Q5_K/Q6_K (and Q8_0) matrices stay in their blocks */
+    int64_t n4[5];  /* elements loaded as Q4_0, Q4_1, Q4_K, Q6_K, Q5_K */
     int n4k_q41;      /* Q4_K matrices run as Q4_1 (tsr__q4k_eligible false) */
     int n4k_expanded; /* ... and dequantized (a scale past fp16's range) */
     int64_t n_mat;  /* elements of all matrices in the file */
@@ -323,17 +325,20 @@ static tsr_status tsr__load_tensor(tsr_model *m, tsr__ggctx *x, const tsr_gguf_t
         tsr_free(b41);
         x->n4k_expanded++;
     }
-    if (eligible && x->native && t->type == TSR_GGML_Q6_K && cols % TSR_Q6K_GGUF_BLOCK == 0) {
+    if (eligible && x->native && (t->type == TSR_GGML_Q6_K || t->type == TSR_GGML_Q5_K) &&
+        cols % TSR_Q6K_GGUF_BLOCK == 0) {
+        bool q6 = t->type == TSR_GGML_Q6_K;
         if (t->nbytes < (uint64_t)rows * (uint64_t)(cols / TSR_Q6K_GGUF_BLOCK) *
-                            TSR_Q6K_GGUF_BLOCK_BYTES)
+                            (q6 ? TSR_Q6K_GGUF_BLOCK_BYTES : TSR_Q5K_GGUF_BLOCK_BYTES))
             return tsr_error_set(TSR_ERR_FORMAT, "%s: tensor %s is short", x->g->path, name);
-        tsr_tensor q = {.dtype = TSR_Q6_K, .rows = rows, .cols = cols};
+        tsr_tensor q = {.dtype = q6 ? TSR_Q6_K : TSR_Q5_K, .rows = rows, .cols = cols};
         void *pk;
         TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &pk));
-        tsr_q6k_pack_gguf(t->data, rows, cols, pk);
+        if (q6) tsr_q6k_pack_gguf(t->data, rows, cols, pk);
+        else tsr_q5k_pack_gguf(t->data, rows, cols, pk);
         q.data = pk;
         *dst = q;
-        x->n4[3] += rows * cols;
+        x->n4[q6 ? 3 : 4] += rows * cols;
         return TSR_OK;
     }
     if (eligible && (x->q8_native || x->native) && t->type == TSR_GGML_Q8_0) {
@@ -435,12 +440,12 @@ tsr_status tsr_loader_gguf(const char *path, tsr_model **out) {
     if (st == TSR_OK) st = tsr__weights(m, &x);
     /* named as most of its matrices are stored (else the dtype the others expand to) */
     if (st == TSR_OK && x.q8_native) m->cfg.dtype = TSR_Q8_0;
-    else if (st == TSR_OK && 2 * (x.n4[0] + x.n4[1] + x.n4[2] + x.n4[3]) > x.n_mat) {
+    else if (st == TSR_OK && 2 * (x.n4[0] + x.n4[1] + x.n4[2] + x.n4[3] + x.n4[4]) > x.n_mat) {
         /* the type of most of them; of a tie the first in this order */
-        const int order[4] = {1, 0, 2, 3};
-        const tsr_dtype types[4] = {TSR_Q4_0, TSR_Q4_1, TSR_Q4_K, TSR_Q6_K};
+        const int order[5] = {1, 0, 2, 3, 4};
+        const tsr_dtype types[5] = {TSR_Q4_0, TSR_Q4_1, TSR_Q4_K, TSR_Q6_K, TSR_Q5_K};
         int most = order[0];
-        for (int k = 1; k < 4; k++) most = x.n4[order[k]] > x.n4[most] ? order[k] : most;
+        for (int k = 1; k < 5; k++) most = x.n4[order[k]] > x.n4[most] ? order[k] : most;
         m->cfg.dtype = types[most];
     }
     if (st == TSR_OK && (x.n4k_q41 || x.n4k_expanded))

@@ -23,10 +23,10 @@ bool tsr_model_q8_eligible(const tsr_model_config *c, const char *which, int64_t
 /* One matrix into qt (Q8_0, Q4_0 or Q4_1), or into BF16 when not eligible (kept as it is if
  * already 16-bit). */
 static tsr_status tsr__quantize(tsr_model *m, tsr_tensor *t, bool q8, tsr_dtype qt) {
-    /* Q8_0 stays; so do a GGUF's 4- and 6-bit matrices (fewer bytes, their own kernels) */
+    /* Q8_0 stays; so do a GGUF's 4-, 5- and 6-bit matrices (fewer bytes, their own kernels) */
     if (!t->data || t->rows <= 0 || t->cols <= 0 || t->dtype == TSR_Q8_0 ||
         t->dtype == TSR_Q4_0 || t->dtype == TSR_Q4_1 || t->dtype == TSR_Q4_K ||
-        t->dtype == TSR_Q6_K)
+        t->dtype == TSR_Q5_K || t->dtype == TSR_Q6_K)
         return TSR_OK;
     if (q8) {
         tsr_tensor q = {.dtype = qt, .rows = t->rows, .cols = t->cols};

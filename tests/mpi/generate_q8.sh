@@ -5,7 +5,7 @@
 # 256), and with wo kept in BF16 (head_dim 16: its head parts are not whole 32-column
 # blocks). The model line must name q8_0 (the quantization took place). Then --dtype fp8,
 # and a Q8_0 GGUF, whose matrices load as they are. The layers in 4 bits (--dtype q4_1,
-# embedding and classifier Q8_0) likewise, and Q4_K and Q6_K GGUFs computed natively.
+# embedding and classifier Q8_0) likewise, and Q4_K, Q5_K and Q6_K GGUFs computed natively.
 set -u
 bin=$1 root=$2 mpiexec=$3
 tmp=$(mktemp -d)
@@ -84,15 +84,16 @@ for f in tiny_q4k tiny_q4k_hd64; do
     cmp -s "$tmp/ref.txt" "$tmp/out.txt" || { echo "FAIL [$f, $lay]: tokens differ"; fail=1; }
   done
 done
-# Q6_K GGUFs (tools/make_q6k_testdata.py): a Q4_K_M-like mix (attn_v, ffn_down and the
-# output Q6_K) and an all-Q6_K one whose wo and w_down parts are 64 and 128 columns: Q6_K's
-# 32-column blocks are cut as Q8_0's, the same tokens.
-for f in tiny_q6k tiny_q6k_hd64; do
-  model=$root/tests/data/q6k/$f.gguf
+# Q6_K and Q5_K GGUFs (tools/make_q6k_testdata.py, make_q5k_testdata.py): a Q4_K_M-like
+# mix (attn_v, ffn_down and the output Q6_K), an all-Q6_K one and a Q5_K_M-like one whose
+# wo and w_down parts are 64 and 128 columns: the 32-column blocks are cut as Q8_0's, the
+# same tokens.
+for f in q6k/tiny_q6k q6k/tiny_q6k_hd64 q5k/tiny_q5k; do
+  model=$root/tests/data/$f.gguf
   "$bin" generate --model "$model" "${q4k[@]}" --verbose >"$tmp/ref.txt" 2>"$tmp/ref.err" ||
       { cat "$tmp/ref.err"; exit 1; }
   for lay in "--tp 2 --pp 1" "--tp 1 --pp 2"; do
-    [ $f = tiny_q6k_hd64 ] && [ "$lay" = "--tp 1 --pp 2" ] && continue # 1 layer
+    [ $f != q6k/tiny_q6k ] && [ "$lay" = "--tp 1 --pp 2" ] && continue # 1 layer
     # shellcheck disable=SC2086
     "$mpiexec" -n 2 --oversubscribe "$bin" generate --model "$model" "${q4k[@]}" $lay \
         --threads 1 >"$tmp/out.txt" 2>"$tmp/out.err" ||

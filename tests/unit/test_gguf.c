@@ -275,11 +275,11 @@ static double num(const cJSON *j, const char *k) {
 static bool same_tensor(const cJSON *exp, const char *name, const tsr_tensor *t) {
     const cJSON *vals = cJSON_GetObjectItem(cJSON_GetObjectItem(exp, "tensors"), name);
     double sum_ref = cJSON_GetObjectItem(cJSON_GetObjectItem(exp, "sums"), name)->valuedouble;
-    /* Q8_0, Q4_0, Q4_1, Q4_K, Q6_K matrices stay in their blocks (kernels/cpu/quant_q8.h,
-     * quant_q4.h, quant_q4k.h, quant_q6k.h): compared dequantized */
+    /* Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K matrices stay in their blocks (kernels/cpu/quant_q8.h,
+     * quant_q4.h, quant_q4k.h, quant_q5k.h, quant_q6k.h): compared dequantized */
     float *deq = NULL;
     if (vals && (t->dtype == TSR_Q8_0 || tsr_q4_is(t->dtype) || t->dtype == TSR_Q4_K ||
-                 t->dtype == TSR_Q6_K)) {
+                 t->dtype == TSR_Q5_K || t->dtype == TSR_Q6_K)) {
         deq = tsr_malloc((size_t)(t->rows * t->cols) * sizeof *deq);
         for (int64_t r = 0; r < t->rows; r++) tsr_q4_row_f32(t, r, deq + r * t->cols);
     }
@@ -325,7 +325,9 @@ TSR_TEST(test_tiny_llama) {
     ASSERT_EQ_INT(c->eos_id, num(exp, "eos"));
     ASSERT_TRUE(c->rope_interleaved); /* llama GGUF rows are stored permuted */
     ASSERT_TRUE(c->tied_embeddings && m->classifier.data == m->tok_emb.data);
-    ASSERT_EQ_INT(c->dtype, TSR_F32); /* quantized majority: f32 */
+    /* most matrices load in their blocks (Q4_0/1, Q4_K, Q5_K, Q6_K): named after the type of
+     * the most elements, q's Q4_K and o's Q4_1 tying (Q4_1 first) */
+    ASSERT_EQ_INT(c->dtype, TSR_Q4_1);
     const tsr_layer_weights *w = &m->layers[0];
     struct { const char *name; const tsr_tensor *t; } ts[] = {
         {"token_embd.weight", &m->tok_emb},        {"output_norm.weight", &m->out_norm},
