@@ -369,8 +369,9 @@ static void tsr__qact_free(tsr__qact *q) {
 
 /* The preamble every block-quantized W shares: the part boundaries in blocks (seg == NULL:
  * one part, summed), the scratch, and each input row quantized per block (Q8_0 / Q4_0 /
- * Q4_1, Q5_K, Q6_K: per 32 columns as the Q8_0 weights, Q4_1 adding llama.cpp's Q8_1 block sums;
- * Q4_K: per 256 as llama.cpp's Q8_K). Rows are independent, so the thread count changes no bit. */
+ * Q4_1, Q5_K, Q6_K: per 32 columns as the Q8_0 weights, Q4_1 adding llama.cpp's Q8_1 block
+ * sums, Q6_K replacing the block sums by 16-column pairs; Q4_K: per 256 as llama.cpp's Q8_K).
+ * Rows are independent, so the thread count changes no bit. */
 static tsr_status tsr__qact_begin(tsr__cpu_ctx *c, const float *x, int64_t n,
                                   const tsr_tensor *w, const int32_t *seg, int n_parts,
                                   bool sum, tsr__qact *q) {
@@ -423,11 +424,10 @@ static tsr_status tsr__qact_begin(tsr__cpu_ctx *c, const float *x, int64_t n,
 /* y = x . W^T for a Q8_0, Q4_0, Q4_1, MXFP4, Q4_K, Q5_K or Q6_K W, per column part as
  * matmul_parts (seg == NULL: one part, summed): the inputs quantized first (tsr__qact_begin),
  * then W's integer kernel (kernels/cpu/quant_q8.h, quant_q4.h, quant_q4k.h, quant_q5k.h,
- * quant_q6k.h) runs over
- * fixed blocks of row groups, each serving all inputs 4 at a time while it is in L1/L2, so
- * W streams from memory once for decode and prefill alike; each output's operations do not
- * depend on the thread count or on n. Part boundaries must be multiples of the block (32,
- * Q4_K 256; the loaders keep or expand other matrices). */
+ * quant_q6k.h) runs over fixed blocks of row groups, each serving all inputs 4 at a time
+ * while it is in L1/L2, so W streams from memory once for decode and prefill alike; each
+ * output's operations do not depend on the thread count or on n. Part boundaries must be
+ * multiples of the block (32, Q4_K 256; the loaders keep or expand other matrices). */
 static tsr_status tsr__qblock_run(tsr__cpu_ctx *c, const float *x, int64_t n,
                                   const tsr_tensor *w, const int32_t *seg, int n_parts,
                                   bool sum, float *y) {

@@ -107,7 +107,7 @@ static inline __attribute__((always_inline)) void tsr__qprefetch(const uint8_t *
 
 /* The per-group driver every variant shares: BLOCK_FN(wb, xq, xd, xs, nb, b, nx, acc) adds
  * block b of the group (GBB bytes a group block) to the nx accumulators; the driver runs the
- * parts and stores. TSR__Q8_GEMV_BODY is Q8_0's (quant_q6k_internal.h's Q6_K uses it too). */
+ * parts and stores. TSR__Q8_GEMV_BODY is Q8_0's; the Q5_K and Q6_K kernels use it with theirs. */
 #define TSR__QGEMV_BODY(NX, GBB, BLOCK_FN, ACC_T, ZERO, STORE)                               \
     for (int64_t g = g0; g < g1; g++) {                                                     \
         const uint8_t *wg = w + (size_t)g * (size_t)nb * (GBB);                             \
