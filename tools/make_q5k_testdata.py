@@ -17,6 +17,19 @@ the dequantization of the bytes; the script checks that it reproduces the encode
                embedding Q5_K; wo's head parts (64 columns) and w_down's hidden chunks (128)
                cut 256-value blocks, which the 32-column repacking takes
 
+and, for GGUF's Q5_0 and Q5_1 (loaded into the Q5_K layout), with the package's own
+quantizers (gguf.quants.quantize) and an independent random stream:
+
+  w_q5_0.bin, w_q5_1.bin   [37, 160] matrices of block_q5_0 / block_q5_1 (37 rows x 5 blocks
+               x 22 / 24 bytes): random floats quantized by the package, rows with an offset,
+               plus edge blocks (the first of rows 0..4): d = 0; a negative d (Q5_1: a
+               negative min); every code 31; every code 0; random bytes with a finite d and m
+  w_q5_0.f32, w_q5_1.f32   gguf.quants.dequantize of them (little-endian f32, [37, 160])
+  tiny_q5_01.gguf  a 1-layer llama of width 384 (not a multiple of 256: llama.cpp's K-quant
+               files fall back to Q5_0/Q5_1 there; 6 heads of 64, 2 KV heads, hidden 768)
+               mixed as such a file: attn_q, attn_k, ffn_up and output Q5_0; attn_output,
+               ffn_gate and the embedding Q5_1; attn_v Q8_0; ffn_down (768 columns) Q6_K
+
 Usage: python3 tools/make_q5k_testdata.py  (pip install gguf numpy)
 """
 import os
@@ -24,7 +37,7 @@ import sys
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from gguf.quants import dequantize
+from gguf.quants import dequantize, quantize
 
 # the GGUF model writing of tools/make_gguf_testdata.py, Q4_K's scale packing and the Q6_K
 # blocks (this script's folder is on sys.path)
@@ -135,11 +148,84 @@ def tiny_model(name, dim=256, hidden=512, heads=4, kv=2, hd=64, layers=1):
     write_and_close(w)
 
 
+# Q5_0 / Q5_1: their own stream, so the files above do not change
+rng01 = np.random.default_rng(5001)
+
+
+def q5_matrix(t, rows, cols, sigma=1.0, edges=False):
+    """[rows, cols] floats quantized to Q5_0 / Q5_1 (t) by the package."""
+    x = (rng01.standard_normal((rows, cols)) * sigma).astype(np.float32)
+    x[1::3] += np.float32(0.5 * sigma)  # rows with an offset: Q5_1's min matters
+    q = quantize(x, t).copy()
+    if edges:
+        bb = 22 if t == T.Q5_0 else 24
+        blk = q.reshape(rows, cols // 32, bb)
+
+        def f16(v):
+            return np.frombuffer(np.float16(v).tobytes(), np.uint8)
+        codes = rng01.integers(0, 256, bb - 2, dtype=np.uint8)
+        blk[0, 0, 0:2] = f16(0.0)
+        blk[0, 0, 2:] = codes
+        if t == T.Q5_1:
+            blk[0, 0, 2:4] = f16(0.25)  # a finite min (random bytes could be a NaN)
+        blk[1, 0, 0:2] = f16(-0.03)  # negative d; Q5_1: a negative min too
+        if t == T.Q5_1:
+            blk[1, 0, 2:4] = f16(-0.7)
+        blk[2, 0, 2 + (bb - 22):] = 255  # every code 31
+        blk[3, 0, 2 + (bb - 22):] = 0  # every code 0
+        blk[4, 0, :] = rng01.integers(0, 256, bb, dtype=np.uint8)
+        blk[4, 0, 0:2] = f16(0.004)
+        if t == T.Q5_1:
+            blk[4, 0, 2:4] = f16(-0.06)
+    return q
+
+
+def q5_goldens():
+    for t, tag in ((T.Q5_0, "q5_0"), (T.Q5_1, "q5_1")):
+        w = q5_matrix(t, 37, 160, edges=True)
+        with open(os.path.join(OUT, "w_%s.bin" % tag), "wb") as f:
+            f.write(w.tobytes())
+        deq = dequantize(w, t).reshape(37, 160).astype("<f4")
+        with open(os.path.join(OUT, "w_%s.f32" % tag), "wb") as f:
+            f.write(deq.tobytes())
+
+
+def tiny_q5_01(name, dim=384, hidden=768, heads=6, kv=2, hd=64):
+    w = llama_writer(os.path.join(OUT, name), 1, dim, hidden, heads, kv, hd, 10000.0, 1e-5)
+    toks = add_gpt2_tokenizer(w, [])
+    s = 1.0 / np.sqrt(dim)
+
+    def mat(tname, rows, cols, sigma, t):
+        if t == T.Q6_K:
+            w.add_tensor(tname, q6k_matrix(rows, cols, sigma), raw_dtype=t)
+        elif t == T.Q8_0:
+            x = (rng01.standard_normal((rows, cols)) * sigma).astype(np.float32)
+            w.add_tensor(tname, quantize(x, t), raw_dtype=t)
+        else:
+            w.add_tensor(tname, q5_matrix(t, rows, cols, sigma), raw_dtype=t)
+
+    mat("token_embd.weight", len(toks), dim, 0.1, T.Q5_1)
+    mat("output.weight", len(toks), dim, 0.1, T.Q5_0)
+    w.add_tensor("output_norm.weight", np.ones(dim, np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(dim, np.float32))
+    w.add_tensor("blk.0.ffn_norm.weight", np.ones(dim, np.float32))
+    mat("blk.0.attn_q.weight", heads * hd, dim, 0.5 * s, T.Q5_0)
+    mat("blk.0.attn_k.weight", kv * hd, dim, 0.5 * s, T.Q5_0)
+    mat("blk.0.attn_v.weight", kv * hd, dim, s, T.Q8_0)
+    mat("blk.0.attn_output.weight", dim, heads * hd, s, T.Q5_1)
+    mat("blk.0.ffn_gate.weight", hidden, dim, s, T.Q5_1)
+    mat("blk.0.ffn_up.weight", hidden, dim, s, T.Q5_0)
+    mat("blk.0.ffn_down.weight", dim, hidden, s, T.Q6_K)
+    write_and_close(w)
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     check_encoding()
     goldens()
     tiny_model("tiny_q5k.gguf")
+    q5_goldens()
+    tiny_q5_01("tiny_q5_01.gguf")
     print("wrote", OUT, file=sys.stderr)
 
 

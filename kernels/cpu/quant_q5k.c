@@ -93,6 +93,35 @@ void tsr_q5k_pack_gguf(const uint8_t *blocks, int64_t rows, int64_t cols, void *
     }
 }
 
+void tsr_q5k_pack_q5(const uint8_t *blocks, bool with_min, int64_t rows, int64_t cols,
+                     void *packed) {
+    tsr_tensor q = {.dtype = TSR_Q5_K, .rows = rows, .cols = cols};
+    memset(packed, 0, tsr_tensor_bytes(&q));
+    size_t bb = with_min ? TSR_Q5_1_BLOCK_BYTES : TSR_Q5_0_BLOCK_BYTES;
+    int64_t nb = cols / TSR_Q5K_BLOCK;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *src = blocks + ((size_t)r * (size_t)nb + (size_t)b) * bb;
+            uint16_t d = (uint16_t)(src[0] | src[1] << 8);
+            /* d q - dmin m: Q5_0's d (q - 16) as dmin = d, m = 16; Q5_1's d q + min as
+             * dmin = -min (the fp16 sign flipped), m = 1 */
+            tsr__q5k_row v = {.d = d, .sc = 1, .dmin = d, .m = 16};
+            if (with_min) {
+                v.dmin = (uint16_t)((src[2] | src[3] << 8) ^ 0x8000);
+                v.m = 1;
+            }
+            const uint8_t *qh = src + (with_min ? 4 : 2), *qs = qh + 4;
+            uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
+                         (uint32_t)qh[3] << 24;
+            for (int l = 0; l < 16; l++) {
+                v.code[l] = (uint8_t)((qs[l] & 15) | (h >> l & 1) << 4);
+                v.code[16 + l] = (uint8_t)((qs[l] >> 4) | (h >> (16 + l) & 1) << 4);
+            }
+            tsr__q5k_put(tsr__q5k_gb(packed, cols, r, b), (int)(r % TSR_Q5K_GROUP), &v);
+        }
+    }
+}
+
 void tsr_q5k_dequant_row(const void *packed, int64_t cols, int64_t r, float *out) {
     for (int64_t b = 0; b < cols / TSR_Q5K_BLOCK; b++) {
         tsr__q5k_row v;

@@ -25,7 +25,14 @@
  *        code of column 4s + e in its low nibble and of column 16 + 4s + e in its high one
  *                                                                        256
  *   352  64 bytes: row j's byte e at 4j + e holds the high bit of the code of column 4s + e
- *        at bit s and of column 16 + 4s + e at bit 4 + s (s = 0..3)      64 */
+ *        at bit s and of column 16 + 4s + e at bit 4 + s (s = 0..3)      64
+ *
+ * GGUF's Q5_0 and Q5_1 (32 values a block: fp16 d, for Q5_1 an fp16 min m, 4 bytes of high
+ * bits, 16 of low nibbles; d * (q - 16), resp. d * q + m) are the same arithmetic with scale
+ * 1 and, for Q5_0, dmin = d with min 16, for Q5_1 dmin = -m with min 1: exact, so they load
+ * into this layout losslessly and run on these kernels. llama.cpp writes them into its K-quant
+ * files for the matrices whose width is not a multiple of 256 (Q4_K_M's Q4_K becomes Q5_0,
+ * Q5_K_M's Q5_K becomes Q5_1: SmolLM2's 576 columns, Qwen2.5-0.5B's 896). */
 #ifndef TSR_KERNELS_CPU_QUANT_Q5K_H
 #define TSR_KERNELS_CPU_QUANT_Q5K_H
 
@@ -42,6 +49,8 @@
 #define TSR_Q5K_GROUP_BLOCK_BYTES 416  /* TSR_Q5K_GROUP * TSR_Q5K_ROW_BYTES */
 #define TSR_Q5K_GGUF_BLOCK 256         /* values per GGUF block_q5_K */
 #define TSR_Q5K_GGUF_BLOCK_BYTES 176
+#define TSR_Q5_0_BLOCK_BYTES 22        /* GGUF block_q5_0: 32 values */
+#define TSR_Q5_1_BLOCK_BYTES 24        /* GGUF block_q5_1: 32 values */
 
 /* Whether a [rows, cols] matrix can be stored so (cols a positive multiple of 32). */
 bool tsr_q5k_fits(int64_t rows, int64_t cols);
@@ -49,6 +58,10 @@ bool tsr_q5k_fits(int64_t rows, int64_t cols);
 /* Repacks a [rows, cols] matrix (cols % 256 == 0) of GGUF block_q5_K (row-major, as the file
  * stores them) into `packed` (tsr_tensor_bytes of the Q5_K tensor), padding included. */
 void tsr_q5k_pack_gguf(const uint8_t *blocks, int64_t rows, int64_t cols, void *packed);
+/* Repacks a [rows, cols] matrix (cols % 32 == 0) of GGUF block_q5_1 (with_min) or
+ * block_q5_0 blocks, row-major, into `packed` as the Q5_K tensor of the same values. */
+void tsr_q5k_pack_q5(const uint8_t *blocks, bool with_min, int64_t rows, int64_t cols,
+                     void *packed);
 /* Row r dequantized to f32: (d * sc) * q - dmin * m, gguf's dequantization. */
 void tsr_q5k_dequant_row(const void *packed, int64_t cols, int64_t r, float *out);
 

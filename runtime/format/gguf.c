@@ -198,7 +198,7 @@ const char *tsr_gguf_type_name(uint32_t t) {
 bool tsr_gguf_type_supported(uint32_t t) {
     return t == TSR_GGML_F32 || t == TSR_GGML_F16 || t == TSR_GGML_BF16 || t == TSR_GGML_Q8_0 ||
            t == TSR_GGML_Q4_0 || t == TSR_GGML_Q4_1 || t == TSR_GGML_Q4_K ||
-           t == TSR_GGML_Q5_K || t == TSR_GGML_Q6_K;
+           t == TSR_GGML_Q5_0 || t == TSR_GGML_Q5_1 || t == TSR_GGML_Q5_K || t == TSR_GGML_Q6_K;
 }
 
 static tsr_status tsr__parse_tensor(tsr_gguf *g, tsr__cur *c, tsr_gguf_tensor *t) {
@@ -534,6 +534,23 @@ static void tsr__block(uint32_t t, const uint8_t *b, float *y) {
         }
         break;
     }
+    case TSR_GGML_Q5_0:
+    case TSR_GGML_Q5_1: {
+        /* d (q - 16), resp. d q + m; the fifth bits of columns j and j + 16 are bits j and
+         * j + 16 of the little-endian qh */
+        bool q51 = t == TSR_GGML_Q5_1;
+        float d = tsr__h(b), m = q51 ? tsr__h(b + 2) : 0.0f;
+        const uint8_t *qh = b + (q51 ? 4 : 2), *qs = qh + 4;
+        uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
+                     (uint32_t)qh[3] << 24;
+        for (int j = 0; j < 16; j++) {
+            int q0 = (qs[j] & 0xF) | (int)(h >> j & 1) << 4;
+            int q1 = (qs[j] >> 4) | (int)(h >> (j + 16) & 1) << 4;
+            y[j] = q51 ? d * (float)q0 + m : d * (float)(q0 - 16);
+            y[j + 16] = q51 ? d * (float)q1 + m : d * (float)(q1 - 16);
+        }
+        break;
+    }
     case TSR_GGML_Q4_K: {
         float d = tsr__h(b), dmin = tsr__h(b + 2);
         const uint8_t *sc = b + 4, *q = b + 16;
@@ -600,7 +617,7 @@ tsr_status tsr_gguf_dequant(const tsr_gguf *g, const tsr_gguf_tensor *t, tsr_dty
     if (!tsr_gguf_type_supported(t->type))
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
                              "%s: tensor %s has type %s (tessera reads F32, F16, BF16, Q8_0, "
-                             "Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)", g->path, t->name,
+                             "Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K)", g->path, t->name,
                              tsr_gguf_type_name(t->type));
     int64_t blk;
     size_t bb;

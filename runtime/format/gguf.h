@@ -1,6 +1,6 @@
 /* GGUF files (llama.cpp's single-file model format, versions 2 and 3): header, metadata
  * key/values of every type, tensor infos, and dequantization of the tensor types tessera
- * reads (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) to f32/f16/bf16.
+ * reads (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K) to f32/f16/bf16.
  *
  * The whole file is mmapped read-only and every field is checked against the file size
  * before it is used: counts bound allocations only once they are shown to fit in the

@@ -1,12 +1,13 @@
 /* GGUF model files (llama.cpp's format): the architecture's metadata keys give the config, the
  * tensors are copied at load into model-owned memory, so the file is closed afterwards. Q8_0,
  * Q4_0, Q4_1, Q4_K, Q5_K and Q6_K matrices stay in their blocks (repacked for the CPU
- * kernels, kernels/cpu/quant_q8.h, quant_q4.h, quant_q4k.h, quant_q5k.h and quant_q6k.h)
+ * kernels, kernels/cpu/quant_q8.h, quant_q4.h, quant_q4k.h, quant_q5k.h and quant_q6k.h;
+ * Q5_0 and Q5_1, the K-quant files' type for widths not a multiple of 256, as Q5_K)
  * where the forward can run them (runtime/model/quantize.h; Q4_K where its 256-column
  * super-blocks never cross a reduction part, tsr__q4k_eligible, else rewritten as Q4_1 per
  * 32-column sub-block; Q5_K and Q6_K in 32-column blocks wherever Q8_0 runs); where not,
  * they are dequantized to f32 (bf16 for large models), and runtime/format/gguf.h refuses the
- * types it does not read (Q2_K, Q5_1, IQ*, ...) by name. TSR_GGUF_DEQUANT=1 in the
+ * types it does not read (Q2_K, Q3_K, IQ*, ...) by name. TSR_GGUF_DEQUANT=1 in the
  * environment dequantizes the 4- to 6-bit matrices (and such a file's Q8_0 ones) too, the way
  * every quantized type was loaded before those had kernels (for comparisons).
  *
@@ -43,9 +44,10 @@ typedef struct tsr__ggctx {
     char key[160];
     bool q8_native; /* most matrix weights are Q8_0: those stay Q8_0 (tsr__load) */
     bool native;    /* Q4_0/Q4_1/Q4_K/Q5_K/Q6_K (and Q8_0) matrices stay in their blocks */
-    int64_t n4[5];  /* elements loaded as Q4_0, Q4_1, Q4_K, Q6_K, Q5_K */
+    int64_t n4[5];  /* elements loaded as Q4_0, Q4_1, Q4_K, Q6_K, Q5_K (Q5_0/Q5_1 too) */
     int n4k_q41;      /* Q4_K matrices run as Q4_1 (tsr__q4k_eligible false) */
     int n4k_expanded; /* ... and dequantized (a scale past fp16's range) */
+    int n5_01;        /* Q5_0/Q5_1 matrices run as Q5_K (quant_q5k.h: the same values) */
     int64_t n_mat;  /* elements of all matrices in the file */
 } tsr__ggctx;
 
@@ -341,6 +343,21 @@ static tsr_status tsr__load_tensor(tsr_model *m, tsr__ggctx *x, const tsr_gguf_t
         x->n4[q6 ? 3 : 4] += rows * cols;
         return TSR_OK;
     }
+    if (eligible && x->native && (t->type == TSR_GGML_Q5_0 || t->type == TSR_GGML_Q5_1)) {
+        bool q51 = t->type == TSR_GGML_Q5_1;
+        if (t->nbytes < (uint64_t)rows * (uint64_t)(cols / TSR_Q5K_BLOCK) *
+                            (q51 ? TSR_Q5_1_BLOCK_BYTES : TSR_Q5_0_BLOCK_BYTES))
+            return tsr_error_set(TSR_ERR_FORMAT, "%s: tensor %s is short", x->g->path, name);
+        tsr_tensor q = {.dtype = TSR_Q5_K, .rows = rows, .cols = cols};
+        void *pk;
+        TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &pk));
+        tsr_q5k_pack_q5(t->data, q51, rows, cols, pk);
+        q.data = pk;
+        *dst = q;
+        x->n4[4] += rows * cols;
+        x->n5_01++;
+        return TSR_OK;
+    }
     if (eligible && (x->q8_native || x->native) && t->type == TSR_GGML_Q8_0) {
         tsr_tensor q = {.dtype = TSR_Q8_0, .rows = rows, .cols = cols};
         void *pk;
@@ -454,6 +471,10 @@ tsr_status tsr_loader_gguf(const char *path, tsr_model **out) {
                      "cross the reduction parts of wo (head_dim %d) or w_down (hidden %d over "
                      "%d heads)", path, x.n4k_q41, x.n4k_q41 == 1 ? "x" : "ces", x.n4k_expanded,
                      tsr_dtype_name(cfg.dtype), cfg.head_dim, cfg.hidden_dim, cfg.n_heads);
+    if (st == TSR_OK && x.n5_01)
+        TSR_LOG_INFO("%s: %d Q5_0/Q5_1 matri%s run in Q5_K's 32-column blocks (the same "
+                     "values: scale 1, min 16 d or the block's min)", path, x.n5_01,
+                     x.n5_01 == 1 ? "x" : "ces");
     tsr_gguf_close(x.g);
     if (st != TSR_OK) {
         tsr_model_destroy(m);

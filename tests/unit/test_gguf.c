@@ -247,11 +247,11 @@ TSR_TEST(test_hostile) {
     w.b[0] = 'X';
     expect_bad(&w, "not a GGUF file");
     /* A valid file with an unsupported tensor type loads; dequantizing it is refused. */
-    build(&w, 1, "a", TSR_GGUF_U32, 0, 1, 32, TSR_GGML_Q5_0, 0);
-    ASSERT_OK(tsr_gguf_open_mem(w.b, w.n, "q5.gguf", &g));
+    build(&w, 1, "a", TSR_GGUF_U32, 0, 1, 32, TSR_GGML_Q8_1, 0);
+    ASSERT_OK(tsr_gguf_open_mem(w.b, w.n, "q81.gguf", &g));
     float out[32];
     ASSERT_EQ_INT(tsr_gguf_dequant(g, &g->tensors[0], TSR_F32, out), TSR_ERR_UNSUPPORTED);
-    ASSERT_STR_CONTAINS(tsr_last_error(), "q5.gguf: tensor t has type Q5_0");
+    ASSERT_STR_CONTAINS(tsr_last_error(), "q81.gguf: tensor t has type Q8_1");
     tsr_gguf_close(g);
 }
 

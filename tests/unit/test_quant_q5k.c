@@ -4,7 +4,8 @@
  * odd shapes and parts, the scalar reference against a double sum over the dequantized
  * weights and the Q8_0 activations; the cpu and cpu-fenced backends; a tiny llama mixed as
  * llama.cpp's Q5_K_M (wo's and w_down's reduction parts 64 and 128 columns) natively against
- * its f32 expansion. */
+ * its f32 expansion; GGUF's Q5_0 and Q5_1 loaded into the Q5_K layout (w_q5_0.bin,
+ * w_q5_1.bin, tiny_q5_01.gguf) likewise. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,6 +89,47 @@ TSR_TEST(test_types_gguf) {
     tsr_gguf_close(g);
 }
 
+/* GGUF's Q5_0 and Q5_1 (w_q5_0.bin, w_q5_1.bin: quantized by the package, edge blocks):
+ * repacked into the Q5_K layout and dequantized to the package's values (a zero's sign aside:
+ * Q5_0's d q - 16 d is +0 where d (q - 16) may be -0), and dequantized by the GGUF reader
+ * (the fallback path) to them bit for bit. */
+TSR_TEST(test_q5_0_q5_1) {
+    enum { R = 37, C = 160 };
+    for (int q51 = 0; q51 <= 1; q51++) {
+        size_t nq, nd, bb = q51 ? TSR_Q5_1_BLOCK_BYTES : TSR_Q5_0_BLOCK_BYTES;
+        uint8_t *blocks = read_all(q51 ? DATA "w_q5_1.bin" : DATA "w_q5_0.bin", &nq);
+        float *deq = read_all(q51 ? DATA "w_q5_1.f32" : DATA "w_q5_0.f32", &nd);
+        ASSERT_TRUE(blocks && deq);
+        ASSERT_EQ_INT((int)nq, R * (C / 32) * (int)bb);
+        ASSERT_EQ_INT((int)nd, R * C * 4);
+        tsr_tensor q = {.dtype = TSR_Q5_K, .rows = R, .cols = C};
+        uint8_t *packed = tsr_malloc(tsr_tensor_bytes(&q));
+        float *viagguf = tsr_malloc((size_t)R * C * 4);
+        ASSERT_TRUE(packed && viagguf);
+        tsr_q5k_pack_q5(blocks, q51, R, C, packed);
+        tsr_gguf fake = {.path = "w_q5.bin"};
+        tsr_gguf_tensor t = {.name = "w", .n_dims = 2, .ne = {C, R, 1, 1},
+                             .type = q51 ? TSR_GGML_Q5_1 : TSR_GGML_Q5_0, .nbytes = nq,
+                             .numel = (int64_t)R * C, .data = blocks};
+        ASSERT_OK(tsr_gguf_dequant(&fake, &t, TSR_F32, viagguf));
+        for (int r = 0; r < R; r++) {
+            float got[C];
+            tsr_q5k_dequant_row(packed, C, r, got);
+            for (int k = 0; k < C; k++) {
+                const float *e = &deq[r * C + k];
+                if (!(got[k] == *e) || memcmp(&viagguf[r * C + k], e, 4))
+                    TSR_FAIL_("Q5_%d row %d col %d: %.9g (repacked), %.9g (reader) vs gguf "
+                              "%.9g", q51, r, k, (double)got[k], (double)viagguf[r * C + k],
+                              (double)*e);
+            }
+        }
+        tsr_free(viagguf);
+        tsr_free(packed);
+        free(blocks);
+        free(deq);
+    }
+}
+
 /* ---- kernels ---- */
 
 /* A [rows, cols] Q5_K matrix of random GGUF blocks (every code, scale, min and high-bit
@@ -99,7 +141,8 @@ static tsr_tensor make_q5k(int64_t rows, int64_t cols) {
         uint8_t *o = b + i * TSR_Q5K_GGUF_BLOCK_BYTES;
         for (int k = 0; k < TSR_Q5K_GGUF_BLOCK_BYTES; k++) o[k] = (uint8_t)urand();
         uint16_t d = tsr_f32_to_f16(0.001f + 0.009f * (0.5f + 0.5f * frand()));
-        uint16_t m = (i / nb) % 5 == 3 ? 0 : tsr_f32_to_f16(0.001f + 0.009f * (0.5f + 0.5f * frand()));
+        uint16_t m = (i / nb) % 5 == 3 ? 0
+                                       : tsr_f32_to_f16(0.001f + 0.009f * (0.5f + 0.5f * frand()));
         o[0] = (uint8_t)d;
         o[1] = (uint8_t)(d >> 8);
         o[2] = (uint8_t)m;
@@ -225,7 +268,8 @@ TSR_TEST(test_extreme_codes) {
     tsr_q5k_pack_gguf(blk, rows, cols, p);
     w.data = p;
     float x[4 * 256];
-    for (int i = 0; i < 4 * 256; i++) x[i] = i < 512 ? (i < 256 ? 5.0f : -5.0f) : (i % 2 ? 5.0f : -5.0f);
+    for (int i = 0; i < 4 * 256; i++)
+        x[i] = i < 512 ? (i < 256 ? 5.0f : -5.0f) : (i % 2 ? 5.0f : -5.0f);
     qact a = make_act(x, 4, cols);
     gemv_case gc = {&w, &a};
     const tsr__q5k_kernels *ref = tsr__q5k_kernels_for(TSR__Q8_SCALAR);
@@ -378,5 +422,30 @@ TSR_TEST(test_mixed_model) {
     ASSERT_EQ_INT(real, 0);
 }
 
-TSR_TEST_MAIN(test_repack_and_dequant, test_types_gguf, test_kernels_equal_scalar,
-              test_extreme_codes, test_slice, test_backends, test_mixed_model)
+/* A llama of width 384 as llama.cpp's K-quant files store one (their fallback for widths not
+ * a multiple of 256): Q5_0 and Q5_1 matrices (the embedding Q5_1, the output Q5_0) run as
+ * Q5_K, attn_v Q8_0, ffn_down Q6_K. */
+TSR_TEST(test_q5_01_model) {
+    tsr_model *m;
+    ASSERT_OK(tsr_model_load(DATA "tiny_q5_01.gguf", &m));
+    ASSERT_EQ_INT(m->cfg.dim, 384);
+    ASSERT_EQ_INT(m->cfg.dtype, TSR_Q5_K);
+    ASSERT_EQ_INT(m->tok_emb.dtype, TSR_Q5_K);
+    ASSERT_EQ_INT(m->classifier.dtype, TSR_Q5_K);
+    ASSERT_EQ_INT(m->layers[0].wq.dtype, TSR_Q5_K);
+    ASSERT_EQ_INT(m->layers[0].wo.dtype, TSR_Q5_K);
+    ASSERT_EQ_INT(m->layers[0].wv.dtype, TSR_Q8_0);
+    ASSERT_EQ_INT(m->layers[0].w_down.dtype, TSR_Q6_K);
+    tsr_model_destroy(m);
+    double ratio;
+    int top1, real;
+    native_vs_expanded(DATA "tiny_q5_01.gguf", &ratio, &top1, &real);
+    fprintf(stderr, "  tiny Q5_0/Q5_1 llama, native vs f32 expansion: max abs logit diff / "
+            "rms %.3g (tol %g), top-1 %d/16, %d disagreeing beyond a near-tie\n", ratio,
+            TOL_LOGIT_REL, top1, real);
+    ASSERT_TRUE(ratio <= TOL_LOGIT_REL);
+    ASSERT_EQ_INT(real, 0);
+}
+
+TSR_TEST_MAIN(test_repack_and_dequant, test_types_gguf, test_q5_0_q5_1, test_kernels_equal_scalar,
+              test_extreme_codes, test_slice, test_backends, test_mixed_model, test_q5_01_model)
