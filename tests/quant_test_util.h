@@ -1,8 +1,9 @@
 /* Helpers of the quantized-weight tests (test_quant_q8, test_quant_q4, test_quant_q4k,
- * test_quant_q6k, test_fp8): a whole-file reader for the reference data, the tests'
- * deterministic random numbers, the check every integer gemv variant passes against the
- * scalar one, the backends (cpu, cpu-fenced) and their matmul against the scalar kernel's
- * rows, and an engine on a whole tiny model with its teacher-forced logits. */
+ * test_quant_q5k, test_quant_q6k, test_fp8): a whole-file reader for the reference data, the
+ * tests' deterministic random numbers, the check every integer gemv variant passes against
+ * the scalar one, the backends (cpu, cpu-fenced) and their matmul against the scalar
+ * kernel's rows, an engine on a whole tiny model with its teacher-forced logits, and a GGUF
+ * model natively against its f32 expansion. */
 #ifndef TSR_TESTS_QUANT_TEST_UTIL_H
 #define TSR_TESTS_QUANT_TEST_UTIL_H
 
@@ -19,6 +20,7 @@
 #include "memory/kv_cache.h"
 #include "runtime/engine/engine.h"
 #include "runtime/exec/forward.h"
+#include "runtime/model/model.h"
 #include "tests/test.h"
 
 /* The whole file (NUL-terminated, so JSON reads as a string; free()), or NULL. */
@@ -215,6 +217,62 @@ static inline tsr_status qt_all_logits(tsr_engine *e, const int32_t *ids, int n,
                        .all_logits = true};
     int got = 0;
     return tsr_forward_run(e->fwd, e->kv, &s, 1, out, &got);
+}
+
+/* The largest logit of x less the second largest. */
+static inline double qt_top2_margin(const float *x, int n) {
+    int32_t b = qt_argmax(x, n);
+    double second = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (i != b && x[i] > second) second = x[i];
+    return (double)x[b] - second;
+}
+
+/* A GGUF file natively and expanded to f32 (TSR_GGUF_DEQUANT=1: the same weight values,
+ * f32 activations), teacher-forced over 16 tokens. Passes when the largest |logit diff| is
+ * at most tol times the expansion's logit rms and every top-1 disagreement is a near-tie
+ * (the expansion's own top-2 margin at most twice that largest difference): the cost of
+ * 8-bit activations passes, a broken kernel or layout (differences the logits' whole size)
+ * does not. `what` names the model in the line printed. */
+static inline void qt_native_vs_expanded(const char *path, const char *what, double tol) {
+    tsr_model *mq, *mf;
+    ASSERT_OK(tsr_model_load(path, &mq));
+    setenv("TSR_GGUF_DEQUANT", "1", 1);
+    tsr_status ls = tsr_model_load(path, &mf);
+    unsetenv("TSR_GGUF_DEQUANT");
+    ASSERT_OK(ls);
+    ASSERT_EQ_INT(mf->layers[0].w_down.dtype, TSR_F32);
+    int V = mq->cfg.vocab_size, N = 16;
+    tsr_engine *eq = qt_engine(mq, N), *ef = qt_engine(mf, N);
+    ASSERT_TRUE(eq && ef);
+    int32_t ids[16] = {72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 32, 84, 104};
+    float *lq = tsr_malloc((size_t)N * (size_t)V * 4), *lf = tsr_malloc((size_t)N * (size_t)V * 4);
+    ASSERT_OK(qt_all_logits(eq, ids, N, lq));
+    ASSERT_OK(qt_all_logits(ef, ids, N, lf));
+    double worst = 0, var = 0;
+    for (int i = 0; i < N * V; i++) {
+        double d = fabs((double)lq[i] - lf[i]);
+        if (!(d <= worst)) worst = d;
+        var += (double)lf[i] * lf[i];
+    }
+    int top1 = 0, real = 0;
+    for (int r = 0; r < N; r++) {
+        bool same = qt_argmax(lq + r * V, V) == qt_argmax(lf + r * V, V);
+        top1 += same;
+        real += !same && qt_top2_margin(lf + r * V, V) > 2 * worst;
+    }
+    double rms = sqrt(var / ((double)N * V)), ratio = worst / rms;
+    fprintf(stderr, "  %s, native vs f32 expansion: max abs logit diff %.3g, logit rms %.3g, "
+            "ratio %.3g (tol %g), top-1 %d/%d, %d disagreeing beyond a near-tie\n", what,
+            worst, rms, ratio, tol, top1, N, real);
+    tsr_free(lq);
+    tsr_free(lf);
+    tsr_engine_destroy(eq);
+    tsr_engine_destroy(ef);
+    tsr_model_destroy(mq);
+    tsr_model_destroy(mf);
+    ASSERT_TRUE(ratio <= tol);
+    ASSERT_EQ_INT(real, 0);
 }
 
 #endif

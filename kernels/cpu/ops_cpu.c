@@ -6,10 +6,6 @@
 
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/quant_q4.h"
-#include "kernels/cpu/quant_q4k.h"
-#include "kernels/cpu/quant_q5k.h"
-#include "kernels/cpu/quant_q6k.h"
-#include "kernels/cpu/quant_q8.h"
 #include "kernels/kv_dtype.h"
 #include "kernels/rope_freq.h"
 #include "base/alloc.h"
@@ -375,35 +371,19 @@ tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t 
     int64_t d = emb->cols;
     for (int64_t i = 0; i < n; i++) {
         float *o = out + (size_t)i * (size_t)d;
-        if (emb->dtype == TSR_Q8_0) { /* GGUF's dequantization of the row */
-            tsr_q8_dequant_row(emb->data, d, ids[i], o);
-            continue;
-        }
-        if (emb->dtype == TSR_Q4_K) {
-            tsr_q4k_dequant_row(emb->data, d, ids[i], o);
-            continue;
-        }
-        if (emb->dtype == TSR_Q6_K || emb->dtype == TSR_Q5_K) {
-            if (emb->dtype == TSR_Q6_K) tsr_q6k_dequant_row(emb->data, d, ids[i], o);
-            else tsr_q5k_dequant_row(emb->data, d, ids[i], o);
-            continue;
-        }
-        if (tsr_q4_is(emb->dtype)) {
-            tsr_q4_dequant_row(emb->dtype, emb->data, d, ids[i], o);
-            continue;
-        }
-        const void *src = tsr_tensor_row(emb, ids[i]);
         switch (emb->dtype) {
-        case TSR_F32: memcpy(o, src, (size_t)d * 4); break;
-        case TSR_BF16: k->cvt_bf16(src, o, d); break;
-        case TSR_F16: k->cvt_f16(src, o, d); break;
-        case TSR_U8: tsr_dtype_to_f32(TSR_U8, src, o, (size_t)d); break;
+        case TSR_F32: memcpy(o, tsr_tensor_row(emb, ids[i]), (size_t)d * 4); break;
+        case TSR_BF16: k->cvt_bf16(tsr_tensor_row(emb, ids[i]), o, d); break;
+        case TSR_F16: k->cvt_f16(tsr_tensor_row(emb, ids[i]), o, d); break;
+        case TSR_U8: tsr_dtype_to_f32(TSR_U8, tsr_tensor_row(emb, ids[i]), o, (size_t)d); break;
         case TSR_Q8_0:
         case TSR_Q4_0:
         case TSR_Q4_1:
         case TSR_Q4_K:
         case TSR_Q5_K:
-        case TSR_Q6_K: break;
+        case TSR_Q6_K: /* GGUF's dequantization of the row from its repacked groups */
+            tsr_q4_row_f32(emb, ids[i], o);
+            break;
         case TSR_F8_E4M3: /* never an embedding (runtime/model/fp8.h) */
         case TSR_MXFP4: break; /* experts only */
         }

@@ -341,58 +341,6 @@ TSR_TEST(test_backends) {
 
 /* ---- tiny llamas against their f32 expansion ---- */
 
-/* The largest logit of x less the second largest. */
-static double top2_margin(const float *x, int n) {
-    int32_t b = qt_argmax(x, n);
-    double second = -INFINITY;
-    for (int i = 0; i < n; i++)
-        if (i != b && x[i] > second) second = x[i];
-    return (double)x[b] - second;
-}
-
-/* The file natively and expanded to f32 (TSR_GGUF_DEQUANT=1), teacher-forced over 16
- * tokens: max |logit diff| / the logits' rms (*ratio), top-1 agreement (*top1), and the
- * disagreements where the expansion's own top-2 margin exceeds twice the largest logit
- * difference (*real: not a near-tie). */
-static void native_vs_expanded(const char *path, double *ratio, int *top1, int *real) {
-    tsr_model *mq, *mf;
-    ASSERT_OK(tsr_model_load(path, &mq));
-    setenv("TSR_GGUF_DEQUANT", "1", 1);
-    tsr_status ls = tsr_model_load(path, &mf);
-    unsetenv("TSR_GGUF_DEQUANT");
-    ASSERT_OK(ls);
-    ASSERT_EQ_INT(mf->layers[0].w_down.dtype, TSR_F32);
-    int V = mq->cfg.vocab_size, N = 16;
-    tsr_engine *eq = qt_engine(mq, N), *ef = qt_engine(mf, N);
-    ASSERT_TRUE(eq && ef);
-    int32_t ids[16] = {72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 32, 84, 104};
-    float *lq = tsr_malloc((size_t)N * (size_t)V * 4), *lf = tsr_malloc((size_t)N * (size_t)V * 4);
-    ASSERT_OK(qt_all_logits(eq, ids, N, lq));
-    ASSERT_OK(qt_all_logits(ef, ids, N, lf));
-    double worst = 0, var = 0;
-    *top1 = 0;
-    for (int i = 0; i < N * V; i++) {
-        double d = fabs((double)lq[i] - lf[i]);
-        if (!(d <= worst)) worst = d;
-        var += (double)lf[i] * lf[i];
-    }
-    *real = 0;
-    for (int r = 0; r < N; r++) {
-        bool same = qt_argmax(lq + r * V, V) == qt_argmax(lf + r * V, V);
-        *top1 += same;
-        *real += !same && top2_margin(lf + r * V, V) > 2 * worst;
-    }
-    *ratio = worst / sqrt(var / ((double)N * V));
-    fprintf(stderr, "  %s: max abs logit diff %.3g, logit rms %.3g\n", path, worst,
-            sqrt(var / ((double)N * V)));
-    tsr_free(lq);
-    tsr_free(lf);
-    tsr_engine_destroy(eq);
-    tsr_engine_destroy(ef);
-    tsr_model_destroy(mq);
-    tsr_model_destroy(mf);
-}
-
 /* The expected quantization effect: natively the activations of the Q5_K and Q6_K matrices
  * are quantized to 8 bits per 32 columns, the expansion keeps them f32; the weights are the
  * same values. A broken kernel or layout moves logits by their whole size (ratios near 1). */
@@ -412,14 +360,7 @@ TSR_TEST(test_mixed_model) {
     ASSERT_EQ_INT(m->layers[0].wv.dtype, TSR_Q6_K);
     ASSERT_EQ_INT(m->layers[0].w_down.dtype, TSR_Q6_K);
     tsr_model_destroy(m);
-    double ratio;
-    int top1, real;
-    native_vs_expanded(DATA "tiny_q5k.gguf", &ratio, &top1, &real);
-    fprintf(stderr, "  tiny Q5_K/Q6_K llama, native vs f32 expansion: max abs logit diff / "
-            "rms %.3g (tol %g), top-1 %d/16, %d disagreeing beyond a near-tie\n", ratio,
-            TOL_LOGIT_REL, top1, real);
-    ASSERT_TRUE(ratio <= TOL_LOGIT_REL);
-    ASSERT_EQ_INT(real, 0);
+    qt_native_vs_expanded(DATA "tiny_q5k.gguf", "tiny Q5_K/Q6_K llama", TOL_LOGIT_REL);
 }
 
 /* A llama of width 384 as llama.cpp's K-quant files store one (their fallback for widths not
@@ -437,14 +378,7 @@ TSR_TEST(test_q5_01_model) {
     ASSERT_EQ_INT(m->layers[0].wv.dtype, TSR_Q8_0);
     ASSERT_EQ_INT(m->layers[0].w_down.dtype, TSR_Q6_K);
     tsr_model_destroy(m);
-    double ratio;
-    int top1, real;
-    native_vs_expanded(DATA "tiny_q5_01.gguf", &ratio, &top1, &real);
-    fprintf(stderr, "  tiny Q5_0/Q5_1 llama, native vs f32 expansion: max abs logit diff / "
-            "rms %.3g (tol %g), top-1 %d/16, %d disagreeing beyond a near-tie\n", ratio,
-            TOL_LOGIT_REL, top1, real);
-    ASSERT_TRUE(ratio <= TOL_LOGIT_REL);
-    ASSERT_EQ_INT(real, 0);
+    qt_native_vs_expanded(DATA "tiny_q5_01.gguf", "tiny Q5_0/Q5_1 llama", TOL_LOGIT_REL);
 }
 
 TSR_TEST_MAIN(test_repack_and_dequant, test_types_gguf, test_q5_0_q5_1, test_kernels_equal_scalar,
