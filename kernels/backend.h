@@ -413,6 +413,10 @@ struct tsr_backend {
     /* moe takes repacked MXFP4 experts (TSR_MXFP4, the CPU's integer kernels); the engine
      * repacks them for a quantized --dtype (runtime/model/quantize.h). */
     bool mxfp4_packed;
+    /* matmul, matmul_parts and embed take the repacked GGUF blocks TSR_Q4_0, TSR_Q4_1,
+     * TSR_Q4_K, TSR_Q5_K and TSR_Q6_K (the CPU's integer kernels); elsewhere the engine
+     * requantizes such matrices to Q8_0 at load (tsr_model_blocks_to_q8). */
+    bool gguf_blocks;
 };
 
 /* --- the registry -----------------------------------------------------------------------

@@ -386,6 +386,7 @@ tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {
     be->threads = threads;
     be->host_memory = true;
     be->mxfp4_packed = true; /* moe_cpu.c */
+    be->gguf_blocks = true;  /* gemm_cpu.c, ops_cpu.c */
     /* Prefill runs single-threaded sgemm calls from OpenMP threads (gemm_cpu.c); OpenBLAS's
      * own pool would spin against them on the same cores. OpenBLAS's OpenMP build (the one
      * CMake prefers) also sets the caller's OpenMP default to 1, and on every call outside

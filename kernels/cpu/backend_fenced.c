@@ -76,6 +76,7 @@ typedef struct tsr__pinned {
 
 typedef struct tsr__fenced {
     tsr_backend *inner; /* the CPU backend whose ops run inside the open fence */
+    const tsr_backend *self; /* its flags (gguf_blocks) */
     char *base;
     size_t size;
     tsr__ranges free_list; /* free runs, coalesced: no two touch */
@@ -712,9 +713,12 @@ static tsr_status tsr__fenced_kv_scatter(tsr_backend *be, const tsr_kv_layout *l
 
 static tsr_status tsr__dev_tensor(tsr__fenced *f, const char *op, const char *arg,
                                   const tsr_tensor *w) {
-    if (w->dtype == TSR_Q8_0 || w->dtype == TSR_Q4_0 || w->dtype == TSR_Q4_1 ||
-        w->dtype == TSR_Q4_K || w->dtype == TSR_Q5_K || w->dtype == TSR_Q6_K ||
-        w->dtype == TSR_MXFP4) /* scales, padding */
+    bool gguf = w->dtype == TSR_Q4_0 || w->dtype == TSR_Q4_1 || w->dtype == TSR_Q4_K ||
+                w->dtype == TSR_Q5_K || w->dtype == TSR_Q6_K;
+    if (gguf && !f->self->gguf_blocks) /* as a device without their kernels would */
+        return tsr_error_set(TSR_ERR_UNSUPPORTED, "cpu-fenced %s: %s %s without gguf_blocks",
+                             op, tsr_dtype_name(w->dtype), arg);
+    if (gguf || w->dtype == TSR_Q8_0 || w->dtype == TSR_MXFP4) /* scales, padding */
         return tsr__dev(f, op, arg, w->data, w->rows > 0 && w->cols > 0 ? tsr_tensor_bytes(w) : 0);
     return tsr__dev(f, op, arg, w->data, tsr__bytes3(w->rows, w->cols,
                                                      (int64_t)tsr_dtype_size(w->dtype)));
@@ -1195,6 +1199,7 @@ tsr_status tsr_backend_fenced_create(int threads, size_t arena_bytes, tsr_backen
     }
     pthread_mutex_init(&f->lock, NULL);
     f->inner = inner;
+    f->self = be;
     f->base = base;
     f->size = size;
     f->free_list.v[0] = (tsr__range){0, size, 0};
@@ -1206,6 +1211,9 @@ tsr_status tsr_backend_fenced_create(int threads, size_t arena_bytes, tsr_backen
     be->threads = inner->threads;
     be->host_memory = false;
     be->mxfp4_packed = inner->mxfp4_packed; /* its moe is the inner backend's */
+    /* its matmul and embed are the inner's; a test clears it to stand in for a device
+     * without those kernels (then they refuse the types, tsr__dev_tensor) */
+    be->gguf_blocks = inner->gguf_blocks;
     TSR_LOG_DEBUG("cpu-fenced: %d threads, arena of %zu MiB", be->threads, size >> 20);
     *out = be;
     return TSR_OK;

@@ -353,6 +353,13 @@ static tsr_status tsr__start(tsr_engine *e, const tsr_engine_spec *o) {
         snprintf(why, sizeof why, "the %s backend computes no FP8", e->be->ops->name);
         TSR_TRY(tsr__agree(e, tsr_model_fp8_to_q8(e->model, why)));
     }
+    /* a GGUF's 4- to 6-bit matrices likewise stay in their blocks only where the backend has
+     * kernels for them (runtime/model/quantize.h) */
+    if (!e->be->gguf_blocks && !e->borrowed_) {
+        char why[96];
+        snprintf(why, sizeof why, "the %s backend has no kernels for them", e->be->ops->name);
+        TSR_TRY(tsr__agree(e, tsr_model_blocks_to_q8(e->model, why)));
+    }
     /* Under a quantized --dtype every product takes 8-bit activations: MXFP4 experts too,
      * where the backend has their integer kernels (runtime/model/quantize.h), unless
      * TSR_MXFP4_F32=1 keeps their f32 kernel (to compare the two) */

@@ -90,6 +90,72 @@ tsr_status tsr_model_quantize(tsr_model *m, tsr_dtype dt) {
 
 tsr_status tsr_model_quantize_q8(tsr_model *m) { return tsr_model_quantize(m, TSR_Q8_0); }
 
+static bool tsr__gguf_block(tsr_dtype t) {
+    return t == TSR_Q4_0 || t == TSR_Q4_1 || t == TSR_Q4_K || t == TSR_Q5_K || t == TSR_Q6_K;
+}
+
+/* One such matrix into Q8_0 (q8) or BF16 through f32 rows, 16-row groups at a time, the
+ * source's pages given back at the end. */
+static tsr_status tsr__requant(tsr_model *m, tsr_tensor *t, bool q8) {
+    tsr_tensor q = {.dtype = q8 ? TSR_Q8_0 : TSR_BF16, .rows = t->rows, .cols = t->cols};
+    void *dst;
+    TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &dst));
+    enum { SLAB = 4 * TSR_Q8_GROUP };
+    float *rows = tsr_malloc((size_t)SLAB * (size_t)t->cols * sizeof *rows);
+    if (!rows) return tsr_error_set(TSR_ERR_NOMEM, "%s: out of memory requantizing a matrix",
+                                    m->source);
+    tsr_status st = TSR_OK;
+    for (int64_t r0 = 0; r0 < t->rows && st == TSR_OK; r0 += SLAB) {
+        int64_t n = t->rows - r0 < SLAB ? t->rows - r0 : SLAB;
+        for (int64_t r = 0; r < n; r++) tsr_q4_row_f32(t, r0 + r, rows + r * t->cols);
+        if (q8) {
+            tsr_tensor src = {.dtype = TSR_F32, .rows = n, .cols = t->cols, .data = rows};
+            tsr_tensor part = {.dtype = TSR_Q8_0, .rows = r0, .cols = t->cols};
+            st = tsr_q8_quantize_tensor(&src, (char *)dst + tsr_tensor_bytes(&part));
+        } else {
+            uint16_t *o = (uint16_t *)dst + (size_t)r0 * (size_t)t->cols;
+            for (int64_t i = 0; i < n * t->cols; i++) o[i] = tsr_f32_to_bf16(rows[i]);
+        }
+    }
+    tsr_free(rows);
+    TSR_TRY(st);
+    tsr_pages_drop(t->data, tsr_tensor_bytes(t));
+    q.data = dst;
+    *t = q;
+    return TSR_OK;
+}
+
+/* t requantized if it is in GGUF blocks; counted in n[0] (Q8_0) or n[1] (BF16). */
+static tsr_status tsr__requant_if(tsr_model *m, tsr_tensor *t, const char *which, int n[2]) {
+    if (!t->data || t->rows <= 0 || t->cols <= 0 || !tsr__gguf_block(t->dtype)) return TSR_OK;
+    bool q8 = tsr_model_q8_eligible(&m->cfg, which, t->cols);
+    TSR_TRY(tsr__requant(m, t, q8));
+    n[!q8]++;
+    return TSR_OK;
+}
+
+tsr_status tsr_model_blocks_to_q8(tsr_model *m, const char *why) {
+    int n[2] = {0, 0};
+    bool tied = m->classifier.data && m->classifier.data == m->tok_emb.data;
+    TSR_TRY(tsr__requant_if(m, &m->tok_emb, "tok_emb", n));
+    if (tied)
+        m->classifier = m->tok_emb;
+    else
+        TSR_TRY(tsr__requant_if(m, &m->classifier, "classifier", n));
+    static const char *const names[7] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"};
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        tsr_layer_weights *w = &m->layers[l];
+        tsr_tensor *ts[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+        for (int i = 0; i < 7; i++) TSR_TRY(tsr__requant_if(m, ts[i], names[i], n));
+    }
+    if (!n[0] && !n[1]) return TSR_OK;
+    if (tsr__gguf_block(m->cfg.dtype)) m->cfg.dtype = TSR_Q8_0;
+    TSR_LOG_WARN("%s: 4- to 6-bit GGUF matrices run as Q8_0 (%s): %d requantized (8.5 bits "
+                 "a weight; Q8_0's rounding on top of the file's), %d expanded to bf16",
+                 m->source, why, n[0], n[1]);
+    return TSR_OK;
+}
+
 /* One expert projection: expert by expert into the packed tensor, each expert's source
  * bytes given back once packed (as tsr__quantize's slabs). */
 static tsr_status tsr__pack_experts(tsr_model *m, tsr_experts *x) {

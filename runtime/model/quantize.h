@@ -30,6 +30,14 @@ tsr_status tsr_model_quantize(tsr_model *m, tsr_dtype dt);
  * they are (their f32 kernel). Lossless; each expert's source pages are given back. */
 tsr_status tsr_model_pack_experts(tsr_model *m);
 
+/* A GGUF's matrices kept in their blocks (Q4_0, Q4_1, Q4_K, Q5_K, Q6_K: runtime/model/
+ * gguf_loader.c, or --dtype q4_0|q4_1) requantized to Q8_0, for a backend without kernels
+ * for them (be->gguf_blocks false: CUDA): each row dequantized exactly to f32 (GGUF's values)
+ * and quantized per 32 columns (Q8_0's rounding on top of the file's), slab by slab, with
+ * one warning line saying so and why. A matrix Q8_0 does not fit (none the loader keeps in
+ * blocks) becomes BF16. Sets cfg.dtype to Q8_0 when it was one of those types. */
+tsr_status tsr_model_blocks_to_q8(tsr_model *m, const char *why);
+
 /* Whether matrix `which` of a layer is stored as Q8_0 under tsr_model_quantize_q8:
  * which is "wo", "w_down", or any other matrix name (then cols % 32 decides). */
 bool tsr_model_q8_eligible(const tsr_model_config *c, const char *which, int64_t cols);
