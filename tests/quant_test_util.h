@@ -1,9 +1,10 @@
 /* Helpers of the quantized-weight tests (test_quant_q8, test_quant_q4, test_quant_q4k,
- * test_quant_q5k, test_quant_q6k, test_fp8): a whole-file reader for the reference data, the
- * tests' deterministic random numbers, the check every integer gemv variant passes against
- * the scalar one, the backends (cpu, cpu-fenced) and their matmul against the scalar
- * kernel's rows, an engine on a whole tiny model with its teacher-forced logits, and a GGUF
- * model natively against its f32 expansion. */
+ * test_quant_q3k, test_quant_q5k, test_quant_q6k, test_fp8, test_gguf_blocks_q8): a
+ * whole-file reader for the reference data, the tests' deterministic random numbers, the
+ * check every integer gemv variant passes against the scalar one, the backends (cpu,
+ * cpu-fenced) and their matmul against the scalar kernel's rows, an engine on a whole tiny
+ * model with its teacher-forced logits, and a GGUF model natively against its f32
+ * expansion. */
 #ifndef TSR_TESTS_QUANT_TEST_UTIL_H
 #define TSR_TESTS_QUANT_TEST_UTIL_H
 

@@ -89,6 +89,35 @@ void tsr_q6k_pack_gguf(const uint8_t *blocks, int64_t rows, int64_t cols, void *
     }
 }
 
+void tsr_q6k_pack_q3k(const uint8_t *blocks, int64_t rows, int64_t cols, void *packed) {
+    tsr_tensor q = {.dtype = TSR_Q6_K, .rows = rows, .cols = cols};
+    memset(packed, 0, tsr_tensor_bytes(&q));
+    int64_t ns = cols / TSR_Q6K_GGUF_BLOCK;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t sb = 0; sb < ns; sb++) {
+            const uint8_t *src = blocks + ((size_t)r * (size_t)ns + (size_t)sb) *
+                                              TSR_Q3K_GGUF_BLOCK_BYTES;
+            const uint8_t *hm = src, *qs = src + 32, *sc = src + 96;
+            tsr__q6k_row v = {.d = (uint16_t)(src[108] | src[109] << 8)};
+            for (int u = 0; u < TSR_Q6K_GGUF_BLOCK / TSR_Q6K_BLOCK; u++) {
+                for (int k = 0; k < 2; k++) { /* the scales of sub-blocks 2u and 2u + 1 */
+                    int j = 2 * u + k;
+                    int lo = sc[j % 8] >> (4 * (j / 8)) & 15;
+                    int hi = sc[8 + j % 4] >> (2 * (j / 4)) & 3;
+                    v.sc[k] = (int8_t)((lo | hi << 4) - 32);
+                }
+                for (int e = 0; e < TSR_Q6K_BLOCK; e++) { /* code q - 4 h' as q + 32 */
+                    int c = TSR_Q6K_BLOCK * u + e, h = c / 128, s = c / 32 % 4, l = c % 32;
+                    int q3 = (qs[32 * h + l] >> (2 * s) & 3) - (hm[l] >> (4 * h + s) & 1 ? 0 : 4);
+                    v.code[e] = (uint8_t)(q3 + 32);
+                }
+                int64_t b = sb * (TSR_Q6K_GGUF_BLOCK / TSR_Q6K_BLOCK) + u;
+                tsr__q6k_put(tsr__q6k_gb(packed, cols, r, b), (int)(r % TSR_Q6K_GROUP), &v);
+            }
+        }
+    }
+}
+
 void tsr_q6k_dequant_row(const void *packed, int64_t cols, int64_t r, float *out) {
     for (int64_t b = 0; b < cols / TSR_Q6K_BLOCK; b++) {
         tsr__q6k_row v;

@@ -45,6 +45,7 @@
 #define TSR_Q6K_GROUP_BLOCK_BYTES 448  /* TSR_Q6K_GROUP * TSR_Q6K_ROW_BYTES */
 #define TSR_Q6K_GGUF_BLOCK 256         /* values per GGUF block_q6_K */
 #define TSR_Q6K_GGUF_BLOCK_BYTES 210
+#define TSR_Q3K_GGUF_BLOCK_BYTES 110   /* GGUF block_q3_K: 256 values */
 
 /* Whether a [rows, cols] matrix can be stored so (cols a positive multiple of 32; a GGUF's
  * are multiples of 256). */
@@ -53,6 +54,11 @@ bool tsr_q6k_fits(int64_t rows, int64_t cols);
 /* Repacks a [rows, cols] matrix (cols % 256 == 0) of GGUF block_q6_K (row-major, as the
  * file stores them) into `packed` (tsr_tensor_bytes of the Q6_K tensor), padding included. */
 void tsr_q6k_pack_gguf(const uint8_t *blocks, int64_t rows, int64_t cols, void *packed);
+/* The same from GGUF block_q3_K (cols % 256 == 0), whose values d (sc - 32) q (6-bit scales
+ * per 16 columns, q = 2 low bits less 4 where the hmask bit is clear, -4..3) are this
+ * layout's d sc' (code - 32) with sc' = sc - 32 and code = q + 32: exact, 7 bits a weight
+ * against the file's 3.44 (Q3_K_M files run on the Q6_K kernels). */
+void tsr_q6k_pack_q3k(const uint8_t *blocks, int64_t rows, int64_t cols, void *packed);
 /* Row r dequantized to f32: (d * scale) * q, gguf's dequantization. */
 void tsr_q6k_dequant_row(const void *packed, int64_t cols, int64_t r, float *out);
 

@@ -149,6 +149,9 @@ static tsr_status tsr__parse_kv(tsr_gguf *g, tsr__cur *c, tsr_gguf_kv *kv) {
     return TSR_OK;
 }
 
+const int8_t tsr_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                     1,    13,   25,  38,  53,  69,  89,  113};
+
 /* Block size (elements) and bytes per block; 0 for a type tessera does not know. */
 static void tsr__type_layout(uint32_t t, int64_t *blk, size_t *bytes) {
     static const struct { uint32_t t; int blk; size_t bytes; } tab[] = {
@@ -158,7 +161,8 @@ static void tsr__type_layout(uint32_t t, int64_t *blk, size_t *bytes) {
         {TSR_GGML_Q3_K, 256, 110}, {TSR_GGML_Q4_K, 256, 144}, {TSR_GGML_Q5_K, 256, 176},
         {TSR_GGML_Q6_K, 256, 210}, {TSR_GGML_Q8_K, 256, 292}, {TSR_GGML_I8, 1, 1},
         {TSR_GGML_I16, 1, 2},     {TSR_GGML_I32, 1, 4},     {TSR_GGML_I64, 1, 8},
-        {TSR_GGML_F64, 1, 8},     {TSR_GGML_BF16, 1, 2},
+        {TSR_GGML_F64, 1, 8},     {TSR_GGML_BF16, 1, 2},    {TSR_GGML_IQ4_NL, 32, 18},
+        {TSR_GGML_IQ4_XS, 256, 136},
     };
     *blk = 0;
     *bytes = 0;
@@ -185,6 +189,8 @@ const char *tsr_gguf_type_name(uint32_t t) {
     case TSR_GGML_Q5_K: return "Q5_K";
     case TSR_GGML_Q6_K: return "Q6_K";
     case TSR_GGML_Q8_K: return "Q8_K";
+    case TSR_GGML_IQ4_NL: return "IQ4_NL";
+    case TSR_GGML_IQ4_XS: return "IQ4_XS";
     case TSR_GGML_I8: return "I8";
     case TSR_GGML_I16: return "I16";
     case TSR_GGML_I32: return "I32";
@@ -198,7 +204,8 @@ const char *tsr_gguf_type_name(uint32_t t) {
 bool tsr_gguf_type_supported(uint32_t t) {
     return t == TSR_GGML_F32 || t == TSR_GGML_F16 || t == TSR_GGML_BF16 || t == TSR_GGML_Q8_0 ||
            t == TSR_GGML_Q4_0 || t == TSR_GGML_Q4_1 || t == TSR_GGML_Q4_K ||
-           t == TSR_GGML_Q5_0 || t == TSR_GGML_Q5_1 || t == TSR_GGML_Q5_K || t == TSR_GGML_Q6_K;
+           t == TSR_GGML_Q5_0 || t == TSR_GGML_Q5_1 || t == TSR_GGML_Q5_K || t == TSR_GGML_Q6_K ||
+           t == TSR_GGML_Q3_K || t == TSR_GGML_IQ4_NL;
 }
 
 static tsr_status tsr__parse_tensor(tsr_gguf *g, tsr__cur *c, tsr_gguf_tensor *t) {
@@ -582,6 +589,30 @@ static void tsr__block(uint32_t t, const uint8_t *b, float *y) {
         }
         break;
     }
+    case TSR_GGML_Q3_K: {
+        /* hmask[32], qs[64], 12 bytes of 16 6-bit scales, fp16 d; column c = 128 h + 32 s +
+         * l: low 2 bits at bit 2 s of qs[32 h + l], bit 4 h + s of hmask[l] clear means
+         * minus 4; sub-block c / 16's scale j: low 4 bits from byte j % 8 (nibble j / 8),
+         * high 2 bits at bit 2 (j / 4) of byte 8 + j % 4, minus 32 */
+        const uint8_t *hm = b, *qs = b + 32, *sc = b + 96;
+        float d = tsr__h(b + 108);
+        for (int c = 0; c < 256; c++) {
+            int h = c / 128, s = c / 32 % 4, l = c % 32, j = c / 16;
+            int lo = sc[j % 8] >> (4 * (j / 8)) & 15, hi = sc[8 + j % 4] >> (2 * (j / 4)) & 3;
+            float dl = d * (float)((lo | hi << 4) - 32);
+            int q = (qs[32 * h + l] >> (2 * s) & 3) - (hm[l] >> (4 * h + s) & 1 ? 0 : 4);
+            y[c] = dl * (float)q;
+        }
+        break;
+    }
+    case TSR_GGML_IQ4_NL: {
+        float d = tsr__h(b);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)tsr_iq4nl_values[b[2 + j] & 15];
+            y[j + 16] = d * (float)tsr_iq4nl_values[b[2 + j] >> 4];
+        }
+        break;
+    }
     case TSR_GGML_Q6_K: {
         const uint8_t *ql = b, *qh = b + 128;
         const int8_t *sc = (const int8_t *)(b + 192);
@@ -617,8 +648,8 @@ tsr_status tsr_gguf_dequant(const tsr_gguf *g, const tsr_gguf_tensor *t, tsr_dty
     if (!tsr_gguf_type_supported(t->type))
         return tsr_error_set(TSR_ERR_UNSUPPORTED,
                              "%s: tensor %s has type %s (tessera reads F32, F16, BF16, Q8_0, "
-                             "Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K)", g->path, t->name,
-                             tsr_gguf_type_name(t->type));
+                             "Q4_0, Q4_1, Q3_K, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, IQ4_NL)",
+                             g->path, t->name, tsr_gguf_type_name(t->type));
     int64_t blk;
     size_t bb;
     tsr__type_layout(t->type, &blk, &bb);

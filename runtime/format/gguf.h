@@ -1,6 +1,7 @@
 /* GGUF files (llama.cpp's single-file model format, versions 2 and 3): header, metadata
  * key/values of every type, tensor infos, and dequantization of the tensor types tessera
- * reads (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K) to f32/f16/bf16.
+ * reads (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q3_K, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, IQ4_NL) to
+ * f32/f16/bf16.
  *
  * The whole file is mmapped read-only and every field is checked against the file size
  * before it is used: counts bound allocations only once they are shown to fit in the
@@ -49,6 +50,8 @@ enum {
     TSR_GGML_Q5_K = 13,
     TSR_GGML_Q6_K = 14,
     TSR_GGML_Q8_K = 15,
+    TSR_GGML_IQ4_NL = 20,
+    TSR_GGML_IQ4_XS = 23,
     TSR_GGML_I8 = 24,
     TSR_GGML_I16 = 25,
     TSR_GGML_I32 = 26,
@@ -123,6 +126,9 @@ tsr_status tsr_gguf_chat_template(const char *path, char **tpl, char **bos, char
 
 /* Name of a ggml type ("Q4_1"), or "unknown". */
 const char *tsr_gguf_type_name(uint32_t type);
+/* IQ4_NL's 16 code values (ggml's kvalues_iq4nl): value = d * tsr_iq4nl_values[code]. */
+extern const int8_t tsr_iq4nl_values[16];
+
 /* Whether tsr_gguf_dequant converts this type. */
 bool tsr_gguf_type_supported(uint32_t type);
 

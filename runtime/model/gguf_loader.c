@@ -2,14 +2,15 @@
  * tensors are copied at load into model-owned memory, so the file is closed afterwards. Q8_0,
  * Q4_0, Q4_1, Q4_K, Q5_K and Q6_K matrices stay in their blocks (repacked for the CPU
  * kernels, kernels/cpu/quant_q8.h, quant_q4.h, quant_q4k.h, quant_q5k.h and quant_q6k.h;
- * Q5_0 and Q5_1, the K-quant files' type for widths not a multiple of 256, as Q5_K)
+ * Q5_0 and Q5_1, the K-quant files' type for widths not a multiple of 256, as Q5_K; Q3_K
+ * as Q6_K and IQ4_NL as Q8_0, the same values in more bits)
  * where the forward can run them (runtime/model/quantize.h; Q4_K where its 256-column
  * super-blocks never cross a reduction part, tsr__q4k_eligible, else rewritten as Q4_1 per
  * 32-column sub-block; Q5_K and Q6_K in 32-column blocks wherever Q8_0 runs); where not,
  * they are dequantized to f32 (bf16 for large models), and runtime/format/gguf.h refuses the
- * types it does not read (Q2_K, Q3_K, IQ*, ...) by name. TSR_GGUF_DEQUANT=1 in the
- * environment dequantizes the 4- to 6-bit matrices (and such a file's Q8_0 ones) too, the way
- * every quantized type was loaded before those had kernels (for comparisons).
+ * types it does not read (Q2_K, IQ4_XS, the other IQ types, ...) by name. TSR_GGUF_DEQUANT=1
+ * in the environment dequantizes the 3- to 6-bit matrices (and such a file's Q8_0 ones) too,
+ * the way every quantized type was loaded before those had kernels (for comparisons).
  *
  * Rotary layout: llama.cpp's converter permutes the rows of attn_q/attn_k of `llama` models
  * inside each head so that HF's half rotation (x[i], x[i + hd/2]) becomes a rotation of
@@ -48,6 +49,8 @@ typedef struct tsr__ggctx {
     int n4k_q41;      /* Q4_K matrices run as Q4_1 (tsr__q4k_eligible false) */
     int n4k_expanded; /* ... and dequantized (a scale past fp16's range) */
     int n5_01;        /* Q5_0/Q5_1 matrices run as Q5_K (quant_q5k.h: the same values) */
+    int n_q3k;        /* Q3_K matrices run as Q6_K (quant_q6k.h: the same values) */
+    int n_iq4nl;      /* IQ4_NL matrices run as Q8_0 (the same values) */
     int64_t n_mat;  /* elements of all matrices in the file */
 } tsr__ggctx;
 
@@ -358,6 +361,52 @@ static tsr_status tsr__load_tensor(tsr_model *m, tsr__ggctx *x, const tsr_gguf_t
         x->n5_01++;
         return TSR_OK;
     }
+    if (eligible && x->native && t->type == TSR_GGML_Q3_K && cols % TSR_Q6K_GGUF_BLOCK == 0) {
+        if (t->nbytes < (uint64_t)rows * (uint64_t)(cols / TSR_Q6K_GGUF_BLOCK) *
+                            TSR_Q3K_GGUF_BLOCK_BYTES)
+            return tsr_error_set(TSR_ERR_FORMAT, "%s: tensor %s is short", x->g->path, name);
+        tsr_tensor q = {.dtype = TSR_Q6_K, .rows = rows, .cols = cols};
+        void *pk;
+        TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &pk));
+        tsr_q6k_pack_q3k(t->data, rows, cols, pk);
+        q.data = pk;
+        *dst = q;
+        x->n4[3] += rows * cols;
+        x->n_q3k++;
+        return TSR_OK;
+    }
+    if (eligible && x->native && t->type == TSR_GGML_IQ4_NL) {
+        /* d * value[code], value an int8: a Q8_0 block of the same values */
+        size_t nb = (size_t)(cols / TSR_Q8_BLOCK);
+        if (t->nbytes < (uint64_t)rows * nb * 18)
+            return tsr_error_set(TSR_ERR_FORMAT, "%s: tensor %s is short", x->g->path, name);
+        tsr_tensor q = {.dtype = TSR_Q8_0, .rows = rows, .cols = cols};
+        void *pk;
+        TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&q), &pk));
+        uint8_t *row = tsr_malloc(nb * TSR_Q8_BLOCK_BYTES);
+        if (!row) return tsr_error_set(TSR_ERR_NOMEM, "%s: out of memory converting %s",
+                                       x->g->path, name);
+        tsr_q8_pack_init(pk, rows, cols);
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t *src = (const uint8_t *)t->data + (size_t)r * nb * 18;
+            for (size_t b = 0; b < nb; b++) {
+                const uint8_t *s = src + 18 * b;
+                uint8_t *o = row + TSR_Q8_BLOCK_BYTES * b;
+                o[0] = s[0];
+                o[1] = s[1];
+                for (int j = 0; j < 16; j++) {
+                    o[2 + j] = (uint8_t)tsr_iq4nl_values[s[2 + j] & 15];
+                    o[18 + j] = (uint8_t)tsr_iq4nl_values[s[2 + j] >> 4];
+                }
+            }
+            tsr_q8_pack_row(pk, cols, r, row);
+        }
+        tsr_free(row);
+        q.data = pk;
+        *dst = q;
+        x->n_iq4nl++;
+        return TSR_OK;
+    }
     if (eligible && (x->q8_native || x->native) && t->type == TSR_GGML_Q8_0) {
         tsr_tensor q = {.dtype = TSR_Q8_0, .rows = rows, .cols = cols};
         void *pk;
@@ -471,6 +520,11 @@ tsr_status tsr_loader_gguf(const char *path, tsr_model **out) {
                      "cross the reduction parts of wo (head_dim %d) or w_down (hidden %d over "
                      "%d heads)", path, x.n4k_q41, x.n4k_q41 == 1 ? "x" : "ces", x.n4k_expanded,
                      tsr_dtype_name(cfg.dtype), cfg.head_dim, cfg.hidden_dim, cfg.n_heads);
+    if (st == TSR_OK && (x.n_q3k || x.n_iq4nl))
+        TSR_LOG_INFO("%s: %d Q3_K matri%s run in Q6_K's blocks and %d IQ4_NL in Q8_0's (the "
+                     "same values; 7 and 8.5 bits a weight against the file's 3.44 and 4.5: "
+                     "tessera has no kernels of their own for them)", path, x.n_q3k,
+                     x.n_q3k == 1 ? "x" : "ces", x.n_iq4nl);
     if (st == TSR_OK && x.n5_01)
         TSR_LOG_INFO("%s: %d Q5_0/Q5_1 matri%s run in Q5_K's 32-column blocks (the same "
                      "values: scale 1, min 16 d or the block's min)", path, x.n5_01,

@@ -84,11 +84,13 @@ for f in tiny_q4k tiny_q4k_hd64; do
     cmp -s "$tmp/ref.txt" "$tmp/out.txt" || { echo "FAIL [$f, $lay]: tokens differ"; fail=1; }
   done
 done
-# Q6_K, Q5_K, Q5_0 and Q5_1 GGUFs (tools/make_q6k_testdata.py, make_q5k_testdata.py): a
-# Q4_K_M-like mix (attn_v, ffn_down and the output Q6_K), an all-Q6_K one, a Q5_K_M-like one
-# whose wo and w_down parts are 64 and 128 columns, and one of width 384 mixed of Q5_0 and
-# Q5_1 (run as Q5_K), Q8_0 and Q6_K: the 32-column blocks are cut as Q8_0's, the same tokens.
-for f in q6k/tiny_q6k q6k/tiny_q6k_hd64 q5k/tiny_q5k q5k/tiny_q5_01; do
+# Q6_K, Q5_K, Q5_0, Q5_1, Q3_K and IQ4_NL GGUFs (tools/make_q6k_testdata.py,
+# make_q5k_testdata.py, make_q3k_testdata.py): a Q4_K_M-like mix (attn_v, ffn_down and the
+# output Q6_K), an all-Q6_K one, a Q5_K_M-like one whose wo and w_down parts are 64 and 128
+# columns, one of width 384 mixed of Q5_0 and Q5_1 (run as Q5_K), Q8_0 and Q6_K, and a
+# Q3_K_M-like one (Q3_K run as Q6_K, IQ4_NL as Q8_0): the 32-column blocks are cut as
+# Q8_0's, the same tokens.
+for f in q6k/tiny_q6k q6k/tiny_q6k_hd64 q5k/tiny_q5k q5k/tiny_q5_01 q3k/tiny_q3k; do
   model=$root/tests/data/$f.gguf
   "$bin" generate --model "$model" "${q4k[@]}" --verbose >"$tmp/ref.txt" 2>"$tmp/ref.err" ||
       { cat "$tmp/ref.err"; exit 1; }
