@@ -41,7 +41,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "kernels/cpu/quant_q4.h"
+#include "kernels/cpu/quant_blocks.h"
 #include "kernels/rope_freq.h"
 #include "policies/offload_copy.h"
 #include "policies/offload_skew.h"
@@ -821,7 +821,7 @@ static tsr_status tsr__off_speculate(tsr__off *o, tsr__olayer *L, int t, const f
     for (size_t i = 0; i < qd; i++) {
         const float *w = o->wrow;
         if (wq->dtype == TSR_F32) w = tsr_tensor_row(wq, (int64_t)i);
-        else tsr_q4_row_f32(wq, (int64_t)i, o->wrow); /* Q8_0, 4-bit: dequantized */
+        else tsr_qblocks_row_f32(wq, (int64_t)i, o->wrow); /* Q8_0, 4-bit: dequantized */
         for (int r = 0; r < rows; r++) {
             q[(size_t)r * qd + i] = (float)tsr_offload_dot(w, x + (size_t)(n - rows + r) * dim, dim);
         }

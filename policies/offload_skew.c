@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "kernels/cpu/quant_q4.h"
+#include "kernels/cpu/quant_blocks.h"
 
 void tsr_offload_eig_sym(double *a, int n, double *w, double *v) {
     for (int i = 0; i < n; i++)
@@ -113,7 +113,7 @@ static tsr_status tsr__cov(const tsr_tensor *w, int64_t row0, int heads, int hd,
     if (!ws) return TSR_ERR_NOMEM;
     for (size_t r = 0; r < rows; r++) {
         float *d = ws + r * dim;
-        tsr_q4_row_f32(w, row0 + (int64_t)r, d); /* Q8_0 and 4-bit rows dequantized */
+        tsr_qblocks_row_f32(w, row0 + (int64_t)r, d); /* Q8_0 and 4-bit rows dequantized */
         for (size_t k = 0; k < dim; k++) d[k] *= g[k];
     }
     for (int h = 0; h < heads; h++)

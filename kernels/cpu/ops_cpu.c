@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_internal.h"
-#include "kernels/cpu/quant_q4.h"
+#include "kernels/cpu/quant_blocks.h"
 #include "kernels/kv_dtype.h"
 #include "kernels/rope_freq.h"
 #include "base/alloc.h"
@@ -382,7 +382,7 @@ tsr_status tsr__cpu_embed(tsr_backend *be, const tsr_tensor *emb, const int32_t 
         case TSR_Q4_K:
         case TSR_Q5_K:
         case TSR_Q6_K: /* GGUF's dequantization of the row from its repacked groups */
-            tsr_q4_row_f32(emb, ids[i], o);
+            tsr_qblocks_row_f32(emb, ids[i], o);
             break;
         case TSR_F8_E4M3: /* never an embedding (runtime/model/fp8.h) */
         case TSR_MXFP4: break; /* experts only */

@@ -8,9 +8,6 @@
 
 #include "base/alloc.h"
 #include "base/dtype.h"
-#include "kernels/cpu/quant_q4k.h"
-#include "kernels/cpu/quant_q5k.h"
-#include "kernels/cpu/quant_q6k.h"
 #include "kernels/cpu/quant_q8.h"
 
 bool tsr_q4_is(tsr_dtype t) { return t == TSR_Q4_0 || t == TSR_Q4_1; }
@@ -222,16 +219,6 @@ tsr_status tsr_q4_quantize_tensor(const tsr_tensor *src, tsr_dtype t, void *pack
     tsr_free(row);
     tsr_free(blocks);
     return st;
-}
-
-void tsr_q4_row_f32(const tsr_tensor *t, int64_t r, float *out) {
-    if (t->dtype == TSR_Q8_0) tsr_q8_dequant_row(t->data, t->cols, r, out);
-    else if (tsr_q4_grouped(t->dtype))
-        tsr_q4_dequant_row(t->dtype, t->data, t->cols, r, out);
-    else if (t->dtype == TSR_Q4_K) tsr_q4k_dequant_row(t->data, t->cols, r, out);
-    else if (t->dtype == TSR_Q6_K) tsr_q6k_dequant_row(t->data, t->cols, r, out);
-    else if (t->dtype == TSR_Q5_K) tsr_q5k_dequant_row(t->data, t->cols, r, out);
-    else tsr_dtype_to_f32(t->dtype, tsr_tensor_row(t, r), out, (size_t)t->cols);
 }
 
 void tsr__q4_act_msum(const float *x, int64_t cols, const int32_t *bsum, float *xm) {

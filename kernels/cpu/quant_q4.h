@@ -74,12 +74,6 @@ void tsr_q4_pack_mxfp4(const uint8_t *blocks, const uint8_t *scales, int64_t row
 tsr_status tsr_q4_slice(const tsr_tensor *src, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                         void *dst);
 
-/* Row r of a matrix of any weight dtype as cols f32 values: Q8_0, Q4_0/1, Q4_K, Q5_K and
- * Q6_K rows dequantized from their repacked groups (GGUF's values), the others converted.
- * For code that reads weights itself (the cpu embedding, offload's speculation) rather than
- * through matmul. */
-void tsr_q4_row_f32(const tsr_tensor *t, int64_t r, float *out);
-
 /* Quantizes `src` (F32, BF16 or F16, [rows, cols], tsr_q4_fits) into `packed` of dtype t. */
 tsr_status tsr_q4_quantize_tensor(const tsr_tensor *src, tsr_dtype t, void *packed);
 

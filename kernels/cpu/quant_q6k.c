@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/dtype.h"
+#include "kernels/cpu/quant_blocks.h"
 
 bool tsr_q6k_fits(int64_t rows, int64_t cols) {
     return rows > 0 && cols > 0 && cols % TSR_Q6K_BLOCK == 0;
@@ -128,25 +129,18 @@ void tsr_q6k_dequant_row(const void *packed, int64_t cols, int64_t r, float *out
     }
 }
 
+/* The layout of quant_q6k.h plane by plane, for the shared slicer. */
+static const tsr_qplanes tsr__q6k_planes = {
+    .dtype = TSR_Q6_K,
+    .gbb = TSR__Q6K_GBB,
+    .n = 8,
+    .p = {{0, 2}, {TSR__Q6K_SC, 2}, {TSR__Q6K_QL, 4}, {TSR__Q6K_QL + 64, 4},
+          {TSR__Q6K_QL + 128, 4}, {TSR__Q6K_QL + 192, 4}, {TSR__Q6K_QHA, 4}, {TSR__Q6K_QHB, 4}},
+};
+
 tsr_status tsr_q6k_slice(const tsr_tensor *src, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                          void *dst) {
-    if (src->dtype != TSR_Q6_K || r0 < 0 || r1 > src->rows || r0 >= r1 || c0 < 0 ||
-        c1 > src->cols || c0 >= c1 || c0 % TSR_Q6K_BLOCK || c1 % TSR_Q6K_BLOCK)
-        return tsr_error_set(TSR_ERR_INVALID, "q6_k slice: rows [%lld, %lld) columns "
-                             "[%lld, %lld) of a [%lld, %lld] matrix (columns on 32)",
-                             (long long)r0, (long long)r1, (long long)c0, (long long)c1,
-                             (long long)src->rows, (long long)src->cols);
-    tsr_tensor d = {.dtype = TSR_Q6_K, .rows = r1 - r0, .cols = c1 - c0};
-    memset(dst, 0, tsr_tensor_bytes(&d));
-    for (int64_t r = r0; r < r1; r++) {
-        for (int64_t b = c0 / TSR_Q6K_BLOCK; b < c1 / TSR_Q6K_BLOCK; b++) {
-            tsr__q6k_row v;
-            tsr__q6k_get(tsr__q6k_gb(src->data, src->cols, r, b), (int)(r % TSR_Q6K_GROUP), &v);
-            tsr__q6k_put(tsr__q6k_gb(dst, d.cols, r - r0, b - c0 / TSR_Q6K_BLOCK),
-                         (int)((r - r0) % TSR_Q6K_GROUP), &v);
-        }
-    }
-    return TSR_OK;
+    return tsr_qplanes_slice(&tsr__q6k_planes, src, r0, r1, c0, c1, dst);
 }
 
 void tsr__q6k_act_sums(const int8_t *xq, int64_t cols, int32_t *xs) {

@@ -4,11 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "kernels/cpu/quant_q4.h"
-#include "kernels/cpu/quant_q4k.h"
-#include "kernels/cpu/quant_q5k.h"
-#include "kernels/cpu/quant_q6k.h"
-#include "kernels/cpu/quant_q8.h"
+#include "kernels/cpu/quant_blocks.h"
 #include "runtime/model/fp8.h"
 
 tsr_status tsr_parallel_layout_init(int tp, int pp, int world_size, tsr_parallel_layout *out) {
@@ -160,65 +156,19 @@ void tsr_parallel_shard_segments(const tsr_parallel_shard *s, const tsr_model_co
     }
 }
 
-/* Rows [r0, r1) of t, as a view (Q8_0, kernels/cpu/quant_q8.h: a view of whole 16-row
- * groups, else a repacked copy). */
+/* Rows [r0, r1) of t, as a view (the GGUF-block dtypes, kernels/cpu/quant_blocks.h: a view
+ * of whole 16-row groups, else a repacked copy). */
 static tsr_status tsr__rows(tsr_model *m, tsr_tensor *t, int64_t r0, int64_t r1) {
     if (t->dtype == TSR_F8_E4M3 && t->data) return tsr_fp8_slice(m, t, r0, r1, 0, t->cols);
-    if (t->dtype == TSR_Q8_0 && t->data) {
-        tsr_tensor s = {.dtype = TSR_Q8_0, .rows = r1 - r0, .cols = t->cols};
-        if (r0 % TSR_Q8_GROUP == 0) {
-            s.data = (const char *)t->data + (size_t)(r0 / TSR_Q8_GROUP) * (size_t)(t->cols / 32) *
-                                                 TSR_Q8_GROUP_BLOCK_BYTES;
-        } else {
-            void *dst;
-            TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&s), &dst));
-            TSR_TRY(tsr_q8_slice(t, r0, r1, 0, t->cols, dst));
-            s.data = dst;
-        }
-        *t = s;
-        return TSR_OK;
-    }
-    if (t->dtype == TSR_Q4_K && t->data) { /* the same, in Q4_K's layout */
-        tsr_tensor s = {.dtype = TSR_Q4_K, .rows = r1 - r0, .cols = t->cols};
-        if (r0 % TSR_Q4K_GROUP == 0) {
-            s.data = (const char *)t->data + (size_t)(r0 / TSR_Q4K_GROUP) *
-                                                 (size_t)(t->cols / TSR_Q4K_BLOCK) *
-                                                 TSR_Q4K_GROUP_BLOCK_BYTES;
-        } else {
-            void *dst;
-            TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&s), &dst));
-            TSR_TRY(tsr_q4k_slice(t, r0, r1, 0, t->cols, dst));
-            s.data = dst;
-        }
-        *t = s;
-        return TSR_OK;
-    }
-    if ((t->dtype == TSR_Q6_K || t->dtype == TSR_Q5_K) && t->data) { /* in their layouts */
-        bool q6 = t->dtype == TSR_Q6_K;
+    if (tsr_qblocks_is(t->dtype) && t->data) {
         tsr_tensor s = {.dtype = t->dtype, .rows = r1 - r0, .cols = t->cols};
-        if (r0 % TSR_Q6K_GROUP == 0) {
-            s.data = (const char *)t->data +
-                     (size_t)(r0 / TSR_Q6K_GROUP) * (size_t)(t->cols / TSR_Q6K_BLOCK) *
-                         (q6 ? TSR_Q6K_GROUP_BLOCK_BYTES : TSR_Q5K_GROUP_BLOCK_BYTES);
+        if (r0 % TSR_QBLOCKS_GROUP == 0) {
+            s.data = (const char *)t->data + (size_t)(r0 / TSR_QBLOCKS_GROUP) *
+                                                 tsr_qblocks_group_bytes(t->dtype, t->cols);
         } else {
             void *dst;
             TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&s), &dst));
-            TSR_TRY(q6 ? tsr_q6k_slice(t, r0, r1, 0, t->cols, dst)
-                       : tsr_q5k_slice(t, r0, r1, 0, t->cols, dst));
-            s.data = dst;
-        }
-        *t = s;
-        return TSR_OK;
-    }
-    if (tsr_q4_is(t->dtype) && t->data) { /* the same, in the 4-bit layout */
-        tsr_tensor s = {.dtype = t->dtype, .rows = r1 - r0, .cols = t->cols};
-        if (r0 % TSR_Q4_GROUP == 0) {
-            s.data = (const char *)t->data + (size_t)(r0 / TSR_Q4_GROUP) * (size_t)(t->cols / 32) *
-                                                 tsr_q4_group_block_bytes(t->dtype);
-        } else {
-            void *dst;
-            TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&s), &dst));
-            TSR_TRY(tsr_q4_slice(t, r0, r1, 0, t->cols, dst));
+            TSR_TRY(tsr_qblocks_slice(t, r0, r1, 0, t->cols, dst));
             s.data = dst;
         }
         *t = s;
@@ -232,39 +182,11 @@ static tsr_status tsr__rows(tsr_model *m, tsr_tensor *t, int64_t r0, int64_t r1)
 /* Columns [c0, c1) of t, copied into model-owned memory. */
 static tsr_status tsr__cols(tsr_model *m, tsr_tensor *t, int64_t c0, int64_t c1) {
     if (t->dtype == TSR_F8_E4M3 && t->data) return tsr_fp8_slice(m, t, 0, t->rows, c0, c1);
-    if (t->dtype == TSR_Q8_0 && t->data) { /* c0, c1 on blocks: the loaders' choice */
-        tsr_tensor s = {.dtype = TSR_Q8_0, .rows = t->rows, .cols = c1 - c0};
-        void *dst;
-        TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&s), &dst));
-        TSR_TRY(tsr_q8_slice(t, 0, t->rows, c0, c1, dst));
-        s.data = dst;
-        *t = s;
-        return TSR_OK;
-    }
-    if (t->dtype == TSR_Q4_K && t->data) { /* c0, c1 on super-blocks: the GGUF loader's choice */
-        tsr_tensor s = {.dtype = TSR_Q4_K, .rows = t->rows, .cols = c1 - c0};
-        void *dst;
-        TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&s), &dst));
-        TSR_TRY(tsr_q4k_slice(t, 0, t->rows, c0, c1, dst));
-        s.data = dst;
-        *t = s;
-        return TSR_OK;
-    }
-    if ((t->dtype == TSR_Q6_K || t->dtype == TSR_Q5_K) && t->data) { /* on 32-column blocks */
+    if (tsr_qblocks_is(t->dtype) && t->data) { /* c0, c1 on the type's blocks: the loaders' */
         tsr_tensor s = {.dtype = t->dtype, .rows = t->rows, .cols = c1 - c0};
         void *dst;
         TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&s), &dst));
-        TSR_TRY(t->dtype == TSR_Q6_K ? tsr_q6k_slice(t, 0, t->rows, c0, c1, dst)
-                                     : tsr_q5k_slice(t, 0, t->rows, c0, c1, dst));
-        s.data = dst;
-        *t = s;
-        return TSR_OK;
-    }
-    if (tsr_q4_is(t->dtype) && t->data) {
-        tsr_tensor s = {.dtype = t->dtype, .rows = t->rows, .cols = c1 - c0};
-        void *dst;
-        TSR_TRY(tsr_model_alloc(m, tsr_tensor_bytes(&s), &dst));
-        TSR_TRY(tsr_q4_slice(t, 0, t->rows, c0, c1, dst));
+        TSR_TRY(tsr_qblocks_slice(t, 0, t->rows, c0, c1, dst));
         s.data = dst;
         *t = s;
         return TSR_OK;

@@ -7,7 +7,7 @@
 #include "base/alloc.h"
 #include "base/dtype.h"
 #include "base/file.h"
-#include "kernels/cpu/quant_q4.h"
+#include "kernels/cpu/quant_blocks.h"
 #include "kernels/cpu/quant_q8.h"
 #include "kernels/rope_freq.h"
 #include "runtime/format/gguf.h"
@@ -40,7 +40,7 @@ static void tsr__row_f32(const tsr_tensor *t, int64_t r, float *out) {
     if (t->dtype == TSR_F8_E4M3)
         tsr_fp8_dequant_row(t, r, out);
     else
-        tsr_q4_row_f32(t, r, out); /* Q8_0, Q4_0/1, Q4_K, or a plain dtype */
+        tsr_qblocks_row_f32(t, r, out); /* Q8_0, Q4_0/1, Q4_K, or a plain dtype */
 }
 
 static uint32_t tsr__ggml_type(tsr_dtype d) {

@@ -14,11 +14,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
-#include "kernels/cpu/quant_q4.h"
-#include "kernels/cpu/quant_q4k.h"
-#include "kernels/cpu/quant_q5k.h"
-#include "kernels/cpu/quant_q6k.h"
-#include "kernels/cpu/quant_q8.h"
+#include "kernels/cpu/quant_blocks.h"
 #include "runtime/model/fp8.h"
 #include "runtime/model/loader.h"
 #include "runtime/format/safetensors.h"
@@ -197,21 +193,11 @@ static tsr_status tsr__write_weights(const tsr__export_item *items, int n, const
         const tsr_tensor *t = items[i].t;
         for (int64_t r = 0; r < t->rows && st == TSR_OK; r++) {
             size_t cols = (size_t)t->cols;
-            bool blocks = t->dtype == TSR_Q8_0 || tsr_q4_is(t->dtype) || t->dtype == TSR_Q4_K ||
-                          t->dtype == TSR_Q5_K || t->dtype == TSR_Q6_K ||
-                          t->dtype == TSR_F8_E4M3;
-            if (t->dtype == TSR_Q8_0) /* rows of the repacked groups, dequantized */
-                tsr_q8_dequant_row(t->data, t->cols, tsr__src_row(&items[i], r), f32);
-            else if (t->dtype == TSR_F8_E4M3) /* code * scale */
+            bool blocks = tsr_qblocks_is(t->dtype) || t->dtype == TSR_F8_E4M3;
+            if (t->dtype == TSR_F8_E4M3) /* code * scale */
                 tsr_fp8_dequant_row(t, tsr__src_row(&items[i], r), f32);
-            else if (t->dtype == TSR_Q4_K)
-                tsr_q4k_dequant_row(t->data, t->cols, tsr__src_row(&items[i], r), f32);
-            else if (t->dtype == TSR_Q6_K)
-                tsr_q6k_dequant_row(t->data, t->cols, tsr__src_row(&items[i], r), f32);
-            else if (t->dtype == TSR_Q5_K)
-                tsr_q5k_dequant_row(t->data, t->cols, tsr__src_row(&items[i], r), f32);
-            else if (blocks)
-                tsr_q4_dequant_row(t->dtype, t->data, t->cols, tsr__src_row(&items[i], r), f32);
+            else if (blocks) /* rows of the repacked groups, dequantized */
+                tsr_qblocks_row_f32(t, tsr__src_row(&items[i], r), f32);
             const void *src = blocks ? (const void *)f32
                                      : tsr_tensor_row(t, tsr__src_row(&items[i], r));
             if (t->dtype == dtype) {

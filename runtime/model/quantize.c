@@ -6,6 +6,7 @@
 #include "base/alloc.h"
 #include "base/dtype.h"
 #include "base/log.h"
+#include "kernels/cpu/quant_blocks.h"
 #include "kernels/cpu/quant_q4.h"
 #include "kernels/cpu/quant_q8.h"
 
@@ -107,7 +108,7 @@ static tsr_status tsr__requant(tsr_model *m, tsr_tensor *t, bool q8) {
     tsr_status st = TSR_OK;
     for (int64_t r0 = 0; r0 < t->rows && st == TSR_OK; r0 += SLAB) {
         int64_t n = t->rows - r0 < SLAB ? t->rows - r0 : SLAB;
-        for (int64_t r = 0; r < n; r++) tsr_q4_row_f32(t, r0 + r, rows + r * t->cols);
+        for (int64_t r = 0; r < n; r++) tsr_qblocks_row_f32(t, r0 + r, rows + r * t->cols);
         if (q8) {
             tsr_tensor src = {.dtype = TSR_F32, .rows = n, .cols = t->cols, .data = rows};
             tsr_tensor part = {.dtype = TSR_Q8_0, .rows = r0, .cols = t->cols};

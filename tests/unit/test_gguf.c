@@ -7,7 +7,7 @@
 
 #include "base/alloc.h"
 #include "base/status.h"
-#include "kernels/cpu/quant_q4.h"
+#include "kernels/cpu/quant_blocks.h"
 #include "kernels/cpu/quant_q8.h"
 #include "runtime/format/gguf.h"
 #include "runtime/model/model.h"
@@ -275,13 +275,12 @@ static double num(const cJSON *j, const char *k) {
 static bool same_tensor(const cJSON *exp, const char *name, const tsr_tensor *t) {
     const cJSON *vals = cJSON_GetObjectItem(cJSON_GetObjectItem(exp, "tensors"), name);
     double sum_ref = cJSON_GetObjectItem(cJSON_GetObjectItem(exp, "sums"), name)->valuedouble;
-    /* Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K matrices stay in their blocks (kernels/cpu/quant_q8.h,
-     * quant_q4.h, quant_q4k.h, quant_q5k.h, quant_q6k.h): compared dequantized */
+    /* Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K matrices stay in their blocks (kernels/cpu/
+     * quant_blocks.h): compared dequantized */
     float *deq = NULL;
-    if (vals && (t->dtype == TSR_Q8_0 || tsr_q4_is(t->dtype) || t->dtype == TSR_Q4_K ||
-                 t->dtype == TSR_Q5_K || t->dtype == TSR_Q6_K)) {
+    if (vals && tsr_qblocks_is(t->dtype)) {
         deq = tsr_malloc((size_t)(t->rows * t->cols) * sizeof *deq);
-        for (int64_t r = 0; r < t->rows; r++) tsr_q4_row_f32(t, r, deq + r * t->cols);
+        for (int64_t r = 0; r < t->rows; r++) tsr_qblocks_row_f32(t, r, deq + r * t->cols);
     }
     if (!vals || (t->dtype != TSR_F32 && !deq)) return false;
     const float *d = deq ? deq : t->data;

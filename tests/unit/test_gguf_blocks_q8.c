@@ -15,7 +15,7 @@
 #include "base/alloc.h"
 #include "base/dtype.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/quant_q4.h"
+#include "kernels/cpu/quant_blocks.h"
 #include "runtime/engine/engine.h"
 #include "runtime/exec/forward.h"
 #include "runtime/model/model.h"
@@ -98,8 +98,8 @@ static void check_requantized(const tsr_engine *e, const char *path) {
         int64_t cols = fs[i]->cols;
         float *a = tsr_malloc((size_t)cols * 4), *b = tsr_malloc((size_t)cols * 4);
         for (int64_t r = 0; r < fs[i]->rows; r += 7) {
-            tsr_q4_row_f32(fs[i], r, a);
-            tsr_q4_row_f32(qs[i], r, b);
+            tsr_qblocks_row_f32(fs[i], r, a);
+            tsr_qblocks_row_f32(qs[i], r, b);
             for (int64_t c0 = 0; c0 < cols; c0 += 32) {
                 float amax = 0;
                 for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(a[c0 + k]));

@@ -11,7 +11,7 @@
 
 #include "base/alloc.h"
 #include "base/dtype.h"
-#include "kernels/cpu/quant_q4.h"
+#include "kernels/cpu/quant_blocks.h"
 #include "kernels/cpu/quant_q6k.h"
 #include "runtime/format/gguf.h"
 #include "runtime/model/model.h"
@@ -92,7 +92,7 @@ static void loaded_equals_file(const tsr_model *m, const tsr_tensor *t, const ch
     ASSERT_OK(tsr_gguf_dequant(g, ft, TSR_F32, want));
     ASSERT_EQ_INT(t->rows * t->cols, ft->numel);
     for (int64_t r = 0; r < t->rows; r++) {
-        tsr_q4_row_f32(t, r, got);
+        tsr_qblocks_row_f32(t, r, got);
         if (memcmp(got, want + r * t->cols, (size_t)t->cols * 4))
             TSR_FAIL_("%s row %lld differs from the file's values", name, (long long)r);
     }

@@ -14,6 +14,7 @@
 #include "base/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_internal.h"
+#include "kernels/cpu/quant_blocks.h"
 #include "kernels/cpu/quant_q4_internal.h"
 #include "runtime/format/gguf.h"
 #include "tests/quant_test_util.h"
@@ -130,7 +131,7 @@ TSR_TEST(test_mxfp4_pack) {
             tsr__mxfp4_row(blocks + r * cols / 2, scales + r * cols / 32, cols, want);
             tsr_q4_dequant_row(TSR_MXFP4, packed, cols, r, got);
             q.data = packed;
-            tsr_q4_row_f32(&q, r, got2);
+            tsr_qblocks_row_f32(&q, r, got2);
             for (int k = 0; k < 96; k++) /* by value: the decode keeps -0 (code 8) */
                 if (!(want[k] == got[k] && want[k] == got2[k]))
                     TSR_FAIL_("row %d col %d: %.9g %.9g vs decode %.9g", (int)r, k,
