@@ -220,6 +220,26 @@ static inline tsr_status qt_all_logits(tsr_engine *e, const int32_t *ids, int n,
     return tsr_forward_run(e->fwd, e->kv, &s, 1, out, &got);
 }
 
+/* The GGUF model at path loads with these dtypes: the model's name, the embedding, the
+ * classifier and layer 0's wq, wo, wv and w_down. */
+static inline void qt_expect_dtypes(const char *path, tsr_dtype model, tsr_dtype emb,
+                                    tsr_dtype cls, tsr_dtype wq, tsr_dtype wo, tsr_dtype wv,
+                                    tsr_dtype w_down) {
+    tsr_model *m;
+    ASSERT_OK(tsr_model_load(path, &m));
+    const tsr_layer_weights *l = &m->layers[0];
+    tsr_dtype got[7] = {m->cfg.dtype, m->tok_emb.dtype, m->classifier.dtype, l->wq.dtype,
+                        l->wo.dtype, l->wv.dtype, l->w_down.dtype};
+    tsr_dtype want[7] = {model, emb, cls, wq, wo, wv, w_down};
+    static const char *const what[7] = {"model", "embedding", "classifier", "wq", "wo", "wv",
+                                        "w_down"};
+    tsr_model_destroy(m);
+    for (int i = 0; i < 7; i++)
+        if (got[i] != want[i])
+            TSR_FAIL_("%s: %s is %s, expected %s", path, what[i], tsr_dtype_name(got[i]),
+                      tsr_dtype_name(want[i]));
+}
+
 /* The largest logit of x less the second largest. */
 static inline double qt_top2_margin(const float *x, int n) {
     int32_t b = qt_argmax(x, n);
@@ -227,6 +247,27 @@ static inline double qt_top2_margin(const float *x, int n) {
     for (int i = 0; i < n; i++)
         if (i != b && x[i] > second) second = x[i];
     return (double)x[b] - second;
+}
+
+/* got against ref, N rows of V logits: the largest |difference| (*worst), ref's rms, the rows
+ * whose argmax agrees (*top1) and the disagreements that are no near-tie (*real: ref's own
+ * top-2 margin above twice *worst). */
+static inline void qt_compare_logits(const float *ref, const float *got, int N, int V,
+                                     double *worst, double *rms, int *top1, int *real) {
+    double w = 0, var = 0;
+    for (int i = 0; i < N * V; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (!(d <= w)) w = d;
+        var += (double)ref[i] * ref[i];
+    }
+    *top1 = *real = 0;
+    for (int r = 0; r < N; r++) {
+        bool same = qt_argmax(got + r * V, V) == qt_argmax(ref + r * V, V);
+        *top1 += same;
+        *real += !same && qt_top2_margin(ref + r * V, V) > 2 * w;
+    }
+    *worst = w;
+    *rms = sqrt(var / ((double)N * V));
 }
 
 /* A GGUF file natively and expanded to f32 (TSR_GGUF_DEQUANT=1: the same weight values,
@@ -250,19 +291,10 @@ static inline void qt_native_vs_expanded(const char *path, const char *what, dou
     float *lq = tsr_malloc((size_t)N * (size_t)V * 4), *lf = tsr_malloc((size_t)N * (size_t)V * 4);
     ASSERT_OK(qt_all_logits(eq, ids, N, lq));
     ASSERT_OK(qt_all_logits(ef, ids, N, lf));
-    double worst = 0, var = 0;
-    for (int i = 0; i < N * V; i++) {
-        double d = fabs((double)lq[i] - lf[i]);
-        if (!(d <= worst)) worst = d;
-        var += (double)lf[i] * lf[i];
-    }
-    int top1 = 0, real = 0;
-    for (int r = 0; r < N; r++) {
-        bool same = qt_argmax(lq + r * V, V) == qt_argmax(lf + r * V, V);
-        top1 += same;
-        real += !same && qt_top2_margin(lf + r * V, V) > 2 * worst;
-    }
-    double rms = sqrt(var / ((double)N * V)), ratio = worst / rms;
+    double worst, rms;
+    int top1, real;
+    qt_compare_logits(lf, lq, N, V, &worst, &rms, &top1, &real);
+    double ratio = worst / rms;
     fprintf(stderr, "  %s, native vs f32 expansion: max abs logit diff %.3g, logit rms %.3g, "
             "ratio %.3g (tol %g), top-1 %d/%d, %d disagreeing beyond a near-tie\n", what,
             worst, rms, ratio, tol, top1, N, real);

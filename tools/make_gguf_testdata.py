@@ -141,6 +141,30 @@ def add_gpt2_tokenizer(w, merges, vocab=300):
     return toks
 
 
+def add_llama_tensors(w, mat, vocab, layers, dim, hidden, heads, kv, hd, kind):
+    """A llama's tensors in llama.cpp's order (embedding, output, norms, then per layer the
+    norms and q, k, v, o, gate, up, down), the norms all ones. mat(name, rows, cols, sigma, k)
+    writes one matrix of kind k = kind(role), role "token_embd", "output", "attn_q", ...,
+    "ffn_down"; kind("output") None: tied embeddings. Sigmas: 0.1 for the embedding and
+    output, 0.5 / sqrt(dim) for q and k, 1 / sqrt(dim) for the others."""
+    s = 1.0 / np.sqrt(dim)
+    mat("token_embd.weight", vocab, dim, 0.1, kind("token_embd"))
+    if kind("output") is not None:
+        mat("output.weight", vocab, dim, 0.1, kind("output"))
+    w.add_tensor("output_norm.weight", np.ones(dim, np.float32))
+    for l in range(layers):
+        w.add_tensor("blk.%d.attn_norm.weight" % l, np.ones(dim, np.float32))
+        w.add_tensor("blk.%d.ffn_norm.weight" % l, np.ones(dim, np.float32))
+        for role, rows, cols, sigma in (("attn_q", heads * hd, dim, 0.5 * s),
+                                        ("attn_k", kv * hd, dim, 0.5 * s),
+                                        ("attn_v", kv * hd, dim, s),
+                                        ("attn_output", dim, heads * hd, s),
+                                        ("ffn_gate", hidden, dim, s),
+                                        ("ffn_up", hidden, dim, s),
+                                        ("ffn_down", dim, hidden, s)):
+            mat("blk.%d.%s.weight" % (l, role), rows, cols, sigma, kind(role))
+
+
 def write_and_close(w):
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -32,7 +32,8 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
 # the GGUF model writing of tools/make_gguf_testdata.py (this script's folder is on sys.path)
-from make_gguf_testdata import add_gpt2_tokenizer, llama_writer, write_and_close
+from make_gguf_testdata import (add_gpt2_tokenizer, add_llama_tensors, llama_writer,
+                                 write_and_close)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 OUT = os.path.join(ROOT, "tests", "data", "q3k")
@@ -147,24 +148,13 @@ def goldens():
 def tiny_model(name, dim=256, hidden=512, heads=4, kv=2, hd=64):
     w = llama_writer(os.path.join(OUT, name), 1, dim, hidden, heads, kv, hd, 10000.0, 1e-5)
     toks = add_gpt2_tokenizer(w, [])
-    s = 1.0 / np.sqrt(dim)
 
     def mat(tname, rows, cols, sigma, t):
         m = q3k_matrix(rows, cols, sigma) if t == T.Q3_K else iq4nl_matrix(rows, cols, sigma)
         w.add_tensor(tname, m, raw_dtype=t)
 
-    mat("token_embd.weight", len(toks), dim, 0.1, T.Q3_K)
-    mat("output.weight", len(toks), dim, 0.1, T.Q3_K)
-    w.add_tensor("output_norm.weight", np.ones(dim, np.float32))
-    w.add_tensor("blk.0.attn_norm.weight", np.ones(dim, np.float32))
-    w.add_tensor("blk.0.ffn_norm.weight", np.ones(dim, np.float32))
-    mat("blk.0.attn_q.weight", heads * hd, dim, 0.5 * s, T.Q3_K)
-    mat("blk.0.attn_k.weight", kv * hd, dim, 0.5 * s, T.Q3_K)
-    mat("blk.0.attn_v.weight", kv * hd, dim, s, T.IQ4_NL)
-    mat("blk.0.attn_output.weight", dim, heads * hd, s, T.Q3_K)
-    mat("blk.0.ffn_gate.weight", hidden, dim, s, T.Q3_K)
-    mat("blk.0.ffn_up.weight", hidden, dim, s, T.Q3_K)
-    mat("blk.0.ffn_down.weight", dim, hidden, s, T.IQ4_NL)
+    add_llama_tensors(w, mat, len(toks), 1, dim, hidden, heads, kv, hd,
+                      lambda role: T.IQ4_NL if role in ("attn_v", "ffn_down") else T.Q3_K)
     write_and_close(w)
 
 

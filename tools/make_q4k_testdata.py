@@ -32,7 +32,8 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
 # the GGUF model writing of tools/make_gguf_testdata.py (this script's folder is on sys.path)
-from make_gguf_testdata import add_gpt2_tokenizer, llama_writer, write_and_close
+from make_gguf_testdata import (add_gpt2_tokenizer, add_llama_tensors, llama_writer,
+                                 write_and_close)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 OUT = os.path.join(ROOT, "tests", "data", "q4k")
@@ -143,22 +144,11 @@ def tiny_model(name="tiny_q4k.gguf", dim=512, hidden=512, heads=2, kv=1, hd=256,
     w = llama_writer(os.path.join(OUT, name), layers, dim, hidden, heads, kv, hd, 10000.0, 1e-5)
     toks = add_gpt2_tokenizer(w, [])
 
-    def q4k(name, rows, cols, sigma):
+    def q4k(name, rows, cols, sigma, _kind):
         w.add_tensor(name, matrix(rows, cols, sigma, offset=offset), raw_dtype=T.Q4_K)
 
-    q4k("token_embd.weight", len(toks), dim, 0.1)
-    w.add_tensor("output_norm.weight", np.ones(dim, np.float32))
-    s = 1.0 / np.sqrt(dim)
-    for l in range(layers):
-        w.add_tensor("blk.%d.attn_norm.weight" % l, np.ones(dim, np.float32))
-        w.add_tensor("blk.%d.ffn_norm.weight" % l, np.ones(dim, np.float32))
-        q4k("blk.%d.attn_q.weight" % l, heads * hd, dim, 0.5 * s)
-        q4k("blk.%d.attn_k.weight" % l, kv * hd, dim, 0.5 * s)
-        q4k("blk.%d.attn_v.weight" % l, kv * hd, dim, s)
-        q4k("blk.%d.attn_output.weight" % l, dim, heads * hd, s)
-        q4k("blk.%d.ffn_gate.weight" % l, hidden, dim, s)
-        q4k("blk.%d.ffn_up.weight" % l, hidden, dim, s)
-        q4k("blk.%d.ffn_down.weight" % l, dim, hidden, s)
+    add_llama_tensors(w, q4k, len(toks), layers, dim, hidden, heads, kv, hd,
+                      lambda role: None if role == "output" else T.Q4_K)  # tied
     write_and_close(w)
 
 

@@ -41,7 +41,8 @@ from gguf.quants import dequantize, quantize
 
 # the GGUF model writing of tools/make_gguf_testdata.py, Q4_K's scale packing and the Q6_K
 # blocks (this script's folder is on sys.path)
-from make_gguf_testdata import add_gpt2_tokenizer, llama_writer, write_and_close
+from make_gguf_testdata import (add_gpt2_tokenizer, add_llama_tensors, llama_writer,
+                                 write_and_close)
 from make_q4k_testdata import pack_scales
 from make_q6k_testdata import matrix as q6k_matrix
 
@@ -124,27 +125,16 @@ def goldens():
 def tiny_model(name, dim=256, hidden=512, heads=4, kv=2, hd=64, layers=1):
     w = llama_writer(os.path.join(OUT, name), layers, dim, hidden, heads, kv, hd, 10000.0, 1e-5)
     toks = add_gpt2_tokenizer(w, [])
-    s = 1.0 / np.sqrt(dim)
 
-    def mat(tname, rows, cols, sigma, q6=False):
-        if q6:
+    def mat(tname, rows, cols, sigma, t):
+        if t == T.Q6_K:
             w.add_tensor(tname, q6k_matrix(rows, cols, sigma), raw_dtype=T.Q6_K)
         else:
             w.add_tensor(tname, matrix(rows, cols, sigma), raw_dtype=T.Q5_K)
 
-    mat("token_embd.weight", len(toks), dim, 0.1)
-    mat("output.weight", len(toks), dim, 0.1, q6=True)
-    w.add_tensor("output_norm.weight", np.ones(dim, np.float32))
-    for l in range(layers):
-        w.add_tensor("blk.%d.attn_norm.weight" % l, np.ones(dim, np.float32))
-        w.add_tensor("blk.%d.ffn_norm.weight" % l, np.ones(dim, np.float32))
-        mat("blk.%d.attn_q.weight" % l, heads * hd, dim, 0.5 * s)
-        mat("blk.%d.attn_k.weight" % l, kv * hd, dim, 0.5 * s)
-        mat("blk.%d.attn_v.weight" % l, kv * hd, dim, s, q6=True)
-        mat("blk.%d.attn_output.weight" % l, dim, heads * hd, s)
-        mat("blk.%d.ffn_gate.weight" % l, hidden, dim, s)
-        mat("blk.%d.ffn_up.weight" % l, hidden, dim, s)
-        mat("blk.%d.ffn_down.weight" % l, dim, hidden, s, q6=True)
+    add_llama_tensors(w, mat, len(toks), layers, dim, hidden, heads, kv, hd,
+                      lambda role: T.Q6_K if role in ("output", "attn_v", "ffn_down")
+                      else T.Q5_K)
     write_and_close(w)
 
 
@@ -193,7 +183,6 @@ def q5_goldens():
 def tiny_q5_01(name, dim=384, hidden=768, heads=6, kv=2, hd=64):
     w = llama_writer(os.path.join(OUT, name), 1, dim, hidden, heads, kv, hd, 10000.0, 1e-5)
     toks = add_gpt2_tokenizer(w, [])
-    s = 1.0 / np.sqrt(dim)
 
     def mat(tname, rows, cols, sigma, t):
         if t == T.Q6_K:
@@ -204,18 +193,10 @@ def tiny_q5_01(name, dim=384, hidden=768, heads=6, kv=2, hd=64):
         else:
             w.add_tensor(tname, q5_matrix(t, rows, cols, sigma), raw_dtype=t)
 
-    mat("token_embd.weight", len(toks), dim, 0.1, T.Q5_1)
-    mat("output.weight", len(toks), dim, 0.1, T.Q5_0)
-    w.add_tensor("output_norm.weight", np.ones(dim, np.float32))
-    w.add_tensor("blk.0.attn_norm.weight", np.ones(dim, np.float32))
-    w.add_tensor("blk.0.ffn_norm.weight", np.ones(dim, np.float32))
-    mat("blk.0.attn_q.weight", heads * hd, dim, 0.5 * s, T.Q5_0)
-    mat("blk.0.attn_k.weight", kv * hd, dim, 0.5 * s, T.Q5_0)
-    mat("blk.0.attn_v.weight", kv * hd, dim, s, T.Q8_0)
-    mat("blk.0.attn_output.weight", dim, heads * hd, s, T.Q5_1)
-    mat("blk.0.ffn_gate.weight", hidden, dim, s, T.Q5_1)
-    mat("blk.0.ffn_up.weight", hidden, dim, s, T.Q5_0)
-    mat("blk.0.ffn_down.weight", dim, hidden, s, T.Q6_K)
+    kinds = {"token_embd": T.Q5_1, "output": T.Q5_0, "attn_q": T.Q5_0, "attn_k": T.Q5_0,
+             "attn_v": T.Q8_0, "attn_output": T.Q5_1, "ffn_gate": T.Q5_1, "ffn_up": T.Q5_0,
+             "ffn_down": T.Q6_K}
+    add_llama_tensors(w, mat, len(toks), 1, dim, hidden, heads, kv, hd, kinds.get)
     write_and_close(w)
 
 

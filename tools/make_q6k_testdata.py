@@ -30,7 +30,8 @@ from gguf.quants import dequantize
 
 # the GGUF model writing of tools/make_gguf_testdata.py, Q4_K blocks of make_q4k_testdata.py
 # (this script's folder is on sys.path)
-from make_gguf_testdata import add_gpt2_tokenizer, llama_writer, write_and_close
+from make_gguf_testdata import (add_gpt2_tokenizer, add_llama_tensors, llama_writer,
+                                 write_and_close)
 from make_q4k_testdata import matrix as q4k_matrix
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -113,7 +114,6 @@ def goldens():
 def tiny_model(name, dim, hidden, heads, kv, hd, layers, all_q6k):
     w = llama_writer(os.path.join(OUT, name), layers, dim, hidden, heads, kv, hd, 10000.0, 1e-5)
     toks = add_gpt2_tokenizer(w, [])
-    s = 1.0 / np.sqrt(dim)
 
     def mat(tname, rows, cols, sigma, q6):
         if q6:
@@ -121,20 +121,12 @@ def tiny_model(name, dim, hidden, heads, kv, hd, layers, all_q6k):
         else:
             w.add_tensor(tname, q4k_matrix(rows, cols, sigma), raw_dtype=T.Q4_K)
 
-    mat("token_embd.weight", len(toks), dim, 0.1, all_q6k)
-    if not all_q6k:
-        mat("output.weight", len(toks), dim, 0.1, True)
-    w.add_tensor("output_norm.weight", np.ones(dim, np.float32))
-    for l in range(layers):
-        w.add_tensor("blk.%d.attn_norm.weight" % l, np.ones(dim, np.float32))
-        w.add_tensor("blk.%d.ffn_norm.weight" % l, np.ones(dim, np.float32))
-        mat("blk.%d.attn_q.weight" % l, heads * hd, dim, 0.5 * s, all_q6k)
-        mat("blk.%d.attn_k.weight" % l, kv * hd, dim, 0.5 * s, all_q6k)
-        mat("blk.%d.attn_v.weight" % l, kv * hd, dim, s, True)
-        mat("blk.%d.attn_output.weight" % l, dim, heads * hd, s, all_q6k)
-        mat("blk.%d.ffn_gate.weight" % l, hidden, dim, s, all_q6k)
-        mat("blk.%d.ffn_up.weight" % l, hidden, dim, s, all_q6k)
-        mat("blk.%d.ffn_down.weight" % l, dim, hidden, s, True)
+    def kind(role):  # Q4_K_M's choice: output, attn_v and ffn_down Q6_K
+        if role == "output":
+            return None if all_q6k else True
+        return all_q6k or role in ("attn_v", "ffn_down")
+
+    add_llama_tensors(w, mat, len(toks), layers, dim, hidden, heads, kv, hd, kind)
     write_and_close(w)
 
 

@@ -128,19 +128,9 @@ static void check_file(const char *path, double tol) {
     float *ln = tsr_malloc((size_t)N * V * 4), *lq = tsr_malloc((size_t)N * V * 4);
     ASSERT_OK(qt_all_logits(en, ids, N, ln));
     ASSERT_OK(qt_all_logits(eq, ids, N, lq));
-    double worst = 0, var = 0;
-    for (int i = 0; i < N * V; i++) {
-        double d = fabs((double)ln[i] - lq[i]);
-        if (!(d <= worst)) worst = d;
-        var += (double)ln[i] * ln[i];
-    }
-    int top1 = 0, real = 0;
-    for (int r = 0; r < N; r++) {
-        bool same = qt_argmax(ln + r * V, V) == qt_argmax(lq + r * V, V);
-        top1 += same;
-        real += !same && qt_top2_margin(ln + r * V, V) > 2 * worst;
-    }
-    double rms = sqrt(var / ((double)N * V));
+    double worst, rms;
+    int top1, real;
+    qt_compare_logits(ln, lq, N, V, &worst, &rms, &top1, &real);
     fprintf(stderr, "  %s: requantized to Q8_0 vs native, max abs logit diff %.3g (rms %.3g, "
             "ratio %.3g, tol %g), top-1 %d/%d, %d beyond a near-tie\n", path, worst, rms,
             worst / rms, tol, top1, N, real);

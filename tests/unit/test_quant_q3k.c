@@ -106,13 +106,8 @@ static void loaded_equals_file(const tsr_model *m, const tsr_tensor *t, const ch
 TSR_TEST(test_q3k_model) {
     tsr_model *m;
     ASSERT_OK(tsr_model_load(DATA "tiny_q3k.gguf", &m));
-    ASSERT_EQ_INT(m->cfg.dtype, TSR_Q6_K);
-    ASSERT_EQ_INT(m->tok_emb.dtype, TSR_Q6_K);
-    ASSERT_EQ_INT(m->classifier.dtype, TSR_Q6_K);
-    ASSERT_EQ_INT(m->layers[0].wq.dtype, TSR_Q6_K);
-    ASSERT_EQ_INT(m->layers[0].wo.dtype, TSR_Q6_K);
-    ASSERT_EQ_INT(m->layers[0].wv.dtype, TSR_Q8_0);
-    ASSERT_EQ_INT(m->layers[0].w_down.dtype, TSR_Q8_0);
+    qt_expect_dtypes(DATA "tiny_q3k.gguf", TSR_Q6_K, TSR_Q6_K, TSR_Q6_K, TSR_Q6_K, TSR_Q6_K,
+                     TSR_Q8_0, TSR_Q8_0);
     loaded_equals_file(m, &m->tok_emb, "token_embd.weight");
     loaded_equals_file(m, &m->classifier, "output.weight");
     loaded_equals_file(m, &m->layers[0].wq, "blk.0.attn_q.weight");

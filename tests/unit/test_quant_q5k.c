@@ -349,17 +349,8 @@ TSR_TEST(test_backends) {
 /* A Q5_K_M-like mix: attn_v, ffn_down and the untied output Q6_K, the rest (the embedding
  * too) Q5_K; wo's reduction parts are 64 columns and w_down's 128. */
 TSR_TEST(test_mixed_model) {
-    tsr_model *m;
-    ASSERT_OK(tsr_model_load(DATA "tiny_q5k.gguf", &m));
-    ASSERT_EQ_INT(m->cfg.head_dim, 64);
-    ASSERT_EQ_INT(m->cfg.dtype, TSR_Q5_K);
-    ASSERT_EQ_INT(m->tok_emb.dtype, TSR_Q5_K);
-    ASSERT_EQ_INT(m->classifier.dtype, TSR_Q6_K);
-    ASSERT_EQ_INT(m->layers[0].wq.dtype, TSR_Q5_K);
-    ASSERT_EQ_INT(m->layers[0].wo.dtype, TSR_Q5_K);
-    ASSERT_EQ_INT(m->layers[0].wv.dtype, TSR_Q6_K);
-    ASSERT_EQ_INT(m->layers[0].w_down.dtype, TSR_Q6_K);
-    tsr_model_destroy(m);
+    qt_expect_dtypes(DATA "tiny_q5k.gguf", TSR_Q5_K, TSR_Q5_K, TSR_Q6_K, TSR_Q5_K, TSR_Q5_K,
+                     TSR_Q6_K, TSR_Q6_K);
     qt_native_vs_expanded(DATA "tiny_q5k.gguf", "tiny Q5_K/Q6_K llama", TOL_LOGIT_REL);
 }
 
@@ -367,17 +358,8 @@ TSR_TEST(test_mixed_model) {
  * a multiple of 256): Q5_0 and Q5_1 matrices (the embedding Q5_1, the output Q5_0) run as
  * Q5_K, attn_v Q8_0, ffn_down Q6_K. */
 TSR_TEST(test_q5_01_model) {
-    tsr_model *m;
-    ASSERT_OK(tsr_model_load(DATA "tiny_q5_01.gguf", &m));
-    ASSERT_EQ_INT(m->cfg.dim, 384);
-    ASSERT_EQ_INT(m->cfg.dtype, TSR_Q5_K);
-    ASSERT_EQ_INT(m->tok_emb.dtype, TSR_Q5_K);
-    ASSERT_EQ_INT(m->classifier.dtype, TSR_Q5_K);
-    ASSERT_EQ_INT(m->layers[0].wq.dtype, TSR_Q5_K);
-    ASSERT_EQ_INT(m->layers[0].wo.dtype, TSR_Q5_K);
-    ASSERT_EQ_INT(m->layers[0].wv.dtype, TSR_Q8_0);
-    ASSERT_EQ_INT(m->layers[0].w_down.dtype, TSR_Q6_K);
-    tsr_model_destroy(m);
+    qt_expect_dtypes(DATA "tiny_q5_01.gguf", TSR_Q5_K, TSR_Q5_K, TSR_Q5_K, TSR_Q5_K, TSR_Q5_K,
+                     TSR_Q8_0, TSR_Q6_K);
     qt_native_vs_expanded(DATA "tiny_q5_01.gguf", "tiny Q5_0/Q5_1 llama", TOL_LOGIT_REL);
 }
 

@@ -321,14 +321,8 @@ TSR_TEST(test_mixed_model) {
 /* Every matrix Q6_K, the embedding too; wo's reduction parts are 64 columns and w_down's
  * 128, which Q6_K's 32-column blocks take (Q4_K's super-blocks do not). */
 TSR_TEST(test_all_q6k_hd64) {
-    tsr_model *m;
-    ASSERT_OK(tsr_model_load(DATA "tiny_q6k_hd64.gguf", &m));
-    ASSERT_EQ_INT(m->cfg.head_dim, 64);
-    ASSERT_EQ_INT(m->cfg.dtype, TSR_Q6_K);
-    ASSERT_EQ_INT(m->tok_emb.dtype, TSR_Q6_K);
-    ASSERT_EQ_INT(m->layers[0].wo.dtype, TSR_Q6_K);
-    ASSERT_EQ_INT(m->layers[0].w_down.dtype, TSR_Q6_K);
-    tsr_model_destroy(m);
+    qt_expect_dtypes(DATA "tiny_q6k_hd64.gguf", TSR_Q6_K, TSR_Q6_K, TSR_Q6_K, TSR_Q6_K, TSR_Q6_K,
+                     TSR_Q6_K, TSR_Q6_K);
     qt_native_vs_expanded(DATA "tiny_q6k_hd64.gguf", "tiny all-Q6_K llama (head_dim 64)",
                           TOL_LOGIT_REL);
 }
