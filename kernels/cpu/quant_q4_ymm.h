@@ -15,9 +15,7 @@
 
 #include <string.h>
 
-typedef struct {
-    __m256 lo, hi;
-} tsr__q4_y_acc;
+#include "kernels/cpu/quant_ymm_acc.h"
 
 /* Every loop over the nx tokens is unrolled (`GCC unroll`; nx is a constant after inlining):
  * left as loops, GCC keeps the accumulators of nx 3 and 4 in memory (quant_q8_avx512.c). */
@@ -38,7 +36,7 @@ static inline __attribute__((always_inline)) __m256 tsr__q4_y_e8m0(const uint8_t
 
 static inline __attribute__((always_inline)) void
 tsr__q4_y_blk(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_t *xs,
-              const float *xm, int64_t nb, int64_t b, int nx, tsr__q4_y_acc *acc,
+              const float *xm, int64_t nb, int64_t b, int nx, tsr__ymm_acc *acc,
               const int ty) { /* ty: 0 Q4_0, 1 Q4_1, 2 MXFP4 (a constant after inlining) */
     const int q41 = ty == 1, mx = ty == 2;
     const uint8_t *codes = wb + (q41 ? 64 : mx ? 16 : 32);
@@ -121,30 +119,23 @@ tsr__q4_y_blk(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_
 
 static inline __attribute__((always_inline)) void
 tsr__q4_y_block0(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_t *xs,
-                 const float *xm, int64_t nb, int64_t b, int nx, tsr__q4_y_acc *acc) {
+                 const float *xm, int64_t nb, int64_t b, int nx, tsr__ymm_acc *acc) {
     tsr__q4_y_blk(wb, xq, xd, xs, xm, nb, b, nx, acc, 0);
 }
 
 static inline __attribute__((always_inline)) void
 tsr__q4_y_block1(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_t *xs,
-                 const float *xm, int64_t nb, int64_t b, int nx, tsr__q4_y_acc *acc) {
+                 const float *xm, int64_t nb, int64_t b, int nx, tsr__ymm_acc *acc) {
     tsr__q4_y_blk(wb, xq, xd, xs, xm, nb, b, nx, acc, 1);
 }
 
 static inline __attribute__((always_inline)) void
 tsr__q4_y_blockm(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_t *xs,
-                 const float *xm, int64_t nb, int64_t b, int nx, tsr__q4_y_acc *acc) {
+                 const float *xm, int64_t nb, int64_t b, int nx, tsr__ymm_acc *acc) {
     tsr__q4_y_blk(wb, xq, xd, xs, xm, nb, b, nx, acc, 2);
 }
 
-#define TSR__Q4_Y_STORE(dst, a)                                                              \
-    do {                                                                                     \
-        _mm256_storeu_ps(dst, (a).lo);                                                       \
-        _mm256_storeu_ps((dst) + 8, (a).hi);                                                 \
-    } while (0)
-#define TSR__Q4_Y_ZERO ((tsr__q4_y_acc){_mm256_setzero_ps(), _mm256_setzero_ps()})
-
-TSR__Q4_GEMV_PAIR(tsr__q4_y, tsr__q4_y_acc, TSR__Q4_Y_ZERO, TSR__Q4_Y_STORE)
+TSR__Q4_GEMV_PAIR(tsr__q4_y, tsr__ymm_acc, TSR__YMM_ZERO, TSR__YMM_STORE)
 
 const tsr__q4_kernels TSR__Q4_Y_TABLE = {TSR__Q4_Y_VARIANT, TSR__Q4_Y_NAME, tsr__q4_y_gemv0,
                                          tsr__q4_y_gemv1, tsr__q4_y_gemvm};

@@ -12,9 +12,7 @@
 
 #include <string.h>
 
-typedef struct {
-    __m256 lo, hi;
-} tsr__q4k_y_acc;
+#include "kernels/cpu/quant_ymm_acc.h"
 
 /* Every loop over the nx tokens is unrolled (`GCC unroll`; nx is a constant after inlining):
  * left as loops, GCC keeps the accumulators of nx 3 and 4 in memory (quant_q8_avx512.c). */
@@ -103,7 +101,7 @@ tsr__q4k_y_half(const uint8_t *wb, int h, const int8_t *const *x, const int32_t 
 
 static inline __attribute__((always_inline)) void
 tsr__q4k_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_t *xs,
-                 int64_t nb, int64_t b, int nx, tsr__q4k_y_acc *acc) {
+                 int64_t nb, int64_t b, int nx, tsr__ymm_acc *acc) {
     const int8_t *x[4];
     const int32_t *xsub[4];
     float dxs[4];
@@ -126,14 +124,7 @@ tsr__q4k_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int
     }
 }
 
-#define TSR__Q4K_Y_STORE(dst, a)                                                             \
-    do {                                                                                     \
-        _mm256_storeu_ps(dst, (a).lo);                                                       \
-        _mm256_storeu_ps((dst) + 8, (a).hi);                                                 \
-    } while (0)
-#define TSR__Q4K_Y_ZERO ((tsr__q4k_y_acc){_mm256_setzero_ps(), _mm256_setzero_ps()})
-
-TSR__Q4K_GEMV_DEF(tsr__q4k_y, tsr__q4k_y_block, tsr__q4k_y_acc, TSR__Q4K_Y_ZERO,
-                  TSR__Q4K_Y_STORE)
+TSR__Q4K_GEMV_DEF(tsr__q4k_y, tsr__q4k_y_block, tsr__ymm_acc, TSR__YMM_ZERO,
+                  TSR__YMM_STORE)
 
 const tsr__q4k_kernels TSR__Q4K_Y_TABLE = {TSR__Q4K_Y_VARIANT, TSR__Q4K_Y_NAME, tsr__q4k_y_gemv};

@@ -18,16 +18,14 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
+#include "kernels/cpu/quant_ymm_acc.h"
+
 #ifdef __clang__
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #endif
-
-typedef struct {
-    __m256 lo, hi;
-} tsr__q6k_y_acc;
 
 static inline __attribute__((always_inline)) int32_t tsr__q6k_y_x4(const int8_t *x) {
     int32_t v;
@@ -48,7 +46,7 @@ static inline __attribute__((always_inline)) __m256i tsr__q6k_y_high(__m256i h, 
 
 static inline __attribute__((always_inline)) void
 tsr__q6k_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_t *xs,
-                 int64_t nb, int64_t b, int nx, tsr__q6k_y_acc *acc) {
+                 int64_t nb, int64_t b, int nx, tsr__ymm_acc *acc) {
     const __m256i m0f = _mm256_set1_epi8(0x0f);
     /* each row's two scales as int16 (a, b) in its 32-bit lane; a in both halves; b */
     const __m256i dupa = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0,
@@ -122,20 +120,13 @@ tsr__q6k_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int
     }
 }
 
-#define TSR__Q6K_Y_STORE(dst, a)                                                             \
-    do {                                                                                     \
-        _mm256_storeu_ps(dst, (a).lo);                                                       \
-        _mm256_storeu_ps((dst) + 8, (a).hi);                                                 \
-    } while (0)
-#define TSR__Q6K_Y_ZERO ((tsr__q6k_y_acc){_mm256_setzero_ps(), _mm256_setzero_ps()})
-
 static inline __attribute__((always_inline)) void
 tsr__q6k_y_gemv_nx(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,
                    const int8_t *xq, const float *xd, const int32_t *xs, int nx,
                    const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy,
                    int64_t ldp) {
-    TSR__QGEMV_BODY(nx, TSR__Q6K_GBB, tsr__q6k_y_block, tsr__q6k_y_acc, TSR__Q6K_Y_ZERO,
-                    TSR__Q6K_Y_STORE)
+    TSR__QGEMV_BODY(nx, TSR__Q6K_GBB, tsr__q6k_y_block, tsr__ymm_acc, TSR__YMM_ZERO,
+                    TSR__YMM_STORE)
 }
 
 TSR__Q8_GEMV_FN(tsr__q6k_y_gemv, tsr__q6k_y_gemv_nx)

@@ -12,16 +12,14 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
+#include "kernels/cpu/quant_ymm_acc.h"
+
 #ifdef __clang__
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #endif
-
-typedef struct {
-    __m256 lo, hi;
-} tsr__q8_y_acc;
 
 static inline __attribute__((always_inline)) int32_t tsr__q8_y_x4(const int8_t *x) {
     int32_t v;
@@ -35,7 +33,7 @@ static inline __attribute__((always_inline)) int32_t tsr__q8_y_x4(const int8_t *
  * (and bits) do not depend on whether its group ran alone or in a pair. */
 static inline __attribute__((always_inline)) void
 tsr__q8_y_blkn(const uint8_t *const *wb, int ng, const int8_t *xq, const float *xd, int64_t nb,
-               int64_t b, int nx, tsr__q8_y_acc *const *acc) {
+               int64_t b, int nx, tsr__ymm_acc *const *acc) {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     __m256i lo[2][4], hi[2][4];
     const int8_t *x[4];
@@ -78,7 +76,7 @@ tsr__q8_y_blkn(const uint8_t *const *wb, int ng, const int8_t *xq, const float *
 #pragma GCC unroll 4
         for (int i = 0; i < nx; i++) {
             __m256 dx = _mm256_set1_ps(xd[(size_t)i * (size_t)nb + (size_t)b]);
-            tsr__q8_y_acc *a = &acc[h][i];
+            tsr__ymm_acc *a = &acc[h][i];
             a->lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[h][i]), _mm256_mul_ps(dl, dx), a->lo);
             a->hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi[h][i]), _mm256_mul_ps(dh, dx), a->hi);
         }
@@ -87,17 +85,10 @@ tsr__q8_y_blkn(const uint8_t *const *wb, int ng, const int8_t *xq, const float *
 
 static inline __attribute__((always_inline)) void
 tsr__q8_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_t *xs,
-                int64_t nb, int64_t b, int nx, tsr__q8_y_acc *acc) {
+                int64_t nb, int64_t b, int nx, tsr__ymm_acc *acc) {
     (void)xs;
     tsr__q8_y_blkn(&wb, 1, xq, xd, nb, b, nx, &acc);
 }
-
-#define TSR__Q8_Y_STORE(dst, a)                                                              \
-    do {                                                                                     \
-        _mm256_storeu_ps(dst, (a).lo);                                                       \
-        _mm256_storeu_ps((dst) + 8, (a).hi);                                                 \
-    } while (0)
-#define TSR__Q8_Y_ZERO ((tsr__q8_y_acc){_mm256_setzero_ps(), _mm256_setzero_ps()})
 
 /* The fewest tokens that run two groups per pass. With 16 ymm registers a pair's int32
  * sums (2 groups x 2 halves x nx) no longer all fit, so the pair pays only where it saves
@@ -113,9 +104,9 @@ tsr__q8_y_pair(const uint8_t *w, int64_t nb, int64_t rows, int64_t g, const int8
                int64_t ldy, int64_t ldp) {
 #define TSR__Q8_Y_BLOCK2(w0, w1, b, a0, a1)                                                  \
     tsr__q8_y_blkn((const uint8_t *const[2]){w0, w1}, 2, xq, xd, nb, b, nx,                  \
-                   (tsr__q8_y_acc *const[2]){a0, a1})
-    TSR__QPAIR_BODY(nx, TSR_Q8_GROUP_BLOCK_BYTES, TSR__Q8_Y_BLOCK2, tsr__q8_y_acc,
-                    TSR__Q8_Y_ZERO, TSR__Q8_Y_STORE)
+                   (tsr__ymm_acc *const[2]){a0, a1})
+    TSR__QPAIR_BODY(nx, TSR_Q8_GROUP_BLOCK_BYTES, TSR__Q8_Y_BLOCK2, tsr__ymm_acc,
+                    TSR__YMM_ZERO, TSR__YMM_STORE)
 #undef TSR__Q8_Y_BLOCK2
 }
 
@@ -127,7 +118,7 @@ tsr__q8_y_gemv_nx(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_
     if (nx >= TSR__Q8_Y_PAIR_NX)
         for (; g0 + 2 <= g1; g0 += 2)
             tsr__q8_y_pair(w, nb, rows, g0, xq, xd, nx, bseg, n_parts, sum, y, ldy, ldp);
-    TSR__Q8_GEMV_BODY(nx, tsr__q8_y_block, tsr__q8_y_acc, TSR__Q8_Y_ZERO, TSR__Q8_Y_STORE)
+    TSR__Q8_GEMV_BODY(nx, tsr__q8_y_block, tsr__ymm_acc, TSR__YMM_ZERO, TSR__YMM_STORE)
 }
 
 TSR__Q8_GEMV_FN(tsr__q8_y_gemv, tsr__q8_y_gemv_nx)

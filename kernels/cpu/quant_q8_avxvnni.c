@@ -9,6 +9,8 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
+#include "kernels/cpu/quant_ymm_acc.h"
+
 #ifdef __clang__
 #pragma clang attribute push(__attribute__((target("avxvnni,avx2,fma,f16c"))),              \
                              apply_to = function)
@@ -16,10 +18,6 @@
 #pragma GCC push_options
 #pragma GCC target("avxvnni,avx2,fma,f16c")
 #endif
-
-typedef struct {
-    __m256 lo, hi;
-} tsr__q8_v_acc;
 
 static inline __attribute__((always_inline)) int32_t tsr__q8_v_x4(const int8_t *x) {
     int32_t v;
@@ -29,7 +27,7 @@ static inline __attribute__((always_inline)) int32_t tsr__q8_v_x4(const int8_t *
 
 static inline __attribute__((always_inline)) void
 tsr__q8_v_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_t *xs,
-                int64_t nb, int64_t b, int nx, tsr__q8_v_acc *acc) {
+                int64_t nb, int64_t b, int nx, tsr__ymm_acc *acc) {
     __m256i lo[4], hi[4];
     const int8_t *x[4];
     /* the loops over tokens unrolled, as in quant_q8_avx2.c (accumulators in registers) */
@@ -62,19 +60,12 @@ tsr__q8_v_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int3
     }
 }
 
-#define TSR__Q8_V_STORE(dst, a)                                                              \
-    do {                                                                                     \
-        _mm256_storeu_ps(dst, (a).lo);                                                       \
-        _mm256_storeu_ps((dst) + 8, (a).hi);                                                 \
-    } while (0)
-#define TSR__Q8_V_ZERO ((tsr__q8_v_acc){_mm256_setzero_ps(), _mm256_setzero_ps()})
-
 static inline __attribute__((always_inline)) void
 tsr__q8_v_gemv_nx(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0, int64_t g1,
                   const int8_t *xq, const float *xd, const int32_t *xs, int nx,
                   const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy,
                   int64_t ldp) {
-    TSR__Q8_GEMV_BODY(nx, tsr__q8_v_block, tsr__q8_v_acc, TSR__Q8_V_ZERO, TSR__Q8_V_STORE)
+    TSR__Q8_GEMV_BODY(nx, tsr__q8_v_block, tsr__ymm_acc, TSR__YMM_ZERO, TSR__YMM_STORE)
 }
 
 TSR__Q8_GEMV_FN(tsr__q8_v_gemv, tsr__q8_v_gemv_nx)
