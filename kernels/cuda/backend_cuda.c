@@ -1502,7 +1502,7 @@ tsr_status tsr__cuda_create(int device, tsr_backend **out) {
     be->threads = 1;
     be->host_memory = false; /* device memory: never usable in place by the host */
     be->fp8_weights = true;  /* quant_gemm.h */
-    be->gguf_blocks = false; /* no 4- to 6-bit GGUF kernels: the engine requantizes to Q8_0 */
+    be->gguf_blocks = false; /* no 3- to 6-bit GGUF kernels: the engine requantizes to Q8_0 */
     c->device = device;
     TSR_CUDA_TRY_GOTO(cudaSetDevice(device), st, fail);
     struct cudaDeviceProp prop;

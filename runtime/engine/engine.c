@@ -353,11 +353,15 @@ static tsr_status tsr__start(tsr_engine *e, const tsr_engine_spec *o) {
         snprintf(why, sizeof why, "the %s backend computes no FP8", e->be->ops->name);
         TSR_TRY(tsr__agree(e, tsr_model_fp8_to_q8(e->model, why)));
     }
-    /* a GGUF's 4- to 6-bit matrices likewise stay in their blocks only where the backend has
-     * kernels for them (runtime/model/quantize.h) */
-    if (!e->be->gguf_blocks && !e->borrowed_) {
+    /* a GGUF's 3- to 6-bit matrices likewise stay in their blocks only where the backend has
+     * kernels for them (runtime/model/quantize.h); TSR_GGUF_Q8=1 requantizes them on any
+     * backend, so that a CPU run computes with the weights a CUDA run has (comparisons) */
+    const char *gq8 = getenv("TSR_GGUF_Q8");
+    bool forced = gq8 && !strcmp(gq8, "1");
+    if ((!e->be->gguf_blocks || forced) && !e->borrowed_) {
         char why[96];
-        snprintf(why, sizeof why, "the %s backend has no kernels for them", e->be->ops->name);
+        if (forced) snprintf(why, sizeof why, "TSR_GGUF_Q8=1");
+        else snprintf(why, sizeof why, "the %s backend has no kernels for them", e->be->ops->name);
         TSR_TRY(tsr__agree(e, tsr_model_blocks_to_q8(e->model, why)));
     }
     /* Under a quantized --dtype every product takes 8-bit activations: MXFP4 experts too,

@@ -151,7 +151,7 @@ tsr_status tsr_model_blocks_to_q8(tsr_model *m, const char *why) {
     }
     if (!n[0] && !n[1]) return TSR_OK;
     if (tsr__gguf_block(m->cfg.dtype)) m->cfg.dtype = TSR_Q8_0;
-    TSR_LOG_WARN("%s: 4- to 6-bit GGUF matrices run as Q8_0 (%s): %d requantized (8.5 bits "
+    TSR_LOG_WARN("%s: 3- to 6-bit GGUF matrices run as Q8_0 (%s): %d requantized (8.5 bits "
                  "a weight; Q8_0's rounding on top of the file's), %d expanded to bf16",
                  m->source, why, n[0], n[1]);
     return TSR_OK;

@@ -16,9 +16,10 @@
 #   dist_plane the CUDA backend as a device data plane
 #   logits     CUDA against the CPU backend and against PyTorch (tools/torch_reference.py,
 #              computed here and now) and the bundled golden files, on models/stories260K.bin
-#              and tests/data/synth_bf16_gqa; CUDA against the CPU on the Llama-3.1-8B shape
-#              (2 layers); max abs / rel diff, top-1 and greedy agreement (bench/logits_check.c
-#              states the tolerance)
+#              and tests/data/synth_bf16_gqa; CUDA against the CPU on two GGUF K-quant test
+#              llamas (requantized to Q8_0 on both: TSR_GGUF_Q8=1) and on the Llama-3.1-8B
+#              shape (2 layers); max abs / rel diff, top-1 and greedy agreement
+#              (bench/logits_check.c states the tolerance)
 #   gptoss     GPT-OSS's ops on the GPU against the CPU (YaRN rope, attention with sinks and
 #              sliding windows on every attn.cu path and attention_paged, the mixture-of-
 #              experts op with MXFP4/BF16/F32 experts: tests/unit/test_backend_ops_gptoss.c),
@@ -369,6 +370,15 @@ sec_logits() {
         fi
         "${check[@]}" "$model" --backend "$BACKEND" --against cpu "${refs[@]}" \
             --label "$name" --threads "$JOBS" || rc=1
+    done
+    # GGUF K-quant llamas (Q4_K with Q6_K; Q5_0/Q5_1 with Q8_0 and Q6_K): CUDA has no kernels
+    # for those types and requantizes them to Q8_0 at load; TSR_GGUF_Q8=1 gives the CPU the
+    # same Q8_0 weights (runtime/model/quantize.h). The CPU quantizes the activations to 8
+    # bits, CUDA's Q8_0 GEMVs keep them f32: on these llamas that moves logits by up to 8 % of
+    # their rms (test_quant_q5k/q6k's native against f32 runs), hence the tolerance.
+    for model in tests/data/q6k/tiny_q6k.gguf tests/data/q5k/tiny_q5_01.gguf; do
+        TSR_GGUF_Q8=1 "${check[@]}" "$model" --backend "$BACKEND" --against cpu --random 16 \
+            --greedy 8 --tol-rel 0.1 --label "$(basename "$model")" --threads "$JOBS" || rc=1
     done
     # The 8B shape (GQA 32/8, head_dim 128, vocab 128256, llama3 rope), 2 layers: CUDA vs CPU.
     "${check[@]}" "$SHAPE_SPEC" --backend "$BACKEND" --against cpu --random 32 --greedy 8 \

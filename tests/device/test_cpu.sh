@@ -25,7 +25,7 @@ for s in machine backend_ops flash_attn cuda_mem dist_plane logits roofline thro
     grep -q "^| $s | PASS |" "$MD" 2>/dev/null || fail "run.sh: section $s did not pass"
 done
 grep -q "^| ctest | SKIP |" "$MD" || fail "run.sh: ctest not reported as skipped"
-[ "$(grep -c '^RESULT logits .*: PASS' "$MD")" = 3 ] || fail "run.sh: not 3 logits results"
+[ "$(grep -c '^RESULT logits .*: PASS' "$MD")" = 5 ] || fail "run.sh: not 5 logits results"
 [ "$(grep -c '^| decode, batch' "$MD")" = 2 ] || fail "run.sh: not 2 decode rows"
 grep -q '^| prefill, 128 tokens' "$MD" || fail "run.sh: no prefill row"
 for p in $("$BUILD/bench/tsr_longctx" --policies); do

@@ -1,4 +1,4 @@
-/* A GGUF's 4- to 6-bit matrices on a backend without kernels for them (be->gguf_blocks false,
+/* A GGUF's 3- to 6-bit matrices on a backend without kernels for them (be->gguf_blocks false,
  * the CUDA backend's case): the engine requantizes them to Q8_0 at load
  * (tsr_model_blocks_to_q8, runtime/model/quantize.h). Here cpu-fenced with the flag cleared
  * stands in for that device: it refuses those types as the device would, so a run that
@@ -6,7 +6,8 @@
  * (embedding and untied classifier included); the requantized rows against the file's values
  * (within Q8_0's rounding); teacher-forced logits against the native cpu engine's (the same
  * 8-bit activations, weights moved by Q8_0's rounding only) on a Q4_K_M-like mix (Q4_K,
- * Q4_K run as Q4_1, Q6_K) and a mix of Q5_0/Q5_1 (run as Q5_K), Q8_0 and Q6_K. */
+ * Q4_K run as Q4_1, Q6_K) and a mix of Q5_0/Q5_1 (run as Q5_K), Q8_0 and Q6_K; TSR_GGUF_Q8=1
+ * on the cpu backend gives the requantized run's logits bit for bit. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,16 +119,26 @@ static void check_requantized(const tsr_engine *e, const char *path) {
     tsr_model_destroy(f);
 }
 
-/* Logits of the requantized run against the native one, teacher-forced over N tokens. */
+/* Logits of the requantized run against the native one, teacher-forced over N tokens; and
+ * the cpu backend told to requantize too (TSR_GGUF_Q8=1) gives the requantized run's bits. */
 static void check_file(const char *path, double tol) {
     tsr_engine *en = engine(path, true), *eq = engine(path, false);
-    ASSERT_TRUE(en && eq);
+    setenv("TSR_GGUF_Q8", "1", 1);
+    tsr_engine *ef = engine(path, true);
+    unsetenv("TSR_GGUF_Q8");
+    ASSERT_TRUE(en && eq && ef);
+    ASSERT_EQ_INT(ef->model->cfg.dtype, TSR_Q8_0);
     check_requantized(eq, path);
     int V = en->model->cfg.vocab_size;
     int32_t ids[N] = {72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 32, 84, 104};
     float *ln = tsr_malloc((size_t)N * V * 4), *lq = tsr_malloc((size_t)N * V * 4);
     ASSERT_OK(qt_all_logits(en, ids, N, ln));
     ASSERT_OK(qt_all_logits(eq, ids, N, lq));
+    float *lf = tsr_malloc((size_t)N * V * 4);
+    ASSERT_OK(qt_all_logits(ef, ids, N, lf));
+    ASSERT_TRUE(!memcmp(lf, lq, (size_t)N * V * 4));
+    tsr_free(lf);
+    tsr_engine_destroy(ef);
     double worst, rms;
     int top1, real;
     qt_compare_logits(ln, lq, N, V, &worst, &rms, &top1, &real);
