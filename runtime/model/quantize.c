@@ -120,7 +120,7 @@ static tsr_status tsr__requant(tsr_model *m, tsr_tensor *t, bool q8) {
     }
     tsr_free(rows);
     TSR_TRY(st);
-    tsr_pages_drop(t->data, tsr_tensor_bytes(t));
+    tsr_model_discard(m, t->data, tsr_tensor_bytes(t)); /* never read again */
     q.data = dst;
     *t = q;
     return TSR_OK;
