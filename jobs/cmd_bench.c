@@ -528,6 +528,7 @@ int tsr_cmd_bench(int argc, char **argv) {
     if (o.json) {
         printf("{\"model\":");
         tsr__json_string(o.model);
+        if (m->file_type[0]) printf(",\"gguf_file_type\":\"%s\"", m->file_type);
         printf(",\"dtype\":\"%s\",\"kv_dtype\":\"%s\",\"threads\":%d,\"batch\":%d,\"prompt_tokens\":%d,"
                "\"gen_tokens\":%d,\"repeat\":%d,\"prefill_samples\":%d,\"prefill_s\":%.6f,"
                "\"prefill_tok_s\":%.2f,\"prefill_gflops\":%.3f,"
@@ -578,7 +579,9 @@ int tsr_cmd_bench(int argc, char **argv) {
                c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim,
                c->vocab_size, last);
     } else {
-        printf("model   %s (%s, %.1f MB of weights", o.model, dtn, weight_bytes * 1e-6);
+        printf("model   %s (%s", o.model, dtn);
+        if (m->file_type[0]) printf(" from a GGUF %s", m->file_type);
+        printf(", %.1f MB of weights", weight_bytes * 1e-6);
         if (active_bytes != weight_bytes)
             printf(", %.1f MB active per token (%d of %d experts)", active_bytes * 1e-6,
                    c->n_experts_used, c->n_experts);

@@ -84,10 +84,12 @@ static tsr_status tsr__generate(const tsr__gen_opts *o, tsr__gen *g) {
     TSR_TRY(tsr_dist_agree(d, st));
     if (o->verbose) {
         if (root)
-            TSR_LOG_INFO("model %s: dim %d, %d layers, %d heads (%d kv), vocab %d, %s; "
+            TSR_LOG_INFO("model %s: dim %d, %d layers, %d heads (%d kv), vocab %d, %s%s%s; "
                          "backend %s, %d threads; prompt %zu tokens; %d ranks (%s)",
                          o->model, c->dim, c->n_layers, c->n_heads, c->n_kv_heads,
                          c->vocab_size, tsr_dtype_name(c->dtype),
+                         g->eng->model->file_type[0] ? " from a GGUF " : "",
+                         g->eng->model->file_type,
                          tsr_engine_device_name(g->eng), be->threads, n_ids, d->world, tsr_comm_backend_name(d->comm));
         tsr_dist_log_layout(d);
     }

@@ -307,10 +307,11 @@ static tsr_status tsr__setup(tsr_run_job *g) {
     g->reqs = tsr_calloc((size_t)g->n_reqs, sizeof *g->reqs);
     if (!g->reqs) return TSR_ERR_NOMEM;
     if (o->verbose && g->root)
-        TSR_LOG_INFO("model %s: dim %d, %d layers, vocab %d, context %d, %s weights; backend "
-                     "%s, %d threads; chat template: %s; output has %" PRId64 " records",
+        TSR_LOG_INFO("model %s: dim %d, %d layers, vocab %d, context %d, %s weights%s%s; "
+                     "backend %s, %d threads; chat template: %s; output has %" PRId64 " records",
                      o->model, c->dim, c->n_layers, c->vocab_size, g->ctx,
-                     tsr_dtype_name(c->dtype),
+                     tsr_dtype_name(c->dtype), g->eng->model->file_type[0] ? " from a GGUF " : "",
+                     g->eng->model->file_type,
                      tsr_engine_device_name(g->eng),
                      g->be->threads,
                      g->chat.kind == TSR_CHAT_NONE ? "none" : "the model's (jinja)",

@@ -201,6 +201,22 @@ const char *tsr_gguf_type_name(uint32_t t) {
     }
 }
 
+const char *tsr_gguf_file_type_name(int64_t ftype) {
+    static const char *const names[] = {
+        [0] = "F32",      [1] = "F16",     [2] = "Q4_0",    [3] = "Q4_1",    [7] = "Q8_0",
+        [8] = "Q5_0",     [9] = "Q5_1",    [10] = "Q2_K",   [11] = "Q3_K_S", [12] = "Q3_K_M",
+        [13] = "Q3_K_L",  [14] = "Q4_K_S", [15] = "Q4_K_M", [16] = "Q5_K_S", [17] = "Q5_K_M",
+        [18] = "Q6_K",    [19] = "IQ2_XXS", [20] = "IQ2_XS", [21] = "Q2_K_S", [22] = "IQ3_XS",
+        [23] = "IQ3_XXS", [24] = "IQ1_S",  [25] = "IQ4_NL", [26] = "IQ3_S",  [27] = "IQ3_M",
+        [28] = "IQ2_S",   [29] = "IQ2_M",  [30] = "IQ4_XS", [31] = "IQ1_M",  [32] = "BF16",
+        [36] = "TQ1_0",   [37] = "TQ2_0",  [38] = "MXFP4_MOE",
+    };
+    if (ftype < 0) return NULL;
+    ftype &= ~(int64_t)1024;
+    if (ftype >= (int64_t)(sizeof names / sizeof names[0])) return NULL;
+    return names[ftype];
+}
+
 bool tsr_gguf_type_supported(uint32_t t) {
     return t == TSR_GGML_F32 || t == TSR_GGML_F16 || t == TSR_GGML_BF16 || t == TSR_GGML_Q8_0 ||
            t == TSR_GGML_Q4_0 || t == TSR_GGML_Q4_1 || t == TSR_GGML_Q4_K ||

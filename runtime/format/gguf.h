@@ -129,6 +129,10 @@ const char *tsr_gguf_type_name(uint32_t type);
 /* IQ4_NL's 16 code values (ggml's kvalues_iq4nl): value = d * tsr_iq4nl_values[code]. */
 extern const int8_t tsr_iq4nl_values[16];
 
+/* llama.cpp's name of a general.file_type value (its llama_ftype: "Q4_K_M", "Q8_0", ...;
+ * the "guessed" bit 1024 ignored), or NULL for one it does not know. */
+const char *tsr_gguf_file_type_name(int64_t ftype);
+
 /* Whether tsr_gguf_dequant converts this type. */
 bool tsr_gguf_type_supported(uint32_t type);
 

@@ -503,6 +503,14 @@ tsr_status tsr_loader_gguf(const char *path, tsr_model **out) {
     tsr_model *m = NULL;
     tsr_status st = tsr__config(&x, &cfg);
     if (st == TSR_OK) st = tsr_model_create(path, &cfg, &m);
+    if (st == TSR_OK) {
+        int64_t ft;
+        bool have = false;
+        /* for messages only: a malformed value is ignored */
+        const char *ftn = tsr_gguf_get_int(x.g, "general.file_type", &ft, &have) == TSR_OK &&
+                                  have ? tsr_gguf_file_type_name(ft) : NULL;
+        if (ftn) snprintf(m->file_type, sizeof m->file_type, "%s", ftn);
+    }
     if (st == TSR_OK) st = tsr__weights(m, &x);
     /* named as most of its matrices are stored (else the dtype the others expand to) */
     if (st == TSR_OK && x.q8_native) m->cfg.dtype = TSR_Q8_0;

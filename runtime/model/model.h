@@ -38,6 +38,10 @@ typedef struct tsr_model_resource tsr_model_resource;
 typedef struct tsr_model {
     tsr_model_config cfg;
     char *source;          /* path or synthetic name, for messages */
+    /* A GGUF file's quantization as llama.cpp names it (general.file_type: "Q4_K_M", ...),
+     * for messages: cfg.dtype names the layout most weights run in, which for a K-quant
+     * file is not the file's name for itself. Empty otherwise. */
+    char file_type[12];
     tsr_tensor tok_emb;    /* [vocab, dim] */
     tsr_layer_weights *layers;
     tsr_tensor out_norm;   /* [1, dim] f32 */

@@ -253,6 +253,12 @@ TSR_TEST(test_hostile) {
     ASSERT_EQ_INT(tsr_gguf_dequant(g, &g->tensors[0], TSR_F32, out), TSR_ERR_UNSUPPORTED);
     ASSERT_STR_CONTAINS(tsr_last_error(), "q81.gguf: tensor t has type Q8_1");
     tsr_gguf_close(g);
+    /* general.file_type's names (llama.cpp's llama_ftype), the "guessed" bit ignored */
+    ASSERT_TRUE(!strcmp(tsr_gguf_file_type_name(15), "Q4_K_M"));
+    ASSERT_TRUE(!strcmp(tsr_gguf_file_type_name(15 | 1024), "Q4_K_M"));
+    ASSERT_TRUE(!strcmp(tsr_gguf_file_type_name(7), "Q8_0"));
+    ASSERT_TRUE(tsr_gguf_file_type_name(4) == NULL && tsr_gguf_file_type_name(99) == NULL &&
+                tsr_gguf_file_type_name(-1) == NULL);
 }
 
 /* ---- the tiny llama model ---------------------------------------------------------------- */

@@ -237,6 +237,7 @@ TSR_TEST(test_smollm2_native_q4) {
     unsetenv("TSR_GGUF_DEQUANT");
     ASSERT_OK(ls);
     ASSERT_EQ_INT(mq->cfg.dtype, TSR_Q4_1);
+    ASSERT_TRUE(!strcmp(mq->file_type, "Q4_1")); /* general.file_type 3 */
     ASSERT_EQ_INT(mq->layers[0].wq.dtype, TSR_Q4_1);
     ASSERT_EQ_INT(mq->layers[0].w_down.dtype, TSR_Q4_1);
     ASSERT_EQ_INT(mq->tok_emb.dtype, TSR_Q8_0);
