@@ -19,7 +19,7 @@
 #include "runtime/exec/forward.h"
 #include "runtime/model/model.h"
 #include "memory/kv_cache.h"
-#include "tests/quant_test_util.h"
+#include "tests/quant32_test_util.h"
 #include "tests/test.h"
 
 #define DATA TSR_SOURCE_DIR "/tests/data/q6k/"
@@ -110,66 +110,6 @@ static tsr_tensor make_q6k(int64_t rows, int64_t cols) {
     return q;
 }
 
-/* The Q8_0 activations of n rows: codes, a scale per 32 columns, the pairs of 16-column
- * sums (tsr__q6k_act_sums). */
-typedef struct qact {
-    int8_t *qs;
-    float *d;
-    int32_t *s;
-} qact;
-
-static qact make_act(const float *x, int64_t n, int64_t cols) {
-    size_t nb = (size_t)(n * cols / 32);
-    qact a = {tsr_malloc((size_t)(n * cols)), tsr_malloc(nb * 4), tsr_malloc(nb * 4)};
-    for (int64_t i = 0; i < n; i++) {
-        tsr__q8_quantize_act(x + i * cols, cols, a.qs + i * cols, a.d + i * cols / 32,
-                             a.s + i * cols / 32);
-        tsr__q6k_act_sums(a.qs + i * cols, cols, a.s + i * cols / 32);
-    }
-    return a;
-}
-
-static void free_act(qact *a) {
-    tsr_free(a->qs);
-    tsr_free(a->d);
-    tsr_free(a->s);
-}
-
-/* Row r for token i in double: the dequantized weights times d_x * x_q. */
-static double exact_row(const tsr_tensor *w, const qact *a, int i, int64_t r, double *mag) {
-    int64_t cols = w->cols;
-    float *deq = tsr_malloc((size_t)cols * 4);
-    tsr_q6k_dequant_row(w->data, cols, r, deq);
-    double e = 0;
-    *mag = 0;
-    for (int64_t k = 0; k < cols; k++) {
-        double p = (double)deq[k] * a->d[(i * cols + k) / 32] * a->qs[i * cols + k];
-        e += p;
-        *mag += fabs(p);
-    }
-    tsr_free(deq);
-    return e;
-}
-
-typedef struct gemv_case {
-    const tsr_tensor *w;
-    const qact *a;
-} gemv_case;
-
-static void gemv_call(const void *kern, const void *ctx, int64_t g0, int64_t g1, int nx,
-                      const int32_t *bseg, int n_parts, bool sum, float *y, int64_t ldy,
-                      int64_t ldp) {
-    const gemv_case *c = ctx;
-    ((const tsr__q6k_kernels *)kern)->gemv(c->w->data, c->w->cols / 32, c->w->rows, g0, g1,
-                                           c->a->qs, c->a->d, c->a->s, nx, bseg, n_parts, sum,
-                                           y, ldy, ldp);
-}
-
-static double exact_call(const void *ctx, int i, int64_t r, double *mag) {
-    const gemv_case *c = ctx;
-    return exact_row(c->w, c->a, i, r, mag);
-}
-
 TSR_TEST(test_kernels_equal_scalar) {
     const tsr__q6k_kernels *ref = tsr__q6k_kernels_for(TSR__Q8_SCALAR);
     int64_t rows_list[] = {1, 15, 17, 37};
@@ -190,11 +130,11 @@ TSR_TEST(test_kernels_equal_scalar) {
                 for (int64_t i = 0; i < 4 * cols; i++) x[i] = frand() * (i % 97 ? 3.0f : 40.0f);
                 /* a block whose largest code is -127 and -32 weights: the int16 sums' bound */
                 for (int64_t i = 0; i < 32; i++) x[cols + 64 + i] = -1.0f;
-                qact a = make_act(x, 4, cols);
-                gemv_case gc = {&w, &a};
-                qt_variant_vs_scalar(k->name, ref, k, gemv_call, &gc, rows, cols / 32,
-                                     v == 0 ? exact_call : NULL);
-                free_act(&a);
+                qt_qact a = qt_qact_make(x, 4, cols, tsr__q6k_act_sums);
+                qt_case32 gc = {&w, &a, tsr_q6k_dequant_row};
+                qt_variant_vs_scalar(k->name, &ref->gemv, &k->gemv, qt_case32_gemv, &gc, rows,
+                                     cols / 32, v == 0 ? qt_case32_exact : NULL);
+                qt_qact_free(&a);
                 tsr_free(x);
                 tsr_free((void *)w.data);
             }
@@ -224,14 +164,16 @@ TSR_TEST(test_extreme_codes) {
     w.data = p;
     float x[4 * 256];
     for (int i = 0; i < 4 * 256; i++) x[i] = i < 512 ? -5.0f : (i % 2 ? 5.0f : -5.0f);
-    qact a = make_act(x, 4, cols);
-    gemv_case gc = {&w, &a};
+    qt_qact a = qt_qact_make(x, 4, cols, tsr__q6k_act_sums);
+    qt_case32 gc = {&w, &a, tsr_q6k_dequant_row};
     const tsr__q6k_kernels *ref = tsr__q6k_kernels_for(TSR__Q8_SCALAR);
     for (int v = 0; v < TSR__Q8_N_VARIANTS; v++) {
         const tsr__q6k_kernels *k = tsr__q6k_kernels_for((tsr__q8_variant)v);
-        if (k) qt_variant_vs_scalar(k->name, ref, k, gemv_call, &gc, rows, cols / 32, exact_call);
+        if (k)
+            qt_variant_vs_scalar(k->name, &ref->gemv, &k->gemv, qt_case32_gemv, &gc, rows,
+                                 cols / 32, qt_case32_exact);
     }
-    free_act(&a);
+    qt_qact_free(&a);
     tsr_free(p);
 }
 
@@ -270,7 +212,7 @@ TSR_TEST(test_backends) {
             int64_t n = ns[ni];
             float *x = tsr_malloc((size_t)(n * cols) * 4);
             for (int64_t i = 0; i < n * cols; i++) x[i] = frand();
-            qact a = make_act(x, n, cols);
+            qt_qact a = qt_qact_make(x, n, cols, tsr__q6k_act_sums);
             int32_t seg[4] = {0, 96, 96, (int32_t)cols};
             int32_t bseg[4] = {0, 3, 3, (int32_t)nb};
             float *want = tsr_malloc((size_t)(n * rows) * 4);
@@ -283,7 +225,7 @@ TSR_TEST(test_backends) {
                           a.s + i * nb, 1, bseg, 3, false, wantp + i * rows, rows, n * rows);
             }
             qt_backends_agree(&bs, &w, x, n, seg, 16, want, wantp);
-            free_act(&a);
+            qt_qact_free(&a);
             tsr_free(want);
             tsr_free(wantp);
             tsr_free(x);
