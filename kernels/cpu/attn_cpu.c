@@ -108,6 +108,14 @@ static inline void tsr__attn_sink_start(const tsr_attn_args *a, int h, float *m,
     *l = s > -INFINITY ? 1.0f : 0.0f;
 }
 
+/* Whether a has a sink logit above -inf: a -inf sink adds nothing, so all -inf sinks are no
+ * sinks, and take the paths (the prefill lanes) that have none, with the same bits. */
+static bool tsr__attn_has_sinks(const tsr_attn_args *a) {
+    for (int h = 0; a->sinks && h < a->n_heads; h++)
+        if (a->sinks[h] > -INFINITY) return true;
+    return false;
+}
+
 /* A tile's keys within one span: n visible keys from key j0 of sp, at offset off of the
  * tile's scores. */
 typedef struct tsr__attn_piece {
@@ -641,7 +649,8 @@ tsr_status tsr__cpu_attention_on(const tsr_attn_args *a_in, int threads,
      * has the lanes' arithmetic, so s - m is exactly the main pass's. Sinks and windows
      * (GPT-OSS) take the row tasks below: the lanes have neither. */
     G.qblock = G.k->attn_qblock && G.k->attn_scores_qblock && a->n_q > 1 &&
-               TSR__CPU_QBLOCK_FITS(a->head_dim) && !a->sinks && a->window <= 0;
+               TSR__CPU_QBLOCK_FITS(a->head_dim) && !tsr__attn_has_sinks(a) &&
+               a->window <= 0;
     if (G.qblock) {
         int64_t ntask = (a->n_q + 15) / 16 * a->n_heads;
         if (par && ntask > 1) {
