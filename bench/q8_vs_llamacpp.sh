@@ -25,6 +25,9 @@
 # -npp PROMPT -ntg GEN -npl BATCH` (a context of BATCH * (PROMPT + GEN) cells), rounds
 # alternating as above. Columns: decode tok/s over all sequences (llama.cpp's S_TG) and
 # prefill tok/s (S_PP), each side's median round.
+# LLAMA_ARGS: more options for llama-bench, printed with the results (e.g. "--repack 0",
+# which keeps llama.cpp off its AMX kernels: on the AMX Xeon of docs/perf.md they stopped on
+# SIGILL; llama-batched-bench takes the same from its environment, LLAMA_ARG_REPACK=0).
 set -uo pipefail
 
 build=${1:-./build}
@@ -47,6 +50,7 @@ case $kvd in
        exit 2 ;;
 esac
 lb=${LLAMA_BENCH:-}
+llama_args=${LLAMA_ARGS:-}
 lbb=${LLAMA_BATCHED_BENCH:-}
 if [[ -n $batch ]]; then
     if [[ -z $lbb || ! -x $lbb ]]; then
@@ -77,6 +81,8 @@ echo "read     tsr_membw best of 5: $(echo "$mb" | jget "['read_gb_s_1t']") GB/s
      "$(echo "$mb" | jget "['read_gb_s_2t']") GB/s 2 threads"
 echo "file     $gg ($(stat -L -c %s "$gg") bytes)"
 echo "kv       tessera ${kvd:-f32 (its CPU default)}, llama.cpp f16 (its default)"
+[[ -n $llama_args ]] && echo "llama    options: $llama_args"
+[[ -n ${LLAMA_ARG_REPACK:-} ]] && echo "llama    LLAMA_ARG_REPACK=$LLAMA_ARG_REPACK"
 if [[ -n $batch ]]; then
     echo "batched  $batch sequences, prompt $prompt, decode $gen tokens each"
     printf '%-3s %-10s %-10s %-8s %-10s %-10s %-8s\n' thr tes_dec lcpp_S_TG ratio tes_pre \
@@ -116,7 +122,7 @@ for t in $threads; do
         echo "$j" | jget "['prefill_tok_s']" >>"$build/q8_tes_pre"
         echo "$j" | jget "['decode_gb_s']" >>"$build/q8_tes_gbs"
         echo "$j" | jget "['read_gb_s']" >>"$build/q8_tes_read"
-        l=$("$lb" -m "$gg" -t "$t" -p "$prompt" -n "$gen" -r 1 -o jsonl 2>/dev/null)
+        l=$("$lb" -m "$gg" -t "$t" -p "$prompt" -n "$gen" -r 1 $llama_args -o jsonl 2>/dev/null)
         echo "$l" | python3 -c "
 import json, sys
 for line in sys.stdin:

@@ -401,6 +401,7 @@ tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {
 
 void tsr_backend_cpu_facts_get(tsr_backend_cpu_facts *out) {
     out->isa = tsr__cpu_kernels_get()->name;
-    out->quant = tsr__q8_kernels_get()->name;
+    out->quant = tsr__q8_amx_get() ? "avx512vnni, Q8_0 on amx tiles from 16 inputs"
+                                   : tsr__q8_kernels_get()->name;
     out->blas = openblas_get_config();
 }

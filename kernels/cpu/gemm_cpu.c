@@ -358,6 +358,11 @@ typedef struct tsr__qact {
     float *xd;
     int32_t *xs;
     float *xm;
+    int8_t *xa;  /* the first n16 inputs again in the AMX kernel's order, or NULL */
+    float *xad;
+    int32_t *xac;
+    int64_t n16; /* inputs for the AMX kernel (a multiple of 16), or 0 */
+    tsr__q8_gemm16_fn g16;
     int32_t whole[2], small[TSR__CPU_SMALL_PARTS + 1], *bseg;
     int n_parts;
     bool sum;
@@ -391,9 +396,14 @@ static tsr_status tsr__qact_begin(tsr__cpu_ctx *c, const float *x, int64_t n,
         q->n_parts = n_parts;
         q->sum = sum;
     }
+    /* Q8_0 with 16 or more inputs: AMX tiles for each 16 (the rest 4 at a time), the same
+     * bits */
+    q->g16 = w->dtype == TSR_Q8_0 && n >= 16 ? tsr__q8_amx_get() : NULL;
+    q->n16 = q->g16 ? n - n % 16 : 0;
     size_t nq = (size_t)n * (size_t)cols, ns = (size_t)n * (size_t)q->nb;
+    size_t head = (nq + 3) / 4 + ns * (q4k ? 1 + TSR__Q4K_SUB : 3);
     tsr_status st = tsr__cpu_scratch(&c->q8x, &c->q8x_cap,
-                                     (nq + 3) / 4 + ns * (q4k ? 1 + TSR__Q4K_SUB : 3));
+                                     head + (size_t)q->n16 * ((size_t)cols / 4 + 2 * q->nb));
     if (st != TSR_OK) {
         tsr__qact_free(q);
         return st;
@@ -402,6 +412,9 @@ static tsr_status tsr__qact_begin(tsr__cpu_ctx *c, const float *x, int64_t n,
     q->xd = c->q8x + (nq + 3) / 4;
     q->xs = (int32_t *)(q->xd + ns);
     q->xm = q->xd + 2 * ns;
+    q->xad = c->q8x + head;
+    q->xac = (int32_t *)(q->xad + q->n16 * q->nb);
+    q->xa = (int8_t *)(q->xac + q->n16 * q->nb);
     const tsr__q8_kernels *k = tsr__q8_kernels_get();
     int64_t nb = q->nb, nsb = q->nb * q->nsum;
     int qpar = c->threads > 1 && n >= 16;
@@ -416,6 +429,9 @@ static tsr_status tsr__qact_begin(tsr__cpu_ctx *c, const float *x, int64_t n,
             k->quant_act(xi, cols, xqi, q->xd + (size_t)i * (size_t)nb, xsi);
             if (q41) tsr__q4_act_msum(xi, cols, xsi, q->xm + (size_t)i * (size_t)nb);
             if (w->dtype == TSR_Q6_K) tsr__q6k_act_sums(xqi, cols, xsi); /* per 16 */
+            if (i < q->n16)
+                tsr__q8_amx_pack_act(xqi, q->xd + (size_t)i * (size_t)nb, xsi, nb, i, q->xa,
+                                     q->xad, q->xac);
         }
     }
     return TSR_OK;
@@ -454,7 +470,10 @@ static tsr_status tsr__qblock_run(tsr__cpu_ctx *c, const float *x, int64_t n,
     for (int64_t blk = 0; blk < nblk; blk++) {
         int64_t g0 = blk * TSR__CPU_Q8_BLOCK_GROUPS;
         int64_t g1 = g0 + TSR__CPU_Q8_BLOCK_GROUPS < ng ? g0 + TSR__CPU_Q8_BLOCK_GROUPS : ng;
-        for (int64_t i0 = 0; i0 < n; i0 += 4) {
+        if (q.n16)
+            q.g16(w->data, nb, rows, g0, g1, q.xa, q.xad, q.xac, q.n16, q.bseg, q.n_parts, q.sum,
+                  y, rows, ldp);
+        for (int64_t i0 = q.n16; i0 < n; i0 += 4) {
             int nx = n - i0 < 4 ? (int)(n - i0) : 4;
             const int8_t *xq = q.xq + (size_t)i0 * (size_t)cols;
             const float *xd = q.xd + (size_t)i0 * (size_t)nb;

@@ -29,6 +29,25 @@ typedef void (*tsr__q8_gemv_fn)(const uint8_t *w, int64_t nb, int64_t rows, int6
                                 const int32_t *xs, int nx, const int32_t *bseg, int n_parts,
                                 bool sum, float *y, int64_t ldy, int64_t ldp);
 
+/* The AMX kernel (quant_q8_amx.c): tsr__q8_gemv_fn's product for nt tokens, nt a multiple of
+ * 16 (the rest go through the gemv 4 at a time), the same bits. The activations come in the
+ * order tsr__q8_amx_pack_act writes (xa, xd, xc); token i's outputs go to y + i * ldy. */
+typedef void (*tsr__q8_gemm16_fn)(const uint8_t *w, int64_t nb, int64_t rows, int64_t g0,
+                                  int64_t g1, const int8_t *xa, const float *xd,
+                                  const int32_t *xc, int64_t nt, const int32_t *bseg,
+                                  int n_parts, bool sum, float *y, int64_t ldy, int64_t ldp);
+/* Token i's nb blocks (int8 values xqi, scales xdi, block sums xsi) in the AMX kernel's
+ * order, block b of tokens 16 tb .. 16 tb + 15 together: their values at xa + (tb * nb + b)
+ * * 512 (32 bytes a token: a tile load reads 8 whole cache lines instead of halves of 16),
+ * their scales at xd + (tb * nb + b) * 16 and -128 x their block sums (the u8 weights'
+ * offset) at xc + (tb * nb + b) * 16 (the epilogue takes each as a broadcast operand from
+ * one cache line). */
+void tsr__q8_amx_pack_act(const int8_t *xqi, const float *xdi, const int32_t *xsi, int64_t nb,
+                          int64_t i, int8_t *xa, float *xd, int32_t *xc);
+/* The AMX kernel where this CPU has AMX-INT8, the OS lets this process use it and the
+ * kernels run AVX-512 VNNI (TSR_CPU_ISA=avx512 keeps them there without AMX); else NULL. */
+tsr__q8_gemm16_fn tsr__q8_amx_get(void);
+
 /* Activation quantizer with tsr__q8_quantize_act's results (bits). */
 typedef void (*tsr__q8_act_fn)(const float *x, int64_t cols, int8_t *qs, float *d,
                                int32_t *bsum);

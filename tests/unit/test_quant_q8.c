@@ -349,6 +349,77 @@ TSR_TEST(test_kernels_equal_scalar) {
     ASSERT_TRUE(tested >= 1);
 }
 
+/* The AMX kernel (16 tokens at a time) against the scalar gemv token by token, bit for bit:
+ * odd row counts (the last group padded, an odd group left after pairs), 1 to 3 token
+ * blocks, one part summed, three parts apart and summed (a part of 1 block, of an odd
+ * count and of 2 or more). */
+TSR_TEST(test_amx_equals_scalar) {
+    tsr__q8_gemm16_fn amx = tsr__q8_amx_get();
+    if (!amx) {
+        fprintf(stderr, "  q8 amx: not on this CPU (or not allowed)\n");
+        return;
+    }
+    const tsr__q8_kernels *ref = tsr__q8_kernels_for(TSR__Q8_SCALAR);
+    int64_t rows_list[] = {1, 17, 33, 70};
+    int64_t cols_list[] = {32, 96, 768, 2048};
+    for (size_t ri = 0; ri < 4; ri++)
+        for (size_t ci = 0; ci < 4; ci++) {
+            int64_t rows = rows_list[ri], cols = cols_list[ci], nb = cols / 32;
+            int64_t ng = (rows + 15) / 16, n = 48;
+            qmat w = make_qmat(rows, cols);
+            float *x = tsr_malloc((size_t)(n * cols) * 4);
+            for (int64_t i = 0; i < n * cols; i++) x[i] = frand() * 3.0f;
+            qact a = make_act(x, n, cols);
+            int8_t *xa = tsr_malloc((size_t)(n * cols));
+            float *xd = tsr_malloc((size_t)(n * nb) * 4);
+            int32_t *xc = tsr_malloc((size_t)(n * nb) * 4);
+            for (int64_t i = 0; i < n; i++)
+                tsr__q8_amx_pack_act(a.qs + i * cols, a.d + i * nb, a.s + i * nb, nb, i, xa, xd,
+                                     xc);
+            int32_t whole[2] = {0, (int32_t)nb};
+            int32_t three[4] = {0, 1, (int32_t)(nb / 2 + (nb > 2)), (int32_t)nb};
+            size_t ny = (size_t)(3 * n * rows);
+            float *want = tsr_malloc(ny * 4), *got = tsr_malloc(ny * 4);
+            for (int c = 0; c < 3; c++) {
+                const int32_t *bseg = c == 0 ? whole : three;
+                int np = c == 0 ? 1 : 3;
+                bool sum = c != 1;
+                for (int64_t nt = 16; nt <= n; nt += 16) {
+                    memset(want, 0, ny * 4);
+                    memset(got, 0xff, ny * 4);
+                    for (int64_t i = 0; i < nt; i++)
+                        ref->gemv(w.t.data, nb, rows, 0, ng, a.qs + i * cols, a.d + i * nb,
+                                  a.s + i * nb, 1, bseg, np, sum, want + i * rows, rows,
+                                  n * rows);
+                    /* two calls: groups [0, 1) and [1, ng), as the matmul's blocks split */
+                    amx(w.t.data, nb, rows, 0, 1, xa, xd, xc, nt, bseg, np, sum, got, rows,
+                        n * rows);
+                    if (ng > 1)
+                        amx(w.t.data, nb, rows, 1, ng, xa, xd, xc, nt, bseg, np, sum, got, rows,
+                            n * rows);
+                    int planes = sum ? 1 : np;
+                    for (int pl = 0; pl < planes; pl++)
+                        for (int64_t i = 0; i < nt; i++) {
+                            size_t o = (size_t)(pl * n * rows + i * rows);
+                            if (memcmp(want + o, got + o, (size_t)rows * 4))
+                                TSR_FAIL_("amx: %lldx%lld, %lld tokens, case %d: token %lld "
+                                          "plane %d differs from scalar",
+                                          (long long)rows, (long long)cols, (long long)nt, c,
+                                          (long long)i, pl);
+                        }
+                }
+            }
+            tsr_free(want);
+            tsr_free(got);
+            tsr_free(xa);
+            tsr_free(xd);
+            tsr_free(xc);
+            free_act(&a);
+            tsr_free(x);
+            free_qmat(&w);
+        }
+}
+
 /* The backends: matmul (n 1..5 and a prefill of 40) and matmul_parts against the kernel's
  * rows computed directly; cpu-fenced gives cpu's bits. */
 TSR_TEST(test_backends) {
@@ -388,4 +459,4 @@ TSR_TEST(test_backends) {
 }
 
 TSR_TEST_MAIN(test_edge_bytes_and_repack, test_models_equal_gguf_package, test_slice, test_gguf_q8_native,
-              test_kernels_equal_scalar, test_backends)
+              test_kernels_equal_scalar, test_amx_equals_scalar, test_backends)
