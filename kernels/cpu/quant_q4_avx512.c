@@ -21,12 +21,6 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 #endif
 
-static inline __attribute__((always_inline)) int32_t tsr__q4_z_x4(const int8_t *x) {
-    int32_t v;
-    memcpy(&v, x, 4);
-    return v;
-}
-
 static inline __attribute__((always_inline)) void
 tsr__q4_z_blk(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_t *xs,
               const float *xm, int64_t nb, int64_t b, int nx, __m512 *acc, const int q41) {
@@ -49,9 +43,9 @@ tsr__q4_z_blk(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_
         __m512i wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
         #pragma GCC unroll 8
         for (int i = 0; i < nx; i++) {
-            a0[i] = _mm512_dpbusd_epi32(a0[i], wl, _mm512_set1_epi32(tsr__q4_z_x4(x[i] + 4 * s)));
+            a0[i] = _mm512_dpbusd_epi32(a0[i], wl, _mm512_set1_epi32(tsr__q_x4(x[i] + 4 * s)));
             a1[i] = _mm512_dpbusd_epi32(a1[i], wh,
-                                        _mm512_set1_epi32(tsr__q4_z_x4(x[i] + 16 + 4 * s)));
+                                        _mm512_set1_epi32(tsr__q_x4(x[i] + 16 + 4 * s)));
         }
     }
     __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
@@ -104,8 +98,8 @@ tsr__q4_z_blk2(const uint8_t *wb0, const uint8_t *wb1, const int8_t *xq, const f
         __m512i w1l = _mm512_and_si512(w1, m4), w1h = _mm512_and_si512(_mm512_srli_epi16(w1, 4), m4);
 #pragma GCC unroll 4
         for (int i = 0; i < nx; i++) {
-            __m512i xl = _mm512_set1_epi32(tsr__q4_z_x4(x[i] + 4 * s));
-            __m512i xh = _mm512_set1_epi32(tsr__q4_z_x4(x[i] + 16 + 4 * s));
+            __m512i xl = _mm512_set1_epi32(tsr__q_x4(x[i] + 4 * s));
+            __m512i xh = _mm512_set1_epi32(tsr__q_x4(x[i] + 16 + 4 * s));
             a0[i] = _mm512_dpbusd_epi32(a0[i], w0l, xl);
             a1[i] = _mm512_dpbusd_epi32(a1[i], w0h, xh);
             e0[i] = _mm512_dpbusd_epi32(e0[i], w1l, xl);

@@ -19,12 +19,6 @@
 
 /* Every loop over the nx tokens is unrolled (`GCC unroll`; nx is a constant after inlining):
  * left as loops, GCC keeps the accumulators of nx 3 and 4 in memory (quant_q8_avx512.c). */
-static inline __attribute__((always_inline)) int32_t tsr__q4_y_x4(const int8_t *x) {
-    int32_t v;
-    memcpy(&v, x, 4);
-    return v;
-}
-
 /* 8 rows' E8M0 bytes as tsr__mx_scale gives them: the byte as the exponent field (0: the
  * subnormal 2^-127), halved. */
 static inline __attribute__((always_inline)) __m256 tsr__q4_y_e8m0(const uint8_t *e) {
@@ -63,8 +57,8 @@ tsr__q4_y_blk(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_
         }
 #pragma GCC unroll 4
         for (int i = 0; i < nx; i++) {
-            __m256i xa = _mm256_set1_epi32(tsr__q4_y_x4(x[i] + 4 * s));
-            __m256i xb = _mm256_set1_epi32(tsr__q4_y_x4(x[i] + 16 + 4 * s));
+            __m256i xa = _mm256_set1_epi32(tsr__q_x4(x[i] + 4 * s));
+            __m256i xb = _mm256_set1_epi32(tsr__q_x4(x[i] + 16 + 4 * s));
             if (TSR__Q4_Y_I16) {
                 l16[i] = _mm256_add_epi16(l16[i], _mm256_add_epi16(_mm256_maddubs_epi16(wl0, xa),
                                                                    _mm256_maddubs_epi16(wl1, xb)));

@@ -23,12 +23,6 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 #endif
 
-static inline __attribute__((always_inline)) int32_t tsr__q4k_z_x4(const int8_t *x) {
-    int32_t v;
-    memcpy(&v, x, 4);
-    return v;
-}
-
 /* xs[a] and xs[b] as one 32-bit lane of two int16 (each sub-block sum fits: |s| <= 32 * 127) */
 static inline __attribute__((always_inline)) __m512i tsr__q4k_z_pair(const int32_t *xs, int a,
                                                                      int b) {
@@ -48,9 +42,9 @@ static inline __attribute__((always_inline)) __m512i tsr__q4k_z_pair(const int32
             __m512i wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);                      \
             _Pragma("GCC unroll 4") for (int i = 0; i < nx; i++) {                           \
                 const int8_t *xc = x[i] + (C) * 64 + 4 * s;                                  \
-                a0[i] = _mm512_dpbusd_epi32(a0[i], wl, _mm512_set1_epi32(tsr__q4k_z_x4(xc))); \
+                a0[i] = _mm512_dpbusd_epi32(a0[i], wl, _mm512_set1_epi32(tsr__q_x4(xc))); \
                 a1[i] = _mm512_dpbusd_epi32(a1[i], wh,                                       \
-                                            _mm512_set1_epi32(tsr__q4k_z_x4(xc + 32)));      \
+                                            _mm512_set1_epi32(tsr__q_x4(xc + 32)));      \
             }                                                                                \
         }                                                                                    \
         __m512i sc0 = _mm512_and_si512(_mm512_srli_epi32(SC, SH), ff);                       \

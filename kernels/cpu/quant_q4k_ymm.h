@@ -16,12 +16,6 @@
 
 /* Every loop over the nx tokens is unrolled (`GCC unroll`; nx is a constant after inlining):
  * left as loops, GCC keeps the accumulators of nx 3 and 4 in memory (quant_q8_avx512.c). */
-static inline __attribute__((always_inline)) int32_t tsr__q4k_y_x4(const int8_t *x) {
-    int32_t v;
-    memcpy(&v, x, 4);
-    return v;
-}
-
 static inline __attribute__((always_inline)) __m256i tsr__q4k_y_pair(const int32_t *xs, int a,
                                                                      int b) {
     return _mm256_set1_epi32((int32_t)(((uint32_t)xs[a] & 0xffffu) | ((uint32_t)xs[b] << 16)));
@@ -39,8 +33,8 @@ static inline __attribute__((always_inline)) __m256i tsr__q4k_y_pair(const int32
             __m256i wh = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);                      \
             _Pragma("GCC unroll 4") for (int i = 0; i < nx; i++) {                                                   \
                 const int8_t *xc = x[i] + (C) * 64 + 4 * s;                                  \
-                a0[i] = TSR__Q4K_Y_DOT(a0[i], wl, _mm256_set1_epi32(tsr__q4k_y_x4(xc)));    \
-                a1[i] = TSR__Q4K_Y_DOT(a1[i], wh, _mm256_set1_epi32(tsr__q4k_y_x4(xc + 32))); \
+                a0[i] = TSR__Q4K_Y_DOT(a0[i], wl, _mm256_set1_epi32(tsr__q_x4(xc)));    \
+                a1[i] = TSR__Q4K_Y_DOT(a1[i], wh, _mm256_set1_epi32(tsr__q_x4(xc + 32))); \
             }                                                                                \
         }                                                                                    \
         __m256i sc0 = _mm256_and_si256(_mm256_srli_epi32(SC, SH), ff);                       \

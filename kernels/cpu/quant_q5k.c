@@ -192,9 +192,9 @@ static const tsr__q5k_kernels tsr__q5k_k_scalar = {TSR__Q8_SCALAR, "scalar", tsr
 const tsr__q5k_kernels *tsr__q5k_kernels_for(tsr__q8_variant v) {
     if (v == TSR__Q8_SCALAR) return &tsr__q5k_k_scalar;
 #if defined(__x86_64__) || defined(__i386__)
-    /* the AVX2 kernel wherever the Q8_0 variant runs (AVX-VNNI and AVX-512 include AVX2) */
+    /* the Q8_0 variant's CPU check; AVX-VNNI runs the AVX2 kernel (it includes AVX2) */
     if (!tsr__q8_kernels_for(v)) return NULL;
-    return &tsr__q5k_k_avx2;
+    return v == TSR__Q8_AVX512VNNI ? &tsr__q5k_k_avx512vnni : &tsr__q5k_k_avx2;
 #else
     return NULL;
 #endif

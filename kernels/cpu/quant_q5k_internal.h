@@ -1,5 +1,6 @@
 /* Private to the Q5_K kernels of the CPU backend (quant_q5k.c: packing, the scalar reference
- * and dispatch; quant_q5k_avx2.c: AVX2 under its own target pragma). The activations and the
+ * and dispatch; quant_q5k_avx2.c and quant_q5k_avx512.c: AVX2 and AVX-512 VNNI, each under
+ * its own target pragma). The activations and the
  * kernel contract are the Q8_0 kernels' (quant_q8_internal.h): tsr__q8_gemv_fn over the
  * 32-column blocks of quant_q5k.h, xs the Q8_0 block sums. */
 #ifndef TSR_KERNELS_CPU_QUANT_Q5K_INTERNAL_H
@@ -21,14 +22,15 @@ typedef struct tsr__q5k_kernels {
     tsr__q8_gemv_fn gemv;
 } tsr__q5k_kernels;
 
-/* The variant's kernels, or NULL when there is none for it (or the CPU lacks it). AVX-VNNI
- * and AVX-512 CPUs run the AVX2 kernel (they have its instructions). */
+/* The variant's kernels, or NULL when the CPU lacks it. AVX-512 VNNI has its own
+ * (quant_q5k_avx512.c); AVX-VNNI CPUs run the AVX2 kernel (they have its instructions). */
 const tsr__q5k_kernels *tsr__q5k_kernels_for(tsr__q8_variant v);
 /* The kernel for the variant tsr__q8_kernels_get chooses (the same ISA cap). */
 const tsr__q5k_kernels *tsr__q5k_kernels_get(void);
 
 #if defined(__x86_64__) || defined(__i386__)
 extern const tsr__q5k_kernels tsr__q5k_k_avx2;
+extern const tsr__q5k_kernels tsr__q5k_k_avx512vnni;
 #endif
 
 _Static_assert(TSR_Q5K_GROUP == 16, "tsr__qgroup_store_* assume 16-row groups");

@@ -27,12 +27,6 @@
 #pragma GCC target("avx2,fma,f16c")
 #endif
 
-static inline __attribute__((always_inline)) int32_t tsr__q6k_y_x4(const int8_t *x) {
-    int32_t v;
-    memcpy(&v, x, 4);
-    return v;
-}
-
 /* Bits 2s, 2s + 1 of every byte of h moved to bits 4, 5 (s a constant after unrolling). */
 static inline __attribute__((always_inline)) __m256i tsr__q6k_y_high(__m256i h, int s) {
     const __m256i m30 = _mm256_set1_epi8(0x30);
@@ -89,8 +83,8 @@ tsr__q6k_y_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int
         }
 #pragma GCC unroll 4
         for (int i = 0; i < nx; i++) {
-            __m256i xa = _mm256_set1_epi32(tsr__q6k_y_x4(x[i] + 4 * s));
-            __m256i xb = _mm256_set1_epi32(tsr__q6k_y_x4(x[i] + 16 + 4 * s));
+            __m256i xa = _mm256_set1_epi32(tsr__q_x4(x[i] + 4 * s));
+            __m256i xb = _mm256_set1_epi32(tsr__q_x4(x[i] + 16 + 4 * s));
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
                 __m256i ta = _mm256_maddubs_epi16(ca[h], xa);

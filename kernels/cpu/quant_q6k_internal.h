@@ -1,5 +1,6 @@
 /* Private to the Q6_K kernels of the CPU backend (quant_q6k.c: packing, the scalar reference
- * and dispatch; quant_q6k_avx2.c: AVX2 under its own target pragma). The activations are the
+ * and dispatch; quant_q6k_avx2.c and quant_q6k_avx512.c: AVX2 and AVX-512 VNNI, each under
+ * its own target pragma). The activations are the
  * Q8_0 kernels' (quant_q8_internal.h), and so is the kernel contract, tsr__q8_gemv_fn over
  * the 32-column blocks of quant_q6k.h, except for xs: per block not the sum of its 32 codes
  * but tsr__q6k_act_sums's pair of 16-column sums. */
@@ -26,14 +27,15 @@ typedef struct tsr__q6k_kernels {
     tsr__q8_gemv_fn gemv;
 } tsr__q6k_kernels;
 
-/* The variant's kernels, or NULL when there is none for it (or the CPU lacks it). AVX-VNNI
- * and AVX-512 CPUs run the AVX2 kernel (they have its instructions). */
+/* The variant's kernels, or NULL when the CPU lacks it. AVX-512 VNNI has its own
+ * (quant_q6k_avx512.c); AVX-VNNI CPUs run the AVX2 kernel (they have its instructions). */
 const tsr__q6k_kernels *tsr__q6k_kernels_for(tsr__q8_variant v);
 /* The kernel for the variant tsr__q8_kernels_get chooses (the same ISA cap). */
 const tsr__q6k_kernels *tsr__q6k_kernels_get(void);
 
 #if defined(__x86_64__) || defined(__i386__)
 extern const tsr__q6k_kernels tsr__q6k_k_avx2;
+extern const tsr__q6k_kernels tsr__q6k_k_avx512vnni;
 #endif
 
 _Static_assert(TSR_Q6K_GROUP == 16, "tsr__qgroup_store_* assume 16-row groups");

@@ -21,12 +21,6 @@
 #pragma GCC target("avx2,fma,f16c")
 #endif
 
-static inline __attribute__((always_inline)) int32_t tsr__q8_y_x4(const int8_t *x) {
-    int32_t v;
-    memcpy(&v, x, 4);
-    return v;
-}
-
 /* Block b of NG (1 or 2, a constant after inlining) groups: wb[h] and acc[h] are group h's
  * bytes and accumulators. With two groups each broadcast of a token's 4 int8 values feeds
  * four weight vectors instead of two. One source for both counts, so a row's operations
@@ -58,7 +52,7 @@ tsr__q8_y_blkn(const uint8_t *const *wb, int ng, const int8_t *xq, const float *
         for (int i = 0; i < nx; i++) {
             /* |x| (4 values, one vpabsb per step and token) times sign(w, x): the same
              * products as |w| times sign(x, w), without a vpabsb per weight register */
-            __m256i xb = _mm256_set1_epi32(tsr__q8_y_x4(x[i] + 4 * s));
+            __m256i xb = _mm256_set1_epi32(tsr__q_x4(x[i] + 4 * s));
             __m256i ax = _mm256_abs_epi8(xb);
 #pragma GCC unroll 2
             for (int h = 0; h < ng; h++) {

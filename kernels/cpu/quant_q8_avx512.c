@@ -20,12 +20,6 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 #endif
 
-static inline __attribute__((always_inline)) int32_t tsr__q8_z_x4(const int8_t *x) {
-    int32_t v;
-    memcpy(&v, x, 4);
-    return v;
-}
-
 /* Every loop over tokens and steps is unrolled (nx is a constant after inlining): left as
  * loops, GCC kept the accumulators of nx 3 and 4 in memory, a store and a reload around
  * every vpdpbusd. Each token's int32 sum starts at -128 * its block sum (the u8 offset of
@@ -49,7 +43,7 @@ tsr__q8_z_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int3
         __m512i ws = _mm512_loadu_si512((const void *)(wb + 32 + s * 64));
 #pragma GCC unroll 4
         for (int i = 0; i < nx; i++) {
-            __m512i xb = _mm512_set1_epi32(tsr__q8_z_x4(x[i] + 4 * s));
+            __m512i xb = _mm512_set1_epi32(tsr__q_x4(x[i] + 4 * s));
             if (nx <= 2 && (s & 1))
                 a1[i] = _mm512_dpbusd_epi32(a1[i], ws, xb);
             else
@@ -88,7 +82,7 @@ tsr__q8_z_block2(const uint8_t *wb0, const uint8_t *wb1, const int8_t *xq, const
         __m512i w1 = _mm512_loadu_si512((const void *)(wb1 + 32 + s * 64));
 #pragma GCC unroll 4
         for (int i = 0; i < nx; i++) {
-            __m512i xb = _mm512_set1_epi32(tsr__q8_z_x4(x[i] + 4 * s));
+            __m512i xb = _mm512_set1_epi32(tsr__q_x4(x[i] + 4 * s));
             s0[i] = _mm512_dpbusd_epi32(s0[i], w0, xb);
             s1[i] = _mm512_dpbusd_epi32(s1[i], w1, xb);
         }

@@ -19,12 +19,6 @@
 #pragma GCC target("avxvnni,avx2,fma,f16c")
 #endif
 
-static inline __attribute__((always_inline)) int32_t tsr__q8_v_x4(const int8_t *x) {
-    int32_t v;
-    memcpy(&v, x, 4);
-    return v;
-}
-
 static inline __attribute__((always_inline)) void
 tsr__q8_v_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int32_t *xs,
                 int64_t nb, int64_t b, int nx, tsr__ymm_acc *acc) {
@@ -41,7 +35,7 @@ tsr__q8_v_block(const uint8_t *wb, const int8_t *xq, const float *xd, const int3
         __m256i wh = _mm256_loadu_si256((const __m256i *)(wb + 32 + s * 64 + 32));
 #pragma GCC unroll 4
         for (int i = 0; i < nx; i++) {
-            __m256i xb = _mm256_set1_epi32(tsr__q8_v_x4(x[i] + 4 * s));
+            __m256i xb = _mm256_set1_epi32(tsr__q_x4(x[i] + 4 * s));
             lo[i] = _mm256_dpbusd_avx_epi32(lo[i], wl, xb);
             hi[i] = _mm256_dpbusd_avx_epi32(hi[i], wh, xb);
         }

@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cpu/quant_q8.h"
 
@@ -47,6 +48,13 @@ void tsr__q8_amx_pack_act(const int8_t *xqi, const float *xdi, const int32_t *xs
 /* The AMX kernel where this CPU has AMX-INT8, the OS lets this process use it and the
  * kernels run AVX-512 VNNI (TSR_CPU_ISA=avx512 keeps them there without AMX); else NULL. */
 tsr__q8_gemm16_fn tsr__q8_amx_get(void);
+
+/* Four int8 activations as one int32, the operand the kernels broadcast to a vector. */
+static inline __attribute__((always_inline)) int32_t tsr__q_x4(const int8_t *x) {
+    int32_t v;
+    memcpy(&v, x, 4);
+    return v;
+}
 
 /* Activation quantizer with tsr__q8_quantize_act's results (bits). */
 typedef void (*tsr__q8_act_fn)(const float *x, int64_t cols, int8_t *qs, float *d,

@@ -492,18 +492,66 @@ static void tsr__z_dot_rows(const float *q, const float *k, int64_t stride, int 
     }
 }
 
-/* A K/V row's 16 values from f32 or BF16 storage (BF16 to f32 is exact: the 16 bits
- * become the high half). */
-TSR__INLINE __m512 tsr__z_kv_ld(const void *p, size_t i, bool bf16) {
-    if (!bf16) return _mm512_loadu_ps((const float *)p + i);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i))),
-        16));
+/* The factor tsr__z_kv_ld applies to an FP8 row's decoded codes: 256 times its scale, read
+ * once per row (as tsr__y_kv_rs). 0 for the other dtypes. */
+TSR__INLINE float tsr__z_kv_rs(const void *k, const int dt) {
+    float d = 0.0f;
+    if (dt == TSR_KV_FP8) memcpy(&d, k, 4);
+    return d * 256.0f;
 }
-TSR__INLINE __m512 tsr__z_kv_ld_mask(__mmask16 m, const void *p, size_t i, bool bf16) {
-    if (!bf16) return _mm512_maskz_loadu_ps(m, (const float *)p + i);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i)), 16));
+
+/* E4M3 codes (u16 lanes) to the FP16 of their value / 256: the code less its sign, shifted
+ * left by 7, with the sign on top and the NaN codes 0x7f / 0xff as FP16's quiet NaN
+ * (tsr__y_kv_ld has the reasons; exact). */
+TSR__INLINE __m512 tsr__z_e4m3_div256(__m256i c) {
+    __m256i mag = _mm256_and_si256(c, _mm256_set1_epi16(0x7f));
+    __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8),
+                                _mm256_slli_epi16(mag, 7));
+    h = _mm256_mask_mov_epi16(h, _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f)),
+                              _mm256_set1_epi16(0x7e00));
+    return _mm512_cvtph_ps(h);
+}
+
+/* Sixteen elements from e of a K/V row, f32 or stored as dt and decoded as
+ * tsr_kv_rows_decode does, so with its bits: BF16 widened (exact: the 16 bits become the
+ * high half); Q8 d * q of e's block (e is a multiple of 16 inside a head of whole 32-value
+ * blocks, so the sixteen share it); FP8 d * e4m3 as v * rs (tsr__z_kv_rs). */
+TSR__INLINE __m512 tsr__z_kv_ld(const void *k, int64_t e, float rs, const int dt) {
+    const uint8_t *r = k;
+    switch (dt) {
+    case TSR_KV_F32: return _mm512_loadu_ps((const float *)k + e);
+    case TSR_KV_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)k + e))),
+            16));
+    case TSR_KV_Q8: {
+        r += (size_t)(e / TSR_KV_Q8_BLOCK) * TSR_KV_Q8_BLOCK_BYTES;
+        float d;
+        memcpy(&d, r, 4);
+        __m128i q = _mm_loadu_si128((const __m128i *)(r + 4 + e % TSR_KV_Q8_BLOCK));
+        return _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+    }
+    default: {
+        __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(r + 4 + e)));
+        return _mm512_mul_ps(tsr__z_e4m3_div256(c), _mm512_set1_ps(rs));
+    }
+    }
+}
+/* The same for the lanes of m only (the others 0): a head's last d % 16 elements (Q8 heads
+ * are whole blocks, so never Q8). */
+TSR__INLINE __m512 tsr__z_kv_ld_mask(__mmask16 m, const void *k, int64_t e, float rs,
+                                     const int dt) {
+    const uint8_t *r = k;
+    switch (dt) {
+    case TSR_KV_F32: return _mm512_maskz_loadu_ps(m, (const float *)k + e);
+    case TSR_KV_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)k + e)), 16));
+    default: {
+        __m256i c = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, r + 4 + e));
+        return _mm512_maskz_mul_ps(m, tsr__z_e4m3_div256(c), _mm512_set1_ps(rs));
+    }
+    }
 }
 
 /* One key row, sixteen query heads at a time: the per-item operations of tsr__z_dot_rows
@@ -511,14 +559,15 @@ TSR__INLINE __m512 tsr__z_kv_ld_mask(__mmask16 m, const void *p, size_t i, bool 
  * score has the same bits whichever of the two computed it. Head by head along the row,
  * so its bytes are loaded in address order: interleaving the heads column by column, or
  * keeping each head's strip down 16 rows as dot_rows does, measured 1.3-2x slower from
- * DRAM (bench/attn.c). k is f32, or BF16 widened as it is loaded (the same bits as the f32
- * kernel over the converted row). */
-TSR__INLINE void tsr__z_dot_heads_kv(const float *q, const void *k, const int32_t *koff,
+ * DRAM (bench/attn.c). k is f32, or stored as dt and decoded as it is loaded
+ * (tsr__z_kv_ld: the same bits as the f32 kernel over the converted row). */
+TSR__INLINE void tsr__z_dot_heads_dt(const float *q, const void *k, const int32_t *koff,
                                      int nh, int d, float scale, float *out, int64_t out_ld,
-                                     bool bf16) {
+                                     const int dt) {
     int rem = d & 15;
     __mmask16 tm = (__mmask16)((1u << rem) - 1u);
     __m512 sv = _mm512_set1_ps(scale);
+    const float rs = tsr__z_kv_rs(k, dt);
     for (int h0 = 0; h0 < nh; h0 += 16) {
         int n = nh - h0 < 16 ? nh - h0 : 16;
         __m512 a[16];
@@ -528,14 +577,14 @@ TSR__INLINE void tsr__z_dot_heads_kv(const float *q, const void *k, const int32_
         for (int u = 0; u < 16; u++) {
             if (u >= n) break;
             const float *qu = q + (size_t)(h0 + u) * (size_t)d;
-            size_t ku = (size_t)koff[h0 + u];
+            int64_t ku = koff[h0 + u];
             int t = 0;
             for (; t + 16 <= d; t += 16)
-                a[u] = _mm512_fmadd_ps(_mm512_loadu_ps(qu + t), tsr__z_kv_ld(k, ku + t, bf16),
+                a[u] = _mm512_fmadd_ps(_mm512_loadu_ps(qu + t), tsr__z_kv_ld(k, ku + t, rs, dt),
                                        a[u]);
             if (rem)
                 a[u] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tm, qu + t),
-                                       tsr__z_kv_ld_mask(tm, k, ku + t, bf16), a[u]);
+                                       tsr__z_kv_ld_mask(tm, k, ku + t, rs, dt), a[u]);
         }
         float r[16];
         _mm512_storeu_ps(r, _mm512_mul_ps(tsr__z_tree16_lanes(a), sv));
@@ -545,56 +594,69 @@ TSR__INLINE void tsr__z_dot_heads_kv(const float *q, const void *k, const int32_
 
 static void tsr__z_dot_heads(const float *q, const float *k, const int32_t *koff, int nh,
                              int d, float scale, float *out, int64_t out_ld) {
-    tsr__z_dot_heads_kv(q, k, koff, nh, d, scale, out, out_ld, false);
+    tsr__z_dot_heads_dt(q, k, koff, nh, d, scale, out, out_ld, TSR_KV_F32);
 }
 
-/* dot_heads_kv for kv_rows' one dtype here, BF16. */
 static void tsr__z_dot_heads_stored(const float *q, const void *k, int dtype,
                                     const int32_t *koff, int nh, int d, float scale, float *out,
                                     int64_t out_ld) {
-    (void)dtype;
-    tsr__z_dot_heads_kv(q, k, koff, nh, d, scale, out, out_ld, true);
+    switch (dtype) { /* one copy per dtype, its decoding inlined */
+    case TSR_KV_BF16:
+        tsr__z_dot_heads_dt(q, k, koff, nh, d, scale, out, out_ld, TSR_KV_BF16);
+        break;
+    case TSR_KV_Q8: tsr__z_dot_heads_dt(q, k, koff, nh, d, scale, out, out_ld, TSR_KV_Q8); break;
+    default: tsr__z_dot_heads_dt(q, k, koff, nh, d, scale, out, out_ld, TSR_KV_FP8); break;
+    }
 }
 
 /* Keys outer, heads inner, each head's accumulator through L1: the rows are read front to
  * back. Per element: acc, then + p * v for each key in order, each an fma, as in
  * tsr__z_acc_rows after its scaling. (Two or four keys per pass over the accumulator read
- * the rows interleaved and measured slower.) v is f32 or BF16, as in dot_heads. */
-TSR__INLINE void tsr__z_acc_heads_kv(float *acc, const float *p, int64_t p_ld, const void *v,
-                                     int64_t stride, const int32_t *koff, int nk, int nh, int d,
-                                     bool bf16) {
+ * the rows interleaved and measured slower.) v is f32 or stored as dt, as in dot_heads;
+ * rows row_bytes apart. */
+TSR__INLINE void tsr__z_acc_heads_dt(float *acc, const float *p, int64_t p_ld, const void *v,
+                                     int64_t row_bytes, const int32_t *koff, int nk, int nh,
+                                     int d, const int dt) {
     int rem = d & 15;
     __mmask16 tm = (__mmask16)((1u << rem) - 1u);
     for (int j = 0; j < nk; j++) {
-        size_t vj = (size_t)j * (size_t)stride;
+        const void *vj = (const uint8_t *)v + (size_t)j * (size_t)row_bytes;
+        const float rs = tsr__z_kv_rs(vj, dt);
         for (int hh = 0; hh < nh; hh++) {
             float *ah = acc + (size_t)hh * (size_t)d;
-            size_t vh = vj + (size_t)koff[hh];
+            int64_t vh = koff[hh];
             __m512 pj = _mm512_set1_ps(p[(size_t)hh * (size_t)p_ld + (size_t)j]);
             int t = 0;
 #pragma GCC unroll 4
             for (; t + 16 <= d; t += 16)
-                _mm512_storeu_ps(ah + t, _mm512_fmadd_ps(pj, tsr__z_kv_ld(v, vh + t, bf16),
+                _mm512_storeu_ps(ah + t, _mm512_fmadd_ps(pj, tsr__z_kv_ld(vj, vh + t, rs, dt),
                                                          _mm512_loadu_ps(ah + t)));
             if (rem)
-                _mm512_mask_storeu_ps(ah + t, tm,
-                                      _mm512_fmadd_ps(pj, tsr__z_kv_ld_mask(tm, v, vh + t, bf16),
-                                                      _mm512_maskz_loadu_ps(tm, ah + t)));
+                _mm512_mask_storeu_ps(
+                    ah + t, tm,
+                    _mm512_fmadd_ps(pj, tsr__z_kv_ld_mask(tm, vj, vh + t, rs, dt),
+                                    _mm512_maskz_loadu_ps(tm, ah + t)));
         }
     }
 }
 
 static void tsr__z_acc_heads(float *acc, const float *p, int64_t p_ld, const float *v,
                              int64_t stride, const int32_t *koff, int nk, int nh, int d) {
-    tsr__z_acc_heads_kv(acc, p, p_ld, v, stride, koff, nk, nh, d, false);
+    tsr__z_acc_heads_dt(acc, p, p_ld, v, stride * 4, koff, nk, nh, d, TSR_KV_F32);
 }
 
-/* acc_heads_kv for BF16 (kv_rows): row_bytes / 2 BF16 elements from row to row. */
 static void tsr__z_acc_heads_stored(float *acc, const float *p, int64_t p_ld, const void *v,
                                     int64_t row_bytes, int dtype, const int32_t *koff, int nk,
                                     int nh, int d) {
-    (void)dtype;
-    tsr__z_acc_heads_kv(acc, p, p_ld, v, row_bytes / 2, koff, nk, nh, d, true);
+    switch (dtype) {
+    case TSR_KV_BF16:
+        tsr__z_acc_heads_dt(acc, p, p_ld, v, row_bytes, koff, nk, nh, d, TSR_KV_BF16);
+        break;
+    case TSR_KV_Q8:
+        tsr__z_acc_heads_dt(acc, p, p_ld, v, row_bytes, koff, nk, nh, d, TSR_KV_Q8);
+        break;
+    default: tsr__z_acc_heads_dt(acc, p, p_ld, v, row_bytes, koff, nk, nh, d, TSR_KV_FP8); break;
+    }
 }
 
 /* Keys outer, 64 columns at a time in registers: four independent FMA chains instead of
@@ -1054,7 +1116,8 @@ const tsr__cpu_kernels tsr__cpu_k_avx512 = {
     tsr__z_cvt_f16, tsr__z_dot_rows, tsr__z_acc_rows, tsr__z_exp_sum,
     tsr__z_silu_mul, true, tsr__z_dot_heads, tsr__z_acc_heads, tsr__z_attn_qblock,
     tsr__z_gemm_short, tsr__z_rmsnorm_f32, tsr__z_gemm_short_sum, tsr__z_attn_scores_qblock,
-    1u << TSR_KV_BF16, tsr__z_dot_heads_stored, tsr__z_acc_heads_stored,
+    1u << TSR_KV_BF16 | 1u << TSR_KV_Q8 | 1u << TSR_KV_FP8, tsr__z_dot_heads_stored,
+    tsr__z_acc_heads_stored,
 };
 
 #ifdef __clang__
