@@ -337,7 +337,8 @@ const tsr__q4_kernels *tsr__q4_kernels_get(void) {
 tsr__q4_gemv_fn tsr__q4_gemv_for(const tsr__q4_kernels *k, tsr_dtype t) {
     if (t != TSR_MXFP4) return t == TSR_Q4_1 ? k->gemv_q4_1 : k->gemv_q4_0;
 #if defined(__x86_64__) || defined(__i386__)
-    /* a variant without its own MXFP4 kernel (AVX-512) runs on a CPU with AVX2 */
+    /* a variant without its own MXFP4 kernel (every one has one today) runs on a CPU with
+     * AVX2 */
     if (!k->gemv_mxfp4) return tsr__q4_k_avx2.gemv_mxfp4;
 #endif
     return k->gemv_mxfp4;
