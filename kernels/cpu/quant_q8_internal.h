@@ -121,12 +121,18 @@ static inline void tsr__qgroup_store_sum(float tot[][16], int nx, int n_parts, i
  * read its weights from memory at 60-70 % of the in-cache speed of its AVX2 kernels:
  * its hardware prefetchers fall behind a stream read at the kernels' pace, and 4 KiB
  * ahead brought them to the in-cache speed (docs/kernels-cpu.md). On Zen 4, prefetching
- * the AVX-512 kernel's weights 1-4 KiB ahead measured slower (docs/perf.md), so the
- * other variants keep 0. x86 prefetches never fault, so the lines past a matrix's end
+ * the AVX-512 kernel's weights 1-4 KiB ahead measured slower (docs/perf.md), while on an
+ * AMX Xeon the AVX-512 kernels gained with it (the 4-bit ones always prefetch, the Q8_0
+ * and Q4_K ones on Intel CPUs only); AVX-VNNI keeps 0. x86 prefetches never fault, so the lines past a matrix's end
  * may be named (as an integer address: no pointer past the object is formed). */
 #ifndef TSR__Q_PREFETCH_BYTES
 #define TSR__Q_PREFETCH_BYTES 0
 #endif
+/* Whether this is an Intel CPU (CPUID vendor GenuineIntel; set when the Q8_0 kernels are
+ * picked): the AVX-512 Q8_0 and Q4_K kernels prefetch only there, as their distance
+ * (tsr__q_prefetch_intel ? 4096 : 0) says. On an AMX Xeon they gained with it (docs/
+ * kernels-cpu.md); on Zen 4 the Q8_0 one measured slower. */
+extern bool tsr__q_prefetch_intel;
 static inline __attribute__((always_inline)) void tsr__qprefetch(const uint8_t *wb, int gbb) {
     for (int o = 0; TSR__Q_PREFETCH_BYTES > 0 && o < gbb; o += 64)
         __builtin_prefetch((const void *)((uintptr_t)wb + TSR__Q_PREFETCH_BYTES + (uintptr_t)o));
