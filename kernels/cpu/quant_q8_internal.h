@@ -123,8 +123,9 @@ static inline void tsr__qgroup_store_sum(float tot[][16], int nx, int n_parts, i
  * ahead brought them to the in-cache speed (docs/kernels-cpu.md). On Zen 4, prefetching
  * the AVX-512 kernel's weights 1-4 KiB ahead measured slower (docs/perf.md), while on an
  * AMX Xeon the AVX-512 kernels gained with it (the 4-bit ones always prefetch, the Q8_0
- * and Q4_K ones on Intel CPUs only); AVX-VNNI keeps 0. x86 prefetches never fault, so the lines past a matrix's end
- * may be named (as an integer address: no pointer past the object is formed). */
+ * and Q4_K ones on Intel CPUs only); AVX-VNNI keeps 0. x86 prefetches never fault, so the
+ * lines past a matrix's end may be named (as an integer address: no pointer past the
+ * object is formed). */
 #ifndef TSR__Q_PREFETCH_BYTES
 #define TSR__Q_PREFETCH_BYTES 0
 #endif
