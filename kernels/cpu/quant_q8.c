@@ -247,7 +247,7 @@ bool tsr__q_prefetch_intel;
 
 static const tsr__q8_kernels *tsr__q8_kernels_pick(void) {
 #ifdef TSR__Q8_X86
-    unsigned a, b, c, d;
+    unsigned a = 0, b = 0, c = 0, d = 0;
     /* "GenuineIntel" in EBX, EDX, ECX */
     tsr__q_prefetch_intel = __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u &&
                             d == 0x49656e69u && c == 0x6c65746eu;

@@ -195,7 +195,7 @@ static void tsr__q8_x_gemm16(const uint8_t *w, int64_t nb, int64_t rows, int64_t
  * (XCR0 bits 17 and 18), and this process allowed to use the tile data (Linux asks each
  * process to request it: arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA). */
 static bool tsr__q8_amx_usable(void) {
-    unsigned a, b, c, d;
+    unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25)))
         return false;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false; /* OSXSAVE */
