@@ -358,7 +358,9 @@ typedef struct tsr__qact {
     float *xd;
     int32_t *xs;
     float *xm;
-    int8_t *xa;  /* the first n16 inputs again in the AMX kernel's order, or NULL */
+    /* the first n16 inputs again in the AMX kernel's order (tsr__q8_amx_pack_act): values,
+     * scales, -128 x block sums; empty when n16 is 0 */
+    int8_t *xa;
     float *xad;
     int32_t *xac;
     int64_t n16; /* inputs for the AMX kernel (a multiple of 16), or 0 */
