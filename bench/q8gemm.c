@@ -1,6 +1,7 @@
 /* tsr_q8gemm: the Q8_0 product alone (the CPU backend's matmul on one random Q8_0 matrix,
- * or Q4_0/Q4_1 with --q4 0/1: the same activations and driver, the 4-bit kernels), for the
- * kernel's register blocking and thread split without the rest of a decode step.
+ * or Q4_0/Q4_1 with --q4 0/1: the same activations and driver, the 4-bit kernels; or BF16
+ * with --bf16 1: the matvec, AMX tile or sgemm path by N), for the kernel's register
+ * blocking and thread split without the rest of a decode step.
  *
  * Y[N][R] = X[N][C] . W[R][C]^T with W quantized to Q8_0 at start; N inputs (1: decode, 64:
  * a batched decode step). One warm-up call, then R timed runs of >= 50 ms each. Reports the
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 
 #include "base/alloc.h"
+#include "base/dtype.h"
 #include "base/tensor.h"
 #include "bench/bench_args.h"
 #include "bench/bench_time.h"
@@ -21,10 +23,12 @@
 
 static void tsr__usage(FILE *f) {
     fprintf(f, "usage: tsr_q8gemm --rows R --cols C [--n N] [--threads T] [--repeat K] [--q4 0|1]\n"
+               "                  [--bf16 1]\n"
                "Q8_0 matmul of N (default 64) inputs on a random R x C matrix (C %% 32 == 0)\n"
                "with T (default 1) threads; K (default 5) timed runs of >= 50 ms; --q4 0 or 1\n"
-               "quantizes the matrix to Q4_0 or Q4_1 instead. Output: one JSON line with\n"
-               "gmac_s (median wall) and gmac_cpu_s (per CPU second).\n");
+               "quantizes the matrix to Q4_0 or Q4_1 instead, --bf16 1 rounds it to BF16.\n"
+               "Output: one JSON line with gmac_s (median wall) and gmac_cpu_s (per CPU\n"
+               "second).\n");
 }
 
 /* Fills W (wf, rows x cols) and the n inputs x with pseudo-random values, quantizes W into
@@ -35,7 +39,12 @@ static tsr_status tsr__setup(float *wf, int rows, int cols, float *x, int n, tsr
     for (size_t i = 0; i < (size_t)rows * (size_t)cols; i++) wf[i] = tsr_bench_rand(&s);
     for (size_t i = 0; i < (size_t)n * (size_t)cols; i++) x[i] = tsr_bench_rand(&s);
     tsr_tensor src = {.dtype = TSR_F32, .rows = rows, .cols = cols, .data = wf};
-    TSR_TRY(t == TSR_Q8_0 ? tsr_q8_quantize_tensor(&src, wq) : tsr_q4_quantize_tensor(&src, t, wq));
+    if (t == TSR_BF16)
+        for (size_t i = 0; i < (size_t)rows * (size_t)cols; i++)
+            ((uint16_t *)wq)[i] = tsr_f32_to_bf16(wf[i]);
+    else
+        TSR_TRY(t == TSR_Q8_0 ? tsr_q8_quantize_tensor(&src, wq)
+                              : tsr_q4_quantize_tensor(&src, t, wq));
     return tsr_backend_cpu_create(threads, be);
 }
 
@@ -58,10 +67,11 @@ static tsr_status tsr__time(tsr_backend *be, const float *x, int n, const tsr_te
 }
 
 int main(int argc, char **argv) {
-    int rows = 0, cols = 0, n = 64, threads = 1, repeat = 5, q4 = -1;
+    int rows = 0, cols = 0, n = 64, threads = 1, repeat = 5, q4 = -1, bf16 = 0;
     const tsr_bench_opt opts[] = {{"--rows", &rows, 1, 1 << 20}, {"--cols", &cols, 32, 1 << 20},
                                   {"--n", &n, 1, 4096},          {"--threads", &threads, 1, 1024},
-                                  {"--repeat", &repeat, 1, 1000}, {"--q4", &q4, 0, 1}};
+                                  {"--repeat", &repeat, 1, 1000}, {"--q4", &q4, 0, 1},
+                                  {"--bf16", &bf16, 0, 1}};
     int prc = tsr_bench_parse("tsr_q8gemm", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]),
                               tsr__usage);
     if (prc) return prc == 1 ? 0 : 2;
@@ -72,7 +82,7 @@ int main(int argc, char **argv) {
     size_t sw = (size_t)rows * cols, sx = (size_t)n * cols, sy = (size_t)n * rows;
     float *wf = malloc(sw * sizeof *wf), *x = malloc(sx * sizeof *x), *y = malloc(sy * sizeof *y);
     double *wall = malloc((size_t)repeat * sizeof *wall), *cpu = malloc((size_t)repeat * sizeof *cpu);
-    tsr_dtype t = q4 < 0 ? TSR_Q8_0 : q4 == 0 ? TSR_Q4_0 : TSR_Q4_1;
+    tsr_dtype t = bf16 ? TSR_BF16 : q4 < 0 ? TSR_Q8_0 : q4 == 0 ? TSR_Q4_0 : TSR_Q4_1;
     tsr_tensor w = {.dtype = t, .rows = rows, .cols = cols};
     void *wq = wf ? tsr_malloc(tsr_tensor_bytes(&w)) : NULL;
     w.data = wq;

@@ -400,7 +400,9 @@ tsr_status tsr_backend_cpu_create(int threads, tsr_backend **out) {
 }
 
 void tsr_backend_cpu_facts_get(tsr_backend_cpu_facts *out) {
-    out->isa = tsr__cpu_kernels_get()->name;
+    out->isa = tsr__cpu_amx() & TSR__AMX_BF16
+                   ? "avx512 (BF16 matmuls of 33 or more inputs on amx tiles)"
+                   : tsr__cpu_kernels_get()->name;
     out->quant = tsr__q8_amx_get() ? "avx512vnni, Q8_0 on amx tiles from 16 inputs"
                                    : tsr__q8_kernels_get()->name;
     out->blas = openblas_get_config();

@@ -290,4 +290,30 @@ const tsr__cpu_kernels *tsr__cpu_kernels_get(void);
 /* The kernels for one ISA, or NULL when this CPU lacks it. */
 const tsr__cpu_kernels *tsr__cpu_kernels_for(tsr__cpu_isa isa);
 
+/* AMX (Intel's tile unit): the units this process may use, a mask of TSR__AMX_*; 0 unless
+ * the picked kernels are AVX-512 (the tile kernels' epilogues are) and TSR_CPU_ISA does not
+ * cap the choice at avx512 or below. The OS's permission is asked once, at the pick. */
+enum { TSR__AMX_INT8 = 1, TSR__AMX_BF16 = 2 };
+unsigned tsr__cpu_amx(void);
+/* The LDTILECFG operand (palette 1): per tile register its rows and bytes a row. */
+typedef struct tsr__amx_cfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tsr__amx_cfg;
+
+/* BF16 prefill on AMX-BF16 tiles (gemm_amx.c): y = x . W^T for BF16 W, over columns in K
+ * steps of 32. x's columns are packed first, 16 tokens (group g) per tsr__gemm_amx_pack call:
+ * ns steps (32 * ns columns from x, rows ldx apart) into xp, which holds
+ * tsr__gemm_amx_xp_elems(n, ns) elements. tsr__gemm_amx_rows then writes (add: adds onto)
+ * rows [r0, r1) of every token's y (ldy apart) from W's rows (w, ldw apart: w points at the
+ * first column of the product) and the packed steps [sx, sx + ns) of xp, packed with nsx
+ * steps; `tail` is a scratch of 16 * 32 * ns elements. */
+size_t tsr__gemm_amx_xp_elems(int64_t n, int64_t ns);
+void tsr__gemm_amx_pack(const float *x, int64_t ldx, int64_t n, int64_t ns, int64_t g,
+                        uint16_t *xp);
+void tsr__gemm_amx_rows(const uint16_t *w, int64_t ldw, int64_t r0, int64_t r1,
+                        const uint16_t *xp, int64_t nsx, int64_t sx, int64_t ns, int64_t n,
+                        uint16_t *tail, bool add, float *y, int64_t ldy);
+
 #endif

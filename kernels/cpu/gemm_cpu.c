@@ -505,6 +505,11 @@ static bool tsr__qblock_fits(const tsr_tensor *w) {
     return w->dtype == TSR_Q4_K && tsr_q4k_fits(w->rows, w->cols);
 }
 
+static bool tsr__gemm_amx_part(const tsr_tensor *w, int64_t len);
+static tsr_status tsr__gemm_parts(tsr__cpu_ctx *c, const float *x, int64_t n,
+                                  const tsr_tensor *w, const int32_t *seg, int n_parts,
+                                  bool sum, float *y);
+
 tsr_status tsr__cpu_matmul(tsr_backend *be, const float *x, int64_t n, const tsr_tensor *w,
                            float *y) {
     tsr__cpu_ctx *c = be->ctx;
@@ -522,6 +527,9 @@ tsr_status tsr__cpu_matmul(tsr_backend *be, const float *x, int64_t n, const tsr
     if (n <= TSR__CPU_MATVEC_MAX_N) {
         return tsr__matvec(c, x, n, w, y);
     }
+    /* BF16 on AMX tiles: the parts driver's, as one part */
+    int32_t all[2] = {0, (int32_t)w->cols};
+    if (tsr__gemm_amx_part(w, w->cols)) return tsr__gemm_parts(c, x, n, w, all, 1, true, y);
     return tsr__gemm_panels(c, x, n, w, y);
 }
 
@@ -554,13 +562,20 @@ static bool tsr__short_sum_fits(const tsr__cpu_kernels *k, const int32_t *seg, i
     return true;
 }
 
+/* Whether a part of `len` columns of W runs on AMX tiles (gemm_amx.c): W BF16, the CPU's
+ * AMX-BF16, and len a positive multiple of 32. A function of the part's own length only, so
+ * a part takes the same path (and gets the same bits) in every tensor-parallel cut. */
+static bool tsr__gemm_amx_part(const tsr_tensor *w, int64_t len) {
+    return w->dtype == TSR_BF16 && len > 0 && len % 32 == 0 && tsr__cpu_amx() & TSR__AMX_BF16;
+}
+
 /* Prefill panel b: for each part, one sgemm of the segment block (K = segment length,
  * lda/ldb the full widths), widened to f32 first for BF16/F16; the parts go to their
  * slices of y, or are summed into y in part order through `out`. */
 static void tsr__gemm_parts_panel(const tsr__cpu_kernels *k, const float *x, int64_t n,
                                   const tsr_tensor *w, const int32_t *seg, int n_parts,
                                   bool sum, int64_t ph, int64_t b, float *panel, float *out,
-                                  float *y) {
+                                  const uint16_t *xp, uint16_t *tail, float *y) {
     int64_t rows = w->rows, cols = w->cols;
     int64_t r0 = b * ph;
     int64_t pr = rows - r0 < ph ? rows - r0 : ph;
@@ -569,8 +584,17 @@ static void tsr__gemm_parts_panel(const tsr__cpu_kernels *k, const float *x, int
                           pr, seg, n_parts, y + r0, rows);
         return;
     }
+    size_t xo = 0; /* the packed x of the AMX parts before p */
     for (int p = 0; p < n_parts; p++) {
         int64_t s0 = seg[p], len = (int64_t)seg[p + 1] - seg[p];
+        if (xp && tsr__gemm_amx_part(w, len)) {
+            /* onto y in part order, as the sum through out below */
+            tsr__gemm_amx_rows((const uint16_t *)w->data + s0, cols, r0, r0 + pr, xp + xo,
+                               len / 32, 0, len / 32, n, tail, sum && p > 0,
+                               sum ? y : y + (size_t)p * (size_t)(n * rows), rows);
+            xo += tsr__gemm_amx_xp_elems(n, len / 32);
+            continue;
+        }
         /* Short segments add their product into y themselves (the same bits as the sum
          * below); others go through out. */
         bool direct = k->gemm_short && len > 0 && len <= TSR__CPU_SHORT_K;
@@ -619,34 +643,65 @@ static tsr_status tsr__gemm_parts(tsr__cpu_ctx *c, const float *x, int64_t n,
                                   bool sum, float *y) {
     const tsr__cpu_kernels *k = tsr__cpu_kernels_get();
     int64_t rows = w->rows, cols = w->cols;
+    int64_t maxlen = 0, ng = (n + 15) / 16;
+    /* AMX parts: x packed once (every AMX part's columns, in part order, into c->panel),
+     * and per thread a copy of a panel's last rows (16 x maxlen bf16) */
+    size_t xpe = 0;
+    bool all_amx = true;
+    for (int p = 0; p < n_parts; p++) {
+        int64_t len = seg[p + 1] - seg[p];
+        if (len > maxlen) maxlen = len;
+        if (tsr__gemm_amx_part(w, len))
+            xpe += tsr__gemm_amx_xp_elems(n, len / 32);
+        else
+            all_amx = false;
+    }
     int64_t ph = tsr__parts_panel_rows(rows);
+    /* Where every part is on AMX tiles (whose bits do not depend on the panels), a thread's
+     * panel is its whole share of 32-row blocks: the packed x then stays in its L2 while
+     * those rows stream through (with 128-row panels each panel read x from L3 again:
+     * 0.75x). */
+    if (all_amx) {
+        int64_t nblk = (rows + 31) / 32, per_t = (nblk + c->threads - 1) / c->threads;
+        ph = per_t * 32 < rows ? per_t * 32 : rows;
+    }
     int64_t npan = (rows + ph - 1) / ph;
     int nt = c->threads < npan ? c->threads : (int)npan;
     if ((double)n * (double)rows * (double)cols < (double)TSR__CPU_GEMM_PAR_MIN) nt = 1;
-    int64_t maxlen = 0;
-    for (int p = 0; p < n_parts; p++)
-        if (seg[p + 1] - seg[p] > maxlen) maxlen = seg[p + 1] - seg[p];
-    size_t pan = w->dtype == TSR_F32 ? 0 : (size_t)(ph * maxlen);
-    size_t outn = sum ? (size_t)(n * ph) : 0;
-    size_t per = pan + outn;
+    size_t pan = w->dtype == TSR_F32 || all_amx ? 0 : (size_t)(ph * maxlen);
+    size_t outn = sum && !all_amx ? (size_t)(n * ph) : 0;
+    size_t tailf = xpe ? 8 * (size_t)maxlen : 0;
+    size_t per = pan + outn + tailf;
     float *scratch = NULL;
+    uint16_t *xp = NULL;
     if (per) {
         TSR_TRY(tsr__cpu_scratch(&c->parts, &c->parts_cap, per * (size_t)nt));
         scratch = c->parts;
     }
-    if (nt == 1) {
-        for (int64_t b = 0; b < npan; b++)
-            tsr__gemm_parts_panel(k, x, n, w, seg, n_parts, sum, ph, b, scratch,
-                                  scratch ? scratch + pan : NULL, y);
-        return TSR_OK;
+    if (xpe) {
+        TSR_TRY(tsr__cpu_scratch(&c->panel, &c->panel_cap, (xpe + 1) / 2));
+        xp = (uint16_t *)c->panel;
     }
 #pragma omp parallel num_threads(nt)
     {
         float *mine = scratch ? scratch + per * (size_t)omp_get_thread_num() : NULL;
+        if (xpe) {
+#pragma omp for schedule(static)
+            for (int64_t g = 0; g < ng; g++) {
+                size_t xo = 0;
+                for (int p = 0; p < n_parts; p++) {
+                    int64_t len = seg[p + 1] - seg[p];
+                    if (!tsr__gemm_amx_part(w, len)) continue;
+                    tsr__gemm_amx_pack(x + seg[p], cols, n, len / 32, g, xp + xo);
+                    xo += tsr__gemm_amx_xp_elems(n, len / 32);
+                }
+            }
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t b = 0; b < npan; b++)
             tsr__gemm_parts_panel(k, x, n, w, seg, n_parts, sum, ph, b, mine,
-                                  mine ? mine + pan : NULL, y);
+                                  mine ? mine + pan : NULL, xp,
+                                  xpe ? (uint16_t *)(mine + pan + outn) : NULL, y);
     }
     return TSR_OK;
 }

@@ -243,14 +243,16 @@ const tsr__q8_kernels *tsr__q8_kernels_for(tsr__q8_variant v) {
     }
 }
 
-bool tsr__q_prefetch_intel;
+_Atomic bool tsr__q_prefetch_intel;
 
 static const tsr__q8_kernels *tsr__q8_kernels_pick(void) {
 #ifdef TSR__Q8_X86
     unsigned a = 0, b = 0, c = 0, d = 0;
     /* "GenuineIntel" in EBX, EDX, ECX */
-    tsr__q_prefetch_intel = __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u &&
-                            d == 0x49656e69u && c == 0x6c65746eu;
+    bool intel = __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u &&
+                 c == 0x6c65746eu;
+    /* racing first pickers store the same value while kernels may already read it */
+    atomic_store_explicit(&tsr__q_prefetch_intel, intel, memory_order_relaxed);
 #endif
     tsr__cpu_isa cap = tsr__cpu_kernels_get()->isa;
     tsr__q8_variant top = cap == TSR__ISA_AVX512 ? TSR__Q8_AVX512VNNI

@@ -12,9 +12,8 @@
  * never accumulates over K. On an AMX Xeon the product ran 1.4-1.5x the AVX-512 kernel's
  * at 64 and 512 inputs (docs/kernels-cpu.md, "AMX").
  *
- * AMX needs the kernel's permission (Linux arch_prctl ARCH_REQ_XCOMP_PERM) before the first
- * tile instruction: tsr__q8_amx_get asks once and answers NULL where it is refused. */
-#define _GNU_SOURCE /* syscall */
+ * Whether AMX may run (the CPU, the OS's permission, TSR_CPU_ISA) is the CPU dispatch's
+ * answer (tsr__cpu_amx). */
 #include "kernels/cpu/quant_q8_internal.h"
 
 #include <string.h>
@@ -30,13 +29,9 @@ void tsr__q8_amx_pack_act(const int8_t *xqi, const float *xdi, const int32_t *xs
 }
 
 #if defined(__x86_64__) && defined(__linux__)
-#include <cpuid.h>
 #include <immintrin.h>
-#include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+
+#include "kernels/cpu/cpu_internal.h"
 
 #ifdef __clang__
 #pragma clang attribute push(                                                                 \
@@ -46,13 +41,6 @@ void tsr__q8_amx_pack_act(const int8_t *xqi, const float *xdi, const int32_t *xs
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx2,fma,f16c")
 #endif
-
-/* The LDTILECFG operand (palette 1). */
-typedef struct tsr__amx_cfg {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tsr__amx_cfg;
 
 /* Tile registers (macros: the tile intrinsics paste the register number into assembly).
  * The products run two blocks at a time into a pair of sum tiles, C0 C1 or C2 C3 by turns,
@@ -191,36 +179,10 @@ static void tsr__q8_x_gemm16(const uint8_t *w, int64_t nb, int64_t rows, int64_t
 #pragma GCC pop_options
 #endif
 
-/* AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25), their state enabled by the OS
- * (XCR0 bits 17 and 18), and this process allowed to use the tile data (Linux asks each
- * process to request it: arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA). */
-static bool tsr__q8_amx_usable(void) {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25)))
-        return false;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false; /* OSXSAVE */
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & (3u << 17)) != (3u << 17)) return false;
-    enum { ARCH_REQ_XCOMP_PERM_ = 0x1023, XFEATURE_XTILEDATA_ = 18 };
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM_, XFEATURE_XTILEDATA_) == 0;
-}
-
 tsr__q8_gemm16_fn tsr__q8_amx_get(void) {
-    /* 0 not asked, 1 usable, -1 not: asked once (CPUID is trapped on a VM, the request is a
-     * system call); racing first callers get the same answer. */
-    static _Atomic signed char state;
-    signed char s = atomic_load_explicit(&state, memory_order_acquire);
-    if (s == 0) {
-        const char *env = getenv("TSR_CPU_ISA");
-        bool capped = env && !strcmp(env, "avx512");
-        s = !capped && tsr__q8_kernels_get()->variant == TSR__Q8_AVX512VNNI &&
-                    tsr__q8_amx_usable()
-                ? 1
-                : -1;
-        atomic_store_explicit(&state, s, memory_order_release);
-    }
-    return s > 0 ? tsr__q8_x_gemm16 : NULL;
+    return tsr__cpu_amx() & TSR__AMX_INT8 && tsr__q8_kernels_get()->variant == TSR__Q8_AVX512VNNI
+               ? tsr__q8_x_gemm16
+               : NULL;
 }
 
 #else

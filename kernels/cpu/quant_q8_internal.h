@@ -4,6 +4,7 @@
 #ifndef TSR_KERNELS_CPU_QUANT_Q8_INTERNAL_H
 #define TSR_KERNELS_CPU_QUANT_Q8_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -133,10 +134,13 @@ static inline void tsr__qgroup_store_sum(float tot[][16], int nx, int n_parts, i
  * picked): the AVX-512 Q8_0 and Q4_K kernels prefetch only there, as their distance
  * (tsr__q_prefetch_intel ? 4096 : 0) says. On an AMX Xeon they gained with it (docs/
  * kernels-cpu.md); on Zen 4 the Q8_0 one measured slower. */
-extern bool tsr__q_prefetch_intel;
+extern _Atomic bool tsr__q_prefetch_intel;
+#define TSR__Q_PREFETCH_INTEL                                                                 \
+    atomic_load_explicit(&tsr__q_prefetch_intel, memory_order_relaxed)
 static inline __attribute__((always_inline)) void tsr__qprefetch(const uint8_t *wb, int gbb) {
-    for (int o = 0; TSR__Q_PREFETCH_BYTES > 0 && o < gbb; o += 64)
-        __builtin_prefetch((const void *)((uintptr_t)wb + TSR__Q_PREFETCH_BYTES + (uintptr_t)o));
+    const int dist = TSR__Q_PREFETCH_BYTES;
+    for (int o = 0; dist > 0 && o < gbb; o += 64)
+        __builtin_prefetch((const void *)((uintptr_t)wb + (uintptr_t)dist + (uintptr_t)o));
 }
 
 /* The per-group driver every variant shares: BLOCK_FN(wb, xq, xd, xs, nb, b, nx, acc) adds

@@ -7,6 +7,7 @@
  * the scalar kernels and the dispatch run on any x86-64 (or other) CPU. Each kernel sums
  * in a fixed order per output element (independent of row ranges and of how many input rows
  * share the pass), so results do not depend on the thread count. */
+#define _GNU_SOURCE /* syscall */
 #include "kernels/cpu/simd_internal.h"
 
 #include <math.h>
@@ -16,8 +17,12 @@
 
 #include "base/dtype.h"
 
-#if defined(TSR__X86) && defined(__clang__)
+#ifdef TSR__X86
 #include <cpuid.h>
+#endif
+#if defined(TSR__X86) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 /* ---------------------------------------------------------------- scalar ---- */
@@ -199,20 +204,50 @@ const tsr__cpu_kernels *tsr__cpu_kernels_for(tsr__cpu_isa isa) {
     return NULL;
 }
 
+#if defined(TSR__X86) && defined(__linux__)
+/* AMX's units this CPU has (CPUID leaf 7: EDX bit 24 AMX-TILE, 25 AMX-INT8, 22 AMX-BF16)
+ * where the OS saves the tile state (XCR0 bits 17 and 18) and lets this process use the
+ * tile data: Linux asks each process to request it (arch_prctl ARCH_REQ_XCOMP_PERM for
+ * XFEATURE_XTILEDATA) before its first tile instruction, and the grant covers every thread. */
+static unsigned tsr__cpu_amx_probe(void) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24))) return 0;
+    unsigned units = (d & (1u << 25) ? TSR__AMX_INT8 : 0) | (d & (1u << 22) ? TSR__AMX_BF16 : 0);
+    if (!units || !__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return 0;
+    enum { ARCH_REQ_XCOMP_PERM_ = 0x1023, XFEATURE_XTILEDATA_ = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM_, XFEATURE_XTILEDATA_) == 0 ? units : 0;
+}
+#else
+static unsigned tsr__cpu_amx_probe(void) { return 0; }
+#endif
+
+/* The AMX units of the pick (tsr__cpu_amx): written by the pick before it publishes. */
+static _Atomic unsigned tsr__cpu_amx_units;
+
 static const tsr__cpu_kernels *tsr__cpu_kernels_pick(void) {
-    int cap = TSR__ISA_AVX512;
+    /* TSR_CPU_ISA caps the choice: scalar < avx2 < avx512 (no AMX) < everything. */
+    int cap = TSR__ISA_AVX512 + 1;
     const char *env = getenv("TSR_CPU_ISA");
     if (env && !strcmp(env, "scalar")) cap = TSR__ISA_SCALAR;
     if (env && !strcmp(env, "avx2")) cap = TSR__ISA_AVX2;
-    for (int isa = cap; isa > TSR__ISA_SCALAR; isa--) {
+    if (env && !strcmp(env, "avx512")) cap = TSR__ISA_AVX512;
+    for (int isa = cap > TSR__ISA_AVX512 ? TSR__ISA_AVX512 : cap; isa > TSR__ISA_SCALAR;
+         isa--) {
         const tsr__cpu_kernels *k = tsr__cpu_kernels_for((tsr__cpu_isa)isa);
-        if (k) return k;
+        if (!k) continue;
+        /* the tile kernels' epilogues are AVX-512 */
+        unsigned amx = cap > TSR__ISA_AVX512 && isa == TSR__ISA_AVX512 ? tsr__cpu_amx_probe() : 0;
+        atomic_store_explicit(&tsr__cpu_amx_units, amx, memory_order_relaxed);
+        return k;
     }
     return &tsr__k_scalar;
 }
 
 const tsr__cpu_kernels *tsr__cpu_kernels_get(void) {
-    /* Every thread that races on the first call computes the same pointer. */
+    /* Every thread that races on the first call computes the same pointer (and AMX units). */
     static _Atomic(const tsr__cpu_kernels *) picked;
     const tsr__cpu_kernels *k = atomic_load_explicit(&picked, memory_order_acquire);
     if (!k) {
@@ -220,4 +255,9 @@ const tsr__cpu_kernels *tsr__cpu_kernels_get(void) {
         atomic_store_explicit(&picked, k, memory_order_release);
     }
     return k;
+}
+
+unsigned tsr__cpu_amx(void) {
+    tsr__cpu_kernels_get(); /* the pick, which probes AMX, happens before */
+    return atomic_load_explicit(&tsr__cpu_amx_units, memory_order_relaxed);
 }

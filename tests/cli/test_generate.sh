@@ -50,7 +50,7 @@ rc=$?
 TSR_CPU_ISA=scalar "$BIN" --version >"$TMP/version_scalar" 2>&1
 LD_DEBUG=files "$BIN" --version >/dev/null 2>"$TMP/ld_debug"
 if [ $rc -eq 0 ] && [ ! -s "$TMP/err" ] && head -n 1 "$TMP/version" | grep -qE '^tessera [0-9]+\.[0-9]+\.[0-9]+$' &&
-    grep -qE '^cpu kernels +(avx512|avx2|scalar); quantized products ' "$TMP/version" &&
+    grep -qE '^cpu kernels +(avx512|avx2|scalar)( \([^)]*\))?; quantized products ' "$TMP/version" &&
     grep -qE '^blas +OpenBLAS ' "$TMP/version" && grep -qE '^hdf5 module ' "$TMP/version" &&
     grep -qE '^cpu kernels +scalar; quantized products scalar ' "$TMP/version_scalar" &&
     ! grep -q 'libtessera-' "$TMP/ld_debug"; then

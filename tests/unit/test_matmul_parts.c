@@ -113,15 +113,19 @@ static const int kLensC[4] = {64, 64, 64, 0};
 static const int kLensD[3] = {100, 7, 33};
 /* Short parts only (the fused short-sum kernel on AVX-512), with an empty one in between. */
 static const int kLensE[4] = {8, 0, 22, 5};
+/* BF16 parts of 32k columns run on AMX tiles where the CPU has them, the others on sgemm:
+ * both in one call */
+static const int kLensF[4] = {64, 40, 32, 96};
 
 static layout layout_get(int i) {
     if (i == 0) return layout_make(40, 5, kLensA);
     if (i == 1) return layout_make(24, 12, kLensB);
     if (i == 2) return layout_make(150, 4, kLensC);
     if (i == 3) return layout_make(37, 3, kLensD);
-    return layout_make(19, 4, kLensE);
+    if (i == 4) return layout_make(19, 4, kLensE);
+    return layout_make(70, 4, kLensF);
 }
-#define N_LAYOUTS 5
+#define N_LAYOUTS 6
 
 /* The ordered sum of parts [n_parts][m] (the comm_self arithmetic). */
 static void sum_parts(const float *parts, int n_parts, size_t m, float *out) {
