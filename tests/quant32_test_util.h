@@ -24,7 +24,7 @@ static inline qt_qact qt_qact_make(const float *x, int64_t n, int64_t cols, qt_a
     qt_qact a = {tsr_malloc((size_t)(n * cols)), tsr_malloc(nb * 4), tsr_malloc(nb * 4)};
     for (int64_t i = 0; i < n; i++) {
         tsr__q8_quantize_act(x + i * cols, cols, a.qs + i * cols, a.d + i * cols / 32,
-                             a.s + i * cols / 32);
+                             a.s + i * cols / 32, NULL);
         if (sums) sums(a.qs + i * cols, cols, a.s + i * cols / 32);
     }
     return a;

@@ -301,6 +301,14 @@ typedef struct tsr__amx_cfg {
     uint16_t colsb[16];
     uint8_t rows[16];
 } tsr__amx_cfg;
+#if defined(__x86_64__)
+/* LDTILECFG of the whole of *cfg. Not _tile_loadconfig: GCC 12's declares its operand as
+ * the first 8 bytes only, so the stores of the rows and widths could be dropped as dead (a
+ * fault on a garbage configuration, seen when a caller's stores were moved). */
+static inline void tsr__amx_load_cfg(const tsr__amx_cfg *cfg) {
+    __asm__ volatile("ldtilecfg %0" : : "m"(*cfg));
+}
+#endif
 
 /* BF16 prefill on AMX-BF16 tiles (gemm_amx.c): y = x . W^T for BF16 W, over columns in K
  * steps of 32. x's columns are packed first, 16 tokens (group g) per tsr__gemm_amx_pack call:

@@ -143,7 +143,7 @@ static void tsr__gemm_amx_config(void) {
         cfg.rows[t] = 16;
         cfg.colsb[t] = 64;
     }
-    _tile_loadconfig(&cfg);
+    tsr__amx_load_cfg(&cfg);
 }
 
 /* Sum tile c ([16 rows][16 tokens]) into (add: onto) y: rows [r, r + nr) of tokens

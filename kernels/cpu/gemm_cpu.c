@@ -428,8 +428,8 @@ static tsr_status tsr__qact_begin(tsr__cpu_ctx *c, const float *x, int64_t n,
         if (q4k) {
             tsr__q4k_quantize_act(xi, cols, xqi, q->xd + (size_t)i * (size_t)nb, xsi);
         } else {
-            k->quant_act(xi, cols, xqi, q->xd + (size_t)i * (size_t)nb, xsi);
-            if (q41) tsr__q4_act_msum(xi, cols, xsi, q->xm + (size_t)i * (size_t)nb);
+            k->quant_act(xi, cols, xqi, q->xd + (size_t)i * (size_t)nb, xsi,
+                         q41 ? q->xm + (size_t)i * (size_t)nb : NULL);
             if (w->dtype == TSR_Q6_K) tsr__q6k_act_sums(xqi, cols, xsi); /* per 16 */
             if (i < q->n16)
                 tsr__q8_amx_pack_act(xqi, q->xd + (size_t)i * (size_t)nb, xsi, nb, i, q->xa,

@@ -221,18 +221,6 @@ tsr_status tsr_q4_quantize_tensor(const tsr_tensor *src, tsr_dtype t, void *pack
     return st;
 }
 
-void tsr__q4_act_msum(const float *x, int64_t cols, const int32_t *bsum, float *xm) {
-    for (int64_t b = 0; b < cols / TSR_Q4_BLOCK; b++) {
-        float amax = 0.0f;
-        for (int j = 0; j < TSR_Q4_BLOCK; j++) {
-            float a = fabsf(x[b * TSR_Q4_BLOCK + j]);
-            if (a > amax) amax = a;
-        }
-        float d = amax / 127.0f;
-        xm[b] = tsr_f16_to_f32(tsr_f32_to_f16((float)bsum[b] * d));
-    }
-}
-
 /* ---------------------------------------------------------------- scalar ---- */
 
 typedef struct {

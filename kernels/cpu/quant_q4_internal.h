@@ -56,10 +56,6 @@ const tsr__q4_kernels *tsr__q4_kernels_get(void);
 /* The kernel for dtype t (TSR_Q4_0, TSR_Q4_1 or TSR_MXFP4) of k. */
 tsr__q4_gemv_fn tsr__q4_gemv_for(const tsr__q4_kernels *k, tsr_dtype t);
 
-/* Q4_1's activation block sums: xm[b] = fp16(d * bsum[b]) as f32, d = amax / 127 of block b
- * of x unrounded (llama.cpp's quantize_row_q8_1 s), bsum from the Q8_0 activation quantizer. */
-void tsr__q4_act_msum(const float *x, int64_t cols, const int32_t *bsum, float *xm);
-
 #if defined(__x86_64__) || defined(__i386__)
 extern const tsr__q4_kernels tsr__q4_k_avx2;
 extern const tsr__q4_kernels tsr__q4_k_avxvnni;

@@ -49,15 +49,24 @@ void tsr_q8_quantize_blocks(const float *x, int64_t n, uint8_t *blocks) {
     }
 }
 
-void tsr__q8_quantize_act(const float *x, int64_t cols, int8_t *qs, float *d, int32_t *bsum) {
+void tsr__q8_quantize_act(const float *x, int64_t cols, int8_t *qs, float *d, int32_t *bsum,
+                          float *xm) {
     for (int64_t b = 0; b < cols / TSR_Q8_BLOCK; b++) {
         uint16_t dh;
+        const float *xb = x + (size_t)b * TSR_Q8_BLOCK;
         int8_t *q = qs + (size_t)b * TSR_Q8_BLOCK;
-        tsr__q8_block(x + (size_t)b * TSR_Q8_BLOCK, q, &dh);
+        tsr__q8_block(xb, q, &dh);
         int32_t s = 0;
         for (int j = 0; j < TSR_Q8_BLOCK; j++) s += q[j];
         d[b] = tsr_f16_to_f32(dh);
         bsum[b] = s;
+        if (!xm) continue;
+        float amax = 0.0f;
+        for (int j = 0; j < TSR_Q8_BLOCK; j++) {
+            float a = fabsf(xb[j]);
+            if (a > amax) amax = a;
+        }
+        xm[b] = tsr_f16_to_f32(tsr_f32_to_f16((float)s * (amax / 127.0f)));
     }
 }
 

@@ -64,7 +64,7 @@ static void tsr__q8_x_config(void) {
     cfg.colsb[TSR__AMX_A0] = cfg.colsb[TSR__AMX_A1] = TSR_Q8_BLOCK;
     cfg.rows[TSR__AMX_B0] = cfg.rows[TSR__AMX_B1] = TSR_Q8_BLOCK / 4;
     cfg.colsb[TSR__AMX_B0] = cfg.colsb[TSR__AMX_B1] = 64;
-    _tile_loadconfig(&cfg);
+    tsr__amx_load_cfg(&cfg);
 }
 
 /* Block b's tile product into sum tile C: 16 tokens (xa, their operands) x the group's 16

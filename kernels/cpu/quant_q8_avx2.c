@@ -122,7 +122,7 @@ TSR__Q8_GEMV_FN(tsr__q8_y_gemv, tsr__q8_y_gemv_nx)
  * exact fraction; the int32 codes packed to int8 in order (vpackssdw and vpacksswb work per
  * 128-bit lane, vpermd puts the 4-byte groups back). */
 static void tsr__q8_y_quant_act(const float *x, int64_t cols, int8_t *qs, float *d,
-                                int32_t *bsum) {
+                                int32_t *bsum, float *xm) {
     const __m256 half = _mm256_set1_ps(0.5f), mhalf = _mm256_set1_ps(-0.5f);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -161,6 +161,9 @@ static void tsr__q8_y_quant_act(const float *x, int64_t cols, int8_t *qs, float 
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
         bsum[b] = _mm_cvtsi128_si32(s4);
         d[b] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(dd), _MM_FROUND_TO_NEAREST_INT)));
+        if (xm)
+            xm[b] = _mm_cvtss_f32(_mm_cvtph_ps(
+                _mm_cvtps_ph(_mm_set_ss((float)bsum[b] * dd), _MM_FROUND_TO_NEAREST_INT)));
     }
 }
 

@@ -129,7 +129,7 @@ TSR__Q8_GEMV_FN(tsr__q8_z_gemv, tsr__q8_z_gemv_nx)
 /* tsr__q8_quantize_act's operations in 16 lanes: max of |x| (exact), the scalar d and
  * 1/d, v = x * id, truncation, and the half-away rounding of the fraction (exact). */
 static void tsr__q8_z_quant_act(const float *x, int64_t cols, int8_t *qs, float *d,
-                                int32_t *bsum) {
+                                int32_t *bsum, float *xm) {
     const __m512 half = _mm512_set1_ps(0.5f), mhalf = _mm512_set1_ps(-0.5f);
     const __m512i one = _mm512_set1_epi32(1);
     for (int64_t b = 0; b < cols / TSR_Q8_BLOCK; b++) {
@@ -152,6 +152,9 @@ static void tsr__q8_z_quant_act(const float *x, int64_t cols, int8_t *qs, float 
         _mm_storeu_si128((__m128i *)(qs + b * TSR_Q8_BLOCK + 16), _mm512_cvtepi32_epi8(q[1]));
         bsum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
         d[b] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(dd), _MM_FROUND_TO_NEAREST_INT)));
+        if (xm)
+            xm[b] = _mm_cvtss_f32(_mm_cvtph_ps(
+                _mm_cvtps_ph(_mm_set_ss((float)bsum[b] * dd), _MM_FROUND_TO_NEAREST_INT)));
     }
 }
 

@@ -57,9 +57,12 @@ static inline __attribute__((always_inline)) int32_t tsr__q_x4(const int8_t *x) 
     return v;
 }
 
-/* Activation quantizer with tsr__q8_quantize_act's results (bits). */
+/* Activation quantizer with tsr__q8_quantize_act's results (bits). xm, when not NULL, gets
+ * per block Q4_1's m-term sum: fp16(bsum * max|x| / 127), the scale unrounded (the s of
+ * llama.cpp's Q8_1 activations); computed here, where max|x| and bsum already are, it cost a
+ * tenth of a SmolLM2 Q4_1 prefill as a second pass with scalar fp16 rounding. */
 typedef void (*tsr__q8_act_fn)(const float *x, int64_t cols, int8_t *qs, float *d,
-                               int32_t *bsum);
+                               int32_t *bsum, float *xm);
 
 typedef struct tsr__q8_kernels {
     tsr__q8_variant variant;
@@ -76,7 +79,8 @@ const tsr__q8_kernels *tsr__q8_kernels_get(void);
 
 /* Quantizes one activation row of cols (% 32 == 0) values: qs[cols], d[cols/32] (the fp16
  * scale as f32), bsum[cols/32] (sum of each block's qs). The weights' quantizer. */
-void tsr__q8_quantize_act(const float *x, int64_t cols, int8_t *qs, float *d, int32_t *bsum);
+void tsr__q8_quantize_act(const float *x, int64_t cols, int8_t *qs, float *d, int32_t *bsum,
+                          float *xm);
 
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -4,7 +4,9 @@
  * continue_final_message does. */
 #include "runtime/text/chat_template.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -228,6 +230,19 @@ static long tsr__rfind(const char *hay, size_t hn, const char *needle, size_t nn
     return -1;
 }
 
+/* strftime_now's time when the caller gives none: SOURCE_DATE_EPOCH (the reproducible-builds
+ * convention: seconds since the epoch, UTC) where set to a non-negative integer, so a job's
+ * prompts (a date in GPT-OSS's and Llama 3's system turns) do not change at midnight or
+ * between a preempted run and its resumption; else -1, the current time. */
+static int64_t tsr__chat_now(void) {
+    const char *e = getenv("SOURCE_DATE_EPOCH");
+    if (!e || !*e) return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(e, &end, 10);
+    return *end || errno || v < 0 ? -1 : (int64_t)v;
+}
+
 tsr_status tsr_chat_render_json(const tsr_chat_template *t, const cJSON *ctx,
                                 const tsr_chat_opts *o, char **out, size_t *len) {
     *out = NULL;
@@ -249,7 +264,7 @@ tsr_status tsr_chat_render_json(const tsr_chat_template *t, const cJSON *ctx,
     cJSON_DeleteItemFromObjectCaseSensitive(c, "add_generation_prompt");
     cJSON_AddBoolToObject(c, "add_generation_prompt",
                           o->add_generation_prompt && !o->continue_final);
-    tsr_jinja_opts jo = {.now = o->now};
+    tsr_jinja_opts jo = {.now = o->now >= 0 ? o->now : tsr__chat_now()};
     char *r = NULL;
     size_t n = 0;
     tsr_status st = tsr_jinja_render(t->jinja, c, &jo, &r, &n);

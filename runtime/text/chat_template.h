@@ -56,7 +56,8 @@ void tsr_chat_template_free(tsr_chat_template *t);
  * messages. continue_final: the last message is an assistant prefix to continue:
  * rendered without the generation prompt and cut right after that message's (stripped)
  * content, as transformers' continue_final_message does. now: strftime_now's time
- * (seconds since the epoch, UTC), < 0: the current local time. */
+ * (seconds since the epoch, UTC), < 0: SOURCE_DATE_EPOCH from the environment where it is a
+ * non-negative integer, else the current local time. */
 typedef struct tsr_chat_opts {
     bool add_generation_prompt;
     bool continue_final;

@@ -13,6 +13,9 @@
 # Args: $1 tessera binary, $2 repo root, $3 scratch dir.
 set -u
 bin=$1 root=$2 tmp=$3
+# GPT-OSS's system turn carries the date (strftime_now): the random model's answers below are
+# those of the prompt dated 2026-12-06 (SOURCE_DATE_EPOCH fixes strftime_now's time)
+export SOURCE_DATE_EPOCH=1796558400
 rm -rf "$tmp" && mkdir -p "$tmp"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 

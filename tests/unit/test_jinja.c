@@ -284,4 +284,41 @@ TSR_TEST(test_jinja_snippets) {
     ASSERT_TRUE(n_ok > 60);
 }
 
-TSR_TEST_MAIN(test_jinja_constructs, test_jinja_errors, test_jinja_corpus, test_jinja_snippets)
+/* A chat render without a time of its own takes SOURCE_DATE_EPOCH's (UTC) where it is a
+ * non-negative integer, else the current time; a caller's time wins over both. */
+static void render_date(const tsr_chat_template *t, int64_t now, char *buf, size_t cap) {
+    cJSON *ctx = cJSON_CreateObject();
+    cJSON_AddItemToObject(ctx, "messages", cJSON_CreateArray());
+    tsr_chat_opts o = {.now = now};
+    char *out = NULL;
+    size_t n = 0;
+    buf[0] = 0;
+    if (tsr_chat_render_json(t, ctx, &o, &out, &n) == TSR_OK) snprintf(buf, cap, "%s", out);
+    tsr_free(out);
+    cJSON_Delete(ctx);
+}
+
+TSR_TEST(test_chat_source_date_epoch) {
+    static const char src[] = "{{ strftime_now('%Y-%m-%d') }}";
+    tsr_chat_template t;
+    ASSERT_OK(tsr_chat_template_from_source(src, sizeof src - 1, NULL, NULL, "date", &t));
+    char got[64], now[64];
+    const char *saved = getenv("SOURCE_DATE_EPOCH");
+    char *keep = saved ? strdup(saved) : NULL;
+    setenv("SOURCE_DATE_EPOCH", "1796558400", 1);
+    render_date(&t, -1, got, sizeof got);
+    ASSERT_STR_EQ(got, "2026-12-06");
+    render_date(&t, 0, got, sizeof got); /* the caller's time */
+    ASSERT_STR_EQ(got, "1970-01-01");
+    setenv("SOURCE_DATE_EPOCH", "12x", 1); /* not an integer: the current time */
+    render_date(&t, -1, got, sizeof got);
+    unsetenv("SOURCE_DATE_EPOCH");
+    render_date(&t, -1, now, sizeof now);
+    ASSERT_STR_EQ(got, now);
+    if (keep) setenv("SOURCE_DATE_EPOCH", keep, 1);
+    free(keep);
+    tsr_chat_template_free(&t);
+}
+
+TSR_TEST_MAIN(test_jinja_constructs, test_jinja_errors, test_jinja_corpus, test_jinja_snippets,
+              test_chat_source_date_epoch)

@@ -185,8 +185,7 @@ static qact make_act(const float *x, int64_t n, int64_t cols) {
               tsr_malloc(nb * 4)};
     for (int64_t i = 0; i < n; i++) {
         tsr__q8_quantize_act(x + i * cols, cols, a.qs + i * cols, a.d + i * cols / 32,
-                             a.s + i * cols / 32);
-        tsr__q4_act_msum(x + i * cols, cols, a.s + i * cols / 32, a.m + i * cols / 32);
+                             a.s + i * cols / 32, a.m + i * cols / 32);
     }
     return a;
 }

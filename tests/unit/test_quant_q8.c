@@ -257,7 +257,7 @@ static qact make_act(const float *x, int64_t n, int64_t cols) {
               tsr_malloc((size_t)(n * cols / 32) * 4)};
     for (int64_t i = 0; i < n; i++)
         tsr__q8_quantize_act(x + i * cols, cols, a.qs + i * cols, a.d + i * cols / 32,
-                             a.s + i * cols / 32);
+                             a.s + i * cols / 32, NULL);
     return a;
 }
 
@@ -322,12 +322,25 @@ TSR_TEST(test_kernels_equal_scalar) {
                 x[i] = i < 32 ? 0.0f : i < 64 ? (float)(i - 48) * (127.0f / 16.0f) / 64.0f
                                               : frand() * (float)(1 + i % 5);
             int8_t q0[C], q1[C];
-            float d0[C / 32], d1[C / 32];
-            int32_t s0[C / 32], s1[C / 32];
-            ref->quant_act(x, C, q0, d0, s0);
-            k->quant_act(x, C, q1, d1, s1);
-            if (memcmp(q0, q1, C) || memcmp(d0, d1, sizeof d0) || memcmp(s0, s1, sizeof s0))
+            float d0[C / 32], d1[C / 32], m0[C / 32], m1[C / 32], m2[C / 32];
+            int32_t s0[C / 32], s1[C / 32], s2[C / 32];
+            ref->quant_act(x, C, q0, d0, s0, m0);
+            k->quant_act(x, C, q1, d1, s1, m1);
+            if (memcmp(q0, q1, C) || memcmp(d0, d1, sizeof d0) || memcmp(s0, s1, sizeof s0) ||
+                memcmp(m0, m1, sizeof m0))
                 TSR_FAIL_("%s: activation quantizer differs from scalar", k->name);
+            k->quant_act(x, C, q1, d1, s2, NULL); /* Q4_1's sums are optional */
+            if (memcmp(s0, s2, sizeof s0))
+                TSR_FAIL_("%s: activation sums differ without Q4_1's", k->name);
+            /* Q4_1's sums: fp16(bsum * max|x| / 127), the scale unrounded */
+            for (int b = 0; b < C / 32; b++) {
+                float amax = 0.0f;
+                for (int j = 0; j < 32; j++)
+                    if (fabsf(x[b * 32 + j]) > amax) amax = fabsf(x[b * 32 + j]);
+                m2[b] = tsr_f16_to_f32(tsr_f32_to_f16((float)s0[b] * (amax / 127.0f)));
+            }
+            if (memcmp(m0, m2, sizeof m0))
+                TSR_FAIL_("%s: Q4_1 activation sums differ from their formula", k->name);
             tsr_free(x);
         }
         for (size_t ri = 0; ri < 6; ri++)
