@@ -14,6 +14,7 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "base/sys.h"
+#include "kernels/cpu/quant_blocks.h"
 #include "memory/kv_paged.h"
 #include "runtime/text/harmony.h"
 
@@ -143,11 +144,24 @@ static tsr_status tsr__convert_tensor(tsr_model *m, tsr_tensor *t, tsr_dtype dt)
  * Before packing, so the pack copies nothing that is converted afterwards. */
 static tsr_status tsr__convert(tsr_engine *e, const tsr_engine_spec *o) {
     tsr_model *m = e->model;
-    if (!o->convert_weights || m->cfg.dtype == o->weights_dtype) return TSR_OK;
+    if (!o->convert_weights) return TSR_OK;
+    tsr_dtype dt = o->weights_dtype;
+    if (dt == TSR_F32 || dt == TSR_BF16 || dt == TSR_F16) {
+        /* A GGUF's block-quantized matrices stay as they are (tsr__convert_tensor): say so, or a
+         * float dtype asked for would seem to be what runs */
+        tsr_dtype kept = dt;
+        for (int l = 0; l < m->cfg.n_layers && kept == dt; l++) /* this stage's first layer */
+            if (m->layers[l].wq.data && tsr_qblocks_is(m->layers[l].wq.dtype))
+                kept = m->layers[l].wq.dtype;
+        if (kept != dt)
+            TSR_LOG_WARN("%s: weights in %s asked for, but its %s matrices are kept as stored "
+                         "(TSR_GGUF_DEQUANT=1 expands them to f32 at load)",
+                         m->source, tsr_dtype_name(dt), tsr_dtype_name(kept));
+    }
+    if (m->cfg.dtype == dt) return TSR_OK;
     if (e->borrowed_)
         return tsr_error_set(TSR_ERR_INVALID, "engine: a borrowed model is not converted "
                              "(convert_weights)");
-    tsr_dtype dt = o->weights_dtype;
     if (dt == TSR_F8_E4M3) return tsr_model_quantize_fp8(m); /* a borrowed model: refused above */
     if (dt == TSR_Q8_0 || dt == TSR_Q4_0 || dt == TSR_Q4_1) {
         /* FP8 matrices first: the quantizers read 16- and 32-bit ones */

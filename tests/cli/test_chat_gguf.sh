@@ -2,7 +2,8 @@
 # The bundled real model (tools/fetch-models.sh): `tessera generate --chat` renders the user
 # message with the GGUF's own chat template (SmolLM2's ChatML, with its default system
 # message) and answers; `tessera run` takes a chat request through the same template. A
-# model without a template refuses --chat in one line. Skips (77) without the model.
+# model without a template refuses --chat in one line; `--dtype bf16` keeps the file's Q4_1
+# matrices with one warning line. Skips (77) without the model.
 # "Paris" is the answer of the matrices expanded to f32 (TSR_GGUF_DEQUANT=1); the native
 # 4-bit path (Q4_1 weights, activations quantized per 32-block) begins as llama.cpp does on
 # the same file: llama-cli -no-cnv --temp 0 printed "L'Étoile, la Marseillaise," for the same
@@ -21,6 +22,11 @@ grep -q "prompt 37 tokens" "$TMP/gen.err" || fail "generate --chat: prompt lengt
 out=$("$BIN" generate --model "$GGUF" --chat --prompt "What is the capital of France?" \
     --max-tokens 8 --temperature 0 --threads 2 2>"$TMP/gen4.err") || fail "generate --chat (4-bit): exit $?: $(cat "$TMP/gen4.err")"
 grep -q "^L'Étoile, la " <<<"$out" || fail "generate --chat (4-bit): not llama.cpp's answer: $out"
+# a float --dtype keeps the 4-bit matrices, and one warning line says so (not silently)
+"$BIN" generate --model "$GGUF" --dtype bf16 --prompt "Hi" --max-tokens 1 --threads 2 \
+    >/dev/null 2>"$TMP/dt.err" || fail "generate --dtype bf16: exit $?: $(cat "$TMP/dt.err")"
+[ "$(grep -c "q4_1 matrices are kept as stored" "$TMP/dt.err")" = 1 ] ||
+    fail "generate --dtype bf16 on a Q4_1 file: no warning: $(cat "$TMP/dt.err")"
 
 # run: a /v1/chat/completions request through the GGUF's template
 cat >"$TMP/in.jsonl" <<'J'
