@@ -295,6 +295,9 @@ const tsr__cpu_kernels *tsr__cpu_kernels_for(tsr__cpu_isa isa);
  * cap the choice at avx512 or below. The OS's permission is asked once, at the pick. */
 enum { TSR__AMX_INT8 = 1, TSR__AMX_BF16 = 2 };
 unsigned tsr__cpu_amx(void);
+/* Whether the CPU is Intel's (CPUID vendor), set by the pick before any kernel is chosen:
+ * some kernels' weight prefetch pays there only (quant_q8_internal.h). */
+extern _Atomic bool tsr__cpu_intel;
 /* The LDTILECFG operand (palette 1): per tile register its rows and bytes a row. */
 typedef struct tsr__amx_cfg {
     uint8_t palette, start_row, reserved[14];

@@ -7,7 +7,7 @@
  * activation sub-block sums by vpdpwssd on int16 pairs. Then two fmas per super-block. Each
  * weight load serves up to 4 tokens; all integer sums are exact, so the bits are the scalar
  * reference's. */
-/* The weight stream prefetched 4 KiB ahead on Intel CPUs only (tsr__q_prefetch_intel). */
+/* The weight stream prefetched 4 KiB ahead on Intel CPUs only (tsr__cpu_intel). */
 #define TSR__Q_PREFETCH_BYTES (TSR__Q_PREFETCH_INTEL ? 4096 : 0)
 #include "kernels/cpu/quant_q4k_internal.h"
 

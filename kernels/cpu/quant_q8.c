@@ -17,7 +17,8 @@
 
 /* One block as ggml's quantize_row_q8_0_ref: d = amax / 127 in f32, id = 1 / d (0 for an
  * all-zero block), q = roundf(x * id) (half away from zero), fp16(d) stored. */
-static void tsr__q8_block(const float *x, int8_t *q, uint16_t *dh) {
+/* Returns the block's scale before fp16 rounding, max |x| / 127 (Q4_1's activation sums use it). */
+static float tsr__q8_block(const float *x, int8_t *q, uint16_t *dh) {
     float amax = 0.0f;
     for (int j = 0; j < TSR_Q8_BLOCK; j++) {
         float a = fabsf(x[j]);
@@ -35,6 +36,7 @@ static void tsr__q8_block(const float *x, int8_t *q, uint16_t *dh) {
         q[j] = (int8_t)i;
     }
     *dh = tsr_f32_to_f16(d);
+    return d;
 }
 
 void tsr_q8_quantize_blocks(const float *x, int64_t n, uint8_t *blocks) {
@@ -55,18 +57,12 @@ void tsr__q8_quantize_act(const float *x, int64_t cols, int8_t *qs, float *d, in
         uint16_t dh;
         const float *xb = x + (size_t)b * TSR_Q8_BLOCK;
         int8_t *q = qs + (size_t)b * TSR_Q8_BLOCK;
-        tsr__q8_block(xb, q, &dh);
+        float dd = tsr__q8_block(xb, q, &dh);
         int32_t s = 0;
         for (int j = 0; j < TSR_Q8_BLOCK; j++) s += q[j];
         d[b] = tsr_f16_to_f32(dh);
         bsum[b] = s;
-        if (!xm) continue;
-        float amax = 0.0f;
-        for (int j = 0; j < TSR_Q8_BLOCK; j++) {
-            float a = fabsf(xb[j]);
-            if (a > amax) amax = a;
-        }
-        xm[b] = tsr_f16_to_f32(tsr_f32_to_f16((float)s * (amax / 127.0f)));
+        if (xm) xm[b] = tsr_f16_to_f32(tsr_f32_to_f16((float)s * dd));
     }
 }
 
@@ -252,17 +248,7 @@ const tsr__q8_kernels *tsr__q8_kernels_for(tsr__q8_variant v) {
     }
 }
 
-_Atomic bool tsr__q_prefetch_intel;
-
 static const tsr__q8_kernels *tsr__q8_kernels_pick(void) {
-#ifdef TSR__Q8_X86
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    /* "GenuineIntel" in EBX, EDX, ECX */
-    bool intel = __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u &&
-                 c == 0x6c65746eu;
-    /* racing first pickers store the same value while kernels may already read it */
-    atomic_store_explicit(&tsr__q_prefetch_intel, intel, memory_order_relaxed);
-#endif
     tsr__cpu_isa cap = tsr__cpu_kernels_get()->isa;
     tsr__q8_variant top = cap == TSR__ISA_AVX512 ? TSR__Q8_AVX512VNNI
                           : cap == TSR__ISA_AVX2 ? TSR__Q8_AVXVNNI

@@ -4,7 +4,7 @@
  * vpdpbusd into 16 int32 row sums; minus 128 * the activation block's sum, that is the exact
  * sum of q_w * q_x; then one fma per block with the 16 rows' scales times the token's. No
  * horizontal sums; each weight load serves up to 4 tokens. */
-/* The weight stream prefetched 4 KiB ahead on Intel CPUs only (tsr__q_prefetch_intel). */
+/* The weight stream prefetched 4 KiB ahead on Intel CPUs only (tsr__cpu_intel). */
 #define TSR__Q_PREFETCH_BYTES (TSR__Q_PREFETCH_INTEL ? 4096 : 0)
 #include "kernels/cpu/quant_q8_internal.h"
 

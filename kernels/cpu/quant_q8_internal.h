@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/quant_q8.h"
 
 typedef enum tsr__q8_variant {
@@ -134,13 +135,11 @@ static inline void tsr__qgroup_store_sum(float tot[][16], int nx, int n_parts, i
 #ifndef TSR__Q_PREFETCH_BYTES
 #define TSR__Q_PREFETCH_BYTES 0
 #endif
-/* Whether this is an Intel CPU (CPUID vendor GenuineIntel; set when the Q8_0 kernels are
- * picked): the AVX-512 Q8_0 and Q4_K kernels prefetch only there, as their distance
- * (tsr__q_prefetch_intel ? 4096 : 0) says. On an AMX Xeon they gained with it (docs/
- * kernels-cpu.md); on Zen 4 the Q8_0 one measured slower. */
-extern _Atomic bool tsr__q_prefetch_intel;
-#define TSR__Q_PREFETCH_INTEL                                                                 \
-    atomic_load_explicit(&tsr__q_prefetch_intel, memory_order_relaxed)
+/* Whether this is an Intel CPU (tsr__cpu_intel, set by the CPU dispatch's pick, which every
+ * kernel choice follows): the AVX-512 Q8_0 and Q4_K kernels prefetch only there, as their
+ * distance (TSR__Q_PREFETCH_INTEL ? 4096 : 0) says. On an AMX Xeon they gained with it
+ * (docs/kernels-cpu.md); on Zen 4 the Q8_0 one measured slower. */
+#define TSR__Q_PREFETCH_INTEL atomic_load_explicit(&tsr__cpu_intel, memory_order_relaxed)
 static inline __attribute__((always_inline)) void tsr__qprefetch(const uint8_t *wb, int gbb) {
     const int dist = TSR__Q_PREFETCH_BYTES;
     for (int o = 0; dist > 0 && o < gbb; o += 64)

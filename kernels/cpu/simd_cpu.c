@@ -226,6 +226,18 @@ static unsigned tsr__cpu_amx_probe(void) { return 0; }
 
 /* The AMX units of the pick (tsr__cpu_amx): written by the pick before it publishes. */
 static _Atomic unsigned tsr__cpu_amx_units;
+_Atomic bool tsr__cpu_intel;
+
+#ifdef TSR__X86
+static bool tsr__cpu_vendor_intel(void) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    /* "GenuineIntel" in EBX, EDX, ECX */
+    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u &&
+           c == 0x6c65746eu;
+}
+#else
+static bool tsr__cpu_vendor_intel(void) { return false; }
+#endif
 
 static const tsr__cpu_kernels *tsr__cpu_kernels_pick(void) {
     /* TSR_CPU_ISA caps the choice: scalar < avx2 < avx512 (no AMX) < everything. */
@@ -234,6 +246,8 @@ static const tsr__cpu_kernels *tsr__cpu_kernels_pick(void) {
     if (env && !strcmp(env, "scalar")) cap = TSR__ISA_SCALAR;
     if (env && !strcmp(env, "avx2")) cap = TSR__ISA_AVX2;
     if (env && !strcmp(env, "avx512")) cap = TSR__ISA_AVX512;
+    /* racing first pickers store the same values while kernels may already read them */
+    atomic_store_explicit(&tsr__cpu_intel, tsr__cpu_vendor_intel(), memory_order_relaxed);
     for (int isa = cap > TSR__ISA_AVX512 ? TSR__ISA_AVX512 : cap; isa > TSR__ISA_SCALAR;
          isa--) {
         const tsr__cpu_kernels *k = tsr__cpu_kernels_for((tsr__cpu_isa)isa);

@@ -150,7 +150,7 @@ static tsr_status tsr__convert(tsr_engine *e, const tsr_engine_spec *o) {
         /* A GGUF's block-quantized matrices stay as they are (tsr__convert_tensor): say so, or a
          * float dtype asked for would seem to be what runs */
         tsr_dtype kept = dt;
-        for (int l = 0; l < m->cfg.n_layers && kept == dt; l++) /* this stage's first layer */
+        for (int l = 0; l < m->cfg.n_layers && kept == dt; l++) /* layers of other stages: empty */
             if (m->layers[l].wq.data && tsr_qblocks_is(m->layers[l].wq.dtype))
                 kept = m->layers[l].wq.dtype;
         if (kept != dt)

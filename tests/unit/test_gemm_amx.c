@@ -141,7 +141,8 @@ TSR_TEST(test_amx_nonfinite_inputs) {
 }
 
 /* The backend's matmul and matmul_parts with BF16 W and more than 32 inputs: the AMX path,
- * 1 and 2 threads with the same bits, close to the double product. */
+ * 1 and 2 threads with the same bits, close to the double product; the cpu-fenced device (W,
+ * x and y in its memory, which host code cannot touch) gives cpu's bits. */
 TSR_TEST(test_amx_backend_matmul) {
     if (!amx_here()) return;
     int64_t rows = 83, cols = 192, n = 70;
@@ -159,6 +160,30 @@ TSR_TEST(test_amx_backend_matmul) {
             ASSERT_OK(be->ops->matmul_parts(be, x, n, &t, seg, 2, true, yp));
         }
         tsr_backend_destroy(be);
+    }
+    tsr_backend *fen;
+    if (tsr_backend_fenced_create(2, 16u << 20, &fen) == TSR_OK) {
+        tsr_tensor dw;
+        bool copied = false;
+        float *dx, *dy, *yf = tsr_malloc((size_t)(n * rows) * 4);
+        ASSERT_OK(tsr_backend_place_tensor(fen, &t, &dw, &copied));
+        ASSERT_OK(fen->ops->buffer_alloc(fen, (size_t)(n * cols) * 4, (void **)&dx));
+        ASSERT_OK(fen->ops->buffer_alloc(fen, (size_t)(n * rows) * 4, (void **)&dy));
+        ASSERT_OK(tsr_backend_upload(fen, dx, x, (size_t)(n * cols) * 4));
+        ASSERT_OK(fen->ops->matmul(fen, dx, n, &dw, dy));
+        ASSERT_OK(tsr_backend_download(fen, yf, dy, (size_t)(n * rows) * 4));
+        ASSERT_TRUE(!memcmp(yf, y[0], (size_t)(n * rows) * 4));
+        int32_t seg[3] = {0, 96, 192};
+        ASSERT_OK(fen->ops->matmul_parts(fen, dx, n, &dw, seg, 2, true, dy));
+        ASSERT_OK(tsr_backend_download(fen, yf, dy, (size_t)(n * rows) * 4));
+        ASSERT_TRUE(!memcmp(yf, yp, (size_t)(n * rows) * 4));
+        fen->ops->buffer_free(fen, dx);
+        fen->ops->buffer_free(fen, dy);
+        if (copied) fen->ops->buffer_free(fen, (void *)dw.data);
+        tsr_backend_destroy(fen);
+        tsr_free(yf);
+    } else {
+        fprintf(stderr, "  cpu-fenced: %s\n", tsr_last_error());
     }
     double worst;
     ASSERT_TRUE(!memcmp(y[0], y[1], (size_t)(n * rows) * 4));
